@@ -1,0 +1,173 @@
+package zksession
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"go.uber.org/zap"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultSessionTimeout = 10 * time.Second
+	DefaultOpTimeout      = 5 * time.Second
+)
+
+// Config says how to reach ZooKeeper and as whom.
+type Config struct {
+	// Connect is a ZooKeeper connect string: "host:port,host:port[/chroot]".
+	Connect string
+	// SessionTimeout is the timeout asked of the server; the server clamps it
+	// to its min/max, and the negotiated value drives the state machine.
+	SessionTimeout time.Duration
+	// OpTimeout bounds every call that has no earlier context deadline.
+	OpTimeout time.Duration
+	// Auth holds the identities added to the session (digest scheme).
+	Auth []Credential
+	// ACL is used for every node this session creates. Nil means open.
+	ACL []zk.ACL
+	// Logger receives the library's logs and this package's lifecycle
+	// events. Nil means zap.NewNop().
+	Logger *zap.Logger
+}
+
+// ConnectString is a parsed ZooKeeper connect string.
+type ConnectString struct {
+	Servers []string
+	Chroot  string // "" or "/a/b"
+}
+
+// ParseConnect parses "host:port,host:port[/chroot]". Every server needs a
+// port, so a typo fails here rather than as an endless reconnect loop.
+func ParseConnect(s string) (ConnectString, error) {
+	var cs ConnectString
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return cs, errors.New("zookeeper connect string is empty (want host:port[,host:port...][/chroot])")
+	}
+	hosts := s
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		hosts, cs.Chroot = s[:i], strings.TrimRight(s[i:], "/")
+		if cs.Chroot != "" {
+			if err := validatePath(cs.Chroot); err != nil {
+				return cs, fmt.Errorf("zookeeper connect string %q: chroot: %w", s, err)
+			}
+		}
+	}
+	for _, h := range strings.Split(hosts, ",") {
+		h = strings.TrimSpace(h)
+		host, port, err := net.SplitHostPort(h)
+		if err != nil || host == "" || port == "" {
+			return cs, fmt.Errorf("zookeeper connect string %q: server %q is not host:port", s, h)
+		}
+		cs.Servers = append(cs.Servers, h)
+	}
+	return cs, nil
+}
+
+// String renders the connect string back, chroot included.
+func (cs ConnectString) String() string {
+	return strings.Join(cs.Servers, ",") + cs.Chroot
+}
+
+// Credential is a ZooKeeper digest identity. Its String never shows the
+// password, so it is safe to log.
+type Credential struct {
+	User     string
+	Password string
+}
+
+// ParseCredential parses "user:password".
+func ParseCredential(s string) (Credential, error) {
+	s = strings.TrimSpace(s)
+	user, pass, ok := strings.Cut(s, ":")
+	if !ok || user == "" || pass == "" {
+		return Credential{}, errors.New("zookeeper credential must be user:password with both parts non-empty")
+	}
+	return Credential{User: user, Password: pass}, nil
+}
+
+// LoadCredential reads a credential from value, or, when value is empty,
+// from file (its first line). Both empty means no credential (nil, nil).
+func LoadCredential(value, file string) (*Credential, error) {
+	if value == "" && file == "" {
+		return nil, nil
+	}
+	if value == "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("read zookeeper credential file: %w", err)
+		}
+		value, _, _ = strings.Cut(string(b), "\n")
+		value = strings.TrimSpace(value)
+	}
+	c, err := ParseCredential(value)
+	if err != nil {
+		if file != "" {
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (c Credential) String() string { return "digest:" + c.User + ":<redacted>" }
+
+// GoString keeps %#v from printing the password too.
+func (c Credential) GoString() string { return c.String() }
+
+// ClusterACL is the ACL for a cluster's nodes: admin may do everything; the
+// reader identity may only read. With no reader, anyone may read. With no
+// admin, the tree is open (development only).
+func ClusterACL(admin, reader *Credential) []zk.ACL {
+	if admin == nil {
+		return zk.WorldACL(zk.PermAll)
+	}
+	acl := zk.DigestACL(zk.PermAll, admin.User, admin.Password)
+	if reader != nil {
+		acl = append(acl, zk.DigestACL(zk.PermRead, reader.User, reader.Password)...)
+	} else {
+		acl = append(acl, zk.WorldACL(zk.PermRead)...)
+	}
+	return acl
+}
+
+// MemberACL is the ACL for directories where readers register their own
+// ephemeral member nodes (routers, supervisors): readers may also create
+// and delete children there.
+func MemberACL(admin, reader *Credential) []zk.ACL {
+	acl := ClusterACL(admin, reader)
+	if admin == nil {
+		return acl
+	}
+	out := append([]zk.ACL(nil), acl...)
+	for i := range out {
+		if out[i].Perms == zk.PermRead {
+			out[i].Perms = zk.PermRead | zk.PermCreate | zk.PermDelete
+		}
+	}
+	return out
+}
+
+func validatePath(p string) error {
+	if p == "" || p[0] != '/' {
+		return fmt.Errorf("path %q must start with /", p)
+	}
+	if p != "/" && strings.HasSuffix(p, "/") {
+		return fmt.Errorf("path %q must not end with /", p)
+	}
+	if strings.Contains(p, "//") {
+		return fmt.Errorf("path %q has an empty component", p)
+	}
+	for _, part := range strings.Split(p[1:], "/") {
+		if part == "." || part == ".." {
+			return fmt.Errorf("path %q has a relative component", p)
+		}
+	}
+	return nil
+}

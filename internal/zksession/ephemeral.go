@@ -1,0 +1,149 @@
+package zksession
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"go.uber.org/zap"
+)
+
+// Ephemeral is an ephemeral node this process keeps alive across sessions:
+// when a session expires the server deletes the node, and the Session
+// re-creates it, with its latest data, as soon as it has a new one.
+type Ephemeral struct {
+	s    *Session
+	path string
+	acl  []zk.ACL
+
+	mu      sync.Mutex
+	data    []byte
+	deleted bool
+}
+
+// ErrOwnedElsewhere means an ephemeral node exists but belongs to another
+// session: another process registered the same identity, or our previous
+// session has not been expired by the server yet.
+var ErrOwnedElsewhere = errors.New("ephemeral node is owned by another session")
+
+// CreateEphemeral creates an ephemeral node at p (creating missing parents
+// as persistent nodes) and keeps it alive across sessions until Delete.
+// acl nil means the session's ACL.
+func (s *Session) CreateEphemeral(ctx context.Context, p string, data []byte, acl []zk.ACL) (*Ephemeral, error) {
+	if err := checkSize("create", p, data); err != nil {
+		return nil, err
+	}
+	if acl == nil {
+		acl = s.cfg.ACL
+	}
+	e := &Ephemeral{s: s, path: p, acl: acl, data: data}
+	s.mu.Lock()
+	if _, dup := s.ephemerals[p]; dup {
+		s.mu.Unlock()
+		return nil, &OpError{"create ephemeral", p, errors.New("already registered by this process")}
+	}
+	s.ephemerals[p] = e
+	s.mu.Unlock()
+	if err := e.create(ctx); err != nil {
+		s.mu.Lock()
+		delete(s.ephemerals, p)
+		s.mu.Unlock()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Path is the node's path.
+func (e *Ephemeral) Path() string { return e.path }
+
+func (e *Ephemeral) create(ctx context.Context) error {
+	e.mu.Lock()
+	data, deleted := e.data, e.deleted
+	e.mu.Unlock()
+	if deleted {
+		return nil
+	}
+	err := e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
+	if errors.Is(err, ErrNoNode) { // parent missing
+		if perr := e.s.CreateAll(ctx, path.Dir(e.path)); perr != nil {
+			return perr
+		}
+		err = e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
+	}
+	if !errors.Is(err, ErrNodeExists) {
+		return err
+	}
+	// It exists: ours (a create whose answer we missed, or a session that
+	// survived a disconnect) or somebody else's.
+	_, st, gerr := e.s.Get(ctx, e.path)
+	if gerr != nil {
+		return gerr
+	}
+	sid := e.s.SessionID()
+	if st.EphemeralOwner != sid {
+		return &OpError{"create ephemeral", e.path, fmt.Errorf("%w (owner 0x%x, this session 0x%x)", ErrOwnedElsewhere, st.EphemeralOwner, sid)}
+	}
+	_, err = e.s.Set(ctx, e.path, data, st.Version)
+	return err
+}
+
+// ensure re-creates the node after a reconnect, retrying while the session
+// stays connected (an old owner's session may take up to its timeout to be
+// expired by the server).
+func (e *Ephemeral) ensure() {
+	backoff := 100 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), e.s.cfg.OpTimeout)
+		err := e.create(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		e.s.log.Warn("re-creating ephemeral node", zap.String("path", e.path), zap.Error(err))
+		if e.s.State() != StateConnected {
+			return // the next return to Connected tries again
+		}
+		select {
+		case <-e.s.closed:
+			return
+		case <-time.After(backoff):
+		}
+		if backoff < 2*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+// Set replaces the node's data. The new data is kept for re-creation even
+// when the write fails (for example while the session is suspended).
+func (e *Ephemeral) Set(ctx context.Context, data []byte) error {
+	if err := checkSize("set", e.path, data); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.data = data
+	e.mu.Unlock()
+	_, err := e.s.Set(ctx, e.path, data, AnyVersion)
+	return err
+}
+
+// Delete removes the node and stops maintaining it.
+func (e *Ephemeral) Delete(ctx context.Context) error {
+	e.mu.Lock()
+	e.deleted = true
+	e.mu.Unlock()
+	e.s.mu.Lock()
+	if e.s.ephemerals[e.path] == e {
+		delete(e.s.ephemerals, e.path)
+	}
+	e.s.mu.Unlock()
+	err := e.s.Delete(ctx, e.path, AnyVersion)
+	if errors.Is(err, ErrNoNode) {
+		return nil
+	}
+	return err
+}

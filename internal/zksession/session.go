@@ -1,0 +1,430 @@
+package zksession
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"go.uber.org/zap"
+)
+
+// State is the health of a Session; see the package documentation.
+type State int32
+
+const (
+	StateLost State = iota
+	StateSuspended
+	StateConnected
+	StateClosed
+)
+
+func (s State) String() string {
+	switch s {
+	case StateLost:
+		return "lost"
+	case StateSuspended:
+		return "suspended"
+	case StateConnected:
+		return "connected"
+	case StateClosed:
+		return "closed"
+	}
+	return fmt.Sprintf("State(%d)", int32(s))
+}
+
+// StateChange is one transition of a Session's state.
+type StateChange struct {
+	From, To  State
+	At        time.Time
+	SessionID int64
+	// NewSession is set on a transition to Connected whose session differs
+	// from the one last connected: the old one expired, and with it this
+	// process's ephemeral nodes and watches.
+	NewSession bool
+	Reason     string
+}
+
+// Session is one ZooKeeper session shared by a whole process. It is safe for
+// concurrent use.
+type Session struct {
+	cfg    Config
+	cs     ConnectString
+	conn   *zk.Conn
+	log    *zap.Logger
+	hosts  *jitterHosts
+	closed chan struct{}
+	done   chan struct{}
+	kick   chan struct{}
+
+	negotiated atomic.Int64 // ns; 0 until the first connect response
+	lastOK     atomic.Int64 // unix ns of the last call answered by a server
+
+	evMu      sync.Mutex
+	zkState   zk.State
+	expired   bool // sticky until the monitor sees it
+	zkSession int64
+
+	mu          sync.Mutex
+	state       State
+	stateSince  time.Time
+	timeIn      [4]time.Duration
+	subs        map[*Subscription]struct{}
+	connectedID int64 // session id at the last transition to Connected
+	ephemerals  map[string]*Ephemeral
+	resyncs     map[chan struct{}]struct{} // watches waiting for a re-read
+	resyncWG    sync.WaitGroup
+}
+
+// Open starts a session. It returns at once; the session connects in the
+// background and starts in StateLost. Use WaitConnected to block until it
+// is usable.
+func Open(cfg Config) (*Session, error) {
+	cs, err := ParseConnect(cfg.Connect)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.SessionTimeout <= 0 {
+		cfg.SessionTimeout = DefaultSessionTimeout
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = DefaultOpTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.ACL == nil {
+		cfg.ACL = zk.WorldACL(zk.PermAll)
+	}
+	s := &Session{
+		cfg:        cfg,
+		cs:         cs,
+		log:        cfg.Logger.With(zap.String("component", "zksession")),
+		hosts:      newJitterHosts(2 * time.Second),
+		closed:     make(chan struct{}),
+		done:       make(chan struct{}),
+		kick:       make(chan struct{}, 1),
+		state:      StateLost,
+		stateSince: time.Now(),
+		subs:       map[*Subscription]struct{}{},
+		ephemerals: map[string]*Ephemeral{},
+		resyncs:    map[chan struct{}]struct{}{},
+	}
+	conn, _, err := zk.Connect(cs.Servers, cfg.SessionTimeout,
+		zk.WithHostProvider(s.hosts),
+		zk.WithDialer(sniffingDialer(func(d time.Duration) { s.negotiated.Store(int64(d)) })),
+		zk.WithLogger(zapLogger{s.log}),
+		zk.WithLogInfo(false),
+		zk.WithEventCallback(s.onEvent),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("zookeeper %s: %w", cs, err)
+	}
+	s.conn = conn
+	for _, c := range cfg.Auth {
+		// The library queues AddAuth until connected and re-sends it on
+		// every reconnect, so this is not racing the connection.
+		go func(c Credential) {
+			if err := conn.AddAuth("digest", []byte(c.User+":"+c.Password)); err != nil && !errors.Is(err, zk.ErrClosing) {
+				s.log.Error("zookeeper auth failed", zap.Stringer("identity", c), zap.Error(err))
+			}
+		}(c)
+	}
+	go s.monitor()
+	return s, nil
+}
+
+// onEvent runs on the library's goroutine for every event and must not
+// block: it folds the event into sticky state and pokes the monitor.
+func (s *Session) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession {
+		return
+	}
+	s.evMu.Lock()
+	s.zkState = ev.State
+	switch ev.State {
+	case zk.StateExpired:
+		s.expired = true
+	case zk.StateHasSession:
+		s.zkSession = s.conn.SessionID()
+	}
+	s.evMu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// SessionTimeout is the negotiated session timeout, or the requested one
+// before the first connect.
+func (s *Session) SessionTimeout() time.Duration {
+	if d := s.negotiated.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return s.cfg.SessionTimeout
+}
+
+// Chroot is the chroot from the connect string ("" if none).
+func (s *Session) Chroot() string { return s.cs.Chroot }
+
+// ACL is the ACL this session uses for the nodes it creates.
+func (s *Session) ACL() []zk.ACL { return s.cfg.ACL }
+
+// SessionID is the current ZooKeeper session id (0 when none).
+func (s *Session) SessionID() int64 { return s.conn.SessionID() }
+
+// State is the current state.
+func (s *Session) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// TimeInState reports the total time spent in each state so far.
+func (s *Session) TimeInState() map[State]time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[State]time.Duration{}
+	for st, d := range s.timeIn {
+		out[State(st)] = d
+	}
+	out[s.state] += time.Since(s.stateSince)
+	return out
+}
+
+// WaitConnected blocks until the session is Connected or ctx is done.
+func (s *Session) WaitConnected(ctx context.Context) error {
+	sub := s.Subscribe()
+	defer sub.Close()
+	for {
+		switch s.State() {
+		case StateConnected:
+			return nil
+		case StateClosed:
+			return ErrClosed
+		}
+		select {
+		case <-sub.C:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for a zookeeper session at %s (state %s): %w", s.cs, s.State(), ctx.Err())
+		}
+	}
+}
+
+// Close ends the session: ephemeral nodes go away at once, watches stop,
+// subscribers get a final change to Closed.
+func (s *Session) Close() {
+	select {
+	case <-s.closed:
+		return
+	default:
+	}
+	close(s.closed)
+	<-s.done
+	s.resyncWG.Wait()
+	s.conn.Close()
+	s.setState(StateClosed, "closed", 0, false)
+	s.mu.Lock()
+	for sub := range s.subs {
+		close(sub.c)
+	}
+	s.subs = map[*Subscription]struct{}{}
+	s.mu.Unlock()
+}
+
+// Subscription delivers state changes. If the reader falls more than the
+// buffer behind, the oldest undelivered changes are dropped, so the latest
+// state always arrives.
+type Subscription struct {
+	C <-chan StateChange
+	c chan StateChange
+	s *Session
+}
+
+// Subscribe returns a subscription to state changes. Close it when done.
+func (s *Session) Subscribe() *Subscription {
+	c := make(chan StateChange, 32)
+	sub := &Subscription{C: c, c: c, s: s}
+	s.mu.Lock()
+	if s.state == StateClosed {
+		close(c)
+	} else {
+		s.subs[sub] = struct{}{}
+	}
+	s.mu.Unlock()
+	return sub
+}
+
+// Close stops the subscription.
+func (sub *Subscription) Close() {
+	sub.s.mu.Lock()
+	defer sub.s.mu.Unlock()
+	if _, ok := sub.s.subs[sub]; ok {
+		delete(sub.s.subs, sub)
+		close(sub.c)
+	}
+}
+
+func (s *Session) setState(to State, reason string, sid int64, newSession bool) {
+	s.mu.Lock()
+	from := s.state
+	if from == to || from == StateClosed {
+		s.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	s.timeIn[from] += now.Sub(s.stateSince)
+	s.state, s.stateSince = to, now
+	ch := StateChange{From: from, To: to, At: now, SessionID: sid, NewSession: newSession, Reason: reason}
+	for sub := range s.subs {
+		select {
+		case sub.c <- ch:
+		default:
+			select { // drop the oldest so the newest gets in
+			case <-sub.c:
+			default:
+			}
+			select {
+			case sub.c <- ch:
+			default:
+			}
+		}
+	}
+	s.mu.Unlock()
+	lvl := s.log.Info
+	if to == StateLost {
+		lvl = s.log.Warn
+	}
+	lvl("zookeeper session state", zap.Stringer("from", from), zap.Stringer("to", to),
+		zap.String("reason", reason), zap.String("session", fmt.Sprintf("0x%x", sid)), zap.Bool("new_session", newSession))
+}
+
+// markOK records that a server answered a call.
+func (s *Session) markOK() { s.lastOK.Store(time.Now().UnixNano()) }
+
+// monitor drives the state machine: it wakes on library events and on a
+// heartbeat tick, and is the only writer of state (besides Close).
+func (s *Session) monitor() {
+	defer close(s.done)
+	var (
+		hbBusy    bool
+		hbDone    = make(chan struct{}, 1)
+		enteredAt = time.Now() // when the current non-connected state began
+	)
+	tick := time.NewTicker(s.heartbeatInterval())
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-s.kick:
+		case <-tick.C:
+		case <-hbDone:
+			hbBusy = false
+		}
+		tick.Reset(s.heartbeatInterval())
+
+		s.evMu.Lock()
+		zkState, expired, zkSession := s.zkState, s.expired, s.zkSession
+		s.expired = false
+		s.evMu.Unlock()
+
+		timeout := s.SessionTimeout()
+		lastOK := time.Unix(0, s.lastOK.Load())
+		sinceOK := time.Since(lastOK)
+		hasSession := zkState == zk.StateHasSession
+		cur := s.State()
+
+		// Ask the server something cheap whenever we hold a session; only
+		// one heartbeat is ever in flight, so a hung connection cannot pile
+		// them up.
+		if hasSession && !hbBusy {
+			hbBusy = true
+			go func() {
+				s.heartbeat()
+				hbDone <- struct{}{}
+			}()
+		}
+
+		switch {
+		case expired:
+			if cur != StateLost {
+				enteredAt = time.Now()
+			}
+			s.setState(StateLost, "session expired", zkSession, false)
+		case cur == StateConnected:
+			if sinceOK > timeout*2/3 {
+				enteredAt = time.Now()
+				s.setState(StateLost, fmt.Sprintf("no successful call for %s (2/3 of session timeout %s)", sinceOK.Round(time.Millisecond), timeout), zkSession, false)
+			} else if !hasSession {
+				enteredAt = time.Now()
+				s.setState(StateSuspended, "disconnected from "+s.conn.Server(), zkSession, false)
+			} else if sinceOK > timeout/3 {
+				enteredAt = time.Now()
+				s.setState(StateSuspended, fmt.Sprintf("no successful call for %s", sinceOK.Round(time.Millisecond)), zkSession, false)
+			}
+		case cur == StateSuspended && sinceOK > timeout*2/3:
+			enteredAt = time.Now()
+			s.setState(StateLost, fmt.Sprintf("no successful call for %s (2/3 of session timeout %s)", sinceOK.Round(time.Millisecond), timeout), zkSession, false)
+		case (cur == StateSuspended || cur == StateLost) && hasSession && lastOK.After(enteredAt):
+			// A call succeeded after we left Connected: back in business.
+			s.mu.Lock()
+			newSession := s.connectedID != zkSession
+			s.connectedID = zkSession
+			s.mu.Unlock()
+			reason := "reconnected"
+			if newSession {
+				reason = "new session"
+			}
+			s.setState(StateConnected, reason, zkSession, newSession)
+			s.resync()
+		}
+	}
+}
+
+func (s *Session) heartbeatInterval() time.Duration {
+	d := s.SessionTimeout() / 6
+	if d < 50*time.Millisecond {
+		d = 50 * time.Millisecond
+	}
+	return d
+}
+
+// heartbeat is one cheap round trip. Its answer, and any other call's,
+// moves lastOK.
+func (s *Session) heartbeat() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.SessionTimeout()/3)
+	defer cancel()
+	_, _, _ = s.Exists(ctx, "/")
+}
+
+// resync re-creates ephemeral nodes and tells every watch to re-read.
+// It runs on each return to Connected, in the background so that the
+// monitor keeps running.
+func (s *Session) resync() {
+	s.mu.Lock()
+	eph := make([]*Ephemeral, 0, len(s.ephemerals))
+	for _, e := range s.ephemerals {
+		eph = append(eph, e)
+	}
+	for ch := range s.resyncs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	s.mu.Unlock()
+	if len(eph) == 0 {
+		return
+	}
+	s.resyncWG.Add(1)
+	go func() {
+		defer s.resyncWG.Done()
+		for _, e := range eph {
+			e.ensure()
+		}
+	}()
+}
