@@ -110,8 +110,10 @@ func (p Paths) Locks() string { return path.Join(p.Cluster(), "locks") }
 // Lock is one named lock or election (for example "rebalance", "gc").
 func (p Paths) Lock(name string) string { return path.Join(p.Locks(), name) }
 
-// Probe is where `shardctl zk ping` writes its scratch node.
-func (p Paths) Probe(id string) string { return path.Join(p.Cluster(), "probe-"+id) }
+// Probe is where `shardctl zk ping` writes its scratch node: beside the
+// clusters, under a name no cluster can have, so that a ping never makes a
+// cluster appear to exist.
+func (p Paths) Probe(id string) string { return path.Join(p.root, ".probes", id) }
 
 // RecordError says which record failed to decode and why.
 type RecordError struct {

@@ -65,7 +65,8 @@ type Session struct {
 
 	evMu      sync.Mutex
 	zkState   zk.State
-	expired   bool // sticky until the monitor sees it
+	expired   bool   // sticky until the monitor sees it
+	drops     uint64 // disconnects so far; a blip shorter than a monitor wakeup still counts
 	zkSession int64
 
 	mu          sync.Mutex
@@ -148,6 +149,8 @@ func (s *Session) onEvent(ev zk.Event) {
 	switch ev.State {
 	case zk.StateExpired:
 		s.expired = true
+	case zk.StateDisconnected:
+		s.drops++
 	case zk.StateHasSession:
 		s.zkSession = s.conn.SessionID()
 	}
@@ -313,6 +316,7 @@ func (s *Session) monitor() {
 		hbBusy    bool
 		hbDone    = make(chan struct{}, 1)
 		enteredAt = time.Now() // when the current non-connected state began
+		seenDrops uint64
 	)
 	tick := time.NewTicker(s.heartbeatInterval())
 	defer tick.Stop()
@@ -328,8 +332,10 @@ func (s *Session) monitor() {
 		tick.Reset(s.heartbeatInterval())
 
 		s.evMu.Lock()
-		zkState, expired, zkSession := s.zkState, s.expired, s.zkSession
+		zkState, expired, zkSession, drops := s.zkState, s.expired, s.zkSession, s.drops
 		s.expired = false
+		dropped := drops != seenDrops
+		seenDrops = drops
 		s.evMu.Unlock()
 
 		timeout := s.SessionTimeout()
@@ -359,7 +365,7 @@ func (s *Session) monitor() {
 			if sinceOK > timeout*2/3 {
 				enteredAt = time.Now()
 				s.setState(StateLost, fmt.Sprintf("no successful call for %s (2/3 of session timeout %s)", sinceOK.Round(time.Millisecond), timeout), zkSession, false)
-			} else if !hasSession {
+			} else if !hasSession || dropped {
 				enteredAt = time.Now()
 				s.setState(StateSuspended, "disconnected from "+s.conn.Server(), zkSession, false)
 			} else if sinceOK > timeout/3 {

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+func hashCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "hash",
+		Usage:     "print the bucket and keystream prefix of user ids",
+		ArgsUsage: "UID... (or one per line on stdin)",
+		Description: "Prints UID<TAB>BUCKET<TAB>PREFIX64 per user id, PREFIX64 as 16 lowercase hex digits.\n" +
+			"Without --seed the cluster's seed is read from ZooKeeper.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (default: the cluster's)"},
+			&cli.IntFlag{Name: "level", DefaultText: "none", EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: "bucket level `N` (2^N buckets, 0-32); required"},
+		},
+		Action: runHash,
+	}
+}
+
+type hashLine struct {
+	UID      string `json:"uid"`
+	Level    int    `json:"level"`
+	Bucket   uint32 `json:"bucket"`
+	Prefix64 string `json:"prefix64"`
+	Key      int64  `json:"key"`
+}
+
+func runHash(c *cli.Context) error {
+	level := c.Int("level")
+	if !c.IsSet("level") {
+		return cliutil.Usagef("hash: --level is required")
+	}
+	if err := keystream.CheckLevel(level); err != nil {
+		return cliutil.Usagef("hash: --level: %v", err)
+	}
+	var seed keystream.Seed
+	if c.IsSet("seed") {
+		var err error
+		if seed, err = keystream.ParseSeed(c.String("seed")); err != nil {
+			return cliutil.Usagef("hash: --seed: %v", err)
+		}
+	} else {
+		var err error
+		if seed, err = clusterSeed(c); err != nil {
+			return err
+		}
+	}
+	ks, err := keystream.New(seed)
+	if err != nil {
+		return err
+	}
+	uids := c.Args().Slice()
+	if len(uids) == 0 {
+		if uids, err = readLines(c.App.Reader); err != nil {
+			return err
+		}
+		if len(uids) == 0 {
+			return cliutil.Usagef("hash: no user ids given (pass them as arguments or one per line on stdin)")
+		}
+	}
+	out := cliutil.NewPrinter(c)
+	for _, uid := range uids {
+		p := ks.Prefix64(uid)
+		l := hashLine{UID: uid, Level: level, Bucket: keystream.BucketOf(p, level), Prefix64: fmt.Sprintf("%016x", p), Key: keystream.Key(p)}
+		if err := out.Emit(l, func(w io.Writer) { fmt.Fprintf(w, "%s\t%d\t%s\n", l.UID, l.Bucket, l.Prefix64) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func clusterSeed(c *cli.Context) (keystream.Seed, error) {
+	log, err := cliutil.Logger(c)
+	if err != nil {
+		return nil, err
+	}
+	paths, err := cliutil.Paths(c)
+	if err != nil {
+		return nil, err
+	}
+	s, err := cliutil.Connect(c, log)
+	if err != nil {
+		return nil, fmt.Errorf("hash: no --seed given, so the cluster's seed is needed: %w", err)
+	}
+	defer s.Close()
+	rec, err := topo.ReadCluster(c.Context, s, paths)
+	if err != nil {
+		return nil, err
+	}
+	seed, err := keystream.ParseSeed(rec.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("cluster record at %s: %w", paths.Cluster(), err)
+	}
+	return seed, nil
+}
+
+func readLines(r io.Reader) ([]string, error) {
+	if r == nil {
+		r = os.Stdin
+	}
+	var out []string
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		if line := strings.TrimRight(sc.Text(), "\r"); line != "" {
+			out = append(out, line)
+		}
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+func zkCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "zk",
+		Usage: "check the ZooKeeper ensemble",
+		Subcommands: []*cli.Command{
+			{
+				Name:   "ping",
+				Usage:  "open a session and time a write/read/delete round trip under the cluster's path",
+				Action: runZKPing,
+			},
+			{
+				Name:   "status",
+				Usage:  "ask every server of --zk for its mode (leader/follower) with the srvr command",
+				Action: runZKStatus,
+			},
+		},
+	}
+}
+
+type pingReport struct {
+	Connect        string           `json:"connect"`
+	SessionID      string           `json:"session_id"`
+	SessionTimeout string           `json:"session_timeout"`
+	ConnectTime    string           `json:"connect_time"`
+	Steps          []pingStepReport `json:"steps"`
+}
+
+type pingStepReport struct {
+	Step     string `json:"step"`
+	Path     string `json:"path"`
+	Duration string `json:"duration"`
+}
+
+func runZKPing(c *cli.Context) error {
+	log, err := cliutil.Logger(c)
+	if err != nil {
+		return err
+	}
+	paths, err := cliutil.Paths(c)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	s, err := cliutil.Connect(c, log)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	rep := pingReport{Connect: cliutil.String(c, cliutil.FlagZK), SessionID: fmt.Sprintf("0x%x", s.SessionID()),
+		SessionTimeout: s.SessionTimeout().String(), ConnectTime: time.Since(start).Round(time.Microsecond).String()}
+	host, _ := os.Hostname()
+	probe := paths.Probe(fmt.Sprintf("%s-%d", host, os.Getpid()))
+	payload := []byte(fmt.Sprintf(`{"version":1,"at":%q}`, time.Now().UTC().Format(time.RFC3339Nano)))
+	ctx := c.Context
+	step := func(name string, f func(context.Context) error) error {
+		t := time.Now()
+		if err := f(ctx); err != nil {
+			return fmt.Errorf("zk ping: %s: %w", name, err)
+		}
+		rep.Steps = append(rep.Steps, pingStepReport{Step: name, Path: probe, Duration: time.Since(t).Round(time.Microsecond).String()})
+		return nil
+	}
+	var eph *zksession.Ephemeral
+	if err := step("create", func(ctx context.Context) error {
+		eph, err = s.CreateEphemeral(ctx, probe, payload, nil)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := step("read", func(ctx context.Context) error {
+		got, _, err := s.Get(ctx, probe)
+		if err == nil && string(got) != string(payload) {
+			err = fmt.Errorf("read back %q, wrote %q", got, payload)
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := step("delete", func(ctx context.Context) error { return eph.Delete(ctx) }); err != nil {
+		return err
+	}
+	return cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
+		fmt.Fprintf(w, "connected to %s in %s: session %s, timeout %s\n", rep.Connect, rep.ConnectTime, rep.SessionID, rep.SessionTimeout)
+		for _, st := range rep.Steps {
+			fmt.Fprintf(w, "  %-6s %s  %s\n", st.Step, st.Path, st.Duration)
+		}
+	})
+}
+
+func runZKStatus(c *cli.Context) error {
+	cs, err := zksession.ParseConnect(cliutil.String(c, cliutil.FlagZK))
+	if err != nil {
+		return cliutil.Usagef("--zk: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(c.Context, cliutil.Duration(c, cliutil.FlagZKTimeout))
+	defer cancel()
+	var all []zksession.ServerStatus
+	leaders, serving := 0, 0
+	for _, addr := range cs.Servers {
+		st := zksession.Srvr(ctx, addr)
+		all = append(all, st)
+		if st.Serving() {
+			serving++
+		}
+		if st.Mode == "leader" || st.Mode == "standalone" {
+			leaders++
+		}
+	}
+	quorum := serving > len(cs.Servers)/2 && leaders == 1
+	err = cliutil.NewPrinter(c).Emit(map[string]any{"servers": all, "quorum": quorum}, func(w io.Writer) {
+		for _, st := range all {
+			if st.Err != "" {
+				fmt.Fprintf(w, "%-22s DOWN      %s\n", st.Addr, st.Err)
+				continue
+			}
+			fmt.Fprintf(w, "%-22s %-9s zxid %s, %d connections, latency %s ms\n", st.Addr, st.Mode, st.Zxid, st.Connections, st.Latency)
+		}
+		fmt.Fprintf(w, "quorum: %v (%d of %d serving, %d leader)\n", quorum, serving, len(cs.Servers), leaders)
+	})
+	if err == nil && !quorum {
+		return fmt.Errorf("zookeeper ensemble %s has no serving quorum", cs)
+	}
+	return err
+}

@@ -1,0 +1,269 @@
+// Package cliutil is what shardvisor's three binaries share on the command
+// line: the ZooKeeper flags (each with an environment variable), logging,
+// --json output, and exit codes (2 for usage errors, 1 for failures).
+package cliutil
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+// LocalZK is the connect string of the local ensemble that scripts/devenv
+// starts; it is the default so that the quick start needs no flags.
+const LocalZK = "127.0.0.1:21811,127.0.0.1:21812,127.0.0.1:21813"
+
+// Exit codes.
+const (
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// usageError marks a mistake in how the command was called.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// Usagef returns an error that makes the process exit with status 2.
+func Usagef(format string, args ...any) error {
+	return &usageError{fmt.Sprintf(format, args...)}
+}
+
+// IsUsage reports whether err is a usage error.
+func IsUsage(err error) bool {
+	var u *usageError
+	return errors.As(err, &u)
+}
+
+// Flag names shared by the binaries.
+const (
+	FlagZK             = "zk"
+	FlagZKRoot         = "zk-root"
+	FlagCluster        = "cluster"
+	FlagZKAuth         = "zk-auth"
+	FlagZKAuthFile     = "zk-auth-file"
+	FlagSessionTimeout = "zk-session-timeout"
+	FlagZKTimeout      = "zk-timeout"
+	FlagJSON           = "json"
+	FlagLogLevel       = "log-level"
+	FlagLogFormat      = "log-format"
+)
+
+// ZKFlags are the flags that say which ZooKeeper, which cluster, and as whom.
+func ZKFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: FlagZK, Value: LocalZK, EnvVars: []string{"SHARDVISOR_ZK"},
+			Usage: "ZooKeeper connect string `host:port,...[/chroot]`; the default is the local ensemble of scripts/devenv"},
+		&cli.StringFlag{Name: FlagZKRoot, Value: topo.DefaultRoot, EnvVars: []string{"SHARDVISOR_ZK_ROOT"},
+			Usage: "ZooKeeper `path` under which clusters live"},
+		&cli.StringFlag{Name: FlagCluster, Value: "default", EnvVars: []string{"SHARDVISOR_CLUSTER"},
+			Usage: "cluster `name`"},
+		&cli.StringFlag{Name: FlagZKAuth, EnvVars: []string{"SHARDVISOR_ZK_AUTH"},
+			Usage: "ZooKeeper digest identity `user:password` (prefer --zk-auth-file; never logged)"},
+		&cli.StringFlag{Name: FlagZKAuthFile, EnvVars: []string{"SHARDVISOR_ZK_AUTH_FILE"},
+			Usage: "`file` whose first line is the ZooKeeper digest identity user:password"},
+		&cli.DurationFlag{Name: FlagSessionTimeout, Value: zksession.DefaultSessionTimeout, EnvVars: []string{"SHARDVISOR_ZK_SESSION_TIMEOUT"},
+			Usage: "ZooKeeper session `timeout` to ask for (the server may clamp it)"},
+		&cli.DurationFlag{Name: FlagZKTimeout, Value: zksession.DefaultOpTimeout, EnvVars: []string{"SHARDVISOR_ZK_TIMEOUT"},
+			Usage: "bound on each ZooKeeper call (`duration`)"},
+	}
+}
+
+// OutputFlags are --json and the logging flags.
+func OutputFlags(defaultLevel string) []cli.Flag {
+	return []cli.Flag{
+		&cli.BoolFlag{Name: FlagJSON, EnvVars: []string{"SHARDVISOR_JSON"},
+			Usage: "print machine-readable JSON instead of text"},
+		&cli.StringFlag{Name: FlagLogLevel, Value: defaultLevel, EnvVars: []string{"SHARDVISOR_LOG_LEVEL"},
+			Usage: "log `level`: debug, info, warn, error"},
+		&cli.StringFlag{Name: FlagLogFormat, Value: "console", EnvVars: []string{"SHARDVISOR_LOG_FORMAT"},
+			Usage: "log `format`: console or json (logs go to stderr)"},
+	}
+}
+
+// Logger builds the process logger from the logging flags.
+func Logger(c *cli.Context) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(String(c, FlagLogLevel))
+	if err != nil {
+		return nil, Usagef("--%s: %v", FlagLogLevel, err)
+	}
+	var cfg zap.Config
+	switch String(c, FlagLogFormat) {
+	case "json":
+		cfg = zap.NewProductionConfig()
+	case "console":
+		cfg = zap.NewDevelopmentConfig()
+		cfg.Development = false
+		cfg.DisableStacktrace = true
+	default:
+		return nil, Usagef("--%s must be console or json, not %q", FlagLogFormat, String(c, FlagLogFormat))
+	}
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.OutputPaths = []string{"stderr"}
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	return cfg.Build()
+}
+
+// Paths returns the cluster's paths from --zk-root and --cluster.
+func Paths(c *cli.Context) (topo.Paths, error) {
+	p, err := topo.NewPaths(String(c, FlagZKRoot), String(c, FlagCluster))
+	if err != nil {
+		return topo.Paths{}, Usagef("%v", err)
+	}
+	return p, nil
+}
+
+// SessionConfig builds a zksession.Config from the flags.
+func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
+	if _, err := zksession.ParseConnect(String(c, FlagZK)); err != nil {
+		return zksession.Config{}, Usagef("--%s: %v", FlagZK, err)
+	}
+	cfg := zksession.Config{
+		Connect:        String(c, FlagZK),
+		SessionTimeout: Duration(c, FlagSessionTimeout),
+		OpTimeout:      Duration(c, FlagZKTimeout),
+		Logger:         log,
+	}
+	cred, err := zksession.LoadCredential(String(c, FlagZKAuth), String(c, FlagZKAuthFile))
+	if err != nil {
+		return cfg, Usagef("zookeeper credential: %v", err)
+	}
+	if cred != nil {
+		cfg.Auth = []zksession.Credential{*cred}
+	}
+	return cfg, nil
+}
+
+// Connect opens a session from the flags and waits (up to --zk-timeout plus
+// a session timeout) for it to connect, so a CLI command fails with a clear
+// message instead of hanging when ZooKeeper is unreachable.
+func Connect(c *cli.Context, log *zap.Logger) (*zksession.Session, error) {
+	cfg, err := SessionConfig(c, log)
+	if err != nil {
+		return nil, err
+	}
+	s, err := zksession.Open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(c.Context, cfg.OpTimeout+cfg.SessionTimeout)
+	defer cancel()
+	if err := s.WaitConnected(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("cannot reach ZooKeeper at %s: %w (is it running? `scripts/devenv status`)", cfg.Connect, err)
+	}
+	return s, nil
+}
+
+// Printer writes either human text or JSON, per --json.
+type Printer struct {
+	JSON bool
+	W    io.Writer
+}
+
+// NewPrinter returns a Printer to stdout honouring --json.
+func NewPrinter(c *cli.Context) *Printer {
+	return &Printer{JSON: Bool(c, FlagJSON), W: c.App.Writer}
+}
+
+// Emit prints v as one JSON line under --json, or calls human otherwise.
+func (p *Printer) Emit(v any, human func(w io.Writer)) error {
+	if p.JSON {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(p.W, "%s\n", b)
+		return err
+	}
+	human(p.W)
+	return nil
+}
+
+// inheritFlags lets global flags also follow a subcommand
+// ("shardctl status --json"), as operators type them.
+func inheritFlags(global []cli.Flag, cmds []*cli.Command) {
+	for _, cmd := range cmds {
+		if len(cmd.Subcommands) > 0 {
+			inheritFlags(global, cmd.Subcommands)
+			continue
+		}
+		have := map[string]bool{}
+		for _, f := range cmd.Flags {
+			for _, n := range f.Names() {
+				have[n] = true
+			}
+		}
+		for _, f := range global {
+			if !have[f.Names()[0]] {
+				cmd.Flags = append(cmd.Flags, f)
+			}
+		}
+	}
+}
+
+// set returns the most specific context in which name was set (on the
+// command line or by its environment variable), or c.
+func set(c *cli.Context, name string) *cli.Context {
+	for _, x := range c.Lineage() {
+		if x.Command != nil && x.IsSet(name) {
+			return x
+		}
+	}
+	return c
+}
+
+// String, Bool, Int and Duration read a flag wherever it was given.
+func String(c *cli.Context, name string) string          { return set(c, name).String(name) }
+func Bool(c *cli.Context, name string) bool              { return set(c, name).Bool(name) }
+func Int(c *cli.Context, name string) int                { return set(c, name).Int(name) }
+func Duration(c *cli.Context, name string) time.Duration { return set(c, name).Duration(name) }
+
+// Run runs app with os.Args and exits with the right status: 0, 1 for
+// failures, 2 for usage errors (bad or missing flags, unknown commands).
+func Run(app *cli.App) {
+	name := app.Name
+	usage := func(c *cli.Context, err error, _ bool) error {
+		return Usagef("%v", err)
+	}
+	app.OnUsageError = usage
+	var fix func([]*cli.Command)
+	fix = func(cmds []*cli.Command) {
+		for _, cmd := range cmds {
+			cmd.OnUsageError = usage
+			fix(cmd.Subcommands)
+		}
+	}
+	fix(app.Commands)
+	inheritFlags(app.Flags, app.Commands)
+	app.CommandNotFound = func(c *cli.Context, cmd string) {
+		fmt.Fprintf(c.App.ErrWriter, "%s: unknown command %q; see '%s --help'\n", name, cmd, name)
+		os.Exit(ExitUsage)
+	}
+	app.ExitErrHandler = func(*cli.Context, error) {} // we choose the exit code below
+	if app.ErrWriter == nil {
+		app.ErrWriter = os.Stderr
+	}
+	err := app.Run(os.Args)
+	if err == nil {
+		return
+	}
+	if IsUsage(err) || strings.HasPrefix(err.Error(), "flag provided but not defined") || strings.Contains(err.Error(), "Required flag") {
+		fmt.Fprintf(app.ErrWriter, "%s: usage error: %v\n", name, err)
+		os.Exit(ExitUsage)
+	}
+	fmt.Fprintf(app.ErrWriter, "%s: error: %v\n", name, err)
+	os.Exit(ExitFailure)
+}

@@ -1,0 +1,88 @@
+package zksession
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+)
+
+// FourLetter sends a ZooKeeper four-letter command (srvr, mntr, ...) to one
+// server and returns its answer. The server must whitelist the command
+// (4lw.commands.whitelist).
+func FourLetter(ctx context.Context, addr, cmd string) (string, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	} else {
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+	}
+	if _, err := io.WriteString(conn, cmd); err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(conn)
+	if err != nil {
+		return "", err
+	}
+	out := string(b)
+	if strings.Contains(out, "is not executed because it is not in the whitelist") {
+		return "", fmt.Errorf("%s: four-letter command %q is not whitelisted (4lw.commands.whitelist)", addr, cmd)
+	}
+	return out, nil
+}
+
+// ServerStatus is a server's answer to srvr.
+type ServerStatus struct {
+	Addr        string `json:"addr"`
+	Mode        string `json:"mode"` // leader, follower, standalone, or "" when not serving
+	Zxid        string `json:"zxid,omitempty"`
+	Connections int    `json:"connections"`
+	Latency     string `json:"latency,omitempty"` // min/avg/max ms
+	Err         string `json:"error,omitempty"`
+}
+
+// Serving reports whether the server is part of a quorum that serves
+// clients. (ruok would answer imok even without a quorum.)
+func (s ServerStatus) Serving() bool {
+	return s.Mode == "leader" || s.Mode == "follower" || s.Mode == "standalone"
+}
+
+// Srvr asks one server for its status.
+func Srvr(ctx context.Context, addr string) ServerStatus {
+	st := ServerStatus{Addr: addr}
+	out, err := FourLetter(ctx, addr, "srvr")
+	if err != nil {
+		st.Err = err.Error()
+		return st
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch k {
+		case "Mode":
+			st.Mode = v
+		case "Zxid":
+			st.Zxid = v
+		case "Connections":
+			fmt.Sscan(v, &st.Connections)
+		case "Latency min/avg/max":
+			st.Latency = v
+		}
+	}
+	if st.Mode == "" {
+		st.Err = strings.TrimSpace(out) // e.g. "This ZooKeeper instance is not currently serving requests"
+	}
+	return st
+}

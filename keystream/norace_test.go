@@ -1,0 +1,5 @@
+//go:build !race
+
+package keystream
+
+const raceEnabled = false
