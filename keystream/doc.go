@@ -8,17 +8,24 @@
 //
 // All hashing is HKDF (RFC 5869) with SHA-256.
 //
-//	Salt         = "shardvisor/keystream/v1"            (23 ASCII bytes)
-//	PRK          = HKDF-Extract(salt = Salt, IKM = seed)  (32 bytes)
-//	stream(uid)  = HKDF-Expand(PRK, info = UTF-8(uid), L)  for 0 <= L <= 8160
-//	Prefix64(uid) = first 8 bytes of stream(uid), read as a big-endian uint64
-//	Bucket(uid, n) = Prefix64(uid) >> (64 - n)             for 0 <= n <= 32
-//	                 (the top n bits; n = 0 always gives bucket 0)
-//	Key(p)       = int64(p XOR 1<<63)                      (storage encoding)
+//	Salt           = "shardvisor/keystream/v1"                 (23 ASCII bytes)
+//	PRK            = HKDF-Extract(salt = Salt, IKM = seed)     (32 bytes)
+//	stream(uid, L) = HKDF-Expand(PRK, info = UTF-8(uid), L)    0 <= L <= 8160
+//	Prefix64(uid)  = first 8 bytes of stream(uid), big-endian  (uint64)
+//	Bucket(uid, n) = top n bits of Prefix64(uid)               0 <= n <= 32
+//	               = Prefix64(uid) >> (64 - n) for n >= 1, and 0 for n = 0
+//	Key(p)         = int64(p XOR 1<<63)                        (storage encoding)
+//
+// Porting note: special-case n = 0. A 64-bit shift by 64 is undefined in C
+// and C++, a no-op in Java and C# (the count is taken mod 64) and a panic in
+// debug Rust; Go happens to give 0. Likewise, the one bucket at level 0 spans
+// all 2^64 prefixes, a count that does not fit in a uint64.
 //
 // The seed is the raw byte string (conventionally written in hex) and must be
 // at least [MinSeedLen] bytes long. The user id is used exactly as given: no
-// Unicode normalisation, case folding or trimming. Since HKDF-Expand emits
+// Unicode normalisation, case folding or trimming. (A Go string that is not
+// valid UTF-8 is hashed byte for byte, but other languages cannot represent
+// it, so such strings must not be used as user ids.) Since HKDF-Expand emits
 // T(1) || T(2) || ..., a shorter stream is always a prefix of a longer one,
 // so Prefix64 only ever needs T(1) = HMAC-SHA256(PRK, UTF-8(uid) || 0x01).
 //

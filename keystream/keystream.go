@@ -24,9 +24,9 @@ const (
 	MaxStreamLen = 255 * sha256.Size
 
 	// MinSeedLen is the shortest accepted cluster seed, in bytes. HKDF
-	// itself accepts any length, but with a short seed anyone could
-	// enumerate seeds and then choose user ids that all land in one bucket;
-	// 16 bytes (128 bits) rules that out.
+	// itself accepts any length; the limit keeps out placeholder seeds such
+	// as "00", and where the seed is kept from whoever chooses user ids,
+	// 128 bits stops them guessing it and aiming ids at one bucket.
 	MinSeedLen = 16
 )
 
@@ -130,13 +130,30 @@ func New(seed []byte) (*Keystream, error) {
 	clear(prk)
 	clear(ipad[:])
 	clear(opad[:])
+	first, err := newHMACState()
+	if err != nil {
+		return nil, err
+	}
 	k.pool.New = func() any {
-		s := &hmacState{inner: sha256.New(), outer: sha256.New()}
-		s.innerRst = s.inner.(encoding.BinaryUnmarshaler)
-		s.outerRst = s.outer.(encoding.BinaryUnmarshaler)
+		s, err := newHMACState()
+		if err != nil {
+			panic(err) // newHMACState succeeded once in New; it cannot fail now
+		}
 		return s
 	}
+	k.pool.Put(first)
 	return k, nil
+}
+
+func newHMACState() (*hmacState, error) {
+	s := &hmacState{inner: sha256.New(), outer: sha256.New()}
+	var ok1, ok2 bool
+	s.innerRst, ok1 = s.inner.(encoding.BinaryUnmarshaler)
+	s.outerRst, ok2 = s.outer.(encoding.BinaryUnmarshaler)
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("keystream: sha256 digest %T cannot restore its state", s.inner)
+	}
+	return s, nil
 }
 
 // absorbed returns the marshaled SHA-256 state after hashing block.

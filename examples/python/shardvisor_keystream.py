@@ -19,6 +19,10 @@ All hashing is HKDF (RFC 5869) with SHA-256::
     bucket(uid, n) = prefix64(uid) >> (64 - n)                  # 0 <= n <= 32
     key(p)         = signed 64-bit value of (p XOR 2**63)        # storage
 
+(Python integers make n = 0 come out as 0 by itself. In C, Java, C#, ... a
+64-bit shift by 64 is undefined or a no-op: special-case level 0, whose one
+bucket is every prefix.)
+
 * The seed is a byte string of at least 16 bytes, usually written in hex.
 * The user id is encoded as UTF-8 exactly as given: no Unicode
   normalisation, no case folding, no trimming. "\\u00e9" and "e\\u0301" are
