@@ -1,0 +1,76 @@
+// Package testenv gives integration tests a real ZooKeeper ensemble and real
+// PostgreSQL servers, shared by every test of a `go test` run and isolated
+// per test.
+//
+// # Where the servers come from
+//
+// By default the servers are the ones managed by scripts/devenv (a 3-node
+// ZooKeeper 3.8 ensemble on 127.0.0.1:21811-21813 and PostgreSQL 15 nodes on
+// 127.0.0.1:25432, 25433, ...; see the script's header). The first test in a
+// test process that needs them checks that they are healthy and, if not, runs
+// `scripts/devenv up` (found relative to this package's source, or by walking
+// up from the working directory to go.mod; SHARDVISOR_DEVENV_SCRIPT overrides
+// it). Concurrent test processes serialise that with a file lock in the state
+// directory, so only one starts servers while the others wait. The servers
+// stay up after the tests end; `scripts/devenv down` stops them.
+//
+// The environment variables of scripts/devenv are honoured
+// (SHARDVISOR_DEVENV_DIR, SHARDVISOR_ZK_PORT_BASE, SHARDVISOR_PG_PORT_BASE,
+// SHARDVISOR_PG_NODES).
+//
+// Alternatively, servers run elsewhere can be given in the environment:
+//
+//	SHARDVISOR_TEST_ZK=host:port,host:port,host:port    ZooKeeper connect string
+//	SHARDVISOR_TEST_PG=postgres://user:pw@host:port/postgres?sslmode=disable,...
+//	                                                    comma-separated admin DSNs
+//
+// Such servers are not controlled by testenv: ZK.Kill, ZK.Start, PGNode.Stop
+// and PGNode.Start return ErrNotManaged.
+//
+// # Failing, not skipping
+//
+// `go test -short` skips every test that asks for a server (t.Skip). Otherwise
+// a server that cannot be started fails the test (t.Fatal), with or without
+// CI=true: an integration test never silently turns into a skip.
+//
+// # Isolation
+//
+// StartZK gives each call a fresh ZooKeeper path (ZK.Root, under
+// /shardvisor-test) that is deleted recursively when the test ends. StartPG
+// creates a fresh database with the same name on every node (PGNode.Database,
+// "t_<test name>_<random>"), and at the end drops the subscriptions in it, the
+// replication slots of it, and then the database itself (WITH (FORCE)).
+// Cluster-wide objects are not isolated: tests that create roles or
+// replication slots (a subscription creates a slot named after it on the
+// publisher) must make the names unique, e.g. by including PGNode.Database.
+//
+// # Disruptive tests
+//
+// A test that kills a ZooKeeper server or stops a PostgreSQL node must call
+// Exclusive(t) first. Exclusive takes a cross-process exclusive lock (flock on
+// a file in the state directory) that every other testenv user, in this and in
+// other test processes, holds shared while it runs; so the disruptive test
+// runs alone and no other test sees its damage. Exclusive may be called before
+// or after StartZK/StartPG in the same test, but not in a subtest whose parent
+// test has already called StartZK/StartPG (that would wait for itself; it
+// fails the test instead). When the test ends, Exclusive restarts every
+// server that is down and waits until the whole environment is healthy
+// before it releases the lock.
+//
+// # ZooKeeper superuser
+//
+// scripts/devenv starts ZooKeeper with a superuser ("super", digest
+// authentication, password in <state dir>/zk/superpass); ZK.SuperAuth holds
+// "super:<password>". The cleanup of ZK.Root authenticates with it, so tests
+// may put restrictive ACLs under Root. For external servers set
+// SHARDVISOR_TEST_ZK_SUPERAUTH=super:<password> to get the same.
+//
+// # PostgreSQL credentials
+//
+// The superuser is "postgres" with a generated password stored in
+// <state dir>/pg/password (PGNode.PasswordFile, world-readable: this is a
+// throwaway environment), also written as a pgpass file
+// (PGNode.PGPassFile, usable as PGPASSFILE). PGNode.DSN has no password in
+// it, so code under test has to get the password the way it would in
+// production; PGNode.DSNWithPassword and PGNode.AdminDSN include it.
+package testenv

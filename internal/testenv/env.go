@@ -1,0 +1,314 @@
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ErrNotManaged is returned by the server control methods when the servers
+// were given by SHARDVISOR_TEST_ZK / SHARDVISOR_TEST_PG rather than started
+// by scripts/devenv.
+var ErrNotManaged = errors.New("testenv: servers are not managed by scripts/devenv (given by environment)")
+
+// ErrNotExclusive is returned by the server control methods when the test
+// did not call Exclusive.
+var ErrNotExclusive = errors.New("testenv: stopping or killing servers requires testenv.Exclusive(t)")
+
+const (
+	defaultZKPortBase = 21811
+	defaultPGPortBase = 25432
+	defaultPGNodes    = 3
+	zkServers         = 3
+
+	// upTimeout bounds one run of `scripts/devenv up` (a cold start takes
+	// ~10s, a first run that has to apt-get install takes longer).
+	upTimeout = 10 * time.Minute
+)
+
+// StateDir is the scripts/devenv state directory.
+func StateDir() string {
+	if d := os.Getenv("SHARDVISOR_DEVENV_DIR"); d != "" {
+		if abs, err := filepath.Abs(d); err == nil {
+			return abs
+		}
+		return d
+	}
+	return "/tmp/shardvisor-devenv"
+}
+
+func envInt(name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			return n
+		}
+	}
+	return def
+}
+
+func zkPortBase() int    { return envInt("SHARDVISOR_ZK_PORT_BASE", defaultZKPortBase) }
+func pgPortBase() int    { return envInt("SHARDVISOR_PG_PORT_BASE", defaultPGPortBase) }
+func pgNodesWanted() int { return envInt("SHARDVISOR_PG_NODES", defaultPGNodes) }
+
+func externalZK() []string { return splitList(os.Getenv("SHARDVISOR_TEST_ZK")) }
+func externalPG() []string { return splitList(os.Getenv("SHARDVISOR_TEST_PG")) }
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// skipIfShort skips integration tests under `go test -short`.
+func skipIfShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: skipped with -short")
+	}
+}
+
+// fatalf fails the test; the message says how to get servers.
+func fatalf(t testing.TB, format string, args ...any) {
+	t.Helper()
+	hint := "run `bash scripts/devenv up` (and `scripts/devenv status`) to investigate, or use `go test -short` to skip integration tests"
+	if os.Getenv("CI") == "true" {
+		hint = "CI=true: integration servers are required"
+	}
+	t.Fatalf("testenv: "+format+"\n(%s)", append(args, hint)...)
+}
+
+// randomHex returns n random bytes as hex.
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// sanitize makes a test name usable as a ZooKeeper node or SQL identifier
+// part: lower-case letters, digits and '_', at most max bytes.
+func sanitize(name string, max int) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+		if b.Len() >= max {
+			break
+		}
+	}
+	s := strings.Trim(b.String(), "_")
+	if s == "" {
+		s = "test"
+	}
+	return s
+}
+
+// ---------------------------------------------------------------- devenv
+
+var (
+	scriptOnce sync.Once
+	scriptPath string
+	scriptErr  error
+)
+
+// devenvScript locates scripts/devenv.
+func devenvScript() (string, error) {
+	scriptOnce.Do(func() {
+		if p := os.Getenv("SHARDVISOR_DEVENV_SCRIPT"); p != "" {
+			scriptPath = p
+			return
+		}
+		var candidates []string
+		if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+			// .../internal/testenv/env.go -> repo root
+			candidates = append(candidates, filepath.Join(filepath.Dir(file), "..", "..", "scripts", "devenv"))
+		}
+		if wd, err := os.Getwd(); err == nil {
+			for d := wd; ; d = filepath.Dir(d) {
+				if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+					candidates = append(candidates, filepath.Join(d, "scripts", "devenv"))
+					break
+				}
+				if filepath.Dir(d) == d {
+					break
+				}
+			}
+		}
+		for _, c := range candidates {
+			if st, err := os.Stat(c); err == nil && st.Mode().IsRegular() {
+				scriptPath = filepath.Clean(c)
+				return
+			}
+		}
+		scriptErr = fmt.Errorf("cannot find scripts/devenv (looked at %v); set SHARDVISOR_DEVENV_SCRIPT", candidates)
+	})
+	return scriptPath, scriptErr
+}
+
+// runDevenv runs `bash scripts/devenv args...` and returns its combined
+// output. Output goes to a file, not a pipe: the servers it starts must not
+// hold a pipe of ours open.
+func runDevenv(ctx context.Context, extraEnv []string, args ...string) (string, error) {
+	script, err := devenvScript()
+	if err != nil {
+		return "", err
+	}
+	out, err := os.CreateTemp("", "shardvisor-devenv-*.log")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...)
+	cmd.Env = append(os.Environ(), extraEnv...)
+	cmd.Stdin = nil
+	cmd.Stdout = out
+	cmd.Stderr = out
+	cmd.WaitDelay = 5 * time.Second
+	runErr := cmd.Run()
+	b, _ := os.ReadFile(out.Name())
+	if runErr != nil {
+		return string(b), fmt.Errorf("scripts/devenv %s: %w\n%s", strings.Join(args, " "), runErr, strings.TrimRight(string(b), "\n"))
+	}
+	return string(b), nil
+}
+
+// ---------------------------------------------------------------- ensuring servers
+
+var (
+	upMu      sync.Mutex
+	upFailed  error // a failed `up` is not retried in this process
+	upPGNodes int   // the largest node count `up` has ensured in this process
+)
+
+// quickHealthy reports whether the managed environment looks healthy:
+// every ZooKeeper server serving with exactly one leader, and the first
+// pgNodes PostgreSQL ports accepting TCP connections.
+func quickHealthy(pgNodes int) bool {
+	leaders := 0
+	for i := 0; i < zkServers; i++ {
+		mode, err := zkMode(net.JoinHostPort("127.0.0.1", strconv.Itoa(zkPortBase()+i)))
+		if err != nil {
+			return false
+		}
+		switch mode {
+		case "leader":
+			leaders++
+		case "follower":
+		default:
+			return false
+		}
+	}
+	if leaders != 1 {
+		return false
+	}
+	for i := 0; i < pgNodes; i++ {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(pgPortBase()+i)), time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+	}
+	return true
+}
+
+// ensureUp makes sure the managed servers (ZooKeeper and pgNodes PostgreSQL
+// nodes) are up, running scripts/devenv up under a cross-process lock if
+// they are not. The caller holds the shared or exclusive use lock, so no
+// disruptive test is running (or the caller is it).
+func ensureUp(pgNodes int) error {
+	upMu.Lock()
+	defer upMu.Unlock()
+	if upFailed != nil {
+		return upFailed
+	}
+	if quickHealthy(pgNodes) {
+		upPGNodes = max(upPGNodes, pgNodes)
+		return nil
+	}
+	unlock, err := lockFile(filepath.Join(StateDir(), "testenv-up.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if quickHealthy(pgNodes) { // another process brought them up meanwhile
+		upPGNodes = max(upPGNodes, pgNodes)
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), upTimeout)
+	defer cancel()
+	env := []string{"SHARDVISOR_PG_NODES=" + strconv.Itoa(max(pgNodes, existingPGNodes()))}
+	if _, err := runDevenv(ctx, env, "up"); err != nil {
+		upFailed = err
+		return err
+	}
+	upPGNodes = max(upPGNodes, pgNodes)
+	return nil
+}
+
+// existingPGNodes is the highest PostgreSQL node index with a data directory.
+func existingPGNodes() int {
+	n := 0
+	entries, _ := os.ReadDir(filepath.Join(StateDir(), "pg"))
+	for _, e := range entries {
+		i, err := strconv.Atoi(strings.TrimPrefix(e.Name(), "pg"))
+		if err != nil || !strings.HasPrefix(e.Name(), "pg") {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(StateDir(), "pg", e.Name(), "data", "PG_VERSION")); err == nil && i > n {
+			n = i
+		}
+	}
+	return n
+}
+
+// restoreAll restarts whatever is down (all ZooKeeper servers and every
+// existing PostgreSQL node) and waits until everything is healthy.
+func restoreAll() error {
+	upMu.Lock()
+	defer upMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), upTimeout)
+	defer cancel()
+	n := max(existingPGNodes(), pgNodesWanted(), upPGNodes)
+	_, err := runDevenv(ctx, []string{"SHARDVISOR_PG_NODES=" + strconv.Itoa(n)}, "up")
+	return err
+}
+
+// ---------------------------------------------------------------- helpers
+
+// WaitFor polls cond every 20ms until it returns true, and fails the test
+// with msg if that does not happen within timeout.
+func WaitFor(t testing.TB, timeout time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,343 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PG is a set of PostgreSQL nodes for one test, each with a fresh database.
+type PG struct {
+	Nodes []*PGNode
+}
+
+// PGNode is one PostgreSQL server and the test's database on it.
+type PGNode struct {
+	Index int    // 0-based position in PG.Nodes
+	Name  string // "pg1", "pg2", ...
+	Host  string // "127.0.0.1"
+	Port  int
+	User  string // "postgres" (superuser)
+	// Password of User, also stored in PasswordFile (just the password, one
+	// line) and PGPassFile (libpq/pgx pgpass format, usable as PGPASSFILE).
+	Password     string
+	PasswordFile string
+	PGPassFile   string
+	// Database is the test's own database, created by StartPG with the same
+	// name on every node and dropped when the test ends.
+	Database string
+	// DSN connects to Database without a password:
+	// postgres://postgres@127.0.0.1:PORT/DB?sslmode=disable
+	DSN string
+	// DSNWithPassword is DSN with the password in it.
+	DSNWithPassword string
+	// AdminDSN connects to the "postgres" database, with the password.
+	AdminDSN string
+
+	st      *testState
+	managed bool
+}
+
+// StartPG returns the PostgreSQL nodes (SHARDVISOR_PG_NODES, default 3),
+// starting them if needed, each with a fresh database for the test. It skips
+// the test under -short and fails it if the servers cannot be had.
+func StartPG(t testing.TB) *PG {
+	t.Helper()
+	return StartPGNodes(t, 0)
+}
+
+// StartPGNodes is StartPG with n nodes (n <= 0: the default). Managed nodes
+// missing from the environment are created (scripts/devenv up with
+// SHARDVISOR_PG_NODES=n); with SHARDVISOR_TEST_PG it fails if fewer are given.
+func StartPGNodes(t testing.TB, n int) *PG {
+	t.Helper()
+	skipIfShort(t)
+	st := stateFor(t)
+	if err := acquireShared(st); err != nil {
+		fatalf(t, "lock: %v", err)
+	}
+
+	dbName := "t_" + sanitize(t.Name(), 40) + "_" + randomHex(4)
+	pg := &PG{}
+	if ext := externalPG(); len(ext) > 0 {
+		if n <= 0 {
+			n = len(ext)
+		}
+		if n > len(ext) {
+			fatalf(t, "test wants %d PostgreSQL nodes, SHARDVISOR_TEST_PG gives %d", n, len(ext))
+		}
+		for i := 0; i < n; i++ {
+			node, err := externalNode(t, i, ext[i], dbName)
+			if err != nil {
+				fatalf(t, "SHARDVISOR_TEST_PG entry %d: %v", i+1, err)
+			}
+			node.st = st
+			pg.Nodes = append(pg.Nodes, node)
+		}
+	} else {
+		if n <= 0 {
+			n = pgNodesWanted()
+		}
+		if err := ensureUp(n); err != nil {
+			fatalf(t, "starting servers: %v", err)
+		}
+		pwFile := filepath.Join(StateDir(), "pg", "password")
+		b, err := os.ReadFile(pwFile)
+		if err != nil {
+			fatalf(t, "reading PostgreSQL password: %v", err)
+		}
+		pw := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+		for i := 0; i < n; i++ {
+			node := &PGNode{
+				Index:        i,
+				Name:         "pg" + strconv.Itoa(i+1),
+				Host:         "127.0.0.1",
+				Port:         pgPortBase() + i,
+				User:         "postgres",
+				Password:     pw,
+				PasswordFile: pwFile,
+				PGPassFile:   filepath.Join(StateDir(), "pg", "pgpass"),
+				Database:     dbName,
+				st:           st,
+				managed:      true,
+			}
+			node.fillDSNs()
+			pg.Nodes = append(pg.Nodes, node)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := make([]error, len(pg.Nodes))
+	var wg sync.WaitGroup
+	for i, node := range pg.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = node.admin(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize())
+		}()
+	}
+	wg.Wait()
+	// Register the drop before failing, so databases created on other nodes
+	// are dropped too.
+	st.addCleanup(func() { pg.dropDatabases(t) })
+	for i, err := range errs {
+		if err != nil {
+			fatalf(t, "creating database %s on %s: %v", dbName, pg.Nodes[i].Name, err)
+		}
+	}
+	return pg
+}
+
+func (n *PGNode) fillDSNs() {
+	host := net.JoinHostPort(n.Host, strconv.Itoa(n.Port))
+	mk := func(user *url.Userinfo, db string) string {
+		u := url.URL{Scheme: "postgres", User: user, Host: host, Path: "/" + db, RawQuery: "sslmode=disable"}
+		return u.String()
+	}
+	n.DSN = mk(url.User(n.User), n.Database)
+	n.DSNWithPassword = mk(url.UserPassword(n.User, n.Password), n.Database)
+	n.AdminDSN = mk(url.UserPassword(n.User, n.Password), "postgres")
+}
+
+// externalNode builds a node from an admin DSN given in SHARDVISOR_TEST_PG.
+func externalNode(t testing.TB, i int, dsn, db string) (*PGNode, error) {
+	u, err := url.Parse(dsn)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return nil, fmt.Errorf("want a postgres:// URL, got %q", dsn)
+	}
+	host, portStr, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		host, portStr = u.Host, "5432"
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("bad port in %q", dsn)
+	}
+	user := "postgres"
+	pw := os.Getenv("PGPASSWORD")
+	if u.User != nil {
+		user = u.User.Username()
+		if p, ok := u.User.Password(); ok {
+			pw = p
+		}
+	}
+	dir := t.TempDir()
+	pwFile := filepath.Join(dir, "password")
+	pgpass := filepath.Join(dir, "pgpass")
+	if err := os.WriteFile(pwFile, []byte(pw+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	esc := strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace
+	if err := os.WriteFile(pgpass, []byte(fmt.Sprintf("%s:%d:*:%s:%s\n", esc(host), port, esc(user), esc(pw))), 0o600); err != nil {
+		return nil, err
+	}
+	n := &PGNode{
+		Index: i, Name: "pg" + strconv.Itoa(i+1), Host: host, Port: port,
+		User: user, Password: pw, PasswordFile: pwFile, PGPassFile: pgpass, Database: db,
+	}
+	n.fillDSNs()
+	// Keep the external URL's other parameters for the admin connection.
+	q := u.Query()
+	if q.Get("sslmode") == "" {
+		q.Set("sslmode", "disable")
+	}
+	for _, target := range []*string{&n.DSN, &n.DSNWithPassword, &n.AdminDSN} {
+		tu, _ := url.Parse(*target)
+		tu.RawQuery = q.Encode()
+		*target = tu.String()
+	}
+	return n, nil
+}
+
+// admin runs statements on the node's "postgres" database.
+func (n *PGNode) admin(ctx context.Context, sqls ...string) error {
+	conn, err := pgx.Connect(ctx, n.AdminDSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	for _, s := range sqls {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	return nil
+}
+
+// Conn opens a connection to the test's database on this node (with the
+// password), closed when the test ends.
+func (n *PGNode) Conn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, n.DSNWithPassword)
+	if err != nil {
+		t.Fatalf("testenv: connecting to %s: %v", n.Name, err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// dropDatabases removes the test's databases: first the subscriptions in
+// them on every node (their workers hold replication slots on other nodes),
+// then the replication slots of them, then the databases.
+func (pg *PG) dropDatabases(t testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range pg.Nodes {
+		if err := n.dropSubscriptions(ctx); err != nil {
+			t.Errorf("testenv: cleanup on %s: %v", n.Name, err)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, n := range pg.Nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := n.dropDatabase(ctx); err != nil {
+				t.Errorf("testenv: cleanup on %s: %v", n.Name, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (n *PGNode) dropSubscriptions(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, n.DSNWithPassword)
+	if err != nil {
+		if strings.Contains(err.Error(), "does not exist") { // SQLSTATE 3D000
+			return nil
+		}
+		return err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, `SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+	if err != nil {
+		return err
+	}
+	subs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, s := range subs {
+		id := pgx.Identifier{s}.Sanitize()
+		for _, q := range []string{
+			"ALTER SUBSCRIPTION " + id + " DISABLE",
+			"ALTER SUBSCRIPTION " + id + " SET (slot_name = NONE)",
+			"DROP SUBSCRIPTION " + id,
+		} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (n *PGNode) dropDatabase(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, n.AdminDSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	// Slots of this database (e.g. created by subscriptions elsewhere) block
+	// DROP DATABASE; active ones must lose their walsender first.
+	for attempt := 0; ; attempt++ {
+		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, n.Database)
+		if err == nil {
+			_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, n.Database)
+		}
+		if err == nil {
+			_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{n.Database}.Sanitize()+" WITH (FORCE)")
+		}
+		if err == nil || attempt >= 50 || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond) // a terminated walsender may still hold its slot
+	}
+}
+
+func (n *PGNode) control() error {
+	if !n.managed {
+		return ErrNotManaged
+	}
+	if n.st == nil || !n.st.isExclusive() {
+		return ErrNotExclusive
+	}
+	return nil
+}
+
+// Stop stops this node (pg_ctl stop -m fast) and returns when it is down.
+// Requires Exclusive.
+func (n *PGNode) Stop() error {
+	if err := n.control(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := runDevenv(ctx, nil, "pg-stop", strconv.Itoa(n.Index+1))
+	return err
+}
+
+// Start starts this node and returns when it accepts connections.
+// Requires Exclusive.
+func (n *PGNode) Start() error {
+	if err := n.control(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, err := runDevenv(ctx, nil, "pg-start", strconv.Itoa(n.Index+1))
+	return err
+}
