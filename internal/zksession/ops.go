@@ -198,6 +198,17 @@ func (s *Session) Exists(ctx context.Context, p string) (bool, Stat, error) {
 	return r.stat != nil, statOf(r.stat), err
 }
 
+// Sync makes the server this session talks to catch up with the leader on
+// p, so that a following read sees every write committed before the Sync.
+// ZooKeeper gives read-your-writes only within one session; a reader that
+// must see another process's write first calls Sync.
+func (s *Session) Sync(ctx context.Context, p string) error {
+	_, err := call(s, ctx, "sync", p, false, func(c *zk.Conn, ap string) (string, error) {
+		return c.Sync(ap)
+	})
+	return err
+}
+
 // Children lists a node's children, sorted as the server returns them.
 func (s *Session) Children(ctx context.Context, p string) ([]string, Stat, error) {
 	type res struct {

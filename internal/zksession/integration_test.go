@@ -1,0 +1,546 @@
+package zksession
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/faultproxy"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+)
+
+// testLogger is silent unless SHARDVISOR_TEST_LOG is set, because session
+// goroutines may still log while a test is being torn down.
+func testLogger() *zap.Logger {
+	if os.Getenv("SHARDVISOR_TEST_LOG") != "" {
+		l, _ := zap.NewDevelopment()
+		return l
+	}
+	return zap.NewNop()
+}
+
+// openT opens a session and waits for it to connect.
+func openT(t *testing.T, cfg Config) *Session {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger()
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// chrooted gives the test a session rooted at its own ZooKeeper path.
+func chrooted(t *testing.T) (*testenv.ZK, string) {
+	z := testenv.StartZK(t)
+	return z, z.ConnectString + z.Root
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestIntegrationCRUDCASAndChroot(t *testing.T) {
+	z, connect := chrooted(t)
+	ctx := ctxT(t)
+	s := openT(t, Config{Connect: connect})
+
+	if err := s.CreateAll(ctx, "/a/b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateAll(ctx, "/a/b"); err != nil {
+		t.Fatalf("CreateAll must be idempotent: %v", err)
+	}
+	if err := s.Create(ctx, "/a/b/n", []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Create(ctx, "/a/b/n", nil); !errors.Is(err, ErrNodeExists) {
+		t.Fatalf("second create: %v, want ErrNodeExists", err)
+	}
+	data, st, err := s.Get(ctx, "/a/b/n")
+	if err != nil || string(data) != "one" || st.Version != 0 {
+		t.Fatalf("get = %q %+v %v", data, st, err)
+	}
+
+	// The chroot is really a prefix on the server.
+	plain := openT(t, Config{Connect: z.ConnectString})
+	if err := plain.Sync(ctx, z.Root+"/a/b/n"); err != nil {
+		t.Fatal(err)
+	}
+	if data, _, err := plain.Get(ctx, z.Root+"/a/b/n"); err != nil || string(data) != "one" {
+		t.Fatalf("node not at chroot+path on the server: %q %v", data, err)
+	}
+
+	// Compare-and-swap: the stale version loses and says so.
+	if st, err = s.Set(ctx, "/a/b/n", []byte("two"), 0); err != nil || st.Version != 1 {
+		t.Fatalf("set v0: %+v %v", st, err)
+	}
+	_, err = s.Set(ctx, "/a/b/n", []byte("lost"), 0)
+	if !errors.Is(err, ErrBadVersion) || !strings.Contains(err.Error(), "/a/b/n") {
+		t.Fatalf("stale set: %v, want ErrBadVersion naming the path", err)
+	}
+
+	// Multi is all or nothing, and names the operation that failed.
+	_, err = s.Multi(ctx, CheckOp("/a/b/n", 1), CreateOp("/a/b/new", nil, nil), SetOp("/a/b/missing", nil, AnyVersion))
+	if !errors.Is(err, ErrNoNode) || !strings.Contains(err.Error(), "/a/b/missing") {
+		t.Fatalf("multi with a missing node: %v", err)
+	}
+	if ok, _, _ := s.Exists(ctx, "/a/b/new"); ok {
+		t.Fatal("a failed multi applied its create")
+	}
+	_, err = s.Multi(ctx, CheckOp("/a/b/n", 0), CreateOp("/a/b/new", nil, nil))
+	if !errors.Is(err, ErrBadVersion) || !strings.Contains(err.Error(), "multi check /a/b/n") {
+		t.Fatalf("multi with a stale check: %v", err)
+	}
+	stats, err := s.Multi(ctx, CheckOp("/a/b/n", 1), SetOp("/a/b/n", []byte("three"), 1), CreateOp("/a/b/new", []byte("x"), nil))
+	if err != nil || len(stats) != 3 || stats[1].Version != 2 {
+		t.Fatalf("good multi: %+v %v", stats, err)
+	}
+	kids, _, err := s.Children(ctx, "/a/b")
+	if err != nil || len(kids) != 2 {
+		t.Fatalf("children = %v %v", kids, err)
+	}
+
+	if err := s.Delete(ctx, "/a/b/n", 0); !errors.Is(err, ErrBadVersion) {
+		t.Fatalf("delete stale: %v", err)
+	}
+	if err := s.Delete(ctx, "/a/b", AnyVersion); !errors.Is(err, ErrNotEmpty) {
+		t.Fatalf("delete non-empty: %v", err)
+	}
+	if err := s.DeleteAll(ctx, "/a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "/a/b/n"); !errors.Is(err, ErrNoNode) {
+		t.Fatalf("after DeleteAll: %v", err)
+	}
+	if _, _, err := s.Get(ctx, "relative"); err == nil || !strings.Contains(err.Error(), "must start with /") {
+		t.Fatalf("relative path: %v", err)
+	}
+}
+
+func TestIntegrationTooLarge(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	s := openT(t, Config{Connect: connect})
+	if err := s.Create(ctx, "/big", []byte("small")); err != nil {
+		t.Fatal(err)
+	}
+	huge := make([]byte, 1<<20+1)
+	_, err := s.Set(ctx, "/big", huge, AnyVersion)
+	if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "1048577 bytes") || !strings.Contains(err.Error(), "/big") {
+		t.Fatalf("oversized set: %v", err)
+	}
+	if err := s.Create(ctx, "/big2", huge); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized create: %v", err)
+	}
+	if _, err := s.Multi(ctx, SetOp("/big", huge[:MaxDataSize/2], AnyVersion), SetOp("/big", huge[:MaxDataSize/2+100], AnyVersion)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized multi: %v", err)
+	}
+	// The refusal lost nothing and the session is unharmed; the largest
+	// allowed payload really fits in the server's limit.
+	if data, _, err := s.Get(ctx, "/big"); err != nil || string(data) != "small" {
+		t.Fatalf("after refusal: %q %v", data, err)
+	}
+	if _, err := s.Set(ctx, "/big", huge[:MaxDataSize], AnyVersion); err != nil {
+		t.Fatalf("MaxDataSize payload: %v", err)
+	}
+	if st := s.State(); st != StateConnected {
+		t.Fatalf("state %s after large writes", st)
+	}
+}
+
+// Many writers incrementing one counter by compare-and-swap lose nothing.
+func TestIntegrationConcurrentCASNoLostUpdate(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	const sessions, perSession, increments = 4, 2, 25
+	var ss []*Session
+	for range sessions {
+		ss = append(ss, openT(t, Config{Connect: connect}))
+	}
+	if err := ss[0].Create(ctx, "/counter", []byte("0")); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var conflicts sync.Map
+	errs := make(chan error, sessions*perSession)
+	for i, s := range ss {
+		for j := range perSession {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range increments {
+					for {
+						data, st, err := s.Get(ctx, "/counter")
+						if err != nil {
+							errs <- err
+							return
+						}
+						n, _ := strconv.Atoi(string(data))
+						_, err = s.Set(ctx, "/counter", []byte(strconv.Itoa(n+1)), st.Version)
+						if err == nil {
+							break
+						}
+						if !errors.Is(err, ErrBadVersion) {
+							errs <- err
+							return
+						}
+						conflicts.Store(fmt.Sprint(i, j), true)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := ss[0].Sync(ctx, "/counter"); err != nil {
+		t.Fatal(err)
+	}
+	data, _, err := ss[0].Get(ctx, "/counter")
+	if err != nil || string(data) != strconv.Itoa(sessions*perSession*increments) {
+		t.Fatalf("counter = %q (%v), want %d", data, err, sessions*perSession*increments)
+	}
+}
+
+// next waits for the watch's next Node.
+func next(t *testing.T, w *Watch) Node {
+	t.Helper()
+	select {
+	case n := <-w.C:
+		return n
+	case <-time.After(20 * time.Second):
+		t.Fatal("no watch delivery within 20s")
+	}
+	return Node{}
+}
+
+// until reads the watch until pred holds.
+func until(t *testing.T, w *Watch, what string, pred func(Node) bool) Node {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case n := <-w.C:
+			if pred(n) {
+				return n
+			}
+		case <-deadline:
+			t.Fatalf("watch never delivered %s", what)
+		}
+	}
+}
+
+func TestIntegrationWatch(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	s := openT(t, Config{Connect: connect})
+	writer := openT(t, Config{Connect: connect})
+
+	w := s.Watch(ctx, "/w")
+	defer w.Stop()
+	if n := next(t, w); n.Exists {
+		t.Fatalf("first delivery %+v, want a missing node", n)
+	}
+	if err := writer.Create(ctx, "/w", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	if n := next(t, w); !n.Exists || string(n.Data) != "1" {
+		t.Fatalf("after create: %+v", n)
+	}
+	for i := 2; i <= 20; i++ {
+		if _, err := writer.Set(ctx, "/w", []byte(strconv.Itoa(i)), AnyVersion); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := until(t, w, "the last of 19 rapid writes", func(n Node) bool { return string(n.Data) == "20" })
+	if last.Stat.Version != 19 {
+		t.Fatalf("version %d", last.Stat.Version)
+	}
+	// Nothing more is delivered when nothing changed (dedupe).
+	select {
+	case n := <-w.C:
+		t.Fatalf("spurious delivery %+v", n)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := writer.Delete(ctx, "/w", AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	until(t, w, "the deletion", func(n Node) bool { return !n.Exists })
+	if err := writer.Create(ctx, "/w", []byte("again")); err != nil {
+		t.Fatal(err)
+	}
+	until(t, w, "the re-creation", func(n Node) bool { return n.Exists && string(n.Data) == "again" })
+
+	cw := s.WatchChildren(ctx, "/w")
+	defer cw.Stop()
+	if n := next(t, cw); !n.Exists || len(n.Children) != 0 {
+		t.Fatalf("children first delivery %+v", n)
+	}
+	if err := writer.Create(ctx, "/w/c1", nil); err != nil {
+		t.Fatal(err)
+	}
+	until(t, cw, "child c1", func(n Node) bool { return len(n.Children) == 1 && n.Children[0] == "c1" })
+	w.Stop()
+	w.Stop() // idempotent
+}
+
+func TestIntegrationEphemeralOwnership(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	a := openT(t, Config{Connect: connect})
+	b := openT(t, Config{Connect: connect})
+
+	e, err := a.CreateEphemeral(ctx, "/members/m1", []byte("a"), nil) // parent is created
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CreateEphemeral(ctx, "/members/m1", nil, nil); err == nil {
+		t.Fatal("registering the same ephemeral twice in one process succeeded")
+	}
+	_, err = b.CreateEphemeral(ctx, "/members/m1", []byte("b"), nil)
+	if !errors.Is(err, ErrOwnedElsewhere) {
+		t.Fatalf("second owner: %v, want ErrOwnedElsewhere", err)
+	}
+	if err := e.Set(ctx, []byte("a2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Sync(ctx, "/members/m1"); err != nil {
+		t.Fatal(err)
+	}
+	data, st, err := b.Get(ctx, "/members/m1")
+	if err != nil || string(data) != "a2" || st.EphemeralOwner != a.SessionID() {
+		t.Fatalf("member node %q owner %x (a is %x): %v", data, st.EphemeralOwner, a.SessionID(), err)
+	}
+	a.Close() // ephemerals vanish with the session
+	if _, err := b.CreateEphemeral(ctx, "/members/m1", []byte("b"), nil); err != nil {
+		t.Fatalf("after the owner closed: %v", err)
+	}
+	if err := e.Set(ctx, nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("set on a closed session: %v", err)
+	}
+}
+
+func TestIntegrationACL(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	admin := Credential{"admin", "admin-pw"}
+	reader := Credential{"reader", "reader-pw"}
+	as := openT(t, Config{Connect: connect, Auth: []Credential{admin}, ACL: ClusterACL(&admin, &reader)})
+	if err := as.Create(ctx, "/c", []byte("secret")); err != nil {
+		t.Fatal(err)
+	}
+	rs := openT(t, Config{Connect: connect, Auth: []Credential{reader}})
+	if err := rs.Sync(ctx, "/c"); err != nil {
+		t.Fatal(err)
+	}
+	if data, _, err := rs.Get(ctx, "/c"); err != nil || string(data) != "secret" {
+		t.Fatalf("reader get: %q %v", data, err)
+	}
+	if _, err := rs.Set(ctx, "/c", []byte("x"), AnyVersion); !errors.Is(err, ErrNoAuth) {
+		t.Fatalf("reader set: %v, want ErrNoAuth", err)
+	}
+	if err := rs.Create(ctx, "/c/child", nil); !errors.Is(err, ErrNoAuth) {
+		t.Fatalf("reader create: %v, want ErrNoAuth", err)
+	}
+	anon := openT(t, Config{Connect: connect})
+	if _, _, err := anon.Get(ctx, "/c"); !errors.Is(err, ErrNoAuth) {
+		t.Fatalf("anonymous get: %v, want ErrNoAuth", err)
+	}
+	wrong := openT(t, Config{Connect: connect, Auth: []Credential{{"admin", "guess"}}})
+	if _, err := wrong.Set(ctx, "/c", nil, AnyVersion); !errors.Is(err, ErrNoAuth) {
+		t.Fatalf("wrong password set: %v, want ErrNoAuth", err)
+	}
+	if _, err := as.Set(ctx, "/c", []byte("new"), AnyVersion); err != nil {
+		t.Fatalf("admin set: %v", err)
+	}
+	// Members may register under a member directory.
+	if err := as.CreateWithACL(ctx, "/c/members", nil, MemberACL(&admin, &reader)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs.CreateEphemeral(ctx, "/c/members/r1", nil, MemberACL(&admin, &reader)); err != nil {
+		t.Fatalf("reader registering a member: %v", err)
+	}
+}
+
+// collect gathers state changes in the background.
+type collector struct {
+	mu  sync.Mutex
+	all []StateChange
+}
+
+func collect(s *Session) *collector {
+	c := &collector{}
+	sub := s.Subscribe()
+	go func() {
+		for ch := range sub.C {
+			c.mu.Lock()
+			c.all = append(c.all, ch)
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+func (c *collector) waitFor(t *testing.T, timeout time.Duration, pred func(StateChange) bool, what string) StateChange {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		for _, ch := range c.all {
+			if pred(ch) {
+				c.mu.Unlock()
+				return ch
+			}
+		}
+		c.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t.Fatalf("no state change %s within %s; saw %+v", what, timeout, c.all)
+	return StateChange{}
+}
+
+func (c *collector) saw(to State) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ch := range c.all {
+		if ch.To == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Killing the leader forces every client to reconnect, but within the
+// session timeout: the session survives, goes suspended, and comes back.
+func TestIntegrationLeaderKillKeepsSession(t *testing.T) {
+	z, connect := chrooted(t)
+	testenv.Exclusive(t)
+	ctx := ctxT(t)
+	s := openT(t, Config{Connect: connect, SessionTimeout: 8 * time.Second})
+	e, err := s.CreateEphemeral(ctx, "/m", []byte("x"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sid := s.SessionID()
+	c := collect(s)
+	leader, err := z.Leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Kill(leader); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, 20*time.Second, func(ch StateChange) bool { return ch.To == StateSuspended }, "to suspended")
+	back := c.waitFor(t, 30*time.Second, func(ch StateChange) bool { return ch.To == StateConnected }, "back to connected")
+	if back.NewSession || s.SessionID() != sid {
+		t.Fatalf("session changed across a leader election: %+v (was 0x%x)", back, sid)
+	}
+	if c.saw(StateLost) {
+		t.Fatal("session was declared lost during a leader election")
+	}
+	_, st, err := s.Get(ctx, e.Path())
+	if err != nil || st.EphemeralOwner != sid {
+		t.Fatalf("ephemeral after election: owner %x, %v", st.EphemeralOwner, err)
+	}
+	if _, err := s.Set(ctx, "/m", []byte("y"), AnyVersion); err != nil {
+		t.Fatalf("write after election: %v", err)
+	}
+}
+
+// A client behind a partition goes suspended, then lost before the server
+// expires its session; after healing it gets a new session, re-creates its
+// ephemeral node and re-reads its watches.
+func TestIntegrationPartitionLostAndHeal(t *testing.T) {
+	z, _ := chrooted(t)
+	ctx := ctxT(t)
+	proxy, err := faultproxy.New(z.Servers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	observer := openT(t, Config{Connect: z.ConnectString + z.Root})
+	if err := observer.Create(ctx, "/cfg", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+
+	const timeout = 4 * time.Second
+	s := openT(t, Config{Connect: proxy.Addr() + z.Root, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
+	if got := s.SessionTimeout(); got != timeout {
+		t.Fatalf("negotiated session timeout %s, want %s (devenv allows 0.4s-30s)", got, timeout)
+	}
+	if _, err := s.CreateEphemeral(ctx, "/members/me", []byte("me"), nil); err != nil {
+		t.Fatal(err)
+	}
+	oldSID := s.SessionID()
+	w := s.Watch(ctx, "/cfg")
+	defer w.Stop()
+	if n := next(t, w); string(n.Data) != "v1" {
+		t.Fatalf("watch first read %q", n.Data)
+	}
+	gone := observer.Watch(ctx, "/members/me")
+	defer gone.Stop()
+	next(t, gone)
+
+	c := collect(s)
+	start := time.Now()
+	proxy.SetMode(faultproxy.Blackhole)
+
+	c.waitFor(t, 10*time.Second, func(ch StateChange) bool { return ch.To == StateSuspended }, "to suspended")
+	if _, err := s.Set(ctx, "/cfg", []byte("from-suspended"), AnyVersion); !errors.Is(err, ErrNotConnected) {
+		t.Fatalf("write while suspended: %v, want ErrNotConnected", err)
+	}
+	lost := c.waitFor(t, 20*time.Second, func(ch StateChange) bool { return ch.To == StateLost }, "to lost")
+	t.Logf("lost after %s (session timeout %s, 2/3 = %s): %s", lost.At.Sub(start).Round(time.Millisecond), timeout, timeout*2/3, lost.Reason)
+
+	// Meanwhile the server expires the session and the world moves on.
+	if _, err := observer.Set(ctx, "/cfg", []byte("v2"), AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	expired := until(t, gone, "server-side expiry of the ephemeral", func(n Node) bool { return !n.Exists })
+	_ = expired
+	expiredAt := time.Now()
+	if !lost.At.Before(expiredAt) {
+		t.Fatalf("declared lost at %s, after the server had already expired the session (%s)", lost.At, expiredAt)
+	}
+
+	proxy.SetMode(faultproxy.Pass)
+	back := c.waitFor(t, 30*time.Second, func(ch StateChange) bool { return ch.To == StateConnected && ch.At.After(lost.At) }, "back to connected")
+	if !back.NewSession || s.SessionID() == oldSID {
+		t.Fatalf("expected a new session after expiry: %+v", back)
+	}
+	n := until(t, gone, "the ephemeral re-created", func(n Node) bool { return n.Exists })
+	if n.Stat.EphemeralOwner != s.SessionID() || string(n.Data) != "me" {
+		t.Fatalf("re-created ephemeral owner %x data %q, want %x", n.Stat.EphemeralOwner, n.Data, s.SessionID())
+	}
+	until(t, w, "the write made during the partition", func(n Node) bool { return string(n.Data) == "v2" })
+	if _, err := s.Set(ctx, "/cfg", []byte("v3"), AnyVersion); err != nil {
+		t.Fatalf("write after healing: %v", err)
+	}
+	tin := s.TimeInState()
+	if tin[StateLost] <= 0 || tin[StateSuspended] <= 0 || tin[StateConnected] <= 0 {
+		t.Fatalf("time in state %v", tin)
+	}
+}
