@@ -1,0 +1,372 @@
+package topo
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Record format versions of the supervisor's records.
+const (
+	PoolConfigVersion = 1
+	PoolStatusVersion = 1
+	PoolMemberVersion = 1
+)
+
+// Defaults of PoolConfig fields left zero or omitted. docs/supervisor.md
+// lists the same values for operators.
+const (
+	DefaultGracefulTimeout  = 30 * time.Second
+	DefaultReadinessTimeout = 60 * time.Second
+	DefaultReadinessDelay   = 2 * time.Second
+	DefaultRestartInitial   = 1 * time.Second
+	DefaultRestartMax       = 30 * time.Second
+	// MaxWorkers bounds workers (and surge) so that a typo cannot fork
+	// thousands of processes.
+	MaxWorkers = 1024
+)
+
+// Readiness modes.
+const (
+	ReadinessNotify = "notify" // ready when the worker sends READY=1 on NOTIFY_SOCKET
+	ReadinessTimer  = "timer"  // ready after readiness.delay alive
+)
+
+// Duration is a time.Duration written in JSON as a Go duration string
+// ("30s", "1m30s"), so hand-edited records stay readable. A bare number is
+// rejected rather than guessed to be nanoseconds or seconds.
+type Duration time.Duration
+
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("duration must be a string such as \"30s\", not %s", b)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %v", s, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// PoolConfig is a supervisor pool's config, stored at Paths.PoolConfig and
+// written by `shardctl pool set` with compare-and-swap. Fields that are zero
+// or omitted take the defaults above (see Effective).
+type PoolConfig struct {
+	Version int `json:"version"`
+	// Command is the worker executable: a path, or a name looked up in PATH
+	// (the worker's PATH when env sets one).
+	Command string            `json:"command"`
+	Args    []string          `json:"args,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	// Dir is the worker's working directory ("" = the supervisor's).
+	Dir     string   `json:"dir,omitempty"`
+	Workers int      `json:"workers"`
+	Listen  []Listen `json:"listen,omitempty"`
+	// GracefulTimeout is the time between SIGTERM and SIGKILL.
+	GracefulTimeout Duration  `json:"graceful_timeout,omitempty"`
+	Readiness       Readiness `json:"readiness,omitempty"`
+	// Surge is how many workers beyond Workers may run during a swap.
+	// Omitted means Workers (start a whole new generation at once).
+	Surge   *int    `json:"surge,omitempty"`
+	Restart Backoff `json:"restart,omitempty"`
+	// MaxLifetime recycles a worker (gracefully, after its replacement is
+	// ready) once it has run this long plus a random part of
+	// MaxLifetimeJitter. 0 = never.
+	MaxLifetime       Duration `json:"max_lifetime,omitempty"`
+	MaxLifetimeJitter Duration `json:"max_lifetime_jitter,omitempty"`
+	// Watchdog, when set, is passed as WATCHDOG_USEC; a ready worker that
+	// sends no WATCHDOG=1 for this long gets SIGQUIT, then SIGKILL.
+	Watchdog Duration `json:"watchdog,omitempty"`
+}
+
+// Listen is one socket the supervisor binds and passes to every worker.
+type Listen struct {
+	// Name is passed in LISTEN_FDNAMES.
+	Name string `json:"name"`
+	// Addr is "tcp://host:port" (also tcp4://, tcp6://) or
+	// "unix:///absolute/path.sock".
+	Addr string `json:"addr"`
+}
+
+// Readiness says when a new worker counts as ready.
+type Readiness struct {
+	Mode    string   `json:"mode,omitempty"`    // notify (default) or timer
+	Timeout Duration `json:"timeout,omitempty"` // notify: give up after this long
+	Delay   Duration `json:"delay,omitempty"`   // timer: ready after this long alive
+}
+
+// Backoff is the respawn delay after a crash: Initial, doubling up to Max,
+// with jitter.
+type Backoff struct {
+	Initial Duration `json:"initial,omitempty"`
+	Max     Duration `json:"max,omitempty"`
+}
+
+var (
+	fdNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,255}$`)
+	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// reservedEnv are set by the supervisor for each worker; a config may not
+// override them.
+var reservedEnv = []string{"LISTEN_FDS", "LISTEN_FDNAMES", "LISTEN_PID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
+	"SHARDVISOR_MAP_FILE", "SHARDVISOR_MAP_VERSION", "SHARDVISOR_GENERATION", "SHARDVISOR_WORKER_ID"}
+
+// ParseListenAddr splits a listen address into a net.Listen network and
+// address: "tcp://127.0.0.1:8080" -> ("tcp", "127.0.0.1:8080"),
+// "unix:///run/app.sock" -> ("unix", "/run/app.sock").
+func ParseListenAddr(s string) (network, address string, err error) {
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		return "", "", fmt.Errorf("listen address %q needs a scheme: tcp://host:port or unix:///path.sock", s)
+	}
+	switch scheme {
+	case "tcp", "tcp4", "tcp6":
+		host, port, err := net.SplitHostPort(rest)
+		if err != nil {
+			return "", "", fmt.Errorf("listen address %q: %v", s, err)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			return "", "", fmt.Errorf("listen address %q: port %q is not a number 0-65535", s, port)
+		}
+		if host != "" && net.ParseIP(host) == nil && host != "localhost" {
+			// A name could resolve to several addresses or change; sockets
+			// are bound once, so insist on an IP.
+			return "", "", fmt.Errorf("listen address %q: host must be an IP address (or empty for all)", s)
+		}
+		return scheme, rest, nil
+	case "unix":
+		if !filepath.IsAbs(rest) || filepath.Clean(rest) != rest {
+			return "", "", fmt.Errorf("listen address %q: unix socket path must be absolute and clean, as in unix:///run/app.sock", s)
+		}
+		if len(rest) > 107 {
+			return "", "", fmt.Errorf("listen address %q: unix socket path is %d bytes, the limit is 107", s, len(rest))
+		}
+		return "unix", rest, nil
+	}
+	return "", "", fmt.Errorf("listen address %q: scheme %q is not tcp, tcp4, tcp6 or unix", s, scheme)
+}
+
+// Validate checks every field and says which one is wrong.
+func (c *PoolConfig) Validate() error {
+	if strings.TrimSpace(c.Command) == "" {
+		return fmt.Errorf("command: must not be empty")
+	}
+	if c.Workers < 1 || c.Workers > MaxWorkers {
+		return fmt.Errorf("workers: %d is out of range 1-%d", c.Workers, MaxWorkers)
+	}
+	for k, v := range c.Env {
+		if !envKeyRE.MatchString(k) {
+			return fmt.Errorf("env: %q is not a valid variable name", k)
+		}
+		for _, r := range reservedEnv {
+			if k == r {
+				return fmt.Errorf("env: %s is set by the supervisor and cannot be configured", k)
+			}
+		}
+		if strings.ContainsRune(v, 0) {
+			return fmt.Errorf("env: value of %s contains a NUL byte", k)
+		}
+	}
+	names, addrs := map[string]bool{}, map[string]bool{}
+	for i, l := range c.Listen {
+		if !fdNameRE.MatchString(l.Name) {
+			return fmt.Errorf("listen[%d].name: %q must be 1-255 of A-Z a-z 0-9 _ . -", i, l.Name)
+		}
+		if names[l.Name] {
+			return fmt.Errorf("listen[%d].name: %q is used twice", i, l.Name)
+		}
+		names[l.Name] = true
+		if _, _, err := ParseListenAddr(l.Addr); err != nil {
+			return fmt.Errorf("listen[%d].addr: %v", i, err)
+		}
+		if addrs[l.Addr] {
+			return fmt.Errorf("listen[%d].addr: %q is used twice", i, l.Addr)
+		}
+		addrs[l.Addr] = true
+	}
+	nonNeg := map[string]Duration{"graceful_timeout": c.GracefulTimeout, "readiness.timeout": c.Readiness.Timeout,
+		"readiness.delay": c.Readiness.Delay, "restart.initial": c.Restart.Initial, "restart.max": c.Restart.Max,
+		"max_lifetime": c.MaxLifetime, "max_lifetime_jitter": c.MaxLifetimeJitter, "watchdog": c.Watchdog}
+	for _, name := range []string{"graceful_timeout", "readiness.timeout", "readiness.delay", "restart.initial", "restart.max", "max_lifetime", "max_lifetime_jitter", "watchdog"} {
+		if nonNeg[name] < 0 {
+			return fmt.Errorf("%s: %s is negative", name, nonNeg[name].D())
+		}
+	}
+	switch c.Readiness.Mode {
+	case "", ReadinessNotify:
+		if c.Readiness.Delay != 0 {
+			return fmt.Errorf("readiness.delay: only used with mode %q", ReadinessTimer)
+		}
+	case ReadinessTimer:
+	default:
+		return fmt.Errorf("readiness.mode: %q is not %q or %q", c.Readiness.Mode, ReadinessNotify, ReadinessTimer)
+	}
+	if c.Surge != nil && (*c.Surge < 1 || *c.Surge > MaxWorkers) {
+		return fmt.Errorf("surge: %d is out of range 1-%d (a swap needs room for at least one new worker)", *c.Surge, MaxWorkers)
+	}
+	e := c.Effective()
+	if e.Restart.Initial > e.Restart.Max {
+		return fmt.Errorf("restart.initial: %s is larger than restart.max %s", e.Restart.Initial.D(), e.Restart.Max.D())
+	}
+	if c.MaxLifetimeJitter > 0 && c.MaxLifetime == 0 {
+		return fmt.Errorf("max_lifetime_jitter: needs max_lifetime")
+	}
+	if c.Watchdog > 0 && c.Watchdog < Duration(100*time.Millisecond) {
+		return fmt.Errorf("watchdog: %s is too short (at least 100ms)", c.Watchdog.D())
+	}
+	return nil
+}
+
+// Effective returns a copy with defaults filled in.
+func (c PoolConfig) Effective() PoolConfig {
+	def := func(d *Duration, v time.Duration) {
+		if *d == 0 {
+			*d = Duration(v)
+		}
+	}
+	def(&c.GracefulTimeout, DefaultGracefulTimeout)
+	if c.Readiness.Mode == "" {
+		c.Readiness.Mode = ReadinessNotify
+	}
+	def(&c.Readiness.Timeout, DefaultReadinessTimeout)
+	if c.Readiness.Mode == ReadinessTimer {
+		def(&c.Readiness.Delay, DefaultReadinessDelay)
+	}
+	def(&c.Restart.Initial, DefaultRestartInitial)
+	def(&c.Restart.Max, DefaultRestartMax)
+	if c.Restart.Max < c.Restart.Initial && c.Restart.Max == Duration(DefaultRestartMax) {
+		c.Restart.Max = c.Restart.Initial // only initial was given, and it is larger than the default max
+	}
+	if c.Surge == nil {
+		s := c.Workers
+		c.Surge = &s
+	} else {
+		s := *c.Surge
+		c.Surge = &s
+	}
+	c.Env = cloneMap(c.Env)
+	c.Args = append([]string(nil), c.Args...)
+	c.Listen = append([]Listen(nil), c.Listen...)
+	return c
+}
+
+func cloneMap(m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// DecodePoolConfig decodes and validates a pool config.
+func DecodePoolConfig(znode string, data []byte) (*PoolConfig, error) {
+	var c PoolConfig
+	if err := Decode("pool config", znode, data, PoolConfigVersion, &c); err != nil {
+		return nil, err
+	}
+	if err := c.Validate(); err != nil {
+		return nil, &RecordError{Kind: "pool config", Path: znode, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+	}
+	return &c, nil
+}
+
+// Swap results in PoolStatus.Result.
+const (
+	SwapOK            = "ok"             // the generation is serving
+	SwapFailed        = "failed"         // new workers did not become ready; the old generation keeps serving
+	SwapInvalidConfig = "invalid_config" // the config was rejected before any worker started
+	SwapInvalidMap    = "invalid_map"    // the bucket map was rejected; the last good map stays
+)
+
+// PoolStatus is the last swap result a supervisor of the pool published, at
+// Paths.PoolStatus (last writer wins).
+type PoolStatus struct {
+	Version       int       `json:"version"`
+	Member        string    `json:"member"`
+	Result        string    `json:"result"`
+	Generation    int64     `json:"generation"`
+	ConfigVersion int64     `json:"config_version"`
+	MapVersion    uint64    `json:"map_version"`
+	Error         string    `json:"error,omitempty"`
+	SwapSeconds   float64   `json:"swap_seconds,omitempty"`
+	At            time.Time `json:"at"`
+}
+
+// DecodePoolStatus decodes a pool status record.
+func DecodePoolStatus(znode string, data []byte) (*PoolStatus, error) {
+	var s PoolStatus
+	if err := Decode("pool status", znode, data, PoolStatusVersion, &s); err != nil {
+		return nil, err
+	}
+	switch s.Result {
+	case SwapOK, SwapFailed, SwapInvalidConfig, SwapInvalidMap:
+	default:
+		return nil, &RecordError{Kind: "pool status", Path: znode, Err: fmt.Errorf("%w: result %q is unknown", ErrMalformed, s.Result)}
+	}
+	return &s, nil
+}
+
+// PoolMember is one running supervisor's ephemeral record at
+// Paths.PoolMember: what it has applied and how its workers are.
+type PoolMember struct {
+	Version       int          `json:"version"`
+	Member        string       `json:"member"`
+	Host          string       `json:"host"`
+	PID           int          `json:"pid"`
+	State         string       `json:"state"` // starting, serving, degraded, lost, stopping
+	Accepting     bool         `json:"accepting"`
+	Generation    int64        `json:"generation"`
+	ConfigVersion int64        `json:"config_version"`
+	MapVersion    uint64       `json:"map_version"`
+	Target        int          `json:"target_workers"`
+	Workers       []WorkerInfo `json:"workers"`
+	LastError     string       `json:"last_error,omitempty"`
+	Admin         string       `json:"admin,omitempty"`
+	StartedAt     time.Time    `json:"started_at"`
+	UpdatedAt     time.Time    `json:"updated_at"`
+}
+
+// WorkerInfo is one worker in a PoolMember record.
+type WorkerInfo struct {
+	ID         int64     `json:"id"`
+	PID        int       `json:"pid"`
+	Generation int64     `json:"generation"`
+	State      string    `json:"state"` // starting, ready, stopping
+	StartedAt  time.Time `json:"started_at"`
+}
+
+// DecodePoolMember decodes a member record.
+func DecodePoolMember(znode string, data []byte) (*PoolMember, error) {
+	var m PoolMember
+	if err := Decode("pool member", znode, data, PoolMemberVersion, &m); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// EncodePoolConfig renders a config the way `shardctl pool get` prints it.
+func EncodePoolConfig(c *PoolConfig) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(c); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}

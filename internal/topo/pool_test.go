@@ -1,0 +1,122 @@
+package topo
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPoolConfigDecode(t *testing.T) {
+	good := `{"version":1,"command":"/usr/bin/app","args":["-v"],"env":{"A":"1"},"workers":4,
+	  "listen":[{"name":"http","addr":"tcp://127.0.0.1:8080"},{"name":"admin","addr":"unix:///run/app.sock"}],
+	  "graceful_timeout":"10s","readiness":{"mode":"notify","timeout":"20s"},"surge":2,
+	  "restart":{"initial":"500ms","max":"10s"},"max_lifetime":"1h","max_lifetime_jitter":"5m","watchdog":"3s"}`
+	c, err := DecodePoolConfig("/p/config", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Workers != 4 || *c.Surge != 2 || c.GracefulTimeout.D() != 10*time.Second || c.Listen[1].Addr != "unix:///run/app.sock" || c.Watchdog.D() != 3*time.Second {
+		t.Fatalf("decoded %+v", c)
+	}
+	b, err := EncodePoolConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := DecodePoolConfig("", b)
+	if err != nil {
+		t.Fatalf("round trip of %s: %v", b, err)
+	}
+	if c2.MaxLifetimeJitter != c.MaxLifetimeJitter || c2.Readiness != c.Readiness {
+		t.Fatalf("round trip changed %+v -> %+v", c, c2)
+	}
+
+	min := `{"version":1,"command":"app","workers":2}`
+	c, err = DecodePoolConfig("", []byte(min))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := c.Effective()
+	if e.GracefulTimeout.D() != DefaultGracefulTimeout || e.Readiness.Mode != ReadinessNotify || *e.Surge != 2 ||
+		e.Restart.Initial.D() != DefaultRestartInitial || e.Readiness.Timeout.D() != DefaultReadinessTimeout {
+		t.Fatalf("defaults %+v", e)
+	}
+	if c.Surge != nil {
+		t.Fatal("Effective modified its receiver")
+	}
+	timer, _ := DecodePoolConfig("", []byte(`{"version":1,"command":"app","workers":1,"readiness":{"mode":"timer"}}`))
+	if timer.Effective().Readiness.Delay.D() != DefaultReadinessDelay {
+		t.Fatalf("timer default delay %v", timer.Effective().Readiness)
+	}
+
+	for _, tc := range []struct{ data, errHas string }{
+		{`{"version":1,"command":"app","workers":1,"extra":1}`, `unknown field "extra"`},
+		{`{"version":1,"command":"app","workers":1,"readiness":{"mode":"notify","tiemout":"1s"}}`, `unknown field "tiemout"`},
+		{`{"version":2,"command":"app","workers":1}`, "format version 2"},
+		{`{"version":1,"command":"","workers":1}`, "command: must not be empty"},
+		{`{"version":1,"command":"app","workers":0}`, "workers: 0 is out of range"},
+		{`{"version":1,"command":"app","workers":5000}`, "workers: 5000"},
+		{`{"version":1,"command":"app","workers":1,"graceful_timeout":30}`, `duration must be a string`},
+		{`{"version":1,"command":"app","workers":1,"graceful_timeout":"30"}`, `missing unit`},
+		{`{"version":1,"command":"app","workers":1,"graceful_timeout":"-1s"}`, `graceful_timeout: -1s is negative`},
+		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"127.0.0.1:80"}]}`, `listen[0].addr`},
+		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"udp://127.0.0.1:80"}]}`, `scheme "udp"`},
+		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"tcp://example.com:80"}]}`, `must be an IP`},
+		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"unix://rel.sock"}]}`, `absolute`},
+		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a:b","addr":"tcp://:80"}]}`, `listen[0].name`},
+		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"tcp://:80"},{"name":"a","addr":"tcp://:81"}]}`, `listen[1].name: "a" is used twice`},
+		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"tcp://:80"},{"name":"b","addr":"tcp://:80"}]}`, `listen[1].addr`},
+		{`{"version":1,"command":"app","workers":1,"readiness":{"mode":"magic"}}`, `readiness.mode: "magic"`},
+		{`{"version":1,"command":"app","workers":1,"readiness":{"delay":"1s"}}`, `readiness.delay: only used with mode "timer"`},
+		{`{"version":1,"command":"app","workers":1,"surge":0}`, `surge: 0 is out of range`},
+		{`{"version":1,"command":"app","workers":1,"restart":{"initial":"1m","max":"10s"}}`, `restart.initial: 1m0s is larger`},
+		{`{"version":1,"command":"app","workers":1,"max_lifetime_jitter":"1s"}`, `needs max_lifetime`},
+		{`{"version":1,"command":"app","workers":1,"env":{"LISTEN_FDS":"1"}}`, `env: LISTEN_FDS is set by the supervisor`},
+		{`{"version":1,"command":"app","workers":1,"env":{"A=B":"1"}}`, `env: "A=B"`},
+		{`{"version":1,"command":"app","workers":1,"watchdog":"1ms"}`, `watchdog: 1ms is too short`},
+	} {
+		_, err := DecodePoolConfig("/x/pools/web/config", []byte(tc.data))
+		if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+			t.Errorf("DecodePoolConfig(%s) = %v, want error containing %q", tc.data, err, tc.errHas)
+			continue
+		}
+		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "pool config at /x/pools/web/config") {
+			t.Errorf("error %q should wrap ErrMalformed and name the record and path", err)
+		}
+	}
+}
+
+func TestParseListenAddr(t *testing.T) {
+	for in, want := range map[string][2]string{
+		"tcp://127.0.0.1:8080":   {"tcp", "127.0.0.1:8080"},
+		"tcp://:0":               {"tcp", ":0"},
+		"tcp6://[::1]:80":        {"tcp6", "[::1]:80"},
+		"unix:///run/a/app.sock": {"unix", "/run/a/app.sock"},
+	} {
+		n, a, err := ParseListenAddr(in)
+		if err != nil || n != want[0] || a != want[1] {
+			t.Errorf("ParseListenAddr(%q) = %q %q %v", in, n, a, err)
+		}
+	}
+}
+
+func TestPoolStatusAndMemberDecode(t *testing.T) {
+	st := PoolStatus{Version: PoolStatusVersion, Member: "h-1", Result: SwapOK, Generation: 3, ConfigVersion: 2, MapVersion: 7, At: time.Unix(1700000000, 0).UTC()}
+	b, _ := Encode(st)
+	got, err := DecodePoolStatus("/s", b)
+	if err != nil || *got != st {
+		t.Fatalf("status round trip %+v %v", got, err)
+	}
+	if _, err := DecodePoolStatus("/s", []byte(`{"version":1,"result":"meh"}`)); err == nil || !strings.Contains(err.Error(), `result "meh"`) {
+		t.Fatalf("bad result accepted: %v", err)
+	}
+	m := PoolMember{Version: PoolMemberVersion, Member: "h-1", Host: "h", PID: 9, State: "serving", Workers: []WorkerInfo{{ID: 1, PID: 10, Generation: 3, State: "ready"}}}
+	b, _ = Encode(m)
+	gm, err := DecodePoolMember("/m", b)
+	if err != nil || gm.Workers[0].PID != 10 {
+		t.Fatalf("member round trip %+v %v", gm, err)
+	}
+	if _, err := DecodePoolMember("/m", []byte(`{"version":1,"bogus":true}`)); err == nil {
+		t.Fatal("unknown member field accepted")
+	}
+}
