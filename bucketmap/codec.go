@@ -1,0 +1,91 @@
+package bucketmap
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/shardvisor/shardvisor/internal/topo"
+)
+
+// Decode parses and validates a map record. The error names the znode and
+// exactly what is wrong; a map that fails is never partly used.
+func Decode(znode string, data []byte) (*Map, error) {
+	rec, err := topo.DecodeMapRecord(znode, data)
+	if err != nil {
+		return nil, err
+	}
+	m, err := fromRecord(rec)
+	if err != nil {
+		return nil, &topo.RecordError{Kind: "bucket map", Path: znode, Err: fmt.Errorf("%w: %v", topo.ErrMalformed, err)}
+	}
+	return m, nil
+}
+
+func fromRecord(r *topo.MapRecord) (*Map, error) {
+	if r.Level < 0 || r.Level > MaxLevel {
+		return nil, fmt.Errorf("level %d out of range 0..%d", r.Level, MaxLevel)
+	}
+	m := &Map{Version: r.MapVersion, Level: r.Level, UpdatedAt: r.UpdatedAt,
+		index: make(map[NodeID]int, len(r.Nodes)), meta: map[uint32]BucketMeta{}}
+	if len(r.Nodes) > MaxNodes {
+		return nil, fmt.Errorf("%d db nodes, more than %d", len(r.Nodes), MaxNodes)
+	}
+	for i, n := range r.Nodes {
+		node := Node{ID: NodeID(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: NodeState(n.State)}
+		if _, dup := m.index[node.ID]; dup {
+			return nil, fmt.Errorf("node %s is listed twice", node.ID)
+		}
+		m.index[node.ID] = i
+		m.nodes = append(m.nodes, node)
+	}
+	raw, err := base64.StdEncoding.DecodeString(r.Owners)
+	if err != nil {
+		return nil, fmt.Errorf("owners: not base64: %v", err)
+	}
+	if len(raw) != 2*m.Buckets() {
+		return nil, fmt.Errorf("owners: %d bytes, want %d (2 per bucket at level %d)", len(raw), 2*m.Buckets(), m.Level)
+	}
+	m.owners = make([]uint16, m.Buckets())
+	for b := range m.owners {
+		m.owners[b] = binary.BigEndian.Uint16(raw[2*b:])
+	}
+	for _, br := range r.Buckets {
+		if _, dup := m.meta[br.Bucket]; dup {
+			return nil, fmt.Errorf("bucket %d is listed twice", br.Bucket)
+		}
+		m.meta[br.Bucket] = BucketMeta{State: BucketState(br.State), Target: NodeID(br.Target), Move: br.Move, Since: br.Since, DataLost: br.DataLost}
+	}
+	for _, h := range r.History {
+		m.history = append(m.history, Handoff{Lo: h.Lo, Hi: h.Hi, Node: NodeID(h.Node), UntilVersion: h.UntilVersion, At: h.At})
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Encode validates m and renders its record. Maps are large, so the JSON is
+// compact.
+func Encode(m *Map) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("refusing to encode an inconsistent bucket map: %w", err)
+	}
+	rec := topo.MapRecord{Version: topo.MapFormatVersion, MapVersion: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt.UTC()}
+	for _, n := range m.nodes {
+		rec.Nodes = append(rec.Nodes, topo.NodeRecord{ID: string(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: string(n.State)})
+	}
+	raw := make([]byte, 2*len(m.owners))
+	for b, o := range m.owners {
+		binary.BigEndian.PutUint16(raw[2*b:], o)
+	}
+	rec.Owners = base64.StdEncoding.EncodeToString(raw)
+	for _, b := range m.NonActive() {
+		bm := m.meta[b]
+		rec.Buckets = append(rec.Buckets, topo.BucketRecord{Bucket: b, State: string(bm.State), Target: string(bm.Target), Move: bm.Move, Since: bm.Since, DataLost: bm.DataLost})
+	}
+	for _, h := range m.history {
+		rec.History = append(rec.History, topo.HandoffRecord{Lo: h.Lo, Hi: h.Hi, Node: string(h.Node), UntilVersion: h.UntilVersion, At: h.At.UTC()})
+	}
+	return topo.EncodeCompact(rec)
+}

@@ -1,0 +1,373 @@
+package bucketmap
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Edits change a Map in place; call them on a Clone (Store.Update hands its
+// callback one). Store.Update sets Version and UpdatedAt of the clone to the
+// new version's before the callback runs, so history entries carry the
+// version that ends an ownership.
+
+// ErrUnknownNode means a node id is not in the registry.
+var ErrUnknownNode = errors.New("unknown db node")
+
+// ErrBucketRange means a bucket number is out of range for the level.
+var ErrBucketRange = errors.New("bucket out of range")
+
+// New builds the first map (version 1) of a cluster: the buckets are dealt
+// out in contiguous runs, in node order, by weight, so the initial layout
+// is as tidy as the split structure allows.
+func New(level int, nodes []Node, at time.Time) (*Map, error) {
+	if level < 0 || level > MaxLevel {
+		return nil, fmt.Errorf("level %d out of range 0..%d", level, MaxLevel)
+	}
+	if len(nodes) == 0 {
+		return nil, errors.New("a cluster needs at least one db node")
+	}
+	m := &Map{Version: 1, Level: level, UpdatedAt: at, index: map[NodeID]int{}, meta: map[uint32]BucketMeta{}}
+	for _, n := range nodes {
+		if n.State == "" {
+			n.State = NodeActive
+		}
+		if n.Weight == 0 {
+			n.Weight = 1
+		}
+		if err := m.AddNode(n); err != nil {
+			return nil, err
+		}
+	}
+	cur := make([]int, len(m.nodes))
+	t, err := targets(m, cur)
+	if err != nil {
+		return nil, err
+	}
+	m.owners = make([]uint16, m.Buckets())
+	b := 0
+	for i, k := range t {
+		for range k {
+			m.owners[b] = uint16(i)
+			b++
+		}
+	}
+	return m, m.Validate()
+}
+
+func (m *Map) mustIndex(id NodeID) (int, error) {
+	i, ok := m.index[id]
+	if !ok {
+		return 0, fmt.Errorf("%w %q", ErrUnknownNode, id)
+	}
+	return i, nil
+}
+
+func (m *Map) checkBucket(b uint32) error {
+	if int64(b) >= int64(m.Buckets()) {
+		return fmt.Errorf("%w: bucket %d, the map has %d buckets (0..%d) at level %d", ErrBucketRange, b, m.Buckets(), m.Buckets()-1, m.Level)
+	}
+	return nil
+}
+
+// AddNode adds a db node to the registry. It owns nothing until the
+// planner gives it buckets.
+func (m *Map) AddNode(n Node) error {
+	if n.State == "" {
+		n.State = NodeActive
+	}
+	if n.Weight == 0 {
+		n.Weight = 1
+	}
+	if err := ValidateNode(n); err != nil {
+		return err
+	}
+	if _, dup := m.index[n.ID]; dup {
+		return fmt.Errorf("node %s is already in the registry", n.ID)
+	}
+	if len(m.nodes) >= MaxNodes {
+		return fmt.Errorf("the registry is full (%d nodes)", MaxNodes)
+	}
+	m.index[n.ID] = len(m.nodes)
+	m.nodes = append(m.nodes, n)
+	return nil
+}
+
+// SetWeight changes a node's relative capacity.
+func (m *Map) SetWeight(id NodeID, w int) error {
+	i, err := m.mustIndex(id)
+	if err != nil {
+		return err
+	}
+	if w < 1 || w > MaxWeight {
+		return fmt.Errorf("weight %d out of range 1..%d", w, MaxWeight)
+	}
+	m.nodes[i].Weight = w
+	return nil
+}
+
+// Drain marks a node draining: it keeps its buckets until the planner's
+// moves take them away.
+func (m *Map) Drain(id NodeID) error {
+	i, err := m.mustIndex(id)
+	if err != nil {
+		return err
+	}
+	if s := m.nodes[i].State; s != NodeActive && s != NodeDraining {
+		return fmt.Errorf("node %s is %s; only an active node can drain", id, s)
+	}
+	m.nodes[i].State = NodeDraining
+	return nil
+}
+
+// Activate makes a draining or down node active again (a down node comes
+// back empty: its buckets were reassigned when it went down).
+func (m *Map) Activate(id NodeID) error {
+	i, err := m.mustIndex(id)
+	if err != nil {
+		return err
+	}
+	if m.nodes[i].State == NodeRemoved {
+		return fmt.Errorf("node %s was removed; add it again instead", id)
+	}
+	m.nodes[i].State = NodeActive
+	return nil
+}
+
+// MarkDown marks a node down and at once reassigns its buckets, spread by
+// weight across the active nodes, without copying (their data is gone, so
+// they are marked DataLost). Moves to or from the node are cancelled.
+func (m *Map) MarkDown(id NodeID) ([]Move, error) {
+	i, err := m.mustIndex(id)
+	if err != nil {
+		return nil, err
+	}
+	if m.nodes[i].State == NodeRemoved {
+		return nil, fmt.Errorf("node %s was removed", id)
+	}
+	prev := m.nodes[i].State
+	m.nodes[i].State = NodeDown
+	for b, bm := range m.meta {
+		if bm.State == BucketMoving && (bm.Target == id || int(m.owners[b]) == i) {
+			m.setMeta(b, BucketMeta{DataLost: bm.DataLost})
+		}
+	}
+	p, err := plan(m)
+	if err != nil {
+		m.nodes[i].State = prev
+		if errors.Is(err, ErrNoActiveNode) {
+			return nil, fmt.Errorf("cannot mark %s down: %w to take its buckets", id, err)
+		}
+		return nil, err
+	}
+	for _, mv := range p.Reassign {
+		if err := m.Assign(mv.Bucket, mv.To, AssignOptions{NoCopy: true, Force: true}); err != nil {
+			return nil, err
+		}
+	}
+	return p.Reassign, nil
+}
+
+// RemoveNode takes a node out of service for good. It must own no bucket
+// and be no move's target. It stays in the registry as removed while the
+// history mentions it (GC still needs to know where its old rows are), and
+// is dropped once it does not.
+func (m *Map) RemoveNode(id NodeID) error {
+	i, err := m.mustIndex(id)
+	if err != nil {
+		return err
+	}
+	owned := 0
+	for _, o := range m.owners {
+		if int(o) == i {
+			owned++
+		}
+	}
+	if owned > 0 {
+		return fmt.Errorf("node %s still owns %d buckets; drain it first (shardctl node drain, then rebalance)", id, owned)
+	}
+	for b, bm := range m.meta {
+		if bm.State == BucketMoving && bm.Target == id {
+			return fmt.Errorf("node %s is the target of the move of bucket %d", id, b)
+		}
+	}
+	m.nodes[i].State = NodeRemoved
+	m.compact()
+	return nil
+}
+
+// compact drops removed nodes that no history entry mentions, renumbering
+// the owner indexes.
+func (m *Map) compact() {
+	used := map[NodeID]bool{}
+	for _, h := range m.history {
+		used[h.Node] = true
+	}
+	keep := make([]Node, 0, len(m.nodes))
+	renum := make([]uint16, len(m.nodes))
+	for i, n := range m.nodes {
+		if n.State == NodeRemoved && !used[n.ID] {
+			continue
+		}
+		renum[i] = uint16(len(keep))
+		keep = append(keep, n)
+	}
+	if len(keep) == len(m.nodes) {
+		return
+	}
+	for b, o := range m.owners {
+		m.owners[b] = renum[o]
+	}
+	m.nodes = keep
+	m.index = make(map[NodeID]int, len(keep))
+	for i, n := range keep {
+		m.index[n.ID] = i
+	}
+}
+
+// AssignOptions qualify Assign.
+type AssignOptions struct {
+	// NoCopy says the rows were not copied to the new owner; the bucket is
+	// marked DataLost.
+	NoCopy bool
+	// Force allows reassigning a bucket that is moving (cancelling the
+	// move) and a target that is not active.
+	Force bool
+}
+
+// Assign makes to the owner of bucket b. The previous owner goes into the
+// bucket's history with this map version and UpdatedAt, for GC.
+func (m *Map) Assign(b uint32, to NodeID, opt AssignOptions) error {
+	if err := m.checkBucket(b); err != nil {
+		return err
+	}
+	ti, err := m.mustIndex(to)
+	if err != nil {
+		return err
+	}
+	from := m.owners[b]
+	if int(from) == ti {
+		return fmt.Errorf("bucket %d is already owned by %s", b, to)
+	}
+	bm := m.meta[b]
+	if bm.State == BucketMoving && !opt.Force && bm.Target != to {
+		return fmt.Errorf("bucket %d is moving to %s (move %s); use --force to override", b, bm.Target, bm.Move)
+	}
+	if s := m.nodes[ti].State; s != NodeActive && (!opt.Force || s == NodeRemoved) {
+		return fmt.Errorf("node %s is %s; buckets go only to active nodes", to, s)
+	}
+	m.history = append(m.history, Handoff{Lo: b, Hi: b, Node: m.nodes[from].ID, UntilVersion: m.Version, At: m.UpdatedAt})
+	m.forget(to, b)
+	m.owners[b] = uint16(ti)
+	m.setMeta(b, BucketMeta{DataLost: bm.DataLost || opt.NoCopy})
+	return nil
+}
+
+// forget removes bucket b from node's history: it owns b again, so GC must
+// not treat its rows there as leftovers.
+func (m *Map) forget(node NodeID, b uint32) {
+	out := m.history[:0:0]
+	for _, h := range m.history {
+		if h.Node != node || b < h.Lo || b > h.Hi {
+			out = append(out, h)
+			continue
+		}
+		if h.Lo < b {
+			l := h
+			l.Hi = b - 1
+			out = append(out, l)
+		}
+		if b < h.Hi {
+			r := h
+			r.Lo = b + 1
+			out = append(out, r)
+		}
+	}
+	m.history = out
+}
+
+func (m *Map) setMeta(b uint32, bm BucketMeta) {
+	if bm.State == "" {
+		bm.State = BucketActive
+	}
+	if bm.plain() {
+		delete(m.meta, b)
+		return
+	}
+	m.meta[b] = bm
+}
+
+// SetMoving puts bucket b into the write pause of a move to target.
+func (m *Map) SetMoving(b uint32, target NodeID, moveID string) error {
+	if err := m.checkBucket(b); err != nil {
+		return err
+	}
+	ti, err := m.mustIndex(target)
+	if err != nil {
+		return err
+	}
+	if int(m.owners[b]) == ti {
+		return fmt.Errorf("bucket %d is already owned by %s", b, target)
+	}
+	if m.nodes[ti].State != NodeActive {
+		return fmt.Errorf("node %s is %s; buckets move only to active nodes", target, m.nodes[ti].State)
+	}
+	bm := m.meta[b]
+	if bm.State == BucketMoving && bm.Move != moveID {
+		return fmt.Errorf("bucket %d is already moving to %s (move %s)", b, bm.Target, bm.Move)
+	}
+	if moveID == "" {
+		return errors.New("a move needs an id")
+	}
+	m.setMeta(b, BucketMeta{State: BucketMoving, Target: target, Move: moveID, Since: m.Version, DataLost: bm.DataLost})
+	return nil
+}
+
+// ClearMoving ends bucket b's write pause without changing its owner (an
+// aborted move).
+func (m *Map) ClearMoving(b uint32) error {
+	if err := m.checkBucket(b); err != nil {
+		return err
+	}
+	bm := m.meta[b]
+	m.setMeta(b, BucketMeta{DataLost: bm.DataLost})
+	return nil
+}
+
+// Split doubles the bucket count: bucket k becomes 2k and 2k+1 with the
+// same owner, flags and history, so every user stays on the same node and
+// no data moves. It refuses while a bucket is moving.
+func (m *Map) Split() error {
+	if m.Level >= MaxLevel {
+		return fmt.Errorf("level %d is the maximum; cannot split", MaxLevel)
+	}
+	for b, bm := range m.meta {
+		if bm.State == BucketMoving {
+			return fmt.Errorf("bucket %d is moving to %s; finish or abort its move before splitting", b, bm.Target)
+		}
+	}
+	owners := make([]uint16, 2*len(m.owners))
+	for b, o := range m.owners {
+		owners[2*b], owners[2*b+1] = o, o
+	}
+	meta := make(map[uint32]BucketMeta, 2*len(m.meta))
+	for b, bm := range m.meta {
+		meta[2*b], meta[2*b+1] = bm, bm
+	}
+	for i := range m.history {
+		m.history[i].Lo, m.history[i].Hi = 2*m.history[i].Lo, 2*m.history[i].Hi+1
+	}
+	m.owners, m.meta = owners, meta
+	m.Level++
+	return nil
+}
+
+// PruneHistory drops the handoffs for which done returns true (GC calls it
+// once a range is cleaned) and then drops removed nodes nothing mentions.
+func (m *Map) PruneHistory(done func(Handoff) bool) int {
+	before := len(m.history)
+	m.history = slices.DeleteFunc(m.history, done)
+	m.compact()
+	return before - len(m.history)
+}

@@ -1,0 +1,375 @@
+// Package bucketmap is the source of truth for "which db node owns which
+// user": the bucket map (level, owner and state of every bucket, previous
+// owners) and the db node registry, their record format, splits, and the
+// deterministic planner that rebalances when nodes join, drain or die.
+//
+// A Map is immutable once built: readers (the router) share one without
+// locks, and every change is made on a Clone and written back by
+// compare-and-swap (Store.Update).
+package bucketmap
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+// MaxLevel is the deepest level a map may have. 2^17 buckets encode to
+// about 350 KB of owners, leaving room under ZooKeeper's 1 MiB for the node
+// registry and history.
+const MaxLevel = 17
+
+// MaxNodes bounds the registry (owners are 16-bit indexes).
+const MaxNodes = 1 << 16
+
+// MaxWeight bounds a node's relative capacity.
+const MaxWeight = 10000
+
+// NodeID names a db node.
+type NodeID string
+
+// NodeState is a db node's lifecycle state.
+type NodeState string
+
+const (
+	// NodeActive nodes own buckets and receive them when balancing.
+	NodeActive NodeState = "active"
+	// NodeDraining nodes keep serving their buckets but the planner moves
+	// all of them away.
+	NodeDraining NodeState = "draining"
+	// NodeDown nodes are unreachable; their buckets are reassigned at once
+	// without copying.
+	NodeDown NodeState = "down"
+	// NodeRemoved nodes own nothing and stay in the registry only while the
+	// history still mentions them.
+	NodeRemoved NodeState = "removed"
+)
+
+func (s NodeState) valid() bool {
+	return s == NodeActive || s == NodeDraining || s == NodeDown || s == NodeRemoved
+}
+
+// Node is one db node in the registry.
+type Node struct {
+	ID NodeID
+	// DSN is a postgres:// URL without a password.
+	DSN string
+	// Password says where the password comes from: "env:NAME",
+	// "file:/path", or "" (none, or from the environment's pgpass).
+	Password string
+	Weight   int
+	State    NodeState
+}
+
+// BucketState is the state of one bucket.
+type BucketState string
+
+const (
+	// BucketActive buckets are served by their owner.
+	BucketActive BucketState = "active"
+	// BucketMoving buckets are in the write pause of a move to Target:
+	// writes wait, reads may still go to the owner.
+	BucketMoving BucketState = "moving"
+)
+
+// BucketMeta is what a bucket has beyond its owner. The zero value is a
+// plainly active bucket.
+type BucketMeta struct {
+	State  BucketState
+	Target NodeID // moving: where to
+	Move   string // moving: the move record id
+	Since  uint64 // map version at which State began
+	// DataLost marks a bucket whose ownership changed without copying its
+	// rows (its node died, or an operator reassigned it with --no-copy).
+	DataLost bool
+}
+
+func (b BucketMeta) plain() bool {
+	return (b.State == "" || b.State == BucketActive) && !b.DataLost
+}
+
+// Handoff records that Node owned buckets Lo..Hi until map version
+// UntilVersion, at time At.
+type Handoff struct {
+	Lo, Hi       uint32
+	Node         NodeID
+	UntilVersion uint64
+	At           time.Time
+}
+
+// Map is one version of the bucket map and node registry.
+type Map struct {
+	Version   uint64
+	Level     int
+	UpdatedAt time.Time
+
+	nodes   []Node // registry in insertion order; owners index into it
+	index   map[NodeID]int
+	owners  []uint16
+	meta    map[uint32]BucketMeta
+	history []Handoff
+}
+
+// Buckets is the number of buckets, 2^Level.
+func (m *Map) Buckets() int { return 1 << m.Level }
+
+// Owner returns the node that owns bucket b. b must be < Buckets().
+func (m *Map) Owner(b uint32) NodeID { return m.nodes[m.owners[b]].ID }
+
+// OwnerIndex returns the registry index of b's owner: with Nodes() it lets
+// hot paths avoid string work.
+func (m *Map) OwnerIndex(b uint32) int { return int(m.owners[b]) }
+
+// Meta returns bucket b's state beyond its owner.
+func (m *Map) Meta(b uint32) BucketMeta {
+	if bm, ok := m.meta[b]; ok {
+		if bm.State == "" {
+			bm.State = BucketActive
+		}
+		return bm
+	}
+	return BucketMeta{State: BucketActive}
+}
+
+// Nodes returns the registry in its stored order. Do not modify it.
+func (m *Map) Nodes() []Node { return m.nodes }
+
+// Node returns a node by id.
+func (m *Map) Node(id NodeID) (Node, bool) {
+	i, ok := m.index[id]
+	if !ok {
+		return Node{}, false
+	}
+	return m.nodes[i], true
+}
+
+// History returns the handoffs still recorded, oldest first.
+func (m *Map) History() []Handoff { return m.history }
+
+// HistoryOf returns the handoffs that cover bucket b.
+func (m *Map) HistoryOf(b uint32) []Handoff {
+	var out []Handoff
+	for _, h := range m.history {
+		if h.Lo <= b && b <= h.Hi {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// NonActive returns the buckets whose state is not plain active, in order.
+func (m *Map) NonActive() []uint32 {
+	out := make([]uint32, 0, len(m.meta))
+	for b := range m.meta {
+		out = append(out, b)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Counts returns how many buckets each node owns.
+func (m *Map) Counts() map[NodeID]int {
+	c := make([]int, len(m.nodes))
+	for _, o := range m.owners {
+		c[o]++
+	}
+	out := make(map[NodeID]int, len(m.nodes))
+	for i, n := range m.nodes {
+		out[n.ID] = c[i]
+	}
+	return out
+}
+
+// BucketOf returns the bucket of a user id at this map's level.
+func (m *Map) BucketOf(ks *keystream.Keystream, uid string) uint32 {
+	return keystream.BucketOf(ks.Prefix64(uid), m.Level)
+}
+
+// Clone returns a deep copy to edit.
+func (m *Map) Clone() *Map {
+	c := &Map{Version: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt}
+	c.nodes = append([]Node(nil), m.nodes...)
+	c.index = make(map[NodeID]int, len(m.index))
+	for k, v := range m.index {
+		c.index[k] = v
+	}
+	c.owners = append([]uint16(nil), m.owners...)
+	c.meta = make(map[uint32]BucketMeta, len(m.meta))
+	for k, v := range m.meta {
+		c.meta[k] = v
+	}
+	c.history = append([]Handoff(nil), m.history...)
+	return c
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ValidateNode checks a node's fields on their own.
+func ValidateNode(n Node) error {
+	if err := topo.ValidName("node", string(n.ID)); err != nil {
+		return err
+	}
+	if err := ValidateDSN(n.DSN); err != nil {
+		return fmt.Errorf("node %s: %w", n.ID, err)
+	}
+	if err := ValidatePasswordRef(n.Password); err != nil {
+		return fmt.Errorf("node %s: %w", n.ID, err)
+	}
+	if n.Weight < 1 || n.Weight > MaxWeight {
+		return fmt.Errorf("node %s: weight %d out of range 1..%d", n.ID, n.Weight, MaxWeight)
+	}
+	if !n.State.valid() {
+		return fmt.Errorf("node %s: state %q is not one of active, draining, down, removed", n.ID, n.State)
+	}
+	return nil
+}
+
+// ValidateDSN accepts a postgres:// or postgresql:// URL with a host and no
+// password: passwords live outside ZooKeeper (see ValidatePasswordRef).
+func ValidateDSN(dsn string) error {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return fmt.Errorf("dsn is not a URL: %v", err)
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return fmt.Errorf("dsn %q must be a postgres:// URL", redactDSN(dsn))
+	}
+	if u.Host == "" {
+		return fmt.Errorf("dsn %q has no host", redactDSN(dsn))
+	}
+	if _, has := u.User.Password(); has {
+		return fmt.Errorf("dsn %q contains a password; store a reference instead (--password env:NAME or file:/path)", redactDSN(dsn))
+	}
+	if u.Query().Has("password") {
+		return fmt.Errorf("dsn %q has a password parameter; store a reference instead (--password env:NAME or file:/path)", redactDSN(dsn))
+	}
+	return nil
+}
+
+// redactDSN hides any password in a DSN so that error messages can show it.
+func redactDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "<unparseable dsn>"
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "REDACTED")
+	}
+	q := u.Query()
+	if q.Has("password") {
+		q.Set("password", "REDACTED")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
+}
+
+// ValidatePasswordRef accepts "", "env:NAME" and "file:/absolute/path".
+func ValidatePasswordRef(ref string) error {
+	switch {
+	case ref == "":
+		return nil
+	case strings.HasPrefix(ref, "env:"):
+		if !envNameRE.MatchString(ref[4:]) {
+			return fmt.Errorf("password reference %q: %q is not an environment variable name", ref, ref[4:])
+		}
+		return nil
+	case strings.HasPrefix(ref, "file:"):
+		if !strings.HasPrefix(ref[5:], "/") {
+			return fmt.Errorf("password reference %q: the file path must be absolute", ref)
+		}
+		return nil
+	}
+	// Not echoed: it may be the password itself, pasted by mistake.
+	return fmt.Errorf("password reference must be env:NAME or file:/path (never the password itself)")
+}
+
+// Validate checks the whole map for consistency. Decode calls it, and
+// Store.Update calls it before every write, so an edit can never store an
+// inconsistent map.
+func (m *Map) Validate() error {
+	if m.Version < 1 {
+		return fmt.Errorf("map version %d: must be at least 1", m.Version)
+	}
+	if m.Level < 0 || m.Level > MaxLevel {
+		return fmt.Errorf("level %d out of range 0..%d", m.Level, MaxLevel)
+	}
+	if len(m.nodes) == 0 {
+		return fmt.Errorf("no db nodes in the registry")
+	}
+	if len(m.nodes) > MaxNodes {
+		return fmt.Errorf("%d db nodes, more than %d", len(m.nodes), MaxNodes)
+	}
+	for i, n := range m.nodes {
+		if err := ValidateNode(n); err != nil {
+			return err
+		}
+		if j, ok := m.index[n.ID]; !ok || j != i {
+			return fmt.Errorf("node %s is listed twice", n.ID)
+		}
+	}
+	if len(m.index) != len(m.nodes) {
+		return fmt.Errorf("node index out of step with the registry")
+	}
+	if len(m.owners) != m.Buckets() {
+		return fmt.Errorf("%d owners for %d buckets (level %d)", len(m.owners), m.Buckets(), m.Level)
+	}
+	for b, o := range m.owners {
+		if int(o) >= len(m.nodes) {
+			return fmt.Errorf("bucket %d: owner index %d is not in the registry (%d nodes)", b, o, len(m.nodes))
+		}
+		if m.nodes[o].State == NodeRemoved {
+			return fmt.Errorf("bucket %d is owned by removed node %s", b, m.nodes[o].ID)
+		}
+	}
+	for b, bm := range m.meta {
+		if int64(b) >= int64(m.Buckets()) {
+			return fmt.Errorf("bucket %d has state but the map has only %d buckets", b, m.Buckets())
+		}
+		switch bm.State {
+		case "", BucketActive:
+			if bm.Target != "" || bm.Move != "" {
+				return fmt.Errorf("bucket %d is active but names a move target or id", b)
+			}
+			if !bm.DataLost {
+				return fmt.Errorf("bucket %d: plain active buckets are not listed", b)
+			}
+		case BucketMoving:
+			t, ok := m.index[bm.Target]
+			if !ok {
+				return fmt.Errorf("bucket %d is moving to unknown node %q", b, bm.Target)
+			}
+			if int(m.owners[b]) == t {
+				return fmt.Errorf("bucket %d is moving to its own owner %s", b, bm.Target)
+			}
+			if m.nodes[t].State == NodeRemoved {
+				return fmt.Errorf("bucket %d is moving to removed node %s", b, bm.Target)
+			}
+			if bm.Move == "" {
+				return fmt.Errorf("bucket %d is moving but names no move id", b)
+			}
+		default:
+			return fmt.Errorf("bucket %d: state %q is not active or moving", b, bm.State)
+		}
+		if bm.Since > m.Version {
+			return fmt.Errorf("bucket %d: state since map version %d, after the map's version %d", b, bm.Since, m.Version)
+		}
+	}
+	for i, h := range m.history {
+		if h.Lo > h.Hi || int64(h.Hi) >= int64(m.Buckets()) {
+			return fmt.Errorf("history entry %d: bucket range %d..%d outside 0..%d", i, h.Lo, h.Hi, m.Buckets()-1)
+		}
+		if _, ok := m.index[h.Node]; !ok {
+			return fmt.Errorf("history entry %d names unknown node %q", i, h.Node)
+		}
+		if h.UntilVersion > m.Version || h.UntilVersion == 0 {
+			return fmt.Errorf("history entry %d: until map version %d, but the map is at version %d", i, h.UntilVersion, m.Version)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,442 @@
+package bucketmap
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+
+func node(id string, w int) Node {
+	return Node{ID: NodeID(id), DSN: "postgres://app@" + id + ".db:5432/app", Password: "env:PG_" + strings.ToUpper(strings.ReplaceAll(id, "-", "_")), Weight: w, State: NodeActive}
+}
+
+func nodes(n int) []Node {
+	out := make([]Node, n)
+	for i := range out {
+		out[i] = node(fmt.Sprintf("n%d", i+1), 1)
+	}
+	return out
+}
+
+func mustNew(t testing.TB, level int, ns []Node) *Map {
+	t.Helper()
+	m, err := New(level, ns, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// bump mimics Store.Update: edits happen on a clone at the next version.
+func bump(m *Map) *Map {
+	c := m.Clone()
+	c.Version++
+	c.UpdatedAt = c.UpdatedAt.Add(time.Minute)
+	return c
+}
+
+func TestNewDealsContiguousRunsByWeight(t *testing.T) {
+	m := mustNew(t, 4, []Node{node("a", 1), node("b", 2), node("c", 1)})
+	got := ""
+	for b := range m.Buckets() {
+		got += string(m.Owner(uint32(b)))
+	}
+	// 16 buckets by weight 1:2:1 = 4, 8, 4, in node order.
+	if got != "aaaabbbbbbbbcccc" {
+		t.Fatalf("layout %s", got)
+	}
+	if m.Version != 1 || len(m.History()) != 0 || len(m.NonActive()) != 0 {
+		t.Fatalf("fresh map %+v", m)
+	}
+	if _, err := New(MaxLevel+1, nodes(1), t0); err == nil {
+		t.Fatal("level above MaxLevel accepted")
+	}
+	if _, err := New(3, nil, t0); err == nil {
+		t.Fatal("no nodes accepted")
+	}
+	if _, err := New(3, []Node{node("a", 1), node("a", 1)}, t0); err == nil {
+		t.Fatal("duplicate node accepted")
+	}
+}
+
+func TestValidateNodeInputs(t *testing.T) {
+	good := node("n1", 1)
+	if err := ValidateNode(good); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		mut    func(*Node)
+		errHas string
+	}{
+		{func(n *Node) { n.ID = "N1" }, "node name"},
+		{func(n *Node) { n.DSN = "postgres://app:hunter2@h/db" }, "contains a password"},
+		{func(n *Node) { n.DSN = "postgres://app@h/db?password=hunter2" }, "password parameter"},
+		{func(n *Node) { n.DSN = "mysql://h/db" }, "postgres:// URL"},
+		{func(n *Node) { n.DSN = "postgres:///db" }, "no host"},
+		{func(n *Node) { n.Password = "hunter2" }, "must be env:NAME or file:/path"},
+		{func(n *Node) { n.Password = "env:1BAD" }, "not an environment variable name"},
+		{func(n *Node) { n.Password = "file:relative" }, "must be absolute"},
+		{func(n *Node) { n.Weight = 0 }, "weight 0"},
+		{func(n *Node) { n.Weight = MaxWeight + 1 }, "weight"},
+		{func(n *Node) { n.State = "zombie" }, `state "zombie"`},
+	} {
+		n := good
+		tc.mut(&n)
+		err := ValidateNode(n)
+		if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+			t.Errorf("%+v: %v, want %q", n, err, tc.errHas)
+		}
+		if err != nil && strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
+
+func TestRoundTripAndSize(t *testing.T) {
+	for _, tc := range []struct{ level, nodes int }{{0, 1}, {3, 3}, {16, 1000}, {MaxLevel, 1000}} {
+		m := mustNew(t, tc.level, nodes(tc.nodes))
+		m = bump(m)
+		// Some state to carry: a move, lost data, history.
+		if tc.level > 0 {
+			if err := m.SetMoving(0, m.Owner(uint32(m.Buckets()-1)), "mv-1"); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Assign(uint32(m.Buckets()-1), m.Owner(0), AssignOptions{NoCopy: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		data, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Decode("/m", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, _ := Encode(back)
+		if string(again) != string(data) {
+			t.Fatalf("level %d: encode(decode(x)) != x", tc.level)
+		}
+		if tc.level == 16 {
+			// Stated in docs/bucket-map.md.
+			t.Logf("level 16 with %d nodes: %d bytes (%.0f KiB) of %d allowed", tc.nodes, len(data), float64(len(data))/1024, zksession.MaxDataSize)
+		}
+		if len(data) > zksession.MaxDataSize/2 {
+			t.Fatalf("level %d, %d nodes: %d bytes, over half the znode limit", tc.level, tc.nodes, len(data))
+		}
+	}
+}
+
+// rec returns a good record to corrupt.
+func rec(t *testing.T) *topo.MapRecord {
+	m := bump(mustNew(t, 2, nodes(2)))
+	if err := m.Assign(0, "n2", AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetMoving(3, "n1", "mv-9"); err != nil {
+		t.Fatal(err)
+	}
+	data, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := topo.DecodeMapRecord("", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestDecodeRejectsInconsistentMaps(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mut    func(r *topo.MapRecord)
+		errHas string
+	}{
+		{"format version", func(r *topo.MapRecord) { r.Version = 9 }, "format version 9"},
+		{"map version 0", func(r *topo.MapRecord) { r.MapVersion = 0 }, "map version 0"},
+		{"level", func(r *topo.MapRecord) { r.Level = 40 }, "level 40 out of range"},
+		{"wrong bucket count", func(r *topo.MapRecord) { r.Level = 3 }, "owners: 8 bytes, want 16"},
+		{"owners not base64", func(r *topo.MapRecord) { r.Owners = "!!" }, "not base64"},
+		{"owner index", func(r *topo.MapRecord) { r.Owners = "AAAAAQACAAE=" }, "owner index 2 is not in the registry"},
+		{"no nodes", func(r *topo.MapRecord) { r.Nodes = nil }, "no db nodes"},
+		{"duplicate node", func(r *topo.MapRecord) { r.Nodes[1].ID = r.Nodes[0].ID }, "listed twice"},
+		{"bad node state", func(r *topo.MapRecord) { r.Nodes[0].State = "gone" }, `state "gone"`},
+		{"password in dsn", func(r *topo.MapRecord) { r.Nodes[0].DSN = "postgres://u:p@h/db" }, "contains a password"},
+		{"removed owner", func(r *topo.MapRecord) { r.Nodes[0].State = "removed" }, "owned by removed node n1"},
+		{"unknown history node", func(r *topo.MapRecord) { r.History[0].Node = "ghost" }, `unknown node "ghost"`},
+		{"history range", func(r *topo.MapRecord) { r.History[0].Hi = 4 }, "bucket range 0..4 outside 0..3"},
+		{"history from the future", func(r *topo.MapRecord) { r.History[0].UntilVersion = 99 }, "until map version 99"},
+		{"moving to unknown", func(r *topo.MapRecord) { r.Buckets[0].Target = "ghost" }, `moving to unknown node "ghost"`},
+		{"moving to owner", func(r *topo.MapRecord) { r.Buckets[0].Target = "n2" }, "moving to its own owner"},
+		{"moving without id", func(r *topo.MapRecord) { r.Buckets[0].Move = "" }, "names no move id"},
+		{"bucket out of range", func(r *topo.MapRecord) { r.Buckets[0].Bucket = 4 }, "only 4 buckets"},
+		{"bucket state", func(r *topo.MapRecord) { r.Buckets[0].State = "fenced" }, `state "fenced"`},
+		{"plain bucket listed", func(r *topo.MapRecord) { r.Buckets[0] = topo.BucketRecord{Bucket: 3, State: "active"} }, "plain active"},
+		{"duplicate bucket", func(r *topo.MapRecord) { r.Buckets = append(r.Buckets, r.Buckets[0]) }, "listed twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rec(t)
+			tc.mut(r)
+			data, _ := json.Marshal(r)
+			_, err := Decode("/shardvisor/c/map", data)
+			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.errHas)
+			}
+			if !errors.Is(err, topo.ErrMalformed) || !strings.Contains(err.Error(), "/shardvisor/c/map") {
+				t.Fatalf("error should wrap ErrMalformed and name the znode: %v", err)
+			}
+		})
+	}
+	if _, err := Decode("/m", []byte(`{"version":1,"map_version":1,"level":0,"owners":"AAA=","nodes":[],"extra":true}`)); err == nil || !strings.Contains(err.Error(), `unknown field "extra"`) {
+		t.Fatalf("unknown field: %v", err)
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, m := range []*Map{mustNew(f, 0, nodes(1)), mustNew(f, 3, nodes(3))} {
+		data, _ := Encode(m)
+		f.Add(data)
+	}
+	f.Add([]byte(`{"version":1}`))
+	f.Add([]byte(`{"version":1,"map_version":2,"level":1,"nodes":[{"id":"a","dsn":"postgres://h/d","weight":1,"state":"active"}],"owners":"AAAAAA==","history":[{"lo":0,"hi":1,"node":"a","until_version":1,"at":"2026-01-01T00:00:00Z"}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Decode("/fuzz", data)
+		if err != nil {
+			return
+		}
+		// Whatever decodes is consistent and survives a round trip.
+		if err := m.Validate(); err != nil {
+			t.Fatalf("decoded an invalid map: %v", err)
+		}
+		enc, err := Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m2, err := Decode("/fuzz", enc)
+		if err != nil {
+			t.Fatalf("re-decode: %v", err)
+		}
+		enc2, _ := Encode(m2)
+		if string(enc) != string(enc2) {
+			t.Fatal("round trip not stable")
+		}
+	})
+}
+
+// Every user routes to the same node before and after any number of splits.
+func TestSplitKeepsEveryUserOnItsNode(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 20 {
+		seed := make([]byte, 16)
+		for i := range seed {
+			seed[i] = byte(rng.IntN(256))
+		}
+		ks, err := keystream.New(seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := bump(mustNew(t, rng.IntN(5), nodes(1+rng.IntN(6))))
+		// Scramble ownership so the test is not only about contiguous runs.
+		for range m.Buckets() {
+			b := uint32(rng.IntN(m.Buckets()))
+			to := m.Nodes()[rng.IntN(len(m.Nodes()))].ID
+			if to != m.Owner(b) {
+				if err := m.Assign(b, to, AssignOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		uids := make([]string, 300)
+		before := make([]NodeID, len(uids))
+		for i := range uids {
+			uids[i] = fmt.Sprintf("user-%d-%d", trial, rng.Int())
+			before[i] = m.Owner(m.BucketOf(ks, uids[i]))
+		}
+		hist := len(m.History())
+		for range 1 + rng.IntN(6) {
+			if m.Level == MaxLevel {
+				break
+			}
+			if err := m.Split(); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, uid := range uids {
+			if got := m.Owner(m.BucketOf(ks, uid)); got != before[i] {
+				t.Fatalf("trial %d: %s moved from %s to %s after splitting", trial, uid, before[i], got)
+			}
+		}
+		if len(m.History()) != hist {
+			t.Fatalf("split changed the number of history entries")
+		}
+	}
+}
+
+func TestSplitCarriesHistoryAndFlags(t *testing.T) {
+	m := bump(mustNew(t, 2, nodes(2)))
+	if err := m.Assign(1, "n2", AssignOptions{NoCopy: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Split(); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []uint32{2, 3} {
+		if m.Owner(b) != "n2" || !m.Meta(b).DataLost {
+			t.Fatalf("bucket %d: owner %s meta %+v", b, m.Owner(b), m.Meta(b))
+		}
+		if h := m.HistoryOf(b); len(h) != 1 || h[0].Node != "n1" {
+			t.Fatalf("bucket %d history %+v", b, h)
+		}
+	}
+	if h := m.HistoryOf(4); len(h) != 0 {
+		t.Fatalf("bucket 4 history %+v", h)
+	}
+	if err := m.SetMoving(0, "n2", "mv"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Split(); err == nil || !strings.Contains(err.Error(), "moving") {
+		t.Fatalf("split during a move: %v", err)
+	}
+	top := mustNew(t, MaxLevel, nodes(1))
+	if err := top.Split(); err == nil {
+		t.Fatal("split above MaxLevel")
+	}
+}
+
+func TestAssignHistoryAndReturn(t *testing.T) {
+	m := bump(mustNew(t, 2, nodes(3))) // n1: 0,1  n2: 2  n3: 3
+	if err := m.Assign(0, "n2", AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h := m.HistoryOf(0)
+	if len(h) != 1 || h[0].Node != "n1" || h[0].UntilVersion != m.Version || !h[0].At.Equal(m.UpdatedAt) {
+		t.Fatalf("history %+v", h)
+	}
+	// Back to n1: n1 owns it again, so its rows are not leftovers any more.
+	m = bump(m)
+	if err := m.Assign(0, "n1", AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range m.HistoryOf(0) {
+		if h.Node == "n1" {
+			t.Fatalf("n1 owns bucket 0 again but history still lists it: %+v", m.HistoryOf(0))
+		}
+	}
+	for _, tc := range []struct {
+		b      uint32
+		to     NodeID
+		errHas string
+	}{
+		{9, "n1", "bucket 9, the map has 4 buckets"},
+		{0, "ghost", "unknown db node"},
+		{0, "n1", "already owned"},
+	} {
+		if err := m.Assign(tc.b, tc.to, AssignOptions{}); err == nil || !strings.Contains(err.Error(), tc.errHas) {
+			t.Errorf("Assign(%d, %s) = %v, want %q", tc.b, tc.to, err, tc.errHas)
+		}
+	}
+	if err := m.Drain("n3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Assign(0, "n3", AssignOptions{}); err == nil || !strings.Contains(err.Error(), "draining") {
+		t.Fatalf("assign to a draining node: %v", err)
+	}
+	if err := m.SetMoving(1, "n2", "mv-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Assign(1, "n3", AssignOptions{}); err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("assign a moving bucket elsewhere: %v", err)
+	}
+	if err := m.Activate("n3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Assign(1, "n3", AssignOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Meta(1).State != BucketActive {
+		t.Fatal("forced assign left the bucket moving")
+	}
+}
+
+func TestMarkDownReassignsByWeightWithoutCopy(t *testing.T) {
+	m := bump(mustNew(t, 6, []Node{node("a", 1), node("b", 1), node("c", 2), node("d", 1)}))
+	owned := m.Counts()["b"]
+	re, err := m.MarkDown("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(re) != owned {
+		t.Fatalf("reassigned %d of b's %d buckets", len(re), owned)
+	}
+	c := m.Counts()
+	if c["b"] != 0 {
+		t.Fatalf("down node still owns %d", c["b"])
+	}
+	// 64 buckets over weights a1 c2 d1: 16, 32, 16.
+	if c["a"] != 16 || c["c"] != 32 || c["d"] != 16 {
+		t.Fatalf("counts after b went down: %v", c)
+	}
+	for _, mv := range re {
+		if !m.Meta(mv.Bucket).DataLost || m.HistoryOf(mv.Bucket)[0].Node != "b" {
+			t.Fatalf("bucket %d not marked lost with b in history", mv.Bucket)
+		}
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	only := bump(mustNew(t, 2, nodes(1)))
+	if _, err := only.MarkDown("n1"); !errors.Is(err, ErrNoActiveNode) {
+		t.Fatalf("last node down: %v", err)
+	}
+	if only.Nodes()[0].State != NodeActive {
+		t.Fatal("failed MarkDown changed the node state")
+	}
+}
+
+func TestRemoveNodeCompactsOnlyWhenUnreferenced(t *testing.T) {
+	m := bump(mustNew(t, 2, nodes(3)))
+	if err := m.RemoveNode("n1"); err == nil || !strings.Contains(err.Error(), "owns 2 buckets") {
+		t.Fatalf("remove an owner: %v", err)
+	}
+	for _, b := range []uint32{0, 1} {
+		if err := m.Assign(b, "n2", AssignOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.RemoveNode("n1"); err != nil {
+		t.Fatal(err)
+	}
+	// History still names n1, so it stays, as removed.
+	if n, ok := m.Node("n1"); !ok || n.State != NodeRemoved {
+		t.Fatalf("n1 after removal: %+v %v", n, ok)
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.PruneHistory(func(h Handoff) bool { return h.Node == "n1" }); got != 2 {
+		t.Fatalf("pruned %d", got)
+	}
+	if _, ok := m.Node("n1"); ok {
+		t.Fatal("n1 still in the registry after its history was pruned")
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("compaction broke the map: %v", err)
+	}
+	if m.Owner(3) != "n3" || m.Owner(0) != "n2" {
+		t.Fatalf("owners renumbered wrongly: %s %s", m.Owner(0), m.Owner(3))
+	}
+}

@@ -1,0 +1,160 @@
+package bucketmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+// ErrConflict means a compare-and-swap lost to a concurrent writer more
+// times than the caller allowed.
+var ErrConflict = errors.New("bucket map changed concurrently")
+
+// ErrClusterExists means init found a cluster already there.
+var ErrClusterExists = errors.New("cluster already exists")
+
+// Store reads and writes one cluster's map in ZooKeeper.
+type Store struct {
+	s *zksession.Session
+	p topo.Paths
+	// Retries is how many times Update re-reads and re-applies its edit
+	// after losing a compare-and-swap (default 5).
+	Retries int
+	// Now is the clock, for tests.
+	Now func() time.Time
+}
+
+// NewStore returns a store for the cluster at p.
+func NewStore(s *zksession.Session, p topo.Paths) *Store {
+	return &Store{s: s, p: p, Retries: 5, Now: time.Now}
+}
+
+// Paths returns the cluster's paths.
+func (st *Store) Paths() topo.Paths { return st.p }
+
+// Session returns the store's session.
+func (st *Store) Session() *zksession.Session { return st.s }
+
+// CreateOptions qualify Create.
+type CreateOptions struct {
+	// ACL protects the cluster's nodes (zksession.ClusterACL); nil: the
+	// session's.
+	ACL []zk.ACL
+	// MemberACL protects the directories where routers and supervisors
+	// register (zksession.MemberACL); nil: ACL.
+	MemberACL []zk.ACL
+}
+
+// Create writes a new cluster: its record, its first map, and the
+// directories of the layout, in one transaction. It refuses to touch an
+// existing cluster.
+func (st *Store) Create(ctx context.Context, rec topo.ClusterRecord, m *Map, opt CreateOptions) error {
+	if rec.Name != st.p.ClusterName() {
+		return fmt.Errorf("cluster record names %q, the path is for %q", rec.Name, st.p.ClusterName())
+	}
+	crec, err := topo.Encode(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := topo.DecodeCluster(st.p.Cluster(), crec); err != nil {
+		return err
+	}
+	mrec, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	if ok, _, err := st.s.Exists(ctx, st.p.Cluster()); err != nil {
+		return err
+	} else if ok {
+		return fmt.Errorf("%w at %s; refusing to overwrite it", ErrClusterExists, st.p.Cluster())
+	}
+	if err := st.s.CreateAll(ctx, st.p.Root()); err != nil {
+		return err
+	}
+	acl, macl := opt.ACL, opt.MemberACL
+	if macl == nil {
+		macl = acl
+	}
+	ops := []zksession.Op{
+		zksession.CreateOp(st.p.Cluster(), crec, acl),
+		zksession.CreateOp(st.p.Map(), mrec, acl),
+		zksession.CreateOp(st.p.Pools(), nil, acl),
+		zksession.CreateOp(st.p.Routers(), nil, macl),
+		zksession.CreateOp(st.p.Moves(), nil, acl),
+		zksession.CreateOp(st.p.Locks(), nil, acl),
+	}
+	if _, err := st.s.Multi(ctx, ops...); err != nil {
+		if errors.Is(err, zksession.ErrNodeExists) {
+			return fmt.Errorf("%w at %s; refusing to overwrite it", ErrClusterExists, st.p.Cluster())
+		}
+		return err
+	}
+	return nil
+}
+
+// Load reads and validates the current map, with its znode version for a
+// later compare-and-swap.
+func (st *Store) Load(ctx context.Context) (*Map, int32, error) {
+	data, stat, err := st.s.Get(ctx, st.p.Map())
+	if errors.Is(err, zksession.ErrNoNode) {
+		return nil, 0, fmt.Errorf("%w: no bucket map at %s (create the cluster with `shardctl init`)", topo.ErrNoCluster, st.p.Map())
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	m, err := Decode(st.p.Map(), data)
+	if err != nil {
+		return nil, 0, err
+	}
+	return m, stat.Version, nil
+}
+
+// Update applies edit to a copy of the current map and writes it back by
+// compare-and-swap. The copy's Version is already the new version and its
+// UpdatedAt the current time when edit runs. If another writer got there
+// first, Update re-reads and re-applies edit (which must therefore decide
+// from the map it is given, not from earlier reads), up to Retries times,
+// then fails with ErrConflict. A map that fails validation is never written.
+func (st *Store) Update(ctx context.Context, edit func(m *Map) error) (*Map, error) {
+	var lastErr error
+	for attempt := 0; attempt <= st.Retries; attempt++ {
+		cur, zv, err := st.Load(ctx)
+		if err != nil {
+			return nil, err
+		}
+		next := cur.Clone()
+		next.Version = cur.Version + 1
+		next.UpdatedAt = st.Now().UTC()
+		if err := edit(next); err != nil {
+			return nil, err
+		}
+		data, err := Encode(next)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := st.s.Set(ctx, st.p.Map(), data, zv); err != nil {
+			if errors.Is(err, zksession.ErrBadVersion) {
+				lastErr = fmt.Errorf("%w: the write based on map version %d lost to another writer", ErrConflict, cur.Version)
+				continue
+			}
+			return nil, err
+		}
+		return next, nil
+	}
+	return nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, st.Retries+1)
+}
+
+// MapPath is where the map lives, for watchers.
+func (st *Store) MapPath() string { return st.p.Map() }
+
+// Destroy deletes the whole cluster tree. For tests and `shardctl destroy`.
+func (st *Store) Destroy(ctx context.Context) error {
+	return st.s.DeleteAll(ctx, path.Clean(st.p.Cluster()))
+}
