@@ -1,0 +1,131 @@
+// Command supervisor runs one shardvisor worker pool: it binds the pool's
+// sockets, runs its workers and swaps them when the pool config (in
+// ZooKeeper, or a local file with --config) or the bucket map changes. It
+// only parses flags and wires package supervisor; see docs/supervisor.md.
+package main
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/supervisor"
+)
+
+//go:embed example-config.json
+var exampleConfig string
+
+func main() {
+	// Workers are started through this same binary (the exec shim, which
+	// sets LISTEN_PID to the worker's own pid): handle that before anything.
+	supervisor.MaybeRunShim()
+	cliutil.Run(app())
+}
+
+func app() *cli.App {
+	var output []cli.Flag
+	for _, f := range cliutil.OutputFlags("info") {
+		if f.Names()[0] != cliutil.FlagJSON {
+			output = append(output, f)
+		}
+	}
+	flags := append(cliutil.ZKFlags(), output...)
+	flags = append(flags,
+		&cli.StringFlag{Name: "pool", Value: "default", EnvVars: []string{"SHARDVISOR_POOL"},
+			Usage: "pool `name`: the config is read from <zk-root>/<cluster>/pools/<name>/config"},
+		&cli.StringFlag{Name: "member", EnvVars: []string{"SHARDVISOR_MEMBER"}, DefaultText: "<hostname>-<pid>",
+			Usage: "this supervisor's member `name` in the pool (1-63 of a-z 0-9 - _)"},
+		&cli.StringFlag{Name: "config", EnvVars: []string{"SHARDVISOR_SUPERVISOR_CONFIG"},
+			Usage: "run from this local pool config `file` instead of ZooKeeper (polled for changes; no bucket map)"},
+		&cli.DurationFlag{Name: "config-poll", Value: supervisor.DefaultConfigPoll, EnvVars: []string{"SHARDVISOR_SUPERVISOR_CONFIG_POLL"},
+			Usage: "how often --config is checked for changes (`duration`)"},
+		&cli.StringFlag{Name: "state-dir", EnvVars: []string{"SHARDVISOR_STATE_DIR"}, DefaultText: "$RUNTIME_DIRECTORY/<pool> or $TMPDIR/shardvisor-supervisor-<pool>",
+			Usage: "`directory` for the map files handed to workers"},
+		&cli.StringFlag{Name: "admin", Value: supervisor.DefaultAdminAddr, EnvVars: []string{"SHARDVISOR_ADMIN_ADDR"},
+			Usage: "`host:port` of /healthz, /readyz, /metrics and /status (\"\" disables it)"},
+		&cli.DurationFlag{Name: "debounce", Value: supervisor.DefaultDebounce, EnvVars: []string{"SHARDVISOR_SUPERVISOR_DEBOUNCE"},
+			Usage: "quiet `time` after a config or map change before a swap starts (bursts become one swap)"},
+		&cli.DurationFlag{Name: "holddown", Value: supervisor.DefaultHolddown, EnvVars: []string{"SHARDVISOR_SUPERVISOR_HOLDDOWN"},
+			Usage: "stable connected `time` required after a ZooKeeper session loss before serving again"},
+		&cli.BoolFlag{Name: "example-config", EnvVars: []string{"SHARDVISOR_SUPERVISOR_EXAMPLE_CONFIG"}, Usage: "print an example pool config and exit"},
+	)
+	return &cli.App{
+		Name:  "supervisor",
+		Usage: "prefork supervisor: shared sockets, readiness-gated zero-drop worker swaps driven by ZooKeeper",
+		Description: "With --zk/--cluster/--pool the pool config and the bucket map come from ZooKeeper; with --config FILE\n" +
+			"it runs from a local file and needs no ZooKeeper. Signals: HUP reload, TERM/INT graceful stop, QUIT fast stop,\n" +
+			"TTIN/TTOU one worker more/fewer. See docs/supervisor.md.",
+		Flags:  flags,
+		Action: run,
+	}
+}
+
+func run(c *cli.Context) error {
+	if c.Bool("example-config") {
+		fmt.Fprint(c.App.Writer, exampleConfig)
+		return nil
+	}
+	if c.Args().Len() > 0 {
+		return cliutil.Usagef("unexpected arguments %q", c.Args().Slice())
+	}
+	log, err := cliutil.Logger(c)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Sync() }()
+	opts := supervisor.Options{
+		Pool:       c.String("pool"),
+		Member:     c.String("member"),
+		ConfigFile: c.String("config"),
+		ConfigPoll: c.Duration("config-poll"),
+		StateDir:   c.String("state-dir"),
+		AdminAddr:  c.String("admin"),
+		Debounce:   c.Duration("debounce"),
+		Holddown:   c.Duration("holddown"),
+		Logger:     log,
+	}
+	if opts.ConfigFile == "" {
+		if opts.Paths, err = cliutil.Paths(c); err != nil {
+			return err
+		}
+		cfg, err := cliutil.SessionConfig(c, log)
+		if err != nil {
+			return err
+		}
+		// Not waiting for a connection: the supervisor serves nothing
+		// until the session is connected, and says so on /healthz.
+		s, err := zksession.Open(cfg)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		opts.Session = s
+	}
+	sv, err := supervisor.New(opts)
+	if err != nil {
+		return cliutil.Usagef("%v", err)
+	}
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTTIN, syscall.SIGTTOU)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(c.Context)
+	defer cancel()
+	go func() {
+		for {
+			select {
+			case sig := <-sigs:
+				sv.Signal(sig)
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return sv.Run(ctx)
+}

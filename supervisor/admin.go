@@ -1,0 +1,80 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+// startAdmin serves /healthz, /readyz, /metrics and /status.
+//
+//   - /healthz is 200 while the listen sockets are open (the pool is in
+//     service), 503 otherwise: ZooKeeper session lost, holddown, stopping,
+//     or not started yet. Load balancers should check this.
+//   - /readyz is 200 when, in addition, at least the target number of
+//     workers are ready.
+//   - /status is the member record as JSON, plus the last swap result.
+func (s *Supervisor) startAdmin() error {
+	if s.opts.AdminAddr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", s.opts.AdminAddr)
+	if err != nil {
+		return fmt.Errorf("admin address %s: %w", s.opts.AdminAddr, err)
+	}
+	s.snapMu.Lock()
+	s.admin = ln.Addr().String()
+	s.snapMu.Unlock()
+	mux := http.NewServeMux()
+	health := func(needReady bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			s.snapMu.Lock()
+			h, state := s.health, s.snap.State
+			s.snapMu.Unlock()
+			ok := h.accepting
+			if needReady {
+				ok = h.ready
+			}
+			w.Header().Set("Content-Type", "application/json")
+			if !ok {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			_ = json.NewEncoder(w).Encode(map[string]any{"ok": ok, "state": state, "accepting": h.accepting, "ready": h.ready, "reason": h.reason})
+		}
+	}
+	mux.HandleFunc("/healthz", health(false))
+	mux.HandleFunc("/readyz", health(true))
+	mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		s.snapMu.Lock()
+		body := map[string]any{"member": s.snap, "last_swap": s.lastStatus}
+		s.snapMu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(body)
+	})
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("admin server failed", zap.Error(err))
+		}
+	}()
+	return nil
+}
+
+func (s *Supervisor) stopAdmin() {
+	if s.http == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = s.http.Shutdown(ctx)
+}

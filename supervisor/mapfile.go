@@ -1,0 +1,97 @@
+package supervisor
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// MapVersion validates bucket map bytes and returns the map's version. It
+// is the one place that judges a map; it reads only "map_version" for now,
+// tolerating every other field, and will call bucketmap.Decode once that
+// package exists.
+func MapVersion(data []byte) (uint64, error) {
+	var m struct {
+		MapVersion *uint64 `json:"map_version"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		return 0, fmt.Errorf("bucket map is not a JSON object: %v", err)
+	}
+	if m.MapVersion == nil {
+		return 0, errors.New(`bucket map has no "map_version"`)
+	}
+	return *m.MapVersion, nil
+}
+
+const mapFilePrefix = "map-"
+
+func mapFileName(dir string, version uint64) string {
+	return filepath.Join(dir, fmt.Sprintf("%s%d.json", mapFilePrefix, version))
+}
+
+// writeMapFile writes the map bytes for workers: temp file, fsync, rename,
+// fsync of the directory. A worker that opens the path sees the whole map
+// or (before the rename) no file, never a partial one.
+func writeMapFile(dir string, version uint64, data []byte) (string, error) {
+	final := mapFileName(dir, version)
+	if old, err := os.ReadFile(final); err == nil && string(old) == string(data) {
+		return final, nil
+	}
+	tmp, err := os.CreateTemp(dir, ".map-*.tmp")
+	if err != nil {
+		return "", fmt.Errorf("writing map file: %w", err)
+	}
+	fail := func(err error) (string, error) {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("writing map file %s: %w", final, err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp.Name(), final); err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("writing map file %s: %w", final, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return final, nil
+}
+
+// removeMapFiles deletes map files whose version is not in keep.
+func removeMapFiles(dir string, keep map[uint64]bool) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var removed []string
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, mapFilePrefix) || !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		v, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimPrefix(name, mapFilePrefix), ".json"), 10, 64)
+		if err != nil || keep[v] {
+			continue
+		}
+		if os.Remove(filepath.Join(dir, name)) == nil {
+			removed = append(removed, name)
+		}
+	}
+	return removed
+}

@@ -1,0 +1,84 @@
+package supervisor
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are per Supervisor (its own registry), so tests can run several.
+type metrics struct {
+	reg           *prometheus.Registry
+	generation    prometheus.Gauge
+	configVersion prometheus.Gauge
+	mapVersion    prometheus.Gauge
+	target        prometheus.Gauge
+	workers       *prometheus.GaugeVec
+	accepting     prometheus.Gauge
+	zkState       *prometheus.GaugeVec
+	swaps         *prometheus.CounterVec
+	swapDuration  prometheus.Histogram
+	readiness     prometheus.Histogram
+	spawns        prometheus.Counter
+	restarts      prometheus.Counter
+	exits         *prometheus.CounterVec
+	stops         *prometheus.CounterVec
+	kills         *prometheus.CounterVec
+	configErrors  prometheus.Counter
+	mapErrors     prometheus.Counter
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	const ns, sub = "shardvisor", "supervisor"
+	g := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
+	}
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
+	}
+	cv := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+	}
+	buckets := []float64{.05, .1, .25, .5, 1, 2, 3, 5, 10, 20, 30, 60, 120}
+	m := &metrics{
+		reg:           reg,
+		generation:    g("generation", "Generation currently serving (the newest that completed a swap)."),
+		configVersion: g("config_version", "Pool config version applied by the serving generation."),
+		mapVersion:    g("map_version", "Bucket map version applied by the serving generation (0: none)."),
+		target:        g("target_workers", "Workers wanted: the config's workers plus TTIN minus TTOU."),
+		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "workers",
+			Help: "Worker processes by state (starting, ready, stopping)."}, []string{"state"}),
+		accepting: g("accepting", "1 while the listen sockets are open, 0 while closed (ZooKeeper session lost, stopping)."),
+		zkState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "zk_state",
+			Help: "1 for the current ZooKeeper session state (connected, suspended, lost, closed, none for --config mode)."}, []string{"state"}),
+		swaps:        cv("swaps_total", "Generation swaps by result: ok, failed, superseded, invalid_config, invalid_map.", "result"),
+		swapDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "swap_duration_seconds", Help: "Time from a generation's creation to its last worker being ready and the old ones signalled.", Buckets: buckets}),
+		readiness:    prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "readiness_seconds", Help: "Time from spawning a worker to it being ready.", Buckets: buckets}),
+		spawns:       c("worker_spawns_total", "Worker processes started."),
+		restarts:     c("worker_restarts_total", "Workers respawned after a crash (with backoff)."),
+		exits:        cv("worker_exits_total", "Worker exits by kind: expected (after a stop), crash, boot_failure.", "kind"),
+		stops:        cv("worker_stops_total", "Workers sent SIGTERM, by reason.", "reason"),
+		kills:        cv("worker_kills_total", "Workers sent SIGKILL (or the watchdog's SIGQUIT), by reason.", "reason"),
+		configErrors: c("config_errors_total", "Pool configs rejected by validation."),
+		mapErrors:    c("map_errors_total", "Bucket maps rejected by validation."),
+	}
+	reg.MustRegister(m.generation, m.configVersion, m.mapVersion, m.target, m.workers, m.accepting, m.zkState, m.swaps,
+		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors)
+	for _, st := range []string{"starting", "ready", "stopping"} {
+		m.workers.WithLabelValues(st)
+	}
+	return m
+}
+
+func (m *metrics) setZK(state string) {
+	for _, s := range []string{"connected", "suspended", "lost", "closed", "none"} {
+		v := 0.0
+		if s == state {
+			v = 1
+		}
+		m.zkState.WithLabelValues(s).Set(v)
+	}
+}
