@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -23,7 +24,7 @@ func hashCommand() *cli.Command {
 			"Without --seed the cluster's seed is read from ZooKeeper.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (default: the cluster's)"},
-			&cli.IntFlag{Name: "level", DefaultText: "none", EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: "bucket level `N` (2^N buckets, 0-32); required"},
+			&cli.IntFlag{Name: "level", DefaultText: "none", EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: "bucket level `N` (2^N buckets, 0-32); default: the cluster map's level"},
 		},
 		Action: runHash,
 	}
@@ -39,22 +40,28 @@ type hashLine struct {
 
 func runHash(c *cli.Context) error {
 	level := c.Int("level")
-	if !c.IsSet("level") {
-		return cliutil.Usagef("hash: --level is required")
-	}
-	if err := keystream.CheckLevel(level); err != nil {
-		return cliutil.Usagef("hash: --level: %v", err)
+	if c.IsSet("level") {
+		if err := keystream.CheckLevel(level); err != nil {
+			return cliutil.Usagef("hash: --level: %v", err)
+		}
 	}
 	var seed keystream.Seed
 	if c.IsSet("seed") {
+		if !c.IsSet("level") {
+			return cliutil.Usagef("hash: --level is required with --seed")
+		}
 		var err error
 		if seed, err = keystream.ParseSeed(c.String("seed")); err != nil {
 			return cliutil.Usagef("hash: --seed: %v", err)
 		}
 	} else {
+		var mapLevel int
 		var err error
-		if seed, err = clusterSeed(c); err != nil {
+		if seed, mapLevel, err = clusterSeed(c); err != nil {
 			return err
+		}
+		if !c.IsSet("level") {
+			level = mapLevel
 		}
 	}
 	ks, err := keystream.New(seed)
@@ -81,29 +88,34 @@ func runHash(c *cli.Context) error {
 	return nil
 }
 
-func clusterSeed(c *cli.Context) (keystream.Seed, error) {
+// clusterSeed reads the cluster's seed and its map's level.
+func clusterSeed(c *cli.Context) (keystream.Seed, int, error) {
 	log, err := cliutil.Logger(c)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	paths, err := cliutil.Paths(c)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	s, err := cliutil.Connect(c, log)
 	if err != nil {
-		return nil, fmt.Errorf("hash: no --seed given, so the cluster's seed is needed: %w", err)
+		return nil, 0, fmt.Errorf("hash: no --seed given, so the cluster's seed is needed: %w", err)
 	}
 	defer s.Close()
 	rec, err := topo.ReadCluster(c.Context, s, paths)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	seed, err := keystream.ParseSeed(rec.Seed)
 	if err != nil {
-		return nil, fmt.Errorf("cluster record at %s: %w", paths.Cluster(), err)
+		return nil, 0, fmt.Errorf("cluster record at %s: %w", paths.Cluster(), err)
 	}
-	return seed, nil
+	m, _, err := bucketmap.NewStore(s, paths).Load(c.Context)
+	if err != nil {
+		return nil, 0, err
+	}
+	return seed, m.Level, nil
 }
 
 func readLines(r io.Reader) ([]string, error) {

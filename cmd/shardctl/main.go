@@ -14,8 +14,11 @@ func main() {
 		Usage: "administer a shardvisor cluster: bucket map, db nodes, pools, moves",
 		Description: "Every command reads --zk, --zk-root and --cluster (or SHARDVISOR_ZK, SHARDVISOR_ZK_ROOT, SHARDVISOR_CLUSTER).\n" +
 			"Output is text for people; --json prints JSON for scripts. Exit status: 0 ok, 1 failure, 2 usage error.",
-		Flags:                append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
-		Commands:             []*cli.Command{hashCommand(), zkCommand()},
+		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
+		Commands: []*cli.Command{
+			initCommand(), statusCommand(), nodeCommand(), splitCommand(), planCommand(), assignCommand(),
+			simulateCommand(), hashCommand(), zkCommand(),
+		},
 		EnableBashCompletion: true,
 	}
 	cliutil.Run(app)

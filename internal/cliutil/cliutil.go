@@ -192,44 +192,112 @@ func (p *Printer) Emit(v any, human func(w io.Writer)) error {
 	return nil
 }
 
-// inheritFlags lets global flags also follow a subcommand
-// ("shardctl status --json"), as operators type them.
-func inheritFlags(global []cli.Flag, cmds []*cli.Command) {
-	for _, cmd := range cmds {
-		if len(cmd.Subcommands) > 0 {
-			inheritFlags(global, cmd.Subcommands)
+// Intersperse reorders argv so that operators can write flags anywhere, as
+// they do ("shardctl assign 3 n2 --no-copy", "shardctl status --json"):
+// urfave/cli v2 stops reading flags at the first argument and reads global
+// flags only before the command. Global flags given after the command move
+// to the front; the leaf command's own flags move before its arguments.
+// Tokens after "--" stay arguments.
+func Intersperse(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	out := []string{args[0]}
+	cmds := app.Commands
+	var leaf *cli.Command
+	i := 1
+	// Global flags and the command path.
+	for ; i < len(args); i++ {
+		a := args[i]
+		if strings.HasPrefix(a, "-") {
+			out = append(out, a)
+			if takesValue(app.Flags, a) && !strings.Contains(a, "=") && i+1 < len(args) {
+				i++
+				out = append(out, args[i])
+			}
 			continue
 		}
-		have := map[string]bool{}
-		for _, f := range cmd.Flags {
-			for _, n := range f.Names() {
-				have[n] = true
+		var next *cli.Command
+		for _, c := range cmds {
+			if c.HasName(a) {
+				next = c
 			}
 		}
-		for _, f := range global {
-			if !have[f.Names()[0]] {
-				cmd.Flags = append(cmd.Flags, f)
+		if next == nil {
+			break
+		}
+		out = append(out, a)
+		leaf, cmds = next, next.Subcommands
+		if len(cmds) == 0 {
+			i++
+			break
+		}
+	}
+	if leaf == nil || len(leaf.Subcommands) > 0 {
+		return append(out, args[i:]...)
+	}
+	var global, flags, pos, rest []string
+	for ; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			rest = args[i+1:]
+			break
+		}
+		if strings.HasPrefix(a, "-") && lookup(leaf.Flags, a) == nil && lookup(app.Flags, a) != nil {
+			global = append(global, a)
+			if takesValue(app.Flags, a) && !strings.Contains(a, "=") && i+1 < len(args) {
+				i++
+				global = append(global, args[i])
+			}
+			continue
+		}
+		// Unknown flags stay flags, so that they are still usage errors.
+		if strings.HasPrefix(a, "-") && len(a) > 1 {
+			flags = append(flags, a)
+			if takesValue(leaf.Flags, a) && !strings.Contains(a, "=") && i+1 < len(args) {
+				i++
+				flags = append(flags, args[i])
+			}
+			continue
+		}
+		pos = append(pos, a)
+	}
+	out = append(append([]string{args[0]}, global...), out[1:]...)
+	out = append(out, flags...)
+	if len(pos)+len(rest) > 0 {
+		out = append(out, "--")
+		out = append(append(out, pos...), rest...)
+	}
+	return out
+}
+
+func lookup(flags []cli.Flag, arg string) cli.Flag {
+	name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	for _, f := range flags {
+		for _, n := range f.Names() {
+			if n == name {
+				return f
 			}
 		}
 	}
+	return nil
 }
 
-// set returns the most specific context in which name was set (on the
-// command line or by its environment variable), or c.
-func set(c *cli.Context, name string) *cli.Context {
-	for _, x := range c.Lineage() {
-		if x.Command != nil && x.IsSet(name) {
-			return x
-		}
+func takesValue(flags []cli.Flag, arg string) bool {
+	f := lookup(flags, arg)
+	if f == nil {
+		return false
 	}
-	return c
+	_, isBool := f.(*cli.BoolFlag)
+	return !isBool
 }
 
-// String, Bool, Int and Duration read a flag wherever it was given.
-func String(c *cli.Context, name string) string          { return set(c, name).String(name) }
-func Bool(c *cli.Context, name string) bool              { return set(c, name).Bool(name) }
-func Int(c *cli.Context, name string) int                { return set(c, name).Int(name) }
-func Duration(c *cli.Context, name string) time.Duration { return set(c, name).Duration(name) }
+// String, Bool, Int and Duration read a flag from the nearest command that
+// defines it (global flags live on the app; see Intersperse).
+func String(c *cli.Context, name string) string          { return c.String(name) }
+func Bool(c *cli.Context, name string) bool              { return c.Bool(name) }
+func Int(c *cli.Context, name string) int                { return c.Int(name) }
+func Duration(c *cli.Context, name string) time.Duration { return c.Duration(name) }
 
 // Run runs app with os.Args and exits with the right status: 0, 1 for
 // failures, 2 for usage errors (bad or missing flags, unknown commands).
@@ -247,7 +315,6 @@ func Run(app *cli.App) {
 		}
 	}
 	fix(app.Commands)
-	inheritFlags(app.Flags, app.Commands)
 	app.CommandNotFound = func(c *cli.Context, cmd string) {
 		fmt.Fprintf(c.App.ErrWriter, "%s: unknown command %q; see '%s --help'\n", name, cmd, name)
 		os.Exit(ExitUsage)
@@ -256,7 +323,7 @@ func Run(app *cli.App) {
 	if app.ErrWriter == nil {
 		app.ErrWriter = os.Stderr
 	}
-	err := app.Run(os.Args)
+	err := app.Run(Intersperse(app, os.Args))
 	if err == nil {
 		return
 	}

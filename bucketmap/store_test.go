@@ -1,0 +1,204 @@
+package bucketmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+func openSession(t *testing.T, cfg zksession.Config) *zksession.Session {
+	t.Helper()
+	s, err := zksession.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func clusterRec(name string) topo.ClusterRecord {
+	return topo.ClusterRecord{Version: topo.ClusterVersion, Name: name, Seed: strings.Repeat("ab", 16), CreatedAt: t0}
+}
+
+func TestIntegrationStoreCreateLoadUpdate(t *testing.T) {
+	z := testenv.StartZK(t)
+	ctx := context.Background()
+	s := openSession(t, zksession.Config{Connect: z.ConnectString})
+	st := NewStore(s, topo.MustPaths(z.Root, "c1"))
+	if _, _, err := st.Load(ctx); !errors.Is(err, topo.ErrNoCluster) {
+		t.Fatalf("load before init: %v", err)
+	}
+	m := mustNew(t, 4, nodes(3))
+	if err := st.Create(ctx, clusterRec("c1"), m, CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Create(ctx, clusterRec("c1"), m, CreateOptions{}); !errors.Is(err, ErrClusterExists) {
+		t.Fatalf("second create: %v", err)
+	}
+	for _, p := range []string{st.Paths().Routers(), st.Paths().Pools(), st.Paths().Moves(), st.Paths().Locks()} {
+		if ok, _, err := s.Exists(ctx, p); !ok || err != nil {
+			t.Fatalf("%s not created: %v", p, err)
+		}
+	}
+	got, _, err := st.Load(ctx)
+	if err != nil || got.Version != 1 || got.Buckets() != 16 {
+		t.Fatalf("load: %+v %v", got, err)
+	}
+	next, err := st.Update(ctx, func(m *Map) error { return m.Split() })
+	if err != nil || next.Version != 2 || next.Level != 5 {
+		t.Fatalf("update: %+v %v", next, err)
+	}
+	// A failing edit writes nothing.
+	if _, err := st.Update(ctx, func(m *Map) error { return m.Assign(999, "n1", AssignOptions{}) }); !errors.Is(err, ErrBucketRange) {
+		t.Fatalf("bad edit: %v", err)
+	}
+	if cur, _, _ := st.Load(ctx); cur.Version != 2 {
+		t.Fatalf("a failed edit changed the map to version %d", cur.Version)
+	}
+	// An edit that would make the map inconsistent is refused before
+	// writing.
+	_, err = st.Update(ctx, func(m *Map) error { m.nodes[0].State = NodeRemoved; return nil })
+	if err == nil || !strings.Contains(err.Error(), "removed node n1") {
+		t.Fatalf("inconsistent edit: %v", err)
+	}
+}
+
+// Many admins racing: every update lands exactly once; none is lost.
+func TestIntegrationStoreConcurrentWritersLoseNothing(t *testing.T) {
+	z := testenv.StartZK(t)
+	ctx := context.Background()
+	p := topo.MustPaths(z.Root, "race")
+	s0 := openSession(t, zksession.Config{Connect: z.ConnectString})
+	if err := NewStore(s0, p).Create(ctx, clusterRec("race"), mustNew(t, 3, nodes(1)), CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 6, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	conflicts := make(chan int, writers)
+	for w := range writers {
+		s := openSession(t, zksession.Config{Connect: z.ConnectString})
+		st := NewStore(s, p)
+		st.Retries = 100
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tries := 0
+			for i := range each {
+				id := NodeID(fmt.Sprintf("w%d-%d", w, i))
+				if _, err := st.Update(ctx, func(m *Map) error {
+					tries++
+					return m.AddNode(node(string(id), 1))
+				}); err != nil {
+					errs <- err
+				}
+			}
+			conflicts <- tries - each
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	close(conflicts)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	retried := 0
+	for c := range conflicts {
+		retried += c
+	}
+	if err := s0.Sync(ctx, p.Map()); err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := NewStore(s0, p).Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Version != 1+writers*each || len(m.Nodes()) != 1+writers*each {
+		t.Fatalf("version %d with %d nodes, want %d and %d", m.Version, len(m.Nodes()), 1+writers*each, 1+writers*each)
+	}
+	t.Logf("%d updates by %d writers, %d retries after lost compare-and-swaps", writers*each, writers, retried)
+
+	// With no retries allowed a lost race is a clear conflict error.
+	a, b := NewStore(s0, p), NewStore(openSession(t, zksession.Config{Connect: z.ConnectString}), p)
+	a.Retries = 0
+	_, err = a.Update(ctx, func(m *Map) error {
+		// b writes in between a's read and a's write.
+		if _, err := b.Update(ctx, func(m *Map) error { return m.SetWeight("n1", 2) }); err != nil {
+			t.Fatal(err)
+		}
+		return m.SetWeight("n1", 3)
+	})
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "lost to another writer") {
+		t.Fatalf("lost race: %v", err)
+	}
+}
+
+func TestIntegrationStoreACL(t *testing.T) {
+	z := testenv.StartZK(t)
+	ctx := context.Background()
+	admin := zksession.Credential{User: "admin", Password: "a-secret"}
+	reader := zksession.Credential{User: "reader", Password: "r-secret"}
+	p := topo.MustPaths(z.Root, "sec")
+	as := openSession(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{admin}})
+	opt := CreateOptions{ACL: zksession.ClusterACL(&admin, &reader), MemberACL: zksession.MemberACL(&admin, &reader)}
+	if err := NewStore(as, p).Create(ctx, clusterRec("sec"), mustNew(t, 2, nodes(2)), opt); err != nil {
+		t.Fatal(err)
+	}
+	rs := openSession(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{reader}})
+	rst := NewStore(rs, p)
+	if err := rs.Sync(ctx, p.Map()); err != nil {
+		t.Fatal(err)
+	}
+	if m, _, err := rst.Load(ctx); err != nil || m.Version != 1 {
+		t.Fatalf("reader load: %v", err)
+	}
+	if _, err := rst.Update(ctx, func(m *Map) error { return m.Drain("n1") }); !errors.Is(err, zksession.ErrNoAuth) {
+		t.Fatalf("reader update: %v, want ErrNoAuth", err)
+	}
+	// Readers may register members (routers) but not touch the map.
+	if _, err := rs.CreateEphemeral(ctx, p.Router("r1"), []byte("{}"), opt.MemberACL); err != nil {
+		t.Fatalf("reader registering a router: %v", err)
+	}
+	anon := openSession(t, zksession.Config{Connect: z.ConnectString})
+	if _, _, err := NewStore(anon, p).Load(ctx); !errors.Is(err, zksession.ErrNoAuth) {
+		t.Fatalf("anonymous load: %v, want ErrNoAuth", err)
+	}
+	if _, err := NewStore(as, p).Update(ctx, func(m *Map) error { return m.Drain("n1") }); err != nil {
+		t.Fatalf("admin update: %v", err)
+	}
+}
+
+func TestIntegrationMalformedZnodeIsReportedNotUsed(t *testing.T) {
+	z := testenv.StartZK(t)
+	ctx := context.Background()
+	p := topo.MustPaths(z.Root, "bad")
+	s := openSession(t, zksession.Config{Connect: z.ConnectString})
+	st := NewStore(s, p)
+	if err := st.Create(ctx, clusterRec("bad"), mustNew(t, 2, nodes(2)), CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Someone edits the znode by hand and gets it wrong.
+	if _, err := s.Set(ctx, p.Map(), []byte(`{"version":1,"map_version":7,"level":2,"nodes":[{"id":"n1","dsn":"postgres://h/d","weight":1,"state":"active"}],"owners":"AAAAAAAAAAE="}`), zksession.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := st.Load(ctx)
+	if err == nil || !strings.Contains(err.Error(), p.Map()) || !strings.Contains(err.Error(), "owner index 1 is not in the registry") {
+		t.Fatalf("load of a malformed map: %v", err)
+	}
+	if _, err := st.Update(ctx, func(m *Map) error { return nil }); err == nil {
+		t.Fatal("update on top of a malformed map succeeded")
+	}
+}

@@ -1,0 +1,345 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+// withStore connects and hands fn the cluster's map store.
+func withStore(c *cli.Context, fn func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error) error {
+	log, err := cliutil.Logger(c)
+	if err != nil {
+		return err
+	}
+	paths, err := cliutil.Paths(c)
+	if err != nil {
+		return err
+	}
+	s, err := cliutil.Connect(c, log)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return fn(c.Context, bucketmap.NewStore(s, paths), log)
+}
+
+func policyFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "concurrency", Value: 1, EnvVars: []string{"SHARDVISOR_MOVE_CONCURRENCY"}, Usage: "moves that may run at once (never two on one node)"},
+		&cli.BoolFlag{Name: "auto-split", EnvVars: []string{"SHARDVISOR_AUTO_SPLIT"}, Usage: "split first while an active node would own fewer than --min-buckets-per-node buckets"},
+		&cli.IntFlag{Name: "min-buckets-per-node", Value: 8, EnvVars: []string{"SHARDVISOR_MIN_BUCKETS_PER_NODE"}, Usage: "auto-split threshold"},
+	}
+}
+
+func policy(c *cli.Context) bucketmap.Policy {
+	return bucketmap.Policy{Concurrency: c.Int("concurrency"), AutoSplit: c.Bool("auto-split"), MinBucketsPerNode: c.Int("min-buckets-per-node")}
+}
+
+func initCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "init",
+		Usage: "create a cluster: its keystream seed, first bucket map and db nodes",
+		Description: "Refuses to touch an existing cluster. The seed can never change afterwards.\n" +
+			"With --zk-auth (or --zk-auth-file) the cluster is created with ACLs: only that identity may write,\n" +
+			"and with --reader-auth(-file) readers need that identity; without it anyone may read.",
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "level", Value: 8, EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: fmt.Sprintf("bucket level `N` (2^N buckets, 0..%d)", bucketmap.MaxLevel)},
+			&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (at least 16 bytes)"},
+			&cli.BoolFlag{Name: "random-seed", Usage: "generate a random 32-byte seed"},
+			&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}, Usage: "db node `ID=DSN` (postgres:// URL without password); repeat"},
+			&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF` for every node: env:NAME or file:/path"},
+			&cli.StringFlag{Name: "reader-auth", EnvVars: []string{"SHARDVISOR_READER_AUTH"}, Usage: "reader identity `user:password` allowed to read the cluster"},
+			&cli.StringFlag{Name: "reader-auth-file", EnvVars: []string{"SHARDVISOR_READER_AUTH_FILE"}, Usage: "`file` with the reader identity"},
+		},
+		Action: runInit,
+	}
+}
+
+func runInit(c *cli.Context) error {
+	level := c.Int("level")
+	if level < 0 || level > bucketmap.MaxLevel {
+		return cliutil.Usagef("init: --level %d out of range 0..%d", level, bucketmap.MaxLevel)
+	}
+	var seed keystream.Seed
+	switch {
+	case c.IsSet("seed") && c.Bool("random-seed"):
+		return cliutil.Usagef("init: give --seed or --random-seed, not both")
+	case c.IsSet("seed"):
+		var err error
+		if seed, err = keystream.ParseSeed(c.String("seed")); err != nil {
+			return cliutil.Usagef("init: --seed: %v", err)
+		}
+	case c.Bool("random-seed"):
+		seed = make([]byte, 32)
+		if _, err := rand.Read(seed); err != nil {
+			return err
+		}
+	default:
+		return cliutil.Usagef("init: --seed HEX or --random-seed is required")
+	}
+	specs := c.StringSlice("node")
+	if len(specs) == 0 {
+		return cliutil.Usagef("init: at least one --node ID=DSN is required")
+	}
+	var nodes []bucketmap.Node
+	for _, spec := range specs {
+		id, dsn, ok := strings.Cut(spec, "=")
+		if !ok {
+			return cliutil.Usagef("init: --node %q: want ID=DSN", spec)
+		}
+		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive}
+		if err := bucketmap.ValidateNode(n); err != nil {
+			return cliutil.Usagef("init: --node: %v", err)
+		}
+		nodes = append(nodes, n)
+	}
+	m, err := bucketmap.New(level, nodes, time.Now().UTC())
+	if err != nil {
+		return cliutil.Usagef("init: %v", err)
+	}
+	admin, err := zksession.LoadCredential(cliutil.String(c, cliutil.FlagZKAuth), cliutil.String(c, cliutil.FlagZKAuthFile))
+	if err != nil {
+		return cliutil.Usagef("init: %v", err)
+	}
+	reader, err := zksession.LoadCredential(c.String("reader-auth"), c.String("reader-auth-file"))
+	if err != nil {
+		return cliutil.Usagef("init: reader identity: %v", err)
+	}
+	if reader != nil && admin == nil {
+		return cliutil.Usagef("init: --reader-auth needs an admin identity too (--zk-auth or --zk-auth-file)")
+	}
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+		rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: st.Paths().ClusterName(), Seed: seed.String(), CreatedAt: time.Now().UTC()}
+		opt := bucketmap.CreateOptions{ACL: zksession.ClusterACL(admin, reader), MemberACL: zksession.MemberACL(admin, reader)}
+		if err := st.Create(ctx, rec, m, opt); err != nil {
+			return err
+		}
+		out := map[string]any{"cluster": rec.Name, "path": st.Paths().Cluster(), "level": m.Level, "buckets": m.Buckets(),
+			"map_version": m.Version, "nodes": m.Summarize().Nodes, "acl": admin != nil}
+		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
+			fmt.Fprintf(w, "created cluster %s at %s: level %d (%d buckets), %d db nodes, %d-byte seed\n",
+				rec.Name, st.Paths().Cluster(), m.Level, m.Buckets(), len(nodes), len(seed))
+			if admin != nil {
+				fmt.Fprintf(w, "writes need %s\n", admin)
+			}
+			bucketmap.WriteSummary(w, m.Summarize())
+		})
+	})
+}
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show the bucket map: level, version, nodes with their buckets and share, buckets not active",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "grid", Usage: "draw the node-by-bucket grid"},
+			&cli.IntFlag{Name: "rows", Value: 32, Usage: "grid rows at most (buckets are grouped into ranges beyond)"},
+		},
+		Action: func(c *cli.Context) error {
+			return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+				m, _, err := st.Load(ctx)
+				if err != nil {
+					return err
+				}
+				s := m.Summarize()
+				return cliutil.NewPrinter(c).Emit(s, func(w io.Writer) {
+					fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())
+					bucketmap.WriteSummary(w, s)
+					if c.Bool("grid") {
+						fmt.Fprintln(w)
+						m.Grid(w, c.Int("rows"))
+					}
+				})
+			})
+		},
+	}
+}
+
+func splitCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "split",
+		Usage: "double the bucket count (level n -> n+1); moves no data, one compare-and-swap write",
+		Action: func(c *cli.Context) error {
+			return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+				m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Split() })
+				if err != nil {
+					return err
+				}
+				log.Info("split", zap.Int("level", m.Level), zap.Uint64("map_version", m.Version))
+				return cliutil.NewPrinter(c).Emit(map[string]any{"level": m.Level, "buckets": m.Buckets(), "map_version": m.Version}, func(w io.Writer) {
+					fmt.Fprintf(w, "split to level %d (%d buckets), map version %d\n", m.Level, m.Buckets(), m.Version)
+				})
+			})
+		},
+	}
+}
+
+func planCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "plan",
+		Usage: "print the moves that would balance the live map (changes nothing)",
+		Flags: policyFlags(),
+		Action: func(c *cli.Context) error {
+			return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+				m, _, err := st.Load(ctx)
+				if err != nil {
+					return err
+				}
+				p, err := bucketmap.PlanFor(m, policy(c))
+				if err != nil {
+					return err
+				}
+				return cliutil.NewPrinter(c).Emit(p, func(w io.Writer) { writePlan(w, m, p, policy(c)) })
+			})
+		},
+	}
+}
+
+func writePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.Plan, pol bucketmap.Policy) {
+	fmt.Fprintf(w, "plan for map version %d: ", p.MapVersion)
+	if p.Splits > 0 {
+		fmt.Fprintf(w, "split %d time(s) to level %d, then ", p.Splits, p.Level)
+	}
+	fmt.Fprintf(w, "%d reassignments without copy, %d moves (lower bound %d)\n", len(p.Reassign), len(p.Moves), p.LowerBound)
+	for _, mv := range p.Reassign {
+		fmt.Fprintf(w, "  reassign bucket %d: %s (down) -> %s\n", mv.Bucket, mv.From, mv.To)
+	}
+	for i, mv := range p.Moves {
+		if i == 50 {
+			fmt.Fprintf(w, "  ... %d more (see --json)\n", len(p.Moves)-50)
+			break
+		}
+		fmt.Fprintf(w, "  move bucket %d: %s -> %s\n", mv.Bucket, mv.From, mv.To)
+	}
+	if len(p.Moves) > 0 {
+		fmt.Fprintf(w, "first wave at concurrency %d: %d move(s)\n", max(1, pol.Concurrency), len(bucketmap.Schedule(p.Moves, nil, pol.Concurrency)))
+	}
+}
+
+func assignCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "assign",
+		Usage:     "give one bucket to a db node (manual control)",
+		ArgsUsage: "BUCKET NODE",
+		Description: "Copying a bucket's rows is `shardctl move`; assign only changes ownership and needs --no-copy to say so.\n" +
+			"The previous owner goes into the bucket's history for GC.",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "no-copy", Usage: "change the owner without copying rows (the bucket is marked data-lost)"},
+			&cli.BoolFlag{Name: "force", Usage: "also when the bucket is moving (cancels the move) or the node is not active"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 2 {
+				return cliutil.Usagef("assign: want BUCKET NODE, got %d arguments", c.NArg())
+			}
+			b, err := strconv.ParseUint(c.Args().Get(0), 10, 32)
+			if err != nil {
+				return cliutil.Usagef("assign: bucket %q is not a number", c.Args().Get(0))
+			}
+			to := bucketmap.NodeID(c.Args().Get(1))
+			if !c.Bool("no-copy") {
+				return cliutil.Usagef("assign: without --no-copy the rows would have to be copied; use `shardctl move %d --to %s` for that, or --no-copy to reassign without copying", b, to)
+			}
+			return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+				var from bucketmap.NodeID
+				m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+					if int64(b) < int64(m.Buckets()) {
+						from = m.Owner(uint32(b))
+					}
+					return m.Assign(uint32(b), to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
+				})
+				if err != nil {
+					return err
+				}
+				log.Warn("bucket reassigned without copying", zap.Uint64("bucket", b), zap.String("from", string(from)), zap.String("to", string(to)))
+				return cliutil.NewPrinter(c).Emit(map[string]any{"bucket": b, "from": from, "to": to, "map_version": m.Version, "data_lost": true}, func(w io.Writer) {
+					fmt.Fprintf(w, "bucket %d: %s -> %s WITHOUT copying its rows (marked data-lost), map version %d\n", b, from, to, m.Version)
+				})
+			})
+		},
+	}
+}
+
+func simulateCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "simulate",
+		Usage:     "try a sequence of changes offline and print each step's plan size and the final balance",
+		ArgsUsage: "EVENT... (add:ID[=W] down:ID drain:ID up:ID remove:ID weight:ID=W split)",
+		Flags: append([]cli.Flag{
+			&cli.IntFlag{Name: "level", Value: 8, Usage: "starting level"},
+			&cli.StringFlag{Name: "nodes", Value: "n1,n2,n3", Usage: "starting nodes `ID[=W],...`"},
+			&cli.BoolFlag{Name: "live", Usage: "start from the live map instead of --level/--nodes"},
+		}, policyFlags()...),
+		Action: runSimulate,
+	}
+}
+
+func runSimulate(c *cli.Context) error {
+	var events []bucketmap.SimEvent
+	for _, a := range c.Args().Slice() {
+		e, err := bucketmap.ParseSimEvent(a)
+		if err != nil {
+			return cliutil.Usagef("simulate: %v", err)
+		}
+		events = append(events, e)
+	}
+	if len(events) == 0 {
+		return cliutil.Usagef("simulate: give at least one event, e.g. add:n4 down:n2 drain:n3")
+	}
+	run := func(start *bucketmap.Map) error {
+		steps, final, err := bucketmap.Simulate(start, events, policy(c))
+		out := cliutil.NewPrinter(c)
+		if perr := out.Emit(map[string]any{"steps": steps, "final": final.Summarize()}, func(w io.Writer) {
+			fmt.Fprintf(w, "start: level %d, %d nodes\n", start.Level, len(start.Nodes()))
+			fmt.Fprintf(w, "%-20s %6s %6s %10s %6s %11s\n", "EVENT", "LEVEL", "SPLITS", "REASSIGNED", "MOVES", "LOWER-BOUND")
+			for _, s := range steps {
+				fmt.Fprintf(w, "%-20s %6d %6d %10d %6d %11d\n", s.Event, s.Level, s.Splits, s.Reassigned, s.Moves, s.LowerBound)
+			}
+			fmt.Fprintln(w, "final balance:")
+			bucketmap.WriteSummary(w, final.Summarize())
+		}); perr != nil {
+			return perr
+		}
+		return err
+	}
+	if c.Bool("live") {
+		return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+			m, _, err := st.Load(ctx)
+			if err != nil {
+				return err
+			}
+			return run(m)
+		})
+	}
+	var nodes []bucketmap.Node
+	for _, spec := range strings.Split(c.String("nodes"), ",") {
+		id, w, hasW := strings.Cut(strings.TrimSpace(spec), "=")
+		weight := 1
+		if hasW {
+			n, err := strconv.Atoi(w)
+			if err != nil {
+				return cliutil.Usagef("simulate: --nodes %q: weight %q is not a number", spec, w)
+			}
+			weight = n
+		}
+		nodes = append(nodes, bucketmap.SimNode(bucketmap.NodeID(id), weight))
+	}
+	m, err := bucketmap.New(c.Int("level"), nodes, time.Now().UTC())
+	if err != nil {
+		return cliutil.Usagef("simulate: %v", err)
+	}
+	return run(m)
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+)
+
+func nodeCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "node",
+		Usage: "manage db nodes in the registry",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "add",
+				Usage:     "register a db node (it gets buckets when the planner's moves run)",
+				ArgsUsage: "ID DSN",
+				Flags: []cli.Flag{
+					&cli.IntFlag{Name: "weight", Value: 1, Usage: "relative capacity"},
+					&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path"},
+				},
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 2 {
+						return cliutil.Usagef("node add: want ID DSN")
+					}
+					n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), Weight: c.Int("weight"), State: bucketmap.NodeActive}
+					if err := bucketmap.ValidateNode(n); err != nil {
+						return cliutil.Usagef("node add: %v", err)
+					}
+					return nodeEdit(c, "add", n.ID, func(m *bucketmap.Map) (string, error) {
+						return fmt.Sprintf("node %s added (weight %d); `shardctl plan` shows the moves that give it buckets", n.ID, n.Weight), m.AddNode(n)
+					})
+				},
+			},
+			{
+				Name:      "drain",
+				Usage:     "mark a node draining: the rebalancer moves all its buckets away",
+				ArgsUsage: "ID",
+				Action: oneNode("drain", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+					return fmt.Sprintf("node %s is draining; it still owns %d buckets until the moves run", id, m.Counts()[id]), m.Drain(id)
+				}),
+			},
+			{
+				Name:      "down",
+				Usage:     "mark a node dead: its buckets go at once to the others by weight, without copying",
+				ArgsUsage: "ID",
+				Action: oneNode("down", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+					re, err := m.MarkDown(id)
+					return fmt.Sprintf("node %s is down; %d buckets reassigned WITHOUT copying (marked data-lost)", id, len(re)), err
+				}),
+			},
+			{
+				Name:      "up",
+				Usage:     "make a draining or down node active again",
+				ArgsUsage: "ID",
+				Action: oneNode("up", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+					return fmt.Sprintf("node %s is active", id), m.Activate(id)
+				}),
+			},
+			{
+				Name:      "remove",
+				Usage:     "take a node that owns no buckets out of the registry",
+				ArgsUsage: "ID",
+				Action: oneNode("remove", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+					return fmt.Sprintf("node %s removed", id), m.RemoveNode(id)
+				}),
+			},
+			{
+				Name:      "set-weight",
+				Usage:     "change a node's relative capacity",
+				ArgsUsage: "ID WEIGHT",
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 2 {
+						return cliutil.Usagef("node set-weight: want ID WEIGHT")
+					}
+					w, err := strconv.Atoi(c.Args().Get(1))
+					if err != nil || w < 1 || w > bucketmap.MaxWeight {
+						return cliutil.Usagef("node set-weight: weight %q is not a number in 1..%d", c.Args().Get(1), bucketmap.MaxWeight)
+					}
+					id := bucketmap.NodeID(c.Args().Get(0))
+					return nodeEdit(c, "set-weight", id, func(m *bucketmap.Map) (string, error) {
+						return fmt.Sprintf("node %s weight %d", id, w), m.SetWeight(id, w)
+					})
+				},
+			},
+		},
+	}
+}
+
+func oneNode(verb string, edit func(m *bucketmap.Map, id bucketmap.NodeID) (string, error)) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if c.NArg() != 1 {
+			return cliutil.Usagef("node %s: want one node ID", verb)
+		}
+		id := bucketmap.NodeID(c.Args().Get(0))
+		return nodeEdit(c, verb, id, func(m *bucketmap.Map) (string, error) { return edit(m, id) })
+	}
+}
+
+// nodeEdit applies one registry change by compare-and-swap and reports it.
+func nodeEdit(c *cli.Context, verb string, id bucketmap.NodeID, edit func(m *bucketmap.Map) (string, error)) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		var msg string
+		m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+			var err error
+			msg, err = edit(m)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("node %s %s: %w", verb, id, err)
+		}
+		log.Info("node "+verb, zap.String("node", string(id)), zap.Uint64("map_version", m.Version))
+		n, _ := m.Node(id)
+		return cliutil.NewPrinter(c).Emit(map[string]any{"node": id, "action": verb, "state": n.State, "buckets": m.Counts()[id], "map_version": m.Version},
+			func(w io.Writer) { fmt.Fprintf(w, "%s (map version %d)\n", msg, m.Version) })
+	})
+}
