@@ -128,6 +128,9 @@ func runInit(c *cli.Context) error {
 		if err := st.Create(ctx, rec, m, opt); err != nil {
 			return err
 		}
+		if err := afterMapChange(ctx, c, st, m); err != nil {
+			return err
+		}
 		out := map[string]any{"cluster": rec.Name, "path": st.Paths().Cluster(), "level": m.Level, "buckets": m.Buckets(),
 			"map_version": m.Version, "nodes": m.Summarize().Nodes, "acl": admin != nil}
 		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
@@ -177,6 +180,9 @@ func splitCommand() *cli.Command {
 			return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 				m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Split() })
 				if err != nil {
+					return err
+				}
+				if err := afterMapChange(ctx, c, st, m); err != nil {
 					return err
 				}
 				log.Info("split", zap.Int("level", m.Level), zap.Uint64("map_version", m.Version))
@@ -262,6 +268,9 @@ func assignCommand() *cli.Command {
 					return m.Assign(uint32(b), to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
 				})
 				if err != nil {
+					return err
+				}
+				if err := afterMapChange(ctx, c, st, m); err != nil {
 					return err
 				}
 				log.Warn("bucket reassigned without copying", zap.Uint64("bucket", b), zap.String("from", string(from)), zap.String("to", string(to)))

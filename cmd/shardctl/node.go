@@ -116,6 +116,9 @@ func nodeEdit(c *cli.Context, verb string, id bucketmap.NodeID, edit func(m *buc
 		if err != nil {
 			return fmt.Errorf("node %s %s: %w", verb, id, err)
 		}
+		if err := afterMapChange(ctx, c, st, m); err != nil {
+			return err
+		}
 		log.Info("node "+verb, zap.String("node", string(id)), zap.Uint64("map_version", m.Version))
 		n, _ := m.Node(id)
 		return cliutil.NewPrinter(c).Emit(map[string]any{"node": id, "action": verb, "state": n.State, "buckets": m.Counts()[id], "map_version": m.Version},

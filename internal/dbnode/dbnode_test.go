@@ -1,0 +1,74 @@
+package dbnode
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+)
+
+func TestPasswordReferences(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "pw")
+	os.WriteFile(f, []byte("from-file\nignored\n"), 0o600)
+	t.Setenv("SV_TEST_PW", "from-env")
+	for _, tc := range []struct{ ref, want, errHas string }{
+		{"", "", ""},
+		{"env:SV_TEST_PW", "from-env", ""},
+		{"file:" + f, "from-file", ""},
+		{"env:SV_TEST_MISSING", "", "SV_TEST_MISSING is not set"},
+		{"file:" + filepath.Join(dir, "nope"), "", "no such file"},
+		{"plaintext", "", "must be env:NAME"},
+	} {
+		got, err := Password(bucketmap.Node{ID: "n1", Password: tc.ref})
+		if tc.errHas != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errHas) || !strings.Contains(err.Error(), "n1") {
+				t.Errorf("%q: %v, want an error naming n1 and %q", tc.ref, err, tc.errHas)
+			}
+			if err != nil && strings.Contains(err.Error(), "plaintext") {
+				t.Errorf("error echoes the bad reference: %v", err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: %q %v", tc.ref, got, err)
+		}
+	}
+}
+
+func TestIntegrationConnectWithPasswordFile(t *testing.T) {
+	pg := testenv.StartPG(t)
+	n := pg.Nodes[0]
+	node := bucketmap.Node{ID: "pg1", DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive}
+	if err := bucketmap.ValidateNode(node); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := Connect(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var db string
+	if err := c.QueryRow(ctx, "select current_database()").Scan(&db); err != nil || db != n.Database {
+		t.Fatalf("connected to %q: %v", db, err)
+	}
+	// A wrong password fails with an error that names the node, not the password.
+	bad := node
+	bad.Password = "env:SV_WRONG_PW"
+	t.Setenv("SV_WRONG_PW", "definitely-wrong")
+	_, err = Connect(ctx, bad)
+	if err == nil || !strings.Contains(err.Error(), "pg1") || strings.Contains(err.Error(), "definitely-wrong") {
+		t.Fatalf("wrong password: %v", err)
+	}
+	cs, err := ConnString(node)
+	if err != nil || !strings.Contains(cs, "password='") || !strings.Contains(cs, "port=") {
+		t.Fatalf("conn string: %v", err)
+	}
+}
