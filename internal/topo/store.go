@@ -11,14 +11,66 @@ import (
 // ErrNoCluster means the cluster record does not exist.
 var ErrNoCluster = errors.New("cluster does not exist")
 
+// ErrClusterConflict means UpdateCluster lost its compare-and-swap more
+// times than it retries.
+var ErrClusterConflict = errors.New("cluster record changed concurrently")
+
 // ReadCluster reads and validates a cluster's record.
 func ReadCluster(ctx context.Context, s *zksession.Session, p Paths) (*ClusterRecord, error) {
-	data, _, err := s.Get(ctx, p.Cluster())
+	r, _, err := readCluster(ctx, s, p)
+	return r, err
+}
+
+func readCluster(ctx context.Context, s *zksession.Session, p Paths) (*ClusterRecord, int32, error) {
+	data, stat, err := s.Get(ctx, p.Cluster())
 	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, fmt.Errorf("%w: no record at %s (create it with `shardctl init`)", ErrNoCluster, p.Cluster())
+		return nil, 0, fmt.Errorf("%w: no record at %s (create it with `shardctl init`)", ErrNoCluster, p.Cluster())
 	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return DecodeCluster(p.Cluster(), data)
+	r, err := DecodeCluster(p.Cluster(), data)
+	return r, stat.Version, err
+}
+
+// UpdateCluster applies edit to a copy of the cluster record and writes it
+// back by compare-and-swap on the znode version, re-reading and re-applying
+// edit (which must decide from the record it is given) up to 5 times when
+// another writer got there first. The name and seed can never change: an
+// edit that touches them is refused. A record with tables is written in
+// format 2.
+func UpdateCluster(ctx context.Context, s *zksession.Session, p Paths, edit func(r *ClusterRecord) error) (*ClusterRecord, error) {
+	const retries = 5
+	for attempt := 0; attempt <= retries; attempt++ {
+		cur, zv, err := readCluster(ctx, s, p)
+		if err != nil {
+			return nil, err
+		}
+		next := *cur
+		next.Tables = append([]TableRecord(nil), cur.Tables...)
+		if err := edit(&next); err != nil {
+			return nil, err
+		}
+		if next.Name != cur.Name || next.Seed != cur.Seed || !next.CreatedAt.Equal(cur.CreatedAt) {
+			return nil, fmt.Errorf("cluster record at %s: the name, seed and creation time never change", p.Cluster())
+		}
+		if len(next.Tables) > 0 && next.Version < 2 {
+			next.Version = 2
+		}
+		if err := next.validate(); err != nil {
+			return nil, fmt.Errorf("cluster record at %s: %w", p.Cluster(), err)
+		}
+		data, err := Encode(next)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.Set(ctx, p.Cluster(), data, zv); err != nil {
+			if errors.Is(err, zksession.ErrBadVersion) {
+				continue
+			}
+			return nil, err
+		}
+		return &next, nil
+	}
+	return nil, fmt.Errorf("%w at %s (gave up after %d attempts)", ErrClusterConflict, p.Cluster(), retries+1)
 }

@@ -2,6 +2,7 @@ package topo
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -50,7 +51,13 @@ func TestDecodeStrict(t *testing.T) {
 		{"", "empty"},
 		{"[1]", "not a JSON object"},
 		{`{"name":"c1"}`, `no "version"`},
-		{`{"version":2,"name":"c1","seed":"00"}`, "format version 2 is not supported"},
+		{`{"version":3,"name":"c1","seed":"00"}`, "format version 3 is not supported"},
+		{`{"version":1,"name":"c1","seed":"00","tables":[{"name":"public.t","key_column":"k"}]}`, "needs format version 2"},
+		{`{"version":2,"name":"c1","seed":"00","tables":[{"name":"t","key_column":"k"}]}`, "must be schema-qualified"},
+		{`{"version":2,"name":"c1","seed":"00","tables":[{"name":"public.T","key_column":"k"}]}`, "lower-case SQL identifier"},
+		{`{"version":2,"name":"c1","seed":"00","tables":[{"name":"public.t","key_column":"k-1"}]}`, "key column"},
+		{`{"version":2,"name":"c1","seed":"00","tables":[{"name":"public.t","key_column":"k"},{"name":"public.t","key_column":"j"}]}`, "listed twice"},
+		{`{"version":2,"name":"c1","seed":"00","tables":[{"name":"public.t","key_column":"k","x":1}]}`, `unknown field "x"`},
 		{`{"version":0,"name":"c1","seed":"00"}`, "format version 0"},
 		{`{"version":1,"name":"c1","seed":"00","extra":1}`, `unknown field "extra"`},
 		{`{"version":1,"name":"c1","seed":"00"} {}`, "trailing data"},
@@ -70,13 +77,14 @@ func TestDecodeStrict(t *testing.T) {
 }
 
 func TestEncodeRoundTrip(t *testing.T) {
-	in := ClusterRecord{Version: ClusterVersion, Name: "c", Seed: "abcd", CreatedAt: time.Unix(1700000000, 0).UTC()}
+	in := ClusterRecord{Version: ClusterVersion, Name: "c", Seed: "abcd", CreatedAt: time.Unix(1700000000, 0).UTC(),
+		Tables: []TableRecord{{Name: "public.events", KeyColumn: "bucket_key"}}}
 	b, err := Encode(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out, err := DecodeCluster("", b)
-	if err != nil || *out != in {
+	if err != nil || !reflect.DeepEqual(*out, in) {
 		t.Fatalf("round trip: %+v, %v", out, err)
 	}
 }
