@@ -126,6 +126,10 @@ func (m *Map) Owner(b uint32) NodeID { return m.nodes[m.owners[b]].ID }
 // hot paths avoid string work.
 func (m *Map) OwnerIndex(b uint32) int { return int(m.owners[b]) }
 
+// OwnerIndexes returns every bucket's owner as an index into Nodes(): the
+// router's hot path reads it directly. Do not modify it.
+func (m *Map) OwnerIndexes() []uint16 { return m.owners }
+
 // Meta returns bucket b's state beyond its owner.
 func (m *Map) Meta(b uint32) BucketMeta {
 	if bm, ok := m.meta[b]; ok {

@@ -1,0 +1,101 @@
+// Command router is the routing sidecar: it follows a cluster's bucket map
+// (from ZooKeeper, or from a map file) and answers "which db node holds
+// this user" over HTTP for apps in any language. See docs/router-api.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/router"
+)
+
+func main() {
+	host, _ := os.Hostname()
+	defID := strings.Trim(regexp.MustCompile(`[^a-z0-9_-]+`).ReplaceAllString(strings.ToLower(host), "-"), "-")
+	if defID == "" {
+		defID = "router"
+	}
+	defID = fmt.Sprintf("%s-%d", defID, os.Getpid())
+	app := &cli.App{
+		Name:  "router",
+		Usage: "answer \"which db node holds this user\" over HTTP, from the watched bucket map",
+		Flags: append(append(cliutil.ZKFlags(), cliutil.OutputFlags("info")...),
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8484", EnvVars: []string{"SHARDVISOR_ROUTER_LISTEN"}, Usage: "`address` to serve on: host:port or unix:/path"},
+			&cli.BoolFlag{Name: "allow-public", EnvVars: []string{"SHARDVISOR_ROUTER_ALLOW_PUBLIC"}, Usage: "allow a non-loopback --listen address (the API has no authentication)"},
+			&cli.StringFlag{Name: "map-file", EnvVars: []string{"SHARDVISOR_ROUTER_MAP_FILE"}, Usage: "serve from this map `file` instead of ZooKeeper"},
+			&cli.StringFlag{Name: "id", Value: defID, EnvVars: []string{"SHARDVISOR_ROUTER_ID"}, Usage: "member `id` registered in ZooKeeper with the applied map version"},
+			&cli.IntFlag{Name: "max-batch", Value: router.DefaultMaxBatch, EnvVars: []string{"SHARDVISOR_ROUTER_MAX_BATCH"}, Usage: "user ids allowed in one POST /v1/route"},
+		),
+		Action: run,
+	}
+	cliutil.Run(app)
+}
+
+func run(c *cli.Context) error {
+	log, err := cliutil.Logger(c)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	ln, err := router.Listen(c.String("listen"), c.Bool("allow-public"))
+	if err != nil {
+		return cliutil.Usagef("%v", err)
+	}
+	var r *router.Router
+	if f := c.String("map-file"); f != "" {
+		if r, err = router.NewFromFile(f, router.Options{Logger: log}); err != nil {
+			return err
+		}
+		log.Info("serving from a map file", zap.String("file", f), zap.Uint64("map_version", r.Map().Version))
+	} else {
+		paths, err := cliutil.Paths(c)
+		if err != nil {
+			return err
+		}
+		cfg, err := cliutil.SessionConfig(c, log)
+		if err != nil {
+			return err
+		}
+		// The sidecar starts even when ZooKeeper is down: /readyz says
+		// not ready until the first map arrives.
+		s, err := zksession.Open(cfg)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		r = router.New(s, paths, router.Options{Logger: log, MemberID: c.String("id"), MemberAddr: ln.Addr().String()})
+	}
+	defer r.Close()
+	srv := &http.Server{Handler: router.Handler(r, router.HandlerOptions{MaxBatch: c.Int("max-batch")}), ReadHeaderTimeout: 10 * time.Second}
+	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("router listening", zap.String("addr", ln.Addr().String()), zap.String("source", string(r.Source())))
+	select {
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+	case <-ctx.Done():
+		log.Info("shutting down")
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}
+	return nil
+}

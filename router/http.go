@@ -1,0 +1,439 @@
+package router
+
+import (
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+)
+
+// Limits of the HTTP API.
+const (
+	MaxUIDLen       = 1024    // bytes
+	DefaultMaxBatch = 10000   // user ids per POST /v1/route
+	maxBodyBytes    = 8 << 20 // a full batch of long uids fits
+)
+
+//go:embed status.html
+var statusPage []byte
+
+// HandlerOptions tune the sidecar's HTTP API.
+type HandlerOptions struct {
+	MaxBatch int
+	// Registry receives the metrics (nil: a new one). /metrics serves it.
+	Registry *prometheus.Registry
+}
+
+type handler struct {
+	r        *Router
+	maxBatch int
+	reg      *prometheus.Registry
+	mux      *http.ServeMux
+
+	lookups     prometheus.Counter
+	batchUIDs   prometheus.Counter
+	stale       prometheus.Counter
+	suspended   prometheus.Counter
+	moved       prometheus.Counter
+	badRequests *prometheus.CounterVec
+}
+
+// Handler is the sidecar's HTTP API; see docs/router-api.md.
+func Handler(r *Router, opt HandlerOptions) http.Handler {
+	if opt.MaxBatch <= 0 {
+		opt.MaxBatch = DefaultMaxBatch
+	}
+	reg := opt.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux()}
+	ns := "shardvisor_router_"
+	h.lookups = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "lookups_total", Help: "User ids routed over HTTP (single and batch)."})
+	h.batchUIDs = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "batch_lookups_total", Help: "User ids routed through POST /v1/route."})
+	h.stale = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "stale_answers_total", Help: "Answers given while the ZooKeeper session was lost (marked stale)."})
+	h.suspended = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "suspended_answers_total", Help: "Answers given while the ZooKeeper session was suspended."})
+	h.moved = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "moved_answers_total", Help: "Answers that told a caller its map was stale and the bucket moved."})
+	h.badRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: ns + "bad_requests_total", Help: "Requests refused with 400, by reason."}, []string{"reason"})
+	reg.MustRegister(h.lookups, h.batchUIDs, h.stale, h.suspended, h.moved, h.badRequests,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: ns + "map_version", Help: "Version of the bucket map in use (0: none yet)."}, func() float64 {
+			if m := r.Map(); m != nil {
+				return float64(m.Version)
+			}
+			return 0
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_updates_total", Help: "Bucket map versions applied."}, func() float64 { return float64(r.stats.MapUpdates.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_rejected_total", Help: "Bucket maps refused (missing, malformed, older); the last good map stays in use."}, func() float64 { return float64(r.stats.MapRejected.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: ns + "zk_state", Help: "ZooKeeper session state: 0 lost, 1 suspended, 2 connected, 3 closed."}, func() float64 { return float64(r.ZKState()) }),
+	)
+	h.mux.HandleFunc("/v1/route", h.route)
+	h.mux.HandleFunc("/v1/map", h.mapFile)
+	h.mux.HandleFunc("/v1/status", h.status)
+	h.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	h.mux.HandleFunc("/readyz", h.readyz)
+	h.mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	h.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path != "/" {
+			writeError(w, http.StatusNotFound, "no such endpoint "+strconv.Quote(req.URL.Path)+"; see /v1/route, /v1/map, /v1/status, /healthz, /readyz, /metrics")
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Write(statusPage)
+	})
+	return h
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	w.Write(append(b, '\n'))
+}
+
+func (h *handler) bad(w http.ResponseWriter, reason, msg string) {
+	h.badRequests.WithLabelValues(reason).Inc()
+	writeError(w, http.StatusBadRequest, msg)
+}
+
+// checkUID says what is wrong with a user id, or "".
+func checkUID(uid string) (reason, msg string) {
+	switch {
+	case uid == "":
+		return "missing_uid", "uid is missing or empty"
+	case len(uid) > MaxUIDLen:
+		return "uid_too_long", fmt.Sprintf("uid is %d bytes; the limit is %d", len(uid), MaxUIDLen)
+	case !utf8.ValidString(uid):
+		return "uid_not_utf8", "uid is not valid UTF-8"
+	}
+	return "", ""
+}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+func (h *handler) count(rt Route) {
+	switch {
+	case rt.Stale:
+		h.stale.Inc()
+	case rt.Suspended:
+		h.suspended.Inc()
+	}
+	if rt.Moved {
+		h.moved.Inc()
+	}
+}
+
+func (h *handler) route(w http.ResponseWriter, req *http.Request) {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead:
+		h.routeOne(w, req)
+	case http.MethodPost:
+		h.routeBatch(w, req)
+	default:
+		w.Header().Set("Allow", "GET, POST")
+		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/route?uid=... or POST /v1/route with {\"uids\": [...]}")
+	}
+}
+
+func parseVersion(s string) (uint64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("map_version %q is not a non-negative integer", s)
+	}
+	return v, nil
+}
+
+func (h *handler) routeOne(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	uids := q["uid"]
+	if len(uids) > 1 {
+		h.bad(w, "many_uids", "give one uid per GET, or POST a batch")
+		return
+	}
+	uid := ""
+	if len(uids) == 1 {
+		uid = uids[0]
+	}
+	if reason, msg := checkUID(uid); reason != "" {
+		h.bad(w, reason, msg)
+		return
+	}
+	used, err := parseVersion(q.Get("map_version"))
+	if err != nil {
+		h.bad(w, "bad_map_version", err.Error())
+		return
+	}
+	rt, err := h.r.RouteAt(uid, used)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	h.lookups.Inc()
+	h.count(rt)
+	bp := bufPool.Get().(*[]byte)
+	b := appendRoute((*bp)[:0], uid, rt)
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b)
+	*bp = b
+	bufPool.Put(bp)
+}
+
+type batchRequest struct {
+	UIDs       []string `json:"uids"`
+	MapVersion uint64   `json:"map_version"`
+}
+
+func (h *handler) routeBatch(w http.ResponseWriter, req *http.Request) {
+	body := http.MaxBytesReader(w, req.Body, maxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	var br batchRequest
+	if err := dec.Decode(&br); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			h.bad(w, "body_too_large", fmt.Sprintf("request body over %d bytes", maxBodyBytes))
+			return
+		}
+		h.bad(w, "bad_json", "bad JSON: "+err.Error()+`; want {"uids": ["..."], "map_version": N}`)
+		return
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		h.bad(w, "bad_json", "bad JSON: trailing data after the object")
+		return
+	}
+	if len(br.UIDs) == 0 {
+		h.bad(w, "missing_uid", `"uids" is missing or empty`)
+		return
+	}
+	if len(br.UIDs) > h.maxBatch {
+		h.bad(w, "batch_too_large", fmt.Sprintf("%d uids in one batch; the limit is %d", len(br.UIDs), h.maxBatch))
+		return
+	}
+	for i, uid := range br.UIDs {
+		if reason, msg := checkUID(uid); reason != "" {
+			h.bad(w, reason, fmt.Sprintf("uids[%d]: %s", i, msg))
+			return
+		}
+	}
+	if !h.r.Ready() {
+		writeError(w, http.StatusServiceUnavailable, ErrNotReady.Error())
+		return
+	}
+	// One snapshot for the whole batch, so every answer has the same map.
+	s := h.r.snap.Load()
+	b := make([]byte, 0, 64+len(br.UIDs)*160)
+	b = append(b, `{"map_version":`...)
+	b = strconv.AppendUint(b, s.m.Version, 10)
+	b = append(b, `,"routes":[`...)
+	for i, uid := range br.UIDs {
+		rt := h.r.route(s, uid)
+		if br.MapVersion != 0 && br.MapVersion < rt.MapVersion {
+			if old, ok := h.r.ownerAt(s, uid, br.MapVersion); ok && old != rt.Node {
+				rt.Moved, rt.MovedFrom = true, old
+			}
+		}
+		h.count(rt)
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendRoute(b, uid, rt)
+	}
+	b = append(b, "]}\n"...)
+	h.lookups.Add(float64(len(br.UIDs)))
+	h.batchUIDs.Add(float64(len(br.UIDs)))
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(b)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string. (strconv.AppendQuote writes
+// Go escapes such as \x00, which are not JSON.)
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+		}
+		start = i + 1
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// appendRoute writes a route as JSON without reflection: this is the
+// sidecar's hot path.
+func appendRoute(b []byte, uid string, rt Route) []byte {
+	b = append(b, `{"uid":`...)
+	b = appendJSONString(b, uid)
+	b = append(b, `,"bucket":`...)
+	b = strconv.AppendUint(b, uint64(rt.Bucket), 10)
+	b = append(b, `,"level":`...)
+	b = strconv.AppendInt(b, int64(rt.Level), 10)
+	b = append(b, `,"node":`...)
+	b = appendJSONString(b, string(rt.Node))
+	b = append(b, `,"dsn":`...)
+	b = appendJSONString(b, rt.DSN)
+	b = append(b, `,"map_version":`...)
+	b = strconv.AppendUint(b, rt.MapVersion, 10)
+	b = append(b, `,"state":`...)
+	b = appendJSONString(b, string(rt.State))
+	if rt.Target != "" {
+		b = append(b, `,"target":`...)
+		b = appendJSONString(b, string(rt.Target))
+	}
+	b = append(b, `,"data_lost":`...)
+	b = strconv.AppendBool(b, rt.DataLost)
+	b = append(b, `,"suspended":`...)
+	b = strconv.AppendBool(b, rt.Suspended)
+	b = append(b, `,"stale":`...)
+	b = strconv.AppendBool(b, rt.Stale)
+	b = append(b, `,"moved":`...)
+	b = strconv.AppendBool(b, rt.Moved)
+	if rt.Moved {
+		b = append(b, `,"moved_from":`...)
+		b = appendJSONString(b, string(rt.MovedFrom))
+	}
+	return append(b, '}')
+}
+
+func (h *handler) mapFile(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/map")
+		return
+	}
+	data, etag, err := h.r.MapFile()
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	w.Header().Set("ETag", etag)
+	w.Header().Set("Cache-Control", "no-cache")
+	if match := req.Header.Get("If-None-Match"); match != "" && (match == etag || match == "*") {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(data)
+}
+
+func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
+	m := h.r.Map()
+	if m == nil {
+		writeError(w, http.StatusServiceUnavailable, "not ready: "+ErrNotReady.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, "{\"ready\":true,\"map_version\":%d,\"zk_state\":%q,\"source\":%q}\n", m.Version, h.r.ZKState(), h.r.Source())
+}
+
+// StatusView is what the status page shows (GET /v1/status).
+type StatusView struct {
+	Cluster    string                  `json:"cluster"`
+	Source     Source                  `json:"source"`
+	ZKState    string                  `json:"zk_state"`
+	MapVersion uint64                  `json:"map_version"`
+	Level      int                     `json:"level"`
+	Buckets    int                     `json:"buckets"`
+	AppliedAt  time.Time               `json:"applied_at"`
+	Nodes      []bucketmap.NodeSummary `json:"nodes"`
+	// Cells is the grid: one per bucket, or per range of PerCell buckets
+	// when there are more than maxCells. Each is [owner index, moving
+	// buckets, data-lost buckets], owner being the majority owner.
+	PerCell  int                       `json:"per_cell"`
+	Cells    [][3]int                  `json:"cells"`
+	InFlight []bucketmap.BucketSummary `json:"in_flight"`
+	Balanced bool                      `json:"balanced"`
+	Error    string                    `json:"last_error,omitempty"`
+}
+
+const maxCells = 1024
+
+// View builds the status page's data.
+func (r *Router) View() (*StatusView, error) {
+	s := r.snap.Load()
+	if s == nil {
+		return nil, ErrNotReady
+	}
+	m := s.m
+	sum := m.Summarize()
+	v := &StatusView{Cluster: s.cluster, Source: r.source, ZKState: r.ZKState().String(), MapVersion: m.Version, Level: m.Level,
+		Buckets: m.Buckets(), AppliedAt: s.at, Nodes: sum.Nodes, Balanced: sum.Balanced, InFlight: []bucketmap.BucketSummary{}}
+	if e := r.stats.LastError.Load(); e != nil {
+		v.Error = *e
+	}
+	for _, b := range sum.Flagged {
+		if b.State == bucketmap.BucketMoving {
+			v.InFlight = append(v.InFlight, b)
+		}
+	}
+	v.PerCell = max(1, m.Buckets()/maxCells)
+	counts := make([]int, len(s.nodes))
+	for lo := 0; lo < m.Buckets(); lo += v.PerCell {
+		clear(counts)
+		moving, lost := 0, 0
+		for b := lo; b < lo+v.PerCell; b++ {
+			counts[m.OwnerIndex(uint32(b))]++
+			if s.flagged[b] {
+				bm := m.Meta(uint32(b))
+				if bm.State == bucketmap.BucketMoving {
+					moving++
+				}
+				if bm.DataLost {
+					lost++
+				}
+			}
+		}
+		best := 0
+		for i, c := range counts {
+			if c > counts[best] {
+				best = i
+			}
+		}
+		v.Cells = append(v.Cells, [3]int{best, moving, lost})
+	}
+	return v, nil
+}
+
+func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
+	v, err := h.r.View()
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}

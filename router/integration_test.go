@@ -1,0 +1,354 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/faultproxy"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+func session(t *testing.T, connect string, timeout time.Duration) *zksession.Session {
+	t.Helper()
+	s, err := zksession.Open(zksession.Config{Connect: connect, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// cluster creates a cluster in the test's ZooKeeper root and returns an
+// admin store for it.
+func cluster(t *testing.T, z *testenv.ZK, nodes []bucketmap.Node, level int) *bucketmap.Store {
+	t.Helper()
+	st := bucketmap.NewStore(session(t, z.ConnectString, 0), topo.MustPaths(z.Root, "c1"))
+	m, err := bucketmap.New(level, nodes, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := topo.ClusterRecord{Version: 1, Name: "c1", Seed: testSeed, CreatedAt: time.Now().UTC()}
+	if err := st.Create(context.Background(), rec, m, bucketmap.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func waitVersion(t *testing.T, r *Router, v uint64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := r.Map(); m != nil && m.Version >= v {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("router never applied map version %d (has %v)", v, r.Map())
+}
+
+func TestIntegrationFollowsMapAndRegisters(t *testing.T) {
+	z := testenv.StartZK(t)
+	st := cluster(t, z, testNodes(3), 4)
+	ctx := context.Background()
+	s := session(t, z.ConnectString, 0)
+	r := New(s, st.Paths(), Options{MemberID: "r1", MemberAddr: "127.0.0.1:9"})
+	defer r.Close()
+	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	uid := "someone"
+	before, _ := r.Route(uid)
+	to := bucketmap.NodeID("pg1")
+	if before.Node == to {
+		to = "pg2"
+	}
+	start := time.Now()
+	m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+		return m.Assign(before.Bucket, to, bucketmap.AssignOptions{})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(t, r, m.Version)
+	t.Logf("map version %d reached the router in %s", m.Version, time.Since(start).Round(time.Millisecond))
+	after, _ := r.Route(uid)
+	if after.Node != to || after.MapVersion != m.Version {
+		t.Fatalf("after the change: %+v, want %s at v%d", after, to, m.Version)
+	}
+	if rt, _ := r.RouteAt(uid, before.MapVersion); !rt.Moved || rt.MovedFrom != before.Node {
+		t.Fatalf("stale-map protocol: %+v", rt)
+	}
+	// The member record follows the applied version.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.Sync(ctx, st.Paths().Router("r1"))
+		data, _, err := s.Get(ctx, st.Paths().Router("r1"))
+		if err == nil {
+			rec, err := topo.DecodeRouterMember("", data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.MapVersion == m.Version && rec.Addr == "127.0.0.1:9" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("member record never showed map version %d: %s %v", m.Version, data, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A malformed map written by hand is refused; the last good one stays.
+	if _, err := st.Session().Set(ctx, st.Paths().Map(), []byte(`{"version":1,"map_version":99}`), zksession.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for r.Stats().MapRejected.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the malformed map was not reported")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if rt, _ := r.Route(uid); rt.MapVersion != m.Version || rt.Node != to {
+		t.Fatalf("after a malformed map: %+v", rt)
+	}
+	if e := r.Stats().LastError.Load(); e == nil || !strings.Contains(*e, "map_version") && !strings.Contains(*e, "owners") {
+		t.Fatalf("last error %v", e)
+	}
+	r.Close()
+	if ok, _, _ := s.Exists(ctx, st.Paths().Router("r1")); ok {
+		t.Fatal("member record left after Close")
+	}
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// While ZooKeeper is unreachable the router keeps answering, and says how
+// much to trust the answer.
+func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
+	z := testenv.StartZK(t)
+	st := cluster(t, z, testNodes(2), 3)
+	proxy, err := faultproxy.New(z.Servers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	s := session(t, proxy.Addr(), 4*time.Second)
+	r := New(s, st.Paths(), Options{})
+	defer r.Close()
+	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := r.Route("u1")
+	proxy.SetMode(faultproxy.Blackhole)
+	sawSuspended := false
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rt, err := r.Route("u1")
+		if err != nil || rt.Node != want.Node {
+			t.Fatalf("answer during the partition: %+v %v", rt, err)
+		}
+		sawSuspended = sawSuspended || rt.Suspended
+		if rt.Stale {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("answers never marked stale; last %+v", rt)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !sawSuspended {
+		t.Fatal("answers were never marked suspended before stale")
+	}
+	h := Handler(r, HandlerOptions{})
+	if _, body := get(t, h, "/v1/route?uid=u1"); !strings.Contains(body, `"stale":true`) {
+		t.Fatalf("HTTP answer while lost: %s", body)
+	}
+	proxy.SetMode(faultproxy.Pass)
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		if rt, _ := r.Route("u1"); !rt.Stale && !rt.Suspended {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("answers still marked after healing")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Lookups racing map swaps always see one whole map: the owner they report
+// is the owner in the map version they report.
+func TestIntegrationConcurrentLookupsDuringSwaps(t *testing.T) {
+	z := testenv.StartZK(t)
+	st := cluster(t, z, testNodes(4), 5)
+	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
+	defer r.Close()
+	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		versions = map[uint64]*bucketmap.Map{}
+	)
+	m0, _, err := st.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions[m0.Version] = m0
+	r.OnUpdate(func(uint64) {})
+	stop := make(chan struct{})
+	var checked atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				uid := fmt.Sprintf("g%d-%d", g, i%5000)
+				rt, err := r.Route(uid)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				m := versions[rt.MapVersion]
+				mu.Unlock()
+				if m == nil {
+					continue // written but not yet recorded by the writer below
+				}
+				if got := m.Owner(rt.Bucket); got != rt.Node || rt.Level != m.Level {
+					errs <- fmt.Errorf("%s: answer %+v, but map version %d says %s at level %d", uid, rt, rt.MapVersion, got, m.Level)
+					return
+				}
+				checked.Add(1)
+			}
+		}()
+	}
+	ctx := context.Background()
+	for i := range 30 {
+		m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+			if i == 10 {
+				return m.Split()
+			}
+			b := uint32(i*7) % uint32(m.Buckets())
+			to := m.Nodes()[(i+1)%4].ID
+			if m.Owner(b) == to {
+				to = m.Nodes()[(i+2)%4].ID
+			}
+			return m.Assign(b, to, bucketmap.AssignOptions{})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		versions[m.Version] = m
+		mu.Unlock()
+	}
+	last, _, _ := st.Load(ctx)
+	waitVersion(t, r, last.Version)
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if checked.Load() == 0 {
+		t.Fatal("no lookup was checked")
+	}
+	t.Logf("%d lookups checked across 30 map versions", checked.Load())
+}
+
+func TestIntegrationPools(t *testing.T) {
+	z := testenv.StartZK(t)
+	pg := testenv.StartPG(t)
+	var nodes []bucketmap.Node
+	for i, n := range pg.Nodes[:2] {
+		nodes = append(nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
+	}
+	st := cluster(t, z, nodes, 2)
+	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
+	defer r.Close()
+	ctx := ctxTimeout(t, 30*time.Second)
+	if err := r.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[bucketmap.NodeID]int{}
+	for i := range 40 {
+		pool, rt, err := r.Pool(ctx, fmt.Sprint("user", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var port int
+		if err := pool.QueryRow(ctx, "select inet_server_port()").Scan(&port); err != nil {
+			t.Fatal(err)
+		}
+		want := pg.Nodes[0].Port
+		if rt.Node == "pg2" {
+			want = pg.Nodes[1].Port
+		}
+		if port != want {
+			t.Fatalf("%s routed to %s but the pool reached port %d", fmt.Sprint("user", i), rt.Node, port)
+		}
+		seen[rt.Node]++
+	}
+	if len(seen) != 2 {
+		t.Fatalf("users landed on %v", seen)
+	}
+	p2, err := r.NodePool(ctx, "pg2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pg2 leaves the registry: its pool is closed.
+	m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+		for b := range m.Buckets() {
+			if m.Owner(uint32(b)) == "pg2" {
+				if err := m.Assign(uint32(b), "pg1", bucketmap.AssignOptions{}); err != nil {
+					return err
+				}
+			}
+		}
+		if err := m.RemoveNode("pg2"); err != nil {
+			return err
+		}
+		m.PruneHistory(func(bucketmap.Handoff) bool { return true })
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(t, r, m.Version)
+	if err := p2.Ping(ctx); err == nil {
+		t.Fatal("the removed node's pool still works")
+	}
+	if _, err := r.NodePool(ctx, "pg2"); err == nil || !strings.Contains(err.Error(), "not in the registry") {
+		t.Fatalf("pool of a removed node: %v", err)
+	}
+	if _, err := r.Route("x"); errors.Is(err, ErrNotReady) {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,556 @@
+// Package router answers "which db node holds this user" from the watched
+// bucket map, for Go apps (the library) and for apps in any language (the
+// HTTP sidecar in cmd/router).
+//
+// Lookups never touch the network and never block on ZooKeeper: the router
+// keeps an immutable snapshot of the map and swaps in a new one atomically,
+// so a reader sees the old map or the new one, never a mix.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/dbnode"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+// ErrNotReady means no map has been loaded yet.
+var ErrNotReady = errors.New("router has no bucket map yet")
+
+// Route is the answer for one user id.
+type Route struct {
+	Bucket     uint32
+	Level      int
+	Node       bucketmap.NodeID
+	DSN        string // the node's DSN, without password
+	MapVersion uint64
+	State      bucketmap.BucketState // active, or moving while a move's write pause is on
+	Target     bucketmap.NodeID      // moving: where the bucket is going
+	DataLost   bool
+	// Suspended: ZooKeeper is unreachable for now; the answer comes from
+	// the last map, which is very likely still current.
+	Suspended bool
+	// Stale: the ZooKeeper session is lost; the answer comes from the last
+	// map, which may be out of date. The caller decides whether to use it.
+	Stale bool
+	// Moved (stale-map protocol, RouteAt): at the map version the caller
+	// used, the bucket was on MovedFrom; it is now on Node. Redo the
+	// request there.
+	Moved     bool
+	MovedFrom bucketmap.NodeID
+}
+
+// Source says where the router's map comes from.
+type Source string
+
+const (
+	SourceZooKeeper Source = "zookeeper"
+	SourceFile      Source = "file"
+)
+
+// Options configure a Router.
+type Options struct {
+	Logger *zap.Logger
+	// MemberID, when set with a ZooKeeper source, registers an ephemeral
+	// member record at Paths.Router(MemberID) with the applied map version.
+	MemberID   string
+	MemberAddr string
+	// Keep is how many recent map versions are kept for the stale-map
+	// protocol (default 16); older ones are answered from the map's
+	// ownership history.
+	Keep int
+	// TunePool adjusts each node's pool configuration (sizes, timeouts).
+	TunePool func(*pgxpool.Config)
+}
+
+// snapshot is one immutable map version with everything a lookup needs.
+type snapshot struct {
+	m       *bucketmap.Map
+	ks      *keystream.Keystream
+	shift   uint
+	owners  []uint16
+	nodes   []bucketmap.Node
+	flagged []bool // bucket has state beyond its owner
+	cluster string
+	seed    string
+	file    []byte // the map file document for GET /v1/map
+	etag    string
+	at      time.Time
+}
+
+// Router answers routing questions from the newest map it has.
+type Router struct {
+	opts    Options
+	log     *zap.Logger
+	source  Source
+	zkMode  bool // source is ZooKeeper: answers carry its state
+	session *zksession.Session
+	paths   topo.Paths
+
+	snap    atomic.Pointer[snapshot]
+	zkState atomic.Int32
+	ready   chan struct{}
+	readyMu sync.Once
+
+	mu       sync.Mutex
+	recent   []*snapshot // newest last
+	pools    map[bucketmap.NodeID]*poolEntry
+	watchers []func(version uint64)
+	member   *zksession.Ephemeral
+	started  time.Time
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	stats  Stats
+}
+
+// Stats are the router's counters; the sidecar exports them as metrics.
+type Stats struct {
+	MapUpdates  atomic.Int64
+	MapRejected atomic.Int64
+	LastError   atomic.Pointer[string]
+}
+
+type poolEntry struct {
+	pool *pgxpool.Pool
+	node bucketmap.Node
+}
+
+func newRouter(opts Options, src Source) *Router {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if opts.Keep <= 0 {
+		opts.Keep = 16
+	}
+	r := &Router{opts: opts, log: opts.Logger.With(zap.String("component", "router")), source: src,
+		ready: make(chan struct{}), pools: map[bucketmap.NodeID]*poolEntry{}, done: make(chan struct{}), started: time.Now()}
+	r.zkState.Store(int32(zksession.StateConnected))
+	return r
+}
+
+// New starts a router that follows the cluster's map in ZooKeeper through
+// the process's session. It returns at once; Ready/WaitReady tell when the
+// first map is in. The router never writes the map.
+func New(s *zksession.Session, p topo.Paths, opts Options) *Router {
+	r := newRouter(opts, SourceZooKeeper)
+	r.session, r.paths, r.zkMode = s, p, true
+	r.zkState.Store(int32(s.State()))
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	sub := s.Subscribe()
+	go func() {
+		for ch := range sub.C {
+			r.zkState.Store(int32(ch.To))
+			r.log.Info("zookeeper state", zap.Stringer("state", ch.To), zap.String("reason", ch.Reason))
+		}
+	}()
+	go func() {
+		defer close(r.done)
+		defer sub.Close()
+		r.follow(ctx)
+	}()
+	return r
+}
+
+// NewFromFile starts a router from a map file (the one the supervisor hands
+// its workers, or a saved GET /v1/map), with no ZooKeeper at all.
+func NewFromFile(path string, opts Options) (*Router, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	r := newRouter(opts, SourceFile)
+	snap, err := snapshotFromFile(path, data)
+	if err != nil {
+		return nil, err
+	}
+	r.cancel = func() {}
+	close(r.done)
+	r.install(snap)
+	return r, nil
+}
+
+func snapshotFromFile(path string, data []byte) (*snapshot, error) {
+	rec, err := topo.DecodeMapFile(path, data)
+	if err != nil {
+		return nil, err
+	}
+	m, err := bucketmap.Decode(path+": map", rec.Map)
+	if err != nil {
+		return nil, err
+	}
+	seed, err := keystream.ParseSeed(rec.Seed)
+	if err != nil {
+		return nil, &topo.RecordError{Kind: "map file", Path: path, Err: err}
+	}
+	ks, err := keystream.New(seed)
+	if err != nil {
+		return nil, err
+	}
+	return newSnapshot(m, ks, rec.Cluster, rec.Seed, rec.Map)
+}
+
+func newSnapshot(m *bucketmap.Map, ks *keystream.Keystream, cluster, seed string, raw []byte) (*snapshot, error) {
+	s := &snapshot{m: m, ks: ks, shift: uint(64 - m.Level), owners: m.OwnerIndexes(), nodes: m.Nodes(), cluster: cluster, seed: seed, at: time.Now()}
+	s.flagged = make([]bool, m.Buckets())
+	for _, b := range m.NonActive() {
+		s.flagged[b] = true
+	}
+	file, err := topo.Encode(topo.MapFileRecord{Version: topo.MapFileVersion, Cluster: cluster, Seed: seed, Map: raw})
+	if err != nil {
+		return nil, err
+	}
+	s.file = file
+	s.etag = fmt.Sprintf(`"%s-v%d"`, cluster, m.Version)
+	return s, nil
+}
+
+// follow reads the cluster's seed once, then applies every new map version.
+func (r *Router) follow(ctx context.Context) {
+	var rec *topo.ClusterRecord
+	backoff := 100 * time.Millisecond
+	for {
+		var err error
+		rec, err = topo.ReadCluster(ctx, r.session, r.paths)
+		if err == nil {
+			break
+		}
+		r.fail("reading the cluster record", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	seed, err := keystream.ParseSeed(rec.Seed)
+	if err != nil {
+		r.fail("cluster seed", err)
+		return
+	}
+	ks, err := keystream.New(seed)
+	if err != nil {
+		r.fail("cluster seed", err)
+		return
+	}
+	w := r.session.Watch(ctx, r.paths.Map())
+	defer w.Stop()
+	// A member record that could not be written (session suspended) is
+	// retried here, so that a move waiting on routers is not stuck.
+	retry := time.NewTicker(2 * time.Second)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case n := <-w.C:
+			r.apply(ctx, n, ks, rec)
+		case <-retry.C:
+			if cur := r.snap.Load(); cur != nil && r.opts.MemberID != "" && r.member == nil {
+				r.register(ctx, cur.m.Version)
+			}
+		}
+	}
+}
+
+func (r *Router) fail(what string, err error) {
+	msg := what + ": " + err.Error()
+	r.stats.LastError.Store(&msg)
+	r.log.Error(what, zap.Error(err))
+}
+
+// apply installs a map read from ZooKeeper, unless it is missing,
+// malformed or older than the one in use: then the router keeps serving
+// the last good map and says why.
+func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keystream, rec *topo.ClusterRecord) {
+	if !n.Exists {
+		r.stats.MapRejected.Add(1)
+		r.fail("bucket map", fmt.Errorf("no map at %s; keeping the last one", r.paths.Map()))
+		return
+	}
+	m, err := bucketmap.Decode(r.paths.Map(), n.Data)
+	if err != nil {
+		r.stats.MapRejected.Add(1)
+		r.fail("bucket map rejected; keeping the last good one", err)
+		return
+	}
+	if cur := r.snap.Load(); cur != nil && m.Version <= cur.m.Version {
+		if m.Version < cur.m.Version {
+			r.stats.MapRejected.Add(1)
+			r.fail("bucket map", fmt.Errorf("map version %d is older than the applied %d; ignored", m.Version, cur.m.Version))
+		}
+		return
+	}
+	snap, err := newSnapshot(m, ks, rec.Name, rec.Seed, n.Data)
+	if err != nil {
+		r.fail("bucket map", err)
+		return
+	}
+	r.install(snap)
+	r.register(ctx, m.Version)
+}
+
+func (r *Router) install(s *snapshot) {
+	r.snap.Store(s)
+	r.stats.MapUpdates.Add(1)
+	r.mu.Lock()
+	r.recent = append(r.recent, s)
+	if len(r.recent) > r.opts.Keep {
+		r.recent = r.recent[len(r.recent)-r.opts.Keep:]
+	}
+	stale := r.stalePools(s.m)
+	watchers := append([]func(uint64){}, r.watchers...)
+	r.mu.Unlock()
+	for _, p := range stale {
+		p.Close()
+	}
+	r.readyMu.Do(func() { close(r.ready) })
+	r.log.Info("bucket map applied", zap.Uint64("map_version", s.m.Version), zap.Int("level", s.m.Level), zap.Int("nodes", len(s.nodes)))
+	for _, f := range watchers {
+		f(s.m.Version)
+	}
+}
+
+// register publishes the applied map version in the member record.
+func (r *Router) register(ctx context.Context, version uint64) {
+	if r.opts.MemberID == "" || r.session == nil {
+		return
+	}
+	host, _ := os.Hostname()
+	rec := topo.RouterMember{Version: topo.RouterMemberVersion, ID: r.opts.MemberID, Host: host, PID: os.Getpid(), Addr: r.opts.MemberAddr,
+		MapVersion: version, StartedAt: r.started.UTC().Format(time.RFC3339), AppliedAt: time.Now().UTC().Format(time.RFC3339Nano)}
+	data, err := topo.Encode(rec)
+	if err != nil {
+		r.fail("member record", err)
+		return
+	}
+	if r.member == nil {
+		e, err := r.session.CreateEphemeral(ctx, r.paths.Router(r.opts.MemberID), data, nil)
+		if err != nil {
+			r.fail("registering the router member record", err)
+			return
+		}
+		r.member = e
+		return
+	}
+	if err := r.member.Set(ctx, data); err != nil {
+		// The new data is kept and re-sent when the session comes back.
+		r.fail("updating the router member record", err)
+	}
+}
+
+// OnUpdate calls f (on the router's goroutine) after each new map version is
+// applied. f must not block.
+func (r *Router) OnUpdate(f func(version uint64)) {
+	r.mu.Lock()
+	r.watchers = append(r.watchers, f)
+	r.mu.Unlock()
+}
+
+// Ready reports whether a map is loaded.
+func (r *Router) Ready() bool { return r.snap.Load() != nil }
+
+// WaitReady blocks until a map is loaded or ctx ends.
+func (r *Router) WaitReady(ctx context.Context) error {
+	select {
+	case <-r.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the first bucket map: %w", ctx.Err())
+	}
+}
+
+// Source says where the map comes from.
+func (r *Router) Source() Source { return r.source }
+
+// ZKState is the ZooKeeper session state (connected for a file source).
+func (r *Router) ZKState() zksession.State { return zksession.State(r.zkState.Load()) }
+
+// Map returns the current map (nil before the first). Do not modify it.
+func (r *Router) Map() *bucketmap.Map {
+	if s := r.snap.Load(); s != nil {
+		return s.m
+	}
+	return nil
+}
+
+// Stats returns the router's counters.
+func (r *Router) Stats() *Stats { return &r.stats }
+
+// MapFile returns the current map file document and its ETag.
+func (r *Router) MapFile() ([]byte, string, error) {
+	s := r.snap.Load()
+	if s == nil {
+		return nil, "", ErrNotReady
+	}
+	return s.file, s.etag, nil
+}
+
+// Route answers for one user id. It does not allocate, touch the network
+// or wait for ZooKeeper.
+func (r *Router) Route(uid string) (Route, error) {
+	s := r.snap.Load()
+	if s == nil {
+		return Route{}, ErrNotReady
+	}
+	return r.route(s, uid), nil
+}
+
+// route answers from one snapshot (a batch uses one for all its ids, so
+// that every answer in it has the same map version).
+func (r *Router) route(s *snapshot, uid string) Route {
+	b := uint32(s.ks.Prefix64(uid) >> s.shift) // level 0: a shift by 64 gives 0
+	n := &s.nodes[s.owners[b]]
+	rt := Route{Bucket: b, Level: s.m.Level, Node: n.ID, DSN: n.DSN, MapVersion: s.m.Version, State: bucketmap.BucketActive}
+	if s.flagged[b] {
+		bm := s.m.Meta(b)
+		rt.State, rt.Target, rt.DataLost = bm.State, bm.Target, bm.DataLost
+	}
+	if r.zkMode {
+		if st := zksession.State(r.zkState.Load()); st != zksession.StateConnected {
+			rt.Suspended = st == zksession.StateSuspended
+			rt.Stale = !rt.Suspended
+		}
+	}
+	return rt
+}
+
+// RouteAt is Route for a caller that used map version used (the
+// stale-map protocol): if the user's bucket had another owner at that
+// version, the answer says Moved, and from where, so the caller can redo
+// its request at the right node. used 0 means unknown (plain Route).
+func (r *Router) RouteAt(uid string, used uint64) (Route, error) {
+	s := r.snap.Load()
+	if s == nil {
+		return Route{}, ErrNotReady
+	}
+	rt := r.route(s, uid)
+	if used == 0 || used >= rt.MapVersion {
+		return rt, nil
+	}
+	if old, ok := r.ownerAt(s, uid, used); ok && old != rt.Node {
+		rt.Moved, rt.MovedFrom = true, old
+	}
+	return rt, nil
+}
+
+// ownerAt finds who owned uid's bucket at map version v: from a recent
+// snapshot of exactly that version if the router saw it, else from the
+// current map's ownership history (complete until GC prunes it, which
+// happens only after the old owner's rows are gone).
+func (r *Router) ownerAt(cur *snapshot, uid string, v uint64) (bucketmap.NodeID, bool) {
+	r.mu.Lock()
+	var old *snapshot
+	for _, s := range r.recent {
+		if s.m.Version == v {
+			old = s
+		}
+	}
+	r.mu.Unlock()
+	if old != nil {
+		b := uint32(old.ks.Prefix64(uid) >> old.shift)
+		return old.m.Owner(b), true
+	}
+	b := uint32(cur.ks.Prefix64(uid) >> cur.shift)
+	var best *bucketmap.Handoff
+	for _, h := range cur.m.HistoryOf(b) {
+		if h.UntilVersion > v && (best == nil || h.UntilVersion < best.UntilVersion) {
+			h := h
+			best = &h
+		}
+	}
+	if best != nil {
+		return best.Node, true
+	}
+	return cur.m.Owner(b), true
+}
+
+// Pool returns the connection pool of the node that holds uid, creating it
+// on first use. Pools of nodes that leave the registry (or change DSN or
+// password reference) are closed when the map that says so is applied.
+func (r *Router) Pool(ctx context.Context, uid string) (*pgxpool.Pool, Route, error) {
+	rt, err := r.Route(uid)
+	if err != nil {
+		return nil, rt, err
+	}
+	p, err := r.NodePool(ctx, rt.Node)
+	return p, rt, err
+}
+
+// NodePool returns the pool of one node.
+func (r *Router) NodePool(ctx context.Context, id bucketmap.NodeID) (*pgxpool.Pool, error) {
+	m := r.Map()
+	if m == nil {
+		return nil, ErrNotReady
+	}
+	node, ok := m.Node(id)
+	if !ok {
+		return nil, fmt.Errorf("db node %s is not in the registry", id)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.pools[id]; ok && e.node.DSN == node.DSN && e.node.Password == node.Password {
+		return e.pool, nil
+	}
+	cfg, err := dbnode.PoolConfig(node)
+	if err != nil {
+		return nil, err
+	}
+	if r.opts.TunePool != nil {
+		r.opts.TunePool(cfg)
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("db node %s: %w", id, err)
+	}
+	if old, ok := r.pools[id]; ok {
+		go old.pool.Close()
+	}
+	r.pools[id] = &poolEntry{pool: p, node: node}
+	return p, nil
+}
+
+// stalePools removes (and returns, to close) the pools whose node left the
+// registry or changed how it is reached. Caller holds r.mu.
+func (r *Router) stalePools(m *bucketmap.Map) []*pgxpool.Pool {
+	var out []*pgxpool.Pool
+	for id, e := range r.pools {
+		n, ok := m.Node(id)
+		if !ok || n.State == bucketmap.NodeRemoved || n.DSN != e.node.DSN || n.Password != e.node.Password {
+			out = append(out, e.pool)
+			delete(r.pools, id)
+		}
+	}
+	return out
+}
+
+// Close stops following the map, removes the member record and closes the
+// pools.
+func (r *Router) Close() {
+	r.cancel()
+	<-r.done
+	if r.member != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = r.member.Delete(ctx)
+		cancel()
+	}
+	r.mu.Lock()
+	for id, e := range r.pools {
+		e.pool.Close()
+		delete(r.pools, id)
+	}
+	r.mu.Unlock()
+}
