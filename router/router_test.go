@@ -144,13 +144,13 @@ func TestRouteAtStaleMapProtocol(t *testing.T) {
 		moved bool
 		from  bucketmap.NodeID
 	}{
-		{inB0, 1, true, "pg1"},  // moved at version 2
-		{inB0, 2, false, ""},    // already on pg2 at version 2
-		{inB1, 1, true, "pg1"},  // moved at version 3
-		{inB1, 2, true, "pg1"},  // still on pg1 at version 2
-		{inB2, 1, false, ""},    // never moved
-		{inB0, 0, false, ""},    // version unknown: plain answer
-		{inB0, 99, false, ""},   // a newer version than ours: nothing to say
+		{inB0, 1, true, "pg1"}, // moved at version 2
+		{inB0, 2, false, ""},   // already on pg2 at version 2
+		{inB1, 1, true, "pg1"}, // moved at version 3
+		{inB1, 2, true, "pg1"}, // still on pg1 at version 2
+		{inB2, 1, false, ""},   // never moved
+		{inB0, 0, false, ""},   // version unknown: plain answer
+		{inB0, 99, false, ""},  // a newer version than ours: nothing to say
 	} {
 		rt, err := r.RouteAt(tc.uid, tc.used)
 		if err != nil || rt.Moved != tc.moved || rt.MovedFrom != tc.from || rt.Node != "pg2" && tc.moved {
