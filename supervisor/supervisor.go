@@ -387,13 +387,17 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		// Sources may be blocked posting to the loop; drain until they end.
 		done := make(chan struct{})
 		go func() { srcWG.Wait(); close(done) }()
-		for {
+		for drained := false; !drained; {
 			select {
 			case <-s.events:
 			case <-done:
-				return
+				drained = true
 			}
 		}
+		if s.pub != nil {
+			s.pub.deleteMember()
+		}
+		s.log.Info("supervisor stopped")
 	}()
 	if s.opts.Session != nil {
 		s.zkState = s.opts.Session.State()
@@ -835,10 +839,7 @@ func (s *Supervisor) beginStop(fast bool, why string, now time.Time) {
 
 func (s *Supervisor) finish() {
 	s.cleanMapFiles()
-	if s.pub != nil {
-		s.pub.deleteMember()
-	}
-	s.log.Info("supervisor stopped")
+	s.closeAllSockets()
 }
 
 // ---------------------------------------------------------------- reconcile

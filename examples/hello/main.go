@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -47,27 +48,59 @@ func main() {
 		greeting = "hello"
 	}
 	gen := os.Getenv("SHARDVISOR_GENERATION")
+	var mu sync.Mutex
+	fresh := map[net.Conn]bool{} // accepted, first request not read yet
 	srv := &http.Server{
+		ConnState: func(c net.Conn, st http.ConnState) {
+			mu.Lock()
+			defer mu.Unlock()
+			if st == http.StateNew {
+				fresh[c] = true
+			} else {
+				delete(fresh, c)
+			}
+		},
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprintf(w, "%s from pid %d generation %s map %s\n", greeting, os.Getpid(), gen, mapVersion)
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
-	done := make(chan struct{})
+	done, served := make(chan struct{}), make(chan struct{})
 	go func() {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 		<-sig
 		notify("STOPPING=1")
+		// net/http's Shutdown drops connections that were accepted but
+		// whose first request it reads after Shutdown began. Under the
+		// supervisor the socket stays open for the other workers, so stop
+		// accepting first, let accepted connections deliver their request,
+		// then Shutdown (which waits for in-flight requests).
+		ln.Close()
+		<-served // Serve has returned: every accepted connection is registered
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			mu.Lock()
+			n := len(fresh)
+			mu.Unlock()
+			if n == 0 {
+				break
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(ctx) // stop accepting, finish in-flight requests
+		_ = srv.Shutdown(ctx)
 		close(done)
 	}()
 	go watchdog()
 	notify("READY=1")
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		log.Fatal(err)
+	err = srv.Serve(ln)
+	close(served)
+	select {
+	case <-done:
+	default:
+		if err != nil && !errors.Is(err, net.ErrClosed) {
+			log.Fatal(err)
+		}
 	}
 	<-done
 }

@@ -1,0 +1,546 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+// TestMain lets the test binary be the exec shim and a worker, so tests
+// run real processes without building anything.
+func TestMain(m *testing.M) {
+	MaybeRunShim()
+	if len(os.Args) > 1 && os.Args[1] == "__test-worker" {
+		os.Exit(testWorker())
+	}
+	os.Exit(m.Run())
+}
+
+// testWorker is a systemd-style worker controlled by environment:
+// TW_DELAY (before serving), TW_MODE (serve, exit, noready, hang,
+// crash-after), TW_TAG (echoed back).
+func testWorker() int {
+	pid := os.Getpid()
+	if os.Getenv("LISTEN_PID") != strconv.Itoa(pid) {
+		fmt.Fprintf(os.Stderr, "test worker %d: LISTEN_PID=%q is not my pid\n", pid, os.Getenv("LISTEN_PID"))
+		return 4
+	}
+	if d, err := time.ParseDuration(os.Getenv("TW_DELAY")); err == nil {
+		time.Sleep(d)
+	}
+	mode := os.Getenv("TW_MODE")
+	if mode == "exit" {
+		fmt.Fprintf(os.Stderr, "test worker %d: exiting at boot as told\n", pid)
+		return 3
+	}
+	var mapData string
+	if f := os.Getenv("SHARDVISOR_MAP_FILE"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "test worker: map file: %v\n", err)
+			return 5
+		}
+		mapData = string(b)
+	}
+	n, _ := strconv.Atoi(os.Getenv("LISTEN_FDS"))
+	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
+	// Go's Server.Shutdown drops a connection that was accepted but whose
+	// first request is read after Shutdown began (net/http returns from
+	// conn.serve when shuttingDown). So on SIGTERM: close the listeners
+	// (stop accepting), wait until every accepted connection has had its
+	// request read, then Shutdown. examples/hello does the same.
+	var lns []net.Listener
+	var serving sync.WaitGroup // Serve loops: each ends after its last Accept
+	var mu sync.Mutex
+	fresh := map[net.Conn]bool{}
+	srv := &http.Server{ConnState: func(c net.Conn, st http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		if st == http.StateNew {
+			fresh[c] = true
+		} else {
+			delete(fresh, c)
+		}
+	}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(workerReply{PID: pid, Gen: os.Getenv("SHARDVISOR_GENERATION"), Tag: os.Getenv("TW_TAG"),
+			MapVersion: os.Getenv("SHARDVISOR_MAP_VERSION"), MapFile: os.Getenv("SHARDVISOR_MAP_FILE"), Map: mapData, FDNames: names})
+	})}
+	for i := 0; i < n; i++ {
+		f := os.NewFile(uintptr(3+i), names[i])
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "test worker: fd %d: %v\n", 3+i, err)
+			return 6
+		}
+		lns = append(lns, ln)
+		serving.Add(1)
+		go func() { defer serving.Done(); _ = srv.Serve(ln) }()
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM)
+	if mode != "noready" {
+		_, _ = SdNotify("READY=1")
+	}
+	if usec, _ := strconv.Atoi(os.Getenv("WATCHDOG_USEC")); usec > 0 && mode != "hang" {
+		go func() {
+			for range time.Tick(time.Duration(usec) * time.Microsecond / 3) {
+				_, _ = SdNotify("WATCHDOG=1")
+			}
+		}()
+	}
+	if d, err := time.ParseDuration(os.Getenv("TW_CRASH_AFTER")); err == nil {
+		time.Sleep(d)
+		return 7
+	}
+	<-sig
+	for _, ln := range lns {
+		ln.Close()
+	}
+	serving.Wait() // now every accepted connection is registered as new
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := len(fresh)
+		mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+	return 0
+}
+
+type workerReply struct {
+	PID        int      `json:"pid"`
+	Gen        string   `json:"gen"`
+	Tag        string   `json:"tag"`
+	MapVersion string   `json:"map_version"`
+	MapFile    string   `json:"map_file"`
+	Map        string   `json:"map"`
+	FDNames    []string `json:"fd_names"`
+}
+
+func testExe(t *testing.T) string {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return exe
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// cfgFor is a pool config running the test worker.
+func cfgFor(t *testing.T, port int, workers int, env map[string]string) *topo.PoolConfig {
+	surge := workers
+	return &topo.PoolConfig{
+		Version:         topo.PoolConfigVersion,
+		Command:         testExe(t),
+		Args:            []string{"__test-worker"},
+		Env:             env,
+		Workers:         workers,
+		Listen:          []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}},
+		GracefulTimeout: topo.Duration(5 * time.Second),
+		Readiness:       topo.Readiness{Timeout: topo.Duration(20 * time.Second)},
+		Surge:           &surge,
+		Restart:         topo.Backoff{Initial: topo.Duration(200 * time.Millisecond), Max: topo.Duration(2 * time.Second)},
+	}
+}
+
+func encode(t *testing.T, c *topo.PoolConfig) []byte {
+	t.Helper()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("test config invalid: %v", err)
+	}
+	b, err := topo.EncodePoolConfig(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// fileLogger writes the supervisor's logs to a file that is printed when
+// the test fails (logging to t after the test ends would panic).
+func fileLogger(t *testing.T, dir string) (*zap.Logger, *os.File) {
+	f, err := os.Create(filepath.Join(dir, "test.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
+	log := zap.New(zapcore.NewCore(enc, zapcore.AddSync(f), zapcore.DebugLevel))
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("SHARDVISOR_TEST_LOG") != "" {
+			b, _ := os.ReadFile(f.Name())
+			if len(b) > 60000 {
+				b = b[len(b)-60000:]
+			}
+			t.Logf("supervisor and worker log:\n%s", b)
+		}
+		f.Close()
+	})
+	return log, f
+}
+
+type harness struct {
+	t    *testing.T
+	sv   *Supervisor
+	dir  string
+	done chan error
+	port int
+}
+
+// run starts a supervisor in-process; it is stopped (gracefully, then
+// checked for leftover workers) when the test ends.
+func run(t *testing.T, opts Options) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	log, f := fileLogger(t, dir)
+	if opts.Pool == "" {
+		opts.Pool = "web"
+	}
+	opts.Logger = log
+	opts.Stdout, opts.Stderr = f, f
+	if opts.StateDir == "" {
+		opts.StateDir = filepath.Join(dir, "state")
+	}
+	if opts.AdminAddr == "" {
+		opts.AdminAddr = "127.0.0.1:0"
+	}
+	if opts.Debounce == 0 {
+		opts.Debounce = 50 * time.Millisecond
+	}
+	sv, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{t: t, sv: sv, dir: dir, done: make(chan error, 1)}
+	go func() { h.done <- sv.Run(context.Background()) }()
+	t.Cleanup(func() {
+		pids := h.pids()
+		sv.Stop(false)
+		select {
+		case err := <-h.done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("supervisor did not stop within 30s")
+		}
+		for _, p := range pids {
+			if alive(p) {
+				t.Errorf("worker %d still alive after the supervisor stopped", p)
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+	})
+	return h
+}
+
+func (h *harness) pids() []int {
+	var out []int
+	for _, w := range h.sv.Status().Workers {
+		out = append(out, w.PID)
+	}
+	return out
+}
+
+// waitFor polls cond (generous bound: only "eventually" matters).
+func (h *harness) waitFor(timeout time.Duration, what string, cond func(m topo.PoolMember) bool) topo.PoolMember {
+	h.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		m := h.sv.Status()
+		if cond(m) {
+			return m
+		}
+		if time.Now().After(deadline) {
+			b, _ := json.MarshalIndent(m, "", " ")
+			h.t.Fatalf("timed out after %s waiting for %s; status %s", timeout, what, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// serving: generation gen (0 = any) established with n ready workers of it
+// and nothing else running.
+func serving(gen int64, n int) func(topo.PoolMember) bool {
+	return func(m topo.PoolMember) bool {
+		if m.State != "serving" || (gen != 0 && m.Generation != gen) || len(m.Workers) != n {
+			return false
+		}
+		for _, w := range m.Workers {
+			if w.State != "ready" || w.Generation != m.Generation {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+var client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+func get(addr string) (workerReply, error) {
+	var r workerReply
+	resp, err := client.Get("http://" + addr + "/")
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return r, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(b, &r)
+}
+
+// load hits addr from a few goroutines with a new connection per request
+// (the strictest case: every request needs an accept) and counts failures.
+type load struct {
+	ok, failed atomic.Int64
+	mu         sync.Mutex
+	errs       []string
+	tags       map[string]int
+	stop       chan struct{}
+	wg         sync.WaitGroup
+}
+
+func startLoad(addr string, conc int) *load {
+	l := &load{stop: make(chan struct{}), tags: map[string]int{}}
+	for i := 0; i < conc; i++ {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				r, err := get(addr)
+				l.mu.Lock()
+				if err != nil {
+					l.failed.Add(1)
+					if len(l.errs) < 10 {
+						l.errs = append(l.errs, time.Now().UTC().Format("15:04:05.000000")+" "+err.Error())
+					}
+				} else {
+					l.ok.Add(1)
+					l.tags[r.Tag]++
+				}
+				l.mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	return l
+}
+
+func (l *load) finish(t *testing.T) {
+	t.Helper()
+	close(l.stop)
+	l.wg.Wait()
+	t.Logf("load: %d ok, %d failed, by tag %v", l.ok.Load(), l.failed.Load(), l.tags)
+	if l.failed.Load() > 0 {
+		t.Errorf("%d requests failed during swaps, e.g. %v", l.failed.Load(), l.errs)
+	}
+	if l.ok.Load() == 0 {
+		t.Errorf("no request succeeded")
+	}
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return !(i >= 0 && i+2 < len(s) && s[i+2] == 'Z')
+}
+
+// zkEnv is a chrooted session and paths for one test.
+type zkEnv struct {
+	z     *testenv.ZK
+	s     *zksession.Session // the test's own (admin) session
+	paths topo.Paths
+}
+
+func startZK(t *testing.T) *zkEnv {
+	z := testenv.StartZK(t)
+	s := openSession(t, zksession.Config{Connect: z.ConnectString + z.Root})
+	return &zkEnv{z: z, s: s, paths: topo.MustPaths("/shardvisor", "c1")}
+}
+
+func openSession(t *testing.T, cfg zksession.Config) *zksession.Session {
+	t.Helper()
+	s, err := zksession.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (e *zkEnv) put(t *testing.T, p string, data []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.s.Set(ctx, p, data, zksession.AnyVersion); errors.Is(err, zksession.ErrNoNode) {
+		if err := e.s.CreateAll(ctx, filepath.Dir(p)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.s.Create(ctx, p, data); err != nil {
+			t.Fatal(err)
+		}
+	} else if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *zkEnv) setConfig(t *testing.T, c *topo.PoolConfig) {
+	e.put(t, e.paths.PoolConfig("web"), encode(t, c))
+}
+
+func (e *zkEnv) status(t *testing.T) *topo.PoolStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, _, err := e.s.Get(ctx, e.paths.PoolStatus("web"))
+	if err != nil {
+		return nil
+	}
+	st, err := topo.DecodePoolStatus("", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (e *zkEnv) waitStatus(t *testing.T, what string, cond func(*topo.PoolStatus) bool) *topo.PoolStatus {
+	t.Helper()
+	var st *topo.PoolStatus
+	testenv.WaitFor(t, 20*time.Second, func() bool { st = e.status(t); return st != nil && cond(st) }, what)
+	return st
+}
+
+func (e *zkEnv) opts(t *testing.T, connect string, timeout time.Duration) Options {
+	ss := openSession(t, zksession.Config{Connect: connect, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
+	return Options{Session: ss, Paths: e.paths, Member: "m1"}
+}
+
+func lockedThreadChurn(n int) {
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // exits the thread when the goroutine returns
+			time.Sleep(time.Millisecond)
+		}()
+	}
+	wg.Wait()
+}
+
+func goBuild(t *testing.T, pkg, out string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = ".."
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+}
+
+// testCounter sums the metric samples of name whose labels contain match.
+func testCounter(t *testing.T, h *harness, name, match string) float64 {
+	t.Helper()
+	mfs, err := h.sv.m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, lp := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", lp.GetName(), lp.GetValue()))
+			}
+			if match != "" && !strings.Contains(strings.Join(labels, ","), match) {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				sum += c.GetValue()
+			} else if g := m.GetGauge(); g != nil {
+				sum += g.GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func execCommand(name string, args ...string) *exec.Cmd { return exec.Command(name, args...) }
+
+func jsonDecode(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }
+
+func httpBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func httpCode(url string) int {
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
