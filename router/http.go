@@ -263,6 +263,10 @@ func (h *handler) routeBatch(w http.ResponseWriter, req *http.Request) {
 	w.Write(b)
 }
 
+// JSONRoute is a route as the API writes it, for callers that encode it
+// themselves (shardctl route --json).
+func JSONRoute(uid string, rt Route) json.RawMessage { return appendRoute(nil, uid, rt) }
+
 const hexDigits = "0123456789abcdef"
 
 // appendJSONString appends s as a JSON string. (strconv.AppendQuote writes

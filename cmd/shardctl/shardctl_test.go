@@ -178,6 +178,16 @@ func TestIntegrationClusterLifecycle(t *testing.T) {
 		t.Fatalf("hash from the cluster: %q", got)
 	}
 
+	// route answers like the sidecar, from the live map.
+	var rt struct {
+		Node   string `json:"node"`
+		Bucket uint32 `json:"bucket"`
+		Moved  bool   `json:"moved"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, cmd("route", "--json", "alice")...)), &rt); err != nil || rt.Bucket != 4 || rt.Node != "pg1" {
+		t.Fatalf("route alice: %+v %v", rt, err)
+	}
+
 	// A node joins; the plan balances it at the lower bound.
 	mustRun(t, cmd("node", "add", "pg4", dsn("25435"), "--weight", "1", "--password", "env:PGPASSWORD")...)
 	var plan bucketmap.Plan
