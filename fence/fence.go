@@ -1,0 +1,532 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/topo"
+)
+
+// DB starts transactions: *pgx.Conn, *pgxpool.Pool and pgx.Tx (as a
+// savepoint, so that locks are held until the caller's transaction ends)
+// all qualify.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Querier runs statements: *pgx.Conn, *pgxpool.Pool and pgx.Tx qualify.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	// ErrNotInstalled means the node has no fence (run `shardctl node
+	// prepare`).
+	ErrNotInstalled = errors.New("fence is not installed")
+	// ErrWrongNode means the database's fence was prepared for another
+	// node or cluster: two registry entries probably point at the same
+	// database.
+	ErrWrongNode = errors.New("fence belongs to another node")
+	// ErrStale means the fence has already applied a newer map version
+	// than the one offered; nothing was changed.
+	ErrStale = errors.New("fence has seen a newer map version")
+)
+
+// LockTimeout bounds how long a flip waits for the locks of in-flight
+// writers (and how long new writers wait behind it).
+var LockTimeout = 5 * time.Second
+
+// IsRejected reports whether err is a write the fence rejected (SQLSTATE
+// SV001): the row's bucket is not owned by this node, frozen, incoming, or
+// its key is null. Applications re-read the map and retry on the owner.
+func IsRejected(err error) bool { return sqlState(err) == SQLState }
+
+// IsIsolationRejected reports whether err is a fenced write rejected for
+// running above READ COMMITTED (SQLSTATE SV002).
+func IsIsolationRejected(err error) bool { return sqlState(err) == SQLStateIsolation }
+
+func sqlState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// Meta is the fence's bookkeeping row.
+type Meta struct {
+	FenceVersion int       `json:"fence_version"`
+	Cluster      string    `json:"cluster"`
+	Node         string    `json:"node"`
+	MapVersion   uint64    `json:"map_version"` // highest map version applied
+	Level        int       `json:"level"`       // map level at that version
+	UpdatedAt    time.Time `json:"updated_at"`
+}
+
+// Fence is a node's fence as stored.
+type Fence struct {
+	Meta
+	Spans []Span `json:"spans"`
+}
+
+// Installed reports whether the fence's tables exist on the node.
+func Installed(ctx context.Context, q Querier) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT to_regclass('shardvisor.fence_meta') IS NOT NULL AND to_regclass('shardvisor.ownership') IS NOT NULL`).Scan(&ok)
+	return ok, err
+}
+
+// Read returns the node's fence, or ErrNotInstalled.
+func Read(ctx context.Context, q Querier) (*Fence, error) {
+	if ok, err := Installed(ctx, q); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, ErrNotInstalled
+	}
+	f := &Fence{}
+	var err error
+	if f.Meta, err = readMeta(ctx, q, false); err != nil {
+		return nil, err
+	}
+	f.Spans, err = readSpans(ctx, q)
+	return f, err
+}
+
+func readMeta(ctx context.Context, q Querier, forUpdate bool) (Meta, error) {
+	sql := `SELECT fence_version, cluster, node, map_version, level, updated_at FROM shardvisor.fence_meta`
+	if forUpdate {
+		sql += ` FOR UPDATE`
+	}
+	var m Meta
+	var mv int64
+	err := q.QueryRow(ctx, sql).Scan(&m.FenceVersion, &m.Cluster, &m.Node, &mv, &m.Level, &m.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return m, fmt.Errorf("%w: shardvisor.fence_meta is empty", ErrNotInstalled)
+	}
+	if pe := sqlState(err); pe == "42P01" || pe == "3F000" { // undefined table / schema
+		return m, ErrNotInstalled
+	}
+	m.MapVersion = uint64(mv)
+	return m, err
+}
+
+func readSpans(ctx context.Context, q Querier) ([]Span, error) {
+	rows, err := q.Query(ctx, `SELECT lo, hi, state, epoch FROM shardvisor.ownership ORDER BY lo`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Span, error) {
+		var s Span
+		var st string
+		var ep int64
+		err := r.Scan(&s.Lo, &s.Hi, &st, &ep)
+		s.State, s.Epoch = State(st), uint64(ep)
+		return s, err
+	})
+}
+
+// Change is what one flip did to a node's fence.
+type Change struct {
+	FromVersion uint64 `json:"from_map_version"`
+	ToVersion   uint64 `json:"to_map_version"`
+	Removed     []Span `json:"removed,omitempty"` // rows deleted
+	Added       []Span `json:"added,omitempty"`   // rows inserted
+	// Drained is the number of lock granules taken exclusively because a
+	// range stopped being owned: the flip waited for their writers.
+	Drained int `json:"drained_granules"`
+}
+
+// Changed reports whether any ownership row changed.
+func (c Change) Changed() bool { return len(c.Removed)+len(c.Added) > 0 }
+
+// Sync brings the fence of node in step with map m, in one transaction:
+// the node's buckets become owned (frozen while in a move's write pause),
+// the buckets it is a write-paused move's target for become incoming, and
+// nothing else is owned. Incoming ranges the map does not contradict are
+// kept (a mover marks its target incoming while copying, before the map
+// says anything). Every range that stops being owned is drained first: the
+// flip takes its lock granules exclusively, waiting for writers in flight.
+//
+// Sync never goes back in time: if the fence has applied a newer map
+// version, it changes nothing and returns ErrStale. Applying the same
+// version again repairs drift.
+func Sync(ctx context.Context, db DB, m *bucketmap.Map, node bucketmap.NodeID) (Change, error) {
+	want := Desired(m, node)
+	return flip(ctx, db, m.Version, m.Level, string(node), true, func(cur []Span) []Span {
+		return overlay(Only(cur, Incoming), want)
+	})
+}
+
+// SetState sets the key range lo..hi (inclusive; use keystream.Range for a
+// bucket) to state st, or removes it from the fence when st is Absent, in
+// one transaction that first takes the range's lock granules exclusively
+// and so waits for every writer in flight there. epoch is the map version
+// the change belongs to; it must not be older than the newest version the
+// fence has applied (ErrStale), and becomes the fence's version if newer.
+// Writers arriving meanwhile wait for the flip and then see the new state.
+//
+// db may be a pgx.Tx: the flip then runs in a savepoint and the exclusive
+// locks are held until the caller's transaction ends.
+func SetState(ctx context.Context, db DB, lo, hi int64, st State, epoch uint64) (Change, error) {
+	if lo > hi {
+		return Change{}, fmt.Errorf("fence: range %d..%d: lo > hi", lo, hi)
+	}
+	if st != Absent && !st.valid() {
+		return Change{}, fmt.Errorf("fence: state %q is not owned, frozen, incoming or absent", st)
+	}
+	return flip(ctx, db, epoch, -1, "", false, func(cur []Span) []Span {
+		var top []Span
+		if st != Absent {
+			top = []Span{{Lo: lo, Hi: hi, State: st, Epoch: epoch}}
+		}
+		// Cut lo..hi out of cur, then lay the new span over it.
+		var rest []Span
+		for _, g := range sweep(cur, []Span{{Lo: lo, Hi: hi, State: Owned}}) {
+			if g.A >= 0 && g.B < 0 {
+				s := cur[g.A]
+				rest = appendMerged(rest, Span{Lo: g.Lo, Hi: g.Hi, State: s.State, Epoch: s.Epoch})
+			}
+		}
+		return overlay(rest, top)
+	}, lo, hi)
+}
+
+// Freeze starts a move's write pause on this node (the source): writes to
+// lo..hi are rejected from now on, and Freeze returns only when every write
+// to it that was in flight has committed or rolled back.
+func Freeze(ctx context.Context, db DB, lo, hi int64, epoch uint64) (Change, error) {
+	return SetState(ctx, db, lo, hi, Frozen, epoch)
+}
+
+// SetIncoming marks lo..hi on a move's target while its rows are copied in:
+// application writes are rejected, replication apply is not.
+func SetIncoming(ctx context.Context, db DB, lo, hi int64, epoch uint64) (Change, error) {
+	return SetState(ctx, db, lo, hi, Incoming, epoch)
+}
+
+// Own lets this node accept writes to lo..hi (a move's target at the end
+// of the pause, or an aborted move's source).
+func Own(ctx context.Context, db DB, lo, hi int64, epoch uint64) (Change, error) {
+	return SetState(ctx, db, lo, hi, Owned, epoch)
+}
+
+// Release removes lo..hi from the fence: this node no longer owns it.
+func Release(ctx context.Context, db DB, lo, hi int64, epoch uint64) (Change, error) {
+	return SetState(ctx, db, lo, hi, Absent, epoch)
+}
+
+// flip runs one fence change: lock the meta row, check the version, compute
+// the new spans from the current ones, drain what stops being owned, write
+// the difference. sync (a whole-map apply) refuses strictly older versions
+// and checks the node; a primitive refuses older epochs. drainAll ranges
+// are drained whatever their state (the primitives' target range).
+func flip(ctx context.Context, db DB, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, drainAll ...int64) (Change, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return Change{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, LockTimeout.Milliseconds())); err != nil {
+		return Change{}, err
+	}
+	meta, err := readMeta(ctx, tx, true)
+	if err != nil {
+		return Change{}, err
+	}
+	ch := Change{FromVersion: meta.MapVersion, ToVersion: max(meta.MapVersion, version)}
+	if sync && meta.Node != node {
+		return ch, fmt.Errorf("%w: this database was prepared as node %s of cluster %s, not node %s", ErrWrongNode, meta.Node, meta.Cluster, node)
+	}
+	if version < meta.MapVersion {
+		return ch, fmt.Errorf("%w: the fence is at map version %d, the change is for version %d", ErrStale, meta.MapVersion, version)
+	}
+	cur, err := readSpans(ctx, tx)
+	if err != nil {
+		return ch, err
+	}
+	want, err := Normalize(next(cur))
+	if err != nil {
+		return ch, fmt.Errorf("fence: %w", err)
+	}
+	// Drain: granules of every range that was owned and is no longer.
+	var drain []int32
+	for _, d := range Compare(want, cur) {
+		if d.Got == Owned {
+			drain = append(drain, granules(d.Lo, d.Hi)...)
+		}
+	}
+	if len(drainAll) == 2 {
+		drain = append(drain, granules(drainAll[0], drainAll[1])...)
+	}
+	slices.Sort(drain)
+	drain = slices.Compact(drain)
+	if len(drain) > 0 {
+		if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, LockClass, drain); err != nil {
+			return ch, fmt.Errorf("fence: draining writers of %d lock granules: %w", len(drain), err)
+		}
+	}
+	ch.Drained = len(drain)
+	// Rewrite only the rows that differ (by range and state).
+	type key struct {
+		lo, hi int64
+		st     State
+	}
+	have := map[key]bool{}
+	for _, s := range cur {
+		have[key{s.Lo, s.Hi, s.State}] = true
+	}
+	keep := map[key]bool{}
+	for _, s := range want {
+		k := key{s.Lo, s.Hi, s.State}
+		if have[k] {
+			keep[k] = true
+		} else {
+			if s.Epoch == 0 || s.Epoch < version {
+				s.Epoch = version
+			}
+			ch.Added = append(ch.Added, s)
+		}
+	}
+	var del []int64
+	for _, s := range cur {
+		if !keep[key{s.Lo, s.Hi, s.State}] {
+			ch.Removed = append(ch.Removed, s)
+			del = append(del, s.Lo)
+		}
+	}
+	if len(del) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM shardvisor.ownership WHERE lo = ANY($1)`, del); err != nil {
+			return ch, err
+		}
+	}
+	if len(ch.Added) > 0 {
+		los, his, sts, eps := make([]int64, 0, len(ch.Added)), make([]int64, 0, len(ch.Added)), make([]string, 0, len(ch.Added)), make([]int64, 0, len(ch.Added))
+		for _, s := range ch.Added {
+			los, his, sts, eps = append(los, s.Lo), append(his, s.Hi), append(sts, string(s.State)), append(eps, int64(s.Epoch))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO shardvisor.ownership (lo, hi, state, epoch) SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int8[])`, los, his, sts, eps); err != nil {
+			return ch, err
+		}
+	}
+	if level < 0 {
+		level = meta.Level
+	}
+	if _, err := tx.Exec(ctx, `UPDATE shardvisor.fence_meta SET map_version = $1, level = $2, updated_at = now()`, int64(ch.ToVersion), level); err != nil {
+		return ch, err
+	}
+	return ch, tx.Commit(ctx)
+}
+
+// InstallResult says what Install did.
+type InstallResult struct {
+	// Actions are the changes made, for people ("created trigger on
+	// app.events"); empty when the node was already prepared.
+	Actions []string `json:"actions"`
+	// Problems are tables that could not be fenced (missing table or key
+	// column); the rest was installed.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// Install prepares a node, idempotently and in one transaction: the
+// shardvisor schema with the ownership and meta tables, the error
+// functions, and on every sharded table the fence trigger with its
+// function; fence triggers on tables that are no longer sharded are
+// dropped. It refuses a database prepared for another node or cluster
+// (ErrWrongNode). It does not fill the ownership table: Sync does.
+func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, tables []topo.TableRecord) (InstallResult, error) {
+	var res InstallResult
+	if err := topo.ValidateTables(tables); err != nil {
+		return res, err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, LockTimeout.Milliseconds())); err != nil {
+		return res, err
+	}
+	installed, err := Installed(ctx, tx)
+	if err != nil {
+		return res, err
+	}
+	if installed {
+		meta, err := readMeta(ctx, tx, true)
+		if err == nil && (meta.Node != string(node) || meta.Cluster != cluster) {
+			return res, fmt.Errorf("%w: this database was prepared as node %s of cluster %s, not node %s of cluster %s", ErrWrongNode, meta.Node, meta.Cluster, node, cluster)
+		}
+	}
+	var hadSchema bool
+	if err := tx.QueryRow(ctx, `SELECT to_regnamespace('shardvisor') IS NOT NULL`).Scan(&hadSchema); err != nil {
+		return res, err
+	}
+	for _, s := range schemaSQL {
+		if _, err := tx.Exec(ctx, s); err != nil {
+			return res, fmt.Errorf("fence install: %w", err)
+		}
+	}
+	if !hadSchema {
+		res.Actions = append(res.Actions, "created schema shardvisor")
+	}
+	if !installed {
+		res.Actions = append(res.Actions, "created tables shardvisor.ownership and shardvisor.fence_meta")
+	}
+	for _, fn := range []struct{ name, sql string }{{"reject", rejectFn}, {"reject_isolation", rejectIsolationFn}} {
+		same, err := sameFunction(ctx, tx, fn.name, fn.sql)
+		if err != nil {
+			return res, err
+		}
+		if !same {
+			if _, err := tx.Exec(ctx, fn.sql); err != nil {
+				return res, fmt.Errorf("fence install: function %s: %w", fn.name, err)
+			}
+			res.Actions = append(res.Actions, "installed function shardvisor."+fn.name)
+		}
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO shardvisor.fence_meta (fence_version, cluster, node) VALUES ($1, $2, $3) ON CONFLICT (singleton) DO UPDATE SET fence_version = EXCLUDED.fence_version WHERE fence_meta.fence_version <> EXCLUDED.fence_version`, Version, cluster, string(node))
+	if err != nil {
+		return res, err
+	}
+	if tag.RowsAffected() > 0 {
+		res.Actions = append(res.Actions, fmt.Sprintf("recorded node %s of cluster %s, fence version %d", node, cluster, Version))
+	}
+	wantFns := map[string]bool{}
+	wantTables := map[string]bool{}
+	for _, t := range tables {
+		wantFns[funcName(t)] = true
+		wantTables[t.Name] = true
+		probs, acts, err := installTable(ctx, tx, t)
+		if err != nil {
+			return res, err
+		}
+		res.Problems = append(res.Problems, probs...)
+		res.Actions = append(res.Actions, acts...)
+	}
+	// Fence triggers on tables that are no longer sharded, and functions
+	// no trigger uses any more.
+	rows, err := tx.Query(ctx, `SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = $1 ORDER BY 1, 2`, TriggerName)
+	if err != nil {
+		return res, err
+	}
+	stale, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var s [2]string
+		return s, r.Scan(&s[0], &s[1])
+	})
+	if err != nil {
+		return res, err
+	}
+	for _, s := range stale {
+		if wantTables[s[0]+"."+s[1]] {
+			continue
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`DROP TRIGGER %s ON %s.%s`, quoteIdent(TriggerName), quoteIdent(s[0]), quoteIdent(s[1]))); err != nil {
+			return res, err
+		}
+		res.Actions = append(res.Actions, fmt.Sprintf("dropped the fence trigger of %s.%s (no longer a sharded table)", s[0], s[1]))
+	}
+	rows, err = tx.Query(ctx, `SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'shardvisor'::regnamespace AND p.proname LIKE 'fence\_%' ORDER BY 1`)
+	if err != nil {
+		return res, err
+	}
+	fns, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return res, err
+	}
+	for _, fn := range fns {
+		if !wantFns[fn] {
+			if _, err := tx.Exec(ctx, `DROP FUNCTION shardvisor.`+quoteIdent(fn)+`()`); err != nil {
+				return res, err
+			}
+			res.Actions = append(res.Actions, "dropped unused function shardvisor."+fn)
+		}
+	}
+	return res, tx.Commit(ctx)
+}
+
+// sameFunction reports whether shardvisor.name exists with the source in
+// createSQL (the text between the $fn$ quotes).
+func sameFunction(ctx context.Context, q Querier, name, createSQL string) (bool, error) {
+	want := between(createSQL, "$fn$")
+	var src string
+	err := q.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE pronamespace = 'shardvisor'::regnamespace AND proname = $1`, name).Scan(&src)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return src == want, err
+}
+
+func between(s, quote string) string {
+	i := strings.Index(s, quote)
+	j := strings.LastIndex(s, quote)
+	if i < 0 || j <= i {
+		return ""
+	}
+	return s[i+len(quote) : j]
+}
+
+// triggerTypeWant is pg_trigger.tgtype of a BEFORE ROW trigger on INSERT,
+// UPDATE and DELETE (ROW 1 | BEFORE 2 | INSERT 4 | DELETE 8 | UPDATE 16).
+const triggerTypeWant = 31
+
+func installTable(ctx context.Context, tx pgx.Tx, t topo.TableRecord) (problems, actions []string, err error) {
+	var rel *uint32
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1)::oid`, qualified(t)).Scan(&rel); err != nil {
+		return nil, nil, err
+	}
+	if rel == nil {
+		return []string{fmt.Sprintf("table %s does not exist on this node; create it, then run prepare again", t.Name)}, nil, nil
+	}
+	var typ *string
+	err = tx.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped`, *rel, t.KeyColumn).Scan(&typ)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, err
+	}
+	if typ == nil {
+		return []string{fmt.Sprintf("table %s has no column %s; it was not fenced", t.Name, t.KeyColumn)}, nil, nil
+	}
+	if *typ != "bigint" {
+		problems = append(problems, fmt.Sprintf("%s.%s is %s, not bigint; fenced anyway, but fix the type", t.Name, t.KeyColumn, *typ))
+	}
+	fn := funcName(t)
+	body := triggerBody(t)
+	var src, comment *string
+	err = tx.QueryRow(ctx, `SELECT prosrc, obj_description(oid, 'pg_proc') FROM pg_proc WHERE pronamespace = 'shardvisor'::regnamespace AND proname = $1`, fn).Scan(&src, &comment)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, err
+	}
+	if src == nil || *src != body || comment == nil || *comment != funcComment(t) {
+		if _, err := tx.Exec(ctx, `CREATE OR REPLACE FUNCTION shardvisor.`+quoteIdent(fn)+`() RETURNS trigger LANGUAGE plpgsql AS $fn$`+body+`$fn$`); err != nil {
+			return nil, nil, fmt.Errorf("fence install: trigger function for %s: %w", t.Name, err)
+		}
+		if _, err := tx.Exec(ctx, `COMMENT ON FUNCTION shardvisor.`+quoteIdent(fn)+`() IS `+quoteLiteral(funcComment(t))); err != nil {
+			return nil, nil, err
+		}
+		actions = append(actions, fmt.Sprintf("installed trigger function shardvisor.%s for %s", fn, t.Name))
+	}
+	var ok bool
+	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1 AND tgname = $2 AND tgfoid = ('shardvisor.'||quote_ident($3)||'()')::regprocedure AND tgenabled = 'O' AND tgtype = $4 AND tgnargs = 0 AND NOT tgisinternal)`,
+		*rel, TriggerName, fn, triggerTypeWant).Scan(&ok)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !ok {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE OR REPLACE TRIGGER %s BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION shardvisor.%s()`, quoteIdent(TriggerName), qualified(t), quoteIdent(fn))); err != nil {
+			return nil, nil, fmt.Errorf("fence install: trigger on %s: %w", t.Name, err)
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ENABLE TRIGGER %s`, qualified(t), quoteIdent(TriggerName))); err != nil {
+			return nil, nil, err
+		}
+		actions = append(actions, fmt.Sprintf("installed the fence trigger on %s", t.Name))
+	}
+	return problems, actions, nil
+}
