@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Routing from Python, two ways, standard library only (Python 3.9+).
+
+1. RouterClient asks the router sidecar over HTTP (cmd/router):
+
+       client = RouterClient("http://127.0.0.1:8484")
+       r = client.route("alice")            # {"node": "pg2", "dsn": ..., "map_version": 7, ...}
+       rs = client.route_many(["a", "b"])   # one map version for the whole batch
+
+   Pass the map version your last answer carried (map_version=) and the
+   sidecar says "moved": true when the user's bucket changed owner since: redo
+   the request at the new node. Answers also carry "stale" (the sidecar lost
+   ZooKeeper; the map may be out of date) and "state" ("moving" while a move's
+   write pause is on: retry shortly).
+
+2. LocalRouter routes with no network at all, from a map file: the file the
+   supervisor hands its workers (SHARDVISOR_MAP_FILE) or a saved
+   GET /v1/map. It uses the keystream reference in shardvisor_keystream.py.
+
+       router = LocalRouter.from_env()      # reads SHARDVISOR_MAP_FILE
+       node = router.route("alice")         # {"bucket": 4, "node": "pg2", "dsn": ...}
+
+Command line:
+
+    shardvisor_router.py --sidecar http://127.0.0.1:8484 alice bob
+    shardvisor_router.py --map-file /path/map-7.json alice bob
+
+prints one JSON answer per line.
+"""
+
+import argparse
+import base64
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shardvisor_keystream as keystream  # noqa: E402
+
+
+class RouterError(Exception):
+    """The sidecar refused a request (status 4xx/5xx) or could not be reached."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"router: {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class RouterClient:
+    """A client of the router sidecar's HTTP API (docs/router-api.md)."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8484", timeout: float = 2.0):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._map_etag: Optional[str] = None
+        self._map: Optional[dict] = None
+
+    def _call(self, path: str, body: Optional[dict] = None, headers: Optional[Dict[str, str]] = None):
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(self.base_url + path, data=data, headers=headers or {})
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as res:
+                return res.status, res.headers, res.read()
+        except urllib.error.HTTPError as e:
+            if e.code == 304:
+                return 304, e.headers, b""
+            try:
+                msg = json.loads(e.read()).get("error", "")
+            except ValueError:
+                msg = e.reason
+            raise RouterError(e.code, msg) from None
+        except urllib.error.URLError as e:
+            raise RouterError(0, f"cannot reach {self.base_url}: {e.reason}") from None
+
+    def route(self, uid: str, map_version: int = 0) -> dict:
+        """The answer for one user id."""
+        q = {"uid": uid}
+        if map_version:
+            q["map_version"] = str(map_version)
+        _, _, body = self._call("/v1/route?" + urllib.parse.urlencode(q))
+        return json.loads(body)
+
+    def route_many(self, uids: List[str], map_version: int = 0) -> dict:
+        """Answers for many user ids, all from one map version:
+        {"map_version": N, "routes": [...]} in the order given."""
+        req = {"uids": list(uids)}
+        if map_version:
+            req["map_version"] = map_version
+        _, _, body = self._call("/v1/route", req)
+        return json.loads(body)
+
+    def map_file(self) -> dict:
+        """The current map file; polled cheaply with If-None-Match."""
+        headers = {"If-None-Match": self._map_etag} if self._map_etag else {}
+        status, hdrs, body = self._call("/v1/map", headers=headers)
+        if status != 304:
+            self._map = json.loads(body)
+            self._map_etag = hdrs.get("ETag")
+        return self._map
+
+
+class LocalRouter:
+    """Routes from a map file, without talking to anything."""
+
+    def __init__(self, doc: dict):
+        if doc.get("version") != 1:
+            raise ValueError(f"map file format version {doc.get('version')!r} is not supported")
+        m = doc["map"]
+        if m.get("version") != 1:
+            raise ValueError(f"bucket map format version {m.get('version')!r} is not supported")
+        self.cluster = doc["cluster"]
+        self.keystream = keystream.Keystream(keystream.parse_seed(doc["seed"]))
+        self.level = m["level"]
+        self.map_version = m["map_version"]
+        self.nodes = m["nodes"]
+        raw = base64.b64decode(m["owners"])
+        if len(raw) != 2 << self.level:
+            raise ValueError(f"owners: {len(raw)} bytes for level {self.level}")
+        self.owners = [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
+        self.states = {b["bucket"]: b for b in m.get("buckets", [])}
+
+    @classmethod
+    def from_file(cls, path: str) -> "LocalRouter":
+        with open(path, encoding="utf-8") as f:
+            return cls(json.load(f))
+
+    @classmethod
+    def from_env(cls) -> "LocalRouter":
+        path = os.environ.get("SHARDVISOR_MAP_FILE")
+        if not path:
+            raise RuntimeError("SHARDVISOR_MAP_FILE is not set (is this process a worker of the supervisor?)")
+        return cls.from_file(path)
+
+    def route(self, uid: str) -> dict:
+        bucket = self.keystream.bucket(uid, self.level)
+        node = self.nodes[self.owners[bucket]]
+        st = self.states.get(bucket, {})
+        return {
+            "uid": uid,
+            "bucket": bucket,
+            "level": self.level,
+            "node": node["id"],
+            "dsn": node["dsn"],
+            "map_version": self.map_version,
+            "state": st.get("state", "active"),
+        }
+
+
+def main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(description="route user ids with the shardvisor router sidecar or a map file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sidecar", help="router base URL, e.g. http://127.0.0.1:8484")
+    src.add_argument("--map-file", help="a map file (SHARDVISOR_MAP_FILE or a saved GET /v1/map)")
+    p.add_argument("--batch", action="store_true", help="with --sidecar: one POST for all user ids")
+    p.add_argument("uids", nargs="+")
+    args = p.parse_args(argv)
+    try:
+        if args.map_file:
+            r = LocalRouter.from_file(args.map_file)
+            for uid in args.uids:
+                print(json.dumps(r.route(uid)))
+        elif args.batch:
+            for rt in RouterClient(args.sidecar).route_many(args.uids)["routes"]:
+                print(json.dumps(rt))
+        else:
+            c = RouterClient(args.sidecar)
+            for uid in args.uids:
+                print(json.dumps(c.route(uid)))
+    except (RouterError, OSError, ValueError) as e:
+        print(f"shardvisor_router: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

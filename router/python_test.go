@@ -1,0 +1,88 @@
+package router
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+)
+
+func python(t *testing.T) string {
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("python3 is required under CI")
+		}
+		t.Skip("python3 not installed")
+	}
+	return p
+}
+
+func examplesDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "examples", "python")
+}
+
+// The Python client, through the sidecar and from the map file, agrees
+// with the Go router on every user.
+func TestPythonClientAgreesWithGo(t *testing.T) {
+	py := python(t)
+	m, _ := bucketmap.New(7, testNodes(5), t0)
+	m = next(m)
+	if err := m.SetMoving(3, m.Owner(100), "mv-3"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	mapFile := writeMapFile(t, dir, m)
+	r, err := NewFromFile(mapFile, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(Handler(r, HandlerOptions{}))
+	defer srv.Close()
+	uids := []string{"alice", "bob", "ünïcødé", "user-42@example.com"}
+	for i := range 60 {
+		uids = append(uids, fmt.Sprintf("u%d", i))
+	}
+	script := filepath.Join(examplesDir(), "shardvisor_router.py")
+	for _, mode := range [][]string{{"--sidecar", srv.URL}, {"--sidecar", srv.URL, "--batch"}, {"--map-file", mapFile}} {
+		cmd := exec.Command(py, append(append([]string{script}, mode...), uids...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", mode, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != len(uids) {
+			t.Fatalf("%v: %d answers for %d uids", mode, len(lines), len(uids))
+		}
+		for i, line := range lines {
+			var got routeJSON
+			if err := json.Unmarshal([]byte(line), &got); err != nil {
+				t.Fatalf("%v: %q: %v", mode, line, err)
+			}
+			want, _ := r.Route(uids[i])
+			if got.UID != uids[i] || got.Node != string(want.Node) || got.Bucket != want.Bucket || got.MapVersion != want.MapVersion || got.State != string(want.State) {
+				t.Fatalf("%v: %s -> %+v, Go says %+v", mode, uids[i], got, want)
+			}
+		}
+	}
+	// Errors from the sidecar reach the Python caller as a clear message.
+	cmd := exec.Command(py, script, "--sidecar", srv.URL, strings.Repeat("x", MaxUIDLen+1))
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "400") || !strings.Contains(string(out), "1025 bytes") {
+		t.Fatalf("too-long uid through Python: %v %s", err, out)
+	}
+	cmd = exec.Command(py, script, "--sidecar", "http://127.0.0.1:1", "a")
+	cmd.WaitDelay = 5 * time.Second
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "cannot reach") {
+		t.Fatalf("unreachable sidecar: %v %s", err, out)
+	}
+}
