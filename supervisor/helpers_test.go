@@ -40,8 +40,8 @@ func TestMain(m *testing.M) {
 }
 
 // testWorker is a systemd-style worker controlled by environment:
-// TW_DELAY (before serving), TW_MODE (serve, exit, noready, hang,
-// crash-after), TW_TAG (echoed back).
+// TW_DELAY (before serving), TW_MODE (exit at boot, noready: stuck before
+// serving, hang: no watchdog pings), TW_CRASH_AFTER, TW_TAG (echoed back).
 func testWorker() int {
 	pid := os.Getpid()
 	if os.Getenv("LISTEN_PID") != strconv.Itoa(pid) {
@@ -52,6 +52,9 @@ func testWorker() int {
 		time.Sleep(d)
 	}
 	mode := os.Getenv("TW_MODE")
+	if mode == "noready" {
+		time.Sleep(time.Hour) // stuck in initialisation: never accepts, never ready
+	}
 	if mode == "exit" {
 		fmt.Fprintf(os.Stderr, "test worker %d: exiting at boot as told\n", pid)
 		return 3
@@ -102,9 +105,7 @@ func testWorker() int {
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM)
-	if mode != "noready" {
-		_, _ = SdNotify("READY=1")
-	}
+	_, _ = SdNotify("READY=1")
 	if usec, _ := strconv.Atoi(os.Getenv("WATCHDOG_USEC")); usec > 0 && mode != "hang" {
 		go func() {
 			for range time.Tick(time.Duration(usec) * time.Microsecond / 3) {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -117,9 +118,10 @@ func TestBadChangesKeepOldGeneration(t *testing.T) {
 		bc := cfgFor(t, port, 2, map[string]string{"TW_TAG": "bad"})
 		b.apply(bc)
 		bc.Restart = topo.Backoff{Initial: topo.Duration(20 * time.Second), Max: topo.Duration(20 * time.Second)} // no retry during the test
+		since := time.Now().UTC()
 		e.setConfig(t, bc)
 		st := e.waitStatus(t, b.name+" reported", func(st *topo.PoolStatus) bool {
-			return st.Result == topo.SwapFailed && strings.Contains(st.Error, b.err)
+			return st.Result == topo.SwapFailed && strings.Contains(st.Error, b.err) && st.At.After(since)
 		})
 		t.Logf("%s: %s", b.name, st.Error)
 		m := h.waitFor(20*time.Second, "old generation alone after "+b.name, serving(1, 2))
@@ -134,8 +136,9 @@ func TestBadChangesKeepOldGeneration(t *testing.T) {
 		}
 	}
 	// Invalid config: rejected before any worker starts.
+	since := time.Now().UTC()
 	e.put(t, e.paths.PoolConfig("web"), []byte(`{"version":1,"command":"x","workers":2,"surge":0}`))
-	st := e.waitStatus(t, "invalid config reported", func(st *topo.PoolStatus) bool { return st.Result == topo.SwapInvalidConfig })
+	st := e.waitStatus(t, "invalid config reported", func(st *topo.PoolStatus) bool { return st.Result == topo.SwapInvalidConfig && st.At.After(since) })
 	if !strings.Contains(st.Error, "surge") {
 		t.Errorf("invalid config error does not name the field: %s", st.Error)
 	}
@@ -553,5 +556,49 @@ func TestMaxLifetimeRecycles(t *testing.T) {
 	l.finish(t)
 	if got := testCounter(t, h, "shardvisor_supervisor_worker_stops_total", `reason="max_lifetime"`); got < 2 {
 		t.Errorf("max_lifetime stops = %v", got)
+	}
+}
+
+// gunicorn, unmodified, works as a worker: it takes the sockets from
+// LISTEN_FDS and reports READY=1; a swap under load drops nothing.
+func TestGunicornWorker(t *testing.T) {
+	gunicorn, err := exec.LookPath("gunicorn")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("gunicorn is not installed (scripts/install-deps installs it): %v", err)
+		}
+		t.Skipf("gunicorn is not installed; run scripts/install-deps: %v", err)
+	}
+	appDir, err := filepath.Abs("../examples/python")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	file := filepath.Join(dir, "pool.json")
+	c := &topo.PoolConfig{Version: 1, Command: gunicorn, Workers: 2,
+		Args:   []string{"--preload", "--workers", "2", "--chdir", appDir, "--graceful-timeout", "5", "--log-level", "warning", "wsgi_app:application"},
+		Env:    map[string]string{"APP_STARTUP_DELAY": "0.2", "APP_TAG": "g1"},
+		Listen: []topo.Listen{{Name: "http", Addr: "tcp://" + addr}}, GracefulTimeout: topo.Duration(10 * time.Second),
+		Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second)}}
+	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
+	h.waitFor(30*time.Second, "gunicorn generation 1", serving(1, 2))
+	if r, err := get(addr); err != nil || r.Tag != "g1" || r.Gen != "1" {
+		t.Fatalf("gunicorn answered %+v %v", r, err)
+	}
+	l := startLoad(addr, 3)
+	c.Env["APP_TAG"] = "g2"
+	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor(30*time.Second, "gunicorn generation 2", serving(2, 2))
+	time.Sleep(300 * time.Millisecond)
+	l.finish(t)
+	if r, err := get(addr); err != nil || r.Tag != "g2" {
+		t.Fatalf("after the swap gunicorn answered %+v %v", r, err)
 	}
 }

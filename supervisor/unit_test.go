@@ -1,0 +1,88 @@
+package supervisor
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseNotify(t *testing.T) {
+	m := parseNotify([]byte("READY=1\nSTATUS=booted ok\nWATCHDOG=1"))
+	if !m.ready || !m.watchdog || m.status != "booted ok" || m.stopping {
+		t.Fatalf("%+v", m)
+	}
+	if m := parseNotify([]byte("READY=0")); m.ready {
+		t.Fatal("READY=0 counted as ready")
+	}
+}
+
+func TestBackoffBounds(t *testing.T) {
+	for n := 1; n < 20; n++ {
+		d := backoff(100*time.Millisecond, 2*time.Second, n)
+		want := 100 * time.Millisecond << (n - 1)
+		if want > 2*time.Second || want <= 0 {
+			want = 2 * time.Second
+		}
+		if d < want*8/10 || d > want*12/10 {
+			t.Fatalf("backoff(%d) = %s, want %s ±20%%", n, d, want)
+		}
+	}
+}
+
+func TestWorkerEnv(t *testing.T) {
+	env := workerEnv([]string{"PATH=/bin", "NOTIFY_SOCKET=/run/systemd/notify", "LISTEN_FDS=2", "A=old", "WATCHDOG_USEC=5"}, map[string]string{"A": "new", "B": "b"})
+	got := strings.Join(env, " ")
+	if got != "PATH=/bin A=new B=b" {
+		t.Fatalf("env %q: the supervisor's own service-manager variables must not leak, config env must win", got)
+	}
+}
+
+func TestMapVersionAndFiles(t *testing.T) {
+	if v, err := MapVersion([]byte(`{"map_version":7,"other":{"x":1}}`)); err != nil || v != 7 {
+		t.Fatalf("%d %v", v, err)
+	}
+	for _, bad := range []string{`{}`, `[]`, `{"map_version":-1}`, `not json`} {
+		if _, err := MapVersion([]byte(bad)); err == nil {
+			t.Errorf("MapVersion(%s) accepted", bad)
+		}
+	}
+	dir := t.TempDir()
+	p, err := writeMapFile(dir, 3, []byte("three"))
+	if err != nil || filepath.Base(p) != "map-3.json" {
+		t.Fatal(p, err)
+	}
+	if _, err := writeMapFile(dir, 4, []byte("four")); err != nil {
+		t.Fatal(err)
+	}
+	removed := removeMapFiles(dir, map[uint64]bool{4: true})
+	if len(removed) != 1 || removed[0] != "map-3.json" {
+		t.Fatalf("removed %v", removed)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Fatalf("left %v (no temp files may remain)", ents)
+	}
+}
+
+func TestUnixSocketStaleAndInUse(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "s.sock")
+	b, err := bindSocket("unix://" + p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bindSocket("unix://" + p); err == nil || !strings.Contains(err.Error(), "another process is listening") {
+		t.Fatalf("second bind: %v", err)
+	}
+	b.close()
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Fatalf("socket file not removed: %v", err)
+	}
+	if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bindSocket("unix://" + p); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Fatalf("bind over a regular file: %v", err)
+	}
+}
