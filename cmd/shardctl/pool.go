@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+func poolCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "pool",
+		Usage: "show and edit supervisor pools (config, last swap, members)",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "status",
+				Usage:     "show a pool's config version, last swap result and every running supervisor (member)",
+				ArgsUsage: "POOL",
+				Action:    runPoolStatus,
+			},
+			{
+				Name:      "get",
+				Usage:     "print a pool's config (edit it and give it back to `pool set --file`)",
+				ArgsUsage: "POOL",
+				Action:    runPoolGet,
+			},
+			{
+				Name:      "set",
+				Usage:     "validate a pool config and write it with compare-and-swap; every supervisor of the pool swaps to it",
+				ArgsUsage: "POOL",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "file", Aliases: []string{"f"}, EnvVars: []string{"SHARDVISOR_POOL_CONFIG_FILE"},
+						Usage: "pool config `FILE` (JSON; - for stdin); required"},
+					&cli.IntFlag{Name: "expect-version", Value: -1, EnvVars: []string{"SHARDVISOR_POOL_EXPECT_VERSION"},
+						Usage: "write only if the config's znode version is still `N` (from `pool get --json`); default: the version just read"},
+				},
+				Action: runPoolSet,
+			},
+		},
+	}
+}
+
+func poolArg(c *cli.Context) (string, error) {
+	if c.Args().Len() != 1 {
+		return "", cliutil.Usagef("pool %s: give exactly one pool name", c.Command.Name)
+	}
+	name := c.Args().First()
+	if err := topo.ValidName("pool", name); err != nil {
+		return "", cliutil.Usagef("%v", err)
+	}
+	return name, nil
+}
+
+func poolSession(c *cli.Context) (*zksession.Session, topo.Paths, error) {
+	log, err := cliutil.Logger(c)
+	if err != nil {
+		return nil, topo.Paths{}, err
+	}
+	paths, err := cliutil.Paths(c)
+	if err != nil {
+		return nil, topo.Paths{}, err
+	}
+	s, err := cliutil.Connect(c, log)
+	return s, paths, err
+}
+
+type poolStatusReport struct {
+	Pool          string             `json:"pool"`
+	ConfigPath    string             `json:"config_path"`
+	ConfigVersion *int32             `json:"config_version"` // nil: no config
+	ConfigError   string             `json:"config_error,omitempty"`
+	LastSwap      *topo.PoolStatus   `json:"last_swap"`
+	Members       []*topo.PoolMember `json:"members"`
+	MemberErrors  []string           `json:"member_errors,omitempty"`
+}
+
+func runPoolStatus(c *cli.Context) error {
+	pool, err := poolArg(c)
+	if err != nil {
+		return err
+	}
+	s, paths, err := poolSession(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ctx := c.Context
+	rep := poolStatusReport{Pool: pool, ConfigPath: paths.PoolConfig(pool), Members: []*topo.PoolMember{}}
+	if data, st, err := s.Get(ctx, paths.PoolConfig(pool)); err == nil {
+		v := st.Version
+		rep.ConfigVersion = &v
+		if _, err := topo.DecodePoolConfig(paths.PoolConfig(pool), data); err != nil {
+			rep.ConfigError = err.Error()
+		}
+	} else if !errors.Is(err, zksession.ErrNoNode) {
+		return err
+	}
+	if data, _, err := s.Get(ctx, paths.PoolStatus(pool)); err == nil {
+		if rep.LastSwap, err = topo.DecodePoolStatus(paths.PoolStatus(pool), data); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, zksession.ErrNoNode) {
+		return err
+	}
+	names, _, err := s.Children(ctx, paths.PoolMembers(pool))
+	if err != nil && !errors.Is(err, zksession.ErrNoNode) {
+		return err
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		p := paths.PoolMember(pool, n)
+		data, _, err := s.Get(ctx, p)
+		if errors.Is(err, zksession.ErrNoNode) {
+			continue // went away meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		m, err := topo.DecodePoolMember(p, data)
+		if err != nil {
+			rep.MemberErrors = append(rep.MemberErrors, err.Error())
+			continue
+		}
+		rep.Members = append(rep.Members, m)
+	}
+	return cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
+		if rep.ConfigVersion == nil {
+			fmt.Fprintf(w, "pool %s: no config at %s (create it with `shardctl pool set %s --file config.json`)\n", pool, rep.ConfigPath, pool)
+		} else {
+			fmt.Fprintf(w, "pool %s: config version %d at %s\n", pool, *rep.ConfigVersion, rep.ConfigPath)
+		}
+		if rep.ConfigError != "" {
+			fmt.Fprintf(w, "  config is INVALID: %s\n", rep.ConfigError)
+		}
+		if st := rep.LastSwap; st != nil {
+			fmt.Fprintf(w, "last swap: %s by %s at %s: generation %d, config %d, map %d", st.Result, st.Member, st.At.Format("2006-01-02T15:04:05Z07:00"), st.Generation, st.ConfigVersion, st.MapVersion)
+			if st.SwapSeconds > 0 {
+				fmt.Fprintf(w, ", took %.2fs", st.SwapSeconds)
+			}
+			if st.Error != "" {
+				fmt.Fprintf(w, "\n  error: %s", st.Error)
+			}
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "%d member(s)\n", len(rep.Members))
+		if len(rep.Members) > 0 {
+			fmt.Fprintf(w, "  %-24s %-18s %-9s %-6s %-4s %-7s %-5s %s\n", "MEMBER", "HOST", "STATE", "PID", "GEN", "CONFIG", "MAP", "WORKERS (ready/target, starting, stopping)")
+		}
+		for _, m := range rep.Members {
+			cnt := map[string]int{}
+			for _, wk := range m.Workers {
+				cnt[wk.State]++
+			}
+			fmt.Fprintf(w, "  %-24s %-18s %-9s %-6d %-4d %-7d %-5d %d/%d, %d, %d\n", m.Member, m.Host, m.State, m.PID, m.Generation, m.ConfigVersion, m.MapVersion,
+				cnt["ready"], m.Target, cnt["starting"], cnt["stopping"])
+			if m.LastError != "" {
+				fmt.Fprintf(w, "    last error: %s\n", m.LastError)
+			}
+		}
+		for _, e := range rep.MemberErrors {
+			fmt.Fprintf(w, "  unreadable member: %s\n", e)
+		}
+	})
+}
+
+func runPoolGet(c *cli.Context) error {
+	pool, err := poolArg(c)
+	if err != nil {
+		return err
+	}
+	s, paths, err := poolSession(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	p := paths.PoolConfig(pool)
+	data, st, err := s.Get(c.Context, p)
+	if errors.Is(err, zksession.ErrNoNode) {
+		return fmt.Errorf("pool %s has no config at %s (create it with `shardctl pool set %s --file config.json`)", pool, p, pool)
+	}
+	if err != nil {
+		return err
+	}
+	cfg, err := topo.DecodePoolConfig(p, data)
+	if err != nil {
+		return err
+	}
+	return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": st.Version, "config": cfg}, func(w io.Writer) {
+		fmt.Fprintf(w, "%s\n", strings.TrimRight(string(data), "\n"))
+	})
+}
+
+// setArgs accepts the flags after the pool name too (`pool set web --file
+// f.json`, as operators type it), which urfave/cli leaves as arguments.
+func setArgs(c *cli.Context) (pool, file string, expect int, err error) {
+	file, expect = c.String("file"), c.Int("expect-version")
+	var rest []string
+	args := c.Args().Slice()
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || a == "-" {
+			rest = append(rest, a)
+			continue
+		}
+		if !hasVal {
+			if i+1 >= len(args) {
+				return "", "", 0, cliutil.Usagef("pool set: %s needs a value", a)
+			}
+			i++
+			val = args[i]
+		}
+		switch name {
+		case "file", "f":
+			file = val
+		case "expect-version":
+			if _, err := fmt.Sscanf(val, "%d", &expect); err != nil {
+				return "", "", 0, cliutil.Usagef("pool set: --expect-version %q is not a number", val)
+			}
+		default:
+			return "", "", 0, cliutil.Usagef("pool set: unknown flag %s", a)
+		}
+	}
+	if len(rest) != 1 {
+		return "", "", 0, cliutil.Usagef("pool set: give exactly one pool name")
+	}
+	if err := topo.ValidName("pool", rest[0]); err != nil {
+		return "", "", 0, cliutil.Usagef("%v", err)
+	}
+	if file == "" {
+		return "", "", 0, cliutil.Usagef("pool set: --file is required")
+	}
+	return rest[0], file, expect, nil
+}
+
+func runPoolSet(c *cli.Context) error {
+	pool, file, expect, err := setArgs(c)
+	if err != nil {
+		return err
+	}
+	var data []byte
+	if file == "-" {
+		r := c.App.Reader
+		if r == nil {
+			r = os.Stdin
+		}
+		data, err = io.ReadAll(r)
+	} else {
+		data, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return fmt.Errorf("pool set: %w", err)
+	}
+	// Validate before anything is written: a supervisor would reject an
+	// invalid config anyway, but the operator should hear it here.
+	cfg, err := topo.DecodePoolConfig(file, data)
+	if err != nil {
+		return fmt.Errorf("pool set: %w (nothing written)", err)
+	}
+	out, err := topo.EncodePoolConfig(cfg)
+	if err != nil {
+		return err
+	}
+	s, paths, err := poolSession(c)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	p := paths.PoolConfig(pool)
+	ver, created, err := casConfig(c.Context, s, p, out, int32(expect))
+	if err != nil {
+		return err
+	}
+	return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": ver, "created": created}, func(w io.Writer) {
+		verb := "updated"
+		if created {
+			verb = "created"
+		}
+		fmt.Fprintf(w, "pool %s config %s at %s (version %d); supervisors of the pool will swap to it\n", pool, verb, p, ver)
+	})
+}
+
+// casConfig writes the config if its znode version is still expect (-1:
+// the version read just now), creating it if absent.
+func casConfig(ctx context.Context, s *zksession.Session, p string, data []byte, expect int32) (int32, bool, error) {
+	_, st, err := s.Get(ctx, p)
+	switch {
+	case errors.Is(err, zksession.ErrNoNode):
+		if expect >= 0 {
+			return 0, false, fmt.Errorf("pool config %s does not exist, but --expect-version %d was given", p, expect)
+		}
+		if err := s.CreateAll(ctx, path.Dir(p)); err != nil {
+			return 0, false, err
+		}
+		if err := s.Create(ctx, p, data); err != nil {
+			if errors.Is(err, zksession.ErrNodeExists) {
+				return 0, false, fmt.Errorf("pool config %s was created by someone else meanwhile; re-read it with `pool get` and retry", p)
+			}
+			return 0, false, err
+		}
+		return 0, true, nil
+	case err != nil:
+		return 0, false, err
+	}
+	if expect < 0 {
+		expect = st.Version
+	}
+	nst, err := s.Set(ctx, p, data, expect)
+	if errors.Is(err, zksession.ErrBadVersion) {
+		return 0, false, fmt.Errorf("pool config %s changed (expected version %d): re-read it with `pool get` and retry: %w", p, expect, err)
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return nst.Version, false, nil
+}
