@@ -7,7 +7,7 @@ PKGS     ?= ./...
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-short bench lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-short bench bench-router lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -25,6 +25,10 @@ test-short:
 ## bench: benchmarks; each prints its ratio against its baseline
 bench:
 	scripts/with-devenv $(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+
+## bench-router: the router sidecar under wrk against a constant handler
+bench-router:
+	bench/router/run
 
 ## lint: gofmt and go vet must be clean
 lint:
