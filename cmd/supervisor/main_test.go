@@ -1,0 +1,67 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/shardvisor/shardvisor/internal/topo"
+)
+
+func build(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "supervisor")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestHelpFlagsAndUsage(t *testing.T) {
+	bin := build(t)
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	// Every flag has an environment variable (except --help).
+	flagLine := regexp.MustCompile(`^\s+--[a-z]`)
+	for _, line := range strings.Split(string(out), "\n") {
+		if flagLine.MatchString(line) && !strings.Contains(line, "--help") && !strings.Contains(line, "[$") {
+			t.Errorf("flag without an environment variable: %s", strings.TrimSpace(line))
+		}
+	}
+	for _, want := range []string{"--config", "--pool", "--admin", "--holddown", "--debounce", "--state-dir", "SHARDVISOR_ZK"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("--help lacks %s", want)
+		}
+	}
+	cmd := exec.Command(bin, "--config", "/x.json", "extra")
+	if err := cmd.Run(); cmd.ProcessState.ExitCode() != 2 {
+		t.Errorf("stray argument: exit %d (%v), want 2", cmd.ProcessState.ExitCode(), err)
+	}
+	cmd = exec.Command(bin, "--config", "/x.json", "--pool", "Bad Name")
+	if err := cmd.Run(); cmd.ProcessState.ExitCode() != 2 {
+		t.Errorf("bad pool name: exit %d (%v), want 2", cmd.ProcessState.ExitCode(), err)
+	}
+	// The shim refuses to run nothing.
+	cmd = exec.Command(bin, "__exec-shim")
+	if err := cmd.Run(); cmd.ProcessState.ExitCode() != 127 {
+		t.Errorf("empty shim: exit %d (%v), want 127", cmd.ProcessState.ExitCode(), err)
+	}
+}
+
+func TestExampleConfigIsValid(t *testing.T) {
+	if _, err := topo.DecodePoolConfig("example-config.json", []byte(exampleConfig)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("../../examples/hello/pool.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := topo.DecodePoolConfig("examples/hello/pool.json", b); err != nil {
+		t.Fatal(err)
+	}
+}
