@@ -1,0 +1,270 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/dbnode"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/router"
+)
+
+const seedHex = "5eed0000000000000000000000000001"
+
+var kvTable = topo.TableRecord{Name: "app.kv", KeyColumn: "bkey"}
+
+const kvDDL = `CREATE SCHEMA IF NOT EXISTS app;
+CREATE TABLE IF NOT EXISTS app.kv (bkey bigint NOT NULL, uid text NOT NULL, v bigint NOT NULL, PRIMARY KEY (bkey, uid))`
+
+// fixture is a cluster of real PostgreSQL nodes with the fence installed,
+// a map in ZooKeeper, and a router following it.
+type fixture struct {
+	t     *testing.T
+	z     *testenv.ZK
+	pg    *testenv.PG
+	s     *zksession.Session
+	st    *bucketmap.Store
+	r     *router.Router
+	ks    *keystream.Keystream
+	nodes []bucketmap.Node
+}
+
+func newFixture(t *testing.T, level, nodes int) *fixture {
+	t.Helper()
+	z := testenv.StartZK(t)
+	pg := testenv.StartPGNodes(t, nodes)
+	ctx := context.Background()
+	s, err := zksession.Open(zksession.Config{Connect: z.ConnectString, SessionTimeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.WaitConnected(wctx); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, z: z, pg: pg, s: s}
+	for i, n := range pg.Nodes[:nodes] {
+		f.nodes = append(f.nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
+	}
+	f.st = bucketmap.NewStore(s, topo.MustPaths(z.Root, "mv"))
+	m, err := bucketmap.New(level, f.nodes, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: "mv", Seed: seedHex, CreatedAt: time.Now().UTC(), Tables: []topo.TableRecord{kvTable}}
+	if err := f.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range f.nodes {
+		c := f.conn(n.ID)
+		if _, err := c.Exec(ctx, kvDDL); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fence.Install(ctx, c, "mv", n.ID, rec.Tables); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fence.Sync(ctx, c, m, n.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seed, _ := keystream.ParseSeed(seedHex)
+	f.ks, _ = keystream.New(seed)
+	f.r = router.New(s, f.st.Paths(), router.Options{MemberID: "test-router", TunePool: func(c *pgxpool.Config) { c.MaxConns = 8 }})
+	t.Cleanup(f.r.Close)
+	if err := f.r.WaitReady(wctx); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// conn opens a connection to a node, closed at the end of the test.
+func (f *fixture) conn(id bucketmap.NodeID) *pgx.Conn {
+	f.t.Helper()
+	for _, n := range f.nodes {
+		if n.ID == id {
+			c, err := dbnode.Connect(context.Background(), n)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			f.t.Cleanup(func() { c.Close(context.Background()) })
+			return c
+		}
+	}
+	f.t.Fatalf("no node %s", id)
+	return nil
+}
+
+func (f *fixture) mover(opts Options) *Mover { return New(f.st, opts) }
+
+func (f *fixture) mapNow() *bucketmap.Map {
+	m, _, err := f.st.Load(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return m
+}
+
+// seedRows writes n rows directly into the owners (fence-respecting).
+func (f *fixture) seedRows(prefix string, n int) map[string]int64 {
+	f.t.Helper()
+	ctx := context.Background()
+	acked := map[string]int64{}
+	for i := range n {
+		uid := fmt.Sprintf("%s-%d", prefix, i)
+		if err := f.write(ctx, uid, 1); err != nil {
+			f.t.Fatal(err)
+		}
+		acked[uid] = 1
+	}
+	return acked
+}
+
+// write upserts uid's value through the router, retrying across moves.
+func (f *fixture) write(ctx context.Context, uid string, v int64) error {
+	key := keystream.Key(f.ks.Prefix64(uid))
+	return f.r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
+		_, err := pool.Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, $3) ON CONFLICT (bkey, uid) DO UPDATE SET v = EXCLUDED.v`, key, uid, v)
+		return err
+	})
+}
+
+// load is a constant write load: each writer owns its users and records
+// every acknowledged write.
+type load struct {
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	acked   map[string]int64
+	writes  atomic.Int64
+	failed  atomic.Int64
+	lastErr atomic.Pointer[string]
+}
+
+func (f *fixture) startLoad(writers, usersPerWriter int) *load {
+	l := &load{stop: make(chan struct{}), acked: map[string]int64{}}
+	for w := range writers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			vals := map[string]int64{}
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				uid := fmt.Sprintf("w%d-u%d", w, rng.IntN(usersPerWriter))
+				v := vals[uid] + 1
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+				err := f.write(ctx, uid, v)
+				cancel()
+				if err != nil {
+					l.failed.Add(1)
+					msg := err.Error()
+					l.lastErr.Store(&msg)
+					continue
+				}
+				vals[uid] = v
+				l.writes.Add(1)
+				l.mu.Lock()
+				l.acked[uid] = v
+				l.mu.Unlock()
+			}
+		}()
+	}
+	return l
+}
+
+func (l *load) finish() map[string]int64 {
+	close(l.stop)
+	l.wg.Wait()
+	return l.acked
+}
+
+// checkAcked verifies that every acknowledged write is on the node that
+// owns its user in the current map, with its last acknowledged value.
+func (f *fixture) checkAcked(acked map[string]int64) {
+	f.t.Helper()
+	ctx := context.Background()
+	m := f.mapNow()
+	conns := map[bucketmap.NodeID]*pgx.Conn{}
+	missing := 0
+	for uid, want := range acked {
+		owner := m.Owner(m.BucketOf(f.ks, uid))
+		c, ok := conns[owner]
+		if !ok {
+			c = f.conn(owner)
+			conns[owner] = c
+		}
+		var got int64
+		err := c.QueryRow(ctx, "SELECT v FROM app.kv WHERE bkey = $1 AND uid = $2", keystream.Key(f.ks.Prefix64(uid)), uid).Scan(&got)
+		if errors.Is(err, pgx.ErrNoRows) || got != want {
+			missing++
+			if missing <= 5 {
+				f.t.Errorf("acknowledged write %s=%d not on its owner %s (found %d, %v)", uid, want, owner, got, err)
+			}
+			continue
+		}
+		if err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	if missing > 0 {
+		f.t.Fatalf("%d of %d acknowledged writes missing", missing, len(acked))
+	}
+}
+
+// leftovers reports replication objects left on any node.
+func (f *fixture) leftovers() []string {
+	f.t.Helper()
+	ctx := context.Background()
+	var out []string
+	for _, n := range f.nodes {
+		c := f.conn(n.ID)
+		for _, q := range []string{
+			"SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'sv\\_%'",
+			"SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE 'sv\\_%'",
+			"SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE 'sv\\_%' AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+		} {
+			rows, err := c.Query(ctx, q)
+			if err != nil {
+				f.t.Fatal(err)
+			}
+			for rows.Next() {
+				var s string
+				rows.Scan(&s)
+				out = append(out, string(n.ID)+": "+s)
+			}
+			rows.Close()
+		}
+	}
+	return out
+}
+
+// rowsIn counts the rows of a bucket's range on a node.
+func (f *fixture) rowsIn(id bucketmap.NodeID, level int, b uint32) int64 {
+	f.t.Helper()
+	lo, hi, _ := keystream.Range(level, b)
+	var n int64
+	if err := f.conn(id).QueryRow(context.Background(), "SELECT count(*) FROM app.kv WHERE bkey BETWEEN $1 AND $2", lo, hi).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,990 @@
+// Package migrate moves a bucket's rows between PostgreSQL db nodes online,
+// and drives the planner's moves (the rebalancer).
+//
+// A move is a crash-safe state machine whose state lives in a ZooKeeper
+// move record, advanced step by step; every step is idempotent, so a mover
+// killed at any point resumes or rolls back cleanly when run again:
+//
+//	prepare   target range marked incoming, leftovers cleared, schema checked
+//	copy      logical replication with a row filter on the bucket's key range
+//	catchup   marker round trip below the lag threshold, else no fence
+//	fence     map says moving; every router and supervisor has seen it;
+//	          the source range is frozen (its writers drained)
+//	barrier   a marker committed after the freeze is applied on the target
+//	flip      target owns the range; the map gives it the bucket (CAS);
+//	          the source releases it
+//	teardown  subscription, publication and slot dropped
+//	verify    row counts and checksums compared on both nodes
+//
+// The write pause runs from the freeze to the map flip. A move that cannot
+// flip within Options.PauseCap is aborted: the source owns the range again
+// and the target's partial copy is removed.
+package migrate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/dbnode"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+// Options tune moves.
+type Options struct {
+	// MaxLag is the replication delay (a marker's trip from source to
+	// target) under which the mover may fence. Default 250 ms.
+	MaxLag time.Duration
+	// CatchupTimeout bounds the wait for the lag to fall. Default 5 min.
+	CatchupTimeout time.Duration
+	// CopyTimeout bounds the initial copy. Default 1 h.
+	CopyTimeout time.Duration
+	// PauseCap is the longest write pause allowed; a move that would pause
+	// longer is aborted before its flip. Default 2 s.
+	PauseCap time.Duration
+	// MemberWait bounds the wait for every live router and supervisor to
+	// apply the map that sets the bucket moving. Default 10 s.
+	MemberWait time.Duration
+	Logger     *zap.Logger
+	// Progress, when set, receives a line per state and copy progress.
+	Progress func(rec *topo.MoveRecord, msg string)
+	// CrashAt is a test hook: the process kills itself (SIGKILL) on
+	// entering this state. Taken from SHARDVISOR_MOVE_CRASH_AT when empty.
+	CrashAt string
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxLag <= 0 {
+		o.MaxLag = 250 * time.Millisecond
+	}
+	if o.CatchupTimeout <= 0 {
+		o.CatchupTimeout = 5 * time.Minute
+	}
+	if o.CopyTimeout <= 0 {
+		o.CopyTimeout = time.Hour
+	}
+	if o.PauseCap <= 0 {
+		o.PauseCap = 2 * time.Second
+	}
+	if o.MemberWait <= 0 {
+		o.MemberWait = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.CrashAt == "" {
+		o.CrashAt = os.Getenv("SHARDVISOR_MOVE_CRASH_AT")
+	}
+	return o
+}
+
+// Errors a caller can test for.
+var (
+	ErrVerifyMismatch = errors.New("verification found a difference between source and target")
+	ErrPauseCap       = errors.New("the write pause would exceed its cap")
+	ErrBusy           = errors.New("move is being run by another mover")
+)
+
+// Mover runs moves for one cluster.
+type Mover struct {
+	st     *bucketmap.Store
+	s      *zksession.Session
+	p      topo.Paths
+	opts   Options
+	log    *zap.Logger
+	runner string
+}
+
+// New returns a mover using the store's session.
+func New(st *bucketmap.Store, opts Options) *Mover {
+	opts = opts.withDefaults()
+	host, _ := os.Hostname()
+	return &Mover{st: st, s: st.Session(), p: st.Paths(), opts: opts, log: opts.Logger.With(zap.String("component", "mover")),
+		runner: fmt.Sprintf("%s-%d", host, os.Getpid())}
+}
+
+// run is one move being driven by this process.
+type run struct {
+	mv       *Mover
+	rec      *topo.MoveRecord
+	ver      int32
+	src, dst bucketmap.Node
+	srcConn  *pgx.Conn
+	dstConn  *pgx.Conn
+	// verifyTx holds a snapshot of the target taken right after the
+	// barrier, before the target accepts writes, so that verification
+	// after the flip compares like with like. It exists only in the
+	// process that passed the barrier.
+	verifyTx pgx.Tx
+	frozenAt time.Time // zero if the freeze did not happen in this process
+	seq      int64
+	lock     *zksession.Ephemeral
+}
+
+// Move creates a move of bucket to target and runs it to the end. With
+// noCopy the rows are not copied: ownership changes after a short pause
+// and the bucket is marked data-lost.
+func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
+	m, _, err := mv.st.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if int64(bucket) >= int64(m.Buckets()) {
+		return nil, fmt.Errorf("%w: bucket %d, the map has %d buckets", bucketmap.ErrBucketRange, bucket, m.Buckets())
+	}
+	src := m.Owner(bucket)
+	if src == target {
+		return nil, fmt.Errorf("bucket %d is already on %s", bucket, target)
+	}
+	if n, ok := m.Node(target); !ok {
+		return nil, fmt.Errorf("%w %q", bucketmap.ErrUnknownNode, target)
+	} else if n.State != bucketmap.NodeActive {
+		return nil, fmt.Errorf("node %s is %s; buckets move only to active nodes", target, n.State)
+	}
+	if bm := m.Meta(bucket); bm.State == bucketmap.BucketMoving {
+		return nil, fmt.Errorf("bucket %d is already moving to %s (move %s)", bucket, bm.Target, bm.Move)
+	}
+	inflight, err := mv.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range inflight {
+		if !r.Finished() && r.Bucket == bucket && r.Level == m.Level {
+			return nil, fmt.Errorf("bucket %d already has an unfinished move %s (%s); resume or abort it first", bucket, r.ID, r.State)
+		}
+	}
+	crec, err := topo.ReadCluster(ctx, mv.s, mv.p)
+	if err != nil {
+		return nil, err
+	}
+	if len(crec.Tables) == 0 && !noCopy {
+		return nil, errors.New("the cluster has no sharded tables (shardctl table add); nothing to copy, use --no-copy")
+	}
+	lo, hi, err := keystream.Range(m.Level, bucket)
+	if err != nil {
+		return nil, err
+	}
+	suffix := make([]byte, 3)
+	_, _ = rand.Read(suffix)
+	id := fmt.Sprintf("b%d-l%d-v%d-%s", bucket, m.Level, m.Version, hex.EncodeToString(suffix))
+	name := "sv_" + strings.ReplaceAll(id, "-", "_")
+	now := time.Now().UTC()
+	rec := &topo.MoveRecord{Version: topo.MoveVersion, ID: id, Bucket: bucket, Level: m.Level, Lo: lo, Hi: hi,
+		Source: string(src), Target: string(target), State: topo.MovePrepare, NoCopy: noCopy, Tables: crec.Tables,
+		Publication: name, Subscription: name, Slot: name, StartVersion: m.Version, CreatedAt: now, UpdatedAt: now,
+		Steps: []topo.MoveStep{{State: topo.MovePrepare, At: now}}, Runner: mv.runner}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	if err := mv.s.CreateAll(ctx, mv.p.Moves()); err != nil {
+		return nil, err
+	}
+	if err := mv.s.Create(ctx, mv.p.Move(id), data); err != nil {
+		return nil, err
+	}
+	mv.log.Info("move created", zap.String("move", id), zap.Uint32("bucket", bucket), zap.String("from", string(src)), zap.String("to", string(target)), zap.Bool("no_copy", noCopy))
+	return mv.drive(ctx, id)
+}
+
+// Resume continues a move left unfinished (its mover died, or a node was
+// unreachable): forward if it can still honour the pause cap, or from the
+// flip on; otherwise it rolls the move back.
+func (mv *Mover) Resume(ctx context.Context, id string) (*topo.MoveRecord, error) {
+	return mv.drive(ctx, id)
+}
+
+// Abort rolls back a move that has not flipped yet.
+func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord, error) {
+	r, err := mv.open(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	if r.rec.Finished() {
+		return r.rec, nil
+	}
+	if afterFlip(r.rec.State) {
+		return r.rec, fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
+	}
+	return r.rec, r.abort(ctx, errors.New(reason))
+}
+
+// Get reads one move record.
+func (mv *Mover) Get(ctx context.Context, id string) (*topo.MoveRecord, error) {
+	data, _, err := mv.s.Get(ctx, mv.p.Move(id))
+	if err != nil {
+		return nil, err
+	}
+	return topo.DecodeMove(mv.p.Move(id), data)
+}
+
+// List reads every move record, oldest first. An unreadable record is an
+// error: nobody should plan around a move it cannot see.
+func (mv *Mover) List(ctx context.Context) ([]*topo.MoveRecord, error) {
+	kids, _, err := mv.s.Children(ctx, mv.p.Moves())
+	if errors.Is(err, zksession.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*topo.MoveRecord
+	for _, k := range kids {
+		rec, err := mv.Get(ctx, k)
+		if errors.Is(err, zksession.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	sortMoves(out)
+	return out, nil
+}
+
+func sortMoves(rs []*topo.MoveRecord) {
+	for i := 1; i < len(rs); i++ {
+		for j := i; j > 0 && rs[j].CreatedAt.Before(rs[j-1].CreatedAt); j-- {
+			rs[j], rs[j-1] = rs[j-1], rs[j]
+		}
+	}
+}
+
+func afterFlip(state string) bool {
+	switch state {
+	case topo.MoveFlip, topo.MoveTeardown, topo.MoveVerify, topo.MoveDone, topo.MoveFailed:
+		return true
+	}
+	return false
+}
+
+// open takes the move's runner lock and reads its record.
+func (mv *Mover) open(ctx context.Context, id string) (*run, error) {
+	data, stat, err := mv.s.Get(ctx, mv.p.Move(id))
+	if err != nil {
+		return nil, fmt.Errorf("move %s: %w", id, err)
+	}
+	rec, err := topo.DecodeMove(mv.p.Move(id), data)
+	if err != nil {
+		return nil, err
+	}
+	r := &run{mv: mv, rec: rec, ver: stat.Version, seq: time.Now().UnixNano()}
+	if rec.Finished() {
+		return r, nil
+	}
+	lock, err := mv.s.CreateEphemeral(ctx, mv.p.MoveRunner(id), []byte(mv.runner), nil)
+	if err != nil {
+		if errors.Is(err, zksession.ErrOwnedElsewhere) || errors.Is(err, zksession.ErrNodeExists) {
+			owner, _, _ := mv.s.Get(ctx, mv.p.MoveRunner(id))
+			return nil, fmt.Errorf("%w: %s is run by %s (if that mover died, its ZooKeeper session expires within the session timeout)", ErrBusy, id, owner)
+		}
+		return nil, err
+	}
+	r.lock = lock
+	return r, nil
+}
+
+func (r *run) close() {
+	if r.verifyTx != nil {
+		r.verifyTx.Rollback(context.Background())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if r.srcConn != nil {
+		r.srcConn.Close(ctx)
+	}
+	if r.dstConn != nil {
+		r.dstConn.Close(ctx)
+	}
+	if r.lock != nil {
+		_ = r.lock.Delete(ctx)
+	}
+}
+
+// save writes the record by compare-and-swap: only the runner holding the
+// lock writes it, so a conflict means something is badly wrong.
+func (r *run) save(ctx context.Context) error {
+	r.rec.UpdatedAt = time.Now().UTC()
+	r.rec.Runner = r.mv.runner
+	data, err := json.Marshal(r.rec)
+	if err != nil {
+		return err
+	}
+	st, err := r.mv.s.Set(ctx, r.mv.p.Move(r.rec.ID), data, r.ver)
+	if err != nil {
+		return fmt.Errorf("saving move %s: %w", r.rec.ID, err)
+	}
+	r.ver = st.Version
+	return nil
+}
+
+func (r *run) enter(ctx context.Context, state string) error {
+	r.rec.State = state
+	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
+	if err := r.save(ctx); err != nil {
+		return err
+	}
+	r.progress(state)
+	if r.mv.opts.CrashAt == state {
+		r.mv.log.Warn("test hook: killing the mover", zap.String("state", state))
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // not reached
+	}
+	return nil
+}
+
+func (r *run) progress(msg string) {
+	r.mv.log.Info("move "+msg, zap.String("move", r.rec.ID), zap.Uint32("bucket", r.rec.Bucket),
+		zap.String("from", r.rec.Source), zap.String("to", r.rec.Target))
+	if r.mv.opts.Progress != nil {
+		r.mv.opts.Progress(r.rec, msg)
+	}
+}
+
+func (r *run) nodes(ctx context.Context) (*bucketmap.Map, error) {
+	m, _, err := r.mv.st.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ok bool
+	if r.src, ok = m.Node(bucketmap.NodeID(r.rec.Source)); !ok {
+		return nil, fmt.Errorf("source node %s is no longer in the registry", r.rec.Source)
+	}
+	if r.dst, ok = m.Node(bucketmap.NodeID(r.rec.Target)); !ok {
+		return nil, fmt.Errorf("target node %s is no longer in the registry", r.rec.Target)
+	}
+	return m, nil
+}
+
+func (r *run) source(ctx context.Context) (*pgx.Conn, error) {
+	if r.srcConn != nil && !r.srcConn.IsClosed() {
+		return r.srcConn, nil
+	}
+	c, err := dbnode.Connect(ctx, r.src)
+	if err != nil {
+		return nil, fmt.Errorf("source: %w", err)
+	}
+	r.srcConn = c
+	return c, nil
+}
+
+func (r *run) target(ctx context.Context) (*pgx.Conn, error) {
+	if r.dstConn != nil && !r.dstConn.IsClosed() {
+		return r.dstConn, nil
+	}
+	c, err := dbnode.Connect(ctx, r.dst)
+	if err != nil {
+		return nil, fmt.Errorf("target: %w", err)
+	}
+	r.dstConn = c
+	return c, nil
+}
+
+// drive runs a move from its recorded state to the end.
+func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error) {
+	r, err := mv.open(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	if r.rec.Finished() {
+		return r.rec, nil
+	}
+	if _, err := r.nodes(ctx); err != nil {
+		return r.rec, r.abort(ctx, err)
+	}
+	for {
+		var err error
+		switch r.rec.State {
+		case topo.MovePrepare:
+			err = r.prepare(ctx)
+		case topo.MoveCopy:
+			err = r.copy(ctx)
+		case topo.MoveCatchup:
+			err = r.catchup(ctx)
+		case topo.MoveFence:
+			err = r.fence(ctx)
+		case topo.MoveBarrier:
+			err = r.barrier(ctx)
+		case topo.MoveFlip:
+			err = r.flip(ctx)
+		case topo.MoveTeardown:
+			err = r.teardown(ctx)
+		case topo.MoveVerify:
+			err = r.verify(ctx)
+		case topo.MoveAborting:
+			return r.rec, r.abort(ctx, errors.New(r.rec.Error))
+		case topo.MoveDone, topo.MoveAborted:
+			return r.rec, nil
+		case topo.MoveFailed:
+			return r.rec, fmt.Errorf("move %s failed: %s", id, r.rec.Error)
+		default:
+			return r.rec, fmt.Errorf("move %s: unknown state %q", id, r.rec.State)
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, ErrVerifyMismatch) {
+			return r.rec, err
+		}
+		if afterFlip(r.rec.State) {
+			// Past the flip the target owns the bucket: never roll back.
+			// Record the error and leave the rest for `move resume`.
+			r.rec.Error = err.Error()
+			_ = r.save(ctx)
+			return r.rec, fmt.Errorf("move %s stopped in %s (the bucket is already on %s; finish with `shardctl move resume %s`): %w", id, r.rec.State, r.rec.Target, id, err)
+		}
+		return r.rec, r.abort(ctx, err)
+	}
+}
+
+func (r *run) prepare(ctx context.Context) error {
+	m, err := r.nodes(ctx)
+	if err != nil {
+		return err
+	}
+	if r.rec.Level != m.Level {
+		return fmt.Errorf("the map was split (level %d -> %d) before the move started copying", r.rec.Level, m.Level)
+	}
+	if owner := m.Owner(r.rec.Bucket); string(owner) != r.rec.Source {
+		return fmt.Errorf("bucket %d is now owned by %s, not %s", r.rec.Bucket, owner, r.rec.Source)
+	}
+	dst, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	if !r.rec.NoCopy {
+		src, err := r.source(ctx)
+		if err != nil {
+			return err
+		}
+		if err := ensureMarker(ctx, src); err != nil {
+			return fmt.Errorf("source: %w", err)
+		}
+		if err := ensureMarker(ctx, dst); err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
+		mism, err := fence.CheckTables(ctx, dst, r.rec.Tables)
+		if err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
+		if len(mism) > 0 {
+			return fmt.Errorf("target %s does not match the sharded-table contract: %s (see shardctl node check %s)", r.rec.Target, mism[0].Message, r.rec.Target)
+		}
+	}
+	if _, err := fence.SetIncoming(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version); err != nil {
+		return fmt.Errorf("target fence: %w", err)
+	}
+	if n, err := clearRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
+		return fmt.Errorf("target: %w", err)
+	} else if n > 0 {
+		r.mv.log.Warn("removed leftover rows from the target range", zap.String("move", r.rec.ID), zap.Int64("rows", n))
+	}
+	if r.rec.NoCopy {
+		return r.enter(ctx, topo.MoveFence)
+	}
+	return r.enter(ctx, topo.MoveCopy)
+}
+
+func (r *run) copy(ctx context.Context) error {
+	src, err := r.source(ctx)
+	if err != nil {
+		return err
+	}
+	dst, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := createPublication(ctx, src, r.rec.Publication, r.rec.ID, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
+		return fmt.Errorf("source: publication: %w", err)
+	}
+	conninfo, err := dbnode.ConnString(r.src)
+	if err != nil {
+		return err
+	}
+	if err := createSubscription(ctx, dst, r.rec.Subscription, r.rec.Slot, r.rec.Publication, conninfo); err != nil {
+		return fmt.Errorf("target: subscription: %w", err)
+	}
+	deadline := time.Now().Add(r.mv.opts.CopyTimeout)
+	lastReport := time.Now()
+	for {
+		enabled, notReady, err := subscriptionState(ctx, dst, r.rec.Subscription)
+		if err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
+		if !enabled {
+			return fmt.Errorf("target: subscription %s was disabled by an apply error (see the target's log)", r.rec.Subscription)
+		}
+		if notReady == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("initial copy not finished within %s", r.mv.opts.CopyTimeout)
+		}
+		if time.Since(lastReport) > 2*time.Second {
+			if n, err := countRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err == nil {
+				r.progress(fmt.Sprintf("copying: %d rows on the target so far", n))
+			}
+			lastReport = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	r.rec.Stats.CopyMS = float64(time.Since(start).Microseconds()) / 1000
+	if n, err := countRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err == nil {
+		r.rec.Stats.RowsCopied = n
+	}
+	return r.enter(ctx, topo.MoveCatchup)
+}
+
+// probe sends a marker and returns how long it took to be applied.
+func (r *run) probe(ctx context.Context, timeout time.Duration) (time.Duration, error) {
+	src, err := r.source(ctx)
+	if err != nil {
+		return 0, err
+	}
+	dst, err := r.target(ctx)
+	if err != nil {
+		return 0, err
+	}
+	r.seq++
+	start := time.Now()
+	if _, err := insertMarker(ctx, src, r.rec.ID, r.seq); err != nil {
+		return 0, fmt.Errorf("source: marker: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := waitMarker(wctx, dst, r.rec.ID, r.seq, 2*time.Millisecond); err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return time.Since(start), nil
+		}
+		return 0, fmt.Errorf("target: marker: %w", err)
+	}
+	return time.Since(start), nil
+}
+
+func (r *run) catchup(ctx context.Context) error {
+	deadline := time.Now().Add(r.mv.opts.CatchupTimeout)
+	for {
+		lag, err := r.probe(ctx, 10*r.mv.opts.MaxLag)
+		if err != nil {
+			return err
+		}
+		r.rec.Stats.LagAtFenceMS = float64(lag.Microseconds()) / 1000
+		if lag <= r.mv.opts.MaxLag {
+			return r.enter(ctx, topo.MoveFence)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("replication lag %s stayed above %s for %s: refusing to fence", lag.Round(time.Millisecond), r.mv.opts.MaxLag, r.mv.opts.CatchupTimeout)
+		}
+		r.progress(fmt.Sprintf("catching up: lag %s above %s", lag.Round(time.Millisecond), r.mv.opts.MaxLag))
+	}
+}
+
+func (r *run) fence(ctx context.Context) error {
+	m, _, err := r.mv.st.Load(ctx)
+	if err != nil {
+		return err
+	}
+	if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
+		// A mover died after setting the map: the freeze may have
+		// started long ago, so the pause cap cannot be honoured.
+		return fmt.Errorf("%w: resumed after the fence began", ErrPauseCap)
+	}
+	next, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+		if m.Level != r.rec.Level {
+			return fmt.Errorf("the map was split during the move (level %d -> %d)", r.rec.Level, m.Level)
+		}
+		if owner := m.Owner(r.rec.Bucket); string(owner) != r.rec.Source {
+			return fmt.Errorf("bucket %d is now owned by %s, not %s", r.rec.Bucket, owner, r.rec.Source)
+		}
+		return m.SetMoving(r.rec.Bucket, bucketmap.NodeID(r.rec.Target), r.rec.ID)
+	})
+	if err != nil {
+		return err
+	}
+	r.rec.FenceVersion = next.Version
+	if err := r.save(ctx); err != nil {
+		return err
+	}
+	if err := r.mv.waitMembers(ctx, next.Version); err != nil {
+		return err
+	}
+	src, err := r.source(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := fence.Freeze(ctx, src, r.rec.Lo, r.rec.Hi, next.Version); err != nil {
+		return fmt.Errorf("source fence: %w", err)
+	}
+	r.frozenAt = time.Now()
+	if r.rec.NoCopy {
+		return r.enter(ctx, topo.MoveFlip)
+	}
+	return r.enter(ctx, topo.MoveBarrier)
+}
+
+func (r *run) barrier(ctx context.Context) error {
+	if r.frozenAt.IsZero() {
+		return fmt.Errorf("%w: resumed during the write pause", ErrPauseCap)
+	}
+	// Leave room in the cap for the flip's own round trips.
+	budget := r.mv.opts.PauseCap - time.Since(r.frozenAt) - r.mv.opts.PauseCap/5
+	if budget <= 0 {
+		return fmt.Errorf("%w (%s)", ErrPauseCap, r.mv.opts.PauseCap)
+	}
+	lag, err := r.probe(ctx, budget)
+	if err != nil {
+		return err
+	}
+	if lag >= budget {
+		return fmt.Errorf("%w: the barrier took over %s (cap %s)", ErrPauseCap, lag.Round(time.Millisecond), r.mv.opts.PauseCap)
+	}
+	dst, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	if !r.rec.NoCopy {
+		// The verification snapshot: every row from before the freeze,
+		// none written after the flip.
+		tx, err := dst.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+			tx.Rollback(ctx)
+			return err
+		}
+		r.verifyTx = tx
+		// The target connection is busy with the snapshot: flips use
+		// another one.
+		r.dstConn = nil
+	}
+	return r.enter(ctx, topo.MoveFlip)
+}
+
+func (r *run) flip(ctx context.Context) error {
+	m, _, err := r.mv.st.Load(ctx)
+	if err != nil {
+		return err
+	}
+	if string(m.Owner(r.rec.Bucket)) != r.rec.Target {
+		epoch := r.rec.FenceVersion
+		dst, err := r.target(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, max(epoch, m.Version)); err != nil {
+			return fmt.Errorf("target fence: %w", err)
+		}
+		next, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+			if string(m.Owner(r.rec.Bucket)) == r.rec.Target {
+				return nil
+			}
+			if bm := m.Meta(r.rec.Bucket); bm.State != bucketmap.BucketMoving || bm.Move != r.rec.ID {
+				return fmt.Errorf("bucket %d is no longer in this move's write pause (state %s, move %q)", r.rec.Bucket, bm.State, bm.Move)
+			}
+			return m.Assign(r.rec.Bucket, bucketmap.NodeID(r.rec.Target), bucketmap.AssignOptions{NoCopy: r.rec.NoCopy})
+		})
+		if err != nil {
+			return err
+		}
+		r.rec.FlipVersion = next.Version
+		if !r.frozenAt.IsZero() {
+			r.rec.Stats.PauseMS = float64(time.Since(r.frozenAt).Microseconds()) / 1000
+		}
+		m = next
+	} else if r.rec.FlipVersion == 0 {
+		r.rec.FlipVersion = m.Version
+	}
+	if src, err := r.source(ctx); err == nil {
+		if _, err := fence.Release(ctx, src, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrStale) {
+			r.mv.log.Warn("source fence not released; the reconciler will", zap.String("move", r.rec.ID), zap.Error(err))
+		}
+	} else {
+		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range", zap.String("move", r.rec.ID), zap.Error(err))
+	}
+	if r.rec.Stats.PauseMS > 0 {
+		r.progress(fmt.Sprintf("flipped: write pause %.1f ms", r.rec.Stats.PauseMS))
+	}
+	if r.rec.NoCopy {
+		return r.enter(ctx, topo.MoveDone)
+	}
+	return r.enter(ctx, topo.MoveTeardown)
+}
+
+func (r *run) teardown(ctx context.Context) error {
+	src, srcErr := r.source(ctx)
+	dst, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil); err != nil {
+		return fmt.Errorf("target: dropping subscription: %w", err)
+	}
+	_ = clearMarkers(ctx, dst, r.rec.ID)
+	if srcErr != nil {
+		r.rec.SlotPending = true
+		r.mv.log.Warn("source unreachable: its publication and slot stay until it is back (shardctl move resume)", zap.String("move", r.rec.ID), zap.Error(srcErr))
+		if err := r.save(ctx); err != nil {
+			return err
+		}
+		return fmt.Errorf("source unreachable at teardown: %w", srcErr)
+	}
+	if r.rec.SlotPending {
+		if err := dropSlot(ctx, src, r.rec.Slot); err != nil {
+			return fmt.Errorf("source: dropping slot: %w", err)
+		}
+	}
+	if err := dropPublication(ctx, src, r.rec.Publication); err != nil {
+		return fmt.Errorf("source: dropping publication: %w", err)
+	}
+	_ = clearMarkers(ctx, src, r.rec.ID)
+	if left, err := slotExists(ctx, src, r.rec.Slot); err != nil {
+		return err
+	} else if left {
+		return fmt.Errorf("replication slot %s is still on the source", r.rec.Slot)
+	}
+	r.rec.SlotPending = false
+	return r.enter(ctx, topo.MoveVerify)
+}
+
+func (r *run) verify(ctx context.Context) error {
+	if r.verifyTx == nil {
+		r.rec.Verify = &topo.MoveCheck{OK: true, Inconclusive: true}
+		return r.enter(ctx, topo.MoveDone)
+	}
+	defer func() {
+		r.verifyTx.Rollback(ctx)
+		r.verifyTx = nil
+	}()
+	src, err := r.source(ctx)
+	if err != nil {
+		return err
+	}
+	var (
+		wg             sync.WaitGroup
+		sc, tc         []int64
+		ss, ts         []string
+		serr, terr     error
+		tables, lo, hi = r.rec.Tables, r.rec.Lo, r.rec.Hi
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); sc, ss, serr = rangeChecks(ctx, src, tables, lo, hi) }()
+	tc, ts, terr = rangeChecks(ctx, r.verifyTx, tables, lo, hi)
+	wg.Wait()
+	if serr != nil {
+		return fmt.Errorf("source: %w", serr)
+	}
+	if terr != nil {
+		return fmt.Errorf("target: %w", terr)
+	}
+	chk := &topo.MoveCheck{OK: true}
+	for i, t := range tables {
+		chk.Tables = append(chk.Tables, topo.TableCheck{Table: t.Name, SourceRows: sc[i], TargetRows: tc[i], SourceSum: ss[i], TargetSum: ts[i]})
+		if sc[i] != tc[i] || ss[i] != ts[i] {
+			chk.OK = false
+		}
+	}
+	r.rec.Verify = chk
+	if !chk.OK {
+		r.rec.Error = "verification mismatch: " + describe(chk)
+		if err := r.enter(ctx, topo.MoveFailed); err != nil {
+			return err
+		}
+		_ = r.mv.pause(ctx, fmt.Sprintf("move %s failed verification: %s", r.rec.ID, describe(chk)), r.rec.ID)
+		r.mv.log.Error("move verification mismatch: rebalancer paused", zap.String("move", r.rec.ID), zap.String("detail", describe(chk)))
+		return fmt.Errorf("%w: %s", ErrVerifyMismatch, describe(chk))
+	}
+	return r.enter(ctx, topo.MoveDone)
+}
+
+func describe(c *topo.MoveCheck) string {
+	var parts []string
+	for _, t := range c.Tables {
+		if t.SourceRows != t.TargetRows || t.SourceSum != t.TargetSum {
+			parts = append(parts, fmt.Sprintf("%s: source %d rows (sum %s), target %d rows (sum %s)", t.Table, t.SourceRows, t.SourceSum, t.TargetRows, t.TargetSum))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// abort rolls a move back before its flip: the source owns the range
+// again, the target's partial copy is removed, and nothing is left behind.
+// A node that cannot be reached leaves the move in aborting, to finish
+// with `move resume`.
+func (r *run) abort(ctx context.Context, cause error) error {
+	if r.rec.State != topo.MoveAborting {
+		r.rec.Error = cause.Error()
+		if err := r.enter(ctx, topo.MoveAborting); err != nil {
+			return err
+		}
+	}
+	r.mv.log.Warn("aborting move", zap.String("move", r.rec.ID), zap.Error(cause))
+	if r.verifyTx != nil {
+		r.verifyTx.Rollback(ctx)
+		r.verifyTx = nil
+	}
+	var problems []string
+	m, _, err := r.mv.st.Load(ctx)
+	if err != nil {
+		return err
+	}
+	src, srcErr := r.source(ctx)
+	dst, dstErr := r.target(ctx)
+	if dstErr == nil && r.rec.Subscription != "" {
+		if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil); err != nil {
+			problems = append(problems, "target: dropping subscription: "+err.Error())
+		} else if srcErr != nil {
+			r.rec.SlotPending = true
+		}
+	}
+	if srcErr == nil {
+		if err := dropPublication(ctx, src, r.rec.Publication); err != nil {
+			problems = append(problems, "source: dropping publication: "+err.Error())
+		}
+		if r.rec.SlotPending {
+			if err := dropSlot(ctx, src, r.rec.Slot); err != nil {
+				problems = append(problems, "source: dropping slot: "+err.Error())
+			} else {
+				r.rec.SlotPending = false
+			}
+		}
+		// The source owns the range again before the map says so, so
+		// that writers sent back to it are accepted.
+		if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrNotInstalled) {
+			problems = append(problems, "source fence: "+err.Error())
+		}
+		_ = clearMarkers(ctx, src, r.rec.ID)
+	} else {
+		problems = append(problems, "source unreachable: "+srcErr.Error())
+	}
+	if _, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+		if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
+			return m.ClearMoving(r.rec.Bucket)
+		}
+		return nil
+	}); err != nil {
+		problems = append(problems, "map: "+err.Error())
+	}
+	if dstErr == nil {
+		if _, err := clearRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
+			problems = append(problems, "target: removing the partial copy: "+err.Error())
+		}
+		if m2, _, err := r.mv.st.Load(ctx); err == nil && string(m2.Owner(r.rec.Bucket)) != r.rec.Target {
+			if _, err := fence.Release(ctx, dst, r.rec.Lo, r.rec.Hi, m2.Version); err != nil && !errors.Is(err, fence.ErrNotInstalled) && !errors.Is(err, fence.ErrStale) {
+				problems = append(problems, "target fence: "+err.Error())
+			}
+		}
+		_ = clearMarkers(ctx, dst, r.rec.ID)
+	} else {
+		problems = append(problems, "target unreachable: "+dstErr.Error())
+	}
+	if len(problems) > 0 {
+		_ = r.save(ctx)
+		return fmt.Errorf("move %s: aborting after %v, but the cleanup is incomplete (run `shardctl move resume %s` when the nodes answer): %s", r.rec.ID, cause, r.rec.ID, strings.Join(problems, "; "))
+	}
+	if err := r.enter(ctx, topo.MoveAborted); err != nil {
+		return err
+	}
+	return fmt.Errorf("move %s aborted: %w", r.rec.ID, cause)
+}
+
+// pause stops the rebalancer until an operator resumes it.
+func (mv *Mover) pause(ctx context.Context, reason, move string) error {
+	rec := topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: true, Reason: reason, Move: move, At: time.Now().UTC()}
+	data, err := topo.Encode(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := mv.s.Set(ctx, mv.p.Rebalance(), data, zksession.AnyVersion); errors.Is(err, zksession.ErrNoNode) {
+		return mv.s.Create(ctx, mv.p.Rebalance(), data)
+	} else {
+		return err
+	}
+}
+
+// waitMembers waits until every live router and supervisor has applied
+// map version v (they publish it in their member records).
+func (mv *Mover) waitMembers(ctx context.Context, v uint64) error {
+	deadline := time.Now().Add(mv.opts.MemberWait)
+	for {
+		lagging, err := mv.lagging(ctx, v)
+		if err != nil {
+			return err
+		}
+		if len(lagging) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d members have not applied map version %d within %s: %s", len(lagging), v, mv.opts.MemberWait, strings.Join(lagging, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// lagging lists the member records whose map version is below v.
+func (mv *Mover) lagging(ctx context.Context, v uint64) ([]string, error) {
+	var dirs []string
+	dirs = append(dirs, mv.p.Routers())
+	pools, _, err := mv.s.Children(ctx, mv.p.Pools())
+	if err != nil && !errors.Is(err, zksession.ErrNoNode) {
+		return nil, err
+	}
+	for _, pool := range pools {
+		dirs = append(dirs, mv.p.PoolMembers(pool))
+	}
+	var out []string
+	for _, dir := range dirs {
+		kids, _, err := mv.s.Children(ctx, dir)
+		if errors.Is(err, zksession.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range kids {
+			p := path.Join(dir, k)
+			data, _, err := mv.s.Get(ctx, p)
+			if errors.Is(err, zksession.ErrNoNode) {
+				continue // it just left
+			}
+			if err != nil {
+				return nil, err
+			}
+			var rec struct {
+				MapVersion uint64 `json:"map_version"`
+			}
+			if err := json.Unmarshal(data, &rec); err != nil || rec.MapVersion < v {
+				out = append(out, fmt.Sprintf("%s (map version %d)", p, rec.MapVersion))
+			}
+		}
+	}
+	return out, nil
+}

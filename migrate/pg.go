@@ -1,0 +1,239 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardvisor/shardvisor/internal/topo"
+)
+
+// The marker table carries the move's barrier and lag probes through the
+// same replication stream as the rows: logical replication applies in
+// commit order, so a marker seen on the target proves that everything
+// committed on the source before it has been applied too.
+const markerDDL = `CREATE SCHEMA IF NOT EXISTS shardvisor;
+CREATE TABLE IF NOT EXISTS shardvisor.move_marker (
+	move_id text NOT NULL,
+	seq     bigint NOT NULL,
+	at      timestamptz NOT NULL DEFAULT clock_timestamp(),
+	PRIMARY KEY (move_id, seq)
+)`
+
+func ident(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
+
+func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// ensureMarker creates the marker table on a node.
+func ensureMarker(ctx context.Context, c *pgx.Conn) error {
+	_, err := c.Exec(ctx, markerDDL)
+	return err
+}
+
+// clearRange deletes the range's rows from every table, bypassing the
+// fence (session_replication_role = replica), in one transaction.
+func clearRange(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo, hi int64) (int64, error) {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET LOCAL session_replication_role = replica"); err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, t := range tables {
+		tag, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE %s BETWEEN $1 AND $2", ident(t.Name), ident(t.KeyColumn)), lo, hi)
+		if err != nil {
+			return 0, fmt.Errorf("clearing %s: %w", t.Name, err)
+		}
+		n += tag.RowsAffected()
+	}
+	return n, tx.Commit(ctx)
+}
+
+// createPublication publishes the range of every table, and the move's
+// markers, from the source. publish excludes truncate, so a TRUNCATE on
+// the source cannot wipe the target.
+func createPublication(ctx context.Context, c *pgx.Conn, name, moveID string, tables []topo.TableRecord, lo, hi int64) error {
+	var exists bool
+	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	var parts []string
+	for _, t := range tables {
+		parts = append(parts, fmt.Sprintf("TABLE %s WHERE (%s BETWEEN %d AND %d)", ident(t.Name), ident(t.KeyColumn), lo, hi))
+	}
+	parts = append(parts, fmt.Sprintf("TABLE shardvisor.move_marker WHERE (move_id = %s)", literal(moveID)))
+	_, err := c.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR %s WITH (publish = 'insert, update, delete')", ident(name), strings.Join(parts, ", ")))
+	return err
+}
+
+// createSubscription subscribes the target to the publication, copying
+// the existing rows first. It cannot run in a transaction, and pgx sends a
+// statement without arguments in the simple protocol.
+func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publication, conninfo string) error {
+	var exists bool
+	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil {
+		return err
+	}
+	if exists {
+		return nil
+	}
+	_, err := c.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s
+		WITH (copy_data = true, binary = true, disable_on_error = true, create_slot = true, slot_name = %s)`,
+		ident(name), literal(conninfo), ident(publication), literal(slot)))
+	if err != nil {
+		// The error may quote the statement: never show the conninfo.
+		return errors.New(strings.ReplaceAll(err.Error(), conninfo, "<conninfo>"))
+	}
+	return nil
+}
+
+// subscriptionState reports whether the subscription is enabled and how
+// many of its tables are not yet copied.
+func subscriptionState(ctx context.Context, c *pgx.Conn, name string) (enabled bool, notReady int, err error) {
+	err = c.QueryRow(ctx, `SELECT s.subenabled, count(*) FILTER (WHERE r.srsubstate IS DISTINCT FROM 'r')
+		FROM pg_subscription s LEFT JOIN pg_subscription_rel r ON r.srsubid = s.oid
+		WHERE s.subname = $1 GROUP BY s.subenabled`, name).Scan(&enabled, &notReady)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, 0, fmt.Errorf("subscription %s does not exist on the target", name)
+	}
+	return enabled, notReady, err
+}
+
+// insertMarker writes marker seq on the source and returns when. The
+// commit waits for its WAL to be flushed locally whatever the server's
+// synchronous_commit: logical replication only sends flushed WAL, so with
+// synchronous_commit = off the marker (and the barrier) would otherwise
+// wait for the WAL writer, up to wal_writer_delay.
+func insertMarker(ctx context.Context, c *pgx.Conn, moveID string, seq int64) (time.Time, error) {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = local"); err != nil {
+		return time.Time{}, err
+	}
+	var at time.Time
+	if err := tx.QueryRow(ctx, `INSERT INTO shardvisor.move_marker (move_id, seq) VALUES ($1, $2)
+		ON CONFLICT (move_id, seq) DO UPDATE SET at = shardvisor.move_marker.at RETURNING at`, moveID, seq).Scan(&at); err != nil {
+		return time.Time{}, err
+	}
+	return at, tx.Commit(ctx)
+}
+
+// waitMarker polls the target until marker seq has been applied there.
+func waitMarker(ctx context.Context, c *pgx.Conn, moveID string, seq int64, poll time.Duration) error {
+	for {
+		var ok bool
+		if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM shardvisor.move_marker WHERE move_id = $1 AND seq = $2)", moveID, seq).Scan(&ok); err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+}
+
+// dropSubscription removes the subscription and, through it, its slot on
+// the source. When the source cannot be reached the slot is detached first
+// so that the drop does not need it; the caller then owes the source a
+// dropSlot.
+func dropSubscription(ctx context.Context, c *pgx.Conn, name string, sourceReachable bool) error {
+	var exists bool
+	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return nil
+	}
+	if !sourceReachable {
+		for _, q := range []string{"ALTER SUBSCRIPTION %s DISABLE", "ALTER SUBSCRIPTION %s SET (slot_name = NONE)"} {
+			if _, err := c.Exec(ctx, fmt.Sprintf(q, ident(name))); err != nil {
+				return err
+			}
+		}
+	}
+	_, err := c.Exec(ctx, fmt.Sprintf("DROP SUBSCRIPTION %s", ident(name)))
+	return err
+}
+
+// dropPublication removes the publication from the source.
+func dropPublication(ctx context.Context, c *pgx.Conn, name string) error {
+	_, err := c.Exec(ctx, fmt.Sprintf("DROP PUBLICATION IF EXISTS %s", ident(name)))
+	return err
+}
+
+// dropSlot removes a replication slot left on the source, if it is there
+// and not in use.
+func dropSlot(ctx context.Context, c *pgx.Conn, slot string) error {
+	_, err := c.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", slot)
+	return err
+}
+
+// slotExists reports whether a replication slot exists on a node.
+func slotExists(ctx context.Context, c *pgx.Conn, slot string) (bool, error) {
+	var ok bool
+	err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&ok)
+	return ok, err
+}
+
+// clearMarkers deletes the move's markers on a node.
+func clearMarkers(ctx context.Context, c *pgx.Conn, moveID string) error {
+	_, err := c.Exec(ctx, "DELETE FROM shardvisor.move_marker WHERE move_id = $1", moveID)
+	return err
+}
+
+// querier is what rangeChecks needs: a connection or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// rangeChecks counts the range's rows in every table and sums a hash of
+// each row, as JSON so that the column order of the two nodes does not
+// matter: equal multisets of rows give equal sums, in any order.
+func rangeChecks(ctx context.Context, q querier, tables []topo.TableRecord, lo, hi int64) ([]int64, []string, error) {
+	var counts []int64
+	var sums []string
+	for _, t := range tables {
+		var n int64
+		var sum string
+		err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), coalesce(sum(('x' || substr(md5(to_jsonb(t)::text), 1, 15))::bit(60)::bigint::numeric), 0)::text
+			FROM %s t WHERE %s BETWEEN $1 AND $2`, ident(t.Name), ident(t.KeyColumn)), lo, hi).Scan(&n, &sum)
+		if err != nil {
+			return nil, nil, fmt.Errorf("checking %s: %w", t.Name, err)
+		}
+		counts = append(counts, n)
+		sums = append(sums, sum)
+	}
+	return counts, sums, nil
+}
+
+// countRange counts the range's rows over all tables.
+func countRange(ctx context.Context, q querier, tables []topo.TableRecord, lo, hi int64) (int64, error) {
+	var total int64
+	for _, t := range tables {
+		var n int64
+		if err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s BETWEEN $1 AND $2", ident(t.Name), ident(t.KeyColumn)), lo, hi).Scan(&n); err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}

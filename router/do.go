@@ -1,0 +1,63 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+)
+
+// DefaultRetryFor bounds how long Do keeps retrying a write that the move
+// machinery holds back: a pause lasts well under a second.
+const DefaultRetryFor = 10 * time.Second
+
+// Do runs fn on the pool of uid's db node. While the user's bucket is in a
+// move's write pause (state moving), or when the node's fence rejects the
+// write (SQLSTATE SV001: the bucket is frozen there or has moved), it waits
+// a moment, reads the route again and retries, with backoff, for up to
+// DefaultRetryFor or until ctx ends. Any other error is returned at once.
+//
+// fn must be safe to retry: a rejected write was rolled back by the fence.
+// Apps in other languages do the same: on SQLSTATE SV001, re-read the route
+// (GET /v1/route) and retry.
+func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context, pool *pgxpool.Pool, rt Route) error) error {
+	deadline := time.Now().Add(DefaultRetryFor)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	backoff := 2 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		rt, err := r.Route(uid)
+		if err != nil {
+			return err
+		}
+		retry := rt.State == bucketmap.BucketMoving
+		if !retry {
+			pool, perr := r.NodePool(ctx, rt.Node)
+			if perr != nil {
+				return perr
+			}
+			err = fn(ctx, pool, rt)
+			if err == nil || !fence.IsRejected(err) {
+				return err
+			}
+			retry = true
+		}
+		if time.Now().Add(backoff).After(deadline) {
+			if err == nil {
+				err = fmt.Errorf("bucket %d is still moving to %s", rt.Bucket, rt.Target)
+			}
+			return fmt.Errorf("router: gave up on %q after %d attempts: %w", uid, attempt, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
