@@ -55,13 +55,13 @@ type MoveRecord struct {
 	FenceVersion uint64 `json:"fence_map_version,omitempty"` // the map that set it moving
 	FlipVersion  uint64 `json:"flip_map_version,omitempty"`  // the map that gave it to target
 
-	CreatedAt time.Time   `json:"created_at"`
-	UpdatedAt time.Time   `json:"updated_at"`
-	Steps     []MoveStep  `json:"steps,omitempty"`
-	Stats     MoveStats   `json:"stats"`
+	CreatedAt time.Time  `json:"created_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	Steps     []MoveStep `json:"steps,omitempty"`
+	Stats     MoveStats  `json:"stats"`
 	Verify    *MoveCheck `json:"verify,omitempty"`
-	Error     string      `json:"error,omitempty"`
-	Runner    string      `json:"runner,omitempty"` // host-pid of the mover that last ran it
+	Error     string     `json:"error,omitempty"`
+	Runner    string     `json:"runner,omitempty"` // host-pid of the mover that last ran it
 }
 
 // MoveStep records when a state began.
