@@ -42,6 +42,8 @@ const (
 	DefaultHolddown   = 3 * time.Second
 	DefaultConfigPoll = time.Second
 	DefaultAdminAddr  = "127.0.0.1:9180"
+	// MaxDebounce caps the debounce after consecutive superseded swaps.
+	MaxDebounce = 4 * time.Second
 	// WatchdogKillDelay is the time between the watchdog's SIGQUIT (which
 	// makes Go programs, and Python ones with faulthandler registered,
 	// print every stack) and SIGKILL.
@@ -115,6 +117,7 @@ type Supervisor struct {
 	workers     []*worker
 	sockets     map[string]*boundSocket
 	failCount   int
+	supersedes  int // swaps superseded in a row (lengthens the debounce)
 	retryAt     time.Time
 	crashCount  int
 	respawnAt   time.Time
@@ -559,11 +562,26 @@ func (s *Supervisor) debounced(now time.Time) bool {
 	if s.changeFirst.IsZero() {
 		return true
 	}
-	return !now.Before(s.changeLast.Add(s.opts.Debounce)) || !now.Before(s.changeFirst.Add(10*s.opts.Debounce))
+	return !now.Before(s.debounceAt())
+}
+
+// debounce is Options.Debounce doubled for each swap superseded in a row
+// (up to MaxDebounce), reset when a swap completes. During a storm of
+// changes faster than workers boot, every generation started would be
+// thrown away unready: backing off spends that CPU on the serving
+// generation instead, and the pool still converges on the newest change
+// one debounce after the storm ends.
+func (s *Supervisor) debounce() time.Duration {
+	d := s.opts.Debounce
+	for i := 0; i < s.supersedes && d < MaxDebounce; i++ {
+		d *= 2
+	}
+	return min(d, max(MaxDebounce, s.opts.Debounce))
 }
 
 func (s *Supervisor) debounceAt() time.Time {
-	a, b := s.changeLast.Add(s.opts.Debounce), s.changeFirst.Add(10*s.opts.Debounce)
+	d := s.debounce()
+	a, b := s.changeLast.Add(d), s.changeFirst.Add(10*d)
 	if b.Before(a) {
 		return b
 	}
@@ -1082,8 +1100,9 @@ func (s *Supervisor) maybeNewGeneration(now time.Time) {
 
 func (s *Supervisor) supersede(g *generation, now time.Time) {
 	g.superseded = true
+	s.supersedes++
 	s.m.swaps.WithLabelValues("superseded").Inc()
-	s.log.Info("swap superseded by a newer change", zap.Int64("generation", g.id))
+	s.log.Info("swap superseded by a newer change", zap.Int64("generation", g.id), zap.Duration("next_debounce", s.debounce()))
 }
 
 // prepare binds the generation's sockets (reusing ones already bound) and
@@ -1117,6 +1136,7 @@ func (s *Supervisor) establish(g *generation, now time.Time) {
 	prev := s.good
 	s.good = g
 	s.failCount = 0
+	s.supersedes = 0
 	s.crashCount = 0
 	s.lastError = ""
 	took := now.Sub(g.created)

@@ -1,0 +1,630 @@
+// Command supervisor-bench compares reloads under load: gunicorn alone
+// (reloaded with SIGHUP) against shardvisor's supervisor running gunicorn
+// or the Go example worker (reloaded by a ZooKeeper config change), with an
+// app that takes STARTUP (1.5 s) to import. Run it with
+// `make bench-supervisor` or bench/supervisor/run; it needs the local
+// ZooKeeper (scripts/devenv up) and gunicorn, wrk (scripts/install-deps).
+//
+// Two load generators: Debian's wrk measures steady-state throughput (the
+// "bound directly vs under the supervisor" comparison, where the load
+// generator's own efficiency matters); during reloads and storms a
+// closed-loop generator in this program records every request (start
+// time, latency, status or connection error), because per-request
+// timelines are needed to attribute errors and throughput to the reload
+// windows, which neither wrk nor hey report. Every request uses a new
+// connection ("Connection: close"): gunicorn's sync workers close after
+// each response anyway, and it is the strict case for a swap (each request
+// needs an accept).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+var (
+	reloads    = flag.Int("reloads", 50, "reloads per scenario")
+	spacing    = flag.Duration("spacing", 3*time.Second, "time between reloads (wider than the start-up time)")
+	stormFor   = flag.Duration("storm", 20*time.Second, "storm duration")
+	stormEvery = flag.Duration("storm-every", time.Second, "time between changes during the storm")
+	startup    = flag.Duration("startup", 1500*time.Millisecond, "app start-up time (sleep at import)")
+	workers    = flag.Int("workers", 4, "serving processes in every scenario")
+	conc       = flag.Int("c", 8, "connections of wrk (steady-state throughput)")
+	rate       = flag.Int("rate", 200, "constant offered load during reloads and storms, requests/s")
+	steadyFor  = flag.Duration("steady", 5*time.Second, "steady-state measurement time")
+	zkConnect  = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
+	repo       = flag.String("repo", ".", "repository root")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	name                  string
+	sent, non2xx, connErr int
+	p50, p99, max         time.Duration
+	rps, steadyRPS        float64 // during the windows, and steady (same generator)
+	swapP50, swapMax      time.Duration
+	swapsDone, swapsTotal int
+	converge              time.Duration // storm: last change -> newest config serving
+	wrkRPS                float64
+	note                  string
+}
+
+func run() error {
+	root, err := filepath.Abs(*repo)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "sv-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	for _, cmd := range []string{"gunicorn", "wrk"} {
+		if _, err := exec.LookPath(cmd); err != nil {
+			return fmt.Errorf("%s is missing: run scripts/install-deps", cmd)
+		}
+	}
+	svBin, hello := filepath.Join(tmp, "supervisor"), filepath.Join(tmp, "hello")
+	for pkg, out := range map[string]string{"./cmd/supervisor": svBin, "./examples/hello": hello} {
+		c := exec.Command("go", "build", "-o", out, pkg)
+		c.Dir, c.Stderr = root, os.Stderr
+		if err := c.Run(); err != nil {
+			return fmt.Errorf("go build %s: %w", pkg, err)
+		}
+	}
+	sess, err := zksession.Open(zksession.Config{Connect: *zkConnect})
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := sess.WaitConnected(ctx); err != nil {
+		return fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", *zkConnect, err)
+	}
+	benchRoot := fmt.Sprintf("/shardvisor-bench-%d", os.Getpid())
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = sess.DeleteAll(ctx, benchRoot)
+	}()
+	paths := topo.MustPaths(benchRoot, "bench")
+	appDir := filepath.Join(root, "examples/python")
+	startupEnv := strconv.FormatFloat(startup.Seconds(), 'f', 3, 64)
+
+	fmt.Printf("supervisor benchmark: %d workers, constant load %d req/s (new connection each), start-up %s, %d reloads every %s, storm: a change every %s for %s\n\n",
+		*workers, *rate, *startup, *reloads, *spacing, *stormEvery, *stormFor)
+	var rows []result
+
+	// gunicorn alone.
+	{
+		port := freePort()
+		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+		cmd := exec.Command("gunicorn", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", port),
+			"--chdir", appDir, "--graceful-timeout", "10", "--log-level", "warning", "wsgi_app:application")
+		cmd.Env = append(os.Environ(), "APP_STARTUP_DELAY="+startupEnv)
+		cmd.Stderr = logFile(tmp, "gunicorn.log")
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
+		if err := waitHTTP(url, 30*time.Second); err != nil {
+			stop()
+			return fmt.Errorf("gunicorn alone: %w", err)
+		}
+		hup := func(int) (func() bool, error) { return nil, cmd.Process.Signal(syscall.SIGHUP) }
+		r, s := measure("gunicorn alone", url, hup)
+		rows = append(rows, r, s)
+		stop()
+	}
+	// The supervisor with gunicorn, then with the Go worker.
+	type svCase struct {
+		name, command string
+		args          []string
+		env           map[string]string
+	}
+	cases := []svCase{
+		{"supervisor+gunicorn", "gunicorn", []string{"--preload", "--workers", "1", "--chdir", appDir, "--graceful-timeout", "10", "--log-level", "warning", "wsgi_app:application"},
+			map[string]string{"APP_STARTUP_DELAY": startupEnv}},
+		{"supervisor+go", hello, nil, map[string]string{"HELLO_STARTUP_DELAY": startup.String()}},
+	}
+	for i, sc := range cases {
+		pool := fmt.Sprintf("p%d", i)
+		port, admin := freePort(), freePort()
+		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
+		surge := *workers
+		cfg := &topo.PoolConfig{Version: 1, Command: sc.command, Args: sc.args, Env: sc.env, Workers: *workers, Surge: &surge,
+			Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}, GracefulTimeout: topo.Duration(15 * time.Second),
+			Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second)}}
+		setCfg := func(n int) (int32, error) {
+			cfg.Env["RELOAD"] = strconv.Itoa(n)
+			b, err := topo.EncodePoolConfig(cfg)
+			if err != nil {
+				return 0, err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			p := paths.PoolConfig(pool)
+			st, err := sess.Set(ctx, p, b, zksession.AnyVersion)
+			if err != nil {
+				if err := sess.CreateAll(ctx, filepath.Dir(p)); err != nil {
+					return 0, err
+				}
+				if err := sess.Create(ctx, p, b); err != nil {
+					return 0, err
+				}
+				return 0, nil
+			}
+			return st.Version, nil
+		}
+		if _, err := setCfg(0); err != nil {
+			return err
+		}
+		cmd := exec.Command(svBin, "--zk", *zkConnect, "--zk-root", benchRoot, "--cluster", "bench", "--pool", pool,
+			"--admin", fmt.Sprintf("127.0.0.1:%d", admin), "--state-dir", filepath.Join(tmp, pool), "--log-level", "warn")
+		cmd.Stdout, cmd.Stderr = logFile(tmp, pool+".log"), logFile(tmp, pool+".err.log")
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
+		if err := waitHTTP(url, 60*time.Second); err != nil {
+			stop()
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		adminURL := fmt.Sprintf("http://127.0.0.1:%d/status", admin)
+		change := func(n int) (func() bool, error) {
+			v, err := setCfg(n)
+			if err != nil {
+				return nil, err
+			}
+			return func() bool { return servingConfig(adminURL, int64(v), *workers) }, nil
+		}
+		r, s := measure(sc.name, url, change)
+		rows = append(rows, r, s)
+		stop()
+	}
+
+	// Bound directly vs under the supervisor: the same worker, same count.
+	direct := directComparison(tmp, hello, svBin, appDir)
+
+	printTable(rows, direct)
+	return nil
+}
+
+// measure runs steady state, reloads and the storm against url.
+// reload(n) makes change n and returns a probe that reports the change
+// fully applied (nil when it cannot be observed, as with gunicorn).
+func measure(name, url string, reload func(n int) (func() bool, error)) (result, result) {
+	waitTimeWait()
+	fmt.Printf("== %s\n", name)
+	steady := load(url, *steadyFor, nil)
+	steadyRPS := float64(len(steady.ok)) / steadyFor.Seconds()
+	fmt.Printf("   steady: %.0f req/s\n", steadyRPS)
+
+	n := 0
+	var swaps []time.Duration
+	done := 0
+	total := time.Duration(*reloads)*(*spacing) + time.Second
+	var marks []time.Duration
+	rec := load(url, total, func(start time.Time) {
+		time.Sleep(500 * time.Millisecond)
+		for i := 0; i < *reloads; i++ {
+			at := time.Now()
+			marks = append(marks, at.Sub(start))
+			n++
+			probe, err := reload(n)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "reload:", err)
+			}
+			next := at.Add(*spacing)
+			for probe != nil && time.Now().Before(next) {
+				if probe() {
+					swaps = append(swaps, time.Since(at))
+					done++
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(time.Until(next))
+		}
+	})
+	r := summarize(name+": reloads", rec, steadyRPS, marks, *startup+500*time.Millisecond)
+	r.swapsTotal, r.swapsDone = *reloads, done
+	if len(swaps) > 0 {
+		sort.Slice(swaps, func(i, j int) bool { return swaps[i] < swaps[j] })
+		r.swapP50, r.swapMax = swaps[len(swaps)/2], swaps[len(swaps)-1]
+	}
+	fmt.Printf("   reloads: %d sent, %d non-2xx, %d errors, max %s\n", r.sent, r.non2xx, r.connErr, r.max.Round(time.Millisecond))
+
+	var lastProbe func() bool
+	var converge time.Duration
+	converged := false
+	rec = load(url, *stormFor+4*time.Second, func(start time.Time) {
+		time.Sleep(500 * time.Millisecond)
+		end := time.Now().Add(*stormFor)
+		var last time.Time
+		for time.Now().Before(end) {
+			n++
+			last = time.Now()
+			lastProbe, _ = reload(n)
+			time.Sleep(*stormEvery)
+		}
+		// Convergence on the newest config, measured from the last change.
+		for lastProbe != nil && time.Since(last) < 60*time.Second {
+			if lastProbe() {
+				converge, converged = time.Since(last), true
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	s := summarize(name+": storm", rec, steadyRPS, []time.Duration{500 * time.Millisecond}, *stormFor)
+	s.converge = converge
+	if lastProbe != nil {
+		if converged {
+			s.note = "converged on the newest config"
+		} else {
+			s.note = "DID NOT converge on the newest config"
+		}
+	}
+	fmt.Printf("   storm: %d sent, %d non-2xx, %d errors, throughput %.0f%% of steady\n", s.sent, s.non2xx, s.connErr, 100*s.rps/s.steadyRPS)
+	return r, s
+}
+
+type sample struct {
+	at   time.Duration // since the load started
+	lat  time.Duration
+	code int // 0: connection error
+}
+
+type recording struct {
+	ok, bad []sample
+}
+
+// Keep-alive, as a load balancer would: Go's worker closes idle
+// connections when it drains (the client retries a GET whose reused
+// connection was closed before any answer, as HTTP allows), and gunicorn's
+// sync workers close after every response anyway.
+var httpClient = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+
+// waitTimeWait lets TIME_WAIT sockets left by the previous scenario drain
+// (up to a minute): tens of thousands of them make connect() slow on
+// loopback and would be charged to the next scenario.
+func waitTimeWait() {
+	for deadline := time.Now().Add(70 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		b, err := os.ReadFile("/proc/net/sockstat")
+		if err != nil {
+			return
+		}
+		m := regexp.MustCompile(`tw (\d+)`).FindSubmatch(b)
+		if m == nil {
+			return
+		}
+		if n, _ := strconv.Atoi(string(m[1])); n < 5000 {
+			return
+		}
+	}
+}
+
+// load offers a constant rate of requests for d (open loop: a slow server
+// does not slow the offered load, and latency is measured from the moment
+// a request was due, so queueing behind a stall counts) while driver (if
+// any) runs.
+func load(url string, d time.Duration, driver func(start time.Time)) recording {
+	start := time.Now()
+	var mu sync.Mutex
+	var rec recording
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 1024)
+	interval := time.Duration(float64(time.Second) / float64(*rate))
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			due := start.Add(time.Duration(i) * interval)
+			if due.Sub(start) >= d {
+				return
+			}
+			time.Sleep(time.Until(due))
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				code := 0
+				resp, err := httpClient.Get(url)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil {
+						code = resp.StatusCode
+					}
+				}
+				s := sample{at: due.Sub(start), lat: time.Since(due), code: code}
+				mu.Lock()
+				if code >= 200 && code < 300 {
+					rec.ok = append(rec.ok, s)
+				} else {
+					rec.bad = append(rec.bad, s)
+				}
+				mu.Unlock()
+			}()
+		}
+	}()
+	if driver != nil {
+		driver(start)
+	}
+	wg.Wait()
+	return rec
+}
+
+// summarize computes the statistics; rps counts successful requests that
+// completed inside the windows [mark, mark+win).
+func summarize(name string, rec recording, steadyRPS float64, marks []time.Duration, win time.Duration) result {
+	r := result{name: name, steadyRPS: steadyRPS, sent: len(rec.ok) + len(rec.bad)}
+	for _, b := range rec.bad {
+		if b.code == 0 {
+			r.connErr++
+		} else {
+			r.non2xx++
+		}
+	}
+	all := append(append([]sample(nil), rec.ok...), rec.bad...)
+	sort.Slice(all, func(i, j int) bool { return all[i].lat < all[j].lat })
+	if len(all) > 0 {
+		r.p50, r.p99, r.max = all[len(all)/2].lat, all[len(all)*99/100].lat, all[len(all)-1].lat
+	}
+	in := 0
+	for _, s := range rec.ok {
+		done := s.at + s.lat // completions, not starts, make throughput
+		for _, m := range marks {
+			if done >= m && done < m+win {
+				in++
+				break
+			}
+		}
+	}
+	r.rps = float64(in) / (win.Seconds() * float64(len(marks)))
+	return r
+}
+
+func servingConfig(statusURL string, version int64, n int) bool {
+	resp, err := httpClient.Get(statusURL)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var body struct{ Member topo.PoolMember }
+	if json.NewDecoder(resp.Body).Decode(&body) != nil {
+		return false
+	}
+	m := body.Member
+	if m.State != "serving" || m.ConfigVersion != version || len(m.Workers) != n {
+		return false
+	}
+	for _, w := range m.Workers {
+		if w.State != "ready" || w.Generation != m.Generation {
+			return false
+		}
+	}
+	return true
+}
+
+type directRow struct {
+	name             string
+	direct, underSV  float64
+	directP99, svP99 string
+}
+
+// directComparison measures steady throughput with wrk: gunicorn bound
+// directly vs gunicorn under the supervisor, and the Go worker bound
+// directly vs under the supervisor (one process each, so the port needs
+// no sharing).
+func directComparison(tmp, hello, svBin, appDir string) []directRow {
+	fmt.Println("== bound directly vs under the supervisor (wrk)")
+	var rows []directRow
+	runWrk := func(url string, hdr ...string) (float64, string) {
+		waitTimeWait()
+		args := append([]string{"-t", "2", "-c", strconv.Itoa(*conc), "-d", "3s", "--latency"}, hdr...)
+		out, err := exec.Command("wrk", append(args, url)...).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "wrk: %v\n%s", err, out)
+			return 0, "?"
+		}
+		m := regexp.MustCompile(`Requests/sec:\s+([\d.]+)`).FindSubmatch(out)
+		p := regexp.MustCompile(`99%\s+(\S+)`).FindSubmatch(out)
+		if m == nil {
+			return 0, "?"
+		}
+		rps, _ := strconv.ParseFloat(string(m[1]), 64)
+		p99 := "?"
+		if p != nil {
+			p99 = string(p[1])
+		}
+		return rps, p99
+	}
+	startProc := func(cmd *exec.Cmd, url string) (func(), error) {
+		cmd.Stderr = logFile(tmp, "direct.log")
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
+		if err := waitHTTP(url, 60*time.Second); err != nil {
+			stop()
+			return nil, err
+		}
+		return stop, nil
+	}
+	// Both run side by side (an idle server costs nothing); wrk alternates
+	// between them for 3 rounds and the median counts, so drift of the
+	// machine (TIME_WAIT build-up, other load) hits both alike.
+	compare := func(name string, direct, sv *exec.Cmd, durl, surl string, hdr ...string) {
+		stopD, err := startProc(direct, durl)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, name, "direct:", err)
+			return
+		}
+		defer stopD()
+		stopS, err := startProc(sv, surl)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, name, "supervisor:", err)
+			return
+		}
+		defer stopS()
+		var ds, ss []float64
+		var dp, sp string
+		for i := 0; i < 3; i++ {
+			r, p := runWrk(durl, hdr...)
+			ds, dp = append(ds, r), p
+			r, p = runWrk(surl, hdr...)
+			ss, sp = append(ss, r), p
+		}
+		sort.Float64s(ds)
+		sort.Float64s(ss)
+		rows = append(rows, directRow{name, ds[1], ss[1], dp, sp})
+		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (median of 3)\n", name, ds[1], ss[1])
+	}
+	env := func(kv ...string) []string { return append(os.Environ(), kv...) }
+	svCmd := func(name string, cfg topo.PoolConfig) *exec.Cmd {
+		file := filepath.Join(tmp, name+".json")
+		b, _ := topo.EncodePoolConfig(&cfg)
+		_ = os.WriteFile(file, b, 0o644)
+		return exec.Command(svBin, "--config", file, "--admin", "", "--pool", name, "--state-dir", filepath.Join(tmp, name), "--log-level", "warn")
+	}
+	{
+		dport, sport := freePort(), freePort()
+		d := exec.Command("gunicorn", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", dport), "--chdir", appDir, "--log-level", "warning", "wsgi_app:application")
+		d.Env = env("APP_STARTUP_DELAY=0")
+		sv := svCmd("direct-gunicorn", topo.PoolConfig{Version: 1, Command: "gunicorn", Workers: *workers, Env: map[string]string{"APP_STARTUP_DELAY": "0"},
+			Args:   []string{"--preload", "--workers", "1", "--chdir", appDir, "--log-level", "warning", "wsgi_app:application"},
+			Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", sport)}}})
+		// gunicorn's sync workers close every connection: tell wrk so.
+		compare(fmt.Sprintf("gunicorn, %d workers", *workers), d, sv, fmt.Sprintf("http://127.0.0.1:%d/", dport), fmt.Sprintf("http://127.0.0.1:%d/", sport), "-H", "Connection: close")
+	}
+	{
+		dport, sport := freePort(), freePort()
+		d := exec.Command(hello)
+		d.Env = env(fmt.Sprintf("HELLO_ADDR=127.0.0.1:%d", dport))
+		sv := svCmd("direct-go", topo.PoolConfig{Version: 1, Command: hello, Workers: 1,
+			Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", sport)}}})
+		compare("go worker, 1 process", d, sv, fmt.Sprintf("http://127.0.0.1:%d/", dport), fmt.Sprintf("http://127.0.0.1:%d/", sport))
+	}
+	return rows
+}
+
+func printTable(rows []result, direct []directRow) {
+	fmt.Println()
+	fmt.Printf("%-34s %7s %7s %7s %8s %8s %9s %11s %17s %s\n", "scenario", "sent", "non2xx", "connerr", "p50", "p99", "slowest", "tput/steady", "swap p50/max", "notes")
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/1e6) }
+	for _, r := range rows {
+		swap := "n/a"
+		if r.swapsTotal > 0 && r.swapsDone > 0 {
+			swap = fmt.Sprintf("%s/%s", ms(r.swapP50), ms(r.swapMax))
+		}
+		note := r.note
+		if r.swapsTotal > 0 {
+			note = fmt.Sprintf("%d/%d swaps observed complete", r.swapsDone, r.swapsTotal)
+		}
+		if r.converge > 0 {
+			note += fmt.Sprintf(" (%.1fs after the last change)", r.converge.Seconds())
+		}
+		fmt.Printf("%-34s %7d %7d %7d %8s %8s %9s %10.0f%% %17s %s\n", r.name, r.sent, r.non2xx, r.connErr, ms(r.p50), ms(r.p99), ms(r.max),
+			100*r.rps/r.steadyRPS, swap, note)
+	}
+	fmt.Println()
+	fmt.Printf("%-26s %14s %14s %8s   %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor")
+	for _, d := range direct {
+		ratio := 0.0
+		if d.direct > 0 {
+			ratio = d.underSV / d.direct
+		}
+		fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %s / %s\n", d.name, d.direct, d.underSV, 100*ratio, d.directP99, d.svP99)
+	}
+	fmt.Println()
+	fmt.Println("targets (supervisor rows): zero failed requests across swaps; slowest request during swaps <= 100ms;")
+	fmt.Println("storm throughput >= 90% of steady; steady throughput within 5% of the same worker bound directly.")
+	for _, r := range rows {
+		if !strings.HasPrefix(r.name, "supervisor") {
+			continue
+		}
+		var fails []string
+		if r.non2xx+r.connErr > 0 {
+			fails = append(fails, fmt.Sprintf("%d failed requests", r.non2xx+r.connErr))
+		}
+		if r.max > 100*time.Millisecond {
+			fails = append(fails, fmt.Sprintf("slowest %s > 100ms", ms(r.max)))
+		}
+		if strings.HasSuffix(r.name, "storm") && r.rps < 0.9*r.steadyRPS {
+			fails = append(fails, fmt.Sprintf("storm throughput %.0f%% < 90%%", 100*r.rps/r.steadyRPS))
+		}
+		verdict := "MET"
+		if len(fails) > 0 {
+			verdict = "MISSED: " + strings.Join(fails, "; ")
+		}
+		fmt.Printf("  %-32s %s\n", r.name, verdict)
+	}
+	for _, d := range direct {
+		verdict := "MET"
+		if d.direct == 0 || d.underSV < 0.95*d.direct {
+			verdict = "MISSED"
+		}
+		fmt.Printf("  %-32s %s (%.1f%%)\n", d.name+" throughput", verdict, 100*d.underSV/max(d.direct, 1))
+	}
+}
+
+func freePort() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func waitHTTP(url string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if resp, err := httpClient.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not serving within %s", url, d)
+}
+
+func logFile(dir, name string) *os.File {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		panic(err)
+	}
+	return f
+}
