@@ -205,6 +205,7 @@ type worker struct {
 	started    time.Time
 	readyAt    time.Time
 	lastPing   time.Time
+	notified   time.Time // READY=1 received, settling for readiness.delay (notify mode)
 	retireAt   time.Time // max_lifetime (zero: never)
 	retiring   bool
 	stopReason string
@@ -599,7 +600,11 @@ func (s *Supervisor) onNotify(ev evNotify, now time.Time) {
 	if ev.msg.status != "" {
 		s.log.Debug("worker status", zap.Int64("worker", w.id), zap.String("status", ev.msg.status))
 	}
-	if ev.msg.ready && w.state == wStarting {
+	if ev.msg.ready && w.state == wStarting && w.notified.IsZero() {
+		if cfg := w.gen.spec.cfg; cfg.Readiness.Mode == topo.ReadinessNotify && cfg.Readiness.Delay > 0 {
+			w.notified = now // ready after the settle delay (reconcile)
+			return
+		}
 		s.markReady(w, now, "READY=1")
 	}
 }
@@ -874,6 +879,8 @@ func (s *Supervisor) reconcile(now time.Time) {
 			cfg := w.gen.spec.cfg
 			if cfg.Readiness.Mode == topo.ReadinessTimer && !now.Before(w.started.Add(cfg.Readiness.Delay.D())) {
 				s.markReady(w, now, "timer")
+			} else if !w.notified.IsZero() && !now.Before(w.notified.Add(cfg.Readiness.Delay.D())) {
+				s.markReady(w, now, "READY=1 + readiness.delay")
 			} else if !now.Before(w.started.Add(cfg.Readiness.Timeout.D())) {
 				s.onReadinessTimeout(w, now)
 			}
@@ -1252,6 +1259,9 @@ func (s *Supervisor) nextWake(now time.Time) time.Duration {
 		case wStarting:
 			if cfg.Readiness.Mode == topo.ReadinessTimer {
 				at(w.started.Add(cfg.Readiness.Delay.D()))
+			}
+			if !w.notified.IsZero() {
+				at(w.notified.Add(cfg.Readiness.Delay.D()))
 			}
 			at(w.started.Add(cfg.Readiness.Timeout.D()))
 		case wReady:

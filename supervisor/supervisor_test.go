@@ -531,8 +531,8 @@ func TestMaxLifetimeRecycles(t *testing.T) {
 	port := freePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 2, nil)
-	c.MaxLifetime = topo.Duration(800 * time.Millisecond)
-	c.MaxLifetimeJitter = topo.Duration(200 * time.Millisecond)
+	c.MaxLifetime = topo.Duration(2 * time.Second)
+	c.MaxLifetimeJitter = topo.Duration(500 * time.Millisecond)
 	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -540,18 +540,19 @@ func TestMaxLifetimeRecycles(t *testing.T) {
 	h.waitFor(20*time.Second, "2 workers", serving(1, 2))
 	first := h.pids()
 	l := startLoad(fmt.Sprintf("127.0.0.1:%d", port), 3)
-	h.waitFor(20*time.Second, "all first workers recycled", func(m topo.PoolMember) bool {
-		if !serving(1, 2)(m) {
-			return false
-		}
+	h.waitFor(30*time.Second, "all first workers recycled", func(m topo.PoolMember) bool {
+		ready := 0
 		for _, w := range m.Workers {
 			for _, p := range first {
 				if w.PID == p {
 					return false
 				}
 			}
+			if w.State == "ready" {
+				ready++
+			}
 		}
-		return true
+		return ready >= 2
 	})
 	l.finish(t)
 	if got := testCounter(t, h, "shardvisor_supervisor_worker_stops_total", `reason="max_lifetime"`); got < 2 {

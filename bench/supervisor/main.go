@@ -148,11 +148,12 @@ func run() error {
 		name, command string
 		args          []string
 		env           map[string]string
+		settle        time.Duration // readiness.delay: gunicorn's arbiter notifies before forking its workers
 	}
 	cases := []svCase{
 		{"supervisor+gunicorn", "gunicorn", []string{"--preload", "--workers", "1", "--chdir", appDir, "--graceful-timeout", "10", "--log-level", "warning", "wsgi_app:application"},
-			map[string]string{"APP_STARTUP_DELAY": startupEnv}},
-		{"supervisor+go", hello, nil, map[string]string{"HELLO_STARTUP_DELAY": startup.String()}},
+			map[string]string{"APP_STARTUP_DELAY": startupEnv}, 300 * time.Millisecond},
+		{"supervisor+go", hello, nil, map[string]string{"HELLO_STARTUP_DELAY": startup.String()}, 0},
 	}
 	for i, sc := range cases {
 		pool := fmt.Sprintf("p%d", i)
@@ -161,7 +162,7 @@ func run() error {
 		surge := *workers
 		cfg := &topo.PoolConfig{Version: 1, Command: sc.command, Args: sc.args, Env: sc.env, Workers: *workers, Surge: &surge,
 			Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}, GracefulTimeout: topo.Duration(15 * time.Second),
-			Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second)}}
+			Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second), Delay: topo.Duration(sc.settle)}}
 		setCfg := func(n int) (int32, error) {
 			cfg.Env["RELOAD"] = strconv.Itoa(n)
 			b, err := topo.EncodePoolConfig(cfg)

@@ -104,7 +104,10 @@ type Listen struct {
 type Readiness struct {
 	Mode    string   `json:"mode,omitempty"`    // notify (default) or timer
 	Timeout Duration `json:"timeout,omitempty"` // notify: give up after this long
-	Delay   Duration `json:"delay,omitempty"`   // timer: ready after this long alive
+	// Delay: in timer mode, ready after this long alive; in notify mode,
+	// extra settle time after READY=1 (for servers such as gunicorn whose
+	// master notifies before its own workers are forked).
+	Delay Duration `json:"delay,omitempty"`
 }
 
 // Backoff is the respawn delay after a crash: Initial, doubling up to Max,
@@ -206,11 +209,7 @@ func (c *PoolConfig) Validate() error {
 		}
 	}
 	switch c.Readiness.Mode {
-	case "", ReadinessNotify:
-		if c.Readiness.Delay != 0 {
-			return fmt.Errorf("readiness.delay: only used with mode %q", ReadinessTimer)
-		}
-	case ReadinessTimer:
+	case "", ReadinessNotify, ReadinessTimer:
 	default:
 		return fmt.Errorf("readiness.mode: %q is not %q or %q", c.Readiness.Mode, ReadinessNotify, ReadinessTimer)
 	}

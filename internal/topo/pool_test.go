@@ -67,7 +67,7 @@ func TestPoolConfigDecode(t *testing.T) {
 		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"tcp://:80"},{"name":"a","addr":"tcp://:81"}]}`, `listen[1].name: "a" is used twice`},
 		{`{"version":1,"command":"app","workers":1,"listen":[{"name":"a","addr":"tcp://:80"},{"name":"b","addr":"tcp://:80"}]}`, `listen[1].addr`},
 		{`{"version":1,"command":"app","workers":1,"readiness":{"mode":"magic"}}`, `readiness.mode: "magic"`},
-		{`{"version":1,"command":"app","workers":1,"readiness":{"delay":"1s"}}`, `readiness.delay: only used with mode "timer"`},
+		{`{"version":1,"command":"app","workers":1,"readiness":{"delay":"-1s"}}`, `readiness.delay: -1s is negative`},
 		{`{"version":1,"command":"app","workers":1,"surge":0}`, `surge: 0 is out of range`},
 		{`{"version":1,"command":"app","workers":1,"restart":{"initial":"1m","max":"10s"}}`, `restart.initial: 1m0s is larger`},
 		{`{"version":1,"command":"app","workers":1,"max_lifetime_jitter":"1s"}`, `needs max_lifetime`},
