@@ -100,36 +100,37 @@ type Supervisor struct {
 	fileN    int64
 
 	// Everything below is owned by the loop goroutine.
-	mode        mode
-	desired     *spec // newest valid config (+ map) seen
-	cfgVersion  int64 // version of the config in desired
-	curMap      *mapData
-	mapKnown    bool // ZooKeeper mode: the map watch has reported once
-	changeFirst time.Time
-	changeLast  time.Time
-	reloadSeq   int
-	extra       int // TTIN minus TTOU since the last config change
-	gens        []*generation
-	latest      *generation
-	good        *generation
-	nextGen     int64
-	nextWorker  int64
-	workers     []*worker
-	sockets     map[string]*boundSocket
-	failCount   int
-	supersedes  int // swaps superseded in a row (lengthens the debounce)
-	retryAt     time.Time
-	crashCount  int
-	respawnAt   time.Time
-	lastError   string
-	zkState     zksession.State
-	holdUntil   time.Time
-	resyncing   bool
-	stopFast    bool
-	stopDone    bool
-	startedAt   time.Time
-	notifiedUp  bool
-	pub         *publisher
+	mode          mode
+	desired       *spec // newest valid config (+ map) seen
+	cfgVersion    int64 // version of the config in desired
+	curMap        *mapData
+	mapKnown      bool // ZooKeeper mode: the map watch has reported once
+	changeFirst   time.Time
+	changeLast    time.Time
+	reloadSeq     int
+	extra         int // TTIN minus TTOU since the last config change
+	gens          []*generation
+	latest        *generation
+	good          *generation
+	nextGen       int64
+	nextWorker    int64
+	workers       []*worker
+	sockets       map[string]*boundSocket
+	failCount     int
+	supersedes    int // swaps superseded in a row (lengthens the debounce)
+	retryAt       time.Time
+	crashCount    int
+	respawnAt     time.Time
+	lastError     string
+	zkState       zksession.State
+	holdUntil     time.Time
+	connectedOnce bool // a session was connected at least once (the first connect needs no holddown)
+	resyncing     bool
+	stopFast      bool
+	stopDone      bool
+	startedAt     time.Time
+	notifiedUp    bool
+	pub           *publisher
 }
 
 type mode int
@@ -413,6 +414,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		if s.zkState != zksession.StateConnected {
 			// Serve nothing until a session proves we may.
 			s.mode = modeLost
+		} else {
+			s.connectedOnce = true
 		}
 	} else {
 		srcWG.Add(1)
@@ -421,6 +424,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.log.Info("supervisor started", zap.String("member", s.opts.Member), zap.Int("pid", os.Getpid()),
 		zap.String("state_dir", s.opts.StateDir), zap.String("admin", s.AdminAddr()), zap.Stringer("mode", s.mode))
 
+	// The supervisor's own service manager watchdog (WatchdogSec=): ping
+	// from the loop at half the interval, so a wedged loop gets restarted.
+	var wdEvery time.Duration
+	var wdNext time.Time
+	if usec, err := strconv.ParseInt(os.Getenv("WATCHDOG_USEC"), 10, 64); err == nil && usec > 0 &&
+		(os.Getenv("WATCHDOG_PID") == "" || os.Getenv("WATCHDOG_PID") == strconv.Itoa(os.Getpid())) {
+		wdEvery = time.Duration(usec) * time.Microsecond / 2
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	ctxDone := ctx.Done()
@@ -432,7 +443,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.finish()
 			return nil
 		}
+		if wdEvery > 0 && !now.Before(wdNext) {
+			s.sdNotify("WATCHDOG=1")
+			wdNext = now.Add(wdEvery)
+		}
 		wake := s.nextWake(now)
+		if wdEvery > 0 {
+			wake = min(wake, max(time.Millisecond, wdNext.Sub(now)))
+		}
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -795,6 +813,15 @@ func (s *Supervisor) onZK(ch zksession.StateChange, now time.Time) {
 			s.log.Warn("zookeeper session suspended; serving on with the last good config and map", zap.String("reason", ch.Reason))
 		}
 	case zksession.StateConnected:
+		if s.mode == modeLost && !s.connectedOnce {
+			// The first session of this process: nothing was lost, and
+			// the watches are about to deliver config and map.
+			s.connectedOnce = true
+			s.mode = modeRunning
+			s.log.Info("zookeeper session connected")
+			return
+		}
+		s.connectedOnce = true
 		if s.mode == modeLost {
 			s.mode = modeHolddown
 			s.holdUntil = now.Add(s.opts.Holddown)
