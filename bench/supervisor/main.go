@@ -7,14 +7,13 @@
 //
 // Two load generators: Debian's wrk measures steady-state throughput (the
 // "bound directly vs under the supervisor" comparison, where the load
-// generator's own efficiency matters); during reloads and storms a
-// closed-loop generator in this program records every request (start
-// time, latency, status or connection error), because per-request
-// timelines are needed to attribute errors and throughput to the reload
-// windows, which neither wrk nor hey report. Every request uses a new
-// connection ("Connection: close"): gunicorn's sync workers close after
-// each response anyway, and it is the strict case for a swap (each request
-// needs an accept).
+// generator's own efficiency matters); during reloads and storms an
+// open-loop generator in this program offers a constant rate and records
+// every request (when it was due, latency, status or connection error),
+// because per-request timelines are needed to attribute errors and
+// throughput to the reload windows, which neither wrk nor hey report.
+// Latency counts from the moment a request was due, so a stall is charged
+// in full (no coordinated omission).
 package main
 
 import (
@@ -118,7 +117,7 @@ func run() error {
 	appDir := filepath.Join(root, "examples/python")
 	startupEnv := strconv.FormatFloat(startup.Seconds(), 'f', 3, 64)
 
-	fmt.Printf("supervisor benchmark: %d workers, constant load %d req/s (new connection each), start-up %s, %d reloads every %s, storm: a change every %s for %s\n\n",
+	fmt.Printf("supervisor benchmark: %d workers, constant load %d req/s (keep-alive; gunicorn closes after each response), start-up %s, %d reloads every %s, storm: a change every %s for %s\n\n",
 		*workers, *rate, *startup, *reloads, *spacing, *stormEvery, *stormFor)
 	var rows []result
 
