@@ -1,0 +1,571 @@
+// Package gc deletes, from each db node, the rows of buckets the node no
+// longer owns: the leftovers of moves and reassignments, found in the
+// bucket map's history.
+//
+// Safety before speed. A range is deleted from node X only if
+//
+//   - the map's history says X owned it until some version and the map now
+//     says another node, the owner Y, owns every bucket of it (a range X
+//     owns again, or that is in a move's write pause, is skipped);
+//   - the ownership change is older than the grace period;
+//   - no move is in flight over it: no bucket of it is moving in the map,
+//     and no record under moves/ names an overlapping bucket;
+//   - X's fence does not claim it (owned, frozen or incoming), and Y's fence
+//     says Y owns all of it;
+//   - Y answers, and for every sharded table holds at least MinOwnerRatio
+//     (default 1) times as many rows in the range as X's leftovers.
+//
+// Anything else is skipped and reported, never deleted. Deletes run on X in
+// key-order batches, each its own short transaction with
+// session_replication_role = replica (which bypasses the fence trigger),
+// holding the range's lock granules shared and re-checking X's fence, so a
+// move towards X that starts meanwhile (it marks X incoming first) stops
+// GC. A run is stateless: rows once deleted stay deleted, and a run killed
+// half-way is resumed by the next run, which recomputes what is left. When
+// a history entry's range is clean on its node, the entry is pruned from
+// the map by compare-and-swap.
+package gc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/dbnode"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+// Options tune a run.
+type Options struct {
+	// Grace: an ownership change must be at least this old (default 1h;
+	// negative means zero).
+	Grace time.Duration
+	// Batch is the most rows one delete transaction removes (default 5000).
+	Batch int
+	// Rate caps deletes, in rows per second over the run (0: no cap).
+	Rate float64
+	// DryRun checks and counts everything but deletes and prunes nothing.
+	DryRun bool
+	// Node limits the run to one node's leftovers.
+	Node bucketmap.NodeID
+	// MinOwnerRatio: the owner must hold at least this many times the
+	// leftover rows of a range, per table (default 1; 0 keeps the default;
+	// negative means any number, even none).
+	MinOwnerRatio float64
+	// Connect opens a connection to a node (default dbnode.Connect).
+	Connect func(ctx context.Context, n bucketmap.Node) (*pgx.Conn, error)
+	// Progress is called after every batch (and once per range before it
+	// starts), from the running goroutine.
+	Progress func(Progress)
+	// Metrics, if set, is updated as the run goes.
+	Metrics *Metrics
+	Log     *zap.Logger
+	Now     func() time.Time
+}
+
+func (o *Options) defaults() {
+	if o.Grace == 0 {
+		o.Grace = time.Hour
+	}
+	if o.Grace < 0 {
+		o.Grace = 0
+	}
+	if o.Batch <= 0 {
+		o.Batch = 5000
+	}
+	if o.MinOwnerRatio == 0 {
+		o.MinOwnerRatio = 1
+	}
+	if o.Connect == nil {
+		o.Connect = dbnode.Connect
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Skip kinds. Uncertain ones make a run fail (exit 1): something needs a
+// person. The others are expected and resolve themselves.
+const (
+	SkipGrace        = "grace"            // the change is too recent
+	SkipMove         = "move-in-flight"   // a move involves the range
+	SkipOwnedAgain   = "owned-again"      // the node owns the bucket again
+	SkipNodeDown     = "node-unreachable" // the node with the leftovers does not answer: nothing can be deleted
+	SkipOwnerDown    = "owner-unreachable"
+	SkipOwnerRows    = "owner-rows"    // the owner holds too few of the range's rows
+	SkipFence        = "fence"         // a fence disagrees with the map
+	SkipMoveRecord   = "move-record"   // an unreadable move record blocks everything
+	SkipTableMissing = "table-missing" // a sharded table is missing on the owner
+)
+
+var uncertain = map[string]bool{SkipNodeDown: true, SkipOwnerDown: true, SkipOwnerRows: true, SkipFence: true, SkipMoveRecord: true, SkipTableMissing: true}
+
+// Range is a bucket range of one history entry, on one node.
+type Range struct {
+	Node    bucketmap.NodeID `json:"node"`
+	Owner   bucketmap.NodeID `json:"owner,omitempty"`
+	Level   int              `json:"level"`
+	Lo      uint32           `json:"bucket_lo"`
+	Hi      uint32           `json:"bucket_hi"`
+	KeyLo   int64            `json:"key_lo"`
+	KeyHi   int64            `json:"key_hi"`
+	Since   time.Time        `json:"changed_at"`
+	Version uint64           `json:"until_map_version"`
+	handoff bucketmap.Handoff
+}
+
+func (r Range) String() string {
+	b := fmt.Sprintf("buckets %d..%d", r.Lo, r.Hi)
+	if r.Lo == r.Hi {
+		b = fmt.Sprintf("bucket %d", r.Lo)
+	}
+	return fmt.Sprintf("%s at level %d on %s", b, r.Level, r.Node)
+}
+
+// TableWork is one table's rows in a range.
+type TableWork struct {
+	Table     string `json:"table"`
+	Rows      int64  `json:"rows"`       // leftover rows on the node
+	OwnerRows int64  `json:"owner_rows"` // rows of the range on the owner
+	Deleted   int64  `json:"deleted"`
+}
+
+// Work is a range GC deletes (or, dry, would delete).
+type Work struct {
+	Range
+	Tables []TableWork `json:"tables"`
+	Done   bool        `json:"done"` // every leftover row deleted
+}
+
+// Skip is a range GC left alone, and why.
+type Skip struct {
+	Range
+	Kind      string `json:"kind"`
+	Reason    string `json:"reason"`
+	Uncertain bool   `json:"uncertain"`
+}
+
+// Report is what a run found and did.
+type Report struct {
+	MapVersion  uint64        `json:"map_version"`
+	Level       int           `json:"level"`
+	DryRun      bool          `json:"dry_run"`
+	Work        []Work        `json:"ranges"`
+	Skipped     []Skip        `json:"skipped"`
+	Rows        int64         `json:"rows"` // leftover rows found in deletable ranges
+	Deleted     int64         `json:"deleted"`
+	Batches     int           `json:"batches"`
+	MaxBatch    time.Duration `json:"-"`
+	MaxBatchMS  float64       `json:"max_batch_ms"`
+	Elapsed     time.Duration `json:"-"`
+	ElapsedS    float64       `json:"elapsed_s"`
+	Pruned      int           `json:"history_pruned"`
+	PruneErrors []string      `json:"prune_errors,omitempty"`
+}
+
+// Uncertain counts the skips that need a person.
+func (r *Report) Uncertain() int {
+	n := 0
+	for _, s := range r.Skipped {
+		if s.Uncertain {
+			n++
+		}
+	}
+	return n
+}
+
+// Progress is reported after every batch.
+type Progress struct {
+	Node     bucketmap.NodeID
+	Table    string
+	Range    string
+	Deleted  int64 // in the whole run so far
+	Total    int64 // rows the run means to delete
+	Batches  int
+	Elapsed  time.Duration
+	MaxBatch time.Duration
+}
+
+// GC is one cluster's garbage collector.
+type GC struct {
+	Session *zksession.Session
+	Store   *bucketmap.Store
+	Tables  []topo.TableRecord
+	Opt     Options
+
+	segments map[string]int // history entry -> how many ranges it was cut into
+}
+
+func hkey(h bucketmap.Handoff) string {
+	return fmt.Sprintf("%s/%d/%d/%d", h.Node, h.Lo, h.Hi, h.UntilVersion)
+}
+
+// Run finds the leftovers, checks them, and (unless DryRun) deletes them
+// and prunes the history entries that are clean. The caller holds the GC
+// lock (Acquire). An error means the run could not proceed at all; skipped
+// ranges are in the report.
+func (g *GC) Run(ctx context.Context) (*Report, error) {
+	g.Opt.defaults()
+	start := g.Opt.Now()
+	m, _, err := g.Store.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	moves, err := ReadMoves(ctx, g.Session, g.Store.Paths())
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{MapVersion: m.Version, Level: m.Level, DryRun: g.Opt.DryRun, Work: []Work{}, Skipped: []Skip{}}
+	g.segments = map[string]int{}
+	cands := g.candidates(m, moves, rep)
+
+	conns := &connCache{connect: g.Opt.Connect, m: m, conns: map[bucketmap.NodeID]*pgx.Conn{}, errs: map[bucketmap.NodeID]error{}}
+	defer conns.close()
+	var work []Work
+	for _, r := range cands {
+		w, skip := g.verify(ctx, conns, r)
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+		if skip != nil {
+			rep.Skipped = append(rep.Skipped, *skip)
+			continue
+		}
+		for _, t := range w.Tables {
+			rep.Rows += t.Rows
+		}
+		work = append(work, w)
+	}
+	for _, s := range rep.Skipped {
+		g.Opt.Log.Info("gc: skipped", zap.String("range", s.Range.String()), zap.String("kind", s.Kind), zap.String("reason", s.Reason))
+		g.Opt.Metrics.skipped(s.Kind)
+	}
+	if g.Opt.DryRun {
+		rep.Work = work
+		rep.Elapsed = g.Opt.Now().Sub(start)
+		rep.finish()
+		return rep, nil
+	}
+	g.Opt.Metrics.remaining(rep.Rows)
+	d := &deleter{g: g, rep: rep, start: start, conns: conns}
+	var runErr error
+	for i := range work {
+		if err := d.delete(ctx, &work[i]); err != nil {
+			runErr = err
+			break
+		}
+	}
+	rep.Work = work
+	if runErr == nil {
+		g.prune(ctx, rep, work)
+	}
+	rep.Elapsed = g.Opt.Now().Sub(start)
+	rep.finish()
+	return rep, runErr
+}
+
+func (r *Report) finish() {
+	r.MaxBatchMS = float64(r.MaxBatch.Microseconds()) / 1000
+	r.ElapsedS = r.Elapsed.Seconds()
+}
+
+// candidates cuts the history into ranges with one owner each and skips
+// those the map alone rules out.
+func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, rep *Report) []Range {
+	now := g.Opt.Now()
+	var out []Range
+	for _, h := range m.History() {
+		if g.Opt.Node != "" && h.Node != g.Opt.Node {
+			continue
+		}
+		type cls struct {
+			owner bucketmap.NodeID
+			kind  string
+			why   string
+		}
+		classify := func(b uint32) cls {
+			owner := m.Owner(b)
+			if owner == h.Node {
+				return cls{kind: SkipOwnedAgain, why: fmt.Sprintf("%s owns it again", h.Node)}
+			}
+			if bm := m.Meta(b); bm.State == bucketmap.BucketMoving {
+				return cls{owner: owner, kind: SkipMove, why: fmt.Sprintf("in the write pause of move %s to %s", bm.Move, bm.Target)}
+			}
+			return cls{owner: owner}
+		}
+		var segs []Range
+		var kinds []cls
+		for b := h.Lo; ; b++ {
+			c := classify(b)
+			lo, hi, _ := keystream.Range(m.Level, b)
+			if n := len(segs); n > 0 && kinds[n-1] == c {
+				segs[n-1].Hi, segs[n-1].KeyHi = b, hi
+			} else {
+				segs = append(segs, Range{Node: h.Node, Owner: c.owner, Level: m.Level, Lo: b, Hi: b, KeyLo: lo, KeyHi: hi, Since: h.At, Version: h.UntilVersion, handoff: h})
+				kinds = append(kinds, c)
+			}
+			if b == h.Hi {
+				break
+			}
+		}
+		g.segments[hkey(h)] = len(segs)
+		for i, s := range segs {
+			skip := func(kind, why string) {
+				rep.Skipped = append(rep.Skipped, Skip{Range: s, Kind: kind, Reason: why, Uncertain: uncertain[kind]})
+			}
+			if kinds[i].kind != "" {
+				skip(kinds[i].kind, kinds[i].why)
+				continue
+			}
+			if eligible := h.At.Add(g.Opt.Grace); now.Before(eligible) {
+				skip(SkipGrace, fmt.Sprintf("ownership changed at %s (map version %d); eligible after %s", h.At.Format(time.RFC3339), h.UntilVersion, eligible.Format(time.RFC3339)))
+				continue
+			}
+			if mv, ok := overlapping(moves, s.KeyLo, s.KeyHi); ok {
+				if mv.All {
+					skip(SkipMoveRecord, mv.Why+"; GC deletes nothing while it is there")
+				} else {
+					skip(SkipMove, fmt.Sprintf("move %s of bucket %d at level %d is in flight", mv.ID, mv.Bucket, mv.Level))
+				}
+				continue
+			}
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func overlapping(moves []MoveRange, lo, hi int64) (MoveRange, bool) {
+	for _, mv := range moves {
+		if mv.Lo <= hi && lo <= mv.Hi {
+			return mv, true
+		}
+	}
+	return MoveRange{}, false
+}
+
+// connCache keeps one connection per node for a run; a node that failed
+// once is not retried in the same run.
+type connCache struct {
+	connect func(ctx context.Context, n bucketmap.Node) (*pgx.Conn, error)
+	m       *bucketmap.Map
+	mu      sync.Mutex
+	conns   map[bucketmap.NodeID]*pgx.Conn
+	errs    map[bucketmap.NodeID]error
+	fences  map[bucketmap.NodeID]*fence.Fence
+}
+
+func (c *connCache) get(ctx context.Context, id bucketmap.NodeID) (*pgx.Conn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if conn, ok := c.conns[id]; ok {
+		return conn, nil
+	}
+	if err, ok := c.errs[id]; ok {
+		return nil, err
+	}
+	n, ok := c.m.Node(id)
+	if !ok {
+		return nil, fmt.Errorf("node %s is not in the registry", id)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := c.connect(cctx, n)
+	if err != nil {
+		c.errs[id] = err
+		return nil, err
+	}
+	c.conns[id] = conn
+	return conn, nil
+}
+
+// fenceOf reads a node's fence once per run (nil: not installed).
+func (c *connCache) fenceOf(ctx context.Context, id bucketmap.NodeID, conn *pgx.Conn) (*fence.Fence, error) {
+	c.mu.Lock()
+	if c.fences == nil {
+		c.fences = map[bucketmap.NodeID]*fence.Fence{}
+	}
+	f, ok := c.fences[id]
+	c.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	f, err := fence.Read(ctx, conn)
+	if errors.Is(err, fence.ErrNotInstalled) {
+		f, err = nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.fences[id] = f
+	c.mu.Unlock()
+	return f, nil
+}
+
+func (c *connCache) close() {
+	for _, conn := range c.conns {
+		conn.Close(context.Background())
+	}
+}
+
+// covered returns the fence's states over lo..hi: for each state, whether
+// some key of the range has it.
+func covered(f *fence.Fence, lo, hi int64) map[fence.State]bool {
+	out := map[fence.State]bool{}
+	probe := []fence.Span{{Lo: lo, Hi: hi, State: fence.Owned}}
+	for _, d := range fence.Compare(probe, f.Spans) {
+		if d.Want == fence.Owned { // inside lo..hi, where the fence is not owned
+			out[d.Got] = true
+		}
+	}
+	for _, s := range f.Spans {
+		if s.Lo <= hi && lo <= s.Hi {
+			out[s.State] = true
+		}
+	}
+	return out
+}
+
+// verify checks a candidate against both nodes and counts its rows.
+func (g *GC) verify(ctx context.Context, conns *connCache, r Range) (Work, *Skip) {
+	skip := func(kind, format string, args ...any) (Work, *Skip) {
+		return Work{}, &Skip{Range: r, Kind: kind, Reason: fmt.Sprintf(format, args...), Uncertain: uncertain[kind]}
+	}
+	x, err := conns.get(ctx, r.Node)
+	if err != nil {
+		return skip(SkipNodeDown, "%s does not answer: %v", r.Node, err)
+	}
+	y, err := conns.get(ctx, r.Owner)
+	if err != nil {
+		return skip(SkipOwnerDown, "the current owner %s does not answer, so nobody can confirm it holds the rows: %v", r.Owner, err)
+	}
+	fx, err := conns.fenceOf(ctx, r.Node, x)
+	if err != nil {
+		return skip(SkipNodeDown, "reading %s's fence: %v", r.Node, err)
+	}
+	if fx != nil {
+		st := covered(fx, r.KeyLo, r.KeyHi)
+		for _, s := range []fence.State{fence.Owned, fence.Frozen, fence.Incoming} {
+			if st[s] {
+				return skip(SkipFence, "%s's fence still has part of the range %s (fence at map version %d, map at %d); run `shardctl node reconcile`", r.Node, s, fx.MapVersion, r.Version)
+			}
+		}
+	}
+	fy, err := conns.fenceOf(ctx, r.Owner, y)
+	if err != nil {
+		return skip(SkipOwnerDown, "reading the owner %s's fence: %v", r.Owner, err)
+	}
+	if fy == nil {
+		return skip(SkipFence, "the owner %s has no fence installed, so it cannot be shown to own the range; run `shardctl node prepare %s`", r.Owner, r.Owner)
+	}
+	if st := covered(fy, r.KeyLo, r.KeyHi); st[fence.Absent] || st[fence.Frozen] || st[fence.Incoming] {
+		return skip(SkipFence, "the owner %s's fence does not own all of the range (fence at map version %d)", r.Owner, fy.MapVersion)
+	}
+	w := Work{Range: r}
+	for _, t := range g.Tables {
+		cx, errx := countRange(ctx, x, t, r.KeyLo, r.KeyHi)
+		if errx != nil {
+			if isUndefinedTable(errx) {
+				continue // nothing of it on this node
+			}
+			return skip(SkipNodeDown, "counting %s on %s: %v", t.Name, r.Node, errx)
+		}
+		if cx == 0 {
+			w.Tables = append(w.Tables, TableWork{Table: t.Name})
+			continue
+		}
+		cy, erry := countRange(ctx, y, t, r.KeyLo, r.KeyHi)
+		if erry != nil {
+			if isUndefinedTable(erry) {
+				return skip(SkipTableMissing, "table %s does not exist on the owner %s, which should hold the range's %d rows", t.Name, r.Owner, cx)
+			}
+			return skip(SkipOwnerDown, "counting %s on the owner %s: %v", t.Name, r.Owner, erry)
+		}
+		if g.Opt.MinOwnerRatio > 0 && float64(cy) < g.Opt.MinOwnerRatio*float64(cx) {
+			return skip(SkipOwnerRows, "%s has %d rows of %s in the range but the owner %s only %d (want at least %.2g times as many): the copy may be incomplete, or rows were deleted since; check, then rerun with --min-owner-ratio",
+				r.Node, cx, t.Name, r.Owner, cy, g.Opt.MinOwnerRatio)
+		}
+		w.Tables = append(w.Tables, TableWork{Table: t.Name, Rows: cx, OwnerRows: cy})
+	}
+	return w, nil
+}
+
+func isUndefinedTable(err error) bool {
+	return strings.Contains(err.Error(), "SQLSTATE 42P01")
+}
+
+func tableRec(tables []topo.TableRecord, name string) topo.TableRecord {
+	for _, t := range tables {
+		if t.Name == name {
+			return t
+		}
+	}
+	return topo.TableRecord{}
+}
+
+func qualified(t topo.TableRecord) string {
+	return pgx.Identifier{t.Schema(), t.Table()}.Sanitize()
+}
+
+func countRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, lo, hi int64) (int64, error) {
+	var n int64
+	col := pgx.Identifier{t.KeyColumn}.Sanitize()
+	err := c.QueryRow(ctx, `SELECT count(*) FROM `+qualified(t)+` WHERE `+col+` BETWEEN $1 AND $2`, lo, hi).Scan(&n)
+	return n, err
+}
+
+// prune drops the history entries whose whole range was deleted clean.
+func (g *GC) prune(ctx context.Context, rep *Report, work []Work) {
+	var done []bucketmap.Handoff
+	clean := map[string]int{}
+	for _, w := range work {
+		if w.Done {
+			k := hkey(w.handoff)
+			if clean[k]++; clean[k] == g.segments[k] {
+				done = append(done, w.handoff)
+			}
+		}
+	}
+	if len(done) == 0 {
+		return
+	}
+	m, err := g.Store.Update(ctx, func(m *bucketmap.Map) error {
+		n := m.PruneHistory(func(h bucketmap.Handoff) bool {
+			return slices.ContainsFunc(done, func(d bucketmap.Handoff) bool {
+				return d.Lo == h.Lo && d.Hi == h.Hi && d.Node == h.Node && d.UntilVersion == h.UntilVersion
+			})
+		})
+		rep.Pruned = n
+		if n == 0 {
+			return errNothingToPrune
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errNothingToPrune):
+		rep.Pruned = 0
+	case err != nil:
+		rep.Pruned = 0
+		rep.PruneErrors = append(rep.PruneErrors, err.Error())
+		g.Opt.Log.Warn("gc: pruning the history failed; the next run retries", zap.Error(err))
+	default:
+		g.Opt.Log.Info("gc: pruned history", zap.Int("entries", rep.Pruned), zap.Uint64("map_version", m.Version))
+	}
+}
+
+var errNothingToPrune = errors.New("nothing to prune")

@@ -1,0 +1,209 @@
+package gc
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+var events = topo.TableRecord{Name: "app.events", KeyColumn: "bkey"}
+
+const eventsDDL = `CREATE SCHEMA IF NOT EXISTS app;
+CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, body text, PRIMARY KEY (bkey, id))`
+
+// cluster is a real test cluster: a ZooKeeper root with the map, and
+// PostgreSQL nodes with app.events fenced.
+type cluster struct {
+	t     testing.TB
+	z     *testenv.ZK
+	pg    *testenv.PG
+	s     *zksession.Session
+	st    *bucketmap.Store
+	conns map[bucketmap.NodeID]*pgx.Conn
+	ids   []bucketmap.NodeID
+	// clock is what the map store stamps handoffs with.
+	clock time.Time
+	id    int64
+}
+
+func newCluster(t testing.TB, level, n int) *cluster {
+	t.Helper()
+	c := &cluster{t: t, z: testenv.StartZK(t), pg: testenv.StartPGNodes(t, n), conns: map[bucketmap.NodeID]*pgx.Conn{},
+		clock: time.Now().Add(-48 * time.Hour)}
+	ctx := context.Background()
+	s, err := zksession.Open(zksession.Config{Connect: c.z.ConnectString})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.WaitConnected(wctx); err != nil {
+		t.Fatal(err)
+	}
+	c.s = s
+	c.st = bucketmap.NewStore(s, topo.MustPaths(c.z.Root, "c1"))
+	c.st.Now = func() time.Time { return c.clock }
+	var nodes []bucketmap.Node
+	for i, pn := range c.pg.Nodes {
+		id := bucketmap.NodeID(fmt.Sprintf("n%d", i+1))
+		c.ids = append(c.ids, id)
+		nodes = append(nodes, bucketmap.Node{ID: id, DSN: pn.DSN, Password: "file:" + pn.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
+	}
+	m, err := bucketmap.New(level, nodes, c.clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: "c1", Seed: strings.Repeat("ab", 16), CreatedAt: c.clock, Tables: []topo.TableRecord{events}}
+	if err := c.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i, pn := range c.pg.Nodes {
+		conn := pn.Conn(t)
+		c.conns[c.ids[i]] = conn
+		c.exec(conn, eventsDDL)
+		if _, err := fence.Install(ctx, conn, "c1", c.ids[i], []topo.TableRecord{events}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.syncAll(m)
+	return c
+}
+
+func (c *cluster) exec(conn *pgx.Conn, sql string, args ...any) {
+	c.t.Helper()
+	if _, err := conn.Exec(context.Background(), sql, args...); err != nil {
+		c.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (c *cluster) syncAll(m *bucketmap.Map) {
+	c.t.Helper()
+	for _, id := range c.ids {
+		if _, err := fence.Sync(context.Background(), c.conns[id], m, id); err != nil {
+			c.t.Fatalf("sync %s: %v", id, err)
+		}
+	}
+}
+
+func (c *cluster) load() *bucketmap.Map {
+	c.t.Helper()
+	m, _, err := c.st.Load(context.Background())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return m
+}
+
+// update changes the map and brings every fence in step.
+func (c *cluster) update(edit func(m *bucketmap.Map) error) *bucketmap.Map {
+	c.t.Helper()
+	m, err := c.st.Update(context.Background(), edit)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.syncAll(m)
+	return m
+}
+
+// insert writes n rows with random keys in bucket b (at the map's level)
+// on its owner, through the fence.
+func (c *cluster) insert(r *rand.Rand, m *bucketmap.Map, b uint32, n int) {
+	c.t.Helper()
+	lo, hi, _ := keystream.Range(m.Level, b)
+	conn := c.conns[m.Owner(b)]
+	rows := make([][]any, n)
+	for i := range rows {
+		c.id++
+		rows[i] = []any{lo + int64(r.Uint64N(uint64(hi-lo))), c.id, "x"}
+	}
+	if _, err := conn.CopyFrom(context.Background(), pgx.Identifier{"app", "events"}, []string{"bkey", "id", "body"}, pgx.CopyFromRows(rows)); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// move copies bucket b's rows to node to (as a mover would, through
+// replication apply, i.e. bypassing the fence) and then assigns it there.
+func (c *cluster) move(m *bucketmap.Map, b uint32, to bucketmap.NodeID) *bucketmap.Map {
+	c.t.Helper()
+	ctx := context.Background()
+	lo, hi, _ := keystream.Range(m.Level, b)
+	rows, err := c.conns[m.Owner(b)].Query(ctx, `SELECT bkey, id, body FROM app.events WHERE bkey BETWEEN $1 AND $2`, lo, hi)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	data, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) {
+		var k, id int64
+		var body *string
+		err := r.Scan(&k, &id, &body)
+		return []any{k, id, body}, err
+	})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	dst := c.conns[to]
+	tx, err := dst.Begin(ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.exec(dst, `SET LOCAL session_replication_role = replica`)
+	c.exec(dst, `CREATE TEMP TABLE incoming (LIKE app.events) ON COMMIT DROP`)
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"incoming"}, []string{"bkey", "id", "body"}, pgx.CopyFromRows(data)); err != nil {
+		c.t.Fatal(err)
+	}
+	c.exec(dst, `INSERT INTO app.events SELECT * FROM incoming ON CONFLICT DO NOTHING`)
+	if err := tx.Commit(ctx); err != nil {
+		c.t.Fatal(err)
+	}
+	return c.update(func(m *bucketmap.Map) error { return m.Assign(b, to, bucketmap.AssignOptions{}) })
+}
+
+// counts returns the rows per bucket (at level) on a node.
+func (c *cluster) counts(id bucketmap.NodeID, level int) map[uint32]int64 {
+	c.t.Helper()
+	rows, err := c.conns[id].Query(context.Background(), `SELECT bkey FROM app.events`)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[uint32]int64{}
+	for _, k := range keys {
+		out[keystream.BucketOf(keystream.PrefixFromKey(k), level)]++
+	}
+	return out
+}
+
+func (c *cluster) gc(opt Options) *GC {
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	return &GC{Session: c.s, Store: c.st, Tables: []topo.TableRecord{events}, Opt: opt}
+}
+
+func (c *cluster) run(opt Options) *Report {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := c.gc(opt).Run(ctx)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return rep
+}
+
+func fmtSQL(format string, args ...any) string { return fmt.Sprintf(format, args...) }
