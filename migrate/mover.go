@@ -540,6 +540,11 @@ func (r *run) copy(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("initial copy not finished within %s", r.mv.opts.CopyTimeout)
 		}
+		// A source that went away shows on the target only as a worker
+		// retrying its connection: ask the source itself.
+		if err := src.Ping(ctx); err != nil {
+			return fmt.Errorf("source unreachable during the copy: %w", err)
+		}
 		if time.Since(lastReport) > 2*time.Second {
 			if n, err := countRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err == nil {
 				r.progress(fmt.Sprintf("copying: %d rows on the target so far", n))
@@ -872,13 +877,17 @@ func (r *run) abort(ctx context.Context, cause error) error {
 				r.rec.SlotPending = false
 			}
 		}
-		// The source owns the range again before the map says so, so
-		// that writers sent back to it are accepted.
-		if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrNotInstalled) {
-			problems = append(problems, "source fence: "+err.Error())
+		// If the freeze may have happened, the source owns the range
+		// again before the map says so, so that writers sent back to it
+		// are accepted.
+		if r.rec.FenceVersion != 0 {
+			if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrNotInstalled) {
+				problems = append(problems, "source fence: "+err.Error())
+			}
 		}
 		_ = clearMarkers(ctx, src, r.rec.ID)
-	} else {
+	} else if r.reached(topo.MoveCopy) {
+		// A publication and slot may be on the source: finish later.
 		problems = append(problems, "source unreachable: "+srcErr.Error())
 	}
 	if _, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
@@ -910,6 +919,16 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		return err
 	}
 	return fmt.Errorf("move %s aborted: %w", r.rec.ID, cause)
+}
+
+// reached reports whether the move ever entered state.
+func (r *run) reached(state string) bool {
+	for _, st := range r.rec.Steps {
+		if st.State == state {
+			return true
+		}
+	}
+	return false
 }
 
 // pause stops the rebalancer until an operator resumes it.

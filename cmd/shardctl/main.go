@@ -17,7 +17,7 @@ func main() {
 		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
 		Commands: []*cli.Command{
 			initCommand(), statusCommand(), nodeCommand(), splitCommand(), planCommand(), assignCommand(),
-			simulateCommand(), routeCommand(), hashCommand(), zkCommand(),
+			simulateCommand(), moveCommand(), movesCommand(), rebalanceCommand(), routeCommand(), hashCommand(), zkCommand(),
 		},
 		EnableBashCompletion: true,
 	}

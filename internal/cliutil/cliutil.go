@@ -233,7 +233,9 @@ func Intersperse(app *cli.App, args []string) []string {
 			break
 		}
 	}
-	if leaf == nil || len(leaf.Subcommands) > 0 {
+	// A command with subcommands that is given arguments instead
+	// ("shardctl move 5 --to n2") is the leaf itself.
+	if leaf == nil {
 		return append(out, args[i:]...)
 	}
 	var global, flags, pos, rest []string

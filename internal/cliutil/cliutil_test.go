@@ -13,6 +13,7 @@ func TestIntersperse(t *testing.T) {
 		Commands: []*cli.Command{
 			{Name: "assign", Flags: []cli.Flag{&cli.BoolFlag{Name: "no-copy"}, &cli.IntFlag{Name: "retries"}}},
 			{Name: "node", Subcommands: []*cli.Command{{Name: "add", Flags: []cli.Flag{&cli.IntFlag{Name: "weight"}}}}},
+			{Name: "move", Flags: []cli.Flag{&cli.StringFlag{Name: "to"}}, Subcommands: []*cli.Command{{Name: "status"}}},
 		},
 	}
 	for _, tc := range []struct{ in, want []string }{
@@ -23,6 +24,8 @@ func TestIntersperse(t *testing.T) {
 		{[]string{"x", "assign", "3", "--", "--no-copy"}, []string{"x", "assign", "--", "3", "--no-copy"}},
 		{[]string{"x", "assign", "--bogus", "3"}, []string{"x", "assign", "--bogus", "--", "3"}},
 		{[]string{"x", "assign"}, []string{"x", "assign"}},
+		{[]string{"x", "move", "5", "--to", "n2"}, []string{"x", "move", "--to", "n2", "--", "5"}},
+		{[]string{"x", "move", "status", "id-1", "--json"}, []string{"x", "--json", "move", "status", "--", "id-1"}},
 		{[]string{"x", "unknown", "a", "--json"}, []string{"x", "unknown", "a", "--json"}},
 		{[]string{"x"}, []string{"x"}},
 	} {

@@ -1,0 +1,266 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+)
+
+// Reasons the rebalancer stops by itself.
+var (
+	ErrPaused    = errors.New("rebalancer is paused")
+	ErrNodeDown  = errors.New("a db node is down")
+	ErrSuspended = errors.New("ZooKeeper session is not connected")
+)
+
+// Rebalancer executes the planner's moves until the map is balanced.
+type Rebalancer struct {
+	mv  *Mover
+	pol bucketmap.Policy
+	log *zap.Logger
+	// Progress, when set, receives a line per decision.
+	Progress func(msg string)
+}
+
+// NewRebalancer returns a rebalancer that runs moves with mv.
+func NewRebalancer(mv *Mover, pol bucketmap.Policy) *Rebalancer {
+	return &Rebalancer{mv: mv, pol: pol, log: mv.log.With(zap.String("component", "rebalancer"))}
+}
+
+// Report is what one Run did.
+type Report struct {
+	Splits     int                `json:"splits"`
+	Reassigned int                `json:"reassigned"`
+	Resumed    []string           `json:"resumed,omitempty"`
+	Moves      []*topo.MoveRecord `json:"moves"`
+	Balanced   bool               `json:"balanced"`
+}
+
+func (rb *Rebalancer) say(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	rb.log.Info(msg)
+	if rb.Progress != nil {
+		rb.Progress(msg)
+	}
+}
+
+// State reads the rebalancer's record (nil: never paused).
+func (rb *Rebalancer) State(ctx context.Context) (*topo.RebalanceRecord, error) {
+	data, _, err := rb.mv.s.Get(ctx, rb.mv.p.Rebalance())
+	if errors.Is(err, zksession.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return topo.DecodeRebalance(rb.mv.p.Rebalance(), data)
+}
+
+// Resume clears a pause.
+func (rb *Rebalancer) Resume(ctx context.Context) error {
+	rec := topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: false, At: time.Now().UTC()}
+	data, err := topo.Encode(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := rb.mv.s.Set(ctx, rb.mv.p.Rebalance(), data, zksession.AnyVersion); errors.Is(err, zksession.ErrNoNode) {
+		return rb.mv.s.Create(ctx, rb.mv.p.Rebalance(), data)
+	} else {
+		return err
+	}
+}
+
+// Pause stops the rebalancer until Resume.
+func (rb *Rebalancer) Pause(ctx context.Context, reason string) error { return rb.mv.pause(ctx, reason, "") }
+
+// check refuses to go on when it is not safe to move data.
+func (rb *Rebalancer) check(ctx context.Context, m *bucketmap.Map) error {
+	if st := rb.mv.s.State(); st != zksession.StateConnected {
+		return fmt.Errorf("%w (%s)", ErrSuspended, st)
+	}
+	if rec, err := rb.State(ctx); err != nil {
+		return err
+	} else if rec != nil && rec.Paused {
+		return fmt.Errorf("%w since %s: %s (shardctl rebalance --resume once it is understood)", ErrPaused, rec.At.Format(time.RFC3339), rec.Reason)
+	}
+	for _, n := range m.Nodes() {
+		if n.State == bucketmap.NodeDown {
+			return fmt.Errorf("%w: %s (bring it back with `shardctl node up %s` or retire it with `shardctl node remove %s`)", ErrNodeDown, n.ID, n.ID, n.ID)
+		}
+	}
+	return nil
+}
+
+// Plan is the planner's answer for the live map.
+func (rb *Rebalancer) Plan(ctx context.Context) (*bucketmap.Plan, error) {
+	m, _, err := rb.mv.st.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return bucketmap.PlanFor(m, rb.pol)
+}
+
+// Run moves buckets until the planner has nothing left to do, or stops on
+// the first problem: a failed move, a verification mismatch (which also
+// pauses it), a node down, ZooKeeper not connected.
+func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
+	rep := &Report{Moves: []*topo.MoveRecord{}}
+	// Unfinished moves first: a mover that died left them.
+	moves, err := rb.mv.List(ctx)
+	if err != nil {
+		return rep, err
+	}
+	for _, r := range moves {
+		if r.Finished() || r.State == topo.MoveFailed {
+			continue
+		}
+		rb.say("resuming unfinished move %s (bucket %d, %s -> %s, %s)", r.ID, r.Bucket, r.Source, r.Target, r.State)
+		rec, err := rb.mv.Resume(ctx, r.ID)
+		rep.Resumed = append(rep.Resumed, r.ID)
+		if err != nil && !errors.Is(err, ErrBusy) && (rec == nil || rec.State != topo.MoveAborted) {
+			return rep, err
+		}
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		m, _, err := rb.mv.st.Load(ctx)
+		if err != nil {
+			return rep, err
+		}
+		if err := rb.check(ctx, m); err != nil {
+			return rep, err
+		}
+		p, err := bucketmap.PlanFor(m, rb.pol)
+		if err != nil {
+			return rep, err
+		}
+		if p.Splits > 0 {
+			rb.say("splitting %d time(s) to level %d before moving", p.Splits, p.Level)
+			if _, err := rb.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+				for range p.Splits {
+					if err := m.Split(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return rep, err
+			}
+			rep.Splits += p.Splits
+			continue
+		}
+		if len(p.Reassign) > 0 {
+			rb.say("reassigning %d buckets of down nodes without copying", len(p.Reassign))
+			if _, err := rb.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+				for _, mv := range p.Reassign {
+					if err := m.Assign(mv.Bucket, mv.To, bucketmap.AssignOptions{NoCopy: true, Force: true}); err != nil {
+						return err
+					}
+				}
+				return nil
+			}); err != nil {
+				return rep, err
+			}
+			rep.Reassigned += len(p.Reassign)
+			continue
+		}
+		if len(p.Moves) == 0 {
+			rep.Balanced = true
+			rb.say("balanced: nothing to move")
+			return rep, nil
+		}
+		batch := bucketmap.Schedule(p.Moves, nil, rb.pol.Concurrency)
+		rb.say("%d moves left (lower bound %d); starting %d", len(p.Moves), p.LowerBound, len(batch))
+		var wg sync.WaitGroup
+		results := make([]*topo.MoveRecord, len(batch))
+		errs := make([]error, len(batch))
+		for i, mv := range batch {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i], errs[i] = rb.mv.Move(ctx, mv.Bucket, mv.To, false)
+			}()
+		}
+		wg.Wait()
+		for i, rec := range results {
+			if rec != nil {
+				rep.Moves = append(rep.Moves, rec)
+				if rec.State == topo.MoveDone {
+					rb.say("moved bucket %d %s -> %s: %d rows, copy %.0f ms, pause %.1f ms", rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS)
+				}
+			}
+			if errs[i] != nil {
+				return rep, fmt.Errorf("rebalancer stopped: %w", errs[i])
+			}
+		}
+	}
+}
+
+// RunForever is the automatic mode: it waits to be the cluster's one
+// elected rebalancer (an ephemeral lock), then runs whenever the map
+// changes, and after a stop (pause, node down, failed move) waits for the
+// next change of the map or of the rebalance record before trying again.
+func (rb *Rebalancer) RunForever(ctx context.Context) error {
+	s, p := rb.mv.s, rb.mv.p
+	lockPath := p.Lock("rebalance")
+	for {
+		if err := s.CreateAll(ctx, p.Locks()); err != nil {
+			return err
+		}
+		_, err := s.CreateEphemeral(ctx, lockPath, []byte(rb.mv.runner), nil)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, zksession.ErrOwnedElsewhere) && !errors.Is(err, zksession.ErrNodeExists) {
+			return err
+		}
+		owner, _, _ := s.Get(ctx, lockPath)
+		rb.say("another rebalancer (%s) is running; waiting for it to go away", owner)
+		w := s.Watch(ctx, lockPath)
+		for n := range w.C {
+			if !n.Exists {
+				break
+			}
+		}
+		w.Stop()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	rb.say("elected as the cluster's rebalancer")
+	mapW := s.Watch(ctx, p.Map())
+	defer mapW.Stop()
+	recW := s.Watch(ctx, p.Rebalance())
+	defer recW.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-mapW.C:
+		case <-recW.C:
+		}
+		// Debounce bursts of changes (our own moves change the map too).
+		time.Sleep(500 * time.Millisecond)
+		rep, err := rb.Run(ctx)
+		if err != nil {
+			rb.log.Warn("rebalancer stopped; waiting for the next change", zap.Error(err))
+			if rb.Progress != nil {
+				rb.Progress("stopped: " + err.Error())
+			}
+			continue
+		}
+		if len(rep.Moves) > 0 || rep.Splits > 0 || rep.Reassigned > 0 {
+			rb.say("run finished: %d moves, %d splits, %d reassigned", len(rep.Moves), rep.Splits, rep.Reassigned)
+		}
+	}
+}
