@@ -79,7 +79,9 @@ func (rb *Rebalancer) Resume(ctx context.Context) error {
 }
 
 // Pause stops the rebalancer until Resume.
-func (rb *Rebalancer) Pause(ctx context.Context, reason string) error { return rb.mv.pause(ctx, reason, "") }
+func (rb *Rebalancer) Pause(ctx context.Context, reason string) error {
+	return rb.mv.pause(ctx, reason, "")
+}
 
 // check refuses to go on when it is not safe to move data.
 func (rb *Rebalancer) check(ctx context.Context, m *bucketmap.Map) error {

@@ -217,7 +217,9 @@ func rebalanceCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			return withMover(c, func(ctx context.Context, mv *migrate.Mover, st *bucketmap.Store) error {
 				rb := migrate.NewRebalancer(mv, policy(c))
-				rb.Progress = func(msg string) { fmt.Fprintf(c.App.ErrWriter, "%s  rebalance: %s\n", time.Now().Format("15:04:05.000"), msg) }
+				rb.Progress = func(msg string) {
+					fmt.Fprintf(c.App.ErrWriter, "%s  rebalance: %s\n", time.Now().Format("15:04:05.000"), msg)
+				}
 				switch {
 				case c.Bool("pause"):
 					return rb.Pause(ctx, "paused by an operator")

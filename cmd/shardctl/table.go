@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/topo"
+)
+
+// tableCommand manages the cluster's sharded-table list (in the cluster
+// record; see docs/data-contract.md).
+func tableCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "table",
+		Usage: "manage the sharded tables (schema.table and its bucket key column)",
+		Subcommands: []*cli.Command{
+			{
+				Name:        "add",
+				Usage:       "declare a sharded table; then run `shardctl node prepare ID` on every node",
+				ArgsUsage:   "SCHEMA.TABLE",
+				Description: "The key column is a bigint holding keystream Key(Prefix64(user id)); the primary key must include it and an index must lead with it.",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "key", Usage: "bucket key `COLUMN` (bigint)", Required: true},
+				},
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return cliutil.Usagef("table add: want SCHEMA.TABLE")
+					}
+					t := topo.TableRecord{Name: c.Args().First(), KeyColumn: c.String("key")}
+					if err := t.Validate(); err != nil {
+						return cliutil.Usagef("table add: %v", err)
+					}
+					return tableEdit(c, "add", t, func(r *topo.ClusterRecord) error {
+						if slices.ContainsFunc(r.Tables, func(x topo.TableRecord) bool { return x.Name == t.Name }) {
+							return fmt.Errorf("table %s is already sharded", t.Name)
+						}
+						r.Tables = append(r.Tables, t)
+						return nil
+					})
+				},
+			},
+			{
+				Name:      "remove",
+				Usage:     "stop treating a table as sharded (`node prepare` then drops its fence trigger; GC no longer touches it)",
+				ArgsUsage: "SCHEMA.TABLE",
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return cliutil.Usagef("table remove: want SCHEMA.TABLE")
+					}
+					name := c.Args().First()
+					return tableEdit(c, "remove", topo.TableRecord{Name: name}, func(r *topo.ClusterRecord) error {
+						i := slices.IndexFunc(r.Tables, func(x topo.TableRecord) bool { return x.Name == name })
+						if i < 0 {
+							return fmt.Errorf("table %s is not a sharded table", name)
+						}
+						r.Tables = slices.Delete(r.Tables, i, i+1)
+						return nil
+					})
+				},
+			},
+			{
+				Name:  "list",
+				Usage: "list the sharded tables",
+				Action: func(c *cli.Context) error {
+					return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+						rec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
+						if err != nil {
+							return err
+						}
+						tables := rec.Tables
+						if tables == nil {
+							tables = []topo.TableRecord{}
+						}
+						return cliutil.NewPrinter(c).Emit(tables, func(w io.Writer) {
+							if len(tables) == 0 {
+								fmt.Fprintln(w, "no sharded tables (add one with `shardctl table add SCHEMA.TABLE --key COLUMN`)")
+								return
+							}
+							fmt.Fprintf(w, "%-40s %s\n", "TABLE", "KEY COLUMN")
+							for _, t := range tables {
+								fmt.Fprintf(w, "%-40s %s\n", t.Name, t.KeyColumn)
+							}
+						})
+					})
+				},
+			},
+		},
+	}
+}
+
+func tableEdit(c *cli.Context, verb string, t topo.TableRecord, edit func(r *topo.ClusterRecord) error) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		rec, err := topo.UpdateCluster(ctx, st.Session(), st.Paths(), edit)
+		if err != nil {
+			return fmt.Errorf("table %s %s: %w", verb, t.Name, err)
+		}
+		log.Info("table "+verb, zap.String("table", t.Name))
+		return cliutil.NewPrinter(c).Emit(map[string]any{"action": verb, "table": t.Name, "tables": rec.Tables}, func(w io.Writer) {
+			if verb == "add" {
+				fmt.Fprintf(w, "table %s (key %s) is sharded; run `shardctl node prepare ID` on every db node to fence it, and `shardctl node check ID` to verify\n", t.Name, t.KeyColumn)
+			} else {
+				fmt.Fprintf(w, "table %s is no longer sharded; `shardctl node prepare ID` drops its fence trigger\n", t.Name)
+			}
+		})
+	})
+}
