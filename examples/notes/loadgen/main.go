@@ -1,0 +1,421 @@
+// Command loadgen puts a constant load of many users on the notes app and
+// keeps a ledger of every acknowledged write, then checks the ledger
+// against the db nodes.
+//
+//	loadgen run    --url http://127.0.0.1:8080 --users 200 --concurrency 16 --ledger L --summary S
+//	loadgen verify --ledger L [--others]       (reads the live map from ZooKeeper)
+//
+// run stops on SIGINT/SIGTERM (or after --duration), waits for requests in
+// flight, and writes the ledger (the last acknowledged state of every note)
+// and a JSON summary. verify checks that every acknowledged note is on the
+// node that owns its user in the current map, with its last acknowledged
+// body, that acknowledged deletes stuck, and with --others that no other
+// node still holds the user's rows (after GC).
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/dbnode"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: loadgen run|verify [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "run":
+		err = run(os.Args[2:])
+	case "verify":
+		err = verify(os.Args[2:])
+	default:
+		fmt.Fprintf(os.Stderr, "loadgen: unknown command %q (run or verify)\n", os.Args[1])
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+// Entry is a note's last acknowledged state.
+type Entry struct {
+	UID     string `json:"uid"`
+	ID      int64  `json:"id"`
+	Body    string `json:"body"`
+	Deleted bool   `json:"deleted,omitempty"`
+}
+
+// Summary is what a run did.
+type Summary struct {
+	Requests  int64            `json:"requests"`
+	OK        int64            `json:"ok"`
+	Failed    int64            `json:"failed"`
+	Writes    int64            `json:"acknowledged_writes"`
+	Seconds   float64          `json:"seconds"`
+	P50MS     float64          `json:"p50_ms"`
+	P99MS     float64          `json:"p99_ms"`
+	MaxMS     float64          `json:"max_ms"`
+	Errors    map[string]int64 `json:"errors,omitempty"`
+	LastError string           `json:"last_error,omitempty"`
+}
+
+type stats struct {
+	requests, ok, failed, writes atomic.Int64
+	mu                           sync.Mutex
+	lat                          []float64
+	errs                         map[string]int64
+	last                         string
+}
+
+func (s *stats) record(d time.Duration, err error) {
+	s.requests.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lat = append(s.lat, float64(d.Microseconds())/1000)
+	if err != nil {
+		s.failed.Add(1)
+		s.errs[kind(err)]++
+		s.last = err.Error()
+		return
+	}
+	s.ok.Add(1)
+}
+
+func kind(err error) string {
+	var he *httpError
+	if errors.As(err, &he) {
+		return fmt.Sprintf("http %d", he.code)
+	}
+	return "connection"
+}
+
+type httpError struct {
+	code int
+	body string
+}
+
+func (e *httpError) Error() string { return fmt.Sprintf("status %d: %s", e.code, e.body) }
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	url := fs.String("url", "http://127.0.0.1:8080", "notes app base URL")
+	users := fs.Int("users", 200, "number of users")
+	conc := fs.Int("concurrency", 16, "concurrent clients (each owns users/concurrency users)")
+	dur := fs.Duration("duration", 0, "stop after this long (0: on SIGINT/SIGTERM)")
+	ledger := fs.String("ledger", "ledger.jsonl", "where to write the ledger")
+	summary := fs.String("summary", "", "where to write the JSON summary (default: stdout)")
+	every := fs.Duration("status-every", time.Second, "print a status line this often (0: never)")
+	prefix := fs.String("prefix", "user", "user id prefix")
+	fs.Parse(args)
+	if *users < *conc {
+		*conc = *users
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if *dur > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *dur)
+		defer cancel()
+	}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: *conc * 2}}
+	st := &stats{errs: map[string]int64{}}
+	var (
+		mu   sync.Mutex
+		book = map[[2]any]Entry{}
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	for g := range *conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), uint64(start.UnixNano())))
+			var mine []string
+			for u := g; u < *users; u += *conc {
+				mine = append(mine, fmt.Sprintf("%s-%05d", *prefix, u))
+			}
+			notes := map[string][]int64{}
+			for ctx.Err() == nil {
+				uid := mine[rng.IntN(len(mine))]
+				ids := notes[uid]
+				op := rng.IntN(10)
+				t := time.Now()
+				var err error
+				switch {
+				case op < 4 || len(ids) == 0: // create
+					body := fmt.Sprintf("note %d of %s", rng.Int64(), uid)
+					var n struct {
+						ID int64 `json:"id"`
+					}
+					if err = call(client, "POST", *url+"/v1/users/"+uid+"/notes", body, http.StatusCreated, &n); err == nil {
+						notes[uid] = append(ids, n.ID)
+						mu.Lock()
+						book[[2]any{uid, n.ID}] = Entry{UID: uid, ID: n.ID, Body: body}
+						mu.Unlock()
+						st.writes.Add(1)
+					}
+				case op < 7: // update
+					id := ids[rng.IntN(len(ids))]
+					body := fmt.Sprintf("edit %d of %s", rng.Int64(), uid)
+					if err = call(client, "PUT", fmt.Sprintf("%s/v1/users/%s/notes/%d", *url, uid, id), body, http.StatusOK, nil); err == nil {
+						mu.Lock()
+						book[[2]any{uid, id}] = Entry{UID: uid, ID: id, Body: body}
+						mu.Unlock()
+						st.writes.Add(1)
+					}
+				case op < 9: // list
+					var got []struct {
+						ID int64 `json:"id"`
+					}
+					if err = call(client, "GET", *url+"/v1/users/"+uid+"/notes", "", http.StatusOK, &got); err == nil && len(got) != len(ids) {
+						err = fmt.Errorf("list of %s returned %d notes, %d acknowledged", uid, len(got), len(ids))
+					}
+				default: // delete
+					i := rng.IntN(len(ids))
+					id := ids[i]
+					if err = call(client, "DELETE", fmt.Sprintf("%s/v1/users/%s/notes/%d", *url, uid, id), "", http.StatusNoContent, nil); err == nil {
+						notes[uid] = slices.Delete(ids, i, i+1)
+						mu.Lock()
+						book[[2]any{uid, id}] = Entry{UID: uid, ID: id, Deleted: true}
+						mu.Unlock()
+						st.writes.Add(1)
+					}
+				}
+				if ctx.Err() != nil && err != nil {
+					break // cut short by the stop, not a failure of the app
+				}
+				st.record(time.Since(t), err)
+			}
+		}()
+	}
+	if *every > 0 {
+		go func() {
+			t := time.NewTicker(*every)
+			defer t.Stop()
+			var prev int64
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					n := st.requests.Load()
+					fmt.Fprintf(os.Stderr, "loadgen: %6d req/s, %d requests, %d failed, %d writes acknowledged\n", int64(float64(n-prev)/every.Seconds()), n, st.failed.Load(), st.writes.Load())
+					prev = n
+				}
+			}
+		}()
+	}
+	<-ctx.Done()
+	wg.Wait()
+	sum := Summary{Requests: st.requests.Load(), OK: st.ok.Load(), Failed: st.failed.Load(), Writes: st.writes.Load(),
+		Seconds: time.Since(start).Seconds(), Errors: st.errs, LastError: st.last}
+	sort.Float64s(st.lat)
+	if n := len(st.lat); n > 0 {
+		sum.P50MS, sum.P99MS, sum.MaxMS = st.lat[n/2], st.lat[min(n-1, n*99/100)], st.lat[n-1]
+	}
+	f, err := os.Create(*ledger)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for _, e := range book {
+		enc.Encode(e)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	f.Close()
+	out := os.Stdout
+	if *summary != "" {
+		if out, err = os.Create(*summary); err != nil {
+			return err
+		}
+		defer out.Close()
+	}
+	return json.NewEncoder(out).Encode(sum)
+}
+
+func call(c *http.Client, method, url, body string, want int, out any) error {
+	var rd io.Reader
+	if body != "" {
+		b, _ := json.Marshal(map[string]string{"body": body})
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return err
+	}
+	res, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	data, _ := io.ReadAll(res.Body)
+	if res.StatusCode != want {
+		return &httpError{res.StatusCode, string(bytes.TrimSpace(data))}
+	}
+	if out != nil {
+		return json.Unmarshal(data, out)
+	}
+	return nil
+}
+
+// Verification is what verify found.
+type Verification struct {
+	Checked      int      `json:"checked"`
+	Missing      int      `json:"missing"`
+	Wrong        int      `json:"wrong_body"`
+	Resurrected  int      `json:"deleted_but_present"`
+	OnOtherNodes int      `json:"rows_on_other_nodes"`
+	Examples     []string `json:"examples,omitempty"`
+}
+
+func verify(args []string) error {
+	fs := flag.NewFlagSet("verify", flag.ExitOnError)
+	ledger := fs.String("ledger", "ledger.jsonl", "the ledger written by run")
+	zkc := fs.String("zk", envOr("SHARDVISOR_ZK", "127.0.0.1:21811,127.0.0.1:21812,127.0.0.1:21813"), "ZooKeeper connect string")
+	root := fs.String("zk-root", os.Getenv("SHARDVISOR_ZK_ROOT"), "ZooKeeper root")
+	cluster := fs.String("cluster", envOr("SHARDVISOR_CLUSTER", "default"), "cluster")
+	others := fs.Bool("others", false, "also check that no other node holds the users' rows (after GC)")
+	fs.Parse(args)
+	var entries []Entry
+	f, err := os.Open(*ledger)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(f)
+	for {
+		var e Entry
+		if err := dec.Decode(&e); err == io.EOF {
+			break
+		} else if err != nil {
+			return fmt.Errorf("%s: %w", *ledger, err)
+		}
+		entries = append(entries, e)
+	}
+	f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s, err := zksession.Open(zksession.Config{Connect: *zkc})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	if err := s.WaitConnected(ctx); err != nil {
+		return err
+	}
+	p, err := topo.NewPaths(*root, *cluster)
+	if err != nil {
+		return err
+	}
+	crec, err := topo.ReadCluster(ctx, s, p)
+	if err != nil {
+		return err
+	}
+	m, _, err := bucketmap.NewStore(s, p).Load(ctx)
+	if err != nil {
+		return err
+	}
+	seed, _ := keystream.ParseSeed(crec.Seed)
+	ks, _ := keystream.New(seed)
+	conns := map[bucketmap.NodeID]*pgx.Conn{}
+	for _, n := range m.Nodes() {
+		if n.State == bucketmap.NodeRemoved || n.State == bucketmap.NodeDown {
+			continue
+		}
+		c, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return err
+		}
+		defer c.Close(ctx)
+		conns[n.ID] = c
+	}
+	v := Verification{}
+	bad := func(format string, args ...any) {
+		if len(v.Examples) < 10 {
+			v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
+		}
+	}
+	users := map[string]bool{}
+	for _, e := range entries {
+		v.Checked++
+		users[e.UID] = true
+		key := keystream.Key(ks.Prefix64(e.UID))
+		owner := m.Owner(m.BucketOf(ks, e.UID))
+		c := conns[owner]
+		var body string
+		err := c.QueryRow(ctx, "SELECT body FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3", key, e.UID, e.ID).Scan(&body)
+		switch {
+		case e.Deleted && err == nil:
+			v.Resurrected++
+			bad("%s note %d was deleted but is on %s", e.UID, e.ID, owner)
+		case e.Deleted && errors.Is(err, pgx.ErrNoRows):
+		case errors.Is(err, pgx.ErrNoRows):
+			v.Missing++
+			bad("%s note %d is not on its owner %s", e.UID, e.ID, owner)
+		case err != nil:
+			return err
+		case body != e.Body:
+			v.Wrong++
+			bad("%s note %d on %s has %q, acknowledged %q", e.UID, e.ID, owner, body, e.Body)
+		}
+	}
+	if *others {
+		for uid := range users {
+			key := keystream.Key(ks.Prefix64(uid))
+			owner := m.Owner(m.BucketOf(ks, uid))
+			for id, c := range conns {
+				if id == owner {
+					continue
+				}
+				var n int
+				if err := c.QueryRow(ctx, "SELECT count(*) FROM app.notes WHERE bkey = $1 AND uid = $2", key, uid).Scan(&n); err != nil {
+					return err
+				}
+				if n > 0 {
+					v.OnOtherNodes += n
+					bad("%d rows of %s are still on %s, which does not own it", n, uid, id)
+				}
+			}
+		}
+	}
+	json.NewEncoder(os.Stdout).Encode(v)
+	if v.Missing+v.Wrong+v.Resurrected+v.OnOtherNodes > 0 {
+		return fmt.Errorf("verification failed: %d missing, %d wrong, %d resurrected, %d on other nodes", v.Missing, v.Wrong, v.Resurrected, v.OnOtherNodes)
+	}
+	return nil
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,321 @@
+// Command notes is the example app: a small multi-user notes service in
+// the spirit of a sync service. Every user's notes live on the db node that
+// owns the user's bucket; the app finds it through the router library and
+// retries writes that a bucket move holds back. It runs as a supervisor
+// worker (LISTEN_FDS, READY=1, drains on SIGTERM) or on its own.
+//
+//	POST   /v1/users/{uid}/notes        {"body": "..."}  -> 201 {"id": N, ...}
+//	GET    /v1/users/{uid}/notes                         -> 200 [{"id": N, "body": "...", ...}]
+//	PUT    /v1/users/{uid}/notes/{id}   {"body": "..."}  -> 200
+//	DELETE /v1/users/{uid}/notes/{id}                    -> 204
+//
+// Routing: with SHARDVISOR_ZK (and SHARDVISOR_CLUSTER, SHARDVISOR_ZK_ROOT)
+// the app follows the live map, so a write caught by a move is retried at
+// the new owner within milliseconds. Without them it routes from the map
+// file the supervisor hands its workers (SHARDVISOR_MAP_FILE).
+//
+// `notes schema` creates the table on every db node of the map.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/dbnode"
+	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/worker"
+)
+
+// Schema is the notes table: the bucket key leads the primary key, as the
+// sharded-table contract requires (docs/data-contract.md).
+const Schema = `CREATE SCHEMA IF NOT EXISTS app;
+CREATE TABLE IF NOT EXISTS app.notes (
+	bkey       bigint NOT NULL,
+	uid        text NOT NULL,
+	id         bigint NOT NULL,
+	body       text NOT NULL,
+	version    bigint NOT NULL DEFAULT 1,
+	updated_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (bkey, uid, id)
+)`
+
+type app struct {
+	r   *router.Router
+	ks  *keystream.Keystream
+	log *zap.Logger
+}
+
+func main() {
+	log, _ := zap.NewProduction()
+	defer log.Sync()
+	log = log.With(zap.Int("pid", os.Getpid()), zap.String("generation", os.Getenv("SHARDVISOR_GENERATION")))
+	r, ks, closeFn, err := openRouter(log)
+	if err != nil {
+		log.Fatal("routing", zap.Error(err))
+	}
+	defer closeFn()
+	if len(os.Args) > 1 && os.Args[1] == "schema" {
+		if err := createSchema(r); err != nil {
+			log.Fatal("schema", zap.Error(err))
+		}
+		fmt.Println("app.notes created on every db node")
+		return
+	}
+	a := &app{r: r, ks: ks, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/users/{uid}/notes", a.create)
+	mux.HandleFunc("GET /v1/users/{uid}/notes", a.list)
+	mux.HandleFunc("PUT /v1/users/{uid}/notes/{id}", a.update)
+	mux.HandleFunc("DELETE /v1/users/{uid}/notes/{id}", a.delete)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	ln, err := worker.Listener(envOr("NOTES_ADDR", "127.0.0.1:8080"))
+	if err != nil {
+		log.Fatal("listen", zap.Error(err))
+	}
+	log.Info("notes serving", zap.String("addr", ln.Addr().String()), zap.Uint64("map_version", r.Map().Version))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if err := worker.Serve(srv, ln, 25*time.Second); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Fatal("serve", zap.Error(err))
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// openRouter follows the live map when ZooKeeper is configured, else the
+// supervisor's map file.
+func openRouter(log *zap.Logger) (*router.Router, *keystream.Keystream, func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var r *router.Router
+	closeFn := func() {}
+	if zkc := os.Getenv("SHARDVISOR_ZK"); zkc != "" {
+		s, err := zksession.Open(zksession.Config{Connect: zkc, Logger: log})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		p, err := topo.NewPaths(os.Getenv("SHARDVISOR_ZK_ROOT"), envOr("SHARDVISOR_CLUSTER", "default"))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		r = router.New(s, p, router.Options{Logger: log, TunePool: tunePool})
+		closeFn = func() { r.Close(); s.Close() }
+	} else if f := os.Getenv("SHARDVISOR_MAP_FILE"); f != "" {
+		var err error
+		if r, err = router.NewFromFile(f, router.Options{Logger: log, TunePool: tunePool}); err != nil {
+			return nil, nil, nil, err
+		}
+		closeFn = r.Close
+	} else {
+		return nil, nil, nil, errors.New("set SHARDVISOR_ZK (live map) or run under the supervisor (SHARDVISOR_MAP_FILE)")
+	}
+	if err := r.WaitReady(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	data, _, err := r.MapFile()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rec, err := topo.DecodeMapFile("", data)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	seed, err := keystream.ParseSeed(rec.Seed)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ks, err := keystream.New(seed)
+	return r, ks, closeFn, err
+}
+
+func tunePool(c *pgxpool.Config) { c.MaxConns = 8 }
+
+func createSchema(r *router.Router) error {
+	ctx := context.Background()
+	for _, n := range r.Map().Nodes() {
+		c, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return err
+		}
+		_, err = c.Exec(ctx, Schema)
+		c.Close(ctx)
+		if err != nil {
+			return fmt.Errorf("%s: %w", n.ID, err)
+		}
+	}
+	return nil
+}
+
+type note struct {
+	ID        int64     `json:"id"`
+	Body      string    `json:"body"`
+	Version   int64     `json:"version"`
+	UpdatedAt time.Time `json:"updated_at"`
+	Node      string    `json:"node,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (a *app) fail(w http.ResponseWriter, r *http.Request, code int, err error) {
+	if code >= 500 {
+		a.log.Warn("request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
+	}
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}
+
+func (a *app) key(uid string) int64 { return keystream.Key(a.ks.Prefix64(uid)) }
+
+func readBody(r *http.Request) (string, error) {
+	var in struct {
+		Body string `json:"body"`
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return "", fmt.Errorf(`bad JSON: %v; want {"body": "..."}`, err)
+	}
+	return in.Body, nil
+}
+
+func newID() int64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return int64(binary.BigEndian.Uint64(b[:]) >> 1)
+}
+
+func (a *app) create(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	body, err := readBody(r)
+	if err != nil {
+		a.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	n := note{ID: newID(), Body: body, Version: 1}
+	err = a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, rt router.Route) error {
+		n.Node = string(rt.Node)
+		return pool.QueryRow(ctx, `INSERT INTO app.notes (bkey, uid, id, body) VALUES ($1, $2, $3, $4) RETURNING updated_at`,
+			a.key(uid), uid, n.ID, body).Scan(&n.UpdatedAt)
+	})
+	if err != nil {
+		a.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, n)
+}
+
+func (a *app) list(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	var out []note
+	err := a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, rt router.Route) error {
+		out = out[:0]
+		rows, err := pool.Query(ctx, `SELECT id, body, version, updated_at FROM app.notes WHERE bkey = $1 AND uid = $2 ORDER BY id`, a.key(uid), uid)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			n := note{Node: string(rt.Node)}
+			if err := rows.Scan(&n.ID, &n.Body, &n.Version, &n.UpdatedAt); err != nil {
+				return err
+			}
+			out = append(out, n)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		a.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
+	if out == nil {
+		out = []note{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+var errNotFound = errors.New("no such note")
+
+func (a *app) noteID(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		a.fail(w, r, http.StatusBadRequest, fmt.Errorf("note id %q is not a number", r.PathValue("id")))
+		return 0, false
+	}
+	return id, true
+}
+
+func (a *app) update(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	id, ok := a.noteID(w, r)
+	if !ok {
+		return
+	}
+	body, err := readBody(r)
+	if err != nil {
+		a.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	n := note{ID: id, Body: body}
+	err = a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, rt router.Route) error {
+		n.Node = string(rt.Node)
+		err := pool.QueryRow(ctx, `UPDATE app.notes SET body = $4, version = version + 1, updated_at = now()
+			WHERE bkey = $1 AND uid = $2 AND id = $3 RETURNING version, updated_at`, a.key(uid), uid, id, body).Scan(&n.Version, &n.UpdatedAt)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errNotFound
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, errNotFound):
+		a.fail(w, r, http.StatusNotFound, err)
+	case err != nil:
+		a.fail(w, r, http.StatusServiceUnavailable, err)
+	default:
+		writeJSON(w, http.StatusOK, n)
+	}
+}
+
+func (a *app) delete(w http.ResponseWriter, r *http.Request) {
+	uid := r.PathValue("uid")
+	id, ok := a.noteID(w, r)
+	if !ok {
+		return
+	}
+	err := a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
+		tag, err := pool.Exec(ctx, `DELETE FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3`, a.key(uid), uid, id)
+		if err == nil && tag.RowsAffected() == 0 {
+			return errNotFound
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, errNotFound):
+		a.fail(w, r, http.StatusNotFound, err)
+	case err != nil:
+		a.fail(w, r, http.StatusServiceUnavailable, err)
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}

@@ -1,0 +1,123 @@
+// Package worker is the Go side of the supervisor's protocol, for workers
+// written in Go: take the listening socket the supervisor passed
+// (LISTEN_FDS), say READY=1 once serving (NOTIFY_SOCKET), answer the
+// watchdog, and drain on SIGTERM without dropping a request. Workers in
+// other languages use their own systemd-aware servers unchanged.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Listener returns the first socket passed by the supervisor (fd 3), or,
+// when run by hand, a new listener on fallback.
+func Listener(fallback string) (net.Listener, error) {
+	if os.Getenv("LISTEN_PID") == strconv.Itoa(os.Getpid()) {
+		if n, _ := strconv.Atoi(os.Getenv("LISTEN_FDS")); n > 0 {
+			name := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")[0]
+			f := os.NewFile(3, name)
+			defer f.Close() // FileListener dups it
+			return net.FileListener(f)
+		}
+	}
+	if fallback == "" {
+		return nil, errors.New("no LISTEN_FDS from a supervisor and no address to listen on")
+	}
+	return net.Listen("tcp", fallback)
+}
+
+// Notify sends sd_notify(3) state to NOTIFY_SOCKET, if set.
+func Notify(state string) error {
+	addr := os.Getenv("NOTIFY_SOCKET")
+	if addr == "" {
+		return nil
+	}
+	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: addr, Net: "unixgram"})
+	if err != nil {
+		return fmt.Errorf("sd_notify: %w", err)
+	}
+	defer c.Close()
+	_, err = c.Write([]byte(state))
+	return err
+}
+
+// watchdog sends WATCHDOG=1 at half the interval the supervisor asked for.
+func watchdog(ctx context.Context) {
+	usec, _ := strconv.ParseInt(os.Getenv("WATCHDOG_USEC"), 10, 64)
+	if usec <= 0 || os.Getenv("WATCHDOG_PID") != strconv.Itoa(os.Getpid()) {
+		return
+	}
+	t := time.NewTicker(time.Duration(usec) * time.Microsecond / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = Notify("WATCHDOG=1")
+		}
+	}
+}
+
+// Serve runs srv on ln until SIGTERM or SIGINT, then drains: it stops
+// accepting, lets connections already accepted deliver their request,
+// and waits (up to drain) for every request in flight. It sends READY=1
+// once serving and STOPPING=1 when the drain starts.
+//
+// net/http's Shutdown alone would drop connections that were accepted but
+// whose first request had not been read yet; under the supervisor the
+// socket stays open for the other workers, so nothing else would serve
+// them.
+func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
+	var mu sync.Mutex
+	fresh := map[net.Conn]bool{} // accepted, first request not read yet
+	prev := srv.ConnState
+	srv.ConnState = func(c net.Conn, st http.ConnState) {
+		mu.Lock()
+		if st == http.StateNew {
+			fresh[c] = true
+		} else {
+			delete(fresh, c)
+		}
+		mu.Unlock()
+		if prev != nil {
+			prev(c, st)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	go watchdog(ctx)
+	_ = Notify("READY=1")
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	_ = Notify("STOPPING=1")
+	ln.Close()
+	<-served // every accepted connection is registered now
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := len(fresh)
+		mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	return srv.Shutdown(sctx)
+}
