@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/gc"
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/topo"
+)
+
+func gcCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "gc",
+		Usage: "delete, from each db node, the rows of buckets it no longer owns",
+		Description: "Works from the bucket map's history. A range is deleted only if another node owns it, the change is older than\n" +
+			"--grace, no move involves it, both fences agree with the map, and the owner answers and holds at least as many of\n" +
+			"the range's rows per table (--min-owner-ratio). Anything uncertain is skipped and reported (exit status 1).\n" +
+			"Deletes run in key-order batches of short transactions; a run killed half-way is finished by the next one.\n" +
+			"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "node", Usage: "only the leftovers on node `ID`"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},
+			&cli.IntFlag{Name: "batch", Value: 20000, EnvVars: []string{"SHARDVISOR_GC_BATCH"}, Usage: "about `N` rows per delete transaction"},
+			&cli.Float64Flag{Name: "rate", EnvVars: []string{"SHARDVISOR_GC_RATE"}, Usage: "at most `ROWS/S` deleted per second (0: no limit)"},
+			&cli.DurationFlag{Name: "grace", Value: time.Hour, EnvVars: []string{"SHARDVISOR_GC_GRACE"}, Usage: "only ownership changes older than `DURATION`"},
+			&cli.Float64Flag{Name: "min-owner-ratio", Value: 1, Usage: "the owner must hold at least `R` times the leftover rows of a range, per table (negative: no count check)"},
+			&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_GC_EVERY"}, Usage: "periodic mode: run once per `DURATION` until stopped"},
+			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_GC_METRICS_ADDR"}, Usage: "serve Prometheus metrics on `HOST:PORT` (periodic mode)"},
+		},
+		Action: runGC,
+	}
+}
+
+func runGC(c *cli.Context) error {
+	if c.Int("batch") < 1 {
+		return cliutil.Usagef("gc: --batch must be at least 1")
+	}
+	if c.Float64("rate") < 0 {
+		return cliutil.Usagef("gc: --rate must not be negative")
+	}
+	if c.NArg() > 0 {
+		return cliutil.Usagef("gc: unexpected arguments %v", c.Args().Slice())
+	}
+	every := c.Duration("every")
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		reg := prometheus.NewRegistry()
+		metrics := gc.NewMetrics(reg)
+		if addr := c.String("metrics-addr"); addr != "" {
+			srv := &http.Server{Addr: addr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+			go func() {
+				if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					log.Error("gc: metrics server", zap.Error(err))
+				}
+			}()
+			defer srv.Close()
+		}
+		for {
+			err := gcRound(ctx, c, st, log, metrics)
+			if every == 0 {
+				return err
+			}
+			if err != nil {
+				log.Warn("gc: round", zap.Error(err))
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(every):
+			}
+		}
+	})
+}
+
+func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.Logger, metrics *gc.Metrics) error {
+	rec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
+	if err != nil {
+		return err
+	}
+	if len(rec.Tables) == 0 {
+		return errors.New("gc: the cluster has no sharded tables (shardctl table add)")
+	}
+	if id := c.String("node"); id != "" {
+		if m, _, err := st.Load(ctx); err == nil {
+			if _, ok := m.Node(bucketmap.NodeID(id)); !ok {
+				return fmt.Errorf("gc: --node: %w %q", bucketmap.ErrUnknownNode, id)
+			}
+		}
+	}
+	lock, err := gc.Acquire(ctx, st.Session(), st.Paths())
+	if err != nil {
+		return err
+	}
+	defer lock.Release(context.WithoutCancel(ctx))
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-lock.Lost():
+			log.Error("gc: ZooKeeper session lost; stopping (the next run resumes)")
+			cancel()
+		case <-runCtx.Done():
+		}
+	}()
+	bar := newProgressBar(c)
+	g := &gc.GC{Session: st.Session(), Store: st, Tables: rec.Tables, Opt: gc.Options{
+		Grace: c.Duration("grace"), Batch: c.Int("batch"), Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
+		Node: bucketmap.NodeID(c.String("node")), MinOwnerRatio: c.Float64("min-owner-ratio"),
+		Progress: bar.update, Metrics: metrics, Log: log,
+	}}
+	if c.Duration("grace") == 0 {
+		g.Opt.Grace = -1 // an explicit 0 means none, not the default
+	}
+	rep, err := g.Run(runCtx)
+	bar.done()
+	if rep != nil {
+		if perr := cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) { writeGCReport(w, rep) }); perr != nil {
+			return perr
+		}
+		log.Info("gc: run", zap.Bool("dry_run", rep.DryRun), zap.Int64("deleted", rep.Deleted), zap.Int64("rows", rep.Rows), zap.Int("batches", rep.Batches),
+			zap.Duration("max_batch", rep.MaxBatch), zap.Int("skipped", len(rep.Skipped)), zap.Int("uncertain", rep.Uncertain()), zap.Int("history_pruned", rep.Pruned))
+	}
+	if err != nil {
+		return err
+	}
+	if n := rep.Uncertain(); n > 0 {
+		return fmt.Errorf("gc: %d ranges skipped because something is uncertain (see above); nothing of them was deleted", n)
+	}
+	return nil
+}
+
+func writeGCReport(w io.Writer, rep *gc.Report) {
+	verb := "deleted"
+	if rep.DryRun {
+		verb = "would delete"
+	}
+	fmt.Fprintf(w, "gc at map version %d (level %d)%s\n", rep.MapVersion, rep.Level, map[bool]string{true: ", dry run: nothing is deleted", false: ""}[rep.DryRun])
+	if len(rep.Work) > 0 {
+		fmt.Fprintf(w, "%-12s %-24s %-28s %-12s %12s %12s\n", "NODE", "TABLE", "RANGE", "OWNER", "ROWS", "OWNER-ROWS")
+	}
+	for _, wk := range rep.Work {
+		for _, t := range wk.Tables {
+			rng := fmt.Sprintf("buckets %d..%d", wk.Lo, wk.Hi)
+			if wk.Lo == wk.Hi {
+				rng = fmt.Sprintf("bucket %d", wk.Lo)
+			}
+			n := t.Rows
+			if !rep.DryRun {
+				n = t.Deleted
+			}
+			fmt.Fprintf(w, "%-12s %-24s %-28s %-12s %12d %12d\n", wk.Node, t.Table, rng, wk.Owner, n, t.OwnerRows)
+		}
+	}
+	for _, s := range rep.Skipped {
+		mark := "skipped"
+		if s.Uncertain {
+			mark = "SKIPPED (uncertain)"
+		}
+		fmt.Fprintf(w, "%s: %s: %s: %s\n", mark, s.Range.String(), s.Kind, s.Reason)
+	}
+	if rep.DryRun {
+		fmt.Fprintf(w, "%s %d rows in %d ranges; %d ranges skipped\n", verb, rep.Rows, len(rep.Work), len(rep.Skipped))
+		return
+	}
+	rate := float64(rep.Deleted) / max(rep.Elapsed.Seconds(), 1e-9)
+	fmt.Fprintf(w, "%s %d rows in %d batches (%.0f rows/s, longest batch %.1f ms) in %s; %d history entries pruned; %d ranges skipped\n",
+		verb, rep.Deleted, rep.Batches, rate, rep.MaxBatchMS, rep.Elapsed.Round(time.Millisecond), rep.Pruned, len(rep.Skipped))
+	for _, e := range rep.PruneErrors {
+		fmt.Fprintf(w, "pruning the history failed (the next run retries): %s\n", e)
+	}
+}
+
+// progressBar draws GC's progress on stderr when it is a terminal (and
+// output is not --json); otherwise it does nothing (logs carry progress).
+type progressBar struct {
+	w    io.Writer
+	on   bool
+	last time.Time
+	drew bool
+}
+
+func newProgressBar(c *cli.Context) *progressBar {
+	p := &progressBar{w: c.App.ErrWriter}
+	if f, ok := c.App.ErrWriter.(*os.File); ok && !cliutil.Bool(c, cliutil.FlagJSON) {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.on = true
+		}
+	}
+	return p
+}
+
+func (p *progressBar) update(pr gc.Progress) {
+	if !p.on || time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	frac := 0.0
+	if pr.Total > 0 {
+		frac = min(1, float64(pr.Deleted)/float64(pr.Total))
+	}
+	const width = 30
+	fill := int(frac * width)
+	rate := float64(pr.Deleted) / max(pr.Elapsed.Seconds(), 1e-9)
+	fmt.Fprintf(p.w, "\r[%s%s] %3.0f%% %d/%d rows, %.0f rows/s, %s %s   ", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), 100*frac, pr.Deleted, pr.Total, rate, pr.Node, pr.Table)
+	p.drew = true
+}
+
+func (p *progressBar) done() {
+	if p.drew {
+		fmt.Fprintln(p.w)
+	}
+}

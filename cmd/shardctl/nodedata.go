@@ -1,0 +1,341 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/dbnode"
+	"github.com/shardvisor/shardvisor/internal/topo"
+)
+
+// nodeDataCommands are the data-side subcommands of `shardctl node`.
+func nodeDataCommands() []*cli.Command {
+	return []*cli.Command{
+		{
+			Name:      "prepare",
+			Usage:     "install the write fence on a db node (idempotent) and bring it in step with the map",
+			ArgsUsage: "ID",
+			Description: "Creates schema shardvisor (ownership table, meta row) and the fence trigger on every sharded table, drops\n" +
+				"fence triggers from tables that are no longer sharded, fills the ownership table from the map, and reports\n" +
+				"sharded tables that break the contract. Running it again changes nothing.",
+			Action: runPrepare,
+		},
+		{
+			Name:      "check",
+			Usage:     "verify a db node against the data-side contract and the map; changes nothing",
+			ArgsUsage: "ID",
+			Description: "Reports every mismatch: missing tables, a key column that is not bigint NOT NULL, a primary key without it,\n" +
+				"no index leading with it, the fence missing, outdated, disabled or out of step with the map. Exit status 1 if any.",
+			Action: runCheck,
+		},
+		{
+			Name:      "reconcile",
+			Usage:     "bring the fences of db nodes in step with the map, repairing and reporting drift",
+			ArgsUsage: "[ID...]",
+			Flags: []cli.Flag{
+				&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_RECONCILE_EVERY"}, Usage: "keep running, once per `DURATION` (default: once)"},
+			},
+			Action: runReconcile,
+		},
+	}
+}
+
+// dataContext is what the data-side commands need from ZooKeeper.
+type dataContext struct {
+	st  *bucketmap.Store
+	m   *bucketmap.Map
+	rec *topo.ClusterRecord
+	log *zap.Logger
+}
+
+func withData(c *cli.Context, fn func(ctx context.Context, d *dataContext) error) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		rec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
+		if err != nil {
+			return err
+		}
+		m, _, err := st.Load(ctx)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, &dataContext{st: st, m: m, rec: rec, log: log})
+	})
+}
+
+func oneNodeArg(c *cli.Context, verb string, m *bucketmap.Map) (bucketmap.Node, error) {
+	if c.NArg() != 1 {
+		return bucketmap.Node{}, cliutil.Usagef("node %s: want one node ID", verb)
+	}
+	id := bucketmap.NodeID(c.Args().First())
+	n, ok := m.Node(id)
+	if !ok {
+		return n, fmt.Errorf("node %s: %w %q", verb, bucketmap.ErrUnknownNode, id)
+	}
+	return n, nil
+}
+
+func runPrepare(c *cli.Context) error {
+	return withData(c, func(ctx context.Context, d *dataContext) error {
+		n, err := oneNodeArg(c, "prepare", d.m)
+		if err != nil {
+			return err
+		}
+		conn, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		res, err := fence.Install(ctx, conn, d.rec.Name, n.ID, d.rec.Tables)
+		if err != nil {
+			return fmt.Errorf("node prepare %s: %w", n.ID, err)
+		}
+		ch, err := fence.Sync(ctx, conn, d.m, n.ID)
+		if err != nil && !errors.Is(err, fence.ErrStale) {
+			return fmt.Errorf("node prepare %s: filling the ownership table: %w", n.ID, err)
+		}
+		mism, err := fence.CheckTables(ctx, conn, d.rec.Tables)
+		if err != nil {
+			return err
+		}
+		if ch.Changed() {
+			res.Actions = append(res.Actions, fmt.Sprintf("ownership table set to map version %d: %d ranges added, %d removed", d.m.Version, len(ch.Added), len(ch.Removed)))
+		}
+		d.log.Info("node prepare", zap.String("node", string(n.ID)), zap.Strings("actions", res.Actions), zap.Int("contract_mismatches", len(mism)))
+		if res.Actions == nil {
+			res.Actions = []string{}
+		}
+		if mism == nil {
+			mism = []fence.Mismatch{}
+		}
+		out := map[string]any{"node": n.ID, "map_version": d.m.Version, "actions": res.Actions, "problems": res.Problems, "mismatches": mism}
+		if perr := cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
+			if len(res.Actions) == 0 {
+				fmt.Fprintf(w, "node %s is prepared; nothing changed (fence at map version %d)\n", n.ID, d.m.Version)
+			}
+			for _, a := range res.Actions {
+				fmt.Fprintf(w, "node %s: %s\n", n.ID, a)
+			}
+			for _, p := range res.Problems {
+				fmt.Fprintf(w, "node %s: PROBLEM: %s\n", n.ID, p)
+			}
+			writeMismatches(w, n.ID, mism)
+		}); perr != nil {
+			return perr
+		}
+		if len(res.Problems)+len(mism) > 0 {
+			return fmt.Errorf("node %s breaks the sharded-table contract (%d problems); fix them and run prepare again", n.ID, len(res.Problems)+len(mism))
+		}
+		return nil
+	})
+}
+
+func writeMismatches(w io.Writer, id bucketmap.NodeID, mism []fence.Mismatch) {
+	for _, x := range mism {
+		where := ""
+		if x.Table != "" {
+			where = " " + x.Table
+		}
+		fmt.Fprintf(w, "node %s: MISMATCH %s%s: %s\n", id, x.Kind, where, x.Message)
+	}
+}
+
+func runCheck(c *cli.Context) error {
+	return withData(c, func(ctx context.Context, d *dataContext) error {
+		n, err := oneNodeArg(c, "check", d.m)
+		if err != nil {
+			return err
+		}
+		conn, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		// One read-only transaction, so that check cannot change anything.
+		tx, err := conn.BeginTx(ctx, pgxReadOnly)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		mism, err := fence.CheckTables(ctx, tx, d.rec.Tables)
+		if err != nil {
+			return err
+		}
+		fm, err := fence.CheckFence(ctx, tx, d.rec.Name, d.rec.Tables, d.m, n.ID)
+		if err != nil {
+			return err
+		}
+		mism = append(mism, fm...)
+		if mism == nil {
+			mism = []fence.Mismatch{}
+		}
+		out := map[string]any{"node": n.ID, "map_version": d.m.Version, "tables": len(d.rec.Tables), "mismatches": mism}
+		if perr := cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
+			if len(mism) == 0 {
+				fmt.Fprintf(w, "node %s: ok (%d sharded tables, fence at map version %d)\n", n.ID, len(d.rec.Tables), d.m.Version)
+			}
+			writeMismatches(w, n.ID, mism)
+		}); perr != nil {
+			return perr
+		}
+		if len(mism) > 0 {
+			return fmt.Errorf("node %s: %d mismatches", n.ID, len(mism))
+		}
+		return nil
+	})
+}
+
+// nodeSync is the outcome of bringing one node's fence in step.
+type nodeSync struct {
+	Node    bucketmap.NodeID `json:"node"`
+	Status  string           `json:"status"` // in-step, repaired, not-installed, stale, unreachable, failed
+	Detail  string           `json:"detail,omitempty"`
+	From    uint64           `json:"from_map_version,omitempty"`
+	Added   []string         `json:"added,omitempty"`
+	Removed []string         `json:"removed,omitempty"`
+}
+
+func (s nodeSync) bad() bool { return s.Status == "unreachable" || s.Status == "failed" }
+
+// syncNodes brings the fences of the given nodes (all, if none) in step
+// with m, concurrently, each bounded by timeout.
+func syncNodes(ctx context.Context, m *bucketmap.Map, ids []bucketmap.NodeID, timeout time.Duration) []nodeSync {
+	if len(ids) == 0 {
+		for _, n := range m.Nodes() {
+			ids = append(ids, n.ID)
+		}
+	}
+	out := make([]nodeSync, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = syncNode(ctx, m, id, timeout)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func syncNode(ctx context.Context, m *bucketmap.Map, id bucketmap.NodeID, timeout time.Duration) nodeSync {
+	res := nodeSync{Node: id}
+	n, ok := m.Node(id)
+	if !ok {
+		res.Status, res.Detail = "failed", "not in the registry"
+		return res
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := dbnode.Connect(ctx, n)
+	if err != nil {
+		res.Status, res.Detail = "unreachable", err.Error()
+		return res
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	ch, err := fence.Sync(ctx, conn, m, id)
+	res.From = ch.FromVersion
+	switch {
+	case errors.Is(err, fence.ErrNotInstalled):
+		res.Status, res.Detail = "not-installed", fmt.Sprintf("no fence: writes to %s are not fenced; run `shardctl node prepare %s`", id, id)
+	case errors.Is(err, fence.ErrStale):
+		res.Status, res.Detail = "stale", err.Error()
+	case err != nil:
+		res.Status, res.Detail = "failed", err.Error()
+	case !ch.Changed():
+		res.Status = "in-step"
+	default:
+		res.Status = "repaired"
+		for _, s := range ch.Added {
+			res.Added = append(res.Added, fmt.Sprintf("%s %s", fence.BucketsOf(m.Level, s.Lo, s.Hi), s.State))
+		}
+		for _, s := range ch.Removed {
+			res.Removed = append(res.Removed, fmt.Sprintf("%s %s", fence.BucketsOf(m.Level, s.Lo, s.Hi), s.State))
+		}
+	}
+	return res
+}
+
+func runReconcile(c *cli.Context) error {
+	var ids []bucketmap.NodeID
+	for _, a := range c.Args().Slice() {
+		ids = append(ids, bucketmap.NodeID(a))
+	}
+	every := c.Duration("every")
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		for {
+			m, _, err := st.Load(ctx)
+			if err != nil {
+				if every == 0 {
+					return err
+				}
+				log.Warn("reconcile: cannot read the map", zap.Error(err))
+			} else {
+				for _, id := range ids {
+					if _, ok := m.Node(id); !ok {
+						return fmt.Errorf("node reconcile: %w %q", bucketmap.ErrUnknownNode, id)
+					}
+				}
+				res := syncNodes(ctx, m, ids, 30*time.Second)
+				bad := 0
+				for _, r := range res {
+					if r.bad() {
+						bad++
+					}
+					switch r.Status {
+					case "repaired":
+						log.Warn("reconcile: fence drift repaired", zap.String("node", string(r.Node)), zap.Uint64("from_map_version", r.From),
+							zap.Uint64("map_version", m.Version), zap.Strings("added", r.Added), zap.Strings("removed", r.Removed))
+					case "in-step", "stale":
+						log.Debug("reconcile", zap.String("node", string(r.Node)), zap.String("status", r.Status))
+					default:
+						log.Warn("reconcile: fence not in step", zap.String("node", string(r.Node)), zap.String("status", r.Status), zap.String("detail", r.Detail))
+					}
+				}
+				if err := cliutil.NewPrinter(c).Emit(map[string]any{"map_version": m.Version, "nodes": res}, func(w io.Writer) {
+					for _, r := range res {
+						switch r.Status {
+						case "in-step":
+							fmt.Fprintf(w, "node %s: in step with map version %d\n", r.Node, m.Version)
+						case "repaired":
+							fmt.Fprintf(w, "node %s: DRIFT repaired (fence was at map version %d, now %d): %d ranges added, %d removed\n", r.Node, r.From, m.Version, len(r.Added), len(r.Removed))
+							for _, a := range r.Added {
+								fmt.Fprintf(w, "  + %s\n", a)
+							}
+							for _, a := range r.Removed {
+								fmt.Fprintf(w, "  - %s\n", a)
+							}
+						default:
+							fmt.Fprintf(w, "node %s: %s: %s\n", r.Node, r.Status, r.Detail)
+						}
+					}
+				}); err != nil {
+					return err
+				}
+				if every == 0 {
+					if bad > 0 {
+						return fmt.Errorf("node reconcile: %d nodes could not be brought in step", bad)
+					}
+					return nil
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(every):
+			}
+		}
+	})
+}
+
+var pgxReadOnly = pgx.TxOptions{AccessMode: pgx.ReadOnly}
