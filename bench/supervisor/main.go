@@ -450,7 +450,6 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	fmt.Println("== bound directly vs under the supervisor (wrk)")
 	var rows []directRow
 	runWrk := func(url string, hdr ...string) (float64, string) {
-		waitTimeWait()
 		args := append([]string{"-t", "2", "-c", strconv.Itoa(*conc), "-d", "3s", "--latency"}, hdr...)
 		out, err := exec.Command("wrk", append(args, url)...).CombinedOutput()
 		if err != nil {
@@ -485,6 +484,7 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	// between them for 3 rounds and the median counts, so drift of the
 	// machine (TIME_WAIT build-up, other load) hits both alike.
 	compare := func(name string, direct, sv *exec.Cmd, durl, surl string, hdr ...string) {
+		waitTimeWait()
 		stopD, err := startProc(direct, durl)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, name, "direct:", err)
