@@ -16,8 +16,9 @@ func main() {
 			"Output is text for people; --json prints JSON for scripts. Exit status: 0 ok, 1 failure, 2 usage error.",
 		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
 		Commands: []*cli.Command{
-			initCommand(), statusCommand(), nodeCommand(), splitCommand(), planCommand(), assignCommand(),
-			simulateCommand(), moveCommand(), movesCommand(), rebalanceCommand(), routeCommand(), hashCommand(), zkCommand(),
+			initCommand(), statusCommand(), nodeCommand(), tableCommand(), splitCommand(), planCommand(), assignCommand(),
+			simulateCommand(), moveCommand(), movesCommand(), rebalanceCommand(), gcCommand(), poolCommand(),
+			routeCommand(), hashCommand(), zkCommand(),
 		},
 		EnableBashCompletion: true,
 	}

@@ -16,8 +16,8 @@ import (
 func nodeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "node",
-		Usage: "manage db nodes in the registry",
-		Subcommands: []*cli.Command{
+		Usage: "manage db nodes in the registry, and their schema and fences",
+		Subcommands: append(nodeDataCommands(), []*cli.Command{
 			{
 				Name:      "add",
 				Usage:     "register a db node (it gets buckets when the planner's moves run)",
@@ -90,7 +90,7 @@ func nodeCommand() *cli.Command {
 					})
 				},
 			},
-		},
+		}...),
 	}
 }
 
