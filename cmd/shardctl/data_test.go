@@ -20,8 +20,7 @@ import (
 // dataApp is shardctl with the data-side commands wired in, run in this
 // process (main.go wires the same commands into the binary).
 func dataApp(stdout, stderr *bytes.Buffer) *cli.App {
-	node := nodeCommand()
-	node.Subcommands = append(node.Subcommands, nodeDataCommands()...)
+	node := nodeCommand() // includes the data-side subcommands
 	app := &cli.App{
 		Name:  "shardctl",
 		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),

@@ -63,11 +63,10 @@ type Session struct {
 	negotiated atomic.Int64 // ns; 0 until the first connect response
 	lastOK     atomic.Int64 // unix ns of the last call answered by a server
 
-	evMu      sync.Mutex
-	zkState   zk.State
-	expired   bool   // sticky until the monitor sees it
-	drops     uint64 // disconnects so far; a blip shorter than a monitor wakeup still counts
-	zkSession int64
+	evMu    sync.Mutex
+	zkState zk.State
+	expired bool   // sticky until the monitor sees it
+	drops   uint64 // disconnects so far; a blip shorter than a monitor wakeup still counts
 
 	mu          sync.Mutex
 	state       State
@@ -139,7 +138,8 @@ func Open(cfg Config) (*Session, error) {
 }
 
 // onEvent runs on the library's goroutine for every event and must not
-// block: it folds the event into sticky state and pokes the monitor.
+// block: it folds the event into sticky state and pokes the monitor. It
+// must not touch s.conn, which may not be set yet.
 func (s *Session) onEvent(ev zk.Event) {
 	if ev.Type != zk.EventSession {
 		return
@@ -151,8 +151,6 @@ func (s *Session) onEvent(ev zk.Event) {
 		s.expired = true
 	case zk.StateDisconnected:
 		s.drops++
-	case zk.StateHasSession:
-		s.zkSession = s.conn.SessionID()
 	}
 	s.evMu.Unlock()
 	select {
@@ -332,10 +330,13 @@ func (s *Session) monitor() {
 		tick.Reset(s.heartbeatInterval())
 
 		s.evMu.Lock()
-		zkState, expired, zkSession, drops := s.zkState, s.expired, s.zkSession, s.drops
+		zkState, expired, drops := s.zkState, s.expired, s.drops
 		s.expired = false
 		dropped := drops != seenDrops
 		seenDrops = drops
+		// Read here, not in onEvent: the library may deliver its first
+		// events before Connect has returned the connection to us.
+		zkSession := s.conn.SessionID()
 		s.evMu.Unlock()
 
 		timeout := s.SessionTimeout()
