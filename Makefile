@@ -7,7 +7,7 @@ PKGS     ?= ./...
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-short bench bench-router lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-short install-deps bench bench-router bench-supervisor bench-moves lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -15,8 +15,12 @@ build:
 	$(GO) build -o bin/ ./cmd/...
 
 ## test: all unit and integration tests against real local servers
-test: lint
+test: lint install-deps
 	scripts/with-devenv $(GO) test $(TESTFLAGS) $(PKGS)
+
+## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)
+install-deps:
+	scripts/install-deps
 
 ## test-short: unit tests only, no servers
 test-short:
@@ -27,8 +31,16 @@ bench:
 	scripts/with-devenv $(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 ## bench-router: the router sidecar under wrk against a constant handler
-bench-router:
+bench-router: install-deps
 	bench/router/run
+
+## bench-supervisor: gunicorn alone vs the supervisor: reloads and a storm
+bench-supervisor: install-deps build
+	bench/supervisor/run
+
+## bench-moves: a live rebalance under write load: pauses, copy speed, lost writes
+bench-moves:
+	bench/moves/run
 
 ## lint: gofmt and go vet must be clean
 lint:

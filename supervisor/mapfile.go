@@ -1,30 +1,31 @@
 package supervisor
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/topo"
 )
 
-// MapVersion validates bucket map bytes and returns the map's version. It
-// is the one place that judges a map; it reads only "map_version" for now,
-// tolerating every other field, and will call bucketmap.Decode once that
-// package exists.
-func MapVersion(data []byte) (uint64, error) {
-	var m struct {
-		MapVersion *uint64 `json:"map_version"`
+// MapDocument validates the bucket map bytes read from ZooKeeper (strictly,
+// with bucketmap.Decode: a map that fails is never handed to workers) and
+// returns its version and the map file document workers get: the cluster's
+// seed with the map exactly as stored, so that a worker routes users with
+// nothing but this file (topo.MapFileRecord, docs/router-api.md).
+func MapDocument(cluster *topo.ClusterRecord, znode string, data []byte) (uint64, []byte, error) {
+	m, err := bucketmap.Decode(znode, data)
+	if err != nil {
+		return 0, nil, err
 	}
-	if err := json.Unmarshal(data, &m); err != nil {
-		return 0, fmt.Errorf("bucket map is not a JSON object: %v", err)
+	doc, err := topo.EncodeCompact(topo.MapFileRecord{Version: topo.MapFileVersion, Cluster: cluster.Name, Seed: cluster.Seed, Map: data})
+	if err != nil {
+		return 0, nil, err
 	}
-	if m.MapVersion == nil {
-		return 0, errors.New(`bucket map has no "map_version"`)
-	}
-	return *m.MapVersion, nil
+	return m.Version, doc, nil
 }
 
 const mapFilePrefix = "map-"

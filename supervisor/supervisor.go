@@ -82,13 +82,14 @@ type Options struct {
 
 // Supervisor runs one pool. Create it with New, run it with Run.
 type Supervisor struct {
-	opts   Options
-	log    *zap.Logger
-	m      *metrics
-	host   string
-	events chan any
-	http   *http.Server
-	admin  string
+	cluster *topo.ClusterRecord // read once, for the seed in map files
+	opts    Options
+	log     *zap.Logger
+	m       *metrics
+	host    string
+	events  chan any
+	http    *http.Server
+	admin   string
 
 	snapMu     sync.Mutex
 	snap       topo.PoolMember
@@ -148,7 +149,8 @@ func (m mode) String() string {
 
 type mapData struct {
 	version uint64
-	data    []byte
+	data    []byte // the map znode, to compare versions
+	doc     []byte // the map file workers get (seed + map)
 }
 
 // spec is what a generation runs: a config and a map.
@@ -538,7 +540,20 @@ func (s *Supervisor) onMap(ev evMap, now time.Time) {
 		}
 		return
 	}
-	v, err := MapVersion(ev.data)
+	var (
+		v   uint64
+		doc []byte
+		err error
+	)
+	if s.cluster == nil {
+		// The seed never changes: read the cluster record once.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.cluster, err = topo.ReadCluster(ctx, s.opts.Session, s.opts.Paths)
+		cancel()
+	}
+	if err == nil {
+		v, doc, err = MapDocument(s.cluster, s.opts.Paths.Map(), ev.data)
+	}
 	if err == nil && s.curMap != nil && !ev.force {
 		switch {
 		case v < s.curMap.version:
@@ -557,7 +572,7 @@ func (s *Supervisor) onMap(ev evMap, now time.Time) {
 		s.publishStatus(topo.SwapInvalidMap, nil, err.Error(), 0, now)
 		return
 	}
-	s.curMap = &mapData{version: v, data: append([]byte(nil), ev.data...)}
+	s.curMap = &mapData{version: v, data: append([]byte(nil), ev.data...), doc: doc}
 	s.log.Info("bucket map received", zap.Uint64("map_version", v), zap.Int("bytes", len(ev.data)))
 	if s.desired != nil {
 		sp := *s.desired
@@ -1156,7 +1171,7 @@ func (s *Supervisor) prepare(g *generation) error {
 		g.names = append(g.names, l.Name)
 	}
 	if mp := g.spec.mp; mp != nil {
-		f, err := writeMapFile(s.opts.StateDir, mp.version, mp.data)
+		f, err := writeMapFile(s.opts.StateDir, mp.version, mp.doc)
 		if err != nil {
 			return err
 		}

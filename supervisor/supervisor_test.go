@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"net"
 	"net/http"
 	"os"
@@ -491,8 +492,17 @@ func TestMapChangeDeliversNewMapFile(t *testing.T) {
 	e := startZK(t)
 	port := freePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	map1 := `{"version":1,"map_version":1,"level":2}`
-	e.put(t, e.paths.Map(), []byte(map1))
+	// A real cluster: the workers' map file carries its seed.
+	crec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: e.paths.ClusterName(), Seed: "5eed0000000000000000000000000001", CreatedAt: time.Now().UTC()}
+	cdata, _ := topo.Encode(crec)
+	e.put(t, e.paths.Cluster(), cdata)
+	bm, err := bucketmap.New(2, []bucketmap.Node{{ID: "n1", DSN: "postgres://h/d", Weight: 1, State: bucketmap.NodeActive}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw1, _ := bucketmap.Encode(bm)
+	map1 := mustDoc(t, crec, raw1)
+	e.put(t, e.paths.Map(), raw1)
 	e.setConfig(t, cfgFor(t, port, 2, nil))
 	h := run(t, e.opts(t, e.z.ConnectString+e.z.Root, 4*time.Second))
 	h.waitFor(20*time.Second, "generation 1", serving(1, 2))
@@ -502,8 +512,14 @@ func TestMapChangeDeliversNewMapFile(t *testing.T) {
 	}
 	file1 := r.MapFile
 	l := startLoad(addr, 2)
-	map2 := `{"version":1,"map_version":2,"level":3}`
-	e.put(t, e.paths.Map(), []byte(map2))
+	bm2 := bm.Clone()
+	bm2.Version = 2
+	if err := bm2.Split(); err != nil {
+		t.Fatal(err)
+	}
+	raw2, _ := bucketmap.Encode(bm2)
+	map2 := mustDoc(t, crec, raw2)
+	e.put(t, e.paths.Map(), raw2)
 	m := h.waitFor(20*time.Second, "generation 2 after the map change", serving(2, 2))
 	if m.MapVersion != 2 {
 		t.Fatalf("member map version %d", m.MapVersion)
@@ -515,7 +531,7 @@ func TestMapChangeDeliversNewMapFile(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, func() bool { _, err := os.Stat(file1); return errors.Is(err, os.ErrNotExist) },
 		"the old map file to be removed once no worker uses it")
 
-	e.put(t, e.paths.Map(), []byte(`{"version":1,"level":3}`)) // no map_version
+	e.put(t, e.paths.Map(), []byte(`{"version":1,"map_version":3,"level":3}`)) // not a valid map
 	e.waitStatus(t, "invalid map reported", func(st *topo.PoolStatus) bool { return st.Result == topo.SwapInvalidMap })
 	time.Sleep(300 * time.Millisecond)
 	h.waitFor(5*time.Second, "generation 2 still serving", serving(2, 2))
@@ -523,6 +539,15 @@ func TestMapChangeDeliversNewMapFile(t *testing.T) {
 		t.Fatalf("after an invalid map: %+v %v", r, err)
 	}
 	l.finish(t)
+}
+
+func mustDoc(t *testing.T, c topo.ClusterRecord, raw []byte) string {
+	t.Helper()
+	_, doc, err := MapDocument(&c, "/m", raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(doc)
 }
 
 // max_lifetime recycles workers through the same zero-drop path.

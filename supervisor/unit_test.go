@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/topo"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,12 +42,23 @@ func TestWorkerEnv(t *testing.T) {
 }
 
 func TestMapVersionAndFiles(t *testing.T) {
-	if v, err := MapVersion([]byte(`{"map_version":7,"other":{"x":1}}`)); err != nil || v != 7 {
+	m, err := bucketmap.New(3, []bucketmap.Node{{ID: "n1", DSN: "postgres://h/d", Weight: 1, State: bucketmap.NodeActive}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := bucketmap.Encode(m)
+	cl := &topo.ClusterRecord{Name: "c1", Seed: "5eed0000000000000000000000000001"}
+	v, doc, err := MapDocument(cl, "/m", raw)
+	if err != nil || v != 1 {
 		t.Fatalf("%d %v", v, err)
 	}
-	for _, bad := range []string{`{}`, `[]`, `{"map_version":-1}`, `not json`} {
-		if _, err := MapVersion([]byte(bad)); err == nil {
-			t.Errorf("MapVersion(%s) accepted", bad)
+	rec, err := topo.DecodeMapFile("", doc)
+	if err != nil || rec.Seed != cl.Seed || rec.Cluster != "c1" || string(rec.Map) != string(raw) {
+		t.Fatalf("map file %s: %v", doc, err)
+	}
+	for _, bad := range []string{`{}`, `[]`, `{"version":1,"map_version":7}`, `not json`} {
+		if _, _, err := MapDocument(cl, "/m", []byte(bad)); err == nil {
+			t.Errorf("MapDocument(%s) accepted", bad)
 		}
 	}
 	dir := t.TempDir()
