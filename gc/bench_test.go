@@ -21,7 +21,7 @@ import (
 //	go test -run '^$' -bench GCDelete1M -benchtime 1x ./gc
 func BenchmarkGCDelete1M(b *testing.B) {
 	for _, layout := range []string{"key-order", "random"} {
-		for _, batch := range []int{5000, 50000} {
+		for _, batch := range []int{5000, 20000} {
 			b.Run(fmt.Sprintf("layout=%s/batch=%d", layout, batch), func(b *testing.B) { benchGCDelete(b, layout == "random", batch) })
 		}
 	}

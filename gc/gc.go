@@ -51,7 +51,7 @@ type Options struct {
 	// Grace: an ownership change must be at least this old (default 1h;
 	// negative means zero).
 	Grace time.Duration
-	// Batch is the most rows one delete transaction removes (default 5000).
+	// Batch is about how many rows one delete transaction removes (default 20000).
 	Batch int
 	// Rate caps deletes, in rows per second over the run (0: no cap).
 	Rate float64
@@ -82,7 +82,7 @@ func (o *Options) defaults() {
 		o.Grace = 0
 	}
 	if o.Batch <= 0 {
-		o.Batch = 5000
+		o.Batch = 20000
 	}
 	if o.MinOwnerRatio == 0 {
 		o.MinOwnerRatio = 1
