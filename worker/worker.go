@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -70,6 +71,11 @@ func watchdog(ctx context.Context) {
 	}
 }
 
+// Linger is how long a draining worker keeps answering on connections it
+// already has (each answer closing its connection) before it closes the
+// idle ones.
+var Linger = 500 * time.Millisecond
+
 // Serve runs srv on ln until SIGTERM or SIGINT, then drains: it stops
 // accepting, lets connections already accepted deliver their request,
 // and waits (up to drain) for every request in flight. It sends READY=1
@@ -95,6 +101,19 @@ func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
 			prev(c, st)
 		}
 	}
+	// While draining, every response says Connection: close, so that
+	// clients with idle keep-alive connections retire them instead of
+	// sending a request just as the connection is closed (HTTP/1.1 clients
+	// do not retry a POST that hit a closing idle connection).
+	var draining atomic.Bool
+	if h := srv.Handler; h != nil {
+		srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if draining.Load() {
+				w.Header().Set("Connection", "close")
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	served := make(chan error, 1)
@@ -107,8 +126,12 @@ func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
 	case <-ctx.Done():
 	}
 	_ = Notify("STOPPING=1")
+	draining.Store(true)
 	ln.Close()
 	<-served // every accepted connection is registered now
+	// Serve the connections already open for a moment with
+	// Connection: close, so busy clients move to the new workers cleanly.
+	time.Sleep(min(Linger, drain/2))
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		mu.Lock()
 		n := len(fresh)

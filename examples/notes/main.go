@@ -61,7 +61,11 @@ type app struct {
 }
 
 func main() {
-	log, _ := zap.NewProduction()
+	cfg := zap.NewProductionConfig()
+	if len(os.Args) > 1 && os.Args[1] == "schema" {
+		cfg.Level = zap.NewAtomicLevelAt(zap.WarnLevel) // a one-shot command: say only what matters
+	}
+	log, _ := cfg.Build()
 	defer log.Sync()
 	log = log.With(zap.Int("pid", os.Getpid()), zap.String("generation", os.Getenv("SHARDVISOR_GENERATION")))
 	r, ks, closeFn, err := openRouter(log)
