@@ -1,0 +1,277 @@
+// Package e2e is the whole-system test: what `make demo` shows, without
+// the narration, with its outcomes asserted. Real ZooKeeper, real
+// PostgreSQL, the real binaries as processes.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
+)
+
+type env struct {
+	t    *testing.T
+	bin  string
+	dir  string
+	zk   *testenv.ZK
+	pg   *testenv.PG
+	args []string // ZooKeeper flags for every binary
+	envv []string
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..")
+}
+
+func build(t *testing.T, dir string) {
+	t.Helper()
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/shardctl", "./cmd/supervisor", "./cmd/router", "./examples/notes", "./examples/notes/loadgen")
+	cmd.Dir = repoRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+}
+
+func (e *env) cmd(name string, args ...string) *exec.Cmd {
+	c := exec.Command(filepath.Join(e.bin, name), args...)
+	c.Env = append(os.Environ(), e.envv...)
+	return c
+}
+
+// run runs a binary to completion and fails the test on a non-zero exit.
+func (e *env) run(name string, args ...string) string {
+	e.t.Helper()
+	c := e.cmd(name, args...)
+	out, err := c.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// start runs a binary in the background, logging to a file; it is stopped
+// at the end of the test.
+func (e *env) start(name string, args ...string) *exec.Cmd {
+	e.t.Helper()
+	c := e.cmd(name, args...)
+	f, err := os.Create(filepath.Join(e.dir, name+".log"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c.Stdout, c.Stderr = f, f
+	if err := c.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		c.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { c.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			c.Process.Kill()
+		}
+		f.Close()
+	})
+	return c
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func waitHTTP(t *testing.T, url string, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if res, err := http.Get(url); err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s not answering 200 within %s", url, limit)
+}
+
+func metric(t *testing.T, url, name string) string {
+	res, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// stdout runs a binary and returns its standard output alone.
+func (e *env) stdout(name string, args ...string) string {
+	e.t.Helper()
+	c := e.cmd(name, args...)
+	var errb strings.Builder
+	c.Stderr = &errb
+	out, err := c.Output()
+	if err != nil {
+		e.t.Fatalf("%s %s: %v\n%s%s", name, strings.Join(args, " "), err, out, errb.String())
+	}
+	return string(out)
+}
+
+func TestWholeSystem(t *testing.T) {
+	z := testenv.StartZK(t)
+	pg := testenv.StartPGNodes(t, 4)
+	dir := t.TempDir()
+	e := &env{t: t, bin: filepath.Join(dir, "bin"), dir: dir, zk: z, pg: pg}
+	build(t, e.bin)
+	e.envv = []string{"SHARDVISOR_ZK=" + z.ConnectString, "SHARDVISOR_ZK_ROOT=" + z.Root, "SHARDVISOR_CLUSTER=e2e"}
+	dsn := func(i int) string { return pg.Nodes[i].DSN }
+	pw := "file:" + pg.Nodes[0].PasswordFile
+
+	// A cluster of three db nodes, the app's table, fences, a pool.
+	e.run("shardctl", "init", "--level", "5", "--random-seed", "--password", pw,
+		"--node", "pg1="+dsn(0), "--node", "pg2="+dsn(1), "--node", "pg3="+dsn(2))
+	e.run("shardctl", "table", "add", "app.notes", "--key", "bkey")
+	e.run("notes", "schema")
+	for _, n := range []string{"pg1", "pg2", "pg3"} {
+		e.run("shardctl", "node", "prepare", n)
+	}
+	appPort, routerPort, adminPort := freePort(t), freePort(t), freePort(t)
+	pool := func(workers int) string {
+		p := filepath.Join(dir, fmt.Sprintf("pool-%d.json", workers))
+		cfg := map[string]any{
+			"version": 1, "command": filepath.Join(e.bin, "notes"), "workers": workers,
+			"env":              map[string]string{"SHARDVISOR_ZK": z.ConnectString, "SHARDVISOR_ZK_ROOT": z.Root, "SHARDVISOR_CLUSTER": "e2e"},
+			"listen":           []map[string]string{{"name": "http", "addr": fmt.Sprintf("tcp://127.0.0.1:%d", appPort)}},
+			"graceful_timeout": "15s",
+			"readiness":        map[string]string{"mode": "notify", "timeout": "30s"},
+		}
+		b, _ := json.Marshal(cfg)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	e.run("shardctl", "pool", "set", "notes", "--file", pool(2))
+
+	// The router sidecar and a supervisor running the app, under load.
+	e.start("router", "--listen", fmt.Sprintf("127.0.0.1:%d", routerPort))
+	e.start("supervisor", "--pool", "notes", "--admin", fmt.Sprintf("127.0.0.1:%d", adminPort), "--state-dir", filepath.Join(dir, "sup"))
+	waitHTTP(t, fmt.Sprintf("http://127.0.0.1:%d/readyz", routerPort), 30*time.Second)
+	app := fmt.Sprintf("http://127.0.0.1:%d", appPort)
+	waitHTTP(t, app+"/healthz", 60*time.Second)
+	ledger, summary := filepath.Join(dir, "ledger.jsonl"), filepath.Join(dir, "load.json")
+	load := e.start("loadgen", "run", "--url", app, "--users", "150", "--concurrency", "8", "--status-every", "0",
+		"--ledger", ledger, "--summary", summary)
+	time.Sleep(2 * time.Second)
+
+	// A config change swaps worker generations without dropping requests.
+	admin := fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort)
+	gen0 := metric(t, admin, "shardvisor_supervisor_generation")
+	e.run("shardctl", "pool", "set", "notes", "--file", pool(3))
+	testenv.WaitFor(t, 60*time.Second, func() bool {
+		g := metric(t, admin, "shardvisor_supervisor_generation")
+		return g != "" && g != gen0
+	}, "a new worker generation after the config change")
+
+	// A fourth node joins and takes buckets, live, under load.
+	e.run("shardctl", "node", "add", "pg4", dsn(3), "--password", pw)
+	e.run("notes", "schema")
+	e.run("shardctl", "node", "prepare", "pg4")
+	out := e.stdout("shardctl", "rebalance", "--json")
+	var rep struct {
+		Moves []struct {
+			State string `json:"state"`
+			Stats struct {
+				PauseMS float64 `json:"pause_ms"`
+			} `json:"stats"`
+		} `json:"moves"`
+		Balanced bool `json:"balanced"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("rebalance output: %v\n%s", err, out)
+	}
+	if !rep.Balanced || len(rep.Moves) == 0 {
+		t.Fatalf("rebalance: %+v", rep)
+	}
+	for _, m := range rep.Moves {
+		if m.State != "done" {
+			t.Fatalf("a move ended %s", m.State)
+		}
+		t.Logf("move pause %.1f ms", m.Stats.PauseMS)
+	}
+	time.Sleep(2 * time.Second)
+
+	// GC prunes what the old owners no longer own.
+	e.run("shardctl", "gc", "--grace", "0s")
+
+	// Stop the load and check every outcome.
+	load.Process.Signal(syscall.SIGTERM)
+	testenv.WaitFor(t, 60*time.Second, func() bool { _, err := os.Stat(summary); return err == nil }, "the load summary")
+	time.Sleep(200 * time.Millisecond)
+	var sum struct {
+		Requests  int64            `json:"requests"`
+		Failed    int64            `json:"failed"`
+		Writes    int64            `json:"acknowledged_writes"`
+		Errors    map[string]int64 `json:"errors"`
+		LastError string           `json:"last_error"`
+	}
+	data, _ := os.ReadFile(summary)
+	if err := json.Unmarshal(data, &sum); err != nil {
+		t.Fatalf("load summary %s: %v", data, err)
+	}
+	t.Logf("load: %d requests, %d failed, %d acknowledged writes", sum.Requests, sum.Failed, sum.Writes)
+	if sum.Requests < 100 || sum.Writes < 50 {
+		t.Fatalf("too little load to judge: %s", data)
+	}
+	if sum.Failed != 0 {
+		t.Fatalf("%d requests failed across the swap and the rebalance: %v (last: %s)", sum.Failed, sum.Errors, sum.LastError)
+	}
+	// Every acknowledged write is on the node that owns its user, and
+	// nothing is left on the others after GC.
+	vout := e.run("loadgen", "verify", "--ledger", ledger, "--others", "--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "e2e")
+	t.Logf("verify: %s", strings.TrimSpace(vout))
+
+	// No replication slot, publication or subscription left anywhere.
+	ctx := context.Background()
+	for _, n := range pg.Nodes[:4] {
+		c, err := pgx.Connect(ctx, n.DSNWithPassword)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var slots, pubs, subs int
+		c.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()").Scan(&slots)
+		c.QueryRow(ctx, "SELECT count(*) FROM pg_publication").Scan(&pubs)
+		c.QueryRow(ctx, "SELECT count(*) FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&subs)
+		c.Close(ctx)
+		if slots+pubs+subs > 0 {
+			t.Fatalf("%s: %d slots, %d publications, %d subscriptions left", n.Name, slots, pubs, subs)
+		}
+	}
+}
