@@ -239,7 +239,7 @@ func (f *fixture) leftovers() []string {
 	for _, n := range f.nodes {
 		c := f.conn(n.ID)
 		for _, q := range []string{
-			"SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'sv\\_%'",
+			"SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'sv\\_%' AND database = current_database()",
 			"SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE 'sv\\_%'",
 			"SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE 'sv\\_%' AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
 		} {

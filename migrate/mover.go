@@ -127,6 +127,9 @@ type run struct {
 	src, dst bucketmap.Node
 	srcConn  *pgx.Conn
 	dstConn  *pgx.Conn
+	// dstSpare is a second target connection opened before the freeze, so
+	// that the write pause never waits for a connection (TCP + SCRAM).
+	dstSpare *pgx.Conn
 	// verifyTx holds a snapshot of the target taken right after the
 	// barrier, before the target accepts writes, so that verification
 	// after the flip compares like with like. It exists only in the
@@ -310,6 +313,9 @@ func (r *run) close() {
 	defer cancel()
 	if r.srcConn != nil {
 		r.srcConn.Close(ctx)
+	}
+	if r.dstSpare != nil {
+		r.dstSpare.Close(ctx)
 	}
 	if r.dstConn != nil {
 		r.dstConn.Close(ctx)
@@ -641,6 +647,14 @@ func (r *run) fence(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if _, err := r.target(ctx); err != nil {
+		return err
+	}
+	if !r.rec.NoCopy && r.dstSpare == nil {
+		if r.dstSpare, err = dbnode.Connect(ctx, r.dst); err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
+	}
 	if _, err := fence.Freeze(ctx, src, r.rec.Lo, r.rec.Hi, next.Version); err != nil {
 		return fmt.Errorf("source fence: %w", err)
 	}
@@ -683,25 +697,30 @@ func (r *run) barrier(ctx context.Context) error {
 			return err
 		}
 		r.verifyTx = tx
-		// The target connection is busy with the snapshot: flips use
-		// another one.
-		r.dstConn = nil
+		// The target connection is busy with the snapshot: the flip uses
+		// the spare one, opened before the freeze.
+		r.dstConn, r.dstSpare = r.dstSpare, nil
 	}
 	return r.enter(ctx, topo.MoveFlip)
 }
 
 func (r *run) flip(ctx context.Context) error {
-	m, _, err := r.mv.st.Load(ctx)
-	if err != nil {
-		return err
+	var m *bucketmap.Map
+	epoch := r.rec.FenceVersion
+	if r.frozenAt.IsZero() {
+		// Resumed: find out where the flip got to.
+		var err error
+		if m, _, err = r.mv.st.Load(ctx); err != nil {
+			return err
+		}
+		epoch = max(epoch, m.Version)
 	}
-	if string(m.Owner(r.rec.Bucket)) != r.rec.Target {
-		epoch := r.rec.FenceVersion
+	if m == nil || string(m.Owner(r.rec.Bucket)) != r.rec.Target {
 		dst, err := r.target(ctx)
 		if err != nil {
 			return err
 		}
-		if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, max(epoch, m.Version)); err != nil {
+		if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, epoch); err != nil {
 			return fmt.Errorf("target fence: %w", err)
 		}
 		next, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
