@@ -324,3 +324,47 @@ func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
 		b++
 	}
 }
+
+// A move that aborts cleanly (here: a router that never applies the map)
+// is retried by the rebalancer instead of stopping it.
+func TestIntegrationRebalancerRetriesCleanAbort(t *testing.T) {
+	f := newFixture(t, 2, 2)
+	seeded := f.seedRows("s", 50)
+	ctx := context.Background()
+	stale, err := f.s.CreateEphemeral(ctx, f.st.Paths().Router("stuck-router"), []byte(`{"version":1,"id":"stuck-router","map_version":1}`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.st.Update(ctx, func(m *bucketmap.Map) error { return m.Drain("pg2") }); err != nil {
+		t.Fatal(err)
+	}
+	mv := f.mover(Options{MemberWait: 300 * time.Millisecond})
+	var once sync.Once
+	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+		if msg == topo.MoveAborted {
+			once.Do(func() { stale.Delete(ctx) }) // the router goes away
+		}
+	}
+	rb := NewRebalancer(mv, bucketmap.Policy{})
+	rb.Backoff = 10 * time.Millisecond
+	rep, err := rb.Run(ctx)
+	if err != nil {
+		t.Fatalf("rebalancer gave up: %v", err)
+	}
+	aborted, done := 0, 0
+	for _, r := range rep.Moves {
+		switch r.State {
+		case topo.MoveAborted:
+			aborted++
+			if !strings.Contains(r.Error, "stuck-router") {
+				t.Fatalf("abort reason %q does not name the lagging member", r.Error)
+			}
+		case topo.MoveDone:
+			done++
+		}
+	}
+	if aborted != 1 || done != 2 || f.mapNow().Counts()["pg2"] != 0 {
+		t.Fatalf("%d aborted, %d done, counts %v", aborted, done, f.mapNow().Counts())
+	}
+	f.checkClean(seeded)
+}

@@ -26,13 +26,19 @@ type Rebalancer struct {
 	mv  *Mover
 	pol bucketmap.Policy
 	log *zap.Logger
+	// Attempts is how many times a move that aborted cleanly (a node that
+	// did not answer in time, say) is tried before the rebalancer stops.
+	// Default 3.
+	Attempts int
+	// Backoff is the wait before the first retry; it doubles. Default 2 s.
+	Backoff time.Duration
 	// Progress, when set, receives a line per decision.
 	Progress func(msg string)
 }
 
 // NewRebalancer returns a rebalancer that runs moves with mv.
 func NewRebalancer(mv *Mover, pol bucketmap.Policy) *Rebalancer {
-	return &Rebalancer{mv: mv, pol: pol, log: mv.log.With(zap.String("component", "rebalancer"))}
+	return &Rebalancer{mv: mv, pol: pol, log: mv.log.With(zap.String("component", "rebalancer")), Attempts: 3, Backoff: 2 * time.Second}
 }
 
 // Report is what one Run did.
@@ -115,6 +121,7 @@ func (rb *Rebalancer) Plan(ctx context.Context) (*bucketmap.Plan, error) {
 // pauses it), a node down, ZooKeeper not connected.
 func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 	rep := &Report{Moves: []*topo.MoveRecord{}}
+	failures := map[uint32]int{} // clean aborts per bucket
 	// Unfinished moves first: a mover that died left them.
 	moves, err := rb.mv.List(ctx)
 	if err != nil {
@@ -201,9 +208,25 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 					rb.say("moved bucket %d %s -> %s: %d rows, copy %.0f ms, pause %.1f ms", rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS)
 				}
 			}
-			if errs[i] != nil {
-				return rep, fmt.Errorf("rebalancer stopped: %w", errs[i])
+			if errs[i] == nil {
+				continue
 			}
+			// A move that aborted cleanly left nothing behind: try it
+			// again after a pause, a few times, before giving up.
+			if rec != nil && rec.State == topo.MoveAborted && !errors.Is(errs[i], ErrVerifyMismatch) {
+				failures[rec.Bucket]++
+				if failures[rec.Bucket] < rb.Attempts {
+					wait := rb.Backoff << (failures[rec.Bucket] - 1)
+					rb.say("move of bucket %d aborted (%v); retrying in %s (attempt %d of %d)", rec.Bucket, errs[i], wait, failures[rec.Bucket]+1, rb.Attempts)
+					select {
+					case <-ctx.Done():
+						return rep, ctx.Err()
+					case <-time.After(wait):
+					}
+					continue
+				}
+			}
+			return rep, fmt.Errorf("rebalancer stopped: %w", errs[i])
 		}
 	}
 }
