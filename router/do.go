@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -16,10 +17,12 @@ import (
 const DefaultRetryFor = 10 * time.Second
 
 // Do runs fn on the pool of uid's db node. While the user's bucket is in a
-// move's write pause (state moving), or when the node's fence rejects the
-// write (SQLSTATE SV001: the bucket is frozen there or has moved), it waits
-// a moment, reads the route again and retries, with backoff, for up to
-// DefaultRetryFor or until ctx ends. Any other error is returned at once.
+// move's write pause (state moving), when the node's fence rejects the
+// write (SQLSTATE SV001: the bucket is frozen there or has moved), or when
+// the error happened before anything reached the server (pgconn.SafeToRetry:
+// a connection that could not be made in time), it waits a moment, reads
+// the route again and retries, with backoff, for up to DefaultRetryFor or
+// until ctx ends. Any other error is returned at once.
 //
 // fn must be safe to retry: a rejected write was rolled back by the fence.
 // Apps in other languages do the same: on SQLSTATE SV001, re-read the route
@@ -42,7 +45,9 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 				return perr
 			}
 			err = fn(ctx, pool, rt)
-			if err == nil || !fence.IsRejected(err) {
+			// Retry what the fence held back, and what never reached the
+			// server (a connection that could not be made in time).
+			if err == nil || !(fence.IsRejected(err) || pgconn.SafeToRetry(err)) {
 				return err
 			}
 			retry = true

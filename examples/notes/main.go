@@ -151,7 +151,12 @@ func openRouter(log *zap.Logger) (*router.Router, *keystream.Keystream, func(), 
 	return r, ks, closeFn, err
 }
 
-func tunePool(c *pgxpool.Config) { c.MaxConns = 8 }
+// tunePool keeps each worker's pools small (a generation swap opens them all
+// anew) and gives a connection time to authenticate on a busy node.
+func tunePool(c *pgxpool.Config) {
+	c.MaxConns = 4
+	c.ConnConfig.ConnectTimeout = 15 * time.Second
+}
 
 func createSchema(r *router.Router) error {
 	ctx := context.Background()
