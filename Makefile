@@ -7,16 +7,24 @@ PKGS     ?= ./...
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-short install-deps bench bench-router bench-supervisor bench-moves lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -o bin/ ./cmd/... ./examples/notes ./examples/notes/loadgen ./examples/hello
 
 ## test: all unit and integration tests against real local servers
 test: lint install-deps
-	scripts/with-devenv $(GO) test $(TESTFLAGS) $(PKGS)
+	scripts/with-devenv $(MAKE) --no-print-directory test-inner
+
+# Tests that make ZooKeeper clients reconnect while holding watches run
+# again without -race: go-zookeeper v1.0.4 races on its own lastZxid after
+# such a reconnect, so under -race they skip themselves.
+RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
+test-inner:
+	$(GO) test $(TESTFLAGS) $(PKGS)
+	$(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./internal/zksession/ ./router/ ./supervisor/
 
 ## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)
 install-deps:

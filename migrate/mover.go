@@ -335,6 +335,17 @@ func (r *run) save(ctx context.Context) error {
 		return err
 	}
 	st, err := r.mv.s.Set(ctx, r.mv.p.Move(r.rec.ID), data, r.ver)
+	for attempt := 0; errors.Is(err, zksession.ErrNotConnected) && attempt < 3; attempt++ {
+		// A suspended session usually comes back within its timeout:
+		// wait for it rather than fail the move over a blip.
+		wctx, cancel := context.WithTimeout(ctx, 2*r.mv.s.SessionTimeout())
+		werr := r.mv.s.WaitConnected(wctx)
+		cancel()
+		if werr != nil {
+			break
+		}
+		st, err = r.mv.s.Set(ctx, r.mv.p.Move(r.rec.ID), data, r.ver)
+	}
 	if err != nil {
 		return fmt.Errorf("saving move %s: %w", r.rec.ID, err)
 	}

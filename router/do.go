@@ -58,11 +58,19 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 			}
 			return fmt.Errorf("router: gave up on %q after %d attempts: %w", uid, attempt, err)
 		}
+		// While the map says moving, the answer changes the moment the
+		// map flips and Route is in memory: poll it closely. A rejection
+		// by the fence backs off.
+		wait := backoff
+		if rt.State == bucketmap.BucketMoving {
+			wait = 2 * time.Millisecond
+		} else {
+			backoff = min(2*backoff, 100*time.Millisecond)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(backoff):
+		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, 100*time.Millisecond)
 	}
 }

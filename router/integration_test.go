@@ -144,6 +144,7 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 // While ZooKeeper is unreachable the router keeps answering, and says how
 // much to trust the answer.
 func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
+	skipUnderRace(t)
 	z := testenv.StartZK(t)
 	st := cluster(t, z, testNodes(2), 3)
 	proxy, err := faultproxy.New(z.Servers[0])

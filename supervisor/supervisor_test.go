@@ -376,6 +376,7 @@ func TestCrashBackoffAndWatchdog(t *testing.T) {
 // Killing the ZooKeeper leader suspends the session; the workers keep
 // serving through the election, untouched.
 func TestZKLeaderKillKeepsWorkers(t *testing.T) {
+	skipUnderRace(t)
 	e := startZK(t)
 	testenv.Exclusive(t)
 	port := freePort(t)
@@ -423,6 +424,7 @@ func TestZKLeaderKillKeepsWorkers(t *testing.T) {
 // the session timeout after the last successful call, plus a little);
 // healing restores service after the holddown.
 func TestZKPartitionKillsWorkersAndHeals(t *testing.T) {
+	skipUnderRace(t)
 	e := startZK(t)
 	port := freePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)

@@ -436,6 +436,7 @@ func (c *collector) saw(to State) bool {
 // Killing the leader forces every client to reconnect, but within the
 // session timeout: the session survives, goes suspended, and comes back.
 func TestIntegrationLeaderKillKeepsSession(t *testing.T) {
+	skipUnderRace(t)
 	z, connect := chrooted(t)
 	testenv.Exclusive(t)
 	ctx := ctxT(t)
@@ -474,6 +475,7 @@ func TestIntegrationLeaderKillKeepsSession(t *testing.T) {
 // expires its session; after healing it gets a new session, re-creates its
 // ephemeral node and re-reads its watches.
 func TestIntegrationPartitionLostAndHeal(t *testing.T) {
+	skipUnderRace(t)
 	z, _ := chrooted(t)
 	ctx := ctxT(t)
 	proxy, err := faultproxy.New(z.Servers[0])

@@ -1,0 +1,7 @@
+//go:build !race
+
+package zksession
+
+import "testing"
+
+func skipUnderRace(*testing.T) {}

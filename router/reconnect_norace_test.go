@@ -1,0 +1,7 @@
+//go:build !race
+
+package router
+
+import "testing"
+
+func skipUnderRace(*testing.T) {}

@@ -1,0 +1,7 @@
+//go:build !race
+
+package supervisor
+
+import "testing"
+
+func skipUnderRace(*testing.T) {}
