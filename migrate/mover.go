@@ -392,26 +392,23 @@ func (r *run) nodes(ctx context.Context) (*bucketmap.Map, error) {
 }
 
 func (r *run) source(ctx context.Context) (*pgx.Conn, error) {
-	if r.srcConn != nil && !r.srcConn.IsClosed() {
-		return r.srcConn, nil
-	}
-	c, err := dbnode.Connect(ctx, r.src)
-	if err != nil {
-		return nil, fmt.Errorf("source: %w", err)
-	}
-	r.srcConn = c
-	return c, nil
+	return r.conn(ctx, &r.srcConn, r.src, "source")
 }
 
 func (r *run) target(ctx context.Context) (*pgx.Conn, error) {
-	if r.dstConn != nil && !r.dstConn.IsClosed() {
-		return r.dstConn, nil
+	return r.conn(ctx, &r.dstConn, r.dst, "target")
+}
+
+// conn returns the open connection in *slot, or opens a new one to node.
+func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, role string) (*pgx.Conn, error) {
+	if *slot != nil && !(*slot).IsClosed() {
+		return *slot, nil
 	}
-	c, err := dbnode.Connect(ctx, r.dst)
+	c, err := dbnode.Connect(ctx, node)
 	if err != nil {
-		return nil, fmt.Errorf("target: %w", err)
+		return nil, fmt.Errorf("%s: %w", role, err)
 	}
-	r.dstConn = c
+	*slot = c
 	return c, nil
 }
 
