@@ -7,27 +7,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/internal/zktest"
 )
-
-func openSession(t *testing.T, cfg zksession.Config) *zksession.Session {
-	t.Helper()
-	s, err := zksession.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := s.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 func clusterRec(name string) topo.ClusterRecord {
 	return topo.ClusterRecord{Version: topo.ClusterVersion, Name: name, Seed: strings.Repeat("ab", 16), CreatedAt: t0}
@@ -36,7 +21,7 @@ func clusterRec(name string) topo.ClusterRecord {
 func TestIntegrationStoreCreateLoadUpdate(t *testing.T) {
 	z := testenv.StartZK(t)
 	ctx := context.Background()
-	s := openSession(t, zksession.Config{Connect: z.ConnectString})
+	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
 	st := NewStore(s, topo.MustPaths(z.Root, "c1"))
 	if _, _, err := st.Load(ctx); !errors.Is(err, topo.ErrNoCluster) {
 		t.Fatalf("load before init: %v", err)
@@ -81,7 +66,7 @@ func TestIntegrationStoreConcurrentWritersLoseNothing(t *testing.T) {
 	z := testenv.StartZK(t)
 	ctx := context.Background()
 	p := topo.MustPaths(z.Root, "race")
-	s0 := openSession(t, zksession.Config{Connect: z.ConnectString})
+	s0 := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
 	if err := NewStore(s0, p).Create(ctx, clusterRec("race"), mustNew(t, 3, nodes(1)), CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +75,7 @@ func TestIntegrationStoreConcurrentWritersLoseNothing(t *testing.T) {
 	errs := make(chan error, writers*each)
 	conflicts := make(chan int, writers)
 	for w := range writers {
-		s := openSession(t, zksession.Config{Connect: z.ConnectString})
+		s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
 		st := NewStore(s, p)
 		st.Retries = 100
 		wg.Add(1)
@@ -132,7 +117,7 @@ func TestIntegrationStoreConcurrentWritersLoseNothing(t *testing.T) {
 	t.Logf("%d updates by %d writers, %d retries after lost compare-and-swaps", writers*each, writers, retried)
 
 	// With no retries allowed a lost race is a clear conflict error.
-	a, b := NewStore(s0, p), NewStore(openSession(t, zksession.Config{Connect: z.ConnectString}), p)
+	a, b := NewStore(s0, p), NewStore(zktest.Session(t, zksession.Config{Connect: z.ConnectString}), p)
 	a.Retries = 0
 	_, err = a.Update(ctx, func(m *Map) error {
 		// b writes in between a's read and a's write.
@@ -152,12 +137,12 @@ func TestIntegrationStoreACL(t *testing.T) {
 	admin := zksession.Credential{User: "admin", Password: "a-secret"}
 	reader := zksession.Credential{User: "reader", Password: "r-secret"}
 	p := topo.MustPaths(z.Root, "sec")
-	as := openSession(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{admin}})
+	as := zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{admin}})
 	opt := CreateOptions{ACL: zksession.ClusterACL(&admin, &reader), MemberACL: zksession.MemberACL(&admin, &reader)}
 	if err := NewStore(as, p).Create(ctx, clusterRec("sec"), mustNew(t, 2, nodes(2)), opt); err != nil {
 		t.Fatal(err)
 	}
-	rs := openSession(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{reader}})
+	rs := zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{reader}})
 	rst := NewStore(rs, p)
 	if err := rs.Sync(ctx, p.Map()); err != nil {
 		t.Fatal(err)
@@ -172,7 +157,7 @@ func TestIntegrationStoreACL(t *testing.T) {
 	if _, err := rs.CreateEphemeral(ctx, p.Router("r1"), []byte("{}"), opt.MemberACL); err != nil {
 		t.Fatalf("reader registering a router: %v", err)
 	}
-	anon := openSession(t, zksession.Config{Connect: z.ConnectString})
+	anon := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
 	if _, _, err := NewStore(anon, p).Load(ctx); !errors.Is(err, zksession.ErrNoAuth) {
 		t.Fatalf("anonymous load: %v, want ErrNoAuth", err)
 	}
@@ -185,7 +170,7 @@ func TestIntegrationMalformedZnodeIsReportedNotUsed(t *testing.T) {
 	z := testenv.StartZK(t)
 	ctx := context.Background()
 	p := topo.MustPaths(z.Root, "bad")
-	s := openSession(t, zksession.Config{Connect: z.ConnectString})
+	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
 	st := NewStore(s, p)
 	if err := st.Create(ctx, clusterRec("bad"), mustNew(t, 2, nodes(2)), CreateOptions{}); err != nil {
 		t.Fatal(err)

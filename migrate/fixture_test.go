@@ -19,6 +19,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
 )
@@ -48,16 +49,9 @@ func newFixture(t *testing.T, level, nodes int) *fixture {
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, nodes)
 	ctx := context.Background()
-	s, err := zksession.Open(zksession.Config{Connect: z.ConnectString, SessionTimeout: 4 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
+	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString, SessionTimeout: 4 * time.Second})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := s.WaitConnected(wctx); err != nil {
-		t.Fatal(err)
-	}
 	f := &fixture{t: t, z: z, pg: pg, s: s}
 	for i, n := range pg.Nodes[:nodes] {
 		f.nodes = append(f.nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive})

@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -259,16 +260,8 @@ func (mv *Mover) List(ctx context.Context) ([]*topo.MoveRecord, error) {
 		}
 		out = append(out, rec)
 	}
-	sortMoves(out)
+	slices.SortFunc(out, func(a, b *topo.MoveRecord) int { return a.CreatedAt.Compare(b.CreatedAt) })
 	return out, nil
-}
-
-func sortMoves(rs []*topo.MoveRecord) {
-	for i := 1; i < len(rs); i++ {
-		for j := i; j > 0 && rs[j].CreatedAt.Before(rs[j-1].CreatedAt); j-- {
-			rs[j], rs[j-1] = rs[j-1], rs[j]
-		}
-	}
 }
 
 func afterFlip(state string) bool {

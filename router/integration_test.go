@@ -15,21 +15,11 @@ import (
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/internal/zktest"
 )
 
 func session(t *testing.T, connect string, timeout time.Duration) *zksession.Session {
-	t.Helper()
-	s, err := zksession.Open(zksession.Config{Connect: connect, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := s.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return zktest.Session(t, zksession.Config{Connect: connect, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
 }
 
 // cluster creates a cluster in the test's ZooKeeper root and returns an

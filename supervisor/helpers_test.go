@@ -27,6 +27,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/internal/zktest"
 )
 
 // TestMain lets the test binary be the exec shim and a worker, so tests
@@ -404,23 +405,8 @@ type zkEnv struct {
 
 func startZK(t *testing.T) *zkEnv {
 	z := testenv.StartZK(t)
-	s := openSession(t, zksession.Config{Connect: z.ConnectString + z.Root})
+	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString + z.Root})
 	return &zkEnv{z: z, s: s, paths: topo.MustPaths("/shardvisor", "c1")}
-}
-
-func openSession(t *testing.T, cfg zksession.Config) *zksession.Session {
-	t.Helper()
-	s, err := zksession.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := s.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 func (e *zkEnv) put(t *testing.T, p string, data []byte) {
@@ -466,7 +452,7 @@ func (e *zkEnv) waitStatus(t *testing.T, what string, cond func(*topo.PoolStatus
 }
 
 func (e *zkEnv) opts(t *testing.T, connect string, timeout time.Duration) Options {
-	ss := openSession(t, zksession.Config{Connect: connect, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
+	ss := zktest.Session(t, zksession.Config{Connect: connect, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
 	return Options{Session: ss, Paths: e.paths, Member: "m1"}
 }
 

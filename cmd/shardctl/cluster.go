@@ -201,18 +201,23 @@ func planCommand() *cli.Command {
 		Flags: policyFlags(),
 		Action: func(c *cli.Context) error {
 			return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
-				m, _, err := st.Load(ctx)
-				if err != nil {
-					return err
-				}
-				p, err := bucketmap.PlanFor(m, policy(c))
-				if err != nil {
-					return err
-				}
-				return cliutil.NewPrinter(c).Emit(p, func(w io.Writer) { writePlan(w, m, p, policy(c)) })
+				return printPlan(ctx, c, st)
 			})
 		},
 	}
+}
+
+// printPlan prints the planner's answer for the live map, changing nothing.
+func printPlan(ctx context.Context, c *cli.Context, st *bucketmap.Store) error {
+	m, _, err := st.Load(ctx)
+	if err != nil {
+		return err
+	}
+	p, err := bucketmap.PlanFor(m, policy(c))
+	if err != nil {
+		return err
+	}
+	return cliutil.NewPrinter(c).Emit(p, func(w io.Writer) { writePlan(w, m, p, policy(c)) })
 }
 
 func writePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.Plan, pol bucketmap.Policy) {

@@ -33,8 +33,8 @@ func moveFlags() []cli.Flag {
 // (stdout stays clean for --json).
 func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, st *bucketmap.Store) error) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-		opts := migrate.Options{Logger: log, MaxLag: durationOr(c, "max-lag"), PauseCap: durationOr(c, "pause-cap"),
-			MemberWait: durationOr(c, "member-wait"), CatchupTimeout: durationOr(c, "catchup-timeout")}
+		opts := migrate.Options{Logger: log, MaxLag: c.Duration("max-lag"), PauseCap: c.Duration("pause-cap"),
+			MemberWait: c.Duration("member-wait"), CatchupTimeout: c.Duration("catchup-timeout")}
 		opts.Progress = func(rec *topo.MoveRecord, msg string) {
 			fmt.Fprintf(c.App.ErrWriter, "%s  move %s (bucket %d %s -> %s): %s\n", time.Now().Format("15:04:05.000"), rec.ID, rec.Bucket, rec.Source, rec.Target, msg)
 		}
@@ -42,17 +42,6 @@ func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, s
 		defer stop()
 		return fn(ctx, migrate.New(st, opts), st)
 	})
-}
-
-func durationOr(c *cli.Context, name string) time.Duration {
-	for _, f := range c.Command.Flags {
-		for _, n := range f.Names() {
-			if n == name {
-				return c.Duration(name)
-			}
-		}
-	}
-	return 0
 }
 
 func writeMove(w io.Writer, r *topo.MoveRecord) {
@@ -229,15 +218,7 @@ func rebalanceCommand() *cli.Command {
 					}
 				}
 				if c.Bool("dry-run") {
-					m, _, err := st.Load(ctx)
-					if err != nil {
-						return err
-					}
-					p, err := bucketmap.PlanFor(m, policy(c))
-					if err != nil {
-						return err
-					}
-					return cliutil.NewPrinter(c).Emit(p, func(w io.Writer) { writePlan(w, m, p, policy(c)) })
+					return printPlan(ctx, c, st)
 				}
 				if c.Bool("watch") {
 					err := rb.RunForever(ctx)
