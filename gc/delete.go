@@ -7,9 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/topo"
 )
 
 type deleter struct {
@@ -26,8 +29,21 @@ type errClaimed struct{ state string }
 
 func (e *errClaimed) Error() string { return "the node's fence now has part of the range " + e.state }
 
-// delete removes one verified range's leftovers, table by table, in
-// key-order batches.
+// delete removes one verified range's leftovers, table by table, in short
+// batch transactions. Batches walk the rows in one of two orders, chosen
+// per table from PostgreSQL's statistics (see chooseOrder):
+//
+//   - key order: consecutive key sub-ranges of about Batch rows, each one
+//     range delete through the key index. Best when the range's rows sit
+//     together in the table, or are few.
+//   - heap order: consecutive runs of table pages, deleting the range's rows
+//     on them. Best when the rows are spread over the whole table (rows of
+//     many buckets written over time, interleaved): key-order batches would
+//     then visit every page once per batch, heap-order ones visit each page
+//     once, as a plain DELETE does.
+//
+// Both stop at a batch boundary, so a killed run loses at most one batch's
+// work, and the next run recomputes what is left.
 func (d *deleter) delete(ctx context.Context, w *Work) error {
 	g := d.g
 	conn, err := d.conns.get(ctx, w.Node)
@@ -45,94 +61,224 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 			continue
 		}
 		t := tableRec(g.Tables, tw.Table)
-		col := pgx.Identifier{t.KeyColumn}.Sanitize()
-		var del string
-		if hasFence {
-			// The fence check is part of the delete: a range the node's
-			// fence claims (a move towards it started) deletes nothing.
-			del = `WITH claimed AS (SELECT state FROM shardvisor.ownership WHERE lo <= $2 AND hi >= $1 LIMIT 1),
-d AS (DELETE FROM ` + qualified(t) + ` WHERE ` + col + ` BETWEEN $1 AND $2 AND NOT EXISTS (SELECT FROM claimed) RETURNING 1)
-SELECT (SELECT count(*) FROM d), (SELECT state FROM claimed)`
+		heap, blocks, err := chooseOrder(ctx, conn, t, w, tw.Rows, g.Opt.Batch, g.Opt.Order)
+		if err != nil {
+			return fmt.Errorf("gc: sizing up %s on %s: %w", tw.Table, w.Node, err)
+		}
+		stop := false
+		if heap {
+			tw.Order = "heap"
+			stop, err = d.walkHeap(ctx, conn, hasFence, w, tw, t, blocks)
+			// Rows of the range cannot be added or moved while GC runs
+			// (the fence rejects writes; replication apply needs a move
+			// towards the node, which every batch checks for), so the
+			// pages that existed at the start held them all. Only a table
+			// rewrite (VACUUM FULL, CLUSTER, pg_repack) between two
+			// batches could move rows behind the walk: the key-order pass
+			// below catches those, and costs nothing otherwise.
+			if err == nil && !stop && tw.Deleted < tw.Rows {
+				g.Opt.Log.Info("gc: rows left after the heap walk; finishing in key order", zap.String("table", tw.Table), zap.String("range", w.Range.String()), zap.Int64("left", tw.Rows-tw.Deleted))
+				stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t)
+			}
 		} else {
-			del = `WITH d AS (DELETE FROM ` + qualified(t) + ` WHERE ` + col + ` BETWEEN $1 AND $2 RETURNING 1) SELECT count(*), NULL::text FROM d`
+			tw.Order = "key"
+			stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t)
 		}
-		// Batches are consecutive key sub-ranges, each sized to hold about
-		// Batch rows: keys are hashes, so rows spread evenly over the
-		// range, and the width adapts when a batch comes out too large or
-		// too small. Each batch is then one plain range delete that
-		// PostgreSQL can serve with a bitmap scan, instead of a row-by-row
-		// walk.
-		span := uint64(w.KeyHi - w.KeyLo) // wraps to the right unsigned width
-		width := span
-		if tw.Rows > int64(g.Opt.Batch) {
-			width = uint64(float64(span) / (float64(tw.Rows) / float64(g.Opt.Batch)))
+		if err != nil {
+			return fmt.Errorf("gc: deleting %s on %s (%s): %w", tw.Table, w.Node, w.Range, err)
 		}
-		width = max(width, 1)
-		cur := w.KeyLo
-		for {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			end := w.KeyHi
-			if uint64(w.KeyHi-cur) > width-1 {
-				end = cur + int64(width-1)
-			}
-			n, dur, err := d.batch(ctx, conn, hasFence, del, cur, end)
-			if claimed, ok := err.(*errClaimed); ok {
-				w.Done = false
-				d.rep.Skipped = append(d.rep.Skipped, Skip{Range: w.Range, Kind: SkipMove, Reason: fmt.Sprintf("stopped after deleting %d rows of %s: %v (a move towards %s started?)", tw.Deleted, tw.Table, claimed, w.Node)})
-				g.Opt.Log.Warn("gc: stopped a range", zap.String("range", w.Range.String()), zap.Error(err))
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("gc: deleting %s on %s (%s): %w", tw.Table, w.Node, w.Range, err)
-			}
-			tw.Deleted += n
-			d.rep.Deleted += n
-			d.rep.Batches++
-			d.rep.MaxBatch = max(d.rep.MaxBatch, dur)
-			g.Opt.Metrics.batch(string(w.Node), tw.Table, n, dur, d.rep.Rows-d.rep.Deleted)
-			d.progress(w, tw.Table)
-			if end == w.KeyHi {
-				break
-			}
-			cur = end + 1
-			switch {
-			case n > 2*int64(g.Opt.Batch) && width > 1:
-				width /= 2
-			case n < int64(g.Opt.Batch)/2 && width < span/2:
-				width *= 2
-			}
-			if err := d.throttle(ctx); err != nil {
-				return err
-			}
+		if stop {
+			w.Done = false
+			return nil
 		}
-		// No recount: the batches covered lo..hi, each deleting every row
-		// of its sub-range, and only replication apply could add rows here
-		// afterwards, which needs a move towards this node, which marks its
-		// fence first, which every batch checks.
+		// No recount in key order: the batches covered lo..hi, each
+		// deleting every row of its sub-range, and only replication apply
+		// could add rows here afterwards, which needs a move towards this
+		// node, which marks its fence first, which every batch checks.
 	}
 	return nil
+}
+
+// chooseOrder decides between key-order and heap-order batches for a
+// table's leftover rows, by comparing the pages each would visit. Heap
+// order reads every page of the table once, in physical order. Key order
+// reads, per batch, the pages its rows are on: GC measures that on a
+// sample (the first batch's key sub-range: how many distinct pages its rows
+// sit on) rather than trusting statistics, which may be missing or stale.
+// Sequential reads are cheaper, hence the 1.25 in heap order's favour.
+func chooseOrder(ctx context.Context, conn *pgx.Conn, t topo.TableRecord, w *Work, rows int64, batch int, force string) (heap bool, blocks int64, err error) {
+	err = conn.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size($1::regclass) / current_setting('block_size')::int`, qualified(t)).Scan(&blocks)
+	if err != nil || force == OrderKey {
+		return false, blocks, err
+	}
+	if force == OrderHeap {
+		return true, blocks, nil
+	}
+	// A sample of at most 2,000 rows keeps this cheap (on a spread-out
+	// table a whole batch's rows would touch most of its pages); it
+	// overstates the key walk's visits only where rows are spread out
+	// densely, where heap order is right anyway.
+	lo, hi := firstBatch(w.KeyLo, w.KeyHi, rows, min(batch, 2000))
+	var sampled, pages int64
+	err = conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT (ctid::text::point)[0]) FROM `+qualified(t)+` WHERE `+pgx.Identifier{t.KeyColumn}.Sanitize()+` BETWEEN $1 AND $2`, lo, hi).Scan(&sampled, &pages)
+	if err != nil {
+		return false, blocks, err
+	}
+	return heapOrder(rows, blocks, sampled, pages), blocks, nil
+}
+
+// heapOrder is chooseOrder's rule: the key walk visits about pages/sampled
+// pages per row.
+func heapOrder(rows, blocks, sampled, pages int64) bool {
+	if rows <= 0 || blocks <= 0 || sampled <= 0 {
+		return false
+	}
+	keyVisits := float64(rows) * float64(pages) / float64(sampled)
+	return float64(blocks) <= 1.25*keyVisits
+}
+
+// firstBatch is the key sub-range of a key walk's first batch: keys are
+// hashes, so rows spread evenly over the range, and a sub-range of width
+// span*batch/rows holds about batch of them.
+func firstBatch(lo, hi, rows int64, batch int) (int64, int64) {
+	width := batchWidth(lo, hi, rows, batch)
+	if uint64(hi-lo) > width-1 {
+		hi = lo + int64(width-1)
+	}
+	return lo, hi
+}
+
+func batchWidth(lo, hi, rows int64, batch int) uint64 {
+	span := uint64(hi - lo) // wraps to the right unsigned width
+	width := span
+	if rows > int64(batch) {
+		width = uint64(float64(span) / (float64(rows) / float64(batch)))
+	}
+	return max(width, 1)
+}
+
+// walkKeys deletes a table's rows of the range in consecutive key
+// sub-ranges, each sized to hold about Batch rows (see firstBatch), the
+// width adapting when a batch comes out too large or too small. Each batch is one plain range delete
+// that PostgreSQL serves with a bitmap scan of the key index. It returns
+// stop when a move towards the node claimed the range.
+func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord) (stop bool, err error) {
+	g := d.g
+	del := `DELETE FROM ` + qualified(t) + ` WHERE ` + pgx.Identifier{t.KeyColumn}.Sanitize() + ` BETWEEN $1 AND $2`
+	if hasFence {
+		del += ` AND ` + unclaimed
+	}
+	span := uint64(w.KeyHi - w.KeyLo)
+	width := batchWidth(w.KeyLo, w.KeyHi, max(tw.Rows-tw.Deleted, 1), g.Opt.Batch)
+	cur := w.KeyLo
+	for {
+		end := w.KeyHi
+		if uint64(w.KeyHi-cur) > width-1 {
+			end = cur + int64(width-1)
+		}
+		n, err := d.batch(ctx, conn, hasFence, w, tw, granules(cur, end), false, del, cur, end)
+		if err != nil {
+			return d.stopped(w, tw, err)
+		}
+		if end == w.KeyHi {
+			return false, nil
+		}
+		cur = end + 1
+		switch {
+		case n > 2*int64(g.Opt.Batch) && width > 1:
+			width /= 2
+		case n < int64(g.Opt.Batch)/2 && width < span/2:
+			width *= 2
+		}
+		if err := d.throttle(ctx); err != nil {
+			return false, err
+		}
+	}
+}
+
+// walkHeap deletes a table's rows of the range page run by page run, in
+// physical order (a TID range scan per batch), over the pages the table had
+// when GC chose the order. Each run is sized to hold about Batch of the
+// range's rows.
+func (d *deleter) walkHeap(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, blocks int64) (stop bool, err error) {
+	g := d.g
+	del := `DELETE FROM ` + qualified(t) + ` WHERE ctid >= $3 AND ctid < $4 AND ` + pgx.Identifier{t.KeyColumn}.Sanitize() + ` BETWEEN $1 AND $2`
+	if hasFence {
+		del += ` AND ` + unclaimed
+	}
+	gran := granules(w.KeyLo, w.KeyHi) // a page run may hold any key of the range
+	step := max(int64(float64(g.Opt.Batch)*float64(blocks)/float64(tw.Rows)), 1)
+	for p := int64(0); p < blocks; {
+		end := min(p+step, blocks)
+		n, err := d.batch(ctx, conn, hasFence, w, tw, gran, true, del, w.KeyLo, w.KeyHi,
+			pgtype.TID{BlockNumber: uint32(p), Valid: true}, pgtype.TID{BlockNumber: uint32(end), Valid: true})
+		if err != nil {
+			return d.stopped(w, tw, err)
+		}
+		p = end
+		switch {
+		case n > 2*int64(g.Opt.Batch) && step > 1:
+			step /= 2
+		case n < int64(g.Opt.Batch)/2 && step < blocks:
+			step *= 2
+		}
+		if err := d.throttle(ctx); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// unclaimed guards every delete: a range the node's fence claims (a move
+// towards it started) deletes nothing. Uncorrelated, so PostgreSQL checks
+// it once per statement.
+const unclaimed = `NOT EXISTS (SELECT FROM shardvisor.ownership WHERE lo <= $2 AND hi >= $1)`
+
+// stopped turns a batch error into walk's result: a claimed range stops the
+// range (reported as skipped), anything else fails the run.
+func (d *deleter) stopped(w *Work, tw *TableWork, err error) (bool, error) {
+	claimed, ok := err.(*errClaimed)
+	if !ok {
+		return false, err
+	}
+	d.rep.Skipped = append(d.rep.Skipped, Skip{Range: w.Range, Kind: SkipMove, Reason: fmt.Sprintf("stopped after deleting %d rows of %s: %v (a move towards %s started?)", tw.Deleted, tw.Table, claimed, w.Node)})
+	d.g.Opt.Log.Warn("gc: stopped a range", zap.String("range", w.Range.String()), zap.Error(err))
+	return true, nil
+}
+
+func granules(lo, hi int64) []int32 {
+	var out []int32
+	for g := fence.Granule(lo); g <= fence.Granule(hi); g++ {
+		out = append(out, g)
+	}
+	return out
 }
 
 // batch runs one delete transaction, in one round trip: bypass the fence
 // trigger, take the batch's lock granules shared (so that a flip handing
 // the range to this node waits for the batch, and the next batch sees
-// it), then delete unless the node's fence claims the range.
-func (d *deleter) batch(ctx context.Context, conn *pgx.Conn, hasFence bool, del string, lo, hi int64) (n int64, dur time.Duration, err error) {
+// it), then delete unless the node's fence claims the range, and account
+// for it.
+func (d *deleter) batch(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, gran []int32, heap bool, del string, args ...any) (n int64, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	t0 := time.Now()
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`SET LOCAL session_replication_role = replica`)
-	if hasFence {
-		var gran []int32
-		for g := fence.Granule(lo); g <= fence.Granule(hi); g++ {
-			gran = append(gran, g)
-		}
-		b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, fence.LockClass, gran)
+	if heap {
+		// The planner would rather walk the key index for a narrow key
+		// range; the point of a heap walk is not to.
+		b.Queue(`SET LOCAL enable_indexscan = off`)
+		b.Queue(`SET LOCAL enable_bitmapscan = off`)
 	}
 	var claimed *string
-	b.Queue(del, lo, hi).QueryRow(func(r pgx.Row) error { return r.Scan(&n, &claimed) })
+	if hasFence {
+		b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, fence.LockClass, gran)
+		b.Queue(`SELECT (SELECT state FROM shardvisor.ownership WHERE lo <= $2 AND hi >= $1 LIMIT 1)`, args[0], args[1]).QueryRow(func(r pgx.Row) error { return r.Scan(&claimed) })
+	}
+	b.Queue(del, args...).Exec(func(ct pgconn.CommandTag) error { n = ct.RowsAffected(); return nil })
 	b.Queue(`COMMIT`)
 	err = conn.SendBatch(ctx, b).Close()
 	if err != nil {
@@ -142,12 +288,20 @@ func (d *deleter) batch(ctx context.Context, conn *pgx.Conn, hasFence bool, del 
 		if strings.Contains(err.Error(), "session_replication_role") {
 			err = fmt.Errorf("bypassing the fence needs superuser or SET on session_replication_role: %w", err)
 		}
-		return 0, 0, err
+		return 0, err
 	}
+	dur := time.Since(t0)
+	tw.Deleted += n
+	d.rep.Deleted += n
+	d.rep.Batches++
+	d.rep.MaxBatch = max(d.rep.MaxBatch, dur)
+	d.rep.Deleting += dur
+	d.g.Opt.Metrics.batch(string(w.Node), tw.Table, n, dur, d.rep.Rows-d.rep.Deleted)
+	d.progress(w, tw.Table)
 	if claimed != nil {
-		return 0, 0, &errClaimed{*claimed}
+		return n, &errClaimed{*claimed}
 	}
-	return n, time.Since(t0), nil
+	return n, nil
 }
 
 // throttle sleeps so that the run's average stays under Rate rows/s.

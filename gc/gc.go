@@ -53,6 +53,9 @@ type Options struct {
 	Grace time.Duration
 	// Batch is about how many rows one delete transaction removes (default 20000).
 	Batch int
+	// Order forces the batches' walk order: OrderKey or OrderHeap. Empty
+	// (OrderAuto) chooses per table from PostgreSQL's statistics.
+	Order string
 	// Rate caps deletes, in rows per second over the run (0: no cap).
 	Rate float64
 	// DryRun checks and counts everything but deletes and prunes nothing.
@@ -98,6 +101,13 @@ func (o *Options) defaults() {
 	}
 }
 
+// Batch walk orders (see delete.go).
+const (
+	OrderAuto = ""
+	OrderKey  = "key"
+	OrderHeap = "heap"
+)
+
 // Skip kinds. Uncertain ones make a run fail (exit 1): something needs a
 // person. The others are expected and resolve themselves.
 const (
@@ -142,6 +152,10 @@ type TableWork struct {
 	Rows      int64  `json:"rows"`       // leftover rows on the node
 	OwnerRows int64  `json:"owner_rows"` // rows of the range on the owner
 	Deleted   int64  `json:"deleted"`
+	// Order is how the batches walk the rows: "key" (consecutive key
+	// sub-ranges, through the key index) or "heap" (consecutive runs of
+	// table pages, for rows spread all over the table); see delete.go.
+	Order string `json:"order,omitempty"`
 }
 
 // Work is a range GC deletes (or, dry, would delete).
@@ -161,18 +175,24 @@ type Skip struct {
 
 // Report is what a run found and did.
 type Report struct {
-	MapVersion  uint64        `json:"map_version"`
-	Level       int           `json:"level"`
-	DryRun      bool          `json:"dry_run"`
-	Work        []Work        `json:"ranges"`
-	Skipped     []Skip        `json:"skipped"`
-	Rows        int64         `json:"rows"` // leftover rows found in deletable ranges
-	Deleted     int64         `json:"deleted"`
-	Batches     int           `json:"batches"`
-	MaxBatch    time.Duration `json:"-"`
-	MaxBatchMS  float64       `json:"max_batch_ms"`
-	Elapsed     time.Duration `json:"-"`
-	ElapsedS    float64       `json:"elapsed_s"`
+	MapVersion uint64        `json:"map_version"`
+	Level      int           `json:"level"`
+	DryRun     bool          `json:"dry_run"`
+	Work       []Work        `json:"ranges"`
+	Skipped    []Skip        `json:"skipped"`
+	Rows       int64         `json:"rows"` // leftover rows found in deletable ranges
+	Deleted    int64         `json:"deleted"`
+	Batches    int           `json:"batches"`
+	MaxBatch   time.Duration `json:"-"`
+	MaxBatchMS float64       `json:"max_batch_ms"`
+	Elapsed    time.Duration `json:"-"`
+	ElapsedS   float64       `json:"elapsed_s"`
+	// Where the time went: finding and checking ranges (map, fences,
+	// counts on both nodes), inside delete transactions, pruning.
+	Checking    time.Duration `json:"-"`
+	Deleting    time.Duration `json:"-"`
+	CheckingS   float64       `json:"checking_s"`
+	DeletingS   float64       `json:"deleting_s"`
 	Pruned      int           `json:"history_pruned"`
 	PruneErrors []string      `json:"prune_errors,omitempty"`
 }
@@ -220,6 +240,11 @@ func hkey(h bucketmap.Handoff) string {
 // ranges are in the report.
 func (g *GC) Run(ctx context.Context) (*Report, error) {
 	g.Opt.defaults()
+	switch g.Opt.Order {
+	case OrderAuto, OrderKey, OrderHeap:
+	default:
+		return nil, fmt.Errorf("gc: unknown batch order %q (want %q, %q or empty for automatic)", g.Opt.Order, OrderKey, OrderHeap)
+	}
 	start := g.Opt.Now()
 	m, _, err := g.Store.Load(ctx)
 	if err != nil {
@@ -256,11 +281,13 @@ func (g *GC) Run(ctx context.Context) (*Report, error) {
 	}
 	if g.Opt.DryRun {
 		rep.Work = work
+		rep.Checking = g.Opt.Now().Sub(start)
 		rep.Elapsed = g.Opt.Now().Sub(start)
 		rep.finish()
 		return rep, nil
 	}
 	g.Opt.Metrics.remaining(rep.Rows)
+	rep.Checking = g.Opt.Now().Sub(start)
 	d := &deleter{g: g, rep: rep, start: start, conns: conns}
 	var runErr error
 	for i := range work {
@@ -281,6 +308,8 @@ func (g *GC) Run(ctx context.Context) (*Report, error) {
 func (r *Report) finish() {
 	r.MaxBatchMS = float64(r.MaxBatch.Microseconds()) / 1000
 	r.ElapsedS = r.Elapsed.Seconds()
+	r.CheckingS = r.Checking.Seconds()
+	r.DeletingS = r.Deleting.Seconds()
 }
 
 // candidates cuts the history into ranges with one owner each and skips
@@ -478,7 +507,17 @@ func (g *GC) verify(ctx context.Context, conns *connCache, r Range) (Work, *Skip
 	}
 	w := Work{Range: r}
 	for _, t := range g.Tables {
+		// Both nodes count at once (two servers, two connections): on a
+		// big range each count is a scan of its own.
+		var cy int64
+		var erry error
+		counted := make(chan struct{})
+		go func() {
+			defer close(counted)
+			cy, erry = countRange(ctx, y, t, r.KeyLo, r.KeyHi)
+		}()
 		cx, errx := countRange(ctx, x, t, r.KeyLo, r.KeyHi)
+		<-counted
 		if errx != nil {
 			if isUndefinedTable(errx) {
 				continue // nothing of it on this node
@@ -489,7 +528,6 @@ func (g *GC) verify(ctx context.Context, conns *connCache, r Range) (Work, *Skip
 			w.Tables = append(w.Tables, TableWork{Table: t.Name})
 			continue
 		}
-		cy, erry := countRange(ctx, y, t, r.KeyLo, r.KeyHi)
 		if erry != nil {
 			if isUndefinedTable(erry) {
 				return skip(SkipTableMissing, "table %s does not exist on the owner %s, which should hold the range's %d rows", t.Name, r.Owner, cx)

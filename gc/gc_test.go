@@ -19,8 +19,10 @@ import (
 // splits, after one run every node holds rows only in the buckets it owns,
 // with the same count there as before, and the history is empty.
 func TestIntegrationGCRandomizedMaps(t *testing.T) {
-	for seed := range uint64(4) {
-		t.Run("", func(t *testing.T) {
+	orders := []string{OrderAuto, OrderKey, OrderHeap}
+	for seed := range uint64(6) {
+		order := orders[seed%3]
+		t.Run("order="+order, func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 99))
 			c := newCluster(t, 3, 3)
 			m := c.load()
@@ -57,7 +59,7 @@ func TestIntegrationGCRandomizedMaps(t *testing.T) {
 					t.Fatal("the dry run deleted rows")
 				}
 			}
-			rep := c.run(Options{Grace: -1, Batch: 7})
+			rep := c.run(Options{Grace: -1, Batch: 7, Order: order})
 			if len(rep.Skipped) != 0 || rep.Deleted != dry.Rows || rep.Pruned != len(m.History()) {
 				t.Fatalf("run: deleted %d of %d, pruned %d of %d, skipped %+v", rep.Deleted, dry.Rows, rep.Pruned, len(m.History()), rep.Skipped)
 			}
@@ -77,6 +79,13 @@ func TestIntegrationGCRandomizedMaps(t *testing.T) {
 						if after[b] != 0 {
 							t.Errorf("%s still has %d rows of bucket %d, owned by %s", id, after[b], b, m.Owner(b))
 						}
+					}
+				}
+			}
+			for _, w := range rep.Work {
+				for _, tw := range w.Tables {
+					if tw.Rows > 0 && order != OrderAuto && tw.Order != order {
+						t.Errorf("%s walked %s in %s order, want %s", w.Range, tw.Table, tw.Order, order)
 					}
 				}
 			}

@@ -28,12 +28,14 @@ func gcCommand() *cli.Command {
 		Description: "Works from the bucket map's history. A range is deleted only if another node owns it, the change is older than\n" +
 			"--grace, no move involves it, both fences agree with the map, and the owner answers and holds at least as many of\n" +
 			"the range's rows per table (--min-owner-ratio). Anything uncertain is skipped and reported (exit status 1).\n" +
-			"Deletes run in key-order batches of short transactions; a run killed half-way is finished by the next one.\n" +
+			"Deletes run in batches of short transactions, walking either the key index (rows that sit together) or the\n" +
+			"table's pages (rows spread over it), chosen per table; a run killed half-way is finished by the next one.\n" +
 			"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "node", Usage: "only the leftovers on node `ID`"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},
 			&cli.IntFlag{Name: "batch", Value: 20000, EnvVars: []string{"SHARDVISOR_GC_BATCH"}, Usage: "about `N` rows per delete transaction"},
+			&cli.StringFlag{Name: "order", Value: "auto", EnvVars: []string{"SHARDVISOR_GC_ORDER"}, Usage: "batch walk `ORDER`: auto (per table, from PostgreSQL's statistics), key or heap"},
 			&cli.Float64Flag{Name: "rate", EnvVars: []string{"SHARDVISOR_GC_RATE"}, Usage: "at most `ROWS/S` deleted per second (0: no limit)"},
 			&cli.DurationFlag{Name: "grace", Value: time.Hour, EnvVars: []string{"SHARDVISOR_GC_GRACE"}, Usage: "only ownership changes older than `DURATION`"},
 			&cli.Float64Flag{Name: "min-owner-ratio", Value: 1, Usage: "the owner must hold at least `R` times the leftover rows of a range, per table (negative: no count check)"},
@@ -47,6 +49,9 @@ func gcCommand() *cli.Command {
 func runGC(c *cli.Context) error {
 	if c.Int("batch") < 1 {
 		return cliutil.Usagef("gc: --batch must be at least 1")
+	}
+	if _, err := gcOrder(c); err != nil {
+		return err
 	}
 	if c.Float64("rate") < 0 {
 		return cliutil.Usagef("gc: --rate must not be negative")
@@ -114,9 +119,10 @@ func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.
 		case <-runCtx.Done():
 		}
 	}()
+	order, _ := gcOrder(c) // checked by runGC
 	bar := newProgressBar(c)
 	g := &gc.GC{Session: st.Session(), Store: st, Tables: rec.Tables, Opt: gc.Options{
-		Grace: c.Duration("grace"), Batch: c.Int("batch"), Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
+		Grace: c.Duration("grace"), Batch: c.Int("batch"), Order: order, Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
 		Node: bucketmap.NodeID(c.String("node")), MinOwnerRatio: c.Float64("min-owner-ratio"),
 		Progress: bar.update, Metrics: metrics, Log: log,
 	}}
@@ -148,7 +154,7 @@ func writeGCReport(w io.Writer, rep *gc.Report) {
 	}
 	fmt.Fprintf(w, "gc at map version %d (level %d)%s\n", rep.MapVersion, rep.Level, map[bool]string{true: ", dry run: nothing is deleted", false: ""}[rep.DryRun])
 	if len(rep.Work) > 0 {
-		fmt.Fprintf(w, "%-12s %-24s %-28s %-12s %12s %12s\n", "NODE", "TABLE", "RANGE", "OWNER", "ROWS", "OWNER-ROWS")
+		fmt.Fprintf(w, "%-12s %-24s %-28s %-12s %12s %12s %s\n", "NODE", "TABLE", "RANGE", "OWNER", "ROWS", "OWNER-ROWS", "ORDER")
 	}
 	for _, wk := range rep.Work {
 		for _, t := range wk.Tables {
@@ -160,7 +166,11 @@ func writeGCReport(w io.Writer, rep *gc.Report) {
 			if !rep.DryRun {
 				n = t.Deleted
 			}
-			fmt.Fprintf(w, "%-12s %-24s %-28s %-12s %12d %12d\n", wk.Node, t.Table, rng, wk.Owner, n, t.OwnerRows)
+			order := t.Order // chosen when deleting; a dry run does not sample
+			if order == "" {
+				order = "-"
+			}
+			fmt.Fprintf(w, "%-12s %-24s %-28s %-12s %12d %12d %s\n", wk.Node, t.Table, rng, wk.Owner, n, t.OwnerRows, order)
 		}
 	}
 	for _, s := range rep.Skipped {
@@ -175,8 +185,8 @@ func writeGCReport(w io.Writer, rep *gc.Report) {
 		return
 	}
 	rate := float64(rep.Deleted) / max(rep.Elapsed.Seconds(), 1e-9)
-	fmt.Fprintf(w, "%s %d rows in %d batches (%.0f rows/s, longest batch %.1f ms) in %s; %d history entries pruned; %d ranges skipped\n",
-		verb, rep.Deleted, rep.Batches, rate, rep.MaxBatchMS, rep.Elapsed.Round(time.Millisecond), rep.Pruned, len(rep.Skipped))
+	fmt.Fprintf(w, "%s %d rows in %d batches (%.0f rows/s, longest batch %.1f ms) in %s (checking %s, in delete transactions %s); %d history entries pruned; %d ranges skipped\n",
+		verb, rep.Deleted, rep.Batches, rate, rep.MaxBatchMS, rep.Elapsed.Round(time.Millisecond), rep.Checking.Round(time.Millisecond), rep.Deleting.Round(time.Millisecond), rep.Pruned, len(rep.Skipped))
 	for _, e := range rep.PruneErrors {
 		fmt.Fprintf(w, "pruning the history failed (the next run retries): %s\n", e)
 	}
@@ -220,5 +230,17 @@ func (p *progressBar) update(pr gc.Progress) {
 func (p *progressBar) done() {
 	if p.drew {
 		fmt.Fprintln(p.w)
+	}
+}
+
+// gcOrder is --order as gc.Options.Order.
+func gcOrder(c *cli.Context) (string, error) {
+	switch o := c.String("order"); o {
+	case "auto":
+		return gc.OrderAuto, nil
+	case gc.OrderKey, gc.OrderHeap:
+		return o, nil
+	default:
+		return "", cliutil.Usagef("gc: --order must be auto, key or heap, not %q", o)
 	}
 }
