@@ -123,32 +123,69 @@ func (st *Store) Load(ctx context.Context) (*Map, int32, error) {
 // from the map it is given, not from earlier reads), up to Retries times,
 // then fails with ErrConflict. A map that fails validation is never written.
 func (st *Store) Update(ctx context.Context, edit func(m *Map) error) (*Map, error) {
+	next, _, _, err := st.UpdateAlso(ctx, nil, 0, edit, nil)
+	return next, err
+}
+
+// UpdateAlso is Update with two additions for a caller on a hot path (a
+// move's flip, inside its write pause):
+//
+//   - from, if not nil, is a map the caller already holds with its znode
+//     version zv: the first attempt edits it without reading ZooKeeper;
+//     a conflict, or an edit that fails on it, falls back to reading.
+//   - also, if not nil, returns more operations (a move record) written in
+//     the same ZooKeeper transaction as the map, all or nothing; it sees
+//     the edited map. If one of them fails (its own version moved on), the
+//     map is not written either and the error is returned, not retried.
+//
+// It returns the new map, its znode version, and the stats of also's
+// operations.
+func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(m *Map) error, also func(next *Map) ([]zksession.Op, error)) (*Map, int32, []zksession.Stat, error) {
 	var lastErr error
 	for attempt := 0; attempt <= st.Retries; attempt++ {
-		cur, zv, err := st.Load(ctx)
-		if err != nil {
-			return nil, err
+		cur := from
+		if attempt > 0 || cur == nil {
+			var err error
+			if cur, zv, err = st.Load(ctx); err != nil {
+				return nil, 0, nil, err
+			}
 		}
 		next := cur.Clone()
 		next.Version = cur.Version + 1
 		next.UpdatedAt = st.Now().UTC()
 		if err := edit(next); err != nil {
-			return nil, err
+			if attempt == 0 && from != nil {
+				continue // the caller's map may be stale: judge by the current one
+			}
+			return nil, 0, nil, err
 		}
 		data, err := Encode(next)
 		if err != nil {
-			return nil, err
+			return nil, 0, nil, err
 		}
-		if _, err := st.s.Set(ctx, st.p.Map(), data, zv); err != nil {
-			if errors.Is(err, zksession.ErrBadVersion) {
+		var stats []zksession.Stat
+		if also == nil {
+			var stat zksession.Stat
+			stat, err = st.s.Set(ctx, st.p.Map(), data, zv)
+			stats = []zksession.Stat{stat}
+		} else {
+			var ops []zksession.Op
+			if ops, err = also(next); err != nil {
+				return nil, 0, nil, err
+			}
+			stats, err = st.s.Multi(ctx, append([]zksession.Op{zksession.SetOp(st.p.Map(), data, zv)}, ops...)...)
+		}
+		if err != nil {
+			var oe *zksession.OpError
+			if errors.Is(err, zksession.ErrBadVersion) && (also == nil || errors.As(err, &oe) && oe.Path == st.p.Map()) {
 				lastErr = fmt.Errorf("%w: the write based on map version %d lost to another writer", ErrConflict, cur.Version)
 				continue
 			}
-			return nil, err
+			return nil, 0, nil, err
 		}
-		return next, nil
+		return next, stats[0].Version, stats[1:], nil
 	}
-	return nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, st.Retries+1)
+	return nil, 0, nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, st.Retries+1)
 }
 
 // MapPath is where the map lives, for watchers.

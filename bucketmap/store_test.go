@@ -187,3 +187,59 @@ func TestIntegrationMalformedZnodeIsReportedNotUsed(t *testing.T) {
 		t.Fatal("update on top of a malformed map succeeded")
 	}
 }
+
+// UpdateAlso writes the map and the extra records together or not at all,
+// starts from the caller's map without a read, and falls back to reading
+// when that map is stale.
+func TestIntegrationStoreUpdateAlso(t *testing.T) {
+	z := testenv.StartZK(t)
+	ctx := context.Background()
+	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	st := NewStore(s, topo.MustPaths(z.Root, "c1"))
+	if err := st.Create(ctx, clusterRec("c1"), mustNew(t, 4, nodes(3)), CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rec := st.Paths().Move("m1")
+	if err := s.Create(ctx, rec, []byte("v0")); err != nil {
+		t.Fatal(err)
+	}
+	m, zv, err := st.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	also := func(data string, version int32) func(*Map) ([]zksession.Op, error) {
+		return func(next *Map) ([]zksession.Op, error) {
+			return []zksession.Op{zksession.SetOp(rec, []byte(fmt.Sprintf("%s@%d", data, next.Version)), version)}, nil
+		}
+	}
+	// From the caller's map: both written.
+	next, nzv, stats, err := st.UpdateAlso(ctx, m, zv, func(m *Map) error { return m.Assign(0, "n2", AssignOptions{}) }, also("v1", 0))
+	if err != nil || next.Version != 2 || nzv != zv+1 || len(stats) != 1 || stats[0].Version != 1 {
+		t.Fatalf("update: %+v %d %+v %v", next, nzv, stats, err)
+	}
+	if data, _, _ := s.Get(ctx, rec); string(data) != "v1@2" {
+		t.Fatalf("record: %q", data)
+	}
+	// From a stale map (version 1): a conflict, then a fresh read; the
+	// edit sees the current map.
+	next, _, _, err = st.UpdateAlso(ctx, m, zv, func(m *Map) error {
+		if m.Owner(0) != "n2" {
+			return fmt.Errorf("edit saw a stale map: bucket 0 on %s", m.Owner(0))
+		}
+		return m.Assign(1, "n3", AssignOptions{})
+	}, also("v2", 1))
+	if err != nil || next.Version != 3 {
+		t.Fatalf("update from a stale map: %+v %v", next, err)
+	}
+	// The record moved on: neither is written, and no retry hides it.
+	_, _, _, err = st.UpdateAlso(ctx, nil, 0, func(m *Map) error { return m.Assign(2, "n3", AssignOptions{}) }, also("v3", 0))
+	if !errors.Is(err, zksession.ErrBadVersion) {
+		t.Fatalf("stale record: %v", err)
+	}
+	if cur, _, _ := st.Load(ctx); cur.Version != 3 {
+		t.Fatalf("the map was written with a failed record: version %d", cur.Version)
+	}
+	if data, _, _ := s.Get(ctx, rec); string(data) != "v2@3" {
+		t.Fatalf("record: %q", data)
+	}
+}

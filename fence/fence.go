@@ -102,29 +102,47 @@ func Read(ctx context.Context, q Querier) (*Fence, error) {
 	return f, err
 }
 
+const metaSQL = `SELECT fence_version, cluster, node, map_version, level, updated_at FROM shardvisor.fence_meta`
+
 func readMeta(ctx context.Context, q Querier, forUpdate bool) (Meta, error) {
-	sql := `SELECT fence_version, cluster, node, map_version, level, updated_at FROM shardvisor.fence_meta`
+	sql := metaSQL
 	if forUpdate {
 		sql += ` FOR UPDATE`
 	}
+	m, err := scanMeta(q.QueryRow(ctx, sql))
+	return m, notInstalled(err)
+}
+
+func scanMeta(r pgx.Row) (Meta, error) {
 	var m Meta
 	var mv int64
-	err := q.QueryRow(ctx, sql).Scan(&m.FenceVersion, &m.Cluster, &m.Node, &mv, &m.Level, &m.UpdatedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return m, fmt.Errorf("%w: shardvisor.fence_meta is empty", ErrNotInstalled)
-	}
-	if pe := sqlState(err); pe == "42P01" || pe == "3F000" { // undefined table / schema
-		return m, ErrNotInstalled
-	}
+	err := r.Scan(&m.FenceVersion, &m.Cluster, &m.Node, &mv, &m.Level, &m.UpdatedAt)
 	m.MapVersion = uint64(mv)
 	return m, err
 }
 
+// notInstalled names the errors of a node without a fence.
+func notInstalled(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: shardvisor.fence_meta is empty", ErrNotInstalled)
+	}
+	if pe := sqlState(err); pe == "42P01" || pe == "3F000" { // undefined table / schema
+		return ErrNotInstalled
+	}
+	return err
+}
+
+const spansSQL = `SELECT lo, hi, state, epoch FROM shardvisor.ownership ORDER BY lo`
+
 func readSpans(ctx context.Context, q Querier) ([]Span, error) {
-	rows, err := q.Query(ctx, `SELECT lo, hi, state, epoch FROM shardvisor.ownership ORDER BY lo`)
+	rows, err := q.Query(ctx, spansSQL)
 	if err != nil {
 		return nil, err
 	}
+	return collectSpans(rows)
+}
+
+func collectSpans(rows pgx.Rows) ([]Span, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Span, error) {
 		var s Span
 		var st string
@@ -164,7 +182,7 @@ func Sync(ctx context.Context, db DB, m *bucketmap.Map, node bucketmap.NodeID) (
 	want := Desired(m, node)
 	return flip(ctx, db, m.Version, m.Level, string(node), true, func(cur []Span) []Span {
 		return overlay(Only(cur, Incoming), want)
-	})
+	}, nil)
 }
 
 // SetState sets the key range lo..hi (inclusive; use keystream.Range for a
@@ -184,6 +202,10 @@ func SetState(ctx context.Context, db DB, lo, hi int64, st State, epoch uint64) 
 	if st != Absent && !st.valid() {
 		return Change{}, fmt.Errorf("fence: state %q is not owned, frozen, incoming or absent", st)
 	}
+	return setState(ctx, db, lo, hi, st, epoch, nil)
+}
+
+func setState(ctx context.Context, db DB, lo, hi int64, st State, epoch uint64, also []Stmt) (Change, error) {
 	return flip(ctx, db, epoch, -1, "", false, func(cur []Span) []Span {
 		var top []Span
 		if st != Absent {
@@ -198,14 +220,24 @@ func SetState(ctx context.Context, db DB, lo, hi int64, st State, epoch uint64) 
 			}
 		}
 		return overlay(rest, top)
-	}, lo, hi)
+	}, also, lo, hi)
 }
 
 // Freeze starts a move's write pause on this node (the source): writes to
 // lo..hi are rejected from now on, and Freeze returns only when every write
 // to it that was in flight has committed or rolled back.
 func Freeze(ctx context.Context, db DB, lo, hi int64, epoch uint64) (Change, error) {
-	return SetState(ctx, db, lo, hi, Frozen, epoch)
+	return FreezeWith(ctx, db, lo, hi, epoch)
+}
+
+// FreezeWith is Freeze running also in the freeze's own transaction, after
+// the drain: a move writes its barrier marker there, so that the marker
+// follows, in commit order, every write the freeze waited for.
+func FreezeWith(ctx context.Context, db DB, lo, hi int64, epoch uint64, also ...Stmt) (Change, error) {
+	if lo > hi {
+		return Change{}, fmt.Errorf("fence: range %d..%d: lo > hi", lo, hi)
+	}
+	return setState(ctx, db, lo, hi, Frozen, epoch, also)
 }
 
 // SetIncoming marks lo..hi on a move's target while its rows are copied in:
@@ -225,23 +257,43 @@ func Release(ctx context.Context, db DB, lo, hi int64, epoch uint64) (Change, er
 	return SetState(ctx, db, lo, hi, Absent, epoch)
 }
 
+// Stmt is an extra statement a fence change runs in its own transaction
+// (see FreezeWith).
+type Stmt struct {
+	SQL  string
+	Args []any
+}
+
 // flip runs one fence change: lock the meta row, check the version, compute
 // the new spans from the current ones, drain what stops being owned, write
 // the difference. sync (a whole-map apply) refuses strictly older versions
 // and checks the node; a primitive refuses older epochs. drainAll ranges
 // are drained whatever their state (the primitives' target range).
-func flip(ctx context.Context, db DB, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, drainAll ...int64) (Change, error) {
+//
+// A move's write pause is made of flips, so a flip is pipelined: four
+// round trips (begin; read; drain and write; commit) whatever the change,
+// instead of one per statement.
+func flip(ctx context.Context, db DB, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, also []Stmt, drainAll ...int64) (Change, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return Change{}, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, LockTimeout.Milliseconds())); err != nil {
-		return Change{}, err
-	}
-	meta, err := readMeta(ctx, tx, true)
-	if err != nil {
-		return Change{}, err
+
+	var meta Meta
+	var cur []Span
+	read := &pgx.Batch{}
+	read.Queue(fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, LockTimeout.Milliseconds()))
+	read.Queue(metaSQL + ` FOR UPDATE`).QueryRow(func(r pgx.Row) error {
+		meta, err = scanMeta(r)
+		return err
+	})
+	read.Queue(spansSQL).Query(func(rows pgx.Rows) error {
+		cur, err = collectSpans(rows)
+		return err
+	})
+	if err := tx.SendBatch(ctx, read).Close(); err != nil {
+		return Change{}, notInstalled(err)
 	}
 	ch := Change{FromVersion: meta.MapVersion, ToVersion: max(meta.MapVersion, version)}
 	if sync && meta.Node != node {
@@ -250,14 +302,11 @@ func flip(ctx context.Context, db DB, version uint64, level int, node string, sy
 	if version < meta.MapVersion {
 		return ch, fmt.Errorf("%w: the fence is at map version %d, the change is for version %d", ErrStale, meta.MapVersion, version)
 	}
-	cur, err := readSpans(ctx, tx)
-	if err != nil {
-		return ch, err
-	}
 	want, err := Normalize(next(cur))
 	if err != nil {
 		return ch, fmt.Errorf("fence: %w", err)
 	}
+	write := &pgx.Batch{}
 	// Drain: granules of every range that was owned and is no longer.
 	var drain []int32
 	for _, d := range Compare(want, cur) {
@@ -271,9 +320,7 @@ func flip(ctx context.Context, db DB, version uint64, level int, node string, sy
 	slices.Sort(drain)
 	drain = slices.Compact(drain)
 	if len(drain) > 0 {
-		if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, LockClass, drain); err != nil {
-			return ch, fmt.Errorf("fence: draining writers of %d lock granules: %w", len(drain), err)
-		}
+		write.Queue(`SELECT pg_catalog.pg_advisory_xact_lock($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, LockClass, drain)
 	}
 	ch.Drained = len(drain)
 	// Rewrite only the rows that differ (by range and state).
@@ -305,23 +352,26 @@ func flip(ctx context.Context, db DB, version uint64, level int, node string, sy
 		}
 	}
 	if len(del) > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM shardvisor.ownership WHERE lo = ANY($1)`, del); err != nil {
-			return ch, err
-		}
+		write.Queue(`DELETE FROM shardvisor.ownership WHERE lo = ANY($1)`, del)
 	}
 	if len(ch.Added) > 0 {
 		los, his, sts, eps := make([]int64, 0, len(ch.Added)), make([]int64, 0, len(ch.Added)), make([]string, 0, len(ch.Added)), make([]int64, 0, len(ch.Added))
 		for _, s := range ch.Added {
 			los, his, sts, eps = append(los, s.Lo), append(his, s.Hi), append(sts, string(s.State)), append(eps, int64(s.Epoch))
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO shardvisor.ownership (lo, hi, state, epoch) SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int8[])`, los, his, sts, eps); err != nil {
-			return ch, err
-		}
+		write.Queue(`INSERT INTO shardvisor.ownership (lo, hi, state, epoch) SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[], $4::int8[])`, los, his, sts, eps)
 	}
 	if level < 0 {
 		level = meta.Level
 	}
-	if _, err := tx.Exec(ctx, `UPDATE shardvisor.fence_meta SET map_version = $1, level = $2, updated_at = now()`, int64(ch.ToVersion), level); err != nil {
+	write.Queue(`UPDATE shardvisor.fence_meta SET map_version = $1, level = $2, updated_at = now()`, int64(ch.ToVersion), level)
+	for _, st := range also {
+		write.Queue(st.SQL, st.Args...)
+	}
+	if err := tx.SendBatch(ctx, write).Close(); err != nil {
+		if sqlState(err) == "55P03" { // lock_not_available: lock_timeout
+			return ch, fmt.Errorf("fence: draining writers of %d lock granules: %w", len(drain), err)
+		}
 		return ch, err
 	}
 	return ch, tx.Commit(ctx)

@@ -137,8 +137,16 @@ type run struct {
 	// process that passed the barrier.
 	verifyTx pgx.Tx
 	frozenAt time.Time // zero if the freeze did not happen in this process
-	seq      int64
-	lock     *zksession.Ephemeral
+	// fenceMap is the map that set the bucket moving, with its znode
+	// version: the flip's compare-and-swap starts from it instead of
+	// reading ZooKeeper inside the write pause.
+	fenceMap *bucketmap.Map
+	fenceZV  int32
+	// targetOwns: this process set the target's fence owned (before the
+	// freeze), so the flip need not.
+	targetOwns bool
+	seq        int64
+	lock       *zksession.Ephemeral
 }
 
 // Move creates a move of bucket to target and runs it to the end. With
@@ -353,12 +361,29 @@ func (r *run) enter(ctx context.Context, state string) error {
 		return err
 	}
 	r.progress(state)
+	r.crashHook(state)
+	return nil
+}
+
+// step enters a state inside the write pause without saving the record:
+// the pause has no time for ZooKeeper writes. The record keeps saying
+// fence until the flip writes it together with the map, so a mover that
+// dies in between resumes in fence, finds the bucket moving, and rolls
+// back (the pause could not be bounded), which is also what the barrier
+// would do.
+func (r *run) step(state string) {
+	r.rec.State = state
+	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
+	r.progress(state)
+	r.crashHook(state)
+}
+
+func (r *run) crashHook(state string) {
 	if r.mv.opts.CrashAt == state {
 		r.mv.log.Warn("test hook: killing the mover", zap.String("state", state))
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // not reached
 	}
-	return nil
 }
 
 func (r *run) progress(msg string) {
@@ -625,7 +650,7 @@ func (r *run) fence(ctx context.Context) error {
 		// started long ago, so the pause cap cannot be honoured.
 		return fmt.Errorf("%w: resumed after the fence began", ErrPauseCap)
 	}
-	next, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+	next, zv, _, err := r.mv.st.UpdateAlso(ctx, nil, 0, func(m *bucketmap.Map) error {
 		if m.Level != r.rec.Level {
 			return fmt.Errorf("the map was split during the move (level %d -> %d)", r.rec.Level, m.Level)
 		}
@@ -633,10 +658,11 @@ func (r *run) fence(ctx context.Context) error {
 			return fmt.Errorf("bucket %d is now owned by %s, not %s", r.rec.Bucket, owner, r.rec.Source)
 		}
 		return m.SetMoving(r.rec.Bucket, bucketmap.NodeID(r.rec.Target), r.rec.ID)
-	})
+	}, nil)
 	if err != nil {
 		return err
 	}
+	r.fenceMap, r.fenceZV = next, zv
 	r.rec.FenceVersion = next.Version
 	if err := r.save(ctx); err != nil {
 		return err
@@ -648,22 +674,46 @@ func (r *run) fence(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := r.target(ctx); err != nil {
+	dst, err := r.target(ctx)
+	if err != nil {
 		return err
 	}
+	// The target's fence owns the range before the pause, not inside it:
+	// no map has ever named the target as the bucket's owner, so no
+	// writer that follows a map sends it a write until the flip, and
+	// replication apply bypasses the fence either way. An abort releases
+	// it again (the map never gave it the bucket).
+	if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, next.Version); err != nil {
+		return fmt.Errorf("target fence: %w", err)
+	}
+	r.targetOwns = true
 	if !r.rec.NoCopy && r.dstSpare == nil {
 		if r.dstSpare, err = dbnode.Connect(ctx, r.dst); err != nil {
 			return fmt.Errorf("target: %w", err)
 		}
 	}
-	if _, err := fence.Freeze(ctx, src, r.rec.Lo, r.rec.Hi, next.Version); err != nil {
+	// The barrier marker is written by the freeze's own transaction: it
+	// commits after every write the freeze drained, so once the target
+	// has applied it, it has applied them all (logical replication applies
+	// in commit order). No round trip of its own inside the pause.
+	var also []fence.Stmt
+	if !r.rec.NoCopy {
+		r.seq++
+		// Flushed at commit even where synchronous_commit is off: a
+		// walsender sends only flushed WAL, and the WAL writer would
+		// otherwise take up to wal_writer_delay (200 ms) to get to it.
+		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = local`}, markerStmt(r.rec.ID, r.seq))
+	}
+	if _, err := fence.FreezeWith(ctx, src, r.rec.Lo, r.rec.Hi, next.Version, also...); err != nil {
 		return fmt.Errorf("source fence: %w", err)
 	}
 	r.frozenAt = time.Now()
 	if r.rec.NoCopy {
-		return r.enter(ctx, topo.MoveFlip)
+		r.step(topo.MoveFlip)
+		return nil
 	}
-	return r.enter(ctx, topo.MoveBarrier)
+	r.step(topo.MoveBarrier)
+	return nil
 }
 
 func (r *run) barrier(ctx context.Context) error {
@@ -675,16 +725,18 @@ func (r *run) barrier(ctx context.Context) error {
 	if budget <= 0 {
 		return fmt.Errorf("%w (%s)", ErrPauseCap, r.mv.opts.PauseCap)
 	}
-	lag, err := r.probe(ctx, budget)
-	if err != nil {
-		return err
-	}
-	if lag >= budget {
-		return fmt.Errorf("%w: the barrier took over %s (cap %s)", ErrPauseCap, lag.Round(time.Millisecond), r.mv.opts.PauseCap)
-	}
 	dst, err := r.target(ctx)
 	if err != nil {
 		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, budget)
+	err = waitMarker(wctx, dst, r.rec.ID, r.seq, time.Millisecond)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: the barrier took over %s (cap %s)", ErrPauseCap, budget.Round(time.Millisecond), r.mv.opts.PauseCap)
+		}
+		return fmt.Errorf("target: marker: %w", err)
 	}
 	if !r.rec.NoCopy {
 		// The verification snapshot: every row from before the freeze,
@@ -702,7 +754,8 @@ func (r *run) barrier(ctx context.Context) error {
 		// the spare one, opened before the freeze.
 		r.dstConn, r.dstSpare = r.dstSpare, nil
 	}
-	return r.enter(ctx, topo.MoveFlip)
+	r.step(topo.MoveFlip)
+	return nil
 }
 
 func (r *run) flip(ctx context.Context) error {
@@ -716,15 +769,25 @@ func (r *run) flip(ctx context.Context) error {
 		}
 		epoch = max(epoch, m.Version)
 	}
+	after := topo.MoveTeardown
+	if r.rec.NoCopy {
+		after = topo.MoveDone
+	}
 	if m == nil || string(m.Owner(r.rec.Bucket)) != r.rec.Target {
-		dst, err := r.target(ctx)
-		if err != nil {
-			return err
+		if !r.targetOwns {
+			dst, err := r.target(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, epoch); err != nil {
+				return fmt.Errorf("target fence: %w", err)
+			}
 		}
-		if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, epoch); err != nil {
-			return fmt.Errorf("target fence: %w", err)
-		}
-		next, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+		// The map and the move record change in one ZooKeeper
+		// transaction: the record says the flip happened exactly when the
+		// map does, whatever instant the mover dies at.
+		var rec topo.MoveRecord
+		next, _, stats, err := r.mv.st.UpdateAlso(ctx, r.fenceMap, r.fenceZV, func(m *bucketmap.Map) error {
 			if string(m.Owner(r.rec.Bucket)) == r.rec.Target {
 				return nil
 			}
@@ -732,17 +795,44 @@ func (r *run) flip(ctx context.Context) error {
 				return fmt.Errorf("bucket %d is no longer in this move's write pause (state %s, move %q)", r.rec.Bucket, bm.State, bm.Move)
 			}
 			return m.Assign(r.rec.Bucket, bucketmap.NodeID(r.rec.Target), bucketmap.AssignOptions{NoCopy: r.rec.NoCopy})
+		}, func(next *bucketmap.Map) ([]zksession.Op, error) {
+			rec = *r.rec
+			rec.FlipVersion = next.Version
+			rec.State = after
+			rec.Steps = append(slices.Clip(rec.Steps), topo.MoveStep{State: after, At: time.Now().UTC()})
+			rec.UpdatedAt = time.Now().UTC()
+			rec.Runner = r.mv.runner
+			data, err := json.Marshal(&rec)
+			return []zksession.Op{zksession.SetOp(r.mv.p.Move(r.rec.ID), data, r.ver)}, err
 		})
 		if err != nil {
 			return err
 		}
-		r.rec.FlipVersion = next.Version
+		*r.rec, r.ver = rec, stats[0].Version
 		if !r.frozenAt.IsZero() {
+			// Saved with the next step's record.
 			r.rec.Stats.PauseMS = float64(time.Since(r.frozenAt).Microseconds()) / 1000
 		}
 		m = next
-	} else if r.rec.FlipVersion == 0 {
-		r.rec.FlipVersion = m.Version
+	} else {
+		if r.rec.FlipVersion == 0 {
+			r.rec.FlipVersion = m.Version
+		}
+		r.rec.State = after
+		r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: after, At: time.Now().UTC()})
+		if err := r.save(ctx); err != nil {
+			return err
+		}
+	}
+	if r.targetOwns {
+		// Again, now at the flip's map version: an operator's `node sync`
+		// with the moving map may have set the range back to incoming
+		// since, and the newer version makes any such late sync stale.
+		if dst, err := r.target(ctx); err != nil {
+			r.mv.log.Warn("target unreachable after the flip to confirm its fence; `shardctl node sync` will", zap.String("move", r.rec.ID), zap.Error(err))
+		} else if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrStale) {
+			r.mv.log.Warn("target fence not confirmed; `shardctl node sync` will", zap.String("move", r.rec.ID), zap.Error(err))
+		}
 	}
 	if src, err := r.source(ctx); err == nil {
 		if _, err := fence.Release(ctx, src, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrStale) {
@@ -754,10 +844,9 @@ func (r *run) flip(ctx context.Context) error {
 	if r.rec.Stats.PauseMS > 0 {
 		r.progress(fmt.Sprintf("flipped: write pause %.1f ms", r.rec.Stats.PauseMS))
 	}
-	if r.rec.NoCopy {
-		return r.enter(ctx, topo.MoveDone)
-	}
-	return r.enter(ctx, topo.MoveTeardown)
+	r.progress(after)
+	r.crashHook(after)
+	return nil
 }
 
 func (r *run) teardown(ctx context.Context) error {

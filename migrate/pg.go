@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/topo"
 )
 
@@ -130,6 +131,11 @@ func insertMarker(ctx context.Context, c *pgx.Conn, moveID string, seq int64) (t
 		return time.Time{}, err
 	}
 	return at, tx.Commit(ctx)
+}
+
+// markerStmt writes marker seq inside another transaction (the freeze).
+func markerStmt(moveID string, seq int64) fence.Stmt {
+	return fence.Stmt{SQL: `INSERT INTO shardvisor.move_marker (move_id, seq) VALUES ($1, $2) ON CONFLICT (move_id, seq) DO NOTHING`, Args: []any{moveID, seq}}
 }
 
 // waitMarker polls the target until marker seq has been applied there.

@@ -16,13 +16,21 @@ import (
 // machinery holds back: a pause lasts well under a second.
 const DefaultRetryFor = 10 * time.Second
 
-// Do runs fn on the pool of uid's db node. While the user's bucket is in a
-// move's write pause (state moving), when the node's fence rejects the
-// write (SQLSTATE SV001: the bucket is frozen there or has moved), or when
-// the error happened before anything reached the server (pgconn.SafeToRetry:
-// a connection that could not be made in time), it waits a moment, reads
-// the route again and retries, with backoff, for up to DefaultRetryFor or
-// until ctx ends. Any other error is returned at once.
+// Do runs fn on the pool of uid's db node. When the node's fence rejects
+// the write (SQLSTATE SV001: the bucket is frozen there in a move's write
+// pause, or has moved), or when the error happened before anything reached
+// the server (pgconn.SafeToRetry: a connection that could not be made in
+// time), it waits a moment, reads the route again and retries, with
+// backoff, for up to DefaultRetryFor or until ctx ends. Any other error is
+// returned at once.
+//
+// A bucket whose map state is moving is still written on its owner: the
+// move's write pause starts only when the source's fence freezes the
+// range, and ends when the map names the target. Holding writes from the
+// moment the map says moving would stretch every pause by the time the
+// mover waits for routers and supervisors to catch up. Rejected writes to
+// a moving bucket poll the in-memory route closely, since it changes the
+// moment the map flips.
 //
 // fn must be safe to retry: a rejected write was rolled back by the fence.
 // Apps in other languages do the same: on SQLSTATE SV001, re-read the route
@@ -38,39 +46,48 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 		if err != nil {
 			return err
 		}
-		retry := rt.State == bucketmap.BucketMoving
-		if !retry {
-			pool, perr := r.NodePool(ctx, rt.Node)
-			if perr != nil {
-				return perr
-			}
-			err = fn(ctx, pool, rt)
-			// Retry what the fence held back, and what never reached the
-			// server (a connection that could not be made in time).
-			if err == nil || !(fence.IsRejected(err) || pgconn.SafeToRetry(err)) {
-				return err
-			}
-			retry = true
+		pool, perr := r.NodePool(ctx, rt.Node)
+		if perr != nil {
+			return perr
+		}
+		err = fn(ctx, pool, rt)
+		// Retry what the fence held back, and what never reached the
+		// server (a connection that could not be made in time).
+		if err == nil || !(fence.IsRejected(err) || pgconn.SafeToRetry(err)) {
+			return err
 		}
 		if time.Now().Add(backoff).After(deadline) {
-			if err == nil {
-				err = fmt.Errorf("bucket %d is still moving to %s", rt.Bucket, rt.Target)
+			if rt.State == bucketmap.BucketMoving {
+				err = fmt.Errorf("bucket %d is still moving to %s: %w", rt.Bucket, rt.Target, err)
 			}
 			return fmt.Errorf("router: gave up on %q after %d attempts: %w", uid, attempt, err)
 		}
-		// While the map says moving, the answer changes the moment the
-		// map flips and Route is in memory: poll it closely. A rejection
-		// by the fence backs off.
-		wait := backoff
-		if rt.State == bucketmap.BucketMoving {
-			wait = 2 * time.Millisecond
-		} else {
-			backoff = min(2*backoff, 100*time.Millisecond)
+		// Back off before writing again. While the map says moving, the
+		// route changes the moment the map flips and Route is in memory:
+		// watch it closely and write again as soon as it changes, without
+		// sending the node a write per poll.
+		wait := time.NewTimer(backoff)
+		backoff = min(2*backoff, 100*time.Millisecond)
+		poll := time.NewTicker(2 * time.Millisecond)
+	waiting:
+		for {
+			select {
+			case <-ctx.Done():
+				wait.Stop()
+				poll.Stop()
+				return ctx.Err()
+			case <-wait.C:
+				break waiting
+			case <-poll.C:
+				if rt.State != bucketmap.BucketMoving {
+					continue
+				}
+				if now, err := r.Route(uid); err == nil && (now.Node != rt.Node || now.State != rt.State) {
+					wait.Stop()
+					break waiting
+				}
+			}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(wait):
-		}
+		poll.Stop()
 	}
 }

@@ -10,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/topo"
@@ -341,5 +345,82 @@ func TestIntegrationPools(t *testing.T) {
 	}
 	if _, err := r.Route("x"); errors.Is(err, ErrNotReady) {
 		t.Fatal(err)
+	}
+}
+
+// Do writes a moving bucket on its owner (the pause starts at the source's
+// freeze, not when the map says moving), and retries a write the fence
+// rejects until the map names the new owner.
+func TestIntegrationDoDuringAMove(t *testing.T) {
+	z := testenv.StartZK(t)
+	pg := testenv.StartPG(t)
+	var nodes []bucketmap.Node
+	for i, n := range pg.Nodes[:2] {
+		nodes = append(nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
+	}
+	st := cluster(t, z, nodes, 2)
+	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
+	defer r.Close()
+	ctx := ctxTimeout(t, 30*time.Second)
+	if err := r.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const uid = "mover-user"
+	rt, err := r.Route(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, to := rt.Node, bucketmap.NodeID("pg2")
+	if from == to {
+		to = "pg1"
+	}
+	m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.SetMoving(rt.Bucket, to, "m1") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(t, r, m.Version)
+
+	// Moving, not frozen: written on the owner, once.
+	var calls []Route
+	err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
+		calls = append(calls, rt)
+		return nil
+	})
+	if err != nil || len(calls) != 1 || calls[0].Node != from || calls[0].State != bucketmap.BucketMoving {
+		t.Fatalf("write to a moving bucket: %v, calls %+v", err, calls)
+	}
+
+	// Frozen on the source: rejected until the map flips, then written on
+	// the target.
+	calls = nil
+	flipped := make(chan error, 1)
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(rt.Bucket, to, bucketmap.AssignOptions{}) })
+		flipped <- err
+	}()
+	err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
+		calls = append(calls, rt)
+		if rt.Node == from {
+			return &pgconn.PgError{Code: fence.SQLState, Message: "bucket frozen"}
+		}
+		return nil
+	})
+	if ferr := <-flipped; ferr != nil {
+		t.Fatal(ferr)
+	}
+	if err != nil || len(calls) < 2 || calls[len(calls)-1].Node != to {
+		t.Fatalf("write during the pause: %v after %d attempts", err, len(calls))
+	}
+	t.Logf("%d attempts during a 200 ms pause", len(calls))
+
+	// Another error is not retried.
+	calls = nil
+	boom := errors.New("boom")
+	if err := r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
+		calls = append(calls, rt)
+		return boom
+	}); !errors.Is(err, boom) || len(calls) != 1 {
+		t.Fatalf("a plain error: %v after %d attempts", err, len(calls))
 	}
 }

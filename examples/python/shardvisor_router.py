@@ -10,8 +10,10 @@
    Pass the map version your last answer carried (map_version=) and the
    sidecar says "moved": true when the user's bucket changed owner since: redo
    the request at the new node. Answers also carry "stale" (the sidecar lost
-   ZooKeeper; the map may be out of date) and "state" ("moving" while a move's
-   write pause is on: retry shortly).
+   ZooKeeper; the map may be out of date) and "state" ("moving" while a move
+   of the bucket finishes: keep writing to "node"; a write refused with
+   SQLSTATE SV001 is in the move's short write pause: re-read the route and
+   retry as soon as "node" changes).
 
 2. LocalRouter routes with no network at all, from a map file: the file the
    supervisor hands its workers (SHARDVISOR_MAP_FILE) or a saved
