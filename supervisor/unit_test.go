@@ -1,13 +1,19 @@
 package supervisor
 
 import (
-	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/topo"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/topo"
 )
 
 func TestParseNotify(t *testing.T) {
@@ -98,4 +104,66 @@ func TestUnixSocketStaleAndInUse(t *testing.T) {
 	if _, err := bindSocket("unix://" + p); err == nil || !strings.Contains(err.Error(), "not a socket") {
 		t.Fatalf("bind over a regular file: %v", err)
 	}
+}
+
+// The supervisor's copy of a bound socket is not watched by Go's network
+// poller: otherwise every connection a worker accepts would wake the
+// supervisor too. It is blocking (the systemd convention), close-on-exec
+// (only the workers' ExtraFiles get it), and still listening.
+func TestBoundSocketIsNotPolled(t *testing.T) {
+	for _, addr := range []string{"tcp://127.0.0.1:0", "unix://" + filepath.Join(t.TempDir(), "s.sock")} {
+		b, err := bindSocket(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd := int(b.file.Fd())
+		for _, ep := range epollFDs(t) {
+			info, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", ep))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(string(info), "\n") {
+				if f := strings.Fields(line); len(f) > 1 && f[0] == "tfd:" && f[1] == strconv.Itoa(fd) {
+					t.Errorf("%s: fd %d is registered with epoll fd %d: %s", addr, fd, ep, line)
+				}
+			}
+		}
+		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK != 0 {
+			t.Errorf("%s: non-blocking (flags %#x, %v)", addr, fl, err)
+		}
+		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || fl&unix.FD_CLOEXEC == 0 {
+			t.Errorf("%s: close-on-exec not set (%#x, %v)", addr, fl, err)
+		}
+		// Still listening: a connection is queued in its backlog.
+		l, err := net.FileListener(b.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.DialTimeout(l.Addr().Network(), l.Addr().String(), time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", addr, err)
+		}
+		c.Close()
+		l.Close()
+		b.close()
+	}
+}
+
+func epollFDs(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		if dst, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && strings.Contains(dst, "eventpoll") {
+			n, _ := strconv.Atoi(e.Name())
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no epoll fd in this process: the check would prove nothing")
+	}
+	return out
 }
