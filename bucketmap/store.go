@@ -142,7 +142,11 @@ func (st *Store) Update(ctx context.Context, edit func(m *Map) error) (*Map, err
 // operations.
 func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(m *Map) error, also func(next *Map) ([]zksession.Op, error)) (*Map, int32, []zksession.Stat, error) {
 	var lastErr error
-	for attempt := 0; attempt <= st.Retries; attempt++ {
+	retries := st.Retries
+	if from != nil {
+		retries++ // the first attempt, on the caller's map, is free
+	}
+	for attempt := 0; attempt <= retries; attempt++ {
 		cur := from
 		if attempt > 0 || cur == nil {
 			var err error
@@ -155,7 +159,9 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 		next.UpdatedAt = st.Now().UTC()
 		if err := edit(next); err != nil {
 			if attempt == 0 && from != nil {
-				continue // the caller's map may be stale: judge by the current one
+				// The caller's map may be stale: judge by the current one.
+				lastErr = err
+				continue
 			}
 			return nil, 0, nil, err
 		}
@@ -185,7 +191,7 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 		}
 		return next, stats[0].Version, stats[1:], nil
 	}
-	return nil, 0, nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, st.Retries+1)
+	return nil, 0, nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, retries+1)
 }
 
 // MapPath is where the map lives, for watchers.

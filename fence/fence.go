@@ -207,20 +207,24 @@ func SetState(ctx context.Context, db DB, lo, hi int64, st State, epoch uint64) 
 
 func setState(ctx context.Context, db DB, lo, hi int64, st State, epoch uint64, also []Stmt) (Change, error) {
 	return flip(ctx, db, epoch, -1, "", false, func(cur []Span) []Span {
-		var top []Span
-		if st != Absent {
-			top = []Span{{Lo: lo, Hi: hi, State: st, Epoch: epoch}}
-		}
-		// Cut lo..hi out of cur, then lay the new span over it.
-		var rest []Span
-		for _, g := range sweep(cur, []Span{{Lo: lo, Hi: hi, State: Owned}}) {
-			if g.A >= 0 && g.B < 0 {
-				s := cur[g.A]
-				rest = appendMerged(rest, Span{Lo: g.Lo, Hi: g.Hi, State: s.State, Epoch: s.Epoch})
-			}
-		}
-		return overlay(rest, top)
+		return setSpans(cur, lo, hi, st, epoch)
 	}, also, lo, hi)
+}
+
+// setSpans cuts lo..hi out of cur, then lays the new span over it.
+func setSpans(cur []Span, lo, hi int64, st State, epoch uint64) []Span {
+	var top []Span
+	if st != Absent {
+		top = []Span{{Lo: lo, Hi: hi, State: st, Epoch: epoch}}
+	}
+	var rest []Span
+	for _, g := range sweep(cur, []Span{{Lo: lo, Hi: hi, State: Owned}}) {
+		if g.A >= 0 && g.B < 0 {
+			s := cur[g.A]
+			rest = appendMerged(rest, Span{Lo: g.Lo, Hi: g.Hi, State: s.State, Epoch: s.Epoch})
+		}
+	}
+	return overlay(rest, top)
 }
 
 // Freeze starts a move's write pause on this node (the source): writes to
@@ -257,6 +261,48 @@ func Release(ctx context.Context, db DB, lo, hi int64, epoch uint64) (Change, er
 	return SetState(ctx, db, lo, hi, Absent, epoch)
 }
 
+// Pending is a fence change made but not committed: its transaction is
+// open and holds the fence's meta row and the range's lock granules.
+// Writers to the range wait for it; nothing is visible until Commit.
+type Pending struct {
+	Change Change
+	tx     pgx.Tx
+}
+
+// PrepareOwn is Own up to, not including, the commit. A move prepares its
+// target's ownership before the write pause and commits it right after the
+// map names the target, in one round trip, so that the target never owns
+// the range before the map says so (a writer holding an old route to it
+// would otherwise be accepted, and lost if the move then aborted) and yet
+// the pause does not wait for a whole fence change. version is the map
+// version expected to make it official (the flip's): recording it refuses
+// a later sync with an older map as stale.
+func PrepareOwn(ctx context.Context, db DB, lo, hi int64, version uint64) (*Pending, error) {
+	if lo > hi {
+		return nil, fmt.Errorf("fence: range %d..%d: lo > hi", lo, hi)
+	}
+	ch, tx, err := flipTx(ctx, db, version, -1, "", false, func(cur []Span) []Span {
+		return setSpans(cur, lo, hi, Owned, version)
+	}, nil, lo, hi)
+	if err != nil {
+		return nil, err
+	}
+	return &Pending{Change: ch, tx: tx}, nil
+}
+
+// Commit commits the change: one round trip.
+func (p *Pending) Commit(ctx context.Context) error {
+	if err := p.tx.Commit(ctx); err != nil {
+		return fmt.Errorf("fence: committing: %w", err)
+	}
+	return nil
+}
+
+// Rollback abandons the change.
+func (p *Pending) Rollback(ctx context.Context) {
+	_ = p.tx.Rollback(context.WithoutCancel(ctx))
+}
+
 // Stmt is an extra statement a fence change runs in its own transaction
 // (see FreezeWith).
 type Stmt struct {
@@ -274,11 +320,25 @@ type Stmt struct {
 // round trips (begin; read; drain and write; commit) whatever the change,
 // instead of one per statement.
 func flip(ctx context.Context, db DB, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, also []Stmt, drainAll ...int64) (Change, error) {
+	ch, tx, err := flipTx(ctx, db, version, level, node, sync, next, also, drainAll...)
+	if err != nil {
+		return ch, err
+	}
+	return ch, tx.Commit(ctx)
+}
+
+// flipTx is flip without the commit: on success the caller owns the open
+// transaction (see Pending); on error it is rolled back.
+func flipTx(ctx context.Context, db DB, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, also []Stmt, drainAll ...int64) (_ Change, _ pgx.Tx, err error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return Change{}, err
+		return Change{}, nil, err
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
+	defer func() {
+		if err != nil {
+			tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
 
 	var meta Meta
 	var cur []Span
@@ -293,18 +353,18 @@ func flip(ctx context.Context, db DB, version uint64, level int, node string, sy
 		return err
 	})
 	if err := tx.SendBatch(ctx, read).Close(); err != nil {
-		return Change{}, notInstalled(err)
+		return Change{}, nil, notInstalled(err)
 	}
 	ch := Change{FromVersion: meta.MapVersion, ToVersion: max(meta.MapVersion, version)}
 	if sync && meta.Node != node {
-		return ch, fmt.Errorf("%w: this database was prepared as node %s of cluster %s, not node %s", ErrWrongNode, meta.Node, meta.Cluster, node)
+		return ch, nil, fmt.Errorf("%w: this database was prepared as node %s of cluster %s, not node %s", ErrWrongNode, meta.Node, meta.Cluster, node)
 	}
 	if version < meta.MapVersion {
-		return ch, fmt.Errorf("%w: the fence is at map version %d, the change is for version %d", ErrStale, meta.MapVersion, version)
+		return ch, nil, fmt.Errorf("%w: the fence is at map version %d, the change is for version %d", ErrStale, meta.MapVersion, version)
 	}
 	want, err := Normalize(next(cur))
 	if err != nil {
-		return ch, fmt.Errorf("fence: %w", err)
+		return ch, nil, fmt.Errorf("fence: %w", err)
 	}
 	write := &pgx.Batch{}
 	// Drain: granules of every range that was owned and is no longer.
@@ -370,11 +430,11 @@ func flip(ctx context.Context, db DB, version uint64, level int, node string, sy
 	}
 	if err := tx.SendBatch(ctx, write).Close(); err != nil {
 		if sqlState(err) == "55P03" { // lock_not_available: lock_timeout
-			return ch, fmt.Errorf("fence: draining writers of %d lock granules: %w", len(drain), err)
+			return ch, nil, fmt.Errorf("fence: draining writers of %d lock granules: %w", len(drain), err)
 		}
-		return ch, err
+		return ch, nil, err
 	}
-	return ch, tx.Commit(ctx)
+	return ch, tx, nil
 }
 
 // InstallResult says what Install did.

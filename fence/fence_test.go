@@ -418,3 +418,56 @@ func TestIntegrationCheckReportsEveryMismatch(t *testing.T) {
 		t.Errorf("not installed: %+v", mm)
 	}
 }
+
+// A prepared Own is invisible until committed: a writer to the range waits
+// for it and then is accepted; after a rollback it is rejected as before.
+func TestIntegrationPrepareOwn(t *testing.T) {
+	pg := testenv.StartPGNodes(t, 1)
+	ctx := ctxT(t)
+	m := testMap(t, 4, "a")
+	writer := prepared(t, pg.Nodes[0], m, "a")
+	mover := pg.Nodes[0].Conn(t)
+	watcher := pg.Nodes[0].Conn(t)
+	lo, hi, _ := keystream.Range(4, 6)
+	if _, err := SetIncoming(ctx, mover, lo, hi, 2); err != nil {
+		t.Fatal(err)
+	}
+	wantRejected(t, insert(writer, keyIn(4, 6), 1), "still being moved to this node")
+
+	p, err := PrepareOwn(ctx, mover, lo, hi, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Rollback(ctx)
+	wantRejected(t, insert(writer, keyIn(4, 6), 2), "still being moved to this node")
+	if f, _ := Read(ctx, watcher); f.MapVersion != 2 {
+		t.Fatalf("a rolled-back Own moved the fence to map version %d", f.MapVersion)
+	}
+
+	p, err = PrepareOwn(ctx, mover, lo, hi, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- insert(writer, keyIn(4, 6), 3) }()
+	waitLockWaiters(t, watcher, 1)
+	select {
+	case err := <-done:
+		t.Fatalf("a write went through before the Own was committed: %v", err)
+	default:
+	}
+	if err := p.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the waiting write, after the commit: %v", err)
+	}
+	f, err := Read(ctx, watcher)
+	if err != nil || f.MapVersion != 3 {
+		t.Fatalf("fence after the commit: %+v %v", f, err)
+	}
+	// The newer version makes a sync with the moving map stale.
+	if _, err := SetIncoming(ctx, mover, lo, hi, 2); !errors.Is(err, ErrStale) {
+		t.Fatalf("a change from an older map after the commit: %v", err)
+	}
+}

@@ -142,11 +142,13 @@ type run struct {
 	// reading ZooKeeper inside the write pause.
 	fenceMap *bucketmap.Map
 	fenceZV  int32
-	// targetOwns: this process set the target's fence owned (before the
-	// freeze), so the flip need not.
-	targetOwns bool
-	seq        int64
-	lock       *zksession.Ephemeral
+	// pendingOwn is the target's ownership, prepared before the freeze on
+	// dstSpare and committed by the flip (rolled back by an abort).
+	pendingOwn *fence.Pending
+	// targetOwned: the target's fence owns the range at the flip's version.
+	targetOwned bool
+	seq         int64
+	lock        *zksession.Ephemeral
 }
 
 // Move creates a move of bucket to target and runs it to the end. With
@@ -232,7 +234,7 @@ func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord
 	if r.rec.Finished() {
 		return r.rec, nil
 	}
-	if afterFlip(r.rec.State) {
+	if pastFlip(r.rec) {
 		return r.rec, fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
 	}
 	return r.rec, r.abort(ctx, errors.New(reason))
@@ -272,9 +274,16 @@ func (mv *Mover) List(ctx context.Context) ([]*topo.MoveRecord, error) {
 	return out, nil
 }
 
-func afterFlip(state string) bool {
-	switch state {
-	case topo.MoveFlip, topo.MoveTeardown, topo.MoveVerify, topo.MoveDone, topo.MoveFailed:
+// pastFlip reports whether the map already gives the move's bucket to its
+// target: the flip's ZooKeeper transaction set FlipVersion, or the record
+// is in a later state. An in-memory flip state does not count: inside the
+// write pause nothing is saved, and a failure there rolls back.
+func pastFlip(rec *topo.MoveRecord) bool {
+	if rec.FlipVersion != 0 {
+		return true
+	}
+	switch rec.State {
+	case topo.MoveTeardown, topo.MoveVerify, topo.MoveDone, topo.MoveFailed:
 		return true
 	}
 	return false
@@ -307,6 +316,9 @@ func (mv *Mover) open(ctx context.Context, id string) (*run, error) {
 }
 
 func (r *run) close() {
+	if r.pendingOwn != nil {
+		r.pendingOwn.Rollback(context.Background())
+	}
 	if r.verifyTx != nil {
 		r.verifyTx.Rollback(context.Background())
 	}
@@ -377,6 +389,11 @@ func (r *run) step(state string) {
 	r.progress(state)
 	r.crashHook(state)
 }
+
+// crashFlipped is a CrashAt point that is not a state: right after the
+// flip's ZooKeeper transaction, before the target's ownership is committed
+// and the source's fence released.
+const crashFlipped = "flipped"
 
 func (r *run) crashHook(state string) {
 	if r.mv.opts.CrashAt == state {
@@ -477,7 +494,7 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 		if errors.Is(err, ErrVerifyMismatch) {
 			return r.rec, err
 		}
-		if afterFlip(r.rec.State) {
+		if pastFlip(r.rec) {
 			// Past the flip the target owns the bucket: never roll back.
 			// Record the error and leave the rest for `move resume`.
 			r.rec.Error = err.Error()
@@ -674,23 +691,22 @@ func (r *run) fence(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	dst, err := r.target(ctx)
-	if err != nil {
+	if _, err := r.target(ctx); err != nil {
 		return err
 	}
-	// The target's fence owns the range before the pause, not inside it:
-	// no map has ever named the target as the bucket's owner, so no
-	// writer that follows a map sends it a write until the flip, and
-	// replication apply bypasses the fence either way. An abort releases
-	// it again (the map never gave it the bucket).
-	if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, next.Version); err != nil {
-		return fmt.Errorf("target fence: %w", err)
-	}
-	r.targetOwns = true
-	if !r.rec.NoCopy && r.dstSpare == nil {
+	if r.dstSpare == nil {
 		if r.dstSpare, err = dbnode.Connect(ctx, r.dst); err != nil {
 			return fmt.Errorf("target: %w", err)
 		}
+	}
+	// The target's ownership is prepared now, outside the pause, on the
+	// spare connection, and committed right after the map names the
+	// target: one round trip inside the pause instead of a whole fence
+	// change, and the target never owns the range before the map says so.
+	// Writers to it wait for the commit meanwhile (none should come: no
+	// current map names the target).
+	if r.pendingOwn, err = fence.PrepareOwn(ctx, r.dstSpare, r.rec.Lo, r.rec.Hi, next.Version+1); err != nil {
+		return fmt.Errorf("target fence: %w", err)
 	}
 	// The barrier marker is written by the freeze's own transaction: it
 	// commits after every write the freeze drained, so once the target
@@ -702,7 +718,9 @@ func (r *run) fence(ctx context.Context) error {
 		// Flushed at commit even where synchronous_commit is off: a
 		// walsender sends only flushed WAL, and the WAL writer would
 		// otherwise take up to wal_writer_delay (200 ms) to get to it.
-		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = local`}, markerStmt(r.rec.ID, r.seq))
+		// "on", not "local": with synchronous standbys, the freeze must
+		// survive a failover of the source.
+		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.rec.ID, r.seq))
 	}
 	if _, err := fence.FreezeWith(ctx, src, r.rec.Lo, r.rec.Hi, next.Version, also...); err != nil {
 		return fmt.Errorf("source fence: %w", err)
@@ -750,47 +768,39 @@ func (r *run) barrier(ctx context.Context) error {
 			return err
 		}
 		r.verifyTx = tx
-		// The target connection is busy with the snapshot: the flip uses
-		// the spare one, opened before the freeze.
-		r.dstConn, r.dstSpare = r.dstSpare, nil
 	}
 	r.step(topo.MoveFlip)
 	return nil
 }
 
 func (r *run) flip(ctx context.Context) error {
-	var m *bucketmap.Map
-	epoch := r.rec.FenceVersion
-	if r.frozenAt.IsZero() {
-		// Resumed: find out where the flip got to.
-		var err error
-		if m, _, err = r.mv.st.Load(ctx); err != nil {
-			return err
-		}
-		epoch = max(epoch, m.Version)
-	}
 	after := topo.MoveTeardown
 	if r.rec.NoCopy {
 		after = topo.MoveDone
 	}
-	if m == nil || string(m.Owner(r.rec.Bucket)) != r.rec.Target {
-		if !r.targetOwns {
+	if r.rec.FlipVersion == 0 {
+		pending := r.pendingOwn
+		r.pendingOwn = nil
+		if pending == nil {
+			// Resumed in flip (a record written by an older mover): no
+			// pause to keep short any more.
+			m, _, err := r.mv.st.Load(ctx)
+			if err != nil {
+				return err
+			}
 			dst, err := r.target(ctx)
 			if err != nil {
 				return err
 			}
-			if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, epoch); err != nil {
+			if pending, err = fence.PrepareOwn(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version+1); err != nil {
 				return fmt.Errorf("target fence: %w", err)
 			}
 		}
 		// The map and the move record change in one ZooKeeper
-		// transaction: the record says the flip happened exactly when the
-		// map does, whatever instant the mover dies at.
+		// transaction: the record says the flip happened (FlipVersion)
+		// exactly when the map does, whatever instant the mover dies at.
 		var rec topo.MoveRecord
 		next, _, stats, err := r.mv.st.UpdateAlso(ctx, r.fenceMap, r.fenceZV, func(m *bucketmap.Map) error {
-			if string(m.Owner(r.rec.Bucket)) == r.rec.Target {
-				return nil
-			}
 			if bm := m.Meta(r.rec.Bucket); bm.State != bucketmap.BucketMoving || bm.Move != r.rec.ID {
 				return fmt.Errorf("bucket %d is no longer in this move's write pause (state %s, move %q)", r.rec.Bucket, bm.State, bm.Move)
 			}
@@ -798,54 +808,71 @@ func (r *run) flip(ctx context.Context) error {
 		}, func(next *bucketmap.Map) ([]zksession.Op, error) {
 			rec = *r.rec
 			rec.FlipVersion = next.Version
-			rec.State = after
-			rec.Steps = append(slices.Clip(rec.Steps), topo.MoveStep{State: after, At: time.Now().UTC()})
+			rec.State = topo.MoveFlip
 			rec.UpdatedAt = time.Now().UTC()
 			rec.Runner = r.mv.runner
 			data, err := json.Marshal(&rec)
 			return []zksession.Op{zksession.SetOp(r.mv.p.Move(r.rec.ID), data, r.ver)}, err
 		})
 		if err != nil {
+			// Not flipped (or not known to be: then the abort's first
+			// save fails on the record's version, before it undoes
+			// anything, and a resume finds the flip done).
+			pending.Rollback(ctx)
 			return err
 		}
 		*r.rec, r.ver = rec, stats[0].Version
+		r.crashHook(crashFlipped)
+		committed := pending.Commit(ctx)
+		if r.verifyTx != nil {
+			// The first target connection holds the verification
+			// snapshot until verify; the spare, free again, serves the
+			// rest of the move.
+			r.dstConn, r.dstSpare = r.dstSpare, r.dstConn
+		}
 		if !r.frozenAt.IsZero() {
-			// Saved with the next step's record.
 			r.rec.Stats.PauseMS = float64(time.Since(r.frozenAt).Microseconds()) / 1000
 		}
-		m = next
-	} else {
-		if r.rec.FlipVersion == 0 {
-			r.rec.FlipVersion = m.Version
-		}
-		r.rec.State = after
-		r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: after, At: time.Now().UTC()})
-		if err := r.save(ctx); err != nil {
-			return err
+		if committed == nil && next.Version == pending.Change.ToVersion {
+			r.targetOwned = true
+		} else if committed != nil {
+			r.mv.log.Warn("target fence: committing its ownership failed; owning it again", zap.String("move", r.rec.ID), zap.Error(committed))
 		}
 	}
-	if r.targetOwns {
-		// Again, now at the flip's map version: an operator's `node sync`
-		// with the moving map may have set the range back to incoming
-		// since, and the newer version makes any such late sync stale.
-		if dst, err := r.target(ctx); err != nil {
-			r.mv.log.Warn("target unreachable after the flip to confirm its fence; `shardctl node sync` will", zap.String("move", r.rec.ID), zap.Error(err))
-		} else if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrStale) {
-			r.mv.log.Warn("target fence not confirmed; `shardctl node sync` will", zap.String("move", r.rec.ID), zap.Error(err))
-		}
-	}
-	if src, err := r.source(ctx); err == nil {
-		if _, err := fence.Release(ctx, src, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrStale) {
-			r.mv.log.Warn("source fence not released; the reconciler will", zap.String("move", r.rec.ID), zap.Error(err))
-		}
-	} else {
-		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range", zap.String("move", r.rec.ID), zap.Error(err))
+	if err := r.settleFences(ctx); err != nil {
+		return err
 	}
 	if r.rec.Stats.PauseMS > 0 {
 		r.progress(fmt.Sprintf("flipped: write pause %.1f ms", r.rec.Stats.PauseMS))
 	}
-	r.progress(after)
-	r.crashHook(after)
+	return r.enter(ctx, after)
+}
+
+// settleFences brings both fences to the flip's map version: the target
+// owns the range (unless this process committed exactly that already), the
+// source releases it. It runs after the flip, and again when a move is
+// resumed past it, so that a mover dying in between leaves nothing frozen.
+// An unreachable source is left to the reconciler (`shardctl node sync`);
+// the target must own the range, or its writes are refused.
+func (r *run) settleFences(ctx context.Context) error {
+	v := r.rec.FlipVersion
+	if !r.targetOwned {
+		dst, err := r.target(ctx)
+		if err != nil {
+			return fmt.Errorf("target fence (it must own the bucket now): %w", err)
+		}
+		if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, v); err != nil && !errors.Is(err, fence.ErrStale) {
+			return fmt.Errorf("target fence (it must own the bucket now): %w", err)
+		}
+		r.targetOwned = true
+	}
+	if src, err := r.source(ctx); err == nil {
+		if _, err := fence.Release(ctx, src, r.rec.Lo, r.rec.Hi, v); err != nil && !errors.Is(err, fence.ErrStale) {
+			r.mv.log.Warn("source fence not released; `shardctl node sync` will", zap.String("move", r.rec.ID), zap.Error(err))
+		}
+	} else {
+		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range until `shardctl node sync`", zap.String("move", r.rec.ID), zap.Error(err))
+	}
 	return nil
 }
 
@@ -957,6 +984,10 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		}
 	}
 	r.mv.log.Warn("aborting move", zap.String("move", r.rec.ID), zap.Error(cause))
+	if r.pendingOwn != nil {
+		r.pendingOwn.Rollback(ctx)
+		r.pendingOwn = nil
+	}
 	if r.verifyTx != nil {
 		r.verifyTx.Rollback(ctx)
 		r.verifyTx = nil
@@ -1008,13 +1039,29 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		problems = append(problems, "map: "+err.Error())
 	}
 	if dstErr == nil {
-		if _, err := clearRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
-			problems = append(problems, "target: removing the partial copy: "+err.Error())
-		}
-		if m2, _, err := r.mv.st.Load(ctx); err == nil && string(m2.Owner(r.rec.Bucket)) != r.rec.Target {
-			if _, err := fence.Release(ctx, dst, r.rec.Lo, r.rec.Hi, m2.Version); err != nil && !errors.Is(err, fence.ErrNotInstalled) && !errors.Is(err, fence.ErrStale) {
+		// The target's fence first, then its rows: nothing can be
+		// written there once it no longer claims the range.
+		if m2, _, err := r.mv.st.Load(ctx); err != nil {
+			problems = append(problems, "map (to release the target's fence): "+err.Error())
+		} else if string(m2.Owner(r.rec.Bucket)) != r.rec.Target {
+			_, err := fence.Release(ctx, dst, r.rec.Lo, r.rec.Hi, m2.Version)
+			if errors.Is(err, fence.ErrStale) {
+				// A newer map reached the target's fence: fine, unless it
+				// still claims the range.
+				if f, rerr := fence.Read(ctx, dst); rerr != nil {
+					err = rerr
+				} else if claimsAny(f, r.rec.Lo, r.rec.Hi) {
+					err = fmt.Errorf("its fence, at map version %d, still claims the range", f.MapVersion)
+				} else {
+					err = nil
+				}
+			}
+			if err != nil && !errors.Is(err, fence.ErrNotInstalled) {
 				problems = append(problems, "target fence: "+err.Error())
 			}
+		}
+		if _, err := clearRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
+			problems = append(problems, "target: removing the partial copy: "+err.Error())
 		}
 		_ = clearMarkers(ctx, dst, r.rec.ID)
 	} else {
@@ -1028,6 +1075,16 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		return err
 	}
 	return fmt.Errorf("move %s aborted: %w", r.rec.ID, cause)
+}
+
+// claimsAny reports whether a fence has any state for keys in lo..hi.
+func claimsAny(f *fence.Fence, lo, hi int64) bool {
+	for _, sp := range f.Spans {
+		if sp.Lo <= hi && sp.Hi >= lo {
+			return true
+		}
+	}
+	return false
 }
 
 // reached reports whether the move ever entered state.

@@ -68,26 +68,32 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 		// sending the node a write per poll.
 		wait := time.NewTimer(backoff)
 		backoff = min(2*backoff, 100*time.Millisecond)
-		poll := time.NewTicker(2 * time.Millisecond)
+		var poll <-chan time.Time
+		var ticker *time.Ticker
+		if rt.State == bucketmap.BucketMoving {
+			ticker = time.NewTicker(2 * time.Millisecond)
+			poll = ticker.C
+		}
 	waiting:
 		for {
 			select {
 			case <-ctx.Done():
 				wait.Stop()
-				poll.Stop()
-				return ctx.Err()
+				if ticker != nil {
+					ticker.Stop()
+				}
+				return fmt.Errorf("router: %q: %w (last attempt: %v)", uid, ctx.Err(), err)
 			case <-wait.C:
 				break waiting
-			case <-poll.C:
-				if rt.State != bucketmap.BucketMoving {
-					continue
-				}
-				if now, err := r.Route(uid); err == nil && (now.Node != rt.Node || now.State != rt.State) {
+			case <-poll:
+				if now, rerr := r.Route(uid); rerr == nil && (now.Node != rt.Node || now.State != rt.State) {
 					wait.Stop()
 					break waiting
 				}
 			}
 		}
-		poll.Stop()
+		if ticker != nil {
+			ticker.Stop()
+		}
 	}
 }

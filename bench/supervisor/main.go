@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -52,6 +53,8 @@ var (
 	steadyFor  = flag.Duration("steady", 5*time.Second, "steady-state measurement time")
 	zkConnect  = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
 	repo       = flag.String("repo", ".", "repository root")
+	only       = flag.String("only", "gunicorn,supervisor+gunicorn,supervisor+go,direct", "scenarios to run, comma-separated: gunicorn (alone), supervisor+gunicorn, supervisor+go, direct (steady throughput bound directly vs under the supervisor)")
+	rounds     = flag.Int("rounds", 15, "paired wrk rounds in the direct comparison (order alternating; the median of the rounds' ratios counts)")
 )
 
 func main() {
@@ -121,8 +124,21 @@ func run() error {
 		*workers, *rate, *startup, *reloads, *spacing, *stormEvery, *stormFor)
 	var rows []result
 
+	want := map[string]bool{}
+	for _, o := range strings.Split(*only, ",") {
+		switch o = strings.TrimSpace(o); o {
+		case "gunicorn", "supervisor+gunicorn", "supervisor+go", "direct":
+			want[o] = true
+		default:
+			return fmt.Errorf("-only: unknown scenario %q (want gunicorn, supervisor+gunicorn, supervisor+go, direct)", o)
+		}
+	}
+	if *rounds < 1 {
+		return fmt.Errorf("-rounds must be at least 1")
+	}
+
 	// gunicorn alone.
-	{
+	if want["gunicorn"] {
 		port := freePort()
 		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 		cmd := exec.Command("gunicorn", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", port),
@@ -155,6 +171,9 @@ func run() error {
 		{"supervisor+go", hello, nil, map[string]string{"HELLO_STARTUP_DELAY": startup.String()}, 0},
 	}
 	for i, sc := range cases {
+		if !want[sc.name] {
+			continue
+		}
 		pool := fmt.Sprintf("p%d", i)
 		port, admin := freePort(), freePort()
 		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
@@ -211,7 +230,10 @@ func run() error {
 	}
 
 	// Bound directly vs under the supervisor: the same worker, same count.
-	direct := directComparison(tmp, hello, svBin, appDir)
+	var direct []directRow
+	if want["direct"] {
+		direct = directComparison(tmp, hello, svBin, appDir)
+	}
 
 	printTable(rows, direct)
 	return nil
@@ -438,7 +460,9 @@ func servingConfig(statusURL string, version int64, n int) bool {
 
 type directRow struct {
 	name             string
-	direct, underSV  float64
+	direct, underSV  float64 // medians, req/s
+	ratio            float64 // median of the rounds' supervisor/direct ratios
+	ratios           []float64
 	directP99, svP99 string
 }
 
@@ -481,7 +505,7 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 		return stop, nil
 	}
 	// Both run side by side (an idle server costs nothing); wrk alternates
-	// between them for 3 rounds and the median counts, so drift of the
+	// between them for -rounds rounds and the median counts, so drift of the
 	// machine (TIME_WAIT build-up, other load) hits both alike.
 	compare := func(name string, direct, sv *exec.Cmd, durl, surl string, hdr ...string) {
 		waitTimeWait()
@@ -497,18 +521,38 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 			return
 		}
 		defer stopS()
-		var ds, ss []float64
+		// Paired rounds: each round measures both sides back to back, in
+		// alternating order (so that neither always runs on the TIME_WAIT
+		// sockets the other left, or first after a pause), and the median
+		// of the rounds' ratios is the figure.
+		var ds, ss, ratios []float64
 		var dp, sp string
-		for i := 0; i < 3; i++ {
-			r, p := runWrk(durl, hdr...)
-			ds, dp = append(ds, r), p
-			r, p = runWrk(surl, hdr...)
-			ss, sp = append(ss, r), p
+		for i := 0; i < *rounds; i++ {
+			var dr, sr float64
+			if i%2 == 0 {
+				dr, dp = runWrk(durl, hdr...)
+				sr, sp = runWrk(surl, hdr...)
+			} else {
+				sr, sp = runWrk(surl, hdr...)
+				dr, dp = runWrk(durl, hdr...)
+			}
+			ds, ss = append(ds, dr), append(ss, sr)
+			if dr > 0 {
+				ratios = append(ratios, sr/dr)
+			}
 		}
-		sort.Float64s(ds)
-		sort.Float64s(ss)
-		rows = append(rows, directRow{name, ds[1], ss[1], dp, sp})
-		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (median of 3)\n", name, ds[1], ss[1])
+		med := func(v []float64) float64 {
+			if len(v) == 0 {
+				return 0
+			}
+			v = slices.Clone(v)
+			sort.Float64s(v)
+			return v[len(v)/2]
+		}
+		row := directRow{name: name, direct: med(ds), underSV: med(ss), ratio: med(ratios), ratios: ratios, directP99: dp, svP99: sp}
+		rows = append(rows, row)
+		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (medians of %d rounds); per-round ratios %s -> median %.1f%%\n",
+			name, row.direct, row.underSV, *rounds, fmtRatios(ratios), 100*row.ratio)
 	}
 	env := func(kv ...string) []string { return append(os.Environ(), kv...) }
 	svCmd := func(name string, cfg topo.PoolConfig) *exec.Cmd {
@@ -538,6 +582,14 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	return rows
 }
 
+func fmtRatios(v []float64) string {
+	var parts []string
+	for _, r := range v {
+		parts = append(parts, fmt.Sprintf("%.2f", r))
+	}
+	return strings.Join(parts, " ")
+}
+
 func printTable(rows []result, direct []directRow) {
 	fmt.Println()
 	fmt.Printf("%-34s %7s %7s %7s %8s %8s %9s %11s %17s %s\n", "scenario", "sent", "non2xx", "connerr", "p50", "p99", "slowest", "tput/steady", "swap p50/max", "notes")
@@ -560,11 +612,7 @@ func printTable(rows []result, direct []directRow) {
 	fmt.Println()
 	fmt.Printf("%-26s %14s %14s %8s   %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor")
 	for _, d := range direct {
-		ratio := 0.0
-		if d.direct > 0 {
-			ratio = d.underSV / d.direct
-		}
-		fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %s / %s\n", d.name, d.direct, d.underSV, 100*ratio, d.directP99, d.svP99)
+		fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %s / %s\n", d.name, d.direct, d.underSV, 100*d.ratio, d.directP99, d.svP99)
 	}
 	fmt.Println()
 	fmt.Println("targets (supervisor rows): zero failed requests across swaps; slowest request during swaps <= 100ms;")
@@ -591,10 +639,10 @@ func printTable(rows []result, direct []directRow) {
 	}
 	for _, d := range direct {
 		verdict := "MET"
-		if d.direct == 0 || d.underSV < 0.95*d.direct {
+		if d.ratio < 0.95 {
 			verdict = "MISSED"
 		}
-		fmt.Printf("  %-32s %s (%.1f%%)\n", d.name+" throughput", verdict, 100*d.underSV/max(d.direct, 1))
+		fmt.Printf("  %-32s %s (%.1f%%, median of %d paired rounds)\n", d.name+" throughput", verdict, 100*d.ratio, len(d.ratios))
 	}
 }
 
