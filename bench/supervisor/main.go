@@ -17,6 +17,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -462,6 +463,7 @@ type directRow struct {
 	name             string
 	direct, underSV  float64 // medians, req/s
 	ratio            float64 // median of the rounds' supervisor/direct ratios
+	cpuDirect, cpuSV float64 // medians: server process tree CPU per request, µs
 	ratios           []float64
 	directP99, svP99 string
 }
@@ -473,24 +475,40 @@ type directRow struct {
 func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	fmt.Println("== bound directly vs under the supervisor (wrk)")
 	var rows []directRow
-	runWrk := func(url string, hdr ...string) (float64, string) {
+	runWrk := func(url string, hdr ...string) (float64, string, float64) {
 		args := append([]string{"-t", "2", "-c", strconv.Itoa(*conc), "-d", "3s", "--latency"}, hdr...)
 		out, err := exec.Command("wrk", append(args, url)...).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "wrk: %v\n%s", err, out)
-			return 0, "?"
+			return 0, "?", 0
 		}
 		m := regexp.MustCompile(`Requests/sec:\s+([\d.]+)`).FindSubmatch(out)
 		p := regexp.MustCompile(`99%\s+(\S+)`).FindSubmatch(out)
-		if m == nil {
-			return 0, "?"
+		n := regexp.MustCompile(`(\d+) requests in`).FindSubmatch(out)
+		if m == nil || n == nil {
+			return 0, "?", 0
 		}
 		rps, _ := strconv.ParseFloat(string(m[1]), 64)
+		reqs, _ := strconv.ParseFloat(string(n[1]), 64)
 		p99 := "?"
 		if p != nil {
 			p99 = string(p[1])
 		}
-		return rps, p99
+		return rps, p99, reqs
+	}
+	// cpuPerReq runs one wrk round against url and returns, besides its
+	// figures, the CPU time the server's whole process tree (root and
+	// every descendant: supervisor, arbiters, workers) spent per request.
+	// On a saturated 2-core machine shared with wrk, throughput swings by
+	// 10-20% from round to round; the CPU cost of a request barely moves,
+	// and it is what the supervisor could add.
+	cpuPerReq := func(root int, url string, hdr ...string) (rps float64, p99 string, usPerReq float64) {
+		c0 := treeCPU(root)
+		rps, p99, reqs := runWrk(url, hdr...)
+		if reqs > 0 {
+			usPerReq = float64((treeCPU(root) - c0).Microseconds()) / reqs
+		}
+		return rps, p99, usPerReq
 	}
 	startProc := func(cmd *exec.Cmd, url string) (func(), error) {
 		cmd.Stderr = logFile(tmp, "direct.log")
@@ -525,18 +543,19 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 		// alternating order (so that neither always runs on the TIME_WAIT
 		// sockets the other left, or first after a pause), and the median
 		// of the rounds' ratios is the figure.
-		var ds, ss, ratios []float64
+		var ds, ss, ratios, dc, sc []float64
 		var dp, sp string
+		droot, sroot := direct.Process.Pid, sv.Process.Pid
 		for i := 0; i < *rounds; i++ {
-			var dr, sr float64
+			var dr, sr, dcpu, scpu float64
 			if i%2 == 0 {
-				dr, dp = runWrk(durl, hdr...)
-				sr, sp = runWrk(surl, hdr...)
+				dr, dp, dcpu = cpuPerReq(droot, durl, hdr...)
+				sr, sp, scpu = cpuPerReq(sroot, surl, hdr...)
 			} else {
-				sr, sp = runWrk(surl, hdr...)
-				dr, dp = runWrk(durl, hdr...)
+				sr, sp, scpu = cpuPerReq(sroot, surl, hdr...)
+				dr, dp, dcpu = cpuPerReq(droot, durl, hdr...)
 			}
-			ds, ss = append(ds, dr), append(ss, sr)
+			ds, ss, dc, sc = append(ds, dr), append(ss, sr), append(dc, dcpu), append(sc, scpu)
 			if dr > 0 {
 				ratios = append(ratios, sr/dr)
 			}
@@ -549,10 +568,11 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 			sort.Float64s(v)
 			return v[len(v)/2]
 		}
-		row := directRow{name: name, direct: med(ds), underSV: med(ss), ratio: med(ratios), ratios: ratios, directP99: dp, svP99: sp}
+		row := directRow{name: name, direct: med(ds), underSV: med(ss), ratio: med(ratios), ratios: ratios, directP99: dp, svP99: sp,
+			cpuDirect: med(dc), cpuSV: med(sc)}
 		rows = append(rows, row)
-		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (medians of %d rounds); per-round ratios %s -> median %.1f%%\n",
-			name, row.direct, row.underSV, *rounds, fmtRatios(ratios), 100*row.ratio)
+		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (medians of %d rounds); per-round ratios %s -> median %.1f%%; server CPU per request %.1f vs %.1f us (%.3fx)\n",
+			name, row.direct, row.underSV, *rounds, fmtRatios(ratios), 100*row.ratio, row.cpuDirect, row.cpuSV, row.cpuSV/max(row.cpuDirect, 1e-9))
 	}
 	env := func(kv ...string) []string { return append(os.Environ(), kv...) }
 	svCmd := func(name string, cfg topo.PoolConfig) *exec.Cmd {
@@ -580,6 +600,47 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 		compare("go worker, 1 process", d, sv, fmt.Sprintf("http://127.0.0.1:%d/", dport), fmt.Sprintf("http://127.0.0.1:%d/", sport))
 	}
 	return rows
+}
+
+// treeCPU is the user+system CPU time of pid and all its descendants.
+func treeCPU(root int) time.Duration {
+	ents, _ := os.ReadDir("/proc")
+	parent := map[int]int{}
+	ticks := map[int]int64{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The command name is in parentheses and may hold spaces.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		parent[pid], ticks[pid] = ppid, ut+st
+	}
+	in := func(pid int) bool {
+		for p := pid; p > 1; p = parent[p] {
+			if p == root {
+				return true
+			}
+		}
+		return false
+	}
+	var total int64
+	for pid, t := range ticks {
+		if in(pid) {
+			total += t
+		}
+	}
+	return time.Duration(total) * time.Second / 100 // USER_HZ is 100 on Linux
 }
 
 func fmtRatios(v []float64) string {
@@ -610,9 +671,10 @@ func printTable(rows []result, direct []directRow) {
 			100*r.rps/r.steadyRPS, swap, note)
 	}
 	fmt.Println()
-	fmt.Printf("%-26s %14s %14s %8s   %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor")
+	fmt.Printf("%-26s %14s %14s %8s   %-26s %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor", "server CPU/request direct / supervisor")
 	for _, d := range direct {
-		fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %s / %s\n", d.name, d.direct, d.underSV, 100*d.ratio, d.directP99, d.svP99)
+		fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %-26s %.1f / %.1f us (%.3fx)\n", d.name, d.direct, d.underSV, 100*d.ratio, d.directP99+" / "+d.svP99,
+			d.cpuDirect, d.cpuSV, d.cpuSV/max(d.cpuDirect, 1e-9))
 	}
 	fmt.Println()
 	fmt.Println("targets (supervisor rows): zero failed requests across swaps; slowest request during swaps <= 100ms;")
@@ -643,6 +705,11 @@ func printTable(rows []result, direct []directRow) {
 			verdict = "MISSED"
 		}
 		fmt.Printf("  %-32s %s (%.1f%%, median of %d paired rounds)\n", d.name+" throughput", verdict, 100*d.ratio, len(d.ratios))
+		verdict = "MET"
+		if d.cpuDirect == 0 || d.cpuSV > 1.05*d.cpuDirect {
+			verdict = "MISSED"
+		}
+		fmt.Printf("  %-32s %s (%.3fx the CPU per request of the same worker bound directly)\n", d.name+" CPU cost", verdict, d.cpuSV/max(d.cpuDirect, 1e-9))
 	}
 }
 

@@ -24,13 +24,17 @@ import (
 )
 
 func main() {
+	cliutil.Run(newApp())
+}
+
+func newApp() *cli.App {
 	host, _ := os.Hostname()
 	defID := strings.Trim(regexp.MustCompile(`[^a-z0-9_-]+`).ReplaceAllString(strings.ToLower(host), "-"), "-")
 	if defID == "" {
 		defID = "router"
 	}
 	defID = fmt.Sprintf("%s-%d", defID, os.Getpid())
-	app := &cli.App{
+	return &cli.App{
 		Name:  "router",
 		Usage: "answer \"which db node holds this user\" over HTTP, from the watched bucket map",
 		Flags: append(append(cliutil.ZKFlags(), cliutil.OutputFlags("info")...),
@@ -42,7 +46,6 @@ func main() {
 		),
 		Action: run,
 	}
-	cliutil.Run(app)
 }
 
 func run(c *cli.Context) error {

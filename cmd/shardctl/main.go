@@ -9,7 +9,11 @@ import (
 )
 
 func main() {
-	app := &cli.App{
+	cliutil.Run(newApp())
+}
+
+func newApp() *cli.App {
+	return &cli.App{
 		Name:  "shardctl",
 		Usage: "administer a shardvisor cluster: bucket map, db nodes, pools, moves",
 		Description: "Every command reads --zk, --zk-root and --cluster (or SHARDVISOR_ZK, SHARDVISOR_ZK_ROOT, SHARDVISOR_CLUSTER).\n" +
@@ -22,5 +26,4 @@ func main() {
 		},
 		EnableBashCompletion: true,
 	}
-	cliutil.Run(app)
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"time"
 
@@ -301,9 +302,75 @@ func Bool(c *cli.Context, name string) bool              { return c.Bool(name) }
 func Int(c *cli.Context, name string) int                { return c.Int(name) }
 func Duration(c *cli.Context, name string) time.Duration { return c.Duration(name) }
 
+// EnvAll gives every flag without an environment variable one named after
+// its command path, SHARDVISOR_<COMMAND>_<SUBCOMMAND>_<FLAG> (dashes become
+// underscores), so that every flag can be set from the environment and
+// --help shows which variable. Flags that name their own keep them.
+func EnvAll(app *cli.App) *cli.App {
+	var walk func(prefix string, flags []cli.Flag, cmds []*cli.Command)
+	walk = func(prefix string, flags []cli.Flag, cmds []*cli.Command) {
+		for _, f := range flags {
+			v := reflect.ValueOf(f)
+			if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+				continue
+			}
+			ev := v.Elem().FieldByName("EnvVars")
+			if !ev.IsValid() || !ev.CanSet() || ev.Len() > 0 || len(f.Names()) == 0 {
+				continue
+			}
+			ev.Set(reflect.ValueOf([]string{envName(prefix + "_" + f.Names()[0])}))
+		}
+		for _, c := range cmds {
+			walk(prefix+"_"+c.Name, c.Flags, c.Subcommands)
+		}
+	}
+	walk("SHARDVISOR", app.Flags, app.Commands)
+	return app
+}
+
+func envName(s string) string {
+	return strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(s))
+}
+
+// MissingEnv lists the flags ("command --flag") with no environment
+// variable, and variables that two flags share, for tests.
+func MissingEnv(app *cli.App) []string {
+	var out []string
+	seen := map[string]string{}
+	var walk func(path string, flags []cli.Flag, cmds []*cli.Command)
+	walk = func(path string, flags []cli.Flag, cmds []*cli.Command) {
+		for _, f := range flags {
+			if _, isHelp := f.(*cli.BoolFlag); isHelp && f.Names()[0] == "help" {
+				continue
+			}
+			name := strings.TrimSpace(path + " --" + f.Names()[0])
+			df, ok := f.(cli.DocGenerationFlag)
+			if !ok || len(df.GetEnvVars()) == 0 {
+				out = append(out, name+": no environment variable")
+				continue
+			}
+			for _, e := range df.GetEnvVars() {
+				// Flags that mean the same on several commands may share
+				// a variable (the ZooKeeper and output flags do).
+				if other, dup := seen[e]; dup && !strings.HasSuffix(other, " --"+f.Names()[0]) {
+					out = append(out, fmt.Sprintf("%s: %s is also %s's", name, e, other))
+				}
+				seen[e] = name
+			}
+		}
+		for _, c := range cmds {
+			walk(path+" "+c.Name, c.Flags, c.Subcommands)
+		}
+	}
+	walk(app.Name, app.Flags, app.Commands)
+	return out
+}
+
 // Run runs app with os.Args and exits with the right status: 0, 1 for
 // failures, 2 for usage errors (bad or missing flags, unknown commands).
+// Every flag gets an environment variable (EnvAll).
 func Run(app *cli.App) {
+	EnvAll(app)
 	name := app.Name
 	usage := func(c *cli.Context, err error, _ bool) error {
 		return Usagef("%v", err)
