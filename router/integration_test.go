@@ -278,7 +278,10 @@ func TestIntegrationConcurrentLookupsDuringSwaps(t *testing.T) {
 	t.Logf("%d lookups checked across 30 map versions", checked.Load())
 }
 
-func TestIntegrationPools(t *testing.T) {
+// pgCluster is a level-2 cluster of the first two local PostgreSQL nodes
+// (pg1, pg2) with a ready router on it.
+func pgCluster(t *testing.T) (*testenv.PG, *bucketmap.Store, *Router, context.Context) {
+	t.Helper()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPG(t)
 	var nodes []bucketmap.Node
@@ -287,11 +290,16 @@ func TestIntegrationPools(t *testing.T) {
 	}
 	st := cluster(t, z, nodes, 2)
 	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
-	defer r.Close()
+	t.Cleanup(r.Close)
 	ctx := ctxTimeout(t, 30*time.Second)
 	if err := r.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return pg, st, r, ctx
+}
+
+func TestIntegrationPools(t *testing.T) {
+	pg, st, r, ctx := pgCluster(t)
 	seen := map[bucketmap.NodeID]int{}
 	for i := range 40 {
 		pool, rt, err := r.Pool(ctx, fmt.Sprint("user", i))
@@ -352,19 +360,7 @@ func TestIntegrationPools(t *testing.T) {
 // freeze, not when the map says moving), and retries a write the fence
 // rejects until the map names the new owner.
 func TestIntegrationDoDuringAMove(t *testing.T) {
-	z := testenv.StartZK(t)
-	pg := testenv.StartPG(t)
-	var nodes []bucketmap.Node
-	for i, n := range pg.Nodes[:2] {
-		nodes = append(nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
-	}
-	st := cluster(t, z, nodes, 2)
-	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
-	defer r.Close()
-	ctx := ctxTimeout(t, 30*time.Second)
-	if err := r.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, st, r, ctx := pgCluster(t)
 	const uid = "mover-user"
 	rt, err := r.Route(uid)
 	if err != nil {
