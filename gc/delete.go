@@ -141,20 +141,26 @@ func heapOrder(rows, blocks, sampled, pages int64) bool {
 // hashes, so rows spread evenly over the range, and a sub-range of width
 // span*batch/rows holds about batch of them.
 func firstBatch(lo, hi, rows int64, batch int) (int64, int64) {
-	width := batchWidth(lo, hi, rows, batch)
-	if uint64(hi-lo) > width-1 {
-		hi = lo + int64(width-1)
-	}
-	return lo, hi
+	return lo, batchEnd(lo, hi, batchWidth(lo, hi, rows, batch))
 }
 
+// batchWidth is how many keys a batch covers; 0 means all that are left
+// (a range of few rows is one batch, also the whole key space, whose key
+// count does not fit in a uint64).
 func batchWidth(lo, hi, rows int64, batch int) uint64 {
-	span := uint64(hi - lo) // wraps to the right unsigned width
-	width := span
-	if rows > int64(batch) {
-		width = uint64(float64(span) / (float64(rows) / float64(batch)))
+	if rows <= int64(batch) {
+		return 0
 	}
-	return max(width, 1)
+	span := uint64(hi - lo) // wraps to the right unsigned width
+	return max(uint64(float64(span)/(float64(rows)/float64(batch))), 1)
+}
+
+// batchEnd is the last key of a batch of width keys starting at cur.
+func batchEnd(cur, hi int64, width uint64) int64 {
+	if width == 0 || uint64(hi-cur) < width {
+		return hi
+	}
+	return cur + int64(width-1)
 }
 
 // walkKeys deletes a table's rows of the range in consecutive key
@@ -172,10 +178,7 @@ func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 	width := batchWidth(w.KeyLo, w.KeyHi, max(tw.Rows-tw.Deleted, 1), g.Opt.Batch)
 	cur := w.KeyLo
 	for {
-		end := w.KeyHi
-		if uint64(w.KeyHi-cur) > width-1 {
-			end = cur + int64(width-1)
-		}
+		end := batchEnd(cur, w.KeyHi, width)
 		n, err := d.batch(ctx, conn, hasFence, w, tw, granules(cur, end), false, del, cur, end)
 		if err != nil {
 			return d.stopped(w, tw, err)
@@ -185,6 +188,7 @@ func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 		}
 		cur = end + 1
 		switch {
+		case width == 0:
 		case n > 2*int64(g.Opt.Batch) && width > 1:
 			width /= 2
 		case n < int64(g.Opt.Batch)/2 && width < span/2:

@@ -40,10 +40,14 @@ func TestFirstBatch(t *testing.T) {
 	}{
 		{0, 1 << 40, 1000, 100, 0.1},
 		{math.MinInt64, math.MaxInt64, 1_000_000, 20_000, 0.02},
+		{math.MinInt64, math.MaxInt64, 10, 20_000, 1},
 		{-100, 100, 10, 20_000, 1},
 		{5, 5, 1_000_000, 1, 1},
 	} {
 		lo, hi := firstBatch(c.lo, c.hi, c.rows, c.batch)
+		if c.wantFrac == 1 && hi != c.hi {
+			t.Errorf("%+v: a range of few rows is one batch, got %d..%d", c, lo, hi)
+		}
 		if lo != c.lo || hi < lo || hi > c.hi {
 			t.Fatalf("%+v: got %d..%d", c, lo, hi)
 		}
