@@ -31,7 +31,7 @@ func (e *errClaimed) Error() string { return "the node's fence now has part of t
 
 // delete removes one verified range's leftovers, table by table, in short
 // batch transactions. Batches walk the rows in one of two orders, chosen
-// per table from PostgreSQL's statistics (see chooseOrder):
+// per table by sampling where the range's rows sit (see chooseOrder):
 //
 //   - key order: consecutive key sub-ranges of about Batch rows, each one
 //     range delete through the key index. Best when the range's rows sit
@@ -54,21 +54,21 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 	if err != nil {
 		return err
 	}
-	w.Done = true
+	w.Done = false
 	for i := range w.Tables {
 		tw := &w.Tables[i]
 		if tw.Rows == 0 {
 			continue
 		}
 		t := tableRec(g.Tables, tw.Table)
-		heap, blocks, err := chooseOrder(ctx, conn, t, w, tw.Rows, g.Opt.Batch, g.Opt.Order)
+		wk, err := chooseOrder(ctx, conn, t, w, tw.Rows, g.Opt.Batch, g.Opt.Order)
 		if err != nil {
 			return fmt.Errorf("gc: sizing up %s on %s: %w", tw.Table, w.Node, err)
 		}
 		stop := false
-		if heap {
+		if wk.heap {
 			tw.Order = "heap"
-			stop, err = d.walkHeap(ctx, conn, hasFence, w, tw, t, blocks)
+			stop, err = d.walkHeap(ctx, conn, hasFence, w, tw, t, wk)
 			// Rows of the range cannot be added or moved while GC runs
 			// (the fence rejects writes; replication apply needs a move
 			// towards the node, which every batch checks for), so the
@@ -78,17 +78,19 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 			// below catches those, and costs nothing otherwise.
 			if err == nil && !stop && tw.Deleted < tw.Rows {
 				g.Opt.Log.Info("gc: rows left after the heap walk; finishing in key order", zap.String("table", tw.Table), zap.String("range", w.Range.String()), zap.Int64("left", tw.Rows-tw.Deleted))
-				stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t)
+				// Batches sized for the whole range, not for the few rows
+				// left: one DELETE over the whole range would be a long
+				// transaction walking every dead index entry.
+				stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t, tw.Rows)
 			}
 		} else {
 			tw.Order = "key"
-			stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t)
+			stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t, tw.Rows)
 		}
 		if err != nil {
 			return fmt.Errorf("gc: deleting %s on %s (%s): %w", tw.Table, w.Node, w.Range, err)
 		}
 		if stop {
-			w.Done = false
 			return nil
 		}
 		// No recount in key order: the batches covered lo..hi, each
@@ -96,23 +98,51 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 		// could add rows here afterwards, which needs a move towards this
 		// node, which marks its fence first, which every batch checks.
 	}
+	w.Done = true
 	return nil
+}
+
+// walk is how a table's rows of a range are to be walked.
+type walk struct {
+	heap    bool
+	blocks  int64 // the table's pages when the walk was chosen
+	perPage int64 // live tuples per page, at most (heap batches are capped by it)
 }
 
 // chooseOrder decides between key-order and heap-order batches for a
 // table's leftover rows, by comparing the pages each would visit. Heap
 // order reads every page of the table once, in physical order. Key order
 // reads, per batch, the pages its rows are on: GC measures that on a
-// sample (the first batch's key sub-range: how many distinct pages its rows
-// sit on) rather than trusting statistics, which may be missing or stale.
-// Sequential reads are cheaper, hence the 1.25 in heap order's favour.
-func chooseOrder(ctx context.Context, conn *pgx.Conn, t topo.TableRecord, w *Work, rows int64, batch int, force string) (heap bool, blocks int64, err error) {
-	err = conn.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size($1::regclass) / current_setting('block_size')::int`, qualified(t)).Scan(&blocks)
-	if err != nil || force == OrderKey {
-		return false, blocks, err
+// sample (the first 2,000 rows' key sub-range: how many distinct pages
+// they sit on) rather than trusting statistics, which may be missing or
+// stale. Sequential reads are cheaper, hence the 1.25 in heap order's
+// favour. Heap order needs TID range scans (PostgreSQL 14); a sample that
+// fails (a statement timeout, say) means key order.
+func chooseOrder(ctx context.Context, conn *pgx.Conn, t topo.TableRecord, w *Work, rows int64, batch int, force string) (walk, error) {
+	var wk walk
+	var version int
+	var reltuples float64
+	var relpages int64
+	err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size(c.oid) / current_setting('block_size')::int, current_setting('server_version_num')::int, c.reltuples, c.relpages
+FROM pg_catalog.pg_class c WHERE c.oid = $1::regclass`, qualified(t)).Scan(&wk.blocks, &version, &reltuples, &relpages)
+	if err != nil || force == OrderKey || version < 140000 {
+		return wk, err
+	}
+	// Tuples per page: the statistics' figure or the first pages' count,
+	// whichever is larger (a range packed into one region of the table
+	// may have every tuple there).
+	var first int64
+	k := min(wk.blocks, 32)
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+qualified(t)+` WHERE ctid >= '(0,0)'::tid AND ctid < $1`, pgtype.TID{BlockNumber: uint32(k), Valid: true}).Scan(&first); err != nil {
+		return wk, err
+	}
+	wk.perPage = max(first/max(k, 1), 1)
+	if reltuples > 0 && relpages > 0 {
+		wk.perPage = max(wk.perPage, int64(reltuples/float64(relpages)+0.5))
 	}
 	if force == OrderHeap {
-		return true, blocks, nil
+		wk.heap = true
+		return wk, nil
 	}
 	// A sample of at most 2,000 rows keeps this cheap (on a spread-out
 	// table a whole batch's rows would touch most of its pages); it
@@ -122,9 +152,13 @@ func chooseOrder(ctx context.Context, conn *pgx.Conn, t topo.TableRecord, w *Wor
 	var sampled, pages int64
 	err = conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT (ctid::text::point)[0]) FROM `+qualified(t)+` WHERE `+pgx.Identifier{t.KeyColumn}.Sanitize()+` BETWEEN $1 AND $2`, lo, hi).Scan(&sampled, &pages)
 	if err != nil {
-		return false, blocks, err
+		if ctx.Err() != nil {
+			return wk, err
+		}
+		return wk, nil // key order: it never reads more than the range's rows
 	}
-	return heapOrder(rows, blocks, sampled, pages), blocks, nil
+	wk.heap = heapOrder(rows, wk.blocks, sampled, pages)
+	return wk, nil
 }
 
 // heapOrder is chooseOrder's rule: the key walk visits about pages/sampled
@@ -168,14 +202,14 @@ func batchEnd(cur, hi int64, width uint64) int64 {
 // width adapting when a batch comes out too large or too small. Each batch is one plain range delete
 // that PostgreSQL serves with a bitmap scan of the key index. It returns
 // stop when a move towards the node claimed the range.
-func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord) (stop bool, err error) {
+func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, rows int64) (stop bool, err error) {
 	g := d.g
 	del := `DELETE FROM ` + qualified(t) + ` WHERE ` + pgx.Identifier{t.KeyColumn}.Sanitize() + ` BETWEEN $1 AND $2`
 	if hasFence {
 		del += ` AND ` + unclaimed
 	}
 	span := uint64(w.KeyHi - w.KeyLo)
-	width := batchWidth(w.KeyLo, w.KeyHi, max(tw.Rows-tw.Deleted, 1), g.Opt.Batch)
+	width := batchWidth(w.KeyLo, w.KeyHi, max(rows, 1), g.Opt.Batch)
 	cur := w.KeyLo
 	for {
 		end := batchEnd(cur, w.KeyHi, width)
@@ -203,15 +237,19 @@ func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 // walkHeap deletes a table's rows of the range page run by page run, in
 // physical order (a TID range scan per batch), over the pages the table had
 // when GC chose the order. Each run is sized to hold about Batch of the
-// range's rows.
-func (d *deleter) walkHeap(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, blocks int64) (stop bool, err error) {
+// range's rows, and never more pages than could hold 2*Batch tuples of
+// any kind: the range's rows may be packed into one region of the table
+// (a bucket copied in, then moved away), where every tuple is one of them.
+func (d *deleter) walkHeap(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, wk walk) (stop bool, err error) {
+	blocks := wk.blocks
 	g := d.g
 	del := `DELETE FROM ` + qualified(t) + ` WHERE ctid >= $3 AND ctid < $4 AND ` + pgx.Identifier{t.KeyColumn}.Sanitize() + ` BETWEEN $1 AND $2`
 	if hasFence {
 		del += ` AND ` + unclaimed
 	}
 	gran := granules(w.KeyLo, w.KeyHi) // a page run may hold any key of the range
-	step := max(int64(float64(g.Opt.Batch)*float64(blocks)/float64(tw.Rows)), 1)
+	most := max(2*int64(g.Opt.Batch)/max(wk.perPage, 1), 1)
+	step := min(max(int64(float64(g.Opt.Batch)*float64(blocks)/float64(tw.Rows)), 1), most)
 	for p := int64(0); p < blocks; {
 		end := min(p+step, blocks)
 		n, err := d.batch(ctx, conn, hasFence, w, tw, gran, true, del, w.KeyLo, w.KeyHi,
@@ -223,8 +261,8 @@ func (d *deleter) walkHeap(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 		switch {
 		case n > 2*int64(g.Opt.Batch) && step > 1:
 			step /= 2
-		case n < int64(g.Opt.Batch)/2 && step < blocks:
-			step *= 2
+		case n < int64(g.Opt.Batch)/2 && step < most:
+			step = min(2*step, most)
 		}
 		if err := d.throttle(ctx); err != nil {
 			return false, err
@@ -280,15 +318,22 @@ func (d *deleter) batch(ctx context.Context, conn *pgx.Conn, hasFence bool, w *W
 	var claimed *string
 	if hasFence {
 		b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, fence.LockClass, gran)
-		b.Queue(`SELECT (SELECT state FROM shardvisor.ownership WHERE lo <= $2 AND hi >= $1 LIMIT 1)`, args[0], args[1]).QueryRow(func(r pgx.Row) error { return r.Scan(&claimed) })
 	}
 	b.Queue(del, args...).Exec(func(ct pgconn.CommandTag) error { n = ct.RowsAffected(); return nil })
+	if hasFence {
+		// After the delete, with a later snapshot: a claim only ever
+		// appears, so one that kept the delete's guard from deleting is
+		// seen here too, and the range stops instead of counting as done.
+		b.Queue(`SELECT (SELECT state FROM shardvisor.ownership WHERE lo <= $2 AND hi >= $1 LIMIT 1)`, args[0], args[1]).QueryRow(func(r pgx.Row) error { return r.Scan(&claimed) })
+	}
 	b.Queue(`COMMIT`)
 	err = conn.SendBatch(ctx, b).Close()
 	if err != nil {
 		// A failed statement aborts the transaction; COMMIT then rolls it
 		// back, and a broken connection takes it with it.
-		conn.Exec(context.WithoutCancel(ctx), `ROLLBACK`)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		conn.Exec(rctx, `ROLLBACK`)
+		cancel()
 		if strings.Contains(err.Error(), "session_replication_role") {
 			err = fmt.Errorf("bypassing the fence needs superuser or SET on session_replication_role: %w", err)
 		}

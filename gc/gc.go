@@ -16,7 +16,8 @@
 //     (default 1) times as many rows in the range as X's leftovers.
 //
 // Anything else is skipped and reported, never deleted. Deletes run on X in
-// key-order batches, each its own short transaction with
+// batches (in key order, or in the table's page order for rows spread over
+// it; see delete.go), each its own short transaction with
 // session_replication_role = replica (which bypasses the fence trigger),
 // holding the range's lock granules shared and re-checking X's fence, so a
 // move towards X that starts meanwhile (it marks X incoming first) stops
@@ -54,7 +55,7 @@ type Options struct {
 	// Batch is about how many rows one delete transaction removes (default 20000).
 	Batch int
 	// Order forces the batches' walk order: OrderKey or OrderHeap. Empty
-	// (OrderAuto) chooses per table from PostgreSQL's statistics.
+	// (OrderAuto) chooses per table by sampling where the range's rows sit.
 	Order string
 	// Rate caps deletes, in rows per second over the run (0: no cap).
 	Rate float64

@@ -234,3 +234,49 @@ func TestIntegrationGCLock(t *testing.T) {
 	}
 	l.Release(ctx)
 }
+
+// A heap walk over a range packed into one region of the table (a bucket
+// copied in, then moved away) keeps its batches short: after pages with
+// none of the range's rows, a batch does not swallow the whole region.
+func TestIntegrationGCHeapBatchesStayShort(t *testing.T) {
+	c := newCluster(t, 2, 2)
+	r := rand.New(rand.NewPCG(7, 8))
+	m := c.load()
+	x := m.Owner(0)
+	var other uint32 // another bucket of x: its rows come first in the heap
+	for b := uint32(1); b < uint32(m.Buckets()); b++ {
+		if m.Owner(b) == x {
+			other = b
+		}
+	}
+	if other == 0 {
+		t.Skip("node owns one bucket only")
+	}
+	c.insert(r, m, other, 20000)
+	c.insert(r, m, 0, 3000)
+	c.exec(c.conns[x], `VACUUM ANALYZE app.events`)
+	var perPage float64
+	if err := c.conns[x].QueryRow(context.Background(), `SELECT reltuples / relpages FROM pg_class WHERE oid = 'app.events'::regclass`).Scan(&perPage); err != nil {
+		t.Fatal(err)
+	}
+	var to bucketmap.NodeID
+	for _, id := range c.ids {
+		if id != x {
+			to = id
+		}
+	}
+	c.move(m, 0, to)
+	const batch = 100
+	var last, most int64
+	rep := c.run(Options{Grace: -1, Batch: batch, Order: OrderHeap, Progress: func(p Progress) {
+		most = max(most, p.Deleted-last)
+		last = p.Deleted
+	}})
+	if rep.Deleted != 3000 || len(rep.Skipped) != 0 {
+		t.Fatalf("run: %+v", rep)
+	}
+	if limit := max(2*batch, int64(perPage)+1); most > limit {
+		t.Fatalf("a batch deleted %d rows (batch %d, %.0f tuples per page): the walk swallowed the packed region", most, batch, perPage)
+	}
+	t.Logf("3000 packed rows in %d batches, at most %d rows each", rep.Batches, most)
+}

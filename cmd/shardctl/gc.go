@@ -35,7 +35,7 @@ func gcCommand() *cli.Command {
 			&cli.StringFlag{Name: "node", Usage: "only the leftovers on node `ID`"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},
 			&cli.IntFlag{Name: "batch", Value: 20000, EnvVars: []string{"SHARDVISOR_GC_BATCH"}, Usage: "about `N` rows per delete transaction"},
-			&cli.StringFlag{Name: "order", Value: "auto", EnvVars: []string{"SHARDVISOR_GC_ORDER"}, Usage: "batch walk `ORDER`: auto (per table, from PostgreSQL's statistics), key or heap"},
+			&cli.StringFlag{Name: "order", Value: "auto", EnvVars: []string{"SHARDVISOR_GC_ORDER"}, Usage: "batch walk `ORDER`: auto (per table, from a sample of where the range's rows sit), key (the key index) or heap (the table's pages)"},
 			&cli.Float64Flag{Name: "rate", EnvVars: []string{"SHARDVISOR_GC_RATE"}, Usage: "at most `ROWS/S` deleted per second (0: no limit)"},
 			&cli.DurationFlag{Name: "grace", Value: time.Hour, EnvVars: []string{"SHARDVISOR_GC_GRACE"}, Usage: "only ownership changes older than `DURATION`"},
 			&cli.Float64Flag{Name: "min-owner-ratio", Value: 1, Usage: "the owner must hold at least `R` times the leftover rows of a range, per table (negative: no count check)"},
