@@ -231,22 +231,12 @@ func (f *fixture) leftovers() []string {
 	ctx := context.Background()
 	var out []string
 	for _, n := range f.nodes {
-		c := f.conn(n.ID)
-		for _, q := range []string{
-			"SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'sv\\_%' AND database = current_database()",
-			"SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE 'sv\\_%'",
-			"SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE 'sv\\_%' AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
-		} {
-			rows, err := c.Query(ctx, q)
-			if err != nil {
-				f.t.Fatal(err)
-			}
-			for rows.Next() {
-				var s string
-				rows.Scan(&s)
-				out = append(out, string(n.ID)+": "+s)
-			}
-			rows.Close()
+		objs, err := ReplicationObjects(ctx, f.conn(n.ID))
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for _, o := range objs {
+			out = append(out, string(n.ID)+": "+o)
 		}
 	}
 	return out

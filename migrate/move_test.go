@@ -100,3 +100,21 @@ func TestIntegrationMoveRefusesBadRequests(t *testing.T) {
 		}
 	}
 }
+
+// ReplicationObjects finds what a move leaves behind (by name prefix) and
+// nothing else: the test harness and the benchmark count on it.
+func TestIntegrationReplicationObjects(t *testing.T) {
+	f := newFixture(t, 2, 2)
+	ctx := context.Background()
+	c := f.conn("pg1")
+	for _, sql := range []string{`CREATE PUBLICATION sv_probe_left`, `CREATE PUBLICATION svxprobe`} {
+		if _, err := c.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer c.Exec(ctx, `DROP PUBLICATION IF EXISTS sv_probe_left, svxprobe`)
+	got, err := ReplicationObjects(ctx, c)
+	if err != nil || len(got) != 1 || got[0] != "publication sv_probe_left" {
+		t.Fatalf("got %v, %v", got, err)
+	}
+}

@@ -197,7 +197,7 @@ func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 	suffix := make([]byte, 3)
 	_, _ = rand.Read(suffix)
 	id := fmt.Sprintf("b%d-l%d-v%d-%s", bucket, m.Level, m.Version, hex.EncodeToString(suffix))
-	name := "sv_" + strings.ReplaceAll(id, "-", "_")
+	name := objectPrefix + strings.ReplaceAll(id, "-", "_")
 	now := time.Now().UTC()
 	rec := &topo.MoveRecord{Version: topo.MoveVersion, ID: id, Bucket: bucket, Level: m.Level, Lo: lo, Hi: hi,
 		Source: string(src), Target: string(target), State: topo.MovePrepare, NoCopy: noCopy, Tables: crec.Tables,

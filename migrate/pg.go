@@ -243,3 +243,31 @@ func countRange(ctx context.Context, q querier, tables []topo.TableRecord, lo, h
 	}
 	return total, nil
 }
+
+// ReplicationObjects lists the moves' replication objects in the connected
+// database ("slot sv_...", "publication sv_...", "subscription sv_..."):
+// after every move has finished, there should be none.
+func ReplicationObjects(ctx context.Context, c *pgx.Conn) ([]string, error) {
+	like := strings.ReplaceAll(objectPrefix, "_", `\_`) + "%"
+	var out []string
+	for _, q := range []string{
+		`SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE $1 AND database = current_database()`,
+		`SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE $1`,
+		`SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE $1 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+	} {
+		rows, err := c.Query(ctx, q, like)
+		if err != nil {
+			return out, err
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return out, err
+		}
+		out = append(out, names...)
+	}
+	return out, nil
+}
+
+// objectPrefix starts the name of every publication, subscription and slot
+// a move creates.
+const objectPrefix = "sv_"

@@ -1346,20 +1346,12 @@ func (b *bench) leftovers(ctx context.Context) []string {
 			outl = append(outl, fmt.Sprintf("%s: %v", n.ID, err))
 			continue
 		}
-		for _, q := range []string{
-			"SELECT 'slot ' || slot_name FROM pg_replication_slots WHERE slot_name LIKE 'sv\\_%' AND database = current_database()",
-			"SELECT 'publication ' || pubname FROM pg_publication WHERE pubname LIKE 'sv\\_%'",
-			"SELECT 'subscription ' || subname FROM pg_subscription WHERE subname LIKE 'sv\\_%' AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
-		} {
-			rows, err := c.Query(ctx, q)
-			if err != nil {
-				outl = append(outl, fmt.Sprintf("%s: %v", n.ID, err))
-				continue
-			}
-			names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-			for _, s := range names {
-				outl = append(outl, string(n.ID)+": "+s)
-			}
+		objs, err := migrate.ReplicationObjects(ctx, c)
+		if err != nil {
+			outl = append(outl, fmt.Sprintf("%s: %v", n.ID, err))
+		}
+		for _, o := range objs {
+			outl = append(outl, string(n.ID)+": "+o)
 		}
 		c.Close(context.Background())
 	}

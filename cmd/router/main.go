@@ -19,7 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/internal/zksession"
 	"github.com/shardvisor/shardvisor/router"
 )
 
@@ -69,13 +68,9 @@ func run(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
-		cfg, err := cliutil.SessionConfig(c, log)
-		if err != nil {
-			return err
-		}
 		// The sidecar starts even when ZooKeeper is down: /readyz says
 		// not ready until the first map arrives.
-		s, err := zksession.Open(cfg)
+		s, err := cliutil.Open(c, log)
 		if err != nil {
 			return err
 		}

@@ -85,9 +85,11 @@ func oneNodeArg(c *cli.Context, verb string, m *bucketmap.Map) (bucketmap.Node, 
 	return n, nil
 }
 
-func runPrepare(c *cli.Context) error {
+// withNode runs fn with the cluster's data context and a connection to
+// the node named by the one argument.
+func withNode(c *cli.Context, verb string, fn func(ctx context.Context, d *dataContext, n bucketmap.Node, conn *pgx.Conn) error) error {
 	return withData(c, func(ctx context.Context, d *dataContext) error {
-		n, err := oneNodeArg(c, "prepare", d.m)
+		n, err := oneNodeArg(c, verb, d.m)
 		if err != nil {
 			return err
 		}
@@ -96,6 +98,12 @@ func runPrepare(c *cli.Context) error {
 			return err
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
+		return fn(ctx, d, n, conn)
+	})
+}
+
+func runPrepare(c *cli.Context) error {
+	return withNode(c, "prepare", func(ctx context.Context, d *dataContext, n bucketmap.Node, conn *pgx.Conn) error {
 		res, err := fence.Install(ctx, conn, d.rec.Name, n.ID, d.rec.Tables)
 		if err != nil {
 			return fmt.Errorf("node prepare %s: %w", n.ID, err)
@@ -151,16 +159,7 @@ func writeMismatches(w io.Writer, id bucketmap.NodeID, mism []fence.Mismatch) {
 }
 
 func runCheck(c *cli.Context) error {
-	return withData(c, func(ctx context.Context, d *dataContext) error {
-		n, err := oneNodeArg(c, "check", d.m)
-		if err != nil {
-			return err
-		}
-		conn, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(context.WithoutCancel(ctx))
+	return withNode(c, "check", func(ctx context.Context, d *dataContext, n bucketmap.Node, conn *pgx.Conn) error {
 		// One read-only transaction, so that check cannot change anything.
 		tx, err := conn.BeginTx(ctx, pgxReadOnly)
 		if err != nil {

@@ -74,6 +74,16 @@ func poolSession(c *cli.Context) (*zksession.Session, topo.Paths, error) {
 	return s, paths, err
 }
 
+// openPool is the pool named by the one argument, and a session.
+func openPool(c *cli.Context) (string, *zksession.Session, topo.Paths, error) {
+	pool, err := poolArg(c)
+	if err != nil {
+		return "", nil, topo.Paths{}, err
+	}
+	s, paths, err := poolSession(c)
+	return pool, s, paths, err
+}
+
 type poolStatusReport struct {
 	Pool          string             `json:"pool"`
 	ConfigPath    string             `json:"config_path"`
@@ -85,11 +95,7 @@ type poolStatusReport struct {
 }
 
 func runPoolStatus(c *cli.Context) error {
-	pool, err := poolArg(c)
-	if err != nil {
-		return err
-	}
-	s, paths, err := poolSession(c)
+	pool, s, paths, err := openPool(c)
 	if err != nil {
 		return err
 	}
@@ -174,11 +180,7 @@ func runPoolStatus(c *cli.Context) error {
 }
 
 func runPoolGet(c *cli.Context) error {
-	pool, err := poolArg(c)
-	if err != nil {
-		return err
-	}
-	s, paths, err := poolSession(c)
+	pool, s, paths, err := openPool(c)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/internal/zksession"
 	"github.com/shardvisor/shardvisor/supervisor"
 )
 
@@ -95,13 +94,9 @@ func run(c *cli.Context) error {
 		if opts.Paths, err = cliutil.Paths(c); err != nil {
 			return err
 		}
-		cfg, err := cliutil.SessionConfig(c, log)
-		if err != nil {
-			return err
-		}
 		// Not waiting for a connection: the supervisor serves nothing
 		// until the session is connected, and says so on /healthz.
-		s, err := zksession.Open(cfg)
+		s, err := cliutil.Open(c, log)
 		if err != nil {
 			return err
 		}

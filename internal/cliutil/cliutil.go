@@ -147,15 +147,28 @@ func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
 	return cfg, nil
 }
 
+// Open opens a session from the flags without waiting for it to connect:
+// for daemons, which run (and say they are not ready) while ZooKeeper is
+// away.
+func Open(c *cli.Context, log *zap.Logger) (*zksession.Session, error) {
+	s, _, err := open(c, log)
+	return s, err
+}
+
+func open(c *cli.Context, log *zap.Logger) (*zksession.Session, zksession.Config, error) {
+	cfg, err := SessionConfig(c, log)
+	if err != nil {
+		return nil, cfg, err
+	}
+	s, err := zksession.Open(cfg)
+	return s, cfg, err
+}
+
 // Connect opens a session from the flags and waits (up to --zk-timeout plus
 // a session timeout) for it to connect, so a CLI command fails with a clear
 // message instead of hanging when ZooKeeper is unreachable.
 func Connect(c *cli.Context, log *zap.Logger) (*zksession.Session, error) {
-	cfg, err := SessionConfig(c, log)
-	if err != nil {
-		return nil, err
-	}
-	s, err := zksession.Open(cfg)
+	s, cfg, err := open(c, log)
 	if err != nil {
 		return nil, err
 	}
