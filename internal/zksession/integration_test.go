@@ -179,6 +179,14 @@ func TestIntegrationConcurrentCASNoLostUpdate(t *testing.T) {
 	if err := ss[0].Create(ctx, "/counter", []byte("0")); err != nil {
 		t.Fatal(err)
 	}
+	// The other sessions may be on followers that have not seen the
+	// create yet: ZooKeeper orders reads only within a session, and Sync
+	// is how another client catches up.
+	for _, s := range ss[1:] {
+		if err := s.Sync(ctx, "/counter"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var wg sync.WaitGroup
 	var conflicts sync.Map
 	errs := make(chan error, sessions*perSession)
