@@ -241,12 +241,13 @@ func TestWholeSystem(t *testing.T) {
 		Writes    int64            `json:"acknowledged_writes"`
 		Errors    map[string]int64 `json:"errors"`
 		LastError string           `json:"last_error"`
+		Retries   int64            `json:"idle_close_retries"`
 	}
 	data, _ := os.ReadFile(summary)
 	if err := json.Unmarshal(data, &sum); err != nil {
 		t.Fatalf("load summary %s: %v", data, err)
 	}
-	t.Logf("load: %d requests, %d failed, %d acknowledged writes", sum.Requests, sum.Failed, sum.Writes)
+	t.Logf("load: %d requests, %d failed, %d acknowledged writes, %d resent after a server-closed idle connection", sum.Requests, sum.Failed, sum.Writes, sum.Retries)
 	if sum.Requests < 100 || sum.Writes < 50 {
 		t.Fatalf("too little load to judge: %s", data)
 	}

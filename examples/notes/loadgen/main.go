@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -83,10 +84,15 @@ type Summary struct {
 	MaxMS     float64          `json:"max_ms"`
 	Errors    map[string]int64 `json:"errors,omitempty"`
 	LastError string           `json:"last_error,omitempty"`
+	// IdleRetries counts requests resent because the server had closed
+	// the idle keep-alive connection before the request went out (see
+	// call). They are not failures: the server never saw the first try.
+	IdleRetries int64 `json:"idle_close_retries"`
 }
 
 type stats struct {
 	requests, ok, failed, writes atomic.Int64
+	idleRetries                  atomic.Int64
 	mu                           sync.Mutex
 	lat                          []float64
 	errs                         map[string]int64
@@ -173,7 +179,7 @@ func run(args []string) error {
 					var n struct {
 						ID int64 `json:"id"`
 					}
-					if err = call(client, "POST", *url+"/v1/users/"+uid+"/notes", body, http.StatusCreated, &n); err == nil {
+					if err = st.call(client, "POST", *url+"/v1/users/"+uid+"/notes", body, http.StatusCreated, &n); err == nil {
 						notes[uid] = append(ids, n.ID)
 						mu.Lock()
 						book[[2]any{uid, n.ID}] = Entry{UID: uid, ID: n.ID, Body: body}
@@ -183,7 +189,7 @@ func run(args []string) error {
 				case op < 7: // update
 					id := ids[rng.IntN(len(ids))]
 					body := fmt.Sprintf("edit %d of %s", rng.Int64(), uid)
-					if err = call(client, "PUT", fmt.Sprintf("%s/v1/users/%s/notes/%d", *url, uid, id), body, http.StatusOK, nil); err == nil {
+					if err = st.call(client, "PUT", fmt.Sprintf("%s/v1/users/%s/notes/%d", *url, uid, id), body, http.StatusOK, nil); err == nil {
 						mu.Lock()
 						book[[2]any{uid, id}] = Entry{UID: uid, ID: id, Body: body}
 						mu.Unlock()
@@ -193,13 +199,13 @@ func run(args []string) error {
 					var got []struct {
 						ID int64 `json:"id"`
 					}
-					if err = call(client, "GET", *url+"/v1/users/"+uid+"/notes", "", http.StatusOK, &got); err == nil && len(got) != len(ids) {
+					if err = st.call(client, "GET", *url+"/v1/users/"+uid+"/notes", "", http.StatusOK, &got); err == nil && len(got) != len(ids) {
 						err = fmt.Errorf("list of %s returned %d notes, %d acknowledged", uid, len(got), len(ids))
 					}
 				default: // delete
 					i := rng.IntN(len(ids))
 					id := ids[i]
-					if err = call(client, "DELETE", fmt.Sprintf("%s/v1/users/%s/notes/%d", *url, uid, id), "", http.StatusNoContent, nil); err == nil {
+					if err = st.call(client, "DELETE", fmt.Sprintf("%s/v1/users/%s/notes/%d", *url, uid, id), "", http.StatusNoContent, nil); err == nil {
 						notes[uid] = slices.Delete(ids, i, i+1)
 						mu.Lock()
 						book[[2]any{uid, id}] = Entry{UID: uid, ID: id, Deleted: true}
@@ -234,7 +240,7 @@ func run(args []string) error {
 	<-ctx.Done()
 	wg.Wait()
 	sum := Summary{Requests: st.requests.Load(), OK: st.ok.Load(), Failed: st.failed.Load(), Writes: st.writes.Load(),
-		Seconds: time.Since(start).Seconds(), Errors: st.errs, LastError: st.last}
+		Seconds: time.Since(start).Seconds(), Errors: st.errs, LastError: st.last, IdleRetries: st.idleRetries.Load()}
 	sort.Float64s(st.lat)
 	if n := len(st.lat); n > 0 {
 		sum.P50MS, sum.P99MS, sum.MaxMS = st.lat[n/2], st.lat[min(n-1, n*99/100)], st.lat[n-1]
@@ -262,17 +268,39 @@ func run(args []string) error {
 	return json.NewEncoder(out).Encode(sum)
 }
 
-func call(c *http.Client, method, url, body string, want int, out any) error {
-	var rd io.Reader
+// errServerClosedIdle is net/http's (unexported) error for a pooled
+// connection that the server closed while it sat idle, seen before the
+// request was registered on it.
+const errServerClosedIdle = "http: server closed idle connection"
+
+// call sends one request. A request that failed with errServerClosedIdle
+// never reached the server: a draining worker closed the idle keep-alive
+// connection just as the client picked it (HTTP/1.1 has no way to warn a
+// client first, RFC 9112 section 9.3.1). net/http resends such a request
+// by itself only for idempotent methods, so call resends it for any
+// method, and counts it. Any other error, including a connection closed
+// after the request was written, stays a failure: the server may have
+// seen that request.
+func (s *stats) call(c *http.Client, method, url, body string, want int, out any) error {
+	var b []byte
 	if body != "" {
-		b, _ := json.Marshal(map[string]string{"body": body})
-		rd = bytes.NewReader(b)
+		b, _ = json.Marshal(map[string]string{"body": body})
 	}
-	req, err := http.NewRequest(method, url, rd)
-	if err != nil {
-		return err
+	var (
+		res *http.Response
+		err error
+	)
+	for try := 0; ; try++ {
+		var req *http.Request
+		if req, err = http.NewRequest(method, url, bytes.NewReader(b)); err != nil {
+			return err
+		}
+		res, err = c.Do(req)
+		if err == nil || try == 2 || !strings.Contains(err.Error(), errServerClosedIdle) {
+			break
+		}
+		s.idleRetries.Add(1)
 	}
-	res, err := c.Do(req)
 	if err != nil {
 		return err
 	}
