@@ -2,8 +2,12 @@ package gc
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,24 +26,42 @@ import (
 // copy without the fence trigger (x-unfenced-delete: a row trigger, even
 // one that does not fire, makes PostgreSQL fetch and lock each row before
 // deleting it); and the longest single batch transaction. Each figure is
-// the median of three rounds (fresh data each), because one round on a
-// shared machine varies by a third. Autovacuum is off on the tables so it
-// cannot start on one side only.
+// the median of five rounds (GC_BENCH_ROUNDS), fresh data each, because
+// one round on a shared machine varies by a third; every timed phase
+// starts after a checkpoint on both nodes and a sync, and GC and the plain
+// DELETE alternate in going first. Autovacuum is off on the tables so it
+// cannot start on one side only. It runs GC as shipped (parallel=2: two
+// connections deleting at once, the default) and with one connection
+// (parallel=1), for comparison.
 //
 //	go test -run '^$' -bench GCDelete1M -benchtime 1x ./gc
 func BenchmarkGCDelete1M(b *testing.B) {
 	for _, layout := range []string{"key-order", "random"} {
-		b.Run("layout="+layout, func(b *testing.B) { benchGCDelete(b, layout == "random", 20000) })
+		for _, par := range []int{2, 1} {
+			b.Run(fmt.Sprintf("layout=%s/parallel=%d", layout, par), func(b *testing.B) { benchGCDelete(b, layout == "random", 20000, par) })
+		}
 	}
 }
 
-func benchGCDelete(b *testing.B, random bool, batch int) {
-	const rows, rounds = 1_000_000, 3
+func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
+	const rows = 1_000_000
 	c := newCluster(b, 2, 2)
 	ctx := context.Background()
 	m := c.load()
 	lo, hi, _ := keystream.Range(m.Level, 0)
 	x, y := m.Owner(0), m.Owner(3)
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("GC_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	// quiesce writes every dirty page out before a timed phase: a round
+	// writes some 300 MB (tables, WAL), and the kernel's background
+	// writeback of it otherwise lands in whichever phase runs next.
+	quiesce := func() {
+		c.exec(c.conns[x], `CHECKPOINT`)
+		c.exec(c.conns[y], `CHECKPOINT`)
+		syscall.Sync()
+	}
 	gen := `INSERT INTO %s SELECT $1::bigint + (random() * ($2::float8 - $1::float8))::bigint AS k, g, 'leftover row body' FROM generate_series(1, $3::int) g`
 	if !random {
 		gen += ` ORDER BY k`
@@ -69,6 +91,13 @@ func benchGCDelete(b *testing.B, random bool, batch int) {
 			}
 			c.exec(c.conns[x], strings.Replace(trig, " ON app.events ", " ON app.plain ", 1))
 			c.exec(c.conns[x], `RESET session_replication_role`)
+			// The rows were committed asynchronously (the servers run with
+			// synchronous_commit = off), and PostgreSQL sets no hint bit
+			// for a commit whose WAL is not flushed yet: without the
+			// checkpoint, VACUUM would leave every tuple unhinted and the
+			// first reader (GC's count) would dirty and write out the whole
+			// table, which old leftover rows never make anyone do.
+			c.exec(c.conns[x], `CHECKPOINT`)
 			for _, t := range []string{"app.plain", "app.events", "app.unfenced"} {
 				c.exec(c.conns[x], `VACUUM ANALYZE `+t)
 			}
@@ -77,6 +106,7 @@ func benchGCDelete(b *testing.B, random bool, batch int) {
 			c.exec(c.conns[y], `TRUNCATE app.events`)
 			c.exec(c.conns[y], fmtSQL(gen, "app.events"), lo, hi, rows)
 			c.exec(c.conns[y], `RESET session_replication_role`)
+			c.exec(c.conns[y], `CHECKPOINT`)
 			c.exec(c.conns[y], `VACUUM ANALYZE app.events`)
 			if round == 0 {
 				m = c.update(func(m *bucketmap.Map) error { return m.Assign(0, y, bucketmap.AssignOptions{}) })
@@ -85,10 +115,9 @@ func benchGCDelete(b *testing.B, random bool, batch int) {
 				m = c.update(func(m *bucketmap.Map) error { return m.Assign(0, x, bucketmap.AssignOptions{}) })
 				m = c.update(func(m *bucketmap.Map) error { return m.Assign(0, y, bucketmap.AssignOptions{}) })
 			}
-			c.exec(c.conns[x], `CHECKPOINT`)
-
 			plainDelete := func(table string) time.Duration {
 				// The fence rejects the delete otherwise: the node does not own the range.
+				quiesce()
 				c.exec(c.conns[x], `SET session_replication_role = replica`)
 				defer c.exec(c.conns[x], `RESET session_replication_role`)
 				t0 := time.Now()
@@ -97,15 +126,30 @@ func benchGCDelete(b *testing.B, random bool, batch int) {
 				if err != nil || tag.RowsAffected() != rows {
 					b.Fatalf("plain delete from %s: %v %v", table, tag, err)
 				}
-				c.exec(c.conns[x], `CHECKPOINT`)
 				return d
 			}
-			unfenced := plainDelete("app.unfenced")
-			plain := plainDelete("app.plain")
-
-			t1 := time.Now()
-			rep := c.run(Options{Grace: -1, Batch: batch})
-			whole := time.Since(t1)
+			runGC := func() (*Report, time.Duration) {
+				quiesce()
+				t1 := time.Now()
+				rep := c.run(Options{Grace: -1, Batch: batch, Parallel: parallel})
+				return rep, time.Since(t1)
+			}
+			// GC and the plain DELETE take turns going first, so that
+			// whatever the earlier one leaves behind (evicted buffers, WAL
+			// segments to recycle) does not always favour the same side.
+			var (
+				unfenced, plain, whole time.Duration
+				rep                    *Report
+			)
+			if round%2 == 0 {
+				unfenced = plainDelete("app.unfenced")
+				plain = plainDelete("app.plain")
+				rep, whole = runGC()
+			} else {
+				rep, whole = runGC()
+				plain = plainDelete("app.plain")
+				unfenced = plainDelete("app.unfenced")
+			}
 			if rep.Deleted != rows || rep.Pruned != 1 {
 				b.Fatalf("gc: %+v", rep)
 			}

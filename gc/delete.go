@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,16 +12,75 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/topo"
 )
 
 type deleter struct {
-	g       *GC
-	rep     *Report
-	start   time.Time
-	conns   *connCache
+	g     *GC
+	rep   *Report
+	start time.Time
+	conns *connCache
+	extra map[bucketmap.NodeID][]*pgx.Conn // more connections per node, for Parallel
+
+	mu      sync.Mutex // guards rep, the walks' TableWork and cursors, and what follows
 	lastLog time.Time
+	active  int       // batch transactions open now
+	since   time.Time // when active last rose from 0
+}
+
+// begin and end bracket a batch transaction; Report.Deleting adds up the
+// time at least one was open, so it stays wall-clock time with Parallel.
+func (d *deleter) begin() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
+	if d.active == 0 {
+		d.since = now
+	}
+	d.active++
+	return now
+}
+
+// end is called with d.mu held.
+func (d *deleter) end() {
+	if d.active--; d.active == 0 {
+		d.rep.Deleting += time.Since(d.since)
+	}
+}
+
+// connsFor returns the connections to delete on a node with: the run's
+// own and up to Parallel-1 more, opened once per run. A node that refuses
+// the extra ones is deleted on with fewer.
+func (d *deleter) connsFor(ctx context.Context, id bucketmap.NodeID, conn *pgx.Conn) []*pgx.Conn {
+	if d.extra == nil {
+		d.extra = map[bucketmap.NodeID][]*pgx.Conn{}
+	}
+	more, ok := d.extra[id]
+	if !ok {
+		n, _ := d.conns.m.Node(id)
+		for len(more) < d.g.Opt.Parallel-1 {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			c, err := d.g.Opt.Connect(cctx, n)
+			cancel()
+			if err != nil {
+				d.g.Opt.Log.Warn("gc: an extra connection failed; deleting with fewer", zap.String("node", string(id)), zap.Int("connections", len(more)+1), zap.Error(err))
+				break
+			}
+			more = append(more, c)
+		}
+		d.extra[id] = more
+	}
+	return append([]*pgx.Conn{conn}, more...)
+}
+
+func (d *deleter) close() {
+	for _, cs := range d.extra {
+		for _, c := range cs {
+			c.Close(context.Background())
+		}
+	}
 }
 
 // errClaimed means the node's fence started claiming a range while GC was
@@ -61,6 +121,10 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 			continue
 		}
 		t := tableRec(g.Tables, tw.Table)
+		conns := []*pgx.Conn{conn}
+		if g.Opt.Parallel > 1 && tw.Rows > int64(g.Opt.Batch) {
+			conns = d.connsFor(ctx, w.Node, conn)
+		}
 		wk, err := chooseOrder(ctx, conn, t, w, tw.Rows, g.Opt.Batch, g.Opt.Order)
 		if err != nil {
 			return fmt.Errorf("gc: sizing up %s on %s: %w", tw.Table, w.Node, err)
@@ -68,7 +132,7 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 		stop := false
 		if wk.heap {
 			tw.Order = "heap"
-			stop, err = d.walkHeap(ctx, conn, hasFence, w, tw, t, wk)
+			stop, err = d.walkHeap(ctx, conns, hasFence, w, tw, t, wk)
 			// Rows of the range cannot be added or moved while GC runs
 			// (the fence rejects writes; replication apply needs a move
 			// towards the node, which every batch checks for), so the
@@ -81,11 +145,11 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 				// Batches sized for the whole range, not for the few rows
 				// left: one DELETE over the whole range would be a long
 				// transaction walking every dead index entry.
-				stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t, tw.Rows)
+				stop, err = d.walkKeys(ctx, conns, hasFence, w, tw, t, tw.Rows)
 			}
 		} else {
 			tw.Order = "key"
-			stop, err = d.walkKeys(ctx, conn, hasFence, w, tw, t, tw.Rows)
+			stop, err = d.walkKeys(ctx, conns, hasFence, w, tw, t, tw.Rows)
 		}
 		if err != nil {
 			return fmt.Errorf("gc: deleting %s on %s (%s): %w", tw.Table, w.Node, w.Range, err)
@@ -202,7 +266,7 @@ func batchEnd(cur, hi int64, width uint64) int64 {
 // width adapting when a batch comes out too large or too small. Each batch is one plain range delete
 // that PostgreSQL serves with a bitmap scan of the key index. It returns
 // stop when a move towards the node claimed the range.
-func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, rows int64) (stop bool, err error) {
+func (d *deleter) walkKeys(ctx context.Context, conns []*pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, rows int64) (stop bool, err error) {
 	g := d.g
 	del := `DELETE FROM ` + qualified(t) + ` WHERE ` + pgx.Identifier{t.KeyColumn}.Sanitize() + ` BETWEEN $1 AND $2`
 	if hasFence {
@@ -210,17 +274,21 @@ func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 	}
 	span := uint64(w.KeyHi - w.KeyLo)
 	width := batchWidth(w.KeyLo, w.KeyHi, max(rows, 1), g.Opt.Batch)
-	cur := w.KeyLo
-	for {
+	cur, finished := w.KeyLo, false
+	next := func() ([]any, []int32, bool) {
+		if finished {
+			return nil, nil, false
+		}
 		end := batchEnd(cur, w.KeyHi, width)
-		n, err := d.batch(ctx, conn, hasFence, w, tw, granules(cur, end), false, del, cur, end)
-		if err != nil {
-			return d.stopped(w, tw, err)
-		}
+		args, gran := []any{cur, end}, granules(cur, end)
 		if end == w.KeyHi {
-			return false, nil
+			finished = true
+		} else {
+			cur = end + 1
 		}
-		cur = end + 1
+		return args, gran, true
+	}
+	adapt := func(n int64) {
 		switch {
 		case width == 0:
 		case n > 2*int64(g.Opt.Batch) && width > 1:
@@ -228,10 +296,8 @@ func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 		case n < int64(g.Opt.Batch)/2 && width < span/2:
 			width *= 2
 		}
-		if err := d.throttle(ctx); err != nil {
-			return false, err
-		}
 	}
+	return d.walk(ctx, conns, hasFence, w, tw, false, del, next, adapt)
 }
 
 // walkHeap deletes a table's rows of the range page run by page run, in
@@ -240,7 +306,7 @@ func (d *deleter) walkKeys(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 // range's rows, and never more pages than could hold 2*Batch tuples of
 // any kind: the range's rows may be packed into one region of the table
 // (a bucket copied in, then moved away), where every tuple is one of them.
-func (d *deleter) walkHeap(ctx context.Context, conn *pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, wk walk) (stop bool, err error) {
+func (d *deleter) walkHeap(ctx context.Context, conns []*pgx.Conn, hasFence bool, w *Work, tw *TableWork, t topo.TableRecord, wk walk) (stop bool, err error) {
 	blocks := wk.blocks
 	g := d.g
 	del := `DELETE FROM ` + qualified(t) + ` WHERE ctid >= $3 AND ctid < $4 AND ` + pgx.Identifier{t.KeyColumn}.Sanitize() + ` BETWEEN $1 AND $2`
@@ -250,23 +316,82 @@ func (d *deleter) walkHeap(ctx context.Context, conn *pgx.Conn, hasFence bool, w
 	gran := granules(w.KeyLo, w.KeyHi) // a page run may hold any key of the range
 	most := max(2*int64(g.Opt.Batch)/max(wk.perPage, 1), 1)
 	step := min(max(int64(float64(g.Opt.Batch)*float64(blocks)/float64(tw.Rows)), 1), most)
-	for p := int64(0); p < blocks; {
-		end := min(p+step, blocks)
-		n, err := d.batch(ctx, conn, hasFence, w, tw, gran, true, del, w.KeyLo, w.KeyHi,
-			pgtype.TID{BlockNumber: uint32(p), Valid: true}, pgtype.TID{BlockNumber: uint32(end), Valid: true})
-		if err != nil {
-			return d.stopped(w, tw, err)
+	p := int64(0)
+	next := func() ([]any, []int32, bool) {
+		if p >= blocks {
+			return nil, nil, false
 		}
+		end := min(p+step, blocks)
+		args := []any{w.KeyLo, w.KeyHi, pgtype.TID{BlockNumber: uint32(p), Valid: true}, pgtype.TID{BlockNumber: uint32(end), Valid: true}}
 		p = end
+		return args, gran, true
+	}
+	adapt := func(n int64) {
 		switch {
 		case n > 2*int64(g.Opt.Batch) && step > 1:
 			step /= 2
 		case n < int64(g.Opt.Batch)/2 && step < most:
 			step = min(2*step, most)
 		}
-		if err := d.throttle(ctx); err != nil {
-			return false, err
-		}
+	}
+	return d.walk(ctx, conns, hasFence, w, tw, true, del, next, adapt)
+}
+
+// walk runs a walk's batches on every connection of conns at once, each
+// taking the next batch from next and reporting its row count to adapt
+// (both called under d.mu, so a walk's cursor needs no lock of its own).
+// The first error or claim stops every connection after its current
+// batch. Batches on different connections are independent: each one is
+// its own transaction with its own claim check, and the lock granules are
+// taken shared, so concurrent batches never wait for each other.
+func (d *deleter) walk(ctx context.Context, conns []*pgx.Conn, hasFence bool, w *Work, tw *TableWork, heap bool, del string,
+	next func() ([]any, []int32, bool), adapt func(n int64)) (stop bool, err error) {
+	var (
+		wg       sync.WaitGroup
+		firstErr error
+		halted   bool
+	)
+	for _, conn := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				d.mu.Lock()
+				var (
+					args []any
+					gran []int32
+					ok   bool
+				)
+				if !halted {
+					args, gran, ok = next()
+				}
+				d.mu.Unlock()
+				if !ok {
+					return
+				}
+				n, err := d.batch(ctx, conn, hasFence, w, tw, gran, heap, del, args...)
+				if err == nil {
+					err = d.throttle(ctx)
+				}
+				d.mu.Lock()
+				if err != nil {
+					if firstErr == nil {
+						firstErr = err
+					}
+					halted = true
+				} else {
+					adapt(n)
+				}
+				d.mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return d.stopped(w, tw, firstErr)
 	}
 	return false, nil
 }
@@ -305,7 +430,7 @@ func (d *deleter) batch(ctx context.Context, conn *pgx.Conn, hasFence bool, w *W
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	t0 := time.Now()
+	t0 := d.begin()
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`SET LOCAL session_replication_role = replica`)
@@ -337,14 +462,19 @@ func (d *deleter) batch(ctx context.Context, conn *pgx.Conn, hasFence bool, w *W
 		if strings.Contains(err.Error(), "session_replication_role") {
 			err = fmt.Errorf("bypassing the fence needs superuser or SET on session_replication_role: %w", err)
 		}
+		d.mu.Lock()
+		d.end()
+		d.mu.Unlock()
 		return 0, err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.end()
 	dur := time.Since(t0)
 	tw.Deleted += n
 	d.rep.Deleted += n
 	d.rep.Batches++
 	d.rep.MaxBatch = max(d.rep.MaxBatch, dur)
-	d.rep.Deleting += dur
 	d.g.Opt.Metrics.batch(string(w.Node), tw.Table, n, dur, d.rep.Rows-d.rep.Deleted)
 	d.progress(w, tw.Table)
 	if claimed != nil {
@@ -358,7 +488,9 @@ func (d *deleter) throttle(ctx context.Context) error {
 	if d.g.Opt.Rate <= 0 {
 		return nil
 	}
+	d.mu.Lock()
 	due := d.start.Add(time.Duration(float64(d.rep.Deleted) / d.g.Opt.Rate * float64(time.Second)))
+	d.mu.Unlock()
 	wait := time.Until(due)
 	if wait <= 0 {
 		return nil

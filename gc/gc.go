@@ -57,6 +57,11 @@ type Options struct {
 	// Order forces the batches' walk order: OrderKey or OrderHeap. Empty
 	// (OrderAuto) chooses per table by sampling where the range's rows sit.
 	Order string
+	// Parallel is how many connections delete on a node at once, each
+	// running its own batch transactions over its share of the walk
+	// (default 2; 1 deletes batch after batch on one connection). Rate caps
+	// them together.
+	Parallel int
 	// Rate caps deletes, in rows per second over the run (0: no cap).
 	Rate float64
 	// DryRun checks and counts everything but deletes and prunes nothing.
@@ -70,7 +75,7 @@ type Options struct {
 	// Connect opens a connection to a node (default dbnode.Connect).
 	Connect func(ctx context.Context, n bucketmap.Node) (*pgx.Conn, error)
 	// Progress is called after every batch (and once per range before it
-	// starts), from the running goroutine.
+	// starts), one call at a time, from whichever goroutine ran the batch.
 	Progress func(Progress)
 	// Metrics, if set, is updated as the run goes.
 	Metrics *Metrics
@@ -87,6 +92,9 @@ func (o *Options) defaults() {
 	}
 	if o.Batch <= 0 {
 		o.Batch = 20000
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = 2
 	}
 	if o.MinOwnerRatio == 0 {
 		o.MinOwnerRatio = 1
@@ -261,6 +269,7 @@ func (g *GC) Run(ctx context.Context) (*Report, error) {
 
 	conns := &connCache{connect: g.Opt.Connect, m: m, conns: map[bucketmap.NodeID]*pgx.Conn{}, errs: map[bucketmap.NodeID]error{}}
 	defer conns.close()
+	conns.dial(ctx, cands)
 	var work []Work
 	for _, r := range cands {
 		w, skip := g.verify(ctx, conns, r)
@@ -290,6 +299,7 @@ func (g *GC) Run(ctx context.Context) (*Report, error) {
 	g.Opt.Metrics.remaining(rep.Rows)
 	rep.Checking = g.Opt.Now().Sub(start)
 	d := &deleter{g: g, rep: rep, start: start, conns: conns}
+	defer d.close()
 	var runErr error
 	for i := range work {
 		if err := d.delete(ctx, &work[i]); err != nil {
@@ -401,26 +411,55 @@ type connCache struct {
 
 func (c *connCache) get(ctx context.Context, id bucketmap.NodeID) (*pgx.Conn, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if conn, ok := c.conns[id]; ok {
+		c.mu.Unlock()
 		return conn, nil
 	}
 	if err, ok := c.errs[id]; ok {
+		c.mu.Unlock()
 		return nil, err
 	}
 	n, ok := c.m.Node(id)
+	c.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("node %s is not in the registry", id)
 	}
+	// Connect without the lock, so that several nodes connect at once.
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	conn, err := c.connect(cctx, n)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if prev, ok := c.conns[id]; ok { // another goroutine won the race
+		if conn != nil {
+			conn.Close(context.Background())
+		}
+		return prev, nil
+	}
 	if err != nil {
 		c.errs[id] = err
 		return nil, err
 	}
 	c.conns[id] = conn
 	return conn, nil
+}
+
+// dial connects to every node of the candidates at once (a connection
+// costs an authentication round trip or three; nodes are checked one
+// range at a time). Failures are remembered and reported by verify.
+func (c *connCache) dial(ctx context.Context, ranges []Range) {
+	var wg sync.WaitGroup
+	seen := map[bucketmap.NodeID]bool{}
+	for _, r := range ranges {
+		for _, id := range []bucketmap.NodeID{r.Node, r.Owner} {
+			if !seen[id] {
+				seen[id] = true
+				wg.Add(1)
+				go func() { defer wg.Done(); _, _ = c.get(ctx, id) }()
+			}
+		}
+	}
+	wg.Wait()
 }
 
 // fenceOf reads a node's fence once per run (nil: not installed).
@@ -561,11 +600,26 @@ func qualified(t topo.TableRecord) string {
 	return pgx.Identifier{t.Schema(), t.Table()}.Sanitize()
 }
 
+// countRange counts a table's rows in lo..hi, in one round trip and
+// without parallel workers: GC is background work, and its counts should
+// not take the node's parallel-worker slots from the application's
+// queries (it also counts on two nodes at once; on machines that share
+// cores, parallel workers on both only fight each other).
 func countRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, lo, hi int64) (int64, error) {
 	var n int64
 	col := pgx.Identifier{t.KeyColumn}.Sanitize()
-	err := c.QueryRow(ctx, `SELECT count(*) FROM `+qualified(t)+` WHERE `+col+` BETWEEN $1 AND $2`, lo, hi).Scan(&n)
-	return n, err
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN READ ONLY`)
+	b.Queue(`SET LOCAL max_parallel_workers_per_gather = 0`)
+	b.Queue(`SELECT count(*) FROM `+qualified(t)+` WHERE `+col+` BETWEEN $1 AND $2`, lo, hi).QueryRow(func(r pgx.Row) error { return r.Scan(&n) })
+	b.Queue(`COMMIT`)
+	if err := c.SendBatch(ctx, b).Close(); err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		c.Exec(rctx, `ROLLBACK`)
+		cancel()
+		return 0, err
+	}
+	return n, nil
 }
 
 // prune drops the history entries whose whole range was deleted clean.

@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -55,6 +56,7 @@ var (
 	zkConnect  = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
 	repo       = flag.String("repo", ".", "repository root")
 	only       = flag.String("only", "gunicorn,supervisor+gunicorn,supervisor+go,direct", "scenarios to run, comma-separated: gunicorn (alone), supervisor+gunicorn, supervisor+go, direct (steady throughput bound directly vs under the supervisor)")
+	pinCPUs    = flag.Bool("pin", runtime.NumCPU() >= 2, "in the direct comparison, pin the servers to the first CPU and wrk to the others (taskset), so that the load generator and the servers do not trade cores from round to round")
 	rounds     = flag.Int("rounds", 15, "paired wrk rounds in the direct comparison (order alternating; the median of the rounds' ratios counts)")
 )
 
@@ -477,7 +479,7 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	var rows []directRow
 	runWrk := func(url string, hdr ...string) (float64, string, float64) {
 		args := append([]string{"-t", "2", "-c", strconv.Itoa(*conc), "-d", "3s", "--latency"}, hdr...)
-		out, err := exec.Command("wrk", append(args, url)...).CombinedOutput()
+		out, err := pin(exec.Command("wrk", append(args, url)...), wrkCPUs()).CombinedOutput()
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "wrk: %v\n%s", err, out)
 			return 0, "?", 0
@@ -512,6 +514,7 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	}
 	startProc := func(cmd *exec.Cmd, url string) (func(), error) {
 		cmd.Stderr = logFile(tmp, "direct.log")
+		*cmd = *pin(cmd, serverCPUs())
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
@@ -600,6 +603,33 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 		compare("go worker, 1 process", d, sv, fmt.Sprintf("http://127.0.0.1:%d/", dport), fmt.Sprintf("http://127.0.0.1:%d/", sport))
 	}
 	return rows
+}
+
+// serverCPUs and wrkCPUs split the machine for the direct comparison
+// (empty: no pinning).
+func serverCPUs() string {
+	if !*pinCPUs {
+		return ""
+	}
+	return "0"
+}
+
+func wrkCPUs() string {
+	if !*pinCPUs {
+		return ""
+	}
+	return fmt.Sprintf("1-%d", runtime.NumCPU()-1)
+}
+
+// pin runs c under taskset on cpus; the program keeps the same pid
+// (taskset execs it), so its process tree is measured as before.
+func pin(c *exec.Cmd, cpus string) *exec.Cmd {
+	if cpus == "" {
+		return c
+	}
+	p := exec.Command("taskset", append([]string{"-c", cpus, c.Path}, c.Args[1:]...)...)
+	p.Env, p.Dir, p.Stdin, p.Stdout, p.Stderr = c.Env, c.Dir, c.Stdin, c.Stdout, c.Stderr
+	return p
 }
 
 // treeCPU is the user+system CPU time of pid and all its descendants.

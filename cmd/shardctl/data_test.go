@@ -102,6 +102,7 @@ func TestIntegrationDataSideCommands(t *testing.T) {
 		{[]string{"table", "remove", "app.nope"}, 1, "not a sharded table"},
 		{[]string{"node", "check", "ghost"}, 1, "unknown db node"},
 		{[]string{"gc", "--batch", "0"}, 2, "--batch"},
+		{[]string{"gc", "--parallel", "0"}, 2, "--parallel"},
 		{[]string{"gc", "--order", "random"}, 2, "--order"},
 	} {
 		r := runData(t, cmd(tc.args...)...)

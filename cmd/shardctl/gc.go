@@ -36,7 +36,8 @@ func gcCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},
 			&cli.IntFlag{Name: "batch", Value: 20000, EnvVars: []string{"SHARDVISOR_GC_BATCH"}, Usage: "about `N` rows per delete transaction"},
 			&cli.StringFlag{Name: "order", Value: "auto", EnvVars: []string{"SHARDVISOR_GC_ORDER"}, Usage: "batch walk `ORDER`: auto (per table, from a sample of where the range's rows sit), key (the key index) or heap (the table's pages)"},
-			&cli.Float64Flag{Name: "rate", EnvVars: []string{"SHARDVISOR_GC_RATE"}, Usage: "at most `ROWS/S` deleted per second (0: no limit)"},
+			&cli.IntFlag{Name: "parallel", Value: 2, EnvVars: []string{"SHARDVISOR_GC_PARALLEL"}, Usage: "`N` connections per node deleting at once, each with its own batch transactions (1: one batch after another)"},
+			&cli.Float64Flag{Name: "rate", EnvVars: []string{"SHARDVISOR_GC_RATE"}, Usage: "at most `ROWS/S` deleted per second, all connections together (0: no limit)"},
 			&cli.DurationFlag{Name: "grace", Value: time.Hour, EnvVars: []string{"SHARDVISOR_GC_GRACE"}, Usage: "only ownership changes older than `DURATION`"},
 			&cli.Float64Flag{Name: "min-owner-ratio", Value: 1, Usage: "the owner must hold at least `R` times the leftover rows of a range, per table (negative: no count check)"},
 			&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_GC_EVERY"}, Usage: "periodic mode: run once per `DURATION` until stopped"},
@@ -52,6 +53,9 @@ func runGC(c *cli.Context) error {
 	}
 	if _, err := gcOrder(c); err != nil {
 		return err
+	}
+	if c.Int("parallel") < 1 {
+		return cliutil.Usagef("gc: --parallel must be at least 1")
 	}
 	if c.Float64("rate") < 0 {
 		return cliutil.Usagef("gc: --rate must not be negative")
@@ -122,7 +126,7 @@ func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.
 	order, _ := gcOrder(c) // checked by runGC
 	bar := newProgressBar(c)
 	g := &gc.GC{Session: st.Session(), Store: st, Tables: rec.Tables, Opt: gc.Options{
-		Grace: c.Duration("grace"), Batch: c.Int("batch"), Order: order, Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
+		Grace: c.Duration("grace"), Batch: c.Int("batch"), Parallel: c.Int("parallel"), Order: order, Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
 		Node: bucketmap.NodeID(c.String("node")), MinOwnerRatio: c.Float64("min-owner-ratio"),
 		Progress: bar.update, Metrics: metrics, Log: log,
 	}}
