@@ -144,7 +144,7 @@ func run() error {
 	if want["gunicorn"] {
 		port := freePort()
 		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-		cmd := exec.Command("gunicorn", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", port),
+		cmd := exec.Command("gunicorn", "--preload", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", port),
 			"--chdir", appDir, "--graceful-timeout", "10", "--log-level", "warning", "wsgi_app:application")
 		cmd.Env = append(os.Environ(), "APP_STARTUP_DELAY="+startupEnv)
 		cmd.Stderr = logFile(tmp, "gunicorn.log")
@@ -586,7 +586,7 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	}
 	{
 		dport, sport := freePort(), freePort()
-		d := exec.Command("gunicorn", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", dport), "--chdir", appDir, "--log-level", "warning", "wsgi_app:application")
+		d := exec.Command("gunicorn", "--preload", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", dport), "--chdir", appDir, "--log-level", "warning", "wsgi_app:application")
 		d.Env = env("APP_STARTUP_DELAY=0")
 		sv := svCmd("direct-gunicorn", topo.PoolConfig{Version: 1, Command: "gunicorn", Workers: *workers, Env: map[string]string{"APP_STARTUP_DELAY": "0"},
 			Args:   []string{"--preload", "--workers", "1", "--chdir", appDir, "--log-level", "warning", "wsgi_app:application"},
