@@ -67,27 +67,37 @@ func (e *Ephemeral) create(ctx context.Context) error {
 	if deleted {
 		return nil
 	}
-	err := e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
-	if errors.Is(err, ErrNoNode) { // parent missing
-		if perr := e.s.CreateAll(ctx, path.Dir(e.path)); perr != nil {
-			return perr
+	var st Stat
+	for try := 0; ; try++ {
+		err := e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
+		if errors.Is(err, ErrNoNode) { // parent missing
+			if perr := e.s.CreateAll(ctx, path.Dir(e.path)); perr != nil {
+				return perr
+			}
+			err = e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
 		}
-		err = e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
-	}
-	if !errors.Is(err, ErrNodeExists) {
-		return err
-	}
-	// It exists: ours (a create whose answer we missed, or a session that
-	// survived a disconnect) or somebody else's.
-	_, st, gerr := e.s.Get(ctx, e.path)
-	if gerr != nil {
-		return gerr
+		if !errors.Is(err, ErrNodeExists) {
+			return err
+		}
+		// It exists: ours (a create whose answer we missed, or a session
+		// that survived a disconnect) or somebody else's.
+		var gerr error
+		_, st, gerr = e.s.Get(ctx, e.path)
+		if errors.Is(gerr, ErrNoNode) && try < 3 {
+			// Gone between the create and the read: its owner's session
+			// just expired (a killed process's lock). Create again.
+			continue
+		}
+		if gerr != nil {
+			return gerr
+		}
+		break
 	}
 	sid := e.s.SessionID()
 	if st.EphemeralOwner != sid {
 		return &OpError{"create ephemeral", e.path, fmt.Errorf("%w (owner 0x%x, this session 0x%x)", ErrOwnedElsewhere, st.EphemeralOwner, sid)}
 	}
-	_, err = e.s.Set(ctx, e.path, data, st.Version)
+	_, err := e.s.Set(ctx, e.path, data, st.Version)
 	return err
 }
 
