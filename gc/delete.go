@@ -452,13 +452,7 @@ func (d *deleter) batch(ctx context.Context, conn *pgx.Conn, hasFence bool, w *W
 		b.Queue(`SELECT (SELECT state FROM shardvisor.ownership WHERE lo <= $2 AND hi >= $1 LIMIT 1)`, args[0], args[1]).QueryRow(func(r pgx.Row) error { return r.Scan(&claimed) })
 	}
 	b.Queue(`COMMIT`)
-	err = conn.SendBatch(ctx, b).Close()
-	if err != nil {
-		// A failed statement aborts the transaction; COMMIT then rolls it
-		// back, and a broken connection takes it with it.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		conn.Exec(rctx, `ROLLBACK`)
-		cancel()
+	if err = sendTx(ctx, conn, b); err != nil {
 		if strings.Contains(err.Error(), "session_replication_role") {
 			err = fmt.Errorf("bypassing the fence needs superuser or SET on session_replication_role: %w", err)
 		}

@@ -613,10 +613,7 @@ func countRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, lo, hi int
 	b.Queue(`SET LOCAL max_parallel_workers_per_gather = 0`)
 	b.Queue(`SELECT count(*) FROM `+qualified(t)+` WHERE `+col+` BETWEEN $1 AND $2`, lo, hi).QueryRow(func(r pgx.Row) error { return r.Scan(&n) })
 	b.Queue(`COMMIT`)
-	if err := c.SendBatch(ctx, b).Close(); err != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		c.Exec(rctx, `ROLLBACK`)
-		cancel()
+	if err := sendTx(ctx, c, b); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -662,3 +659,17 @@ func (g *GC) prune(ctx context.Context, rep *Report, work []Work) {
 }
 
 var errNothingToPrune = errors.New("nothing to prune")
+
+// sendTx sends b, a BEGIN ... COMMIT batch, in one round trip. After a
+// failure it rolls back, bounded by 5 s even when ctx is done: a failed
+// statement leaves the transaction open on the connection otherwise (a
+// broken connection takes it with it).
+func sendTx(ctx context.Context, c *pgx.Conn, b *pgx.Batch) error {
+	err := c.SendBatch(ctx, b).Close()
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		c.Exec(rctx, `ROLLBACK`)
+		cancel()
+	}
+	return err
+}

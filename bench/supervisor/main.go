@@ -514,7 +514,7 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	}
 	startProc := func(cmd *exec.Cmd, url string) (func(), error) {
 		cmd.Stderr = logFile(tmp, "direct.log")
-		*cmd = *pin(cmd, serverCPUs())
+		pin(cmd, serverCPUs())
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
@@ -621,15 +621,21 @@ func wrkCPUs() string {
 	return fmt.Sprintf("1-%d", runtime.NumCPU()-1)
 }
 
-// pin runs c under taskset on cpus; the program keeps the same pid
-// (taskset execs it), so its process tree is measured as before.
+// pin makes c (not started yet) run under taskset on cpus, and returns
+// it; the program keeps the same pid (taskset execs it), so its process
+// tree is measured as before.
 func pin(c *exec.Cmd, cpus string) *exec.Cmd {
 	if cpus == "" {
 		return c
 	}
-	p := exec.Command("taskset", append([]string{"-c", cpus, c.Path}, c.Args[1:]...)...)
-	p.Env, p.Dir, p.Stdin, p.Stdout, p.Stderr = c.Env, c.Dir, c.Stdin, c.Stdout, c.Stderr
-	return p
+	taskset, err := exec.LookPath("taskset")
+	if err != nil {
+		c.Err = err
+		return c
+	}
+	c.Args = append([]string{"taskset", "-c", cpus, c.Path}, c.Args[1:]...)
+	c.Path = taskset
+	return c
 }
 
 // treeCPU is the user+system CPU time of pid and all its descendants.
