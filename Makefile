@@ -24,7 +24,7 @@ test: lint install-deps
 RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-inner:
 	$(GO) test $(TESTFLAGS) $(PKGS)
-	$(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./internal/zksession/ ./router/ ./supervisor/
+	$(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./router/ ./supervisor/
 
 ## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)
 install-deps:

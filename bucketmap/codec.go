@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 // Decode parses and validates a map record. The error names the znode and

@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 // MaxLevel is the deepest level a map may have. 2^17 buckets encode to

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 // Mismatch is one way a node differs from the data-side contract. Kind is

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 // Schema is the PostgreSQL schema that holds the fence on every db node.

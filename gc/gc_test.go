@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/dbnode"
-	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // GC deletes exactly the leftovers: across random sequences of moves and

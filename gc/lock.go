@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardvisor/shardvisor/internal/topo"
-	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // ErrLocked means another process holds the GC lock.

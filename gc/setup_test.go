@@ -13,9 +13,9 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/testenv"
-	"github.com/shardvisor/shardvisor/internal/topo"
-	"github.com/shardvisor/shardvisor/internal/zksession"
 	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 var events = topo.TableRecord{Name: "app.events", KeyColumn: "bkey"}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 // A move under concurrent writes loses nothing and leaves nothing behind.

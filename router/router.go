@@ -20,10 +20,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/dbnode"
-	"github.com/shardvisor/shardvisor/internal/topo"
-	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // ErrNotReady means no map has been loaded yet.

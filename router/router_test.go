@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 const testSeed = "5eed0000000000000000000000000001"

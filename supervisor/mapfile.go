@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 // MapDocument validates the bucket map bytes read from ZooKeeper (strictly,

@@ -18,7 +18,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/gc"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/internal/topo"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 func gcCommand() *cli.Command {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/internal/topo"
 	"github.com/shardvisor/shardvisor/migrate"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 func moveFlags() []cli.Flag {

@@ -33,12 +33,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
-	"github.com/shardvisor/shardvisor/internal/dbnode"
-	"github.com/shardvisor/shardvisor/internal/topo"
-	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/worker"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // Schema is the notes table: the bucket key leads the primary key, as the

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // Session opens a ZooKeeper session for a test, waits until it is

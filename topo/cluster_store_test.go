@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
-	"github.com/shardvisor/shardvisor/internal/zksession"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // Concurrent table edits by compare-and-swap lose nothing, and the seed is
