@@ -1,0 +1,356 @@
+// Package archtest checks the architecture rules of docs/architecture.md
+// against the code, so that they cannot drift silently:
+//
+//   - packages import only packages of a lower layer (no cycles by
+//     accident, no library importing a command, no peer importing a peer);
+//   - only topo and zksession call the ZooKeeper session's data methods, so
+//     that every path and record format has one owner;
+//   - no exported signature of a public package names an internal type, so
+//     that an application in its own module can call all of it;
+//   - examples use the public API only.
+//
+// It type-checks the module's non-test files against the compiler's export
+// data (`go list -export`), so it needs no server and no extra dependency.
+package archtest
+
+import (
+	"encoding/json"
+	"fmt"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/shardvisor/shardvisor"
+
+// layer of each library package: a package may import only packages of a
+// strictly lower layer. Commands, examples, benchmarks and e2e sit above
+// all of them (layerTop) and may import any library package.
+var layer = map[string]int{
+	"keystream":           0,
+	"workerproto":         0,
+	"internal/backoff":    0,
+	"internal/failpoint":  0,
+	"internal/faultproxy": 0,
+	"internal/testenv":    0,
+	"internal/archtest":   0,
+	"zksession":           1,
+	"topo":                2,
+	"internal/zktest":     2,
+	"bucketmap":           3,
+	"dbnode":              4,
+	"fence":               5,
+	// The four components are peers: none imports another.
+	"router":     6,
+	"supervisor": 6,
+	"migrate":    6,
+	"gc":         6,
+	"worker":     6,
+	// Flag and output plumbing shared by the commands only.
+	"internal/cliutil": 7,
+}
+
+const layerTop = 100
+
+// The session's data methods: only the record owner (topo) and the session
+// layer itself call them.
+var sessionDataMethods = []string{"Get", "Set", "Create", "CreateAll", "Delete", "DeleteAll", "Children",
+	"Multi", "Exists", "Sync", "Watch", "WatchChildren", "CreateEphemeral"}
+
+var sessionOwners = []string{"topo", "zksession", "internal/zktest"}
+
+type pkg struct {
+	ImportPath string
+	Name       string
+	Dir        string
+	Export     string
+	GoFiles    []string
+	Imports    []string
+	Standard   bool
+	Module     *struct{ Path string }
+}
+
+func (p *pkg) rel() string { return strings.TrimPrefix(strings.TrimPrefix(p.ImportPath, module), "/") }
+
+func (p *pkg) layer() (int, bool) {
+	r := p.rel()
+	for _, top := range []string{"cmd/", "examples/", "bench/", "e2e"} {
+		if strings.HasPrefix(r, top) {
+			return layerTop, true
+		}
+	}
+	l, ok := layer[r]
+	return l, ok
+}
+
+func (p *pkg) public() bool {
+	r := p.rel()
+	return p.Name != "main" && !strings.HasPrefix(r, "internal/") && !strings.HasPrefix(r, "cmd/") &&
+		!strings.HasPrefix(r, "bench/") && !strings.HasPrefix(r, "examples/") && r != "e2e"
+}
+
+// load lists the module's packages and the export data of everything they
+// depend on, once per test binary.
+func load(t *testing.T) (mine []*pkg, exports map[string]string) {
+	t.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "list", "-deps", "-export", "-json=ImportPath,Name,Dir,Export,GoFiles,Imports,Standard,Module", "./...")
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	exports = map[string]string{}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("go list output: %v", err)
+		}
+		exports[p.ImportPath] = p.Export
+		if p.Module != nil && p.Module.Path == module {
+			mine = append(mine, &p)
+		}
+	}
+	if len(mine) < 10 {
+		t.Fatalf("go list found only %d packages of %s: run from inside the module", len(mine), module)
+	}
+	return mine, exports
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// check type-checks a package's non-test files against export data.
+func check(t *testing.T, p *pkg, exports map[string]string) (*token.FileSet, []*ast.File, *types.Package, *types.Info) {
+	t.Helper()
+	fset := token.NewFileSet()
+	var files []*ast.File
+	for _, f := range p.GoFiles {
+		af, err := parser.ParseFile(fset, filepath.Join(p.Dir, f), nil, 0)
+		if err != nil {
+			t.Fatalf("%s: %v", p.ImportPath, err)
+		}
+		files = append(files, af)
+	}
+	imp := importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
+		e := exports[path]
+		if e == "" {
+			return nil, fmt.Errorf("no export data for %s", path)
+		}
+		return os.Open(e)
+	})
+	info := &types.Info{Selections: map[*ast.SelectorExpr]*types.Selection{}}
+	conf := types.Config{Importer: imp}
+	tp, err := conf.Check(p.ImportPath, fset, files, info)
+	if err != nil {
+		t.Fatalf("type-checking %s: %v", p.ImportPath, err)
+	}
+	return fset, files, tp, info
+}
+
+func TestImportLayers(t *testing.T) {
+	mine, _ := load(t)
+	var bad []string
+	for _, p := range mine {
+		from, ok := p.layer()
+		if !ok {
+			bad = append(bad, fmt.Sprintf("%s has no layer: add it to archtest's table and to docs/architecture.md", p.rel()))
+			continue
+		}
+		for _, imp := range p.Imports {
+			if !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			q := &pkg{ImportPath: imp}
+			to, ok := q.layer()
+			if !ok {
+				continue // reported as a package of its own
+			}
+			switch {
+			case to == layerTop:
+				bad = append(bad, fmt.Sprintf("%s imports %s: nothing imports a command, example, benchmark or e2e", p.rel(), q.rel()))
+			case from != layerTop && to >= from:
+				bad = append(bad, fmt.Sprintf("%s (layer %d) imports %s (layer %d): a package imports only lower layers", p.rel(), from, q.rel(), to))
+			case strings.HasPrefix(p.rel(), "examples/") && strings.HasPrefix(q.rel(), "internal/"):
+				bad = append(bad, fmt.Sprintf("%s imports %s: examples use the public API only", p.rel(), q.rel()))
+			case from != layerTop && (q.rel() == "internal/testenv" || q.rel() == "internal/faultproxy"):
+				bad = append(bad, fmt.Sprintf("%s imports %s, which is for tests", p.rel(), q.rel()))
+			}
+		}
+	}
+	report(t, bad)
+}
+
+func TestOnlyTopoAndSessionLayerCallSessionData(t *testing.T) {
+	mine, exports := load(t)
+	session := module + "/zksession"
+	var bad []string
+	for _, p := range mine {
+		if slices.Contains(sessionOwners, p.rel()) || len(p.GoFiles) == 0 {
+			continue
+		}
+		fset, files, _, info := check(t, p, exports)
+		for _, f := range files {
+			ast.Inspect(f, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				s := info.Selections[sel]
+				if s == nil || s.Kind() != types.MethodVal || !slices.Contains(sessionDataMethods, sel.Sel.Name) {
+					return true
+				}
+				recv := s.Recv()
+				if ptr, ok := recv.(*types.Pointer); ok {
+					recv = ptr.Elem()
+				}
+				if named, ok := recv.(*types.Named); ok && named.Obj().Pkg() != nil &&
+					named.Obj().Pkg().Path() == session && named.Obj().Name() == "Session" {
+					bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo",
+						rel(fset.Position(sel.Pos())), sel.Sel.Name))
+				}
+				return true
+			})
+		}
+	}
+	report(t, bad)
+}
+
+func TestPublicSignaturesNameNoInternalType(t *testing.T) {
+	mine, exports := load(t)
+	var bad []string
+	for _, p := range mine {
+		if !p.public() || len(p.GoFiles) == 0 {
+			continue
+		}
+		_, _, tp, _ := check(t, p, exports)
+		scope := tp.Scope()
+		for _, name := range scope.Names() {
+			obj := scope.Lookup(name)
+			if !obj.Exported() {
+				continue
+			}
+			w := &walker{seen: map[types.Type]bool{}}
+			w.walk(obj.Type(), true)
+			if tn, ok := obj.(*types.TypeName); ok {
+				if named, ok := tn.Type().(*types.Named); ok {
+					w.walk(named.Underlying(), true)
+					for i := 0; i < named.NumMethods(); i++ {
+						if m := named.Method(i); m.Exported() {
+							w.walk(m.Type(), true)
+						}
+					}
+				}
+			}
+			for _, in := range w.internal {
+				bad = append(bad, fmt.Sprintf("%s.%s names %s", p.rel(), name, in))
+			}
+		}
+	}
+	report(t, bad)
+}
+
+// walker collects internal named types reachable from an exported API.
+type walker struct {
+	seen     map[types.Type]bool
+	internal []string
+}
+
+func (w *walker) walk(t types.Type, top bool) {
+	if t == nil || w.seen[t] {
+		return
+	}
+	w.seen[t] = true
+	switch t := t.(type) {
+	case *types.Named:
+		if pk := t.Obj().Pkg(); pk != nil && strings.Contains(pk.Path(), "/internal/") {
+			w.internal = append(w.internal, pk.Path()+"."+t.Obj().Name())
+		}
+		for i := 0; i < t.TypeArgs().Len(); i++ {
+			w.walk(t.TypeArgs().At(i), false)
+		}
+		// A named type of another package is checked where it is defined.
+		if top {
+			w.walk(t.Underlying(), false)
+		}
+	case *types.Pointer:
+		w.walk(t.Elem(), top)
+	case *types.Slice:
+		w.walk(t.Elem(), top)
+	case *types.Array:
+		w.walk(t.Elem(), top)
+	case *types.Map:
+		w.walk(t.Key(), top)
+		w.walk(t.Elem(), top)
+	case *types.Chan:
+		w.walk(t.Elem(), top)
+	case *types.Signature:
+		for i := 0; i < t.Params().Len(); i++ {
+			w.walk(t.Params().At(i).Type(), false)
+		}
+		for i := 0; i < t.Results().Len(); i++ {
+			w.walk(t.Results().At(i).Type(), false)
+		}
+	case *types.Struct:
+		for i := 0; i < t.NumFields(); i++ {
+			if f := t.Field(i); f.Exported() {
+				w.walk(f.Type(), false)
+			}
+		}
+	case *types.Interface:
+		for i := 0; i < t.NumMethods(); i++ {
+			if m := t.Method(i); m.Exported() {
+				w.walk(m.Type(), false)
+			}
+		}
+	}
+}
+
+func rel(pos token.Position) string {
+	if root, err := moduleRoot(); err == nil {
+		if r, err := filepath.Rel(root, pos.Filename); err == nil {
+			pos.Filename = r
+		}
+	}
+	return pos.String()
+}
+
+func report(t *testing.T, bad []string) {
+	t.Helper()
+	sort.Strings(bad)
+	bad = slices.Compact(bad)
+	for _, b := range bad {
+		t.Error(b)
+	}
+}
