@@ -13,6 +13,7 @@ all: build
 
 build:
 	$(GO) build -o bin/ ./cmd/... ./examples/notes ./examples/notes/loadgen ./examples/hello
+	cd examples/embed && $(GO) build -o ../../bin/ ./...
 
 ## test: all unit and integration tests against real local servers
 test: lint install-deps
@@ -25,6 +26,7 @@ RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-inner:
 	$(GO) test $(TESTFLAGS) $(PKGS)
 	$(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./router/ ./supervisor/
+	cd examples/embed && $(GO) test -count=1 ./...
 
 ## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)
 install-deps:
@@ -55,6 +57,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	cd examples/embed && $(GO) vet ./...
 
 ## demo: the main job on the embedded local default (KEEP=1 leaves it up)
 demo: build

@@ -98,6 +98,8 @@ type Router struct {
 	zkMode  bool // source is ZooKeeper: answers carry its state
 	session *zksession.Session
 	paths   topo.Paths
+	// ownSession: Dial opened the session, so Close closes it.
+	ownSession bool
 
 	snap    atomic.Pointer[snapshot]
 	zkState atomic.Int32
@@ -538,7 +540,7 @@ func (r *Router) stalePools(m *bucketmap.Map) []*pgxpool.Pool {
 }
 
 // Close stops following the map, removes the member record and closes the
-// pools.
+// pools, and the session if Dial opened it.
 func (r *Router) Close() {
 	r.cancel()
 	<-r.done
@@ -553,4 +555,7 @@ func (r *Router) Close() {
 		delete(r.pools, id)
 	}
 	r.mu.Unlock()
+	if r.ownSession {
+		r.session.Close()
+	}
 }
