@@ -211,7 +211,7 @@ func newSnapshot(m *bucketmap.Map, ks *keystream.Keystream, cluster, seed string
 	for _, b := range m.NonActive() {
 		s.flagged[b] = true
 	}
-	file, err := topo.Encode(topo.MapFileRecord{Version: topo.MapFileVersion, Cluster: cluster, Seed: seed, Map: raw})
+	file, err := topo.EncodeMapFile(cluster, seed, raw)
 	if err != nil {
 		return nil, err
 	}

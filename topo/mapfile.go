@@ -17,6 +17,16 @@ type MapFileRecord struct {
 	Map     json.RawMessage `json:"map"`
 }
 
+// EncodeMapFile renders the map file document of a cluster (its name and
+// hex seed) and its bucket map record as read from ZooKeeper. It is the one
+// encoder of the format, for the supervisor's files and the router's
+// GET /v1/map alike. Compact, so that the embedded map keeps the bytes it
+// has in ZooKeeper (bucketmap writes it compact) and a large map does not
+// grow by its indentation.
+func EncodeMapFile(cluster, seed string, rawMap []byte) ([]byte, error) {
+	return EncodeCompact(MapFileRecord{Version: MapFileVersion, Cluster: cluster, Seed: seed, Map: rawMap})
+}
+
 // DecodeMapFile decodes the JSON strictly; the embedded map is checked by
 // bucketmap.Decode.
 func DecodeMapFile(path string, data []byte) (*MapFileRecord, error) {

@@ -8,29 +8,29 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/shardvisor/shardvisor/workerproto"
 )
 
 // Listener returns the first socket passed by the supervisor (fd 3), or,
 // when run by hand, a new listener on fallback.
 func Listener(fallback string) (net.Listener, error) {
-	if os.Getenv("LISTEN_PID") == strconv.Itoa(os.Getpid()) {
-		if n, _ := strconv.Atoi(os.Getenv("LISTEN_FDS")); n > 0 {
-			name := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")[0]
-			f := os.NewFile(3, name)
-			defer f.Close() // FileListener dups it
-			return net.FileListener(f)
+	if n, names := workerproto.ListenFDs(); n > 0 {
+		name := ""
+		if len(names) > 0 {
+			name = names[0]
 		}
+		f := os.NewFile(workerproto.FirstListenFD, name)
+		defer f.Close() // FileListener dups it
+		return net.FileListener(f)
 	}
 	if fallback == "" {
 		return nil, errors.New("no LISTEN_FDS from a supervisor and no address to listen on")
@@ -38,35 +38,28 @@ func Listener(fallback string) (net.Listener, error) {
 	return net.Listen("tcp", fallback)
 }
 
-// Notify sends sd_notify(3) state to NOTIFY_SOCKET, if set.
+// Notify sends sd_notify(3) state to NOTIFY_SOCKET, if set
+// (workerproto.Notify without its "sent" flag).
 func Notify(state string) error {
-	addr := os.Getenv("NOTIFY_SOCKET")
-	if addr == "" {
-		return nil
-	}
-	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: addr, Net: "unixgram"})
-	if err != nil {
-		return fmt.Errorf("sd_notify: %w", err)
-	}
-	defer c.Close()
-	_, err = c.Write([]byte(state))
+	_, err := workerproto.Notify(state)
 	return err
 }
 
 // watchdog sends WATCHDOG=1 at half the interval the supervisor asked for.
+// The supervisor always sets WATCHDOG_PID, so it is required here.
 func watchdog(ctx context.Context) {
-	usec, _ := strconv.ParseInt(os.Getenv("WATCHDOG_USEC"), 10, 64)
-	if usec <= 0 || os.Getenv("WATCHDOG_PID") != strconv.Itoa(os.Getpid()) {
+	d := workerproto.WatchdogInterval(true)
+	if d <= 0 {
 		return
 	}
-	t := time.NewTicker(time.Duration(usec) * time.Microsecond / 2)
+	t := time.NewTicker(d / 2)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_ = Notify("WATCHDOG=1")
+			_ = Notify(workerproto.Watchdog)
 		}
 	}
 }
@@ -119,13 +112,13 @@ func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	go watchdog(ctx)
-	_ = Notify("READY=1")
+	_ = Notify(workerproto.Ready)
 	select {
 	case err := <-served:
 		return err
 	case <-ctx.Done():
 	}
-	_ = Notify("STOPPING=1")
+	_ = Notify(workerproto.Stopping)
 	draining.Store(true)
 	ln.Close()
 	<-served // every accepted connection is registered now
