@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/backoff"
 )
 
 // DefaultRetryFor bounds how long Do keeps retrying a write that the move
@@ -40,7 +41,9 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	backoff := 2 * time.Millisecond
+	// Jittered, so that the writers a pause held back do not all come back
+	// in the same millisecond.
+	b := backoff.New(2*time.Millisecond, 100*time.Millisecond)
 	for attempt := 1; ; attempt++ {
 		rt, err := r.Route(uid)
 		if err != nil {
@@ -56,7 +59,8 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 		if err == nil || !(fence.IsRejected(err) || pgconn.SafeToRetry(err)) {
 			return err
 		}
-		if time.Now().Add(backoff).After(deadline) {
+		delay := b.Next()
+		if time.Now().Add(delay).After(deadline) {
 			if rt.State == bucketmap.BucketMoving {
 				err = fmt.Errorf("bucket %d is still moving to %s: %w", rt.Bucket, rt.Target, err)
 			}
@@ -66,8 +70,7 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 		// route changes the moment the map flips and Route is in memory:
 		// watch it closely and write again as soon as it changes, without
 		// sending the node a write per poll.
-		wait := time.NewTimer(backoff)
-		backoff = min(2*backoff, 100*time.Millisecond)
+		wait := time.NewTimer(delay)
 		var poll <-chan time.Time
 		var ticker *time.Ticker
 		if rt.State == bucketmap.BucketMoving {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -110,7 +111,7 @@ type Router struct {
 	recent   []*snapshot // newest last
 	pools    map[bucketmap.NodeID]*poolEntry
 	watchers []func(version uint64)
-	member   *zksession.Ephemeral
+	member   *topo.RouterRegistration
 	started  time.Time
 
 	cancel context.CancelFunc
@@ -223,20 +224,16 @@ func newSnapshot(m *bucketmap.Map, ks *keystream.Keystream, cluster, seed string
 // follow reads the cluster's seed once, then applies every new map version.
 func (r *Router) follow(ctx context.Context) {
 	var rec *topo.ClusterRecord
-	backoff := 100 * time.Millisecond
-	for {
+	for b := backoff.New(100*time.Millisecond, 5*time.Second); ; {
 		var err error
 		rec, err = topo.ReadCluster(ctx, r.session, r.paths)
 		if err == nil {
 			break
 		}
 		r.fail("reading the cluster record", err)
-		select {
-		case <-ctx.Done():
+		if b.Wait(ctx) != nil {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 	seed, err := keystream.ParseSeed(rec.Seed)
 	if err != nil {
@@ -248,7 +245,7 @@ func (r *Router) follow(ctx context.Context) {
 		r.fail("cluster seed", err)
 		return
 	}
-	w := r.session.Watch(ctx, r.paths.Map())
+	w := topo.WatchMap(ctx, r.session, r.paths)
 	defer w.Stop()
 	// A member record that could not be written (session suspended) is
 	// retried here, so that a move waiting on routers is not stuck.
@@ -334,21 +331,16 @@ func (r *Router) register(ctx context.Context, version uint64) {
 	host, _ := os.Hostname()
 	rec := topo.RouterMember{Version: topo.RouterMemberVersion, ID: r.opts.MemberID, Host: host, PID: os.Getpid(), Addr: r.opts.MemberAddr,
 		MapVersion: version, StartedAt: r.started.UTC().Format(time.RFC3339), AppliedAt: time.Now().UTC().Format(time.RFC3339Nano)}
-	data, err := topo.Encode(rec)
-	if err != nil {
-		r.fail("member record", err)
-		return
-	}
 	if r.member == nil {
-		e, err := r.session.CreateEphemeral(ctx, r.paths.Router(r.opts.MemberID), data, nil)
+		reg, err := topo.RegisterRouter(ctx, r.session, r.paths, rec)
 		if err != nil {
 			r.fail("registering the router member record", err)
 			return
 		}
-		r.member = e
+		r.member = reg
 		return
 	}
-	if err := r.member.Set(ctx, data); err != nil {
+	if err := r.member.Update(ctx, rec); err != nil {
 		// The new data is kept and re-sent when the session comes back.
 		r.fail("updating the router member record", err)
 	}
@@ -546,7 +538,7 @@ func (r *Router) Close() {
 	<-r.done
 	if r.member != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = r.member.Delete(ctx)
+		_ = r.member.Remove(ctx)
 		cancel()
 	}
 	r.mu.Lock()
