@@ -381,6 +381,15 @@ func (r *Router) Map() *bucketmap.Map {
 	return nil
 }
 
+// Keystream returns the cluster's keystream (nil before the first map),
+// for an app that stores the bucket key (keystream.Key) with its rows.
+func (r *Router) Keystream() *keystream.Keystream {
+	if s := r.snap.Load(); s != nil {
+		return s.ks
+	}
+	return nil
+}
+
 // Stats returns the router's counters.
 func (r *Router) Stats() *Stats { return &r.stats }
 

@@ -36,9 +36,8 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
-	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/worker"
-	"github.com/shardvisor/shardvisor/zksession"
+	"github.com/shardvisor/shardvisor/workerproto"
 )
 
 // Schema is the notes table: the bucket key leads the primary key, as the
@@ -111,44 +110,19 @@ func openRouter(log *zap.Logger) (*router.Router, *keystream.Keystream, func(), 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var r *router.Router
-	closeFn := func() {}
+	var err error
 	if zkc := os.Getenv("SHARDVISOR_ZK"); zkc != "" {
-		s, err := zksession.Open(zksession.Config{Connect: zkc, Logger: log})
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		p, err := topo.NewPaths(os.Getenv("SHARDVISOR_ZK_ROOT"), envOr("SHARDVISOR_CLUSTER", "default"))
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		r = router.New(s, p, router.Options{Logger: log, TunePool: tunePool})
-		closeFn = func() { r.Close(); s.Close() }
-	} else if f := os.Getenv("SHARDVISOR_MAP_FILE"); f != "" {
-		var err error
-		if r, err = router.NewFromFile(f, router.Options{Logger: log, TunePool: tunePool}); err != nil {
-			return nil, nil, nil, err
-		}
-		closeFn = r.Close
+		r, err = router.Dial(ctx, router.Config{Connect: zkc, Root: os.Getenv("SHARDVISOR_ZK_ROOT"),
+			Cluster: envOr("SHARDVISOR_CLUSTER", "default"), Logger: log, TunePool: tunePool})
+	} else if os.Getenv(workerproto.EnvMapFile) != "" {
+		r, err = router.FromWorkerEnv(router.Options{Logger: log, TunePool: tunePool})
 	} else {
 		return nil, nil, nil, errors.New("set SHARDVISOR_ZK (live map) or run under the supervisor (SHARDVISOR_MAP_FILE)")
 	}
-	if err := r.WaitReady(ctx); err != nil {
-		return nil, nil, nil, err
-	}
-	data, _, err := r.MapFile()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	rec, err := topo.DecodeMapFile("", data)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	seed, err := keystream.ParseSeed(rec.Seed)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	ks, err := keystream.New(seed)
-	return r, ks, closeFn, err
+	return r, r.Keystream(), r.Close, nil
 }
 
 // tunePool keeps each worker's pools small (a generation swap opens them all
@@ -296,14 +270,7 @@ func (a *app) update(w http.ResponseWriter, r *http.Request) {
 		}
 		return err
 	})
-	switch {
-	case errors.Is(err, errNotFound):
-		a.fail(w, r, http.StatusNotFound, err)
-	case err != nil:
-		a.fail(w, r, http.StatusServiceUnavailable, err)
-	default:
-		writeJSON(w, http.StatusOK, n)
-	}
+	a.reply(w, r, err, func() { writeJSON(w, http.StatusOK, n) })
 }
 
 func (a *app) delete(w http.ResponseWriter, r *http.Request) {
@@ -319,12 +286,18 @@ func (a *app) delete(w http.ResponseWriter, r *http.Request) {
 		}
 		return err
 	})
+	a.reply(w, r, err, func() { w.WriteHeader(http.StatusNoContent) })
+}
+
+// reply answers a write on one note: 404 when it does not exist, 503 when
+// the write failed (Do gave up), else ok.
+func (a *app) reply(w http.ResponseWriter, r *http.Request, err error, ok func()) {
 	switch {
 	case errors.Is(err, errNotFound):
 		a.fail(w, r, http.StatusNotFound, err)
 	case err != nil:
 		a.fail(w, r, http.StatusServiceUnavailable, err)
 	default:
-		w.WriteHeader(http.StatusNoContent)
+		ok()
 	}
 }
