@@ -38,7 +38,7 @@ func writeMapFile(t testing.TB, dir string, m *bucketmap.Map) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := topo.Encode(topo.MapFileRecord{Version: 1, Cluster: "c1", Seed: testSeed, Map: raw})
+	data, err := topo.EncodeMapFile("c1", testSeed, raw)
 	if err != nil {
 		t.Fatal(err)
 	}
