@@ -5,6 +5,11 @@
 // Lookups never touch the network and never block on ZooKeeper: the router
 // keeps an immutable snapshot of the map and swaps in a new one atomically,
 // so a reader sees the old map or the new one, never a mix.
+//
+// An application opens one with Dial (its own ZooKeeper session, from a
+// plain Config), New (a session the process already has), or NewFromFile /
+// FromWorkerEnv (a map file, with no ZooKeeper). examples/embed is an app in
+// its own module that does so.
 package router
 
 import (
