@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -64,35 +65,12 @@ func runZKPing(c *cli.Context) error {
 	rep := pingReport{Connect: cliutil.String(c, cliutil.FlagZK), SessionID: fmt.Sprintf("0x%x", s.SessionID()),
 		SessionTimeout: s.SessionTimeout().String(), ConnectTime: time.Since(start).Round(time.Microsecond).String()}
 	host, _ := os.Hostname()
-	probe := paths.Probe(fmt.Sprintf("%s-%d", host, os.Getpid()))
-	payload := []byte(fmt.Sprintf(`{"version":1,"at":%q}`, time.Now().UTC().Format(time.RFC3339Nano)))
-	ctx := c.Context
-	step := func(name string, f func(context.Context) error) error {
-		t := time.Now()
-		if err := f(ctx); err != nil {
-			return fmt.Errorf("zk ping: %s: %w", name, err)
-		}
-		rep.Steps = append(rep.Steps, pingStepReport{Step: name, Path: probe, Duration: time.Since(t).Round(time.Microsecond).String()})
-		return nil
+	steps, err := topo.Probe(c.Context, s, paths, fmt.Sprintf("%s-%d", host, os.Getpid()))
+	for _, st := range steps {
+		rep.Steps = append(rep.Steps, pingStepReport{Step: st.Step, Path: st.Path, Duration: st.Duration.Round(time.Microsecond).String()})
 	}
-	var eph *zksession.Ephemeral
-	if err := step("create", func(ctx context.Context) error {
-		eph, err = s.CreateEphemeral(ctx, probe, payload, nil)
-		return err
-	}); err != nil {
-		return err
-	}
-	if err := step("read", func(ctx context.Context) error {
-		got, _, err := s.Get(ctx, probe)
-		if err == nil && string(got) != string(payload) {
-			err = fmt.Errorf("read back %q, wrote %q", got, payload)
-		}
-		return err
-	}); err != nil {
-		return err
-	}
-	if err := step("delete", func(ctx context.Context) error { return eph.Delete(ctx) }); err != nil {
-		return err
+	if err != nil {
+		return fmt.Errorf("zk ping: %w", err)
 	}
 	return cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
 		fmt.Fprintf(w, "connected to %s in %s: session %s, timeout %s\n", rep.Connect, rep.ConnectTime, rep.SessionID, rep.SessionTimeout)

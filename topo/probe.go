@@ -1,0 +1,53 @@
+package topo
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// ProbeStep is one timed step of Probe.
+type ProbeStep struct {
+	Step     string // create, read, delete
+	Path     string
+	Duration time.Duration
+}
+
+// Probe checks that ZooKeeper takes writes, as `shardctl zk ping` reports:
+// it creates an ephemeral scratch node at Paths.Probe(id), reads it back and
+// deletes it, timing each step. An error names the step that failed; the
+// steps before it are returned too. The node is ephemeral, so a probe
+// killed half-way leaves nothing once its session ends.
+func Probe(ctx context.Context, s *zksession.Session, p Paths, id string) ([]ProbeStep, error) {
+	at := p.Probe(id)
+	payload := []byte(fmt.Sprintf(`{"version":1,"at":%q}`, time.Now().UTC().Format(time.RFC3339Nano)))
+	var steps []ProbeStep
+	step := func(name string, f func() error) error {
+		t := time.Now()
+		if err := f(); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		steps = append(steps, ProbeStep{Step: name, Path: at, Duration: time.Since(t)})
+		return nil
+	}
+	var eph *zksession.Ephemeral
+	if err := step("create", func() (err error) {
+		eph, err = s.CreateEphemeral(ctx, at, payload, nil)
+		return err
+	}); err != nil {
+		return steps, err
+	}
+	if err := step("read", func() error {
+		got, _, err := s.Get(ctx, at)
+		if err == nil && string(got) != string(payload) {
+			err = fmt.Errorf("read back %q, wrote %q", got, payload)
+		}
+		return err
+	}); err != nil {
+		_ = eph.Delete(ctx)
+		return steps, err
+	}
+	return steps, step("delete", func() error { return eph.Delete(ctx) })
+}

@@ -1,0 +1,46 @@
+package topo
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/zktest"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// A probe creates, reads back and deletes its scratch node, and leaves
+// nothing behind; without the right to write it fails naming the step.
+func TestIntegrationProbe(t *testing.T) {
+	z := testenv.StartZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	p := MustPaths(z.Root, "c1")
+	steps, err := Probe(ctx, s, p, "probe-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, st := range steps {
+		names = append(names, st.Step)
+		if st.Path != p.Probe("probe-1") || st.Duration <= 0 {
+			t.Errorf("step %+v: want path %s and a duration", st, p.Probe("probe-1"))
+		}
+	}
+	if len(names) != 3 || names[0] != "create" || names[1] != "read" || names[2] != "delete" {
+		t.Fatalf("steps %v, want create, read, delete", names)
+	}
+	if ok, _, err := s.Exists(ctx, p.Probe("probe-1")); err != nil || ok {
+		t.Fatalf("scratch node left behind: exists=%v err=%v", ok, err)
+	}
+
+	// A closed session fails at the first step, and says which.
+	s2 := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	s2.Close()
+	steps, err = Probe(ctx, s2, p, "probe-2")
+	if err == nil || len(steps) != 0 || err.Error()[:len("create: ")] != "create: " {
+		t.Fatalf("probe on a closed session: steps %v, err %v; want a create error", steps, err)
+	}
+}
