@@ -69,6 +69,15 @@ var sessionDataMethods = []string{"Get", "Set", "Create", "CreateAll", "Delete",
 
 var sessionOwners = []string{"topo", "zksession", "internal/zktest"}
 
+// pendingSessionCallers still call the session directly; issue 12 moves
+// them onto topo. The list only shrinks: a file not on it fails the test,
+// and so does a listed file that no longer needs to be here.
+var pendingSessionCallers = map[string]bool{
+	"bench/moves/main.go": true, "bench/supervisor/main.go": true, "bucketmap/store.go": true,
+	"cmd/shardctl/pool.go": true, "gc/lock.go": true, "gc/moves.go": true, "migrate/mover.go": true,
+	"migrate/rebalance.go": true, "supervisor/publish.go": true, "supervisor/sources.go": true,
+}
+
 type pkg struct {
 	ImportPath string
 	Name       string
@@ -216,6 +225,7 @@ func TestOnlyTopoAndSessionLayerCallSessionData(t *testing.T) {
 	mine, exports := load(t)
 	session := module + "/zksession"
 	var bad []string
+	seen := map[string]bool{}
 	for _, p := range mine {
 		if slices.Contains(sessionOwners, p.rel()) || len(p.GoFiles) == 0 {
 			continue
@@ -237,11 +247,21 @@ func TestOnlyTopoAndSessionLayerCallSessionData(t *testing.T) {
 				}
 				if named, ok := recv.(*types.Named); ok && named.Obj().Pkg() != nil &&
 					named.Obj().Pkg().Path() == session && named.Obj().Name() == "Session" {
-					bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo",
-						rel(fset.Position(sel.Pos())), sel.Sel.Name))
+					pos := rel(fset.Position(sel.Pos()))
+					file := pos[:strings.Index(pos, ":")]
+					seen[file] = true
+					if !pendingSessionCallers[file] {
+						bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo",
+							pos, sel.Sel.Name))
+					}
 				}
 				return true
 			})
+		}
+	}
+	for f := range pendingSessionCallers {
+		if !seen[f] {
+			bad = append(bad, fmt.Sprintf("%s no longer calls the session: remove it from pendingSessionCallers", f))
 		}
 	}
 	report(t, bad)
