@@ -10,6 +10,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/backoff"
 )
 
 // Ephemeral is an ephemeral node this process keeps alive across sessions:
@@ -44,7 +46,7 @@ func (s *Session) CreateEphemeral(ctx context.Context, p string, data []byte, ac
 	s.mu.Lock()
 	if _, dup := s.ephemerals[p]; dup {
 		s.mu.Unlock()
-		return nil, &OpError{"create ephemeral", p, errors.New("already registered by this process")}
+		return nil, &OpError{"create ephemeral", p, ErrAlreadyHeld}
 	}
 	s.ephemerals[p] = e
 	s.mu.Unlock()
@@ -105,7 +107,7 @@ func (e *Ephemeral) create(ctx context.Context) error {
 // stays connected (an old owner's session may take up to its timeout to be
 // expired by the server).
 func (e *Ephemeral) ensure() {
-	backoff := 100 * time.Millisecond
+	b := backoff.New(100*time.Millisecond, 2*time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), e.s.cfg.OpTimeout)
 		err := e.create(ctx)
@@ -120,10 +122,7 @@ func (e *Ephemeral) ensure() {
 		select {
 		case <-e.s.closed:
 			return
-		case <-time.After(backoff):
-		}
-		if backoff < 2*time.Second {
-			backoff *= 2
+		case <-time.After(b.Next()):
 		}
 	}
 }
@@ -141,8 +140,8 @@ func (e *Ephemeral) Set(ctx context.Context, data []byte) error {
 	return err
 }
 
-// Delete removes the node and stops maintaining it.
-func (e *Ephemeral) Delete(ctx context.Context) error {
+// forget stops maintaining the node without deleting it.
+func (e *Ephemeral) forget() {
 	e.mu.Lock()
 	e.deleted = true
 	e.mu.Unlock()
@@ -151,6 +150,11 @@ func (e *Ephemeral) Delete(ctx context.Context) error {
 		delete(e.s.ephemerals, e.path)
 	}
 	e.s.mu.Unlock()
+}
+
+// Delete removes the node and stops maintaining it.
+func (e *Ephemeral) Delete(ctx context.Context) error {
+	e.forget()
 	err := e.s.Delete(ctx, e.path, AnyVersion)
 	if errors.Is(err, ErrNoNode) {
 		return nil

@@ -8,6 +8,8 @@ import (
 
 	"github.com/go-zookeeper/zk"
 	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/backoff"
 )
 
 // Node is one observed version of a znode.
@@ -70,7 +72,7 @@ func (s *Session) watch(ctx context.Context, p string, children bool) *Watch {
 			s.mu.Unlock()
 		}()
 		var last *Node
-		backoff := 50 * time.Millisecond
+		b := backoff.New(50*time.Millisecond, time.Second)
 		for {
 			if s.State() != StateConnected {
 				// Reading now would only queue in the library; the
@@ -91,15 +93,14 @@ func (s *Session) watch(ctx context.Context, p string, children bool) *Watch {
 				}
 				s.log.Debug("watch read failed; retrying", zap.String("path", p), zap.Error(err))
 				select {
-				case <-time.After(backoff):
+				case <-time.After(b.Next()):
 				case <-resync:
 				case <-ctx.Done():
 					return
 				}
-				backoff = min(backoff*2, time.Second)
 				continue
 			}
-			backoff = 50 * time.Millisecond
+			b.Reset()
 			if last == nil || changed(*last, f.node, children) {
 				n := f.node
 				last = &n

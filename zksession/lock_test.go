@@ -1,0 +1,211 @@
+package zksession
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/faultproxy"
+)
+
+func closedWithin(t *testing.T, c <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-c:
+	case <-time.After(d):
+		t.Fatalf("%s: not closed within %s", what, d)
+	}
+}
+
+func stillOpen(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+		t.Fatalf("%s: closed", what)
+	default:
+	}
+}
+
+// A second acquirer is refused with the holder named; the holder's session
+// closing closes Done and cancels Context; then the other gets the lock.
+func TestIntegrationLockRefusedThenLostOnClose(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	a := openT(t, Config{Connect: connect})
+	b := openT(t, Config{Connect: connect})
+
+	la, err := a.TryLock(ctx, "/locks/x/holder", []byte("host-a pid 1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.TryLock(ctx, "/locks/x/holder", []byte("again")); !errors.Is(err, ErrAlreadyHeld) {
+		t.Fatalf("same process twice: %v, want ErrAlreadyHeld", err)
+	}
+	_, err = b.TryLock(ctx, "/locks/x/holder", []byte("host-b"))
+	var le *LockedError
+	if !errors.Is(err, ErrLocked) || !errors.As(err, &le) || string(le.Holder) != "host-a pid 1" ||
+		!strings.Contains(err.Error(), "host-a pid 1") {
+		t.Fatalf("second acquirer: %v (holder %+v), want ErrLocked naming host-a", err, le)
+	}
+	workCtx, cancel := la.Context(ctx)
+	defer cancel()
+	stillOpen(t, la.Done(), "Done while held")
+
+	a.Close()
+	closedWithin(t, la.Done(), 10*time.Second, "Done after the holder's session closed")
+	closedWithin(t, workCtx.Done(), 5*time.Second, "Context after loss")
+	if !errors.Is(context.Cause(workCtx), ErrLockLost) {
+		t.Fatalf("context cause %v, want ErrLockLost", context.Cause(workCtx))
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatalf("releasing a lost lock: %v", err)
+	}
+	lb, err := b.TryLock(ctx, "/locks/x/holder", []byte("host-b"))
+	if err != nil {
+		t.Fatalf("after the holder closed: %v", err)
+	}
+	defer lb.Release(ctx)
+}
+
+// Release lets the next one in, and a waiter blocked in Lock gets it.
+func TestIntegrationLockReleaseAndWait(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	a := openT(t, Config{Connect: connect})
+	b := openT(t, Config{Connect: connect})
+
+	la, err := a.TryLock(ctx, "/l", []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lock, 1)
+	waited := make(chan []byte, 1)
+	go func() {
+		l, err := b.Lock(ctx, "/l", []byte("b"), func(le *LockedError) {
+			select {
+			case waited <- le.Holder:
+			default:
+			}
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	select {
+	case h := <-waited:
+		if string(h) != "a" {
+			t.Fatalf("waiter told holder %q, want a", h)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter never reported the holder")
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closedWithin(t, la.Done(), time.Second, "Done after Release")
+	var lb *Lock
+	select {
+	case lb = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter did not get the lock after release")
+	}
+	if lb == nil {
+		t.Fatal("waiter failed")
+	}
+	stillOpen(t, lb.Done(), "new holder's Done")
+	if err := lb.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A waiter gives up with its context.
+	if _, err := a.TryLock(ctx, "/l", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := b.Lock(short, "/l", nil, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting past the deadline: %v", err)
+	}
+}
+
+// The node vanishing (deleted by an operator) loses the lock, and Release
+// then does not delete anybody else's node.
+func TestIntegrationLockLostWhenNodeVanishes(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	a := openT(t, Config{Connect: connect})
+	b := openT(t, Config{Connect: connect})
+	la, err := a.TryLock(ctx, "/l", []byte("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, "/l", AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	closedWithin(t, la.Done(), 10*time.Second, "Done after the node was deleted")
+	lb, err := b.TryLock(ctx, "/l", []byte("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := la.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, st, err := b.Get(ctx, "/l")
+	if err != nil || st.EphemeralOwner != b.SessionID() {
+		t.Fatalf("the old holder's Release touched the new holder's node: owner %x, %v", st.EphemeralOwner, err)
+	}
+	stillOpen(t, lb.Done(), "new holder")
+	_ = lb.Release(ctx)
+}
+
+// The holder's session expiring behind a partition closes Done (at the
+// session's Lost, before the server expires it), and the node is not
+// re-created for the holder when its new session comes.
+func TestIntegrationLockLostOnExpiry(t *testing.T) {
+	skipUnderRace(t)
+	z, _ := chrooted(t)
+	ctx := ctxT(t)
+	proxy, err := faultproxy.New(z.Servers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	observer := openT(t, Config{Connect: z.ConnectString + z.Root})
+	s := openT(t, Config{Connect: proxy.Addr() + z.Root, SessionTimeout: 4 * time.Second, OpTimeout: 2 * time.Second})
+	l, err := s.TryLock(ctx, "/l", []byte("me"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := collect(s)
+	proxy.SetMode(faultproxy.Blackhole)
+	closedWithin(t, l.Done(), 20*time.Second, "Done behind a partition")
+	lost := c.waitFor(t, time.Second, func(ch StateChange) bool { return ch.To == StateLost }, "to lost")
+	_ = lost
+	// The server expires the session; another process takes the lock.
+	var lo *Lock
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		lo, err = observer.TryLock(ctx, "/l", []byte("observer"))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrLocked) || time.Now().After(deadline) {
+			t.Fatalf("observer after expiry: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	defer lo.Release(ctx)
+	proxy.SetMode(faultproxy.Pass)
+	c.waitFor(t, 30*time.Second, func(ch StateChange) bool { return ch.To == StateConnected && ch.NewSession }, "new session")
+	time.Sleep(time.Second) // give a (wrong) re-creation time to happen
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, st, err := observer.Get(ctx, "/l")
+	if err != nil || st.EphemeralOwner != observer.SessionID() {
+		t.Fatalf("lock node after the old holder came back: owner %x, %v", st.EphemeralOwner, err)
+	}
+	stillOpen(t, lo.Done(), "the new holder's lock")
+}
