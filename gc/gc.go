@@ -244,9 +244,10 @@ func hkey(h bucketmap.Handoff) string {
 }
 
 // Run finds the leftovers, checks them, and (unless DryRun) deletes them
-// and prunes the history entries that are clean. The caller holds the GC
-// lock (Acquire). An error means the run could not proceed at all; skipped
-// ranges are in the report.
+// and prunes the history entries that are clean. It takes the cluster's GC
+// lock for the run (ErrLocked when another GC holds it) and stops, with the
+// context's error, if the lock is lost: the next run resumes. An error
+// means the run could not proceed at all; skipped ranges are in the report.
 func (g *GC) Run(ctx context.Context) (*Report, error) {
 	g.Opt.defaults()
 	switch g.Opt.Order {
@@ -254,6 +255,23 @@ func (g *GC) Run(ctx context.Context) (*Report, error) {
 	default:
 		return nil, fmt.Errorf("gc: unknown batch order %q (want %q, %q or empty for automatic)", g.Opt.Order, OrderKey, OrderHeap)
 	}
+	lock, err := Acquire(ctx, g.Session, g.Store.Paths())
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Release(context.WithoutCancel(ctx))
+	ctx, cancel := lock.l.Context(ctx)
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(context.Cause(ctx), zksession.ErrLockLost) {
+			g.Opt.Log.Error("gc: ZooKeeper session lost; stopping (the next run resumes)")
+		}
+	})
+	defer stop()
+	return g.run(ctx)
+}
+
+func (g *GC) run(ctx context.Context) (*Report, error) {
 	start := g.Opt.Now()
 	m, _, err := g.Store.Load(ctx)
 	if err != nil {

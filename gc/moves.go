@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
 
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -33,16 +32,13 @@ var finished = map[string]bool{"done": true, "aborted": true, "finished": true, 
 // counts as a move of every key, so GC deletes nothing while it is there:
 // uncertainty never deletes. A missing moves/ directory means no moves.
 func ReadMoves(ctx context.Context, s *zksession.Session, p topo.Paths) ([]MoveRange, error) {
-	kids, _, err := s.Children(ctx, p.Moves())
-	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, nil
-	}
+	ids, err := topo.ListMoves(ctx, s, p)
 	if err != nil {
 		return nil, err
 	}
 	var out []MoveRange
-	for _, id := range kids {
-		data, _, err := s.Get(ctx, path.Join(p.Moves(), id))
+	for _, id := range ids {
+		data, _, err := topo.ReadMoveData(ctx, s, p, id)
 		if errors.Is(err, zksession.ErrNoNode) {
 			continue // finished meanwhile
 		}

@@ -58,11 +58,7 @@ func runChild(cfgJSON string) error {
 	if err != nil {
 		return err
 	}
-	l, err := Acquire(ctx, s, p)
-	if err != nil {
-		return err
-	}
-	defer l.Release(ctx)
+	// Run takes the GC lock itself.
 	g := &GC{Session: s, Store: bucketmap.NewStore(s, p), Tables: rec.Tables, Opt: Options{Grace: -1, Batch: cfg.Batch, Rate: cfg.Rate}}
 	_, err = g.Run(ctx)
 	return err
@@ -110,7 +106,10 @@ func TestIntegrationGCResumesAfterKill(t *testing.T) {
 		l, err = Acquire(ctx, c.s, c.st.Paths())
 		return err == nil
 	}, "the killed GC's lock to expire")
-	defer l.Release(ctx)
+	// Run takes the lock itself: hand it over.
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 	rep := c.run(Options{Grace: -1, Batch: 1000})
 	if rep.Deleted != mid || left() != 0 || rep.Pruned != 1 || len(c.load().History()) != 0 {
 		t.Fatalf("resumed run deleted %d of %d, %d left, pruned %d", rep.Deleted, mid, left(), rep.Pruned)

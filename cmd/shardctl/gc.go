@@ -108,21 +108,6 @@ func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.
 			}
 		}
 	}
-	lock, err := gc.Acquire(ctx, st.Session(), st.Paths())
-	if err != nil {
-		return err
-	}
-	defer lock.Release(context.WithoutCancel(ctx))
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-lock.Lost():
-			log.Error("gc: ZooKeeper session lost; stopping (the next run resumes)")
-			cancel()
-		case <-runCtx.Done():
-		}
-	}()
 	order, _ := gcOrder(c) // checked by runGC
 	bar := newProgressBar(c)
 	g := &gc.GC{Session: st.Session(), Store: st, Tables: rec.Tables, Opt: gc.Options{
@@ -133,7 +118,7 @@ func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.
 	if c.Duration("grace") == 0 {
 		g.Opt.Grace = -1 // an explicit 0 means none, not the default
 	}
-	rep, err := g.Run(runCtx)
+	rep, err := g.Run(ctx) // takes the GC lock, and stops if it is lost
 	bar.done()
 	if rep != nil {
 		if perr := cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) { writeGCReport(w, rep) }); perr != nil {
