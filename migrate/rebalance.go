@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -60,28 +61,12 @@ func (rb *Rebalancer) say(format string, args ...any) {
 
 // State reads the rebalancer's record (nil: never paused).
 func (rb *Rebalancer) State(ctx context.Context) (*topo.RebalanceRecord, error) {
-	data, _, err := rb.mv.s.Get(ctx, rb.mv.p.Rebalance())
-	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return topo.DecodeRebalance(rb.mv.p.Rebalance(), data)
+	return topo.ReadRebalance(ctx, rb.mv.s, rb.mv.p)
 }
 
 // Resume clears a pause.
 func (rb *Rebalancer) Resume(ctx context.Context) error {
-	rec := topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: false, At: time.Now().UTC()}
-	data, err := topo.Encode(rec)
-	if err != nil {
-		return err
-	}
-	if _, err := rb.mv.s.Set(ctx, rb.mv.p.Rebalance(), data, zksession.AnyVersion); errors.Is(err, zksession.ErrNoNode) {
-		return rb.mv.s.Create(ctx, rb.mv.p.Rebalance(), data)
-	} else {
-		return err
-	}
+	return topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: false, At: time.Now().UTC()})
 }
 
 // Pause stops the rebalancer until Resume.
@@ -216,7 +201,7 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			if rec != nil && rec.State == topo.MoveAborted && !errors.Is(errs[i], ErrVerifyMismatch) {
 				failures[rec.Bucket]++
 				if failures[rec.Bucket] < rb.Attempts {
-					wait := rb.Backoff << (failures[rec.Bucket] - 1)
+					wait := backoff.Delay(rb.Backoff, rb.Backoff<<rb.Attempts, failures[rec.Bucket]-1)
 					rb.say("move of bucket %d aborted (%v); retrying in %s (attempt %d of %d)", rec.Bucket, errs[i], wait, failures[rec.Bucket]+1, rb.Attempts)
 					select {
 					case <-ctx.Done():
@@ -232,50 +217,47 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 }
 
 // RunForever is the automatic mode: it waits to be the cluster's one
-// elected rebalancer (an ephemeral lock), then runs whenever the map
-// changes, and after a stop (pause, node down, failed move) waits for the
-// next change of the map or of the rebalance record before trying again.
+// elected rebalancer (the lock at topo.Paths.RebalanceLock), then runs
+// whenever the map changes, and after a stop (pause, node down, failed
+// move) waits for the next change of the map or of the rebalance record
+// before trying again. If the lock is lost (the session was lost, so
+// another rebalancer may be elected) the run in progress is cancelled and
+// RunForever returns an error wrapping zksession.ErrLockLost.
 func (rb *Rebalancer) RunForever(ctx context.Context) error {
 	s, p := rb.mv.s, rb.mv.p
-	lockPath := p.Lock("rebalance")
-	for {
-		if err := s.CreateAll(ctx, p.Locks()); err != nil {
-			return err
+	lock, err := s.Lock(ctx, p.RebalanceLock(), []byte(rb.mv.runner), func(le *zksession.LockedError) {
+		rb.say("another rebalancer (%s) is running; waiting for it to go away", le.Holder)
+	})
+	if err != nil {
+		return err
+	}
+	defer lock.Release(context.WithoutCancel(ctx))
+	ctx, cancel := lock.Context(ctx)
+	defer cancel()
+	stopped := func() error {
+		if cause := context.Cause(ctx); errors.Is(cause, zksession.ErrLockLost) {
+			return fmt.Errorf("rebalancer stopped: %w", cause)
 		}
-		_, err := s.CreateEphemeral(ctx, lockPath, []byte(rb.mv.runner), nil)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, zksession.ErrOwnedElsewhere) && !errors.Is(err, zksession.ErrNodeExists) {
-			return err
-		}
-		owner, _, _ := s.Get(ctx, lockPath)
-		rb.say("another rebalancer (%s) is running; waiting for it to go away", owner)
-		w := s.Watch(ctx, lockPath)
-		for n := range w.C {
-			if !n.Exists {
-				break
-			}
-		}
-		w.Stop()
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
+		return ctx.Err()
 	}
 	rb.say("elected as the cluster's rebalancer")
-	mapW := s.Watch(ctx, p.Map())
+	mapW := topo.WatchMap(ctx, s, p)
 	defer mapW.Stop()
-	recW := s.Watch(ctx, p.Rebalance())
+	recW := topo.WatchRebalance(ctx, s, p)
 	defer recW.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return stopped()
 		case <-mapW.C:
 		case <-recW.C:
 		}
 		// Debounce bursts of changes (our own moves change the map too).
-		time.Sleep(500 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return stopped()
+		case <-time.After(500 * time.Millisecond):
+		}
 		rep, err := rb.Run(ctx)
 		if err != nil {
 			rb.log.Warn("rebalancer stopped; waiting for the next change", zap.Error(err))

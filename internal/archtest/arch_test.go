@@ -74,8 +74,8 @@ var sessionOwners = []string{"topo", "zksession", "internal/zktest"}
 // and so does a listed file that no longer needs to be here.
 var pendingSessionCallers = map[string]bool{
 	"bench/moves/main.go": true, "bench/supervisor/main.go": true, "bucketmap/store.go": true,
-	"cmd/shardctl/pool.go": true, "gc/lock.go": true, "gc/moves.go": true, "migrate/mover.go": true,
-	"migrate/rebalance.go": true, "supervisor/publish.go": true, "supervisor/sources.go": true,
+	"cmd/shardctl/pool.go": true, "migrate/mover.go": true,
+	"supervisor/publish.go": true, "supervisor/sources.go": true,
 }
 
 type pkg struct {
