@@ -27,6 +27,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/workerproto"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -106,11 +107,11 @@ func testWorker() int {
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM)
-	_, _ = SdNotify("READY=1")
+	_, _ = workerproto.Notify("READY=1")
 	if usec, _ := strconv.Atoi(os.Getenv("WATCHDOG_USEC")); usec > 0 && mode != "hang" {
 		go func() {
 			for range time.Tick(time.Duration(usec) * time.Microsecond / 3) {
-				_, _ = SdNotify("WATCHDOG=1")
+				_, _ = workerproto.Notify("WATCHDOG=1")
 			}
 		}()
 	}

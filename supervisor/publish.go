@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"os"
 	"path"
 	"sync"
 	"time"
@@ -159,76 +160,26 @@ func (p *publisher) deleteMember() {
 	_ = p.eph.Delete(ctx)
 }
 
-// publishStatus records a swap result (ZooKeeper mode) for `shardctl pool
-// status`.
-func (s *Supervisor) publishStatus(result string, g *generation, msg string, secs float64, now time.Time) {
-	st := topo.PoolStatus{Version: topo.PoolStatusVersion, Member: s.opts.Member, Result: result, Error: msg, SwapSeconds: secs, At: now.UTC()}
-	if g != nil {
-		st.Generation, st.ConfigVersion, st.MapVersion = g.id, g.spec.cfgVersion, g.spec.mapVersion()
-	} else if s.good != nil {
-		st.Generation, st.ConfigVersion, st.MapVersion = s.good.id, s.good.spec.cfgVersion, s.good.spec.mapVersion()
-	}
+// publishStatus records a swap result for /status and (ZooKeeper mode)
+// for `shardctl pool status`.
+func (s *Supervisor) publishStatus(st topo.PoolStatus) {
+	st.Member = s.opts.Member
 	s.snapMu.Lock()
 	s.lastStatus = st
 	s.snapMu.Unlock()
 	if s.pub == nil {
 		return
 	}
-	b, err := topo.Encode(st)
-	if err == nil {
+	if b, err := topo.Encode(st); err == nil {
 		s.pub.setStatus(b)
 	}
 }
 
-// publishSnapshot refreshes the member record, health and worker gauges.
+// publishSnapshot refreshes the member record and health from the
+// machine's view.
 func (s *Supervisor) publishSnapshot(now time.Time) {
-	m := topo.PoolMember{Version: topo.PoolMemberVersion, Member: s.opts.Member, Host: s.host, PID: pid(),
-		Target: s.target(), LastError: s.lastError, Admin: s.AdminAddr(), StartedAt: s.startedAt.UTC()}
-	if s.good != nil {
-		m.Generation, m.ConfigVersion, m.MapVersion = s.good.id, s.good.spec.cfgVersion, s.good.spec.mapVersion()
-	}
-	counts := map[wstate]int{}
-	ready := 0
-	for _, w := range s.workers {
-		counts[w.state]++
-		if w.state == wReady {
-			ready++
-		}
-		m.Workers = append(m.Workers, topo.WorkerInfo{ID: w.id, PID: w.pid, Generation: w.gen.id, State: w.state.String(), StartedAt: w.started.UTC()})
-	}
-	accepting := len(s.sockets) > 0 || (s.good != nil && len(s.good.spec.cfg.Listen) == 0)
-	accepting = accepting && (s.mode == modeRunning)
-	m.Accepting = accepting
-	switch {
-	case s.mode == modeStopping:
-		m.State = "stopping"
-	case s.mode == modeLost || s.mode == modeHolddown:
-		m.State = "lost"
-	case s.good == nil:
-		m.State = "starting"
-	case ready < m.Target:
-		m.State = "degraded"
-	default:
-		m.State = "serving"
-	}
-	for _, st := range []wstate{wStarting, wReady, wStopping} {
-		s.m.workers.WithLabelValues(st.String()).Set(float64(counts[st]))
-	}
-	s.m.target.Set(float64(m.Target))
-	if accepting {
-		s.m.accepting.Set(1)
-	} else {
-		s.m.accepting.Set(0)
-	}
-	h := healthState{accepting: accepting, ready: accepting && s.good != nil && ready >= m.Target}
-	switch {
-	case s.mode != modeRunning:
-		h.reason = "not serving: " + s.mode.String()
-	case !accepting:
-		h.reason = "listen sockets not open yet"
-	case !h.ready:
-		h.reason = "fewer ready workers than the target"
-	}
+	m, h, acts := s.mc.snapshot()
+	m.Member, m.Host, m.PID, m.Admin, m.StartedAt = s.opts.Member, s.host, os.Getpid(), s.AdminAddr(), s.startedAt.UTC()
 	s.snapMu.Lock()
 	old := s.snap
 	s.snap = m
@@ -242,9 +193,7 @@ func (s *Supervisor) publishSnapshot(now time.Time) {
 			s.pub.setMember(b)
 		}
 	}
-	if s.good != nil && !s.notifiedUp && h.ready {
-		s.sdNotify("READY=1")
-	}
+	s.apply(acts, now)
 }
 
 func sameWorkers(a, b []topo.WorkerInfo) bool {

@@ -3,21 +3,19 @@ package supervisor
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
 	"sync"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
-
-func uintptrOf(ts *syscall.Timespec) uintptr { return uintptr(unsafe.Pointer(ts)) }
 
 // configEvent decodes config bytes into an event for the loop; validation
 // happens here, before anything can start a swap.
@@ -74,7 +72,11 @@ func (s *Supervisor) startZKSources(ctx context.Context, wg *sync.WaitGroup) {
 		for {
 			select {
 			case n := <-w.C:
-				s.post(evMap{exists: n.Exists, data: n.Data})
+				ev, ok := s.mapEvent(ctx, n.Exists, n.Data)
+				if !ok {
+					return
+				}
+				s.post(ev)
 			case <-ctx.Done():
 				return
 			}
@@ -111,9 +113,82 @@ func (s *Supervisor) readZK(timeout time.Duration) evResync {
 	case err != nil:
 		r.err = err
 	default:
-		r.mp = evMap{exists: true, data: data}
+		cl, err := s.clusterRecord(ctx)
+		if err != nil {
+			r.err = err
+			return r
+		}
+		r.mp = mapEvent(cl, mapPath, data)
 	}
 	return r
+}
+
+// mapEvent validates the map record and builds the map file document,
+// here rather than on the loop, which never waits for ZooKeeper.
+func mapEvent(cl *topo.ClusterRecord, znode string, data []byte) evMap {
+	v, doc, err := MapDocument(cl, znode, data)
+	return evMap{exists: true, version: v, data: data, doc: doc, err: err}
+}
+
+// mapEvent turns a map watch notification into an event. The map file
+// needs the cluster's seed, so the cluster record is read first, retried
+// with backoff while it fails (a transient error must not reject a good
+// map); ok is false only when ctx ends first.
+func (s *Supervisor) mapEvent(ctx context.Context, exists bool, data []byte) (evMap, bool) {
+	if !exists {
+		return evMap{}, true
+	}
+	b := backoff.New(100*time.Millisecond, 5*time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		cl, err := s.clusterRecord(cctx)
+		cancel()
+		if err == nil {
+			return mapEvent(cl, s.opts.Paths.Map(), data), true
+		}
+		s.log.Warn("reading the cluster record for the map file's seed failed; retrying", zap.Error(err))
+		if b.Wait(ctx) != nil {
+			return evMap{}, false
+		}
+	}
+}
+
+// clusterRecord reads the cluster record once; the seed never changes.
+func (s *Supervisor) clusterRecord(ctx context.Context) (*topo.ClusterRecord, error) {
+	s.clusterMu.Lock()
+	defer s.clusterMu.Unlock()
+	if s.cluster != nil {
+		return s.cluster, nil
+	}
+	cl, err := topo.ReadCluster(ctx, s.opts.Session, s.opts.Paths)
+	if err != nil {
+		return nil, err
+	}
+	s.cluster = cl
+	return cl, nil
+}
+
+// reload re-reads the config (and map) and posts them with a forced swap
+// (HUP), off the loop.
+func (s *Supervisor) reload() {
+	if s.opts.Session == nil {
+		go func() {
+			ev := s.readFile()
+			ev.force = true
+			s.post(ev)
+		}()
+		return
+	}
+	go func() {
+		r := s.readZK(10 * time.Second)
+		if r.err != nil {
+			s.log.Error("reload: reading ZooKeeper failed; nothing changes", zap.Error(r.err))
+			return
+		}
+		s.post(r.mp)
+		r.cfg.force = true
+		s.post(r.cfg)
+	}()
 }
 
 // readFile reads the local config file. Its version is a counter of
@@ -176,4 +251,11 @@ func (s *Supervisor) pollFile(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// hashBytes names a config's contents, so that a change of content is a
+// change even where the version number is not.
+func hashBytes(b []byte) string {
+	h := sha256.Sum256(b)
+	return fmt.Sprintf("%x", h[:8])
 }

@@ -10,25 +10,29 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/workerproto"
 )
 
 func TestParseNotify(t *testing.T) {
-	m := parseNotify([]byte("READY=1\nSTATUS=booted ok\nWATCHDOG=1"))
-	if !m.ready || !m.watchdog || m.status != "booted ok" || m.stopping {
+	m := workerproto.ParseMessage([]byte("READY=1\nSTATUS=booted ok\nWATCHDOG=1"))
+	if !m.Ready || !m.Watchdog || m.Status != "booted ok" || m.Stopping {
 		t.Fatalf("%+v", m)
 	}
-	if m := parseNotify([]byte("READY=0")); m.ready {
+	if m := workerproto.ParseMessage([]byte("READY=0")); m.Ready {
 		t.Fatal("READY=0 counted as ready")
 	}
 }
 
 func TestBackoffBounds(t *testing.T) {
+	mc := newMachine(machineConfig{jitter: 0.2}, zap.NewNop(), newMetrics(nil))
+	b := topo.Backoff{Initial: topo.Duration(100 * time.Millisecond), Max: topo.Duration(2 * time.Second)}
 	for n := 1; n < 20; n++ {
-		d := backoff(100*time.Millisecond, 2*time.Second, n)
+		d := mc.backoff(b, n)
 		want := 100 * time.Millisecond << (n - 1)
 		if want > 2*time.Second || want <= 0 {
 			want = 2 * time.Second

@@ -1,0 +1,83 @@
+package supervisor
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// An action is one thing the machine decided and the executor does to the
+// world: processes, sockets, files, ZooKeeper, the service manager. The
+// machine never does any of it itself, so its decisions can be tested as
+// values (reconcile_test.go); String is the form those tests compare.
+type action interface{ String() string }
+
+type (
+	// actPrepare binds the generation's listen sockets (reusing those
+	// already bound) and writes its map file. On failure the executor
+	// reports back (machine.prepareFailed) before the next action.
+	actPrepare struct{ g *generation }
+	// actStart forks and execs a worker of w.gen. On failure the executor
+	// reports back (machine.startFailed); a start the machine has dropped
+	// meanwhile is skipped (machine.skip).
+	actStart struct{ w *worker }
+	// actTerm sends SIGTERM to the worker: drain and exit.
+	actTerm struct{ w *worker }
+	// actQuit sends SIGQUIT (the watchdog's stack dump request).
+	actQuit struct{ w *worker }
+	// actKill sends SIGKILL to the worker and its process group.
+	actKill struct{ w *worker }
+	// actCloseSockets closes every bound socket whose address is not in
+	// keep (nil: all of them).
+	actCloseSockets struct{ keep map[string]bool }
+	// actCleanMapFiles removes the map files of versions not in keep.
+	actCleanMapFiles struct{ keep map[uint64]bool }
+	// actPublish records a swap result (/status, and the pool status
+	// record in ZooKeeper mode).
+	actPublish struct{ st topo.PoolStatus }
+	// actNotify tells the supervisor's own service manager (sd_notify).
+	actNotify struct{ state string }
+	// actReload re-reads config and map off the loop and posts them with
+	// force set (HUP).
+	actReload struct{}
+	// actResync re-reads config and map off the loop after a session
+	// loss and posts an evResync.
+	actResync struct{}
+)
+
+func (a actPrepare) String() string { return fmt.Sprintf("prepare g%d", a.g.id) }
+func (a actStart) String() string   { return fmt.Sprintf("start w%d g%d", a.w.id, a.w.gen.id) }
+func (a actTerm) String() string    { return fmt.Sprintf("term w%d %s", a.w.id, a.w.stopReason) }
+func (a actQuit) String() string    { return fmt.Sprintf("quit w%d", a.w.id) }
+func (a actKill) String() string    { return fmt.Sprintf("kill w%d %s", a.w.id, a.w.stopReason) }
+func (a actCloseSockets) String() string {
+	if a.keep == nil {
+		return "close-sockets all"
+	}
+	return "close-sockets keep " + strings.Join(sortedKeys(a.keep), ",")
+}
+func (a actCleanMapFiles) String() string {
+	vs := make([]string, 0, len(a.keep))
+	for v := range a.keep {
+		vs = append(vs, fmt.Sprint(v))
+	}
+	sort.Strings(vs)
+	return "clean-maps keep " + strings.Join(vs, ",")
+}
+func (a actPublish) String() string {
+	return fmt.Sprintf("publish %s g%d", a.st.Result, a.st.Generation)
+}
+func (a actNotify) String() string { return "notify " + strings.ReplaceAll(a.state, "\n", " ") }
+func (actReload) String() string   { return "reload" }
+func (actResync) String() string   { return "resync" }
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

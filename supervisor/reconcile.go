@@ -1,0 +1,419 @@
+package supervisor
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// reconcile looks at the state at time now and returns the actions that
+// move the pool towards it: deadlines of workers (kill, readiness,
+// watchdog, max lifetime), a new generation when the desired spec
+// changed, starts within the surge, and retiring old workers only while
+// enough are ready. It is called after every event and timer.
+func (m *machine) reconcile(now time.Time) []action {
+	m.reconcileWorkers(now)
+	switch m.mode {
+	case modeStopping:
+		if len(m.workers) == 0 {
+			m.stopDone = true
+		}
+		return m.take()
+	case modeLost:
+		return m.take()
+	case modeHolddown:
+		if !now.Before(m.holdUntil) && !m.resyncing {
+			m.resyncing = true
+			m.do(actResync{})
+		}
+		return m.take()
+	}
+	m.maybeNewGeneration(now)
+	m.reconcilePool(now)
+	return m.take()
+}
+
+// reconcileWorkers applies the deadlines of workers in any mode: kills,
+// readiness, watchdog, max lifetime.
+func (m *machine) reconcileWorkers(now time.Time) {
+	for _, w := range append([]*worker(nil), m.workers...) {
+		switch w.state {
+		case wStopping:
+			if !w.killed && !now.Before(w.killAt) {
+				m.killWorker(w, "graceful_timeout")
+			}
+		case wStarting:
+			cfg := w.gen.spec.cfg
+			if cfg.Readiness.Mode == topo.ReadinessTimer && !now.Before(w.started.Add(cfg.Readiness.Delay.D())) {
+				m.markReady(w, now, "timer")
+			} else if !w.notified.IsZero() && !now.Before(w.notified.Add(cfg.Readiness.Delay.D())) {
+				m.markReady(w, now, "READY=1 + readiness.delay")
+			} else if !now.Before(w.started.Add(cfg.Readiness.Timeout.D())) {
+				m.onReadinessTimeout(w, now)
+			}
+		case wReady:
+			if wd := w.gen.spec.cfg.Watchdog.D(); wd > 0 && now.Sub(w.lastPing) > wd {
+				m.log.Error("worker watchdog expired; sending SIGQUIT for a stack dump, SIGKILL follows", zap.Int64("worker", w.id),
+					zap.Int("pid", w.pid), zap.Duration("silent_for", now.Sub(w.lastPing).Round(time.Millisecond)))
+				w.state = wStopping
+				w.stopReason = "watchdog"
+				w.crashLike = true
+				w.killAt = now.Add(WatchdogKillDelay)
+				m.m.kills.WithLabelValues("watchdog").Inc()
+				m.do(actQuit{w})
+			} else if !w.retireAt.IsZero() && !w.retiring && !now.Before(w.retireAt) {
+				w.retiring = true
+				m.log.Info("worker reached max_lifetime; replacing it", zap.Int64("worker", w.id), zap.Int("pid", w.pid))
+			}
+		}
+	}
+}
+
+// reconcilePool runs the generation that should serve (the newest, or the
+// good one while the newest failed) at its target.
+func (m *machine) reconcilePool(now time.Time) {
+	d := m.latest
+	if d != nil && d.failed {
+		d = m.good
+	}
+	// Workers that are not of d and not ready serve nobody: stop them.
+	for _, w := range m.workers {
+		if w.state == wStarting && w.gen != d {
+			reason := "superseded"
+			if w.gen.failed {
+				reason = "swap_failed"
+			}
+			m.stopWorker(w, reason, now)
+		}
+	}
+	if d == nil {
+		return
+	}
+	target, surge := max(1, d.spec.cfg.Workers+m.extra), *d.spec.cfg.Surge
+	var live, countD, readyD, readyTotal int
+	for _, w := range m.workers {
+		if w.state == wStopping {
+			continue
+		}
+		live++
+		if w.state == wReady {
+			readyTotal++
+		}
+		if w.gen == d && !w.retiring {
+			countD++
+			if w.state == wReady {
+				readyD++
+			}
+		}
+	}
+	// Retire ready workers that are not of d (or are past their lifetime)
+	// only while more than target are ready: oldest generation first.
+	// Decided before the starts below, which change no ready count, so
+	// that a failed start can drop the starts after it and nothing else,
+	// and so that a retired worker's place in the surge is taken in the
+	// same pass (a draining worker is not live), not a timer tick later.
+	var old []*worker
+	for _, w := range m.workers {
+		if w.state == wReady && (w.gen != d || w.retiring) {
+			old = append(old, w)
+		}
+	}
+	sort.SliceStable(old, func(i, j int) bool {
+		if old[i].gen.id != old[j].gen.id {
+			return old[i].gen.id < old[j].gen.id
+		}
+		return old[i].started.Before(old[j].started)
+	})
+	for _, w := range old {
+		if readyTotal <= target {
+			break
+		}
+		reason := "replaced"
+		if w.retiring && w.gen == d {
+			reason = "max_lifetime"
+		}
+		m.stopWorker(w, reason, now)
+		readyTotal--
+		live--
+	}
+	// Too many of d (TTOU, or a config with fewer workers): starting ones
+	// first, then the newest ready ones while enough stay ready.
+	if countD > target {
+		var mine []*worker
+		for _, w := range m.workers {
+			if w.gen == d && !w.retiring && w.state != wStopping {
+				mine = append(mine, w)
+			}
+		}
+		sort.SliceStable(mine, func(i, j int) bool {
+			if (mine[i].state == wStarting) != (mine[j].state == wStarting) {
+				return mine[i].state == wStarting
+			}
+			return mine[i].started.After(mine[j].started)
+		})
+		for _, w := range mine {
+			if countD <= target {
+				break
+			}
+			if w.state == wReady && readyTotal <= target {
+				break
+			}
+			if w.state == wReady {
+				readyTotal--
+			}
+			m.stopWorker(w, "scale_down", now)
+			countD--
+			live--
+		}
+	}
+	if !d.established && readyD >= target {
+		othersLive := false
+		for _, w := range m.workers {
+			if w.gen != d && w.state != wStopping {
+				othersLive = true
+			}
+		}
+		if !othersLive {
+			m.establish(d, now)
+		}
+	}
+	// Start workers of d, within the surge, and (for a generation that is
+	// already serving) not faster than the crash backoff allows. Last, so
+	// that a start failing drops only the starts after it.
+	for countD < target && live < target+surge {
+		if d.established && now.Before(m.respawnAt) {
+			break
+		}
+		m.spawn(d, now)
+		if d.established && !m.respawnAt.IsZero() {
+			m.m.restarts.Inc()
+			m.respawnAt = time.Time{}
+		}
+		live++
+		countD++
+	}
+}
+
+// spawn adds a worker of g, to be started by the executor.
+func (m *machine) spawn(g *generation, now time.Time) {
+	m.nextWorker++
+	w := &worker{id: m.nextWorker, gen: g, started: now, state: wStarting}
+	m.workers = append(m.workers, w)
+	m.do(actStart{w})
+}
+
+func (m *machine) onReadinessTimeout(w *worker, now time.Time) {
+	g := w.gen
+	reason := fmt.Sprintf("worker %d (pid %d) not ready after readiness.timeout %s", w.id, w.pid, g.spec.cfg.Readiness.Timeout.D())
+	m.m.kills.WithLabelValues("readiness_timeout").Inc()
+	w.crashLike = !(g == m.latest && !g.established) // during a swap the generation fails instead
+	m.stopWorker(w, "readiness_timeout", now)
+	if g == m.latest && !g.established && !g.failed {
+		m.failGeneration(g, reason, now)
+	} else {
+		m.log.Warn("worker readiness timeout", zap.String("reason", reason))
+	}
+}
+
+// maybeNewGeneration starts a swap when the desired spec differs from the
+// newest generation (after the debounce), or retries a failed one.
+func (m *machine) maybeNewGeneration(now time.Time) {
+	if m.desired == nil || !m.mapKnown {
+		return
+	}
+	want := m.desired
+	switch {
+	case m.latest == nil:
+	case m.latest.spec.key() != want.key():
+		if !m.debounced(now) {
+			return
+		}
+		if m.good != nil && m.good != m.latest && m.good.spec.key() == want.key() {
+			// Changed back to what is serving: drop the swap in progress.
+			m.supersede(m.latest)
+			m.latest = m.good
+			m.changeFirst = time.Time{}
+			m.log.Info("change reverted to the serving generation; swap abandoned", zap.Int64("generation", m.good.id))
+			return
+		}
+	case m.latest.failed && !now.Before(m.retryAt):
+		// Retry the same spec.
+	default:
+		return
+	}
+	m.changeFirst = time.Time{}
+	if m.latest != nil && !m.latest.established && !m.latest.failed {
+		m.supersede(m.latest)
+	}
+	m.nextGen++
+	g := &generation{id: m.nextGen, spec: want, created: now}
+	m.gens = append(m.gens, g)
+	m.latest = g
+	m.do(actPrepare{g})
+}
+
+// prepared is the executor's report that g's sockets are bound and its
+// map file written: the swap is under way.
+func (m *machine) prepared(g *generation) []action {
+	for _, l := range g.spec.cfg.Listen {
+		m.bound[l.Addr] = true
+	}
+	m.log.Info("generation created", zap.Int64("generation", g.id), zap.Int64("config_version", g.spec.cfgVersion), zap.Uint64("map_version", g.spec.mapVersion()),
+		zap.Int("workers", max(1, g.spec.cfg.Workers+m.extra)), zap.Int("surge", *g.spec.cfg.Surge))
+	if m.good != nil {
+		m.do(actNotify{fmt.Sprintf("RELOADING=1\nSTATUS=swapping to generation %d", g.id)})
+	}
+	return m.take()
+}
+
+func (m *machine) supersede(g *generation) {
+	g.superseded = true
+	m.supersedes++
+	m.m.swaps.WithLabelValues("superseded").Inc()
+	m.log.Info("swap superseded by a newer change", zap.Int64("generation", g.id), zap.Duration("next_debounce", m.debounce()))
+}
+
+func (m *machine) establish(g *generation, now time.Time) {
+	g.established = true
+	prev := m.good
+	m.good = g
+	m.failCount = 0
+	m.supersedes = 0
+	m.crashCount = 0
+	m.lastError = ""
+	took := now.Sub(g.created)
+	m.m.swapDuration.Observe(took.Seconds())
+	m.m.swaps.WithLabelValues(topo.SwapOK).Inc()
+	m.m.generation.Set(float64(g.id))
+	m.m.configVersion.Set(float64(g.spec.cfgVersion))
+	m.m.mapVersion.Set(float64(g.spec.mapVersion()))
+	fields := []zap.Field{zap.Int64("generation", g.id), zap.Int64("config_version", g.spec.cfgVersion),
+		zap.Uint64("map_version", g.spec.mapVersion()), zap.Duration("took", took.Round(time.Millisecond))}
+	if prev != nil {
+		fields = append(fields, zap.Int64("previous", prev.id))
+	}
+	m.log.Info("swap complete", fields...)
+	m.publish(topo.SwapOK, g, "", took.Seconds(), now)
+	m.notifiedUp = true
+	m.do(actNotify{fmt.Sprintf("READY=1\nSTATUS=serving generation %d", g.id)})
+	// Forget generations with no workers left.
+	var keep []*generation
+	for _, x := range m.gens {
+		if x == g || m.genHasWorkers(x) {
+			keep = append(keep, x)
+		}
+	}
+	m.gens = keep
+	m.closeUnusedSockets()
+	m.cleanMapFiles()
+}
+
+func (m *machine) genHasWorkers(g *generation) bool {
+	for _, w := range m.workers {
+		if w.gen == g {
+			return true
+		}
+	}
+	return false
+}
+
+// nextWake is how long the loop may sleep before it must look again
+// without an event.
+func (m *machine) nextWake(now time.Time) time.Duration {
+	next := now.Add(time.Second) // watchdog and housekeeping granularity
+	at := func(t time.Time) {
+		if !t.IsZero() && t.Before(next) {
+			next = t
+		}
+	}
+	if !m.changeFirst.IsZero() {
+		at(m.debounceAt())
+	}
+	if m.latest != nil && m.latest.failed {
+		at(m.retryAt)
+	}
+	at(m.respawnAt)
+	if m.mode == modeHolddown {
+		at(m.holdUntil)
+	}
+	for _, w := range m.workers {
+		cfg := w.gen.spec.cfg
+		switch w.state {
+		case wStopping:
+			if !w.killed {
+				at(w.killAt)
+			}
+		case wStarting:
+			if cfg.Readiness.Mode == topo.ReadinessTimer {
+				at(w.started.Add(cfg.Readiness.Delay.D()))
+			}
+			if !w.notified.IsZero() {
+				at(w.notified.Add(cfg.Readiness.Delay.D()))
+			}
+			at(w.started.Add(cfg.Readiness.Timeout.D()))
+		case wReady:
+			if wd := cfg.Watchdog.D(); wd > 0 {
+				at(w.lastPing.Add(wd + time.Millisecond))
+			}
+			at(w.retireAt)
+		}
+	}
+	return max(time.Millisecond, next.Sub(now))
+}
+
+// snapshot is the pool as the member record, /healthz and the gauges show
+// it. The executor adds what only it knows (host, pid, admin address).
+func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
+	mem := topo.PoolMember{Version: topo.PoolMemberVersion, Target: m.target(), LastError: m.lastError}
+	if m.good != nil {
+		mem.Generation, mem.ConfigVersion, mem.MapVersion = m.good.id, m.good.spec.cfgVersion, m.good.spec.mapVersion()
+	}
+	counts := map[wstate]int{}
+	for _, w := range m.workers {
+		counts[w.state]++
+		mem.Workers = append(mem.Workers, topo.WorkerInfo{ID: w.id, PID: w.pid, Generation: w.gen.id, State: w.state.String(), StartedAt: w.started.UTC()})
+	}
+	ready := counts[wReady]
+	accepting := len(m.bound) > 0 || (m.good != nil && len(m.good.spec.cfg.Listen) == 0)
+	accepting = accepting && m.mode == modeRunning
+	mem.Accepting = accepting
+	switch {
+	case m.mode == modeStopping:
+		mem.State = "stopping"
+	case m.mode == modeLost || m.mode == modeHolddown:
+		mem.State = "lost"
+	case m.good == nil:
+		mem.State = "starting"
+	case ready < mem.Target:
+		mem.State = "degraded"
+	default:
+		mem.State = "serving"
+	}
+	for _, st := range []wstate{wStarting, wReady, wStopping} {
+		m.m.workers.WithLabelValues(st.String()).Set(float64(counts[st]))
+	}
+	m.m.target.Set(float64(mem.Target))
+	if accepting {
+		m.m.accepting.Set(1)
+	} else {
+		m.m.accepting.Set(0)
+	}
+	h := healthState{accepting: accepting, ready: accepting && m.good != nil && ready >= mem.Target}
+	switch {
+	case m.mode != modeRunning:
+		h.reason = "not serving: " + m.mode.String()
+	case !accepting:
+		h.reason = "listen sockets not open yet"
+	case !h.ready:
+		h.reason = "fewer ready workers than the target"
+	}
+	if m.good != nil && !m.notifiedUp && h.ready {
+		m.notifiedUp = true
+		m.do(actNotify{"READY=1"})
+	}
+	return mem, h, m.take()
+}
