@@ -9,6 +9,12 @@
 //	PUT    /v1/users/{uid}/notes/{id}   {"body": "..."}  -> 200
 //	DELETE /v1/users/{uid}/notes/{id}                    -> 204
 //
+// Every write is idempotent, so a client may resend one whose answer it
+// did not get (a worker closing a keep-alive connection as it drains): a
+// POST with an Idempotency-Key header makes the note whose id the key
+// decides, once (a resend answers with that note); a PUT of the body a
+// note already has changes nothing; a DELETE that already happened is 404.
+//
 // Routing: with SHARDVISOR_ZK (and SHARDVISOR_CLUSTER, SHARDVISOR_ZK_ROOT)
 // the app follows the live map, so a write caught by a move is retried at
 // the new owner within milliseconds. Without them it routes from the map
@@ -20,6 +26,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -197,16 +204,40 @@ func (a *app) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := note{ID: newID(), Body: body, Version: 1}
+	key := r.Header.Get("Idempotency-Key")
+	if key != "" {
+		n.ID = keyID(uid, key)
+	}
+	var reused bool
 	err = a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, rt router.Route) error {
 		n.Node = string(rt.Node)
-		return pool.QueryRow(ctx, `INSERT INTO app.notes (bkey, uid, id, body) VALUES ($1, $2, $3, $4) RETURNING updated_at`,
-			a.key(uid), uid, n.ID, body).Scan(&n.UpdatedAt)
+		err := pool.QueryRow(ctx, `INSERT INTO app.notes (bkey, uid, id, body) VALUES ($1, $2, $3, $4)
+			ON CONFLICT (bkey, uid, id) DO NOTHING RETURNING updated_at`, a.key(uid), uid, n.ID, body).Scan(&n.UpdatedAt)
+		if !errors.Is(err, pgx.ErrNoRows) || key == "" {
+			return err
+		}
+		// The key was seen: answer with the note it made.
+		var was string
+		err = pool.QueryRow(ctx, `SELECT body, version, updated_at FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3`,
+			a.key(uid), uid, n.ID).Scan(&was, &n.Version, &n.UpdatedAt)
+		reused = err == nil && was != body
+		return err
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		a.fail(w, r, http.StatusServiceUnavailable, err)
-		return
+	case reused:
+		a.fail(w, r, http.StatusUnprocessableEntity, errors.New("Idempotency-Key already used for another note body"))
+	default:
+		writeJSON(w, http.StatusCreated, n)
 	}
-	writeJSON(w, http.StatusCreated, n)
+}
+
+// keyID is the id of the note a create with this Idempotency-Key makes,
+// so that a resent create finds the note instead of making a second one.
+func keyID(uid, key string) int64 {
+	h := sha256.Sum256([]byte(uid + "\x00" + key))
+	return int64(binary.BigEndian.Uint64(h[:8]) >> 1)
 }
 
 func (a *app) list(w http.ResponseWriter, r *http.Request) {
@@ -263,7 +294,11 @@ func (a *app) update(w http.ResponseWriter, r *http.Request) {
 	n := note{ID: id, Body: body}
 	err = a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, rt router.Route) error {
 		n.Node = string(rt.Node)
-		err := pool.QueryRow(ctx, `UPDATE app.notes SET body = $4, version = version + 1, updated_at = now()
+		// Idempotent, as PUT should be: the same body again changes
+		// nothing, so a resent PUT is harmless.
+		err := pool.QueryRow(ctx, `UPDATE app.notes SET body = $4,
+				version = CASE WHEN body = $4 THEN version ELSE version + 1 END,
+				updated_at = CASE WHEN body = $4 THEN updated_at ELSE now() END
 			WHERE bkey = $1 AND uid = $2 AND id = $3 RETURNING version, updated_at`, a.key(uid), uid, id, body).Scan(&n.Version, &n.UpdatedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errNotFound

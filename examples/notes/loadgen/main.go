@@ -17,6 +17,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -24,11 +26,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"os/signal"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -84,9 +86,9 @@ type Summary struct {
 	MaxMS     float64          `json:"max_ms"`
 	Errors    map[string]int64 `json:"errors,omitempty"`
 	LastError string           `json:"last_error,omitempty"`
-	// IdleRetries counts requests resent because the server had closed
-	// the idle keep-alive connection before the request went out (see
-	// call). They are not failures: the server never saw the first try.
+	// IdleRetries counts requests resent because the server closed a
+	// keep-alive connection before answering (see call). They are not
+	// failures: every write is idempotent by its Idempotency-Key.
 	IdleRetries int64 `json:"idle_close_retries"`
 }
 
@@ -268,44 +270,43 @@ func run(args []string) error {
 	return json.NewEncoder(out).Encode(sum)
 }
 
-// errServerClosedIdle is net/http's (unexported) error for a pooled
-// connection that the server closed while it sat idle, seen before the
-// request was registered on it.
-const errServerClosedIdle = "http: server closed idle connection"
-
-// call sends one request. A request that failed with errServerClosedIdle
-// never reached the server: a draining worker closed the idle keep-alive
-// connection just as the client picked it (HTTP/1.1 has no way to warn a
-// client first, RFC 9112 section 9.3.1). net/http resends such a request
-// by itself only for idempotent methods, so call resends it for any
-// method, and counts it. Any other error, including a connection closed
-// after the request was written, stays a failure: the server may have
-// seen that request.
+// call sends one request. Every write carries an Idempotency-Key: the
+// notes app applies a write with a key it has seen once only (a create
+// with a known key returns the note it made; a PUT of the same body
+// changes nothing; a DELETE that already happened finds nothing). That
+// makes them safe to resend, and net/http resends a request on a reused
+// keep-alive connection that the server closed before answering, which a
+// draining worker does to its idle connections: HTTP/1.1 cannot warn a
+// client first (RFC 9112 section 9.3.1), and without a key net/http resends
+// only GET, HEAD, OPTIONS and TRACE. call counts the resends. Any other
+// error, a fresh connection closed without an answer included, stays a
+// failure.
 func (s *stats) call(c *http.Client, method, url, body string, want int, out any) error {
 	var b []byte
 	if body != "" {
 		b, _ = json.Marshal(map[string]string{"body": body})
 	}
-	var (
-		res *http.Response
-		err error
-	)
-	for try := 0; ; try++ {
-		var req *http.Request
-		if req, err = http.NewRequest(method, url, bytes.NewReader(b)); err != nil {
-			return err
-		}
-		res, err = c.Do(req)
-		if err == nil || try == 2 || !strings.Contains(err.Error(), errServerClosedIdle) {
-			break
-		}
-		s.idleRetries.Add(1)
+	conns := 0
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { conns++ }})
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	if method != http.MethodGet {
+		req.Header.Set("Idempotency-Key", idempotencyKey())
+	}
+	res, err := c.Do(req)
+	if conns > 1 {
+		s.idleRetries.Add(int64(conns - 1))
 	}
 	if err != nil {
 		return err
 	}
 	defer res.Body.Close()
 	data, _ := io.ReadAll(res.Body)
+	if method == http.MethodDelete && conns > 1 && res.StatusCode == http.StatusNotFound {
+		return nil // the first try deleted it; the resend found nothing
+	}
 	if res.StatusCode != want {
 		return &httpError{res.StatusCode, string(bytes.TrimSpace(data))}
 	}
@@ -313,6 +314,12 @@ func (s *stats) call(c *http.Client, method, url, body string, want int, out any
 		return json.Unmarshal(data, out)
 	}
 	return nil
+}
+
+func idempotencyKey() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // Verification is what verify found.

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// keepAliveCloser answers the first request on each connection and closes
+// the connection after reading the second without answering it: what a
+// client sees when a draining worker closes an idle keep-alive connection
+// just as the client sends on it. It records every request's method and
+// Idempotency-Key.
+type keepAliveCloser struct {
+	ln   net.Listener
+	mu   sync.Mutex
+	seen []string
+}
+
+func newKeepAliveCloser(t *testing.T, answerFirst bool) *keepAliveCloser {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &keepAliveCloser{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go s.serve(c, answerFirst)
+		}
+	}()
+	return s
+}
+
+func (s *keepAliveCloser) serve(c net.Conn, answerFirst bool) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for n := 0; ; n++ {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		s.mu.Lock()
+		s.seen = append(s.seen, req.Method+" "+req.Header.Get("Idempotency-Key"))
+		s.mu.Unlock()
+		if n > 0 || !answerFirst {
+			return // closed under the client, unanswered
+		}
+		c.Write([]byte("HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"id\":1}"))
+	}
+}
+
+func TestWritesAreResentWithTheSameIdempotencyKey(t *testing.T) {
+	srv := newKeepAliveCloser(t, true)
+	url := "http://" + srv.ln.Addr().String() + "/v1/users/u/notes"
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	st := &stats{errs: map[string]int64{}}
+	if err := st.call(client, "POST", url, "one", http.StatusCreated, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The second POST goes out on the kept-alive connection, which the
+	// server closes after reading it: net/http resends it on a new
+	// connection because it carries an Idempotency-Key.
+	if err := st.call(client, "POST", url, "two", http.StatusCreated, nil); err != nil {
+		t.Fatalf("a write on a connection closed under it was not resent: %v", err)
+	}
+	if got := st.idleRetries.Load(); got != 1 {
+		t.Fatalf("%d resends counted, want 1", got)
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if len(srv.seen) != 3 {
+		t.Fatalf("server saw %q, want 3 requests", srv.seen)
+	}
+	k1, k2, k3 := srv.seen[0], srv.seen[1], srv.seen[2]
+	if !strings.HasPrefix(k2, "POST ") || len(k2) < 20 || k2 != k3 || k1 == k2 {
+		t.Fatalf("keys %q: each write needs its own key, kept across its resend", srv.seen)
+	}
+}
+
+func TestAFreshConnectionClosedUnansweredIsAFailure(t *testing.T) {
+	srv := newKeepAliveCloser(t, false)
+	client := &http.Client{Timeout: 5 * time.Second}
+	st := &stats{errs: map[string]int64{}}
+	// The server read the request and died: the client cannot know the
+	// write did not happen, and nothing may hide it.
+	if err := st.call(client, "POST", "http://"+srv.ln.Addr().String()+"/x", "b", http.StatusCreated, nil); err == nil {
+		t.Fatal("a request the server closed unanswered on a fresh connection counted as done")
+	}
+	if st.idleRetries.Load() != 0 {
+		t.Fatal("resent on a fresh connection")
+	}
+}
