@@ -1,0 +1,399 @@
+package supervisor
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/workerproto"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// What each event, and each report from the executor, changes in the
+// machine.
+
+// handle applies one event and returns what to do about it.
+func (m *machine) handle(ev any, now time.Time) []action {
+	switch ev := ev.(type) {
+	case evConfig:
+		m.onConfig(ev, now)
+	case evMap:
+		m.onMap(ev, now)
+	case evExit:
+		m.onExit(ev, now)
+	case evNotify:
+		m.onNotify(ev, now)
+	case evZK:
+		m.onZK(ev.ch, now)
+	case evSignal:
+		m.onSignal(ev.sig, now)
+	case evResync:
+		m.onResync(ev, now)
+	case evStop:
+		m.beginStop(ev.fast, "stop requested", now)
+	}
+	return m.take()
+}
+
+func (m *machine) onConfig(ev evConfig, now time.Time) {
+	if ev.err != nil {
+		m.m.configErrors.Inc()
+		m.m.swaps.WithLabelValues(topo.SwapInvalidConfig).Inc()
+		m.lastError = "config rejected: " + ev.err.Error()
+		m.log.Error("config rejected; the pool keeps running the previous one", zap.Error(ev.err))
+		m.publish(topo.SwapInvalidConfig, nil, ev.err.Error(), 0, now)
+		return
+	}
+	if ev.cfg == nil {
+		if m.desired == nil {
+			m.log.Warn("no pool config yet; waiting for one", zap.String("where", m.cfg.configWhere))
+		} else {
+			m.log.Warn("pool config disappeared; keeping the last one", zap.String("where", m.cfg.configWhere))
+		}
+		return
+	}
+	eff := ev.cfg.Effective()
+	sp := &spec{cfg: eff, cfgVersion: ev.version, cfgHash: ev.hash, mp: m.curMap, reload: m.reloadSeq}
+	if ev.force {
+		m.reloadSeq++
+		sp.reload = m.reloadSeq
+	}
+	if m.desired != nil && m.desired.key() == sp.key() {
+		return
+	}
+	if m.desired == nil || m.desired.cfgVersion != ev.version || m.desired.cfgHash != ev.hash {
+		m.extra = 0 // a new config says how many workers; TTIN/TTOU adjust from there
+	}
+	m.desired = sp
+	m.cfgVersion = ev.version
+	m.log.Info("config received", zap.Int64("config_version", ev.version), zap.Int("workers", eff.Workers), zap.String("command", eff.Command))
+	m.noteChange(now)
+}
+
+func (m *machine) onMap(ev evMap, now time.Time) {
+	first := !m.mapKnown
+	m.mapKnown = true
+	if ev.err == nil && !ev.exists {
+		if m.curMap != nil {
+			m.log.Warn("bucket map disappeared; keeping the last good one", zap.Uint64("map_version", m.curMap.version))
+		} else if first {
+			m.log.Info("no bucket map; workers start without SHARDVISOR_MAP_FILE", zap.String("path", m.cfg.mapWhere))
+		}
+		return
+	}
+	err := ev.err
+	if err == nil && m.curMap != nil && !ev.force {
+		switch {
+		case ev.version < m.curMap.version:
+			err = fmt.Errorf("map_version %d is older than the applied %d", ev.version, m.curMap.version)
+		case ev.version == m.curMap.version && string(ev.data) != string(m.curMap.data):
+			err = fmt.Errorf("map_version %d changed content without a new version", ev.version)
+		case ev.version == m.curMap.version:
+			return
+		}
+	}
+	if err != nil {
+		m.m.mapErrors.Inc()
+		m.m.swaps.WithLabelValues(topo.SwapInvalidMap).Inc()
+		m.lastError = "bucket map rejected: " + err.Error()
+		m.log.Error("bucket map rejected; keeping the last good one", zap.Error(err))
+		m.publish(topo.SwapInvalidMap, nil, err.Error(), 0, now)
+		return
+	}
+	m.curMap = &mapData{version: ev.version, data: ev.data, doc: ev.doc}
+	m.log.Info("bucket map received", zap.Uint64("map_version", ev.version), zap.Int("bytes", len(ev.data)))
+	if m.desired != nil {
+		sp := *m.desired
+		sp.mp = m.curMap
+		m.desired = &sp
+	}
+	m.noteChange(now)
+}
+
+func (m *machine) noteChange(now time.Time) {
+	if m.changeFirst.IsZero() {
+		m.changeFirst = now
+	}
+	m.changeLast = now
+}
+
+func (m *machine) onNotify(ev evNotify, now time.Time) {
+	w := ev.w
+	if !m.hasWorker(w) {
+		return
+	}
+	if ev.msg.Watchdog {
+		w.lastPing = now
+	}
+	if ev.msg.Status != "" {
+		m.log.Debug("worker status", zap.Int64("worker", w.id), zap.String("status", ev.msg.Status))
+	}
+	if ev.msg.Ready && w.state == wStarting && w.notified.IsZero() {
+		if cfg := w.gen.spec.cfg; cfg.Readiness.Mode == topo.ReadinessNotify && cfg.Readiness.Delay > 0 {
+			w.notified = now // ready after the settle delay (reconcile)
+			return
+		}
+		m.markReady(w, now, "READY=1")
+	}
+}
+
+func (m *machine) markReady(w *worker, now time.Time, how string) {
+	w.state = wReady
+	w.readyAt = now
+	w.lastPing = now
+	m.m.readiness.Observe(now.Sub(w.started).Seconds())
+	cfg := w.gen.spec.cfg
+	if cfg.MaxLifetime > 0 {
+		life := cfg.MaxLifetime.D()
+		if j := cfg.MaxLifetimeJitter.D(); j > 0 {
+			life += time.Duration(m.randN(int64(j)))
+		}
+		w.retireAt = w.started.Add(life)
+	}
+	m.log.Info("worker ready", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", w.gen.id),
+		zap.Duration("after", now.Sub(w.started).Round(time.Millisecond)), zap.String("by", how))
+}
+
+func (m *machine) onExit(ev evExit, now time.Time) {
+	w := ev.w
+	if !m.hasWorker(w) {
+		return
+	}
+	m.removeWorker(w)
+	g := w.gen
+	switch {
+	case w.state == wStopping && !w.crashLike:
+		m.m.exits.WithLabelValues("expected").Inc()
+		m.log.Info("worker exited", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", g.id),
+			zap.String("status", ev.status), zap.String("stop_reason", w.stopReason))
+	case w.state == wStarting && !g.established && !g.failed && g == m.latest:
+		m.m.exits.WithLabelValues("boot_failure").Inc()
+		m.failGeneration(g, fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.id, w.pid, ev.status), now)
+	case g == m.latest && !g.established:
+		// A worker of a swap that already failed, or one that became ready
+		// and then crashed mid-swap: fail the swap.
+		m.m.exits.WithLabelValues("crash").Inc()
+		if !g.failed {
+			m.failGeneration(g, fmt.Sprintf("worker %d (pid %d) exited during the swap: %s", w.id, w.pid, ev.status), now)
+		}
+	default:
+		m.m.exits.WithLabelValues("crash").Inc()
+		m.noteCrash(w, now)
+		m.log.Warn("worker crashed", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", g.id),
+			zap.String("status", ev.status), zap.Stringer("was", w.state), zap.Duration("respawn_in", m.respawnAt.Sub(now).Round(time.Millisecond)))
+	}
+	m.cleanMapFiles()
+}
+
+// noteCrash schedules the respawn of a crashed worker: restart.initial,
+// doubling per consecutive crash up to restart.max, with jitter. A worker
+// that stayed ready for restart.max resets the count.
+func (m *machine) noteCrash(w *worker, now time.Time) {
+	b := w.gen.spec.cfg.Restart
+	if !w.readyAt.IsZero() && now.Sub(w.readyAt) >= b.Max.D() {
+		m.crashCount = 0
+	}
+	m.crashCount++
+	m.respawnAt = now.Add(m.backoff(b, m.crashCount))
+}
+
+// failGeneration abandons a swap: the previous good generation keeps (or
+// goes back to) serving; the same spec is retried after a backoff unless a
+// newer change arrives first.
+func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
+	g.failed = true
+	m.failCount++
+	m.retryAt = now.Add(m.backoff(g.spec.cfg.Restart, m.failCount))
+	m.m.swaps.WithLabelValues(topo.SwapFailed).Inc()
+	m.lastError = "swap failed: " + reason
+	fields := []zap.Field{zap.Int64("generation", g.id), zap.String("reason", reason), zap.Duration("retry_in", m.retryAt.Sub(now).Round(time.Millisecond))}
+	if m.good != nil {
+		fields = append(fields, zap.Int64("serving_generation", m.good.id))
+	}
+	m.log.Error("swap failed; the previous generation keeps serving", fields...)
+	m.publish(topo.SwapFailed, g, reason, 0, now)
+	for _, w := range append([]*worker(nil), m.workers...) {
+		if w.gen == g && w.state == wStarting {
+			if w.pid == 0 {
+				m.removeWorker(w) // never started: its start action is skipped
+				continue
+			}
+			m.stopWorker(w, "swap_failed", now)
+		}
+	}
+}
+
+// prepareFailed is the executor's report that a generation's sockets or
+// map file could not be set up: the swap fails.
+func (m *machine) prepareFailed(g *generation, err error, now time.Time) []action {
+	if !g.failed {
+		m.failGeneration(g, err.Error(), now)
+	}
+	return m.take()
+}
+
+// started is the executor's report that w runs as pid.
+func (m *machine) started(w *worker, pid int) {
+	w.pid = pid
+	m.m.spawns.Inc()
+}
+
+// startFailed is the executor's report that w could not be started (fork,
+// exec of the shim, the notify socket). Like a loop that stops at its
+// first failure, the other starts still pending in this batch are dropped.
+func (m *machine) startFailed(w *worker, err error, now time.Time) []action {
+	if !m.hasWorker(w) {
+		return nil
+	}
+	for _, x := range append([]*worker(nil), m.workers...) {
+		if x.pid == 0 && x.gen == w.gen {
+			m.removeWorker(x)
+		}
+	}
+	g := w.gen
+	switch {
+	case g.established:
+		m.crashCount++
+		m.respawnAt = now.Add(m.backoff(g.spec.cfg.Restart, m.crashCount))
+		m.log.Error("starting a worker failed; retrying with backoff", zap.Error(err), zap.Duration("retry_in", m.respawnAt.Sub(now)))
+	case g == m.latest && !g.failed:
+		m.failGeneration(g, "starting a worker: "+err.Error(), now)
+	}
+	return m.take()
+}
+
+// skip reports whether a from an earlier batch no longer applies: a start
+// that a failure earlier in the batch dropped.
+func (m *machine) skip(a action) bool {
+	if s, ok := a.(actStart); ok {
+		return !m.hasWorker(s.w)
+	}
+	return false
+}
+
+func (m *machine) onSignal(sig os.Signal, now time.Time) {
+	m.log.Info("signal", zap.String("signal", sig.String()))
+	switch sig {
+	case syscall.SIGHUP:
+		m.do(actReload{})
+	case syscall.SIGTERM, syscall.SIGINT:
+		m.beginStop(m.mode == modeStopping, "signal "+sig.String(), now) // a second one is a fast stop
+	case syscall.SIGQUIT:
+		m.beginStop(true, "signal "+sig.String(), now)
+	case syscall.SIGTTIN:
+		m.extra++
+		m.log.Info("one more worker", zap.Int("target", m.target()))
+	case syscall.SIGTTOU:
+		if m.target() > 1 {
+			m.extra--
+		}
+		m.log.Info("one worker fewer", zap.Int("target", m.target()))
+	}
+}
+
+func (m *machine) onZK(ch zksession.StateChange, now time.Time) {
+	m.zkState = ch.To
+	m.m.setZK(ch.To.String())
+	switch ch.To {
+	case zksession.StateLost:
+		if m.mode == modeRunning || m.mode == modeHolddown {
+			m.enterLost(ch.Reason)
+		}
+	case zksession.StateSuspended:
+		if m.mode == modeHolddown {
+			m.mode = modeLost
+			m.log.Warn("session suspended during holddown; waiting again")
+		} else {
+			m.log.Warn("zookeeper session suspended; serving on with the last good config and map", zap.String("reason", ch.Reason))
+		}
+	case zksession.StateConnected:
+		if m.mode == modeLost && !m.connectedOnce {
+			// The first session of this process: nothing was lost, and
+			// the watches are about to deliver config and map.
+			m.connectedOnce = true
+			m.mode = modeRunning
+			m.log.Info("zookeeper session connected")
+			return
+		}
+		m.connectedOnce = true
+		if m.mode == modeLost {
+			m.mode = modeHolddown
+			m.holdUntil = now.Add(m.cfg.holddown)
+			m.log.Info("zookeeper session back; holding down before serving", zap.Duration("holddown", m.cfg.holddown), zap.Bool("new_session", ch.NewSession))
+		}
+	}
+}
+
+// startState is the mode a ZooKeeper-mode machine starts in, from the
+// session's state when the supervisor starts: nothing is served until a
+// session proves it may.
+func (m *machine) startState(st zksession.State) {
+	m.zkState = st
+	m.m.setZK(st.String())
+	if st != zksession.StateConnected {
+		m.mode = modeLost
+	} else {
+		m.connectedOnce = true
+	}
+}
+
+// enterLost takes this host out of service: every worker is killed and the
+// sockets are closed, so connections are refused and /healthz fails.
+func (m *machine) enterLost(reason string) {
+	m.mode = modeLost
+	n := 0
+	for _, w := range m.workers {
+		if !w.killed {
+			m.killWorker(w, "zk_lost")
+			n++
+		}
+	}
+	m.closeAllSockets()
+	m.latest, m.good, m.gens = nil, nil, nil
+	m.lastError = "zookeeper session lost: " + reason
+	m.log.Error("zookeeper session lost; killed workers and closed the listen sockets", zap.Int("killed", n), zap.String("reason", reason))
+	m.do(actNotify{"STATUS=zookeeper session lost; not serving"})
+}
+
+func (m *machine) onResync(ev evResync, now time.Time) {
+	m.resyncing = false
+	if m.mode != modeHolddown {
+		return
+	}
+	if ev.err != nil {
+		m.log.Warn("re-reading config and map after the session came back failed; retrying", zap.Error(ev.err))
+		m.holdUntil = now.Add(time.Second)
+		return
+	}
+	m.mode = modeRunning
+	m.crashCount, m.failCount = 0, 0
+	m.retryAt, m.respawnAt = time.Time{}, time.Time{}
+	m.onMap(ev.mp, now)
+	m.onConfig(ev.cfg, now)
+	m.changeFirst, m.changeLast = time.Time{}, time.Time{} // start at once: nothing is serving
+	m.log.Info("serving again after the session loss; re-binding the listen sockets")
+}
+
+func (m *machine) beginStop(fast bool, why string, now time.Time) {
+	if m.mode == modeStopping && (!fast || m.stopFast) {
+		return
+	}
+	m.mode = modeStopping
+	m.stopFast = m.stopFast || fast
+	m.log.Info("stopping", zap.Bool("fast", m.stopFast), zap.String("why", why), zap.Int("workers", len(m.workers)))
+	m.do(actNotify{workerproto.Stopping})
+	m.closeAllSockets()
+	for _, w := range m.workers {
+		if m.stopFast {
+			if !w.killed {
+				m.killWorker(w, "fast_stop")
+			}
+		} else {
+			m.stopWorker(w, "shutdown", now)
+		}
+	}
+}
