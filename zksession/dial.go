@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/backoff"
 )
 
 // sniffConn passes bytes through untouched and reads the session timeout out
@@ -50,19 +52,21 @@ func sniffingDialer(onTimeout func(time.Duration)) func(network, addr string, ti
 
 // jitterHosts is a zk.HostProvider that shuffles the servers and, after a
 // full pass without a connection, sleeps a random extra pause (growing up to
-// maxJitter) so that a fleet of clients does not reconnect in lockstep after
-// an ensemble restart. The library adds its own fixed 1 s pause.
+// max, each drawn at random from zero to its step) so that a fleet of clients
+// does not reconnect in lockstep after an ensemble restart. The library adds
+// its own fixed 1 s pause.
 type jitterHosts struct {
-	mu        sync.Mutex
-	servers   []string
-	curr      int
-	last      int
-	jitter    time.Duration
-	maxJitter time.Duration
+	mu      sync.Mutex
+	servers []string
+	curr    int
+	last    int
+	pauses  *backoff.Backoff
 }
 
 func newJitterHosts(max time.Duration) *jitterHosts {
-	return &jitterHosts{maxJitter: max}
+	// Jitter 1 draws from [0, 2d]: steps of 50 ms up to max/2 give pauses
+	// from [0, 100 ms] up to [0, max].
+	return &jitterHosts{pauses: &backoff.Backoff{Initial: 50 * time.Millisecond, Max: max / 2, Jitter: 1}}
 }
 
 func (h *jitterHosts) Init(servers []string) error {
@@ -86,12 +90,7 @@ func (h *jitterHosts) Next() (string, bool) {
 	}
 	var pause time.Duration
 	if retryStart {
-		if h.jitter == 0 {
-			h.jitter = 100 * time.Millisecond
-		} else if h.jitter < h.maxJitter {
-			h.jitter *= 2
-		}
-		pause = rand.N(h.jitter + 1)
+		pause = h.pauses.Next()
 	}
 	s := h.servers[h.curr]
 	h.mu.Unlock()
@@ -104,7 +103,7 @@ func (h *jitterHosts) Next() (string, bool) {
 func (h *jitterHosts) Connected() {
 	h.mu.Lock()
 	h.last = h.curr
-	h.jitter = 0
+	h.pauses.Reset()
 	h.mu.Unlock()
 }
 

@@ -36,6 +36,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/backoff"
 )
 
 // Mode is what the proxy does with traffic.
@@ -198,7 +200,7 @@ func (p *Proxy) Close() error {
 
 func (p *Proxy) acceptLoop() {
 	defer p.wg.Done()
-	var backoff time.Duration
+	retry := backoff.New(5*time.Millisecond, time.Second)
 	for {
 		nc, err := p.ln.Accept()
 		if err != nil {
@@ -206,19 +208,12 @@ func (p *Proxy) acceptLoop() {
 				return
 			}
 			// Transient (e.g. EMFILE): back off a little and retry.
-			if backoff == 0 {
-				backoff = 5 * time.Millisecond
-			} else if backoff < time.Second {
-				backoff *= 2
-			}
-			select {
-			case <-time.After(backoff):
-			case <-p.ctx.Done():
+			if retry.Wait(p.ctx) != nil {
 				return
 			}
 			continue
 		}
-		backoff = 0
+		retry.Reset()
 		p.accepted.Add(1)
 
 		p.mu.Lock()
