@@ -202,7 +202,7 @@ func (p *Printer) Emit(v any, human func(w io.Writer)) error {
 // they do ("shardctl assign 3 n2 --no-copy", "shardctl status --json"):
 // urfave/cli v2 reads a command's flags only before its first argument and
 // the app's flags only before the command. The app's flags move before the
-// command path, the command's own (and unknown ones, which stay usage
+// command path, the last command's own (and unknown ones, which stay usage
 // errors) after it, then "--" and the arguments. Tokens after "--" stay
 // arguments; a flag missing its value goes last, for the parser to report.
 func Intersperse(app *cli.App, args []string) []string {
@@ -215,8 +215,8 @@ func Intersperse(app *cli.App, args []string) []string {
 		switch next := cur.Command(a); {
 		case a == "--":
 			pos, i = append(pos, args[i+1:]...), len(args)
-		case next != nil && len(pos) == 0:
-			cur, own, path = next, next.Flags, append(path, a)
+		case next != nil && len(pos) == 0: // a parent's own flags stay its own
+			cur, own, path, local = next, next.Flags, append(append(path, local...), a), nil
 		case len(a) < 2 || a[0] != '-':
 			pos = append(pos, a)
 		default:

@@ -34,6 +34,7 @@ func TestIntersperse(t *testing.T) {
 		// A command's flag before its argument, a global flag between
 		// commands, and the later of two values wins.
 		{[]string{"x", "move", "--to", "n2", "5"}, []string{"x", "move", "--to", "n2", "--", "5"}},
+		{[]string{"x", "move", "--to", "n2", "status", "id-1"}, []string{"x", "move", "--to", "n2", "status", "--", "id-1"}},
 		{[]string{"x", "node", "--zk", "h:1", "add", "a"}, []string{"x", "--zk", "h:1", "node", "add", "--", "a"}},
 		{[]string{"x", "--zk", "a:1", "assign", "--zk", "b:1"}, []string{"x", "--zk", "a:1", "--zk", "b:1", "assign"}},
 		// A flag missing its value stays last, where the parser says so.
