@@ -28,28 +28,18 @@ func dataApp(stdout, stderr *bytes.Buffer) *cli.App {
 			initCommand(), statusCommand(), node, splitCommand(), assignCommand(), tableCommand(), gcCommand(),
 		},
 		Writer: stdout, ErrWriter: stderr,
-		ExitErrHandler: func(*cli.Context, error) {},
 	}
 	return app
 }
 
 // runData runs one command line in process and returns its output and exit
-// status (0, 1 or 2, as cliutil.Run would).
+// status (0, 1 or 2, as the binary would).
 func runData(t *testing.T, args ...string) result {
 	t.Helper()
 	var out, errb bytes.Buffer
-	app := dataApp(&out, &errb)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	err := app.RunContext(ctx, cliutil.Intersperse(app, append([]string{"shardctl"}, args...)))
-	code := 0
-	if err != nil {
-		code = 1
-		if cliutil.IsUsage(err) || strings.HasPrefix(err.Error(), "flag provided but not defined") || strings.Contains(err.Error(), "Required flag") {
-			code = 2
-		}
-		errb.WriteString("error: " + err.Error() + "\n")
-	}
+	code := cliutil.Exec(ctx, dataApp(&out, &errb), append([]string{"shardctl"}, args...))
 	return result{out.String(), errb.String(), code}
 }
 

@@ -10,7 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,20 +32,12 @@ const (
 	ExitUsage   = 2
 )
 
-// usageError marks a mistake in how the command was called.
-type usageError struct{ msg string }
-
-func (e *usageError) Error() string { return e.msg }
+// usageError marks a mistake in how the command was called (exit status 2).
+type usageError struct{ error }
 
 // Usagef returns an error that makes the process exit with status 2.
 func Usagef(format string, args ...any) error {
-	return &usageError{fmt.Sprintf(format, args...)}
-}
-
-// IsUsage reports whether err is a usage error.
-func IsUsage(err error) bool {
-	var u *usageError
-	return errors.As(err, &u)
+	return usageError{fmt.Errorf(format, args...)}
 }
 
 // Flag names shared by the binaries.
@@ -208,211 +200,192 @@ func (p *Printer) Emit(v any, human func(w io.Writer)) error {
 
 // Intersperse reorders argv so that operators can write flags anywhere, as
 // they do ("shardctl assign 3 n2 --no-copy", "shardctl status --json"):
-// urfave/cli v2 stops reading flags at the first argument and reads global
-// flags only before the command. Global flags given after the command move
-// to the front; the leaf command's own flags move before its arguments.
-// Tokens after "--" stay arguments.
+// urfave/cli v2 reads a command's flags only before its first argument and
+// the app's flags only before the command. The app's flags move before the
+// command path, the last command's own (and unknown ones, which stay usage
+// errors) after it, then "--" and the arguments. Tokens after "--" stay
+// arguments; a flag missing its value goes last, for the parser to report.
 func Intersperse(app *cli.App, args []string) []string {
-	if len(args) < 2 {
+	var global, path, local, pos []string
+	var dangling *[]string
+	var own []cli.Flag
+	var cur interface{ Command(string) *cli.Command } = app
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		switch next := cur.Command(a); {
+		case a == "--":
+			pos, i = append(pos, args[i+1:]...), len(args)
+		case next != nil && len(pos) == 0: // a parent's own flags stay its own
+			cur, own, path, local = next, next.Flags, append(append(path, local...), a), nil
+		case len(a) < 2 || a[0] != '-':
+			pos = append(pos, a)
+		default:
+			f, dst := lookup(own, a), &local
+			if f == nil && (path == nil || lookup(app.Flags, a) != nil) {
+				f, dst = lookup(app.Flags, a), &global
+			}
+			*dst = append(*dst, a)
+			if v, ok := f.(cli.DocGenerationFlag); ok && v.TakesValue() && !strings.Contains(a, "=") {
+				if i+1 == len(args) {
+					dangling = dst
+				} else {
+					i++
+					*dst = append(*dst, args[i])
+				}
+			}
+		}
+	}
+	switch {
+	case path == nil:
 		return args
+	case dangling == &global:
+		return slices.Concat(args[:1], global)
+	case dangling != nil || len(pos) == 0:
+		return slices.Concat(args[:1], global, path, local)
 	}
-	out := []string{args[0]}
-	cmds := app.Commands
-	var leaf *cli.Command
-	i := 1
-	// Global flags and the command path.
-	for ; i < len(args); i++ {
-		a := args[i]
-		if strings.HasPrefix(a, "-") {
-			out = append(out, a)
-			if takesValue(app.Flags, a) && !strings.Contains(a, "=") && i+1 < len(args) {
-				i++
-				out = append(out, args[i])
-			}
-			continue
-		}
-		var next *cli.Command
-		for _, c := range cmds {
-			if c.HasName(a) {
-				next = c
-			}
-		}
-		if next == nil {
-			break
-		}
-		out = append(out, a)
-		leaf, cmds = next, next.Subcommands
-		if len(cmds) == 0 {
-			i++
-			break
-		}
-	}
-	// A command with subcommands that is given arguments instead
-	// ("shardctl move 5 --to n2") is the leaf itself.
-	if leaf == nil {
-		return append(out, args[i:]...)
-	}
-	var global, flags, pos, rest []string
-	for ; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			rest = args[i+1:]
-			break
-		}
-		if strings.HasPrefix(a, "-") && lookup(leaf.Flags, a) == nil && lookup(app.Flags, a) != nil {
-			global = append(global, a)
-			if takesValue(app.Flags, a) && !strings.Contains(a, "=") && i+1 < len(args) {
-				i++
-				global = append(global, args[i])
-			}
-			continue
-		}
-		// Unknown flags stay flags, so that they are still usage errors.
-		if strings.HasPrefix(a, "-") && len(a) > 1 {
-			flags = append(flags, a)
-			if takesValue(leaf.Flags, a) && !strings.Contains(a, "=") && i+1 < len(args) {
-				i++
-				flags = append(flags, args[i])
-			}
-			continue
-		}
-		pos = append(pos, a)
-	}
-	out = append(append([]string{args[0]}, global...), out[1:]...)
-	out = append(out, flags...)
-	if len(pos)+len(rest) > 0 {
-		out = append(out, "--")
-		out = append(append(out, pos...), rest...)
-	}
-	return out
+	return slices.Concat(args[:1], global, path, local, []string{"--"}, pos)
 }
 
 func lookup(flags []cli.Flag, arg string) cli.Flag {
 	name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
 	for _, f := range flags {
-		for _, n := range f.Names() {
-			if n == name {
-				return f
-			}
+		if slices.Contains(f.Names(), name) {
+			return f
 		}
 	}
 	return nil
 }
 
-func takesValue(flags []cli.Flag, arg string) bool {
-	f := lookup(flags, arg)
-	if f == nil {
-		return false
-	}
-	_, isBool := f.(*cli.BoolFlag)
-	return !isBool
-}
-
-// String, Bool, Int and Duration read a flag from the nearest command that
+// String, Bool and Duration read a flag from the nearest command that
 // defines it (global flags live on the app; see Intersperse).
 func String(c *cli.Context, name string) string          { return c.String(name) }
 func Bool(c *cli.Context, name string) bool              { return c.Bool(name) }
-func Int(c *cli.Context, name string) int                { return c.Int(name) }
 func Duration(c *cli.Context, name string) time.Duration { return c.Duration(name) }
+
+// walk calls fn for the app (cmd nil) and for every command under it, with
+// the command's path of names.
+func walk(app *cli.App, fn func(path []string, flags []cli.Flag, cmd *cli.Command)) {
+	var rec func(path []string, cmds []*cli.Command)
+	rec = func(path []string, cmds []*cli.Command) {
+		for _, c := range cmds {
+			p := append(path[:len(path):len(path)], c.Name)
+			fn(p, c.Flags, c)
+			rec(p, c.Subcommands)
+		}
+	}
+	fn(nil, app.Flags, nil)
+	rec(nil, app.Commands)
+}
+
+// envVars is the EnvVars field of the flag types the binaries use (nil for
+// others, which the per-binary env tests then report).
+func envVars(f cli.Flag) *[]string {
+	switch f := f.(type) {
+	case *cli.StringFlag:
+		return &f.EnvVars
+	case *cli.BoolFlag:
+		return &f.EnvVars
+	case *cli.IntFlag:
+		return &f.EnvVars
+	case *cli.Uint64Flag:
+		return &f.EnvVars
+	case *cli.Float64Flag:
+		return &f.EnvVars
+	case *cli.DurationFlag:
+		return &f.EnvVars
+	case *cli.StringSliceFlag:
+		return &f.EnvVars
+	}
+	return nil
+}
 
 // EnvAll gives every flag without an environment variable one named after
 // its command path, SHARDVISOR_<COMMAND>_<SUBCOMMAND>_<FLAG> (dashes become
 // underscores), so that every flag can be set from the environment and
 // --help shows which variable. Flags that name their own keep them.
 func EnvAll(app *cli.App) *cli.App {
-	var walk func(prefix string, flags []cli.Flag, cmds []*cli.Command)
-	walk = func(prefix string, flags []cli.Flag, cmds []*cli.Command) {
+	walk(app, func(path []string, flags []cli.Flag, _ *cli.Command) {
 		for _, f := range flags {
-			v := reflect.ValueOf(f)
-			if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
-				continue
+			if ev := envVars(f); ev != nil && len(*ev) == 0 {
+				name := strings.Join(append([]string{"SHARDVISOR"}, append(path, f.Names()[0])...), "_")
+				*ev = []string{strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(name))}
 			}
-			ev := v.Elem().FieldByName("EnvVars")
-			if !ev.IsValid() || !ev.CanSet() || ev.Len() > 0 || len(f.Names()) == 0 {
-				continue
-			}
-			ev.Set(reflect.ValueOf([]string{envName(prefix + "_" + f.Names()[0])}))
 		}
-		for _, c := range cmds {
-			walk(prefix+"_"+c.Name, c.Flags, c.Subcommands)
-		}
-	}
-	walk("SHARDVISOR", app.Flags, app.Commands)
+	})
 	return app
 }
 
-func envName(s string) string {
-	return strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(s))
-}
-
-// MissingEnv lists the flags ("command --flag") with no environment
-// variable, and variables that two flags share, for tests.
-func MissingEnv(app *cli.App) []string {
-	var out []string
+// Env lists, for tests, every flag ("shardctl gc --node SHARDVISOR_GC_NODE")
+// with its environment variables, and the problems: flags without one, and
+// variables that two different flags share.
+func Env(app *cli.App) (list, problems []string) {
 	seen := map[string]string{}
-	var walk func(path string, flags []cli.Flag, cmds []*cli.Command)
-	walk = func(path string, flags []cli.Flag, cmds []*cli.Command) {
+	walk(app, func(path []string, flags []cli.Flag, _ *cli.Command) {
 		for _, f := range flags {
-			if _, isHelp := f.(*cli.BoolFlag); isHelp && f.Names()[0] == "help" {
-				continue
+			name := strings.Join(append([]string{app.Name}, path...), " ") + " --" + f.Names()[0]
+			var vars []string
+			if df, ok := f.(cli.DocGenerationFlag); ok {
+				vars = df.GetEnvVars()
 			}
-			name := strings.TrimSpace(path + " --" + f.Names()[0])
-			df, ok := f.(cli.DocGenerationFlag)
-			if !ok || len(df.GetEnvVars()) == 0 {
-				out = append(out, name+": no environment variable")
-				continue
+			list = append(list, strings.Join(append([]string{name}, vars...), " "))
+			if len(vars) == 0 {
+				problems = append(problems, name+": no environment variable")
 			}
-			for _, e := range df.GetEnvVars() {
+			for _, e := range vars {
 				// Flags that mean the same on several commands may share
 				// a variable (the ZooKeeper and output flags do).
 				if other, dup := seen[e]; dup && !strings.HasSuffix(other, " --"+f.Names()[0]) {
-					out = append(out, fmt.Sprintf("%s: %s is also %s's", name, e, other))
+					problems = append(problems, fmt.Sprintf("%s: %s is also %s's", name, e, other))
 				}
 				seen[e] = name
 			}
 		}
-		for _, c := range cmds {
-			walk(path+" "+c.Name, c.Flags, c.Subcommands)
-		}
-	}
-	walk(app.Name, app.Flags, app.Commands)
-	return out
+	})
+	return list, problems
 }
 
-// Run runs app with os.Args and exits with the right status: 0, 1 for
-// failures, 2 for usage errors (bad or missing flags, unknown commands).
-// Every flag gets an environment variable (EnvAll).
+// Run runs app with os.Args and exits with the status Exec returns.
 func Run(app *cli.App) {
-	EnvAll(app)
-	name := app.Name
-	usage := func(c *cli.Context, err error, _ bool) error {
-		return Usagef("%v", err)
-	}
-	app.OnUsageError = usage
-	var fix func([]*cli.Command)
-	fix = func(cmds []*cli.Command) {
-		for _, cmd := range cmds {
-			cmd.OnUsageError = usage
-			fix(cmd.Subcommands)
+	os.Exit(Exec(context.Background(), app, os.Args))
+}
+
+// Exec runs app on args (args[0] is the program's name) with every flag's
+// environment variable (EnvAll) and flags anywhere (Intersperse), prints
+// any error to app.ErrWriter and returns the exit status: 0; 2 for usage
+// errors, which are Usagef's, unknown commands, and whatever urfave/cli
+// rejects before a command's Action starts (a flag it cannot parse, a
+// missing required flag); 1 for other failures.
+func Exec(ctx context.Context, app *cli.App, args []string) int {
+	started, unknown := false, ""
+	start := func(action cli.ActionFunc) cli.ActionFunc {
+		if action == nil {
+			return nil // urfave/cli shows the help
 		}
+		return func(c *cli.Context) error { started = true; return action(c) }
 	}
-	fix(app.Commands)
-	app.CommandNotFound = func(c *cli.Context, cmd string) {
-		fmt.Fprintf(c.App.ErrWriter, "%s: unknown command %q; see '%s --help'\n", name, cmd, name)
-		os.Exit(ExitUsage)
-	}
-	app.ExitErrHandler = func(*cli.Context, error) {} // we choose the exit code below
+	usage := func(_ *cli.Context, err error, _ bool) error { return usageError{err} }
+	walk(EnvAll(app), func(_ []string, _ []cli.Flag, cmd *cli.Command) {
+		if cmd != nil {
+			cmd.OnUsageError, cmd.Action = usage, start(cmd.Action)
+		}
+	})
+	app.OnUsageError, app.Action = usage, start(app.Action)
+	app.CommandNotFound = func(_ *cli.Context, cmd string) { unknown = cmd }
+	app.ExitErrHandler = func(*cli.Context, error) {} // the status is chosen below
 	if app.ErrWriter == nil {
 		app.ErrWriter = os.Stderr
 	}
-	err := app.Run(Intersperse(app, os.Args))
-	if err == nil {
-		return
+	err := app.RunContext(ctx, Intersperse(app, args))
+	switch {
+	case err == nil && unknown != "":
+		fmt.Fprintf(app.ErrWriter, "%s: unknown command %q; see '%s --help'\n", app.Name, unknown, app.Name)
+		return ExitUsage
+	case err == nil:
+		return 0
+	case !started || errors.As(err, new(usageError)):
+		fmt.Fprintf(app.ErrWriter, "%s: usage error: %v\n", app.Name, err)
+		return ExitUsage
 	}
-	if IsUsage(err) || strings.HasPrefix(err.Error(), "flag provided but not defined") || strings.Contains(err.Error(), "Required flag") {
-		fmt.Fprintf(app.ErrWriter, "%s: usage error: %v\n", name, err)
-		os.Exit(ExitUsage)
-	}
-	fmt.Fprintf(app.ErrWriter, "%s: error: %v\n", name, err)
-	os.Exit(ExitFailure)
+	fmt.Fprintf(app.ErrWriter, "%s: error: %v\n", app.Name, err)
+	return ExitFailure
 }

@@ -1,6 +1,9 @@
 package cliutil
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"reflect"
 	"testing"
 
@@ -28,6 +31,16 @@ func TestIntersperse(t *testing.T) {
 		{[]string{"x", "move", "status", "id-1", "--json"}, []string{"x", "--json", "move", "status", "--", "id-1"}},
 		{[]string{"x", "unknown", "a", "--json"}, []string{"x", "unknown", "a", "--json"}},
 		{[]string{"x"}, []string{"x"}},
+		// A command's flag before its argument, a global flag between
+		// commands, and the later of two values wins.
+		{[]string{"x", "move", "--to", "n2", "5"}, []string{"x", "move", "--to", "n2", "--", "5"}},
+		{[]string{"x", "move", "--to", "n2", "status", "id-1"}, []string{"x", "move", "--to", "n2", "status", "--", "id-1"}},
+		{[]string{"x", "node", "--zk", "h:1", "add", "a"}, []string{"x", "--zk", "h:1", "node", "add", "--", "a"}},
+		{[]string{"x", "--zk", "a:1", "assign", "--zk", "b:1"}, []string{"x", "--zk", "a:1", "--zk", "b:1", "assign"}},
+		// A flag missing its value stays last, where the parser says so.
+		{[]string{"x", "assign", "3", "--retries"}, []string{"x", "assign", "--retries"}},
+		{[]string{"x", "assign", "3", "--no-copy", "--zk"}, []string{"x", "--zk"}},
+		{[]string{"x", "assign", "-", "--no-copy"}, []string{"x", "assign", "--no-copy", "--", "-"}},
 	} {
 		if got := Intersperse(app, tc.in); !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("Intersperse(%q) = %q, want %q", tc.in, got, tc.want)
@@ -35,12 +48,52 @@ func TestIntersperse(t *testing.T) {
 	}
 }
 
-func TestUsageErrorsAreRecognised(t *testing.T) {
-	if !IsUsage(Usagef("bad %s", "flag")) || IsUsage(errPlain{}) {
-		t.Fatal("IsUsage")
+// Exec's exit statuses and messages: 0; 2 for usage errors, whether
+// urfave/cli finds them (unknown or malformed flags, missing required
+// flags, unknown commands) or a command does (Usagef); 1 for failures.
+func TestExecExitStatus(t *testing.T) {
+	app := func(stdout, stderr *bytes.Buffer) *cli.App {
+		return &cli.App{Name: "x", Writer: stdout, ErrWriter: stderr,
+			Flags: []cli.Flag{&cli.StringFlag{Name: "zk"}},
+			Commands: []*cli.Command{
+				{Name: "ok", Flags: []cli.Flag{&cli.IntFlag{Name: "n"}}, Action: func(c *cli.Context) error {
+					stdout.WriteString(c.String("zk") + " " + c.Args().First() + " " + c.String("n"))
+					return nil
+				}},
+				{Name: "fail", Action: func(*cli.Context) error { return errors.New("it broke") }},
+				{Name: "misuse", Action: func(*cli.Context) error { return Usagef("misuse: want %s", "X") }},
+				{Name: "wrapped", Action: func(*cli.Context) error {
+					return errors.Join(errors.New("context"), Usagef("inner usage"))
+				}},
+				{Name: "table", Subcommands: []*cli.Command{{Name: "add",
+					Flags:  []cli.Flag{&cli.StringFlag{Name: "key", Required: true}},
+					Action: func(*cli.Context) error { return nil }}}},
+			},
+		}
+	}
+	for _, tc := range []struct {
+		args           []string
+		code           int
+		stdout, stderr string
+	}{
+		{[]string{"ok", "a", "--n", "3", "--zk", "h:1"}, 0, "h:1 a 3", ""},
+		{[]string{"fail"}, 1, "", "x: error: it broke\n"},
+		{[]string{"misuse"}, 2, "", "x: usage error: misuse: want X\n"},
+		{[]string{"wrapped"}, 2, "", "x: usage error: context\ninner usage\n"},
+		{[]string{"ok", "--bogus"}, 2, "", "x: usage error: flag provided but not defined: -bogus\n"},
+		{[]string{"--bogus", "ok"}, 2, "", "x: usage error: flag provided but not defined: -bogus\n"},
+		{[]string{"ok", "--n", "three"}, 2, "", "x: usage error: invalid value \"three\" for flag -n: parse error\n"},
+		{[]string{"ok", "a", "--n"}, 2, "", "x: usage error: flag needs an argument: -n\n"},
+		{[]string{"ok", "--zk"}, 2, "", "x: usage error: flag needs an argument: -zk\n"},
+		{[]string{"table", "add", "t", "--key", "k"}, 0, "", ""},
+		{[]string{"table", "add", "t"}, 2, "", "x: usage error: Required flag \"key\" not set\n"},
+		{[]string{"nosuch", "--zk", "h:1"}, 2, "", "x: unknown command \"nosuch\"; see 'x --help'\n"},
+		{[]string{"table", "nosuch"}, 2, "", "x: unknown command \"nosuch\"; see 'x --help'\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := Exec(context.Background(), app(&stdout, &stderr), append([]string{"x"}, tc.args...))
+		if code != tc.code || stderr.String() != tc.stderr || (tc.stdout != "" && stdout.String() != tc.stdout) {
+			t.Errorf("x %q: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
+		}
 	}
 }
-
-type errPlain struct{}
-
-func (errPlain) Error() string { return "plain" }
