@@ -140,6 +140,38 @@ func WritePoolStatus(ctx context.Context, s *zksession.Session, p Paths, pool st
 	return err
 }
 
+// PoolState is what ZooKeeper holds about one pool, as `shardctl pool
+// status` shows it.
+type PoolState struct {
+	ConfigPath    string
+	ConfigVersion *int32 // nil: the pool has no config
+	ConfigErr     error  // the config does not decode or validate
+	Status        *PoolStatus
+	Members       []Entry[PoolMember]
+}
+
+// ReadPoolState reads a pool's config version (and whether the config is
+// valid), its last swap result and its members. An invalid config or
+// member is reported in the result, an unreadable status record fails.
+func ReadPoolState(ctx context.Context, s *zksession.Session, p Paths, pool string) (*PoolState, error) {
+	ps := &PoolState{ConfigPath: p.PoolConfig(pool)}
+	data, ver, err := ReadPoolConfigData(ctx, s, p, pool)
+	switch {
+	case err == nil:
+		ps.ConfigVersion = &ver
+		_, ps.ConfigErr = DecodePoolConfig(ps.ConfigPath, data)
+	case !errors.Is(err, zksession.ErrNoNode):
+		return nil, err
+	}
+	if ps.Status, err = ReadPoolStatus(ctx, s, p, pool); err != nil {
+		return nil, err
+	}
+	if ps.Members, err = ListPoolMembers(ctx, s, p, pool); err != nil {
+		return nil, err
+	}
+	return ps, nil
+}
+
 // ListPools lists the names of the cluster's pools (sorted). A cluster
 // without a pools directory has none.
 func ListPools(ctx context.Context, s *zksession.Session, p Paths) ([]string, error) {

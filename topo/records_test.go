@@ -228,6 +228,13 @@ func TestIntegrationPoolRecords(t *testing.T) {
 	if ms[1].Name != "h-2" || ms[1].Err != nil || ms[1].Rec.State != "serving" || ms[1].Rec.MapVersion != 7 {
 		t.Fatalf("member: %+v", ms[1])
 	}
+	ps, err := ReadPoolState(ctx, s, p, "web")
+	if err != nil || ps.ConfigVersion == nil || *ps.ConfigVersion != 1 || ps.ConfigErr != nil || ps.Status != nil || len(ps.Members) != 2 || ps.ConfigPath != p.PoolConfig("web") {
+		t.Fatalf("pool state: %+v %v", ps, err)
+	}
+	if ps, err := ReadPoolState(ctx, s, p, "api"); err != nil || ps.ConfigVersion != nil || ps.Status.Result != SwapOK || len(ps.Members) != 0 {
+		t.Fatalf("state of a pool without config: %+v %v", ps, err)
+	}
 	if err := reg.Remove(ctx); err != nil {
 		t.Fatal(err)
 	}
