@@ -74,7 +74,6 @@ var sessionOwners = []string{"topo", "zksession", "internal/zktest"}
 // and so does a listed file that no longer needs to be here.
 var pendingSessionCallers = map[string]bool{
 	"bench/moves/main.go": true, "bench/supervisor/main.go": true,
-	"migrate/mover.go": true,
 	"supervisor/publish.go": true, "supervisor/sources.go": true,
 }
 
