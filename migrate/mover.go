@@ -847,8 +847,13 @@ func (r *run) flip(ctx context.Context) error {
 // owns the range (unless this process committed exactly that already), the
 // source releases it. It runs after the flip, and again when a move is
 // resumed past it, so that a mover dying in between leaves nothing frozen.
-// An unreachable source is left to the reconciler (`shardctl node sync`);
+// An unreachable source is left to the reconciler (`shardctl node reconcile`);
 // the target must own the range, or its writes are refused.
+//
+// A move changes one range, at the versions its steps fix, on connections
+// it holds; the fence sync after other map changes (fence.SyncAfterChange)
+// brings whole nodes to a map instead, which here would also freeze the
+// ranges of other moves in flight before their own steps do.
 func (r *run) settleFences(ctx context.Context) error {
 	v := r.rec.FlipVersion
 	if !r.targetOwned {
@@ -863,10 +868,10 @@ func (r *run) settleFences(ctx context.Context) error {
 	}
 	if src, err := r.source(ctx); err == nil {
 		if _, err := fence.Release(ctx, src, r.rec.Lo, r.rec.Hi, v); err != nil && !errors.Is(err, fence.ErrStale) {
-			r.mv.log.Warn("source fence not released; `shardctl node sync` will", zap.String("move", r.rec.ID), zap.Error(err))
+			r.mv.log.Warn("source fence not released; `shardctl node reconcile` will", zap.String("move", r.rec.ID), zap.Error(err))
 		}
 	} else {
-		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range until `shardctl node sync`", zap.String("move", r.rec.ID), zap.Error(err))
+		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range until `shardctl node reconcile`", zap.String("move", r.rec.ID), zap.Error(err))
 	}
 	return nil
 }
