@@ -277,7 +277,11 @@ func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
 	f := newFixture(t, 4, 2) // 16 buckets: pg1 0-7
 	seeded := f.seedRows("s", 300)
 	ctx := context.Background()
-	zkArgs := []string{"--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv", "--zk-session-timeout", "1s"}
+	// The killed mover's session is short so that its runner lock expires
+	// soon after the kill, but not so short that it expires under a loaded
+	// machine while the mover runs: a mover that loses its lock stops
+	// (before the step it should be killed at).
+	zkArgs := []string{"--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv", "--zk-session-timeout", "3s"}
 	want := map[string]string{
 		topo.MoveCopy: topo.MoveDone, topo.MoveCatchup: topo.MoveDone, topo.MoveFence: topo.MoveDone,
 		// Inside the write pause the record still says fence (nothing is
