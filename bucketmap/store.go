@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -18,7 +17,7 @@ import (
 var ErrConflict = errors.New("bucket map changed concurrently")
 
 // ErrClusterExists means init found a cluster already there.
-var ErrClusterExists = errors.New("cluster already exists")
+var ErrClusterExists = topo.ErrClusterExists
 
 // Store reads and writes one cluster's map in ZooKeeper.
 type Store struct {
@@ -53,59 +52,20 @@ type CreateOptions struct {
 }
 
 // Create writes a new cluster: its record, its first map, and the
-// directories of the layout, in one transaction. It refuses to touch an
-// existing cluster.
+// directories of the layout, in one transaction (topo.CreateCluster). It
+// refuses to touch an existing cluster.
 func (st *Store) Create(ctx context.Context, rec topo.ClusterRecord, m *Map, opt CreateOptions) error {
-	if rec.Name != st.p.ClusterName() {
-		return fmt.Errorf("cluster record names %q, the path is for %q", rec.Name, st.p.ClusterName())
-	}
-	crec, err := topo.Encode(rec)
-	if err != nil {
-		return err
-	}
-	if _, err := topo.DecodeCluster(st.p.Cluster(), crec); err != nil {
-		return err
-	}
 	mrec, err := Encode(m)
 	if err != nil {
 		return err
 	}
-	if ok, _, err := st.s.Exists(ctx, st.p.Cluster()); err != nil {
-		return err
-	} else if ok {
-		return fmt.Errorf("%w at %s; refusing to overwrite it", ErrClusterExists, st.p.Cluster())
-	}
-	if err := st.s.CreateAll(ctx, st.p.Root()); err != nil {
-		return err
-	}
-	acl, macl := opt.ACL, opt.MemberACL
-	if macl == nil {
-		macl = acl
-	}
-	ops := []zksession.Op{
-		zksession.CreateOp(st.p.Cluster(), crec, acl),
-		zksession.CreateOp(st.p.Map(), mrec, acl),
-		zksession.CreateOp(st.p.Pools(), nil, acl),
-		zksession.CreateOp(st.p.Routers(), nil, macl),
-		zksession.CreateOp(st.p.Moves(), nil, acl),
-		zksession.CreateOp(st.p.Locks(), nil, acl),
-	}
-	if _, err := st.s.Multi(ctx, ops...); err != nil {
-		if errors.Is(err, zksession.ErrNodeExists) {
-			return fmt.Errorf("%w at %s; refusing to overwrite it", ErrClusterExists, st.p.Cluster())
-		}
-		return err
-	}
-	return nil
+	return topo.CreateCluster(ctx, st.s, st.p, rec, mrec, topo.ClusterACLs{ACL: opt.ACL, MemberACL: opt.MemberACL})
 }
 
 // Load reads and validates the current map, with its znode version for a
 // later compare-and-swap.
 func (st *Store) Load(ctx context.Context) (*Map, int32, error) {
-	data, stat, err := st.s.Get(ctx, st.p.Map())
-	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, 0, fmt.Errorf("%w: no bucket map at %s (create the cluster with `shardctl init`)", topo.ErrNoCluster, st.p.Map())
-	}
+	data, zv, err := topo.ReadMapData(ctx, st.s, st.p)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -113,7 +73,7 @@ func (st *Store) Load(ctx context.Context) (*Map, int32, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	return m, stat.Version, nil
+	return m, zv, nil
 }
 
 // Update applies edit to a copy of the current map and writes it back by
@@ -169,27 +129,23 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 		if err != nil {
 			return nil, 0, nil, err
 		}
-		var stats []zksession.Stat
-		if also == nil {
-			var stat zksession.Stat
-			stat, err = st.s.Set(ctx, st.p.Map(), data, zv)
-			stats = []zksession.Stat{stat}
-		} else {
-			var ops []zksession.Op
+		var ops []zksession.Op
+		if also != nil {
 			if ops, err = also(next); err != nil {
 				return nil, 0, nil, err
 			}
-			stats, err = st.s.Multi(ctx, append([]zksession.Op{zksession.SetOp(st.p.Map(), data, zv)}, ops...)...)
 		}
+		nzv, stats, err := topo.WriteMapData(ctx, st.s, st.p, data, zv, ops...)
 		if err != nil {
-			var oe *zksession.OpError
-			if errors.Is(err, zksession.ErrBadVersion) && (also == nil || errors.As(err, &oe) && oe.Path == st.p.Map()) {
+			// Only a lost race on the map itself is worth re-reading for:
+			// also's records moving on is the caller's to judge.
+			if errors.Is(err, topo.ErrMapChanged) {
 				lastErr = fmt.Errorf("%w: the write based on map version %d lost to another writer", ErrConflict, cur.Version)
 				continue
 			}
 			return nil, 0, nil, err
 		}
-		return next, stats[0].Version, stats[1:], nil
+		return next, nzv, stats, nil
 	}
 	return nil, 0, nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, retries+1)
 }
@@ -197,7 +153,8 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 // MapPath is where the map lives, for watchers.
 func (st *Store) MapPath() string { return st.p.Map() }
 
-// Destroy deletes the whole cluster tree. For tests and `shardctl destroy`.
+// Destroy deletes the whole cluster tree. For tests and benchmarks (no
+// command deletes a cluster).
 func (st *Store) Destroy(ctx context.Context) error {
-	return st.s.DeleteAll(ctx, path.Clean(st.p.Cluster()))
+	return topo.DeleteCluster(ctx, st.s, st.p)
 }

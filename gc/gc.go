@@ -239,6 +239,31 @@ type GC struct {
 	segments map[string]int // history entry -> how many ranges it was cut into
 }
 
+// ErrNoTables means the cluster has no sharded tables, so nothing for GC.
+var ErrNoTables = errors.New("gc: the cluster has no sharded tables (shardctl table add)")
+
+// New returns the GC of the cluster of st with the cluster's sharded
+// tables, refusing a cluster without any (ErrNoTables) and an opt.Node
+// that is not in the registry (bucketmap.ErrUnknownNode; checked when the
+// map can be read, and if it cannot, Run says so).
+func New(ctx context.Context, st *bucketmap.Store, opt Options) (*GC, error) {
+	rec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
+	if err != nil {
+		return nil, err
+	}
+	if len(rec.Tables) == 0 {
+		return nil, ErrNoTables
+	}
+	if opt.Node != "" {
+		if m, _, err := st.Load(ctx); err == nil {
+			if _, ok := m.Node(opt.Node); !ok {
+				return nil, fmt.Errorf("%w %q", bucketmap.ErrUnknownNode, opt.Node)
+			}
+		}
+	}
+	return &GC{Session: st.Session(), Store: st, Tables: rec.Tables, Opt: opt}, nil
+}
+
 func hkey(h bucketmap.Handoff) string {
 	return fmt.Sprintf("%s/%d/%d/%d", h.Node, h.Lo, h.Hi, h.UntilVersion)
 }

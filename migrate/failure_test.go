@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -257,7 +258,8 @@ func shardctlBin(t *testing.T) string {
 			return
 		}
 		shardctl = filepath.Join(dir, "shardctl")
-		out, err := exec.Command("go", "build", "-o", shardctl, filepath.Join(filepath.Dir(file), "..", "cmd", "shardctl")).CombinedOutput()
+		// With the failpoints that kill it at each step of a move.
+		out, err := exec.Command("go", "build", "-tags", "failpoints", "-o", shardctl, filepath.Join(filepath.Dir(file), "..", "cmd", "shardctl")).CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("%v\n%s", err, out)
 		}
@@ -275,7 +277,11 @@ func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
 	f := newFixture(t, 4, 2) // 16 buckets: pg1 0-7
 	seeded := f.seedRows("s", 300)
 	ctx := context.Background()
-	zkArgs := []string{"--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv", "--zk-session-timeout", "1s"}
+	// The killed mover's session is short so that its runner lock expires
+	// soon after the kill, but not so short that it expires under a loaded
+	// machine while the mover runs: a mover that loses its lock stops
+	// (before the step it should be killed at).
+	zkArgs := []string{"--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv", "--zk-session-timeout", "3s"}
 	want := map[string]string{
 		topo.MoveCopy: topo.MoveDone, topo.MoveCatchup: topo.MoveDone, topo.MoveFence: topo.MoveDone,
 		// Inside the write pause the record still says fence (nothing is
@@ -289,7 +295,7 @@ func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
 	b := uint32(0)
 	for _, state := range []string{topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveVerify} {
 		cmd := exec.Command(bin, append(append([]string{}, zkArgs...), "move", fmt.Sprint(b), "--to", "pg2")...)
-		cmd.Env = append(os.Environ(), "SHARDVISOR_MOVE_CRASH_AT="+state)
+		cmd.Env = append(os.Environ(), failpoint.Env+"="+failpointPrefix+state)
 		out, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != -1 {
 			t.Fatalf("crash at %s: the mover was not killed: %v\n%s", state, err, out)

@@ -25,15 +25,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"path"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,6 +39,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -65,9 +63,6 @@ type Options struct {
 	Logger     *zap.Logger
 	// Progress, when set, receives a line per state and copy progress.
 	Progress func(rec *topo.MoveRecord, msg string)
-	// CrashAt is a test hook: the process kills itself (SIGKILL) on
-	// entering this state. Taken from SHARDVISOR_MOVE_CRASH_AT when empty.
-	CrashAt string
 }
 
 func (o Options) withDefaults() Options {
@@ -88,9 +83,6 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
-	}
-	if o.CrashAt == "" {
-		o.CrashAt = os.Getenv("SHARDVISOR_MOVE_CRASH_AT")
 	}
 	return o
 }
@@ -148,7 +140,8 @@ type run struct {
 	// targetOwned: the target's fence owns the range at the flip's version.
 	targetOwned bool
 	seq         int64
-	lock        *zksession.Ephemeral
+	lock        *zksession.Lock
+	unlock      context.CancelFunc // stops following the lock
 }
 
 // Move creates a move of bucket to target and runs it to the end. With
@@ -203,14 +196,7 @@ func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 		Source: string(src), Target: string(target), State: topo.MovePrepare, NoCopy: noCopy, Tables: crec.Tables,
 		Publication: name, Subscription: name, Slot: name, StartVersion: m.Version, CreatedAt: now, UpdatedAt: now,
 		Steps: []topo.MoveStep{{State: topo.MovePrepare, At: now}}, Runner: mv.runner}
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return nil, err
-	}
-	if err := mv.s.CreateAll(ctx, mv.p.Moves()); err != nil {
-		return nil, err
-	}
-	if err := mv.s.Create(ctx, mv.p.Move(id), data); err != nil {
+	if err := topo.CreateMove(ctx, mv.s, mv.p, rec); err != nil {
 		return nil, err
 	}
 	mv.log.Info("move created", zap.String("move", id), zap.Uint32("bucket", bucket), zap.String("from", string(src)), zap.String("to", string(target)), zap.Bool("no_copy", noCopy))
@@ -226,7 +212,7 @@ func (mv *Mover) Resume(ctx context.Context, id string) (*topo.MoveRecord, error
 
 // Abort rolls back a move that has not flipped yet.
 func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord, error) {
-	r, err := mv.open(ctx, id)
+	r, ctx, err := mv.open(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -237,25 +223,19 @@ func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord
 	if pastFlip(r.rec) {
 		return r.rec, fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
 	}
-	return r.rec, r.abort(ctx, errors.New(reason))
+	return r.rec, r.stopped(ctx, r.abort(ctx, errors.New(reason)))
 }
 
 // Get reads one move record.
 func (mv *Mover) Get(ctx context.Context, id string) (*topo.MoveRecord, error) {
-	data, _, err := mv.s.Get(ctx, mv.p.Move(id))
-	if err != nil {
-		return nil, err
-	}
-	return topo.DecodeMove(mv.p.Move(id), data)
+	rec, _, err := topo.ReadMove(ctx, mv.s, mv.p, id)
+	return rec, err
 }
 
 // List reads every move record, oldest first. An unreadable record is an
 // error: nobody should plan around a move it cannot see.
 func (mv *Mover) List(ctx context.Context) ([]*topo.MoveRecord, error) {
-	kids, _, err := mv.s.Children(ctx, mv.p.Moves())
-	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, nil
-	}
+	kids, err := topo.ListMoves(ctx, mv.s, mv.p)
 	if err != nil {
 		return nil, err
 	}
@@ -289,30 +269,44 @@ func pastFlip(rec *topo.MoveRecord) bool {
 	return false
 }
 
-// open takes the move's runner lock and reads its record.
-func (mv *Mover) open(ctx context.Context, id string) (*run, error) {
-	data, stat, err := mv.s.Get(ctx, mv.p.Move(id))
+// open takes the move's runner lock and reads its record. The context it
+// returns is cancelled if the lock is lost (the session was lost, so
+// another mover may take the move over): from then on this run must not
+// touch the move, and every call made with that context fails.
+func (mv *Mover) open(ctx context.Context, id string) (*run, context.Context, error) {
+	rec, ver, err := topo.ReadMove(ctx, mv.s, mv.p, id)
 	if err != nil {
-		return nil, fmt.Errorf("move %s: %w", id, err)
-	}
-	rec, err := topo.DecodeMove(mv.p.Move(id), data)
-	if err != nil {
-		return nil, err
-	}
-	r := &run{mv: mv, rec: rec, ver: stat.Version, seq: time.Now().UnixNano()}
-	if rec.Finished() {
-		return r, nil
-	}
-	lock, err := mv.s.CreateEphemeral(ctx, mv.p.MoveRunner(id), []byte(mv.runner), nil)
-	if err != nil {
-		if errors.Is(err, zksession.ErrOwnedElsewhere) || errors.Is(err, zksession.ErrNodeExists) {
-			owner, _, _ := mv.s.Get(ctx, mv.p.MoveRunner(id))
-			return nil, fmt.Errorf("%w: %s is run by %s (if that mover died, its ZooKeeper session expires within the session timeout)", ErrBusy, id, owner)
+		if re := (*topo.RecordError)(nil); !errors.As(err, &re) {
+			err = fmt.Errorf("move %s: %w", id, err)
 		}
-		return nil, err
+		return nil, nil, err
+	}
+	r := &run{mv: mv, rec: rec, ver: ver, seq: time.Now().UnixNano()}
+	if rec.Finished() {
+		return r, ctx, nil
+	}
+	lock, err := topo.LockMoveRunner(ctx, mv.s, mv.p, id, mv.runner)
+	var le *zksession.LockedError
+	switch {
+	case errors.As(err, &le):
+		return nil, nil, fmt.Errorf("%w: %s is run by %s (if that mover died, its ZooKeeper session expires within the session timeout)", ErrBusy, id, le.Holder)
+	case errors.Is(err, zksession.ErrAlreadyHeld):
+		return nil, nil, fmt.Errorf("%w: %s is run by this process (%s)", ErrBusy, id, mv.runner)
+	case err != nil:
+		return nil, nil, err
 	}
 	r.lock = lock
-	return r, nil
+	ctx, r.unlock = lock.Context(ctx)
+	return r, ctx, nil
+}
+
+// stopped turns the error of a run whose lock was lost into one that says
+// so: nothing was rolled back, the move stays as its record says.
+func (r *run) stopped(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); err != nil && errors.Is(cause, zksession.ErrLockLost) {
+		return fmt.Errorf("move %s stopped in %s: %w (resume it with `shardctl move resume %s`)", r.rec.ID, r.rec.State, cause, r.rec.ID)
+	}
+	return err
 }
 
 func (r *run) close() {
@@ -334,7 +328,8 @@ func (r *run) close() {
 		r.dstConn.Close(ctx)
 	}
 	if r.lock != nil {
-		_ = r.lock.Delete(ctx)
+		r.unlock()
+		_ = r.lock.Release(ctx)
 	}
 }
 
@@ -343,11 +338,7 @@ func (r *run) close() {
 func (r *run) save(ctx context.Context) error {
 	r.rec.UpdatedAt = time.Now().UTC()
 	r.rec.Runner = r.mv.runner
-	data, err := json.Marshal(r.rec)
-	if err != nil {
-		return err
-	}
-	st, err := r.mv.s.Set(ctx, r.mv.p.Move(r.rec.ID), data, r.ver)
+	ver, err := topo.UpdateMove(ctx, r.mv.s, r.mv.p, r.rec, r.ver)
 	for attempt := 0; errors.Is(err, zksession.ErrNotConnected) && attempt < 3; attempt++ {
 		// A suspended session usually comes back within its timeout:
 		// wait for it rather than fail the move over a blip.
@@ -357,12 +348,12 @@ func (r *run) save(ctx context.Context) error {
 		if werr != nil {
 			break
 		}
-		st, err = r.mv.s.Set(ctx, r.mv.p.Move(r.rec.ID), data, r.ver)
+		ver, err = topo.UpdateMove(ctx, r.mv.s, r.mv.p, r.rec, r.ver)
 	}
 	if err != nil {
 		return fmt.Errorf("saving move %s: %w", r.rec.ID, err)
 	}
-	r.ver = st.Version
+	r.ver = ver
 	return nil
 }
 
@@ -390,18 +381,17 @@ func (r *run) step(state string) {
 	r.crashHook(state)
 }
 
-// crashFlipped is a CrashAt point that is not a state: right after the
-// flip's ZooKeeper transaction, before the target's ownership is committed
-// and the source's fence released.
-const crashFlipped = "flipped"
+// Failpoints (package internal/failpoint, in builds with -tags
+// failpoints): "move:<state>" on entering each state, and crashFlipped
+// right after the flip's ZooKeeper transaction, before the target's
+// ownership is committed and the source's fence released. A test kills
+// the mover at each of them and checks that a resume recovers.
+const (
+	failpointPrefix = "move:"
+	crashFlipped    = "flipped"
+)
 
-func (r *run) crashHook(state string) {
-	if r.mv.opts.CrashAt == state {
-		r.mv.log.Warn("test hook: killing the mover", zap.String("state", state))
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		select {} // not reached
-	}
-}
+func (r *run) crashHook(state string) { failpoint.Inject(failpointPrefix + state) }
 
 func (r *run) progress(msg string) {
 	r.mv.log.Info("move "+msg, zap.String("move", r.rec.ID), zap.Uint32("bucket", r.rec.Bucket),
@@ -449,7 +439,7 @@ func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, ro
 
 // drive runs a move from its recorded state to the end.
 func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error) {
-	r, err := mv.open(ctx, id)
+	r, ctx, err := mv.open(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -458,7 +448,7 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 		return r.rec, nil
 	}
 	if _, err := r.nodes(ctx); err != nil {
-		return r.rec, r.abort(ctx, err)
+		return r.rec, r.stopped(ctx, r.abort(ctx, err))
 	}
 	for {
 		var err error
@@ -480,7 +470,7 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 		case topo.MoveVerify:
 			err = r.verify(ctx)
 		case topo.MoveAborting:
-			return r.rec, r.abort(ctx, errors.New(r.rec.Error))
+			return r.rec, r.stopped(ctx, r.abort(ctx, errors.New(r.rec.Error)))
 		case topo.MoveDone, topo.MoveAborted:
 			return r.rec, nil
 		case topo.MoveFailed:
@@ -490,6 +480,11 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 		}
 		if err == nil {
 			continue
+		}
+		if errors.Is(context.Cause(ctx), zksession.ErrLockLost) {
+			// Another mover may run the move now: neither roll back nor
+			// record anything, leave it as its record says.
+			return r.rec, r.stopped(ctx, err)
 		}
 		if errors.Is(err, ErrVerifyMismatch) {
 			return r.rec, err
@@ -501,7 +496,7 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 			_ = r.save(ctx)
 			return r.rec, fmt.Errorf("move %s stopped in %s (the bucket is already on %s; finish with `shardctl move resume %s`): %w", id, r.rec.State, r.rec.Target, id, err)
 		}
-		return r.rec, r.abort(ctx, err)
+		return r.rec, r.stopped(ctx, r.abort(ctx, err))
 	}
 }
 
@@ -811,8 +806,8 @@ func (r *run) flip(ctx context.Context) error {
 			rec.State = topo.MoveFlip
 			rec.UpdatedAt = time.Now().UTC()
 			rec.Runner = r.mv.runner
-			data, err := json.Marshal(&rec)
-			return []zksession.Op{zksession.SetOp(r.mv.p.Move(r.rec.ID), data, r.ver)}, err
+			op, err := topo.UpdateMoveOp(r.mv.p, &rec, r.ver)
+			return []zksession.Op{op}, err
 		})
 		if err != nil {
 			// Not flipped (or not known to be: then the abort's first
@@ -852,8 +847,13 @@ func (r *run) flip(ctx context.Context) error {
 // owns the range (unless this process committed exactly that already), the
 // source releases it. It runs after the flip, and again when a move is
 // resumed past it, so that a mover dying in between leaves nothing frozen.
-// An unreachable source is left to the reconciler (`shardctl node sync`);
+// An unreachable source is left to the reconciler (`shardctl node reconcile`);
 // the target must own the range, or its writes are refused.
+//
+// A move changes one range, at the versions its steps fix, on connections
+// it holds; the fence sync after other map changes (fence.SyncAfterChange)
+// brings whole nodes to a map instead, which here would also freeze the
+// ranges of other moves in flight before their own steps do.
 func (r *run) settleFences(ctx context.Context) error {
 	v := r.rec.FlipVersion
 	if !r.targetOwned {
@@ -868,10 +868,10 @@ func (r *run) settleFences(ctx context.Context) error {
 	}
 	if src, err := r.source(ctx); err == nil {
 		if _, err := fence.Release(ctx, src, r.rec.Lo, r.rec.Hi, v); err != nil && !errors.Is(err, fence.ErrStale) {
-			r.mv.log.Warn("source fence not released; `shardctl node sync` will", zap.String("move", r.rec.ID), zap.Error(err))
+			r.mv.log.Warn("source fence not released; `shardctl node reconcile` will", zap.String("move", r.rec.ID), zap.Error(err))
 		}
 	} else {
-		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range until `shardctl node sync`", zap.String("move", r.rec.ID), zap.Error(err))
+		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range until `shardctl node reconcile`", zap.String("move", r.rec.ID), zap.Error(err))
 	}
 	return nil
 }
@@ -1099,16 +1099,7 @@ func (r *run) reached(state string) bool {
 
 // pause stops the rebalancer until an operator resumes it.
 func (mv *Mover) pause(ctx context.Context, reason, move string) error {
-	rec := topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: true, Reason: reason, Move: move, At: time.Now().UTC()}
-	data, err := topo.Encode(rec)
-	if err != nil {
-		return err
-	}
-	if _, err := mv.s.Set(ctx, mv.p.Rebalance(), data, zksession.AnyVersion); errors.Is(err, zksession.ErrNoNode) {
-		return mv.s.Create(ctx, mv.p.Rebalance(), data)
-	} else {
-		return err
-	}
+	return topo.WriteRebalance(ctx, mv.s, mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: true, Reason: reason, Move: move, At: time.Now().UTC()})
 }
 
 // waitMembers waits until every live router and supervisor has applied
@@ -1134,40 +1125,45 @@ func (mv *Mover) waitMembers(ctx context.Context, v uint64) error {
 	}
 }
 
-// lagging lists the member records whose map version is below v.
+// lagging lists the member records (routers, and every pool's
+// supervisors) whose map version is below v. A record that does not decode
+// counts as lagging: a member whose view cannot be read is not known to
+// have applied anything.
 func (mv *Mover) lagging(ctx context.Context, v uint64) ([]string, error) {
-	var dirs []string
-	dirs = append(dirs, mv.p.Routers())
-	pools, _, err := mv.s.Children(ctx, mv.p.Pools())
-	if err != nil && !errors.Is(err, zksession.ErrNoNode) {
+	var out []string
+	behind := func(at string, have uint64, err error) {
+		switch {
+		case err != nil:
+			out = append(out, fmt.Sprintf("%s (unreadable: %v)", at, err))
+		case have < v:
+			out = append(out, fmt.Sprintf("%s (map version %d)", at, have))
+		}
+	}
+	routers, err := topo.ListRouters(ctx, mv.s, mv.p)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range routers {
+		if e.Err != nil {
+			behind(e.Path, 0, e.Err)
+		} else {
+			behind(e.Path, e.Rec.MapVersion, nil)
+		}
+	}
+	pools, err := topo.ListPools(ctx, mv.s, mv.p)
+	if err != nil {
 		return nil, err
 	}
 	for _, pool := range pools {
-		dirs = append(dirs, mv.p.PoolMembers(pool))
-	}
-	var out []string
-	for _, dir := range dirs {
-		kids, _, err := mv.s.Children(ctx, dir)
-		if errors.Is(err, zksession.ErrNoNode) {
-			continue
-		}
+		members, err := topo.ListPoolMembers(ctx, mv.s, mv.p, pool)
 		if err != nil {
 			return nil, err
 		}
-		for _, k := range kids {
-			p := path.Join(dir, k)
-			data, _, err := mv.s.Get(ctx, p)
-			if errors.Is(err, zksession.ErrNoNode) {
-				continue // it just left
-			}
-			if err != nil {
-				return nil, err
-			}
-			var rec struct {
-				MapVersion uint64 `json:"map_version"`
-			}
-			if err := json.Unmarshal(data, &rec); err != nil || rec.MapVersion < v {
-				out = append(out, fmt.Sprintf("%s (map version %d)", p, rec.MapVersion))
+		for _, e := range members {
+			if e.Err != nil {
+				behind(e.Path, 0, e.Err)
+			} else {
+				behind(e.Path, e.Rec.MapVersion, nil)
 			}
 		}
 	}

@@ -31,7 +31,8 @@ type Rebalancer struct {
 	// did not answer in time, say) is tried before the rebalancer stops.
 	// Default 3.
 	Attempts int
-	// Backoff is the wait before the first retry; it doubles. Default 2 s.
+	// Backoff is the wait before the first retry; it doubles, with ±20%
+	// jitter (internal/backoff). Default 2 s.
 	Backoff time.Duration
 	// Progress, when set, receives a line per decision.
 	Progress func(msg string)
@@ -44,7 +45,12 @@ func NewRebalancer(mv *Mover, pol bucketmap.Policy) *Rebalancer {
 
 // Report is what one Run did.
 type Report struct {
-	Splits     int                `json:"splits"`
+	Splits int `json:"splits"`
+	// Reassigned is always 0; the field stays for the report's format.
+	// Buckets of a down node are reassigned, without copying and with the
+	// fence sync, when the node is marked down (bucketmap.Map.MarkDown via
+	// `shardctl node down`), and the rebalancer refuses to run while a node
+	// is down (ErrNodeDown), so it never has any to reassign itself.
 	Reassigned int                `json:"reassigned"`
 	Resumed    []string           `json:"resumed,omitempty"`
 	Moves      []*topo.MoveRecord `json:"moves"`
@@ -106,7 +112,7 @@ func (rb *Rebalancer) Plan(ctx context.Context) (*bucketmap.Plan, error) {
 // pauses it), a node down, ZooKeeper not connected.
 func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 	rep := &Report{Moves: []*topo.MoveRecord{}}
-	failures := map[uint32]int{} // clean aborts per bucket
+	retry := map[uint32]*backoff.Backoff{} // per bucket, after clean aborts
 	// Unfinished moves first: a mover that died left them.
 	moves, err := rb.mv.List(ctx)
 	if err != nil {
@@ -153,21 +159,9 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			rep.Splits += p.Splits
 			continue
 		}
-		if len(p.Reassign) > 0 {
-			rb.say("reassigning %d buckets of down nodes without copying", len(p.Reassign))
-			if _, err := rb.mv.st.Update(ctx, func(m *bucketmap.Map) error {
-				for _, mv := range p.Reassign {
-					if err := m.Assign(mv.Bucket, mv.To, bucketmap.AssignOptions{NoCopy: true, Force: true}); err != nil {
-						return err
-					}
-				}
-				return nil
-			}); err != nil {
-				return rep, err
-			}
-			rep.Reassigned += len(p.Reassign)
-			continue
-		}
+		// p.Reassign is empty here: it lists buckets of down nodes, and
+		// check refused to go on while a node is down (see
+		// Report.Reassigned).
 		if len(p.Moves) == 0 {
 			rep.Balanced = true
 			rb.say("balanced: nothing to move")
@@ -199,10 +193,14 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			// A move that aborted cleanly left nothing behind: try it
 			// again after a pause, a few times, before giving up.
 			if rec != nil && rec.State == topo.MoveAborted && !errors.Is(errs[i], ErrVerifyMismatch) {
-				failures[rec.Bucket]++
-				if failures[rec.Bucket] < rb.Attempts {
-					wait := backoff.Delay(rb.Backoff, rb.Backoff<<rb.Attempts, failures[rec.Bucket]-1)
-					rb.say("move of bucket %d aborted (%v); retrying in %s (attempt %d of %d)", rec.Bucket, errs[i], wait, failures[rec.Bucket]+1, rb.Attempts)
+				b := retry[rec.Bucket]
+				if b == nil {
+					b = backoff.New(rb.Backoff, rb.Backoff<<rb.Attempts)
+					retry[rec.Bucket] = b
+				}
+				if failures := b.Attempts() + 1; failures < rb.Attempts {
+					wait := b.Next() // with jitter, like every retry
+					rb.say("move of bucket %d aborted (%v); retrying in %s (attempt %d of %d)", rec.Bucket, errs[i], wait.Round(time.Millisecond), failures+1, rb.Attempts)
 					select {
 					case <-ctx.Done():
 						return rep, ctx.Err()

@@ -11,6 +11,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
+	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -74,4 +75,47 @@ func TestIntegrationRebalancerLockWaitsAndStopsWhenLost(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("RunForever went on after losing its lock")
 	}
+}
+
+// A mover whose runner lock is lost (its node vanishes, as when the
+// session is lost and the server expires it) stops at once: it neither
+// rolls the move back nor writes its record again, since another mover
+// may run the move now. A resume by another mover finishes it.
+func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
+	f := newFixture(t, 2, 2)
+	seeded := f.seedRows("s", 50)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
+	mv := f.mover(Options{})
+	var lockPath string
+	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+		if msg != topo.MoveCopy || lockPath != "" {
+			return
+		}
+		lockPath = f.st.Paths().MoveRunner(rec.ID)
+		if err := other.Delete(ctx, lockPath, zksession.AnyVersion); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(500 * time.Millisecond) // for the lock's watch to notice
+	}
+	rec, err := mv.Move(ctx, 0, "pg2", false)
+	if !errors.Is(err, zksession.ErrLockLost) {
+		t.Fatalf("move after losing its lock: %v, want ErrLockLost", err)
+	}
+	saved, gerr := mv.Get(ctx, rec.ID)
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if saved.State != topo.MoveCopy || saved.Error != "" {
+		t.Fatalf("the mover went on writing its record after losing the lock: %s %q", saved.State, saved.Error)
+	}
+	if ok, _, _ := other.Exists(ctx, lockPath); ok {
+		t.Fatal("the runner lock was re-created after it was lost")
+	}
+	done, err := f.mover(Options{}).Resume(ctx, rec.ID)
+	if err != nil || done.State != topo.MoveDone {
+		t.Fatalf("resume: %v (%s)", err, done.State)
+	}
+	f.checkClean(seeded)
 }

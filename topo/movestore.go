@@ -113,3 +113,13 @@ func WriteRebalance(ctx context.Context, s *zksession.Session, p Paths, rec Reba
 func WatchRebalance(ctx context.Context, s *zksession.Session, p Paths) *zksession.Watch {
 	return s.Watch(ctx, p.Rebalance())
 }
+
+// LockMoveRunner takes the move's runner lock (Paths.MoveRunner), naming
+// runner as its holder, so that two movers never run the same move. It
+// fails at once, with an error wrapping zksession.ErrLocked (a
+// *zksession.LockedError naming the holder), when another session runs
+// it. The lock is tied to the session: its Done channel closes when it is
+// lost, and the runner must then stop touching the move.
+func LockMoveRunner(ctx context.Context, s *zksession.Session, p Paths, id, runner string) (*zksession.Lock, error) {
+	return s.TryLock(ctx, p.MoveRunner(id), []byte(runner))
+}

@@ -51,3 +51,25 @@ func Probe(ctx context.Context, s *zksession.Session, p Paths, id string) ([]Pro
 	}
 	return steps, step("delete", func() error { return eph.Delete(ctx) })
 }
+
+// Scratch is an ephemeral scratch node at Paths.Probe(id) for timing
+// writes (a benchmark's ZooKeeper write latency under load). It is beside
+// the clusters, like Probe's, and goes away with the session.
+type Scratch struct {
+	e *zksession.Ephemeral
+}
+
+// CreateScratch creates the scratch node with data.
+func CreateScratch(ctx context.Context, s *zksession.Session, p Paths, id string, data []byte) (*Scratch, error) {
+	e, err := s.CreateEphemeral(ctx, p.Probe(id), data, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &Scratch{e: e}, nil
+}
+
+// Write replaces the node's data: one write round trip.
+func (sc *Scratch) Write(ctx context.Context, data []byte) error { return sc.e.Set(ctx, data) }
+
+// Remove deletes the node.
+func (sc *Scratch) Remove(ctx context.Context) error { return sc.e.Delete(ctx) }

@@ -22,11 +22,7 @@ type RouterRegistration struct {
 // RegisterRouter creates the member record of router rec.ID with the
 // session's ACL (the routers directory lets readers register there).
 func RegisterRouter(ctx context.Context, s *zksession.Session, p Paths, rec RouterMember) (*RouterRegistration, error) {
-	data, err := Encode(rec)
-	if err != nil {
-		return nil, err
-	}
-	e, err := s.CreateEphemeral(ctx, p.Router(rec.ID), data, nil)
+	e, err := createEphemeralRecord(ctx, s, p.Router(rec.ID), rec)
 	if err != nil {
 		return nil, err
 	}
@@ -37,11 +33,7 @@ func RegisterRouter(ctx context.Context, s *zksession.Session, p Paths, rec Rout
 // version). When it fails because the session is away, the new record is
 // still the one re-created or re-sent when the session comes back.
 func (r *RouterRegistration) Update(ctx context.Context, rec RouterMember) error {
-	data, err := Encode(rec)
-	if err != nil {
-		return err
-	}
-	return r.e.Set(ctx, data)
+	return setEphemeralRecord(ctx, r.e, rec)
 }
 
 // Remove deletes the record and stops keeping it alive.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -73,4 +74,42 @@ func UpdateCluster(ctx context.Context, s *zksession.Session, p Paths, edit func
 		return &next, nil
 	}
 	return nil, fmt.Errorf("%w at %s (gave up after %d attempts)", ErrClusterConflict, p.Cluster(), retries+1)
+}
+
+// Sync makes the server this session talks to catch up with the leader,
+// so that the reads that follow see every write another process committed
+// before it (ZooKeeper gives read-your-writes only within one session).
+// Used after a session loss and on reload, before re-reading records.
+func Sync(ctx context.Context, s *zksession.Session, p Paths) error {
+	err := s.Sync(ctx, p.Cluster())
+	if errors.Is(err, zksession.ErrNoNode) {
+		return nil // no cluster yet: nothing to catch up on
+	}
+	return err
+}
+
+// AddTable adds t to the cluster's sharded tables (UpdateCluster: by
+// compare-and-swap, re-applied on a conflict). A table already sharded is
+// an error.
+func AddTable(ctx context.Context, s *zksession.Session, p Paths, t TableRecord) (*ClusterRecord, error) {
+	return UpdateCluster(ctx, s, p, func(r *ClusterRecord) error {
+		if slices.ContainsFunc(r.Tables, func(x TableRecord) bool { return x.Name == t.Name }) {
+			return fmt.Errorf("table %s is already sharded", t.Name)
+		}
+		r.Tables = append(r.Tables, t)
+		return nil
+	})
+}
+
+// RemoveTable takes the table called name out of the cluster's sharded
+// tables, as AddTable adds one. A table that is not sharded is an error.
+func RemoveTable(ctx context.Context, s *zksession.Session, p Paths, name string) (*ClusterRecord, error) {
+	return UpdateCluster(ctx, s, p, func(r *ClusterRecord) error {
+		i := slices.IndexFunc(r.Tables, func(x TableRecord) bool { return x.Name == name })
+		if i < 0 {
+			return fmt.Errorf("table %s is not a sharded table", name)
+		}
+		r.Tables = slices.Delete(r.Tables, i, i+1)
+		return nil
+	})
 }

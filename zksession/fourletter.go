@@ -86,3 +86,31 @@ func Srvr(ctx context.Context, addr string) ServerStatus {
 	}
 	return st
 }
+
+// EnsembleStatus is every server's srvr answer and whether they make a
+// quorum that serves clients.
+type EnsembleStatus struct {
+	Servers []ServerStatus
+	Serving int  // servers that answer as leader, follower or standalone
+	Leaders int  // leaders and standalone servers among them
+	Quorum  bool // a majority serves, under exactly one leader
+}
+
+// Ensemble asks every server of cs with srvr, one after the other. A
+// quorum needs more than half of the servers serving and exactly one
+// leader: two leaders mean the connect string mixes ensembles.
+func Ensemble(ctx context.Context, cs ConnectString) EnsembleStatus {
+	var e EnsembleStatus
+	for _, addr := range cs.Servers {
+		st := Srvr(ctx, addr)
+		e.Servers = append(e.Servers, st)
+		if st.Serving() {
+			e.Serving++
+		}
+		if st.Mode == "leader" || st.Mode == "standalone" {
+			e.Leaders++
+		}
+	}
+	e.Quorum = e.Serving > len(cs.Servers)/2 && e.Leaders == 1
+	return e
+}

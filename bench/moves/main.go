@@ -470,7 +470,7 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := b.sess.DeleteAll(cctx, b.root); err != nil {
+		if err := topo.DeleteRoot(cctx, b.sess, topo.MustPaths(b.root, clusterNm)); err != nil {
 			say("cleanup: ZooKeeper %s: %v", b.root, err)
 		}
 	}()
@@ -1541,8 +1541,8 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 			}
 		}()
 	}
-	scratch := b.root + "/probe"
-	_ = b.sess.Create(ctx, scratch, nil)
+	// Writes are timed on a scratch node beside the cluster.
+	scratch, scratchErr := topo.CreateScratch(ctx, b.sess, b.st.Paths(), "moves-bench", nil)
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -1556,12 +1556,15 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 			case <-t.C:
 			}
 			start := time.Now()
-			if _, _, err := b.sess.Get(ctx, b.st.MapPath()); err != nil {
+			if _, _, err := topo.ReadMapData(ctx, b.sess, b.st.Paths()); err != nil {
 				continue
 			}
 			read := float64(time.Since(start).Microseconds()) / 1000
 			start = time.Now()
-			_, err := b.sess.Set(ctx, scratch, []byte(start.String()), zksession.AnyVersion)
+			err := scratchErr
+			if err == nil {
+				err = scratch.Write(ctx, []byte(start.String()))
+			}
 			write := float64(time.Since(start).Microseconds()) / 1000
 			p.mu.Lock()
 			p.zkRTT = append(p.zkRTT, read)

@@ -114,12 +114,12 @@ func run() error {
 		return fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", *zkConnect, err)
 	}
 	benchRoot := fmt.Sprintf("/shardvisor-bench-%d", os.Getpid())
+	paths := topo.MustPaths(benchRoot, "bench")
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_ = sess.DeleteAll(ctx, benchRoot)
+		_ = topo.DeleteRoot(ctx, sess, paths)
 	}()
-	paths := topo.MustPaths(benchRoot, "bench")
 	appDir := filepath.Join(root, "examples/python")
 	startupEnv := strconv.FormatFloat(startup.Seconds(), 'f', 3, 64)
 
@@ -186,24 +186,10 @@ func run() error {
 			Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second), Delay: topo.Duration(sc.settle)}}
 		setCfg := func(n int) (int32, error) {
 			cfg.Env["RELOAD"] = strconv.Itoa(n)
-			b, err := topo.EncodePoolConfig(cfg)
-			if err != nil {
-				return 0, err
-			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			p := paths.PoolConfig(pool)
-			st, err := sess.Set(ctx, p, b, zksession.AnyVersion)
-			if err != nil {
-				if err := sess.CreateAll(ctx, filepath.Dir(p)); err != nil {
-					return 0, err
-				}
-				if err := sess.Create(ctx, p, b); err != nil {
-					return 0, err
-				}
-				return 0, nil
-			}
-			return st.Version, nil
+			v, _, err := topo.SetPoolConfig(ctx, sess, paths, pool, cfg, -1)
+			return v, err
 		}
 		if _, err := setCfg(0); err != nil {
 			return err

@@ -18,7 +18,6 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/gc"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/topo"
 )
 
 func gcCommand() *cli.Command {
@@ -94,30 +93,23 @@ func runGC(c *cli.Context) error {
 }
 
 func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.Logger, metrics *gc.Metrics) error {
-	rec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
+	order, _ := gcOrder(c) // checked by runGC
+	opt := gc.Options{
+		Grace: c.Duration("grace"), Batch: c.Int("batch"), Parallel: c.Int("parallel"), Order: order, Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
+		Node: bucketmap.NodeID(c.String("node")), MinOwnerRatio: c.Float64("min-owner-ratio"), Metrics: metrics, Log: log,
+	}
+	if c.Duration("grace") == 0 {
+		opt.Grace = -1 // an explicit 0 means none, not the default
+	}
+	g, err := gc.New(ctx, st, opt)
+	if errors.Is(err, bucketmap.ErrUnknownNode) {
+		return fmt.Errorf("gc: --node: %w", err)
+	}
 	if err != nil {
 		return err
 	}
-	if len(rec.Tables) == 0 {
-		return errors.New("gc: the cluster has no sharded tables (shardctl table add)")
-	}
-	if id := c.String("node"); id != "" {
-		if m, _, err := st.Load(ctx); err == nil {
-			if _, ok := m.Node(bucketmap.NodeID(id)); !ok {
-				return fmt.Errorf("gc: --node: %w %q", bucketmap.ErrUnknownNode, id)
-			}
-		}
-	}
-	order, _ := gcOrder(c) // checked by runGC
 	bar := newProgressBar(c)
-	g := &gc.GC{Session: st.Session(), Store: st, Tables: rec.Tables, Opt: gc.Options{
-		Grace: c.Duration("grace"), Batch: c.Int("batch"), Parallel: c.Int("parallel"), Order: order, Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
-		Node: bucketmap.NodeID(c.String("node")), MinOwnerRatio: c.Float64("min-owner-ratio"),
-		Progress: bar.update, Metrics: metrics, Log: log,
-	}}
-	if c.Duration("grace") == 0 {
-		g.Opt.Grace = -1 // an explicit 0 means none, not the default
-	}
+	g.Opt.Progress = bar.update
 	rep, err := g.Run(ctx) // takes the GC lock, and stops if it is lost
 	bar.done()
 	if rep != nil {

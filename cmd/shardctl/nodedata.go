@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -104,21 +103,11 @@ func withNode(c *cli.Context, verb string, fn func(ctx context.Context, d *dataC
 
 func runPrepare(c *cli.Context) error {
 	return withNode(c, "prepare", func(ctx context.Context, d *dataContext, n bucketmap.Node, conn *pgx.Conn) error {
-		res, err := fence.Install(ctx, conn, d.rec.Name, n.ID, d.rec.Tables)
+		res, err := fence.Prepare(ctx, conn, d.rec, d.m, n.ID)
 		if err != nil {
 			return fmt.Errorf("node prepare %s: %w", n.ID, err)
 		}
-		ch, err := fence.Sync(ctx, conn, d.m, n.ID)
-		if err != nil && !errors.Is(err, fence.ErrStale) {
-			return fmt.Errorf("node prepare %s: filling the ownership table: %w", n.ID, err)
-		}
-		mism, err := fence.CheckTables(ctx, conn, d.rec.Tables)
-		if err != nil {
-			return err
-		}
-		if ch.Changed() {
-			res.Actions = append(res.Actions, fmt.Sprintf("ownership table set to map version %d: %d ranges added, %d removed", d.m.Version, len(ch.Added), len(ch.Removed)))
-		}
+		mism := res.Mismatches
 		d.log.Info("node prepare", zap.String("node", string(n.ID)), zap.Strings("actions", res.Actions), zap.Int("contract_mismatches", len(mism)))
 		if res.Actions == nil {
 			res.Actions = []string{}
@@ -160,21 +149,10 @@ func writeMismatches(w io.Writer, id bucketmap.NodeID, mism []fence.Mismatch) {
 
 func runCheck(c *cli.Context) error {
 	return withNode(c, "check", func(ctx context.Context, d *dataContext, n bucketmap.Node, conn *pgx.Conn) error {
-		// One read-only transaction, so that check cannot change anything.
-		tx, err := conn.BeginTx(ctx, pgxReadOnly)
+		mism, err := fence.Check(ctx, conn, d.rec, d.m, n.ID)
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback(context.WithoutCancel(ctx))
-		mism, err := fence.CheckTables(ctx, tx, d.rec.Tables)
-		if err != nil {
-			return err
-		}
-		fm, err := fence.CheckFence(ctx, tx, d.rec.Name, d.rec.Tables, d.m, n.ID)
-		if err != nil {
-			return err
-		}
-		mism = append(mism, fm...)
 		if mism == nil {
 			mism = []fence.Mismatch{}
 		}
@@ -194,77 +172,6 @@ func runCheck(c *cli.Context) error {
 	})
 }
 
-// nodeSync is the outcome of bringing one node's fence in step.
-type nodeSync struct {
-	Node    bucketmap.NodeID `json:"node"`
-	Status  string           `json:"status"` // in-step, repaired, not-installed, stale, unreachable, failed
-	Detail  string           `json:"detail,omitempty"`
-	From    uint64           `json:"from_map_version,omitempty"`
-	Added   []string         `json:"added,omitempty"`
-	Removed []string         `json:"removed,omitempty"`
-}
-
-func (s nodeSync) bad() bool { return s.Status == "unreachable" || s.Status == "failed" }
-
-// syncNodes brings the fences of the given nodes (all, if none) in step
-// with m, concurrently, each bounded by timeout.
-func syncNodes(ctx context.Context, m *bucketmap.Map, ids []bucketmap.NodeID, timeout time.Duration) []nodeSync {
-	if len(ids) == 0 {
-		for _, n := range m.Nodes() {
-			ids = append(ids, n.ID)
-		}
-	}
-	out := make([]nodeSync, len(ids))
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			out[i] = syncNode(ctx, m, id, timeout)
-		}()
-	}
-	wg.Wait()
-	return out
-}
-
-func syncNode(ctx context.Context, m *bucketmap.Map, id bucketmap.NodeID, timeout time.Duration) nodeSync {
-	res := nodeSync{Node: id}
-	n, ok := m.Node(id)
-	if !ok {
-		res.Status, res.Detail = "failed", "not in the registry"
-		return res
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	conn, err := dbnode.Connect(ctx, n)
-	if err != nil {
-		res.Status, res.Detail = "unreachable", err.Error()
-		return res
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	ch, err := fence.Sync(ctx, conn, m, id)
-	res.From = ch.FromVersion
-	switch {
-	case errors.Is(err, fence.ErrNotInstalled):
-		res.Status, res.Detail = "not-installed", fmt.Sprintf("no fence: writes to %s are not fenced; run `shardctl node prepare %s`", id, id)
-	case errors.Is(err, fence.ErrStale):
-		res.Status, res.Detail = "stale", err.Error()
-	case err != nil:
-		res.Status, res.Detail = "failed", err.Error()
-	case !ch.Changed():
-		res.Status = "in-step"
-	default:
-		res.Status = "repaired"
-		for _, s := range ch.Added {
-			res.Added = append(res.Added, fmt.Sprintf("%s %s", fence.BucketsOf(m.Level, s.Lo, s.Hi), s.State))
-		}
-		for _, s := range ch.Removed {
-			res.Removed = append(res.Removed, fmt.Sprintf("%s %s", fence.BucketsOf(m.Level, s.Lo, s.Hi), s.State))
-		}
-	}
-	return res
-}
-
 func runReconcile(c *cli.Context) error {
 	var ids []bucketmap.NodeID
 	for _, a := range c.Args().Slice() {
@@ -273,40 +180,28 @@ func runReconcile(c *cli.Context) error {
 	every := c.Duration("every")
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		for {
-			m, _, err := st.Load(ctx)
+			m, res, err := fence.Reconcile(ctx, st, ids, log)
+			if errors.Is(err, bucketmap.ErrUnknownNode) {
+				return fmt.Errorf("node reconcile: %w", err)
+			}
 			if err != nil {
 				if every == 0 {
 					return err
 				}
 				log.Warn("reconcile: cannot read the map", zap.Error(err))
 			} else {
-				for _, id := range ids {
-					if _, ok := m.Node(id); !ok {
-						return fmt.Errorf("node reconcile: %w %q", bucketmap.ErrUnknownNode, id)
-					}
-				}
-				res := syncNodes(ctx, m, ids, 30*time.Second)
 				bad := 0
 				for _, r := range res {
-					if r.bad() {
+					if r.Bad() {
 						bad++
-					}
-					switch r.Status {
-					case "repaired":
-						log.Warn("reconcile: fence drift repaired", zap.String("node", string(r.Node)), zap.Uint64("from_map_version", r.From),
-							zap.Uint64("map_version", m.Version), zap.Strings("added", r.Added), zap.Strings("removed", r.Removed))
-					case "in-step", "stale":
-						log.Debug("reconcile", zap.String("node", string(r.Node)), zap.String("status", r.Status))
-					default:
-						log.Warn("reconcile: fence not in step", zap.String("node", string(r.Node)), zap.String("status", r.Status), zap.String("detail", r.Detail))
 					}
 				}
 				if err := cliutil.NewPrinter(c).Emit(map[string]any{"map_version": m.Version, "nodes": res}, func(w io.Writer) {
 					for _, r := range res {
 						switch r.Status {
-						case "in-step":
+						case fence.SyncInStep:
 							fmt.Fprintf(w, "node %s: in step with map version %d\n", r.Node, m.Version)
-						case "repaired":
+						case fence.SyncRepaired:
 							fmt.Fprintf(w, "node %s: DRIFT repaired (fence was at map version %d, now %d): %d ranges added, %d removed\n", r.Node, r.From, m.Version, len(r.Added), len(r.Removed))
 							for _, a := range r.Added {
 								fmt.Fprintf(w, "  + %s\n", a)
@@ -336,5 +231,3 @@ func runReconcile(c *cli.Context) error {
 		}
 	})
 }
-
-var pgxReadOnly = pgx.TxOptions{AccessMode: pgx.ReadOnly}

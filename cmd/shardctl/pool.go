@@ -1,13 +1,10 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path"
-	"sort"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -100,44 +97,20 @@ func runPoolStatus(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	ctx := c.Context
-	rep := poolStatusReport{Pool: pool, ConfigPath: paths.PoolConfig(pool), Members: []*topo.PoolMember{}}
-	if data, st, err := s.Get(ctx, paths.PoolConfig(pool)); err == nil {
-		v := st.Version
-		rep.ConfigVersion = &v
-		if _, err := topo.DecodePoolConfig(paths.PoolConfig(pool), data); err != nil {
-			rep.ConfigError = err.Error()
-		}
-	} else if !errors.Is(err, zksession.ErrNoNode) {
+	ps, err := topo.ReadPoolState(c.Context, s, paths, pool)
+	if err != nil {
 		return err
 	}
-	if data, _, err := s.Get(ctx, paths.PoolStatus(pool)); err == nil {
-		if rep.LastSwap, err = topo.DecodePoolStatus(paths.PoolStatus(pool), data); err != nil {
-			return err
-		}
-	} else if !errors.Is(err, zksession.ErrNoNode) {
-		return err
+	rep := poolStatusReport{Pool: pool, ConfigPath: ps.ConfigPath, ConfigVersion: ps.ConfigVersion, LastSwap: ps.Status, Members: []*topo.PoolMember{}}
+	if ps.ConfigErr != nil {
+		rep.ConfigError = ps.ConfigErr.Error()
 	}
-	names, _, err := s.Children(ctx, paths.PoolMembers(pool))
-	if err != nil && !errors.Is(err, zksession.ErrNoNode) {
-		return err
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		p := paths.PoolMember(pool, n)
-		data, _, err := s.Get(ctx, p)
-		if errors.Is(err, zksession.ErrNoNode) {
-			continue // went away meanwhile
-		}
-		if err != nil {
-			return err
-		}
-		m, err := topo.DecodePoolMember(p, data)
-		if err != nil {
-			rep.MemberErrors = append(rep.MemberErrors, err.Error())
+	for _, m := range ps.Members {
+		if m.Err != nil {
+			rep.MemberErrors = append(rep.MemberErrors, m.Err.Error())
 			continue
 		}
-		rep.Members = append(rep.Members, m)
+		rep.Members = append(rep.Members, m.Rec)
 	}
 	return cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
 		if rep.ConfigVersion == nil {
@@ -186,7 +159,7 @@ func runPoolGet(c *cli.Context) error {
 	}
 	defer s.Close()
 	p := paths.PoolConfig(pool)
-	data, st, err := s.Get(c.Context, p)
+	data, ver, err := topo.ReadPoolConfigData(c.Context, s, paths, pool)
 	if errors.Is(err, zksession.ErrNoNode) {
 		return fmt.Errorf("pool %s has no config at %s (create it with `shardctl pool set %s --file config.json`)", pool, p, pool)
 	}
@@ -197,7 +170,7 @@ func runPoolGet(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": st.Version, "config": cfg}, func(w io.Writer) {
+	return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": ver, "config": cfg}, func(w io.Writer) {
 		fmt.Fprintf(w, "%s\n", strings.TrimRight(string(data), "\n"))
 	})
 }
@@ -269,17 +242,13 @@ func runPoolSet(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("pool set: %w (nothing written)", err)
 	}
-	out, err := topo.EncodePoolConfig(cfg)
-	if err != nil {
-		return err
-	}
 	s, paths, err := poolSession(c)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	p := paths.PoolConfig(pool)
-	ver, created, err := casConfig(c.Context, s, p, out, int32(expect))
+	ver, created, err := topo.SetPoolConfig(c.Context, s, paths, pool, cfg, int32(expect))
 	if err != nil {
 		return err
 	}
@@ -290,39 +259,4 @@ func runPoolSet(c *cli.Context) error {
 		}
 		fmt.Fprintf(w, "pool %s config %s at %s (version %d); supervisors of the pool will swap to it\n", pool, verb, p, ver)
 	})
-}
-
-// casConfig writes the config if its znode version is still expect (-1:
-// the version read just now), creating it if absent.
-func casConfig(ctx context.Context, s *zksession.Session, p string, data []byte, expect int32) (int32, bool, error) {
-	_, st, err := s.Get(ctx, p)
-	switch {
-	case errors.Is(err, zksession.ErrNoNode):
-		if expect >= 0 {
-			return 0, false, fmt.Errorf("pool config %s does not exist, but --expect-version %d was given", p, expect)
-		}
-		if err := s.CreateAll(ctx, path.Dir(p)); err != nil {
-			return 0, false, err
-		}
-		if err := s.Create(ctx, p, data); err != nil {
-			if errors.Is(err, zksession.ErrNodeExists) {
-				return 0, false, fmt.Errorf("pool config %s was created by someone else meanwhile; re-read it with `pool get` and retry", p)
-			}
-			return 0, false, err
-		}
-		return 0, true, nil
-	case err != nil:
-		return 0, false, err
-	}
-	if expect < 0 {
-		expect = st.Version
-	}
-	nst, err := s.Set(ctx, p, data, expect)
-	if errors.Is(err, zksession.ErrBadVersion) {
-		return 0, false, fmt.Errorf("pool config %s changed (expected version %d): re-read it with `pool get` and retry: %w", p, expect, err)
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	return nst.Version, false, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
@@ -37,12 +36,8 @@ func tableCommand() *cli.Command {
 					if err := t.Validate(); err != nil {
 						return cliutil.Usagef("table add: %v", err)
 					}
-					return tableEdit(c, "add", t, func(r *topo.ClusterRecord) error {
-						if slices.ContainsFunc(r.Tables, func(x topo.TableRecord) bool { return x.Name == t.Name }) {
-							return fmt.Errorf("table %s is already sharded", t.Name)
-						}
-						r.Tables = append(r.Tables, t)
-						return nil
+					return tableEdit(c, "add", t, func(ctx context.Context, st *bucketmap.Store) (*topo.ClusterRecord, error) {
+						return topo.AddTable(ctx, st.Session(), st.Paths(), t)
 					})
 				},
 			},
@@ -55,13 +50,8 @@ func tableCommand() *cli.Command {
 						return cliutil.Usagef("table remove: want SCHEMA.TABLE")
 					}
 					name := c.Args().First()
-					return tableEdit(c, "remove", topo.TableRecord{Name: name}, func(r *topo.ClusterRecord) error {
-						i := slices.IndexFunc(r.Tables, func(x topo.TableRecord) bool { return x.Name == name })
-						if i < 0 {
-							return fmt.Errorf("table %s is not a sharded table", name)
-						}
-						r.Tables = slices.Delete(r.Tables, i, i+1)
-						return nil
+					return tableEdit(c, "remove", topo.TableRecord{Name: name}, func(ctx context.Context, st *bucketmap.Store) (*topo.ClusterRecord, error) {
+						return topo.RemoveTable(ctx, st.Session(), st.Paths(), name)
 					})
 				},
 			},
@@ -95,9 +85,11 @@ func tableCommand() *cli.Command {
 	}
 }
 
-func tableEdit(c *cli.Context, verb string, t topo.TableRecord, edit func(r *topo.ClusterRecord) error) error {
+// tableEdit runs one table change (topo.AddTable or RemoveTable) and
+// reports it.
+func tableEdit(c *cli.Context, verb string, t topo.TableRecord, edit func(ctx context.Context, st *bucketmap.Store) (*topo.ClusterRecord, error)) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-		rec, err := topo.UpdateCluster(ctx, st.Session(), st.Paths(), edit)
+		rec, err := edit(ctx, st)
 		if err != nil {
 			return fmt.Errorf("table %s %s: %w", verb, t.Name, err)
 		}

@@ -87,19 +87,8 @@ func runZKStatus(c *cli.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context, cliutil.Duration(c, cliutil.FlagZKTimeout))
 	defer cancel()
-	var all []zksession.ServerStatus
-	leaders, serving := 0, 0
-	for _, addr := range cs.Servers {
-		st := zksession.Srvr(ctx, addr)
-		all = append(all, st)
-		if st.Serving() {
-			serving++
-		}
-		if st.Mode == "leader" || st.Mode == "standalone" {
-			leaders++
-		}
-	}
-	quorum := serving > len(cs.Servers)/2 && leaders == 1
+	e := zksession.Ensemble(ctx, cs)
+	all, quorum := e.Servers, e.Quorum
 	err = cliutil.NewPrinter(c).Emit(map[string]any{"servers": all, "quorum": quorum}, func(w io.Writer) {
 		for _, st := range all {
 			if st.Err != "" {
@@ -108,7 +97,7 @@ func runZKStatus(c *cli.Context) error {
 			}
 			fmt.Fprintf(w, "%-22s %-9s zxid %s, %d connections, latency %s ms\n", st.Addr, st.Mode, st.Zxid, st.Connections, st.Latency)
 		}
-		fmt.Fprintf(w, "quorum: %v (%d of %d serving, %d leader)\n", quorum, serving, len(cs.Servers), leaders)
+		fmt.Fprintf(w, "quorum: %v (%d of %d serving, %d leader)\n", quorum, e.Serving, len(cs.Servers), e.Leaders)
 	})
 	if err == nil && !quorum {
 		return fmt.Errorf("zookeeper ensemble %s has no serving quorum", cs)

@@ -73,8 +73,6 @@ var sessionOwners = []string{"topo", "zksession", "internal/zktest"}
 // them onto topo. The list only shrinks: a file not on it fails the test,
 // and so does a listed file that no longer needs to be here.
 var pendingSessionCallers = map[string]bool{
-	"bench/moves/main.go": true, "bench/supervisor/main.go": true, "bucketmap/store.go": true,
-	"cmd/shardctl/pool.go": true, "migrate/mover.go": true,
 	"supervisor/publish.go": true, "supervisor/sources.go": true,
 }
 
