@@ -2,9 +2,7 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"os"
-	"path"
 	"sync"
 	"time"
 
@@ -22,9 +20,9 @@ type publisher struct {
 	s      *Supervisor
 	kick   chan struct{}
 	mu     sync.Mutex
-	member []byte
-	status []byte
-	eph    *zksession.Ephemeral
+	member *topo.PoolMember
+	status *topo.PoolStatus
+	reg    *topo.PoolMemberRegistration
 	done   chan struct{}
 }
 
@@ -32,16 +30,16 @@ func newPublisher(s *Supervisor) *publisher {
 	return &publisher{s: s, kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-func (p *publisher) setMember(b []byte) {
+func (p *publisher) setMember(m topo.PoolMember) {
 	p.mu.Lock()
-	p.member = b
+	p.member = &m
 	p.mu.Unlock()
 	p.poke()
 }
 
-func (p *publisher) setStatus(b []byte) {
+func (p *publisher) setStatus(st topo.PoolStatus) {
 	p.mu.Lock()
-	p.status = b
+	p.status = &st
 	p.mu.Unlock()
 	p.poke()
 }
@@ -55,10 +53,8 @@ func (p *publisher) poke() {
 
 func (p *publisher) run(ctx context.Context) {
 	defer close(p.done)
-	ss := p.s.opts.Session
-	memberPath := p.s.opts.Paths.PoolMember(p.s.opts.Pool, p.s.opts.Member)
-	statusPath := p.s.opts.Paths.PoolStatus(p.s.opts.Pool)
-	var written []byte
+	ss, paths, pool := p.s.opts.Session, p.s.opts.Paths, p.s.opts.Pool
+	var written *topo.PoolMember
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
 	for {
@@ -72,35 +68,37 @@ func (p *publisher) run(ctx context.Context) {
 		member, status := p.member, p.status
 		p.status = nil
 		p.mu.Unlock()
+		keepStatus := func() {
+			p.mu.Lock()
+			if p.status == nil {
+				p.status = status
+			}
+			p.mu.Unlock()
+		}
 		failed := false
 		if ss.State() == zksession.StateConnected {
 			if status != nil {
-				if err := p.writeStatus(ctx, statusPath, status); err != nil {
-					p.s.log.Warn("publishing the pool status failed; will retry", zap.String("path", statusPath), zap.Error(err))
-					p.mu.Lock()
-					if p.status == nil {
-						p.status = status
-					}
-					p.mu.Unlock()
+				wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				err := topo.WritePoolStatus(wctx, ss, paths, pool, *status)
+				cancel()
+				if err != nil {
+					p.s.log.Warn("publishing the pool status failed; will retry", zap.String("path", paths.PoolStatus(pool)), zap.Error(err))
+					keepStatus()
 					failed = true
 				}
 			}
-			if member != nil && string(member) != string(written) {
-				if err := p.writeMember(ctx, memberPath, member); err != nil {
-					p.s.log.Warn("publishing the member record failed; will retry", zap.String("path", memberPath), zap.Error(err))
+			if member != nil && member != written {
+				if err := p.writeMember(ctx, *member); err != nil {
+					p.s.log.Warn("publishing the member record failed; will retry", zap.String("path", paths.PoolMember(pool, member.Member)), zap.Error(err))
 					failed = true
 				} else {
 					written = member
 				}
 			}
 		} else if status != nil {
-			p.mu.Lock()
-			if p.status == nil {
-				p.status = status
-			}
-			p.mu.Unlock()
+			keepStatus()
 			failed = true
-		} else if member != nil && string(member) != string(written) {
+		} else if member != nil && member != written {
 			failed = true
 		}
 		d := 200 * time.Millisecond
@@ -117,47 +115,30 @@ func (p *publisher) run(ctx context.Context) {
 	}
 }
 
-func (p *publisher) writeMember(ctx context.Context, at string, data []byte) error {
+func (p *publisher) writeMember(ctx context.Context, m topo.PoolMember) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if p.eph == nil {
-		e, err := p.s.opts.Session.CreateEphemeral(ctx, at, data, nil)
+	if p.reg == nil {
+		reg, err := topo.RegisterPoolMember(ctx, p.s.opts.Session, p.s.opts.Paths, p.s.opts.Pool, m)
 		if err != nil {
 			return err
 		}
-		p.eph = e
+		p.reg = reg
 		return nil
 	}
-	return p.eph.Set(ctx, data)
-}
-
-func (p *publisher) writeStatus(ctx context.Context, at string, data []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	ss := p.s.opts.Session
-	_, err := ss.Set(ctx, at, data, zksession.AnyVersion)
-	if errors.Is(err, zksession.ErrNoNode) {
-		if err = ss.CreateAll(ctx, path.Dir(at)); err != nil {
-			return err
-		}
-		err = ss.Create(ctx, at, data)
-		if errors.Is(err, zksession.ErrNodeExists) {
-			_, err = ss.Set(ctx, at, data, zksession.AnyVersion)
-		}
-	}
-	return err
+	return p.reg.Update(ctx, m)
 }
 
 // deleteMember removes the member record at a clean stop (it would go away
 // with the session anyway).
 func (p *publisher) deleteMember() {
 	<-p.done
-	if p.eph == nil {
+	if p.reg == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	_ = p.eph.Delete(ctx)
+	_ = p.reg.Remove(ctx)
 }
 
 // publishStatus records a swap result for /status and (ZooKeeper mode)
@@ -170,9 +151,7 @@ func (s *Supervisor) publishStatus(st topo.PoolStatus) {
 	if s.pub == nil {
 		return
 	}
-	if b, err := topo.Encode(st); err == nil {
-		s.pub.setStatus(b)
-	}
+	s.pub.setStatus(st)
 }
 
 // publishSnapshot refreshes the member record and health from the
@@ -189,9 +168,7 @@ func (s *Supervisor) publishSnapshot(now time.Time) {
 		old.Target != m.Target || old.LastError != m.LastError || !sameWorkers(old.Workers, m.Workers)
 	if changed && s.pub != nil {
 		m.UpdatedAt = now.UTC()
-		if b, err := topo.Encode(m); err == nil {
-			s.pub.setMember(b)
-		}
+		s.pub.setMember(m)
 	}
 	s.apply(acts, now)
 }

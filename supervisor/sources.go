@@ -50,7 +50,7 @@ func (s *Supervisor) startZKSources(ctx context.Context, wg *sync.WaitGroup) {
 	cfgPath := s.opts.Paths.PoolConfig(s.opts.Pool)
 	go func() {
 		defer wg.Done()
-		w := ss.Watch(ctx, cfgPath)
+		w := topo.WatchPoolConfig(ctx, ss, s.opts.Paths, s.opts.Pool)
 		defer w.Stop()
 		for {
 			select {
@@ -67,7 +67,7 @@ func (s *Supervisor) startZKSources(ctx context.Context, wg *sync.WaitGroup) {
 	}()
 	go func() {
 		defer wg.Done()
-		w := ss.Watch(ctx, s.opts.Paths.Map())
+		w := topo.WatchMap(ctx, ss, s.opts.Paths)
 		defer w.Stop()
 		for {
 			select {
@@ -92,11 +92,11 @@ func (s *Supervisor) readZK(timeout time.Duration) evResync {
 	ss := s.opts.Session
 	cfgPath, mapPath := s.opts.Paths.PoolConfig(s.opts.Pool), s.opts.Paths.Map()
 	var r evResync
-	if err := ss.Sync(ctx, cfgPath); err != nil && !errors.Is(err, zksession.ErrNoNode) {
+	if err := topo.Sync(ctx, ss, s.opts.Paths); err != nil {
 		r.err = err
 		return r
 	}
-	data, st, err := ss.Get(ctx, cfgPath)
+	data, ver, err := topo.ReadPoolConfigData(ctx, ss, s.opts.Paths, s.opts.Pool)
 	switch {
 	case errors.Is(err, zksession.ErrNoNode):
 		r.cfg = evConfig{}
@@ -104,11 +104,11 @@ func (s *Supervisor) readZK(timeout time.Duration) evResync {
 		r.err = err
 		return r
 	default:
-		r.cfg = configEvent(cfgPath, data, int64(st.Version))
+		r.cfg = configEvent(cfgPath, data, int64(ver))
 	}
-	data, _, err = ss.Get(ctx, mapPath)
+	data, _, err = topo.ReadMapData(ctx, ss, s.opts.Paths)
 	switch {
-	case errors.Is(err, zksession.ErrNoNode):
+	case errors.Is(err, topo.ErrNoCluster):
 		r.mp = evMap{}
 	case err != nil:
 		r.err = err

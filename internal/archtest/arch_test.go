@@ -41,7 +41,7 @@ var layer = map[string]int{
 	"workerproto":         0,
 	"internal/backoff":    0,
 	"internal/failpoint":  0,
-	"internal/faultproxy": 0,
+	"internal/faultproxy": 1,
 	"internal/testenv":    0,
 	"internal/archtest":   0,
 	"zksession":           1,
@@ -68,13 +68,6 @@ var sessionDataMethods = []string{"Get", "Set", "Create", "CreateAll", "Delete",
 	"Multi", "Exists", "Sync", "Watch", "WatchChildren", "CreateEphemeral"}
 
 var sessionOwners = []string{"topo", "zksession", "internal/zktest"}
-
-// pendingSessionCallers still call the session directly; issue 12 moves
-// them onto topo. The list only shrinks: a file not on it fails the test,
-// and so does a listed file that no longer needs to be here.
-var pendingSessionCallers = map[string]bool{
-	"supervisor/publish.go": true, "supervisor/sources.go": true,
-}
 
 type pkg struct {
 	ImportPath string
@@ -223,7 +216,6 @@ func TestOnlyTopoAndSessionLayerCallSessionData(t *testing.T) {
 	mine, exports := load(t)
 	session := module + "/zksession"
 	var bad []string
-	seen := map[string]bool{}
 	for _, p := range mine {
 		if slices.Contains(sessionOwners, p.rel()) || len(p.GoFiles) == 0 {
 			continue
@@ -245,21 +237,11 @@ func TestOnlyTopoAndSessionLayerCallSessionData(t *testing.T) {
 				}
 				if named, ok := recv.(*types.Named); ok && named.Obj().Pkg() != nil &&
 					named.Obj().Pkg().Path() == session && named.Obj().Name() == "Session" {
-					pos := rel(fset.Position(sel.Pos()))
-					file := pos[:strings.Index(pos, ":")]
-					seen[file] = true
-					if !pendingSessionCallers[file] {
-						bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo",
-							pos, sel.Sel.Name))
-					}
+					bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo",
+						rel(fset.Position(sel.Pos())), sel.Sel.Name))
 				}
 				return true
 			})
-		}
-	}
-	for f := range pendingSessionCallers {
-		if !seen[f] {
-			bad = append(bad, fmt.Sprintf("%s no longer calls the session: remove it from pendingSessionCallers", f))
 		}
 	}
 	report(t, bad)
