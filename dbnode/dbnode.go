@@ -47,15 +47,8 @@ func ConnConfig(n bucketmap.Node) (*pgx.ConnConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("db node %s: dsn: %w", n.ID, err)
 	}
-	pw, err := Password(n)
-	if err != nil {
+	if err := configure(n, cfg); err != nil {
 		return nil, err
-	}
-	if pw != "" {
-		cfg.Password = pw
-	}
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 5 * time.Second
 	}
 	return cfg, nil
 }
@@ -66,17 +59,26 @@ func PoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("db node %s: dsn: %w", n.ID, err)
 	}
-	pw, err := Password(n)
-	if err != nil {
+	if err := configure(n, cfg.ConnConfig); err != nil {
 		return nil, err
 	}
-	if pw != "" {
-		cfg.ConnConfig.Password = pw
-	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
-	}
 	return cfg, nil
+}
+
+// configure sets the password from the node's reference and a connect
+// timeout when the DSN sets none.
+func configure(n bucketmap.Node, cfg *pgx.ConnConfig) error {
+	pw, err := Password(n)
+	if err != nil {
+		return err
+	}
+	if pw != "" {
+		cfg.Password = pw
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 5 * time.Second
+	}
+	return nil
 }
 
 // Connect opens one connection to a node.

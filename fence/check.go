@@ -178,16 +178,12 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 			add(KindTriggerWrong, t.Name, "the fence trigger on %s is not BEFORE INSERT OR UPDATE OR DELETE FOR EACH ROW calling shardvisor.%s (it calls %s, type %d)", t.Name, fn, tgfn, tgtype)
 		}
 	}
-	rows, err := q.Query(ctx, `SELECT n.nspname || '.' || c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = $1 ORDER BY 1`, TriggerName)
+	fenced, err := fencedTables(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	fenced, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, err
-	}
-	for _, name := range fenced {
-		if !sharded[name] {
+	for _, st := range fenced {
+		if name := st[0] + "." + st[1]; !sharded[name] {
 			add(KindTriggerStale, name, "table %s has a fence trigger but is not a sharded table; `shardctl node prepare %s` drops it", name, node)
 		}
 	}
@@ -199,4 +195,18 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 		add(KindFenceRange, "", "%s (keys %d..%d): the map says %s, the fence says %s", BucketsOf(m.Level, d.Lo, d.Hi), d.Lo, d.Hi, d.Want, d.Got)
 	}
 	return out, nil
+}
+
+// fencedTables lists the tables that carry the fence trigger, as schema
+// and name.
+func fencedTables(ctx context.Context, q Querier) ([][2]string, error) {
+	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = $1 ORDER BY 1, 2`, TriggerName)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var s [2]string
+		return s, r.Scan(&s[0], &s[1])
+	})
 }

@@ -524,14 +524,7 @@ func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, 
 	}
 	// Fence triggers on tables that are no longer sharded, and functions
 	// no trigger uses any more.
-	rows, err := tx.Query(ctx, `SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = $1 ORDER BY 1, 2`, TriggerName)
-	if err != nil {
-		return res, err
-	}
-	stale, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
-		var s [2]string
-		return s, r.Scan(&s[0], &s[1])
-	})
+	stale, err := fencedTables(ctx, tx)
 	if err != nil {
 		return res, err
 	}
@@ -544,7 +537,7 @@ func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, 
 		}
 		res.Actions = append(res.Actions, fmt.Sprintf("dropped the fence trigger of %s.%s (no longer a sharded table)", s[0], s[1]))
 	}
-	rows, err = tx.Query(ctx, `SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'shardvisor'::regnamespace AND p.proname LIKE 'fence\_%' ORDER BY 1`)
+	rows, err := tx.Query(ctx, `SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'shardvisor'::regnamespace AND p.proname LIKE 'fence\_%' ORDER BY 1`)
 	if err != nil {
 		return res, err
 	}

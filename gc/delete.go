@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -485,18 +486,10 @@ func (d *deleter) throttle(ctx context.Context) error {
 	d.mu.Lock()
 	due := d.start.Add(time.Duration(float64(d.rep.Deleted) / d.g.Opt.Rate * float64(time.Second)))
 	d.mu.Unlock()
-	wait := time.Until(due)
-	if wait <= 0 {
-		return nil
+	if wait := time.Until(due); wait > 0 {
+		return backoff.Sleep(ctx, wait)
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return nil
 }
 
 func (d *deleter) progress(w *Work, table string) {

@@ -450,34 +450,25 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 	if _, err := r.nodes(ctx); err != nil {
 		return r.rec, r.stopped(ctx, r.abort(ctx, err))
 	}
+	// Each state's step; a step that succeeds has saved the next state.
+	steps := map[string]func(context.Context) error{
+		topo.MovePrepare: r.prepare, topo.MoveCopy: r.copy, topo.MoveCatchup: r.catchup, topo.MoveFence: r.fence,
+		topo.MoveBarrier: r.barrier, topo.MoveFlip: r.flip, topo.MoveTeardown: r.teardown, topo.MoveVerify: r.verify,
+	}
 	for {
-		var err error
+		step := steps[r.rec.State]
 		switch r.rec.State {
-		case topo.MovePrepare:
-			err = r.prepare(ctx)
-		case topo.MoveCopy:
-			err = r.copy(ctx)
-		case topo.MoveCatchup:
-			err = r.catchup(ctx)
-		case topo.MoveFence:
-			err = r.fence(ctx)
-		case topo.MoveBarrier:
-			err = r.barrier(ctx)
-		case topo.MoveFlip:
-			err = r.flip(ctx)
-		case topo.MoveTeardown:
-			err = r.teardown(ctx)
-		case topo.MoveVerify:
-			err = r.verify(ctx)
 		case topo.MoveAborting:
 			return r.rec, r.stopped(ctx, r.abort(ctx, errors.New(r.rec.Error)))
 		case topo.MoveDone, topo.MoveAborted:
 			return r.rec, nil
 		case topo.MoveFailed:
 			return r.rec, fmt.Errorf("move %s failed: %s", id, r.rec.Error)
-		default:
+		}
+		if step == nil {
 			return r.rec, fmt.Errorf("move %s: unknown state %q", id, r.rec.State)
 		}
+		err := step(ctx)
 		if err == nil {
 			continue
 		}

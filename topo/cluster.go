@@ -92,14 +92,7 @@ func ValidateTables(ts []TableRecord) error {
 
 // DecodeCluster decodes and validates a ClusterRecord.
 func DecodeCluster(znode string, data []byte) (*ClusterRecord, error) {
-	var r ClusterRecord
-	if err := Decode("cluster record", znode, data, ClusterVersion, &r); err != nil {
-		return nil, err
-	}
-	if err := r.validate(); err != nil {
-		return nil, &RecordError{Kind: "cluster record", Path: znode, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
-	}
-	return &r, nil
+	return decodeAs("cluster record", znode, data, ClusterVersion, (*ClusterRecord).validate)
 }
 
 func (r *ClusterRecord) validate() error {

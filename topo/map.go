@@ -59,9 +59,5 @@ type HandoffRecord struct {
 // DecodeMapRecord decodes the JSON strictly; semantic checks are
 // bucketmap's.
 func DecodeMapRecord(znode string, data []byte) (*MapRecord, error) {
-	var r MapRecord
-	if err := Decode("bucket map", znode, data, MapFormatVersion, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return decodeAs[MapRecord]("bucket map", znode, data, MapFormatVersion, nil)
 }

@@ -30,11 +30,7 @@ func EncodeMapFile(cluster, seed string, rawMap []byte) ([]byte, error) {
 // DecodeMapFile decodes the JSON strictly; the embedded map is checked by
 // bucketmap.Decode.
 func DecodeMapFile(path string, data []byte) (*MapFileRecord, error) {
-	var r MapFileRecord
-	if err := Decode("map file", path, data, MapFileVersion, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return decodeAs[MapFileRecord]("map file", path, data, MapFileVersion, nil)
 }
 
 // RouterMemberVersion is the newest router member record format.
@@ -56,9 +52,5 @@ type RouterMember struct {
 
 // DecodeRouterMember decodes a router member record.
 func DecodeRouterMember(path string, data []byte) (*RouterMember, error) {
-	var r RouterMember
-	if err := Decode("router member", path, data, RouterMemberVersion, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return decodeAs[RouterMember]("router member", path, data, RouterMemberVersion, nil)
 }

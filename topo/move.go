@@ -103,11 +103,7 @@ func (r *MoveRecord) Finished() bool { return r.State == MoveDone || r.State == 
 
 // DecodeMove decodes a move record.
 func DecodeMove(znode string, data []byte) (*MoveRecord, error) {
-	var r MoveRecord
-	if err := Decode("move record", znode, data, MoveVersion, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return decodeAs[MoveRecord]("move record", znode, data, MoveVersion, nil)
 }
 
 // MoveRunner is the ephemeral node a mover holds while it runs a move, so
@@ -131,9 +127,5 @@ type RebalanceRecord struct {
 
 // DecodeRebalance decodes a rebalance record.
 func DecodeRebalance(znode string, data []byte) (*RebalanceRecord, error) {
-	var r RebalanceRecord
-	if err := Decode("rebalance record", znode, data, RebalanceVersion, &r); err != nil {
-		return nil, err
-	}
-	return &r, nil
+	return decodeAs[RebalanceRecord]("rebalance record", znode, data, RebalanceVersion, nil)
 }

@@ -32,12 +32,7 @@ func ReadMoveData(ctx context.Context, s *zksession.Session, p Paths, id string)
 // ReadMove reads and decodes a move record, with its znode version for
 // UpdateMove.
 func ReadMove(ctx context.Context, s *zksession.Session, p Paths, id string) (*MoveRecord, int32, error) {
-	data, ver, err := ReadMoveData(ctx, s, p, id)
-	if err != nil {
-		return nil, 0, err
-	}
-	rec, err := DecodeMove(p.Move(id), data)
-	return rec, ver, err
+	return readAs(ctx, s, p.Move(id), DecodeMove)
 }
 
 // CreateMove creates the record of a new move at Paths.Move(rec.ID),

@@ -275,14 +275,7 @@ func cloneMap(m map[string]string) map[string]string {
 
 // DecodePoolConfig decodes and validates a pool config.
 func DecodePoolConfig(znode string, data []byte) (*PoolConfig, error) {
-	var c PoolConfig
-	if err := Decode("pool config", znode, data, PoolConfigVersion, &c); err != nil {
-		return nil, err
-	}
-	if err := c.Validate(); err != nil {
-		return nil, &RecordError{Kind: "pool config", Path: znode, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
-	}
-	return &c, nil
+	return decodeAs("pool config", znode, data, PoolConfigVersion, (*PoolConfig).Validate)
 }
 
 // Swap results in PoolStatus.Result.
@@ -309,16 +302,13 @@ type PoolStatus struct {
 
 // DecodePoolStatus decodes a pool status record.
 func DecodePoolStatus(znode string, data []byte) (*PoolStatus, error) {
-	var s PoolStatus
-	if err := Decode("pool status", znode, data, PoolStatusVersion, &s); err != nil {
-		return nil, err
-	}
-	switch s.Result {
-	case SwapOK, SwapFailed, SwapInvalidConfig, SwapInvalidMap:
-	default:
-		return nil, &RecordError{Kind: "pool status", Path: znode, Err: fmt.Errorf("%w: result %q is unknown", ErrMalformed, s.Result)}
-	}
-	return &s, nil
+	return decodeAs("pool status", znode, data, PoolStatusVersion, func(s *PoolStatus) error {
+		switch s.Result {
+		case SwapOK, SwapFailed, SwapInvalidConfig, SwapInvalidMap:
+			return nil
+		}
+		return fmt.Errorf("result %q is unknown", s.Result)
+	})
 }
 
 // PoolMember is one running supervisor's ephemeral record at
@@ -352,11 +342,7 @@ type WorkerInfo struct {
 
 // DecodePoolMember decodes a member record.
 func DecodePoolMember(znode string, data []byte) (*PoolMember, error) {
-	var m PoolMember
-	if err := Decode("pool member", znode, data, PoolMemberVersion, &m); err != nil {
-		return nil, err
-	}
-	return &m, nil
+	return decodeAs[PoolMember]("pool member", znode, data, PoolMemberVersion, nil)
 }
 
 // EncodePoolConfig renders a config the way `shardctl pool get` prints it.

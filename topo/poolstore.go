@@ -32,12 +32,7 @@ func ReadPoolConfigData(ctx context.Context, s *zksession.Session, p Paths, pool
 // ReadPoolConfig reads, decodes and validates a pool config, with its
 // znode version for SetPoolConfig.
 func ReadPoolConfig(ctx context.Context, s *zksession.Session, p Paths, pool string) (*PoolConfig, int32, error) {
-	data, ver, err := ReadPoolConfigData(ctx, s, p, pool)
-	if err != nil {
-		return nil, 0, err
-	}
-	c, err := DecodePoolConfig(p.PoolConfig(pool), data)
-	return c, ver, err
+	return readAs(ctx, s, p.PoolConfig(pool), DecodePoolConfig)
 }
 
 // WatchPoolConfig follows a pool's config record; each Node carries the

@@ -16,6 +16,20 @@ var ErrNoCluster = errors.New("cluster does not exist")
 // times than it retries.
 var ErrClusterConflict = errors.New("cluster record changed concurrently")
 
+// readAs reads the record at path and decodes it, with its znode version
+// for a compare-and-swap.
+func readAs[T any](ctx context.Context, s *zksession.Session, path string, decode func(string, []byte) (*T, error)) (*T, int32, error) {
+	data, st, err := s.Get(ctx, path)
+	if err != nil {
+		return nil, 0, err
+	}
+	r, err := decode(path, data)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r, st.Version, nil
+}
+
 // ReadCluster reads and validates a cluster's record.
 func ReadCluster(ctx context.Context, s *zksession.Session, p Paths) (*ClusterRecord, error) {
 	r, _, err := readCluster(ctx, s, p)
@@ -23,15 +37,11 @@ func ReadCluster(ctx context.Context, s *zksession.Session, p Paths) (*ClusterRe
 }
 
 func readCluster(ctx context.Context, s *zksession.Session, p Paths) (*ClusterRecord, int32, error) {
-	data, stat, err := s.Get(ctx, p.Cluster())
+	r, ver, err := readAs(ctx, s, p.Cluster(), DecodeCluster)
 	if errors.Is(err, zksession.ErrNoNode) {
 		return nil, 0, fmt.Errorf("%w: no record at %s (create it with `shardctl init`)", ErrNoCluster, p.Cluster())
 	}
-	if err != nil {
-		return nil, 0, err
-	}
-	r, err := DecodeCluster(p.Cluster(), data)
-	return r, stat.Version, err
+	return r, ver, err
 }
 
 // UpdateCluster applies edit to a copy of the cluster record and writes it

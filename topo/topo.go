@@ -144,6 +144,22 @@ func EncodeCompact(v any) ([]byte, error) {
 	return json.Marshal(v)
 }
 
+// decodeAs decodes a record of one kind strictly (Decode), then checks it
+// with check (nil: nothing more to check), whose error is a malformed
+// record too.
+func decodeAs[T any](kind, znode string, data []byte, maxVersion int, check func(*T) error) (*T, error) {
+	var r T
+	if err := Decode(kind, znode, data, maxVersion, &r); err != nil {
+		return nil, err
+	}
+	if check != nil {
+		if err := check(&r); err != nil {
+			return nil, &RecordError{Kind: kind, Path: znode, Err: fmt.Errorf("%w: %v", ErrMalformed, err)}
+		}
+	}
+	return &r, nil
+}
+
 // Decode unmarshals a record strictly: data must be one JSON object whose
 // "version" is between 1 and maxVersion, with no unknown fields.
 func Decode(kind, znode string, data []byte, maxVersion int, v any) error {

@@ -72,8 +72,14 @@ func (b *Backoff) Attempts() int { return b.n }
 func (b *Backoff) Reset() { b.n = 0 }
 
 // Wait sleeps for the next delay, or returns ctx's error if it ends first.
-func (b *Backoff) Wait(ctx context.Context) error {
-	t := time.NewTimer(b.Next())
+func (b *Backoff) Wait(ctx context.Context) error { return Sleep(ctx, b.Next()) }
+
+// Sleep waits for d, or returns ctx's error if it ends first.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
