@@ -1121,26 +1121,11 @@ func (mv *Mover) waitMembers(ctx context.Context, v uint64) error {
 // counts as lagging: a member whose view cannot be read is not known to
 // have applied anything.
 func (mv *Mover) lagging(ctx context.Context, v uint64) ([]string, error) {
-	var out []string
-	behind := func(at string, have uint64, err error) {
-		switch {
-		case err != nil:
-			out = append(out, fmt.Sprintf("%s (unreadable: %v)", at, err))
-		case have < v:
-			out = append(out, fmt.Sprintf("%s (map version %d)", at, have))
-		}
-	}
 	routers, err := topo.ListRouters(ctx, mv.s, mv.p)
 	if err != nil {
 		return nil, err
 	}
-	for _, e := range routers {
-		if e.Err != nil {
-			behind(e.Path, 0, e.Err)
-		} else {
-			behind(e.Path, e.Rec.MapVersion, nil)
-		}
-	}
+	out := behind(routers, v, func(r *topo.RouterMember) uint64 { return r.MapVersion })
 	pools, err := topo.ListPools(ctx, mv.s, mv.p)
 	if err != nil {
 		return nil, err
@@ -1150,13 +1135,22 @@ func (mv *Mover) lagging(ctx context.Context, v uint64) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, e := range members {
-			if e.Err != nil {
-				behind(e.Path, 0, e.Err)
-			} else {
-				behind(e.Path, e.Rec.MapVersion, nil)
-			}
-		}
+		out = append(out, behind(members, v, func(m *topo.PoolMember) uint64 { return m.MapVersion })...)
 	}
 	return out, nil
+}
+
+// behind lists the member records that do not decode or have applied a
+// map version below v.
+func behind[T any](entries []topo.Entry[T], v uint64, applied func(*T) uint64) []string {
+	var out []string
+	for _, e := range entries {
+		switch {
+		case e.Err != nil:
+			out = append(out, fmt.Sprintf("%s (unreadable: %v)", e.Path, e.Err))
+		case applied(e.Rec) < v:
+			out = append(out, fmt.Sprintf("%s (map version %d)", e.Path, applied(e.Rec)))
+		}
+	}
+	return out
 }
