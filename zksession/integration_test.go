@@ -255,13 +255,7 @@ func TestIntegrationConcurrentCASNoLostUpdate(t *testing.T) {
 // next waits for the watch's next Node.
 func next(t *testing.T, w *Watch) Node {
 	t.Helper()
-	select {
-	case n := <-w.C:
-		return n
-	case <-time.After(20 * time.Second):
-		t.Fatal("no watch delivery within 20s")
-	}
-	return Node{}
+	return testenv.Receive(t, w.C, 20*time.Second, "no watch delivery within 20s")
 }
 
 // until reads the watch until pred holds.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
+	"github.com/shardvisor/shardvisor/internal/testenv"
 	. "github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -108,24 +109,14 @@ func TestIntegrationLockReleaseAndWait(t *testing.T) {
 		}
 		got <- l
 	}()
-	select {
-	case h := <-waited:
-		if string(h) != "a" {
-			t.Fatalf("waiter told holder %q, want a", h)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiter never reported the holder")
+	if h := testenv.Receive(t, waited, 10*time.Second, "waiter never reported the holder"); string(h) != "a" {
+		t.Fatalf("waiter told holder %q, want a", h)
 	}
 	if err := la.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	closedWithin(t, la.Done(), time.Second, "Done after Release")
-	var lb *Lock
-	select {
-	case lb = <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiter did not get the lock after release")
-	}
+	lb := testenv.Receive(t, got, 10*time.Second, "waiter did not get the lock after release")
 	if lb == nil {
 		t.Fatal("waiter failed")
 	}
