@@ -185,6 +185,26 @@ func TestPlannerProperties(t *testing.T) {
 	}
 }
 
+// planOf is m's plan under the default policy.
+func planOf(t *testing.T, m *Map) *Plan {
+	t.Helper()
+	p, err := PlanFor(m, Policy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// planApplied plans m under the default policy and applies the plan to m.
+func planApplied(t *testing.T, m *Map) *Plan {
+	t.Helper()
+	p := planOf(t, m)
+	if err := m.Apply(p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 func containsMove(ms []Move, mv Move) bool {
 	for _, x := range ms {
 		if x == mv {
@@ -203,13 +223,7 @@ func TestPlannerNoEightVersusSix(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p, err := PlanFor(m, Policy{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Apply(p); err != nil {
-		t.Fatal(err)
-	}
+	p := planApplied(t, m)
 	for id, c := range m.Counts() {
 		if c < 6 || c > 7 { // 32/5 = 6.4
 			t.Fatalf("node %s owns %d (counts %v)", id, c, m.Counts())
@@ -232,10 +246,7 @@ func TestPlannerJoinTakesFromMostLoaded(t *testing.T) {
 	if err := m.AddNode(node("c", 1)); err != nil {
 		t.Fatal(err)
 	}
-	p, err := PlanFor(m, Policy{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := planOf(t, m)
 	// 16/3: shares 5.33; b (9) gives first.
 	if p.Moves[0].From != "b" {
 		t.Fatalf("first move %+v, want from the most loaded node b", p.Moves[0])
@@ -252,13 +263,7 @@ func TestPlannerDrainSpreadsByWeight(t *testing.T) {
 	if err := m.Drain("d"); err != nil {
 		t.Fatal(err)
 	}
-	p, err := PlanFor(m, Policy{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Apply(p); err != nil {
-		t.Fatal(err)
-	}
+	planApplied(t, m)
 	c := m.Counts()
 	// 64 over weights 1:3:1 = 12.8, 38.4, 12.8.
 	if c["d"] != 0 || c["b"] < 38 || c["b"] > 39 || c["a"] < 12 || c["a"] > 13 {
@@ -278,13 +283,7 @@ func TestPlannerTidyPrefersSiblingOfTarget(t *testing.T) {
 	if err := m.SetWeight("a", 1); err != nil {
 		t.Fatal(err)
 	}
-	p, err := PlanFor(m, Policy{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Apply(p); err != nil {
-		t.Fatal(err)
-	}
+	p := planApplied(t, m)
 	broken := 0
 	for b := uint32(0); b < 8; b += 2 {
 		if m.Owner(b) != m.Owner(b+1) {
@@ -306,10 +305,7 @@ func TestPlannerLeavesMovingBucketsAlone(t *testing.T) {
 	if err := m.SetMoving(0, "n3", "mv-1"); err != nil {
 		t.Fatal(err)
 	}
-	p, err := PlanFor(m, Policy{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := planOf(t, m)
 	for _, mv := range p.Moves {
 		if mv.Bucket == 0 {
 			t.Fatal("planned a bucket that is already moving")

@@ -18,11 +18,28 @@ func clusterRec(name string) topo.ClusterRecord {
 	return topo.ClusterRecord{Version: topo.ClusterVersion, Name: name, Seed: strings.Repeat("ab", 16), CreatedAt: t0}
 }
 
+// zkStore starts a ZooKeeper root for the test, opens a session on it and
+// returns a store of cluster name there, not created yet.
+func zkStore(t *testing.T, name string) (ctx context.Context, z *testenv.ZK, s *zksession.Session, st *Store) {
+	t.Helper()
+	z = testenv.StartZK(t)
+	s = zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	return context.Background(), z, s, NewStore(s, topo.MustPaths(z.Root, name))
+}
+
+// createdStore is zkStore with the cluster created, its map at level over
+// n nodes.
+func createdStore(t *testing.T, name string, level, n int) (ctx context.Context, z *testenv.ZK, s *zksession.Session, st *Store) {
+	t.Helper()
+	ctx, z, s, st = zkStore(t, name)
+	if err := st.Create(ctx, clusterRec(name), mustNew(t, level, nodes(n)), CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, z, s, st
+}
+
 func TestIntegrationStoreCreateLoadUpdate(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx := context.Background()
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	st := NewStore(s, topo.MustPaths(z.Root, "c1"))
+	ctx, _, s, st := zkStore(t, "c1")
 	if _, _, err := st.Load(ctx); !errors.Is(err, topo.ErrNoCluster) {
 		t.Fatalf("load before init: %v", err)
 	}
@@ -63,13 +80,8 @@ func TestIntegrationStoreCreateLoadUpdate(t *testing.T) {
 
 // Many admins racing: every update lands exactly once; none is lost.
 func TestIntegrationStoreConcurrentWritersLoseNothing(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx := context.Background()
-	p := topo.MustPaths(z.Root, "race")
-	s0 := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	if err := NewStore(s0, p).Create(ctx, clusterRec("race"), mustNew(t, 3, nodes(1)), CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, z, s0, st0 := createdStore(t, "race", 3, 1)
+	p := st0.Paths()
 	const writers, each = 6, 5
 	var wg sync.WaitGroup
 	errs := make(chan error, writers*each)
@@ -167,14 +179,8 @@ func TestIntegrationStoreACL(t *testing.T) {
 }
 
 func TestIntegrationMalformedZnodeIsReportedNotUsed(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx := context.Background()
-	p := topo.MustPaths(z.Root, "bad")
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	st := NewStore(s, p)
-	if err := st.Create(ctx, clusterRec("bad"), mustNew(t, 2, nodes(2)), CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, s, st := createdStore(t, "bad", 2, 2)
+	p := st.Paths()
 	// Someone edits the znode by hand and gets it wrong.
 	if _, err := s.Set(ctx, p.Map(), []byte(`{"version":1,"map_version":7,"level":2,"nodes":[{"id":"n1","dsn":"postgres://h/d","weight":1,"state":"active"}],"owners":"AAAAAAAAAAE="}`), zksession.AnyVersion); err != nil {
 		t.Fatal(err)
@@ -192,13 +198,7 @@ func TestIntegrationMalformedZnodeIsReportedNotUsed(t *testing.T) {
 // starts from the caller's map without a read, and falls back to reading
 // when that map is stale.
 func TestIntegrationStoreUpdateAlso(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx := context.Background()
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	st := NewStore(s, topo.MustPaths(z.Root, "c1"))
-	if err := st.Create(ctx, clusterRec("c1"), mustNew(t, 4, nodes(3)), CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, s, st := createdStore(t, "c1", 4, 3)
 	rec := st.Paths().Move("m1")
 	if err := s.Create(ctx, rec, []byte("v0")); err != nil {
 		t.Fatal(err)

@@ -221,14 +221,35 @@ func waitLockWaiters(t *testing.T, c *pgx.Conn, n int) {
 	}, fmt.Sprintf("%d session(s) waiting for a fence lock", n))
 }
 
-func TestIntegrationFlipDrainsWriters(t *testing.T) {
+// waitBlocked waits until a session waits for a fence lock and checks
+// that the operation whose result done carries is still blocked.
+func waitBlocked(t *testing.T, watcher *pgx.Conn, done <-chan error, what string) {
+	t.Helper()
+	waitLockWaiters(t, watcher, 1)
+	select {
+	case err := <-done:
+		t.Fatalf("%s: %v", what, err)
+	default:
+	}
+}
+
+// soleOwner is one node, "a", owning every bucket of a level-4 map, with
+// three connections to it: writer (app.events fenced), changer (for the
+// fence changes under test) and watcher (for its locks); lo..hi are the
+// keys of bucket 6.
+func soleOwner(t *testing.T) (ctx context.Context, writer, changer, watcher *pgx.Conn, lo, hi int64) {
+	t.Helper()
 	pg := testenv.StartPGNodes(t, 1)
-	ctx := ctxT(t)
-	m := testMap(t, 4, "a")
-	writer := prepared(t, pg.Nodes[0], m, "a")
-	flipper := pg.Nodes[0].Conn(t)
-	watcher := pg.Nodes[0].Conn(t)
-	lo, hi, _ := keystream.Range(4, 6)
+	ctx = ctxT(t)
+	writer = prepared(t, pg.Nodes[0], testMap(t, 4, "a"), "a")
+	changer = pg.Nodes[0].Conn(t)
+	watcher = pg.Nodes[0].Conn(t)
+	lo, hi, _ = keystream.Range(4, 6)
+	return ctx, writer, changer, watcher, lo, hi
+}
+
+func TestIntegrationFlipDrainsWriters(t *testing.T) {
+	ctx, writer, flipper, watcher, lo, hi := soleOwner(t)
 
 	// A writer in flight holds its granule: Freeze waits for it to commit.
 	tx, err := writer.Begin(ctx)
@@ -240,12 +261,7 @@ func TestIntegrationFlipDrainsWriters(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { _, err := Freeze(ctx, flipper, lo, hi, 2); done <- err }()
-	waitLockWaiters(t, watcher, 1)
-	select {
-	case err := <-done:
-		t.Fatalf("Freeze returned while a writer was in flight: %v", err)
-	default:
-	}
+	waitBlocked(t, watcher, done, "Freeze returned while a writer was in flight")
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatalf("the in-flight write must commit: %v", err)
 	}
@@ -422,13 +438,7 @@ func TestIntegrationCheckReportsEveryMismatch(t *testing.T) {
 // A prepared Own is invisible until committed: a writer to the range waits
 // for it and then is accepted; after a rollback it is rejected as before.
 func TestIntegrationPrepareOwn(t *testing.T) {
-	pg := testenv.StartPGNodes(t, 1)
-	ctx := ctxT(t)
-	m := testMap(t, 4, "a")
-	writer := prepared(t, pg.Nodes[0], m, "a")
-	mover := pg.Nodes[0].Conn(t)
-	watcher := pg.Nodes[0].Conn(t)
-	lo, hi, _ := keystream.Range(4, 6)
+	ctx, writer, mover, watcher, lo, hi := soleOwner(t)
 	if _, err := SetIncoming(ctx, mover, lo, hi, 2); err != nil {
 		t.Fatal(err)
 	}
@@ -450,12 +460,7 @@ func TestIntegrationPrepareOwn(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- insert(writer, keyIn(4, 6), 3) }()
-	waitLockWaiters(t, watcher, 1)
-	select {
-	case err := <-done:
-		t.Fatalf("a write went through before the Own was committed: %v", err)
-	default:
-	}
+	waitBlocked(t, watcher, done, "a write went through before the Own was committed")
 	if err := p.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
-	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // GC deletes exactly the leftovers: across random sequences of moves and
@@ -221,14 +220,7 @@ func TestIntegrationGCLock(t *testing.T) {
 		t.Fatalf("second acquire in this process: %v", err)
 	}
 	// Another process (another session) is told who holds it.
-	s2, err := zksession.Open(zksession.Config{Connect: c.z.ConnectString})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	if err := s2.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s2 := c.session()
 	if _, err := Acquire(ctx, s2, c.st.Paths()); !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "pid") {
 		t.Fatalf("acquire from another session: %v", err)
 	}
@@ -286,14 +278,7 @@ func TestIntegrationGCHeapBatchesStayShort(t *testing.T) {
 func TestIntegrationGCRunTakesTheLock(t *testing.T) {
 	c := newCluster(t, 1, 1)
 	ctx := context.Background()
-	s2, err := zksession.Open(zksession.Config{Connect: c.z.ConnectString})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	if err := s2.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s2 := c.session()
 	l, err := Acquire(ctx, s2, c.st.Paths())
 	if err != nil {
 		t.Fatal(err)

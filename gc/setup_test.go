@@ -13,6 +13,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -43,18 +44,8 @@ func newCluster(t testing.TB, level, n int) *cluster {
 	c := &cluster{t: t, z: testenv.StartZK(t), pg: testenv.StartPGNodes(t, n), conns: map[bucketmap.NodeID]*pgx.Conn{},
 		clock: time.Now().Add(-48 * time.Hour)}
 	ctx := context.Background()
-	s, err := zksession.Open(zksession.Config{Connect: c.z.ConnectString})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := s.WaitConnected(wctx); err != nil {
-		t.Fatal(err)
-	}
-	c.s = s
-	c.st = bucketmap.NewStore(s, topo.MustPaths(c.z.Root, "c1"))
+	c.s = zktest.Session(t, zksession.Config{Connect: c.z.ConnectString})
+	c.st = bucketmap.NewStore(c.s, topo.MustPaths(c.z.Root, "c1"))
 	c.st.Now = func() time.Time { return c.clock }
 	var nodes []bucketmap.Node
 	for i, pn := range c.pg.Nodes {
@@ -80,6 +71,13 @@ func newCluster(t testing.TB, level, n int) *cluster {
 	}
 	c.syncAll(m)
 	return c
+}
+
+// session opens another session on the cluster's ZooKeeper, as another
+// process would.
+func (c *cluster) session() *zksession.Session {
+	c.t.Helper()
+	return zktest.Session(c.t, zksession.Config{Connect: c.z.ConnectString})
 }
 
 func (c *cluster) exec(conn *pgx.Conn, sql string, args ...any) {

@@ -67,13 +67,8 @@ func TestIntegrationRebalancerLockWaitsAndStopsWhenLost(t *testing.T) {
 	if err := other.Delete(ctx, lockPath, zksession.AnyVersion); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, zksession.ErrLockLost) {
-			t.Fatalf("RunForever after losing its lock: %v, want ErrLockLost", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("RunForever went on after losing its lock")
+	if err := testenv.Receive(t, done, 10*time.Second, "RunForever went on after losing its lock"); !errors.Is(err, zksession.ErrLockLost) {
+		t.Fatalf("RunForever after losing its lock: %v, want ErrLockLost", err)
 	}
 }
 

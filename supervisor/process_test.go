@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
@@ -71,13 +72,7 @@ func (f *fakeOS) start(spec procSpec, notify func(workerproto.Message), exited f
 
 func (f *fakeOS) next(t *testing.T) *fakeProc {
 	t.Helper()
-	select {
-	case p := <-f.started:
-		return p
-	case <-time.After(10 * time.Second):
-		t.Fatal("no worker started")
-		return nil
-	}
+	return testenv.Receive(t, f.started, 10*time.Second, "no worker started")
 }
 
 func envOf(p *fakeProc) map[string]string {

@@ -23,18 +23,40 @@ import (
 
 // Config changes in ZooKeeper swap generations under a constant load
 // without a single failed request; the member and status records follow.
-func TestSwapUnderLoadZeroFailures(t *testing.T) {
-	e := startZK(t)
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	sock := filepath.Join(t.TempDir(), "w.sock")
-	c := cfgFor(t, port, 2, map[string]string{"TW_TAG": "v1", "TW_DELAY": "300ms"})
-	c.Listen = append(c.Listen, topo.Listen{Name: "local", Addr: "unix://" + sock})
-	one := 1
-	c.Surge = &one // one new worker at a time: the strictest rolling swap
+// zkPool configures pool web in ZooKeeper with two test workers with env
+// (edit, unless nil, changes the config before), runs a supervisor on it
+// and waits until generation 1 serves. c is the config, for changes; the
+// workers serve on port, at addr.
+func zkPool(t *testing.T, env map[string]string, edit func(c *topo.PoolConfig)) (e *zkEnv, h *harness, c *topo.PoolConfig, port int, addr string) {
+	t.Helper()
+	e = startZK(t)
+	port = freePort(t)
+	addr = fmt.Sprintf("127.0.0.1:%d", port)
+	c = cfgFor(t, port, 2, env)
+	if edit != nil {
+		edit(c)
+	}
 	e.setConfig(t, c)
-	h := run(t, e.opts(t, e.z.ConnectString+e.z.Root, 4*time.Second))
-	h.waitFor(20*time.Second, "generation 1 serving", serving(1, 2))
+	h = run(t, e.opts(t, e.z.ConnectString+e.z.Root, 4*time.Second))
+	h.waitFor(20*time.Second, "generation 1", serving(1, 2))
+	return e, h, c, port, addr
+}
+
+// writeConfig writes c to the pool's config file.
+func writeConfig(t *testing.T, file string, c *topo.PoolConfig) {
+	t.Helper()
+	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSwapUnderLoadZeroFailures(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "w.sock")
+	e, h, c, _, addr := zkPool(t, map[string]string{"TW_TAG": "v1", "TW_DELAY": "300ms"}, func(c *topo.PoolConfig) {
+		c.Listen = append(c.Listen, topo.Listen{Name: "local", Addr: "unix://" + sock})
+		one := 1
+		c.Surge = &one // one new worker at a time: the strictest rolling swap
+	})
 	r, err := get(addr)
 	if err != nil || r.Tag != "v1" || strings.Join(r.FDNames, ",") != "http,local" {
 		t.Fatalf("first request: %+v %v", r, err)
@@ -93,13 +115,7 @@ func TestSwapUnderLoadZeroFailures(t *testing.T) {
 // invalid config all leave the old generation serving, under load, and are
 // published in the status record.
 func TestBadChangesKeepOldGeneration(t *testing.T) {
-	e := startZK(t)
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	c := cfgFor(t, port, 2, map[string]string{"TW_TAG": "good"})
-	e.setConfig(t, c)
-	h := run(t, e.opts(t, e.z.ConnectString+e.z.Root, 4*time.Second))
-	h.waitFor(20*time.Second, "generation 1", serving(1, 2))
+	e, h, c, port, addr := zkPool(t, map[string]string{"TW_TAG": "good"}, nil)
 	before := h.pids()
 	l := startLoad(addr, 3)
 
@@ -162,13 +178,7 @@ func TestBadChangesKeepOldGeneration(t *testing.T) {
 // pool converges on the newest config, the intermediate generation never
 // serves, and the old one serves until then.
 func TestSupersedeDuringSwap(t *testing.T) {
-	e := startZK(t)
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	c := cfgFor(t, port, 2, map[string]string{"TW_TAG": "a"})
-	e.setConfig(t, c)
-	h := run(t, e.opts(t, e.z.ConnectString+e.z.Root, 4*time.Second))
-	h.waitFor(20*time.Second, "generation 1", serving(1, 2))
+	e, h, c, _, addr := zkPool(t, map[string]string{"TW_TAG": "a"}, nil)
 	l := startLoad(addr, 3)
 	c.Env = map[string]string{"TW_TAG": "b", "TW_DELAY": "1500ms"}
 	e.setConfig(t, c)
@@ -199,9 +209,7 @@ func TestTTINTTOU(t *testing.T) {
 	port := freePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 2, map[string]string{"TW_TAG": "x"})
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
 	h.waitFor(20*time.Second, "2 workers", serving(1, 2))
 	h.sv.Signal(syscall.SIGTTIN)
@@ -217,9 +225,7 @@ func TestTTINTTOU(t *testing.T) {
 	}
 	h.waitFor(20*time.Second, "never below 1 worker", serving(1, 1))
 	c.Env["TW_TAG"] = "y"
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h.waitFor(20*time.Second, "config change resets to the config's 2 workers", serving(2, 2))
 }
 
@@ -235,9 +241,7 @@ func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
 	file := filepath.Join(dir, "pool.json")
 	c := &topo.PoolConfig{Version: 1, Command: hello, Workers: 2, Env: map[string]string{"GREETING": "hi"},
 		Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}}
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	logf, _ := os.Create(filepath.Join(dir, "sv.log"))
 	cmd := execCommand(sv, "--config", file, "--config-poll", "100ms", "--admin", fmt.Sprintf("127.0.0.1:%d", adminPort),
 		"--state-dir", filepath.Join(dir, "state"), "--pool", "hello")
@@ -316,9 +320,7 @@ func TestWorkersSurviveThreadExits(t *testing.T) {
 	port := freePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 3, nil)
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h := run(t, Options{ConfigFile: file})
 	go lockedThreadChurn(50) // threads come and go while workers are forked
 	h.waitFor(20*time.Second, "3 workers", serving(1, 3))
@@ -341,16 +343,12 @@ func TestCrashBackoffAndWatchdog(t *testing.T) {
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 1, map[string]string{})
 	c.Restart = topo.Backoff{Initial: topo.Duration(100 * time.Millisecond), Max: topo.Duration(800 * time.Millisecond)}
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
 	h.waitFor(20*time.Second, "1 worker", serving(1, 1))
 	// Generation 2 crashes 100ms after becoming ready, forever.
 	c.Env = map[string]string{"TW_CRASH_AFTER": "100ms"}
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h.waitFor(20*time.Second, "generation 2", func(m topo.PoolMember) bool { return m.Generation == 2 })
 	spawns0 := testCounter(t, h, "shardvisor_supervisor_worker_spawns_total", "")
 	time.Sleep(4 * time.Second)
@@ -365,9 +363,7 @@ func TestCrashBackoffAndWatchdog(t *testing.T) {
 
 	c.Env = map[string]string{"TW_MODE": "hang"}
 	c.Watchdog = topo.Duration(300 * time.Millisecond)
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	testenv.WaitFor(t, 20*time.Second, func() bool {
 		return testCounter(t, h, "shardvisor_supervisor_worker_kills_total", `reason="watchdog"`) >= 1
 	}, "the watchdog to fire on a worker that sends no WATCHDOG=1")
@@ -560,9 +556,7 @@ func TestMaxLifetimeRecycles(t *testing.T) {
 	c := cfgFor(t, port, 2, nil)
 	c.MaxLifetime = topo.Duration(2 * time.Second)
 	c.MaxLifetimeJitter = topo.Duration(500 * time.Millisecond)
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h := run(t, Options{ConfigFile: file})
 	h.waitFor(20*time.Second, "2 workers", serving(1, 2))
 	first := h.pids()
@@ -610,9 +604,7 @@ func TestGunicornWorker(t *testing.T) {
 		Env:    map[string]string{"APP_STARTUP_DELAY": "0.2", "APP_TAG": "g1"},
 		Listen: []topo.Listen{{Name: "http", Addr: "tcp://" + addr}}, GracefulTimeout: topo.Duration(10 * time.Second),
 		Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second)}}
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
 	h.waitFor(30*time.Second, "gunicorn generation 1", serving(1, 2))
 	if r, err := get(addr); err != nil || r.Tag != "g1" || r.Gen != "1" {
@@ -620,9 +612,7 @@ func TestGunicornWorker(t *testing.T) {
 	}
 	l := startLoad(addr, 3)
 	c.Env["APP_TAG"] = "g2"
-	if err := os.WriteFile(file, encode(t, c), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeConfig(t, file, c)
 	h.waitFor(30*time.Second, "gunicorn generation 2", serving(2, 2))
 	time.Sleep(300 * time.Millisecond)
 	l.finish(t)

@@ -1,32 +1,16 @@
 package topo
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/shardvisor/shardvisor/internal/testenv"
-	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // Concurrent table edits by compare-and-swap lose nothing, and the seed is
 // untouchable.
 func TestIntegrationUpdateClusterCAS(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s, err := zksession.Open(zksession.Config{Connect: z.ConnectString})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p := MustPaths(z.Root, "c1")
+	ctx, z, s, p := zkCluster(t)
 	if _, err := UpdateCluster(ctx, s, p, func(*ClusterRecord) error { return nil }); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("update of a missing cluster: %v", err)
 	}

@@ -1,7 +1,6 @@
 package topo
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -49,7 +48,7 @@ func TestPoolConfigDecode(t *testing.T) {
 		t.Fatalf("timer default delay %v", timer.Effective().Readiness)
 	}
 
-	for _, tc := range []struct{ data, errHas string }{
+	wantMalformed(t, "DecodePoolConfig", DecodePoolConfig, "pool config", "/x/pools/web/config", []malformed{
 		{`{"version":1,"command":"app","workers":1,"extra":1}`, `unknown field "extra"`},
 		{`{"version":1,"command":"app","workers":1,"readiness":{"mode":"notify","tiemout":"1s"}}`, `unknown field "tiemout"`},
 		{`{"version":2,"command":"app","workers":1}`, "format version 2"},
@@ -74,16 +73,7 @@ func TestPoolConfigDecode(t *testing.T) {
 		{`{"version":1,"command":"app","workers":1,"env":{"LISTEN_FDS":"1"}}`, `env: LISTEN_FDS is set by the supervisor`},
 		{`{"version":1,"command":"app","workers":1,"env":{"A=B":"1"}}`, `env: "A=B"`},
 		{`{"version":1,"command":"app","workers":1,"watchdog":"1ms"}`, `watchdog: 1ms is too short`},
-	} {
-		_, err := DecodePoolConfig("/x/pools/web/config", []byte(tc.data))
-		if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-			t.Errorf("DecodePoolConfig(%s) = %v, want error containing %q", tc.data, err, tc.errHas)
-			continue
-		}
-		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "pool config at /x/pools/web/config") {
-			t.Errorf("error %q should wrap ErrMalformed and name the record and path", err)
-		}
-	}
+	})
 }
 
 func TestParseListenAddr(t *testing.T) {

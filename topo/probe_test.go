@@ -1,11 +1,8 @@
 package topo
 
 import (
-	"context"
 	"testing"
-	"time"
 
-	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -13,11 +10,7 @@ import (
 // A probe creates, reads back and deletes its scratch node, and leaves
 // nothing behind; without the right to write it fails naming the step.
 func TestIntegrationProbe(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	p := MustPaths(z.Root, "c1")
+	ctx, z, s, p := zkCluster(t)
 	steps, err := Probe(ctx, s, p, "probe-1")
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,16 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
+// zkCluster starts a ZooKeeper root for the test and opens a session on
+// it; p are the paths of cluster c1 under that root, ctx lasts a minute.
+func zkCluster(t *testing.T) (ctx context.Context, z *testenv.ZK, s *zksession.Session, p Paths) {
+	t.Helper()
+	z = testenv.StartZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx, z, zktest.Session(t, zksession.Config{Connect: z.ConnectString}), MustPaths(z.Root, "c1")
+}
+
 func testCluster(name string) ClusterRecord {
 	return ClusterRecord{Version: ClusterVersion, Name: name, Seed: strings.Repeat("ab", 16), CreatedAt: time.Unix(1700000000, 0).UTC()}
 }
@@ -20,11 +30,7 @@ func testCluster(name string) ClusterRecord {
 // compare-and-swap, alone or with a move record in one transaction, and a
 // lost race on the map is told apart from a failure of the other records.
 func TestIntegrationClusterAndMapRecords(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	p := MustPaths(z.Root, "c1")
+	ctx, _, s, p := zkCluster(t)
 
 	if _, _, err := ReadMapData(ctx, s, p); !errors.Is(err, ErrNoCluster) {
 		t.Fatalf("map of a missing cluster: %v, want ErrNoCluster", err)
@@ -115,11 +121,7 @@ func TestIntegrationClusterAndMapRecords(t *testing.T) {
 
 // Tables are added and removed by compare-and-swap with their own rules.
 func TestIntegrationAddRemoveTable(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	p := MustPaths(z.Root, "c1")
+	ctx, _, s, p := zkCluster(t)
 	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{}`), ClusterACLs{}); err != nil {
 		t.Fatal(err)
 	}
@@ -142,11 +144,7 @@ func TestIntegrationAddRemoveTable(t *testing.T) {
 // status is last writer wins; members are read back with one decoder, a
 // malformed one reported, a departed one left out.
 func TestIntegrationPoolRecords(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	p := MustPaths(z.Root, "c1")
+	ctx, z, s, p := zkCluster(t)
 
 	if _, _, err := ReadPoolConfig(ctx, s, p, "web"); !errors.Is(err, zksession.ErrNoNode) {
 		t.Fatalf("config of a new pool: %v, want ErrNoNode", err)
@@ -267,12 +265,8 @@ func TestIntegrationPoolRecords(t *testing.T) {
 // One runner per move: a second session is refused, naming the holder,
 // and takes over once the first releases.
 func TestIntegrationLockMoveRunner(t *testing.T) {
-	z := testenv.StartZK(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s1 := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	ctx, z, s1, p := zkCluster(t)
 	s2 := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	p := MustPaths(z.Root, "c1")
 	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MovePrepare}
 	if err := CreateMove(ctx, s1, p, rec); err != nil {
 		t.Fatal(err)

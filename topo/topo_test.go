@@ -47,7 +47,7 @@ func TestDecodeStrict(t *testing.T) {
 	if r.Name != "c1" || r.Seed != "00ff" || !r.CreatedAt.Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Fatalf("decoded %+v", r)
 	}
-	for _, tc := range []struct{ data, errHas string }{
+	wantMalformed(t, "DecodeCluster", DecodeCluster, "cluster record", "/shardvisor/c1", []malformed{
 		{"", "empty"},
 		{"[1]", "not a JSON object"},
 		{`{"name":"c1"}`, `no "version"`},
@@ -64,13 +64,26 @@ func TestDecodeStrict(t *testing.T) {
 		{`{"version":1,"name":"C1","seed":"00"}`, "cluster name"},
 		{`{"version":1,"name":"c1","seed":"zz"}`, "not hex"},
 		{`{"version":1,"name":"c1","seed":""}`, "not hex"},
-	} {
-		_, err := DecodeCluster("/shardvisor/c1", []byte(tc.data))
+	})
+}
+
+// malformed is a record that its decoder must refuse with an error
+// containing errHas.
+type malformed struct{ data, errHas string }
+
+// wantMalformed decodes each case as the record at path with decode
+// (called name in messages) and wants an error that contains the case's
+// errHas, wraps ErrMalformed and names the record and path ("<record> at
+// <path>").
+func wantMalformed[T any](t *testing.T, name string, decode func(string, []byte) (T, error), record, path string, cases []malformed) {
+	t.Helper()
+	for _, tc := range cases {
+		_, err := decode(path, []byte(tc.data))
 		if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-			t.Errorf("DecodeCluster(%s) = %v, want error containing %q", tc.data, err, tc.errHas)
+			t.Errorf("%s(%s) = %v, want error containing %q", name, tc.data, err, tc.errHas)
 			continue
 		}
-		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "cluster record at /shardvisor/c1") {
+		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), record+" at "+path) {
 			t.Errorf("error %q should wrap ErrMalformed and name the record and path", err)
 		}
 	}

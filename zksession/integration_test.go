@@ -1,4 +1,8 @@
-package zksession
+// The integration tests use the package's public API only. They are an
+// external test package so that they can open sessions with zktest, which
+// imports zksession; the dot import lets them read as if inside the package
+// (the import-cycle case of Go's code review comments on dot imports).
+package zksession_test
 
 import (
 	"context"
@@ -15,6 +19,8 @@ import (
 
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/zktest"
+	. "github.com/shardvisor/shardvisor/zksession"
 )
 
 // testLogger is silent unless SHARDVISOR_TEST_LOG is set, because session
@@ -27,23 +33,13 @@ func testLogger() *zap.Logger {
 	return zap.NewNop()
 }
 
-// openT opens a session and waits for it to connect.
+// openT opens a session with the test logger and waits for it to connect.
 func openT(t *testing.T, cfg Config) *Session {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger()
 	}
-	s, err := Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := s.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return s
+	return zktest.Session(t, cfg)
 }
 
 // chrooted gives the test a session rooted at its own ZooKeeper path.
@@ -56,6 +52,31 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// partitionable gives the test its own chrooted path, an observer session
+// that reaches ZooKeeper directly, and a fault proxy in front of one server
+// (closed when the test ends): viaProxy is the chrooted connect string
+// through it, for the session that the test partitions.
+func partitionable(t *testing.T) (ctx context.Context, proxy *faultproxy.Proxy, observer *Session, viaProxy string) {
+	t.Helper()
+	z, _ := chrooted(t)
+	ctx = ctxT(t)
+	proxy, err := faultproxy.New(z.Servers[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	observer = openT(t, Config{Connect: z.ConnectString + z.Root})
+	return ctx, proxy, observer, proxy.Addr() + z.Root
+}
+
+// twoSessions opens two sessions, as two processes would, on the test's
+// own chrooted path.
+func twoSessions(t *testing.T) (ctx context.Context, a, b *Session) {
+	t.Helper()
+	_, connect := chrooted(t)
+	return ctxT(t), openT(t, Config{Connect: connect}), openT(t, Config{Connect: connect})
 }
 
 func TestIntegrationCRUDCASAndChroot(t *testing.T) {
@@ -234,13 +255,7 @@ func TestIntegrationConcurrentCASNoLostUpdate(t *testing.T) {
 // next waits for the watch's next Node.
 func next(t *testing.T, w *Watch) Node {
 	t.Helper()
-	select {
-	case n := <-w.C:
-		return n
-	case <-time.After(20 * time.Second):
-		t.Fatal("no watch delivery within 20s")
-	}
-	return Node{}
+	return testenv.Receive(t, w.C, 20*time.Second, "no watch delivery within 20s")
 }
 
 // until reads the watch until pred holds.
@@ -260,10 +275,7 @@ func until(t *testing.T, w *Watch, what string, pred func(Node) bool) Node {
 }
 
 func TestIntegrationWatch(t *testing.T) {
-	_, connect := chrooted(t)
-	ctx := ctxT(t)
-	s := openT(t, Config{Connect: connect})
-	writer := openT(t, Config{Connect: connect})
+	ctx, s, writer := twoSessions(t)
 
 	w := s.Watch(ctx, "/w")
 	defer w.Stop()
@@ -314,10 +326,7 @@ func TestIntegrationWatch(t *testing.T) {
 }
 
 func TestIntegrationEphemeralOwnership(t *testing.T) {
-	_, connect := chrooted(t)
-	ctx := ctxT(t)
-	a := openT(t, Config{Connect: connect})
-	b := openT(t, Config{Connect: connect})
+	ctx, a, b := twoSessions(t)
 
 	e, err := a.CreateEphemeral(ctx, "/members/m1", []byte("a"), nil) // parent is created
 	if err != nil {
@@ -484,20 +493,13 @@ func TestIntegrationLeaderKillKeepsSession(t *testing.T) {
 // ephemeral node and re-reads its watches.
 func TestIntegrationPartitionLostAndHeal(t *testing.T) {
 	skipUnderRace(t)
-	z, _ := chrooted(t)
-	ctx := ctxT(t)
-	proxy, err := faultproxy.New(z.Servers[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	observer := openT(t, Config{Connect: z.ConnectString + z.Root})
+	ctx, proxy, observer, viaProxy := partitionable(t)
 	if err := observer.Create(ctx, "/cfg", []byte("v1")); err != nil {
 		t.Fatal(err)
 	}
 
 	const timeout = 4 * time.Second
-	s := openT(t, Config{Connect: proxy.Addr() + z.Root, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
+	s := openT(t, Config{Connect: viaProxy, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
 	if got := s.SessionTimeout(); got != timeout {
 		t.Fatalf("negotiated session timeout %s, want %s (devenv allows 0.4s-30s)", got, timeout)
 	}

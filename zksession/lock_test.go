@@ -1,4 +1,4 @@
-package zksession
+package zksession_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	. "github.com/shardvisor/shardvisor/zksession"
 )
 
 func closedWithin(t *testing.T, c <-chan struct{}, d time.Duration, what string) {
@@ -28,22 +30,41 @@ func stillOpen(t *testing.T, c <-chan struct{}, what string) {
 	}
 }
 
-// A second acquirer is refused with the holder named; the holder's session
-// closing closes Done and cancels Context; then the other gets the lock.
-func TestIntegrationLockRefusedThenLostOnClose(t *testing.T) {
-	_, connect := chrooted(t)
-	ctx := ctxT(t)
-	a := openT(t, Config{Connect: connect})
-	b := openT(t, Config{Connect: connect})
+// releaseLost releases old, a lock that was lost, and checks that this
+// touched neither the lock node at path, now s's, nor held, the new
+// holder's lock on it.
+func releaseLost(t *testing.T, ctx context.Context, old *Lock, s *Session, path string, held *Lock, what string) {
+	t.Helper()
+	if err := old.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, st, err := s.Get(ctx, path)
+	if err != nil || st.EphemeralOwner != s.SessionID() {
+		t.Fatalf("%s: owner %x, %v", what, st.EphemeralOwner, err)
+	}
+	stillOpen(t, held.Done(), "the new holder's lock")
+}
 
-	la, err := a.TryLock(ctx, "/locks/x/holder", []byte("host-a pid 1"))
+// mustLock takes the lock at path on s for holder; it must be free.
+func mustLock(t *testing.T, ctx context.Context, s *Session, path, holder string) *Lock {
+	t.Helper()
+	l, err := s.TryLock(ctx, path, []byte(holder))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// A second acquirer is refused with the holder named; the holder's session
+// closing closes Done and cancels Context; then the other gets the lock.
+func TestIntegrationLockRefusedThenLostOnClose(t *testing.T) {
+	ctx, a, b := twoSessions(t)
+
+	la := mustLock(t, ctx, a, "/locks/x/holder", "host-a pid 1")
 	if _, err := a.TryLock(ctx, "/locks/x/holder", []byte("again")); !errors.Is(err, ErrAlreadyHeld) {
 		t.Fatalf("same process twice: %v, want ErrAlreadyHeld", err)
 	}
-	_, err = b.TryLock(ctx, "/locks/x/holder", []byte("host-b"))
+	_, err := b.TryLock(ctx, "/locks/x/holder", []byte("host-b"))
 	var le *LockedError
 	if !errors.Is(err, ErrLocked) || !errors.As(err, &le) || string(le.Holder) != "host-a pid 1" ||
 		!strings.Contains(err.Error(), "host-a pid 1") {
@@ -71,15 +92,9 @@ func TestIntegrationLockRefusedThenLostOnClose(t *testing.T) {
 
 // Release lets the next one in, and a waiter blocked in Lock gets it.
 func TestIntegrationLockReleaseAndWait(t *testing.T) {
-	_, connect := chrooted(t)
-	ctx := ctxT(t)
-	a := openT(t, Config{Connect: connect})
-	b := openT(t, Config{Connect: connect})
+	ctx, a, b := twoSessions(t)
 
-	la, err := a.TryLock(ctx, "/l", []byte("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	la := mustLock(t, ctx, a, "/l", "a")
 	got := make(chan *Lock, 1)
 	waited := make(chan []byte, 1)
 	go func() {
@@ -94,24 +109,14 @@ func TestIntegrationLockReleaseAndWait(t *testing.T) {
 		}
 		got <- l
 	}()
-	select {
-	case h := <-waited:
-		if string(h) != "a" {
-			t.Fatalf("waiter told holder %q, want a", h)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiter never reported the holder")
+	if h := testenv.Receive(t, waited, 10*time.Second, "waiter never reported the holder"); string(h) != "a" {
+		t.Fatalf("waiter told holder %q, want a", h)
 	}
 	if err := la.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	closedWithin(t, la.Done(), time.Second, "Done after Release")
-	var lb *Lock
-	select {
-	case lb = <-got:
-	case <-time.After(10 * time.Second):
-		t.Fatal("waiter did not get the lock after release")
-	}
+	lb := testenv.Receive(t, got, 10*time.Second, "waiter did not get the lock after release")
 	if lb == nil {
 		t.Fatal("waiter failed")
 	}
@@ -120,9 +125,7 @@ func TestIntegrationLockReleaseAndWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A waiter gives up with its context.
-	if _, err := a.TryLock(ctx, "/l", []byte("a")); err != nil {
-		t.Fatal(err)
-	}
+	mustLock(t, ctx, a, "/l", "a")
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	if _, err := b.Lock(short, "/l", nil, nil); !errors.Is(err, context.DeadlineExceeded) {
@@ -133,30 +136,14 @@ func TestIntegrationLockReleaseAndWait(t *testing.T) {
 // The node vanishing (deleted by an operator) loses the lock, and Release
 // then does not delete anybody else's node.
 func TestIntegrationLockLostWhenNodeVanishes(t *testing.T) {
-	_, connect := chrooted(t)
-	ctx := ctxT(t)
-	a := openT(t, Config{Connect: connect})
-	b := openT(t, Config{Connect: connect})
-	la, err := a.TryLock(ctx, "/l", []byte("a"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, a, b := twoSessions(t)
+	la := mustLock(t, ctx, a, "/l", "a")
 	if err := b.Delete(ctx, "/l", AnyVersion); err != nil {
 		t.Fatal(err)
 	}
 	closedWithin(t, la.Done(), 10*time.Second, "Done after the node was deleted")
-	lb, err := b.TryLock(ctx, "/l", []byte("b"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := la.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, st, err := b.Get(ctx, "/l")
-	if err != nil || st.EphemeralOwner != b.SessionID() {
-		t.Fatalf("the old holder's Release touched the new holder's node: owner %x, %v", st.EphemeralOwner, err)
-	}
-	stillOpen(t, lb.Done(), "new holder")
+	lb := mustLock(t, ctx, b, "/l", "b")
+	releaseLost(t, ctx, la, b, "/l", lb, "the old holder's Release touched the new holder's node")
 	_ = lb.Release(ctx)
 }
 
@@ -165,19 +152,9 @@ func TestIntegrationLockLostWhenNodeVanishes(t *testing.T) {
 // re-created for the holder when its new session comes.
 func TestIntegrationLockLostOnExpiry(t *testing.T) {
 	skipUnderRace(t)
-	z, _ := chrooted(t)
-	ctx := ctxT(t)
-	proxy, err := faultproxy.New(z.Servers[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
-	observer := openT(t, Config{Connect: z.ConnectString + z.Root})
-	s := openT(t, Config{Connect: proxy.Addr() + z.Root, SessionTimeout: 4 * time.Second, OpTimeout: 2 * time.Second})
-	l, err := s.TryLock(ctx, "/l", []byte("me"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, proxy, observer, viaProxy := partitionable(t)
+	s := openT(t, Config{Connect: viaProxy, SessionTimeout: 4 * time.Second, OpTimeout: 2 * time.Second})
+	l := mustLock(t, ctx, s, "/l", "me")
 	c := collect(s)
 	proxy.SetMode(faultproxy.Blackhole)
 	closedWithin(t, l.Done(), 20*time.Second, "Done behind a partition")
@@ -185,6 +162,7 @@ func TestIntegrationLockLostOnExpiry(t *testing.T) {
 	_ = lost
 	// The server expires the session; another process takes the lock.
 	var lo *Lock
+	var err error
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		lo, err = observer.TryLock(ctx, "/l", []byte("observer"))
@@ -200,12 +178,5 @@ func TestIntegrationLockLostOnExpiry(t *testing.T) {
 	proxy.SetMode(faultproxy.Pass)
 	c.waitFor(t, 30*time.Second, func(ch StateChange) bool { return ch.To == StateConnected && ch.NewSession }, "new session")
 	time.Sleep(time.Second) // give a (wrong) re-creation time to happen
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, st, err := observer.Get(ctx, "/l")
-	if err != nil || st.EphemeralOwner != observer.SessionID() {
-		t.Fatalf("lock node after the old holder came back: owner %x, %v", st.EphemeralOwner, err)
-	}
-	stillOpen(t, lo.Done(), "the new holder's lock")
+	releaseLost(t, ctx, l, observer, "/l", lo, "lock node after the old holder came back")
 }

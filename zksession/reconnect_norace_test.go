@@ -1,6 +1,6 @@
 //go:build !race
 
-package zksession
+package zksession_test
 
 import "testing"
 

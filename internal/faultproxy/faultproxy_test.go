@@ -88,6 +88,13 @@ func newProxy(t *testing.T, target string) *Proxy {
 	return p
 }
 
+// echoProxy is an echo server and a proxy in front of it, in Pass mode.
+func echoProxy(t *testing.T) (*echoServer, *Proxy) {
+	t.Helper()
+	srv := newEchoServer(t)
+	return srv, newProxy(t, srv.ln.Addr().String())
+}
+
 func dial(t *testing.T, addr string) *net.TCPConn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
@@ -114,6 +121,14 @@ func roundTrip(t *testing.T, c net.Conn, msg string) {
 	if string(buf) != msg {
 		t.Fatalf("echo = %q, want %q", buf, msg)
 	}
+}
+
+// pinged is a connection through p that has carried a round trip.
+func pinged(t *testing.T, p *Proxy) *net.TCPConn {
+	t.Helper()
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "ping")
+	return c
 }
 
 // expectDead expects the connection to fail (reset or EOF) within 5s.
@@ -181,8 +196,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 func TestPass(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
+	_, p := echoProxy(t)
 	c := dial(t, p.Addr())
 	roundTrip(t, c, "hello")
 	roundTrip(t, c, "world!")
@@ -200,8 +214,7 @@ func TestPass(t *testing.T) {
 }
 
 func TestPassLargeTransfer(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
+	_, p := echoProxy(t)
 	c := dial(t, p.Addr())
 	const size = 4 << 20
 	data := make([]byte, size)
@@ -238,8 +251,7 @@ func TestPassLargeTransfer(t *testing.T) {
 }
 
 func TestHalfClosePropagates(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
+	_, p := echoProxy(t)
 	c := dial(t, p.Addr())
 	if _, err := c.Write([]byte("bye")); err != nil {
 		t.Fatal(err)
@@ -255,10 +267,8 @@ func TestHalfClosePropagates(t *testing.T) {
 }
 
 func TestResetExistingAndNew(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
-	c := dial(t, p.Addr())
-	roundTrip(t, c, "ping")
+	_, p := echoProxy(t)
+	c := pinged(t, p)
 
 	p.SetMode(Reset)
 	if err := expectDead(t, c); !isReset(err) {
@@ -277,10 +287,8 @@ func TestResetExistingAndNew(t *testing.T) {
 }
 
 func TestBlackholeExisting(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
-	c := dial(t, p.Addr())
-	roundTrip(t, c, "ping")
+	srv, p := echoProxy(t)
+	c := pinged(t, p)
 	before := srv.received.Load()
 
 	p.SetMode(Blackhole)
@@ -306,8 +314,7 @@ func TestBlackholeExisting(t *testing.T) {
 }
 
 func TestBlackholeNewConnection(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
+	srv, p := echoProxy(t)
 	p.SetMode(Blackhole)
 	c := dial(t, p.Addr()) // accepted
 	if _, err := c.Write([]byte("anyone?")); err != nil {
@@ -323,10 +330,8 @@ func TestBlackholeNewConnection(t *testing.T) {
 }
 
 func TestHealAbortsBlackholedConnections(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
-	old := dial(t, p.Addr())
-	roundTrip(t, old, "ping")
+	_, p := echoProxy(t)
+	old := pinged(t, p)
 	p.SetMode(Blackhole)
 	bornDark := dial(t, p.Addr())
 	if _, err := old.Write([]byte("x")); err != nil {
@@ -346,10 +351,8 @@ func TestHealAbortsBlackholedConnections(t *testing.T) {
 }
 
 func TestBlackholeThenReset(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
-	c := dial(t, p.Addr())
-	roundTrip(t, c, "ping")
+	_, p := echoProxy(t)
+	c := pinged(t, p)
 	p.SetMode(Blackhole)
 	expectSilent(t, c, 50*time.Millisecond)
 	p.SetMode(Reset)
@@ -434,8 +437,7 @@ func TestCloseStopsEverything(t *testing.T) {
 // flips, for the race detector; every client must finish (no hangs) and the
 // proxy must end with no connections.
 func TestConcurrentModeFlips(t *testing.T) {
-	srv := newEchoServer(t)
-	p := newProxy(t, srv.ln.Addr().String())
+	_, p := echoProxy(t)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var ok atomic.Int64

@@ -312,3 +312,17 @@ func WaitFor(t testing.TB, timeout time.Duration, cond func() bool, msg string) 
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// Receive returns the next value sent on c, and fails the test with msg if
+// none comes within timeout.
+func Receive[T any](t testing.TB, c <-chan T, timeout time.Duration, msg string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(timeout):
+		t.Fatal(msg)
+	}
+	var zero T
+	return zero
+}

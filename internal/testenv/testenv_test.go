@@ -3,7 +3,9 @@ package testenv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,6 +36,37 @@ func TestWaitFor(t *testing.T) {
 	if n != 3 {
 		t.Fatalf("polled %d times", n)
 	}
+}
+
+func TestReceive(t *testing.T) {
+	c := make(chan int, 1)
+	c <- 7
+	if got := Receive(t, c, time.Second, "a value"); got != 7 {
+		t.Fatalf("received %d, want 7", got)
+	}
+	// On timeout it fails the test (checked on a stand-in: t.Fatal would
+	// end this one).
+	ft := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() { defer close(done); Receive(ft, make(chan int), 10*time.Millisecond, "nothing comes") }()
+	<-done
+	if ft.msg != "nothing comes" {
+		t.Fatalf("on timeout: failed with %q, want the message", ft.msg)
+	}
+}
+
+// fatalRecorder records Fatal's message and ends its goroutine, as t.Fatal
+// does.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalRecorder) Helper() {}
+
+func (f *fatalRecorder) Fatal(args ...any) {
+	f.msg = fmt.Sprint(args...)
+	runtime.Goexit()
 }
 
 func TestZK(t *testing.T) {
