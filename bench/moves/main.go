@@ -66,6 +66,7 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/router"
@@ -415,7 +416,9 @@ func run(ctx context.Context) (*Summary, error) {
 		Writers: *writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *keep}
 
 	if !*noLock {
-		release, err := shareDevenv(*devenvDir)
+		// testenv's lock lives in its state directory: this run's.
+		os.Setenv("SHARDVISOR_DEVENV_DIR", *devenvDir)
+		release, err := testenv.Share()
 		if err != nil {
 			return nil, fmt.Errorf("test environment lock: %w", err)
 		}
@@ -445,7 +448,7 @@ func run(ctx context.Context) (*Summary, error) {
 		b.dropDatabases(cctx)
 	}
 	for i := range b.nodes {
-		if err := adminExec(ctx, b.admin[i], "CREATE DATABASE "+pgx.Identifier{b.db}.Sanitize()); err != nil {
+		if err := testenv.Exec(ctx, b.admin[i], "CREATE DATABASE "+pgx.Identifier{b.db}.Sanitize()); err != nil {
 			dropDBs()
 			return nil, fmt.Errorf("%s: %w (is it up? SHARDVISOR_PG_NODES=4 scripts/devenv up)", b.nodes[i].ID, err)
 		}
@@ -731,20 +734,6 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 }
 
 // ---------------------------------------------------------------- setup
-
-func adminExec(ctx context.Context, dsn string, sqls ...string) error {
-	c, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer c.Close(context.Background())
-	for _, s := range sqls {
-		if _, err := c.Exec(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", s, err)
-		}
-	}
-	return nil
-}
 
 func (b *bench) setup(ctx context.Context) error {
 	b.st = bucketmap.NewStore(b.sess, topo.MustPaths(b.root, clusterNm))
@@ -1415,50 +1404,6 @@ func (b *bench) dropDatabases(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
-}
-
-// shareDevenv takes the test environment's shared use lock, the way
-// internal/testenv does for every integration test: through the turnstile
-// (so that a waiting disruptive test is not starved), LOCK_SH on
-// testenv.lock, held until release.
-func shareDevenv(dir string) (func(), error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	use, err := os.OpenFile(filepath.Join(dir, "testenv.lock"), os.O_CREATE|os.O_RDWR, 0o666)
-	if err != nil {
-		return nil, err
-	}
-	turn, err := os.OpenFile(filepath.Join(dir, "testenv.turnstile"), os.O_CREATE|os.O_RDWR, 0o666)
-	if err != nil {
-		use.Close()
-		return nil, err
-	}
-	defer turn.Close()
-	lock := func(f *os.File, how int) error {
-		for {
-			if err := syscall.Flock(int(f.Fd()), how); !errors.Is(err, syscall.EINTR) {
-				return err
-			}
-		}
-	}
-	if syscall.Flock(int(turn.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-		say("waiting for a disruptive test to finish (lock %s)", turn.Name())
-		if err := lock(turn, syscall.LOCK_EX); err != nil {
-			use.Close()
-			return nil, err
-		}
-	}
-	err = lock(use, syscall.LOCK_SH)
-	_ = lock(turn, syscall.LOCK_UN)
-	if err != nil {
-		use.Close()
-		return nil, err
-	}
-	return func() {
-		_ = lock(use, syscall.LOCK_UN)
-		use.Close()
-	}, nil
 }
 
 // ---------------------------------------------------------------- probes

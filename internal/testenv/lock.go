@@ -178,6 +178,17 @@ func acquireShared(st *testState) error {
 	return nil
 }
 
+// Share makes a program that is not a test (a load benchmark) an ordinary
+// user of the test servers under StateDir, as every integration test is:
+// it waits while a disruptive test holds them, then holds them shared (a
+// disruptive test waits for it) until release is called.
+func Share() (release func(), err error) {
+	if err := acquireShared(&testState{}); err != nil {
+		return nil, err
+	}
+	return releaseShared, nil
+}
+
 func releaseShared() {
 	flockMu.Lock()
 	sharedCount--

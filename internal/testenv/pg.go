@@ -202,7 +202,13 @@ func externalNode(t testing.TB, i int, dsn, db string) (*PGNode, error) {
 
 // admin runs statements on the node's "postgres" database.
 func (n *PGNode) admin(ctx context.Context, sqls ...string) error {
-	conn, err := pgx.Connect(ctx, n.AdminDSN)
+	return Exec(ctx, n.AdminDSN, sqls...)
+}
+
+// Exec runs statements one by one on one connection to dsn; the error
+// names the statement that failed.
+func Exec(ctx context.Context, dsn string, sqls ...string) error {
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
 	}
@@ -320,24 +326,19 @@ func (n *PGNode) control() error {
 
 // Stop stops this node (pg_ctl stop -m fast) and returns when it is down.
 // Requires Exclusive.
-func (n *PGNode) Stop() error {
-	if err := n.control(); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	_, err := runDevenv(ctx, nil, "pg-stop", strconv.Itoa(n.Index+1))
-	return err
-}
+func (n *PGNode) Stop() error { return n.devenv("pg-stop", 2*time.Minute) }
 
 // Start starts this node and returns when it accepts connections.
 // Requires Exclusive.
-func (n *PGNode) Start() error {
+func (n *PGNode) Start() error { return n.devenv("pg-start", 3*time.Minute) }
+
+// devenv runs `scripts/devenv VERB <node number>`.
+func (n *PGNode) devenv(verb string, timeout time.Duration) error {
 	if err := n.control(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	_, err := runDevenv(ctx, nil, "pg-start", strconv.Itoa(n.Index+1))
+	_, err := runDevenv(ctx, nil, verb, strconv.Itoa(n.Index+1))
 	return err
 }
