@@ -64,13 +64,9 @@ func run(c *cli.Context) error {
 		}
 		log.Info("serving from a map file", zap.String("file", f), zap.Uint64("map_version", r.Map().Version))
 	} else {
-		paths, err := cliutil.Paths(c)
-		if err != nil {
-			return err
-		}
 		// The sidecar starts even when ZooKeeper is down: /readyz says
 		// not ready until the first map arrives.
-		s, err := cliutil.Open(c, log)
+		s, paths, err := cliutil.Open(c, log)
 		if err != nil {
 			return err
 		}

@@ -29,3 +29,9 @@ func TestExitStatus(t *testing.T) {
 		}
 	}
 }
+
+// Every flag of every command can be set from the environment, under the
+// names pinned in testdata/env.txt.
+func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {
+	cliutil.CheckEnv(t, newApp(), "testdata/env.txt")
+}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
@@ -59,4 +60,10 @@ func TestIntegrationEnvironmentVariables(t *testing.T) {
 	if r := runData(t, "gc"); r.code != 2 || !strings.Contains(r.stderr, "--batch must be at least 1") {
 		t.Fatalf("SHARDVISOR_GC_BATCH: exit %d, %q", r.code, r.stderr)
 	}
+}
+
+// Every flag of every command can be set from the environment, under the
+// names pinned in testdata/env.txt.
+func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {
+	cliutil.CheckEnv(t, newApp(), "testdata/env.txt")
 }

@@ -25,11 +25,7 @@ func withStore(c *cli.Context, fn func(ctx context.Context, st *bucketmap.Store,
 	if err != nil {
 		return err
 	}
-	paths, err := cliutil.Paths(c)
-	if err != nil {
-		return err
-	}
-	s, err := cliutil.Connect(c, log)
+	s, paths, err := cliutil.Connect(c, log)
 	if err != nil {
 		return err
 	}
@@ -37,36 +33,9 @@ func withStore(c *cli.Context, fn func(ctx context.Context, st *bucketmap.Store,
 	return fn(c.Context, bucketmap.NewStore(s, paths), log)
 }
 
-func policyFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.IntFlag{Name: "concurrency", Value: 1, EnvVars: []string{"SHARDVISOR_MOVE_CONCURRENCY"}, Usage: "moves that may run at once (never two on one node)"},
-		&cli.BoolFlag{Name: "auto-split", EnvVars: []string{"SHARDVISOR_AUTO_SPLIT"}, Usage: "split first while an active node would own fewer than --min-buckets-per-node buckets"},
-		&cli.IntFlag{Name: "min-buckets-per-node", Value: 8, EnvVars: []string{"SHARDVISOR_MIN_BUCKETS_PER_NODE"}, Usage: "auto-split threshold"},
-	}
-}
-
+// policy is the planner policy that policyFlags set.
 func policy(c *cli.Context) bucketmap.Policy {
 	return bucketmap.Policy{Concurrency: c.Int("concurrency"), AutoSplit: c.Bool("auto-split"), MinBucketsPerNode: c.Int("min-buckets-per-node")}
-}
-
-func initCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "init",
-		Usage: "create a cluster: its keystream seed, first bucket map and db nodes",
-		Description: "Refuses to touch an existing cluster. The seed can never change afterwards.\n" +
-			"With --zk-auth (or --zk-auth-file) the cluster is created with ACLs: only that identity may write,\n" +
-			"and with --reader-auth(-file) readers need that identity; without it anyone may read.",
-		Flags: []cli.Flag{
-			&cli.IntFlag{Name: "level", Value: 8, EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: fmt.Sprintf("bucket level `N` (2^N buckets, 0..%d)", bucketmap.MaxLevel)},
-			&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (at least 16 bytes)"},
-			&cli.BoolFlag{Name: "random-seed", Usage: "generate a random 32-byte seed"},
-			&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}, Usage: "db node `ID=DSN` (postgres:// URL without password); repeat"},
-			&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF` for every node: env:NAME or file:/path"},
-			&cli.StringFlag{Name: "reader-auth", EnvVars: []string{"SHARDVISOR_READER_AUTH"}, Usage: "reader identity `user:password` allowed to read the cluster"},
-			&cli.StringFlag{Name: "reader-auth-file", EnvVars: []string{"SHARDVISOR_READER_AUTH_FILE"}, Usage: "`file` with the reader identity"},
-		},
-		Action: runInit,
-	}
 }
 
 func runInit(c *cli.Context) error {
@@ -144,67 +113,44 @@ func runInit(c *cli.Context) error {
 	})
 }
 
-func statusCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "status",
-		Usage: "show the bucket map: level, version, nodes with their buckets and share, buckets not active",
-		Flags: []cli.Flag{
-			&cli.BoolFlag{Name: "grid", Usage: "draw the node-by-bucket grid"},
-			&cli.IntFlag{Name: "rows", Value: 32, Usage: "grid rows at most (buckets are grouped into ranges beyond)"},
-		},
-		Action: func(c *cli.Context) error {
-			return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
-				m, _, err := st.Load(ctx)
-				if err != nil {
-					return err
-				}
-				s := m.Summarize()
-				return cliutil.NewPrinter(c).Emit(s, func(w io.Writer) {
-					fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())
-					bucketmap.WriteSummary(w, s)
-					if c.Bool("grid") {
-						fmt.Fprintln(w)
-						m.Grid(w, c.Int("rows"))
-					}
-				})
-			})
-		},
-	}
+func runStatus(c *cli.Context) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+		m, _, err := st.Load(ctx)
+		if err != nil {
+			return err
+		}
+		s := m.Summarize()
+		return cliutil.NewPrinter(c).Emit(s, func(w io.Writer) {
+			fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())
+			bucketmap.WriteSummary(w, s)
+			if c.Bool("grid") {
+				fmt.Fprintln(w)
+				m.Grid(w, c.Int("rows"))
+			}
+		})
+	})
 }
 
-func splitCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "split",
-		Usage: "double the bucket count (level n -> n+1); moves no data, one compare-and-swap write",
-		Action: func(c *cli.Context) error {
-			return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-				m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Split() })
-				if err != nil {
-					return err
-				}
-				if err := afterMapChange(ctx, c, st, m); err != nil {
-					return err
-				}
-				log.Info("split", zap.Int("level", m.Level), zap.Uint64("map_version", m.Version))
-				return cliutil.NewPrinter(c).Emit(map[string]any{"level": m.Level, "buckets": m.Buckets(), "map_version": m.Version}, func(w io.Writer) {
-					fmt.Fprintf(w, "split to level %d (%d buckets), map version %d\n", m.Level, m.Buckets(), m.Version)
-				})
-			})
-		},
-	}
+func runSplit(c *cli.Context) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Split() })
+		if err != nil {
+			return err
+		}
+		if err := afterMapChange(ctx, c, st, m); err != nil {
+			return err
+		}
+		log.Info("split", zap.Int("level", m.Level), zap.Uint64("map_version", m.Version))
+		return cliutil.NewPrinter(c).Emit(map[string]any{"level": m.Level, "buckets": m.Buckets(), "map_version": m.Version}, func(w io.Writer) {
+			fmt.Fprintf(w, "split to level %d (%d buckets), map version %d\n", m.Level, m.Buckets(), m.Version)
+		})
+	})
 }
 
-func planCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "plan",
-		Usage: "print the moves that would balance the live map (changes nothing)",
-		Flags: policyFlags(),
-		Action: func(c *cli.Context) error {
-			return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
-				return printPlan(ctx, c, st)
-			})
-		},
-	}
+func runPlan(c *cli.Context) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+		return printPlan(ctx, c, st)
+	})
 }
 
 // printPlan prints the planner's answer for the live map, changing nothing.
@@ -241,64 +187,37 @@ func writePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.Plan, pol bucketmap.P
 	}
 }
 
-func assignCommand() *cli.Command {
-	return &cli.Command{
-		Name:      "assign",
-		Usage:     "give one bucket to a db node (manual control)",
-		ArgsUsage: "BUCKET NODE",
-		Description: "Copying a bucket's rows is `shardctl move`; assign only changes ownership and needs --no-copy to say so.\n" +
-			"The previous owner goes into the bucket's history for GC.",
-		Flags: []cli.Flag{
-			&cli.BoolFlag{Name: "no-copy", Usage: "change the owner without copying rows (the bucket is marked data-lost)"},
-			&cli.BoolFlag{Name: "force", Usage: "also when the bucket is moving (cancels the move) or the node is not active"},
-		},
-		Action: func(c *cli.Context) error {
-			if c.NArg() != 2 {
-				return cliutil.Usagef("assign: want BUCKET NODE, got %d arguments", c.NArg())
-			}
-			b, err := strconv.ParseUint(c.Args().Get(0), 10, 32)
-			if err != nil {
-				return cliutil.Usagef("assign: bucket %q is not a number", c.Args().Get(0))
-			}
-			to := bucketmap.NodeID(c.Args().Get(1))
-			if !c.Bool("no-copy") {
-				return cliutil.Usagef("assign: without --no-copy the rows would have to be copied; use `shardctl move %d --to %s` for that, or --no-copy to reassign without copying", b, to)
-			}
-			return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-				var from bucketmap.NodeID
-				m, err := st.Update(ctx, func(m *bucketmap.Map) error {
-					if int64(b) < int64(m.Buckets()) {
-						from = m.Owner(uint32(b))
-					}
-					return m.Assign(uint32(b), to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
-				})
-				if err != nil {
-					return err
-				}
-				if err := afterMapChange(ctx, c, st, m); err != nil {
-					return err
-				}
-				log.Warn("bucket reassigned without copying", zap.Uint64("bucket", b), zap.String("from", string(from)), zap.String("to", string(to)))
-				return cliutil.NewPrinter(c).Emit(map[string]any{"bucket": b, "from": from, "to": to, "map_version": m.Version, "data_lost": true}, func(w io.Writer) {
-					fmt.Fprintf(w, "bucket %d: %s -> %s WITHOUT copying its rows (marked data-lost), map version %d\n", b, from, to, m.Version)
-				})
-			})
-		},
+func runAssign(c *cli.Context) error {
+	if c.NArg() != 2 {
+		return cliutil.Usagef("assign: want BUCKET NODE, got %d arguments", c.NArg())
 	}
-}
-
-func simulateCommand() *cli.Command {
-	return &cli.Command{
-		Name:      "simulate",
-		Usage:     "try a sequence of changes offline and print each step's plan size and the final balance",
-		ArgsUsage: "EVENT... (add:ID[=W] down:ID drain:ID up:ID remove:ID weight:ID=W split)",
-		Flags: append([]cli.Flag{
-			&cli.IntFlag{Name: "level", Value: 8, Usage: "starting level"},
-			&cli.StringFlag{Name: "nodes", Value: "n1,n2,n3", Usage: "starting nodes `ID[=W],...`"},
-			&cli.BoolFlag{Name: "live", Usage: "start from the live map instead of --level/--nodes"},
-		}, policyFlags()...),
-		Action: runSimulate,
+	b, err := strconv.ParseUint(c.Args().Get(0), 10, 32)
+	if err != nil {
+		return cliutil.Usagef("assign: bucket %q is not a number", c.Args().Get(0))
 	}
+	to := bucketmap.NodeID(c.Args().Get(1))
+	if !c.Bool("no-copy") {
+		return cliutil.Usagef("assign: without --no-copy the rows would have to be copied; use `shardctl move %d --to %s` for that, or --no-copy to reassign without copying", b, to)
+	}
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		var from bucketmap.NodeID
+		m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+			if int64(b) < int64(m.Buckets()) {
+				from = m.Owner(uint32(b))
+			}
+			return m.Assign(uint32(b), to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
+		})
+		if err != nil {
+			return err
+		}
+		if err := afterMapChange(ctx, c, st, m); err != nil {
+			return err
+		}
+		log.Warn("bucket reassigned without copying", zap.Uint64("bucket", b), zap.String("from", string(from)), zap.String("to", string(to)))
+		return cliutil.NewPrinter(c).Emit(map[string]any{"bucket": b, "from": from, "to": to, "map_version": m.Version, "data_lost": true}, func(w io.Writer) {
+			fmt.Fprintf(w, "bucket %d: %s -> %s WITHOUT copying its rows (marked data-lost), map version %d\n", b, from, to, m.Version)
+		})
+	})
 }
 
 func runSimulate(c *cli.Context) error {

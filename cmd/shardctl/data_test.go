@@ -17,18 +17,10 @@ import (
 	"github.com/shardvisor/shardvisor/keystream"
 )
 
-// dataApp is shardctl with the data-side commands wired in, run in this
-// process (main.go wires the same commands into the binary).
+// dataApp is shardctl, run in this process.
 func dataApp(stdout, stderr *bytes.Buffer) *cli.App {
-	node := nodeCommand() // includes the data-side subcommands
-	app := &cli.App{
-		Name:  "shardctl",
-		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
-		Commands: []*cli.Command{
-			initCommand(), statusCommand(), node, splitCommand(), assignCommand(), tableCommand(), gcCommand(),
-		},
-		Writer: stdout, ErrWriter: stderr,
-	}
+	app := newApp()
+	app.Writer, app.ErrWriter = stdout, stderr
 	return app
 }
 

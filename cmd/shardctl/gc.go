@@ -20,32 +20,6 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 )
 
-func gcCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "gc",
-		Usage: "delete, from each db node, the rows of buckets it no longer owns",
-		Description: "Works from the bucket map's history. A range is deleted only if another node owns it, the change is older than\n" +
-			"--grace, no move involves it, both fences agree with the map, and the owner answers and holds at least as many of\n" +
-			"the range's rows per table (--min-owner-ratio). Anything uncertain is skipped and reported (exit status 1).\n" +
-			"Deletes run in batches of short transactions, walking either the key index (rows that sit together) or the\n" +
-			"table's pages (rows spread over it), chosen per table; a run killed half-way is finished by the next one.\n" +
-			"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "node", Usage: "only the leftovers on node `ID`"},
-			&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},
-			&cli.IntFlag{Name: "batch", Value: 20000, EnvVars: []string{"SHARDVISOR_GC_BATCH"}, Usage: "about `N` rows per delete transaction"},
-			&cli.StringFlag{Name: "order", Value: "auto", EnvVars: []string{"SHARDVISOR_GC_ORDER"}, Usage: "batch walk `ORDER`: auto (per table, from a sample of where the range's rows sit), key (the key index) or heap (the table's pages)"},
-			&cli.IntFlag{Name: "parallel", Value: 2, EnvVars: []string{"SHARDVISOR_GC_PARALLEL"}, Usage: "`N` connections per node deleting at once, each with its own batch transactions (1: one batch after another)"},
-			&cli.Float64Flag{Name: "rate", EnvVars: []string{"SHARDVISOR_GC_RATE"}, Usage: "at most `ROWS/S` deleted per second, all connections together (0: no limit)"},
-			&cli.DurationFlag{Name: "grace", Value: time.Hour, EnvVars: []string{"SHARDVISOR_GC_GRACE"}, Usage: "only ownership changes older than `DURATION`"},
-			&cli.Float64Flag{Name: "min-owner-ratio", Value: 1, Usage: "the owner must hold at least `R` times the leftover rows of a range, per table (negative: no count check)"},
-			&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_GC_EVERY"}, Usage: "periodic mode: run once per `DURATION` until stopped"},
-			&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_GC_METRICS_ADDR"}, Usage: "serve Prometheus metrics on `HOST:PORT` (periodic mode)"},
-		},
-		Action: runGC,
-	}
-}
-
 func runGC(c *cli.Context) error {
 	if c.Int("batch") < 1 {
 		return cliutil.Usagef("gc: --batch must be at least 1")

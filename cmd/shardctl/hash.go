@@ -15,21 +15,6 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-func hashCommand() *cli.Command {
-	return &cli.Command{
-		Name:      "hash",
-		Usage:     "print the bucket and keystream prefix of user ids",
-		ArgsUsage: "UID... (or one per line on stdin)",
-		Description: "Prints UID<TAB>BUCKET<TAB>PREFIX64 per user id, PREFIX64 as 16 lowercase hex digits.\n" +
-			"Without --seed the cluster's seed is read from ZooKeeper.",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (default: the cluster's)"},
-			&cli.IntFlag{Name: "level", DefaultText: "none", EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: "bucket level `N` (2^N buckets, 0-32); default: the cluster map's level"},
-		},
-		Action: runHash,
-	}
-}
-
 type hashLine struct {
 	UID      string `json:"uid"`
 	Level    int    `json:"level"`
@@ -68,14 +53,9 @@ func runHash(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	uids := c.Args().Slice()
-	if len(uids) == 0 {
-		if uids, err = readLines(c.App.Reader); err != nil {
-			return err
-		}
-		if len(uids) == 0 {
-			return cliutil.Usagef("hash: no user ids given (pass them as arguments or one per line on stdin)")
-		}
+	uids, err := userIDs(c)
+	if err != nil {
+		return err
 	}
 	out := cliutil.NewPrinter(c)
 	for _, uid := range uids {
@@ -94,11 +74,12 @@ func clusterSeed(c *cli.Context) (keystream.Seed, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	paths, err := cliutil.Paths(c)
-	if err != nil {
+	// Mistakes in --zk-root or --cluster are reported plainly, as by every
+	// command; the session's errors say why hash needed one.
+	if _, err := cliutil.Paths(c); err != nil {
 		return nil, 0, err
 	}
-	s, err := cliutil.Connect(c, log)
+	s, paths, err := cliutil.Connect(c, log)
 	if err != nil {
 		return nil, 0, fmt.Errorf("hash: no --seed given, so the cluster's seed is needed: %w", err)
 	}
@@ -116,6 +97,19 @@ func clusterSeed(c *cli.Context) (keystream.Seed, int, error) {
 		return nil, 0, err
 	}
 	return seed, m.Level, nil
+}
+
+// userIDs are the user ids hash and route answer for: the arguments, or
+// else the lines of stdin.
+func userIDs(c *cli.Context) ([]string, error) {
+	if c.NArg() > 0 {
+		return c.Args().Slice(), nil
+	}
+	uids, err := readLines(c.App.Reader)
+	if err == nil && len(uids) == 0 {
+		err = cliutil.Usagef("%s: no user ids given (pass them as arguments or one per line on stdin)", c.Command.Name)
+	}
+	return uids, err
 }
 
 func readLines(r io.Reader) ([]string, error) {

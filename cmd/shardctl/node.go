@@ -13,89 +13,58 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 )
 
-func nodeCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "node",
-		Usage: "manage db nodes in the registry, and their schema and fences",
-		Subcommands: append(nodeDataCommands(), []*cli.Command{
-			{
-				Name:      "add",
-				Usage:     "register a db node (it gets buckets when the planner's moves run)",
-				ArgsUsage: "ID DSN",
-				Flags: []cli.Flag{
-					&cli.IntFlag{Name: "weight", Value: 1, Usage: "relative capacity"},
-					&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path"},
-				},
-				Action: func(c *cli.Context) error {
-					if c.NArg() != 2 {
-						return cliutil.Usagef("node add: want ID DSN")
-					}
-					n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), Weight: c.Int("weight"), State: bucketmap.NodeActive}
-					if err := bucketmap.ValidateNode(n); err != nil {
-						return cliutil.Usagef("node add: %v", err)
-					}
-					return nodeEdit(c, "add", n.ID, func(m *bucketmap.Map) (string, error) {
-						return fmt.Sprintf("node %s added (weight %d); `shardctl plan` shows the moves that give it buckets", n.ID, n.Weight), m.AddNode(n)
-					})
-				},
-			},
-			{
-				Name:      "drain",
-				Usage:     "mark a node draining: the rebalancer moves all its buckets away",
-				ArgsUsage: "ID",
-				Action: oneNode("drain", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
-					return fmt.Sprintf("node %s is draining; it still owns %d buckets until the moves run", id, m.Counts()[id]), m.Drain(id)
-				}),
-			},
-			{
-				Name:      "down",
-				Usage:     "mark a node dead: its buckets go at once to the others by weight, without copying",
-				ArgsUsage: "ID",
-				Action: oneNode("down", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
-					re, err := m.MarkDown(id)
-					return fmt.Sprintf("node %s is down; %d buckets reassigned WITHOUT copying (marked data-lost)", id, len(re)), err
-				}),
-			},
-			{
-				Name:      "up",
-				Usage:     "make a draining or down node active again",
-				ArgsUsage: "ID",
-				Action: oneNode("up", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
-					return fmt.Sprintf("node %s is active", id), m.Activate(id)
-				}),
-			},
-			{
-				Name:      "remove",
-				Usage:     "take a node that owns no buckets out of the registry",
-				ArgsUsage: "ID",
-				Action: oneNode("remove", func(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
-					return fmt.Sprintf("node %s removed", id), m.RemoveNode(id)
-				}),
-			},
-			{
-				Name:      "set-weight",
-				Usage:     "change a node's relative capacity",
-				ArgsUsage: "ID WEIGHT",
-				Action: func(c *cli.Context) error {
-					if c.NArg() != 2 {
-						return cliutil.Usagef("node set-weight: want ID WEIGHT")
-					}
-					w, err := strconv.Atoi(c.Args().Get(1))
-					if err != nil || w < 1 || w > bucketmap.MaxWeight {
-						return cliutil.Usagef("node set-weight: weight %q is not a number in 1..%d", c.Args().Get(1), bucketmap.MaxWeight)
-					}
-					id := bucketmap.NodeID(c.Args().Get(0))
-					return nodeEdit(c, "set-weight", id, func(m *bucketmap.Map) (string, error) {
-						return fmt.Sprintf("node %s weight %d", id, w), m.SetWeight(id, w)
-					})
-				},
-			},
-		}...),
+// The registry side of `shardctl node`: each command is one change of the
+// map's node registry (nodeEdit), and says what it did.
+
+func runNodeAdd(c *cli.Context) error {
+	if c.NArg() != 2 {
+		return cliutil.Usagef("node add: want ID DSN")
 	}
+	n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), Weight: c.Int("weight"), State: bucketmap.NodeActive}
+	if err := bucketmap.ValidateNode(n); err != nil {
+		return cliutil.Usagef("node add: %v", err)
+	}
+	return nodeEdit(c, "add", n.ID, func(m *bucketmap.Map) (string, error) {
+		return fmt.Sprintf("node %s added (weight %d); `shardctl plan` shows the moves that give it buckets", n.ID, n.Weight), m.AddNode(n)
+	})
 }
 
-func oneNode(verb string, edit func(m *bucketmap.Map, id bucketmap.NodeID) (string, error)) cli.ActionFunc {
+func drainNode(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+	return fmt.Sprintf("node %s is draining; it still owns %d buckets until the moves run", id, m.Counts()[id]), m.Drain(id)
+}
+
+func downNode(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+	re, err := m.MarkDown(id)
+	return fmt.Sprintf("node %s is down; %d buckets reassigned WITHOUT copying (marked data-lost)", id, len(re)), err
+}
+
+func upNode(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+	return fmt.Sprintf("node %s is active", id), m.Activate(id)
+}
+
+func removeNode(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {
+	return fmt.Sprintf("node %s removed", id), m.RemoveNode(id)
+}
+
+func runNodeSetWeight(c *cli.Context) error {
+	if c.NArg() != 2 {
+		return cliutil.Usagef("node set-weight: want ID WEIGHT")
+	}
+	w, err := strconv.Atoi(c.Args().Get(1))
+	if err != nil || w < 1 || w > bucketmap.MaxWeight {
+		return cliutil.Usagef("node set-weight: weight %q is not a number in 1..%d", c.Args().Get(1), bucketmap.MaxWeight)
+	}
+	id := bucketmap.NodeID(c.Args().Get(0))
+	return nodeEdit(c, "set-weight", id, func(m *bucketmap.Map) (string, error) {
+		return fmt.Sprintf("node %s weight %d", id, w), m.SetWeight(id, w)
+	})
+}
+
+// oneNode is the Action of a command that takes one node ID and applies
+// edit to it (node drain, down, up, remove).
+func oneNode(edit func(m *bucketmap.Map, id bucketmap.NodeID) (string, error)) cli.ActionFunc {
 	return func(c *cli.Context) error {
+		verb := c.Command.Name
 		if c.NArg() != 1 {
 			return cliutil.Usagef("node %s: want one node ID", verb)
 		}

@@ -18,37 +18,8 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-// nodeDataCommands are the data-side subcommands of `shardctl node`.
-func nodeDataCommands() []*cli.Command {
-	return []*cli.Command{
-		{
-			Name:      "prepare",
-			Usage:     "install the write fence on a db node (idempotent) and bring it in step with the map",
-			ArgsUsage: "ID",
-			Description: "Creates schema shardvisor (ownership table, meta row) and the fence trigger on every sharded table, drops\n" +
-				"fence triggers from tables that are no longer sharded, fills the ownership table from the map, and reports\n" +
-				"sharded tables that break the contract. Running it again changes nothing.",
-			Action: runPrepare,
-		},
-		{
-			Name:      "check",
-			Usage:     "verify a db node against the data-side contract and the map; changes nothing",
-			ArgsUsage: "ID",
-			Description: "Reports every mismatch: missing tables, a key column that is not bigint NOT NULL, a primary key without it,\n" +
-				"no index leading with it, the fence missing, outdated, disabled or out of step with the map. Exit status 1 if any.",
-			Action: runCheck,
-		},
-		{
-			Name:      "reconcile",
-			Usage:     "bring the fences of db nodes in step with the map, repairing and reporting drift",
-			ArgsUsage: "[ID...]",
-			Flags: []cli.Flag{
-				&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_RECONCILE_EVERY"}, Usage: "keep running, once per `DURATION` (default: once)"},
-			},
-			Action: runReconcile,
-		},
-	}
-}
+// The data side of `shardctl node`: prepare, check and reconcile the db
+// nodes' schema and fences (package fence does the work).
 
 // dataContext is what the data-side commands need from ZooKeeper.
 type dataContext struct {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,45 +9,15 @@ import (
 	"strings"
 
 	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-func poolCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "pool",
-		Usage: "show and edit supervisor pools (config, last swap, members)",
-		Subcommands: []*cli.Command{
-			{
-				Name:      "status",
-				Usage:     "show a pool's config version, last swap result and every running supervisor (member)",
-				ArgsUsage: "POOL",
-				Action:    runPoolStatus,
-			},
-			{
-				Name:      "get",
-				Usage:     "print a pool's config (edit it and give it back to `pool set --file`)",
-				ArgsUsage: "POOL",
-				Action:    runPoolGet,
-			},
-			{
-				Name:      "set",
-				Usage:     "validate a pool config and write it with compare-and-swap; every supervisor of the pool swaps to it",
-				ArgsUsage: "POOL",
-				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "file", Aliases: []string{"f"}, EnvVars: []string{"SHARDVISOR_POOL_CONFIG_FILE"},
-						Usage: "pool config `FILE` (JSON; - for stdin); required"},
-					&cli.IntFlag{Name: "expect-version", Value: -1, EnvVars: []string{"SHARDVISOR_POOL_EXPECT_VERSION"},
-						Usage: "write only if the config's znode version is still `N` (from `pool get --json`); default: the version just read"},
-				},
-				Action: runPoolSet,
-			},
-		},
-	}
-}
-
+// poolArg is the one pool name that pool status and get take.
 func poolArg(c *cli.Context) (string, error) {
 	if c.Args().Len() != 1 {
 		return "", cliutil.Usagef("pool %s: give exactly one pool name", c.Command.Name)
@@ -56,29 +27,6 @@ func poolArg(c *cli.Context) (string, error) {
 		return "", cliutil.Usagef("%v", err)
 	}
 	return name, nil
-}
-
-func poolSession(c *cli.Context) (*zksession.Session, topo.Paths, error) {
-	log, err := cliutil.Logger(c)
-	if err != nil {
-		return nil, topo.Paths{}, err
-	}
-	paths, err := cliutil.Paths(c)
-	if err != nil {
-		return nil, topo.Paths{}, err
-	}
-	s, err := cliutil.Connect(c, log)
-	return s, paths, err
-}
-
-// openPool is the pool named by the one argument, and a session.
-func openPool(c *cli.Context) (string, *zksession.Session, topo.Paths, error) {
-	pool, err := poolArg(c)
-	if err != nil {
-		return "", nil, topo.Paths{}, err
-	}
-	s, paths, err := poolSession(c)
-	return pool, s, paths, err
 }
 
 type poolStatusReport struct {
@@ -92,86 +40,88 @@ type poolStatusReport struct {
 }
 
 func runPoolStatus(c *cli.Context) error {
-	pool, s, paths, err := openPool(c)
+	pool, err := poolArg(c)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
-	ps, err := topo.ReadPoolState(c.Context, s, paths, pool)
-	if err != nil {
-		return err
-	}
-	rep := poolStatusReport{Pool: pool, ConfigPath: ps.ConfigPath, ConfigVersion: ps.ConfigVersion, LastSwap: ps.Status, Members: []*topo.PoolMember{}}
-	if ps.ConfigErr != nil {
-		rep.ConfigError = ps.ConfigErr.Error()
-	}
-	for _, m := range ps.Members {
-		if m.Err != nil {
-			rep.MemberErrors = append(rep.MemberErrors, m.Err.Error())
-			continue
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+		ps, err := topo.ReadPoolState(ctx, st.Session(), st.Paths(), pool)
+		if err != nil {
+			return err
 		}
-		rep.Members = append(rep.Members, m.Rec)
-	}
-	return cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
-		if rep.ConfigVersion == nil {
-			fmt.Fprintf(w, "pool %s: no config at %s (create it with `shardctl pool set %s --file config.json`)\n", pool, rep.ConfigPath, pool)
-		} else {
-			fmt.Fprintf(w, "pool %s: config version %d at %s\n", pool, *rep.ConfigVersion, rep.ConfigPath)
+		rep := poolStatusReport{Pool: pool, ConfigPath: ps.ConfigPath, ConfigVersion: ps.ConfigVersion, LastSwap: ps.Status, Members: []*topo.PoolMember{}}
+		if ps.ConfigErr != nil {
+			rep.ConfigError = ps.ConfigErr.Error()
 		}
-		if rep.ConfigError != "" {
-			fmt.Fprintf(w, "  config is INVALID: %s\n", rep.ConfigError)
-		}
-		if st := rep.LastSwap; st != nil {
-			fmt.Fprintf(w, "last swap: %s by %s at %s: generation %d, config %d, map %d", st.Result, st.Member, st.At.Format("2006-01-02T15:04:05Z07:00"), st.Generation, st.ConfigVersion, st.MapVersion)
-			if st.SwapSeconds > 0 {
-				fmt.Fprintf(w, ", took %.2fs", st.SwapSeconds)
+		for _, m := range ps.Members {
+			if m.Err != nil {
+				rep.MemberErrors = append(rep.MemberErrors, m.Err.Error())
+				continue
 			}
-			if st.Error != "" {
-				fmt.Fprintf(w, "\n  error: %s", st.Error)
+			rep.Members = append(rep.Members, m.Rec)
+		}
+		return cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
+			if rep.ConfigVersion == nil {
+				fmt.Fprintf(w, "pool %s: no config at %s (create it with `shardctl pool set %s --file config.json`)\n", pool, rep.ConfigPath, pool)
+			} else {
+				fmt.Fprintf(w, "pool %s: config version %d at %s\n", pool, *rep.ConfigVersion, rep.ConfigPath)
 			}
-			fmt.Fprintln(w)
-		}
-		fmt.Fprintf(w, "%d member(s)\n", len(rep.Members))
-		if len(rep.Members) > 0 {
-			fmt.Fprintf(w, "  %-24s %-18s %-9s %-6s %-4s %-7s %-5s %s\n", "MEMBER", "HOST", "STATE", "PID", "GEN", "CONFIG", "MAP", "WORKERS (ready/target, starting, stopping)")
-		}
-		for _, m := range rep.Members {
-			cnt := map[string]int{}
-			for _, wk := range m.Workers {
-				cnt[wk.State]++
+			if rep.ConfigError != "" {
+				fmt.Fprintf(w, "  config is INVALID: %s\n", rep.ConfigError)
 			}
-			fmt.Fprintf(w, "  %-24s %-18s %-9s %-6d %-4d %-7d %-5d %d/%d, %d, %d\n", m.Member, m.Host, m.State, m.PID, m.Generation, m.ConfigVersion, m.MapVersion,
-				cnt["ready"], m.Target, cnt["starting"], cnt["stopping"])
-			if m.LastError != "" {
-				fmt.Fprintf(w, "    last error: %s\n", m.LastError)
+			if st := rep.LastSwap; st != nil {
+				fmt.Fprintf(w, "last swap: %s by %s at %s: generation %d, config %d, map %d", st.Result, st.Member, st.At.Format("2006-01-02T15:04:05Z07:00"), st.Generation, st.ConfigVersion, st.MapVersion)
+				if st.SwapSeconds > 0 {
+					fmt.Fprintf(w, ", took %.2fs", st.SwapSeconds)
+				}
+				if st.Error != "" {
+					fmt.Fprintf(w, "\n  error: %s", st.Error)
+				}
+				fmt.Fprintln(w)
 			}
-		}
-		for _, e := range rep.MemberErrors {
-			fmt.Fprintf(w, "  unreadable member: %s\n", e)
-		}
+			fmt.Fprintf(w, "%d member(s)\n", len(rep.Members))
+			if len(rep.Members) > 0 {
+				fmt.Fprintf(w, "  %-24s %-18s %-9s %-6s %-4s %-7s %-5s %s\n", "MEMBER", "HOST", "STATE", "PID", "GEN", "CONFIG", "MAP", "WORKERS (ready/target, starting, stopping)")
+			}
+			for _, m := range rep.Members {
+				cnt := map[string]int{}
+				for _, wk := range m.Workers {
+					cnt[wk.State]++
+				}
+				fmt.Fprintf(w, "  %-24s %-18s %-9s %-6d %-4d %-7d %-5d %d/%d, %d, %d\n", m.Member, m.Host, m.State, m.PID, m.Generation, m.ConfigVersion, m.MapVersion,
+					cnt["ready"], m.Target, cnt["starting"], cnt["stopping"])
+				if m.LastError != "" {
+					fmt.Fprintf(w, "    last error: %s\n", m.LastError)
+				}
+			}
+			for _, e := range rep.MemberErrors {
+				fmt.Fprintf(w, "  unreadable member: %s\n", e)
+			}
+		})
 	})
 }
 
 func runPoolGet(c *cli.Context) error {
-	pool, s, paths, err := openPool(c)
+	pool, err := poolArg(c)
 	if err != nil {
 		return err
 	}
-	defer s.Close()
-	p := paths.PoolConfig(pool)
-	data, ver, err := topo.ReadPoolConfigData(c.Context, s, paths, pool)
-	if errors.Is(err, zksession.ErrNoNode) {
-		return fmt.Errorf("pool %s has no config at %s (create it with `shardctl pool set %s --file config.json`)", pool, p, pool)
-	}
-	if err != nil {
-		return err
-	}
-	cfg, err := topo.DecodePoolConfig(p, data)
-	if err != nil {
-		return err
-	}
-	return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": ver, "config": cfg}, func(w io.Writer) {
-		fmt.Fprintf(w, "%s\n", strings.TrimRight(string(data), "\n"))
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+		p := st.Paths().PoolConfig(pool)
+		data, ver, err := topo.ReadPoolConfigData(ctx, st.Session(), st.Paths(), pool)
+		if errors.Is(err, zksession.ErrNoNode) {
+			return fmt.Errorf("pool %s has no config at %s (create it with `shardctl pool set %s --file config.json`)", pool, p, pool)
+		}
+		if err != nil {
+			return err
+		}
+		cfg, err := topo.DecodePoolConfig(p, data)
+		if err != nil {
+			return err
+		}
+		return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": ver, "config": cfg}, func(w io.Writer) {
+			fmt.Fprintf(w, "%s\n", strings.TrimRight(string(data), "\n"))
+		})
 	})
 }
 
@@ -242,21 +192,18 @@ func runPoolSet(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("pool set: %w (nothing written)", err)
 	}
-	s, paths, err := poolSession(c)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
-	p := paths.PoolConfig(pool)
-	ver, created, err := topo.SetPoolConfig(c.Context, s, paths, pool, cfg, int32(expect))
-	if err != nil {
-		return err
-	}
-	return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": ver, "created": created}, func(w io.Writer) {
-		verb := "updated"
-		if created {
-			verb = "created"
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+		p := st.Paths().PoolConfig(pool)
+		ver, created, err := topo.SetPoolConfig(ctx, st.Session(), st.Paths(), pool, cfg, int32(expect))
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(w, "pool %s config %s at %s (version %d); supervisors of the pool will swap to it\n", pool, verb, p, ver)
+		return cliutil.NewPrinter(c).Emit(map[string]any{"pool": pool, "path": p, "znode_version": ver, "created": created}, func(w io.Writer) {
+			verb := "updated"
+			if created {
+				verb = "created"
+			}
+			fmt.Fprintf(w, "pool %s config %s at %s (version %d); supervisors of the pool will swap to it\n", pool, verb, p, ver)
+		})
 	})
 }

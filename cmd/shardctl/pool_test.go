@@ -8,20 +8,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/urfave/cli/v2"
-
-	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
-// runPool runs the pool command in-process (it does not depend on being
-// listed in main.go).
+// runPool runs shardctl's pool commands in this process.
 func runPool(t *testing.T, z *testenv.ZK, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	app := &cli.App{Name: "shardctl", Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("error")...),
-		Commands: []*cli.Command{poolCommand()}, Writer: &out, ErrWriter: &out}
-	err := app.Run(append([]string{"shardctl", "--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "c1"}, args...))
+	app := newApp()
+	app.Writer, app.ErrWriter = &out, &out
+	err := app.Run(append([]string{"shardctl", "--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "c1", "--log-level", "error"}, args...))
 	return out.String(), err
 }
 

@@ -13,76 +13,53 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-// tableCommand manages the cluster's sharded-table list (in the cluster
-// record; see docs/data-contract.md).
-func tableCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "table",
-		Usage: "manage the sharded tables (schema.table and its bucket key column)",
-		Subcommands: []*cli.Command{
-			{
-				Name:        "add",
-				Usage:       "declare a sharded table; then run `shardctl node prepare ID` on every node",
-				ArgsUsage:   "SCHEMA.TABLE",
-				Description: "The key column is a bigint holding keystream Key(Prefix64(user id)); the primary key must include it and an index must lead with it.",
-				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "key", Usage: "bucket key `COLUMN` (bigint)", Required: true},
-				},
-				Action: func(c *cli.Context) error {
-					if c.NArg() != 1 {
-						return cliutil.Usagef("table add: want SCHEMA.TABLE")
-					}
-					t := topo.TableRecord{Name: c.Args().First(), KeyColumn: c.String("key")}
-					if err := t.Validate(); err != nil {
-						return cliutil.Usagef("table add: %v", err)
-					}
-					return tableEdit(c, "add", t, func(ctx context.Context, st *bucketmap.Store) (*topo.ClusterRecord, error) {
-						return topo.AddTable(ctx, st.Session(), st.Paths(), t)
-					})
-				},
-			},
-			{
-				Name:      "remove",
-				Usage:     "stop treating a table as sharded (`node prepare` then drops its fence trigger; GC no longer touches it)",
-				ArgsUsage: "SCHEMA.TABLE",
-				Action: func(c *cli.Context) error {
-					if c.NArg() != 1 {
-						return cliutil.Usagef("table remove: want SCHEMA.TABLE")
-					}
-					name := c.Args().First()
-					return tableEdit(c, "remove", topo.TableRecord{Name: name}, func(ctx context.Context, st *bucketmap.Store) (*topo.ClusterRecord, error) {
-						return topo.RemoveTable(ctx, st.Session(), st.Paths(), name)
-					})
-				},
-			},
-			{
-				Name:  "list",
-				Usage: "list the sharded tables",
-				Action: func(c *cli.Context) error {
-					return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
-						rec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
-						if err != nil {
-							return err
-						}
-						tables := rec.Tables
-						if tables == nil {
-							tables = []topo.TableRecord{}
-						}
-						return cliutil.NewPrinter(c).Emit(tables, func(w io.Writer) {
-							if len(tables) == 0 {
-								fmt.Fprintln(w, "no sharded tables (add one with `shardctl table add SCHEMA.TABLE --key COLUMN`)")
-								return
-							}
-							fmt.Fprintf(w, "%-40s %s\n", "TABLE", "KEY COLUMN")
-							for _, t := range tables {
-								fmt.Fprintf(w, "%-40s %s\n", t.Name, t.KeyColumn)
-							}
-						})
-					})
-				},
-			},
-		},
+// The sharded-table list is in the cluster record (see
+// docs/data-contract.md); topo.AddTable and RemoveTable keep its rules.
+
+func runTableAdd(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return cliutil.Usagef("table add: want SCHEMA.TABLE")
 	}
+	t := topo.TableRecord{Name: c.Args().First(), KeyColumn: c.String("key")}
+	if err := t.Validate(); err != nil {
+		return cliutil.Usagef("table add: %v", err)
+	}
+	return tableEdit(c, "add", t, func(ctx context.Context, st *bucketmap.Store) (*topo.ClusterRecord, error) {
+		return topo.AddTable(ctx, st.Session(), st.Paths(), t)
+	})
+}
+
+func runTableRemove(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return cliutil.Usagef("table remove: want SCHEMA.TABLE")
+	}
+	name := c.Args().First()
+	return tableEdit(c, "remove", topo.TableRecord{Name: name}, func(ctx context.Context, st *bucketmap.Store) (*topo.ClusterRecord, error) {
+		return topo.RemoveTable(ctx, st.Session(), st.Paths(), name)
+	})
+}
+
+func runTableList(c *cli.Context) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+		rec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
+		if err != nil {
+			return err
+		}
+		tables := rec.Tables
+		if tables == nil {
+			tables = []topo.TableRecord{}
+		}
+		return cliutil.NewPrinter(c).Emit(tables, func(w io.Writer) {
+			if len(tables) == 0 {
+				fmt.Fprintln(w, "no sharded tables (add one with `shardctl table add SCHEMA.TABLE --key COLUMN`)")
+				return
+			}
+			fmt.Fprintf(w, "%-40s %s\n", "TABLE", "KEY COLUMN")
+			for _, t := range tables {
+				fmt.Fprintf(w, "%-40s %s\n", t.Name, t.KeyColumn)
+			}
+		})
+	})
 }
 
 // tableEdit runs one table change (topo.AddTable or RemoveTable) and

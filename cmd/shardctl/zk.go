@@ -14,25 +14,6 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-func zkCommand() *cli.Command {
-	return &cli.Command{
-		Name:  "zk",
-		Usage: "check the ZooKeeper ensemble",
-		Subcommands: []*cli.Command{
-			{
-				Name:   "ping",
-				Usage:  "open a session and time a write/read/delete round trip under the cluster's path",
-				Action: runZKPing,
-			},
-			{
-				Name:   "status",
-				Usage:  "ask every server of --zk for its mode (leader/follower) with the srvr command",
-				Action: runZKStatus,
-			},
-		},
-	}
-}
-
 type pingReport struct {
 	Connect        string           `json:"connect"`
 	SessionID      string           `json:"session_id"`
@@ -52,12 +33,8 @@ func runZKPing(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	paths, err := cliutil.Paths(c)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	s, err := cliutil.Connect(c, log)
+	start := time.Now() // not withStore: the connection is timed
+	s, paths, err := cliutil.Connect(c, log)
 	if err != nil {
 		return err
 	}

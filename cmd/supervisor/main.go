@@ -91,17 +91,14 @@ func run(c *cli.Context) error {
 		Logger:     log,
 	}
 	if opts.ConfigFile == "" {
-		if opts.Paths, err = cliutil.Paths(c); err != nil {
-			return err
-		}
 		// Not waiting for a connection: the supervisor serves nothing
 		// until the session is connected, and says so on /healthz.
-		s, err := cliutil.Open(c, log)
+		s, paths, err := cliutil.Open(c, log)
 		if err != nil {
 			return err
 		}
 		defer s.Close()
-		opts.Session = s
+		opts.Session, opts.Paths = s, paths
 	}
 	sv, err := supervisor.New(opts)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -64,4 +65,10 @@ func TestExampleConfigIsValid(t *testing.T) {
 	if _, err := topo.DecodePoolConfig("examples/hello/pool.json", b); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Every flag of every command can be set from the environment, under the
+// names pinned in testdata/env.txt.
+func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {
+	cliutil.CheckEnv(t, app(), "testdata/env.txt")
 }

@@ -1,6 +1,8 @@
 // Package cliutil is what shardvisor's three binaries share on the command
-// line: the ZooKeeper flags (each with an environment variable), logging,
-// --json output, and exit codes (2 for usage errors, 1 for failures).
+// line: the ZooKeeper flags (each with an environment variable) and the
+// session they open, logging, --json output, exit codes (2 for usage
+// errors, 1 for failures), and the test that pins each binary's variables
+// (CheckEnv).
 package cliutil
 
 import (
@@ -139,38 +141,43 @@ func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
 	return cfg, nil
 }
 
-// Open opens a session from the flags without waiting for it to connect:
-// for daemons, which run (and say they are not ready) while ZooKeeper is
-// away.
-func Open(c *cli.Context, log *zap.Logger) (*zksession.Session, error) {
-	s, _, err := open(c, log)
-	return s, err
+// Open opens a session from the flags, for the cluster they name (its
+// paths, from --zk-root and --cluster, are returned with it), without
+// waiting for it to connect: for daemons, which run (and say they are not
+// ready) while ZooKeeper is away.
+func Open(c *cli.Context, log *zap.Logger) (*zksession.Session, topo.Paths, error) {
+	s, paths, _, err := open(c, log)
+	return s, paths, err
 }
 
-func open(c *cli.Context, log *zap.Logger) (*zksession.Session, zksession.Config, error) {
+func open(c *cli.Context, log *zap.Logger) (*zksession.Session, topo.Paths, zksession.Config, error) {
+	paths, err := Paths(c)
+	if err != nil {
+		return nil, paths, zksession.Config{}, err
+	}
 	cfg, err := SessionConfig(c, log)
 	if err != nil {
-		return nil, cfg, err
+		return nil, paths, cfg, err
 	}
 	s, err := zksession.Open(cfg)
-	return s, cfg, err
+	return s, paths, cfg, err
 }
 
-// Connect opens a session from the flags and waits (up to --zk-timeout plus
-// a session timeout) for it to connect, so a CLI command fails with a clear
-// message instead of hanging when ZooKeeper is unreachable.
-func Connect(c *cli.Context, log *zap.Logger) (*zksession.Session, error) {
-	s, cfg, err := open(c, log)
+// Connect is Open, then waits (up to --zk-timeout plus a session timeout)
+// for the session to connect, so a CLI command fails with a clear message
+// instead of hanging when ZooKeeper is unreachable.
+func Connect(c *cli.Context, log *zap.Logger) (*zksession.Session, topo.Paths, error) {
+	s, paths, cfg, err := open(c, log)
 	if err != nil {
-		return nil, err
+		return nil, paths, err
 	}
 	ctx, cancel := context.WithTimeout(c.Context, cfg.OpTimeout+cfg.SessionTimeout)
 	defer cancel()
 	if err := s.WaitConnected(ctx); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("cannot reach ZooKeeper at %s: %w (is it running? `scripts/devenv status`)", cfg.Connect, err)
+		return nil, paths, fmt.Errorf("cannot reach ZooKeeper at %s: %w (is it running? `scripts/devenv status`)", cfg.Connect, err)
 	}
-	return s, nil
+	return s, paths, nil
 }
 
 // Printer writes either human text or JSON, per --json.
@@ -342,6 +349,30 @@ func Env(app *cli.App) (list, problems []string) {
 		}
 	})
 	return list, problems
+}
+
+// T is the part of *testing.T that CheckEnv reports to (this package is
+// linked into the binaries, so it does not import package testing).
+type T interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// CheckEnv is each binary's environment test: every flag of every command
+// of app can be set from the environment (EnvAll), each with its own
+// variable (except flags meaning the same on several commands), and the
+// names, which the docs and operators' scripts use, stay as listed in the
+// file golden (the binary's testdata/env.txt).
+func CheckEnv(t T, app *cli.App, golden string) {
+	t.Helper()
+	list, problems := Env(EnvAll(app))
+	for _, problem := range problems {
+		t.Errorf("%s", problem)
+	}
+	got := strings.Join(list, "\n") + "\n"
+	if want, err := os.ReadFile(golden); err != nil || got != string(want) {
+		t.Errorf("flags and environment variables differ from %s (%v); now:\n%s", golden, err, got)
+	}
 }
 
 // Run runs app with os.Args and exits with the status Exec returns.

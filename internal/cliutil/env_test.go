@@ -1,7 +1,11 @@
 package cliutil
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
@@ -50,3 +54,44 @@ func TestEnvAllFlagTypes(t *testing.T) {
 		t.Fatal(problems)
 	}
 }
+
+// CheckEnv passes an app whose variables are as the golden file lists them,
+// and reports a list that differs from it and a variable two flags share.
+func TestCheckEnv(t *testing.T) {
+	golden := filepath.Join(t.TempDir(), "env.txt")
+	if err := os.WriteFile(golden, []byte("x --zk SHARDVISOR_ZK\nx gc --node SHARDVISOR_GC_NODE\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	app := func(gcFlags ...cli.Flag) *cli.App {
+		return &cli.App{Name: "x", Flags: []cli.Flag{&cli.StringFlag{Name: "zk", EnvVars: []string{"SHARDVISOR_ZK"}}},
+			Commands: []*cli.Command{{Name: "gc", Flags: append([]cli.Flag{&cli.StringFlag{Name: "node"}}, gcFlags...)}}}
+	}
+	for _, tc := range []struct {
+		app  *cli.App
+		want []string // what each report contains, in order
+	}{
+		{app(), nil},
+		{app(&cli.BoolFlag{Name: "dry-run"}), []string{"differ from " + golden + " (<nil>); now:\n" +
+			"x --zk SHARDVISOR_ZK\nx gc --node SHARDVISOR_GC_NODE\nx gc --dry-run SHARDVISOR_GC_DRY_RUN\n"}},
+		{app(&cli.StringFlag{Name: "other", EnvVars: []string{"SHARDVISOR_GC_NODE"}}), []string{"x gc --other: SHARDVISOR_GC_NODE is also x gc --node's", "differ from"}},
+	} {
+		var r reports
+		CheckEnv(&r, tc.app, golden)
+		if len(r) != len(tc.want) {
+			t.Errorf("reports %q, want %d", r, len(tc.want))
+			continue
+		}
+		for i, want := range tc.want {
+			if !strings.Contains(r[i], want) {
+				t.Errorf("report %q lacks %q", r[i], want)
+			}
+		}
+	}
+}
+
+// reports collects what CheckEnv reports.
+type reports []string
+
+func (r *reports) Helper() {}
+
+func (r *reports) Errorf(format string, args ...any) { *r = append(*r, fmt.Sprintf(format, args...)) }

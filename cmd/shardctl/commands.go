@@ -1,0 +1,274 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/cliutil"
+)
+
+// newApp is shardctl's whole command line in one place: every command's
+// name, usage, description and flags, and the Action that runs it. The
+// Actions live in the file of their topic (cluster.go, node.go, move.go, …);
+// each parses its arguments, calls the library and prints.
+func newApp() *cli.App {
+	return &cli.App{
+		Name:  "shardctl",
+		Usage: "administer a shardvisor cluster: bucket map, db nodes, pools, moves",
+		Description: "Every command reads --zk, --zk-root and --cluster (or SHARDVISOR_ZK, SHARDVISOR_ZK_ROOT, SHARDVISOR_CLUSTER).\n" +
+			"Output is text for people; --json prints JSON for scripts. Exit status: 0 ok, 1 failure, 2 usage error.",
+		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
+		Commands: []*cli.Command{
+			{
+				Name:  "init",
+				Usage: "create a cluster: its keystream seed, first bucket map and db nodes",
+				Description: "Refuses to touch an existing cluster. The seed can never change afterwards.\n" +
+					"With --zk-auth (or --zk-auth-file) the cluster is created with ACLs: only that identity may write,\n" +
+					"and with --reader-auth(-file) readers need that identity; without it anyone may read.",
+				Flags: []cli.Flag{
+					&cli.IntFlag{Name: "level", Value: 8, EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: fmt.Sprintf("bucket level `N` (2^N buckets, 0..%d)", bucketmap.MaxLevel)},
+					&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (at least 16 bytes)"},
+					&cli.BoolFlag{Name: "random-seed", Usage: "generate a random 32-byte seed"},
+					&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}, Usage: "db node `ID=DSN` (postgres:// URL without password); repeat"},
+					&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF` for every node: env:NAME or file:/path"},
+					&cli.StringFlag{Name: "reader-auth", EnvVars: []string{"SHARDVISOR_READER_AUTH"}, Usage: "reader identity `user:password` allowed to read the cluster"},
+					&cli.StringFlag{Name: "reader-auth-file", EnvVars: []string{"SHARDVISOR_READER_AUTH_FILE"}, Usage: "`file` with the reader identity"},
+				},
+				Action: runInit,
+			},
+			{
+				Name:  "status",
+				Usage: "show the bucket map: level, version, nodes with their buckets and share, buckets not active",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "grid", Usage: "draw the node-by-bucket grid"},
+					&cli.IntFlag{Name: "rows", Value: 32, Usage: "grid rows at most (buckets are grouped into ranges beyond)"},
+				},
+				Action: runStatus,
+			},
+			{
+				Name:  "node",
+				Usage: "manage db nodes in the registry, and their schema and fences",
+				Subcommands: []*cli.Command{
+					{
+						Name:      "prepare",
+						Usage:     "install the write fence on a db node (idempotent) and bring it in step with the map",
+						ArgsUsage: "ID",
+						Description: "Creates schema shardvisor (ownership table, meta row) and the fence trigger on every sharded table, drops\n" +
+							"fence triggers from tables that are no longer sharded, fills the ownership table from the map, and reports\n" +
+							"sharded tables that break the contract. Running it again changes nothing.",
+						Action: runPrepare,
+					},
+					{
+						Name:      "check",
+						Usage:     "verify a db node against the data-side contract and the map; changes nothing",
+						ArgsUsage: "ID",
+						Description: "Reports every mismatch: missing tables, a key column that is not bigint NOT NULL, a primary key without it,\n" +
+							"no index leading with it, the fence missing, outdated, disabled or out of step with the map. Exit status 1 if any.",
+						Action: runCheck,
+					},
+					{
+						Name:      "reconcile",
+						Usage:     "bring the fences of db nodes in step with the map, repairing and reporting drift",
+						ArgsUsage: "[ID...]",
+						Flags: []cli.Flag{
+							&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_RECONCILE_EVERY"}, Usage: "keep running, once per `DURATION` (default: once)"},
+						},
+						Action: runReconcile,
+					},
+					{
+						Name:      "add",
+						Usage:     "register a db node (it gets buckets when the planner's moves run)",
+						ArgsUsage: "ID DSN",
+						Flags: []cli.Flag{
+							&cli.IntFlag{Name: "weight", Value: 1, Usage: "relative capacity"},
+							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path"},
+						},
+						Action: runNodeAdd,
+					},
+					{Name: "drain", Usage: "mark a node draining: the rebalancer moves all its buckets away", ArgsUsage: "ID", Action: oneNode(drainNode)},
+					{Name: "down", Usage: "mark a node dead: its buckets go at once to the others by weight, without copying", ArgsUsage: "ID", Action: oneNode(downNode)},
+					{Name: "up", Usage: "make a draining or down node active again", ArgsUsage: "ID", Action: oneNode(upNode)},
+					{Name: "remove", Usage: "take a node that owns no buckets out of the registry", ArgsUsage: "ID", Action: oneNode(removeNode)},
+					{Name: "set-weight", Usage: "change a node's relative capacity", ArgsUsage: "ID WEIGHT", Action: runNodeSetWeight},
+				},
+			},
+			{
+				// The sharded-table list lives in the cluster record; see
+				// docs/data-contract.md.
+				Name:  "table",
+				Usage: "manage the sharded tables (schema.table and its bucket key column)",
+				Subcommands: []*cli.Command{
+					{
+						Name:        "add",
+						Usage:       "declare a sharded table; then run `shardctl node prepare ID` on every node",
+						ArgsUsage:   "SCHEMA.TABLE",
+						Description: "The key column is a bigint holding keystream Key(Prefix64(user id)); the primary key must include it and an index must lead with it.",
+						Flags: []cli.Flag{
+							&cli.StringFlag{Name: "key", Usage: "bucket key `COLUMN` (bigint)", Required: true},
+						},
+						Action: runTableAdd,
+					},
+					{
+						Name:      "remove",
+						Usage:     "stop treating a table as sharded (`node prepare` then drops its fence trigger; GC no longer touches it)",
+						ArgsUsage: "SCHEMA.TABLE",
+						Action:    runTableRemove,
+					},
+					{Name: "list", Usage: "list the sharded tables", Action: runTableList},
+				},
+			},
+			{Name: "split", Usage: "double the bucket count (level n -> n+1); moves no data, one compare-and-swap write", Action: runSplit},
+			{Name: "plan", Usage: "print the moves that would balance the live map (changes nothing)", Flags: policyFlags(), Action: runPlan},
+			{
+				Name:      "assign",
+				Usage:     "give one bucket to a db node (manual control)",
+				ArgsUsage: "BUCKET NODE",
+				Description: "Copying a bucket's rows is `shardctl move`; assign only changes ownership and needs --no-copy to say so.\n" +
+					"The previous owner goes into the bucket's history for GC.",
+				Flags: []cli.Flag{
+					&cli.BoolFlag{Name: "no-copy", Usage: "change the owner without copying rows (the bucket is marked data-lost)"},
+					&cli.BoolFlag{Name: "force", Usage: "also when the bucket is moving (cancels the move) or the node is not active"},
+				},
+				Action: runAssign,
+			},
+			{
+				Name:      "simulate",
+				Usage:     "try a sequence of changes offline and print each step's plan size and the final balance",
+				ArgsUsage: "EVENT... (add:ID[=W] down:ID drain:ID up:ID remove:ID weight:ID=W split)",
+				Flags: append([]cli.Flag{
+					&cli.IntFlag{Name: "level", Value: 8, Usage: "starting level"},
+					&cli.StringFlag{Name: "nodes", Value: "n1,n2,n3", Usage: "starting nodes `ID[=W],...`"},
+					&cli.BoolFlag{Name: "live", Usage: "start from the live map instead of --level/--nodes"},
+				}, policyFlags()...),
+				Action: runSimulate,
+			},
+			{
+				Name:      "move",
+				Usage:     "move one bucket's rows to another db node online",
+				ArgsUsage: "BUCKET --to NODE",
+				Flags: append([]cli.Flag{
+					&cli.StringFlag{Name: "to", Usage: "target db `node`"},
+					&cli.BoolFlag{Name: "no-copy", Usage: "only reassign ownership after a short pause; the rows are NOT copied (for data clients can re-create)"},
+				}, moveFlags()...),
+				Action: runMove,
+				Subcommands: []*cli.Command{
+					{Name: "status", Usage: "show one move", ArgsUsage: "ID", Action: runMoveStatus},
+					{Name: "resume", Usage: "continue (or roll back) a move whose mover died or whose node was unreachable", ArgsUsage: "ID", Flags: moveFlags(), Action: runMoveResume},
+					{Name: "abort", Usage: "roll back a move that has not flipped", ArgsUsage: "ID", Action: runMoveAbort},
+				},
+			},
+			{Name: "moves", Usage: "list current and past moves", Action: runMoves},
+			{
+				Name:  "rebalance",
+				Usage: "execute the planner's moves until the map is balanced",
+				Description: "Moves one bucket at a time by default (--concurrency K: never two on one node). Stops, and says why, when\n" +
+					"a move fails, verification finds a difference (which also pauses it), a node is down, or ZooKeeper is\n" +
+					"not connected. --watch is the automatic mode: one elected rebalancer per cluster runs on every map change.",
+				Flags: append(append([]cli.Flag{
+					&cli.BoolFlag{Name: "dry-run", Usage: "print the plan and change nothing"},
+					&cli.BoolFlag{Name: "watch", Usage: "automatic mode: keep running as the cluster's elected rebalancer"},
+					&cli.BoolFlag{Name: "resume", Usage: "clear a pause (after a verification mismatch was understood) and run"},
+					&cli.BoolFlag{Name: "pause", Usage: "pause the rebalancer (a running one stops after its current moves)"},
+				}, policyFlags()...), moveFlags()...),
+				Action: runRebalance,
+			},
+			{
+				Name:  "gc",
+				Usage: "delete, from each db node, the rows of buckets it no longer owns",
+				Description: "Works from the bucket map's history. A range is deleted only if another node owns it, the change is older than\n" +
+					"--grace, no move involves it, both fences agree with the map, and the owner answers and holds at least as many of\n" +
+					"the range's rows per table (--min-owner-ratio). Anything uncertain is skipped and reported (exit status 1).\n" +
+					"Deletes run in batches of short transactions, walking either the key index (rows that sit together) or the\n" +
+					"table's pages (rows spread over it), chosen per table; a run killed half-way is finished by the next one.\n" +
+					"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "node", Usage: "only the leftovers on node `ID`"},
+					&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},
+					&cli.IntFlag{Name: "batch", Value: 20000, EnvVars: []string{"SHARDVISOR_GC_BATCH"}, Usage: "about `N` rows per delete transaction"},
+					&cli.StringFlag{Name: "order", Value: "auto", EnvVars: []string{"SHARDVISOR_GC_ORDER"}, Usage: "batch walk `ORDER`: auto (per table, from a sample of where the range's rows sit), key (the key index) or heap (the table's pages)"},
+					&cli.IntFlag{Name: "parallel", Value: 2, EnvVars: []string{"SHARDVISOR_GC_PARALLEL"}, Usage: "`N` connections per node deleting at once, each with its own batch transactions (1: one batch after another)"},
+					&cli.Float64Flag{Name: "rate", EnvVars: []string{"SHARDVISOR_GC_RATE"}, Usage: "at most `ROWS/S` deleted per second, all connections together (0: no limit)"},
+					&cli.DurationFlag{Name: "grace", Value: time.Hour, EnvVars: []string{"SHARDVISOR_GC_GRACE"}, Usage: "only ownership changes older than `DURATION`"},
+					&cli.Float64Flag{Name: "min-owner-ratio", Value: 1, Usage: "the owner must hold at least `R` times the leftover rows of a range, per table (negative: no count check)"},
+					&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_GC_EVERY"}, Usage: "periodic mode: run once per `DURATION` until stopped"},
+					&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_GC_METRICS_ADDR"}, Usage: "serve Prometheus metrics on `HOST:PORT` (periodic mode)"},
+				},
+				Action: runGC,
+			},
+			{
+				Name:  "pool",
+				Usage: "show and edit supervisor pools (config, last swap, members)",
+				Subcommands: []*cli.Command{
+					{Name: "status", Usage: "show a pool's config version, last swap result and every running supervisor (member)", ArgsUsage: "POOL", Action: runPoolStatus},
+					{Name: "get", Usage: "print a pool's config (edit it and give it back to `pool set --file`)", ArgsUsage: "POOL", Action: runPoolGet},
+					{
+						Name:      "set",
+						Usage:     "validate a pool config and write it with compare-and-swap; every supervisor of the pool swaps to it",
+						ArgsUsage: "POOL",
+						Flags: []cli.Flag{
+							&cli.StringFlag{Name: "file", Aliases: []string{"f"}, EnvVars: []string{"SHARDVISOR_POOL_CONFIG_FILE"},
+								Usage: "pool config `FILE` (JSON; - for stdin); required"},
+							&cli.IntFlag{Name: "expect-version", Value: -1, EnvVars: []string{"SHARDVISOR_POOL_EXPECT_VERSION"},
+								Usage: "write only if the config's znode version is still `N` (from `pool get --json`); default: the version just read"},
+						},
+						Action: runPoolSet,
+					},
+				},
+			},
+			{
+				Name:      "route",
+				Usage:     "answer which db node holds each user id, from the live map (the sidecar's answer)",
+				ArgsUsage: "UID... (or one per line on stdin)",
+				Flags: []cli.Flag{
+					&cli.Uint64Flag{Name: "map-version", Usage: "the map `version` the caller used: answers say moved when the owner differs since"},
+				},
+				Action: runRoute,
+			},
+			{
+				Name:      "hash",
+				Usage:     "print the bucket and keystream prefix of user ids",
+				ArgsUsage: "UID... (or one per line on stdin)",
+				Description: "Prints UID<TAB>BUCKET<TAB>PREFIX64 per user id, PREFIX64 as 16 lowercase hex digits.\n" +
+					"Without --seed the cluster's seed is read from ZooKeeper.",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (default: the cluster's)"},
+					&cli.IntFlag{Name: "level", DefaultText: "none", EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: "bucket level `N` (2^N buckets, 0-32); default: the cluster map's level"},
+				},
+				Action: runHash,
+			},
+			{
+				Name:  "zk",
+				Usage: "check the ZooKeeper ensemble",
+				Subcommands: []*cli.Command{
+					{Name: "ping", Usage: "open a session and time a write/read/delete round trip under the cluster's path", Action: runZKPing},
+					{Name: "status", Usage: "ask every server of --zk for its mode (leader/follower) with the srvr command", Action: runZKStatus},
+				},
+			},
+		},
+		EnableBashCompletion: true,
+	}
+}
+
+// policyFlags are the planner's policy (read by policy), shared by plan,
+// simulate and rebalance.
+func policyFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "concurrency", Value: 1, EnvVars: []string{"SHARDVISOR_MOVE_CONCURRENCY"}, Usage: "moves that may run at once (never two on one node)"},
+		&cli.BoolFlag{Name: "auto-split", EnvVars: []string{"SHARDVISOR_AUTO_SPLIT"}, Usage: "split first while an active node would own fewer than --min-buckets-per-node buckets"},
+		&cli.IntFlag{Name: "min-buckets-per-node", Value: 8, EnvVars: []string{"SHARDVISOR_MIN_BUCKETS_PER_NODE"}, Usage: "auto-split threshold"},
+	}
+}
+
+// moveFlags are the mover's options (read by withMover), shared by move,
+// move resume and rebalance.
+func moveFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.DurationFlag{Name: "max-lag", Value: 250 * time.Millisecond, EnvVars: []string{"SHARDVISOR_MOVE_MAX_LAG"}, Usage: "fence only when replication lag (a marker's trip) is below this"},
+		&cli.DurationFlag{Name: "pause-cap", Value: 2 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_PAUSE_CAP"}, Usage: "abort a move whose write pause would exceed this"},
+		&cli.DurationFlag{Name: "member-wait", Value: 10 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_MEMBER_WAIT"}, Usage: "how long to wait for routers and supervisors to apply the moving map"},
+		&cli.DurationFlag{Name: "catchup-timeout", Value: 5 * time.Minute, EnvVars: []string{"SHARDVISOR_MOVE_CATCHUP_TIMEOUT"}, Usage: "give up when the lag stays above --max-lag this long"},
+	}
+}
