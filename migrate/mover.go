@@ -212,6 +212,18 @@ func (mv *Mover) Resume(ctx context.Context, id string) (*topo.MoveRecord, error
 
 // Abort rolls back a move that has not flipped yet.
 func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord, error) {
+	return mv.withRun(ctx, id, func(ctx context.Context, r *run) error {
+		if pastFlip(r.rec) {
+			return fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
+		}
+		return r.stopped(ctx, r.abort(ctx, errors.New(reason)))
+	})
+}
+
+// withRun opens the move (taking its runner lock) and, unless it is
+// finished, calls fn with the lock's context; it returns the record as fn
+// left it.
+func (mv *Mover) withRun(ctx context.Context, id string, fn func(context.Context, *run) error) (*topo.MoveRecord, error) {
 	r, ctx, err := mv.open(ctx, id)
 	if err != nil {
 		return nil, err
@@ -220,10 +232,8 @@ func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord
 	if r.rec.Finished() {
 		return r.rec, nil
 	}
-	if pastFlip(r.rec) {
-		return r.rec, fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
-	}
-	return r.rec, r.stopped(ctx, r.abort(ctx, errors.New(reason)))
+	err = fn(ctx, r)
+	return r.rec, err
 }
 
 // Get reads one move record.
@@ -439,16 +449,15 @@ func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, ro
 
 // drive runs a move from its recorded state to the end.
 func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error) {
-	r, ctx, err := mv.open(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	defer r.close()
-	if r.rec.Finished() {
-		return r.rec, nil
-	}
+	return mv.withRun(ctx, id, func(ctx context.Context, r *run) error { return r.drive(ctx) })
+}
+
+// drive runs the steps from the recorded state on, and decides what a
+// failed step means: roll back before the flip, stop after it.
+func (r *run) drive(ctx context.Context) error {
+	id := r.rec.ID
 	if _, err := r.nodes(ctx); err != nil {
-		return r.rec, r.stopped(ctx, r.abort(ctx, err))
+		return r.stopped(ctx, r.abort(ctx, err))
 	}
 	// Each state's step; a step that succeeds has saved the next state.
 	steps := map[string]func(context.Context) error{
@@ -459,14 +468,14 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 		step := steps[r.rec.State]
 		switch r.rec.State {
 		case topo.MoveAborting:
-			return r.rec, r.stopped(ctx, r.abort(ctx, errors.New(r.rec.Error)))
+			return r.stopped(ctx, r.abort(ctx, errors.New(r.rec.Error)))
 		case topo.MoveDone, topo.MoveAborted:
-			return r.rec, nil
+			return nil
 		case topo.MoveFailed:
-			return r.rec, fmt.Errorf("move %s failed: %s", id, r.rec.Error)
+			return fmt.Errorf("move %s failed: %s", id, r.rec.Error)
 		}
 		if step == nil {
-			return r.rec, fmt.Errorf("move %s: unknown state %q", id, r.rec.State)
+			return fmt.Errorf("move %s: unknown state %q", id, r.rec.State)
 		}
 		err := step(ctx)
 		if err == nil {
@@ -475,19 +484,19 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 		if errors.Is(context.Cause(ctx), zksession.ErrLockLost) {
 			// Another mover may run the move now: neither roll back nor
 			// record anything, leave it as its record says.
-			return r.rec, r.stopped(ctx, err)
+			return r.stopped(ctx, err)
 		}
 		if errors.Is(err, ErrVerifyMismatch) {
-			return r.rec, err
+			return err
 		}
 		if pastFlip(r.rec) {
 			// Past the flip the target owns the bucket: never roll back.
 			// Record the error and leave the rest for `move resume`.
 			r.rec.Error = err.Error()
 			_ = r.save(ctx)
-			return r.rec, fmt.Errorf("move %s stopped in %s (the bucket is already on %s; finish with `shardctl move resume %s`): %w", id, r.rec.State, r.rec.Target, id, err)
+			return fmt.Errorf("move %s stopped in %s (the bucket is already on %s; finish with `shardctl move resume %s`): %w", id, r.rec.State, r.rec.Target, id, err)
 		}
-		return r.rec, r.stopped(ctx, r.abort(ctx, err))
+		return r.stopped(ctx, r.abort(ctx, err))
 	}
 }
 

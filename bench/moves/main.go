@@ -1378,28 +1378,8 @@ func (b *bench) dropDatabases(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := pgx.Connect(ctx, b.admin[i])
-			if err != nil {
-				say("cleanup: %s: %v", n.ID, err)
-				return
-			}
-			defer c.Close(context.Background())
-			for attempt := 0; ; attempt++ {
-				_, err = c.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, b.db)
-				if err == nil {
-					_, err = c.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, b.db)
-				}
-				if err == nil {
-					_, err = c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{b.db}.Sanitize()+" WITH (FORCE)")
-				}
-				if err == nil {
-					return
-				}
-				if attempt >= 50 || ctx.Err() != nil {
-					say("cleanup: %s: dropping %s: %v", n.ID, b.db, err)
-					return
-				}
-				time.Sleep(100 * time.Millisecond) // a terminated walsender may still hold its slot
+			if err := testenv.DropDatabase(ctx, b.admin[i], b.db); err != nil {
+				say("cleanup: %s: dropping %s: %v", n.ID, b.db, err)
 			}
 		}()
 	}

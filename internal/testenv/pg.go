@@ -292,20 +292,26 @@ func (n *PGNode) dropSubscriptions(ctx context.Context) error {
 }
 
 func (n *PGNode) dropDatabase(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, n.AdminDSN)
+	return DropDatabase(ctx, n.AdminDSN, n.Database)
+}
+
+// DropDatabase drops db through adminDSN, with its replication slots:
+// slots of the database (created by subscriptions elsewhere) block DROP
+// DATABASE, and active ones must lose their walsender first, which may
+// take a moment, so it tries up to 50 times, 100 ms apart.
+func DropDatabase(ctx context.Context, adminDSN, db string) error {
+	conn, err := pgx.Connect(ctx, adminDSN)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
-	// Slots of this database (e.g. created by subscriptions elsewhere) block
-	// DROP DATABASE; active ones must lose their walsender first.
 	for attempt := 0; ; attempt++ {
-		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, n.Database)
+		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, db)
 		if err == nil {
-			_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, n.Database)
+			_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, db)
 		}
 		if err == nil {
-			_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{n.Database}.Sanitize()+" WITH (FORCE)")
+			_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)")
 		}
 		if err == nil || attempt >= 50 || ctx.Err() != nil {
 			return err
