@@ -25,6 +25,9 @@ type metrics struct {
 	kills         *prometheus.CounterVec
 	configErrors  prometheus.Counter
 	mapErrors     prometheus.Counter
+	// notifyRejected counts sd_notify datagrams refused for not coming
+	// from the worker's process tree (notify.go).
+	notifyRejected prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -64,9 +67,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		kills:        cv("worker_kills_total", "Workers sent SIGKILL (or the watchdog's SIGQUIT), by reason.", "reason"),
 		configErrors: c("config_errors_total", "Pool configs rejected by validation."),
 		mapErrors:    c("map_errors_total", "Bucket maps rejected by validation."),
+		notifyRejected: c("notify_rejected_total",
+			"sd_notify datagrams refused because the sender is not a process of the worker's tree (another uid, or outside it)."),
 	}
 	reg.MustRegister(m.generation, m.configVersion, m.mapVersion, m.target, m.workers, m.accepting, m.zkState, m.swaps,
-		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors)
+		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors, m.notifyRejected)
 	for _, st := range []string{"starting", "ready", "stopping"} {
 		m.workers.WithLabelValues(st)
 	}

@@ -57,11 +57,11 @@ func newFakeOS() *fakeOS {
 	return &fakeOS{failNth: map[int]error{}, started: make(chan *fakeProc, 64)}
 }
 
-func (f *fakeOS) start(spec procSpec, notify func(workerproto.Message), exited func(string)) (process, error) {
+func (f *fakeOS) start(spec procSpec, ev procEvents) (process, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := len(f.procs) + 1
-	p := &fakeProc{n: n, spec: spec, notify: notify, exited: exited}
+	p := &fakeProc{n: n, spec: spec, notify: ev.notify, exited: ev.exited}
 	f.procs = append(f.procs, p)
 	if err := f.failNth[n]; err != nil {
 		return nil, err

@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -162,6 +163,9 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("supervisor: state directory: %w", err)
+	}
+	if err := prepareNotifyDir(opts.StateDir); err != nil {
+		return nil, fmt.Errorf("supervisor: %w", err)
 	}
 	s := &Supervisor{
 		opts:    opts,
@@ -457,7 +461,7 @@ func (s *Supervisor) spawn(w *worker) (process, error) {
 			workerproto.EnvMapVersion+"="+strconv.FormatUint(mp.version, 10))
 	}
 	spec := procSpec{
-		notifyName: fmt.Sprintf("shardvisor/%d/%s/w%d", os.Getpid(), s.opts.Pool, w.id),
+		notifyPath: notifySocketPath(s.opts.StateDir, w.id),
 		path:       s.opts.ShimPath,
 		args:       append([]string{s.opts.ShimPath, ShimArg, cfg.Command}, cfg.Args...),
 		env:        env,
@@ -466,8 +470,19 @@ func (s *Supervisor) spawn(w *worker) (process, error) {
 		stdout:     s.opts.Stdout,
 		stderr:     s.opts.Stderr,
 	}
-	p, err := s.start(spec, func(m workerproto.Message) { s.post(evNotify{w, m}) },
-		func(status string) { s.post(evExit{w: w, status: status}) })
+	var refused atomic.Int64
+	p, err := s.start(spec, procEvents{
+		notify: func(m workerproto.Message) { s.post(evNotify{w, m}) },
+		rejected: func(why string) {
+			// A flood must not flood the log: the first few, then every 100th.
+			s.m.notifyRejected.Inc()
+			if n := refused.Add(1); n <= 5 || n%100 == 0 {
+				s.log.Warn("notify datagram refused: not from the worker's process tree", zap.Int64("worker", w.id),
+					zap.Int64("generation", g.id), zap.String("why", why), zap.Int64("refused", n))
+			}
+		},
+		exited: func(status string) { s.post(evExit{w: w, status: status}) },
+	})
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", cfg.Command, err)
 	}

@@ -620,3 +620,47 @@ func TestGunicornWorker(t *testing.T) {
 		t.Fatalf("after the swap gunicorn answered %+v %v", r, err)
 	}
 }
+
+// Puma, unmodified from Debian, is a worker: it takes the supervisor's
+// socket (--bind-to-activated-sockets only) and says READY=1 through the
+// ruby-sd-notify gem, which cannot address an abstract socket; a config
+// change swaps its generations with no failed request.
+func TestPumaWorker(t *testing.T) {
+	puma, err := exec.LookPath("puma")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("puma is not installed (scripts/install-deps installs it): %v", err)
+		}
+		t.Skipf("puma is not installed; run scripts/install-deps: %v", err)
+	}
+	app, err := filepath.Abs("../examples/ruby/config.ru")
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "pool.json")
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	c := &topo.PoolConfig{Version: 1, Command: puma, Workers: 2,
+		Args:   []string{"--bind-to-activated-sockets", "only", "--workers", "2", "--threads", "1:4", "--quiet", app},
+		Env:    map[string]string{"APP_TAG": "p1"},
+		Listen: []topo.Listen{{Name: "http", Addr: "tcp://" + addr}}, GracefulTimeout: topo.Duration(10 * time.Second),
+		Readiness: topo.Readiness{Timeout: topo.Duration(60 * time.Second)}}
+	writeConfig(t, file, c)
+	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
+	h.waitFor(60*time.Second, "puma generation 1", serving(1, 2))
+	if r, err := get(addr); err != nil || r.Tag != "p1" || r.Gen != "1" {
+		t.Fatalf("puma answered %+v %v", r, err)
+	}
+	l := startLoad(addr, 3)
+	c.Env["APP_TAG"] = "p2"
+	writeConfig(t, file, c)
+	h.waitFor(60*time.Second, "puma generation 2", serving(2, 2))
+	time.Sleep(300 * time.Millisecond)
+	l.finish(t)
+	if r, err := get(addr); err != nil || r.Tag != "p2" {
+		t.Fatalf("after the swap puma answered %+v %v", r, err)
+	}
+	if got := testCounter(t, h, "shardvisor_supervisor_notify_rejected_total", ""); got != 0 {
+		t.Fatalf("%v of puma's datagrams refused", got)
+	}
+}
