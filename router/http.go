@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	_ "embed"
 	"encoding/json"
 	"errors"
@@ -123,6 +124,63 @@ func checkUID(uid string) (reason, msg string) {
 	return "", ""
 }
 
+// validJSONText reports whether JSON text is valid UTF-8 and every \u
+// escape in it is a character: a surrogate only as a high-low pair.
+// (Outside strings JSON has no backslash, so escapes are found by
+// scanning the whole text.)
+func validJSONText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		i++
+		if i >= len(b) || b[i] != 'u' {
+			continue // \" \\ \/ \n ...: one character, skipped
+		}
+		r, ok := hex4(b[i+1:])
+		if !ok {
+			return false
+		}
+		i += 4
+		switch {
+		case r >= 0xDC00 && r < 0xE000:
+			return false // a low surrogate alone
+		case r >= 0xD800 && r < 0xDC00:
+			if i+6 >= len(b) || b[i+1] != '\\' || b[i+2] != 'u' {
+				return false
+			}
+			if lo, ok := hex4(b[i+3:]); !ok || lo < 0xDC00 || lo >= 0xE000 {
+				return false
+			}
+			i += 6
+		}
+	}
+	return true
+}
+
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
 func (h *handler) count(rt Route) {
@@ -202,21 +260,39 @@ type batchRequest struct {
 }
 
 func (h *handler) routeBatch(w http.ResponseWriter, req *http.Request) {
-	body := http.MaxBytesReader(w, req.Body, maxBodyBytes)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	var br batchRequest
-	if err := dec.Decode(&br); err != nil {
+	data, err := io.ReadAll(http.MaxBytesReader(w, req.Body, maxBodyBytes))
+	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			h.bad(w, "body_too_large", fmt.Sprintf("request body over %d bytes", maxBodyBytes))
 			return
 		}
+		h.bad(w, "bad_body", "reading the request body: "+err.Error())
+		return
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var br batchRequest
+	if err := dec.Decode(&br); err != nil {
 		h.bad(w, "bad_json", "bad JSON: "+err.Error()+`; want {"uids": ["..."], "map_version": N}`)
 		return
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		h.bad(w, "bad_json", "bad JSON: trailing data after the object")
+		return
+	}
+	// encoding/json turns invalid UTF-8 and lone surrogate escapes into
+	// U+FFFD, which would route some other user: refuse them, as GET does.
+	if !validJSONText(data) {
+		var raw struct{ UIDs []json.RawMessage }
+		_ = json.Unmarshal(data, &raw)
+		for i, u := range raw.UIDs {
+			if !validJSONText(u) {
+				h.bad(w, "uid_not_utf8", fmt.Sprintf("uids[%d]: uid is not valid UTF-8", i))
+				return
+			}
+		}
+		h.bad(w, "bad_json", "bad JSON: the body is not valid UTF-8")
 		return
 	}
 	if len(br.UIDs) == 0 {

@@ -327,6 +327,12 @@ func TestHTTPAPI(t *testing.T) {
 		{"POST", "/v1/route", `{"uids":["a",""]}`, "uids[1]: uid is missing"},
 		{"POST", "/v1/route", `{"uids":["a"]} {}`, "trailing data"},
 		{"POST", "/v1/route", `{"uids":[1]}`, "bad JSON"},
+		// encoding/json would route these as U+FFFD: a raw invalid byte,
+		// a lone surrogate escape, a high one followed by no low one.
+		{"POST", "/v1/route", "{\"uids\":[\"a\",\"b\xffc\"]}", "uids[1]: uid is not valid UTF-8"},
+		{"POST", "/v1/route", `{"uids":["\ud800"]}`, "uids[0]: uid is not valid UTF-8"},
+		{"POST", "/v1/route", `{"uids":["a","\udc00x"]}`, "uids[1]: uid is not valid UTF-8"},
+		{"POST", "/v1/route", `{"uids":["\ud800\u0041"]}`, "uids[0]: uid is not valid UTF-8"},
 	} {
 		var res *http.Response
 		var body string
@@ -338,6 +344,13 @@ func TestHTTPAPI(t *testing.T) {
 		var e struct{ Error string }
 		if res.StatusCode != 400 || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e.Error, tc.errHas) {
 			t.Errorf("%s %s %s: %d %s, want 400 mentioning %q", tc.method, tc.target, tc.body, res.StatusCode, body, tc.errHas)
+		}
+	}
+	// What is valid stays valid: a surrogate pair, an escaped backslash
+	// before "ud800" (the text \ud800), and U+FFFD itself.
+	for _, body := range []string{`{"uids":["\ud83d\ude00"]}`, `{"uids":["\\ud800"]}`, `{"uids":["\ufffd","ï¿½"]}`} {
+		if res, out := post(t, h, "/v1/route", body); res.StatusCode != 200 {
+			t.Errorf("POST %s: %d %s, want 200", body, res.StatusCode, out)
 		}
 	}
 	if res, _ := post(t, h, "/v1/map", ""); res.StatusCode != 405 {

@@ -126,6 +126,12 @@ func New(opts Options) (*Supervisor, error) {
 	if err := topo.ValidName("pool", opts.Pool); err != nil {
 		return nil, err
 	}
+	if opts.ConfigFile != "" {
+		// Fail now rather than serve nothing until the file appears.
+		if _, err := os.Stat(opts.ConfigFile); err != nil {
+			return nil, fmt.Errorf("supervisor: config file: %w", err)
+		}
+	}
 	host, _ := os.Hostname()
 	if opts.Member == "" {
 		opts.Member = defaultMember(host)

@@ -79,6 +79,17 @@ func run(c *cli.Context) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
+	if c.String("config") != "" && c.IsSet(cliutil.FlagZK) {
+		return cliutil.Usagef("--config runs from a local file without ZooKeeper: give --config or --%s, not both", cliutil.FlagZK)
+	}
+	for _, f := range []string{"debounce", "holddown"} {
+		if d := c.Duration(f); d < 0 {
+			return cliutil.Usagef("--%s must not be negative (got %s)", f, d)
+		}
+	}
+	if d := c.Duration("config-poll"); d <= 0 {
+		return cliutil.Usagef("--config-poll must be a positive duration, not %s", d)
+	}
 	opts := supervisor.Options{
 		Pool:       c.String("pool"),
 		Member:     c.String("member"),

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/topo"
@@ -46,6 +48,34 @@ func TestHelpFlagsAndUsage(t *testing.T) {
 	cmd = exec.Command(bin, "--config", "/x.json", "--pool", "Bad Name")
 	if err := cmd.Run(); cmd.ProcessState.ExitCode() != 2 {
 		t.Errorf("bad pool name: exit %d (%v), want 2", cmd.ProcessState.ExitCode(), err)
+	}
+	// Nonsense values are usage errors naming the flag, before anything
+	// starts.
+	cfg := filepath.Join(t.TempDir(), "pool.json")
+	if err := os.WriteFile(cfg, []byte(exampleConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--config", cfg, "--debounce", "-1s"}, "--debounce must not be negative"},
+		{[]string{"--config", cfg, "--holddown", "-3s"}, "--holddown must not be negative"},
+		{[]string{"--config", cfg, "--config-poll", "0s"}, "--config-poll must be a positive duration"},
+		{[]string{"--pool", "web", "--zk-session-timeout", "0s"}, "--zk-session-timeout must be a positive duration"},
+		{[]string{"--pool", "web", "--zk-timeout", "-1s"}, "--zk-timeout must be a positive duration"},
+		{[]string{"--config", cfg, "--zk", "127.0.0.1:2181"}, "give --config or --zk, not both"},
+		{[]string{"--config", filepath.Join(t.TempDir(), "missing.json")}, "config file: stat"},
+	} {
+		// A value let through would start a supervisor: bound it.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, tc.args...)
+		cmd.Env = append(os.Environ(), "SHARDVISOR_ADMIN_ADDR=127.0.0.1:0")
+		out, _ := cmd.CombinedOutput()
+		if cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%q: exit %d, %s; want exit 2 saying %q", tc.args, cmd.ProcessState.ExitCode(), out, tc.want)
+		}
 	}
 	// The shim refuses to run nothing.
 	cmd = exec.Command(bin, "__exec-shim")

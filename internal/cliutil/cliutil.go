@@ -131,6 +131,12 @@ func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
 		OpTimeout:      Duration(c, FlagZKTimeout),
 		Logger:         log,
 	}
+	// Zero would silently mean the library's default; negative, nonsense.
+	for _, f := range []string{FlagSessionTimeout, FlagZKTimeout} {
+		if d := Duration(c, f); d <= 0 {
+			return cfg, Usagef("--%s must be a positive duration, not %s", f, d)
+		}
+	}
 	cred, err := zksession.LoadCredential(String(c, FlagZKAuth), String(c, FlagZKAuthFile))
 	if err != nil {
 		return cfg, Usagef("zookeeper credential: %v", err)
