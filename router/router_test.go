@@ -424,6 +424,8 @@ func FuzzHTTPRoute(f *testing.F) {
 	f.Add("uid=alice", `{"uids":["a","b"],"map_version":1}`)
 	f.Add("uid=%ff&map_version=x", `{"uids":[`)
 	f.Add("", `{"uids":["\u0000"]}`)
+	f.Add("", `{"uids":["\ud800","\ud83d\ude00"]}`)
+	f.Add("", "{\"uids\":[\"\xff\"]}")
 	f.Fuzz(func(t *testing.T, query, body string) {
 		for _, req := range []*http.Request{
 			httptest.NewRequest("GET", "/v1/route?"+url.PathEscape(query), nil),
@@ -441,6 +443,12 @@ func FuzzHTTPRoute(f *testing.F) {
 			}
 			if !json.Valid(w.Body.Bytes()) {
 				t.Fatalf("%s: invalid JSON %q", req.Method, w.Body.String())
+			}
+			// A routed batch never had a uid the decoder had to repair:
+			// every U+FFFD answered was in the request.
+			if req.Method == "POST" && w.Code == 200 &&
+				strings.Count(w.Body.String(), "\ufffd") > strings.Count(body, "\ufffd")+strings.Count(strings.ToLower(body), `\ufffd`) {
+				t.Fatalf("POST %q: routed a repaired uid: %s", body, w.Body.String())
 			}
 		}
 	})
