@@ -53,17 +53,7 @@ func send(t *testing.T, sock, msg string, cred *syscall.Credential) (string, err
 	return strings.TrimSpace(string(out)), err
 }
 
-func systemdNotify(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("systemd-notify")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("systemd-notify is not installed (scripts/install-deps installs it): %v", err)
-		}
-		t.Skipf("systemd-notify is not installed; run scripts/install-deps: %v", err)
-	}
-	return p
-}
+func systemdNotify(t *testing.T) string { return lookTool(t, "systemd-notify") }
 
 // stillStarting checks, for a while, that the worker was not made ready
 // and that the refusals were counted.

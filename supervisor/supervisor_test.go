@@ -584,41 +584,14 @@ func TestMaxLifetimeRecycles(t *testing.T) {
 // gunicorn, unmodified, works as a worker: it takes the sockets from
 // LISTEN_FDS and reports READY=1; a swap under load drops nothing.
 func TestGunicornWorker(t *testing.T) {
-	gunicorn, err := exec.LookPath("gunicorn")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("gunicorn is not installed (scripts/install-deps installs it): %v", err)
-		}
-		t.Skipf("gunicorn is not installed; run scripts/install-deps: %v", err)
-	}
+	gunicorn := lookTool(t, "gunicorn")
 	appDir, err := filepath.Abs("../examples/python")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	file := filepath.Join(dir, "pool.json")
-	c := &topo.PoolConfig{Version: 1, Command: gunicorn, Workers: 2,
-		Args:   []string{"--preload", "--workers", "2", "--chdir", appDir, "--graceful-timeout", "5", "--log-level", "warning", "wsgi_app:application"},
-		Env:    map[string]string{"APP_STARTUP_DELAY": "0.2", "APP_TAG": "g1"},
-		Listen: []topo.Listen{{Name: "http", Addr: "tcp://" + addr}}, GracefulTimeout: topo.Duration(10 * time.Second),
-		Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second)}}
-	writeConfig(t, file, c)
-	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
-	h.waitFor(30*time.Second, "gunicorn generation 1", serving(1, 2))
-	if r, err := get(addr); err != nil || r.Tag != "g1" || r.Gen != "1" {
-		t.Fatalf("gunicorn answered %+v %v", r, err)
-	}
-	l := startLoad(addr, 3)
-	c.Env["APP_TAG"] = "g2"
-	writeConfig(t, file, c)
-	h.waitFor(30*time.Second, "gunicorn generation 2", serving(2, 2))
-	time.Sleep(300 * time.Millisecond)
-	l.finish(t)
-	if r, err := get(addr); err != nil || r.Tag != "g2" {
-		t.Fatalf("after the swap gunicorn answered %+v %v", r, err)
-	}
+	swapsUnderLoad(t, &topo.PoolConfig{Version: 1, Command: gunicorn, Workers: 2,
+		Args: []string{"--preload", "--workers", "2", "--chdir", appDir, "--graceful-timeout", "5", "--log-level", "warning", "wsgi_app:application"},
+		Env:  map[string]string{"APP_STARTUP_DELAY": "0.2"}})
 }
 
 // Puma, unmodified from Debian, is a worker: it takes the supervisor's
@@ -626,41 +599,60 @@ func TestGunicornWorker(t *testing.T) {
 // ruby-sd-notify gem, which cannot address an abstract socket; a config
 // change swaps its generations with no failed request.
 func TestPumaWorker(t *testing.T) {
-	puma, err := exec.LookPath("puma")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("puma is not installed (scripts/install-deps installs it): %v", err)
-		}
-		t.Skipf("puma is not installed; run scripts/install-deps: %v", err)
-	}
+	puma := lookTool(t, "puma")
 	app, err := filepath.Abs("../examples/ruby/config.ru")
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := filepath.Join(t.TempDir(), "pool.json")
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	c := &topo.PoolConfig{Version: 1, Command: puma, Workers: 2,
-		Args:   []string{"--bind-to-activated-sockets", "only", "--workers", "2", "--threads", "1:4", "--quiet", app},
-		Env:    map[string]string{"APP_TAG": "p1"},
-		Listen: []topo.Listen{{Name: "http", Addr: "tcp://" + addr}}, GracefulTimeout: topo.Duration(10 * time.Second),
-		Readiness: topo.Readiness{Timeout: topo.Duration(60 * time.Second)}}
-	writeConfig(t, file, c)
-	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
-	h.waitFor(60*time.Second, "puma generation 1", serving(1, 2))
-	if r, err := get(addr); err != nil || r.Tag != "p1" || r.Gen != "1" {
-		t.Fatalf("puma answered %+v %v", r, err)
-	}
-	l := startLoad(addr, 3)
-	c.Env["APP_TAG"] = "p2"
-	writeConfig(t, file, c)
-	h.waitFor(60*time.Second, "puma generation 2", serving(2, 2))
-	time.Sleep(300 * time.Millisecond)
-	l.finish(t)
-	if r, err := get(addr); err != nil || r.Tag != "p2" {
-		t.Fatalf("after the swap puma answered %+v %v", r, err)
-	}
+	h := swapsUnderLoad(t, &topo.PoolConfig{Version: 1, Command: puma, Workers: 2,
+		Args: []string{"--bind-to-activated-sockets", "only", "--workers", "2", "--threads", "1:4", "--quiet", app}})
 	if got := testCounter(t, h, "shardvisor_supervisor_notify_rejected_total", ""); got != 0 {
 		t.Fatalf("%v of puma's datagrams refused", got)
 	}
+}
+
+// lookTool finds a third-party program the test needs: in CI its absence
+// is a failure (scripts/install-deps installs it), elsewhere a skip.
+func lookTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not installed (scripts/install-deps installs it): %v", name, err)
+		}
+		t.Skipf("%s is not installed; run scripts/install-deps: %v", name, err)
+	}
+	return p
+}
+
+// swapsUnderLoad runs the app c describes (it echoes APP_TAG and the
+// generation) under a supervisor, then changes APP_TAG under load: the
+// second generation must take over with no failed request.
+func swapsUnderLoad(t *testing.T, c *topo.PoolConfig) *harness {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "pool.json")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	if c.Env == nil {
+		c.Env = map[string]string{}
+	}
+	c.Env["APP_TAG"] = "t1"
+	c.Listen = []topo.Listen{{Name: "http", Addr: "tcp://" + addr}}
+	c.GracefulTimeout = topo.Duration(10 * time.Second)
+	c.Readiness = topo.Readiness{Timeout: topo.Duration(60 * time.Second)}
+	writeConfig(t, file, c)
+	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
+	h.waitFor(60*time.Second, c.Command+" generation 1", serving(1, 2))
+	if r, err := get(addr); err != nil || r.Tag != "t1" || r.Gen != "1" {
+		t.Fatalf("%s answered %+v %v", c.Command, r, err)
+	}
+	l := startLoad(addr, 3)
+	c.Env["APP_TAG"] = "t2"
+	writeConfig(t, file, c)
+	h.waitFor(60*time.Second, c.Command+" generation 2", serving(2, 2))
+	time.Sleep(300 * time.Millisecond)
+	l.finish(t)
+	if r, err := get(addr); err != nil || r.Tag != "t2" {
+		t.Fatalf("after the swap %s answered %+v %v", c.Command, r, err)
+	}
+	return h
 }
