@@ -83,8 +83,9 @@ func (p Paths) KindOf(at string) NodeKind {
 func (p Paths) ACLRecord() string { return path.Join(p.Cluster(), "acl") }
 
 // ErrNeedsAdmin means a process without the cluster's admin identity had
-// to create a znode that only the admin creates.
-var ErrNeedsAdmin = errors.New("only the cluster's admin identity creates this znode")
+// to do what only the admin does: create a znode other than a member
+// record, or check ACLs.
+var ErrNeedsAdmin = errors.New("needs the cluster's admin identity")
 
 // ErrNoACLRecord means a cluster with ACLs has no ACL record (it was
 // created by an older shardctl), so a reader cannot tell which ACL its
@@ -188,7 +189,7 @@ func (r *ACLRule) ACL(k NodeKind) ([]zk.ACL, error) {
 		return slices.Clone(r.readerRecs), nil
 	}
 	if r.readerView {
-		return nil, fmt.Errorf("%w (a %s); this process is not the admin", ErrNeedsAdmin, k)
+		return nil, fmt.Errorf("a %s %w, and this process is not the admin", k, ErrNeedsAdmin)
 	}
 	switch k {
 	case KindRecord:
@@ -258,7 +259,7 @@ func aclFor(ctx context.Context, s *zksession.Session, p Paths, at string) ([]zk
 func (r *ACLRule) createACL(p Paths, at string) ([]zk.ACL, error) {
 	k := p.KindOf(at)
 	if r.readerView && p.KindOf(path.Dir(at)) != KindMemberDir {
-		return nil, fmt.Errorf("creating %s: %w; this process is not the admin", at, ErrNeedsAdmin)
+		return nil, fmt.Errorf("creating %s %w (readers create only member records), and this process is not the admin", at, ErrNeedsAdmin)
 	}
 	acl, err := r.ACL(k)
 	if err != nil {

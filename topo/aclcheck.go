@@ -166,7 +166,7 @@ func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (
 		return nil, err
 	}
 	if r.readerView {
-		return nil, fmt.Errorf("%w: checking the ACLs of cluster %s needs its admin identity (--zk-auth-file); ZooKeeper hides the hashes the rule is made of from everyone else", ErrNeedsAdmin, p.ClusterName())
+		return nil, fmt.Errorf("checking the ACLs of cluster %s %w (--zk-auth-file): ZooKeeper hides the hashes the rule is made of from everyone else", p.ClusterName(), ErrNeedsAdmin)
 	}
 	rep := &ACLReport{Cluster: p.ClusterName(), Path: p.Cluster(), Open: r.open}
 	var walk func(at string) error
