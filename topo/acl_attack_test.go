@@ -234,4 +234,3 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
-
