@@ -35,7 +35,9 @@ type Config struct {
 	// comes with its records identity (RecordsCredential), so that a
 	// cluster's admin can read and repair the records readers create.
 	Auth []Credential
-	// ACL is used for every node this session creates. Nil means open.
+	// ACL is the default of Create, CreateAll, CreateOp and CreateEphemeral
+	// when they are given none. Nil means open. shardvisor's records never
+	// use it: topo gives each znode the ACL of its kind.
 	ACL []zk.ACL
 	// Logger receives the library's logs and this package's lifecycle
 	// events. Nil means zap.NewNop().
