@@ -108,7 +108,7 @@ func createPoolNodes(ctx context.Context, s *zksession.Session, p Paths, pool st
 // pool's znodes that only the admin creates: the pool was never set up.
 func poolNodeMissing(pool string, err error) error {
 	if errors.Is(err, ErrNeedsAdmin) {
-		return fmt.Errorf("pool %s is not set up in ZooKeeper (%w): create it with `shardctl pool set %s --file CONFIG.json` as the cluster's admin", pool, err, pool)
+		return fmt.Errorf("pool %s is not set up in ZooKeeper: create it with `shardctl pool set %s --file CONFIG.json` as the cluster's admin (%w)", pool, pool, err)
 	}
 	return err
 }
