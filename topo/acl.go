@@ -242,6 +242,16 @@ func ReadACLRule(ctx context.Context, s *zksession.Session, p Paths) (*ACLRule, 
 	return r, nil
 }
 
+// rememberRule sets the session's rule of the cluster at p (nil: forget
+// it), for the process that creates or deletes the cluster and so knows.
+func rememberRule(s *zksession.Session, p Paths, r *ACLRule) {
+	if r == nil {
+		s.DeleteValue(ruleKey(p.Cluster()))
+		return
+	}
+	s.SetValue(ruleKey(p.Cluster()), r)
+}
+
 // aclFor is the ACL of the znode at, by its kind, and whether this process
 // may create it at all: a reader creates only in member directories.
 func aclFor(ctx context.Context, s *zksession.Session, p Paths, at string) ([]zk.ACL, error) {

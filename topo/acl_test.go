@@ -291,3 +291,32 @@ func TestIntegrationACLWithoutReaderIdentity(t *testing.T) {
 		t.Fatalf("check: %+v %v", rep, err)
 	}
 }
+
+// The session that re-creates a cluster with other ACLs uses the new rule
+// at once (the rule is otherwise read once per session).
+func TestIntegrationACLRuleFollowsRecreatedCluster(t *testing.T) {
+	z := testenv.StartZK(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	as := zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{testAdmin}})
+	p := MustPaths(z.Root, "again")
+	cfg := &PoolConfig{Version: PoolConfigVersion, Command: "/bin/app", Workers: 1}
+	if err := CreateCluster(ctx, as, p, testCluster("again"), []byte(`{}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := SetPoolConfig(ctx, as, p, "web", cfg, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := DeleteCluster(ctx, as, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := CreateCluster(ctx, as, p, testCluster("again"), []byte(`{}`), zksession.ClusterACL(&testAdmin, &testReader)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := SetPoolConfig(ctx, as, p, "web", cfg, -1); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := CheckACLs(ctx, as, p); err != nil || len(rep.Diffs) != 0 {
+		t.Fatalf("re-created cluster: %+v %v", rep, err)
+	}
+}

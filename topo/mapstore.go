@@ -68,12 +68,14 @@ func CreateCluster(ctx context.Context, s *zksession.Session, p Paths, rec Clust
 		}
 		return err
 	}
+	rememberRule(s, p, rule)
 	return nil
 }
 
 // DeleteCluster deletes the cluster's whole tree (not atomic). For tests
 // and tools that tear a cluster down.
 func DeleteCluster(ctx context.Context, s *zksession.Session, p Paths) error {
+	rememberRule(s, p, nil)
 	return s.DeleteAll(ctx, p.Cluster())
 }
 

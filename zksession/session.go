@@ -193,6 +193,9 @@ func (s *Session) Value(key any) (any, bool) { return s.values.Load(key) }
 // SetValue stores v under key for Value.
 func (s *Session) SetValue(key, v any) { s.values.Store(key, v) }
 
+// DeleteValue forgets what is stored under key.
+func (s *Session) DeleteValue(key any) { s.values.Delete(key) }
+
 // SessionID is the current ZooKeeper session id (0 when none).
 func (s *Session) SessionID() int64 { return s.conn.SessionID() }
 
