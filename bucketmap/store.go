@@ -43,12 +43,10 @@ func (st *Store) Session() *zksession.Session { return st.s }
 
 // CreateOptions qualify Create.
 type CreateOptions struct {
-	// ACL protects the cluster's nodes (zksession.ClusterACL); nil: the
-	// session's.
+	// ACL is the ACL of the cluster's znode (zksession.ClusterACL), from
+	// which every znode of the cluster takes its own (topo.ACLRule); nil:
+	// open.
 	ACL []zk.ACL
-	// MemberACL protects the directories where routers and supervisors
-	// register (zksession.MemberACL); nil: ACL.
-	MemberACL []zk.ACL
 }
 
 // Create writes a new cluster: its record, its first map, and the
@@ -59,7 +57,7 @@ func (st *Store) Create(ctx context.Context, rec topo.ClusterRecord, m *Map, opt
 	if err != nil {
 		return err
 	}
-	return topo.CreateCluster(ctx, st.s, st.p, rec, mrec, topo.ClusterACLs{ACL: opt.ACL, MemberACL: opt.MemberACL})
+	return topo.CreateCluster(ctx, st.s, st.p, rec, mrec, opt.ACL)
 }
 
 // Load reads and validates the current map, with its znode version for a

@@ -150,7 +150,7 @@ func TestIntegrationStoreACL(t *testing.T) {
 	reader := zksession.Credential{User: "reader", Password: "r-secret"}
 	p := topo.MustPaths(z.Root, "sec")
 	as := zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{admin}})
-	opt := CreateOptions{ACL: zksession.ClusterACL(&admin, &reader), MemberACL: zksession.MemberACL(&admin, &reader)}
+	opt := CreateOptions{ACL: zksession.ClusterACL(&admin, &reader)}
 	if err := NewStore(as, p).Create(ctx, clusterRec("sec"), mustNew(t, 2, nodes(2)), opt); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestIntegrationStoreACL(t *testing.T) {
 		t.Fatalf("reader update: %v, want ErrNoAuth", err)
 	}
 	// Readers may register members (routers) but not touch the map.
-	if _, err := rs.CreateEphemeral(ctx, p.Router("r1"), []byte("{}"), opt.MemberACL); err != nil {
+	if _, err := topo.RegisterRouter(ctx, rs, p, topo.RouterMember{Version: topo.RouterMemberVersion, ID: "r1"}); err != nil {
 		t.Fatalf("reader registering a router: %v", err)
 	}
 	anon := zktest.Session(t, zksession.Config{Connect: z.ConnectString})

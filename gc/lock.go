@@ -38,7 +38,7 @@ func LockPath(p topo.Paths) string { return p.GCLock() }
 func Acquire(ctx context.Context, s *zksession.Session, p topo.Paths) (*Lock, error) {
 	host, _ := os.Hostname()
 	data, _ := json.Marshal(Holder{Host: host, PID: os.Getpid(), Since: time.Now().UTC()})
-	l, err := s.TryLock(ctx, p.GCLock(), data)
+	l, err := topo.LockGC(ctx, s, p, data)
 	var le *zksession.LockedError
 	switch {
 	case err == nil:

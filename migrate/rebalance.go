@@ -223,7 +223,7 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 // RunForever returns an error wrapping zksession.ErrLockLost.
 func (rb *Rebalancer) RunForever(ctx context.Context) error {
 	s, p := rb.mv.s, rb.mv.p
-	lock, err := s.Lock(ctx, p.RebalanceLock(), []byte(rb.mv.runner), func(le *zksession.LockedError) {
+	lock, err := topo.LockRebalance(ctx, s, p, []byte(rb.mv.runner), func(le *zksession.LockedError) {
 		rb.say("another rebalancer (%s) is running; waiting for it to go away", le.Holder)
 	})
 	if err != nil {

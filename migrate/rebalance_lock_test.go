@@ -24,7 +24,7 @@ func TestIntegrationRebalancerLockWaitsAndStopsWhenLost(t *testing.T) {
 	defer cancel()
 	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
 	lockPath := f.st.Paths().RebalanceLock()
-	held, err := other.TryLock(ctx, lockPath, []byte("other-host-1"))
+	held, err := topo.LockRebalance(ctx, other, f.st.Paths(), []byte("other-host-1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestIntegrationRebalancerLockWaitsAndStopsWhenLost(t *testing.T) {
 
 	// The lock node vanishes (as when the session is lost and the server
 	// expires it): the rebalancer stops.
-	if _, err := other.TryLock(ctx, lockPath, nil); !errors.Is(err, zksession.ErrLocked) {
+	if _, err := other.TryLock(ctx, lockPath, nil, topo.OpenACL()); !errors.Is(err, zksession.ErrLocked) {
 		t.Fatalf("the elected rebalancer's lock: %v, want ErrLocked", err)
 	}
 	if err := other.Delete(ctx, lockPath, zksession.AnyVersion); err != nil {

@@ -49,7 +49,10 @@ func (m *machine) onConfig(ev evConfig, now time.Time) {
 		return
 	}
 	if ev.cfg == nil {
-		if m.desired == nil {
+		if m.desired == nil && m.cfg.zk {
+			// Say what creates it: the pool may never have been set up.
+			m.log.Warn("no pool config yet; waiting for one (create it with `shardctl pool set "+m.cfg.pool+" --file CONFIG.json`)", zap.String("where", m.cfg.configWhere))
+		} else if m.desired == nil {
 			m.log.Warn("no pool config yet; waiting for one", zap.String("where", m.cfg.configWhere))
 		} else {
 			m.log.Warn("pool config disappeared; keeping the last one", zap.String("where", m.cfg.configWhere))

@@ -23,20 +23,14 @@ var ErrClusterExists = errors.New("cluster already exists")
 // zksession.ErrBadVersion.
 var ErrMapChanged = errors.New("bucket map changed since it was read")
 
-// ClusterACLs are the ACLs of a new cluster's nodes (nil: the session's).
-type ClusterACLs struct {
-	// ACL protects the cluster record, the map and the directories.
-	ACL []zk.ACL
-	// MemberACL protects the directories where routers and supervisors
-	// register; nil: ACL.
-	MemberACL []zk.ACL
-}
-
 // CreateCluster writes a new cluster: its record, its first map (mapData,
-// as encoded by bucketmap) and the directories of the layout, in one
-// transaction, so that a cluster is never half-created. It refuses, with
-// an error wrapping ErrClusterExists, to touch an existing one.
-func CreateCluster(ctx context.Context, s *zksession.Session, p Paths, rec ClusterRecord, mapData []byte, acls ClusterACLs) error {
+// as encoded by bucketmap), the directories of the layout and, with ACLs,
+// the ACL record, in one transaction, so that a cluster is never
+// half-created. acl is the ACL of the cluster's znode
+// (zksession.ClusterACL; nil: open), from which every other znode's is
+// derived (ACLRule). It refuses, with an error wrapping ErrClusterExists,
+// to touch an existing one.
+func CreateCluster(ctx context.Context, s *zksession.Session, p Paths, rec ClusterRecord, mapData []byte, acl []zk.ACL) error {
 	if rec.Name != p.ClusterName() {
 		return fmt.Errorf("cluster record names %q, the path is for %q", rec.Name, p.ClusterName())
 	}
@@ -53,32 +47,35 @@ func CreateCluster(ctx context.Context, s *zksession.Session, p Paths, rec Clust
 	} else if ok {
 		return exists
 	}
-	if err := s.CreateAll(ctx, p.Root()); err != nil {
+	rule, err := NewACLRule(acl)
+	if err != nil {
 		return err
 	}
-	acl, macl := acls.ACL, acls.MemberACL
-	if macl == nil {
-		macl = acl
+	if err := createDir(ctx, s, p, p.Root()); err != nil {
+		return err
 	}
-	if _, err := s.Multi(ctx,
-		zksession.CreateOp(p.Cluster(), crec, acl),
-		zksession.CreateOp(p.Map(), mapData, acl),
-		zksession.CreateOp(p.Pools(), nil, acl),
-		zksession.CreateOp(p.Routers(), nil, macl),
-		zksession.CreateOp(p.Moves(), nil, acl),
-		zksession.CreateOp(p.Locks(), nil, acl),
-	); err != nil {
+	nodes := []newNode{{p.Cluster(), crec}, {p.Map(), mapData}, {p.Pools(), nil}, {p.Routers(), nil}, {p.Moves(), nil}, {p.Locks(), nil}}
+	if !rule.Open() {
+		data, err := aclRecordFor(rule)
+		if err != nil {
+			return err
+		}
+		nodes = append(nodes, newNode{p.ACLRecord(), data})
+	}
+	if err := createTogether(ctx, s, p, rule, nodes...); err != nil {
 		if errors.Is(err, zksession.ErrNodeExists) {
 			return exists // created by someone else since the check
 		}
 		return err
 	}
+	rememberRule(s, p, rule)
 	return nil
 }
 
 // DeleteCluster deletes the cluster's whole tree (not atomic). For tests
 // and tools that tear a cluster down.
 func DeleteCluster(ctx context.Context, s *zksession.Session, p Paths) error {
+	rememberRule(s, p, nil)
 	return s.DeleteAll(ctx, p.Cluster())
 }
 

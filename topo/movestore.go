@@ -42,10 +42,7 @@ func CreateMove(ctx context.Context, s *zksession.Session, p Paths, rec *MoveRec
 	if err != nil {
 		return err
 	}
-	if err := s.CreateAll(ctx, p.Moves()); err != nil {
-		return err
-	}
-	return s.Create(ctx, p.Move(rec.ID), data)
+	return createNode(ctx, s, p, p.Move(rec.ID), data)
 }
 
 // UpdateMove writes rec by compare-and-swap on version (from ReadMove or
@@ -98,7 +95,7 @@ func WriteRebalance(ctx context.Context, s *zksession.Session, p Paths, rec Reba
 	}
 	_, err = s.Set(ctx, p.Rebalance(), data, zksession.AnyVersion)
 	if errors.Is(err, zksession.ErrNoNode) {
-		return s.Create(ctx, p.Rebalance(), data)
+		return createNode(ctx, s, p, p.Rebalance(), data)
 	}
 	return err
 }
@@ -116,5 +113,5 @@ func WatchRebalance(ctx context.Context, s *zksession.Session, p Paths) *zksessi
 // it. The lock is tied to the session: its Done channel closes when it is
 // lost, and the runner must then stop touching the move.
 func LockMoveRunner(ctx context.Context, s *zksession.Session, p Paths, id, runner string) (*zksession.Lock, error) {
-	return s.TryLock(ctx, p.MoveRunner(id), []byte(runner))
+	return tryLock(ctx, s, p, p.MoveRunner(id), []byte(runner))
 }

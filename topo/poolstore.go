@@ -49,6 +49,11 @@ func WatchPoolConfig(ctx context.Context, s *zksession.Session, p Paths, pool st
 // returns the new znode version and whether the config was created. A
 // lost race wraps ErrPoolConfigChanged: re-read and decide again, never
 // retried here, because the caller's config was based on what it read.
+//
+// It also creates whatever the pool's supervisors need and may not create
+// themselves, each with the ACL of its kind: the pool's directory, its
+// members directory and an empty status record. So running it again
+// completes a pool made by an older version.
 func SetPoolConfig(ctx context.Context, s *zksession.Session, p Paths, pool string, cfg *PoolConfig, expect int32) (int32, bool, error) {
 	at := p.PoolConfig(pool)
 	if err := cfg.Validate(); err != nil {
@@ -64,16 +69,13 @@ func SetPoolConfig(ctx context.Context, s *zksession.Session, p Paths, pool stri
 		if expect >= 0 {
 			return 0, false, fmt.Errorf("pool config %s does not exist, but --expect-version %d was given", at, expect)
 		}
-		if err := s.CreateAll(ctx, path.Dir(at)); err != nil {
-			return 0, false, err
-		}
-		if err := s.Create(ctx, at, data); err != nil {
+		if err := createNode(ctx, s, p, at, data); err != nil {
 			if errors.Is(err, zksession.ErrNodeExists) {
 				return 0, false, &conflictError{fmt.Sprintf("pool config %s was created by someone else meanwhile; re-read it with `pool get` and retry", at), err}
 			}
 			return 0, false, err
 		}
-		return 0, true, nil
+		return 0, true, createPoolNodes(ctx, s, p, pool)
 	case err != nil:
 		return 0, false, err
 	}
@@ -87,7 +89,28 @@ func SetPoolConfig(ctx context.Context, s *zksession.Session, p Paths, pool stri
 	if err != nil {
 		return 0, false, err
 	}
-	return nst.Version, false, nil
+	return nst.Version, false, createPoolNodes(ctx, s, p, pool)
+}
+
+// createPoolNodes creates the pool's members directory and status record
+// if they are missing (the status empty: no swap published yet).
+func createPoolNodes(ctx context.Context, s *zksession.Session, p Paths, pool string) error {
+	if err := createDir(ctx, s, p, p.PoolMembers(pool)); err != nil {
+		return err
+	}
+	if err := createNode(ctx, s, p, p.PoolStatus(pool), nil); err != nil && !errors.Is(err, zksession.ErrNodeExists) {
+		return err
+	}
+	return nil
+}
+
+// poolNodeMissing explains a supervisor's failure to create one of its
+// pool's znodes that only the admin creates: the pool was never set up.
+func poolNodeMissing(pool string, err error) error {
+	if errors.Is(err, ErrNeedsAdmin) {
+		return fmt.Errorf("pool %s is not set up in ZooKeeper: create it with `shardctl pool set %s --file CONFIG.json` as the cluster's admin (%w)", pool, pool, err)
+	}
+	return err
 }
 
 // conflictError is SetPoolConfig's lost race: it reads as it always has
@@ -101,10 +124,11 @@ func (e *conflictError) Error() string   { return e.msg }
 func (e *conflictError) Unwrap() []error { return []error{ErrPoolConfigChanged, e.err} }
 
 // ReadPoolStatus reads a pool's last swap result; nil, nil when no
-// supervisor has published one yet.
+// supervisor has published one yet (no record, or the empty one `pool
+// set` creates).
 func ReadPoolStatus(ctx context.Context, s *zksession.Session, p Paths, pool string) (*PoolStatus, error) {
 	data, _, err := s.Get(ctx, p.PoolStatus(pool))
-	if errors.Is(err, zksession.ErrNoNode) {
+	if errors.Is(err, zksession.ErrNoNode) || err == nil && len(data) == 0 {
 		return nil, nil
 	}
 	if err != nil {
@@ -114,8 +138,9 @@ func ReadPoolStatus(ctx context.Context, s *zksession.Session, p Paths, pool str
 }
 
 // WritePoolStatus replaces a pool's status record, creating it (and the
-// pool's directory) if needed. Last writer wins: it reports the newest
-// swap of any supervisor of the pool, nobody reads-modifies-writes it.
+// pool's directory, where the session may) if needed. Last writer wins: it
+// reports the newest swap of any supervisor of the pool, nobody
+// reads-modifies-writes it.
 func WritePoolStatus(ctx context.Context, s *zksession.Session, p Paths, pool string, st PoolStatus) error {
 	data, err := Encode(st)
 	if err != nil {
@@ -124,15 +149,12 @@ func WritePoolStatus(ctx context.Context, s *zksession.Session, p Paths, pool st
 	at := p.PoolStatus(pool)
 	_, err = s.Set(ctx, at, data, zksession.AnyVersion)
 	if errors.Is(err, zksession.ErrNoNode) {
-		if err = s.CreateAll(ctx, path.Dir(at)); err != nil {
-			return err
-		}
-		err = s.Create(ctx, at, data)
+		err = createNode(ctx, s, p, at, data)
 		if errors.Is(err, zksession.ErrNodeExists) {
 			_, err = s.Set(ctx, at, data, zksession.AnyVersion) // another supervisor created it first
 		}
 	}
-	return err
+	return poolNodeMissing(pool, err)
 }
 
 // PoolState is what ZooKeeper holds about one pool, as `shardctl pool
@@ -235,12 +257,13 @@ type PoolMemberRegistration struct {
 }
 
 // RegisterPoolMember creates the member record of supervisor rec.Member
-// in pool with the session's ACL (the members directory lets readers
-// register there).
+// in pool (the members directory lets readers register there). A pool
+// whose members directory is missing is an error saying how to set the
+// pool up, unless the session may create it (the admin; an open cluster).
 func RegisterPoolMember(ctx context.Context, s *zksession.Session, p Paths, pool string, rec PoolMember) (*PoolMemberRegistration, error) {
-	e, err := createEphemeralRecord(ctx, s, p.PoolMember(pool, rec.Member), rec)
+	e, err := createEphemeralRecord(ctx, s, p, p.PoolMember(pool, rec.Member), rec)
 	if err != nil {
-		return nil, err
+		return nil, poolNodeMissing(pool, err)
 	}
 	return &PoolMemberRegistration{e: e}, nil
 }
@@ -254,12 +277,12 @@ func (r *PoolMemberRegistration) Update(ctx context.Context, rec PoolMember) err
 // Remove deletes the record and stops keeping it alive.
 func (r *PoolMemberRegistration) Remove(ctx context.Context) error { return r.e.Delete(ctx) }
 
-func createEphemeralRecord(ctx context.Context, s *zksession.Session, at string, rec any) (*zksession.Ephemeral, error) {
+func createEphemeralRecord(ctx context.Context, s *zksession.Session, p Paths, at string, rec any) (*zksession.Ephemeral, error) {
 	data, err := Encode(rec)
 	if err != nil {
 		return nil, err
 	}
-	return s.CreateEphemeral(ctx, at, data, nil)
+	return createEphemeral(ctx, s, p, at, data)
 }
 
 func setEphemeralRecord(ctx context.Context, e *zksession.Ephemeral, rec any) error {

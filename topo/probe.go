@@ -34,7 +34,7 @@ func Probe(ctx context.Context, s *zksession.Session, p Paths, id string) ([]Pro
 	}
 	var eph *zksession.Ephemeral
 	if err := step("create", func() (err error) {
-		eph, err = s.CreateEphemeral(ctx, at, payload, nil)
+		eph, err = createEphemeral(ctx, s, p, at, payload)
 		return err
 	}); err != nil {
 		return steps, err
@@ -61,7 +61,7 @@ type Scratch struct {
 
 // CreateScratch creates the scratch node with data.
 func CreateScratch(ctx context.Context, s *zksession.Session, p Paths, id string, data []byte) (*Scratch, error) {
-	e, err := s.CreateEphemeral(ctx, p.Probe(id), data, nil)
+	e, err := createEphemeral(ctx, s, p, p.Probe(id), data)
 	if err != nil {
 		return nil, err
 	}

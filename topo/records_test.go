@@ -35,13 +35,13 @@ func TestIntegrationClusterAndMapRecords(t *testing.T) {
 	if _, _, err := ReadMapData(ctx, s, p); !errors.Is(err, ErrNoCluster) {
 		t.Fatalf("map of a missing cluster: %v, want ErrNoCluster", err)
 	}
-	if err := CreateCluster(ctx, s, p, testCluster("other"), []byte(`{}`), ClusterACLs{}); err == nil || !strings.Contains(err.Error(), `names "other"`) {
+	if err := CreateCluster(ctx, s, p, testCluster("other"), []byte(`{}`), nil); err == nil || !strings.Contains(err.Error(), `names "other"`) {
 		t.Fatalf("record of another cluster: %v", err)
 	}
-	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{"v":1}`), ClusterACLs{}); err != nil {
+	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{"v":1}`), nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{"v":1}`), ClusterACLs{}); !errors.Is(err, ErrClusterExists) {
+	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{"v":1}`), nil); !errors.Is(err, ErrClusterExists) {
 		t.Fatalf("second create: %v, want ErrClusterExists", err)
 	}
 	for _, dir := range []string{p.Pools(), p.Routers(), p.Moves(), p.Locks()} {
@@ -122,7 +122,7 @@ func TestIntegrationClusterAndMapRecords(t *testing.T) {
 // Tables are added and removed by compare-and-swap with their own rules.
 func TestIntegrationAddRemoveTable(t *testing.T) {
 	ctx, _, s, p := zkCluster(t)
-	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{}`), ClusterACLs{}); err != nil {
+	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{}`), nil); err != nil {
 		t.Fatal(err)
 	}
 	tab := TableRecord{Name: "app.t", KeyColumn: "k"}

@@ -19,10 +19,10 @@ type RouterRegistration struct {
 	e *zksession.Ephemeral
 }
 
-// RegisterRouter creates the member record of router rec.ID with the
-// session's ACL (the routers directory lets readers register there).
+// RegisterRouter creates the member record of router rec.ID (the routers
+// directory lets readers register there).
 func RegisterRouter(ctx context.Context, s *zksession.Session, p Paths, rec RouterMember) (*RouterRegistration, error) {
-	e, err := createEphemeralRecord(ctx, s, p.Router(rec.ID), rec)
+	e, err := createEphemeralRecord(ctx, s, p, p.Router(rec.ID), rec)
 	if err != nil {
 		return nil, err
 	}

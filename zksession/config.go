@@ -1,6 +1,10 @@
 package zksession
 
 import (
+	"crypto/hmac"
+	"crypto/sha1"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net"
@@ -27,9 +31,13 @@ type Config struct {
 	SessionTimeout time.Duration
 	// OpTimeout bounds every call that has no earlier context deadline.
 	OpTimeout time.Duration
-	// Auth holds the identities added to the session (digest scheme).
+	// Auth holds the identities added to the session (digest scheme). Each
+	// comes with its records identity (RecordsCredential), so that a
+	// cluster's admin can read and repair the records readers create.
 	Auth []Credential
-	// ACL is used for every node this session creates. Nil means open.
+	// ACL is the default of Create, CreateAll, CreateOp and CreateEphemeral
+	// when they are given none. Nil means open. shardvisor's records never
+	// use it: topo gives each znode the ACL of its kind.
 	ACL []zk.ACL
 	// Logger receives the library's logs and this package's lifecycle
 	// events. Nil means zap.NewNop().
@@ -117,6 +125,33 @@ func LoadCredential(value, file string) (*Credential, error) {
 }
 
 func (c Credential) String() string { return "digest:" + c.User + ":<redacted>" }
+
+// DigestID is the identity as ZooKeeper's digest ACL entries name it,
+// "user:base64(sha1(user:password))".
+func (c Credential) DigestID() string {
+	h := sha1.Sum([]byte(c.User + ":" + c.Password))
+	return c.User + ":" + base64.StdEncoding.EncodeToString(h[:])
+}
+
+// RecordsCredential derives, from an admin identity's digest ID
+// ("user:hash"), the identity that owns the records readers create
+// (member records, pool status): "<user>+records" with a password that is
+// an HMAC of the hash. Readers must name that owner in those records'
+// ACLs, but ZooKeeper never shows them the admin's own hash (it would let
+// them guess the admin password offline, CVE-2019-0201); the derived
+// identity's hash is safe to show them, because its password is 256
+// random-looking bits that only a holder of the admin's hash can compute.
+// Every session adds the records identity of each of its credentials
+// (Open), so the admin holds it without being configured for it.
+func RecordsCredential(digestID string) (Credential, error) {
+	user, hash, ok := strings.Cut(digestID, ":")
+	if !ok || user == "" || hash == "" || hash == "x" {
+		return Credential{}, fmt.Errorf("digest id %q is not user:hash (a hash shown as x was hidden by ZooKeeper: only the admin sees it)", digestID)
+	}
+	mac := hmac.New(sha256.New, []byte(hash))
+	mac.Write([]byte("shardvisor records identity\x00" + user))
+	return Credential{User: user + "+records", Password: base64.RawURLEncoding.EncodeToString(mac.Sum(nil))}, nil
+}
 
 // GoString keeps %#v from printing the password too.
 func (c Credential) GoString() string { return c.String() }

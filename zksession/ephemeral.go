@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 	"sync"
 	"time"
 
@@ -32,9 +31,11 @@ type Ephemeral struct {
 // session has not been expired by the server yet.
 var ErrOwnedElsewhere = errors.New("ephemeral node is owned by another session")
 
-// CreateEphemeral creates an ephemeral node at p (creating missing parents
-// as persistent nodes) and keeps it alive across sessions until Delete.
-// acl nil means the session's ACL.
+// CreateEphemeral creates an ephemeral node at p with acl (nil: the
+// session's ACL) and keeps it alive across sessions until Delete. Its
+// parent must exist (ErrNoNode otherwise): parents are the caller's, with
+// ACLs of their own, so this never creates one. A node re-created on a new
+// session whose parent was deleted meanwhile fails and is retried.
 func (s *Session) CreateEphemeral(ctx context.Context, p string, data []byte, acl []zk.ACL) (*Ephemeral, error) {
 	if err := checkSize("create", p, data); err != nil {
 		return nil, err
@@ -72,12 +73,6 @@ func (e *Ephemeral) create(ctx context.Context) error {
 	var st Stat
 	for try := 0; ; try++ {
 		err := e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
-		if errors.Is(err, ErrNoNode) { // parent missing
-			if perr := e.s.CreateAll(ctx, path.Dir(e.path)); perr != nil {
-				return perr
-			}
-			err = e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
-		}
 		if !errors.Is(err, ErrNodeExists) {
 			return err
 		}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
@@ -328,7 +329,13 @@ func TestIntegrationWatch(t *testing.T) {
 func TestIntegrationEphemeralOwnership(t *testing.T) {
 	ctx, a, b := twoSessions(t)
 
-	e, err := a.CreateEphemeral(ctx, "/members/m1", []byte("a"), nil) // parent is created
+	if _, err := a.CreateEphemeral(ctx, "/members/m1", []byte("a"), nil); !errors.Is(err, ErrNoNode) {
+		t.Fatalf("ephemeral without its parent: %v, want ErrNoNode (parents are the caller's)", err)
+	}
+	if err := a.CreateAll(ctx, "/members"); err != nil {
+		t.Fatal(err)
+	}
+	e, err := a.CreateEphemeral(ctx, "/members/m1", []byte("a"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,6 +405,70 @@ func TestIntegrationACL(t *testing.T) {
 	if _, err := rs.CreateEphemeral(ctx, "/c/members/r1", nil, MemberACL(&admin, &reader)); err != nil {
 		t.Fatalf("reader registering a member: %v", err)
 	}
+
+	// GetACL shows the admin every digest hash; a reader sees them hidden
+	// (ZooKeeper's fix of CVE-2019-0201), and anonymous nothing.
+	if acl, _, err := as.GetACL(ctx, "/c"); err != nil || !sameACL(acl, ClusterACL(&admin, &reader)) {
+		t.Fatalf("admin getacl: %v %v", acl, err)
+	}
+	acl, _, err := rs.GetACL(ctx, "/c")
+	if err != nil || len(acl) != 2 || acl[0].ID != "admin:x" || acl[1].ID != "reader:x" {
+		t.Fatalf("reader getacl: %v %v", acl, err)
+	}
+	if _, _, err := anon.GetACL(ctx, "/c"); !errors.Is(err, ErrNoAuth) {
+		t.Fatalf("anonymous getacl: %v, want ErrNoAuth", err)
+	}
+	if err := rs.SetACL(ctx, "/c", zk.WorldACL(zk.PermAll), AnyVersion); !errors.Is(err, ErrNoAuth) {
+		t.Fatalf("reader setacl: %v, want ErrNoAuth", err)
+	}
+	if err := as.SetACL(ctx, "/c", nil, AnyVersion); err == nil {
+		t.Fatal("an empty ACL was set")
+	}
+	if err := as.SetACL(ctx, "/c/members", ClusterACL(&admin, &reader), AnyVersion); err != nil {
+		t.Fatalf("admin setacl: %v", err)
+	}
+	if acl, _, err := as.GetACL(ctx, "/c/members"); err != nil || !sameACL(acl, ClusterACL(&admin, &reader)) {
+		t.Fatalf("after setacl: %v %v", acl, err)
+	}
+
+	// A node owned by the admin's records identity: the admin's session
+	// holds that identity (Open adds it) and may do everything; the reader
+	// only what its own entry says.
+	rc, err := RecordsCredential(admin.DigestID())
+	if err != nil || rc.User != "admin+records" {
+		t.Fatalf("records identity %v: %v", rc, err)
+	}
+	if _, err := RecordsCredential("admin:x"); err == nil {
+		t.Fatal("a records identity was derived from a hidden hash")
+	}
+	owned := append(zk.DigestACL(zk.PermAll, rc.User, rc.Password), zk.DigestACL(zk.PermRead|zk.PermWrite, reader.User, reader.Password)...)
+	if err := as.CreateWithACL(ctx, "/c/owned", []byte("v1"), owned); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs.Set(ctx, "/c/owned", []byte("v2"), AnyVersion); err != nil {
+		t.Fatalf("reader set of its record: %v", err)
+	}
+	if err := rs.SetACL(ctx, "/c/owned", zk.WorldACL(zk.PermAll), AnyVersion); !errors.Is(err, ErrNoAuth) {
+		t.Fatalf("reader setacl of its record: %v, want ErrNoAuth", err)
+	}
+	if data, _, err := as.Get(ctx, "/c/owned"); err != nil || string(data) != "v2" {
+		t.Fatalf("admin read of a reader's record: %q %v", data, err)
+	}
+	if acl, _, err := as.GetACL(ctx, "/c/owned"); err != nil || !sameACL(acl, owned) {
+		t.Fatalf("admin getacl of a reader's record: %v %v", acl, err)
+	}
+}
+
+func sameACL(a, b []zk.ACL) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // collect gathers state changes in the background.
@@ -502,6 +573,9 @@ func TestIntegrationPartitionLostAndHeal(t *testing.T) {
 	s := openT(t, Config{Connect: viaProxy, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
 	if got := s.SessionTimeout(); got != timeout {
 		t.Fatalf("negotiated session timeout %s, want %s (devenv allows 0.4s-30s)", got, timeout)
+	}
+	if err := observer.CreateAll(ctx, "/members"); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := s.CreateEphemeral(ctx, "/members/me", []byte("me"), nil); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // Lock errors, for errors.Is.
@@ -54,12 +56,17 @@ type Lock struct {
 	exit chan struct{} // the watcher has returned
 }
 
-// TryLock takes the lock at p or fails at once: with an error wrapping
-// ErrLocked (a *LockedError naming the holder) when another session holds
-// it, ErrAlreadyHeld when this process does.
-func (s *Session) TryLock(ctx context.Context, p string, holder []byte) (*Lock, error) {
+// TryLock takes the lock at p, an ephemeral node created with acl (the
+// caller's: the lock's place decides who may see and break it), or fails
+// at once: with an error wrapping ErrLocked (a *LockedError naming the
+// holder) when another session holds it, ErrAlreadyHeld when this process
+// does. p's parent must exist.
+func (s *Session) TryLock(ctx context.Context, p string, holder []byte, acl []zk.ACL) (*Lock, error) {
+	if len(acl) == 0 {
+		return nil, &OpError{"lock", p, errors.New("no ACL given for the lock node")}
+	}
 	sub := s.Subscribe()
-	e, err := s.CreateEphemeral(ctx, p, holder, nil)
+	e, err := s.CreateEphemeral(ctx, p, holder, acl)
 	if err != nil {
 		sub.Close()
 		if errors.Is(err, ErrOwnedElsewhere) {
@@ -169,12 +176,12 @@ func (l *Lock) Release(ctx context.Context) error {
 	return err
 }
 
-// Lock waits for the lock at p: it calls onWait (if not nil) with each
-// refusal, waits for the holder's node to go away, and tries again, until
-// it holds the lock or ctx ends.
-func (s *Session) Lock(ctx context.Context, p string, holder []byte, onWait func(*LockedError)) (*Lock, error) {
+// Lock waits for the lock at p (TryLock, with acl): it calls onWait (if
+// not nil) with each refusal, waits for the holder's node to go away, and
+// tries again, until it holds the lock or ctx ends.
+func (s *Session) Lock(ctx context.Context, p string, holder []byte, acl []zk.ACL, onWait func(*LockedError)) (*Lock, error) {
 	for {
-		l, err := s.TryLock(ctx, p, holder)
+		l, err := s.TryLock(ctx, p, holder, acl)
 		var le *LockedError
 		if !errors.As(err, &le) {
 			return l, err

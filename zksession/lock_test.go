@@ -48,7 +48,7 @@ func releaseLost(t *testing.T, ctx context.Context, old *Lock, s *Session, path 
 // mustLock takes the lock at path on s for holder; it must be free.
 func mustLock(t *testing.T, ctx context.Context, s *Session, path, holder string) *Lock {
 	t.Helper()
-	l, err := s.TryLock(ctx, path, []byte(holder))
+	l, err := s.TryLock(ctx, path, []byte(holder), s.ACL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,11 +60,20 @@ func mustLock(t *testing.T, ctx context.Context, s *Session, path, holder string
 func TestIntegrationLockRefusedThenLostOnClose(t *testing.T) {
 	ctx, a, b := twoSessions(t)
 
+	if _, err := a.TryLock(ctx, "/locks/x/holder", []byte("x"), a.ACL()); !errors.Is(err, ErrNoNode) {
+		t.Fatalf("lock without its parent: %v, want ErrNoNode (parents are the caller's)", err)
+	}
+	if _, err := a.TryLock(ctx, "/locks/x/holder", []byte("x"), nil); err == nil {
+		t.Fatal("a lock without an ACL was taken")
+	}
+	if err := a.CreateAll(ctx, "/locks/x"); err != nil {
+		t.Fatal(err)
+	}
 	la := mustLock(t, ctx, a, "/locks/x/holder", "host-a pid 1")
-	if _, err := a.TryLock(ctx, "/locks/x/holder", []byte("again")); !errors.Is(err, ErrAlreadyHeld) {
+	if _, err := a.TryLock(ctx, "/locks/x/holder", []byte("again"), a.ACL()); !errors.Is(err, ErrAlreadyHeld) {
 		t.Fatalf("same process twice: %v, want ErrAlreadyHeld", err)
 	}
-	_, err := b.TryLock(ctx, "/locks/x/holder", []byte("host-b"))
+	_, err := b.TryLock(ctx, "/locks/x/holder", []byte("host-b"), b.ACL())
 	var le *LockedError
 	if !errors.Is(err, ErrLocked) || !errors.As(err, &le) || string(le.Holder) != "host-a pid 1" ||
 		!strings.Contains(err.Error(), "host-a pid 1") {
@@ -83,7 +92,7 @@ func TestIntegrationLockRefusedThenLostOnClose(t *testing.T) {
 	if err := la.Release(ctx); err != nil {
 		t.Fatalf("releasing a lost lock: %v", err)
 	}
-	lb, err := b.TryLock(ctx, "/locks/x/holder", []byte("host-b"))
+	lb, err := b.TryLock(ctx, "/locks/x/holder", []byte("host-b"), b.ACL())
 	if err != nil {
 		t.Fatalf("after the holder closed: %v", err)
 	}
@@ -98,7 +107,7 @@ func TestIntegrationLockReleaseAndWait(t *testing.T) {
 	got := make(chan *Lock, 1)
 	waited := make(chan []byte, 1)
 	go func() {
-		l, err := b.Lock(ctx, "/l", []byte("b"), func(le *LockedError) {
+		l, err := b.Lock(ctx, "/l", []byte("b"), b.ACL(), func(le *LockedError) {
 			select {
 			case waited <- le.Holder:
 			default:
@@ -128,7 +137,7 @@ func TestIntegrationLockReleaseAndWait(t *testing.T) {
 	mustLock(t, ctx, a, "/l", "a")
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	if _, err := b.Lock(short, "/l", nil, nil); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := b.Lock(short, "/l", nil, b.ACL(), nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("waiting past the deadline: %v", err)
 	}
 }
@@ -165,7 +174,7 @@ func TestIntegrationLockLostOnExpiry(t *testing.T) {
 	var err error
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		lo, err = observer.TryLock(ctx, "/l", []byte("observer"))
+		lo, err = observer.TryLock(ctx, "/l", []byte("observer"), observer.ACL())
 		if err == nil {
 			break
 		}

@@ -304,6 +304,33 @@ func (s *Session) DeleteAll(ctx context.Context, p string) error {
 	return nil
 }
 
+// GetACL reads a node's ACL. ZooKeeper answers only callers that may read
+// or administer the node, and hides the password hashes of digest entries
+// ("user:x") from callers without the admin permission.
+func (s *Session) GetACL(ctx context.Context, p string) ([]zk.ACL, Stat, error) {
+	type res struct {
+		acl  []zk.ACL
+		stat *zk.Stat
+	}
+	r, err := call(s, ctx, "getacl", p, false, func(c *zk.Conn, ap string) (res, error) {
+		acl, st, err := c.GetACL(ap)
+		return res{acl, st}, err
+	})
+	return r.acl, statOf(r.stat), err
+}
+
+// SetACL replaces a node's ACL if its ACL version (Stat has no field for
+// it; AnyVersion skips the check) is still version.
+func (s *Session) SetACL(ctx context.Context, p string, acl []zk.ACL, version int32) error {
+	if len(acl) == 0 {
+		return &OpError{"setacl", p, errors.New("empty ACL: nobody could ever touch the node again")}
+	}
+	_, err := call(s, ctx, "setacl", p, true, func(c *zk.Conn, ap string) (*zk.Stat, error) {
+		return c.SetACL(ap, acl, version)
+	})
+	return err
+}
+
 // Op is one operation of a Multi transaction.
 type Op struct {
 	kind    opKind

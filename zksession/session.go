@@ -77,6 +77,8 @@ type Session struct {
 	ephemerals  map[string]*Ephemeral
 	resyncs     map[chan struct{}]struct{} // watches waiting for a re-read
 	resyncWG    sync.WaitGroup
+
+	values sync.Map // Value, SetValue
 }
 
 // Open starts a session. It returns at once; the session connects in the
@@ -124,7 +126,16 @@ func Open(cfg Config) (*Session, error) {
 		return nil, fmt.Errorf("zookeeper %s: %w", cs, err)
 	}
 	s.conn = conn
+	var auth []Credential
 	for _, c := range cfg.Auth {
+		rc, err := RecordsCredential(c.DigestID())
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		auth = append(auth, c, rc)
+	}
+	for _, c := range auth {
 		// The library queues AddAuth until connected and re-sends it on
 		// every reconnect, so this is not racing the connection.
 		go func(c Credential) {
@@ -173,6 +184,17 @@ func (s *Session) Chroot() string { return s.cs.Chroot }
 
 // ACL is the ACL this session uses for the nodes it creates.
 func (s *Session) ACL() []zk.ACL { return s.cfg.ACL }
+
+// Value returns what SetValue stored under key on this Session, for
+// layers above that read something once per process (a cluster's ACL
+// rule) rather than on every call.
+func (s *Session) Value(key any) (any, bool) { return s.values.Load(key) }
+
+// SetValue stores v under key for Value.
+func (s *Session) SetValue(key, v any) { s.values.Store(key, v) }
+
+// DeleteValue forgets what is stored under key.
+func (s *Session) DeleteValue(key any) { s.values.Delete(key) }
 
 // SessionID is the current ZooKeeper session id (0 when none).
 func (s *Session) SessionID() int64 { return s.conn.SessionID() }

@@ -93,7 +93,7 @@ func runInit(c *cli.Context) error {
 	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
 		rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: st.Paths().ClusterName(), Seed: seed.String(), CreatedAt: time.Now().UTC()}
-		opt := bucketmap.CreateOptions{ACL: zksession.ClusterACL(admin, reader), MemberACL: zksession.MemberACL(admin, reader)}
+		opt := bucketmap.CreateOptions{ACL: zksession.ClusterACL(admin, reader)}
 		if err := st.Create(ctx, rec, m, opt); err != nil {
 			return err
 		}

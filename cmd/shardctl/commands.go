@@ -240,6 +240,30 @@ func newApp() *cli.App {
 				Action: runHash,
 			},
 			{
+				Name:  "acl",
+				Usage: "check and repair the ZooKeeper ACLs of the cluster's znodes (as the admin: --zk-auth-file)",
+				Description: "The ACL of the cluster's own znode is the rule: its digest entries with all permissions are the admin, the\n" +
+					"others the reader (or anyone). Each znode takes the ACL of its kind: records and directories (admin all, reader\n" +
+					"read), member directories (readers may also create and delete children), and the records readers write (member\n" +
+					"records, pool status: owned by the admin's records identity, readers read and write). See docs/zookeeper-layout.md.",
+				Subcommands: []*cli.Command{
+					{
+						Name:  "check",
+						Usage: "list every znode whose ACL differs from the rule for its kind, and a missing or wrong ACL record; changes nothing",
+						Description: "Walks the cluster's whole tree. Exit status 1 if anything differs (then run `shardctl acl repair`), 0 if not.\n" +
+							"Needs the admin identity: ZooKeeper hides the hashes the rule is made of from everyone else.",
+						Action: runACLCheck,
+					},
+					{
+						Name:  "repair",
+						Usage: "set every ACL that differs to the rule's and write the ACL record, printing what changed",
+						Description: "Brings a cluster created by an older shardctl in line. Running it again changes nothing.\n" +
+							"Pools that lack a members directory or status record get them from `shardctl pool set` (run it again).",
+						Action: runACLRepair,
+					},
+				},
+			},
+			{
 				Name:  "zk",
 				Usage: "check the ZooKeeper ensemble",
 				Subcommands: []*cli.Command{

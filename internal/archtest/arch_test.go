@@ -4,7 +4,9 @@
 //   - packages import only packages of a lower layer (no cycles by
 //     accident, no library importing a command, no peer importing a peer);
 //   - only topo and zksession call the ZooKeeper session's data methods, so
-//     that every path and record format has one owner;
+//     that every path and record format has one owner, and inside topo
+//     only acl.go creates znodes or sets ACLs, so that every znode takes
+//     the ACL of its kind;
 //   - no exported signature of a public package names an internal type, so
 //     that an application in its own module can call all of it;
 //   - examples use the public API only.
@@ -64,8 +66,17 @@ const layerTop = 100
 
 // The session's data methods: only the record owner (topo) and the session
 // layer itself call them.
-var sessionDataMethods = []string{"Get", "Set", "Create", "CreateAll", "Delete", "DeleteAll", "Children",
-	"Multi", "Exists", "Sync", "Watch", "WatchChildren", "CreateEphemeral"}
+var sessionDataMethods = []string{"Get", "Set", "Create", "CreateAll", "CreateWithACL", "Delete", "DeleteAll", "Children",
+	"Multi", "Exists", "Sync", "Watch", "WatchChildren", "CreateEphemeral", "TryLock", "Lock", "GetACL", "SetACL"}
+
+// The session's methods and the operation that create znodes or set ACLs,
+// and the one file of topo that may call them (it applies the ACL of each
+// znode's kind).
+var (
+	sessionCreateMethods = []string{"Create", "CreateAll", "CreateWithACL", "CreateEphemeral", "TryLock", "Lock", "SetACL"}
+	sessionCreateFuncs   = []string{"CreateOp"}
+	topoACLFile          = "acl.go"
+)
 
 var sessionOwners = []string{"topo", "zksession", "internal/zktest"}
 
@@ -170,7 +181,7 @@ func check(t *testing.T, p *pkg, exports map[string]string) (*token.FileSet, []*
 		}
 		return os.Open(e)
 	})
-	info := &types.Info{Selections: map[*ast.SelectorExpr]*types.Selection{}}
+	info := &types.Info{Selections: map[*ast.SelectorExpr]*types.Selection{}, Uses: map[*ast.Ident]types.Object{}}
 	conf := types.Config{Importer: imp}
 	tp, err := conf.Check(p.ImportPath, fset, files, info)
 	if err != nil {
@@ -239,6 +250,47 @@ func TestOnlyTopoAndSessionLayerCallSessionData(t *testing.T) {
 					named.Obj().Pkg().Path() == session && named.Obj().Name() == "Session" {
 					bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo",
 						rel(fset.Position(sel.Pos())), sel.Sel.Name))
+				}
+				return true
+			})
+		}
+	}
+	report(t, bad)
+}
+
+func TestOnlyTopoACLFileCreatesZnodes(t *testing.T) {
+	mine, exports := load(t)
+	session := module + "/zksession"
+	var bad []string
+	for _, p := range mine {
+		if p.rel() != "topo" {
+			continue
+		}
+		fset, files, _, info := check(t, p, exports)
+		for _, f := range files {
+			if filepath.Base(fset.Position(f.Pos()).Filename) == topoACLFile {
+				continue
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				sel, ok := n.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if s := info.Selections[sel]; s != nil && s.Kind() == types.MethodVal && slices.Contains(sessionCreateMethods, sel.Sel.Name) {
+					recv := s.Recv()
+					if ptr, ok := recv.(*types.Pointer); ok {
+						recv = ptr.Elem()
+					}
+					if named, ok := recv.(*types.Named); ok && named.Obj().Pkg() != nil &&
+						named.Obj().Pkg().Path() == session && named.Obj().Name() == "Session" {
+						bad = append(bad, fmt.Sprintf("%s: calls Session.%s; create znodes through topo/%s, which applies the ACL of their kind",
+							rel(fset.Position(sel.Pos())), sel.Sel.Name, topoACLFile))
+					}
+					return true
+				}
+				if fn, ok := info.Uses[sel.Sel].(*types.Func); ok && fn.Pkg() != nil && fn.Pkg().Path() == session && slices.Contains(sessionCreateFuncs, fn.Name()) {
+					bad = append(bad, fmt.Sprintf("%s: uses zksession.%s; create znodes through topo/%s, which applies the ACL of their kind",
+						rel(fset.Position(sel.Pos())), fn.Name(), topoACLFile))
 				}
 				return true
 			})

@@ -1,0 +1,257 @@
+package topo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// ACLRecordVersion is the newest ACL record format this build writes.
+const ACLRecordVersion = 1
+
+// ACLRecord is stored at Paths.ACLRecord() in a cluster with ACLs.
+type ACLRecord struct {
+	Version int `json:"version"`
+	// ReaderRecords is the ACL of the records readers create (member
+	// records; a pool's status when it is missing), as the rule gives it.
+	ReaderRecords []ACLEntry `json:"reader_records"`
+}
+
+// ACLEntry is one entry of an ACL as zkCli shows it: scheme, id and
+// permissions as letters of "cdrwa".
+type ACLEntry struct {
+	Scheme string `json:"scheme"`
+	ID     string `json:"id"`
+	Perms  string `json:"perms"`
+}
+
+func (e ACLEntry) String() string { return e.Scheme + ":" + e.ID + ":" + e.Perms }
+
+const permLetters = "cdrwa"
+
+var permBits = [...]int32{zk.PermCreate, zk.PermDelete, zk.PermRead, zk.PermWrite, zk.PermAdmin}
+
+func permString(p int32) string {
+	var b strings.Builder
+	for i, bit := range permBits {
+		if p&bit != 0 {
+			b.WriteByte(permLetters[i])
+		}
+	}
+	return b.String()
+}
+
+// Entries renders an ACL as entries, sorted, for comparison and output.
+func Entries(acl []zk.ACL) []ACLEntry {
+	out := make([]ACLEntry, len(acl))
+	for i, e := range acl {
+		out[i] = ACLEntry{Scheme: e.Scheme, ID: e.ID, Perms: permString(e.Perms)}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out
+}
+
+// FormatACL renders an ACL on one line, sorted.
+func FormatACL(acl []zk.ACL) string {
+	var parts []string
+	for _, e := range Entries(acl) {
+		parts = append(parts, e.String())
+	}
+	return strings.Join(parts, ",")
+}
+
+// ACL turns the record's entries back into an ACL.
+func (r *ACLRecord) ACL() ([]zk.ACL, error) {
+	if len(r.ReaderRecords) == 0 {
+		return nil, errors.New("reader_records is empty")
+	}
+	var out []zk.ACL
+	for _, e := range r.ReaderRecords {
+		if e.Scheme == "" || e.ID == "" {
+			return nil, fmt.Errorf("entry %q has no scheme or id", e)
+		}
+		if e.Scheme == "digest" && hidden(e.ID) {
+			return nil, fmt.Errorf("entry %q has a hidden hash", e)
+		}
+		var perms int32
+		for _, c := range e.Perms {
+			i := strings.IndexRune(permLetters, c)
+			if i < 0 {
+				return nil, fmt.Errorf("entry %q: permission %q is not one of %s", e, c, permLetters)
+			}
+			perms |= permBits[i]
+		}
+		if perms == 0 {
+			return nil, fmt.Errorf("entry %q has no permissions", e)
+		}
+		out = append(out, zk.ACL{Perms: perms, Scheme: e.Scheme, ID: e.ID})
+	}
+	return out, nil
+}
+
+// DecodeACLRecord decodes and validates an ACL record.
+func DecodeACLRecord(znode string, data []byte) (*ACLRecord, error) {
+	return decodeAs("acl record", znode, data, ACLRecordVersion, func(r *ACLRecord) error {
+		_, err := r.ACL()
+		return err
+	})
+}
+
+// ReadACLRecord reads a cluster's ACL record; a missing one is the
+// session's ErrNoNode.
+func ReadACLRecord(ctx context.Context, s *zksession.Session, p Paths) (*ACLRecord, error) {
+	r, _, err := readAs(ctx, s, p.ACLRecord(), DecodeACLRecord)
+	return r, err
+}
+
+// aclRecordFor is the ACL record a rule publishes.
+func aclRecordFor(r *ACLRule) ([]byte, error) {
+	acl, err := r.ACL(KindReaderRecord)
+	if err != nil {
+		return nil, err
+	}
+	return Encode(ACLRecord{Version: ACLRecordVersion, ReaderRecords: Entries(acl)})
+}
+
+// ACLDiff is one znode whose ACL (What "acl"), or the ACL record whose
+// content (What "content"), differs from the rule. Have is nil when the
+// ACL record is missing.
+type ACLDiff struct {
+	Path string     `json:"path"`
+	Kind string     `json:"kind"`
+	What string     `json:"what"`
+	Have []ACLEntry `json:"have"`
+	Want []ACLEntry `json:"want"`
+}
+
+// ACLReport is what CheckACLs found, or RepairACLs changed.
+type ACLReport struct {
+	Cluster string    `json:"cluster"`
+	Path    string    `json:"path"`
+	Open    bool      `json:"open"`
+	Checked int       `json:"checked"` // znodes compared
+	Diffs   []ACLDiff `json:"differ"`
+}
+
+// CheckACLs walks the cluster's whole tree and lists every znode whose ACL
+// differs from the rule for its kind, and the ACL record if it is missing
+// or differs. It needs the admin identity (only the admin sees the hashes
+// the rule is made of). Znodes that vanish during the walk are skipped.
+func CheckACLs(ctx context.Context, s *zksession.Session, p Paths) (*ACLReport, error) {
+	return walkACLs(ctx, s, p, false)
+}
+
+// RepairACLs is CheckACLs that also sets each differing ACL to the rule's
+// and writes the ACL record; the report lists what it changed.
+func RepairACLs(ctx context.Context, s *zksession.Session, p Paths) (*ACLReport, error) {
+	return walkACLs(ctx, s, p, true)
+}
+
+func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (*ACLReport, error) {
+	if ok, _, err := s.Exists(ctx, p.Cluster()); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, fmt.Errorf("%w: no record at %s (create it with `shardctl init`)", ErrNoCluster, p.Cluster())
+	}
+	r, err := ReadACLRule(ctx, s, p)
+	if err != nil {
+		return nil, err
+	}
+	if r.readerView {
+		return nil, fmt.Errorf("checking the ACLs of cluster %s %w (--zk-auth-file): ZooKeeper hides the hashes the rule is made of from everyone else", p.ClusterName(), ErrNeedsAdmin)
+	}
+	rep := &ACLReport{Cluster: p.ClusterName(), Path: p.Cluster(), Open: r.open}
+	var walk func(at string) error
+	walk = func(at string) error {
+		have, _, err := s.GetACL(ctx, at)
+		if errors.Is(err, zksession.ErrNoNode) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		rep.Checked++
+		want, err := r.ACL(p.KindOf(at))
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(Entries(have), Entries(want)) {
+			if repair {
+				if _, err := setACL(ctx, s, r, p, at); err != nil && !errors.Is(err, zksession.ErrNoNode) {
+					return err
+				}
+			}
+			rep.Diffs = append(rep.Diffs, ACLDiff{Path: at, Kind: p.KindOf(at).String(), What: "acl", Have: Entries(have), Want: Entries(want)})
+		}
+		kids, _, err := s.Children(ctx, at)
+		if errors.Is(err, zksession.ErrNoNode) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		sort.Strings(kids)
+		for _, k := range kids {
+			if err := walk(path.Join(at, k)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := walk(p.Cluster()); err != nil {
+		return nil, err
+	}
+	if !r.open {
+		d, err := checkACLRecord(ctx, s, p, r, repair)
+		if err != nil {
+			return nil, err
+		}
+		if d != nil {
+			rep.Diffs = append(rep.Diffs, *d)
+		}
+	}
+	return rep, nil
+}
+
+// checkACLRecord compares the ACL record with the rule (and writes it,
+// with repair): nil when it is right.
+func checkACLRecord(ctx context.Context, s *zksession.Session, p Paths, r *ACLRule, repair bool) (*ACLDiff, error) {
+	want, _ := r.ACL(KindReaderRecord)
+	d := &ACLDiff{Path: p.ACLRecord(), Kind: KindRecord.String(), What: "content", Want: Entries(want)}
+	rec, err := ReadACLRecord(ctx, s, p)
+	switch {
+	case errors.Is(err, zksession.ErrNoNode):
+	case errors.Is(err, ErrMalformed):
+		d.Have = []ACLEntry{}
+	case err != nil:
+		return nil, err
+	default:
+		d.Have = rec.ReaderRecords
+		if have, _ := rec.ACL(); slices.Equal(Entries(have), d.Want) {
+			return nil, nil
+		}
+	}
+	if repair {
+		data, err := aclRecordFor(r)
+		if err != nil {
+			return nil, err
+		}
+		if d.Have == nil {
+			err = createNode(ctx, s, p, p.ACLRecord(), data)
+		} else {
+			_, err = s.Set(ctx, p.ACLRecord(), data, zksession.AnyVersion)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
