@@ -82,13 +82,19 @@ func TestIntegrationFenceRejectsUnownedAndAcceptsOwned(t *testing.T) {
 		t.Fatalf("owned insert: %v", err)
 	}
 	err := insert(c, keyIn(4, 12), 1)
-	wantRejected(t, err, "INSERT on app.events", "does not own bucket 12 at level 4", "map version 1")
+	wantRejected(t, err, "INSERT or UPDATE on app.events", "does not own bucket 12 at level 4", "map version 1")
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "SV001" || !strings.Contains(pe.Detail, "node a") {
 		t.Fatalf("error fields: %+v", pe)
 	}
+	// A null key: the column's NOT NULL (the contract asks for it) speaks
+	// first; the fence rejects one where the column allows it.
 	_, err = c.Exec(context.Background(), `INSERT INTO app.events VALUES (NULL, 1, 'x')`)
-	wantRejected(t, err, "null")
+	if sqlState(err) != "23502" {
+		t.Fatalf("null key: %v", err)
+	}
+	var ok bool
+	wantRejected(t, c.QueryRow(context.Background(), `SELECT shardvisor.check_row(NULL, 'app.events'::regclass)`).Scan(&ok), "INSERT or UPDATE on app.events", "null")
 	// Boundaries of the owned range: the last key of bucket 7 is owned,
 	// the first of bucket 8 is not.
 	_, hi7, _ := keystream.Range(4, 7)
