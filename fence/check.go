@@ -137,7 +137,7 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 			return nil, err
 		}
 		if !same {
-			add(KindFenceObjects, "", "function %s is missing or differs from this version's; run `shardctl node prepare %s`", fn.signature(), node)
+			add(KindFenceObjects, "", "function %s is missing or differs from this version's; run `shardctl node prepare %s`", fn, node)
 		}
 	}
 	privs, err := fencePrivileges(ctx, q)
@@ -194,7 +194,7 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 			return nil, err
 		}
 		for _, name := range late {
-			add(KindTriggerAfterFence, t.Name, "trigger %s on %s is a BEFORE ROW trigger that sorts after %s, so it can change a row after the fence's first check; the final check refuses the write if the row then lands outside this node's buckets. Rename it to sort before %s (or drop it if nobody here made it)", name, t.Name, TriggerName, TriggerName)
+			add(KindTriggerAfterFence, t.Name, "trigger %s on %s is a BEFORE UPDATE trigger that sorts after %s, so it can change a row after the fence's trigger looked at it; the fence's constraint and %s still refuse the update if the row leaves or lands outside this node's buckets, but rename it to sort before %s (or drop it if nobody here made it)", name, t.Name, TriggerName, FinalTrigger, TriggerName)
 		}
 	}
 	fenced, err := fencedTables(ctx, q)
@@ -268,14 +268,16 @@ func checkTrigger(ctx context.Context, q Querier, add func(kind, table, format s
 	return nil
 }
 
-// triggersAfterFence lists the enabled BEFORE ROW INSERT or UPDATE triggers
-// on table rel that PostgreSQL fires after the fence's first check: it
-// fires BEFORE triggers in name order (byte order, as COLLATE "C").
-// Triggers enabled for replication only never run with the fence.
+// triggersAfterFence lists the enabled BEFORE ROW UPDATE triggers on table
+// rel that PostgreSQL fires after the fence's trigger (it fires BEFORE
+// triggers in name order, byte order as COLLATE "C"), so after the fence's
+// first look at an updated row. INSERT-only ones are not listed: an INSERT
+// is checked only by the constraint, after every BEFORE trigger. Triggers
+// enabled for replication only never run with the fence.
 func triggersAfterFence(ctx context.Context, q Querier, rel uint32) ([]string, error) {
 	rows, err := q.Query(ctx, `SELECT t.tgname::text FROM pg_trigger t
 		WHERE t.tgrelid = $1 AND NOT t.tgisinternal AND t.tgname::text COLLATE "C" > $2::text COLLATE "C"
-		AND t.tgtype & 3 = 3 AND t.tgtype & 20 <> 0 AND t.tgenabled IN ('O', 'A') ORDER BY 1`, rel, TriggerName)
+		AND t.tgtype & 3 = 3 AND t.tgtype & 16 <> 0 AND t.tgenabled IN ('O', 'A') ORDER BY 1`, rel, TriggerName)
 	if err != nil {
 		return nil, err
 	}

@@ -479,9 +479,28 @@ func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, 
 	if err := tx.QueryRow(ctx, `SELECT to_regnamespace('shardvisor') IS NOT NULL`).Scan(&hadSchema); err != nil {
 		return res, err
 	}
+	var privs []fencePrivilege
+	if hadSchema {
+		if privs, err = fencePrivileges(ctx, tx); err != nil {
+			return res, err
+		}
+	}
 	for _, s := range schemaSQL {
 		if _, err := tx.Exec(ctx, s); err != nil {
 			return res, fmt.Errorf("fence install: %w", err)
+		}
+	}
+	// schemaSQL revokes what PUBLIC must not have; grants to named roles
+	// stay (an admin made them) and check reports them.
+	if len(privs) > 0 {
+		left, err := fencePrivileges(ctx, tx)
+		if err != nil {
+			return res, err
+		}
+		for _, p := range privs {
+			if !slices.Contains(left, p) {
+				res.Actions = append(res.Actions, fmt.Sprintf("revoked %s on %s from %s", p.privs, p.object, p.grantee))
+			}
 		}
 	}
 	if !hadSchema {

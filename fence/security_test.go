@@ -372,3 +372,64 @@ func TestIntegrationMisroutedUpdateDeleteFail(t *testing.T) {
 		t.Fatalf("the error names the node: %+v", pe)
 	}
 }
+
+// A node prepared by the previous version (one BEFORE INSERT OR UPDATE OR
+// DELETE trigger, functions without a pinned search_path, no constraint,
+// guard or shardvisor.owns), with PUBLIC granted INSERT on the ownership
+// table besides: check names every difference, prepare repairs them all,
+// and the hijack is then refused.
+func TestIntegrationPrepareUpgradesVersion1(t *testing.T) {
+	pg := testenv.StartPGNodes(t, 1)
+	m := testMap(t, 4, "a", "b")
+	c := prepared(t, pg.Nodes[0], m, "a")
+	ctx := ctxT(t)
+	fn := "shardvisor." + quoteIdent(funcName(events)) + "()"
+	for _, sql := range []string{
+		`DROP TRIGGER zz_shardvisor_fence_final ON app.events`,
+		`DROP TRIGGER zz_shardvisor_truncate_guard ON app.events`,
+		`ALTER TABLE app.events DROP CONSTRAINT zz_shardvisor_fence`,
+		`CREATE OR REPLACE TRIGGER zz_shardvisor_fence BEFORE INSERT OR UPDATE OR DELETE ON app.events FOR EACH ROW EXECUTE FUNCTION ` + fn,
+		`DROP FUNCTION shardvisor.owns(bigint), shardvisor.check_row(bigint, oid), shardvisor.truncate_guard()`,
+		`ALTER FUNCTION shardvisor.reject(bigint, text, text) RESET ALL`,
+		`ALTER FUNCTION shardvisor.reject_isolation(text, text) RESET ALL`,
+		`ALTER FUNCTION ` + fn + ` RESET ALL`,
+		`COMMENT ON FUNCTION ` + fn + ` IS 'shardvisor fence v1 for app.events (bkey)'`,
+		`UPDATE shardvisor.fence_meta SET fence_version = 1`,
+		`GRANT INSERT ON shardvisor.ownership TO PUBLIC`,
+	} {
+		exec(t, c, sql)
+	}
+	mm, err := CheckFence(ctx, c, "c1", []topo.TableRecord{events}, m, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, x := range mm {
+		got[x.Kind]++
+		t.Logf("%s: %s", x.Kind, x.Message)
+	}
+	for kind, n := range map[string]int{KindFenceObjects: 7, KindTriggerMissing: 2, KindTriggerWrong: 1, KindConstraintMissing: 1, KindFencePrivileges: 1} {
+		if got[kind] != n {
+			t.Errorf("%d mismatches of kind %s, want %d", got[kind], kind, n)
+		}
+	}
+	res, err := Install(ctx, c, "c1", "a", []topo.TableRecord{events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("prepare: %q", res.Actions)
+	if mm, err := CheckFence(ctx, c, "c1", []topo.TableRecord{events}, m, "a"); err != nil || len(mm) != 0 {
+		t.Fatalf("after prepare: %+v %v", mm, err)
+	}
+	if res, err := Install(ctx, c, "c1", "a", []topo.TableRecord{events}); err != nil || len(res.Actions) != 0 {
+		t.Fatalf("a second prepare changed things: %+v %v", res, err)
+	}
+	ev := newAttacker(t, pg.Nodes[0])
+	exec(t, ev, `CREATE FUNCTION evil.yes(bigint, bigint) RETURNS boolean LANGUAGE sql AS 'SELECT true'`)
+	exec(t, ev, `CREATE OPERATOR evil.>= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.yes)`)
+	exec(t, ev, `CREATE OPERATOR evil.<= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.yes)`)
+	exec(t, ev, `SET search_path = evil, pg_catalog`)
+	wantRejected(t, insert(ev, keyIn(4, 12), 1), "bucket 12")
+	_, err = ev.Exec(ctx, `INSERT INTO shardvisor.ownership VALUES (0, 1, 'owned', 99)`)
+	wantState(t, err, "42501")
+}

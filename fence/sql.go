@@ -148,6 +148,9 @@ type function struct {
 
 func (f function) signature() string { return "shardvisor." + quoteIdent(f.name) + "(" + f.args + ")" }
 
+// String is the signature for people (the names need no quotes).
+func (f function) String() string { return "shardvisor." + f.name + "(" + f.args + ")" }
+
 func (f function) createSQL() string {
 	vol := "VOLATILE"
 	if f.stable {
