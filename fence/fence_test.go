@@ -120,6 +120,8 @@ func TestIntegrationFenceRejectsUnownedAndAcceptsOwned(t *testing.T) {
 	wantRejected(t, err, "DELETE", "bucket 13")
 	_, err = c.Exec(context.Background(), `UPDATE app.events SET bkey = $1 WHERE bkey = $2`, keyIn(4, 2), keyIn(4, 13))
 	wantRejected(t, err, "UPDATE", "bucket 13")
+	_, err = c.Exec(context.Background(), `UPDATE app.events SET body = 'z' WHERE bkey = $1`, keyIn(4, 13))
+	wantRejected(t, err, "UPDATE", "bucket 13")
 	// COPY goes through the row trigger too.
 	_, err = c.CopyFrom(context.Background(), pgx.Identifier{"app", "events"}, []string{"bkey", "id"}, pgx.CopyFromRows([][]any{{keyIn(4, 1), int64(50)}, {keyIn(4, 14), int64(51)}}))
 	wantRejected(t, err, "bucket 14")
