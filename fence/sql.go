@@ -15,7 +15,9 @@ const Schema = "shardvisor"
 // Version is the version of the fence's SQL objects. `shardctl node
 // prepare` replaces objects of another version; `node check` reports them.
 // Version 2 pins search_path and qualifies every name in the functions,
-// adds the final check, the TRUNCATE guard and shardvisor.owns.
+// checks INSERTs and new rows with a CHECK constraint instead of the
+// trigger, and adds the final UPDATE trigger, the TRUNCATE guard and
+// shardvisor.owns.
 const Version = 2
 
 // The fence's objects on every sharded table.
