@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -37,6 +38,10 @@ const (
 	KindTriggerStale      = "trigger-on-unsharded-table"
 	KindFenceVersion      = "fence-map-version"
 	KindFenceRange        = "fence-range"
+	KindConstraintMissing = "fence-constraint-missing"
+	KindConstraintWrong   = "fence-constraint-wrong"
+	KindTriggerAfterFence = "trigger-after-fence"
+	KindFencePrivileges   = "fence-privileges"
 )
 
 // CheckTables verifies the sharded-table contract on a node: each table
@@ -100,11 +105,13 @@ func CheckTables(ctx context.Context, q Querier, tables []topo.TableRecord) ([]M
 }
 
 // CheckFence verifies a node's fence against map m: installed for this
-// node and cluster, objects of this version, the trigger enabled (for
-// ordinary sessions only) on every sharded table and on no other, and the
-// ownership table equal to what Sync would write (incoming ranges that the
-// map does not contradict are accepted: a move may be copying). It changes
-// nothing.
+// node and cluster, objects of this version, the fence's triggers enabled
+// (for ordinary sessions only) on every sharded table and on no other, no
+// BEFORE ROW trigger that runs after the fence's first check, no role but
+// the fence's owner able to write the fence or create objects in its
+// schema, and the ownership table equal to what Sync would write (incoming
+// ranges that the map does not contradict are accepted: a move may be
+// copying). It changes nothing.
 func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.TableRecord, m *bucketmap.Map, node bucketmap.NodeID) ([]Mismatch, error) {
 	var out []Mismatch
 	add := func(kind, table, format string, args ...any) {
@@ -124,14 +131,21 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 	if f.FenceVersion != Version {
 		add(KindFenceObjects, "", "fence objects are version %d, this shardctl installs version %d; run `shardctl node prepare %s`", f.FenceVersion, Version, node)
 	}
-	for _, fn := range []struct{ name, sql string }{{"reject", rejectFn}, {"reject_isolation", rejectIsolationFn}} {
-		same, err := sameFunction(ctx, q, fn.name, fn.sql)
+	for _, fn := range sharedFunctions {
+		_, same, err := functionState(ctx, q, fn)
 		if err != nil {
 			return nil, err
 		}
 		if !same {
-			add(KindFenceObjects, "", "function shardvisor.%s is missing or differs from this version's", fn.name)
+			add(KindFenceObjects, "", "function %s is missing or differs from this version's; run `shardctl node prepare %s`", fn, node)
 		}
+	}
+	privs, err := fencePrivileges(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range privs {
+		add(KindFencePrivileges, "", "%s has %s on %s: only the fence's owner may change the fence or what its functions run (REVOKE %s ON %s FROM %s)", p.grantee, p.privs, p.object, p.privs, p.object, p.grantee)
 	}
 	sharded := map[string]bool{}
 	for _, t := range tables {
@@ -143,39 +157,44 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 		if rel == nil {
 			continue // CheckTables reports it
 		}
-		fn := funcName(t)
-		var src, comment *string
-		err := q.QueryRow(ctx, `SELECT prosrc, obj_description(oid, 'pg_proc') FROM pg_proc WHERE pronamespace = 'shardvisor'::regnamespace AND proname = $1`, fn).Scan(&src, &comment)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return nil, err
-		}
-		if src == nil {
-			add(KindTriggerMissing, t.Name, "trigger function shardvisor.%s for %s is missing", fn, t.Name)
-		} else if *src != triggerBody(t) || comment == nil || *comment != funcComment(t) {
-			add(KindFenceObjects, t.Name, "trigger function shardvisor.%s for %s differs from this version's (edited, or for another key column)", fn, t.Name)
-		}
-		var enabled string
-		var tgtype int16
-		var tgfn string
-		err = q.QueryRow(ctx, `SELECT tgenabled::text, tgtype, tgfoid::regproc::text FROM pg_trigger WHERE tgrelid = $1 AND tgname = $2`, *rel, TriggerName).Scan(&enabled, &tgtype, &tgfn)
-		if errors.Is(err, pgx.ErrNoRows) {
-			add(KindTriggerMissing, t.Name, "table %s has no fence trigger %s; writes to it are not fenced", t.Name, TriggerName)
-			continue
-		}
+		fn := tableFunction(t)
+		exists, same, err := functionState(ctx, q, fn)
 		if err != nil {
 			return nil, err
 		}
-		switch enabled {
-		case "O":
-		case "D":
-			add(KindTriggerDisabled, t.Name, "the fence trigger on %s is disabled; writes to it are not fenced", t.Name)
-		case "A":
-			add(KindTriggerDisabled, t.Name, "the fence trigger on %s is ENABLE ALWAYS: it would reject logical-replication apply during moves", t.Name)
-		case "R":
-			add(KindTriggerDisabled, t.Name, "the fence trigger on %s is ENABLE REPLICA: it fires only for replication apply, not for applications", t.Name)
+		if !exists {
+			add(KindTriggerMissing, t.Name, "trigger function shardvisor.%s for %s is missing", fn.name, t.Name)
+		} else if !same {
+			add(KindFenceObjects, t.Name, "trigger function shardvisor.%s for %s differs from this version's (edited, older, or for another key column)", fn.name, t.Name)
 		}
-		if tgtype != triggerTypeWant || tgfn != "shardvisor."+fn {
-			add(KindTriggerWrong, t.Name, "the fence trigger on %s is not BEFORE INSERT OR UPDATE OR DELETE FOR EACH ROW calling shardvisor.%s (it calls %s, type %d)", t.Name, fn, tgfn, tgtype)
+		for _, tr := range tableTriggers(t) {
+			if err := checkTrigger(ctx, q, add, t, *rel, tr); err != nil {
+				return nil, err
+			}
+		}
+		attnum, err := keyAttnum(ctx, q, *rel, t.KeyColumn)
+		if err != nil {
+			return nil, err
+		}
+		var hasCon, conOK bool
+		err = q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conrelid = $1 AND c.conname = $2),
+			EXISTS (SELECT 1 FROM pg_constraint c WHERE `+constraintOK+`)`,
+			*rel, ConstraintName, attnum).Scan(&hasCon, &conOK)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case !hasCon:
+			add(KindConstraintMissing, t.Name, "table %s has no fence constraint %s; INSERTs into it are not fenced", t.Name, ConstraintName)
+		case !conOK:
+			add(KindConstraintWrong, t.Name, "the constraint %s on %s is not the fence's CHECK (shardvisor.check_row(%s, tableoid)); run `shardctl node prepare %s`", ConstraintName, t.Name, t.KeyColumn, node)
+		}
+		late, err := triggersAfterFence(ctx, q, *rel)
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range late {
+			add(KindTriggerAfterFence, t.Name, "trigger %s on %s is a BEFORE UPDATE trigger that sorts after %s, so it can change a row after the fence's trigger looked at it; the fence's constraint and %s still refuse the update if the row leaves or lands outside this node's buckets, but rename it to sort before %s (or drop it if nobody here made it)", name, t.Name, TriggerName, FinalTrigger, TriggerName)
 		}
 	}
 	fenced, err := fencedTables(ctx, q)
@@ -197,11 +216,107 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 	return out, nil
 }
 
-// fencedTables lists the tables that carry the fence trigger, as schema
-// and name.
+// keyAttnum is the attribute number of table rel's column col, or 0 if
+// there is none (CheckTables reports that).
+func keyAttnum(ctx context.Context, q Querier, rel uint32, col string) (int16, error) {
+	var n int16
+	err := q.QueryRow(ctx, `SELECT attnum FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped`, rel, col).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	return n, err
+}
+
+// triggerPurpose says, for people, what goes unguarded without a trigger.
+var triggerPurpose = map[string]string{
+	TriggerName:     "its UPDATEs and DELETEs are not fenced",
+	FinalTrigger:    "an UPDATE whose key a later BEFORE trigger changes may take a row out of a range this node does not own",
+	TruncateTrigger: "TRUNCATE of it is not refused",
+}
+
+// checkTrigger reports how one of the fence's triggers on table t differs
+// from this version's.
+func checkTrigger(ctx context.Context, q Querier, add func(kind, table, format string, args ...any), t topo.TableRecord, rel uint32, tr trigger) error {
+	the := "the fence trigger " + tr.name + " on " + t.Name
+	if tr.name == TriggerName {
+		the = "the fence trigger on " + t.Name
+	}
+	var enabled, fn string
+	var tgtype int16
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT t.tgenabled::text, t.tgtype, t.tgfoid::regprocedure::text, EXISTS (SELECT 1 FROM pg_trigger t WHERE `+triggerOK+`)
+		FROM pg_trigger t WHERE t.tgrelid = $1 AND t.tgname = $2`, rel, tr.name, tr.fn, tr.tgtype, tr.when).Scan(&enabled, &tgtype, &fn, &ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		add(KindTriggerMissing, t.Name, "table %s has no fence trigger %s; %s", t.Name, tr.name, triggerPurpose[tr.name])
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	switch enabled {
+	case "O":
+	case "D":
+		add(KindTriggerDisabled, t.Name, "%s is disabled; %s", the, triggerPurpose[tr.name])
+	case "A":
+		add(KindTriggerDisabled, t.Name, "%s is ENABLE ALWAYS: it would reject logical-replication apply during moves", the)
+	case "R":
+		add(KindTriggerDisabled, t.Name, "%s is ENABLE REPLICA: it fires only for replication apply, not for applications", the)
+	}
+	if !ok && enabled == "O" {
+		add(KindTriggerWrong, t.Name, "%s is not this version's: it calls %s, type %d; want %s", the, fn, tgtype, strings.TrimPrefix(tr.create, "CREATE OR REPLACE TRIGGER "))
+	}
+	return nil
+}
+
+// triggersAfterFence lists the enabled BEFORE ROW UPDATE triggers on table
+// rel that PostgreSQL fires after the fence's trigger (it fires BEFORE
+// triggers in name order, byte order as COLLATE "C"), so after the fence's
+// first look at an updated row. INSERT-only ones are not listed: an INSERT
+// is checked only by the constraint, after every BEFORE trigger. Triggers
+// enabled for replication only never run with the fence.
+func triggersAfterFence(ctx context.Context, q Querier, rel uint32) ([]string, error) {
+	rows, err := q.Query(ctx, `SELECT t.tgname::text FROM pg_trigger t
+		WHERE t.tgrelid = $1 AND NOT t.tgisinternal AND t.tgname::text COLLATE "C" > $2::text COLLATE "C"
+		AND t.tgtype & 3 = 3 AND t.tgtype & 16 <> 0 AND t.tgenabled IN ('O', 'A') ORDER BY 1`, rel, TriggerName)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+type fencePrivilege struct{ object, grantee, privs string }
+
+// fencePrivileges lists the roles other than the owner that may write the
+// fence's tables (or create triggers on them, which would run as whoever
+// flips the fence) or create objects in schema shardvisor.
+func fencePrivileges(ctx context.Context, q Querier) ([]fencePrivilege, error) {
+	rows, err := q.Query(ctx, `SELECT object, grantee, string_agg(privilege_type, ', ' ORDER BY privilege_type) FROM (
+		SELECT 'shardvisor.' || c.relname AS object, a.grantee AS who, a.privilege_type
+		FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+		WHERE c.oid IN (to_regclass('shardvisor.ownership'), to_regclass('shardvisor.fence_meta'))
+			AND a.grantee <> c.relowner AND a.privilege_type <> 'SELECT'
+		UNION ALL
+		SELECT 'SCHEMA shardvisor', a.grantee, a.privilege_type
+		FROM pg_namespace n CROSS JOIN LATERAL aclexplode(n.nspacl) a
+		WHERE n.nspname = 'shardvisor' AND a.grantee <> n.nspowner AND a.privilege_type = 'CREATE'
+	) p CROSS JOIN LATERAL (SELECT CASE WHEN p.who = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(p.who)) END AS grantee) g
+	GROUP BY object, grantee ORDER BY object, grantee`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (fencePrivilege, error) {
+		var p fencePrivilege
+		return p, r.Scan(&p.object, &p.grantee, &p.privs)
+	})
+}
+
+// fencedTables lists the tables that carry any of the fence's triggers or
+// its constraint, as schema and name.
 func fencedTables(ctx context.Context, q Querier) ([][2]string, error) {
-	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.tgname = $1 ORDER BY 1, 2`, TriggerName)
+	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = ANY($1))
+			OR EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c' AND k.conname = $2)
+		ORDER BY 1, 2`, triggerNames, ConstraintName)
 	if err != nil {
 		return nil, err
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -480,9 +479,28 @@ func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, 
 	if err := tx.QueryRow(ctx, `SELECT to_regnamespace('shardvisor') IS NOT NULL`).Scan(&hadSchema); err != nil {
 		return res, err
 	}
+	var privs []fencePrivilege
+	if hadSchema {
+		if privs, err = fencePrivileges(ctx, tx); err != nil {
+			return res, err
+		}
+	}
 	for _, s := range schemaSQL {
 		if _, err := tx.Exec(ctx, s); err != nil {
 			return res, fmt.Errorf("fence install: %w", err)
+		}
+	}
+	// schemaSQL revokes what PUBLIC must not have; grants to named roles
+	// stay (an admin made them) and check reports them.
+	if len(privs) > 0 {
+		left, err := fencePrivileges(ctx, tx)
+		if err != nil {
+			return res, err
+		}
+		for _, p := range privs {
+			if !slices.Contains(left, p) {
+				res.Actions = append(res.Actions, fmt.Sprintf("revoked %s on %s from %s", p.privs, p.object, p.grantee))
+			}
 		}
 	}
 	if !hadSchema {
@@ -491,16 +509,13 @@ func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, 
 	if !installed {
 		res.Actions = append(res.Actions, "created tables shardvisor.ownership and shardvisor.fence_meta")
 	}
-	for _, fn := range []struct{ name, sql string }{{"reject", rejectFn}, {"reject_isolation", rejectIsolationFn}} {
-		same, err := sameFunction(ctx, tx, fn.name, fn.sql)
+	for _, f := range sharedFunctions {
+		installed, err := installFunction(ctx, tx, f)
 		if err != nil {
 			return res, err
 		}
-		if !same {
-			if _, err := tx.Exec(ctx, fn.sql); err != nil {
-				return res, fmt.Errorf("fence install: function %s: %w", fn.name, err)
-			}
-			res.Actions = append(res.Actions, "installed function shardvisor."+fn.name)
+		if installed {
+			res.Actions = append(res.Actions, "installed function shardvisor."+f.name)
 		}
 	}
 	tag, err := tx.Exec(ctx, `INSERT INTO shardvisor.fence_meta (fence_version, cluster, node) VALUES ($1, $2, $3) ON CONFLICT (singleton) DO UPDATE SET fence_version = EXCLUDED.fence_version WHERE fence_meta.fence_version <> EXCLUDED.fence_version`, Version, cluster, string(node))
@@ -532,10 +547,16 @@ func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, 
 		if wantTables[s[0]+"."+s[1]] {
 			continue
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`DROP TRIGGER %s ON %s.%s`, quoteIdent(TriggerName), quoteIdent(s[0]), quoteIdent(s[1]))); err != nil {
+		tbl := quoteIdent(s[0]) + "." + quoteIdent(s[1])
+		for _, name := range triggerNames {
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`DROP TRIGGER IF EXISTS %s ON %s`, quoteIdent(name), tbl)); err != nil {
+				return res, err
+			}
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s DROP CONSTRAINT IF EXISTS %s`, tbl, quoteIdent(ConstraintName))); err != nil {
 			return res, err
 		}
-		res.Actions = append(res.Actions, fmt.Sprintf("dropped the fence trigger of %s.%s (no longer a sharded table)", s[0], s[1]))
+		res.Actions = append(res.Actions, fmt.Sprintf("dropped the fence trigger of %s.%s, with its constraint and TRUNCATE guard (no longer a sharded table)", s[0], s[1]))
 	}
 	rows, err := tx.Query(ctx, `SELECT p.proname FROM pg_proc p WHERE p.pronamespace = 'shardvisor'::regnamespace AND p.proname LIKE 'fence\_%' ORDER BY 1`)
 	if err != nil {
@@ -556,30 +577,55 @@ func Install(ctx context.Context, db DB, cluster string, node bucketmap.NodeID, 
 	return res, tx.Commit(ctx)
 }
 
-// sameFunction reports whether shardvisor.name exists with the source in
-// createSQL (the text between the $fn$ quotes).
-func sameFunction(ctx context.Context, q Querier, name, createSQL string) (bool, error) {
-	want := between(createSQL, "$fn$")
-	var src string
-	err := q.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE pronamespace = 'shardvisor'::regnamespace AND proname = $1`, name).Scan(&src)
+// functionState says whether f exists and whether it is exactly this
+// version's: body, volatility, SECURITY INVOKER, the pinned search_path
+// and (for trigger functions) the comment. A function of an older version
+// differs in at least one, so prepare replaces it.
+func functionState(ctx context.Context, q Querier, f function) (exists, same bool, err error) {
+	var src, vol string
+	var cfg []string
+	var secdef bool
+	var comment *string
+	err = q.QueryRow(ctx, `SELECT p.prosrc, p.provolatile::text, COALESCE(p.proconfig, '{}'), p.prosecdef, obj_description(p.oid, 'pg_proc')
+		FROM pg_proc p WHERE p.oid = to_regprocedure($1)`, f.signature()).Scan(&src, &vol, &cfg, &secdef, &comment)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
+		return false, false, nil
 	}
-	return src == want, err
+	if err != nil {
+		return false, false, err
+	}
+	wantVol := "v"
+	if f.stable {
+		wantVol = "s"
+	}
+	same = src == f.body && vol == wantVol && !secdef && slices.Equal(cfg, []string{"search_path=" + searchPath}) &&
+		(f.comment == "" || comment != nil && *comment == f.comment)
+	return true, same, nil
 }
 
-func between(s, quote string) string {
-	i := strings.Index(s, quote)
-	j := strings.LastIndex(s, quote)
-	if i < 0 || j <= i {
-		return ""
+// installFunction creates or replaces f unless it is already this
+// version's, and reports whether it did.
+func installFunction(ctx context.Context, tx pgx.Tx, f function) (bool, error) {
+	_, same, err := functionState(ctx, tx, f)
+	if err != nil || same {
+		return false, err
 	}
-	return s[i+len(quote) : j]
+	if _, err := tx.Exec(ctx, f.createSQL()); err != nil {
+		return false, fmt.Errorf("fence install: function shardvisor.%s: %w", f.name, err)
+	}
+	if f.comment != "" {
+		if _, err := tx.Exec(ctx, `COMMENT ON FUNCTION `+f.signature()+` IS `+quoteLiteral(f.comment)); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
-// triggerTypeWant is pg_trigger.tgtype of a BEFORE ROW trigger on INSERT,
-// UPDATE and DELETE (ROW 1 | BEFORE 2 | INSERT 4 | DELETE 8 | UPDATE 16).
-const triggerTypeWant = 31
+// triggerOK is the condition on pg_trigger (alias t) under which a trigger
+// is exactly one of the fence's: $1 table, $2 name, $3 function, $4 type,
+// $5 whether it has a WHEN condition; enabled for ordinary sessions only.
+const triggerOK = `t.tgrelid = $1 AND t.tgname = $2 AND t.tgfoid = to_regprocedure($3) AND t.tgenabled = 'O' AND t.tgtype = $4
+	AND t.tgnargs = 0 AND NOT t.tgisinternal AND (t.tgqual IS NOT NULL) = $5`
 
 func installTable(ctx context.Context, tx pgx.Tx, t topo.TableRecord) (problems, actions []string, err error) {
 	var rel *uint32
@@ -590,7 +636,8 @@ func installTable(ctx context.Context, tx pgx.Tx, t topo.TableRecord) (problems,
 		return []string{fmt.Sprintf("table %s does not exist on this node; create it, then run prepare again", t.Name)}, nil, nil
 	}
 	var typ *string
-	err = tx.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped`, *rel, t.KeyColumn).Scan(&typ)
+	var attnum int16
+	err = tx.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod), attnum FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped`, *rel, t.KeyColumn).Scan(&typ, &attnum)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil, err
 	}
@@ -600,36 +647,49 @@ func installTable(ctx context.Context, tx pgx.Tx, t topo.TableRecord) (problems,
 	if *typ != "bigint" {
 		problems = append(problems, fmt.Sprintf("%s.%s is %s, not bigint; fenced anyway, but fix the type", t.Name, t.KeyColumn, *typ))
 	}
-	fn := funcName(t)
-	body := triggerBody(t)
-	var src, comment *string
-	err = tx.QueryRow(ctx, `SELECT prosrc, obj_description(oid, 'pg_proc') FROM pg_proc WHERE pronamespace = 'shardvisor'::regnamespace AND proname = $1`, fn).Scan(&src, &comment)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil, err
+	installed, err := installFunction(ctx, tx, tableFunction(t))
+	if err != nil {
+		return nil, nil, fmt.Errorf("fence install: trigger function for %s: %w", t.Name, err)
 	}
-	if src == nil || *src != body || comment == nil || *comment != funcComment(t) {
-		if _, err := tx.Exec(ctx, `CREATE OR REPLACE FUNCTION shardvisor.`+quoteIdent(fn)+`() RETURNS trigger LANGUAGE plpgsql AS $fn$`+body+`$fn$`); err != nil {
-			return nil, nil, fmt.Errorf("fence install: trigger function for %s: %w", t.Name, err)
-		}
-		if _, err := tx.Exec(ctx, `COMMENT ON FUNCTION shardvisor.`+quoteIdent(fn)+`() IS `+quoteLiteral(funcComment(t))); err != nil {
+	if installed {
+		actions = append(actions, fmt.Sprintf("installed trigger function shardvisor.%s for %s", funcName(t), t.Name))
+	}
+	for _, tr := range tableTriggers(t) {
+		var ok bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger t WHERE `+triggerOK+`)`, *rel, tr.name, tr.fn, tr.tgtype, tr.when).Scan(&ok); err != nil {
 			return nil, nil, err
 		}
-		actions = append(actions, fmt.Sprintf("installed trigger function shardvisor.%s for %s", fn, t.Name))
+		if ok {
+			continue
+		}
+		if _, err := tx.Exec(ctx, tr.create); err != nil {
+			return nil, nil, fmt.Errorf("fence install: trigger %s on %s: %w", tr.name, t.Name, err)
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ENABLE TRIGGER %s`, qualified(t), quoteIdent(tr.name))); err != nil {
+			return nil, nil, err
+		}
+		if tr.name == TriggerName {
+			actions = append(actions, fmt.Sprintf("installed the fence trigger on %s", t.Name))
+		} else {
+			actions = append(actions, fmt.Sprintf("installed the fence trigger %s on %s", tr.name, t.Name))
+		}
 	}
 	var ok bool
-	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1 AND tgname = $2 AND tgfoid = ('shardvisor.'||quote_ident($3)||'()')::regprocedure AND tgenabled = 'O' AND tgtype = $4 AND tgnargs = 0 AND NOT tgisinternal)`,
-		*rel, TriggerName, fn, triggerTypeWant).Scan(&ok)
-	if err != nil {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint c WHERE `+constraintOK+`)`, *rel, ConstraintName, attnum).Scan(&ok); err != nil {
 		return nil, nil, err
 	}
 	if !ok {
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE OR REPLACE TRIGGER %s BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION shardvisor.%s()`, quoteIdent(TriggerName), qualified(t), quoteIdent(fn))); err != nil {
-			return nil, nil, fmt.Errorf("fence install: trigger on %s: %w", t.Name, err)
+		// Replace whatever has the name: an edited constraint, or one for
+		// another key column.
+		for _, sql := range []string{
+			fmt.Sprintf(`ALTER TABLE %s DROP CONSTRAINT IF EXISTS %s`, qualified(t), quoteIdent(ConstraintName)),
+			constraintSQL(t),
+		} {
+			if _, err := tx.Exec(ctx, sql); err != nil {
+				return nil, nil, fmt.Errorf("fence install: constraint on %s: %w", t.Name, err)
+			}
 		}
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ENABLE TRIGGER %s`, qualified(t), quoteIdent(TriggerName))); err != nil {
-			return nil, nil, err
-		}
-		actions = append(actions, fmt.Sprintf("installed the fence trigger on %s", t.Name))
+		actions = append(actions, fmt.Sprintf("added the fence constraint %s to %s", ConstraintName, t.Name))
 	}
 	return problems, actions, nil
 }

@@ -82,13 +82,19 @@ func TestIntegrationFenceRejectsUnownedAndAcceptsOwned(t *testing.T) {
 		t.Fatalf("owned insert: %v", err)
 	}
 	err := insert(c, keyIn(4, 12), 1)
-	wantRejected(t, err, "INSERT on app.events", "does not own bucket 12 at level 4", "map version 1")
+	wantRejected(t, err, "INSERT or UPDATE on app.events", "does not own bucket 12 at level 4", "map version 1")
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "SV001" || !strings.Contains(pe.Detail, "node a") {
 		t.Fatalf("error fields: %+v", pe)
 	}
+	// A null key: the column's NOT NULL (the contract asks for it) speaks
+	// first; the fence rejects one where the column allows it.
 	_, err = c.Exec(context.Background(), `INSERT INTO app.events VALUES (NULL, 1, 'x')`)
-	wantRejected(t, err, "null")
+	if sqlState(err) != "23502" {
+		t.Fatalf("null key: %v", err)
+	}
+	var ok bool
+	wantRejected(t, c.QueryRow(context.Background(), `SELECT shardvisor.check_row(NULL, 'app.events'::regclass)`).Scan(&ok), "INSERT or UPDATE on app.events", "null")
 	// Boundaries of the owned range: the last key of bucket 7 is owned,
 	// the first of bucket 8 is not.
 	_, hi7, _ := keystream.Range(4, 7)
@@ -113,6 +119,8 @@ func TestIntegrationFenceRejectsUnownedAndAcceptsOwned(t *testing.T) {
 	_, err = c.Exec(context.Background(), `DELETE FROM app.events WHERE bkey = $1`, keyIn(4, 13))
 	wantRejected(t, err, "DELETE", "bucket 13")
 	_, err = c.Exec(context.Background(), `UPDATE app.events SET bkey = $1 WHERE bkey = $2`, keyIn(4, 2), keyIn(4, 13))
+	wantRejected(t, err, "UPDATE", "bucket 13")
+	_, err = c.Exec(context.Background(), `UPDATE app.events SET body = 'z' WHERE bkey = $1`, keyIn(4, 13))
 	wantRejected(t, err, "UPDATE", "bucket 13")
 	// COPY goes through the row trigger too.
 	_, err = c.CopyFrom(context.Background(), pgx.Identifier{"app", "events"}, []string{"bkey", "id"}, pgx.CopyFromRows([][]any{{keyIn(4, 1), int64(50)}, {keyIn(4, 14), int64(51)}}))

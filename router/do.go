@@ -35,7 +35,10 @@ const DefaultRetryFor = 10 * time.Second
 //
 // fn must be safe to retry: a rejected write was rolled back by the fence.
 // Apps in other languages do the same: on SQLSTATE SV001, re-read the route
-// (GET /v1/route) and retry.
+// (GET /v1/route) and retry. An UPDATE or DELETE on a node that does not
+// own the key matches no row, so no fence trigger fires: add the fence's
+// check, WHERE bkey = $1 AND ... AND shardvisor.owns($1), so that it fails
+// with SV001 (and is retried) instead of answering "0 rows".
 func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context, pool *pgxpool.Pool, rt Route) error) error {
 	deadline := time.Now().Add(DefaultRetryFor)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {

@@ -295,11 +295,14 @@ func (a *app) update(w http.ResponseWriter, r *http.Request) {
 	err = a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, rt router.Route) error {
 		n.Node = string(rt.Node)
 		// Idempotent, as PUT should be: the same body again changes
-		// nothing, so a resent PUT is harmless.
+		// nothing, so a resent PUT is harmless. shardvisor.owns fails the
+		// statement (SV001, so Do retries) on a node that does not own the
+		// key, where no row matches and no fence trigger would fire: a
+		// stale route must not turn into a 404.
 		err := pool.QueryRow(ctx, `UPDATE app.notes SET body = $4,
 				version = CASE WHEN body = $4 THEN version ELSE version + 1 END,
 				updated_at = CASE WHEN body = $4 THEN updated_at ELSE now() END
-			WHERE bkey = $1 AND uid = $2 AND id = $3 RETURNING version, updated_at`, a.key(uid), uid, id, body).Scan(&n.Version, &n.UpdatedAt)
+			WHERE bkey = $1 AND uid = $2 AND id = $3 AND shardvisor.owns($1) RETURNING version, updated_at`, a.key(uid), uid, id, body).Scan(&n.Version, &n.UpdatedAt)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return errNotFound
 		}
@@ -315,7 +318,9 @@ func (a *app) delete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	err := a.r.Do(r.Context(), uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
-		tag, err := pool.Exec(ctx, `DELETE FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3`, a.key(uid), uid, id)
+		// shardvisor.owns: as in update; a stale route's DELETE must not
+		// look done (or "already gone") while the note lives on its owner.
+		tag, err := pool.Exec(ctx, `DELETE FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3 AND shardvisor.owns($1)`, a.key(uid), uid, id)
 		if err == nil && tag.RowsAffected() == 0 {
 			return errNotFound
 		}
