@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/keystream"
 )
 
@@ -77,6 +78,8 @@ func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
 				`ALTER TABLE app.plain SET (autovacuum_enabled = off)`,
 				`ALTER TABLE app.unfenced SET (autovacuum_enabled = off)`,
 				`ALTER TABLE app.events SET (autovacuum_enabled = off)`,
+				// The benchmark is the admin: it empties the table on purpose.
+				`SET shardvisor.allow_truncate = on`,
 				`TRUNCATE app.events`,
 				`SET session_replication_role = replica`,
 			} {
@@ -86,7 +89,10 @@ func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
 			c.exec(c.conns[x], `INSERT INTO app.events SELECT * FROM app.plain`)
 			c.exec(c.conns[x], `INSERT INTO app.unfenced SELECT * FROM app.plain`)
 			var trig string
-			if err := c.conns[x].QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'app.events'::regclass AND NOT tgisinternal`).Scan(&trig); err != nil {
+			// The row trigger that fences deletes (the fence also has a
+			// final UPDATE trigger and a TRUNCATE guard, which a DELETE
+			// never fires).
+			if err := c.conns[x].QueryRow(ctx, `SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'app.events'::regclass AND tgname = $1`, fence.TriggerName).Scan(&trig); err != nil {
 				b.Fatalf("the fence trigger of app.events: %v", err)
 			}
 			c.exec(c.conns[x], strings.Replace(trig, " ON app.events ", " ON app.plain ", 1))
@@ -103,6 +109,7 @@ func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
 			}
 			// The owner holds the range's rows too (as after a copy).
 			c.exec(c.conns[y], `SET session_replication_role = replica`)
+			c.exec(c.conns[y], `SET shardvisor.allow_truncate = on`)
 			c.exec(c.conns[y], `TRUNCATE app.events`)
 			c.exec(c.conns[y], fmtSQL(gen, "app.events"), lo, hi, rows)
 			c.exec(c.conns[y], `RESET session_replication_role`)

@@ -1224,7 +1224,7 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 
 func copyPipe(ctx context.Context, src, dst *pgx.Conn, lo, hi int64) (BaselineRun, error) {
 	var run BaselineRun
-	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL)"); err != nil {
+	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
 		return run, err
 	}
 	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
