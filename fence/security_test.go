@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -28,6 +29,25 @@ import (
 // newAttacker creates such a role on node, with extra privileges on
 // app.events (for example "TRIGGER" or "TRUNCATE"), and returns a
 // connection as it. The role is dropped when the test ends.
+// attackScene is the scene of every attack: one node, prepared as "a" of
+// a two-node map at level 4 (a owns buckets 0..7), a connection as the
+// table's owner and one as the attacker (granted extra as well).
+type attackScene struct {
+	m     *bucketmap.Map
+	owner *pgx.Conn
+	ev    *pgx.Conn
+	ctx   context.Context
+	node  *testenv.PGNode
+}
+
+func newAttackScene(t *testing.T, extra ...string) attackScene {
+	t.Helper()
+	pg := testenv.StartPGNodes(t, 1)
+	m := testMap(t, 4, "a", "b")
+	owner := prepared(t, pg.Nodes[0], m, "a")
+	return attackScene{m: m, owner: owner, ev: newAttacker(t, pg.Nodes[0], extra...), ctx: ctxT(t), node: pg.Nodes[0]}
+}
+
 func newAttacker(t *testing.T, node *testenv.PGNode, extra ...string) *pgx.Conn {
 	t.Helper()
 	ctx := ctxT(t)
@@ -112,11 +132,8 @@ func count(t *testing.T, c *pgx.Conn, where string, args ...any) int {
 // that make every comparison true and every isolation level READ
 // COMMITTED: the fence must still use PostgreSQL's.
 func TestIntegrationFenceHoldsAgainstSearchPathHijack(t *testing.T) {
-	pg := testenv.StartPGNodes(t, 1)
-	m := testMap(t, 4, "a", "b") // a owns buckets 0..7
-	owner := prepared(t, pg.Nodes[0], m, "a")
-	ev := newAttacker(t, pg.Nodes[0])
-	ctx := ctxT(t)
+	sc := newAttackScene(t)
+	owner, ev, ctx := sc.owner, sc.ev, sc.ctx
 	exec(t, ev, `CREATE FUNCTION evil.yes(bigint, bigint) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true'`)
 	exec(t, ev, `CREATE FUNCTION evil.yes(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT true'`)
 	for _, op := range []string{">=", "<=", "="} {
@@ -169,11 +186,8 @@ func TestIntegrationFenceHoldsAgainstSearchPathHijack(t *testing.T) {
 // to, with a cast path into it and a check that runs the attacker's code:
 // the fence must not resolve it (nor run that code), and still refuse.
 func TestIntegrationFenceHoldsAgainstCustomCast(t *testing.T) {
-	pg := testenv.StartPGNodes(t, 1)
-	m := testMap(t, 4, "a", "b")
-	owner := prepared(t, pg.Nodes[0], m, "a")
-	ev := newAttacker(t, pg.Nodes[0])
-	ctx := ctxT(t)
+	sc := newAttackScene(t)
+	owner, ev, ctx := sc.owner, sc.ev, sc.ctx
 	exec(t, ev, `CREATE TABLE evil.ran (at text)`)
 	exec(t, ev, `CREATE FUNCTION evil.spy(v pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -210,11 +224,8 @@ END $$`)
 // after the fence looked at it: the row that lands must still be checked,
 // and `node check` must name the trigger.
 func TestIntegrationFenceChecksTheFinalRow(t *testing.T) {
-	pg := testenv.StartPGNodes(t, 1)
-	m := testMap(t, 4, "a", "b")
-	owner := prepared(t, pg.Nodes[0], m, "a")
-	ev := newAttacker(t, pg.Nodes[0], "TRIGGER")
-	ctx := ctxT(t)
+	sc := newAttackScene(t, "TRIGGER")
+	m, owner, ev, ctx := sc.m, sc.owner, sc.ev, sc.ctx
 	exec(t, owner, `INSERT INTO app.events VALUES ($1, 1, 'mine')`, keyIn(4, 1))
 	exec(t, ev, `CREATE FUNCTION evil.rekey() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -263,11 +274,8 @@ END $$`)
 // TRUNCATE empties every bucket at once, owned or not: refused unless an
 // admin (the owner or a superuser) turns shardvisor.allow_truncate on.
 func TestIntegrationTruncateGuard(t *testing.T) {
-	pg := testenv.StartPGNodes(t, 1)
-	m := testMap(t, 4, "a", "b")
-	owner := prepared(t, pg.Nodes[0], m, "a")
-	ev := newAttacker(t, pg.Nodes[0], "TRUNCATE")
-	ctx := ctxT(t)
+	sc := newAttackScene(t, "TRUNCATE")
+	owner, ev, ctx := sc.owner, sc.ev, sc.ctx
 	exec(t, owner, `INSERT INTO app.events VALUES ($1, 1, 'x')`, keyIn(4, 1))
 
 	_, err := ev.Exec(ctx, `TRUNCATE app.events`)
@@ -294,11 +302,8 @@ func TestIntegrationTruncateGuard(t *testing.T) {
 // shardvisor.owns it fails with SV001 instead of "0 rows", even though no
 // row matches, because PostgreSQL evaluates it once before the scan.
 func TestIntegrationMisroutedUpdateDeleteFail(t *testing.T) {
-	pg := testenv.StartPGNodes(t, 1)
-	m := testMap(t, 4, "a", "b")
-	owner := prepared(t, pg.Nodes[0], m, "a")
-	app := newAttacker(t, pg.Nodes[0])
-	ctx := ctxT(t)
+	sc := newAttackScene(t)
+	owner, app, ctx := sc.owner, sc.ev, sc.ctx
 	const del = `DELETE FROM app.events WHERE bkey = $1 AND id = $2 AND shardvisor.owns($1)`
 	const upd = `UPDATE app.events SET body = 'y' WHERE bkey = $1 AND id = $2 AND shardvisor.owns($1)`
 

@@ -313,34 +313,34 @@ func createDir(ctx context.Context, s *zksession.Session, p Paths, at string) er
 // createEphemeral creates the ephemeral znode at (kept alive across
 // sessions, see zksession.Ephemeral), creating missing parents.
 func createEphemeral(ctx context.Context, s *zksession.Session, p Paths, at string, data []byte) (*zksession.Ephemeral, error) {
-	acl, err := aclFor(ctx, s, p, at)
-	if err != nil {
-		return nil, err
-	}
-	e, err := s.CreateEphemeral(ctx, at, data, acl)
-	if errors.Is(err, zksession.ErrNoNode) {
-		if err := createDir(ctx, s, p, path.Dir(at)); err != nil {
-			return nil, err
-		}
-		e, err = s.CreateEphemeral(ctx, at, data, acl)
-	}
-	return e, err
+	return withParents(ctx, s, p, at, func(acl []zk.ACL) (*zksession.Ephemeral, error) {
+		return s.CreateEphemeral(ctx, at, data, acl)
+	})
 }
 
 // tryLock takes the lock at (zksession.TryLock), creating missing parents.
 func tryLock(ctx context.Context, s *zksession.Session, p Paths, at string, holder []byte) (*zksession.Lock, error) {
+	return withParents(ctx, s, p, at, func(acl []zk.ACL) (*zksession.Lock, error) {
+		return s.TryLock(ctx, at, holder, acl)
+	})
+}
+
+// withParents calls create with the ACL of at's kind and, if at's parent
+// is missing, creates the parents and calls it again.
+func withParents[T any](ctx context.Context, s *zksession.Session, p Paths, at string, create func([]zk.ACL) (T, error)) (T, error) {
 	acl, err := aclFor(ctx, s, p, at)
 	if err != nil {
-		return nil, err
+		var zero T
+		return zero, err
 	}
-	l, err := s.TryLock(ctx, at, holder, acl)
+	v, err := create(acl)
 	if errors.Is(err, zksession.ErrNoNode) {
 		if err := createDir(ctx, s, p, path.Dir(at)); err != nil {
-			return nil, err
+			return v, err
 		}
-		l, err = s.TryLock(ctx, at, holder, acl)
+		v, err = create(acl)
 	}
-	return l, err
+	return v, err
 }
 
 // waitLock waits for the lock at (zksession.Lock), creating missing

@@ -224,79 +224,70 @@ func TestImportLayers(t *testing.T) {
 }
 
 func TestOnlyTopoAndSessionLayerCallSessionData(t *testing.T) {
-	mine, exports := load(t)
-	session := module + "/zksession"
 	var bad []string
-	for _, p := range mine {
-		if slices.Contains(sessionOwners, p.rel()) || len(p.GoFiles) == 0 {
-			continue
-		}
-		fset, files, _, info := check(t, p, exports)
-		for _, f := range files {
-			ast.Inspect(f, func(n ast.Node) bool {
-				sel, ok := n.(*ast.SelectorExpr)
-				if !ok {
-					return true
-				}
-				s := info.Selections[sel]
-				if s == nil || s.Kind() != types.MethodVal || !slices.Contains(sessionDataMethods, sel.Sel.Name) {
-					return true
-				}
-				recv := s.Recv()
-				if ptr, ok := recv.(*types.Pointer); ok {
-					recv = ptr.Elem()
-				}
-				if named, ok := recv.(*types.Named); ok && named.Obj().Pkg() != nil &&
-					named.Obj().Pkg().Path() == session && named.Obj().Name() == "Session" {
-					bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo",
-						rel(fset.Position(sel.Pos())), sel.Sel.Name))
-				}
-				return true
-			})
-		}
-	}
+	eachSelector(t, func(p *pkg, file string) bool { return !slices.Contains(sessionOwners, p.rel()) },
+		func(info *types.Info, sel *ast.SelectorExpr, pos string) {
+			if sessionMethod(info, sel, sessionDataMethods) {
+				bad = append(bad, fmt.Sprintf("%s: calls Session.%s; read and write records through package topo", pos, sel.Sel.Name))
+			}
+		})
 	report(t, bad)
 }
 
 func TestOnlyTopoACLFileCreatesZnodes(t *testing.T) {
-	mine, exports := load(t)
 	session := module + "/zksession"
 	var bad []string
+	eachSelector(t, func(p *pkg, file string) bool { return p.rel() == "topo" && filepath.Base(file) != topoACLFile },
+		func(info *types.Info, sel *ast.SelectorExpr, pos string) {
+			if sessionMethod(info, sel, sessionCreateMethods) {
+				bad = append(bad, fmt.Sprintf("%s: calls Session.%s; create znodes through topo/%s, which applies the ACL of their kind",
+					pos, sel.Sel.Name, topoACLFile))
+			} else if fn, ok := info.Uses[sel.Sel].(*types.Func); ok && fn.Pkg() != nil && fn.Pkg().Path() == session && slices.Contains(sessionCreateFuncs, fn.Name()) {
+				bad = append(bad, fmt.Sprintf("%s: uses zksession.%s; create znodes through topo/%s, which applies the ACL of their kind",
+					pos, fn.Name(), topoACLFile))
+			}
+		})
+	report(t, bad)
+}
+
+// eachSelector type-checks the module's packages and calls fn for every
+// selector expression (x.Name) in the files that want accepts, with its
+// position relative to the module.
+func eachSelector(t *testing.T, want func(p *pkg, file string) bool, fn func(info *types.Info, sel *ast.SelectorExpr, pos string)) {
+	t.Helper()
+	mine, exports := load(t)
 	for _, p := range mine {
-		if p.rel() != "topo" {
+		if len(p.GoFiles) == 0 || !want(p, "") {
 			continue
 		}
 		fset, files, _, info := check(t, p, exports)
 		for _, f := range files {
-			if filepath.Base(fset.Position(f.Pos()).Filename) == topoACLFile {
+			if !want(p, fset.Position(f.Pos()).Filename) {
 				continue
 			}
 			ast.Inspect(f, func(n ast.Node) bool {
-				sel, ok := n.(*ast.SelectorExpr)
-				if !ok {
-					return true
-				}
-				if s := info.Selections[sel]; s != nil && s.Kind() == types.MethodVal && slices.Contains(sessionCreateMethods, sel.Sel.Name) {
-					recv := s.Recv()
-					if ptr, ok := recv.(*types.Pointer); ok {
-						recv = ptr.Elem()
-					}
-					if named, ok := recv.(*types.Named); ok && named.Obj().Pkg() != nil &&
-						named.Obj().Pkg().Path() == session && named.Obj().Name() == "Session" {
-						bad = append(bad, fmt.Sprintf("%s: calls Session.%s; create znodes through topo/%s, which applies the ACL of their kind",
-							rel(fset.Position(sel.Pos())), sel.Sel.Name, topoACLFile))
-					}
-					return true
-				}
-				if fn, ok := info.Uses[sel.Sel].(*types.Func); ok && fn.Pkg() != nil && fn.Pkg().Path() == session && slices.Contains(sessionCreateFuncs, fn.Name()) {
-					bad = append(bad, fmt.Sprintf("%s: uses zksession.%s; create znodes through topo/%s, which applies the ACL of their kind",
-						rel(fset.Position(sel.Pos())), fn.Name(), topoACLFile))
+				if sel, ok := n.(*ast.SelectorExpr); ok {
+					fn(info, sel, rel(fset.Position(sel.Pos())))
 				}
 				return true
 			})
 		}
 	}
-	report(t, bad)
+}
+
+// sessionMethod reports whether sel calls one of methods on a
+// zksession.Session.
+func sessionMethod(info *types.Info, sel *ast.SelectorExpr, methods []string) bool {
+	s := info.Selections[sel]
+	if s == nil || s.Kind() != types.MethodVal || !slices.Contains(methods, sel.Sel.Name) {
+		return false
+	}
+	recv := s.Recv()
+	if ptr, ok := recv.(*types.Pointer); ok {
+		recv = ptr.Elem()
+	}
+	named, ok := recv.(*types.Named)
+	return ok && named.Obj().Pkg() != nil && named.Obj().Pkg().Path() == module+"/zksession" && named.Obj().Name() == "Session"
 }
 
 func TestPublicSignaturesNameNoInternalType(t *testing.T) {
