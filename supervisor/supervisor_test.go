@@ -600,12 +600,13 @@ func TestGunicornWorker(t *testing.T) {
 // change swaps its generations with no failed request.
 func TestPumaWorker(t *testing.T) {
 	puma := lookTool(t, "puma")
-	app, err := filepath.Abs("../examples/ruby/config.ru")
+	dir, err := filepath.Abs("../examples/ruby")
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := swapsUnderLoad(t, &topo.PoolConfig{Version: 1, Command: puma, Workers: 2,
-		Args: []string{"--bind-to-activated-sockets", "only", "--workers", "2", "--threads", "1:4", "--quiet", app}})
+		Args: []string{"--config", filepath.Join(dir, "puma.rb"), "--bind-to-activated-sockets", "only", "--workers", "2",
+			"--threads", "1:4", "--quiet", filepath.Join(dir, "config.ru")}})
 	if got := testCounter(t, h, "shardvisor_supervisor_notify_rejected_total", ""); got != 0 {
 		t.Fatalf("%v of puma's datagrams refused", got)
 	}

@@ -3,7 +3,7 @@
 # says READY=1 through Debian's ruby-sd-notify, which needs NOTIFY_SOCKET
 # to be a filesystem path (the supervisor's are).
 #
-#   puma --bind-to-activated-sockets only --workers 2 --threads 1:4 config.ru
+#   puma --config puma.rb --bind-to-activated-sockets only --workers 2 --threads 1:4 config.ru
 #
 # It answers every request with which worker process, supervisor generation
 # and APP_TAG served it, as JSON, so tests can tell generations apart.
