@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -56,7 +58,7 @@ func (a actCloseSockets) String() string {
 	if a.keep == nil {
 		return "close-sockets all"
 	}
-	return "close-sockets keep " + strings.Join(sortedKeys(a.keep), ",")
+	return "close-sockets keep " + strings.Join(slices.Sorted(maps.Keys(a.keep)), ",")
 }
 func (a actCleanMapFiles) String() string {
 	vs := make([]string, 0, len(a.keep))
@@ -72,12 +74,3 @@ func (a actPublish) String() string {
 func (a actNotify) String() string { return "notify " + strings.ReplaceAll(a.state, "\n", " ") }
 func (actReload) String() string   { return "reload" }
 func (actResync) String() string   { return "resync" }
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}

@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -510,18 +511,10 @@ func workerEnv(base []string, extra map[string]string) []string {
 		}
 		env = append(env, kv)
 	}
-	for _, k := range sortedKeys(boolKeys(extra)) {
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
 		env = append(env, k+"="+extra[k])
 	}
 	return env
-}
-
-func boolKeys(m map[string]string) map[string]bool {
-	out := make(map[string]bool, len(m))
-	for k := range m {
-		out[k] = true
-	}
-	return out
 }
 
 // finish removes every map file and closes the sockets, after the last

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shardvisor/shardvisor/workerproto"
 )
 
 // Record format versions of the supervisor's records.
@@ -122,11 +124,6 @@ var (
 	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
-// reservedEnv are set by the supervisor for each worker; a config may not
-// override them.
-var reservedEnv = []string{"LISTEN_FDS", "LISTEN_FDNAMES", "LISTEN_PID", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
-	"SHARDVISOR_MAP_FILE", "SHARDVISOR_MAP_VERSION", "SHARDVISOR_GENERATION", "SHARDVISOR_WORKER_ID"}
-
 // ParseListenAddr splits a listen address into a net.Listen network and
 // address: "tcp://127.0.0.1:8080" -> ("tcp", "127.0.0.1:8080"),
 // "unix:///run/app.sock" -> ("unix", "/run/app.sock").
@@ -174,10 +171,8 @@ func (c *PoolConfig) Validate() error {
 		if !envKeyRE.MatchString(k) {
 			return fmt.Errorf("env: %q is not a valid variable name", k)
 		}
-		for _, r := range reservedEnv {
-			if k == r {
-				return fmt.Errorf("env: %s is set by the supervisor and cannot be configured", k)
-			}
+		if workerproto.IsReservedEnv(k) {
+			return fmt.Errorf("env: %s is set by the supervisor and cannot be configured", k)
 		}
 		if strings.ContainsRune(v, 0) {
 			return fmt.Errorf("env: value of %s contains a NUL byte", k)

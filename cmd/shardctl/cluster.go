@@ -80,7 +80,7 @@ func runInit(c *cli.Context) error {
 	if err != nil {
 		return cliutil.Usagef("init: %v", err)
 	}
-	admin, err := zksession.LoadCredential(cliutil.String(c, cliutil.FlagZKAuth), cliutil.String(c, cliutil.FlagZKAuthFile))
+	admin, err := zksession.LoadCredential(c.String(cliutil.FlagZKAuth), c.String(cliutil.FlagZKAuthFile))
 	if err != nil {
 		return cliutil.Usagef("init: %v", err)
 	}

@@ -158,7 +158,7 @@ type progressBar struct {
 
 func newProgressBar(c *cli.Context) *progressBar {
 	p := &progressBar{w: c.App.ErrWriter}
-	if f, ok := c.App.ErrWriter.(*os.File); ok && !cliutil.Bool(c, cliutil.FlagJSON) {
+	if f, ok := c.App.ErrWriter.(*os.File); ok && !c.Bool(cliutil.FlagJSON) {
 		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 			p.on = true
 		}

@@ -21,7 +21,7 @@ func runRoute(c *cli.Context) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		r := router.New(st.Session(), st.Paths(), router.Options{Logger: log})
 		defer r.Close()
-		wctx, cancel := context.WithTimeout(ctx, cliutil.Duration(c, cliutil.FlagZKTimeout))
+		wctx, cancel := context.WithTimeout(ctx, c.Duration(cliutil.FlagZKTimeout))
 		defer cancel()
 		if err := r.WaitReady(wctx); err != nil {
 			return fmt.Errorf("route: %w", err)

@@ -39,7 +39,7 @@ func runZKPing(c *cli.Context) error {
 		return err
 	}
 	defer s.Close()
-	rep := pingReport{Connect: cliutil.String(c, cliutil.FlagZK), SessionID: fmt.Sprintf("0x%x", s.SessionID()),
+	rep := pingReport{Connect: c.String(cliutil.FlagZK), SessionID: fmt.Sprintf("0x%x", s.SessionID()),
 		SessionTimeout: s.SessionTimeout().String(), ConnectTime: time.Since(start).Round(time.Microsecond).String()}
 	host, _ := os.Hostname()
 	steps, err := topo.Probe(c.Context, s, paths, fmt.Sprintf("%s-%d", host, os.Getpid()))
@@ -58,11 +58,11 @@ func runZKPing(c *cli.Context) error {
 }
 
 func runZKStatus(c *cli.Context) error {
-	cs, err := zksession.ParseConnect(cliutil.String(c, cliutil.FlagZK))
+	cs, err := zksession.ParseConnect(c.String(cliutil.FlagZK))
 	if err != nil {
 		return cliutil.Usagef("--zk: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(c.Context, cliutil.Duration(c, cliutil.FlagZKTimeout))
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration(cliutil.FlagZKTimeout))
 	defer cancel()
 	e := zksession.Ensemble(ctx, cs)
 	all, quorum := e.Servers, e.Quorum

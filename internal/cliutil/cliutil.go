@@ -14,7 +14,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
@@ -90,12 +89,12 @@ func OutputFlags(defaultLevel string) []cli.Flag {
 
 // Logger builds the process logger from the logging flags.
 func Logger(c *cli.Context) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(String(c, FlagLogLevel))
+	lvl, err := zapcore.ParseLevel(c.String(FlagLogLevel))
 	if err != nil {
 		return nil, Usagef("--%s: %v", FlagLogLevel, err)
 	}
 	var cfg zap.Config
-	switch String(c, FlagLogFormat) {
+	switch c.String(FlagLogFormat) {
 	case "json":
 		cfg = zap.NewProductionConfig()
 	case "console":
@@ -103,7 +102,7 @@ func Logger(c *cli.Context) (*zap.Logger, error) {
 		cfg.Development = false
 		cfg.DisableStacktrace = true
 	default:
-		return nil, Usagef("--%s must be console or json, not %q", FlagLogFormat, String(c, FlagLogFormat))
+		return nil, Usagef("--%s must be console or json, not %q", FlagLogFormat, c.String(FlagLogFormat))
 	}
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.OutputPaths = []string{"stderr"}
@@ -113,7 +112,7 @@ func Logger(c *cli.Context) (*zap.Logger, error) {
 
 // Paths returns the cluster's paths from --zk-root and --cluster.
 func Paths(c *cli.Context) (topo.Paths, error) {
-	p, err := topo.NewPaths(String(c, FlagZKRoot), String(c, FlagCluster))
+	p, err := topo.NewPaths(c.String(FlagZKRoot), c.String(FlagCluster))
 	if err != nil {
 		return topo.Paths{}, Usagef("%v", err)
 	}
@@ -122,22 +121,22 @@ func Paths(c *cli.Context) (topo.Paths, error) {
 
 // SessionConfig builds a zksession.Config from the flags.
 func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
-	if _, err := zksession.ParseConnect(String(c, FlagZK)); err != nil {
+	if _, err := zksession.ParseConnect(c.String(FlagZK)); err != nil {
 		return zksession.Config{}, Usagef("--%s: %v", FlagZK, err)
 	}
 	cfg := zksession.Config{
-		Connect:        String(c, FlagZK),
-		SessionTimeout: Duration(c, FlagSessionTimeout),
-		OpTimeout:      Duration(c, FlagZKTimeout),
+		Connect:        c.String(FlagZK),
+		SessionTimeout: c.Duration(FlagSessionTimeout),
+		OpTimeout:      c.Duration(FlagZKTimeout),
 		Logger:         log,
 	}
 	// Zero would silently mean the library's default; negative, nonsense.
 	for _, f := range []string{FlagSessionTimeout, FlagZKTimeout} {
-		if d := Duration(c, f); d <= 0 {
+		if d := c.Duration(f); d <= 0 {
 			return cfg, Usagef("--%s must be a positive duration, not %s", f, d)
 		}
 	}
-	cred, err := zksession.LoadCredential(String(c, FlagZKAuth), String(c, FlagZKAuthFile))
+	cred, err := zksession.LoadCredential(c.String(FlagZKAuth), c.String(FlagZKAuthFile))
 	if err != nil {
 		return cfg, Usagef("zookeeper credential: %v", err)
 	}
@@ -194,7 +193,7 @@ type Printer struct {
 
 // NewPrinter returns a Printer to stdout honouring --json.
 func NewPrinter(c *cli.Context) *Printer {
-	return &Printer{JSON: Bool(c, FlagJSON), W: c.App.Writer}
+	return &Printer{JSON: c.Bool(FlagJSON), W: c.App.Writer}
 }
 
 // Emit prints v as one JSON line under --json, or calls human otherwise.
@@ -268,12 +267,6 @@ func lookup(flags []cli.Flag, arg string) cli.Flag {
 	}
 	return nil
 }
-
-// String, Bool and Duration read a flag from the nearest command that
-// defines it (global flags live on the app; see Intersperse).
-func String(c *cli.Context, name string) string          { return c.String(name) }
-func Bool(c *cli.Context, name string) bool              { return c.Bool(name) }
-func Duration(c *cli.Context, name string) time.Duration { return c.Duration(name) }
 
 // walk calls fn for the app (cmd nil) and for every command under it, with
 // the command's path of names.
