@@ -62,6 +62,17 @@ type MoveRecord struct {
 	Verify    *MoveCheck `json:"verify,omitempty"`
 	Error     string     `json:"error,omitempty"`
 	Runner    string     `json:"runner,omitempty"` // host-pid of the mover that last ran it
+	// Stragglers are the members that had not applied the fence map when
+	// the member wait ran out; the move went on without them (their
+	// clients get fence refusals until they catch up).
+	Stragglers []Straggler `json:"stragglers,omitempty"`
+}
+
+// Straggler is one member that had not applied a map version in time.
+type Straggler struct {
+	Member     string `json:"member"` // its record's path
+	MapVersion uint64 `json:"map_version"`
+	Error      string `json:"error,omitempty"` // its record did not decode
 }
 
 // MoveStep records when a state began.
@@ -76,6 +87,9 @@ type MoveStats struct {
 	CopyMS       float64 `json:"copy_ms"`
 	LagAtFenceMS float64 `json:"lag_at_fence_ms"`
 	PauseMS      float64 `json:"pause_ms"` // fence (source frozen) to flip (map gives the bucket to target)
+	// MemberWaitMS is how long the mover waited for members to apply the
+	// fence map (bounded by --member-wait).
+	MemberWaitMS float64 `json:"member_wait_ms,omitempty"`
 }
 
 // MoveCheck compares the range on both nodes after the flip.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -29,6 +30,9 @@ const (
 	DefaultReadinessDelay   = 2 * time.Second
 	DefaultRestartInitial   = 1 * time.Second
 	DefaultRestartMax       = 30 * time.Second
+	// DefaultMapAckTimeout is how long a reload-mode worker has to
+	// acknowledge a new map before it is replaced.
+	DefaultMapAckTimeout = 5 * time.Second
 	// MaxWorkers bounds workers (and surge) so that a typo cannot fork
 	// thousands of processes.
 	MaxWorkers = 1024
@@ -39,6 +43,23 @@ const (
 	ReadinessNotify = "notify" // ready when the worker sends READY=1 on NOTIFY_SOCKET
 	ReadinessTimer  = "timer"  // ready after readiness.delay alive
 )
+
+// Map delivery modes (PoolConfig.MapDelivery.Mode).
+const (
+	// MapDeliverySwap starts a new worker generation for every new map
+	// (the default: it works with any worker).
+	MapDeliverySwap = "swap"
+	// MapDeliveryReload rewrites the workers' map file in place and tells
+	// the live workers (a signal, or the file's change); each acknowledges
+	// with MAPVERSION=N on its notify socket. No worker restarts.
+	MapDeliveryReload = "reload"
+)
+
+// MapSignals are the signals a reload-mode pool may name: those a worker
+// can catch and whose default action is not something a worker relies on
+// (SIGTERM, SIGQUIT and SIGINT stop it; SIGTTIN/SIGTTOU are the
+// supervisor's own).
+var MapSignals = []string{"SIGHUP", "SIGUSR1", "SIGUSR2", "SIGWINCH"}
 
 // Duration is a time.Duration written in JSON as a Go duration string
 // ("30s", "1m30s"), so hand-edited records stay readable. A bare number is
@@ -91,7 +112,26 @@ type PoolConfig struct {
 	// Watchdog, when set, is passed as WATCHDOG_USEC; a ready worker that
 	// sends no WATCHDOG=1 for this long gets SIGQUIT, then SIGKILL.
 	Watchdog Duration `json:"watchdog,omitempty"`
+	// MapDelivery says how workers get a new bucket map.
+	MapDelivery MapDelivery `json:"map_delivery,omitempty"`
 }
+
+// MapDelivery is how a new bucket map reaches a pool's workers.
+type MapDelivery struct {
+	// Mode is "swap" (default) or "reload".
+	Mode string `json:"mode,omitempty"`
+	// Signal (reload mode) is sent to each worker's main process after the
+	// map file changed, for workers that wait for one. Empty: workers
+	// watch the file themselves (workerproto.MapPollInterval).
+	Signal string `json:"signal,omitempty"`
+	// AckTimeout (reload mode) is how long a ready worker may take to
+	// answer MAPVERSION=N for a new map before it is replaced by a new
+	// worker, which starts with the new map (default 5s).
+	AckTimeout Duration `json:"ack_timeout,omitempty"`
+}
+
+// Reload reports whether the pool takes new maps in place.
+func (d MapDelivery) Reload() bool { return d.Mode == MapDeliveryReload }
 
 // Listen is one socket the supervisor binds and passes to every worker.
 type Listen struct {
@@ -203,6 +243,21 @@ func (c *PoolConfig) Validate() error {
 			return fmt.Errorf("%s: %s is negative", name, nonNeg[name].D())
 		}
 	}
+	switch c.MapDelivery.Mode {
+	case "", MapDeliverySwap:
+		if c.MapDelivery.Signal != "" || c.MapDelivery.AckTimeout != 0 {
+			return fmt.Errorf("map_delivery: signal and ack_timeout apply to mode %q only", MapDeliveryReload)
+		}
+	case MapDeliveryReload:
+		if sig := c.MapDelivery.Signal; sig != "" && !slices.Contains(MapSignals, sig) {
+			return fmt.Errorf("map_delivery.signal: %q is not one of %s (or empty: workers watch the map file)", sig, strings.Join(MapSignals, ", "))
+		}
+		if t := c.MapDelivery.AckTimeout; t < 0 || (t > 0 && t < Duration(100*time.Millisecond)) {
+			return fmt.Errorf("map_delivery.ack_timeout: %s must be at least 100ms", t.D())
+		}
+	default:
+		return fmt.Errorf("map_delivery.mode: %q is not %q or %q", c.MapDelivery.Mode, MapDeliverySwap, MapDeliveryReload)
+	}
 	switch c.Readiness.Mode {
 	case "", ReadinessNotify, ReadinessTimer:
 	default:
@@ -238,6 +293,12 @@ func (c PoolConfig) Effective() PoolConfig {
 	def(&c.Readiness.Timeout, DefaultReadinessTimeout)
 	if c.Readiness.Mode == ReadinessTimer {
 		def(&c.Readiness.Delay, DefaultReadinessDelay)
+	}
+	if c.MapDelivery.Mode == "" {
+		c.MapDelivery.Mode = MapDeliverySwap
+	}
+	if c.MapDelivery.Reload() {
+		def(&c.MapDelivery.AckTimeout, DefaultMapAckTimeout)
 	}
 	def(&c.Restart.Initial, DefaultRestartInitial)
 	def(&c.Restart.Max, DefaultRestartMax)
@@ -309,21 +370,31 @@ func DecodePoolStatus(znode string, data []byte) (*PoolStatus, error) {
 // PoolMember is one running supervisor's ephemeral record at
 // Paths.PoolMember: what it has applied and how its workers are.
 type PoolMember struct {
-	Version       int          `json:"version"`
-	Member        string       `json:"member"`
-	Host          string       `json:"host"`
-	PID           int          `json:"pid"`
-	State         string       `json:"state"` // starting, serving, degraded, lost, stopping
-	Accepting     bool         `json:"accepting"`
-	Generation    int64        `json:"generation"`
-	ConfigVersion int64        `json:"config_version"`
-	MapVersion    uint64       `json:"map_version"`
-	Target        int          `json:"target_workers"`
-	Workers       []WorkerInfo `json:"workers"`
-	LastError     string       `json:"last_error,omitempty"`
-	Admin         string       `json:"admin,omitempty"`
-	StartedAt     time.Time    `json:"started_at"`
-	UpdatedAt     time.Time    `json:"updated_at"`
+	Version       int    `json:"version"`
+	Member        string `json:"member"`
+	Host          string `json:"host"`
+	PID           int    `json:"pid"`
+	State         string `json:"state"` // starting, serving, degraded, lost, stopping
+	Accepting     bool   `json:"accepting"`
+	Generation    int64  `json:"generation"`
+	ConfigVersion int64  `json:"config_version"`
+	// MapVersion is the lowest map version every ready worker routes by
+	// (reload mode: by their MAPVERSION acknowledgements; swap mode: the
+	// serving generation's map). The mover waits on it.
+	MapVersion uint64 `json:"map_version"`
+	// MapDelivery is the serving generation's map delivery mode.
+	MapDelivery string `json:"map_delivery,omitempty"`
+	// ZK is the ZooKeeper session state as this member saw it when it
+	// wrote the record; FailStatic that it kept serving through a
+	// whole-ensemble outage (reported once the ensemble is back).
+	ZK         string       `json:"zk,omitempty"`
+	FailStatic *FailStatic  `json:"fail_static,omitempty"`
+	Target     int          `json:"target_workers"`
+	Workers    []WorkerInfo `json:"workers"`
+	LastError  string       `json:"last_error,omitempty"`
+	Admin      string       `json:"admin,omitempty"`
+	StartedAt  time.Time    `json:"started_at"`
+	UpdatedAt  time.Time    `json:"updated_at"`
 }
 
 // WorkerInfo is one worker in a PoolMember record.
@@ -333,6 +404,17 @@ type WorkerInfo struct {
 	Generation int64     `json:"generation"`
 	State      string    `json:"state"` // starting, ready, stopping
 	StartedAt  time.Time `json:"started_at"`
+	// MapVersion is the map version the worker routes by, as far as the
+	// supervisor knows (reload mode: its last MAPVERSION).
+	MapVersion uint64 `json:"map_version,omitempty"`
+}
+
+// FailStatic describes the last time a supervisor kept serving while the
+// whole ZooKeeper ensemble was unreachable (its peers agreed).
+type FailStatic struct {
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until,omitempty"` // zero while it lasts
+	Peers int       `json:"peers"`           // peers that agreed
 }
 
 // DecodePoolMember decodes a member record.

@@ -48,7 +48,22 @@ func TestPoolConfigDecode(t *testing.T) {
 		t.Fatalf("timer default delay %v", timer.Effective().Readiness)
 	}
 
+	reload, err := DecodePoolConfig("", []byte(`{"version":1,"command":"app","workers":1,"map_delivery":{"mode":"reload","signal":"SIGUSR2"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := reload.Effective(); !e.MapDelivery.Reload() || e.MapDelivery.Signal != "SIGUSR2" || e.MapDelivery.AckTimeout.D() != DefaultMapAckTimeout {
+		t.Fatalf("reload defaults %+v", e.MapDelivery)
+	}
+	if e := c.Effective(); e.MapDelivery.Mode != MapDeliverySwap || e.MapDelivery.Reload() {
+		t.Fatalf("default map delivery %+v", e.MapDelivery)
+	}
+
 	wantMalformed(t, "DecodePoolConfig", DecodePoolConfig, "pool config", "/x/pools/web/config", []malformed{
+		{`{"version":1,"command":"app","workers":1,"map_delivery":{"mode":"push"}}`, `map_delivery.mode: "push"`},
+		{`{"version":1,"command":"app","workers":1,"map_delivery":{"mode":"reload","signal":"SIGTERM"}}`, `map_delivery.signal: "SIGTERM" is not one of`},
+		{`{"version":1,"command":"app","workers":1,"map_delivery":{"mode":"reload","ack_timeout":"1ms"}}`, `map_delivery.ack_timeout: 1ms must be at least 100ms`},
+		{`{"version":1,"command":"app","workers":1,"map_delivery":{"signal":"SIGHUP"}}`, `apply to mode "reload" only`},
 		{`{"version":1,"command":"app","workers":1,"extra":1}`, `unknown field "extra"`},
 		{`{"version":1,"command":"app","workers":1,"readiness":{"mode":"notify","tiemout":"1s"}}`, `unknown field "tiemout"`},
 		{`{"version":2,"command":"app","workers":1}`, "format version 2"},

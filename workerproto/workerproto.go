@@ -35,7 +35,27 @@ const (
 	EnvMapVersion    = "SHARDVISOR_MAP_VERSION"
 	EnvGeneration    = "SHARDVISOR_GENERATION"
 	EnvWorkerID      = "SHARDVISOR_WORKER_ID"
+	// EnvMapDelivery is "reload" when the map file named by EnvMapFile is
+	// rewritten in place for every new map (the worker reloads it and
+	// acknowledges with MapVersionAck), "swap" when every new map comes
+	// with a new worker generation instead.
+	EnvMapDelivery = "SHARDVISOR_MAP_DELIVERY"
+	// EnvMapSignal names the signal (SIGHUP, SIGUSR1...) the supervisor
+	// sends after rewriting the map file in reload mode. Unset: the worker
+	// watches the file (every MapPollInterval).
+	EnvMapSignal = "SHARDVISOR_MAP_SIGNAL"
 )
+
+// Map delivery modes, as in EnvMapDelivery.
+const (
+	MapDeliverySwap   = "swap"
+	MapDeliveryReload = "reload"
+)
+
+// MapPollInterval is how often a reload-mode worker with no map signal
+// checks whether its map file changed (a stat; cheap enough for any
+// language). Acknowledgements follow within this interval.
+const MapPollInterval = 100 * time.Millisecond
 
 // FirstListenFD is the first inherited socket's descriptor (SD_LISTEN_FDS_START).
 const FirstListenFD = 3
@@ -46,7 +66,7 @@ const FirstListenFD = 3
 // never leak to a worker.
 func ReservedEnv() []string {
 	return []string{EnvListenFDs, EnvListenFDNames, EnvListenPID, EnvNotifySocket, EnvWatchdogUSec, EnvWatchdogPID,
-		EnvMapFile, EnvMapVersion, EnvGeneration, EnvWorkerID}
+		EnvMapFile, EnvMapVersion, EnvGeneration, EnvWorkerID, EnvMapDelivery, EnvMapSignal}
 }
 
 // IsReservedEnv reports whether name is one of ReservedEnv.
@@ -87,11 +107,19 @@ func Notify(state string) (bool, error) {
 	return true, nil
 }
 
+// MapVersionAck is the notify message a worker sends once it routes by
+// map version v: after loading a new map file in reload mode, and with
+// READY=1 ("READY=1\nMAPVERSION=v") so the supervisor knows which map a
+// new worker read.
+func MapVersionAck(v uint64) string { return "MAPVERSION=" + strconv.FormatUint(v, 10) }
+
 // Message is what one sd_notify datagram said. Unknown keys are ignored, as
 // systemd does.
 type Message struct {
 	Ready, Watchdog, Stopping, Reloading bool
 	Status                               string
+	// MapVersion is MAPVERSION=N (0: absent or not a number).
+	MapVersion uint64
 }
 
 // ParseMessage parses one datagram: newline-separated KEY=VALUE lines.
@@ -110,6 +138,8 @@ func ParseMessage(b []byte) Message {
 			m.Reloading = v == "1"
 		case "STATUS":
 			m.Status = v
+		case "MAPVERSION":
+			m.MapVersion, _ = strconv.ParseUint(v, 10, 64)
 		}
 	}
 	return m

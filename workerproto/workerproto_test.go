@@ -32,6 +32,10 @@ func TestParseMessage(t *testing.T) {
 		{"READY=1\n", workerproto.Message{Ready: true}},
 		{"FDSTORE=1\nBOGUS\n=1", workerproto.Message{}},
 		{"ready=1", workerproto.Message{}}, // keys are case-sensitive, as in systemd
+		{"MAPVERSION=42", workerproto.Message{MapVersion: 42}},
+		{"READY=1\n" + workerproto.MapVersionAck(7), workerproto.Message{Ready: true, MapVersion: 7}},
+		{"MAPVERSION=-3", workerproto.Message{}},
+		{"MAPVERSION=x", workerproto.Message{}},
 	} {
 		if got := workerproto.ParseMessage([]byte(tc.in)); got != tc.want {
 			t.Errorf("ParseMessage(%q) = %+v, want %+v", tc.in, got, tc.want)
