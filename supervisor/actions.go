@@ -47,6 +47,17 @@ type (
 	// actResync re-reads config and map off the loop after a session
 	// loss and posts an evResync.
 	actResync struct{}
+	// actWriteLiveMap (reload mode) replaces the live map file with mp,
+	// atomically. On failure the executor reports back
+	// (machine.liveMapFailed) before the next action.
+	actWriteLiveMap struct{ mp *mapData }
+	// actMapSignal (reload mode) sends the pool's map signal to the
+	// worker's main process: the live map file changed.
+	actMapSignal struct {
+		w       *worker
+		sig     string
+		version uint64
+	}
 )
 
 func (a actPrepare) String() string { return fmt.Sprintf("prepare g%d", a.g.id) }
@@ -74,3 +85,9 @@ func (a actPublish) String() string {
 func (a actNotify) String() string { return "notify " + strings.ReplaceAll(a.state, "\n", " ") }
 func (actReload) String() string   { return "reload" }
 func (actResync) String() string   { return "resync" }
+func (a actWriteLiveMap) String() string {
+	return fmt.Sprintf("write-live-map m%d", a.mp.version)
+}
+func (a actMapSignal) String() string {
+	return fmt.Sprintf("map-signal w%d %s m%d", a.w.id, a.sig, a.version)
+}

@@ -35,6 +35,8 @@ type machine struct {
 	desired       *spec // newest valid config (+ map) seen
 	cfgVersion    int64 // version of the config in desired
 	curMap        *mapData
+	liveMap       *mapData // reload mode: the map the live map file holds (nil: not written)
+	liveRetryAt   time.Time
 	mapKnown      bool // ZooKeeper mode: the map watch has reported once
 	changeFirst   time.Time
 	changeLast    time.Time
@@ -113,8 +115,22 @@ type spec struct {
 	reload     int      // bumped by HUP to force a swap
 }
 
+// key identifies what a generation runs: two specs with the same key need
+// no swap between them. In reload mode the map is not part of it: a new
+// map reaches the running workers in place.
 func (s *spec) key() string {
-	return fmt.Sprintf("c%d/%s/m%d/r%d", s.cfgVersion, s.cfgHash, s.mapVersion(), s.reload)
+	mv := s.mapVersion()
+	if s.cfg.MapDelivery.Reload() {
+		mv = 0
+	}
+	return fmt.Sprintf("c%d/%s/m%d/r%d", s.cfgVersion, s.cfgHash, mv, s.reload)
+}
+
+// withMap is a copy of s routing by mp.
+func (s *spec) withMap(mp *mapData) *spec {
+	c := *s
+	c.mp = mp
+	return &c
 }
 
 func (s *spec) mapVersion() uint64 {
@@ -159,6 +175,22 @@ type worker struct {
 	killAt     time.Time // SIGKILL deadline once stopping
 	killed     bool
 	crashLike  bool // stopped by the watchdog: counts as a crash
+	retireWhy  string
+
+	// Reload mode: the map version the worker routes by (the live map at
+	// its start until it says MAPVERSION=N), and since when it has been
+	// asked to take a newer one (zero: up to date, or not asked yet).
+	mapVersion uint64
+	mapAsked   time.Time
+}
+
+// routes is the map version w routes by: its acknowledged one in reload
+// mode, its generation's map otherwise.
+func (w *worker) routes() uint64 {
+	if w.gen.spec.cfg.MapDelivery.Reload() {
+		return w.mapVersion
+	}
+	return w.gen.spec.mapVersion()
 }
 
 // Events posted to the loop.

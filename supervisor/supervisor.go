@@ -404,6 +404,14 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			s.reload()
 		case actResync:
 			go func() { s.post(s.readZK(10 * time.Second)) }()
+		case actWriteLiveMap:
+			if err := writeLiveMapFile(s.opts.StateDir, a.mp.doc); err != nil {
+				acts = slices.Insert(acts, i+1, s.mc.liveMapFailed(a.mp, err, now)...)
+			}
+		case actMapSignal:
+			if p := s.procs[a.w]; p != nil {
+				p.signal(mapSignals[a.sig])
+			}
 		}
 	}
 }
@@ -432,7 +440,9 @@ func (s *Supervisor) prepare(g *generation) error {
 		s.sockets[l.Addr] = b
 		s.log.Info("listening", zap.String("name", l.Name), zap.String("addr", l.Addr))
 	}
-	if mp := g.spec.mp; mp != nil {
+	// Reload mode: the live map file is already written (actWriteLiveMap
+	// comes first).
+	if mp := g.spec.mp; mp != nil && !g.spec.cfg.MapDelivery.Reload() {
 		if _, err := writeMapFile(s.opts.StateDir, mp.version, mp.doc); err != nil {
 			return err
 		}
@@ -463,9 +473,16 @@ func (s *Supervisor) spawn(w *worker) (process, error) {
 	if wd := cfg.Watchdog.D(); wd > 0 {
 		env = append(env, workerproto.EnvWatchdogUSec+"="+strconv.FormatInt(wd.Microseconds(), 10))
 	}
-	if mp := g.spec.mp; mp != nil {
+	switch mp := g.spec.mp; {
+	case mp != nil && cfg.MapDelivery.Reload():
+		env = append(env, workerproto.EnvMapFile+"="+liveMapName(s.opts.StateDir),
+			workerproto.EnvMapVersion+"="+strconv.FormatUint(w.mapVersion, 10), workerproto.EnvMapDelivery+"="+workerproto.MapDeliveryReload)
+		if sig := cfg.MapDelivery.Signal; sig != "" {
+			env = append(env, workerproto.EnvMapSignal+"="+sig)
+		}
+	case mp != nil:
 		env = append(env, workerproto.EnvMapFile+"="+mapFileName(s.opts.StateDir, mp.version),
-			workerproto.EnvMapVersion+"="+strconv.FormatUint(mp.version, 10))
+			workerproto.EnvMapVersion+"="+strconv.FormatUint(mp.version, 10), workerproto.EnvMapDelivery+"="+workerproto.MapDeliverySwap)
 	}
 	spec := procSpec{
 		notifyPath: notifySocketPath(s.opts.StateDir, w.id),
@@ -521,6 +538,7 @@ func workerEnv(base []string, extra map[string]string) []string {
 // worker is gone.
 func (s *Supervisor) finish() {
 	removeMapFiles(s.opts.StateDir, nil)
+	_ = os.Remove(liveMapName(s.opts.StateDir))
 	for addr, b := range s.sockets {
 		b.close()
 		delete(s.sockets, addr)
