@@ -47,6 +47,9 @@ type (
 	// actResync re-reads config and map off the loop after a session
 	// loss and posts an evResync.
 	actResync struct{}
+	// actCheckPeers asks the peers off the loop whether they reach
+	// ZooKeeper and posts an evPeers.
+	actCheckPeers struct{}
 	// actWriteLiveMap (reload mode) replaces the live map file with mp,
 	// atomically. On failure the executor reports back
 	// (machine.liveMapFailed) before the next action.
@@ -82,9 +85,10 @@ func (a actCleanMapFiles) String() string {
 func (a actPublish) String() string {
 	return fmt.Sprintf("publish %s g%d", a.st.Result, a.st.Generation)
 }
-func (a actNotify) String() string { return "notify " + strings.ReplaceAll(a.state, "\n", " ") }
-func (actReload) String() string   { return "reload" }
-func (actResync) String() string   { return "resync" }
+func (a actNotify) String() string   { return "notify " + strings.ReplaceAll(a.state, "\n", " ") }
+func (actReload) String() string     { return "reload" }
+func (actResync) String() string     { return "resync" }
+func (actCheckPeers) String() string { return "check-peers" }
 func (a actWriteLiveMap) String() string {
 	return fmt.Sprintf("write-live-map m%d", a.mp.version)
 }

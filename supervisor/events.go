@@ -35,6 +35,8 @@ func (m *machine) handle(ev any, now time.Time) []action {
 		m.onResync(ev, now)
 	case evStop:
 		m.beginStop(ev.fast, "stop requested", now)
+	case evPeers:
+		m.onPeers(ev.v, now)
 	}
 	return m.take()
 }
@@ -296,6 +298,10 @@ func (m *machine) onSignal(sig os.Signal, now time.Time) {
 	m.log.Info("signal", zap.String("signal", sig.String()))
 	switch sig {
 	case syscall.SIGHUP:
+		if m.mode == modeFailStatic || m.mode == modeChecking {
+			m.log.Warn("HUP ignored: config changes are refused while ZooKeeper is unreachable (fail-static)")
+			return
+		}
 		m.do(actReload{})
 	case syscall.SIGTERM, syscall.SIGINT:
 		m.beginStop(m.mode == modeStopping, "signal "+sig.String(), now) // a second one is a fast stop
@@ -317,7 +323,10 @@ func (m *machine) onZK(ch zksession.StateChange, now time.Time) {
 	m.m.setZK(ch.To.String())
 	switch ch.To {
 	case zksession.StateLost:
-		if m.mode == modeRunning || m.mode == modeHolddown {
+		switch {
+		case m.mode == modeRunning && m.cfg.failStatic && m.good != nil:
+			m.beginPeerCheck(ch.Reason, now)
+		case m.mode == modeRunning || m.mode == modeHolddown:
 			m.enterLost(ch.Reason)
 		}
 	case zksession.StateSuspended:
@@ -337,6 +346,10 @@ func (m *machine) onZK(ch zksession.StateChange, now time.Time) {
 			return
 		}
 		m.connectedOnce = true
+		if m.mode == modeChecking || m.mode == modeFailStatic {
+			m.leaveFailStatic(now)
+			return
+		}
 		if m.mode == modeLost {
 			m.mode = modeHolddown
 			m.holdUntil = now.Add(m.cfg.holddown)

@@ -62,6 +62,9 @@ type machine struct {
 	stopFast      bool
 	stopDone      bool
 	notifiedUp    bool
+	failStatic    *topo.FailStatic // the last fail-static episode
+	peerCheckAt   time.Time        // fail-static: when to ask the peers again
+	loudAt        time.Time        // fail-static: when to log the reminder
 
 	out []action // actions decided by the current call
 }
@@ -77,6 +80,9 @@ type machineConfig struct {
 	// jitter is the random fraction of every backoff (0.2: ±20%), so that
 	// a fleet that failed together does not retry together; 0 in tests.
 	jitter float64
+	// failStatic: on a session loss, ask the peers before leaving service
+	// (failstatic.go).
+	failStatic bool
 }
 
 func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
@@ -90,15 +96,20 @@ func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
 type mode int
 
 const (
-	modeRunning  mode = iota
-	modeLost          // session lost: no workers, sockets closed
-	modeHolddown      // session back: waiting for it to stay connected
-	modeStopping      // graceful or fast stop
+	modeRunning    mode = iota
+	modeLost            // session lost: no workers, sockets closed
+	modeHolddown        // session back: waiting for it to stay connected
+	modeStopping        // graceful or fast stop
+	modeChecking        // session lost: asking the peers, still serving
+	modeFailStatic      // the whole ensemble is down: serving the last config and map
 )
 
 func (m mode) String() string {
-	return [...]string{"running", "lost", "holddown", "stopping"}[m]
+	return [...]string{"running", "lost", "holddown", "stopping", "checking-peers", "fail-static"}[m]
 }
+
+// serving reports whether the mode keeps the pool in service.
+func (m mode) serving() bool { return m == modeRunning || m == modeChecking || m == modeFailStatic }
 
 type mapData struct {
 	version uint64
@@ -228,12 +239,16 @@ type (
 		err error
 	}
 	evStop struct{ fast bool }
+	// evPeers is the answer of the peers to "is ZooKeeper down for you
+	// too?" (actCheckPeers).
+	evPeers struct{ v peerVerdict }
 )
 
 type healthState struct {
-	accepting bool
-	ready     bool
-	reason    string
+	accepting  bool
+	ready      bool
+	failStatic bool
+	reason     string
 }
 
 // take returns the actions decided since the last take.

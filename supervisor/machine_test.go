@@ -730,3 +730,99 @@ func counterValue(c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// failStaticSim is a ZooKeeper-mode pool of 2 ready workers whose session
+// loss is checked with the peers.
+func failStaticSim(t *testing.T) *sim {
+	t.Helper()
+	s := newSim(t, true)
+	s.mc.cfg.failStatic = true
+	s.mc.startState(zksession.StateConnected)
+	s.send(mapEv(1))
+	s.serving(2)
+	s.at(time.Second)
+	s.send(evZK{zksession.StateChange{To: zksession.StateSuspended}})
+	s.expect("lost: ask the peers before anything else, still serving",
+		s.send(evZK{zksession.StateChange{To: zksession.StateLost, Reason: "no answer for 2/3 of the session timeout"}}), "check-peers")
+	if _, h, _ := s.mc.snapshot(); !h.accepting {
+		t.Fatalf("stopped accepting while the peers were asked: %+v", h)
+	}
+	return s
+}
+
+func TestMachineFailStaticWhenThePeersAgree(t *testing.T) {
+	s := failStaticSim(t)
+	s.expect("3 of 4 peers answer, none connected: fail-static, nothing killed",
+		s.send(evPeers{peerVerdict{known: 4, answered: 3}}), "notify STATUS=fail-static: ZooKeeper unreachable for the whole fleet; serving the last config and map")
+	mem, h, _ := s.mc.snapshot()
+	if mem.State != "fail-static" || !h.accepting || !h.ready || !h.failStatic || !strings.Contains(h.reason, "fail-static") ||
+		mem.FailStatic == nil || mem.FailStatic.Peers != 3 || !mem.FailStatic.Until.IsZero() {
+		t.Fatalf("member %+v health %+v", mem, h)
+	}
+	if counterValue(s.mc.m.failStaticEpisodes) != 1 {
+		t.Fatal("fail_static_episodes_total not counted")
+	}
+	s.expect("HUP is refused", s.send(evSignal{syscall.SIGHUP}))
+	s.expect("a crashed worker is respawned as usual", s.exit(1, "exit status 1"), "clean-maps keep 1")
+	s.at(2 * time.Second)
+	s.expect("respawn after the backoff", s.tick(), "start w3 g1")
+	s.at(3 * time.Second)
+	s.expect("the peers are asked again", s.tick(), "check-peers")
+	s.expect("one question at a time", s.tick())
+	s.expect("still an outage", s.send(evPeers{peerVerdict{known: 4, answered: 4}}))
+	s.at(4 * time.Second)
+	s.expect("back: serving normally at once, no holddown, no swap",
+		s.send(evZK{zksession.StateChange{To: zksession.StateConnected, NewSession: true}}), "notify STATUS=serving")
+	mem, _, _ = s.mc.snapshot()
+	if mem.State == "fail-static" || mem.FailStatic == nil || mem.FailStatic.Until.IsZero() || s.mc.mode != modeRunning {
+		t.Fatalf("after the outage: mode %s member %+v", s.mc.mode, mem)
+	}
+	if s.mc.good.id != 1 {
+		t.Fatalf("generation %d", s.mc.good.id)
+	}
+}
+
+func TestMachineCutOffHostLeavesService(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v    peerVerdict
+	}{
+		{"a peer is connected", peerVerdict{known: 3, answered: 3, connected: []string{"web/b"}}},
+		{"too few answer", peerVerdict{known: 4, answered: 2}},
+		{"no peer known", peerVerdict{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := failStaticSim(t)
+			s.expect("leave service", s.send(evPeers{tc.v}),
+				"kill w1 zk_lost", "kill w2 zk_lost", "close-sockets all", "notify STATUS=zookeeper session lost; not serving")
+			if mem, h, _ := s.mc.snapshot(); mem.State != "lost" || h.accepting {
+				t.Fatalf("member %+v health %+v", mem, h)
+			}
+		})
+	}
+}
+
+func TestMachineFailStaticEndsWhenAPeerReconnects(t *testing.T) {
+	s := failStaticSim(t)
+	s.send(evPeers{peerVerdict{known: 2, answered: 2}})
+	s.at(3 * time.Second)
+	s.expect("ask again", s.tick(), "check-peers")
+	s.expect("a peer reached ZooKeeper and this host did not: leave",
+		s.send(evPeers{peerVerdict{known: 2, answered: 2, connected: []string{"web/b"}}}),
+		"kill w1 zk_lost", "kill w2 zk_lost", "close-sockets all", "notify STATUS=zookeeper session lost; not serving")
+	if mem, _, _ := s.mc.snapshot(); mem.FailStatic == nil || mem.FailStatic.Until.IsZero() {
+		t.Fatalf("episode not closed: %+v", mem.FailStatic)
+	}
+	if counterValue(s.mc.m.failStaticEpisodes) != 1 {
+		t.Fatal("episodes")
+	}
+}
+
+func TestMachineSessionBackWhileAskingThePeers(t *testing.T) {
+	s := failStaticSim(t)
+	s.expect("back before the answer", s.send(evZK{zksession.StateChange{To: zksession.StateConnected}}))
+	s.expect("a late answer changes nothing", s.send(evPeers{peerVerdict{known: 2, answered: 0}}))
+	if s.mc.mode != modeRunning || s.mc.failStatic != nil {
+		t.Fatalf("mode %s fail-static %+v", s.mc.mode, s.mc.failStatic)
+	}
+}

@@ -36,6 +36,10 @@ type metrics struct {
 	// workerMapVersion is the lowest map version the ready workers route
 	// by (what the member record publishes).
 	workerMapVersion prometheus.Gauge
+	// Fail-static (failstatic.go).
+	failStatic         prometheus.Gauge
+	failStaticEpisodes prometheus.Counter
+	peerChecks         *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -82,11 +86,18 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		mapAckTimeouts: c("map_ack_timeouts_total", "Reload mode: workers replaced because they did not acknowledge a new map within map_delivery.ack_timeout."),
 		mapAckSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "map_ack_seconds",
 			Help: "Reload mode: time from announcing a new map to a worker acknowledging it.", Buckets: []float64{.01, .025, .05, .1, .2, .5, 1, 2, 5, 10}}),
-		workerMapVersion: g("worker_map_version", "Lowest bucket map version the ready workers route by (the member record's map_version)."),
+		workerMapVersion:   g("worker_map_version", "Lowest bucket map version the ready workers route by (the member record's map_version)."),
+		failStatic:         g("fail_static", "1 while serving on through a whole-ZooKeeper-ensemble outage (the peers agree), with the last config and map; 0 otherwise."),
+		failStaticEpisodes: c("fail_static_episodes_total", "Times this supervisor went fail-static."),
+		peerChecks:         cv("peer_checks_total", "Peer checks after a session loss by verdict: outage (fail-static), cut_off (leave service).", "verdict"),
 	}
 	reg.MustRegister(m.generation, m.configVersion, m.mapVersion, m.target, m.workers, m.accepting, m.zkState, m.swaps,
 		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors, m.notifyRejected,
-		m.mapDeliveries, m.mapAcks, m.mapAckTimeouts, m.mapAckSeconds, m.workerMapVersion)
+		m.mapDeliveries, m.mapAcks, m.mapAckTimeouts, m.mapAckSeconds, m.workerMapVersion,
+		m.failStatic, m.failStaticEpisodes, m.peerChecks)
+	for _, v := range []string{"outage", "cut_off"} {
+		m.peerChecks.WithLabelValues(v)
+	}
 	for _, st := range []string{"starting", "ready", "stopping"} {
 		m.workers.WithLabelValues(st)
 	}

@@ -166,12 +166,19 @@ func (s *Supervisor) publishSnapshot(now time.Time) {
 	s.snapMu.Unlock()
 	changed := old.State != m.State || old.Generation != m.Generation || old.Accepting != m.Accepting ||
 		old.Target != m.Target || old.LastError != m.LastError || old.MapVersion != m.MapVersion || old.ZK != m.ZK ||
-		old.MapDelivery != m.MapDelivery || old.FailStatic != m.FailStatic || !sameWorkers(old.Workers, m.Workers)
+		old.MapDelivery != m.MapDelivery || !sameFailStatic(old.FailStatic, m.FailStatic) || !sameWorkers(old.Workers, m.Workers)
 	if changed && s.pub != nil {
 		m.UpdatedAt = now.UTC()
 		s.pub.setMember(m)
 	}
 	s.apply(acts, now)
+}
+
+func sameFailStatic(a, b *topo.FailStatic) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 func sameWorkers(a, b []topo.WorkerInfo) bool {

@@ -25,6 +25,15 @@ func (m *machine) reconcile(now time.Time) []action {
 		return m.take()
 	case modeLost:
 		return m.take()
+	case modeChecking:
+		// Keep the pool whole (a crashed worker is respawned) while the
+		// peers answer; no new generation: nothing can have changed.
+		m.reconcilePool(now)
+		return m.take()
+	case modeFailStatic:
+		m.reconcileFailStatic(now)
+		m.reconcilePool(now)
+		return m.take()
 	case modeHolddown:
 		if !now.Before(m.holdUntil) && !m.resyncing {
 			m.resyncing = true
@@ -359,6 +368,10 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 	if m.mode == modeHolddown {
 		at(m.holdUntil)
 	}
+	if m.mode == modeFailStatic {
+		at(m.peerCheckAt)
+		at(m.loudAt)
+	}
 	at(m.liveRetryAt)
 	for _, w := range m.workers {
 		cfg := w.gen.spec.cfg
@@ -392,6 +405,10 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 // it. The executor adds what only it knows (host, pid, admin address).
 func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 	mem := topo.PoolMember{Version: topo.PoolMemberVersion, Target: m.target(), LastError: m.lastError, ZK: m.zkState.String()}
+	if m.failStatic != nil {
+		fs := *m.failStatic // the publisher encodes it on another goroutine
+		mem.FailStatic = &fs
+	}
 	if !m.cfg.zk {
 		mem.ZK = ""
 	}
@@ -417,13 +434,15 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 	m.m.workerMapVersion.Set(float64(mem.MapVersion))
 	ready := counts[wReady]
 	accepting := len(m.bound) > 0 || (m.good != nil && len(m.good.spec.cfg.Listen) == 0)
-	accepting = accepting && m.mode == modeRunning
+	accepting = accepting && m.mode.serving()
 	mem.Accepting = accepting
 	switch {
 	case m.mode == modeStopping:
 		mem.State = "stopping"
 	case m.mode == modeLost || m.mode == modeHolddown:
 		mem.State = "lost"
+	case m.mode == modeFailStatic:
+		mem.State = "fail-static"
 	case m.good == nil:
 		mem.State = "starting"
 	case ready < mem.Target:
@@ -440,9 +459,14 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 	} else {
 		m.m.accepting.Set(0)
 	}
-	h := healthState{accepting: accepting, ready: accepting && m.good != nil && ready >= mem.Target}
+	h := healthState{accepting: accepting, ready: accepting && m.good != nil && ready >= mem.Target, failStatic: m.mode == modeFailStatic}
 	switch {
-	case m.mode != modeRunning:
+	case m.mode == modeFailStatic:
+		h.reason = fmt.Sprintf("fail-static: ZooKeeper is unreachable for the whole fleet (%d peers agree since %s); serving config version %d and map version %d; config changes are refused",
+			m.failStatic.Peers, m.failStatic.Since.Format(time.RFC3339), m.good.spec.cfgVersion, m.good.spec.mapVersion())
+	case m.mode == modeChecking:
+		h.reason = "zookeeper session lost: asking the peers whether the whole ensemble is down"
+	case !m.mode.serving():
 		h.reason = "not serving: " + m.mode.String()
 	case !accepting:
 		h.reason = "listen sockets not open yet"
