@@ -292,7 +292,11 @@ func moveFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "max-lag", Value: 250 * time.Millisecond, EnvVars: []string{"SHARDVISOR_MOVE_MAX_LAG"}, Usage: "fence only when replication lag (a marker's trip) is below this"},
 		&cli.DurationFlag{Name: "pause-cap", Value: 2 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_PAUSE_CAP"}, Usage: "abort a move whose write pause would exceed this"},
-		&cli.DurationFlag{Name: "member-wait", Value: 10 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_MEMBER_WAIT"}, Usage: "how long to wait for routers and supervisors to apply the moving map"},
+		&cli.DurationFlag{Name: "member-wait", Value: 10 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_MEMBER_WAIT"}, Usage: "how long to wait for routers and supervisors to apply the moving map (then see --on-straggler)"},
+		&cli.StringFlag{Name: "on-straggler", Value: "proceed", EnvVars: []string{"SHARDVISOR_MOVE_ON_STRAGGLER"},
+			Usage: "`ACTION` when members have not applied the moving map within --member-wait: proceed (record them as stragglers in the move; the fence refuses their clients' writes to the old owner until they catch up) or abort the move"},
 		&cli.DurationFlag{Name: "catchup-timeout", Value: 5 * time.Minute, EnvVars: []string{"SHARDVISOR_MOVE_CATCHUP_TIMEOUT"}, Usage: "give up when the lag stays above --max-lag this long"},
+		&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_MOVE_METRICS_ADDR"},
+			Usage: "serve Prometheus metrics (shardvisor_move_stragglers_total, shardvisor_move_member_wait_seconds) on `HOST:PORT` while the command runs"},
 	}
 }
