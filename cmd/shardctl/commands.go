@@ -179,8 +179,9 @@ func newApp() *cli.App {
 				Name:  "gc",
 				Usage: "delete, from each db node, the rows of buckets it no longer owns",
 				Description: "Works from the bucket map's history. A range is deleted only if another node owns it, the change is older than\n" +
-					"--grace, no move involves it, both fences agree with the map, and the owner answers and holds at least as many of\n" +
-					"the range's rows per table (--min-owner-ratio). Anything uncertain is skipped and reported (exit status 1).\n" +
+					"--grace, no move involves it, every live router and supervisor has applied the change, both fences agree with the\n" +
+					"map, and the owner answers and holds at least as many of the range's rows per table (--min-owner-ratio).\n" +
+					"Anything uncertain is skipped and reported (exit status 1).\n" +
 					"Deletes run in batches of short transactions, walking either the key index (rows that sit together) or the\n" +
 					"table's pages (rows spread over it), chosen per table; a run killed half-way is finished by the next one.\n" +
 					"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
