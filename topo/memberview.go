@@ -91,6 +91,25 @@ func WatchMembers(ctx context.Context, s *zksession.Session, p Paths) *MemberVie
 	v.addDirLocked(p.Routers(), routerVersion)
 	v.mu.Unlock()
 	v.follow(s.WatchChildren(ctx, p.Pools()), ctx, func(n zksession.Node) { v.applyPools(n.Exists, n.Children, n.Stat.Pzxid) })
+	// The session's watches end when it closes; so does the view, so that
+	// a caller that never calls Close leaks nothing past the session.
+	sub := s.Subscribe()
+	v.wg.Add(1)
+	go func() {
+		defer v.wg.Done()
+		defer sub.Close()
+		for {
+			select {
+			case _, ok := <-sub.C:
+				if !ok {
+					cancel()
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	return v
 }
 
