@@ -71,8 +71,8 @@ type MoveRecord struct {
 
 // Straggler is one member that had not applied a map version in time.
 type Straggler struct {
-	Member     string `json:"member"` // its record's path
-	MapVersion uint64 `json:"map_version"` // the version it had applied
+	Member     string `json:"member"`          // its record's path
+	MapVersion uint64 `json:"map_version"`     // the version it had applied
 	Error      string `json:"error,omitempty"` // its record did not decode (or was not read yet)
 }
 
