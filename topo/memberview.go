@@ -116,7 +116,10 @@ func WatchMembers(ctx context.Context, s *zksession.Session, p Paths) *MemberVie
 // Close stops every watch of the view and waits for them.
 func (v *MemberView) Close() {
 	v.mu.Lock()
-	v.closed = true
+	if !v.closed {
+		v.closed = true
+		v.notifyLocked() // waiters return at once
+	}
 	v.mu.Unlock()
 	v.cancel()
 	v.wg.Wait()

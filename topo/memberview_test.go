@@ -188,7 +188,12 @@ func TestIntegrationMemberView(t *testing.T) {
 	if kind := p.MemberKind(p.PoolMember("web", "h1")); kind != "supervisor" {
 		t.Fatalf("kind of a supervisor: %s", kind)
 	}
+	// Close ends a wait in progress (r1 holds it) with an error.
+	done = waitAsync(v, ctx, 7, time.Hour)
 	v.Close()
+	if r := <-done; r.err == nil || !strings.Contains(r.err.Error(), "closed") {
+		t.Fatalf("a Wait when its view closed: %s %v", describeStragglers(r.behind), r.err)
+	}
 	if _, err := v.Wait(ctx, 7, time.Second); err == nil || !strings.Contains(err.Error(), "closed") {
 		t.Fatalf("Wait on a closed view: %v", err)
 	}
