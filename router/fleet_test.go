@@ -82,6 +82,7 @@ func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 	waitVersion(t, sc.r, m1.Version) // so that the router knows it, not only the next
 	sc.cur = bump(t, st).Version
 	waitVersion(t, sc.r, sc.cur)
+	waitRouterRecord(t, sc.s, sc.p, "r-self", sc.cur) // written after the map is applied
 
 	now := time.Now().UTC()
 	if _, err := topo.RegisterRouter(ctx, sc.s, sc.p, topo.RouterMember{Version: topo.RouterMemberVersion, ID: "r-old",
@@ -167,6 +168,32 @@ func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 		r.Verify = &topo.MoveCheck{OK: false}
 	})
 	return sc
+}
+
+// waitRouterRecord waits until router id's member record says map version
+// v (a router writes it after applying the map).
+func waitRouterRecord(t *testing.T, s *zksession.Session, p topo.Paths, id string, v uint64) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if err := topo.Sync(ctx, s, p); err != nil {
+			t.Fatal(err)
+		}
+		routers, err := topo.ListRouters(ctx, s, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range routers {
+			if e.Name == id && e.Rec != nil && e.Rec.MapVersion == v {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("router %s's member record never said map version %d: %+v", id, v, routers)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func fleetJSON(t *testing.T, h http.Handler) *FleetView {
