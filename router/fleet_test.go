@@ -389,7 +389,7 @@ func TestIntegrationFleetReadsZooKeeperOncePerRefresh(t *testing.T) {
 // While this router's session is away the view is the last one read,
 // marked stale with its age, and ZooKeeper is not asked; once it is back
 // the view is fresh again.
-func TestIntegrationFleetStaleWhileZooKeeperAway(t *testing.T) {
+func TestIntegrationFleetStaleOnZooKeeperLoss(t *testing.T) {
 	skipUnderRace(t)
 	z := testenv.StartZK(t)
 	sc := newFleetScene(t, z, plain)
