@@ -96,7 +96,7 @@ func TestIntegrationMemberView(t *testing.T) {
 	}
 	// Both joined after the view started: Wait's listing finds them, and
 	// when the time is up they are the stragglers, at their versions.
-	b, err := v.Wait(ctx, 5, 300*time.Millisecond)
+	b, err := v.Wait(ctx, 5, 3*time.Second) // generous: the listing itself must fit in the wait on a loaded machine
 	want := p.PoolMember("web", "h1") + "@4 " + p.Router("r1") + "@4"
 	if err != nil || describeStragglers(b) != want {
 		t.Fatalf("stragglers %q (%v), want %q", describeStragglers(b), err, want)
