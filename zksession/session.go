@@ -117,7 +117,7 @@ func Open(cfg Config) (*Session, error) {
 	}
 	conn, _, err := zk.Connect(cs.Servers, cfg.SessionTimeout,
 		zk.WithHostProvider(s.hosts),
-		zk.WithDialer(sniffingDialer(func(d time.Duration) { s.negotiated.Store(int64(d)) })),
+		zk.WithDialer(sniffingDialer(cfg.Dial, func(d time.Duration) { s.negotiated.Store(int64(d)) })),
 		zk.WithLogger(zapLogger{s.log}),
 		zk.WithLogInfo(false),
 		zk.WithEventCallback(s.onEvent),
