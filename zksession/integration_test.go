@@ -202,6 +202,41 @@ func TestIntegrationDialHook(t *testing.T) {
 	}
 }
 
+// writeCounter counts the requests a session sends (one write each).
+type writeCounter struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
+}
+
+// An idle session asks the server once per heartbeat interval (1/6 of the
+// session timeout), not back to back: a fleet of idle processes must not
+// load the ensemble. A slow machine only sends fewer.
+func TestIntegrationHeartbeatPace(t *testing.T) {
+	_, connect := chrooted(t)
+	var writes atomic.Int64
+	s := openT(t, Config{Connect: connect, SessionTimeout: 1200 * time.Millisecond, Dial: func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return writeCounter{c, &writes}, nil
+	}})
+	interval := s.SessionTimeout() / 6
+	before := writes.Load()
+	const idle = 2 * time.Second
+	time.Sleep(idle)
+	// Heartbeats, plus the library's own pings (every third of the
+	// timeout), plus slack.
+	if n, most := writes.Load()-before, int64(idle/interval+idle/(s.SessionTimeout()/3)+5); n > most {
+		t.Fatalf("an idle session sent %d requests in %s, want at most %d (heartbeat every %s)", n, idle, most, interval)
+	}
+}
+
 func TestIntegrationTooLarge(t *testing.T) {
 	_, connect := chrooted(t)
 	ctx := ctxT(t)
