@@ -285,7 +285,9 @@ func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keys
 		r.fail("bucket map", fmt.Errorf("no map at %s; keeping the last one", r.paths.Map()))
 		return
 	}
-	m, err := bucketmap.Decode(r.paths.Map(), n.Data)
+	// The map file embeds the record's plain JSON, whichever form the
+	// znode holds (topo.MapEncoding).
+	m, js, err := bucketmap.DecodeRecord(r.paths.Map(), n.Data)
 	if err != nil {
 		r.stats.MapRejected.Add(1)
 		r.fail("bucket map rejected; keeping the last good one", err)
@@ -298,7 +300,7 @@ func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keys
 		}
 		return
 	}
-	snap, err := newSnapshot(m, ks, rec.Name, rec.Seed, n.Data)
+	snap, err := newSnapshot(m, ks, rec.Name, rec.Seed, js)
 	if err != nil {
 		r.fail("bucket map", err)
 		return
