@@ -3,6 +3,7 @@ package topo
 import (
 	"bytes"
 	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -72,6 +73,20 @@ func DecodeMapRecord(znode string, data []byte) (*MapRecord, error) {
 	js, _, err := UnpackMapRecord(znode, data)
 	if err != nil {
 		return nil, err
+	}
+	// Every watcher decodes the whole map on every change, so a good
+	// record takes one strict pass; Decode's three passes (which order
+	// its errors: a newer format version before an unknown field) run
+	// only to explain a record that fails it. Both accept the same
+	// records: one JSON object, nothing after it, no unknown field, a
+	// version this build reads.
+	var r MapRecord
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if dec.Decode(&r) == nil && r.Version >= 1 && r.Version <= MapFormatVersion {
+		if _, err := dec.Token(); err == io.EOF {
+			return &r, nil
+		}
 	}
 	return decodeAs[MapRecord]("bucket map", znode, js, MapFormatVersion, nil)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -103,4 +104,40 @@ func TestMapRecordCorruptCompressed(t *testing.T) {
 	if _, err := DecodeMapRecord("/m", []byte{0x1f, 'x'}); err == nil || !strings.Contains(err.Error(), "not JSON") || !errors.Is(err, ErrMalformed) {
 		t.Fatalf("half a magic: %v", err)
 	}
+}
+
+// DecodeMapRecord's one-pass path for good records accepts exactly what
+// the generic strict decoder accepts, and the same record; a record it
+// refuses gets the generic decoder's error.
+func FuzzDecodeMapRecordAgrees(f *testing.F) {
+	for _, s := range []string{
+		mapJSON,
+		" " + mapJSON + "\n",
+		mapJSON + " {}",
+		mapJSON + "x",
+		`{"version":2,"map_version":3,"level":0,"nodes":[],"owners":"AAA="}`,
+		`{"version":null,"map_version":3}`,
+		`{"map_version":3}`,
+		`{"version":1,"extra":1}`,
+		`{"Version":1,"MAP_VERSION":4,"owners":""}`,
+		`{"version":1,"version":0}`,
+		`{"version":1,"level":"x"}`,
+		`[1]`,
+		``,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if bytes.HasPrefix(data, gzipMagic) {
+			return // the JSON inside is what is compared
+		}
+		got, err := DecodeMapRecord("/m", data)
+		want, werr := decodeAs[MapRecord]("bucket map", "/m", data, MapFormatVersion, nil)
+		if (err == nil) != (werr == nil) || err != nil && err.Error() != werr.Error() {
+			t.Fatalf("DecodeMapRecord: %v; the generic decoder: %v", err, werr)
+		}
+		if err == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("DecodeMapRecord gave %+v, the generic decoder %+v", got, want)
+		}
+	})
 }
