@@ -50,6 +50,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -77,6 +78,7 @@ var (
 	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
 	jsonOut   = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	noLock    = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
+	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the changes (watchers and writer) to `file`")
 	devenvDir = flag.String("devenv-dir", envOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-devenv"), "scripts/devenv state directory (its lock)")
 )
 
@@ -520,6 +522,16 @@ func run(ctx context.Context, encs []topo.MapEncoding) (*Summary, error) {
 	cur, zv, err := st.Load(ctx)
 	if err != nil {
 		return sum, err
+	}
+	if *cpuProf != "" {
+		pf, err := os.Create(*cpuProf)
+		if err != nil {
+			return sum, err
+		}
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return sum, err
+		}
+		defer func() { pprof.StopCPUProfile(); pf.Close() }()
 	}
 	rng := rand.New(rand.NewPCG(3, 5))
 	perWatcher := map[string][]float64{}
