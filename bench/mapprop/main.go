@@ -535,6 +535,7 @@ func run(ctx context.Context, encs []topo.MapEncoding) (*Summary, error) {
 	}
 	rng := rand.New(rand.NewPCG(3, 5))
 	perWatcher := map[string][]float64{}
+	defer summarize(sum, perWatcher)
 	moves := *changes / 2 * len(encs)
 	for mvN := range moves {
 		enc := encs[mvN%len(encs)]
@@ -596,6 +597,22 @@ func run(ctx context.Context, encs []topo.MapEncoding) (*Summary, error) {
 			perWatcher[string(enc)] = append(perWatcher[string(enc)], lat...)
 		}
 	}
+	return sum, nil
+}
+
+// loadAvg is the machine's 1-minute load average: other work on the
+// shared cores shows in every figure.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
+// summarize fills each encoding's figures from the changes done so far
+// (all of them, or those before an error).
+func summarize(sum *Summary, perWatcher map[string][]float64) {
 	for _, side := range sum.Sides {
 		var bytes, all, fromStart, write []float64
 		for _, c := range sum.Changes {
@@ -615,17 +632,6 @@ func run(ctx context.Context, encs []topo.MapEncoding) (*Summary, error) {
 		side.TargetMet = side.AllAppliedMS.N > 0 && side.AllAppliedMS.P99 <= target
 		side.TargetMetAll = side.FromStartMS.N > 0 && side.FromStartMS.P99 <= target
 	}
-	return sum, nil
-}
-
-// loadAvg is the machine's 1-minute load average: other work on the
-// shared cores shows in every figure.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Fields(string(b))[0]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
