@@ -7,7 +7,7 @@ PKGS     ?= ./...
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-mapprop lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -51,6 +51,10 @@ bench-supervisor: install-deps build
 ## bench-moves: a live rebalance under write load: pauses, copy speed, lost writes
 bench-moves:
 	bench/moves/run
+
+## bench-mapprop: 100 routers follow a level-16 map: bytes and time per change, plain vs gzip record
+bench-mapprop:
+	bench/mapprop/run
 
 ## lint: gofmt and go vet must be clean
 lint:

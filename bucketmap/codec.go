@@ -8,18 +8,33 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-// Decode parses and validates a map record. The error names the znode and
-// exactly what is wrong; a map that fails is never partly used.
+// Decode parses and validates a map record as stored, plain or compressed
+// (topo.MapEncoding). The error names the znode and exactly what is wrong;
+// a map that fails is never partly used.
 func Decode(znode string, data []byte) (*Map, error) {
-	rec, err := topo.DecodeMapRecord(znode, data)
+	m, _, err := DecodeRecord(znode, data)
+	return m, err
+}
+
+// DecodeRecord is Decode for a reader that also hands the record on (the
+// map file for workers, GET /v1/map): it returns the record's plain JSON
+// too, the stored bytes themselves when plain, so that those documents
+// are the same whatever the encoding and it is inflated only once.
+func DecodeRecord(znode string, data []byte) (*Map, []byte, error) {
+	js, enc, err := topo.UnpackMapRecord(znode, data)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	rec, err := topo.DecodeMapRecord(znode, js)
+	if err != nil {
+		return nil, nil, err
 	}
 	m, err := fromRecord(rec)
 	if err != nil {
-		return nil, &topo.RecordError{Kind: "bucket map", Path: znode, Err: fmt.Errorf("%w: %v", topo.ErrMalformed, err)}
+		return nil, nil, &topo.RecordError{Kind: "bucket map", Path: znode, Err: fmt.Errorf("%w: %v", topo.ErrMalformed, err)}
 	}
-	return m, nil
+	m.Encoding = enc
+	return m, js, nil
 }
 
 func fromRecord(r *topo.MapRecord) (*Map, error) {
@@ -65,9 +80,18 @@ func fromRecord(r *topo.MapRecord) (*Map, error) {
 	return m, nil
 }
 
-// Encode validates m and renders its record. Maps are large, so the JSON is
-// compact.
+// Encode validates m and renders its record as stored, in m.Encoding.
 func Encode(m *Map) ([]byte, error) {
+	js, err := EncodeJSON(m)
+	if err != nil {
+		return nil, err
+	}
+	return topo.PackMapRecord(js, m.Encoding)
+}
+
+// EncodeJSON validates m and renders its record's plain JSON, whatever
+// m.Encoding. Maps are large, so the JSON is compact.
+func EncodeJSON(m *Map) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("refusing to encode an inconsistent bucket map: %w", err)
 	}

@@ -108,6 +108,11 @@ type Map struct {
 	Version   uint64
 	Level     int
 	UpdatedAt time.Time
+	// Encoding is how the record is stored in ZooKeeper, not part of the
+	// map's content: Decode sets it from the record read, Clone keeps it
+	// and Encode writes it, so every writer keeps the form the cluster
+	// was switched to (Store.SetEncoding). "" is plain.
+	Encoding topo.MapEncoding
 
 	nodes   []Node // registry in insertion order; owners index into it
 	index   map[NodeID]int
@@ -197,7 +202,7 @@ func (m *Map) BucketOf(ks *keystream.Keystream, uid string) uint32 {
 
 // Clone returns a deep copy to edit.
 func (m *Map) Clone() *Map {
-	c := &Map{Version: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt}
+	c := &Map{Version: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt, Encoding: m.Encoding}
 	c.nodes = append([]Node(nil), m.nodes...)
 	c.index = make(map[NodeID]int, len(m.index))
 	for k, v := range m.index {

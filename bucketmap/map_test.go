@@ -115,25 +115,89 @@ func TestRoundTripAndSize(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		data, err := Encode(m)
+		for _, enc := range []topo.MapEncoding{topo.MapPlain, topo.MapGzip} {
+			m.Encoding = enc
+			data, err := Encode(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := Decode("/m", data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back.Encoding != enc {
+				t.Fatalf("level %d: a %s record decodes as %s", tc.level, enc, back.Encoding)
+			}
+			again, _ := Encode(back)
+			if string(again) != string(data) {
+				t.Fatalf("level %d, %s: encode(decode(x)) != x", tc.level, enc)
+			}
+			if tc.level == 16 {
+				// Stated in docs/bucket-map.md.
+				t.Logf("level 16 with %d nodes, %s: %d bytes (%.1f KiB) of %d allowed", tc.nodes, enc, len(data), float64(len(data))/1024, zksession.MaxDataSize)
+			}
+			if len(data) > zksession.MaxDataSize/2 {
+				t.Fatalf("level %d, %d nodes, %s: %d bytes, over half the znode limit", tc.level, tc.nodes, enc, len(data))
+			}
+		}
+	}
+}
+
+// The two forms of one map decode to the same map, and DecodeRecord hands
+// back the same plain JSON for both: the bytes of the plain form itself,
+// which is what the map file embeds.
+func TestDecodeRecordBothForms(t *testing.T) {
+	m := bump(mustNew(t, 8, nodes(5)))
+	if err := m.SetMoving(3, m.Owner(200), "mv-1"); err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if js, err := EncodeJSON(m); err != nil || string(js) != string(plain) {
+		t.Fatalf("EncodeJSON of a map built by New is not its plain record: %v", err)
+	}
+	gz := m.Clone()
+	gz.Encoding = topo.MapGzip
+	packed, err := Encode(gz)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(packed) >= len(plain)/4 || packed[0] != 0x1f {
+		t.Fatalf("gzip record: %d bytes (plain %d), first byte %#x", len(packed), len(plain), packed[0])
+	}
+	for _, data := range [][]byte{plain, packed} {
+		back, js, err := DecodeRecord("/m", data)
 		if err != nil {
 			t.Fatal(err)
 		}
-		back, err := Decode("/m", data)
-		if err != nil {
-			t.Fatal(err)
+		if string(js) != string(plain) {
+			t.Fatalf("%s: DecodeRecord's JSON differs from the plain record", back.Encoding)
 		}
-		again, _ := Encode(back)
-		if string(again) != string(data) {
-			t.Fatalf("level %d: encode(decode(x)) != x", tc.level)
+		if again, _ := EncodeJSON(back); string(again) != string(plain) || back.Meta(3).Move != "mv-1" {
+			t.Fatalf("%s: decodes to another map", back.Encoding)
 		}
-		if tc.level == 16 {
-			// Stated in docs/bucket-map.md.
-			t.Logf("level 16 with %d nodes: %d bytes (%.0f KiB) of %d allowed", tc.nodes, len(data), float64(len(data))/1024, zksession.MaxDataSize)
+		// Edits keep the form (Store.Update works on a Clone).
+		if c := back.Clone(); c.Encoding != back.Encoding {
+			t.Fatalf("Clone dropped the encoding %s", back.Encoding)
 		}
-		if len(data) > zksession.MaxDataSize/2 {
-			t.Fatalf("level %d, %d nodes: %d bytes, over half the znode limit", tc.level, tc.nodes, len(data))
-		}
+	}
+}
+
+// A damaged compressed record is refused with the znode named, as a
+// damaged plain one is.
+func TestDecodeCorruptCompressed(t *testing.T) {
+	m := mustNew(t, 6, nodes(3))
+	m.Encoding = topo.MapGzip
+	data, err := Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data[len(data)/2] ^= 0x55
+	_, err = Decode("/shardvisor/c/map", data)
+	if err == nil || !errors.Is(err, topo.ErrMalformed) || !strings.Contains(err.Error(), "bucket map at /shardvisor/c/map: malformed record: gzip-compressed record: corrupt") {
+		t.Fatalf("corrupt compressed record: %v", err)
 	}
 }
 
@@ -189,12 +253,19 @@ func TestDecodeRejectsInconsistentMaps(t *testing.T) {
 			r := rec(t)
 			tc.mut(r)
 			data, _ := json.Marshal(r)
-			_, err := Decode("/shardvisor/c/map", data)
-			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-				t.Fatalf("got %v, want an error containing %q", err, tc.errHas)
+			packed, err := topo.PackMapRecord(data, topo.MapGzip)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if !errors.Is(err, topo.ErrMalformed) || !strings.Contains(err.Error(), "/shardvisor/c/map") {
-				t.Fatalf("error should wrap ErrMalformed and name the znode: %v", err)
+			// Compressed, the same record fails the same way.
+			for _, data := range [][]byte{data, packed} {
+				_, err := Decode("/shardvisor/c/map", data)
+				if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+					t.Fatalf("got %v, want an error containing %q", err, tc.errHas)
+				}
+				if !errors.Is(err, topo.ErrMalformed) || !strings.Contains(err.Error(), "/shardvisor/c/map") {
+					t.Fatalf("error should wrap ErrMalformed and name the znode: %v", err)
+				}
 			}
 		})
 	}
@@ -207,15 +278,19 @@ func FuzzDecode(f *testing.F) {
 	for _, m := range []*Map{mustNew(f, 0, nodes(1)), mustNew(f, 3, nodes(3))} {
 		data, _ := Encode(m)
 		f.Add(data)
+		m.Encoding = topo.MapGzip
+		data, _ = Encode(m)
+		f.Add(data)
 	}
 	f.Add([]byte(`{"version":1}`))
 	f.Add([]byte(`{"version":1,"map_version":2,"level":1,"nodes":[{"id":"a","dsn":"postgres://h/d","weight":1,"state":"active"}],"owners":"AAAAAA==","history":[{"lo":0,"hi":1,"node":"a","until_version":1,"at":"2026-01-01T00:00:00Z"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := Decode("/fuzz", data)
+		m, js, err := DecodeRecord("/fuzz", data)
 		if err != nil {
 			return
 		}
-		// Whatever decodes is consistent and survives a round trip.
+		// Whatever decodes is consistent and survives a round trip in the
+		// form it came in.
 		if err := m.Validate(); err != nil {
 			t.Fatalf("decoded an invalid map: %v", err)
 		}
@@ -227,9 +302,22 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-decode: %v", err)
 		}
+		if m2.Encoding != m.Encoding {
+			t.Fatalf("a %s record re-encodes as %s", m.Encoding, m2.Encoding)
+		}
 		enc2, _ := Encode(m2)
 		if string(enc) != string(enc2) {
 			t.Fatal("round trip not stable")
+		}
+		// The plain JSON handed on (the map file) is that same map.
+		m3, err := Decode("/fuzz", js)
+		if err != nil {
+			t.Fatalf("the record's JSON does not decode: %v", err)
+		}
+		a, _ := EncodeJSON(m)
+		b, _ := EncodeJSON(m3)
+		if string(a) != string(b) {
+			t.Fatal("the record's JSON is another map")
 		}
 	})
 }

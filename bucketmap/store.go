@@ -148,6 +148,34 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 	return nil, 0, nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, retries+1)
 }
 
+// SetEncoding switches how the map record is stored (topo.MapEncoding) by
+// writing it again, at the next map version, in enc; every later write
+// keeps enc, since writers re-encode the record in the form they read.
+// A map already stored in enc is not written: changed is false.
+//
+// Compress only once every process that reads the map (routers, apps
+// embedding package router, supervisors, shardctl, the mover, the
+// rebalancer, GC) runs a release that reads both forms: an older one
+// refuses a compressed record and keeps its last map. Switching back to
+// plain is the way back before downgrading any of them.
+func (st *Store) SetEncoding(ctx context.Context, enc topo.MapEncoding) (m *Map, changed bool, err error) {
+	if _, err := topo.ParseMapEncoding(string(enc)); err != nil {
+		return nil, false, err
+	}
+	cur, _, err := st.Load(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	if cur.Encoding == enc {
+		return cur, false, nil
+	}
+	next, err := st.Update(ctx, func(m *Map) error {
+		m.Encoding = enc
+		return nil
+	})
+	return next, err == nil, err
+}
+
 // MapPath is where the map lives, for watchers.
 func (st *Store) MapPath() string { return st.p.Map() }
 

@@ -243,3 +243,53 @@ func TestIntegrationStoreUpdateAlso(t *testing.T) {
 		t.Fatalf("record: %q", data)
 	}
 }
+
+// The encoding switch: SetEncoding rewrites the record compressed, every
+// later write (Update, UpdateAlso from a map the caller holds) keeps it,
+// a switch to the form already stored writes nothing, and switching back
+// writes plain again.
+func TestIntegrationStoreEncoding(t *testing.T) {
+	ctx, _, _, st := createdStore(t, "enc", 8, 3)
+	stored := func() []byte {
+		t.Helper()
+		data, _, err := topo.ReadMapData(ctx, st.Session(), st.Paths())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	isGzip := func(data []byte) bool { return len(data) > 2 && data[0] == 0x1f && data[1] == 0x8b }
+	if data := stored(); isGzip(data) || data[0] != '{' {
+		t.Fatal("a new cluster's map is not plain")
+	}
+	if _, _, err := st.SetEncoding(ctx, "zstd"); err == nil {
+		t.Fatal("unknown encoding accepted")
+	}
+	m, changed, err := st.SetEncoding(ctx, topo.MapGzip)
+	if err != nil || !changed || m.Version != 2 || m.Encoding != topo.MapGzip {
+		t.Fatalf("switch to gzip: %+v changed=%v %v", m, changed, err)
+	}
+	if !isGzip(stored()) {
+		t.Fatal("after the switch the znode is not gzip")
+	}
+	if m, changed, err = st.SetEncoding(ctx, topo.MapGzip); err != nil || changed || m.Version != 2 {
+		t.Fatalf("a second switch to gzip wrote: version %d changed=%v %v", m.Version, changed, err)
+	}
+	next, err := st.Update(ctx, func(m *Map) error { return m.Assign(0, "n2", AssignOptions{}) })
+	if err != nil || !isGzip(stored()) {
+		t.Fatalf("an update did not keep gzip: %v", err)
+	}
+	cur, zv, err := st.Load(ctx)
+	if err != nil || cur.Encoding != topo.MapGzip || cur.Owner(0) != "n2" || cur.Version != next.Version {
+		t.Fatalf("load of the gzip map: %+v %v", cur, err)
+	}
+	if _, _, _, err := st.UpdateAlso(ctx, cur, zv, func(m *Map) error { return m.SetMoving(1, "n3", "mv-1") }, nil); err != nil || !isGzip(stored()) {
+		t.Fatalf("UpdateAlso from the caller's map did not keep gzip: %v", err)
+	}
+	if m, changed, err = st.SetEncoding(ctx, topo.MapPlain); err != nil || !changed || m.Meta(1).Move != "mv-1" {
+		t.Fatalf("switch back: %+v %v", m, err)
+	}
+	if data := stored(); isGzip(data) || data[0] != '{' {
+		t.Fatal("after switching back the znode is not plain JSON")
+	}
+}

@@ -129,6 +129,48 @@ func TestIntegrationFollowsMapAndRegisters(t *testing.T) {
 	}
 }
 
+// A map stored compressed is followed like a plain one, and GET /v1/map
+// (MapFile) still carries the map's plain JSON, the same document a plain
+// record gives: clients in other languages never see the compression.
+func TestIntegrationFollowsCompressedMap(t *testing.T) {
+	z := testenv.StartZK(t)
+	st := cluster(t, z, testNodes(3), 6)
+	ctx := context.Background()
+	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
+	defer r.Close()
+	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	m, changed, err := st.SetEncoding(ctx, topo.MapGzip)
+	if err != nil || !changed {
+		t.Fatalf("switch to gzip: %v", err)
+	}
+	waitVersion(t, r, m.Version)
+	if r.Stats().MapRejected.Load() != 0 {
+		t.Fatalf("the compressed map was rejected: %v", *r.Stats().LastError.Load())
+	}
+	m, err = st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(5, m.Owner(60), bucketmap.AssignOptions{}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitVersion(t, r, m.Version)
+	if got := r.Map(); got.Owner(5) != m.Owner(60) {
+		t.Fatalf("bucket 5 on %s after the change, want %s", got.Owner(5), m.Owner(60))
+	}
+	file, _, err := r.MapFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := bucketmap.EncodeJSON(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := topo.EncodeMapFile("c1", testSeed, js)
+	if string(file) != string(want) {
+		t.Fatalf("map file of a compressed map is not the plain document:\n%.200s", file)
+	}
+}
+
 func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

@@ -94,9 +94,16 @@ type snapshot struct {
 	flagged []bool // bucket has state beyond its owner
 	cluster string
 	seed    string
-	file    []byte // the map file document for GET /v1/map
+	raw     []byte // the map record's plain JSON
 	etag    string
-	at      time.Time
+	// The map file document for GET /v1/map, made on first use rather
+	// than for every map version: most routers (those in apps) never
+	// serve it, and compacting a 2^16-bucket map into it costs a third
+	// of applying one.
+	fileOnce sync.Once
+	file     []byte
+	fileErr  error
+	at       time.Time
 }
 
 // Router answers routing questions from the newest map it has.
@@ -253,22 +260,23 @@ func snapshotFromFile(path string, data []byte) (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newSnapshot(m, ks, rec.Cluster, rec.Seed, rec.Map)
+	return newSnapshot(m, ks, rec.Cluster, rec.Seed, rec.Map), nil
 }
 
-func newSnapshot(m *bucketmap.Map, ks *keystream.Keystream, cluster, seed string, raw []byte) (*snapshot, error) {
-	s := &snapshot{m: m, ks: ks, shift: uint(64 - m.Level), owners: m.OwnerIndexes(), nodes: m.Nodes(), cluster: cluster, seed: seed, at: time.Now()}
+func newSnapshot(m *bucketmap.Map, ks *keystream.Keystream, cluster, seed string, raw []byte) *snapshot {
+	s := &snapshot{m: m, ks: ks, shift: uint(64 - m.Level), owners: m.OwnerIndexes(), nodes: m.Nodes(), cluster: cluster, seed: seed, raw: raw, at: time.Now()}
 	s.flagged = make([]bool, m.Buckets())
 	for _, b := range m.NonActive() {
 		s.flagged[b] = true
 	}
-	file, err := topo.EncodeMapFile(cluster, seed, raw)
-	if err != nil {
-		return nil, err
-	}
-	s.file = file
 	s.etag = fmt.Sprintf(`"%s-v%d"`, cluster, m.Version)
-	return s, nil
+	return s
+}
+
+// mapFile is the snapshot's map file document (topo.EncodeMapFile).
+func (s *snapshot) mapFile() ([]byte, error) {
+	s.fileOnce.Do(func() { s.file, s.fileErr = topo.EncodeMapFile(s.cluster, s.seed, s.raw) })
+	return s.file, s.fileErr
 }
 
 // follow reads the cluster's seed once, then applies every new map version.
@@ -330,7 +338,9 @@ func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keys
 		r.fail("bucket map", fmt.Errorf("no map at %s; keeping the last one", r.paths.Map()))
 		return
 	}
-	m, err := bucketmap.Decode(r.paths.Map(), n.Data)
+	// The map file embeds the record's plain JSON, whichever form the
+	// znode holds (topo.MapEncoding).
+	m, js, err := bucketmap.DecodeRecord(r.paths.Map(), n.Data)
 	if err != nil {
 		r.stats.MapRejected.Add(1)
 		r.fail("bucket map rejected; keeping the last good one", err)
@@ -343,12 +353,7 @@ func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keys
 		}
 		return
 	}
-	snap, err := newSnapshot(m, ks, rec.Name, rec.Seed, n.Data)
-	if err != nil {
-		r.fail("bucket map", err)
-		return
-	}
-	r.install(snap)
+	r.install(newSnapshot(m, ks, rec.Name, rec.Seed, js))
 	r.register(ctx, m.Version)
 }
 
@@ -449,7 +454,11 @@ func (r *Router) MapFile() ([]byte, string, error) {
 	if s == nil {
 		return nil, "", ErrNotReady
 	}
-	return s.file, s.etag, nil
+	file, err := s.mapFile()
+	if err != nil {
+		return nil, "", err
+	}
+	return file, s.etag, nil
 }
 
 // Route answers for one user id. It does not allocate, touch the network

@@ -13,16 +13,17 @@ import (
 )
 
 // MapDocument validates the bucket map bytes read from ZooKeeper (strictly,
-// with bucketmap.Decode: a map that fails is never handed to workers) and
-// returns its version and the map file document workers get: the cluster's
-// seed with the map exactly as stored, so that a worker routes users with
+// with bucketmap.DecodeRecord: a map that fails is never handed to workers)
+// and returns its version and the map file document workers get: the
+// cluster's seed with the map record's plain JSON (as stored, or inflated
+// when the znode holds it compressed), so that a worker routes users with
 // nothing but this file (topo.MapFileRecord, docs/router-api.md).
 func MapDocument(cluster *topo.ClusterRecord, znode string, data []byte) (uint64, []byte, error) {
-	m, err := bucketmap.Decode(znode, data)
+	m, js, err := bucketmap.DecodeRecord(znode, data)
 	if err != nil {
 		return 0, nil, err
 	}
-	doc, err := topo.EncodeCompact(topo.MapFileRecord{Version: topo.MapFileVersion, Cluster: cluster.Name, Seed: cluster.Seed, Map: data})
+	doc, err := topo.EncodeCompact(topo.MapFileRecord{Version: topo.MapFileVersion, Cluster: cluster.Name, Seed: cluster.Seed, Map: js})
 	if err != nil {
 		return 0, nil, err
 	}

@@ -66,6 +66,16 @@ func TestMapVersionAndFiles(t *testing.T) {
 	if err != nil || rec.Seed != cl.Seed || rec.Cluster != "c1" || string(rec.Map) != string(raw) {
 		t.Fatalf("map file %s: %v", doc, err)
 	}
+	// A compressed record gives workers the same document, byte for byte:
+	// the map in its plain form, for readers in any language.
+	m.Encoding = topo.MapGzip
+	packed, _ := bucketmap.Encode(m)
+	if v, doc2, err := MapDocument(cl, "/m", packed); err != nil || v != 1 || string(doc2) != string(doc) {
+		t.Fatalf("map file of the gzip record (%v): %s", err, doc2)
+	}
+	if _, _, err := MapDocument(cl, "/m", packed[:len(packed)-1]); err == nil || !strings.Contains(err.Error(), "bucket map at /m") {
+		t.Errorf("MapDocument of a truncated gzip record: %v", err)
+	}
 	for _, bad := range []string{`{}`, `[]`, `{"version":1,"map_version":7}`, `not json`} {
 		if _, _, err := MapDocument(cl, "/m", []byte(bad)); err == nil {
 			t.Errorf("MapDocument(%s) accepted", bad)

@@ -1,6 +1,16 @@
 package topo
 
-import "time"
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/shardvisor/shardvisor/zksession"
+)
 
 // MapFormatVersion is the newest bucket map format this build writes.
 const MapFormatVersion = 1
@@ -56,8 +66,135 @@ type HandoffRecord struct {
 	At           time.Time `json:"at"`
 }
 
-// DecodeMapRecord decodes the JSON strictly; semantic checks are
+// DecodeMapRecord decodes a stored map record, plain or compressed
+// (UnpackMapRecord), and its JSON strictly; semantic checks are
 // bucketmap's.
 func DecodeMapRecord(znode string, data []byte) (*MapRecord, error) {
-	return decodeAs[MapRecord]("bucket map", znode, data, MapFormatVersion, nil)
+	js, _, err := UnpackMapRecord(znode, data)
+	if err != nil {
+		return nil, err
+	}
+	// Every watcher decodes the whole map on every change, so a good
+	// record takes one strict pass; Decode's three passes (which order
+	// its errors: a newer format version before an unknown field) run
+	// only to explain a record that fails it. Both accept the same
+	// records: one JSON object, nothing after it, no unknown field, a
+	// version this build reads.
+	var r MapRecord
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if dec.Decode(&r) == nil && r.Version >= 1 && r.Version <= MapFormatVersion {
+		if _, err := dec.Token(); err == io.EOF {
+			return &r, nil
+		}
+	}
+	return decodeAs[MapRecord]("bucket map", znode, js, MapFormatVersion, nil)
+}
+
+// MapEncoding is how the map record's JSON is stored in its znode. The
+// record, its format version and what readers are handed (the map file,
+// GET /v1/map) are the same JSON either way.
+type MapEncoding string
+
+const (
+	// MapPlain stores the JSON itself.
+	MapPlain MapEncoding = "plain"
+	// MapGzip stores the JSON gzip-compressed (RFC 1952), so that a
+	// fleet of watchers each re-reading the whole record on every change
+	// reads a fraction of it: a 2^16-bucket map over 100 nodes is about
+	// 180 KiB of JSON, from 3 KiB (owners in contiguous runs) to 89 KiB
+	// (owners at random) compressed. A gzip stream starts with the bytes
+	// 1f 8b, which no JSON text does, so readers tell the forms apart by
+	// their first bytes; a reader of an older release refuses the
+	// compressed form ("not JSON") and keeps its last map
+	// (docs/bucket-map.md, "Stored form").
+	MapGzip MapEncoding = "gzip"
+)
+
+// ParseMapEncoding checks an encoding's name.
+func ParseMapEncoding(s string) (MapEncoding, error) {
+	switch e := MapEncoding(s); e {
+	case MapPlain, MapGzip:
+		return e, nil
+	}
+	return "", fmt.Errorf("map encoding %q is not one of plain, gzip", s)
+}
+
+// MaxMapJSON bounds a map record's JSON, compressed or not: it must fit in
+// a znode by itself, so that any record can be written back plain (to roll
+// the encoding back) and so that a corrupt or hostile compressed record
+// cannot make every reader inflate gigabytes.
+const MaxMapJSON = zksession.MaxDataSize
+
+// gzipMagic starts every gzip stream (RFC 1952, ID1 ID2).
+var gzipMagic = []byte{0x1f, 0x8b}
+
+// UnpackMapRecord returns the JSON of the map record stored as data (data
+// itself when plain, inflated when gzip-compressed) and how it was stored.
+// A compressed record that is corrupt, truncated, followed by other bytes
+// or inflates beyond MaxMapJSON is a malformed record naming znode.
+func UnpackMapRecord(znode string, data []byte) ([]byte, MapEncoding, error) {
+	if !bytes.HasPrefix(data, gzipMagic) {
+		return data, MapPlain, nil
+	}
+	fail := func(format string, args ...any) ([]byte, MapEncoding, error) {
+		return nil, MapGzip, &RecordError{Kind: "bucket map", Path: znode,
+			Err: fmt.Errorf("%w: gzip-compressed record: "+format, append([]any{ErrMalformed}, args...)...)}
+	}
+	broken := func(err error) ([]byte, MapEncoding, error) {
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return fail("truncated (%d bytes stored)", len(data))
+		}
+		return fail("corrupt: %v", err)
+	}
+	br := bytes.NewReader(data)
+	zr, err := gzip.NewReader(br)
+	if err != nil {
+		return broken(err)
+	}
+	// One stream only: a second one appended would be data no writer put
+	// there (gzip readers concatenate them by default).
+	zr.Multistream(false)
+	js, err := io.ReadAll(io.LimitReader(zr, MaxMapJSON+1))
+	if err != nil {
+		return broken(err)
+	}
+	if len(js) > MaxMapJSON {
+		return fail("inflates to more than %d bytes, the most a map record may hold", MaxMapJSON)
+	}
+	// io.ReadAll stopped at the end of the stream, which checked its
+	// CRC-32 and length; bytes after it are not part of the record.
+	if br.Len() > 0 {
+		return fail("%d bytes of trailing data after the compressed stream", br.Len())
+	}
+	return js, MapGzip, nil
+}
+
+// PackMapRecord renders a map record's JSON as stored in encoding enc (""
+// is plain). It refuses JSON over MaxMapJSON whatever the encoding.
+func PackMapRecord(js []byte, enc MapEncoding) ([]byte, error) {
+	if len(js) > MaxMapJSON {
+		return nil, fmt.Errorf("bucket map record is %d bytes, over the %d a znode holds (the limit applies to its plain form even when stored compressed)", len(js), MaxMapJSON)
+	}
+	switch enc {
+	case "", MapPlain:
+		return js, nil
+	case MapGzip:
+		var b bytes.Buffer
+		// BestSpeed: the writer compresses inside a move's write pause
+		// (the flip); on a 2^16-bucket map with scattered owners it takes
+		// a quarter of the default level's time for 10% more bytes.
+		zw, err := gzip.NewWriterLevel(&b, gzip.BestSpeed)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := zw.Write(js); err != nil {
+			return nil, err
+		}
+		if err := zw.Close(); err != nil {
+			return nil, err
+		}
+		return b.Bytes(), nil
+	}
+	return nil, fmt.Errorf("unknown map encoding %q", enc)
 }

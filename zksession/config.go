@@ -42,6 +42,10 @@ type Config struct {
 	// Logger receives the library's logs and this package's lifecycle
 	// events. Nil means zap.NewNop().
 	Logger *zap.Logger
+	// Dial opens each connection to a server; nil means net.DialTimeout.
+	// For callers that wrap the connection, such as a benchmark counting
+	// the bytes ZooKeeper sends (bench/mapprop).
+	Dial func(network, address string, timeout time.Duration) (net.Conn, error)
 }
 
 // ConnectString is a parsed ZooKeeper connect string.

@@ -40,9 +40,12 @@ func (c *sniffConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func sniffingDialer(onTimeout func(time.Duration)) func(network, addr string, timeout time.Duration) (net.Conn, error) {
+func sniffingDialer(dial func(network, addr string, timeout time.Duration) (net.Conn, error), onTimeout func(time.Duration)) func(network, addr string, timeout time.Duration) (net.Conn, error) {
+	if dial == nil {
+		dial = net.DialTimeout
+	}
 	return func(network, addr string, timeout time.Duration) (net.Conn, error) {
-		c, err := net.DialTimeout(network, addr, timeout)
+		c, err := dial(network, addr, timeout)
 		if err != nil {
 			return nil, err
 		}

@@ -8,10 +8,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -155,6 +157,83 @@ func TestIntegrationCRUDCASAndChroot(t *testing.T) {
 	}
 	if _, _, err := s.Get(ctx, "relative"); err == nil || !strings.Contains(err.Error(), "must start with /") {
 		t.Fatalf("relative path: %v", err)
+	}
+}
+
+// countingConn counts the bytes read from a server.
+type countingConn struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// Config.Dial opens every connection, so a caller sees all the session's
+// bytes; the session still works (and still learns its timeout) through
+// the wrapped connection.
+func TestIntegrationDialHook(t *testing.T) {
+	_, connect := chrooted(t)
+	ctx := ctxT(t)
+	var dials, read atomic.Int64
+	s := openT(t, Config{Connect: connect, SessionTimeout: 6 * time.Second, Dial: func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		dials.Add(1)
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return countingConn{c, &read}, nil
+	}})
+	if err := s.Create(ctx, "/big", make([]byte, 100_000)); err != nil {
+		t.Fatal(err)
+	}
+	before := read.Load()
+	if data, _, err := s.Get(ctx, "/big"); err != nil || len(data) != 100_000 {
+		t.Fatalf("get: %d bytes, %v", len(data), err)
+	}
+	if got := read.Load() - before; dials.Load() == 0 || got < 100_000 {
+		t.Fatalf("%d dials, %d bytes read for a 100,000-byte node", dials.Load(), got)
+	}
+	if s.SessionTimeout() != 6*time.Second {
+		t.Fatalf("negotiated timeout %s not seen through the wrapped connection", s.SessionTimeout())
+	}
+}
+
+// writeCounter counts the requests a session sends (one write each).
+type writeCounter struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c writeCounter) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
+}
+
+// An idle session asks the server once per heartbeat interval (1/6 of the
+// session timeout), not back to back: a fleet of idle processes must not
+// load the ensemble. A slow machine only sends fewer.
+func TestIntegrationHeartbeatPace(t *testing.T) {
+	_, connect := chrooted(t)
+	var writes atomic.Int64
+	s := openT(t, Config{Connect: connect, SessionTimeout: 1200 * time.Millisecond, Dial: func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return writeCounter{c, &writes}, nil
+	}})
+	interval := s.SessionTimeout() / 6
+	before := writes.Load()
+	const idle = 2 * time.Second
+	time.Sleep(idle)
+	// Heartbeats, plus the library's own pings (every third of the
+	// timeout), plus slack.
+	if n, most := writes.Load()-before, int64(idle/interval+idle/(s.SessionTimeout()/3)+5); n > most {
+		t.Fatalf("an idle session sent %d requests in %s, want at most %d (heartbeat every %s)", n, idle, most, interval)
 	}
 }
 

@@ -119,7 +119,7 @@ func Open(cfg Config) (*Session, error) {
 	}
 	conn, _, err := zk.Connect(cs.Servers, cfg.SessionTimeout,
 		zk.WithHostProvider(s.hosts),
-		zk.WithDialer(sniffingDialer(func(d time.Duration) { s.negotiated.Store(int64(d)) })),
+		zk.WithDialer(sniffingDialer(cfg.Dial, func(d time.Duration) { s.negotiated.Store(int64(d)) })),
 		zk.WithLogger(zapLogger{s.log}),
 		zk.WithLogInfo(false),
 		zk.WithEventCallback(s.onEvent),
@@ -366,11 +366,18 @@ func (s *Session) monitor() {
 	tick := time.NewTicker(s.heartbeatInterval())
 	defer tick.Stop()
 	for {
+		// A heartbeat starts on the tick, or on a library event (a
+		// reconnect is confirmed at once), never because the last one
+		// answered: that would ask the server back to back, thousands of
+		// times a second per process.
+		beat := false
 		select {
 		case <-s.closed:
 			return
 		case <-s.kick:
+			beat = true
 		case <-tick.C:
+			beat = true
 		case <-hbDone:
 			hbBusy = false
 		}
@@ -395,7 +402,7 @@ func (s *Session) monitor() {
 		// Ask the server something cheap whenever we hold a session; only
 		// one heartbeat is ever in flight, so a hung connection cannot pile
 		// them up.
-		if hasSession && !hbBusy {
+		if hasSession && !hbBusy && beat {
 			hbBusy = true
 			go func() {
 				s.heartbeat()

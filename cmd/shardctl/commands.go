@@ -123,6 +123,15 @@ func newApp() *cli.App {
 			{Name: "split", Usage: "double the bucket count (level n -> n+1); moves no data, one compare-and-swap write", Action: runSplit},
 			{Name: "plan", Usage: "print the moves that would balance the live map (changes nothing)", Flags: policyFlags(), Action: runPlan},
 			{
+				Name:      "map-encoding",
+				Usage:     "show how the map record is stored in ZooKeeper, or switch it: plain or gzip",
+				ArgsUsage: "[plain|gzip]",
+				Description: "gzip makes every router and supervisor read a fraction of the map on each change. Switch to it only once\n" +
+					"every process that reads the map runs a release that reads both forms: an older one refuses a compressed\n" +
+					"map and keeps its last one. Switch back to plain before downgrading any of them. See docs/bucket-map.md.",
+				Action: runMapEncoding,
+			},
+			{
 				Name:      "assign",
 				Usage:     "give one bucket to a db node (manual control)",
 				ArgsUsage: "BUCKET NODE",
