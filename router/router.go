@@ -17,8 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +31,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/workerproto"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -175,7 +178,24 @@ func New(s *zksession.Session, p topo.Paths, opts Options) *Router {
 
 // NewFromFile starts a router from a map file (the one the supervisor hands
 // its workers, or a saved GET /v1/map), with no ZooKeeper at all.
+//
+// Under a supervisor in reload mode (SHARDVISOR_MAP_DELIVERY=reload, and
+// path is SHARDVISOR_MAP_FILE) the router follows the file: it loads each
+// new map the supervisor writes there and acknowledges it with
+// MAPVERSION=N, so the worker never restarts for a map change.
 func NewFromFile(path string, opts Options) (*Router, error) {
+	f, ok := workerproto.MapFollowFromEnv()
+	follow := ok && f.Reload && filepath.Clean(f.Path) == filepath.Clean(path)
+	return newFromFile(path, opts, follow, f)
+}
+
+// FollowFile is NewFromFile following the file whatever the environment:
+// every MapPollInterval, and on sig if not 0.
+func FollowFile(path string, sig syscall.Signal, opts Options) (*Router, error) {
+	return newFromFile(path, opts, true, workerproto.MapFollow{Path: path, Reload: true, Signal: sig})
+}
+
+func newFromFile(path string, opts Options, follow bool, f workerproto.MapFollow) (*Router, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
@@ -185,9 +205,32 @@ func NewFromFile(path string, opts Options) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.cancel = func() {}
-	close(r.done)
 	r.install(snap)
+	if !follow {
+		r.cancel = func() {}
+		close(r.done)
+		return r, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() {
+		defer close(r.done)
+		workerproto.FollowMapFile(ctx, f, snap.m.Version, func(data []byte) (uint64, error) {
+			next, err := snapshotFromFile(path, data)
+			if err != nil {
+				return 0, err
+			}
+			cur := r.snap.Load()
+			switch {
+			case next.m.Version == cur.m.Version:
+				return cur.m.Version, nil
+			case next.m.Version < cur.m.Version:
+				return 0, fmt.Errorf("map file %s holds map version %d, older than the applied %d", path, next.m.Version, cur.m.Version)
+			}
+			r.install(next)
+			return next.m.Version, nil
+		}, func(err error) { r.fail("map file", err) })
+	}()
 	return r, nil
 }
 

@@ -47,6 +47,20 @@ type (
 	// actResync re-reads config and map off the loop after a session
 	// loss and posts an evResync.
 	actResync struct{}
+	// actCheckPeers asks the peers off the loop whether they reach
+	// ZooKeeper and posts an evPeers.
+	actCheckPeers struct{}
+	// actWriteLiveMap (reload mode) replaces the live map file with mp,
+	// atomically. On failure the executor reports back
+	// (machine.liveMapFailed) before the next action.
+	actWriteLiveMap struct{ mp *mapData }
+	// actMapSignal (reload mode) sends the pool's map signal to the
+	// worker's main process: the live map file changed.
+	actMapSignal struct {
+		w       *worker
+		sig     string
+		version uint64
+	}
 )
 
 func (a actPrepare) String() string { return fmt.Sprintf("prepare g%d", a.g.id) }
@@ -71,6 +85,13 @@ func (a actCleanMapFiles) String() string {
 func (a actPublish) String() string {
 	return fmt.Sprintf("publish %s g%d", a.st.Result, a.st.Generation)
 }
-func (a actNotify) String() string { return "notify " + strings.ReplaceAll(a.state, "\n", " ") }
-func (actReload) String() string   { return "reload" }
-func (actResync) String() string   { return "resync" }
+func (a actNotify) String() string   { return "notify " + strings.ReplaceAll(a.state, "\n", " ") }
+func (actReload) String() string     { return "reload" }
+func (actResync) String() string     { return "resync" }
+func (actCheckPeers) String() string { return "check-peers" }
+func (a actWriteLiveMap) String() string {
+	return fmt.Sprintf("write-live-map m%d", a.mp.version)
+}
+func (a actMapSignal) String() string {
+	return fmt.Sprintf("map-signal w%d %s m%d", a.w.id, a.sig, a.version)
+}

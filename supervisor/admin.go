@@ -21,6 +21,10 @@ import (
 //   - /readyz is 200 when, in addition, at least the target number of
 //     workers are ready.
 //   - /status is the member record as JSON, plus the last swap result.
+//   - /peer/zk answers the peers' fail-static question (peers.go).
+//
+// In fail-static (failstatic.go) /healthz and /readyz stay 200, and say
+// so: "fail_static": true and the reason.
 func (s *Supervisor) startAdmin() error {
 	if s.opts.AdminAddr == "" {
 		return nil
@@ -46,9 +50,10 @@ func (s *Supervisor) startAdmin() error {
 			if !ok {
 				w.WriteHeader(http.StatusServiceUnavailable)
 			}
-			_ = json.NewEncoder(w).Encode(map[string]any{"ok": ok, "state": state, "accepting": h.accepting, "ready": h.ready, "reason": h.reason})
+			_ = json.NewEncoder(w).Encode(map[string]any{"ok": ok, "state": state, "accepting": h.accepting, "ready": h.ready, "fail_static": h.failStatic, "reason": h.reason})
 		}
 	}
+	mux.HandleFunc(peerPath, s.servePeer)
 	mux.HandleFunc("/healthz", health(false))
 	mux.HandleFunc("/readyz", health(true))
 	mux.Handle("/metrics", promhttp.HandlerFor(s.m.reg, promhttp.HandlerOpts{}))

@@ -35,6 +35,8 @@ func (m *machine) handle(ev any, now time.Time) []action {
 		m.onResync(ev, now)
 	case evStop:
 		m.beginStop(ev.fast, "stop requested", now)
+	case evPeers:
+		m.onPeers(ev.v, now)
 	}
 	return m.take()
 }
@@ -110,9 +112,10 @@ func (m *machine) onMap(ev evMap, now time.Time) {
 	m.curMap = &mapData{version: ev.version, data: ev.data, doc: ev.doc}
 	m.log.Info("bucket map received", zap.Uint64("map_version", ev.version), zap.Int("bytes", len(ev.data)))
 	if m.desired != nil {
-		sp := *m.desired
-		sp.mp = m.curMap
-		m.desired = &sp
+		m.desired = m.desired.withMap(m.curMap)
+		if m.desired.cfg.MapDelivery.Reload() {
+			return // delivered in place by reconcile (deliverMap), no swap
+		}
 	}
 	m.noteChange(now)
 }
@@ -134,6 +137,9 @@ func (m *machine) onNotify(ev evNotify, now time.Time) {
 	}
 	if ev.msg.Status != "" {
 		m.log.Debug("worker status", zap.Int64("worker", w.id), zap.String("status", ev.msg.Status))
+	}
+	if ev.msg.MapVersion > 0 && w.gen.spec.cfg.MapDelivery.Reload() {
+		m.onMapAck(w, ev.msg.MapVersion, now)
 	}
 	if ev.msg.Ready && w.state == wStarting && w.notified.IsZero() {
 		if cfg := w.gen.spec.cfg; cfg.Readiness.Mode == topo.ReadinessNotify && cfg.Readiness.Delay > 0 {
@@ -159,6 +165,12 @@ func (m *machine) markReady(w *worker, now time.Time, how string) {
 	}
 	m.log.Info("worker ready", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", w.gen.id),
 		zap.Duration("after", now.Sub(w.started).Round(time.Millisecond)), zap.String("by", how))
+	// A map that arrived while it booted: it may have read the file
+	// before the change, and a signal before READY=1 could find no
+	// handler installed yet, so it is asked now.
+	if cfg.MapDelivery.Reload() && m.liveMap != nil && w.mapVersion < m.liveMap.version {
+		m.askMap(w, now)
+	}
 }
 
 func (m *machine) onExit(ev evExit, now time.Time) {
@@ -272,8 +284,12 @@ func (m *machine) startFailed(w *worker, err error, now time.Time) []action {
 // skip reports whether a from an earlier batch no longer applies: a start
 // that a failure earlier in the batch dropped.
 func (m *machine) skip(a action) bool {
-	if s, ok := a.(actStart); ok {
-		return !m.hasWorker(s.w)
+	switch a := a.(type) {
+	case actStart:
+		return !m.hasWorker(a.w)
+	case actMapSignal:
+		// The live map file write before it failed: nothing new to load.
+		return !m.hasWorker(a.w) || m.liveMap == nil || m.liveMap.version != a.version
 	}
 	return false
 }
@@ -282,6 +298,10 @@ func (m *machine) onSignal(sig os.Signal, now time.Time) {
 	m.log.Info("signal", zap.String("signal", sig.String()))
 	switch sig {
 	case syscall.SIGHUP:
+		if m.mode == modeFailStatic || m.mode == modeChecking {
+			m.log.Warn("HUP ignored: config changes are refused while ZooKeeper is unreachable (fail-static)")
+			return
+		}
 		m.do(actReload{})
 	case syscall.SIGTERM, syscall.SIGINT:
 		m.beginStop(m.mode == modeStopping, "signal "+sig.String(), now) // a second one is a fast stop
@@ -303,7 +323,10 @@ func (m *machine) onZK(ch zksession.StateChange, now time.Time) {
 	m.m.setZK(ch.To.String())
 	switch ch.To {
 	case zksession.StateLost:
-		if m.mode == modeRunning || m.mode == modeHolddown {
+		switch {
+		case m.mode == modeRunning && m.cfg.failStatic && m.good != nil:
+			m.beginPeerCheck(ch.Reason, now)
+		case m.mode == modeRunning || m.mode == modeHolddown:
 			m.enterLost(ch.Reason)
 		}
 	case zksession.StateSuspended:
@@ -323,6 +346,10 @@ func (m *machine) onZK(ch zksession.StateChange, now time.Time) {
 			return
 		}
 		m.connectedOnce = true
+		if m.mode == modeChecking || m.mode == modeFailStatic {
+			m.leaveFailStatic(now)
+			return
+		}
 		if m.mode == modeLost {
 			m.mode = modeHolddown
 			m.holdUntil = now.Add(m.cfg.holddown)
@@ -399,4 +426,83 @@ func (m *machine) beginStop(fast bool, why string, now time.Time) {
 			m.stopWorker(w, "shutdown", now)
 		}
 	}
+}
+
+// Reload mode: a new map reaches the running workers in place. The
+// supervisor rewrites the live map file (one per supervisor, shared by
+// every generation, named by SHARDVISOR_MAP_FILE), sends the configured
+// signal to each ready worker (or lets them notice the file change), and
+// each acknowledges with MAPVERSION=N. A worker that has not caught up
+// within map_delivery.ack_timeout is replaced, as max_lifetime replaces
+// one: its successor starts on the new file and it drains once that is
+// ready.
+
+// deliverMap writes mp to the live map file and asks every ready worker
+// that routes by an older map to reload.
+func (m *machine) deliverMap(mp *mapData, now time.Time) {
+	prev := m.liveMap
+	m.liveMap = mp
+	m.do(actWriteLiveMap{mp})
+	for _, g := range m.gens {
+		if g.spec.cfg.MapDelivery.Reload() {
+			g.spec = g.spec.withMap(mp)
+		}
+	}
+	asked := 0
+	for _, w := range m.workers {
+		if w.state == wReady && w.pid != 0 && w.gen.spec.cfg.MapDelivery.Reload() && w.mapVersion < mp.version {
+			m.askMap(w, now)
+			asked++
+		}
+	}
+	if prev != nil {
+		m.m.mapDeliveries.Inc()
+		m.log.Info("bucket map delivered in place", zap.Uint64("map_version", mp.version), zap.Uint64("previous", prev.version), zap.Int("workers_asked", asked))
+	}
+}
+
+// askMap asks w to load the live map: a signal when the pool names one.
+// The acknowledgement is timed from the first ask it has not answered.
+func (m *machine) askMap(w *worker, now time.Time) {
+	if w.mapAsked.IsZero() {
+		w.mapAsked = now
+	}
+	if sig := w.gen.spec.cfg.MapDelivery.Signal; sig != "" {
+		m.do(actMapSignal{w: w, sig: sig, version: m.liveMap.version})
+	}
+}
+
+// onMapAck records that w routes by map version v.
+func (m *machine) onMapAck(w *worker, v uint64, now time.Time) {
+	if m.liveMap != nil && v > m.liveMap.version {
+		m.log.Warn("worker acknowledged a map version newer than the live map; counting the live one", zap.Int64("worker", w.id),
+			zap.Uint64("acknowledged", v), zap.Uint64("live", m.liveMap.version))
+		v = m.liveMap.version
+	}
+	w.mapVersion = v
+	if !w.mapAsked.IsZero() && m.liveMap != nil && v >= m.liveMap.version {
+		m.m.mapAcks.Inc()
+		m.m.mapAckSeconds.Observe(now.Sub(w.mapAsked).Seconds())
+		m.log.Debug("worker routes by the new map", zap.Int64("worker", w.id), zap.Uint64("map_version", v),
+			zap.Duration("after", now.Sub(w.mapAsked).Round(time.Millisecond)))
+		w.mapAsked = time.Time{}
+	}
+}
+
+// liveMapFailed is the executor's report that the live map file could not
+// be written: the workers keep the old one, nothing they were asked in
+// this pass counts against them, and the write is retried in a second.
+func (m *machine) liveMapFailed(mp *mapData, err error, now time.Time) []action {
+	if m.liveMap == mp {
+		m.liveMap = nil
+		m.liveRetryAt = now.Add(time.Second)
+	}
+	for _, w := range m.workers {
+		if w.mapAsked.Equal(now) {
+			w.mapAsked = time.Time{}
+		}
+	}
+	m.lastError = "writing the live map file: " + err.Error()
+	m.log.Error("writing the live map file failed; workers keep the previous map, retrying", zap.Uint64("map_version", mp.version), zap.Error(err))
+	return m.take()
 }

@@ -70,14 +70,34 @@ func testWorker() int {
 		fmt.Fprintf(os.Stderr, "test worker %d: exiting at boot as told\n", pid)
 		return 3
 	}
-	var mapData string
+	// The map it routes by. In reload mode it follows the file (unless
+	// TW_MAPMODE=silent: a worker that cannot reload) and acknowledges.
+	var mapMu sync.Mutex
+	var mapData, mapVersion string
 	if f := os.Getenv("SHARDVISOR_MAP_FILE"); f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "test worker: map file: %v\n", err)
 			return 5
 		}
-		mapData = string(b)
+		mapData, mapVersion = string(b), os.Getenv("SHARDVISOR_MAP_VERSION")
+		if fl, ok := workerproto.MapFollowFromEnv(); ok && fl.Reload && os.Getenv("TW_MAPMODE") != "silent" {
+			cur, _ := strconv.ParseUint(mapVersion, 10, 64)
+			go workerproto.FollowMapFile(context.Background(), fl, cur, func(b []byte) (uint64, error) {
+				var doc struct {
+					Map struct {
+						Version uint64 `json:"map_version"`
+					} `json:"map"`
+				}
+				if err := json.Unmarshal(b, &doc); err != nil {
+					return 0, err
+				}
+				mapMu.Lock()
+				mapData, mapVersion = string(b), strconv.FormatUint(doc.Map.Version, 10)
+				mapMu.Unlock()
+				return doc.Map.Version, nil
+			}, nil)
+		}
 	}
 	n, _ := strconv.Atoi(os.Getenv("LISTEN_FDS"))
 	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
@@ -99,8 +119,11 @@ func testWorker() int {
 			delete(fresh, c)
 		}
 	}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode(workerReply{PID: pid, Gen: os.Getenv("SHARDVISOR_GENERATION"), Tag: os.Getenv("TW_TAG"),
-			MapVersion: os.Getenv("SHARDVISOR_MAP_VERSION"), MapFile: os.Getenv("SHARDVISOR_MAP_FILE"), Map: mapData, FDNames: names})
+		mapMu.Lock()
+		rep := workerReply{PID: pid, Gen: os.Getenv("SHARDVISOR_GENERATION"), Tag: os.Getenv("TW_TAG"),
+			MapVersion: mapVersion, MapFile: os.Getenv("SHARDVISOR_MAP_FILE"), Map: mapData, FDNames: names}
+		mapMu.Unlock()
+		_ = json.NewEncoder(w).Encode(rep)
 	})}
 	for i := 0; i < n; i++ {
 		f := os.NewFile(uintptr(3+i), names[i])

@@ -35,6 +35,8 @@ type machine struct {
 	desired       *spec // newest valid config (+ map) seen
 	cfgVersion    int64 // version of the config in desired
 	curMap        *mapData
+	liveMap       *mapData // reload mode: the map the live map file holds (nil: not written)
+	liveRetryAt   time.Time
 	mapKnown      bool // ZooKeeper mode: the map watch has reported once
 	changeFirst   time.Time
 	changeLast    time.Time
@@ -60,6 +62,9 @@ type machine struct {
 	stopFast      bool
 	stopDone      bool
 	notifiedUp    bool
+	failStatic    *topo.FailStatic // the last fail-static episode
+	peerCheckAt   time.Time        // fail-static: when to ask the peers again
+	loudAt        time.Time        // fail-static: when to log the reminder
 
 	out []action // actions decided by the current call
 }
@@ -75,6 +80,9 @@ type machineConfig struct {
 	// jitter is the random fraction of every backoff (0.2: ±20%), so that
 	// a fleet that failed together does not retry together; 0 in tests.
 	jitter float64
+	// failStatic: on a session loss, ask the peers before leaving service
+	// (failstatic.go).
+	failStatic bool
 }
 
 func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
@@ -88,15 +96,20 @@ func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
 type mode int
 
 const (
-	modeRunning  mode = iota
-	modeLost          // session lost: no workers, sockets closed
-	modeHolddown      // session back: waiting for it to stay connected
-	modeStopping      // graceful or fast stop
+	modeRunning    mode = iota
+	modeLost            // session lost: no workers, sockets closed
+	modeHolddown        // session back: waiting for it to stay connected
+	modeStopping        // graceful or fast stop
+	modeChecking        // session lost: asking the peers, still serving
+	modeFailStatic      // the whole ensemble is down: serving the last config and map
 )
 
 func (m mode) String() string {
-	return [...]string{"running", "lost", "holddown", "stopping"}[m]
+	return [...]string{"running", "lost", "holddown", "stopping", "checking-peers", "fail-static"}[m]
 }
+
+// serving reports whether the mode keeps the pool in service.
+func (m mode) serving() bool { return m == modeRunning || m == modeChecking || m == modeFailStatic }
 
 type mapData struct {
 	version uint64
@@ -113,8 +126,22 @@ type spec struct {
 	reload     int      // bumped by HUP to force a swap
 }
 
+// key identifies what a generation runs: two specs with the same key need
+// no swap between them. In reload mode the map is not part of it: a new
+// map reaches the running workers in place.
 func (s *spec) key() string {
-	return fmt.Sprintf("c%d/%s/m%d/r%d", s.cfgVersion, s.cfgHash, s.mapVersion(), s.reload)
+	mv := s.mapVersion()
+	if s.cfg.MapDelivery.Reload() {
+		mv = 0
+	}
+	return fmt.Sprintf("c%d/%s/m%d/r%d", s.cfgVersion, s.cfgHash, mv, s.reload)
+}
+
+// withMap is a copy of s routing by mp.
+func (s *spec) withMap(mp *mapData) *spec {
+	c := *s
+	c.mp = mp
+	return &c
 }
 
 func (s *spec) mapVersion() uint64 {
@@ -159,6 +186,22 @@ type worker struct {
 	killAt     time.Time // SIGKILL deadline once stopping
 	killed     bool
 	crashLike  bool // stopped by the watchdog: counts as a crash
+	retireWhy  string
+
+	// Reload mode: the map version the worker routes by (the live map at
+	// its start until it says MAPVERSION=N), and since when it has been
+	// asked to take a newer one (zero: up to date, or not asked yet).
+	mapVersion uint64
+	mapAsked   time.Time
+}
+
+// routes is the map version w routes by: its acknowledged one in reload
+// mode, its generation's map otherwise.
+func (w *worker) routes() uint64 {
+	if w.gen.spec.cfg.MapDelivery.Reload() {
+		return w.mapVersion
+	}
+	return w.gen.spec.mapVersion()
 }
 
 // Events posted to the loop.
@@ -196,12 +239,16 @@ type (
 		err error
 	}
 	evStop struct{ fast bool }
+	// evPeers is the answer of the peers to "is ZooKeeper down for you
+	// too?" (actCheckPeers).
+	evPeers struct{ v peerVerdict }
 )
 
 type healthState struct {
-	accepting bool
-	ready     bool
-	reason    string
+	accepting  bool
+	ready      bool
+	failStatic bool
+	reason     string
 }
 
 // take returns the actions decided since the last take.

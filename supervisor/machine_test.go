@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/topo"
@@ -559,4 +561,268 @@ func TestMachineListenChangeClosesOldSocketAfterSwap(t *testing.T) {
 	s.tick()
 	s.expect("swap done: the old address closes", s.ready(2), "term w1 replaced", "publish ok g2",
 		"notify READY=1 STATUS=serving generation 2", "close-sockets keep tcp://127.0.0.1:9999", "clean-maps keep ")
+}
+
+// reloadMode is a pool that takes new maps in place.
+func reloadMode(sig string) func(*topo.PoolConfig) {
+	return func(c *topo.PoolConfig) {
+		c.MapDelivery = topo.MapDelivery{Mode: topo.MapDeliveryReload, Signal: sig, AckTimeout: topo.Duration(5 * time.Second)}
+	}
+}
+
+func mapEv(v uint64) evMap {
+	return evMap{exists: true, version: v, data: []byte(fmt.Sprint("m", v)), doc: []byte(fmt.Sprint("d", v))}
+}
+
+func ack(w *worker, v uint64) evNotify {
+	return evNotify{w, workerproto.Message{MapVersion: v}}
+}
+
+// reloadServing brings up a ZooKeeper-mode reload pool of n ready workers
+// on map version 1.
+func reloadServing(t *testing.T, n int, sig string) *sim {
+	t.Helper()
+	s := newSim(t, true)
+	s.send(evZK{zksession.StateChange{To: zksession.StateConnected}})
+	s.send(mapEv(1))
+	want := []string{"write-live-map m1", "prepare g1"}
+	for i := 1; i <= n; i++ {
+		want = append(want, fmt.Sprintf("start w%d g1", i))
+	}
+	s.expect("first config", s.send(poolCfg(1, n, surge(1), reloadMode(sig))), want...)
+	for i := 1; i <= n; i++ {
+		s.ready(int64(i))
+	}
+	if s.mc.good == nil || s.mc.good.id != 1 {
+		t.Fatalf("not serving: %s", s.workers())
+	}
+	return s
+}
+
+func (s *sim) memberMap() uint64 {
+	s.t.Helper()
+	mem, _, _ := s.mc.snapshot()
+	return mem.MapVersion
+}
+
+func TestMachineReloadModeDeliversMapsInPlace(t *testing.T) {
+	s := reloadServing(t, 2, "SIGUSR2")
+	if v := s.memberMap(); v != 1 {
+		t.Fatalf("member map version %d, want 1 (the live file at the workers' start)", v)
+	}
+	s.at(time.Second)
+	s.expect("a new map: rewritten in place and announced, no generation", s.send(mapEv(2)),
+		"write-live-map m2", "map-signal w1 SIGUSR2 m2", "map-signal w2 SIGUSR2 m2")
+	s.at(2 * time.Second)
+	s.expect("no swap after the debounce either", s.tick())
+	if s.mc.latest.id != 1 || s.mc.nextGen != 1 {
+		t.Fatalf("a generation was created: %s", s.workers())
+	}
+	s.expect("w1 acknowledges", s.send(ack(s.w(1), 2)))
+	if v := s.memberMap(); v != 1 {
+		t.Fatalf("member map version %d with w2 still on 1; want 1 (the slowest ready worker)", v)
+	}
+	s.send(ack(s.w(2), 2))
+	if v := s.memberMap(); v != 2 {
+		t.Fatalf("member map version %d after both acknowledged, want 2", v)
+	}
+	mem, _, _ := s.mc.snapshot()
+	if mem.MapDelivery != topo.MapDeliveryReload || mem.Workers[0].MapVersion != 2 {
+		t.Fatalf("member record %+v", mem)
+	}
+	// A config change still swaps generations, and the new workers start
+	// on the live file.
+	s.at(3 * time.Second)
+	s.send(poolCfg(2, 2, surge(1), reloadMode("SIGUSR2")))
+	s.at(3*time.Second + 250*ms)
+	s.expect("config change swaps", s.tick(), "prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w3 g2")
+	if s.w(3).mapVersion != 2 {
+		t.Fatalf("new worker starts on map %d, want the live 2", s.w(3).mapVersion)
+	}
+}
+
+func TestMachineReloadModeReplacesASilentWorker(t *testing.T) {
+	s := reloadServing(t, 2, "")
+	s.at(time.Second)
+	s.expect("no signal configured: the workers watch the file", s.send(mapEv(2)), "write-live-map m2")
+	s.send(ack(s.w(1), 2))
+	s.at(6*time.Second - ms)
+	s.expect("within ack_timeout", s.tick())
+	if d := s.mc.nextWake(s.now); d != ms {
+		t.Fatalf("next wake %s, want the ack deadline in 1ms", d)
+	}
+	s.at(6 * time.Second)
+	s.expect("w2 is silent: replaced by a worker that starts on the new map", s.tick(), "start w3 g1")
+	if s.w(3).mapVersion != 2 {
+		t.Fatalf("replacement on map %d", s.w(3).mapVersion)
+	}
+	if v := s.memberMap(); v != 1 {
+		t.Fatalf("member map %d while the silent worker still serves, want 1", v)
+	}
+	s.expect("replacement ready: the silent one drains", s.ready(3), "term w2 map_ack_timeout")
+	if v := s.memberMap(); v != 2 {
+		t.Fatalf("member map %d after the replacement, want 2", v)
+	}
+	if n := counterValue(s.mc.m.mapAckTimeouts); n != 1 {
+		t.Fatalf("map_ack_timeouts_total %v", n)
+	}
+}
+
+func TestMachineReloadModeBootingWorkerIsAskedWhenReady(t *testing.T) {
+	s := reloadServing(t, 1, "SIGHUP")
+	s.at(time.Second)
+	s.send(poolCfg(2, 1, surge(1), reloadMode("SIGHUP")))
+	s.at(time.Second + 250*ms)
+	s.expect("config swap", s.tick(), "prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w2 g2")
+	s.expect("a map while w2 boots: only the ready worker is signalled", s.send(mapEv(2)), "write-live-map m2", "map-signal w1 SIGHUP m2")
+	s.expect("w2 ready without saying which map it read: asked now, swap completes",
+		s.ready(2), "map-signal w2 SIGHUP m2", "term w1 replaced", "publish ok g2", "notify READY=1 STATUS=serving generation 2", "clean-maps keep 2")
+	s.send(ack(s.w(2), 2))
+	if v := s.memberMap(); v != 2 {
+		t.Fatalf("member map %d", v)
+	}
+	// A worker that says which map it read is not asked again.
+	s.at(2 * time.Second)
+	s.send(mapEv(3))
+	s.send(ack(s.w(2), 3))
+	s.send(evSignal{syscall.SIGTTIN})
+	s.expect("w3 says MAPVERSION=3 before READY=1", s.send(evNotify{s.w(3), workerproto.Message{MapVersion: 3}}))
+	s.expect("ready: nothing to ask", s.ready(3))
+}
+
+func TestMachineReloadModeLiveMapWriteFailure(t *testing.T) {
+	s := reloadServing(t, 1, "SIGUSR1")
+	s.at(time.Second)
+	acts := s.mc.handle(mapEv(2), s.now)
+	acts = append(acts, s.mc.reconcile(s.now)...)
+	var got []string
+	for i := 0; i < len(acts); i++ {
+		if s.mc.skip(acts[i]) {
+			continue
+		}
+		got = append(got, acts[i].String())
+		if a, ok := acts[i].(actWriteLiveMap); ok {
+			acts = slices.Insert(acts, i+1, s.mc.liveMapFailed(a.mp, errors.New("disk full"), s.now)...)
+		}
+	}
+	s.expect("the signal after a failed write is skipped", got, "write-live-map m2")
+	if !s.w(1).mapAsked.IsZero() {
+		t.Fatal("a worker was held to an ack for a file that was not written")
+	}
+	s.at(2 * time.Second)
+	s.expect("retried a second later", s.tick(), "write-live-map m2", "map-signal w1 SIGUSR1 m2")
+}
+
+func TestMapSignalsCoverTheConfigsChoices(t *testing.T) {
+	for _, name := range topo.MapSignals {
+		if _, ok := mapSignals[name]; !ok {
+			t.Errorf("topo.MapSignals allows %s but the supervisor cannot send it", name)
+		}
+	}
+}
+
+// counterValue reads a counter without the testutil package (and its
+// extra dependency).
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// failStaticSim is a ZooKeeper-mode pool of 2 ready workers whose session
+// loss is checked with the peers.
+func failStaticSim(t *testing.T) *sim {
+	t.Helper()
+	s := newSim(t, true)
+	s.mc.cfg.failStatic = true
+	s.mc.startState(zksession.StateConnected)
+	s.send(mapEv(1))
+	s.serving(2)
+	s.at(time.Second)
+	s.send(evZK{zksession.StateChange{To: zksession.StateSuspended}})
+	s.expect("lost: ask the peers before anything else, still serving",
+		s.send(evZK{zksession.StateChange{To: zksession.StateLost, Reason: "no answer for 2/3 of the session timeout"}}), "check-peers")
+	if _, h, _ := s.mc.snapshot(); !h.accepting {
+		t.Fatalf("stopped accepting while the peers were asked: %+v", h)
+	}
+	return s
+}
+
+func TestMachineFailStaticWhenThePeersAgree(t *testing.T) {
+	s := failStaticSim(t)
+	s.expect("3 of 4 peers answer, none connected: fail-static, nothing killed",
+		s.send(evPeers{peerVerdict{known: 4, answered: 3}}), "notify STATUS=fail-static: ZooKeeper unreachable for the whole fleet; serving the last config and map")
+	mem, h, _ := s.mc.snapshot()
+	if mem.State != "fail-static" || !h.accepting || !h.ready || !h.failStatic || !strings.Contains(h.reason, "fail-static") ||
+		mem.FailStatic == nil || mem.FailStatic.Peers != 3 || !mem.FailStatic.Until.IsZero() {
+		t.Fatalf("member %+v health %+v", mem, h)
+	}
+	if counterValue(s.mc.m.failStaticEpisodes) != 1 {
+		t.Fatal("fail_static_episodes_total not counted")
+	}
+	s.expect("HUP is refused", s.send(evSignal{syscall.SIGHUP}))
+	s.expect("a crashed worker is respawned as usual", s.exit(1, "exit status 1"), "clean-maps keep 1")
+	s.at(2 * time.Second)
+	s.expect("respawn after the backoff", s.tick(), "start w3 g1")
+	s.at(3 * time.Second)
+	s.expect("the peers are asked again", s.tick(), "check-peers")
+	s.expect("one question at a time", s.tick())
+	s.expect("still an outage", s.send(evPeers{peerVerdict{known: 4, answered: 4}}))
+	s.at(4 * time.Second)
+	s.expect("back: serving normally at once, no holddown, no swap",
+		s.send(evZK{zksession.StateChange{To: zksession.StateConnected, NewSession: true}}), "notify STATUS=serving")
+	mem, _, _ = s.mc.snapshot()
+	if mem.State == "fail-static" || mem.FailStatic == nil || mem.FailStatic.Until.IsZero() || s.mc.mode != modeRunning {
+		t.Fatalf("after the outage: mode %s member %+v", s.mc.mode, mem)
+	}
+	if s.mc.good.id != 1 {
+		t.Fatalf("generation %d", s.mc.good.id)
+	}
+}
+
+func TestMachineCutOffHostLeavesService(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v    peerVerdict
+	}{
+		{"a peer is connected", peerVerdict{known: 3, answered: 3, connected: []string{"web/b"}}},
+		{"too few answer", peerVerdict{known: 4, answered: 2}},
+		{"no peer known", peerVerdict{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := failStaticSim(t)
+			s.expect("leave service", s.send(evPeers{tc.v}),
+				"kill w1 zk_lost", "kill w2 zk_lost", "close-sockets all", "notify STATUS=zookeeper session lost; not serving")
+			if mem, h, _ := s.mc.snapshot(); mem.State != "lost" || h.accepting {
+				t.Fatalf("member %+v health %+v", mem, h)
+			}
+		})
+	}
+}
+
+func TestMachineFailStaticEndsWhenAPeerReconnects(t *testing.T) {
+	s := failStaticSim(t)
+	s.send(evPeers{peerVerdict{known: 2, answered: 2}})
+	s.at(3 * time.Second)
+	s.expect("ask again", s.tick(), "check-peers")
+	s.expect("a peer reached ZooKeeper and this host did not: leave",
+		s.send(evPeers{peerVerdict{known: 2, answered: 2, connected: []string{"web/b"}}}),
+		"kill w1 zk_lost", "kill w2 zk_lost", "close-sockets all", "notify STATUS=zookeeper session lost; not serving")
+	if mem, _, _ := s.mc.snapshot(); mem.FailStatic == nil || mem.FailStatic.Until.IsZero() {
+		t.Fatalf("episode not closed: %+v", mem.FailStatic)
+	}
+	if counterValue(s.mc.m.failStaticEpisodes) != 1 {
+		t.Fatal("episodes")
+	}
+}
+
+func TestMachineSessionBackWhileAskingThePeers(t *testing.T) {
+	s := failStaticSim(t)
+	s.expect("back before the answer", s.send(evZK{zksession.StateChange{To: zksession.StateConnected}}))
+	s.expect("a late answer changes nothing", s.send(evPeers{peerVerdict{known: 2, answered: 0}}))
+	if s.mc.mode != modeRunning || s.mc.failStatic != nil {
+		t.Fatalf("mode %s fail-static %+v", s.mc.mode, s.mc.failStatic)
+	}
 }

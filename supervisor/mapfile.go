@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/topo"
@@ -34,22 +35,40 @@ func mapFileName(dir string, version uint64) string {
 	return filepath.Join(dir, fmt.Sprintf("%s%d.json", mapFilePrefix, version))
 }
 
-// writeMapFile writes the map bytes for workers: temp file, fsync, rename,
-// fsync of the directory. A worker that opens the path sees the whole map
-// or (before the rename) no file, never a partial one.
+// liveMapName is the reload mode's map file: one path for the life of the
+// supervisor, replaced atomically by every new map.
+func liveMapName(dir string) string { return filepath.Join(dir, "live-map.json") }
+
+// mapSignals are the signals topo.MapSignals names.
+var mapSignals = map[string]syscall.Signal{"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGWINCH": syscall.SIGWINCH}
+
+func writeLiveMapFile(dir string, data []byte) error {
+	return replaceFile(liveMapName(dir), data)
+}
+
+// writeMapFile writes the map bytes for workers of swap mode, one file per
+// map version.
 func writeMapFile(dir string, version uint64, data []byte) (string, error) {
 	final := mapFileName(dir, version)
 	if old, err := os.ReadFile(final); err == nil && string(old) == string(data) {
 		return final, nil
 	}
+	return final, replaceFile(final, data)
+}
+
+// replaceFile writes data to final: temp file, fsync, rename, fsync of the
+// directory. A worker that opens the path sees the whole old or the whole
+// new content (or, before the first rename, no file), never a partial one.
+func replaceFile(final string, data []byte) error {
+	dir := filepath.Dir(final)
 	tmp, err := os.CreateTemp(dir, ".map-*.tmp")
 	if err != nil {
-		return "", fmt.Errorf("writing map file: %w", err)
+		return fmt.Errorf("writing map file: %w", err)
 	}
-	fail := func(err error) (string, error) {
+	fail := func(err error) error {
 		tmp.Close()
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("writing map file %s: %w", final, err)
+		return fmt.Errorf("writing map file %s: %w", final, err)
 	}
 	if _, err := tmp.Write(data); err != nil {
 		return fail(err)
@@ -65,13 +84,13 @@ func writeMapFile(dir string, version uint64, data []byte) (string, error) {
 	}
 	if err := os.Rename(tmp.Name(), final); err != nil {
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("writing map file %s: %w", final, err)
+		return fmt.Errorf("writing map file %s: %w", final, err)
 	}
 	if d, err := os.Open(dir); err == nil {
 		_ = d.Sync()
 		d.Close()
 	}
-	return final, nil
+	return nil
 }
 
 // removeMapFiles deletes map files whose version is not in keep.

@@ -28,6 +28,18 @@ type metrics struct {
 	// notifyRejected counts sd_notify datagrams refused for not coming
 	// from the worker's process tree (notify.go).
 	notifyRejected prometheus.Counter
+	// Reload-mode map delivery.
+	mapDeliveries  prometheus.Counter
+	mapAcks        prometheus.Counter
+	mapAckTimeouts prometheus.Counter
+	mapAckSeconds  prometheus.Histogram
+	// workerMapVersion is the lowest map version the ready workers route
+	// by (what the member record publishes).
+	workerMapVersion prometheus.Gauge
+	// Fail-static (failstatic.go).
+	failStatic         prometheus.Gauge
+	failStaticEpisodes prometheus.Counter
+	peerChecks         *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -69,9 +81,23 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		mapErrors:    c("map_errors_total", "Bucket maps rejected by validation."),
 		notifyRejected: c("notify_rejected_total",
 			"sd_notify datagrams refused because the sender is not a process of the worker's tree (another uid, or outside it)."),
+		mapDeliveries:  c("map_deliveries_total", "Reload mode: new maps written to the live map file and announced to the workers."),
+		mapAcks:        c("map_acks_total", "Reload mode: MAPVERSION acknowledgements that brought a worker up to the live map."),
+		mapAckTimeouts: c("map_ack_timeouts_total", "Reload mode: workers replaced because they did not acknowledge a new map within map_delivery.ack_timeout."),
+		mapAckSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "map_ack_seconds",
+			Help: "Reload mode: time from announcing a new map to a worker acknowledging it.", Buckets: []float64{.01, .025, .05, .1, .2, .5, 1, 2, 5, 10}}),
+		workerMapVersion:   g("worker_map_version", "Lowest bucket map version the ready workers route by (the member record's map_version)."),
+		failStatic:         g("fail_static", "1 while serving on through a whole-ZooKeeper-ensemble outage (the peers agree), with the last config and map; 0 otherwise."),
+		failStaticEpisodes: c("fail_static_episodes_total", "Times this supervisor went fail-static."),
+		peerChecks:         cv("peer_checks_total", "Peer checks after a session loss by verdict: outage (fail-static), cut_off (leave service).", "verdict"),
 	}
 	reg.MustRegister(m.generation, m.configVersion, m.mapVersion, m.target, m.workers, m.accepting, m.zkState, m.swaps,
-		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors, m.notifyRejected)
+		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors, m.notifyRejected,
+		m.mapDeliveries, m.mapAcks, m.mapAckTimeouts, m.mapAckSeconds, m.workerMapVersion,
+		m.failStatic, m.failStaticEpisodes, m.peerChecks)
+	for _, v := range []string{"outage", "cut_off"} {
+		m.peerChecks.WithLabelValues(v)
+	}
 	for _, st := range []string{"starting", "ready", "stopping"} {
 		m.workers.WithLabelValues(st)
 	}

@@ -165,7 +165,8 @@ func (s *Supervisor) publishSnapshot(now time.Time) {
 	s.health = h
 	s.snapMu.Unlock()
 	changed := old.State != m.State || old.Generation != m.Generation || old.Accepting != m.Accepting ||
-		old.Target != m.Target || old.LastError != m.LastError || !sameWorkers(old.Workers, m.Workers)
+		old.Target != m.Target || old.LastError != m.LastError || old.MapVersion != m.MapVersion || old.ZK != m.ZK ||
+		old.MapDelivery != m.MapDelivery || !sameFailStatic(old.FailStatic, m.FailStatic) || !sameWorkers(old.Workers, m.Workers)
 	if changed && s.pub != nil {
 		m.UpdatedAt = now.UTC()
 		s.pub.setMember(m)
@@ -173,12 +174,19 @@ func (s *Supervisor) publishSnapshot(now time.Time) {
 	s.apply(acts, now)
 }
 
+func sameFailStatic(a, b *topo.FailStatic) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
 func sameWorkers(a, b []topo.WorkerInfo) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if a[i].ID != b[i].ID || a[i].State != b[i].State {
+		if a[i].ID != b[i].ID || a[i].State != b[i].State || a[i].MapVersion != b[i].MapVersion {
 			return false
 		}
 	}

@@ -25,12 +25,24 @@ func (m *machine) reconcile(now time.Time) []action {
 		return m.take()
 	case modeLost:
 		return m.take()
+	case modeChecking:
+		// Keep the pool whole (a crashed worker is respawned) while the
+		// peers answer; no new generation: nothing can have changed.
+		m.reconcilePool(now)
+		return m.take()
+	case modeFailStatic:
+		m.reconcileFailStatic(now)
+		m.reconcilePool(now)
+		return m.take()
 	case modeHolddown:
 		if !now.Before(m.holdUntil) && !m.resyncing {
 			m.resyncing = true
 			m.do(actResync{})
 		}
 		return m.take()
+	}
+	if m.desired != nil && m.desired.cfg.MapDelivery.Reload() && m.curMap != nil && (m.liveMap == nil || m.liveMap.version != m.curMap.version) && !now.Before(m.liveRetryAt) {
+		m.deliverMap(m.curMap, now)
 	}
 	m.maybeNewGeneration(now)
 	m.reconcilePool(now)
@@ -67,7 +79,19 @@ func (m *machine) reconcileWorkers(now time.Time) {
 				m.do(actQuit{w})
 			} else if !w.retireAt.IsZero() && !w.retiring && !now.Before(w.retireAt) {
 				w.retiring = true
+				w.retireWhy = "max_lifetime"
 				m.log.Info("worker reached max_lifetime; replacing it", zap.Int64("worker", w.id), zap.Int("pid", w.pid))
+			} else if d := w.gen.spec.cfg.MapDelivery; d.Reload() && !w.mapAsked.IsZero() && !w.retiring && now.Sub(w.mapAsked) >= d.AckTimeout.D() {
+				w.retiring = true
+				w.retireWhy = "map_ack_timeout"
+				m.m.mapAckTimeouts.Inc()
+				live := uint64(0)
+				if m.liveMap != nil {
+					live = m.liveMap.version
+				}
+				m.log.Warn("worker did not acknowledge the new map in time; replacing it with one that starts on it",
+					zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Uint64("routes_by", w.mapVersion), zap.Uint64("live_map", live),
+					zap.Duration("ack_timeout", d.AckTimeout.D()))
 			}
 		}
 	}
@@ -134,7 +158,7 @@ func (m *machine) reconcilePool(now time.Time) {
 		}
 		reason := "replaced"
 		if w.retiring && w.gen == d {
-			reason = "max_lifetime"
+			reason = w.retireWhy
 		}
 		m.stopWorker(w, reason, now)
 		readyTotal--
@@ -202,6 +226,9 @@ func (m *machine) reconcilePool(now time.Time) {
 func (m *machine) spawn(g *generation, now time.Time) {
 	m.nextWorker++
 	w := &worker{id: m.nextWorker, gen: g, started: now, state: wStarting}
+	if g.spec.cfg.MapDelivery.Reload() && m.liveMap != nil {
+		w.mapVersion = m.liveMap.version // what the live file holds as it starts
+	}
 	m.workers = append(m.workers, w)
 	m.do(actStart{w})
 }
@@ -243,6 +270,7 @@ func (m *machine) maybeNewGeneration(now time.Time) {
 	case m.latest.failed && !now.Before(m.retryAt):
 		// Retry the same spec.
 	default:
+		m.changeFirst = time.Time{} // a change that needs no swap (a map, in reload mode)
 		return
 	}
 	m.changeFirst = time.Time{}
@@ -340,6 +368,11 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 	if m.mode == modeHolddown {
 		at(m.holdUntil)
 	}
+	if m.mode == modeFailStatic {
+		at(m.peerCheckAt)
+		at(m.loudAt)
+	}
+	at(m.liveRetryAt)
 	for _, w := range m.workers {
 		cfg := w.gen.spec.cfg
 		switch w.state {
@@ -360,6 +393,9 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 				at(w.lastPing.Add(wd + time.Millisecond))
 			}
 			at(w.retireAt)
+			if d := cfg.MapDelivery; d.Reload() && !w.mapAsked.IsZero() {
+				at(w.mapAsked.Add(d.AckTimeout.D()))
+			}
 		}
 	}
 	return max(time.Millisecond, next.Sub(now))
@@ -368,24 +404,45 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 // snapshot is the pool as the member record, /healthz and the gauges show
 // it. The executor adds what only it knows (host, pid, admin address).
 func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
-	mem := topo.PoolMember{Version: topo.PoolMemberVersion, Target: m.target(), LastError: m.lastError}
+	mem := topo.PoolMember{Version: topo.PoolMemberVersion, Target: m.target(), LastError: m.lastError, ZK: m.zkState.String()}
+	if m.failStatic != nil {
+		fs := *m.failStatic // the publisher encodes it on another goroutine
+		mem.FailStatic = &fs
+	}
+	if !m.cfg.zk {
+		mem.ZK = ""
+	}
 	if m.good != nil {
 		mem.Generation, mem.ConfigVersion, mem.MapVersion = m.good.id, m.good.spec.cfgVersion, m.good.spec.mapVersion()
+		mem.MapDelivery = m.good.spec.cfg.MapDelivery.Mode
 	}
 	counts := map[wstate]int{}
+	lowest, anyReady := uint64(0), false
 	for _, w := range m.workers {
 		counts[w.state]++
-		mem.Workers = append(mem.Workers, topo.WorkerInfo{ID: w.id, PID: w.pid, Generation: w.gen.id, State: w.state.String(), StartedAt: w.started.UTC()})
+		mem.Workers = append(mem.Workers, topo.WorkerInfo{ID: w.id, PID: w.pid, Generation: w.gen.id, State: w.state.String(), StartedAt: w.started.UTC(), MapVersion: w.routes()})
+		if w.state == wReady && (!anyReady || w.routes() < lowest) {
+			lowest, anyReady = w.routes(), true
+		}
 	}
+	// The lowest map any ready worker routes by, so that a mover waiting
+	// for this member waits for its slowest worker (with no ready worker,
+	// nothing routes: the serving generation's map).
+	if anyReady {
+		mem.MapVersion = lowest
+	}
+	m.m.workerMapVersion.Set(float64(mem.MapVersion))
 	ready := counts[wReady]
 	accepting := len(m.bound) > 0 || (m.good != nil && len(m.good.spec.cfg.Listen) == 0)
-	accepting = accepting && m.mode == modeRunning
+	accepting = accepting && m.mode.serving()
 	mem.Accepting = accepting
 	switch {
 	case m.mode == modeStopping:
 		mem.State = "stopping"
 	case m.mode == modeLost || m.mode == modeHolddown:
 		mem.State = "lost"
+	case m.mode == modeFailStatic:
+		mem.State = "fail-static"
 	case m.good == nil:
 		mem.State = "starting"
 	case ready < mem.Target:
@@ -402,9 +459,14 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 	} else {
 		m.m.accepting.Set(0)
 	}
-	h := healthState{accepting: accepting, ready: accepting && m.good != nil && ready >= mem.Target}
+	h := healthState{accepting: accepting, ready: accepting && m.good != nil && ready >= mem.Target, failStatic: m.mode == modeFailStatic}
 	switch {
-	case m.mode != modeRunning:
+	case m.mode == modeFailStatic:
+		h.reason = fmt.Sprintf("fail-static: ZooKeeper is unreachable for the whole fleet (%d peers agree since %s); serving config version %d and map version %d; config changes are refused",
+			m.failStatic.Peers, m.failStatic.Since.Format(time.RFC3339), m.good.spec.cfgVersion, m.good.spec.mapVersion())
+	case m.mode == modeChecking:
+		h.reason = "zookeeper session lost: asking the peers whether the whole ensemble is down"
+	case !m.mode.serving():
 		h.reason = "not serving: " + m.mode.String()
 	case !accepting:
 		h.reason = "listen sockets not open yet"

@@ -31,6 +31,10 @@ func configEvent(where string, data []byte, version int64) evConfig {
 func (s *Supervisor) startZKSources(ctx context.Context, wg *sync.WaitGroup) {
 	ss := s.opts.Session
 	sub := ss.Subscribe()
+	if s.mc.cfg.failStatic {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.refreshPeers(ctx) }()
+	}
 	wg.Add(3)
 	go func() {
 		defer wg.Done()

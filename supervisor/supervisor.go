@@ -82,6 +82,17 @@ type Options struct {
 	// Stdout and Stderr of workers; default the supervisor's.
 	Stdout, Stderr *os.File
 
+	// NoFailStatic makes a lost session always take the pool out of
+	// service, as an isolated host must, without asking the peers
+	// whether the whole ensemble is down (failstatic.go).
+	NoFailStatic bool
+	// PeerSecret authenticates the peers' answers (peers.go); empty:
+	// unauthenticated, with the risk docs/supervisor.md describes.
+	PeerSecret []byte
+	// PeerRefresh is how often the peer list is re-read from the member
+	// records (default DefaultPeerRefresh, with +20% jitter).
+	PeerRefresh time.Duration
+
 	Logger   *zap.Logger
 	Registry *prometheus.Registry // default: a new one with Go and process collectors
 }
@@ -117,6 +128,9 @@ type Supervisor struct {
 	procs     map[*worker]process
 	startedAt time.Time
 	pub       *publisher
+
+	peers      peerSet
+	peerClient *http.Client
 }
 
 // New checks the options. Nothing is bound or started until Run.
@@ -145,6 +159,9 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	if opts.Holddown <= 0 {
 		opts.Holddown = DefaultHolddown
+	}
+	if opts.PeerRefresh <= 0 {
+		opts.PeerRefresh = DefaultPeerRefresh
 	}
 	if opts.ConfigPoll <= 0 {
 		opts.ConfigPoll = DefaultConfigPoll
@@ -183,9 +200,12 @@ func New(opts Options) (*Supervisor, error) {
 		start:   startOSProcess,
 		sockets: map[string]*boundSocket{},
 		procs:   map[*worker]process{},
+		// No keep-alive: an answer must come from the peer as it is now,
+		// on a fresh connection.
+		peerClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,
-		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2}
+		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2, failStatic: opts.Session != nil && !opts.NoFailStatic}
 	if opts.Session != nil {
 		mcfg.configWhere, mcfg.mapWhere = opts.Paths.PoolConfig(opts.Pool), opts.Paths.Map()
 	}
@@ -404,6 +424,16 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			s.reload()
 		case actResync:
 			go func() { s.post(s.readZK(10 * time.Second)) }()
+		case actCheckPeers:
+			go func() { s.post(evPeers{s.checkPeers(context.Background())}) }()
+		case actWriteLiveMap:
+			if err := writeLiveMapFile(s.opts.StateDir, a.mp.doc); err != nil {
+				acts = slices.Insert(acts, i+1, s.mc.liveMapFailed(a.mp, err, now)...)
+			}
+		case actMapSignal:
+			if p := s.procs[a.w]; p != nil {
+				p.signal(mapSignals[a.sig])
+			}
 		}
 	}
 }
@@ -432,7 +462,9 @@ func (s *Supervisor) prepare(g *generation) error {
 		s.sockets[l.Addr] = b
 		s.log.Info("listening", zap.String("name", l.Name), zap.String("addr", l.Addr))
 	}
-	if mp := g.spec.mp; mp != nil {
+	// Reload mode: the live map file is already written (actWriteLiveMap
+	// comes first).
+	if mp := g.spec.mp; mp != nil && !g.spec.cfg.MapDelivery.Reload() {
 		if _, err := writeMapFile(s.opts.StateDir, mp.version, mp.doc); err != nil {
 			return err
 		}
@@ -463,9 +495,16 @@ func (s *Supervisor) spawn(w *worker) (process, error) {
 	if wd := cfg.Watchdog.D(); wd > 0 {
 		env = append(env, workerproto.EnvWatchdogUSec+"="+strconv.FormatInt(wd.Microseconds(), 10))
 	}
-	if mp := g.spec.mp; mp != nil {
+	switch mp := g.spec.mp; {
+	case mp != nil && cfg.MapDelivery.Reload():
+		env = append(env, workerproto.EnvMapFile+"="+liveMapName(s.opts.StateDir),
+			workerproto.EnvMapVersion+"="+strconv.FormatUint(w.mapVersion, 10), workerproto.EnvMapDelivery+"="+workerproto.MapDeliveryReload)
+		if sig := cfg.MapDelivery.Signal; sig != "" {
+			env = append(env, workerproto.EnvMapSignal+"="+sig)
+		}
+	case mp != nil:
 		env = append(env, workerproto.EnvMapFile+"="+mapFileName(s.opts.StateDir, mp.version),
-			workerproto.EnvMapVersion+"="+strconv.FormatUint(mp.version, 10))
+			workerproto.EnvMapVersion+"="+strconv.FormatUint(mp.version, 10), workerproto.EnvMapDelivery+"="+workerproto.MapDeliverySwap)
 	}
 	spec := procSpec{
 		notifyPath: notifySocketPath(s.opts.StateDir, w.id),
@@ -521,6 +560,7 @@ func workerEnv(base []string, extra map[string]string) []string {
 // worker is gone.
 func (s *Supervisor) finish() {
 	removeMapFiles(s.opts.StateDir, nil)
+	_ = os.Remove(liveMapName(s.opts.StateDir))
 	for addr, b := range s.sockets {
 		b.close()
 		delete(s.sockets, addr)

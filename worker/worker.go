@@ -137,3 +137,20 @@ func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
 	defer cancel()
 	return srv.Shutdown(sctx)
 }
+
+// FollowMap keeps a worker's map current in the supervisor's reload mode
+// (SHARDVISOR_MAP_DELIVERY=reload): on a goroutine, until ctx ends, it
+// calls load with the contents of SHARDVISOR_MAP_FILE each time the
+// supervisor replaces it, and acknowledges the version load returns with
+// MAPVERSION=N (current, the version already loaded, at once). It returns
+// false, starting nothing, when the worker is not in reload mode: there
+// every map comes with a new worker. Workers that route with the router
+// package need none of this: router.FromWorkerEnv follows the file itself.
+func FollowMap(ctx context.Context, current uint64, load func(data []byte) (uint64, error), onErr func(error)) bool {
+	f, ok := workerproto.MapFollowFromEnv()
+	if !ok || !f.Reload {
+		return false
+	}
+	go workerproto.FollowMapFile(ctx, f, current, load, onErr)
+	return true
+}

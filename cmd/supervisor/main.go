@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -53,6 +54,12 @@ func app() *cli.App {
 			Usage: "quiet `time` after a config or map change before a swap starts (bursts become one swap)"},
 		&cli.DurationFlag{Name: "holddown", Value: supervisor.DefaultHolddown, EnvVars: []string{"SHARDVISOR_SUPERVISOR_HOLDDOWN"},
 			Usage: "stable connected `time` required after a ZooKeeper session loss before serving again"},
+		&cli.BoolFlag{Name: "fail-static", Value: true, EnvVars: []string{"SHARDVISOR_SUPERVISOR_FAIL_STATIC"},
+			Usage: "on a ZooKeeper session loss, ask the peers first: if the whole ensemble is down for them too, keep serving the last config and map (false: always leave service)"},
+		&cli.StringFlag{Name: "peer-secret-file", EnvVars: []string{"SHARDVISOR_PEER_SECRET_FILE"},
+			Usage: "`file` holding the secret shared by the fleet's supervisors that signs their fail-static answers (unset: unauthenticated, see docs/supervisor.md)"},
+		&cli.DurationFlag{Name: "peer-refresh", Value: supervisor.DefaultPeerRefresh, EnvVars: []string{"SHARDVISOR_SUPERVISOR_PEER_REFRESH"},
+			Usage: "how often the peer list is re-read from the member records (`duration`)"},
 		&cli.BoolFlag{Name: "example-config", EnvVars: []string{"SHARDVISOR_SUPERVISOR_EXAMPLE_CONFIG"}, Usage: "print an example pool config and exit"},
 	)
 	return &cli.App{
@@ -90,6 +97,19 @@ func run(c *cli.Context) error {
 	if d := c.Duration("config-poll"); d <= 0 {
 		return cliutil.Usagef("--config-poll must be a positive duration, not %s", d)
 	}
+	if d := c.Duration("peer-refresh"); d <= 0 {
+		return cliutil.Usagef("--peer-refresh must be a positive duration, not %s", d)
+	}
+	var secret []byte
+	if f := c.String("peer-secret-file"); f != "" {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return cliutil.Usagef("--peer-secret-file: %v", err)
+		}
+		if secret = []byte(strings.TrimSpace(string(b))); len(secret) < 16 {
+			return cliutil.Usagef("--peer-secret-file: %s holds %d bytes of secret, want at least 16", f, len(secret))
+		}
+	}
 	opts := supervisor.Options{
 		Pool:       c.String("pool"),
 		Member:     c.String("member"),
@@ -100,6 +120,13 @@ func run(c *cli.Context) error {
 		Debounce:   c.Duration("debounce"),
 		Holddown:   c.Duration("holddown"),
 		Logger:     log,
+
+		NoFailStatic: !c.Bool("fail-static"),
+		PeerSecret:   secret,
+		PeerRefresh:  c.Duration("peer-refresh"),
+	}
+	if opts.ConfigFile == "" && !opts.NoFailStatic && len(secret) == 0 {
+		log.Warn("fail-static peer answers are not authenticated: set --peer-secret-file (see docs/supervisor.md, Fail-static)")
 	}
 	if opts.ConfigFile == "" {
 		// Not waiting for a connection: the supervisor serves nothing

@@ -55,6 +55,10 @@ func TestHelpFlagsAndUsage(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(exampleConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	short := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(short, []byte("abcde\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -66,6 +70,9 @@ func TestHelpFlagsAndUsage(t *testing.T) {
 		{[]string{"--pool", "web", "--zk-timeout", "-1s"}, "--zk-timeout must be a positive duration"},
 		{[]string{"--config", cfg, "--zk", "127.0.0.1:2181"}, "give --config or --zk, not both"},
 		{[]string{"--config", filepath.Join(t.TempDir(), "missing.json")}, "config file: stat"},
+		{[]string{"--config", cfg, "--peer-refresh", "0s"}, "--peer-refresh must be a positive duration"},
+		{[]string{"--config", cfg, "--peer-secret-file", filepath.Join(t.TempDir(), "nope")}, "--peer-secret-file: open"},
+		{[]string{"--config", cfg, "--peer-secret-file", short}, "holds 5 bytes of secret, want at least 16"},
 	} {
 		// A value let through would start a supervisor: bound it.
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -1,7 +1,8 @@
 // Command hello is the smallest useful shardvisor worker: an HTTP server on
 // the socket inherited from the supervisor (LISTEN_FDS), that reports
 // READY=1 once it is serving, answers watchdog keep-alives, reads the
-// bucket map file the supervisor hands it, and drains on SIGTERM.
+// bucket map file the supervisor hands it (following it in place in the
+// supervisor's reload mode), and drains on SIGTERM.
 //
 // It uses only the standard library, to show that the protocols are small:
 // any systemd-aware server works under the supervisor unmodified.
@@ -11,12 +12,16 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardvisor/shardvisor/worker"
@@ -35,13 +40,31 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mapVersion := os.Getenv("SHARDVISOR_MAP_VERSION")
+	// The map version it routes by: in the supervisor's reload mode the
+	// map file is replaced in place, and worker.FollowMap reloads it and
+	// acknowledges each version.
+	var mapVersion atomic.Uint64
+	mapVersion.Store(parseUint(os.Getenv("SHARDVISOR_MAP_VERSION")))
 	if f := os.Getenv("SHARDVISOR_MAP_FILE"); f != "" {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			log.Fatalf("bucket map: %v", err)
 		}
-		log.Printf("bucket map version %s, %d bytes", mapVersion, len(b))
+		log.Printf("bucket map version %d, %d bytes", mapVersion.Load(), len(b))
+		worker.FollowMap(context.Background(), mapVersion.Load(), func(data []byte) (uint64, error) {
+			// Only the version: a real app would route with the map
+			// (router.FromWorkerEnv does all of this for Go apps).
+			var doc struct {
+				Map struct {
+					Version uint64 `json:"map_version"`
+				} `json:"map"`
+			}
+			if err := json.Unmarshal(data, &doc); err != nil || doc.Map.Version == 0 {
+				return 0, fmt.Errorf("map file %s: no map_version (%v)", f, err)
+			}
+			mapVersion.Store(doc.Map.Version)
+			return doc.Map.Version, nil
+		}, func(err error) { log.Printf("bucket map: %v", err) })
 	}
 	greeting := os.Getenv("GREETING")
 	if greeting == "" {
@@ -50,7 +73,7 @@ func main() {
 	gen := os.Getenv("SHARDVISOR_GENERATION")
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "%s from pid %d generation %s map %s\n", greeting, os.Getpid(), gen, mapVersion)
+			fmt.Fprintf(w, "%s from pid %d generation %s map %d\n", greeting, os.Getpid(), gen, mapVersion.Load())
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
@@ -59,4 +82,9 @@ func main() {
 	if err := worker.Serve(srv, ln, 25*time.Second); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		log.Fatal(err)
 	}
+}
+
+func parseUint(s string) uint64 {
+	v, _ := strconv.ParseUint(s, 10, 64)
+	return v
 }

@@ -22,6 +22,14 @@
        router = LocalRouter.from_env()      # reads SHARDVISOR_MAP_FILE
        node = router.route("alice")         # {"bucket": 4, "node": "pg2", "dsn": ...}
 
+   Under a supervisor pool in reload mode (map_delivery.mode "reload", which
+   sets SHARDVISOR_MAP_DELIVERY=reload) use FollowingRouter.from_env()
+   instead: it re-reads the map file whenever the supervisor replaces it
+   (a stat every 0.1 s on a daemon thread) and acknowledges each map with
+   MAPVERSION=N on NOTIFY_SOCKET, so the worker is never restarted for a map
+   change. Leave map_delivery.signal empty for Python pools: signal handlers
+   belong to the server (gunicorn) and only run on the main thread.
+
 Command line:
 
     shardvisor_router.py --sidecar http://127.0.0.1:8484 alice bob
@@ -34,7 +42,10 @@ import argparse
 import base64
 import json
 import os
+import socket
 import sys
+import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -153,6 +164,85 @@ class LocalRouter:
             "map_version": self.map_version,
             "state": st.get("state", "active"),
         }
+
+
+def sd_notify(state: str) -> bool:
+    """Sends one sd_notify(3) datagram to NOTIFY_SOCKET; False if unset."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(addr)
+        s.send(state.encode())
+    return True
+
+
+class FollowingRouter:
+    """A LocalRouter that follows its map file in place (reload mode).
+
+    A process that forks (a pre-forking server's master, gunicorn with
+    --preload) stops following: its children, the processes that serve,
+    each start their own follower, so the MAPVERSION the supervisor hears
+    comes from the process that routes.
+    """
+
+    POLL = 0.1  # seconds; workerproto.MapPollInterval
+
+    def __init__(self, path: str, on_error=None):
+        self.path = path
+        self.on_error = on_error or (lambda e: print(f"shardvisor_router: map file: {e}", file=sys.stderr))
+        self._router = LocalRouter.from_file(path)
+        self._stamp = None
+        self._stop = threading.Event()
+        self._thread = None
+        self._start()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(before=self._stop.set, after_in_child=self._after_fork)
+
+    @classmethod
+    def from_env(cls) -> "FollowingRouter":
+        path = os.environ.get("SHARDVISOR_MAP_FILE")
+        if not path:
+            raise RuntimeError("SHARDVISOR_MAP_FILE is not set (is this process a worker of the supervisor?)")
+        return cls(path)
+
+    @property
+    def map_version(self) -> int:
+        return self._router.map_version
+
+    def route(self, uid: str) -> dict:
+        return self._router.route(uid)
+
+    def close(self):
+        self._stop.set()
+
+    def _after_fork(self):
+        self._stop = threading.Event()
+        self._stamp = None
+        self._start()
+
+    def _start(self):
+        sd_notify(f"MAPVERSION={self._router.map_version}")
+        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="shardvisor-map", daemon=True)
+        self._thread.start()
+
+    def _run(self, stop: threading.Event):
+        while not stop.wait(self.POLL):
+            try:
+                st = os.stat(self.path)
+                stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+                if stamp == self._stamp:
+                    continue
+                self._stamp = stamp
+                nxt = LocalRouter.from_file(self.path)
+                if nxt.map_version < self._router.map_version:
+                    raise ValueError(f"map version {nxt.map_version} is older than the applied {self._router.map_version}")
+                self._router = nxt  # one reference swap: route() sees the old map or the new
+                sd_notify(f"MAPVERSION={nxt.map_version}")
+            except (OSError, ValueError, KeyError) as e:
+                self.on_error(e)
 
 
 def main(argv: List[str]) -> int:

@@ -12,21 +12,32 @@ Environment:
                      (default 1.5; the benchmark uses this)
   APP_TAG            echoed in every answer (tests tell generations apart)
 
+In the supervisor's reload mode (SHARDVISOR_MAP_DELIVERY=reload) the app
+follows the map file with shardvisor_router.FollowingRouter and answers
+with the map version it routes by now.
+
 The answer is JSON: pid, generation, tag, map version and the map file's
 size, so a caller sees which worker and which bucket map served it.
 """
 
 import json
 import os
+import sys
 import time
 
 time.sleep(float(os.environ.get("APP_STARTUP_DELAY", "1.5")))
 
 _MAP_VERSION = os.environ.get("SHARDVISOR_MAP_VERSION", "")
 _MAP_BYTES = 0
+_ROUTER = None
 if os.environ.get("SHARDVISOR_MAP_FILE"):
     with open(os.environ["SHARDVISOR_MAP_FILE"], "rb") as f:
         _MAP_BYTES = len(f.read())
+    if os.environ.get("SHARDVISOR_MAP_DELIVERY") == "reload":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import shardvisor_router  # noqa: E402
+
+        _ROUTER = shardvisor_router.FollowingRouter.from_env()
 
 
 def application(environ, start_response):
@@ -34,7 +45,7 @@ def application(environ, start_response):
         "pid": os.getpid(),
         "gen": os.environ.get("SHARDVISOR_GENERATION", ""),
         "tag": os.environ.get("APP_TAG", ""),
-        "map_version": _MAP_VERSION,
+        "map_version": str(_ROUTER.map_version) if _ROUTER else _MAP_VERSION,
         "map_bytes": _MAP_BYTES,
     }).encode() + b"\n"
     start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
