@@ -67,6 +67,27 @@ func (e *env) adminDSN(i int) string {
 	return (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", e.password), Host: e.pgAddrs[i], Path: "/postgres", RawQuery: "sslmode=disable"}).String()
 }
 
+// dropDB drops database db of node i, with the subscriptions a move cut
+// short left in it (they block DROP DATABASE) and its slots.
+func (e *env) dropDB(ctx context.Context, i int, db string) error {
+	u, _ := url.Parse(e.adminDSN(i))
+	u.Path = "/" + db
+	if conn, err := pgx.Connect(ctx, u.String()); err == nil {
+		rows, _ := conn.Query(ctx, `SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+		subs, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+		for _, s := range subs {
+			id := pgx.Identifier{s}.Sanitize()
+			for _, q := range []string{"ALTER SUBSCRIPTION " + id + " DISABLE", "ALTER SUBSCRIPTION " + id + " SET (slot_name = NONE)", "DROP SUBSCRIPTION " + id} {
+				if _, err := conn.Exec(ctx, q); err != nil {
+					say("cleanup: pg%d %s: %v", i+1, q, err)
+				}
+			}
+		}
+		conn.Close(context.Background())
+	}
+	return testenv.DropDatabase(ctx, e.adminDSN(i), db)
+}
+
 // notesDDL is examples/notes' Schema (package main there, so copied).
 const notesDDL = `CREATE SCHEMA IF NOT EXISTS app;
 CREATE TABLE IF NOT EXISTS app.notes (
@@ -109,7 +130,7 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 			return nil, fmt.Errorf("pg%d: %w", i+1, err)
 		}
 		b.cleanups = append(b.cleanups, func(ctx context.Context) {
-			if err := testenv.DropDatabase(ctx, b.env.adminDSN(i), c.db); err != nil {
+			if err := b.env.dropDB(ctx, i, c.db); err != nil {
 				say("cleanup: pg%d database %s: %v", i+1, c.db, err)
 			}
 		})

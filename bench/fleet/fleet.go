@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -135,6 +136,11 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 	b.fleet = f
 	zkArgs := []string{"--zk", b.env.zkConnect(), "--zk-root", b.root, "--cluster", name,
 		"--zk-session-timeout", sessionTimeout.String(), "--log-format", "json"}
+	// The fleet's shared secret for the fail-static peer answers.
+	secret := filepath.Join(b.runDir, "peer-secret")
+	if err := os.WriteFile(secret, []byte(idempotencyKey()+"\n"), 0o600); err != nil {
+		return nil, err
+	}
 	if isolate {
 		if f.ns, err = newNetns(b.ps); err != nil {
 			return f, err
@@ -160,7 +166,7 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 	for i := range *supervisors {
 		s := &sup{i: i, name: fmt.Sprintf("sv-%02d", i), admin: adminAddr(i), dial: hostDial.DialContext}
 		argv := append([]string{filepath.Join(b.binDir, "supervisor"), "--pool", poolName, "--member", s.name, "--admin", s.admin,
-			"--state-dir", filepath.Join(b.runDir, name, s.name)}, zkArgs...)
+			"--state-dir", filepath.Join(b.runDir, name, s.name), "--peer-secret-file", secret}, zkArgs...)
 		if i == f.isoIdx {
 			s.isolated = true
 			s.dial = f.ns.dial

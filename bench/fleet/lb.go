@@ -33,7 +33,7 @@ import (
 
 // The load balancer does what an HAProxy or nginx in front of the fleet
 // would: it health-checks every backend's /healthz (every 200 ms, 1 s
-// timeout) and sends requests only to healthy ones; a connection refused
+// timeout, down after 3 failures) and sends requests only to healthy ones; a connection refused
 // sends the request to the next backend (it was never received) and marks
 // the backend down until its next good check. Nothing else is retried.
 
@@ -115,19 +115,24 @@ func (be *backend) set(port int, up bool) {
 	be.port, be.up = port, up
 }
 
+// checkLoop: down after 3 failed checks in a row (HAProxy's "fall 3": a
+// slow answer on a busy host is not an outage), up after one good one.
 func (be *backend) checkLoop(stop chan struct{}) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
+	fails := 0
 	for {
 		ok := be.s.healthy(time.Second)
-		port, _ := be.state()
-		if ok && port == 0 {
-			port = be.s.servicePort()
+		port, up := be.state()
+		if ok {
+			fails = 0
+			if port == 0 {
+				port = be.s.servicePort()
+			}
+			be.set(port, port > 0)
+		} else if fails++; fails >= 3 || !up {
+			be.set(0, false) // a supervisor back in service binds a new port
 		}
-		if !ok {
-			port = 0 // a supervisor back in service binds a new port
-		}
-		be.set(port, ok && port > 0)
 		select {
 		case <-stop:
 			return

@@ -51,7 +51,6 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
-	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -75,6 +74,7 @@ var (
 	outageFor       = flag.Duration("outage", 30*time.Second, "how long the ZooKeeper ensemble stays down")
 	warmup          = flag.Duration("warmup", 5*time.Second, "load before each scenario's event")
 	retries         = flag.Int("retries", 3, "times the rebalancer is run again after it stopped on an aborted move")
+	budget          = flag.Duration("rebalance-budget", envDuration("FLEET_REBALANCE_BUDGET", 5*time.Minute), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
 	envDir          = flag.String("env-dir", envOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
 	zkPortBase      = flag.Int("zk-port-base", envInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
 	pgPortBase      = flag.Int("pg-port-base", envInt("SHARDVISOR_PG_PORT_BASE", 26432), "its first PostgreSQL port")
@@ -101,6 +101,13 @@ func envOr(k, def string) string {
 func envInt(k string, def int) int {
 	if n, err := strconv.Atoi(os.Getenv(k)); err == nil {
 		return n
+	}
+	return def
+}
+
+func envDuration(k string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(k)); err == nil {
+		return d
 	}
 	return def
 }
@@ -274,7 +281,7 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		}
 	}
 	if sel["rebalance"] {
-		step("rebalance, swap", func() error { return b.rebalanceFleet(ctx, "swap", topo.MapDeliverySwap, 0, false, nil) })
+		step("rebalance, swap", func() error { return b.rebalanceFleet(ctx, "swap", topo.MapDeliverySwap, 0, false) })
 	}
 	if sel["rebalance"] || sel["isolate"] || sel["outage"] {
 		step("rebalance, reload", func() error {
@@ -334,7 +341,7 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		conn.Close(context.Background())
 		for _, db := range dbs {
-			if err := testenv.DropDatabase(ctx, b.env.adminDSN(i), db); err != nil {
+			if err := b.env.dropDB(ctx, i, db); err != nil {
 				say("purging old database %s on pg%d: %v", db, i+1, err)
 			}
 		}
@@ -398,6 +405,7 @@ type RebalanceResult struct {
 	Aborted      int            `json:"moves_aborted"`
 	Restarts     int            `json:"rebalancer_restarts"`
 	Balanced     bool           `json:"balanced"`
+	OverBudget   bool           `json:"stopped_at_budget,omitempty"`
 	PauseMS      Stat           `json:"pause_ms"`
 	MoveMS       Stat           `json:"move_ms"`
 	MemberWaitMS Stat           `json:"member_wait_ms"`
@@ -484,10 +492,20 @@ func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *su
 // aborted move, up to --retries times) and reads every move record.
 func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResult, wait time.Duration) error {
 	var done int
+	t0 := time.Now()
+	// Past the budget the rebalancer stops between two moves: cancelled
+	// as a move ends, it returns before starting the next one.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	mv := migrate.New(f.c.st, migrate.Options{MemberWait: wait, Progress: func(rec *topo.MoveRecord, msg string) {
 		switch {
 		case msg == topo.MoveDone:
 			done++
+			if time.Since(t0) > *budget && !res.OverBudget {
+				res.OverBudget = true
+				say("  %s: past the %s budget after %d moves; stopping the rebalancer", res.Name, *budget, done)
+				cancel()
+			}
 			if *verbose || done%8 == 0 {
 				say("  move %2d done: bucket %3d %s -> %s, pause %.1f ms, member wait %.0f ms", done, rec.Bucket, rec.Source, rec.Target, rec.Stats.PauseMS, rec.Stats.MemberWaitMS)
 			}
@@ -498,7 +516,10 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 	rb := migrate.NewRebalancer(mv, bucketmap.Policy{Concurrency: 1})
 	var rbErr error
 	for attempt := 0; ; attempt++ {
-		rep, err := rb.Run(ctx)
+		rep, err := rb.Run(rctx)
+		if res.OverBudget {
+			break
+		}
 		if err == nil && rep != nil && rep.Balanced {
 			res.Balanced = true
 			break
@@ -853,7 +874,9 @@ func (b *bench) report() {
 		if x.Aborted > 0 {
 			notes += fmt.Sprintf(", %d aborted", x.Aborted)
 		}
-		if !x.Balanced {
+		if x.OverBudget {
+			notes += fmt.Sprintf(" (stopped at the %s budget)", *budget)
+		} else if !x.Balanced {
 			notes += ", NOT balanced"
 		}
 		notes += fmt.Sprintf(", move p50 %.0f ms", x.MoveMS.P50)
@@ -903,7 +926,8 @@ func (b *bench) report() {
 	}
 	for _, x := range r.Rebalances {
 		target(x.PauseMS.N > 0 && x.PauseMS.P99 < 50, fmt.Sprintf("%s: write pause p99 < 50 ms with %d supervisors", x.Name, *supervisors), "%.1f ms", x.PauseMS.P99)
-		target(x.Balanced && x.Aborted == 0, x.Name+": rebalance completes, no move aborted", "balanced %v, %d aborted %v", x.Balanced, x.Aborted, x.AbortErrors)
+		target(x.Balanced && x.Aborted == 0, x.Name+": rebalance completes, no move aborted", "balanced %v%s, %d aborted %v", x.Balanced,
+			map[bool]string{true: " (stopped at the budget)", false: ""}[x.OverBudget], x.Aborted, x.AbortErrors)
 		target(x.Load.Failed == 0 && x.Verify.lost() == 0, x.Name+": 0 failed requests, 0 lost writes", "%d failed %v, %d lost", x.Load.Failed, x.Load.Errors, x.Verify.lost())
 		if x.Victim != "" {
 			target(x.Stragglers[x.Victim] > 0, x.Name+": the stopped supervisor is reported as a straggler", "%d move records name it", x.Stragglers[x.Victim])
