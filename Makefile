@@ -63,8 +63,9 @@ lint:
 demo: build
 	scripts/demo
 
+## demo-down: stop what `KEEP=1 make demo` left running, and the servers
 demo-down:
-	scripts/devenv down
+	scripts/demo down
 
 devenv-up:
 	scripts/devenv up

@@ -24,6 +24,11 @@ import (
 //   - Otherwise (a peer is connected: this host is cut off; too few
 //     answers; no peer known) it leaves service as before: workers killed,
 //     sockets closed.
+//   - Once fail-static, a later answer that no longer confirms the outage
+//     (typically: the ensemble is back and a peer reconnected first) starts
+//     a grace of 2/3 of the session timeout for this host's own session to
+//     come back, the time any host is given before it counts as cut off;
+//     only then does it leave service.
 //
 // The check adds at most PeerTimeout to the time an isolated host takes to
 // leave the load balancer (⅔ of the session timeout + PeerTimeout).
@@ -36,10 +41,11 @@ const (
 
 // peerVerdict is what the peers said.
 type peerVerdict struct {
-	known     int      // peers known from the last member list
-	answered  int      // answers that count (authenticated, fresh)
-	connected []string // peers whose session is connected
-	errs      []string // peers that did not answer, and why (a few)
+	grace     time.Duration // fail-static: how long a cut-off verdict may wait for our own session
+	known     int           // peers known from the last member list
+	answered  int           // answers that count (authenticated, fresh)
+	connected []string      // peers whose session is connected
+	errs      []string      // peers that did not answer, and why (a few)
 }
 
 // outage reports whether the answers say ZooKeeper is down for everyone.
@@ -70,6 +76,7 @@ func (m *machine) onPeers(v peerVerdict, now time.Time) {
 		}
 		m.m.peerChecks.WithLabelValues("outage").Inc()
 		m.mode = modeFailStatic
+		m.cutOffSince = time.Time{}
 		m.failStatic = &topo.FailStatic{Since: now.UTC(), Peers: v.answered}
 		m.peerCheckAt = now.Add(PeerRecheck)
 		m.loudAt = now.Add(failStaticLoud)
@@ -83,6 +90,18 @@ func (m *machine) onPeers(v peerVerdict, now time.Time) {
 		if v.outage() {
 			m.failStatic.Peers = v.answered
 			m.peerCheckAt = now.Add(PeerRecheck)
+			m.cutOffSince = time.Time{}
+			return
+		}
+		if m.cutOffSince.IsZero() {
+			m.cutOffSince = now
+		}
+		if now.Sub(m.cutOffSince) < v.grace {
+			// The ensemble is probably back and a peer reconnected
+			// first: give our own session the time any host gets.
+			m.peerCheckAt = now.Add(min(PeerRecheck, v.grace-now.Sub(m.cutOffSince)))
+			m.log.Warn("fail-static: the peers no longer confirm the outage; waiting for this host's own session before leaving service",
+				append(v.fields(), zap.Duration("grace_left", v.grace-now.Sub(m.cutOffSince)))...)
 			return
 		}
 		m.m.peerChecks.WithLabelValues("cut_off").Inc()
@@ -122,6 +141,7 @@ func (m *machine) reconcileFailStatic(now time.Time) {
 func (m *machine) leaveFailStatic(now time.Time) {
 	was := m.mode
 	m.mode = modeRunning
+	m.cutOffSince = time.Time{}
 	m.lastError = ""
 	if was == modeFailStatic {
 		m.endFailStatic(now)

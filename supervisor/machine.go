@@ -65,6 +65,7 @@ type machine struct {
 	failStatic    *topo.FailStatic // the last fail-static episode
 	peerCheckAt   time.Time        // fail-static: when to ask the peers again
 	loudAt        time.Time        // fail-static: when to log the reminder
+	cutOffSince   time.Time        // fail-static: since when the peers no longer confirm the outage
 
 	out []action // actions decided by the current call
 }

@@ -807,8 +807,15 @@ func TestMachineFailStaticEndsWhenAPeerReconnects(t *testing.T) {
 	s.send(evPeers{peerVerdict{known: 2, answered: 2}})
 	s.at(3 * time.Second)
 	s.expect("ask again", s.tick(), "check-peers")
-	s.expect("a peer reached ZooKeeper and this host did not: leave",
-		s.send(evPeers{peerVerdict{known: 2, answered: 2, connected: []string{"web/b"}}}),
+	cut := peerVerdict{grace: 4 * time.Second, known: 2, answered: 2, connected: []string{"web/b"}}
+	s.expect("a peer reached ZooKeeper: this host's session gets the grace to come back too", s.send(evPeers{cut}))
+	s.at(5 * time.Second)
+	s.expect("asked again within the grace", s.tick(), "check-peers")
+	s.expect("still within the grace", s.send(evPeers{cut}))
+	s.at(7 * time.Second)
+	s.expect("asked again at the end of the grace", s.tick(), "check-peers")
+	s.expect("grace over and this host still has no session: leave",
+		s.send(evPeers{cut}),
 		"kill w1 zk_lost", "kill w2 zk_lost", "close-sockets all", "notify STATUS=zookeeper session lost; not serving")
 	if mem, _, _ := s.mc.snapshot(); mem.FailStatic == nil || mem.FailStatic.Until.IsZero() {
 		t.Fatalf("episode not closed: %+v", mem.FailStatic)
@@ -824,5 +831,18 @@ func TestMachineSessionBackWhileAskingThePeers(t *testing.T) {
 	s.expect("a late answer changes nothing", s.send(evPeers{peerVerdict{known: 2, answered: 0}}))
 	if s.mc.mode != modeRunning || s.mc.failStatic != nil {
 		t.Fatalf("mode %s fail-static %+v", s.mc.mode, s.mc.failStatic)
+	}
+}
+
+func TestMachineFailStaticSessionBackWithinTheGrace(t *testing.T) {
+	s := failStaticSim(t)
+	s.send(evPeers{peerVerdict{known: 2, answered: 2}})
+	s.at(3 * time.Second)
+	s.tick()
+	s.expect("a peer reconnected first", s.send(evPeers{peerVerdict{grace: 4 * time.Second, known: 2, answered: 2, connected: []string{"web/b"}}}))
+	s.at(4 * time.Second)
+	s.expect("our session is back within the grace: nothing killed", s.send(evZK{zksession.StateChange{To: zksession.StateConnected, NewSession: true}}), "notify STATUS=serving")
+	if s.mc.mode != modeRunning {
+		t.Fatalf("mode %s", s.mc.mode)
 	}
 }

@@ -126,7 +126,7 @@ func (s *Supervisor) listPeers(ctx context.Context) ([]peer, error) {
 // checkPeers asks every known peer at once, each bounded by PeerTimeout.
 func (s *Supervisor) checkPeers(ctx context.Context) peerVerdict {
 	peers := s.peers.get()
-	v := peerVerdict{known: len(peers)}
+	v := peerVerdict{known: len(peers), grace: s.opts.Session.SessionTimeout() * 2 / 3}
 	type res struct {
 		p   peer
 		a   *peerAnswer

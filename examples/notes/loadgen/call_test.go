@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -99,5 +101,19 @@ func TestAFreshConnectionClosedUnansweredIsAFailure(t *testing.T) {
 	}
 	if st.idleRetries.Load() != 0 {
 		t.Fatal("resent on a fresh connection")
+	}
+}
+
+// A write whose answer never came may have committed; one the app answered
+// with an error status did not reach the ledger as either.
+func TestUnansweredWrites(t *testing.T) {
+	if !unanswered(errors.New("read tcp: connection reset by peer")) {
+		t.Fatal("a transport error is an unanswered write")
+	}
+	if unanswered(&httpError{503, "refused"}) || unanswered(fmt.Errorf("wrapped: %w", &httpError{409, "conflict"})) {
+		t.Fatal("an HTTP error status is an answer")
+	}
+	if unanswered(nil) {
+		t.Fatal("nil")
 	}
 }

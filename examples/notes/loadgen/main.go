@@ -66,12 +66,18 @@ func main() {
 	}
 }
 
-// Entry is a note's last acknowledged state.
+// Entry is a note's last acknowledged state. A write that got no answer
+// (the connection died: a host left service, a worker was killed) may or
+// may not have committed, so it makes its outcome one of two acceptable
+// states: MaybeDeleted (a DELETE), or MaybeBody (a PUT's new body). The
+// next acknowledged write settles it again.
 type Entry struct {
-	UID     string `json:"uid"`
-	ID      int64  `json:"id"`
-	Body    string `json:"body"`
-	Deleted bool   `json:"deleted,omitempty"`
+	UID          string `json:"uid"`
+	ID           int64  `json:"id"`
+	Body         string `json:"body"`
+	Deleted      bool   `json:"deleted,omitempty"`
+	MaybeDeleted bool   `json:"maybe_deleted,omitempty"`
+	MaybeBody    string `json:"maybe_body,omitempty"`
 }
 
 // Summary is what a run did.
@@ -196,6 +202,12 @@ func run(args []string) error {
 						book[[2]any{uid, id}] = Entry{UID: uid, ID: id, Body: body}
 						mu.Unlock()
 						st.writes.Add(1)
+					} else if unanswered(err) {
+						mu.Lock()
+						e := book[[2]any{uid, id}]
+						e.MaybeBody = body
+						book[[2]any{uid, id}] = e
+						mu.Unlock()
 					}
 				case op < 9: // list
 					var got []struct {
@@ -213,6 +225,15 @@ func run(args []string) error {
 						book[[2]any{uid, id}] = Entry{UID: uid, ID: id, Deleted: true}
 						mu.Unlock()
 						st.writes.Add(1)
+					} else if unanswered(err) {
+						// Never touched again by this run: its fate is
+						// whichever the server chose.
+						notes[uid] = slices.Delete(ids, i, i+1)
+						mu.Lock()
+						e := book[[2]any{uid, id}]
+						e.MaybeDeleted = true
+						book[[2]any{uid, id}] = e
+						mu.Unlock()
 					}
 				}
 				if ctx.Err() != nil && err != nil {
@@ -324,10 +345,13 @@ func idempotencyKey() string {
 
 // Verification is what verify found.
 type Verification struct {
-	Checked      int      `json:"checked"`
-	Missing      int      `json:"missing"`
-	Wrong        int      `json:"wrong_body"`
-	Resurrected  int      `json:"deleted_but_present"`
+	Checked     int `json:"checked"`
+	Missing     int `json:"missing"`
+	Wrong       int `json:"wrong_body"`
+	Resurrected int `json:"deleted_but_present"`
+	// Unanswered: notes whose last write got no answer and did commit
+	// (allowed: the client cannot know).
+	Unanswered   int      `json:"unanswered_writes_committed"`
 	OnOtherNodes int      `json:"rows_on_other_nodes"`
 	Examples     []string `json:"examples,omitempty"`
 }
@@ -412,11 +436,15 @@ func verify(args []string) error {
 			v.Resurrected++
 			bad("%s note %d was deleted but is on %s", e.UID, e.ID, owner)
 		case e.Deleted && errors.Is(err, pgx.ErrNoRows):
+		case e.MaybeDeleted && errors.Is(err, pgx.ErrNoRows):
+			v.Unanswered++
 		case errors.Is(err, pgx.ErrNoRows):
 			v.Missing++
 			bad("%s note %d is not on its owner %s", e.UID, e.ID, owner)
 		case err != nil:
 			return err
+		case body != e.Body && e.MaybeBody != "" && body == e.MaybeBody:
+			v.Unanswered++
 		case body != e.Body:
 			v.Wrong++
 			bad("%s note %d on %s has %q, acknowledged %q", e.UID, e.ID, owner, body, e.Body)
@@ -453,4 +481,12 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// unanswered reports whether a write's request may have reached the app
+// without its answer reaching us: the outcome is unknown. An HTTP error
+// status is an answer.
+func unanswered(err error) bool {
+	var se *httpError
+	return err != nil && !errors.As(err, &se)
 }
