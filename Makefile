@@ -7,7 +7,7 @@ PKGS     ?= ./...
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-fleet lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -51,6 +51,11 @@ bench-supervisor: install-deps build
 ## bench-moves: a live rebalance under write load: pauses, copy speed, lost writes
 bench-moves:
 	bench/moves/run
+
+## bench-fleet: 50 supervisors + 50 routers on a throwaway environment: rebalance (swap vs reload), slow boot, SIGSTOP, isolation, ZooKeeper outage
+bench-fleet:
+	bench/fleet/run
+	@if [ -x bench/mapprop/run ]; then bench/mapprop/run; fi
 
 ## lint: gofmt and go vet must be clean
 lint:
