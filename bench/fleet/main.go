@@ -74,7 +74,7 @@ var (
 	outageFor       = flag.Duration("outage", 30*time.Second, "how long the ZooKeeper ensemble stays down")
 	warmup          = flag.Duration("warmup", 5*time.Second, "load before each scenario's event")
 	retries         = flag.Int("retries", 3, "times the rebalancer is run again after it stopped on an aborted move")
-	budget          = flag.Duration("rebalance-budget", envDuration("FLEET_REBALANCE_BUDGET", 5*time.Minute), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
+	budget          = flag.Duration("rebalance-budget", envDuration("FLEET_REBALANCE_BUDGET", 4*time.Minute), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
 	envDir          = flag.String("env-dir", envOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
 	zkPortBase      = flag.Int("zk-port-base", envInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
 	pgPortBase      = flag.Int("pg-port-base", envInt("SHARDVISOR_PG_PORT_BASE", 26432), "its first PostgreSQL port")
@@ -721,7 +721,8 @@ func (l *loadRun) since() time.Duration { return time.Since(l.started) }
 type OutageResult struct {
 	DownS         float64            `json:"killed_seconds"`
 	RestartS      float64            `json:"restart_seconds"` // devenv up until healthy
-	NormalS       float64            `json:"back_to_normal_seconds_after_restart"`
+	NormalS       float64            `json:"back_to_normal_seconds_after_restart"` // restart begun -> every member serving
+	NormalHealthy float64            `json:"back_to_normal_seconds_after_healthy"` // ensemble healthy -> every member serving
 	Kills         float64            `json:"worker_kills"`
 	KillsByReason map[string]float64 `json:"worker_kills_by_reason,omitempty"`
 	Boots         float64            `json:"worker_boots"`
@@ -746,6 +747,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 	say("outage: killing all 3 ZooKeeper servers of the THROWAWAY ensemble (%s; the shared one on 21811 is not touched) for %s under load",
 		b.env.zkConnect(), *outageFor)
 	t0 := time.Now()
+	var tRestart time.Time
 	restarted := false
 	restart := func() error {
 		if restarted {
@@ -756,9 +758,9 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 		say("outage: restarting the ensemble after %.1f s down", res.DownS)
 		rctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		tr := time.Now()
+		tRestart = time.Now()
 		_, err := b.env.devenv(rctx, "up")
-		res.RestartS = time.Since(tr).Seconds()
+		res.RestartS = time.Since(tRestart).Seconds()
 		return err
 	}
 	// However this ends, the ensemble comes back.
@@ -800,7 +802,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 	if err := lb.waitUp(ctx, time.Minute); err != nil {
 		return err
 	}
-	res.NormalS = time.Since(tr).Seconds()
+	res.NormalS, res.NormalHealthy = time.Since(tRestart).Seconds(), time.Since(tr).Seconds()
 	if err := sleep(ctx, 3*time.Second); err != nil {
 		return err
 	}
@@ -812,8 +814,8 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 	if res.Verify, err = f.c.verify(ctx, l); err != nil {
 		return err
 	}
-	say("outage: back to normal %.1f s after the restart; %d requests failed, %.0f worker kills, %.0f boots; %d acknowledged writes missing of %d",
-		res.NormalS, res.Load.Failed, res.Kills, res.Boots, res.Verify.lost(), res.Verify.Checked)
+	say("outage: back to normal %.1f s after the restart began (%.1f s after the ensemble was healthy); %d requests failed, %.0f worker kills, %.0f boots; %d acknowledged writes missing of %d",
+		res.NormalS, res.NormalHealthy, res.Load.Failed, res.Kills, res.Boots, res.Verify.lost(), res.Verify.Checked)
 	return nil
 }
 
@@ -895,7 +897,18 @@ func (b *bench) report() {
 		reload = nil
 	}
 	if swap != nil && reload != nil {
-		row("  reload / swap", ratio(reload.Boots, swap.Boots), ratio(reload.Seconds, swap.Seconds),
+		// Per move when a rebalance stopped at its budget, whole otherwise.
+		perMove := func(x *RebalanceResult, v float64) float64 {
+			if x.OverBudget || reload.OverBudget || swap.OverBudget {
+				return v / float64(max(x.Moves, 1))
+			}
+			return v
+		}
+		label := "  reload / swap"
+		if reload.OverBudget || swap.OverBudget {
+			label += " (per move)"
+		}
+		row(label, ratio(perMove(reload, reload.Boots), perMove(swap, swap.Boots)), ratio(perMove(reload, reload.Seconds), perMove(swap, swap.Seconds)),
 			ratio(reload.PauseMS.P99, swap.PauseMS.P99)+" (p99)", "", "", fmt.Sprintf("move p50 %s", ratio(reload.MoveMS.P50, swap.MoveMS.P50)))
 	}
 	if boot != nil && reload != nil {
@@ -911,7 +924,7 @@ func (b *bench) report() {
 	if x := r.Outage; x != nil {
 		row(fmt.Sprintf("ZooKeeper ensemble down %.0f s", x.DownS), fmt.Sprintf("k%.0f", x.Kills), "", "",
 			fmt.Sprintf("%d/%d", x.Load.Failed, x.Load.Requests), fmt.Sprintf("%d/%d", x.Verify.lost(), x.Verify.Checked),
-			fmt.Sprintf("back to normal %.1f s after the restart; %.0f worker boots; kills %v", x.NormalS, x.Boots, x.KillsByReason))
+			fmt.Sprintf("back to normal %.1f s after the restart began (ensemble healthy after %.1f s); %.0f worker boots; kills %v", x.NormalS, x.RestartS, x.Boots, x.KillsByReason))
 	}
 	fmt.Println("(boots: worker spawns across the fleet, from /metrics; kN: worker kills; failed req: failed/sent; lost writes: acknowledged writes missing/checked)")
 	fmt.Println()
