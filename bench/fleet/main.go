@@ -720,7 +720,7 @@ func (l *loadRun) since() time.Duration { return time.Since(l.started) }
 // OutageResult is the whole ZooKeeper ensemble down under load.
 type OutageResult struct {
 	DownS         float64            `json:"killed_seconds"`
-	RestartS      float64            `json:"restart_seconds"` // devenv up until healthy
+	RestartS      float64            `json:"restart_seconds"`                      // devenv up until healthy
 	NormalS       float64            `json:"back_to_normal_seconds_after_restart"` // restart begun -> every member serving
 	NormalHealthy float64            `json:"back_to_normal_seconds_after_healthy"` // ensemble healthy -> every member serving
 	Kills         float64            `json:"worker_kills"`
