@@ -175,11 +175,13 @@ so that no outgoing connection holds one when it is bound again.
 	for _, s := range strings.Split(*only, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "rebalance", "boot", "sigstop", "isolate", "outage":
+		case "rebalance": // both map delivery modes
+			sel["swap"], sel["reload"] = true, true
+		case "swap", "reload", "boot", "sigstop", "isolate", "outage":
 			sel[s] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "fleet-bench: unknown scenario %q in -only (rebalance, boot, sigstop, isolate, outage)\n", s)
+			fmt.Fprintf(os.Stderr, "fleet-bench: unknown scenario %q in -only (rebalance = swap,reload; boot, sigstop, isolate, outage)\n", s)
 			os.Exit(2)
 		}
 	}
@@ -280,13 +282,13 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 			}
 		}
 	}
-	if sel["rebalance"] {
+	if sel["swap"] {
 		step("rebalance, swap", func() error { return b.rebalanceFleet(ctx, "swap", topo.MapDeliverySwap, 0, false) })
 	}
-	if sel["rebalance"] || sel["isolate"] || sel["outage"] {
+	if sel["reload"] || sel["isolate"] || sel["outage"] {
 		step("rebalance, reload", func() error {
 			return b.rebalanceFleet(ctx, "reload", topo.MapDeliveryReload, 0, sel["isolate"], func(f *fleet) error {
-				if !sel["rebalance"] {
+				if !sel["reload"] {
 					return nil
 				}
 				return b.rebalance(ctx, f, "rebalance, reload", nil, *memberWait)
@@ -393,22 +395,31 @@ func (f *fleet) victim() *sup {
 
 // ---------------------------------------------------------------- rebalance
 
+// StepStat is one move step's duration over the moves.
+type StepStat struct {
+	Step string `json:"step"`
+	Stat
+}
+
 // RebalanceResult is one rebalance of 3 -> 4 nodes.
 type RebalanceResult struct {
-	Name         string         `json:"name"`
-	Mode         string         `json:"mode"`
-	BootDelay    string         `json:"boot_delay,omitempty"`
-	Boots        float64        `json:"worker_boots"`
-	Kills        float64        `json:"worker_kills"`
-	Seconds      float64        `json:"rebalance_seconds"`
-	Moves        int            `json:"moves_done"`
-	Aborted      int            `json:"moves_aborted"`
-	Restarts     int            `json:"rebalancer_restarts"`
-	Balanced     bool           `json:"balanced"`
-	OverBudget   bool           `json:"stopped_at_budget,omitempty"`
-	PauseMS      Stat           `json:"pause_ms"`
-	MoveMS       Stat           `json:"move_ms"`
-	MemberWaitMS Stat           `json:"member_wait_ms"`
+	Name         string  `json:"name"`
+	Mode         string  `json:"mode"`
+	BootDelay    string  `json:"boot_delay,omitempty"`
+	Boots        float64 `json:"worker_boots"`
+	Kills        float64 `json:"worker_kills"`
+	Seconds      float64 `json:"rebalance_seconds"`
+	Moves        int     `json:"moves_done"`
+	Aborted      int     `json:"moves_aborted"`
+	Restarts     int     `json:"rebalancer_restarts"`
+	Balanced     bool    `json:"balanced"`
+	OverBudget   bool    `json:"stopped_at_budget,omitempty"`
+	PauseMS      Stat    `json:"pause_ms"`
+	MoveMS       Stat    `json:"move_ms"`
+	MemberWaitMS Stat    `json:"member_wait_ms"`
+	// StepsMS: each step's duration (the time from its start to the next
+	// step's), p50 over the moves done, in step order.
+	StepsMS      []StepStat     `json:"steps_ms"`
 	Load         loadStats      `json:"load"`
 	Verify       verification   `json:"verify"`
 	Victim       string         `json:"victim,omitempty"`
@@ -539,6 +550,7 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 		return errors.Join(rbErr, err)
 	}
 	var pause, total, mwait []float64
+	steps := map[string][]float64{}
 	for _, id := range ids {
 		rec, _, err := topo.ReadMove(ctx, b.sess, f.c.paths, id)
 		if err != nil {
@@ -553,6 +565,9 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 			pause = append(pause, rec.Stats.PauseMS)
 			mwait = append(mwait, rec.Stats.MemberWaitMS)
 			total = append(total, float64(rec.UpdatedAt.Sub(rec.CreatedAt).Microseconds())/1000)
+			for i := 0; i+1 < len(rec.Steps); i++ {
+				steps[rec.Steps[i].State] = append(steps[rec.Steps[i].State], ms(rec.Steps[i+1].At.Sub(rec.Steps[i].At)))
+			}
 		case topo.MoveAborted:
 			res.Aborted++
 			if len(res.AbortErrors) < 3 {
@@ -561,6 +576,11 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 		}
 	}
 	res.PauseMS, res.MoveMS, res.MemberWaitMS = stat(pause), stat(total), stat(mwait)
+	for _, st := range []string{topo.MovePrepare, topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, topo.MoveTeardown, topo.MoveVerify} {
+		if xs := steps[st]; len(xs) > 0 {
+			res.StepsMS = append(res.StepsMS, StepStat{Step: st, Stat: stat(xs)})
+		}
+	}
 	return rbErr
 }
 
@@ -927,6 +947,16 @@ func (b *bench) report() {
 			fmt.Sprintf("back to normal %.1f s after the restart began (ensemble healthy after %.1f s); %.0f worker boots; kills %v", x.NormalS, x.RestartS, x.Boots, x.KillsByReason))
 	}
 	fmt.Println("(boots: worker spawns across the fleet, from /metrics; kN: worker kills; failed req: failed/sent; lost writes: acknowledged writes missing/checked)")
+	if len(r.Rebalances) > 0 {
+		fmt.Println("where a move's time goes, p50 per step in ms (fence: map set moving, members caught up, source frozen):")
+		for _, x := range r.Rebalances {
+			var parts []string
+			for _, st := range x.StepsMS {
+				parts = append(parts, fmt.Sprintf("%s %.0f", st.Step, st.P50))
+			}
+			fmt.Printf("  %-42s %s\n", x.Name, strings.Join(parts, ", "))
+		}
+	}
 	fmt.Println()
 
 	if reload != nil {
