@@ -25,7 +25,7 @@ test: lint install-deps
 RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-inner:
 	$(GO) test $(TESTFLAGS) $(PKGS)
-	$(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./router/ ./supervisor/
+	$(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./router/ ./supervisor/
 	cd examples/embed && $(GO) test -count=1 ./...
 
 ## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)

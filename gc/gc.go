@@ -10,6 +10,9 @@
 //   - the ownership change is older than the grace period;
 //   - no move is in flight over it: no bucket of it is moving in the map,
 //     and no record under moves/ names an overlapping bucket;
+//   - every live router and supervisor has applied the map version at
+//     which X stopped owning it (a straggler still routing by an older map
+//     may read it on X), and every member record can be read;
 //   - X's fence does not claim it (owned, frozen or incoming), and Y's fence
 //     says Y owns all of it;
 //   - Y answers, and for every sharded table holds at least MinOwnerRatio
@@ -129,9 +132,16 @@ const (
 	SkipFence        = "fence"         // a fence disagrees with the map
 	SkipMoveRecord   = "move-record"   // an unreadable move record blocks everything
 	SkipTableMissing = "table-missing" // a sharded table is missing on the owner
+	// SkipMemberBehind: a live router or supervisor has not applied the map
+	// version that took the range from the node (or its record cannot be
+	// read), so its clients may still read the range there.
+	SkipMemberBehind = "member-behind"
 )
 
-var uncertain = map[string]bool{SkipNodeDown: true, SkipOwnerDown: true, SkipOwnerRows: true, SkipFence: true, SkipMoveRecord: true, SkipTableMissing: true}
+var uncertain = map[string]bool{SkipNodeDown: true, SkipOwnerDown: true, SkipOwnerRows: true, SkipFence: true, SkipMoveRecord: true, SkipTableMissing: true,
+	// Past the grace period a member that far behind is stuck: a person
+	// should look.
+	SkipMemberBehind: true}
 
 // Range is a bucket range of one history entry, on one node.
 type Range struct {
@@ -306,9 +316,13 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	members, err := ReadMembers(ctx, g.Session, g.Store.Paths())
+	if err != nil {
+		return nil, err
+	}
 	rep := &Report{MapVersion: m.Version, Level: m.Level, DryRun: g.Opt.DryRun, Work: []Work{}, Skipped: []Skip{}}
 	g.segments = map[string]int{}
-	cands := g.candidates(m, moves, rep)
+	cands := g.candidates(m, moves, members, rep)
 
 	conns := &connCache{connect: g.Opt.Connect, m: m, conns: map[bucketmap.NodeID]*pgx.Conn{}, errs: map[bucketmap.NodeID]error{}}
 	defer conns.close()
@@ -368,7 +382,7 @@ func (r *Report) finish() {
 
 // candidates cuts the history into ranges with one owner each and skips
 // those the map alone rules out.
-func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, rep *Report) []Range {
+func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, members []Member, rep *Report) []Range {
 	now := g.Opt.Now()
 	var out []Range
 	for _, h := range m.History() {
@@ -424,6 +438,10 @@ func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, rep *Report) []Rang
 				} else {
 					skip(SkipMove, fmt.Sprintf("move %s of bucket %d at level %d is in flight", mv.ID, mv.Bucket, mv.Level))
 				}
+				continue
+			}
+			if why := behind(members, h.UntilVersion); why != "" {
+				skip(SkipMemberBehind, why+fmt.Sprintf(", at which %s stopped owning it: its clients may still read the range there", h.Node))
 				continue
 			}
 			out = append(out, s)

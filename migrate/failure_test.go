@@ -340,8 +340,9 @@ func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
 	}
 }
 
-// A move that aborts cleanly (here: a router that never applies the map)
-// is retried by the rebalancer instead of stopping it.
+// A move that aborts cleanly (here: a router that never applies the map,
+// with --on-straggler=abort) is retried by the rebalancer instead of
+// stopping it.
 func TestIntegrationRebalancerRetriesCleanAbort(t *testing.T) {
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
@@ -353,7 +354,7 @@ func TestIntegrationRebalancerRetriesCleanAbort(t *testing.T) {
 	if _, err := f.st.Update(ctx, func(m *bucketmap.Map) error { return m.Drain("pg2") }); err != nil {
 		t.Fatal(err)
 	}
-	mv := f.mover(Options{MemberWait: 300 * time.Millisecond})
+	mv := f.mover(Options{MemberWait: 300 * time.Millisecond, OnStraggler: StragglerAbort})
 	var once sync.Once
 	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
 		if msg == topo.MoveAborted {

@@ -8,8 +8,9 @@
 //	prepare   target range marked incoming, leftovers cleared, schema checked
 //	copy      logical replication with a row filter on the bucket's key range
 //	catchup   marker round trip below the lag threshold, else no fence
-//	fence     map says moving; every router and supervisor has seen it;
-//	          the source range is frozen (its writers drained)
+//	fence     map says moving; every router and supervisor has seen it,
+//	          or Options.MemberWait ran out (the rest are recorded as
+//	          stragglers); the source range is frozen (its writers drained)
 //	barrier   a marker committed after the freeze is applied on the target
 //	flip      target owns the range; the map gives it the bucket (CAS);
 //	          the source releases it
@@ -60,7 +61,13 @@ type Options struct {
 	// MemberWait bounds the wait for every live router and supervisor to
 	// apply the map that sets the bucket moving. Default 10 s.
 	MemberWait time.Duration
-	Logger     *zap.Logger
+	// OnStraggler is what a move does with the members that have not
+	// applied that map when MemberWait runs out: StragglerProceed (the
+	// default) or StragglerAbort.
+	OnStraggler string
+	// Metrics, if set, counts stragglers and times the member wait.
+	Metrics *Metrics
+	Logger  *zap.Logger
 	// Progress, when set, receives a line per state and copy progress.
 	Progress func(rec *topo.MoveRecord, msg string)
 }
@@ -81,10 +88,32 @@ func (o Options) withDefaults() Options {
 	if o.MemberWait <= 0 {
 		o.MemberWait = 10 * time.Second
 	}
+	if o.OnStraggler == "" {
+		o.OnStraggler = StragglerProceed
+	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
 	return o
+}
+
+// What a move does with stragglers (Options.OnStraggler).
+const (
+	// StragglerProceed goes on without them: the fence refuses their
+	// clients' writes to the old owner until they catch up (see
+	// docs/moves.md, "Stragglers"), so one hung web head cannot stop every
+	// move.
+	StragglerProceed = "proceed"
+	// StragglerAbort aborts the move, as movers did before the option.
+	StragglerAbort = "abort"
+)
+
+// CheckOnStraggler says whether s is an Options.OnStraggler value.
+func CheckOnStraggler(s string) error {
+	if s != StragglerProceed && s != StragglerAbort {
+		return fmt.Errorf("on-straggler %q is neither %q nor %q", s, StragglerProceed, StragglerAbort)
+	}
+	return nil
 }
 
 // Errors a caller can test for.
@@ -102,6 +131,9 @@ type Mover struct {
 	opts   Options
 	log    *zap.Logger
 	runner string
+
+	viewMu sync.Mutex
+	view   *topo.MemberView // started by the first fence step; Close stops it
 }
 
 // New returns a mover using the store's session.
@@ -110,6 +142,43 @@ func New(st *bucketmap.Store, opts Options) *Mover {
 	host, _ := os.Hostname()
 	return &Mover{st: st, s: st.Session(), p: st.Paths(), opts: opts, log: opts.Logger.With(zap.String("component", "mover")),
 		runner: fmt.Sprintf("%s-%d", host, os.Getpid())}
+}
+
+// checkOptions refuses options that withDefaults cannot mend.
+func (mv *Mover) checkOptions() error {
+	if err := CheckOnStraggler(mv.opts.OnStraggler); err != nil {
+		return fmt.Errorf("mover options: %w", err)
+	}
+	return nil
+}
+
+// Close stops following the cluster's members (the view the fence steps
+// wait on). Moves run afterwards start a new one. Closing the session
+// stops it too.
+func (mv *Mover) Close() {
+	mv.viewMu.Lock()
+	defer mv.viewMu.Unlock()
+	if mv.view != nil {
+		mv.view.Close()
+		mv.view = nil
+	}
+}
+
+// members is the view of the members' applied map versions that the fence
+// steps wait on. It lives as long as the Mover, not one wait: a rebalance
+// runs many moves, one after another and side by side, and a view per wait
+// would list and read all N member records and arm N watches for every
+// move; this one does that once, then reads a record only when it changes.
+// Between waits it costs little: members change their records when a map
+// changes, which during a rebalance is mostly the moves' own doing, and the
+// waits would read those changes anyway.
+func (mv *Mover) members() *topo.MemberView {
+	mv.viewMu.Lock()
+	defer mv.viewMu.Unlock()
+	if mv.view == nil {
+		mv.view = topo.WatchMembers(context.Background(), mv.s, mv.p)
+	}
+	return mv.view
 }
 
 // run is one move being driven by this process.
@@ -148,6 +217,9 @@ type run struct {
 // noCopy the rows are not copied: ownership changes after a short pause
 // and the bucket is marked data-lost.
 func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
+	if err := mv.checkOptions(); err != nil {
+		return nil, err // before a record exists
+	}
 	m, _, err := mv.st.Load(ctx)
 	if err != nil {
 		return nil, err
@@ -449,6 +521,9 @@ func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, ro
 
 // drive runs a move from its recorded state to the end.
 func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error) {
+	if err := mv.checkOptions(); err != nil {
+		return nil, err
+	}
 	return mv.withRun(ctx, id, func(ctx context.Context, r *run) error { return r.drive(ctx) })
 }
 
@@ -679,7 +754,7 @@ func (r *run) fence(ctx context.Context) error {
 	if err := r.save(ctx); err != nil {
 		return err
 	}
-	if err := r.mv.waitMembers(ctx, next.Version); err != nil {
+	if err := r.waitMembers(ctx, next.Version); err != nil {
 		return err
 	}
 	src, err := r.source(ctx)
@@ -1102,64 +1177,56 @@ func (mv *Mover) pause(ctx context.Context, reason, move string) error {
 	return topo.WriteRebalance(ctx, mv.s, mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: true, Reason: reason, Move: move, At: time.Now().UTC()})
 }
 
-// waitMembers waits until every live router and supervisor has applied
-// map version v (they publish it in their member records).
-func (mv *Mover) waitMembers(ctx context.Context, v uint64) error {
-	deadline := time.Now().Add(mv.opts.MemberWait)
-	for {
-		lagging, err := mv.lagging(ctx, v)
-		if err != nil {
-			return err
-		}
-		if len(lagging) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d members have not applied map version %d within %s: %s", len(lagging), v, mv.opts.MemberWait, strings.Join(lagging, ", "))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+// waitMembers waits, up to Options.MemberWait, until every live router and
+// supervisor has applied map version v, the one that sets the bucket
+// moving, so that their clients know it is moving before the freeze (they
+// then retry refused writes at once when the map flips). Members that have
+// not by then are stragglers: recorded in the move record, logged, counted;
+// then the move goes on without them, which the fence makes safe, or
+// aborts (Options.OnStraggler).
+func (r *run) waitMembers(ctx context.Context, v uint64) error {
+	start := time.Now()
+	stragglers, err := r.mv.members().Wait(ctx, v, r.mv.opts.MemberWait)
+	waited := time.Since(start)
+	r.rec.Stats.MemberWaitMS = float64(waited.Microseconds()) / 1000
+	r.mv.opts.Metrics.memberWait(waited)
+	if err != nil {
+		return fmt.Errorf("waiting for routers and supervisors to apply map version %d: %w", v, err)
 	}
+	if len(stragglers) == 0 {
+		return nil
+	}
+	r.rec.Stragglers = stragglers
+	action := r.mv.opts.OnStraggler
+	for _, st := range stragglers {
+		r.mv.opts.Metrics.straggler(r.mv.p.MemberKind(st.Member), action)
+		fields := []zap.Field{zap.String("move", r.rec.ID), zap.String("member", st.Member), zap.Uint64("member_map_version", st.MapVersion),
+			zap.Uint64("fence_map_version", v), zap.Duration("member_wait", r.mv.opts.MemberWait), zap.String("on_straggler", action)}
+		if st.Error != "" {
+			fields = append(fields, zap.String("record_error", st.Error))
+		}
+		r.mv.log.Warn("straggler: member has not applied the map that sets the bucket moving", fields...)
+	}
+	msg := fmt.Sprintf("%d members have not applied map version %d within %s: %s", len(stragglers), v, r.mv.opts.MemberWait, describeStragglers(stragglers))
+	if action == StragglerAbort {
+		return errors.New(msg)
+	}
+	if err := r.save(ctx); err != nil {
+		return err
+	}
+	r.progress("going on without stragglers: " + msg)
+	return nil
 }
 
-// lagging lists the member records (routers, and every pool's
-// supervisors) whose map version is below v. A record that does not decode
-// counts as lagging: a member whose view cannot be read is not known to
-// have applied anything.
-func (mv *Mover) lagging(ctx context.Context, v uint64) ([]string, error) {
-	routers, err := topo.ListRouters(ctx, mv.s, mv.p)
-	if err != nil {
-		return nil, err
-	}
-	out := behind(routers, v, func(r *topo.RouterMember) uint64 { return r.MapVersion })
-	pools, err := topo.ListPools(ctx, mv.s, mv.p)
-	if err != nil {
-		return nil, err
-	}
-	for _, pool := range pools {
-		members, err := topo.ListPoolMembers(ctx, mv.s, mv.p, pool)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, behind(members, v, func(m *topo.PoolMember) uint64 { return m.MapVersion })...)
-	}
-	return out, nil
-}
-
-// behind lists the member records that do not decode or have applied a
-// map version below v.
-func behind[T any](entries []topo.Entry[T], v uint64, applied func(*T) uint64) []string {
-	var out []string
-	for _, e := range entries {
-		switch {
-		case e.Err != nil:
-			out = append(out, fmt.Sprintf("%s (unreadable: %v)", e.Path, e.Err))
-		case applied(e.Rec) < v:
-			out = append(out, fmt.Sprintf("%s (map version %d)", e.Path, applied(e.Rec)))
+// describeStragglers lists stragglers for messages.
+func describeStragglers(ss []topo.Straggler) string {
+	parts := make([]string, len(ss))
+	for i, st := range ss {
+		if st.Error != "" {
+			parts[i] = fmt.Sprintf("%s (%s)", st.Member, st.Error)
+		} else {
+			parts[i] = fmt.Sprintf("%s (map version %d)", st.Member, st.MapVersion)
 		}
 	}
-	return out
+	return strings.Join(parts, ", ")
 }

@@ -4,18 +4,31 @@ import (
 	"context"
 	"fmt"
 	"image/png"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
 func chromium(t *testing.T) string {
+	if p := chromiumOrSkip(t); p != "" {
+		return p
+	}
+	t.Skip("chromium not installed (apt-get install chromium)")
+	return ""
+}
+
+// chromiumOrSkip finds chromium, or returns "" (under CI it fails the
+// test instead), for a test that uses it for one part.
+func chromiumOrSkip(t *testing.T) string {
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
 			return p
@@ -24,8 +37,15 @@ func chromium(t *testing.T) string {
 	if os.Getenv("CI") == "true" {
 		t.Fatal("chromium is required under CI (scripts/install-deps installs it)")
 	}
-	t.Skip("chromium not installed (apt-get install chromium)")
+	t.Log("chromium not installed (apt-get install chromium): the browser part is skipped")
 	return ""
+}
+
+// newServer serves h until the test ends and returns its URL.
+func newServer(t *testing.T, h http.Handler) string {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // headless runs chromium on url with extra flags and returns its stdout.
@@ -116,4 +136,139 @@ func TestStatusPageRendersInBrowser(t *testing.T) {
 		data, _ := os.ReadFile(shot)
 		os.WriteFile(os.Getenv("SHARDVISOR_KEEP_SCREENSHOT"), data, 0o644)
 	}
+}
+
+// element returns the serialized element of dom that starts with open
+// (e.g. `<tr data-member="router/r-old"`) up to its closing tag.
+func element(t *testing.T, dom, open, closing string) string {
+	t.Helper()
+	i := strings.Index(dom, open)
+	if i < 0 {
+		t.Fatalf("the rendered page has no %s", open)
+	}
+	j := strings.Index(dom[i:], closing)
+	if j < 0 {
+		t.Fatalf("%s is not closed", open)
+	}
+	return dom[i : i+j]
+}
+
+func mustContain(t *testing.T, what, s string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(s, w) {
+			t.Fatalf("%s lacks %q:\n%s", what, w, s)
+		}
+	}
+}
+
+// The status page shows the fleet: every member with its map version,
+// the stragglers highlighted with how long they have been behind, each
+// pool's generation and last swap, the moves in flight and the recent
+// ones with their pauses and stragglers, and the members' ZooKeeper view
+// with a fail-static episode.
+func TestFleetPageInBrowser(t *testing.T) {
+	bin := chromium(t)
+	z := testenv.StartZK(t)
+	sc := newFleetScene(t, z, plain)
+	dom := headless(t, bin, newServer(t, Handler(sc.r, HandlerOptions{}))+"/", "--dump-dom")
+
+	if n := strings.Count(dom, `class="cell`); n != 16 {
+		t.Fatalf("%d grid cells, want 16: the grid is gone", n)
+	}
+	mustContain(t, "the page", dom, "5 members (2 routers, 3 supervisors in 2 pools) · 3 behind map version 3",
+		`<div id="fleet-banner" class="banner" hidden="">`, // connected: no banner
+		"this router's session: ")
+	if strings.Contains(dom, "hunter2") {
+		t.Fatal("the page shows the pool config's env")
+	}
+
+	self := element(t, dom, `<tr data-member="router/r-self">`, "</tr>")
+	mustContain(t, "this router's row", self, "this router", "current", "127.0.0.1:8484")
+	old := element(t, dom, `<tr data-member="router/r-old" class="straggler">`, "</tr>")
+	mustContain(t, "r-old's row", old, "web7", "4242", "2 versions for ", "straggler")
+
+	a := element(t, dom, `<tr data-member="pool/web/sup-a">`, "</tr>")
+	mustContain(t, "sup-a's row", a, "web1", "serving", "<td class=\"num\">4</td>", "reload", "2/2", "current", "connected")
+	b := element(t, dom, `<tr data-member="pool/web/sup-b" class="straggler">`, "</tr>")
+	mustContain(t, "sup-b's row", b, "web2", "degraded", "1/2 (1 behind)", "2 versions for ", "straggler", "suspended",
+		"worker 3 did not acknowledge map version")
+	x := element(t, dom, `<tr data-member="pool/api/sup-x" class="straggler">`, "</tr>")
+	mustContain(t, "sup-x's row", x, "record unreadable", "bogus")
+
+	web := element(t, dom, `<div class="pool" data-pool="web">`, "</table>")
+	mustContain(t, "pool web", web, "config version <b>0</b>", "map delivery <b>reload</b>", "2 supervisors, ", "1 behind")
+	swap := element(t, dom, `<div class="poolswap" data-pool-swap="web">`, "</div>")
+	mustContain(t, "pool web's last swap", swap, `<b class="bad">failed</b>`, "generation 4", "by sup-a", "took 61.50 s",
+		"error: 2 new workers not ready within 60s")
+	if !regexp.MustCompile(`by sup-a · [0-9]+m[0-9]{2}s ago`).MatchString(swap) {
+		t.Fatalf("pool web's last swap does not say when: %s", swap)
+	}
+	api := element(t, dom, `<div class="poolswap" data-pool-swap="api">`, "</div>")
+	mustContain(t, "pool api's last swap", api, "none published yet")
+
+	copying := element(t, dom, `<tr data-move="`+sc.copying+`">`, "</tr>")
+	mustContain(t, "the copying move", copying, "copy", " for ", "pg1 → pg3")
+	failed := element(t, dom, `<tr data-move="`+sc.failed+`">`, "</tr>")
+	mustContain(t, "the failed move", failed, "failed", "pg2 → pg1", "42.5 ms", "1.50 s", "verify: table notes differs")
+	straggly := element(t, dom, `<tr data-move="`+sc.straggly+`" class="straggler">`, "</tr>")
+	mustContain(t, "the move with stragglers", straggly, "done", "30.0 ms", "2.00 s",
+		sc.p.PoolMember("web", "sup-b")+" (map version 1)", sc.p.PoolMember("api", "sup-x"), "pool member record does not decode")
+	recent := element(t, dom, `<table id="moves-recent">`, "</table>")
+	if n := strings.Count(recent, "<tr data-move="); n != 20 {
+		t.Fatalf("%d recent moves shown, want 20", n)
+	}
+	mustContain(t, "recent moves", dom, "(newest 20 of 23)")
+
+	zk := element(t, dom, `<tr data-zk-member="web/sup-b" class="failstatic">`, "</tr>")
+	mustContain(t, "sup-b's ZooKeeper row", zk, "suspended", "since "+sc.fs.Since.UTC().Format(time.RFC3339Nano),
+		"until "+sc.fs.Until.UTC().Format(time.RFC3339Nano)+" (3m00s)", "2 peers agreed")
+	mustContain(t, "sup-a's ZooKeeper row", element(t, dom, `<tr data-zk-member="web/sup-a">`, "</tr>"), "connected")
+}
+
+// Records are input from anyone who can write to ZooKeeper: markup in
+// them is shown as text on the status page and never runs.
+func TestFleetPageEscapesRecords(t *testing.T) {
+	bin := chromium(t)
+	z := testenv.StartZK(t)
+	// Each payload, if it ran, would mark the document (and its title).
+	attacks := map[string]string{
+		"host":             `<img src=x onerror="document.title='PWNED';document.documentElement.dataset.pwned='host'">`,
+		"last_error":       `<script>document.title='PWNED';document.documentElement.dataset.pwned='last_error'</script>`,
+		"swap error":       `<svg onload="document.documentElement.dataset.pwned='swap'"></svg>`,
+		"move error":       `<img src=x onerror="document.documentElement.dataset.pwned='move'">`,
+		"straggler member": `"><img src=x onerror="document.documentElement.dataset.pwned='straggler'">`,
+		"straggler error":  `<input autofocus onfocus="document.documentElement.dataset.pwned='focus'">`,
+		"router addr":      `<iframe srcdoc="<script>parent.document.documentElement.dataset.pwned='iframe'</script>"></iframe>`,
+		"router host":      `<details open ontoggle="document.documentElement.dataset.pwned='toggle'">web7</details>`,
+	}
+	used := map[string]bool{}
+	sc := newFleetScene(t, z, func(name, def string) string {
+		if a, ok := attacks[name]; ok {
+			used[name] = true
+			return a
+		}
+		return def
+	})
+	if len(used) != len(attacks) {
+		t.Fatalf("payloads placed in %v of %d fields", used, len(attacks))
+	}
+	dom := headless(t, bin, newServer(t, Handler(sc.r, HandlerOptions{}))+"/", "--dump-dom")
+	if strings.Contains(dom, "data-pwned") || !strings.Contains(dom, "<title>shardvisor router</title>") {
+		t.Fatalf("a payload ran:\n%s", dom)
+	}
+	for _, tag := range []string{"<img", "<svg", "<input", "<iframe", "<details", "<script>document"} {
+		if strings.Contains(dom, tag) {
+			t.Fatalf("a record's markup became an element (%s):\n%s", tag, dom)
+		}
+	}
+	// Shown as text: escaped in the serialized DOM.
+	esc := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;")
+	for name, a := range attacks {
+		if !strings.Contains(dom, esc.Replace(a)) {
+			t.Fatalf("the %s payload is not shown as text (%q):\n%s", name, esc.Replace(a), dom)
+		}
+	}
+	// The page still works around them.
+	mustContain(t, "the page", dom, `<tr data-member="pool/web/sup-b" class="straggler">`, "generation 4")
 }

@@ -2,7 +2,9 @@ package router
 
 import (
 	"bytes"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +31,21 @@ const (
 
 //go:embed status.html
 var statusPage []byte
+
+// statusPageCSP lets the status page run its own inline script (by hash)
+// and fetch from this origin, and nothing else: no other script, no
+// inline event handler, no image, frame or form. Values from records are
+// put into the page as text; this is the second line of defence.
+var statusPageCSP = func() string {
+	_, rest, ok := bytes.Cut(statusPage, []byte("<script>"))
+	script, _, ok2 := bytes.Cut(rest, []byte("</script>"))
+	if !ok || !ok2 {
+		panic("router: status.html has no <script> element")
+	}
+	sum := sha256.Sum256(script)
+	return "default-src 'none'; script-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'; " +
+		"style-src 'unsafe-inline'; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+}()
 
 // HandlerOptions tune the sidecar's HTTP API.
 type HandlerOptions struct {
@@ -83,15 +100,19 @@ func Handler(r *Router, opt HandlerOptions) http.Handler {
 	h.mux.HandleFunc("/v1/route", h.route)
 	h.mux.HandleFunc("/v1/map", h.mapFile)
 	h.mux.HandleFunc("/v1/status", h.status)
+	h.mux.HandleFunc("/v1/fleet", h.fleet)
 	h.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	h.mux.HandleFunc("/readyz", h.readyz)
 	h.mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		if req.URL.Path != "/" {
-			writeError(w, http.StatusNotFound, "no such endpoint "+strconv.Quote(req.URL.Path)+"; see /v1/route, /v1/map, /v1/status, /healthz, /readyz, /metrics")
+			writeError(w, http.StatusNotFound, "no such endpoint "+strconv.Quote(req.URL.Path)+"; see /v1/route, /v1/map, /v1/status, /v1/fleet, /healthz, /readyz, /metrics")
 			return
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", statusPageCSP)
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.Header().Set("Referrer-Policy", "no-referrer")
 		w.Write(statusPage)
 	})
 	return h
@@ -515,5 +536,20 @@ func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// fleet serves the fleet view (Router.Fleet): always 200 with JSON;
+// "available" false says why there is none.
+func (h *handler) fleet(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET")
+		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/fleet")
+		return
+	}
+	v := h.r.Fleet(req.Context())
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	json.NewEncoder(w).Encode(v)
 }

@@ -125,6 +125,7 @@ type Router struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	stats  Stats
+	fleet  *fleetCache // GET /v1/fleet (ZooKeeper source)
 }
 
 // Stats are the router's counters; the sidecar exports them as metrics.
@@ -148,6 +149,7 @@ func newRouter(opts Options, src Source) *Router {
 	}
 	r := &Router{opts: opts, log: opts.Logger.With(zap.String("component", "router")), source: src,
 		ready: make(chan struct{}), pools: map[bucketmap.NodeID]*poolEntry{}, done: make(chan struct{}), started: time.Now()}
+	r.fleet = newFleetCache(r)
 	r.zkState.Store(int32(zksession.StateConnected))
 	return r
 }

@@ -846,3 +846,16 @@ func TestMachineFailStaticSessionBackWithinTheGrace(t *testing.T) {
 		t.Fatalf("mode %s", s.mc.mode)
 	}
 }
+
+// A member with no ready worker routes nothing: it reports the map its
+// newest generation starts on, not 0 (which would make it a straggler of
+// every move and hold GC back while it boots).
+func TestMachineMemberMapVersionWhileBooting(t *testing.T) {
+	s := newSim(t, true)
+	s.send(evZK{zksession.StateChange{To: zksession.StateConnected}})
+	s.send(mapEv(3))
+	s.send(poolCfg(1, 2))
+	if v := s.memberMap(); v != 3 {
+		t.Fatalf("booting member reports map %d, want 3", v)
+	}
+}

@@ -426,10 +426,17 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 		}
 	}
 	// The lowest map any ready worker routes by, so that a mover waiting
-	// for this member waits for its slowest worker (with no ready worker,
-	// nothing routes: the serving generation's map).
-	if anyReady {
+	// for this member waits for its slowest worker. With no ready worker
+	// nothing routes yet: the map the newest generation starts on (so a
+	// host stuck booting is not a straggler forever, and does not hold
+	// GC back).
+	switch {
+	case anyReady:
 		mem.MapVersion = lowest
+	case m.latest != nil:
+		mem.MapVersion = m.latest.spec.mapVersion()
+	case m.curMap != nil:
+		mem.MapVersion = m.curMap.version
 	}
 	m.m.workerMapVersion.Set(float64(mem.MapVersion))
 	ready := counts[wReady]

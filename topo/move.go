@@ -64,15 +64,16 @@ type MoveRecord struct {
 	Runner    string     `json:"runner,omitempty"` // host-pid of the mover that last ran it
 	// Stragglers are the members that had not applied the fence map when
 	// the member wait ran out; the move went on without them (their
-	// clients get fence refusals until they catch up).
+	// clients get fence refusals until they catch up), or, with
+	// --on-straggler=abort, was aborted over them (Error says so).
 	Stragglers []Straggler `json:"stragglers,omitempty"`
 }
 
 // Straggler is one member that had not applied a map version in time.
 type Straggler struct {
-	Member     string `json:"member"` // its record's path
-	MapVersion uint64 `json:"map_version"`
-	Error      string `json:"error,omitempty"` // its record did not decode
+	Member     string `json:"member"`          // its record's path
+	MapVersion uint64 `json:"map_version"`     // the version it had applied
+	Error      string `json:"error,omitempty"` // its record did not decode (or was not read yet)
 }
 
 // MoveStep records when a state began.

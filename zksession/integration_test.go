@@ -326,6 +326,35 @@ func TestIntegrationWatch(t *testing.T) {
 	w.Stop() // idempotent
 }
 
+// Requests counts what a session sends: one per call, and for a watch one
+// per read that arms it (a missing node costs the read and the existence
+// watch); a refused write is never sent.
+func TestIntegrationRequestsCounted(t *testing.T) {
+	ctx, s, writer := twoSessions(t)
+	if err := writer.Create(ctx, "/r", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Requests()
+	for range 3 {
+		if _, _, err := s.Get(ctx, "/r"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := s.Children(ctx, "/r"); err != nil {
+		t.Fatal(err)
+	}
+	w := s.Watch(ctx, "/r")
+	next(t, w)
+	m := s.Watch(ctx, "/missing")
+	next(t, m)
+	w.Stop()
+	m.Stop()
+	after := s.Requests()
+	if g, c, wt := after["get"]-before["get"], after["children"]-before["children"], after["watch"]-before["watch"]; g != 3 || c != 1 || wt != 3 {
+		t.Fatalf("counted get %d, children %d, watch %d; want 3, 1, 3", g, c, wt)
+	}
+}
+
 func TestIntegrationEphemeralOwnership(t *testing.T) {
 	ctx, a, b := twoSessions(t)
 

@@ -142,6 +142,7 @@ func call[T any](s *Session, ctx context.Context, op, p string, write bool, f fu
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.OpTimeout)
 		defer cancel()
 	}
+	s.count(op)
 	ch := make(chan result[T], 1)
 	go func() {
 		v, err := f(s.conn, ap)

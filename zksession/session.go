@@ -79,6 +79,8 @@ type Session struct {
 	resyncWG    sync.WaitGroup
 
 	values sync.Map // Value, SetValue
+
+	requests sync.Map // op name -> *atomic.Int64; Requests
 }
 
 // Open starts a session. It returns at once; the session connects in the
@@ -195,6 +197,29 @@ func (s *Session) SetValue(key, v any) { s.values.Store(key, v) }
 
 // DeleteValue forgets what is stored under key.
 func (s *Session) DeleteValue(key any) { s.values.Delete(key) }
+
+// Requests reports how many requests of each kind this session has sent
+// to ZooKeeper so far, by operation name ("get", "children", "exists",
+// "watch" for a read that arms a watch, "set", "multi", ...). Heartbeats
+// count as "exists". It is there so that tests and benchmarks can count
+// round trips (how many reads a way of following records costs).
+func (s *Session) Requests() map[string]int64 {
+	out := map[string]int64{}
+	s.requests.Range(func(k, v any) bool {
+		out[k.(string)] = v.(*atomic.Int64).Load()
+		return true
+	})
+	return out
+}
+
+// count records one request of kind op for Requests.
+func (s *Session) count(op string) {
+	n, ok := s.requests.Load(op)
+	if !ok {
+		n, _ = s.requests.LoadOrStore(op, new(atomic.Int64))
+	}
+	n.(*atomic.Int64).Add(1)
+}
 
 // SessionID is the current ZooKeeper session id (0 when none).
 func (s *Session) SessionID() int64 { return s.conn.SessionID() }

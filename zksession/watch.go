@@ -143,7 +143,10 @@ func changed(a, b Node, children bool) bool {
 // failed read and the existence watch.
 func (s *Session) fetchW(ctx context.Context, p string, children bool) (fetched, error) {
 	return call(s, ctx, "watch", p, false, func(c *zk.Conn, ap string) (fetched, error) {
-		for range 3 {
+		for i := range 3 {
+			if i > 0 {
+				s.count("watch") // call counted the first read
+			}
 			var (
 				f   = fetched{node: Node{Path: p, Exists: true}}
 				st  *zk.Stat
@@ -161,6 +164,7 @@ func (s *Session) fetchW(ctx context.Context, p string, children bool) (fetched,
 			if !errors.Is(err, zk.ErrNoNode) {
 				return f, err
 			}
+			s.count("watch")
 			ok, _, ev, err := c.ExistsW(ap)
 			if err != nil {
 				return f, err

@@ -179,8 +179,9 @@ func newApp() *cli.App {
 				Name:  "gc",
 				Usage: "delete, from each db node, the rows of buckets it no longer owns",
 				Description: "Works from the bucket map's history. A range is deleted only if another node owns it, the change is older than\n" +
-					"--grace, no move involves it, both fences agree with the map, and the owner answers and holds at least as many of\n" +
-					"the range's rows per table (--min-owner-ratio). Anything uncertain is skipped and reported (exit status 1).\n" +
+					"--grace, no move involves it, every live router and supervisor has applied the change, both fences agree with the\n" +
+					"map, and the owner answers and holds at least as many of the range's rows per table (--min-owner-ratio).\n" +
+					"Anything uncertain is skipped and reported (exit status 1).\n" +
 					"Deletes run in batches of short transactions, walking either the key index (rows that sit together) or the\n" +
 					"table's pages (rows spread over it), chosen per table; a run killed half-way is finished by the next one.\n" +
 					"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
@@ -292,7 +293,11 @@ func moveFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "max-lag", Value: 250 * time.Millisecond, EnvVars: []string{"SHARDVISOR_MOVE_MAX_LAG"}, Usage: "fence only when replication lag (a marker's trip) is below this"},
 		&cli.DurationFlag{Name: "pause-cap", Value: 2 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_PAUSE_CAP"}, Usage: "abort a move whose write pause would exceed this"},
-		&cli.DurationFlag{Name: "member-wait", Value: 10 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_MEMBER_WAIT"}, Usage: "how long to wait for routers and supervisors to apply the moving map"},
+		&cli.DurationFlag{Name: "member-wait", Value: 10 * time.Second, EnvVars: []string{"SHARDVISOR_MOVE_MEMBER_WAIT"}, Usage: "how long to wait for routers and supervisors to apply the moving map (then see --on-straggler)"},
+		&cli.StringFlag{Name: "on-straggler", Value: "proceed", EnvVars: []string{"SHARDVISOR_MOVE_ON_STRAGGLER"},
+			Usage: "`ACTION` when members have not applied the moving map within --member-wait: proceed (record them as stragglers in the move; the fence refuses their clients' writes to the old owner until they catch up) or abort the move"},
 		&cli.DurationFlag{Name: "catchup-timeout", Value: 5 * time.Minute, EnvVars: []string{"SHARDVISOR_MOVE_CATCHUP_TIMEOUT"}, Usage: "give up when the lag stays above --max-lag this long"},
+		&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_MOVE_METRICS_ADDR"},
+			Usage: "serve Prometheus metrics (shardvisor_move_stragglers_total, shardvisor_move_member_wait_seconds) on `HOST:PORT` while the command runs"},
 	}
 }

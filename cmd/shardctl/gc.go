@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
@@ -41,13 +39,11 @@ func runGC(c *cli.Context) error {
 		reg := prometheus.NewRegistry()
 		metrics := gc.NewMetrics(reg)
 		if addr := c.String("metrics-addr"); addr != "" {
-			srv := &http.Server{Addr: addr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-			go func() {
-				if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					log.Error("gc: metrics server", zap.Error(err))
-				}
-			}()
-			defer srv.Close()
+			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
+			if err != nil {
+				return err
+			}
+			defer stop()
 		}
 		for {
 			err := gcRound(ctx, c, st, log, metrics)

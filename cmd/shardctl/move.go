@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
@@ -21,17 +22,33 @@ import (
 )
 
 // withMover connects and hands fn a mover (with the options moveFlags set)
-// whose progress goes to stderr (stdout stays clean for --json).
+// whose progress goes to stderr (stdout stays clean for --json), serving
+// its metrics while fn runs if --metrics-addr says where.
 func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, st *bucketmap.Store) error) error {
+	// Commands without moveFlags read "" here: the mover's default.
+	if o := c.String("on-straggler"); o != "" && migrate.CheckOnStraggler(o) != nil {
+		return cliutil.Usagef("--on-straggler must be %s or %s, not %q", migrate.StragglerProceed, migrate.StragglerAbort, o)
+	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		reg := prometheus.NewRegistry()
 		opts := migrate.Options{Logger: log, MaxLag: c.Duration("max-lag"), PauseCap: c.Duration("pause-cap"),
-			MemberWait: c.Duration("member-wait"), CatchupTimeout: c.Duration("catchup-timeout")}
+			MemberWait: c.Duration("member-wait"), CatchupTimeout: c.Duration("catchup-timeout"),
+			OnStraggler: c.String("on-straggler"), Metrics: migrate.NewMetrics(reg)}
+		if addr := c.String("metrics-addr"); addr != "" {
+			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
 		opts.Progress = func(rec *topo.MoveRecord, msg string) {
 			fmt.Fprintf(c.App.ErrWriter, "%s  move %s (bucket %d %s -> %s): %s\n", time.Now().Format("15:04:05.000"), rec.ID, rec.Bucket, rec.Source, rec.Target, msg)
 		}
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		return fn(ctx, migrate.New(st, opts), st)
+		mv := migrate.New(st, opts)
+		defer mv.Close()
+		return fn(ctx, mv, st)
 	})
 }
 
@@ -41,7 +58,17 @@ func writeMove(w io.Writer, r *topo.MoveRecord) {
 		fmt.Fprintln(w, "  NO COPY: ownership changed without copying rows (bucket marked data-lost)")
 	}
 	s := r.Stats
-	fmt.Fprintf(w, "  rows copied %d in %.0f ms, lag at fence %.1f ms, write pause %.1f ms\n", s.RowsCopied, s.CopyMS, s.LagAtFenceMS, s.PauseMS)
+	fmt.Fprintf(w, "  rows copied %d in %.0f ms, lag at fence %.1f ms, member wait %.1f ms, write pause %.1f ms\n", s.RowsCopied, s.CopyMS, s.LagAtFenceMS, s.MemberWaitMS, s.PauseMS)
+	if len(r.Stragglers) > 0 {
+		fmt.Fprintf(w, "  %d stragglers: members that had not applied map version %d (bucket moving) when the member wait ran out\n", len(r.Stragglers), r.FenceVersion)
+		for _, st := range r.Stragglers {
+			if st.Error != "" {
+				fmt.Fprintf(w, "    %s: %s\n", st.Member, st.Error)
+			} else {
+				fmt.Fprintf(w, "    %s: at map version %d\n", st.Member, st.MapVersion)
+			}
+		}
+	}
 	if v := r.Verify; v != nil {
 		switch {
 		case v.Inconclusive:

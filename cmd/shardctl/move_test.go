@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/zktest"
+	"github.com/shardvisor/shardvisor/migrate"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// The mover's metrics are served under their names.
+func TestServeMoveMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := migrate.NewMetrics(reg)
+	m.Stragglers.WithLabelValues("router", "proceed").Inc()
+	m.MemberWait.Observe(0.25)
+	stop, addr, err := serveMetrics("metrics-addr", "127.0.0.1:0", reg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`shardvisor_move_stragglers_total{action="proceed",kind="router"} 1`, "shardvisor_move_member_wait_seconds_count 1"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if _, _, err := serveMetrics("metrics-addr", "nonsense", reg, zap.NewNop()); err == nil || !strings.Contains(err.Error(), "--metrics-addr nonsense") {
+		t.Fatalf("a bad address: %v", err)
+	}
+}
+
+// A member stuck at an old map version: `move` goes on without it and
+// says so, `move status` (text and --json) shows it, --on-straggler=abort
+// aborts instead, and a bad --on-straggler or --metrics-addr is refused.
+func TestIntegrationMoveStragglers(t *testing.T) {
+	z := testenv.StartZK(t)
+	pg := testenv.StartPGNodes(t, 2)
+	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "mvs"}
+	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	for _, n := range pg.Nodes[:2] {
+		if _, err := n.Conn(t).Exec(context.Background(), `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pw := "file:" + pg.Nodes[0].PasswordFile
+	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
+	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
+	mustData(t, cmd("node", "prepare", "pg1")...)
+	mustData(t, cmd("node", "prepare", "pg2")...)
+
+	// The stuck member: a router record at the map version of now, from a
+	// session of its own (its process hangs).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := topo.MustPaths(z.Root, "mvs")
+	ms := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	if _, err := topo.RegisterRouter(ctx, ms, p, topo.RouterMember{Version: topo.RouterMemberVersion, ID: "stuck", MapVersion: 1}); err != nil {
+		t.Fatal(err)
+	}
+	stuck := p.Router("stuck")
+
+	for _, tc := range []struct {
+		args   []string
+		code   int
+		errHas string
+	}{
+		{[]string{"move", "0", "--to", "pg2", "--on-straggler", "sometimes"}, 2, `--on-straggler must be proceed or abort, not "sometimes"`},
+		{[]string{"move", "0", "--to", "pg2", "--metrics-addr", "nonsense"}, 1, "--metrics-addr nonsense"},
+	} {
+		r := runData(t, cmd(tc.args...)...)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.errHas) {
+			t.Errorf("%v: exit %d, %q; want %d mentioning %q", tc.args, r.code, r.stderr, tc.code, tc.errHas)
+		}
+	}
+	t.Setenv("SHARDVISOR_MOVE_ON_STRAGGLER", "never")
+	if r := runData(t, cmd("move", "0", "--to", "pg2")...); r.code != 2 || !strings.Contains(r.stderr, `not "never"`) {
+		t.Errorf("SHARDVISOR_MOVE_ON_STRAGGLER=never: exit %d, %q", r.code, r.stderr)
+	}
+	t.Setenv("SHARDVISOR_MOVE_ON_STRAGGLER", "abort")
+	r := runData(t, cmd("move", "0", "--to", "pg2", "--member-wait", "300ms", "--json")...)
+	var rec topo.MoveRecord
+	if err := json.Unmarshal([]byte(r.stdout), &rec); err != nil || r.code != 1 || rec.State != topo.MoveAborted || !strings.Contains(r.stderr, stuck) {
+		t.Fatalf("move with a straggler, SHARDVISOR_MOVE_ON_STRAGGLER=abort: exit %d, state %s, %v\n%s", r.code, rec.State, err, r.stderr)
+	}
+
+	// The default: proceed.
+	out := mustData(t, cmd("move", "0", "--to", "pg2", "--member-wait", "300ms", "--on-straggler", "proceed", "--metrics-addr", "127.0.0.1:0")...)
+	if !strings.Contains(out, ": done") || !strings.Contains(out, "1 stragglers") || !strings.Contains(out, stuck+": at map version 1") {
+		t.Fatalf("move output:\n%s", out)
+	}
+	id := strings.TrimSuffix(strings.Fields(out)[1], ":")
+	if out := mustData(t, cmd("move", "status", id)...); !strings.Contains(out, stuck+": at map version 1") || !strings.Contains(out, "member wait") {
+		t.Fatalf("move status:\n%s", out)
+	}
+	var st topo.MoveRecord
+	if err := json.Unmarshal([]byte(mustData(t, cmd("move", "status", id, "--json")...)), &st); err != nil ||
+		len(st.Stragglers) != 1 || st.Stragglers[0] != (topo.Straggler{Member: stuck, MapVersion: 1}) || st.Stats.MemberWaitMS <= 0 {
+		t.Fatalf("move status --json: %+v %v", st, err)
+	}
+}

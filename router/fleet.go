@@ -1,0 +1,587 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// The fleet view: every member (routers and supervisors), the pools and
+// the moves, as this router last read them from ZooKeeper. Operators watch
+// it during a rebalance, so page views must not turn into ZooKeeper load:
+// the records are read at most once per fleetTTL (and once more when this
+// router applies a new map), by one refresh at a time that every
+// concurrent viewer shares, and the last good read is served, with its
+// age, when ZooKeeper cannot be read.
+
+const (
+	// fleetTTL is how old a fleet snapshot may be before a view reads
+	// ZooKeeper again; a failed read is not retried sooner either.
+	fleetTTL = time.Second
+	// fleetReadTimeout bounds one refresh (all its reads).
+	fleetReadTimeout = 5 * time.Second
+	// fleetRecentMoves is how many finished moves the view lists.
+	fleetRecentMoves = 20
+)
+
+// Fleet member kinds.
+const (
+	KindRouter     = "router"
+	KindSupervisor = "supervisor"
+)
+
+// FleetView is the fleet as GET /v1/fleet and the status page show it.
+// Versions "behind" are counted against this router's current map.
+type FleetView struct {
+	// Available is false when there is no view to show; Reason says why
+	// (a router from a map file has no ZooKeeper; or nothing could be
+	// read yet).
+	Available bool      `json:"available"`
+	Reason    string    `json:"reason,omitempty"`
+	Cluster   string    `json:"cluster,omitempty"`
+	Now       time.Time `json:"now"` // this router's clock, for the ages below
+	Router    FleetSelf `json:"router"`
+	// TakenAt is when the records were read; AgeSeconds is Now-TakenAt.
+	TakenAt    time.Time `json:"taken_at,omitzero"`
+	AgeSeconds float64   `json:"age_seconds"`
+	// Stale: this is not a fresh read (this router's ZooKeeper session is
+	// not connected, or the last read failed: RefreshError).
+	Stale        bool          `json:"stale"`
+	RefreshError string        `json:"refresh_error,omitempty"`
+	Stragglers   int           `json:"stragglers"` // members behind this router's map
+	Members      []FleetMember `json:"members"`
+	Pools        []FleetPool   `json:"pools"`
+	Moves        FleetMoves    `json:"moves"`
+}
+
+// FleetSelf is this router.
+type FleetSelf struct {
+	ID         string `json:"id,omitempty"` // its member id, when it registers one
+	Source     Source `json:"source"`
+	ZKState    string `json:"zk_state"`
+	MapVersion uint64 `json:"map_version"`
+	// MapUpdatedAt is when its map version was written, AppliedAt when
+	// this router applied it.
+	MapUpdatedAt time.Time `json:"map_updated_at,omitzero"`
+	AppliedAt    time.Time `json:"applied_at,omitzero"`
+}
+
+// FleetMember is one router or supervisor, from its ephemeral record.
+type FleetMember struct {
+	Kind string `json:"kind"`           // router or supervisor
+	Pool string `json:"pool,omitempty"` // supervisors
+	Name string `json:"name"`
+	Path string `json:"path"`
+	Self bool   `json:"self,omitempty"` // this router's own record
+	// Error: the record did not decode; the mover counts such a member
+	// as behind, and so does this view.
+	Error      string `json:"error,omitempty"`
+	Host       string `json:"host,omitempty"`
+	PID        int    `json:"pid,omitempty"`
+	Addr       string `json:"addr,omitempty"`  // routers
+	State      string `json:"state,omitempty"` // supervisors: starting, serving, degraded, lost, stopping
+	MapVersion uint64 `json:"map_version"`
+	// Behind is how many map versions the member is below this router's
+	// map; Straggler says it is (or its record is unreadable).
+	// BehindSince is when the first map above the member's was written
+	// (BehindAtLeast: or earlier; the router no longer knows that map).
+	Behind        uint64    `json:"behind"`
+	Straggler     bool      `json:"straggler"`
+	BehindSince   time.Time `json:"behind_since,omitzero"`
+	BehindAtLeast bool      `json:"behind_at_least,omitempty"`
+	// ZK is the ZooKeeper session state as the member last reported it;
+	// FailStatic its last whole-ensemble outage (supervisors).
+	ZK         string           `json:"zk,omitempty"`
+	FailStatic *FleetFailStatic `json:"fail_static,omitempty"`
+	Supervisor *FleetSupervisor `json:"supervisor,omitempty"`
+	StartedAt  time.Time        `json:"started_at,omitzero"`
+	// UpdatedAt is when the member last wrote its record (a router: when
+	// it applied its map version).
+	UpdatedAt time.Time `json:"updated_at,omitzero"`
+
+	workerMaps []uint64 // map versions of the ready workers (0: unknown)
+}
+
+// FleetSupervisor is what a supervisor's record says about its workers.
+type FleetSupervisor struct {
+	Generation    int64  `json:"generation"`
+	ConfigVersion int64  `json:"config_version"`
+	MapDelivery   string `json:"map_delivery,omitempty"` // swap or reload
+	Accepting     bool   `json:"accepting"`
+	ReadyWorkers  int    `json:"ready_workers"`
+	TargetWorkers int    `json:"target_workers"`
+	Workers       int    `json:"workers"` // all, starting and stopping too
+	// WorkersBehind counts the ready workers that report a map version
+	// below this router's (reload mode reports one per worker).
+	WorkersBehind int    `json:"workers_behind"`
+	LastError     string `json:"last_error,omitempty"`
+}
+
+// FleetFailStatic is a member's last whole-ensemble outage, which it
+// served through with its last map.
+type FleetFailStatic struct {
+	Since   time.Time `json:"since"`
+	Until   time.Time `json:"until,omitzero"`
+	Ongoing bool      `json:"ongoing"` // no end reported yet
+	Peers   int       `json:"peers"`
+}
+
+// FleetPool is one supervisor pool.
+type FleetPool struct {
+	Name string `json:"name"`
+	// ConfigVersion is the stored config's version (nil: no config);
+	// ConfigError says it does not decode or validate; MapDelivery is its
+	// map delivery mode. Nothing else of the config is shown (its env
+	// may hold secrets).
+	ConfigVersion *int32 `json:"config_version"`
+	ConfigError   string `json:"config_error,omitempty"`
+	MapDelivery   string `json:"map_delivery,omitempty"`
+	// LastSwap is the pool's status record (nil: none published yet);
+	// StatusError says it could not be decoded.
+	LastSwap    *FleetSwap `json:"last_swap"`
+	StatusError string     `json:"status_error,omitempty"`
+	Supervisors int        `json:"supervisors"`
+	Stragglers  int        `json:"stragglers"`
+}
+
+// FleetSwap is a pool's last swap result.
+type FleetSwap struct {
+	Result        string    `json:"result"`
+	Member        string    `json:"member"`
+	Generation    int64     `json:"generation"`
+	ConfigVersion int64     `json:"config_version"`
+	MapVersion    uint64    `json:"map_version"`
+	SwapSeconds   float64   `json:"swap_seconds,omitempty"`
+	Error         string    `json:"error,omitempty"`
+	At            time.Time `json:"at"`
+}
+
+// FleetMoves are the moves in flight (not done or aborted; failed ones
+// stay here, as for GC) and the most recent finished ones.
+type FleetMoves struct {
+	InFlight []FleetMove `json:"in_flight"`
+	Recent   []FleetMove `json:"recent"` // newest first, at most 20
+	Finished int         `json:"finished"`
+}
+
+// FleetMove is one move record.
+type FleetMove struct {
+	ID     string `json:"id"`
+	Error  string `json:"error,omitempty"` // the move's error, or why its record is unreadable
+	Bucket uint32 `json:"bucket"`
+	Level  int    `json:"level"`
+	Source string `json:"source"`
+	Target string `json:"target"`
+	State  string `json:"state"` // "" when the record is unreadable
+	NoCopy bool   `json:"no_copy,omitempty"`
+	// StateSince is when the current state began.
+	StateSince   time.Time        `json:"state_since,omitzero"`
+	CreatedAt    time.Time        `json:"created_at,omitzero"`
+	UpdatedAt    time.Time        `json:"updated_at,omitzero"`
+	RowsCopied   int64            `json:"rows_copied"`
+	PauseMS      float64          `json:"pause_ms"`
+	MemberWaitMS float64          `json:"member_wait_ms"`
+	Stragglers   []FleetStraggler `json:"stragglers"`
+	Verify       string           `json:"verify,omitempty"` // ok, mismatch, inconclusive
+}
+
+// FleetStraggler is a member a move went on without (its record's path).
+type FleetStraggler struct {
+	Member     string `json:"member"`
+	MapVersion uint64 `json:"map_version"`
+	Error      string `json:"error,omitempty"`
+}
+
+// fleetSnap is one read of the records; behind and stragglers are worked
+// out per view, against the router's map at that moment.
+type fleetSnap struct {
+	takenAt    time.Time
+	mapVersion uint64 // the router's map when the read began
+	members    []FleetMember
+	pools      []FleetPool
+	moves      FleetMoves
+}
+
+// fleetCache holds the last snapshot and runs one refresh at a time.
+type fleetCache struct {
+	r   *Router
+	ttl time.Duration
+
+	mu          sync.Mutex
+	last        *fleetSnap
+	lastErr     error     // of the last refresh; nil if it succeeded
+	lastAttempt time.Time // when the last refresh began
+	running     chan struct{}
+
+	// finished moves never change: read once, kept while listed. Only the
+	// running refresh touches it.
+	finished map[string]FleetMove
+	// refreshes counts reads of the fleet (for tests).
+	refreshes atomic.Int64
+}
+
+func newFleetCache(r *Router) *fleetCache {
+	return &fleetCache{r: r, ttl: fleetTTL, finished: map[string]FleetMove{}}
+}
+
+// Fleet returns the fleet view. It reads ZooKeeper only when the last
+// snapshot is older than a second or predates this router's map, and
+// waits (at most until ctx ends) for a read already under way rather
+// than starting another. While the session is not connected it does not
+// try, and serves the last snapshot marked stale.
+func (r *Router) Fleet(ctx context.Context) *FleetView {
+	v := &FleetView{Now: time.Now().UTC(), Members: []FleetMember{}, Pools: []FleetPool{},
+		Moves: FleetMoves{InFlight: []FleetMove{}, Recent: []FleetMove{}}}
+	v.Router = FleetSelf{ID: r.opts.MemberID, Source: r.source, ZKState: r.ZKState().String()}
+	cur := r.snap.Load()
+	if cur != nil {
+		v.Cluster = cur.cluster
+		v.Router.MapVersion, v.Router.MapUpdatedAt, v.Router.AppliedAt = cur.m.Version, cur.m.UpdatedAt.UTC(), cur.at.UTC()
+	}
+	if !r.zkMode {
+		v.Router.ZKState = ""
+		v.Reason = "no fleet view: router runs from a map file"
+		return v
+	}
+	v.Cluster = r.paths.ClusterName()
+	snap, err := r.fleet.get(ctx)
+	connected := r.ZKState() == zksession.StateConnected
+	if err != nil {
+		v.RefreshError = err.Error()
+	}
+	if snap == nil {
+		switch {
+		case !connected:
+			v.Reason = "no fleet view yet: the ZooKeeper session is " + v.Router.ZKState
+		case err != nil:
+			v.Reason = "no fleet view yet: " + err.Error()
+		default:
+			v.Reason = "no fleet view yet"
+		}
+		return v
+	}
+	v.Available = true
+	v.TakenAt = snap.takenAt.UTC()
+	v.AgeSeconds = max(0, v.Now.Sub(snap.takenAt).Seconds())
+	v.Stale = !connected || err != nil
+	v.Moves = snap.moves
+	known := r.knownMaps()
+	v.Members = make([]FleetMember, len(snap.members))
+	perPool := map[string]int{}
+	for i, m := range snap.members {
+		m.Self = m.Kind == KindRouter && r.opts.MemberID != "" && m.Name == r.opts.MemberID
+		if m.Error != "" {
+			m.Straggler = true
+		} else if v.Router.MapVersion > m.MapVersion {
+			m.Behind = v.Router.MapVersion - m.MapVersion
+			m.Straggler = true
+			m.BehindSince, m.BehindAtLeast = behindSince(known, m.MapVersion)
+		}
+		if m.Supervisor != nil {
+			s := *m.Supervisor
+			s.WorkersBehind = 0
+			for _, wv := range m.workerMaps {
+				if wv != 0 && wv < v.Router.MapVersion {
+					s.WorkersBehind++
+				}
+			}
+			m.Supervisor = &s
+		}
+		if m.Straggler {
+			v.Stragglers++
+			if m.Kind == KindSupervisor {
+				perPool[m.Pool]++
+			}
+		}
+		v.Members[i] = m
+	}
+	v.Pools = make([]FleetPool, len(snap.pools))
+	for i, p := range snap.pools {
+		p.Stragglers = perPool[p.Name]
+		v.Pools[i] = p
+	}
+	return v
+}
+
+// knownMap is a map version this router applied and kept.
+type knownMap struct {
+	version uint64
+	written time.Time // the map's UpdatedAt, or when it was applied
+}
+
+// knownMaps lists the map versions the router keeps (Options.Keep),
+// oldest first.
+func (r *Router) knownMaps() []knownMap {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]knownMap, 0, len(r.recent))
+	for _, s := range r.recent {
+		at := s.m.UpdatedAt
+		if at.IsZero() {
+			at = s.at
+		}
+		out = append(out, knownMap{s.m.Version, at.UTC()})
+	}
+	return out
+}
+
+// behindSince says since when a member at map version v has been behind:
+// since map v+1 was written. If the router does not know v+1 (it started
+// later, or skipped it), the earliest newer map it knows gives a lower
+// bound (atLeast).
+func behindSince(known []knownMap, v uint64) (since time.Time, atLeast bool) {
+	for _, k := range known {
+		if k.version > v {
+			return k.written, k.version != v+1
+		}
+	}
+	return time.Time{}, false
+}
+
+// get returns the snapshot to show, refreshing it first if it is due, and
+// the error of the last refresh (nil if it succeeded).
+func (c *fleetCache) get(ctx context.Context) (*fleetSnap, error) {
+	c.mu.Lock()
+	now := time.Now()
+	connected := c.r.ZKState() == zksession.StateConnected
+	var mapVersion uint64
+	if m := c.r.Map(); m != nil {
+		mapVersion = m.Version
+	}
+	due := c.last == nil || now.Sub(c.last.takenAt) >= c.ttl || c.last.mapVersion != mapVersion
+	if c.lastErr != nil && now.Sub(c.lastAttempt) < c.ttl {
+		due = false // failed just now: do not hammer a struggling ensemble
+	}
+	if !connected || !due {
+		snap, err := c.last, c.lastErr
+		c.mu.Unlock()
+		return snap, err
+	}
+	if c.running == nil {
+		c.running = make(chan struct{})
+		c.lastAttempt = now
+		go c.refresh(c.running, mapVersion)
+	}
+	running := c.running
+	c.mu.Unlock()
+	select {
+	case <-running:
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last, c.lastErr
+}
+
+// refresh reads the fleet (the one refresh under way) and closes done.
+func (c *fleetCache) refresh(done chan struct{}, mapVersion uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), fleetReadTimeout)
+	defer cancel()
+	c.refreshes.Add(1)
+	snap, err := c.read(ctx)
+	if snap != nil {
+		snap.mapVersion = mapVersion
+	}
+	c.mu.Lock()
+	if err == nil {
+		c.last = snap
+	} else {
+		c.r.log.Warn("reading the fleet view", zap.Error(err))
+	}
+	c.lastErr = err
+	c.running = nil
+	c.mu.Unlock()
+	close(done)
+}
+
+// read reads every member record, the pools and the moves. A record that
+// does not decode is shown with its error; a failed read fails it all.
+// It syncs first, so that it sees every write committed before it began
+// (the session's server may be a follower behind the leader).
+func (c *fleetCache) read(ctx context.Context) (*fleetSnap, error) {
+	s, p := c.r.session, c.r.paths
+	snap := &fleetSnap{takenAt: time.Now()}
+	if err := topo.Sync(ctx, s, p); err != nil {
+		return nil, err
+	}
+	routers, err := topo.ListRouters(ctx, s, p)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range routers {
+		snap.members = append(snap.members, routerMember(e))
+	}
+	pools, err := topo.ListPools(ctx, s, p)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range pools {
+		fp, members, err := readPool(ctx, s, p, name)
+		if err != nil {
+			return nil, err
+		}
+		snap.pools = append(snap.pools, fp)
+		snap.members = append(snap.members, members...)
+	}
+	if snap.moves, err = c.readMoves(ctx); err != nil {
+		return nil, err
+	}
+	return snap, nil
+}
+
+func routerMember(e topo.Entry[topo.RouterMember]) FleetMember {
+	m := FleetMember{Kind: KindRouter, Name: e.Name, Path: e.Path}
+	if e.Err != nil {
+		m.Error = e.Err.Error()
+		return m
+	}
+	rec := e.Rec
+	m.Host, m.PID, m.Addr, m.MapVersion = rec.Host, rec.PID, rec.Addr, rec.MapVersion
+	m.StartedAt, _ = time.Parse(time.RFC3339Nano, rec.StartedAt)
+	m.UpdatedAt, _ = time.Parse(time.RFC3339Nano, rec.AppliedAt)
+	return m
+}
+
+func readPool(ctx context.Context, s *zksession.Session, p topo.Paths, name string) (FleetPool, []FleetMember, error) {
+	fp := FleetPool{Name: name}
+	data, ver, err := topo.ReadPoolConfigData(ctx, s, p, name)
+	switch {
+	case err == nil:
+		fp.ConfigVersion = &ver
+		if cfg, err := topo.DecodePoolConfig(p.PoolConfig(name), data); err != nil {
+			fp.ConfigError = err.Error()
+		} else {
+			fp.MapDelivery = cfg.Effective().MapDelivery.Mode
+		}
+	case !errors.Is(err, zksession.ErrNoNode):
+		return fp, nil, err
+	}
+	st, err := topo.ReadPoolStatus(ctx, s, p, name)
+	var re *topo.RecordError
+	switch {
+	case errors.As(err, &re):
+		fp.StatusError = err.Error()
+	case err != nil:
+		return fp, nil, err
+	case st != nil:
+		fp.LastSwap = &FleetSwap{Result: st.Result, Member: st.Member, Generation: st.Generation, ConfigVersion: st.ConfigVersion,
+			MapVersion: st.MapVersion, SwapSeconds: st.SwapSeconds, Error: st.Error, At: st.At.UTC()}
+	}
+	entries, err := topo.ListPoolMembers(ctx, s, p, name)
+	if err != nil {
+		return fp, nil, err
+	}
+	members := make([]FleetMember, 0, len(entries))
+	for _, e := range entries {
+		members = append(members, poolMember(name, e))
+	}
+	fp.Supervisors = len(members)
+	return fp, members, nil
+}
+
+func poolMember(pool string, e topo.Entry[topo.PoolMember]) FleetMember {
+	m := FleetMember{Kind: KindSupervisor, Pool: pool, Name: e.Name, Path: e.Path}
+	if e.Err != nil {
+		m.Error = e.Err.Error()
+		return m
+	}
+	rec := e.Rec
+	m.Host, m.PID, m.State, m.MapVersion, m.ZK = rec.Host, rec.PID, rec.State, rec.MapVersion, rec.ZK
+	m.StartedAt, m.UpdatedAt = rec.StartedAt.UTC(), rec.UpdatedAt.UTC()
+	if fs := rec.FailStatic; fs != nil {
+		m.FailStatic = &FleetFailStatic{Since: fs.Since.UTC(), Until: fs.Until.UTC(), Ongoing: fs.Until.IsZero(), Peers: fs.Peers}
+	}
+	sv := &FleetSupervisor{Generation: rec.Generation, ConfigVersion: rec.ConfigVersion, MapDelivery: rec.MapDelivery,
+		Accepting: rec.Accepting, TargetWorkers: rec.Target, Workers: len(rec.Workers), LastError: rec.LastError}
+	for _, w := range rec.Workers {
+		if w.State == "ready" {
+			sv.ReadyWorkers++
+			m.workerMaps = append(m.workerMaps, w.MapVersion)
+		}
+	}
+	m.Supervisor = sv
+	return m
+}
+
+// readMoves reads the move records: finished ones once (they never change
+// again), the others on every refresh.
+func (c *fleetCache) readMoves(ctx context.Context) (FleetMoves, error) {
+	s, p := c.r.session, c.r.paths
+	out := FleetMoves{InFlight: []FleetMove{}, Recent: []FleetMove{}}
+	ids, err := topo.ListMoves(ctx, s, p)
+	if err != nil {
+		return out, err
+	}
+	listed := make(map[string]bool, len(ids))
+	var finished []FleetMove
+	for _, id := range ids {
+		listed[id] = true
+		if fm, ok := c.finished[id]; ok {
+			finished = append(finished, fm)
+			continue
+		}
+		rec, _, err := topo.ReadMove(ctx, s, p, id)
+		var re *topo.RecordError
+		switch {
+		case errors.Is(err, zksession.ErrNoNode):
+			continue // deleted since listed
+		case errors.As(err, &re):
+			out.InFlight = append(out.InFlight, FleetMove{ID: id, Error: err.Error(), Stragglers: []FleetStraggler{}})
+			continue
+		case err != nil:
+			return out, err
+		}
+		fm := fleetMove(rec)
+		if rec.Finished() {
+			c.finished[id] = fm
+			finished = append(finished, fm)
+		} else {
+			out.InFlight = append(out.InFlight, fm)
+		}
+	}
+	for id := range c.finished {
+		if !listed[id] {
+			delete(c.finished, id)
+		}
+	}
+	slices.SortStableFunc(out.InFlight, func(a, b FleetMove) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortStableFunc(finished, func(a, b FleetMove) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
+	out.Finished = len(finished)
+	out.Recent = append(out.Recent, finished[:min(len(finished), fleetRecentMoves)]...)
+	return out, nil
+}
+
+func fleetMove(rec *topo.MoveRecord) FleetMove {
+	fm := FleetMove{ID: rec.ID, Error: rec.Error, Bucket: rec.Bucket, Level: rec.Level, Source: rec.Source, Target: rec.Target,
+		State: rec.State, NoCopy: rec.NoCopy, CreatedAt: rec.CreatedAt.UTC(), UpdatedAt: rec.UpdatedAt.UTC(),
+		RowsCopied: rec.Stats.RowsCopied, PauseMS: rec.Stats.PauseMS, MemberWaitMS: rec.Stats.MemberWaitMS,
+		Stragglers: make([]FleetStraggler, 0, len(rec.Stragglers))}
+	for i := len(rec.Steps) - 1; i >= 0; i-- {
+		if rec.Steps[i].State == rec.State {
+			fm.StateSince = rec.Steps[i].At.UTC()
+			break
+		}
+	}
+	for _, s := range rec.Stragglers {
+		fm.Stragglers = append(fm.Stragglers, FleetStraggler{Member: s.Member, MapVersion: s.MapVersion, Error: s.Error})
+	}
+	if v := rec.Verify; v != nil {
+		switch {
+		case v.Inconclusive:
+			fm.Verify = "inconclusive"
+		case v.OK:
+			fm.Verify = "ok"
+		default:
+			fm.Verify = "mismatch"
+		}
+	}
+	return fm
+}
