@@ -74,7 +74,7 @@ var (
 	outageFor       = flag.Duration("outage", 30*time.Second, "how long the ZooKeeper ensemble stays down")
 	warmup          = flag.Duration("warmup", 5*time.Second, "load before each scenario's event")
 	retries         = flag.Int("retries", 3, "times the rebalancer is run again after it stopped on an aborted move")
-	budget          = flag.Duration("rebalance-budget", envDuration("FLEET_REBALANCE_BUDGET", 4*time.Minute), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
+	budget          = flag.Duration("rebalance-budget", envDuration("FLEET_REBALANCE_BUDGET", 150*time.Second), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
 	envDir          = flag.String("env-dir", envOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
 	zkPortBase      = flag.Int("zk-port-base", envInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
 	pgPortBase      = flag.Int("pg-port-base", envInt("SHARDVISOR_PG_PORT_BASE", 26432), "its first PostgreSQL port")
