@@ -7,7 +7,7 @@ PKGS     ?= ./...
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-mapprop lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-mapprop bench-fleet lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -54,6 +54,11 @@ bench-moves:
 
 ## bench-mapprop: 100 routers follow a level-16 map: bytes and time per change, plain vs gzip record
 bench-mapprop:
+	bench/mapprop/run
+
+## bench-fleet: 50 supervisors + 50 routers on a throwaway environment: rebalance (swap vs reload), slow boot, SIGSTOP, isolation, ZooKeeper outage; then bench-mapprop
+bench-fleet:
+	bench/fleet/run
 	bench/mapprop/run
 
 ## lint: gofmt and go vet must be clean

@@ -20,6 +20,9 @@
 // the new owner within milliseconds. Without them it routes from the map
 // file the supervisor hands its workers (SHARDVISOR_MAP_FILE).
 //
+// NOTES_BOOT_DELAY (a Go duration) delays listening and READY=1, to stand
+// in for an app with a slow boot.
+//
 // `notes schema` creates the table on every db node of the map.
 package main
 
@@ -93,6 +96,16 @@ func main() {
 	mux.HandleFunc("PUT /v1/users/{uid}/notes/{id}", a.update)
 	mux.HandleFunc("DELETE /v1/users/{uid}/notes/{id}", a.delete)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+	if d := os.Getenv("NOTES_BOOT_DELAY"); d != "" {
+		// Stands in for an app that takes a while to load before it can
+		// serve (the fleet benchmark's 5 s app): nothing is accepted and
+		// READY=1 is not sent until it has passed.
+		delay, err := time.ParseDuration(d)
+		if err != nil {
+			log.Fatal("NOTES_BOOT_DELAY", zap.Error(err))
+		}
+		time.Sleep(delay)
+	}
 	ln, err := worker.Listener(envOr("NOTES_ADDR", "127.0.0.1:8080"))
 	if err != nil {
 		log.Fatal("listen", zap.Error(err))

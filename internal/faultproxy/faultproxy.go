@@ -80,6 +80,7 @@ type Stats struct {
 type Proxy struct {
 	target string
 	ln     net.Listener
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	ctx    context.Context // cancelled by Close; aborts dials
 	cancel context.CancelFunc
 
@@ -99,14 +100,40 @@ const DialTimeout = 5 * time.Second
 // New starts a proxy to target ("host:port") listening on 127.0.0.1 on a
 // free port, in Pass mode.
 func New(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("faultproxy: listen: %w", err)
+	return NewWith(target, Options{})
+}
+
+// Options let a caller choose where the proxy listens and how it reaches
+// the target: the fleet benchmark puts a proxy's listener inside a network
+// namespace (where the isolated process lives) on the very address of the
+// server it stands for, and dials from outside it.
+type Options struct {
+	// Listener to accept on (default: a new one on 127.0.0.1, free port).
+	// The proxy owns it from now on and closes it with Close.
+	Listener net.Listener
+	// Dial reaches the target (default: a net.Dialer with DialTimeout).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// NewWith is New with Options.
+func NewWith(target string, o Options) (*Proxy, error) {
+	ln := o.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			return nil, fmt.Errorf("faultproxy: listen: %w", err)
+		}
+	}
+	dial := o.Dial
+	if dial == nil {
+		d := net.Dialer{Timeout: DialTimeout}
+		dial = d.DialContext
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{
 		target: target,
 		ln:     ln,
+		dial:   dial,
 		ctx:    ctx,
 		cancel: cancel,
 		conns:  make(map[*conn]struct{}),
@@ -271,8 +298,9 @@ func (c *conn) run(mode Mode) {
 		return
 	}
 
-	d := net.Dialer{Timeout: DialTimeout}
-	up, err := d.DialContext(c.p.ctx, "tcp", c.p.target)
+	dctx, cancel := context.WithTimeout(c.p.ctx, DialTimeout)
+	up, err := c.p.dial(dctx, "tcp", c.p.target)
+	cancel()
 	if err != nil {
 		c.p.dialErrors.Add(1)
 		c.abort(true) // the client sees a reset, like a refused connection

@@ -2,6 +2,7 @@ package faultproxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -489,4 +490,36 @@ func TestConcurrentModeFlips(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestNewWithListenerAndDial(t *testing.T) {
+	srv := newEchoServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dialed atomic.Int64
+	p, err := NewWith("elsewhere:1", Options{Listener: ln, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		dialed.Add(1)
+		var d net.Dialer
+		return d.DialContext(ctx, network, srv.ln.Addr().String())
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if p.Addr() != ln.Addr().String() || p.Target() != "elsewhere:1" {
+		t.Fatalf("addr %s target %s", p.Addr(), p.Target())
+	}
+	c := dial(t, p.Addr())
+	roundTrip(t, c, "through the caller's dialer")
+	if dialed.Load() != 1 {
+		t.Fatalf("dial called %d times", dialed.Load())
+	}
+	p.SetMode(Blackhole)
+	c2 := dial(t, p.Addr())
+	if _, err := c2.Write([]byte("lost")); err != nil {
+		t.Fatal(err)
+	}
+	expectSilent(t, c2, 100*time.Millisecond)
 }

@@ -1,0 +1,590 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/keystream"
+)
+
+// ---------------------------------------------------------------- balancer
+
+// The load balancer does what an HAProxy or nginx in front of the fleet
+// would: it health-checks every backend's /healthz (every 200 ms, 1 s
+// timeout, down after 3 failures) and sends requests only to healthy ones; a connection refused
+// sends the request to the next backend (it was never received) and marks
+// the backend down until its next good check. Nothing else is retried.
+
+type backend struct {
+	s      *sup
+	client *http.Client
+	mu     sync.Mutex
+	port   int
+	up     bool
+	downAt time.Time // last time it went from up to down (zero: never)
+}
+
+type balancer struct {
+	backends []*backend
+	next     atomic.Uint64
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+func newBalancer(sups []*sup) *balancer {
+	lb := &balancer{stop: make(chan struct{})}
+	for _, s := range sups {
+		tr := &http.Transport{DialContext: s.dial, MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}
+		be := &backend{s: s, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
+		lb.backends = append(lb.backends, be)
+		lb.wg.Add(1)
+		go func() {
+			defer lb.wg.Done()
+			be.checkLoop(lb.stop)
+		}()
+	}
+	return lb
+}
+
+func (lb *balancer) close() {
+	close(lb.stop)
+	lb.wg.Wait()
+	for _, be := range lb.backends {
+		be.client.CloseIdleConnections()
+	}
+}
+
+// waitUp waits until every backend is up.
+func (lb *balancer) waitUp(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var down []string
+		for _, be := range lb.backends {
+			if _, ok := be.state(); !ok {
+				down = append(down, be.s.name)
+			}
+		}
+		if len(down) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("load balancer: backends not up after %s: %s", timeout, strings.Join(down, ", "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (be *backend) state() (port int, up bool) {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	return be.port, be.up
+}
+
+func (be *backend) set(port int, up bool) {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if be.up && !up {
+		be.downAt = time.Now()
+	}
+	be.port, be.up = port, up
+}
+
+// checkLoop: down after 3 failed checks in a row (HAProxy's "fall 3": a
+// slow answer on a busy host is not an outage), up after one good one.
+func (be *backend) checkLoop(stop chan struct{}) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	fails := 0
+	for {
+		ok := be.s.healthy(time.Second)
+		port, up := be.state()
+		if ok {
+			fails = 0
+			if port == 0 {
+				port = be.s.servicePort()
+			}
+			be.set(port, port > 0)
+		} else if fails++; fails >= 3 || !up {
+			be.set(0, false) // a supervisor back in service binds a new port
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// pick returns an up backend, round robin, waiting up to 2 s for one (a
+// balancer holds a request that briefly; then it answers 503).
+func (lb *balancer) pick(skip *backend) (*backend, int) {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n := uint64(len(lb.backends))
+		start := lb.next.Add(1)
+		for i := range n {
+			be := lb.backends[(start+i)%n]
+			if be == skip && n > 1 {
+				continue
+			}
+			if port, up := be.state(); up {
+				return be, port
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, 0
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// listenPorts finds the TCP ports pid listens on: its socket inodes
+// (/proc/PID/fd) among the LISTEN sockets of its network namespace
+// (/proc/PID/net/tcp, tcp6).
+func listenPorts(pid int) []int {
+	dir := "/proc/" + strconv.Itoa(pid)
+	ents, err := os.ReadDir(dir + "/fd")
+	if err != nil {
+		return nil
+	}
+	inodes := map[string]bool{}
+	for _, e := range ents {
+		l, err := os.Readlink(dir + "/fd/" + e.Name())
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	var ports []int
+	for _, f := range []string{"/net/tcp", "/net/tcp6"} {
+		data, err := os.ReadFile(dir + f)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		sc.Scan() // header
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			// sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+			if len(fs) < 10 || fs[3] != "0A" || !inodes[fs[9]] {
+				continue
+			}
+			if i := strings.LastIndexByte(fs[1], ':'); i >= 0 {
+				if p, err := strconv.ParseUint(fs[1][i+1:], 16, 16); err == nil {
+					ports = append(ports, int(p))
+				}
+			}
+		}
+	}
+	return ports
+}
+
+// ---------------------------------------------------------------- load
+
+type noteKey struct {
+	uid string
+	id  int64
+}
+
+// entry is a note's last acknowledged state, and what failed writes after
+// it may have left instead (the client cannot know whether they landed).
+type entry struct {
+	body      string
+	deleted   bool
+	maybeBody []string // bodies of failed updates since the last ack
+	maybeGone bool     // a delete failed since the last ack
+}
+
+// reqRec is one request as the client saw it.
+type reqRec struct {
+	at, dur time.Duration // since the load started
+	backend int           // index in the balancer, -1: none was up
+	write   bool
+	err     string // "" when it succeeded
+}
+
+type loadRun struct {
+	name     string
+	lb       *balancer
+	started  time.Time
+	stopc    chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	recs     []reqRec
+	book     map[noteKey]*entry
+	stale    int          // lists that missed acknowledged notes (or held deleted ones)
+	staleEx  []string     // the first few
+	idle     atomic.Int64 // requests resent by net/http on a closed keep-alive connection
+	rerouted atomic.Int64 // requests sent to another backend after a refused connection
+}
+
+func startLoad(name string, lb *balancer) *loadRun {
+	l := &loadRun{name: name, lb: lb, started: time.Now(), stopc: make(chan struct{}), book: map[noteKey]*entry{}}
+	per := float64(*clients) / float64(*rate) // seconds between one client's requests
+	for g := range *clients {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			l.client(g, time.Duration(per*float64(time.Second)))
+		}()
+	}
+	return l
+}
+
+// stop ends the load and waits for requests in flight.
+func (l *loadRun) stop() {
+	select {
+	case <-l.stopc:
+	default:
+		close(l.stopc)
+	}
+	l.wg.Wait()
+}
+
+func (l *loadRun) client(g int, every time.Duration) {
+	rng := rand.New(rand.NewPCG(uint64(g), uint64(l.started.UnixNano())))
+	var mine []string
+	for u := g; u < *users; u += *clients {
+		mine = append(mine, fmt.Sprintf("%s-%05d", l.name, u))
+	}
+	if len(mine) == 0 {
+		return
+	}
+	notes := map[string][]int64{}
+	unsure := map[string]bool{} // a create failed: the list may hold a note we do not know
+	t := time.NewTicker(every)
+	defer t.Stop()
+	// Spread the clients' ticks over the first interval.
+	time.Sleep(time.Duration(rng.Int64N(int64(every) + 1)))
+	for {
+		select {
+		case <-l.stopc:
+			return
+		case <-t.C:
+		}
+		uid := mine[rng.IntN(len(mine))]
+		ids := notes[uid]
+		op := rng.IntN(10)
+		switch {
+		case op < 4 || len(ids) == 0: // create
+			body := fmt.Sprintf("note %d of %s", rng.Int64(), uid)
+			key := idempotencyKey()
+			var n struct {
+				ID int64 `json:"id"`
+			}
+			if err := l.call("POST", "/v1/users/"+uid+"/notes", body, key, http.StatusCreated, &n); err == nil {
+				notes[uid] = append(ids, n.ID)
+				l.ack(noteKey{uid, n.ID}, func(e *entry) { *e = entry{body: body} })
+			} else {
+				unsure[uid] = true
+			}
+		case op < 7: // update
+			id := ids[rng.IntN(len(ids))]
+			body := fmt.Sprintf("edit %d of %s", rng.Int64(), uid)
+			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, idempotencyKey(), http.StatusOK, nil)
+			l.ack(noteKey{uid, id}, func(e *entry) {
+				if err == nil {
+					*e = entry{body: body}
+				} else {
+					e.maybeBody = append(e.maybeBody, body)
+				}
+			})
+		case op < 9: // list
+			var got []struct {
+				ID   int64  `json:"id"`
+				Node string `json:"node"`
+			}
+			t0 := time.Since(l.started)
+			err := l.call("GET", "/v1/users/"+uid+"/notes", "", "", http.StatusOK, &got)
+			if err == nil && len(got) != len(ids) && !unsure[uid] {
+				node := "no note to say"
+				if len(got) > 0 {
+					node = got[0].Node
+				}
+				l.staleList(fmt.Sprintf("at %.3f s: list of %s returned %d notes, %d acknowledged, served from %s", t0.Seconds(), uid, len(got), len(ids), node))
+			}
+		default: // delete
+			i := rng.IntN(len(ids))
+			id := ids[i]
+			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", idempotencyKey(), http.StatusNoContent, nil)
+			l.ack(noteKey{uid, id}, func(e *entry) {
+				if err == nil {
+					*e = entry{deleted: true}
+				} else {
+					e.maybeGone = true
+				}
+			})
+			if err == nil {
+				notes[uid] = slices.Delete(ids, i, i+1)
+			}
+		}
+	}
+}
+
+func (l *loadRun) ack(k noteKey, f func(*entry)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.book[k]
+	if e == nil {
+		e = &entry{}
+		l.book[k] = e
+	}
+	f(e)
+}
+
+// staleList records a list that did not hold the acknowledged notes: an
+// answered request, so not a failure, but a stale read (reads are not
+// fenced: a worker that has not yet loaded the map of a move's flip reads
+// the old owner, docs/data-contract.md), counted and shown on its own.
+func (l *loadRun) staleList(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stale++
+	if len(l.staleEx) < 5 {
+		l.staleEx = append(l.staleEx, s)
+	}
+}
+
+func idempotencyKey() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// call sends one request through the balancer and records it. Writes
+// carry an Idempotency-Key, which makes net/http resend them on a reused
+// connection the server closed before answering (as examples/notes/loadgen
+// does; see docs/supervisor.md): counted in idle, not failures.
+func (l *loadRun) call(method, path, body, key string, want int, out any) error {
+	t0 := time.Now()
+	rec := reqRec{at: t0.Sub(l.started), backend: -1, write: method != http.MethodGet}
+	err := l.send(method, path, body, key, want, out, &rec)
+	rec.dur = time.Since(t0)
+	if err != nil {
+		rec.err = err.Error()
+	}
+	l.mu.Lock()
+	l.recs = append(l.recs, rec)
+	l.mu.Unlock()
+	return err
+}
+
+func (l *loadRun) send(method, path, body, key string, want int, out any, rec *reqRec) error {
+	var b []byte
+	if body != "" {
+		b, _ = json.Marshal(map[string]string{"body": body})
+	}
+	var last *backend
+	for attempt := 0; ; attempt++ {
+		be, port := l.lb.pick(last)
+		if be == nil {
+			return errors.New("no backend up")
+		}
+		rec.backend = be.s.i
+		conns := 0
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { conns++ }})
+		req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(port)+path, bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		res, err := be.client.Do(req)
+		if conns > 1 {
+			l.idle.Add(int64(conns - 1))
+		}
+		if err != nil {
+			if errors.Is(err, syscall.ECONNREFUSED) && attempt < 3 {
+				// Never received: the balancer tries the next backend.
+				be.set(0, false)
+				l.rerouted.Add(1)
+				last = be
+				continue
+			}
+			return err
+		}
+		data, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if method == http.MethodDelete && conns > 1 && res.StatusCode == http.StatusNotFound {
+			return nil // the first try deleted it; the resend found nothing
+		}
+		if res.StatusCode != want {
+			return fmt.Errorf("status %d: %s", res.StatusCode, bytes.TrimSpace(data))
+		}
+		if out != nil {
+			return json.Unmarshal(data, out)
+		}
+		return nil
+	}
+}
+
+// loadStats summarises the requests of a load run between two instants
+// (offsets from its start; to 0 means the end).
+type loadStats struct {
+	Requests  int            `json:"requests"`
+	Failed    int            `json:"failed"`
+	FailedOn  map[string]int `json:"failed_by_backend,omitempty"`
+	Errors    map[string]int `json:"errors,omitempty"`
+	LastError string         `json:"last_error,omitempty"`
+	Writes    Stat           `json:"write_latency_ms"`
+	Rerouted  int64          `json:"rerouted"`
+	Resent    int64          `json:"resent_on_closed_keepalive"`
+	Stale     int            `json:"stale_lists"`
+	StaleEx   []string       `json:"stale_list_examples,omitempty"`
+	Seconds   float64        `json:"seconds"`
+}
+
+func (l *loadRun) stats(from, to time.Duration, names func(int) string) loadStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := loadStats{FailedOn: map[string]int{}, Errors: map[string]int{}, Rerouted: l.rerouted.Load(), Resent: l.idle.Load(), Stale: l.stale, StaleEx: l.staleEx}
+	var lat []float64
+	var last time.Duration
+	for _, r := range l.recs {
+		if r.at < from || (to > 0 && r.at >= to) {
+			continue
+		}
+		last = max(last, r.at+r.dur)
+		st.Requests++
+		if r.write && r.err == "" {
+			lat = append(lat, float64(r.dur.Microseconds())/1000)
+		}
+		if r.err == "" {
+			continue
+		}
+		st.Failed++
+		who := "balancer"
+		if r.backend >= 0 {
+			who = names(r.backend)
+		}
+		st.FailedOn[who]++
+		st.Errors[errKind(r.err)]++
+		st.LastError = r.err
+	}
+	st.Writes = stat(lat)
+	if to == 0 {
+		to = last
+	}
+	st.Seconds = (to - from).Seconds()
+	return st
+}
+
+// errKind shortens an error to its class for the error histogram.
+func errKind(s string) string {
+	switch {
+	case strings.HasPrefix(s, "status "):
+		return s[:len("status 503")]
+	case strings.Contains(s, "connection refused"):
+		return "connection refused"
+	case strings.Contains(s, "connection reset"):
+		return "connection reset"
+	case strings.Contains(s, "EOF"):
+		return "EOF"
+	case strings.Contains(s, "Timeout") || strings.Contains(s, "deadline"):
+		return "timeout"
+	}
+	if len(s) > 60 {
+		return s[:60]
+	}
+	return s
+}
+
+// ---------------------------------------------------------------- verify
+
+// verification is what the db nodes hold of the acknowledged writes.
+type verification struct {
+	Checked   int      `json:"checked"`
+	Missing   int      `json:"missing"`     // an acknowledged note is not on its owner
+	Wrong     int      `json:"wrong_body"`  // its body is neither the acknowledged one nor a later attempt's
+	Resurrect int      `json:"resurrected"` // an acknowledged delete did not stick
+	Unsure    int      `json:"unsure"`      // differs, but as a failed later write may have left it: not lost
+	Examples  []string `json:"examples,omitempty"`
+}
+
+func (v verification) lost() int { return v.Missing + v.Wrong + v.Resurrect }
+
+// verify checks every acknowledged write of l on its owner in the current
+// map, as examples/notes/loadgen verify does.
+func (c *cluster) verify(ctx context.Context, l *loadRun) (verification, error) {
+	var v verification
+	m, _, err := c.st.Load(ctx)
+	if err != nil {
+		return v, err
+	}
+	conns := map[bucketmap.NodeID]*pgx.Conn{}
+	for _, n := range m.Nodes() {
+		if n.State == bucketmap.NodeRemoved || n.State == bucketmap.NodeDown {
+			continue
+		}
+		conn, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return v, err
+		}
+		defer conn.Close(context.Background())
+		conns[n.ID] = conn
+	}
+	bad := func(format string, args ...any) {
+		if len(v.Examples) < 5 {
+			v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, e := range l.book {
+		if e.body == "" && !e.deleted {
+			continue // only failed writes: nothing acknowledged
+		}
+		v.Checked++
+		p := c.ks.Prefix64(k.uid)
+		owner := m.Owner(m.BucketOf(c.ks, k.uid))
+		var body string
+		err := conns[owner].QueryRow(ctx, "SELECT body FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3",
+			keystream.Key(p), k.uid, k.id).Scan(&body)
+		switch {
+		case err != nil && !errors.Is(err, pgx.ErrNoRows):
+			return v, err
+		case e.deleted && err == nil:
+			v.Resurrect++
+			bad("%s note %d was deleted but is on %s", k.uid, k.id, owner)
+		case e.deleted:
+		case errors.Is(err, pgx.ErrNoRows) && e.maybeGone:
+			v.Unsure++
+		case errors.Is(err, pgx.ErrNoRows):
+			v.Missing++
+			bad("%s note %d is not on its owner %s", k.uid, k.id, owner)
+		case body == e.body:
+		case slices.Contains(e.maybeBody, body):
+			v.Unsure++
+		default:
+			v.Wrong++
+			bad("%s note %d on %s has %q, acknowledged %q", k.uid, k.id, owner, body, e.body)
+		}
+	}
+	return v, nil
+}
