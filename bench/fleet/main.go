@@ -330,7 +330,8 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 // throwaway environment: ZooKeeper trees under /shardvisor-fleet and
 // fleet_* databases.
 func (b *bench) purgeLeftovers(ctx context.Context) {
-	if err := b.sess.DeleteAll(ctx, "/shardvisor-fleet"); err != nil && !errors.Is(err, zksession.ErrNoNode) {
+	// The root holds every fleet's cluster; the cluster name only fills Paths.
+	if err := topo.DeleteRoot(ctx, b.sess, topo.MustPaths("/shardvisor-fleet", "leftovers")); err != nil && !errors.Is(err, zksession.ErrNoNode) {
 		say("purging old ZooKeeper trees: %v", err)
 	}
 	for i := range b.env.pgAddrs {
