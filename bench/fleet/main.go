@@ -35,7 +35,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
+	"github.com/shardvisor/shardvisor/internal/benchstat"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -121,25 +121,9 @@ func say(format string, args ...any) {
 }
 
 // Stat is a distribution's nearest-rank percentiles.
-type Stat struct {
-	N   int     `json:"n"`
-	P50 float64 `json:"p50"`
-	P99 float64 `json:"p99"`
-	Max float64 `json:"max"`
-}
+type Stat = benchstat.Stat
 
-func stat(xs []float64) Stat {
-	if len(xs) == 0 {
-		return Stat{}
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	rank := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(s)))) - 1
-		return s[max(0, min(i, len(s)-1))]
-	}
-	return Stat{N: len(s), P50: rank(0.50), P99: rank(0.99), Max: s[len(s)-1]}
-}
+func stat(xs []float64) Stat { return benchstat.Of(xs) }
 
 type bench struct {
 	env      *env

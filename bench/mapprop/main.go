@@ -44,6 +44,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/shardvisor/shardvisor/internal/benchstat"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -51,7 +52,6 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,25 +141,9 @@ func main() {
 // ---------------------------------------------------------------- figures
 
 // Stat is a distribution's nearest-rank percentiles.
-type Stat struct {
-	N   int     `json:"n"`
-	P50 float64 `json:"p50"`
-	P99 float64 `json:"p99"`
-	Max float64 `json:"max"`
-}
+type Stat = benchstat.Stat
 
-func stat(xs []float64) Stat {
-	if len(xs) == 0 {
-		return Stat{}
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	rank := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(s)))) - 1
-		return s[max(0, min(i, len(s)-1))]
-	}
-	return Stat{N: len(s), P50: rank(0.50), P99: rank(0.99), Max: s[len(s)-1]}
-}
+func stat(xs []float64) Stat { return benchstat.Of(xs) }
 
 // Change is one map change.
 type Change struct {

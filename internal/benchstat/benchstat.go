@@ -1,0 +1,30 @@
+// Package benchstat is the one percentile summary the benchmark programs
+// under bench/ print, so that their p50/p99/max mean the same thing.
+package benchstat
+
+import (
+	"math"
+	"slices"
+)
+
+// Stat is a distribution's nearest-rank percentiles.
+type Stat struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+// Of summarizes xs (left unchanged); the zero Stat when xs is empty.
+func Of(xs []float64) Stat {
+	if len(xs) == 0 {
+		return Stat{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	rank := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return Stat{N: len(s), P50: rank(0.50), P99: rank(0.99), Max: s[len(s)-1]}
+}
