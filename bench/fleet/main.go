@@ -35,7 +35,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/shardvisor/shardvisor/internal/benchstat"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -50,6 +49,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/benchstat"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
