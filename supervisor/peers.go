@@ -72,9 +72,13 @@ func (p *peerSet) get() []peer {
 	return append([]peer(nil), p.peers...)
 }
 
-// refreshPeers re-reads every pool's member records while connected.
+// refreshPeers re-reads every pool's member records while connected: at
+// 1 s, 2 s, 4 s... after the start, then every PeerRefresh, so that
+// supervisors started together know each other within seconds (one that
+// knew no peer at an outage would leave service).
 func (s *Supervisor) refreshPeers(ctx context.Context) {
 	next := time.Duration(0)
+	early := time.Second
 	for {
 		select {
 		case <-ctx.Done():
@@ -94,6 +98,9 @@ func (s *Supervisor) refreshPeers(ctx context.Context) {
 		s.peers.peers, s.peers.at = peers, time.Now()
 		s.peers.mu.Unlock()
 		every := s.opts.PeerRefresh
+		if early < every {
+			every, early = early, 2*early
+		}
 		next = every + time.Duration(mrand.Int64N(int64(every/5)+1))
 	}
 }

@@ -28,9 +28,8 @@ func configEvent(where string, data []byte, version int64) evConfig {
 }
 
 // startZKSources follows the session state, the pool config and the map.
-func (s *Supervisor) startZKSources(ctx context.Context, wg *sync.WaitGroup) {
+func (s *Supervisor) startZKSources(ctx context.Context, wg *sync.WaitGroup, sub *zksession.Subscription) {
 	ss := s.opts.Session
-	sub := ss.Subscribe()
 	if s.mc.cfg.failStatic {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.refreshPeers(ctx) }()

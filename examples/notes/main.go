@@ -124,22 +124,26 @@ func envOr(k, def string) string {
 	return def
 }
 
-// openRouter follows the supervisor's map file when run by one, else the
-// live map in ZooKeeper.
+// openRouter follows the supervisor's map file in reload mode, else the
+// live map in ZooKeeper when configured, else the supervisor's map file.
 func openRouter(log *zap.Logger) (*router.Router, *keystream.Keystream, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var r *router.Router
 	var err error
-	// Under the supervisor the map file comes first, even when the
-	// environment also names ZooKeeper (a supervisor passes its own
-	// environment on): in reload mode the supervisor counts on this
-	// worker's MAPVERSION acknowledgements.
-	if os.Getenv(workerproto.EnvMapFile) != "" {
+	// In the supervisor's reload mode the map file comes first, even when
+	// the environment also names ZooKeeper (a supervisor passes its own
+	// environment on): the supervisor counts on this worker's MAPVERSION
+	// acknowledgements. In swap mode the live map is better when there is
+	// one: a swap-mode map file never changes under a running worker, so a
+	// write it retries across a move's flip could not see the flip.
+	if f, ok := workerproto.MapFollowFromEnv(); ok && f.Reload {
 		r, err = router.FromWorkerEnv(router.Options{Logger: log, TunePool: tunePool})
 	} else if zkc := os.Getenv("SHARDVISOR_ZK"); zkc != "" {
 		r, err = router.Dial(ctx, router.Config{Connect: zkc, Root: os.Getenv("SHARDVISOR_ZK_ROOT"),
 			Cluster: envOr("SHARDVISOR_CLUSTER", "default"), Logger: log, TunePool: tunePool})
+	} else if os.Getenv(workerproto.EnvMapFile) != "" {
+		r, err = router.FromWorkerEnv(router.Options{Logger: log, TunePool: tunePool})
 	} else {
 		return nil, nil, nil, errors.New("set SHARDVISOR_ZK (live map) or run under the supervisor (SHARDVISOR_MAP_FILE)")
 	}
