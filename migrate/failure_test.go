@@ -244,32 +244,55 @@ func TestIntegrationNodeStoppedMidMove(t *testing.T) {
 	}
 }
 
-var (
-	buildOnce sync.Once
-	shardctl  string
-	buildErr  error
-)
-
-func shardctlBin(t *testing.T) string {
-	buildOnce.Do(func() {
+// builtBin builds one command of this module once per test binary (go
+// build with tags) and returns its path.
+func builtBin(t *testing.T, cmd string, tags ...string) string {
+	t.Helper()
+	key := cmd + " " + strings.Join(tags, ",")
+	binsMu.Lock()
+	b := bins[key]
+	if b == nil {
+		b = &builtOnce{}
+		bins[key] = b
+	}
+	binsMu.Unlock()
+	b.once.Do(func() {
 		_, file, _, _ := runtime.Caller(0)
-		dir, err := os.MkdirTemp("", "shardctl-migrate")
+		dir, err := os.MkdirTemp("", cmd+"-migrate")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		shardctl = filepath.Join(dir, "shardctl")
-		// With the failpoints that kill it at each step of a move.
-		out, err := exec.Command("go", "build", "-tags", "failpoints", "-o", shardctl, filepath.Join(filepath.Dir(file), "..", "cmd", "shardctl")).CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("%v\n%s", err, out)
+		b.path = filepath.Join(dir, cmd)
+		args := []string{"build"}
+		if len(tags) > 0 {
+			args = append(args, "-tags", strings.Join(tags, ","))
+		}
+		args = append(args, "-o", b.path, filepath.Join(filepath.Dir(file), "..", "cmd", cmd))
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("%v\n%s", err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return shardctl
+	return b.path
 }
+
+type builtOnce struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+var (
+	binsMu sync.Mutex
+	bins   = map[string]*builtOnce{}
+)
+
+// shardctlBin is shardctl with the failpoints that kill it at each step of
+// a move.
+func shardctlBin(t *testing.T) string { return builtBin(t, "shardctl", "failpoints") }
 
 // The mover killed with SIGKILL on entering each step resumes or rolls back
 // cleanly when run again.

@@ -5,12 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -221,32 +217,8 @@ func TestIntegrationStragglerAbort(t *testing.T) {
 	f.checkClean(seeded)
 }
 
-var (
-	routerOnce sync.Once
-	routerBin  string
-	routerErr  error
-)
-
-// routerSidecar builds cmd/router once per test binary.
-func routerSidecar(t *testing.T) string {
-	routerOnce.Do(func() {
-		_, file, _, _ := runtime.Caller(0)
-		dir, err := os.MkdirTemp("", "router-migrate")
-		if err != nil {
-			routerErr = err
-			return
-		}
-		routerBin = filepath.Join(dir, "router")
-		out, err := exec.Command("go", "build", "-o", routerBin, filepath.Join(filepath.Dir(file), "..", "cmd", "router")).CombinedOutput()
-		if err != nil {
-			routerErr = fmt.Errorf("%v\n%s", err, out)
-		}
-	})
-	if routerErr != nil {
-		t.Fatal(routerErr)
-	}
-	return routerBin
-}
+// routerSidecar is cmd/router, built once per test binary.
+func routerSidecar(t *testing.T) string { return builtBin(t, "router") }
 
 // routeOf asks a router sidecar for uid's route.
 func routeOf(t *testing.T, addr, uid string) (node string, version uint64) {

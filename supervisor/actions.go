@@ -6,8 +6,10 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/workerproto"
 )
 
 // An action is one thing the machine decided and the executor does to the
@@ -92,6 +94,15 @@ func (actCheckPeers) String() string { return "check-peers" }
 func (a actWriteLiveMap) String() string {
 	return fmt.Sprintf("write-live-map m%d", a.mp.version)
 }
+
+// signal is the named signal (0 for a name topo's validation let through
+// but workerproto cannot send, which TestMapSignalsCoverTheConfigsChoices
+// rules out).
+func (a actMapSignal) signal() syscall.Signal {
+	sig, _ := workerproto.MapSignal(a.sig)
+	return sig
+}
+
 func (a actMapSignal) String() string {
 	return fmt.Sprintf("map-signal w%d %s m%d", a.w.id, a.sig, a.version)
 }

@@ -715,7 +715,7 @@ func TestMachineReloadModeLiveMapWriteFailure(t *testing.T) {
 
 func TestMapSignalsCoverTheConfigsChoices(t *testing.T) {
 	for _, name := range topo.MapSignals {
-		if _, ok := mapSignals[name]; !ok {
+		if _, ok := workerproto.MapSignal(name); !ok {
 			t.Errorf("topo.MapSignals allows %s but the supervisor cannot send it", name)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/topo"
@@ -39,9 +38,6 @@ func mapFileName(dir string, version uint64) string {
 // liveMapName is the reload mode's map file: one path for the life of the
 // supervisor, replaced atomically by every new map.
 func liveMapName(dir string) string { return filepath.Join(dir, "live-map.json") }
-
-// mapSignals are the signals topo.MapSignals names.
-var mapSignals = map[string]syscall.Signal{"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGWINCH": syscall.SIGWINCH}
 
 func writeLiveMapFile(dir string, data []byte) error {
 	return replaceFile(liveMapName(dir), data)

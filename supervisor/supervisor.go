@@ -435,8 +435,8 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 				acts = slices.Insert(acts, i+1, s.mc.liveMapFailed(a.mp, err, now)...)
 			}
 		case actMapSignal:
-			if p := s.procs[a.w]; p != nil {
-				p.signal(mapSignals[a.sig])
+			if p, sig := s.procs[a.w], a.signal(); p != nil && sig != 0 {
+				p.signal(sig)
 			}
 		}
 	}

@@ -30,11 +30,17 @@ func MapFollowFromEnv() (f MapFollow, ok bool) {
 		return f, false
 	}
 	f.Reload = os.Getenv(EnvMapDelivery) == MapDeliveryReload
-	f.Signal = signalByName[os.Getenv(EnvMapSignal)]
+	f.Signal, _ = MapSignal(os.Getenv(EnvMapSignal))
 	return f, true
 }
 
-var signalByName = map[string]syscall.Signal{"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGWINCH": syscall.SIGWINCH}
+// MapSignal is the signal a pool's map_delivery.signal names (SIGHUP,
+// SIGUSR1, SIGUSR2, SIGWINCH), for the supervisor that sends it and the
+// worker that waits for it.
+func MapSignal(name string) (syscall.Signal, bool) {
+	sig, ok := map[string]syscall.Signal{"SIGHUP": syscall.SIGHUP, "SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2, "SIGWINCH": syscall.SIGWINCH}[name]
+	return sig, ok
+}
 
 // FollowMapFile calls load with the file's contents each time it changes,
 // until ctx ends. load returns the map version it now routes by (it may
