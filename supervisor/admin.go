@@ -13,18 +13,28 @@ import (
 	"go.uber.org/zap"
 )
 
-// startAdmin serves /healthz, /readyz, /metrics and /status.
+// LivenessStale is how long the supervisor's loop may go without a turn
+// before /livez fails (it turns at least every second).
+const LivenessStale = 10 * time.Second
+
+// startAdmin serves /healthz, /readyz, /livez, /metrics and /status.
 //
-//   - /healthz is 200 while the listen sockets are open (the pool is in
-//     service), 503 otherwise: ZooKeeper session lost, holddown, stopping,
-//     or not started yet. Load balancers should check this.
-//   - /readyz is 200 when, in addition, at least the target number of
-//     workers are ready.
+//   - /healthz is what a load balancer probes: 200 while the pool is in
+//     service (listen sockets open, session fine or fail-static) and at
+//     least one worker is ready; 503 otherwise, so a host whose workers
+//     all crashed is taken out instead of queueing connections in the
+//     backlog. It does not flap during a swap (the old generation stays
+//     ready until the new one is).
+//   - /readyz is 200 when, in addition, the whole target is ready: for
+//     deploy tooling waiting for a host to be complete, not for a load
+//     balancer (one crashed worker of ten would take the host out).
+//   - /livez is 200 while the supervisor's own loop turns: for a process
+//     watchdog; it says nothing about the workers.
 //   - /status is the member record as JSON, plus the last swap result.
 //   - /peer/zk answers the peers' fail-static question (peers.go).
 //
-// In fail-static (failstatic.go) /healthz and /readyz stay 200, and say
-// so: "fail_static": true and the reason.
+// In fail-static (failstatic.go) /healthz and /readyz stay 200 (given
+// ready workers), and say so: "fail_static": true and the reason.
 func (s *Supervisor) startAdmin() error {
 	if s.opts.AdminAddr == "" {
 		return nil
@@ -37,22 +47,34 @@ func (s *Supervisor) startAdmin() error {
 	s.admin = ln.Addr().String()
 	s.snapMu.Unlock()
 	mux := http.NewServeMux()
-	health := func(needReady bool) http.HandlerFunc {
+	health := func(needAll bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			s.snapMu.Lock()
-			h, state := s.health, s.snap.State
+			h, state, target := s.health, s.snap.State, s.snap.Target
 			s.snapMu.Unlock()
-			ok := h.accepting
-			if needReady {
+			ok := h.serving
+			if needAll {
 				ok = h.ready
 			}
 			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Cache-Control", "no-store")
 			if !ok {
 				w.WriteHeader(http.StatusServiceUnavailable)
 			}
-			_ = json.NewEncoder(w).Encode(map[string]any{"ok": ok, "state": state, "accepting": h.accepting, "ready": h.ready, "fail_static": h.failStatic, "reason": h.reason})
+			_ = json.NewEncoder(w).Encode(map[string]any{"ok": ok, "state": state, "accepting": h.accepting, "serving": h.serving,
+				"ready": h.ready, "ready_workers": h.readyN, "target_workers": target, "fail_static": h.failStatic, "reason": h.reason})
 		}
 	}
+	mux.HandleFunc("/livez", func(w http.ResponseWriter, r *http.Request) {
+		age := time.Since(time.Unix(0, s.loopAt.Load()))
+		ok := s.loopAt.Load() != 0 && age < LivenessStale
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"ok": ok, "loop_age_seconds": age.Seconds()})
+	})
 	mux.HandleFunc(peerPath, s.servePeer)
 	mux.HandleFunc("/healthz", health(false))
 	mux.HandleFunc("/readyz", health(true))

@@ -37,6 +37,8 @@ func (m *machine) handle(ev any, now time.Time) []action {
 		m.beginStop(ev.fast, "stop requested", now)
 	case evPeers:
 		m.onPeers(ev.v, now)
+	case evProbe:
+		m.onProbe(ev, now)
 	}
 	return m.take()
 }
@@ -48,6 +50,7 @@ func (m *machine) onConfig(ev evConfig, now time.Time) {
 		m.lastError = "config rejected: " + ev.err.Error()
 		m.log.Error("config rejected; the pool keeps running the previous one", zap.Error(ev.err))
 		m.publish(topo.SwapInvalidConfig, nil, ev.err.Error(), 0, now)
+		m.abandonFailedSwap()
 		return
 	}
 	if ev.cfg == nil {
@@ -70,6 +73,11 @@ func (m *machine) onConfig(ev evConfig, now time.Time) {
 	if m.desired != nil && m.desired.key() == sp.key() {
 		return
 	}
+	if m.bad != "" && !ev.force && sp.cfgID() == m.bad {
+		m.log.Info("config is the one rolled back; not retried until it changes (HUP retries it)", zap.Int64("config_version", ev.version))
+		return
+	}
+	m.bad = ""
 	if m.desired == nil || m.desired.cfgVersion != ev.version || m.desired.cfgHash != ev.hash {
 		m.extra = 0 // a new config says how many workers; TTIN/TTOU adjust from there
 	}
@@ -142,12 +150,105 @@ func (m *machine) onNotify(ev evNotify, now time.Time) {
 		m.onMapAck(w, ev.msg.MapVersion, now)
 	}
 	if ev.msg.Ready && w.state == wStarting && w.notified.IsZero() {
-		if cfg := w.gen.spec.cfg; cfg.Readiness.Mode == topo.ReadinessNotify && cfg.Readiness.Delay > 0 {
-			w.notified = now // ready after the settle delay (reconcile)
+		w.notified = now
+		m.tryReady(w, now)
+	}
+}
+
+// tryReady marks a starting worker ready once every readiness condition
+// holds: READY=1 plus readiness.delay (notify mode) or the delay alive
+// (timer mode), and a passed HTTP probe when the pool has one.
+func (m *machine) tryReady(w *worker, now time.Time) {
+	cfg := w.gen.spec.cfg
+	var how string
+	switch {
+	case cfg.Readiness.Mode == topo.ReadinessTimer:
+		if now.Before(w.started.Add(cfg.Readiness.Delay.D())) {
 			return
 		}
-		m.markReady(w, now, "READY=1")
+		how = "timer"
+	case w.notified.IsZero() || now.Before(w.notified.Add(cfg.Readiness.Delay.D())):
+		return
+	case cfg.Readiness.Delay > 0:
+		how = "READY=1 + readiness.delay"
+	default:
+		how = "READY=1"
 	}
+	if cfg.Probe != nil {
+		if !w.probeOK {
+			return
+		}
+		how += " + probe"
+	}
+	m.markReady(w, now, how)
+}
+
+// onProbe applies one HTTP probe of a worker: a pass is a condition of
+// readiness; probe.failures failures in a row of a ready worker replace
+// it, as an expired watchdog does (a worker can send WATCHDOG=1 from a
+// thread of its own while every request hangs; the probe sees that).
+func (m *machine) onProbe(ev evProbe, now time.Time) {
+	w := ev.w
+	p := w.gen.spec.cfg.Probe
+	if !m.hasWorker(w) || w.state == wStopping || p == nil {
+		return
+	}
+	if ev.ok {
+		w.probeFails = 0
+		if !w.probeOK {
+			w.probeOK = true
+			if w.state == wStarting {
+				m.tryReady(w, now)
+			}
+		}
+		return
+	}
+	m.m.probeFailures.Inc()
+	if w.state != wReady {
+		return // still booting: readiness.timeout bounds it
+	}
+	w.probeFails++
+	if w.probeFails < p.Failures {
+		m.log.Warn("worker HTTP probe failed", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.String("why", ev.why),
+			zap.Int("in_a_row", w.probeFails), zap.Int("replace_at", p.Failures))
+		return
+	}
+	m.log.Error("worker HTTP probe failed too often in a row; sending SIGQUIT for a stack dump, SIGKILL follows", zap.Int64("worker", w.id),
+		zap.Int("pid", w.pid), zap.Int64("generation", w.gen.id), zap.String("why", ev.why), zap.Int("failures", w.probeFails))
+	m.quitWorker(w, "probe", now)
+}
+
+// quitWorker stops a ready worker that stopped answering (watchdog,
+// probe): SIGQUIT now for a stack dump, SIGKILL after WatchdogKillDelay.
+// It counts as a crash.
+func (m *machine) quitWorker(w *worker, reason string, now time.Time) {
+	w.state = wStopping
+	w.stopReason = reason
+	w.crashLike = true
+	w.killAt = now.Add(WatchdogKillDelay)
+	m.m.kills.WithLabelValues(reason).Inc()
+	m.do(actQuit{w})
+}
+
+// abandonFailedSwap is what an invalid config does to a swap that had
+// already failed: the config it was retrying is no longer the newest, so
+// it is dropped. The serving generation stays (nothing serves if none).
+func (m *machine) abandonFailedSwap() {
+	if m.latest == nil || !m.latest.failed {
+		return
+	}
+	f := m.latest
+	if m.good != nil {
+		m.latest = m.good
+		m.desired = m.good.spec.withMap(m.curMap)
+		m.log.Warn("the failed swap is not retried: a newer config arrived and is invalid; serving the previous generation until a valid config arrives",
+			zap.Int64("failed_generation", f.id), zap.Int64("failed_config_version", f.spec.cfgVersion), zap.Int64("serving_generation", m.good.id),
+			zap.Int64("serving_config_version", m.good.spec.cfgVersion))
+		return
+	}
+	m.desired = nil
+	m.log.Warn("the failed config is not retried: a newer config arrived and is invalid; nothing serves until a valid config arrives",
+		zap.Int64("failed_generation", f.id), zap.Int64("failed_config_version", f.spec.cfgVersion))
 }
 
 func (m *machine) markReady(w *worker, now time.Time, how string) {
@@ -185,6 +286,10 @@ func (m *machine) onExit(ev evExit, now time.Time) {
 		m.m.exits.WithLabelValues("expected").Inc()
 		m.log.Info("worker exited", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", g.id),
 			zap.String("status", ev.status), zap.String("stop_reason", w.stopReason))
+	case g == m.latest && !g.established && !g.failed && !w.readyAt.IsZero() && m.windowFor(g) > 0:
+		// Ready, then dead, before the new config held: roll back.
+		m.m.exits.WithLabelValues("crash").Inc()
+		m.rejectInWindow(g, w, ev.status, now)
 	case w.state == wStarting && !g.established && !g.failed && g == m.latest:
 		m.m.exits.WithLabelValues("boot_failure").Inc()
 		m.failGeneration(g, fmt.Sprintf("worker %d (pid %d) exited before it was ready: %s", w.id, w.pid, ev.status), now)
@@ -200,6 +305,7 @@ func (m *machine) onExit(ev evExit, now time.Time) {
 		m.noteCrash(w, now)
 		m.log.Warn("worker crashed", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", g.id),
 			zap.String("status", ev.status), zap.Stringer("was", w.state), zap.Duration("respawn_in", m.respawnAt.Sub(now).Round(time.Millisecond)))
+		m.noteConfigCrash(w, ev.status, now)
 	}
 	m.cleanMapFiles()
 }
@@ -226,10 +332,23 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	m.m.swaps.WithLabelValues(topo.SwapFailed).Inc()
 	m.lastError = "swap failed: " + reason
 	fields := []zap.Field{zap.Int64("generation", g.id), zap.String("reason", reason), zap.Duration("retry_in", m.retryAt.Sub(now).Round(time.Millisecond))}
-	if m.good != nil {
-		fields = append(fields, zap.Int64("serving_generation", m.good.id))
+	// Say that the previous generation keeps serving only when one does.
+	serving := 0
+	for _, w := range m.workers {
+		if w.state == wReady && w.gen != g {
+			serving++
+		}
 	}
-	m.log.Error("swap failed; the previous generation keeps serving", fields...)
+	switch {
+	case m.good != nil && serving > 0:
+		fields = append(fields, zap.Int64("serving_generation", m.good.id), zap.Int("serving_workers", serving))
+		m.log.Error("swap failed; the previous generation keeps serving", fields...)
+	case m.good != nil:
+		fields = append(fields, zap.Int64("previous_generation", m.good.id))
+		m.log.Error("swap failed, and the previous generation has no ready worker either: nothing serves until one is", fields...)
+	default:
+		m.log.Error("swap failed; nothing serves: no generation has held yet", fields...)
+	}
 	m.publish(topo.SwapFailed, g, reason, 0, now)
 	for _, w := range append([]*worker(nil), m.workers...) {
 		if w.gen == g && w.state == wStarting {

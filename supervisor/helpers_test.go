@@ -201,7 +201,11 @@ func freePort(t *testing.T) int {
 // cfgFor is a pool config running the test worker.
 func cfgFor(t *testing.T, port int, workers int, env map[string]string) *topo.PoolConfig {
 	surge := workers
+	// Without the stability checks: the tests from before them expect a
+	// swap to complete at READY=1; stability_test.go turns them on.
+	off := topo.Duration(0)
 	return &topo.PoolConfig{
+		Stability:       topo.Stability{Window: &off, RollbackWithin: &off},
 		Version:         topo.PoolConfigVersion,
 		Command:         testExe(t),
 		Args:            []string{"__test-worker"},

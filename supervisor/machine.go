@@ -67,6 +67,19 @@ type machine struct {
 	loudAt        time.Time        // fail-static: when to log the reminder
 	cutOffSince   time.Time        // fail-static: since when the peers no longer confirm the outage
 
+	// Stability (stability.go). held: configs (spec.ident) whose workers
+	// stayed ready through the stability window; a change back to one
+	// needs no window. prevCfg: the config that held before the serving
+	// one, restarted if the serving one crash-loops before cfgSince +
+	// rollback_within; cfgCrashes counts its crashes since. bad: the
+	// config (spec.cfgID) rolled back, refused until it changes or HUP.
+	held       map[string]bool
+	prevCfg    *spec
+	cfgSince   time.Time
+	cfgCrashes int
+	bad        string
+	rollback   *topo.Rollback
+
 	out []action // actions decided by the current call
 }
 
@@ -87,7 +100,7 @@ type machineConfig struct {
 }
 
 func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
-	mc := &machine{cfg: cfg, log: log, m: m, randN: rand.Int64N, bound: map[string]bool{}}
+	mc := &machine{cfg: cfg, log: log, m: m, randN: rand.Int64N, bound: map[string]bool{}, held: map[string]bool{}}
 	if !cfg.zk {
 		mc.mapKnown = true
 	}
@@ -138,6 +151,16 @@ func (s *spec) key() string {
 	return fmt.Sprintf("c%d/%s/m%d/r%d", s.cfgVersion, s.cfgHash, mv, s.reload)
 }
 
+// ident is the config a generation runs, HUP included (a HUP may load new
+// code): what the stability window proves.
+func (s *spec) ident() string {
+	return fmt.Sprintf("c%d/%s/r%d", s.cfgVersion, s.cfgHash, s.reload)
+}
+
+// cfgID is the config as the source holds it: a rolled-back config is
+// refused until this changes (HUP retries it).
+func (s *spec) cfgID() string { return fmt.Sprintf("c%d/%s", s.cfgVersion, s.cfgHash) }
+
 // withMap is a copy of s routing by mp.
 func (s *spec) withMap(mp *mapData) *spec {
 	c := *s
@@ -186,8 +209,13 @@ type worker struct {
 	stopReason string
 	killAt     time.Time // SIGKILL deadline once stopping
 	killed     bool
-	crashLike  bool // stopped by the watchdog: counts as a crash
+	crashLike  bool // stopped by the watchdog or the probe: counts as a crash
 	retireWhy  string
+
+	// HTTP probe (pool config "probe"): passed once (a condition of
+	// readiness), and failures in a row since the last pass.
+	probeOK    bool
+	probeFails int
 
 	// Reload mode: the map version the worker routes by (the live map at
 	// its start until it says MAPVERSION=N), and since when it has been
@@ -243,11 +271,22 @@ type (
 	// evPeers is the answer of the peers to "is ZooKeeper down for you
 	// too?" (actCheckPeers).
 	evPeers struct{ v peerVerdict }
+	// evProbe is one HTTP probe of a worker: ok, or why not.
+	evProbe struct {
+		w   *worker
+		ok  bool
+		why string
+	}
 )
 
+// healthState is what the admin endpoints answer (admin.go): serving
+// (/healthz, the load balancer's probe) is in service with at least one
+// ready worker; ready (/readyz) is at least the target ready.
 type healthState struct {
 	accepting  bool
+	serving    bool
 	ready      bool
+	readyN     int
 	failStatic bool
 	reason     string
 }

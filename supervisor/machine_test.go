@@ -137,8 +137,12 @@ func (s *sim) expect(what string, got []string, want ...string) {
 // poolCfg is a config event: n workers, one socket, options applied by
 // the mutators.
 func poolCfg(version int64, n int, mut ...func(*topo.PoolConfig)) evConfig {
+	// The tests from before the stability checks run without them;
+	// stability tests turn them on (withStability).
+	off := topo.Duration(0)
 	c := &topo.PoolConfig{Version: 1, Command: "/bin/app", Workers: n,
-		Listen: []topo.Listen{{Name: "http", Addr: "tcp://127.0.0.1:8080"}}}
+		Listen:    []topo.Listen{{Name: "http", Addr: "tcp://127.0.0.1:8080"}},
+		Stability: topo.Stability{Window: &off, RollbackWithin: &off}}
 	for _, f := range mut {
 		f(c)
 	}

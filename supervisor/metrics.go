@@ -40,7 +40,25 @@ type metrics struct {
 	failStatic         prometheus.Gauge
 	failStaticEpisodes prometheus.Counter
 	peerChecks         *prometheus.CounterVec
+	// Stability (issue 15): swaps rolled back, and workers whose HTTP
+	// probe failed.
+	rollbacks     *prometheus.CounterVec
+	probeFailures prometheus.Counter
+	// zkSessionTimeout is the session timeout the ensemble granted.
+	zkSessionTimeout prometheus.Gauge
 }
+
+// The label values every vector is initialised with, so that a counter
+// reads 0 in /metrics before its first event (an alert on rate() or
+// increase() needs the series to exist).
+var (
+	exitKinds   = []string{"expected", "crash", "boot_failure"}
+	stopReasons = []string{"superseded", "swap_failed", "replaced", "scale_down", "readiness_timeout", "shutdown",
+		"max_lifetime", "map_ack_timeout", "rolled_back"}
+	killReasons   = []string{"graceful_timeout", "readiness_timeout", "watchdog", "probe", "zk_lost", "fast_stop"}
+	swapResults   = []string{"ok", "failed", "superseded", "invalid_config", "invalid_map", "rolled_back"}
+	rollbackKinds = []string{"window", "crash_loop"}
+)
 
 func newMetrics(reg *prometheus.Registry) *metrics {
 	if reg == nil {
@@ -69,7 +87,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		accepting: g("accepting", "1 while the listen sockets are open, 0 while closed (ZooKeeper session lost, stopping)."),
 		zkState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "zk_state",
 			Help: "1 for the current ZooKeeper session state (connected, suspended, lost, closed, none for --config mode)."}, []string{"state"}),
-		swaps:        cv("swaps_total", "Generation swaps by result: ok, failed, superseded, invalid_config, invalid_map.", "result"),
+		swaps:        cv("swaps_total", "Generation swaps by result: ok, failed, superseded, invalid_config, invalid_map, rolled_back.", "result"),
 		swapDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "swap_duration_seconds", Help: "Time from a generation's creation to its last worker being ready and the old ones signalled.", Buckets: buckets}),
 		readiness:    prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "readiness_seconds", Help: "Time from spawning a worker to it being ready.", Buckets: buckets}),
 		spawns:       c("worker_spawns_total", "Worker processes started."),
@@ -90,11 +108,30 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		failStatic:         g("fail_static", "1 while serving on through a whole-ZooKeeper-ensemble outage (the peers agree), with the last config and map; 0 otherwise."),
 		failStaticEpisodes: c("fail_static_episodes_total", "Times this supervisor went fail-static."),
 		peerChecks:         cv("peer_checks_total", "Peer checks after a session loss by verdict: outage (fail-static), cut_off (leave service).", "verdict"),
+		rollbacks: cv("rollbacks_total", "New configs rolled back because their workers crashed after READY=1, by kind: window "+
+			"(inside the stability window; the previous generation never stopped) or crash_loop (soon after; the previous config was restarted).", "kind"),
+		probeFailures:    c("probe_failures_total", "HTTP probes of workers that failed (a timeout, a refused connection, or a status that is not 2xx)."),
+		zkSessionTimeout: g("zk_session_timeout_seconds", "The ZooKeeper session timeout the ensemble granted (0: not connected yet, or no ZooKeeper)."),
 	}
 	reg.MustRegister(m.generation, m.configVersion, m.mapVersion, m.target, m.workers, m.accepting, m.zkState, m.swaps,
 		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors, m.notifyRejected,
 		m.mapDeliveries, m.mapAcks, m.mapAckTimeouts, m.mapAckSeconds, m.workerMapVersion,
-		m.failStatic, m.failStaticEpisodes, m.peerChecks)
+		m.failStatic, m.failStaticEpisodes, m.peerChecks, m.rollbacks, m.probeFailures, m.zkSessionTimeout)
+	for _, v := range exitKinds {
+		m.exits.WithLabelValues(v)
+	}
+	for _, v := range stopReasons {
+		m.stops.WithLabelValues(v)
+	}
+	for _, v := range killReasons {
+		m.kills.WithLabelValues(v)
+	}
+	for _, v := range swapResults {
+		m.swaps.WithLabelValues(v)
+	}
+	for _, v := range rollbackKinds {
+		m.rollbacks.WithLabelValues(v)
+	}
 	for _, v := range []string{"outage", "cut_off"} {
 		m.peerChecks.WithLabelValues(v)
 	}

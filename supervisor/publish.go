@@ -161,20 +161,33 @@ func (s *Supervisor) publishSnapshot(now time.Time) {
 	m.Member, m.Host, m.PID, m.Admin, m.StartedAt = s.opts.Member, s.host, os.Getpid(), s.AdminAddr(), s.startedAt.UTC()
 	s.snapMu.Lock()
 	old := s.snap
+	changed := old.State != m.State || old.Generation != m.Generation || old.Accepting != m.Accepting ||
+		old.Target != m.Target || old.LastError != m.LastError || old.MapVersion != m.MapVersion || old.ZK != m.ZK ||
+		old.MapDelivery != m.MapDelivery || !sameFailStatic(old.FailStatic, m.FailStatic) || !sameWorkers(old.Workers, m.Workers) ||
+		!sameRollback(old.RolledBack, m.RolledBack) || s.updatedAt.IsZero()
+	if changed {
+		s.updatedAt = now.UTC()
+	}
+	// The same updated_at in /status and in ZooKeeper: when the record
+	// last changed.
+	m.UpdatedAt = s.updatedAt
 	s.snap = m
 	s.health = h
 	s.snapMu.Unlock()
-	changed := old.State != m.State || old.Generation != m.Generation || old.Accepting != m.Accepting ||
-		old.Target != m.Target || old.LastError != m.LastError || old.MapVersion != m.MapVersion || old.ZK != m.ZK ||
-		old.MapDelivery != m.MapDelivery || !sameFailStatic(old.FailStatic, m.FailStatic) || !sameWorkers(old.Workers, m.Workers)
 	if changed && s.pub != nil {
-		m.UpdatedAt = now.UTC()
 		s.pub.setMember(m)
 	}
 	s.apply(acts, now)
 }
 
 func sameFailStatic(a, b *topo.FailStatic) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func sameRollback(a, b *topo.Rollback) bool {
 	if a == nil || b == nil {
 		return a == b
 	}

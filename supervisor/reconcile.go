@@ -59,24 +59,15 @@ func (m *machine) reconcileWorkers(now time.Time) {
 				m.killWorker(w, "graceful_timeout")
 			}
 		case wStarting:
-			cfg := w.gen.spec.cfg
-			if cfg.Readiness.Mode == topo.ReadinessTimer && !now.Before(w.started.Add(cfg.Readiness.Delay.D())) {
-				m.markReady(w, now, "timer")
-			} else if !w.notified.IsZero() && !now.Before(w.notified.Add(cfg.Readiness.Delay.D())) {
-				m.markReady(w, now, "READY=1 + readiness.delay")
-			} else if !now.Before(w.started.Add(cfg.Readiness.Timeout.D())) {
+			m.tryReady(w, now)
+			if w.state == wStarting && !now.Before(w.started.Add(w.gen.spec.cfg.Readiness.Timeout.D())) {
 				m.onReadinessTimeout(w, now)
 			}
 		case wReady:
 			if wd := w.gen.spec.cfg.Watchdog.D(); wd > 0 && now.Sub(w.lastPing) > wd {
 				m.log.Error("worker watchdog expired; sending SIGQUIT for a stack dump, SIGKILL follows", zap.Int64("worker", w.id),
 					zap.Int("pid", w.pid), zap.Duration("silent_for", now.Sub(w.lastPing).Round(time.Millisecond)))
-				w.state = wStopping
-				w.stopReason = "watchdog"
-				w.crashLike = true
-				w.killAt = now.Add(WatchdogKillDelay)
-				m.m.kills.WithLabelValues("watchdog").Inc()
-				m.do(actQuit{w})
+				m.quitWorker(w, "watchdog", now)
 			} else if !w.retireAt.IsZero() && !w.retiring && !now.Before(w.retireAt) {
 				w.retiring = true
 				w.retireWhy = "max_lifetime"
@@ -118,18 +109,23 @@ func (m *machine) reconcilePool(now time.Time) {
 		return
 	}
 	target, surge := max(1, d.spec.cfg.Workers+m.extra), *d.spec.cfg.Surge
+	// readyTotal counts only proven workers: a new config's worker counts
+	// once it has been ready for the stability window (stability.go), so
+	// the previous generation serves on until the new one has held.
+	win := m.windowFor(d)
 	var live, countD, readyD, readyTotal int
 	for _, w := range m.workers {
 		if w.state == wStopping {
 			continue
 		}
 		live++
-		if w.state == wReady {
+		ok := w.state == wReady && proven(w, d, win, now)
+		if ok {
 			readyTotal++
 		}
 		if w.gen == d && !w.retiring {
 			countD++
-			if w.state == wReady {
+			if ok {
 				readyD++
 			}
 		}
@@ -314,6 +310,7 @@ func (m *machine) establish(g *generation, now time.Time) {
 	m.crashCount = 0
 	m.lastError = ""
 	took := now.Sub(g.created)
+	m.onEstablished(g, prev, now)
 	m.m.swapDuration.Observe(took.Seconds())
 	m.m.swaps.WithLabelValues(topo.SwapOK).Inc()
 	m.m.generation.Set(float64(g.id))
@@ -373,6 +370,7 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 		at(m.loudAt)
 	}
 	at(m.liveRetryAt)
+	win := m.windowFor(m.latest)
 	for _, w := range m.workers {
 		cfg := w.gen.spec.cfg
 		switch w.state {
@@ -392,6 +390,9 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 			if wd := cfg.Watchdog.D(); wd > 0 {
 				at(w.lastPing.Add(wd + time.Millisecond))
 			}
+			if win > 0 && w.gen == m.latest {
+				at(w.readyAt.Add(win))
+			}
 			at(w.retireAt)
 			if d := cfg.MapDelivery; d.Reload() && !w.mapAsked.IsZero() {
 				at(w.mapAsked.Add(d.AckTimeout.D()))
@@ -405,6 +406,10 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 // it. The executor adds what only it knows (host, pid, admin address).
 func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 	mem := topo.PoolMember{Version: topo.PoolMemberVersion, Target: m.target(), LastError: m.lastError, ZK: m.zkState.String()}
+	if m.rollback != nil {
+		rb := *m.rollback
+		mem.RolledBack = &rb
+	}
 	if m.failStatic != nil {
 		fs := *m.failStatic // the publisher encodes it on another goroutine
 		mem.FailStatic = &fs
@@ -466,7 +471,12 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 	} else {
 		m.m.accepting.Set(0)
 	}
-	h := healthState{accepting: accepting, ready: accepting && m.good != nil && ready >= mem.Target, failStatic: m.mode == modeFailStatic}
+	// serving (/healthz, what a load balancer probes) needs one ready
+	// worker: with none, connections would only queue in the backlog. It
+	// does not flap during a swap: the old generation stays ready until
+	// the new one is. ready (/readyz) needs the whole target.
+	h := healthState{accepting: accepting, serving: accepting && ready >= 1, ready: accepting && m.good != nil && ready >= mem.Target,
+		readyN: ready, failStatic: m.mode == modeFailStatic}
 	switch {
 	case m.mode == modeFailStatic:
 		h.reason = fmt.Sprintf("fail-static: ZooKeeper is unreachable for the whole fleet (%d peers agree since %s); serving config version %d and map version %d; config changes are refused",
@@ -477,6 +487,8 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 		h.reason = "not serving: " + m.mode.String()
 	case !accepting:
 		h.reason = "listen sockets not open yet"
+	case !h.serving:
+		h.reason = "no ready worker: connections would wait in the backlog"
 	case !h.ready:
 		h.reason = "fewer ready workers than the target"
 	}

@@ -126,7 +126,10 @@ type Supervisor struct {
 	mc        *machine
 	sockets   map[string]*boundSocket
 	procs     map[*worker]process
+	probes    map[*worker]context.CancelFunc // HTTP probes running (probe.go)
 	startedAt time.Time
+	updatedAt time.Time    // when the member record last changed (publish.go)
+	loopAt    atomic.Int64 // unix nanos of the loop's last turn (/livez)
 	pub       *publisher
 
 	peers      peerSet
@@ -200,6 +203,7 @@ func New(opts Options) (*Supervisor, error) {
 		start:   startOSProcess,
 		sockets: map[string]*boundSocket{},
 		procs:   map[*worker]process{},
+		probes:  map[*worker]context.CancelFunc{},
 		// No keep-alive: an answer must come from the peer as it is now,
 		// on a fresh connection.
 		peerClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
@@ -328,6 +332,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	ctxDone := ctx.Done()
 	for {
 		now := time.Now()
+		s.loopAt.Store(now.UnixNano())
 		s.apply(s.mc.reconcile(now), now)
 		s.publishSnapshot(now)
 		if s.mc.stopDone {
@@ -381,12 +386,15 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			}
 			acts = slices.Insert(acts, i+1, s.mc.prepared(a.g)...)
 		case actStart:
-			p, err := s.spawn(a.w)
+			p, probeAddr, err := s.spawn(a.w)
 			if err != nil {
 				acts = slices.Insert(acts, i+1, s.mc.startFailed(a.w, err, now)...)
 				continue
 			}
 			s.procs[a.w] = p
+			if probeAddr != "" {
+				s.startProbe(a.w, probeAddr, *a.w.gen.spec.cfg.Probe)
+			}
 			s.mc.started(a.w, p.pid())
 			s.log.Info("worker started", zap.Int64("worker", a.w.id), zap.Int("pid", p.pid()), zap.Int64("generation", a.w.gen.id),
 				zap.String("command", a.w.gen.spec.cfg.Command))
@@ -450,6 +458,10 @@ func (s *Supervisor) reap(w *worker) {
 		p.killGroup()
 		delete(s.procs, w)
 	}
+	if stop := s.probes[w]; stop != nil {
+		stop()
+		delete(s.probes, w)
+	}
 }
 
 // prepare binds the generation's sockets (reusing ones already bound) and
@@ -477,20 +489,32 @@ func (s *Supervisor) prepare(g *generation) error {
 }
 
 // spawn starts w's process with the environment of the worker protocol
-// (workerproto) and the generation's sockets as fds 3...
-func (s *Supervisor) spawn(w *worker) (process, error) {
+// (workerproto) and the generation's sockets as fds 3..., and returns the
+// address of its private probe socket when the pool probes workers.
+func (s *Supervisor) spawn(w *worker) (process, string, error) {
 	g := w.gen
 	cfg := g.spec.cfg
 	env := workerEnv(os.Environ(), cfg.Env)
-	files := make([]*os.File, 0, len(cfg.Listen))
-	names := make([]string, 0, len(cfg.Listen))
+	files := make([]*os.File, 0, len(cfg.Listen)+1)
+	names := make([]string, 0, len(cfg.Listen)+1)
 	for _, l := range cfg.Listen {
 		b := s.sockets[l.Addr]
 		if b == nil {
-			return nil, fmt.Errorf("listen socket %s is not bound", l.Addr)
+			return nil, "", fmt.Errorf("listen socket %s is not bound", l.Addr)
 		}
 		files = append(files, b.file)
 		names = append(names, l.Name)
+	}
+	probeAddr := ""
+	if cfg.Probe != nil {
+		f, addr, err := bindProbe()
+		if err != nil {
+			return nil, "", err
+		}
+		defer f.Close() // the worker has its own copy once started
+		files = append(files, f)
+		names = append(names, workerproto.ProbeFDName)
+		probeAddr = addr
 	}
 	if len(files) > 0 {
 		env = append(env, workerproto.EnvListenFDs+"="+strconv.Itoa(len(files)), workerproto.EnvListenFDNames+"="+strings.Join(names, ":"))
@@ -534,9 +558,9 @@ func (s *Supervisor) spawn(w *worker) (process, error) {
 		exited: func(status string) { s.post(evExit{w: w, status: status}) },
 	})
 	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", cfg.Command, err)
+		return nil, "", fmt.Errorf("start %s: %w", cfg.Command, err)
 	}
-	return p, nil
+	return p, probeAddr, nil
 }
 
 // workerEnv is the supervisor's environment without what belongs to the

@@ -33,6 +33,18 @@ const (
 	// DefaultMapAckTimeout is how long a reload-mode worker has to
 	// acknowledge a new map before it is replaced.
 	DefaultMapAckTimeout = 5 * time.Second
+	// DefaultStabilityWindow is how long a new config's workers must stay
+	// ready before the previous generation is retired (Nomad's
+	// min_healthy_time has the same default, for the same reason: most
+	// crashes of a bad deploy come in its first seconds).
+	DefaultStabilityWindow = 10 * time.Second
+	// DefaultRollbackWithin is how long after a new config took over a
+	// crash loop of its workers still rolls the pool back.
+	DefaultRollbackWithin = 60 * time.Second
+	// Probe defaults (PoolConfig.Probe).
+	DefaultProbeInterval = 2 * time.Second
+	DefaultProbeTimeout  = time.Second
+	DefaultProbeFailures = 3
 	// MaxWorkers bounds workers (and surge) so that a typo cannot fork
 	// thousands of processes.
 	MaxWorkers = 1024
@@ -114,6 +126,58 @@ type PoolConfig struct {
 	Watchdog Duration `json:"watchdog,omitempty"`
 	// MapDelivery says how workers get a new bucket map.
 	MapDelivery MapDelivery `json:"map_delivery,omitempty"`
+	// Stability guards a config change against a config that crashes
+	// after its workers said READY=1.
+	Stability Stability `json:"stability,omitempty"`
+	// Probe, when set, is an HTTP check of every worker on a private
+	// socket of its own (a ready worker that stops answering is replaced).
+	Probe *WorkerProbe `json:"probe,omitempty"`
+}
+
+// Stability is how a swap to a new config proves itself. Nil fields take
+// the defaults; "0s" turns a check off.
+type Stability struct {
+	// Window: the new config's workers must stay ready this long before
+	// the previous generation is retired, and a crash of one of them
+	// inside it rolls the swap back (the previous generation never
+	// stopped serving). Default DefaultStabilityWindow.
+	Window *Duration `json:"window,omitempty"`
+	// RollbackWithin: for this long after the new config took over, a
+	// crash loop of its workers (as many crashes as the pool has workers,
+	// at least 2) restarts the previous config at once. Default
+	// DefaultRollbackWithin.
+	RollbackWithin *Duration `json:"rollback_within,omitempty"`
+}
+
+// WindowD is the effective stability window (Effective fills it in).
+func (s Stability) WindowD() time.Duration {
+	if s.Window == nil {
+		return DefaultStabilityWindow
+	}
+	return s.Window.D()
+}
+
+// RollbackWithinD is the effective rollback period.
+func (s Stability) RollbackWithinD() time.Duration {
+	if s.RollbackWithin == nil {
+		return DefaultRollbackWithin
+	}
+	return s.RollbackWithin.D()
+}
+
+// WorkerProbe is an HTTP check of each worker. The supervisor binds a private
+// loopback socket per worker and passes it as the last of LISTEN_FDS,
+// named ProbeFDName; a worker that serves every socket it is given
+// (gunicorn, Puma, package worker) answers there unchanged. A worker
+// becomes ready only once the probe answers 2xx too, and a ready worker
+// whose probe fails Failures times in a row is replaced, as one whose
+// watchdog expired.
+type WorkerProbe struct {
+	// Path is the HTTP path probed ("/healthz").
+	Path     string   `json:"path"`
+	Interval Duration `json:"interval,omitempty"`
+	Timeout  Duration `json:"timeout,omitempty"`
+	Failures int      `json:"failures,omitempty"`
 }
 
 // MapDelivery is how a new bucket map reaches a pool's workers.
@@ -276,6 +340,25 @@ func (c *PoolConfig) Validate() error {
 	if c.Watchdog > 0 && c.Watchdog < Duration(100*time.Millisecond) {
 		return fmt.Errorf("watchdog: %s is too short (at least 100ms)", c.Watchdog.D())
 	}
+	for name, d := range map[string]*Duration{"stability.window": c.Stability.Window, "stability.rollback_within": c.Stability.RollbackWithin} {
+		if d != nil && *d < 0 {
+			return fmt.Errorf("%s: %s is negative (\"0s\" turns it off)", name, d.D())
+		}
+	}
+	if p := c.Probe; p != nil {
+		if !strings.HasPrefix(p.Path, "/") || strings.ContainsAny(p.Path, " \t\r\n") {
+			return fmt.Errorf("probe.path: %q must be an HTTP path starting with / and without spaces", p.Path)
+		}
+		if p.Interval < 0 || (p.Interval > 0 && p.Interval < Duration(100*time.Millisecond)) {
+			return fmt.Errorf("probe.interval: %s must be at least 100ms", p.Interval.D())
+		}
+		if p.Timeout < 0 || (p.Timeout > 0 && p.Timeout < Duration(10*time.Millisecond)) {
+			return fmt.Errorf("probe.timeout: %s must be at least 10ms", p.Timeout.D())
+		}
+		if p.Failures < 0 || p.Failures > 100 {
+			return fmt.Errorf("probe.failures: %d is out of range 1-100", p.Failures)
+		}
+	}
 	return nil
 }
 
@@ -299,6 +382,29 @@ func (c PoolConfig) Effective() PoolConfig {
 	}
 	if c.MapDelivery.Reload() {
 		def(&c.MapDelivery.AckTimeout, DefaultMapAckTimeout)
+	}
+	if c.Stability.Window == nil {
+		d := Duration(DefaultStabilityWindow)
+		c.Stability.Window = &d
+	} else {
+		d := *c.Stability.Window
+		c.Stability.Window = &d
+	}
+	if c.Stability.RollbackWithin == nil {
+		d := Duration(DefaultRollbackWithin)
+		c.Stability.RollbackWithin = &d
+	} else {
+		d := *c.Stability.RollbackWithin
+		c.Stability.RollbackWithin = &d
+	}
+	if c.Probe != nil {
+		p := *c.Probe
+		def(&p.Interval, DefaultProbeInterval)
+		def(&p.Timeout, DefaultProbeTimeout)
+		if p.Failures == 0 {
+			p.Failures = DefaultProbeFailures
+		}
+		c.Probe = &p
 	}
 	def(&c.Restart.Initial, DefaultRestartInitial)
 	def(&c.Restart.Max, DefaultRestartMax)
@@ -340,6 +446,11 @@ const (
 	SwapFailed        = "failed"         // new workers did not become ready; the old generation keeps serving
 	SwapInvalidConfig = "invalid_config" // the config was rejected before any worker started
 	SwapInvalidMap    = "invalid_map"    // the bucket map was rejected; the last good map stays
+	// SwapRolledBack: the new config's workers crashed after READY=1
+	// (inside the stability window, or in a crash loop soon after); the
+	// last config that held serves, and the failed one is not retried
+	// until the config changes (or HUP).
+	SwapRolledBack = "rolled_back"
 )
 
 // PoolStatus is the last swap result a supervisor of the pool published, at
@@ -360,7 +471,7 @@ type PoolStatus struct {
 func DecodePoolStatus(znode string, data []byte) (*PoolStatus, error) {
 	return decodeAs("pool status", znode, data, PoolStatusVersion, func(s *PoolStatus) error {
 		switch s.Result {
-		case SwapOK, SwapFailed, SwapInvalidConfig, SwapInvalidMap:
+		case SwapOK, SwapFailed, SwapInvalidConfig, SwapInvalidMap, SwapRolledBack:
 			return nil
 		}
 		return fmt.Errorf("result %q is unknown", s.Result)
@@ -392,9 +503,23 @@ type PoolMember struct {
 	Target     int          `json:"target_workers"`
 	Workers    []WorkerInfo `json:"workers"`
 	LastError  string       `json:"last_error,omitempty"`
-	Admin      string       `json:"admin,omitempty"`
-	StartedAt  time.Time    `json:"started_at"`
-	UpdatedAt  time.Time    `json:"updated_at"`
+	// RolledBack is the last config this member rolled back from since it
+	// started (nil: none). The config stays refused until it changes.
+	RolledBack *Rollback `json:"rolled_back,omitempty"`
+	Admin      string    `json:"admin,omitempty"`
+	StartedAt  time.Time `json:"started_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// Rollback is a config a supervisor stopped running because its workers
+// crashed after READY=1.
+type Rollback struct {
+	// ConfigVersion is the config that failed; ToConfigVersion the one
+	// that serves instead.
+	ConfigVersion   int64     `json:"config_version"`
+	ToConfigVersion int64     `json:"to_config_version"`
+	Reason          string    `json:"reason"`
+	At              time.Time `json:"at"`
 }
 
 // WorkerInfo is one worker in a PoolMember record.

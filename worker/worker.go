@@ -20,17 +20,23 @@ import (
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
-// Listener returns the first socket passed by the supervisor (fd 3), or,
-// when run by hand, a new listener on fallback.
+// Listener returns the first socket passed by the supervisor (fd 3; the
+// probe socket does not count), or, when run by hand, a new listener on
+// fallback.
 func Listener(fallback string) (net.Listener, error) {
 	if n, names := workerproto.ListenFDs(); n > 0 {
-		name := ""
-		if len(names) > 0 {
-			name = names[0]
+		for i := 0; i < n; i++ {
+			name := ""
+			if i < len(names) {
+				name = names[i]
+			}
+			if name == workerproto.ProbeFDName {
+				continue
+			}
+			f := os.NewFile(uintptr(workerproto.FirstListenFD+i), name)
+			defer f.Close() // FileListener dups it
+			return net.FileListener(f)
 		}
-		f := os.NewFile(workerproto.FirstListenFD, name)
-		defer f.Close() // FileListener dups it
-		return net.FileListener(f)
 	}
 	if fallback == "" {
 		return nil, errors.New("no LISTEN_FDS from a supervisor and no address to listen on")
@@ -62,6 +68,23 @@ func watchdog(ctx context.Context) {
 			_ = Notify(workerproto.Watchdog)
 		}
 	}
+}
+
+// probeListener is the supervisor's probe socket, if it passed one.
+func probeListener() net.Listener {
+	n, names := workerproto.ListenFDs()
+	for i := 0; i < n && i < len(names); i++ {
+		if names[i] == workerproto.ProbeFDName {
+			f := os.NewFile(uintptr(workerproto.FirstListenFD+i), names[i])
+			defer f.Close()
+			ln, err := net.FileListener(f)
+			if err != nil {
+				return nil
+			}
+			return ln
+		}
+	}
+	return nil
 }
 
 // Linger is how long a draining worker keeps answering on connections it
@@ -111,6 +134,13 @@ func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
 	defer stop()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	// The supervisor's HTTP probe (a pool config's "probe") comes on a
+	// socket of this worker's own: answer it with the same handler, so it
+	// sees what clients see.
+	probe := probeListener()
+	if probe != nil {
+		go func() { _ = srv.Serve(probe) }()
+	}
 	go watchdog(ctx)
 	_ = Notify(workerproto.Ready)
 	select {
@@ -121,6 +151,9 @@ func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
 	_ = Notify(workerproto.Stopping)
 	draining.Store(true)
 	ln.Close()
+	if probe != nil {
+		probe.Close()
+	}
 	<-served // every accepted connection is registered now
 	// Serve the connections already open for a moment with
 	// Connection: close, so busy clients move to the new workers cleanly.

@@ -60,6 +60,12 @@ const MapPollInterval = 100 * time.Millisecond
 // FirstListenFD is the first inherited socket's descriptor (SD_LISTEN_FDS_START).
 const FirstListenFD = 3
 
+// ProbeFDName is the LISTEN_FDNAMES name of the private socket on which
+// the supervisor probes a worker over HTTP (a pool config's "probe"). It
+// is always the last fd. A worker that serves every socket it is given
+// answers there with no change.
+const ProbeFDName = "shardvisor-probe"
+
 // ReservedEnv lists the variables the supervisor sets for every worker. A
 // pool config may not set them, and the supervisor drops them from its own
 // environment before passing it on, so that its service manager's values
