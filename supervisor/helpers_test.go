@@ -52,7 +52,12 @@ func TestMain(m *testing.M) {
 
 // testWorker is a systemd-style worker controlled by environment:
 // TW_DELAY (before serving), TW_MODE (exit at boot, noready: stuck before
-// serving, hang: no watchdog pings), TW_CRASH_AFTER, TW_TAG (echoed back).
+// serving, hang: no watchdog pings), TW_CRASH_AFTER (exit 7 that long
+// after READY=1; with TW_CRASH_DRAIN=1 it first stops accepting and
+// answers what it accepted, so a test sees only what the supervisor
+// does), TW_HANG_AFTER (every request hangs from then on, while watchdog
+// pings go on; only the worker TW_HANG_WORKER if set), TW_TAG (echoed
+// back).
 func testWorker() int {
 	pid := os.Getpid()
 	if os.Getenv("LISTEN_PID") != strconv.Itoa(pid) {
@@ -107,6 +112,12 @@ func testWorker() int {
 	// (stop accepting), wait until every accepted connection has had its
 	// request read, then Shutdown. examples/hello does the same.
 	var lns []net.Listener
+	var hung atomic.Bool
+	if d, err := time.ParseDuration(os.Getenv("TW_HANG_AFTER")); err == nil {
+		if wid := os.Getenv("TW_HANG_WORKER"); wid == "" || wid == os.Getenv("SHARDVISOR_WORKER_ID") {
+			time.AfterFunc(d, func() { hung.Store(true) })
+		}
+	}
 	var serving sync.WaitGroup // Serve loops: each ends after its last Accept
 	var mu sync.Mutex
 	fresh := map[net.Conn]bool{}
@@ -119,6 +130,9 @@ func testWorker() int {
 			delete(fresh, c)
 		}
 	}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hung.Load() {
+			select {} // a deadlocked handler: answers nothing, ever
+		}
 		mapMu.Lock()
 		rep := workerReply{PID: pid, Gen: os.Getenv("SHARDVISOR_GENERATION"), Tag: os.Getenv("TW_TAG"),
 			MapVersion: mapVersion, MapFile: os.Getenv("SHARDVISOR_MAP_FILE"), Map: mapData, FDNames: names}
@@ -147,11 +161,21 @@ func testWorker() int {
 			}
 		}()
 	}
+	crash := make(<-chan time.Time)
 	if d, err := time.ParseDuration(os.Getenv("TW_CRASH_AFTER")); err == nil {
-		time.Sleep(d)
-		return 7
+		if os.Getenv("TW_CRASH_DRAIN") != "1" {
+			time.Sleep(d)
+			return 7
+		}
+		crash = time.After(d)
 	}
-	<-sig
+	code := 0
+	select {
+	case <-sig:
+	case <-crash:
+		fmt.Fprintf(os.Stderr, "test worker %d: crashing as told (after draining)\n", pid)
+		code = 7
+	}
 	for _, ln := range lns {
 		ln.Close()
 	}
@@ -167,7 +191,7 @@ func testWorker() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(ctx)
-	return 0
+	return code
 }
 
 type workerReply struct {

@@ -44,6 +44,11 @@ func (s *Supervisor) startZKSources(ctx context.Context, wg *sync.WaitGroup, sub
 				if !ok {
 					return
 				}
+				if ch.To == zksession.StateConnected {
+					// The timeout the ensemble granted: every bound of
+					// docs/supervisor.md is a fraction of it.
+					s.m.zkSessionTimeout.Set(ss.SessionTimeout().Seconds())
+				}
 				s.post(evZK{ch})
 			case <-ctx.Done():
 				return

@@ -307,6 +307,13 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.log.Info("supervisor stopped")
 	}()
 	if s.opts.Session != nil {
+		// Before the first connect this is the timeout asked for; the
+		// session's state log says the negotiated one once connected.
+		s.log.Info("zookeeper session timeout", zap.Duration("session_timeout", s.opts.Session.SessionTimeout()),
+			zap.Stringer("state", s.opts.Session.State()))
+		if s.opts.Session.State() == zksession.StateConnected {
+			s.m.zkSessionTimeout.Set(s.opts.Session.SessionTimeout().Seconds())
+		}
 		// Subscribe before reading the state: a connect in between is
 		// then delivered as an event rather than missed (which left a
 		// supervisor "lost" for good, 1 start in about 200 in bench/fleet).

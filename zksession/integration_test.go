@@ -738,3 +738,41 @@ func TestIntegrationPartitionLostAndHeal(t *testing.T) {
 		t.Fatalf("time in state %v", tin)
 	}
 }
+
+// The "disconnected from X" reason names the server the session was lost
+// on, not the next one the library tries (issue 15).
+func TestIntegrationDisconnectNamesTheLostServer(t *testing.T) {
+	z, _ := chrooted(t)
+	var proxies []*faultproxy.Proxy
+	var addrs []string
+	for _, srv := range z.Servers[:2] {
+		p, err := faultproxy.New(srv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		proxies = append(proxies, p)
+		addrs = append(addrs, p.Addr())
+	}
+	s := openT(t, Config{Connect: strings.Join(addrs, ",") + z.Root, SessionTimeout: 4 * time.Second})
+	if _, _, err := s.Exists(ctxT(t), "/"); err != nil {
+		t.Fatal(err)
+	}
+	on := s.Server()
+	var lost *faultproxy.Proxy
+	for _, p := range proxies {
+		if p.Addr() == on {
+			lost = p
+		}
+	}
+	if lost == nil {
+		t.Fatalf("connected to %q, none of the proxies %v", on, addrs)
+	}
+	c := collect(s)
+	lost.SetMode(faultproxy.Reset)
+	ch := c.waitFor(t, 10*time.Second, func(ch StateChange) bool { return ch.To == StateSuspended }, "to suspended")
+	if ch.Reason != "disconnected from "+on {
+		t.Fatalf("reason %q, want it to name the lost server %s", ch.Reason, on)
+	}
+	c.waitFor(t, 20*time.Second, func(ch StateChange) bool { return ch.To == StateConnected }, "back on the other server")
+}

@@ -181,6 +181,9 @@ func (s *Session) SessionTimeout() time.Duration {
 	return s.cfg.SessionTimeout
 }
 
+// Server is the server the connection is on, or being tried.
+func (s *Session) Server() string { return s.conn.Server() }
+
 // Chroot is the chroot from the connect string ("" if none).
 func (s *Session) Chroot() string { return s.cs.Chroot }
 
@@ -346,8 +349,11 @@ func (s *Session) setState(to State, reason string, sid int64, newSession bool) 
 	if to == StateLost {
 		lvl = s.log.Warn
 	}
+	// The negotiated timeout (the server clamps the asked one to its
+	// limits) sets every bound the supervisor states, so it is logged.
 	lvl("zookeeper session state", zap.Stringer("from", from), zap.Stringer("to", to),
-		zap.String("reason", reason), zap.String("session", fmt.Sprintf("0x%x", sid)), zap.Bool("new_session", newSession))
+		zap.String("reason", reason), zap.String("session", fmt.Sprintf("0x%x", sid)), zap.Bool("new_session", newSession),
+		zap.Duration("session_timeout", s.SessionTimeout()), zap.Duration("asked_session_timeout", s.cfg.SessionTimeout))
 }
 
 // markOK records that a server answered a call.
@@ -362,6 +368,10 @@ func (s *Session) monitor() {
 		hbDone    = make(chan struct{}, 1)
 		enteredAt = time.Now() // when the current non-connected state began
 		seenDrops uint64
+		// connectedTo is the server of the last session seen: once the
+		// connection drops, conn.Server() already names the next server
+		// being tried, and "disconnected from" must name the lost one.
+		connectedTo string
 	)
 	tick := time.NewTicker(s.heartbeatInterval())
 	defer tick.Stop()
@@ -394,6 +404,9 @@ func (s *Session) monitor() {
 		s.evMu.Unlock()
 
 		timeout := s.SessionTimeout()
+		if zkState == zk.StateHasSession && !dropped {
+			connectedTo = s.conn.Server()
+		}
 		lastOK := time.Unix(0, s.lastOK.Load())
 		sinceOK := time.Since(lastOK)
 		hasSession := zkState == zk.StateHasSession
@@ -422,7 +435,11 @@ func (s *Session) monitor() {
 				s.setState(StateLost, fmt.Sprintf("no successful call for %s (2/3 of session timeout %s)", sinceOK.Round(time.Millisecond), timeout), zkSession, false)
 			} else if !hasSession || dropped {
 				enteredAt = time.Now()
-				s.setState(StateSuspended, "disconnected from "+s.conn.Server(), zkSession, false)
+				from := connectedTo
+				if from == "" {
+					from = "the server"
+				}
+				s.setState(StateSuspended, "disconnected from "+from, zkSession, false)
 			} else if sinceOK > timeout/3 {
 				enteredAt = time.Now()
 				s.setState(StateSuspended, fmt.Sprintf("no successful call for %s", sinceOK.Round(time.Millisecond)), zkSession, false)

@@ -93,6 +93,12 @@ func runPoolStatus(c *cli.Context) error {
 				if m.LastError != "" {
 					fmt.Fprintf(w, "    last error: %s\n", m.LastError)
 				}
+				if rb := m.RolledBack; rb != nil {
+					fmt.Fprintf(w, "    rolled back config %d to %d at %s: %s\n", rb.ConfigVersion, rb.ToConfigVersion, rb.At.Format("2006-01-02T15:04:05Z07:00"), rb.Reason)
+					if rep.ConfigVersion != nil && int64(*rep.ConfigVersion) == rb.ConfigVersion {
+						fmt.Fprintf(w, "    config %d stays refused here until it changes: fix it and `shardctl pool set %s --file FILE`, or send the supervisor HUP to retry it as is\n", rb.ConfigVersion, pool)
+					}
+				}
 			}
 			for _, e := range rep.MemberErrors {
 				fmt.Fprintf(w, "  unreadable member: %s\n", e)

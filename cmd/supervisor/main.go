@@ -49,7 +49,7 @@ func app() *cli.App {
 		&cli.StringFlag{Name: "state-dir", EnvVars: []string{"SHARDVISOR_STATE_DIR"}, DefaultText: "$RUNTIME_DIRECTORY/<pool> or $TMPDIR/shardvisor-supervisor-<pool>",
 			Usage: "`directory` for the map files handed to workers"},
 		&cli.StringFlag{Name: "admin", Value: supervisor.DefaultAdminAddr, EnvVars: []string{"SHARDVISOR_ADMIN_ADDR"},
-			Usage: "`host:port` of /healthz, /readyz, /metrics and /status (\"\" disables it)"},
+			Usage: "`host:port` of /healthz (the load balancer's probe), /readyz, /livez, /metrics and /status (\"\" disables it)"},
 		&cli.DurationFlag{Name: "debounce", Value: supervisor.DefaultDebounce, EnvVars: []string{"SHARDVISOR_SUPERVISOR_DEBOUNCE"},
 			Usage: "quiet `time` after a config or map change before a swap starts (bursts become one swap)"},
 		&cli.DurationFlag{Name: "holddown", Value: supervisor.DefaultHolddown, EnvVars: []string{"SHARDVISOR_SUPERVISOR_HOLDDOWN"},
