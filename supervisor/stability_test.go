@@ -183,6 +183,19 @@ func TestProbeReplacesAHungWorker(t *testing.T) {
 	if n := testCounter(t, h, "shardvisor_supervisor_worker_kills_total", `reason="watchdog"`); n != 0 {
 		t.Errorf("the watchdog fired %v times: the hung worker kept pinging, only the probe can see it", n)
 	}
+	// /status carries when the member record last changed.
+	var st struct {
+		Member topo.PoolMember `json:"member"`
+	}
+	resp, err := http.Get("http://" + h.sv.AdminAddr() + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = jsonDecode(resp.Body, &st)
+	resp.Body.Close()
+	if err != nil || st.Member.UpdatedAt.Year() < 2020 {
+		t.Errorf("/status member updated_at %s (%v)", st.Member.UpdatedAt, err)
+	}
 	// Every request is answered now (none reaches a hung worker).
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
