@@ -62,6 +62,9 @@ func TestStabilityCrashRightAfterReadyRollsBack(t *testing.T) {
 		c.Stability = topo.Stability{} // the defaults
 	})
 	before := h.pids()
+	if got := testCounter(t, h, "shardvisor_supervisor_zk_session_timeout_seconds", ""); got != 4 {
+		t.Errorf("zk_session_timeout_seconds = %v, want the negotiated 4", got)
+	}
 	l := startLoad(addr, 3)
 	hw := watchHealth(h.sv.AdminAddr())
 
