@@ -627,7 +627,10 @@ func (s *Supervisor) handOver(c *upgradeChild) {
 	for _, b := range s.sockets {
 		b.unixPath = ""
 	}
-	go s.stopAdmin()
+	// On the loop, before the stop: the health this one's admin server
+	// reports cannot turn to "stopping" (503) for a check it has already
+	// accepted. Its last requests take milliseconds; at most 2s.
+	s.stopAdmin()
 	now := time.Now()
 	s.apply(s.mc.handle(evStop{}, now), now)
 }

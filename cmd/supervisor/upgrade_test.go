@@ -52,7 +52,11 @@ func binaries(t *testing.T) (string, string) {
 		buildOnce.bin = filepath.Join(buildOnce.dir, "supervisor")
 		buildOnce.hello = filepath.Join(buildOnce.dir, "hello")
 		for _, b := range [][2]string{{".", buildOnce.bin}, {"../../examples/hello", buildOnce.hello}} {
-			if out, err := exec.Command("go", "build", "-o", b[1], b[0]).CombinedOutput(); err != nil {
+			args := []string{"build", "-o", b[1]}
+			if os.Getenv("SHARDVISOR_TEST_RACE_BINARY") != "" && b[0] == "." {
+				args = append(args, "-race") // the supervisors' upgrade paths under the race detector
+			}
+			if out, err := exec.Command("go", append(args, b[0])...).CombinedOutput(); err != nil {
 				buildOnce.err = fmt.Errorf("go build %s: %v\n%s", b[0], err, out)
 				return
 			}
@@ -93,6 +97,9 @@ func newUpgradeEnv(t *testing.T) *upgradeEnv {
 	e.log = f
 	t.Cleanup(func() {
 		e.stopAll()
+		if e.logged("WARNING: DATA RACE") {
+			t.Error("a supervisor reported a data race")
+		}
 		if t.Failed() || os.Getenv("SHARDVISOR_TEST_LOG") != "" {
 			b, _ := os.ReadFile(f.Name())
 			if len(b) > 60000 {

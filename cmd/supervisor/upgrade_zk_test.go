@@ -67,10 +67,11 @@ func TestUpgradeZooKeeperModeSameMember(t *testing.T) {
 		return m
 	}
 	e.waitFor(30*time.Second, "the member record of the old supervisor", func() bool { m := member(); return m != nil && m.PID == old.Process.Pid })
-	statusBefore, _, err := ss.Get(ctx, paths.PoolStatus("upg"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var statusBefore []byte
+	e.waitFor(30*time.Second, "the pool status record", func() bool {
+		statusBefore, _, err = ss.Get(ctx, paths.PoolStatus("upg"))
+		return err == nil
+	})
 
 	// A second supervisor of the pool on this host: refused before it
 	// connects anything it could publish.
