@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -39,10 +38,16 @@ func (s *Supervisor) startAdmin() error {
 	if s.opts.AdminAddr == "" {
 		return nil
 	}
-	ln, err := net.Listen("tcp", s.opts.AdminAddr)
-	if err != nil {
-		return fmt.Errorf("admin address %s: %w", s.opts.AdminAddr, err)
+	ln, err := s.adminListener() // upgrade.go: an upgrade hands it over
+	if err != nil || ln == nil {
+		return err
 	}
+	s.serveAdmin(ln)
+	return nil
+}
+
+// serveAdmin serves the admin endpoints on ln.
+func (s *Supervisor) serveAdmin(ln net.Listener) {
 	s.snapMu.Lock()
 	s.admin = ln.Addr().String()
 	s.snapMu.Unlock()
@@ -94,7 +99,6 @@ func (s *Supervisor) startAdmin() error {
 			s.log.Error("admin server failed", zap.Error(err))
 		}
 	}()
-	return nil
 }
 
 func (s *Supervisor) stopAdmin() {

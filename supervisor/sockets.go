@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -130,4 +132,94 @@ func (b *boundSocket) close() {
 			_ = os.Remove(b.unixPath)
 		}
 	}
+}
+
+// inheritSocket takes over a listening socket an upgrade's old supervisor
+// handed over (upgrade.go) instead of binding addr: the same socket, so
+// the connections in its backlog and those the old workers have not
+// accepted yet are served by whoever accepts next, and nothing is refused.
+func inheritSocket(addr string, f *os.File) (*boundSocket, error) {
+	network, address, err := topo.ParseListenAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	b := &boundSocket{addr: addr, network: network, address: address, file: f, boundAt: time.Now()}
+	if network == "unix" {
+		// Its file is this socket's: unlink it when it is closed for good.
+		b.unixPath, b.boundAt = address, time.Time{}
+	}
+	return b, nil
+}
+
+// listensOn reports whether the listening socket f is bound to addr (as
+// configured, "tcp://..." or "unix://..."): an upgrade hands sockets over
+// by the old config's spelling, and the new config may spell the same
+// address another way ("tcp://:8080" and "tcp://0.0.0.0:8080").
+func listensOn(f *os.File, addr string) bool {
+	network, address, err := topo.ParseListenAddr(addr)
+	if err != nil {
+		return false
+	}
+	sa, err := unix.Getsockname(int(f.Fd()))
+	if err != nil {
+		return false
+	}
+	switch a := sa.(type) {
+	case *unix.SockaddrUnix:
+		return network == "unix" && filepath.Clean(a.Name) == filepath.Clean(address)
+	case *unix.SockaddrInet4:
+		return network == "tcp" && sameTCP(address, net.IP(a.Addr[:]), a.Port)
+	case *unix.SockaddrInet6:
+		return network == "tcp" && sameTCP(address, net.IP(a.Addr[:]), a.Port)
+	}
+	return false
+}
+
+// sameTCP reports whether host:port names ip:port; every unspecified
+// address ("", 0.0.0.0, ::) is the same wildcard.
+func sameTCP(hostport string, ip net.IP, port int) bool {
+	host, p, err := net.SplitHostPort(hostport)
+	if err != nil || p != strconv.Itoa(port) {
+		return false
+	}
+	if host == "" || ip.IsUnspecified() {
+		want := net.ParseIP(host)
+		return (host == "" || (want != nil && want.IsUnspecified())) && ip.IsUnspecified()
+	}
+	want := net.ParseIP(host)
+	if want == nil {
+		addrs, err := net.LookupIP(host)
+		if err != nil {
+			return false
+		}
+		for _, a := range addrs {
+			if a.Equal(ip) {
+				return true
+			}
+		}
+		return false
+	}
+	return want.Equal(ip)
+}
+
+// fileNoPoll wraps an inherited fd in an *os.File that Go's network poller
+// does not watch, without changing the socket's blocking mode for good.
+// os.NewFile registers a non-blocking fd with the poller (and its Fd
+// method, which exec calls, would then make the socket blocking: the
+// flag belongs to the open file description, so that would change it
+// under every worker sharing the socket). So the flag is cleared for the
+// NewFile call and put back at once. A worker calling accept in exactly
+// that window blocks in it until the next connection, which it serves.
+func fileNoPoll(fd int, name string) (*os.File, error) {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return nil, fmt.Errorf("fd %d: %w", fd, err)
+	}
+	if fl&unix.O_NONBLOCK != 0 {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl&^unix.O_NONBLOCK); err != nil {
+			return nil, fmt.Errorf("fd %d: %w", fd, err)
+		}
+		defer func() { _, _ = unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl) }()
+	}
+	return os.NewFile(uintptr(fd), name), nil
 }

@@ -93,6 +93,15 @@ type Options struct {
 	// records (default DefaultPeerRefresh, with +20% jitter).
 	PeerRefresh time.Duration
 
+	// UpgradeExec is the binary SIGUSR2 starts as the new supervisor
+	// (upgrade.go); default os.Executable() as resolved by New.
+	UpgradeExec string
+	// UpgradeArgs are its arguments; default os.Args[1:].
+	UpgradeArgs []string
+	// UpgradeTimeout is how long the new supervisor has to establish its
+	// first generation (default DefaultUpgradeTimeout).
+	UpgradeTimeout time.Duration
+
 	Logger   *zap.Logger
 	Registry *prometheus.Registry // default: a new one with Go and process collectors
 }
@@ -134,6 +143,8 @@ type Supervisor struct {
 
 	peers      peerSet
 	peerClient *http.Client
+
+	up upgrade // the pool lock and binary upgrades (upgrade.go)
 }
 
 // New checks the options. Nothing is bound or started until Run.
@@ -191,8 +202,24 @@ func New(opts Options) (*Supervisor, error) {
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("supervisor: state directory: %w", err)
 	}
-	if err := prepareNotifyDir(opts.StateDir); err != nil {
-		return nil, fmt.Errorf("supervisor: %w", err)
+	if opts.UpgradeExec == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("supervisor: finding its own executable for upgrades: %w", err)
+		}
+		opts.UpgradeExec = exe
+	}
+	if opts.UpgradeArgs == nil {
+		opts.UpgradeArgs = os.Args[1:]
+	}
+	if opts.UpgradeTimeout <= 0 {
+		opts.UpgradeTimeout = DefaultUpgradeTimeout
+	}
+	// The pool lock first: nothing in the state directory is touched, and
+	// nothing bound or published, by a second supervisor of the pool.
+	up, err := prepareState(&opts)
+	if err != nil {
+		return nil, err
 	}
 	s := &Supervisor{
 		opts:    opts,
@@ -207,6 +234,7 @@ func New(opts Options) (*Supervisor, error) {
 		// No keep-alive: an answer must come from the peer as it is now,
 		// on a fresh connection.
 		peerClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		up:         *up,
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,
 		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2, failStatic: opts.Session != nil && !opts.NoFailStatic}
@@ -256,8 +284,14 @@ func (s *Supervisor) post(ev any) { s.events <- ev }
 
 // Signal makes the supervisor act on a signal as described in
 // docs/supervisor.md: HUP reload, TERM/INT graceful stop, QUIT fast stop,
-// TTIN/TTOU one worker more/less.
-func (s *Supervisor) Signal(sig os.Signal) { s.post(evSignal{sig}) }
+// TTIN/TTOU one worker more/less, USR2 upgrade to a new binary (upgrade.go).
+func (s *Supervisor) Signal(sig os.Signal) {
+	if sig == syscall.SIGUSR2 {
+		s.post(evUpgrade{}) // the executor's business, not the machine's
+		return
+	}
+	s.post(evSignal{sig})
+}
 
 // Stop asks for a graceful (or fast) stop; Run returns when it is done.
 func (s *Supervisor) Stop(fast bool) { s.post(evStop{fast}) }
@@ -283,6 +317,7 @@ func (s *Supervisor) AdminAddr() string {
 // stop.
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.startedAt = time.Now()
+	defer s.releaseUpgrade() // last: the pool lock outlives everything else
 	if err := s.startAdmin(); err != nil {
 		return err
 	}
@@ -342,6 +377,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.loopAt.Store(now.UnixNano())
 		s.apply(s.mc.reconcile(now), now)
 		s.publishSnapshot(now)
+		s.upgradeTick()
 		if s.mc.stopDone {
 			s.finish()
 			return nil
@@ -367,6 +403,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			if ex, ok := ev.(evExit); ok {
 				s.reap(ex.w)
 			}
+			s.onUpgradeEvent(ev)
 			s.apply(s.mc.handle(ev, now), now)
 		case <-timer.C:
 		case <-ctxDone:
@@ -420,7 +457,7 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 		case actCloseSockets:
 			for addr, b := range s.sockets {
 				if !a.keep[addr] {
-					b.close()
+					s.closeSocket(b)
 					delete(s.sockets, addr)
 					if a.keep != nil {
 						s.log.Info("closed listen socket no longer configured", zap.String("addr", addr))
@@ -428,6 +465,9 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 				}
 			}
 		case actCleanMapFiles:
+			if s.sharesState() {
+				continue // the other supervisor's workers may use them
+			}
 			for _, name := range removeMapFiles(s.opts.StateDir, a.keep) {
 				s.log.Debug("removed map file no worker uses", zap.String("file", name))
 			}
@@ -478,7 +518,7 @@ func (s *Supervisor) prepare(g *generation) error {
 		if s.sockets[l.Addr] != nil {
 			continue
 		}
-		b, err := bindSocket(l.Addr)
+		b, err := s.bindOrInherit(l.Addr)
 		if err != nil {
 			return err
 		}
@@ -542,7 +582,7 @@ func (s *Supervisor) spawn(w *worker) (process, string, error) {
 			workerproto.EnvMapVersion+"="+strconv.FormatUint(mp.version, 10), workerproto.EnvMapDelivery+"="+workerproto.MapDeliverySwap)
 	}
 	spec := procSpec{
-		notifyPath: notifySocketPath(s.opts.StateDir, w.id),
+		notifyPath: s.notifyPath(w.id),
 		path:       s.opts.ShimPath,
 		args:       append([]string{s.opts.ShimPath, ShimArg, cfg.Command}, cfg.Args...),
 		env:        env,
@@ -594,10 +634,12 @@ func workerEnv(base []string, extra map[string]string) []string {
 // finish removes every map file and closes the sockets, after the last
 // worker is gone.
 func (s *Supervisor) finish() {
-	removeMapFiles(s.opts.StateDir, nil)
-	_ = os.Remove(liveMapName(s.opts.StateDir))
+	if !s.sharesState() {
+		removeMapFiles(s.opts.StateDir, nil)
+		_ = os.Remove(liveMapName(s.opts.StateDir))
+	}
 	for addr, b := range s.sockets {
-		b.close()
+		s.closeSocket(b)
 		delete(s.sockets, addr)
 	}
 }

@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -60,6 +61,10 @@ func app() *cli.App {
 			Usage: "`file` holding the secret shared by the fleet's supervisors that signs their fail-static answers (unset: unauthenticated, see docs/supervisor.md)"},
 		&cli.DurationFlag{Name: "peer-refresh", Value: supervisor.DefaultPeerRefresh, EnvVars: []string{"SHARDVISOR_SUPERVISOR_PEER_REFRESH"},
 			Usage: "how often the peer list is re-read from the member records (`duration`)"},
+		&cli.StringFlag{Name: "upgrade-exec", EnvVars: []string{"SHARDVISOR_UPGRADE_EXEC"}, DefaultText: "this binary's path as resolved at start",
+			Usage: "`binary` SIGUSR2 starts as the new supervisor, handing it the sockets (with this run's arguments and environment)"},
+		&cli.DurationFlag{Name: "upgrade-timeout", Value: supervisor.DefaultUpgradeTimeout, EnvVars: []string{"SHARDVISOR_UPGRADE_TIMEOUT"},
+			Usage: "how long the new supervisor of a SIGUSR2 upgrade has to serve its first generation before it is stopped and this one serves on (`duration`)"},
 		&cli.BoolFlag{Name: "example-config", EnvVars: []string{"SHARDVISOR_SUPERVISOR_EXAMPLE_CONFIG"}, Usage: "print an example pool config and exit"},
 	)
 	return &cli.App{
@@ -67,7 +72,8 @@ func app() *cli.App {
 		Usage: "prefork supervisor: shared sockets, readiness-gated zero-drop worker swaps driven by ZooKeeper",
 		Description: "With --zk/--cluster/--pool the pool config and the bucket map come from ZooKeeper; with --config FILE\n" +
 			"it runs from a local file and needs no ZooKeeper. Signals: HUP reload, TERM/INT graceful stop, QUIT fast stop,\n" +
-			"TTIN/TTOU one worker more/fewer. See docs/supervisor.md.",
+			"TTIN/TTOU one worker more/fewer, USR2 upgrade to a new binary without dropping a connection.\n" +
+			"One supervisor per pool per host: a second one refuses to start. See docs/supervisor.md.",
 		Flags:  flags,
 		Action: run,
 	}
@@ -97,6 +103,9 @@ func run(c *cli.Context) error {
 	if d := c.Duration("config-poll"); d <= 0 {
 		return cliutil.Usagef("--config-poll must be a positive duration, not %s", d)
 	}
+	if d := c.Duration("upgrade-timeout"); d <= 0 {
+		return cliutil.Usagef("--upgrade-timeout must be a positive duration, not %s", d)
+	}
 	if d := c.Duration("peer-refresh"); d <= 0 {
 		return cliutil.Usagef("--peer-refresh must be a positive duration, not %s", d)
 	}
@@ -124,6 +133,9 @@ func run(c *cli.Context) error {
 		NoFailStatic: !c.Bool("fail-static"),
 		PeerSecret:   secret,
 		PeerRefresh:  c.Duration("peer-refresh"),
+
+		UpgradeExec:    c.String("upgrade-exec"),
+		UpgradeTimeout: c.Duration("upgrade-timeout"),
 	}
 	if opts.ConfigFile == "" && !opts.NoFailStatic && len(secret) == 0 {
 		log.Warn("fail-static peer answers are not authenticated: set --peer-secret-file (see docs/supervisor.md, Fail-static)")
@@ -139,11 +151,14 @@ func run(c *cli.Context) error {
 		opts.Session, opts.Paths = s, paths
 	}
 	sv, err := supervisor.New(opts)
+	if errors.Is(err, supervisor.ErrAlreadyRunning) {
+		return err // not a usage error: exit 1
+	}
 	if err != nil {
 		return cliutil.Usagef("%v", err)
 	}
 	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTTIN, syscall.SIGTTOU)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 	ctx, cancel := context.WithCancel(c.Context)
 	defer cancel()
