@@ -52,7 +52,7 @@ func TestMain(m *testing.M) {
 
 // testWorker is a systemd-style worker controlled by environment:
 // TW_DELAY (before serving), TW_MODE (exit at boot, noready: stuck before
-// serving, hang: no watchdog pings), TW_CRASH_AFTER, TW_TAG (echoed back).
+// serving, hang: no watchdog pings, daemon: leave a setsid'd daemon), TW_CRASH_AFTER, TW_TAG (echoed back).
 func testWorker() int {
 	pid := os.Getpid()
 	if os.Getenv("LISTEN_PID") != strconv.Itoa(pid) {
@@ -63,6 +63,22 @@ func testWorker() int {
 		time.Sleep(d)
 	}
 	mode := os.Getenv("TW_MODE")
+	if mode == "daemon" {
+		// Double fork, setsid, keep the listen socket: a daemon that
+		// escapes the worker's process group and holds the port.
+		cmd := exec.Command("/bin/sh", "-c", "setsid sleep 3600 </dev/null >/dev/null 2>&1 &")
+		if fd, err := syscall.Dup(3); err == nil {
+			cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(fd), "listen")}
+		}
+		err := cmd.Run()
+		for _, f := range cmd.ExtraFiles {
+			f.Close()
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "test worker: daemon: %v\n", err)
+			return 8
+		}
+	}
 	if mode == "noready" {
 		time.Sleep(time.Hour) // stuck in initialisation: never accepts, never ready
 	}
