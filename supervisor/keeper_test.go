@@ -354,3 +354,43 @@ func TestFromWorkerWithKeeper(t *testing.T) {
 		t.Errorf("another uid: %q", why)
 	}
 }
+
+// BenchmarkWorkerStart is what a worker start costs the supervisor's loop:
+// through the keeper (startOSProcess returns once the keeper reports the
+// worker's pid: a Go start and a second exec) against the old path, one
+// fork+exec of the shim that execs the command in place.
+func BenchmarkWorkerStart(b *testing.B) {
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	b.Run("keeper", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			exited := make(chan string, 1)
+			p, err := startOSProcess(procSpec{notifyPath: filepath.Join(dir, "n.sock"), path: exe,
+				args: []string{exe, ShimArg, "/bin/sleep", "60"}, env: os.Environ()},
+				procEvents{notify: func(workerproto.Message) {}, rejected: func(string) {}, exited: func(s string) { exited <- s }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			p.killGroup()
+			<-exited
+			b.StartTimer()
+		}
+	})
+	b.Run("exec-in-place", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			cmd := execCommand(exe, childArg, "/bin/sleep", "60")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			b.StartTimer()
+		}
+	})
+}
