@@ -47,7 +47,11 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if svBin != "" {
+		os.RemoveAll(filepath.Dir(svBin)) // the binary tree_test.go built
+	}
+	os.Exit(code)
 }
 
 // testWorker is a systemd-style worker controlled by environment:
