@@ -47,17 +47,21 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if svBin != "" {
+		os.RemoveAll(filepath.Dir(svBin)) // the binary tree_test.go built
+	}
+	os.Exit(code)
 }
 
 // testWorker is a systemd-style worker controlled by environment:
 // TW_DELAY (before serving), TW_MODE (exit at boot, noready: stuck before
-// serving, hang: no watchdog pings), TW_CRASH_AFTER (exit 7 that long
-// after READY=1; with TW_CRASH_DRAIN=1 it first stops accepting and
-// answers what it accepted, so a test sees only what the supervisor
-// does), TW_HANG_AFTER (every request hangs from then on, while watchdog
-// pings go on; only the worker TW_HANG_WORKER if set), TW_TAG (echoed
-// back).
+// serving, hang: no watchdog pings, daemon: leave a setsid'd daemon),
+// TW_CRASH_AFTER (exit 7 that long after READY=1; with TW_CRASH_DRAIN=1 it
+// first stops accepting and answers what it accepted, so a test sees only
+// what the supervisor does), TW_HANG_AFTER (every request hangs from then
+// on, while watchdog pings go on; only the worker TW_HANG_WORKER if set),
+// TW_TAG (echoed back).
 func testWorker() int {
 	pid := os.Getpid()
 	if os.Getenv("LISTEN_PID") != strconv.Itoa(pid) {
@@ -68,6 +72,22 @@ func testWorker() int {
 		time.Sleep(d)
 	}
 	mode := os.Getenv("TW_MODE")
+	if mode == "daemon" {
+		// Double fork, setsid, keep the listen socket: a daemon that
+		// escapes the worker's process group and holds the port.
+		cmd := exec.Command("/bin/sh", "-c", "setsid sleep 3600 </dev/null >/dev/null 2>&1 &")
+		if fd, err := syscall.Dup(3); err == nil {
+			cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(fd), "listen")}
+		}
+		err := cmd.Run()
+		for _, f := range cmd.ExtraFiles {
+			f.Close()
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "test worker: daemon: %v\n", err)
+			return 8
+		}
+	}
 	if mode == "noready" {
 		time.Sleep(time.Hour) // stuck in initialisation: never accepts, never ready
 	}

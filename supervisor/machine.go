@@ -79,6 +79,10 @@ type machine struct {
 	cfgCrashes int
 	bad        string
 	rollback   *topo.Rollback
+	// rollingBackTo is the config (cfgID) a crash-loop rollback restarts:
+	// its generation's "ok" is published as rolled_back too, so the pool
+	// status record does not lose the rollback to the swap that ends it.
+	rollingBackTo string
 
 	out []action // actions decided by the current call
 }

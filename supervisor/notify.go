@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -150,8 +149,11 @@ func (n *notifySocket) close() {
 
 // fromWorker says why a datagram with these credentials is not the
 // worker's ("" if it is): the sender must run as this user and belong to
-// the tree of the worker whose pid is root.
-func fromWorker(root int, c unix.Ucred) string {
+// the worker's tree: the worker, a process of its group, or a descendant
+// of its keeper (keeper.go), whose descendants are the worker's tree and
+// the orphans the tree left, reparented to it. The keeper itself sends
+// nothing and is refused.
+func fromWorker(keeper, worker int, c unix.Ucred) string {
 	if c.Pid <= 0 {
 		return "no sender credentials"
 	}
@@ -160,42 +162,20 @@ func fromWorker(root int, c unix.Ucred) string {
 	}
 	pid := int(c.Pid)
 	for depth := 0; depth < 64 && pid > 1; depth++ {
-		if pid == root {
+		if pid == worker || (pid == keeper && depth > 0) {
 			return ""
 		}
-		ppid, pgrp, err := procParent(pid)
+		p, err := readProcStat(pid)
 		if err != nil {
 			if depth == 0 {
 				return fmt.Sprintf("sender pid %d is gone before it could be checked (%v)", c.Pid, err)
 			}
 			break
 		}
-		if pgrp == root {
+		if p.pgrp == worker {
 			return ""
 		}
-		pid = ppid
+		pid = p.ppid
 	}
-	return fmt.Sprintf("sender pid %d is not in the worker's process tree (pid %d)", c.Pid, root)
-}
-
-// procParent reads a process's parent pid and process group from
-// /proc/PID/stat ("pid (comm) state ppid pgrp ..."; comm may hold spaces
-// and parentheses, so fields are counted after its last ')').
-func procParent(pid int) (ppid, pgrp int, err error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, 0, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 3 {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	if ppid, err = strconv.Atoi(f[1]); err == nil {
-		pgrp, err = strconv.Atoi(f[2])
-	}
-	return ppid, pgrp, err
+	return fmt.Sprintf("sender pid %d is not in the worker's process tree (pid %d)", c.Pid, worker)
 }

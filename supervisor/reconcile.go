@@ -322,7 +322,13 @@ func (m *machine) establish(g *generation, now time.Time) {
 		fields = append(fields, zap.Int64("previous", prev.id))
 	}
 	m.log.Info("swap complete", fields...)
-	m.publish(topo.SwapOK, g, "", took.Seconds(), now)
+	if m.rollingBackTo != "" && m.rollingBackTo == g.spec.cfgID() && m.rollback != nil {
+		m.publish(topo.SwapRolledBack, g, fmt.Sprintf("serving config version %d again after rolling back config version %d: %s",
+			g.spec.cfgVersion, m.rollback.ConfigVersion, m.rollback.Reason), took.Seconds(), now)
+	} else {
+		m.publish(topo.SwapOK, g, "", took.Seconds(), now)
+	}
+	m.rollingBackTo = ""
 	m.notifiedUp = true
 	m.do(actNotify{fmt.Sprintf("READY=1\nSTATUS=serving generation %d", g.id)})
 	// Forget generations with no workers left.

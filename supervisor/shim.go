@@ -9,25 +9,37 @@ import (
 )
 
 // ShimArg is the hidden first argument that turns the supervisor binary
-// into the exec shim. The supervisor starts every worker as
+// into a worker's keeper (keeper.go). The supervisor starts every worker
+// as
 //
 //	<supervisor binary> __exec-shim <command> <args...>
 //
-// and the shim, now running as the worker's process, sets LISTEN_PID (and
-// WATCHDOG_PID) to its own pid and execs the real command in place. The
-// systemd convention requires LISTEN_PID to equal the worker's pid, which
-// Go's os/exec cannot know before fork+exec; exec keeps the pid, the
-// inherited fds 3.. and the parent-death signal.
+// and that process stays as the worker's parent for its whole life: it
+// starts the worker as its child, forwards signals to it, kills the
+// worker's whole process tree when the supervisor dies, and exits as the
+// worker did.
 const ShimArg = "__exec-shim"
 
-// MaybeRunShim runs the exec shim and never returns when the process was
-// started as one; otherwise it returns at once. Call it first in main (and
-// in TestMain of tests that run the supervisor in-process).
+// childArg is the keeper's second mode: the worker's own process, which
+// sets LISTEN_PID (and WATCHDOG_PID) to its pid and execs the command in
+// place. The systemd convention requires LISTEN_PID to equal the worker's
+// pid, which Go cannot know before fork+exec; exec keeps the pid, the
+// inherited fds 3.. and the parent-death signal.
+const childArg = "__exec-child"
+
+// MaybeRunShim runs the keeper or the exec shim and never returns when the
+// process was started as one; otherwise it returns at once. Call it first
+// in main (and in TestMain of tests that run the supervisor in-process).
 func MaybeRunShim() {
-	if len(os.Args) < 2 || os.Args[1] != ShimArg {
+	if len(os.Args) < 2 {
 		return
 	}
-	os.Exit(runShim(os.Args[2:]))
+	switch os.Args[1] {
+	case ShimArg:
+		os.Exit(runKeeper(os.Args[2:]))
+	case childArg:
+		os.Exit(runShim(os.Args[2:]))
+	}
 }
 
 func runShim(argv []string) int {

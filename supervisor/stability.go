@@ -117,6 +117,7 @@ func (m *machine) noteConfigCrash(w *worker, status string, now time.Time) {
 		m.desired = to.withMap(m.curMap)
 	}
 	m.prevCfg = nil
+	m.rollingBackTo = to.cfgID()
 	// Start the previous config at once: no debounce, no crash backoff.
 	m.changeFirst, m.respawnAt, m.crashCount = time.Time{}, time.Time{}, 0
 }

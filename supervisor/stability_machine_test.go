@@ -156,7 +156,7 @@ func TestMachineCrashLoopAfterTheWindowRestartsThePreviousConfig(t *testing.T) {
 		t.Fatalf("rolled back to config %d, want 1", sp.cfgVersion)
 	}
 	s.at(13 * time.Second)
-	s.expect("the previous config held before: no window", s.ready(5, 6), "publish ok g3", "notify READY=1 STATUS=serving generation 3", "clean-maps keep ")
+	s.expect("the previous config held before: no window", s.ready(5, 6), "publish rolled_back g3", "notify READY=1 STATUS=serving generation 3", "clean-maps keep ")
 	if n := counter(t, s, "shardvisor_supervisor_rollbacks_total", "crash_loop"); n != 1 {
 		t.Fatalf("rollbacks{crash_loop} = %v", n)
 	}

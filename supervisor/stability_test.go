@@ -130,10 +130,12 @@ func TestStabilityLateCrashLoop(t *testing.T) {
 	if r, err := get(addr); err != nil || r.Tag != "bad" {
 		t.Fatalf("new config not serving: %+v %v", r, err)
 	}
-	st := e.waitStatus(t, "rollback published", func(st *topo.PoolStatus) bool {
-		return st.Result == topo.SwapRolledBack && st.At.After(since)
+	// The rollback, then the restarted config serving: both say
+	// rolled_back, the second one with the generation that serves.
+	st := e.waitStatus(t, "rollback completed", func(st *topo.PoolStatus) bool {
+		return st.Result == topo.SwapRolledBack && st.At.After(since) && st.Generation == 3
 	})
-	if !strings.Contains(st.Error, "worker crashes of config version 1") {
+	if !strings.Contains(st.Error, "worker crashes of config version 1") || st.ConfigVersion != 0 {
 		t.Errorf("status record: %+v", st)
 	}
 	m := h.waitFor(20*time.Second, "the previous config restarted", serving(3, 2))

@@ -312,9 +312,10 @@ func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
 	}, fmt.Sprintf("workers %v to die with the SIGKILLed supervisor (parent-death signal)", pids))
 }
 
-// Workers survive OS threads of the supervisor process exiting: the
-// parent-death signal is tied to the forking thread, which must be one
-// that never exits.
+// Workers survive OS threads of the supervisor process exiting: a
+// parent-death signal is tied to the forking thread. The keeper has none
+// (it watches its control socket instead); the worker's is tied to the
+// keeper's main thread, which never exits.
 func TestWorkersSurviveThreadExits(t *testing.T) {
 	dir := t.TempDir()
 	port := freePort(t)
