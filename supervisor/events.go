@@ -238,6 +238,9 @@ func (m *machine) abandonFailedSwap() {
 		return
 	}
 	f := m.latest
+	if m.desired != nil && m.desired.key() != f.spec.key() {
+		return // a newer valid change is pending: it supersedes the failed swap
+	}
 	if m.good != nil {
 		m.latest = m.good
 		m.desired = m.good.spec.withMap(m.curMap)
@@ -502,6 +505,9 @@ func (m *machine) enterLost(reason string) {
 		}
 	}
 	m.closeAllSockets()
+	if m.good != nil {
+		m.lostFrom = m.good.spec
+	}
 	m.latest, m.good, m.gens = nil, nil, nil
 	m.lastError = "zookeeper session lost: " + reason
 	m.log.Error("zookeeper session lost; killed workers and closed the listen sockets", zap.Int("killed", n), zap.String("reason", reason))

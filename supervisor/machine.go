@@ -83,6 +83,9 @@ type machine struct {
 	// its generation's "ok" is published as rolled_back too, so the pool
 	// status record does not lose the rollback to the swap that ends it.
 	rollingBackTo string
+	// lostFrom is the config that served when the session was lost: the
+	// rollback target of the first generation after it (stability.go).
+	lostFrom *spec
 
 	out []action // actions decided by the current call
 }

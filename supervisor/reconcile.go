@@ -112,14 +112,13 @@ func (m *machine) reconcilePool(now time.Time) {
 	// readyTotal counts only proven workers: a new config's worker counts
 	// once it has been ready for the stability window (stability.go), so
 	// the previous generation serves on until the new one has held.
-	win := m.windowFor(d)
 	var live, countD, readyD, readyTotal int
 	for _, w := range m.workers {
 		if w.state == wStopping {
 			continue
 		}
 		live++
-		ok := w.state == wReady && proven(w, d, win, now)
+		ok := w.state == wReady && m.proven(w, now)
 		if ok {
 			readyTotal++
 		}
@@ -149,8 +148,18 @@ func (m *machine) reconcilePool(now time.Time) {
 		return old[i].started.Before(old[j].started)
 	})
 	for _, w := range old {
+		if !m.proven(w, now) {
+			// Ready but unproven (a generation superseded or rolled back
+			// inside its window): it counts for nothing, and goes once the
+			// proven ones are enough.
+			if readyTotal >= target {
+				m.stopWorker(w, "replaced", now)
+				live--
+			}
+			continue
+		}
 		if readyTotal <= target {
-			break
+			continue
 		}
 		reason := "replaced"
 		if w.retiring && w.gen == d {
@@ -376,7 +385,6 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 		at(m.loudAt)
 	}
 	at(m.liveRetryAt)
-	win := m.windowFor(m.latest)
 	for _, w := range m.workers {
 		cfg := w.gen.spec.cfg
 		switch w.state {
@@ -396,7 +404,9 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 			if wd := cfg.Watchdog.D(); wd > 0 {
 				at(w.lastPing.Add(wd + time.Millisecond))
 			}
-			if win > 0 && w.gen == m.latest {
+			// The end of its stability window, once: a time already past
+			// would make the loop spin until the swap completes.
+			if win := m.windowFor(w.gen); win > 0 && w.readyAt.Add(win).After(now) {
 				at(w.readyAt.Add(win))
 			}
 			at(w.retireAt)

@@ -37,15 +37,27 @@ func (m *machine) windowFor(d *generation) time.Duration {
 	return d.spec.cfg.Stability.WindowD()
 }
 
-// proven reports whether w, ready, counts towards retiring others: it is
-// not of generation d, d needs no window, or it has been ready for it.
-func proven(w *worker, d *generation, win time.Duration, now time.Time) bool {
-	return w.gen != d || win == 0 || !now.Before(w.readyAt.Add(win))
+// proven reports whether w, ready, counts towards retiring others: its
+// generation needs no window (it held, or its config did), or w has been
+// ready for that window. A worker of a generation superseded inside its
+// window (a map change, a HUP, a newer config) has not proven anything
+// either: it must not retire the generation that held.
+func (m *machine) proven(w *worker, now time.Time) bool {
+	win := m.windowFor(w.gen)
+	return win == 0 || !now.Before(w.readyAt.Add(win))
 }
 
 // onEstablished records what the stability checks need when g took over
 // from prev.
 func (m *machine) onEstablished(g, prev *generation, now time.Time) {
+	if prev == nil && m.lostFrom != nil && m.lostFrom.ident() != g.spec.ident() && !m.held[g.spec.ident()] {
+		// The first generation after a session loss runs a config that
+		// never held (the loss came inside its window): no window is
+		// possible with nothing else running, but a crash loop still
+		// goes back to the config that served before the loss.
+		m.prevCfg, m.cfgSince, m.cfgCrashes = m.lostFrom, now, 0
+	}
+	m.lostFrom = nil
 	if prev != nil && prev.spec.ident() != g.spec.ident() {
 		if m.held[g.spec.ident()] {
 			m.prevCfg = nil // a change back to a config that held: nothing to roll back to
@@ -84,6 +96,9 @@ func (m *machine) rejectInWindow(g *generation, w *worker, status string, now ti
 			m.stopWorker(x, "rolled_back", now)
 		}
 	}
+	// Sockets only the rolled-back config listed: nothing will accept on
+	// them again (its ready workers keep their own copies until retired).
+	m.closeUnusedSockets()
 }
 
 // noteConfigCrash counts a crash of a worker of the serving generation
