@@ -592,7 +592,7 @@ func TestGunicornWorker(t *testing.T) {
 	}
 	swapsUnderLoad(t, &topo.PoolConfig{Version: 1, Command: gunicorn, Workers: 2,
 		Args: []string{"--preload", "--workers", "2", "--chdir", appDir, "--graceful-timeout", "5", "--log-level", "warning", "wsgi_app:application"},
-		Env: map[string]string{"APP_STARTUP_DELAY": "0.2"},
+		Env:  map[string]string{"APP_STARTUP_DELAY": "0.2"},
 		// gunicorn serves every socket in LISTEN_FDS, so the HTTP probe
 		// on each worker's private socket works unchanged: without an
 		// answer there no worker would become ready.
