@@ -67,15 +67,21 @@ var (
 	stormEvery = flag.Duration("storm-every", time.Second, "time between changes during the storm")
 	startup    = flag.Duration("startup", 1500*time.Millisecond, "app start-up time (sleep at import)")
 	workers    = flag.Int("workers", 4, "serving processes in every scenario")
-	conc       = flag.Int("c", 8, "connections of wrk (steady-state throughput)")
-	rate       = flag.Int("rate", 200, "constant offered load during reloads and storms, requests/s")
-	steadyFor  = flag.Duration("steady", 5*time.Second, "steady-state measurement time")
-	zkConnect  = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
-	repo       = flag.String("repo", ".", "repository root")
-	only       = flag.String("only", "gunicorn,supervisor+gunicorn,supervisor+go,direct", "scenarios to run, comma-separated: gunicorn (alone, the baseline), supervisor+gunicorn, supervisor+go, direct (steady throughput bound directly vs under the supervisor)")
-	pinCPUs    = flag.Bool("pin", runtime.NumCPU() >= 2, "in the direct comparison, pin the servers to the first CPU and wrk to the others (taskset), so that the load generator and the servers do not trade cores from round to round")
-	rounds     = flag.Int("rounds", 15, "paired wrk rounds in the direct comparison (order alternating; the median of the rounds' ratios counts)")
-	jsonOut    = flag.String("json", "", "also write the results as JSON to this file")
+	// gunicorn alone has no stability window: it swaps its workers the
+	// moment they boot. The like-for-like comparison of time to new code
+	// runs the supervisor without one too; the default 10 s window keeps
+	// the previous generation answering beside the new one for 10 s by
+	// design, so "all answers from new code" would read >= 10 s.
+	window    = flag.Duration("stability-window", 0, "the pool config's stability.window (0: off, like gunicorn alone; the supervisor's default is 10s)")
+	conc      = flag.Int("c", 8, "connections of wrk (steady-state throughput)")
+	rate      = flag.Int("rate", 200, "constant offered load during reloads and storms, requests/s")
+	steadyFor = flag.Duration("steady", 5*time.Second, "steady-state measurement time")
+	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
+	repo      = flag.String("repo", ".", "repository root")
+	only      = flag.String("only", "gunicorn,supervisor+gunicorn,supervisor+go,direct", "scenarios to run, comma-separated: gunicorn (alone, the baseline), supervisor+gunicorn, supervisor+go, direct (steady throughput bound directly vs under the supervisor)")
+	pinCPUs   = flag.Bool("pin", runtime.NumCPU() >= 2, "in the direct comparison, pin the servers to the first CPU and wrk to the others (taskset), so that the load generator and the servers do not trade cores from round to round")
+	rounds    = flag.Int("rounds", 15, "paired wrk rounds in the direct comparison (order alternating; the median of the rounds' ratios counts)")
+	jsonOut   = flag.String("json", "", "also write the results as JSON to this file")
 )
 
 func main() {
@@ -256,8 +262,10 @@ func run() error {
 		port, admin := freePort(), freePort()
 		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 		surge := *workers
+		win := topo.Duration(*window)
 		cfg := &topo.PoolConfig{Version: 1, Command: sc.command, Args: sc.args, Env: sc.env, Workers: *workers, Surge: &surge,
-			Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}, GracefulTimeout: topo.Duration(15 * time.Second),
+			Stability: topo.Stability{Window: &win},
+			Listen:    []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}, GracefulTimeout: topo.Duration(15 * time.Second),
 			Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second), Delay: topo.Duration(sc.settle)}}
 		setCfg := func(n int) error {
 			if err := sc.version(n); err != nil {
@@ -864,6 +872,7 @@ func printTable(rows []scenario, direct []directRow, conditions string) {
 	fmt.Println("machine:", conditions)
 	fmt.Printf("load: %d req/s constant, %d workers, app import %s; %d reloads %s apart; storm: a change every %s for %s\n",
 		*rate, *workers, *startup, *reloads, *spacing, *stormEvery, *stormFor)
+	fmt.Printf("supervisor: stability.window %s (gunicorn alone has none), one keeper process per worker\n", *window)
 	for _, r := range rows {
 		fmt.Printf("%s: %s\n", r.Name, r.Reload)
 	}
