@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/workerproto"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -323,4 +326,51 @@ func TestMachineCountersStartAtZero(t *testing.T) {
 		}
 	}
 	_ = workerproto.Ready
+}
+
+// "swap failed; the previous generation keeps serving" is logged only when
+// one does (issue 15): not for a first config, nor when the previous
+// generation has no ready worker left.
+func TestMachineSwapFailedSaysWhatServes(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	s := newSim(t, false)
+	s.mc.log = zap.New(core)
+	messages := func() []string {
+		var out []string
+		for _, e := range logs.TakeAll() {
+			if strings.HasPrefix(e.Message, "swap failed") {
+				out = append(out, e.Message)
+			}
+		}
+		return out
+	}
+	s.send(poolCfg(1, 1))
+	s.exit(1, "exit status 3")
+	if got := messages(); len(got) != 1 || !strings.Contains(got[0], "nothing serves: no generation has held yet") {
+		t.Fatalf("first config failing: %q", got)
+	}
+	s = newSim(t, false)
+	s.mc.log = zap.New(core)
+	s.serving(1, restart(time.Second, 30*time.Second))
+	s.at(time.Second)
+	s.send(poolCfg(2, 1))
+	s.at(1250 * ms)
+	s.tick()
+	s.exit(2, "exit status 3")
+	if got := messages(); len(got) != 1 || got[0] != "swap failed; the previous generation keeps serving" {
+		t.Fatalf("with the previous generation ready: %q", got)
+	}
+	// The serving worker crashes, then the next try fails too.
+	s.at(2 * time.Second)
+	s.exit(1, "exit status 1")
+	s.at(10 * time.Second)
+	s.tick()
+	for _, w := range append([]*worker(nil), s.mc.workers...) {
+		if w.gen == s.mc.latest && w.state == wStarting {
+			s.exit(w.id, "exit status 3")
+		}
+	}
+	if got := messages(); len(got) != 1 || !strings.Contains(got[0], "the previous generation has no ready worker either") {
+		t.Fatalf("with nothing ready: %q (workers %s)", got, s.workers())
+	}
 }
