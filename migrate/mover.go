@@ -608,6 +608,11 @@ func (r *run) prepare(ctx context.Context) error {
 		if len(mism) > 0 {
 			return fmt.Errorf("target %s does not match the sharded-table contract: %s (see shardctl node check %s)", r.rec.Target, mism[0].Message, r.rec.Target)
 		}
+		// Before the target's range is marked incoming and cleared, and
+		// long before any row is copied or the source frozen.
+		if err := r.compareSchemas(ctx, src, dst); err != nil {
+			return err
+		}
 	}
 	if _, err := fence.SetIncoming(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version); err != nil {
 		return fmt.Errorf("target fence: %w", err)
@@ -632,6 +637,11 @@ func (r *run) copy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Again, for a move resumed in copy: nothing is copied across a
+	// difference that appeared since prepare.
+	if err := r.compareSchemas(ctx, src, dst); err != nil {
+		return err
+	}
 	start := time.Now()
 	if err := createPublication(ctx, src, r.rec.Publication, r.rec.ID, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
 		return fmt.Errorf("source: publication: %w", err)
@@ -651,7 +661,7 @@ func (r *run) copy(ctx context.Context) error {
 			return fmt.Errorf("target: %w", err)
 		}
 		if !enabled {
-			return fmt.Errorf("target: subscription %s was disabled by an apply error (see the target's log)", r.rec.Subscription)
+			return r.applyError(ctx, src, dst)
 		}
 		if notReady == 0 {
 			break
@@ -702,6 +712,11 @@ func (r *run) probe(ctx context.Context, timeout time.Duration) (time.Duration, 
 	defer cancel()
 	if err := waitMarker(wctx, dst, r.rec.ID, r.seq, 2*time.Millisecond); err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			// A marker that does not arrive: an apply error may have
+			// disabled the subscription, which no wait would mend.
+			if enabled, _, serr := subscriptionState(ctx, dst, r.rec.Subscription); serr == nil && !enabled {
+				return 0, r.applyError(ctx, src, dst)
+			}
 			return time.Since(start), nil
 		}
 		return 0, fmt.Errorf("target: marker: %w", err)
