@@ -285,6 +285,9 @@ func (mv *Mover) Resume(ctx context.Context, id string) (*topo.MoveRecord, error
 // Abort rolls back a move that has not flipped yet.
 func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord, error) {
 	return mv.withRun(ctx, id, func(ctx context.Context, r *run) error {
+		if r.rec.State == topo.MoveFailed {
+			return fmt.Errorf("move %s failed after its flip (%s); `shardctl move resume` would only repeat that: `shardctl move abort %s --after-failure` checks which node holds the bucket's rows, makes the map, the fences and the record agree, and releases GC", id, r.rec.Error, id)
+		}
 		if pastFlip(r.rec) {
 			return fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
 		}
