@@ -166,7 +166,23 @@ func newApp() *cli.App {
 				Subcommands: []*cli.Command{
 					{Name: "status", Usage: "show one move", ArgsUsage: "ID", Action: runMoveStatus},
 					{Name: "resume", Usage: "continue (or roll back) a move whose mover died or whose node was unreachable", ArgsUsage: "ID", Flags: moveFlags(), Action: runMoveResume},
-					{Name: "abort", Usage: "roll back a move that has not flipped", ArgsUsage: "ID", Action: runMoveAbort},
+					{
+						Name: "abort", Usage: "roll back a move that has not flipped, or (--after-failure) close a move that failed after its flip", ArgsUsage: "ID",
+						Description: "Without --after-failure: rolls back a move before its flip (the source owns the bucket again).\n" +
+							"With --after-failure, for a move in state failed (it flipped, then e.g. verification found a difference; GC skips\n" +
+							"its range while it is failed, and `move resume` only repeats the failure): the node the map names as the bucket's\n" +
+							"owner (normally the target, which has taken writes since the flip) holds the truth. It drops the move's leftover\n" +
+							"subscription, publication and slot; counts and checksums the range on both nodes and REFUSES (the move stays\n" +
+							"failed, exit 1) if the owner has fewer rows than the other node in any table; brings both fences to the map (the\n" +
+							"owner owns the range, the other node does not); sets the record to aborted, with the counts added to its error.\n" +
+							"GC then deletes the other node's copy after --grace (only while the owner has at least as many rows): save it\n" +
+							"first if the copies differ and it holds anything the owner lacks. A paused rebalancer stays paused.",
+						Flags: []cli.Flag{
+							&cli.BoolFlag{Name: "after-failure", EnvVars: []string{"SHARDVISOR_MOVE_ABORT_AFTER_FAILURE"},
+								Usage: "close a failed move: keep the map's owner as the truth (refused if it has fewer rows than the other node), make fences and record agree, release GC"},
+						},
+						Action: runMoveAbort,
+					},
 				},
 			},
 			{Name: "moves", Usage: "list current and past moves", Action: runMoves},

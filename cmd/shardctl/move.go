@@ -156,6 +156,9 @@ func runMoveResume(c *cli.Context) error {
 
 func runMoveAbort(c *cli.Context) error {
 	return withMoveID(c, func(ctx context.Context, mv *migrate.Mover, id string) error {
+		if c.Bool("after-failure") {
+			return abortAfterFailure(ctx, c, mv, id)
+		}
 		rec, err := mv.Abort(ctx, id, "aborted by an operator")
 		printMove(c, rec)
 		if err != nil && rec != nil && rec.State == topo.MoveAborted {
@@ -223,4 +226,31 @@ func runRebalance(c *cli.Context) error {
 		}
 		return err
 	})
+}
+
+// abortAfterFailure is `move abort ID --after-failure`: the record and
+// what was found and done, as text or, with --json, one object
+// {"move": record, "after_failure": report}.
+func abortAfterFailure(ctx context.Context, c *cli.Context, mv *migrate.Mover, id string) error {
+	rec, rep, err := mv.AbortAfterFailure(ctx, id)
+	if rec == nil {
+		return err
+	}
+	perr := cliutil.NewPrinter(c).Emit(map[string]any{"move": rec, "after_failure": rep}, func(w io.Writer) {
+		writeMove(w, rec)
+		if rep == nil {
+			return
+		}
+		fmt.Fprintf(w, "  owner in the map (version %d): %s, which holds the truth; other node: %s\n", rep.MapVersion, rep.Owner, rep.Other)
+		for _, t := range rep.Tables {
+			fmt.Fprintf(w, "    %s now: %s %d rows (sum %s), %s %d rows (sum %s)\n", t.Table, rec.Source, t.SourceRows, t.SourceSum, rec.Target, t.TargetRows, t.TargetSum)
+		}
+		for _, a := range rep.Actions {
+			fmt.Fprintf(w, "  %s\n", a)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return perr
 }

@@ -124,6 +124,11 @@ func runCheck(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
+		cross, err := schemaAcrossNodes(ctx, c, d, n, conn)
+		if err != nil {
+			return err
+		}
+		mism = append(mism, cross...)
 		if mism == nil {
 			mism = []fence.Mismatch{}
 		}
