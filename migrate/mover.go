@@ -5,7 +5,8 @@
 // move record, advanced step by step; every step is idempotent, so a mover
 // killed at any point resumes or rolls back cleanly when run again:
 //
-//	prepare   target range marked incoming, leftovers cleared, schema checked
+//	prepare   schemas compared (source vs target), target range marked
+//	          incoming, leftovers cleared
 //	copy      logical replication with a row filter on the bucket's key range
 //	catchup   marker round trip below the lag threshold, else no fence
 //	fence     map says moving; every router and supervisor has seen it,
