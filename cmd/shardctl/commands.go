@@ -66,7 +66,9 @@ func newApp() *cli.App {
 						Usage:     "verify a db node against the data-side contract and the map; changes nothing",
 						ArgsUsage: "ID",
 						Description: "Reports every mismatch: missing tables, a key column that is not bigint NOT NULL, a primary key without it,\n" +
-							"no index leading with it, the fence missing, outdated, disabled or out of step with the map. Exit status 1 if any.",
+							"no index leading with it, the fence missing, outdated, disabled or out of step with the map, and every difference\n" +
+							"between its sharded tables and those of each other node that is not down (columns, types with modifiers,\n" +
+							"nullability, defaults, primary key, bucket-key index, replica identity). Exit status 1 if any.",
 						Action: runCheck,
 					},
 					{
