@@ -102,10 +102,10 @@ func TestIntegrationNodeCheckNoFalseAlarms(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec(conns[0], `UPDATE shardvisor.ownership SET epoch = 999 WHERE lo = $1`, lo)
-	expect("pg1", "fence-epoch")
+	expect("pg1", fence.KindFenceEpoch)
 	// ... and lower than the version at which the node got the range.
 	exec(conns[0], `UPDATE shardvisor.ownership SET epoch = 0 WHERE lo = $1`, lo)
-	expect("pg1", "fence-epoch")
+	expect("pg1", fence.KindFenceEpoch)
 	exec(conns[0], `UPDATE shardvisor.ownership SET epoch = $2 WHERE lo = $1`, lo, epoch)
 	mustData(t, cmd("node", "check", "pg1")...)
 
@@ -203,7 +203,7 @@ func TestIntegrationReturningNodeRefusesLostBuckets(t *testing.T) {
 	// Nothing that pg2 accepted is silently lost: node check names the
 	// rows it holds in the buckets it lost without a copy, GC keeps them.
 	r = runData(t, cmd("node", "check", "pg2")...)
-	if r.code != 1 || !strings.Contains(r.stdout, "MISMATCH "+"stranded-rows"+" app.events") || !strings.Contains(r.stdout, fmt.Sprintf("%d rows", 1+accepted)) {
+	if r.code != 1 || !strings.Contains(r.stdout, "MISMATCH "+fence.KindStrandedRows+" app.events") || !strings.Contains(r.stdout, fmt.Sprintf("%d rows", 1+accepted)) {
 		t.Fatalf("node check pg2: exit %d, want the stranded row reported:\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = runData(t, cmd("gc", "--grace", "0s", "--dry-run")...)
