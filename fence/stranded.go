@@ -69,10 +69,13 @@ func CheckStranded(ctx context.Context, q Querier, tables []topo.TableRecord, m 
 		if rel == nil {
 			continue // CheckTables reports it
 		}
-		if n, err := keyAttnum(ctx, q, *rel, t.KeyColumn); err != nil {
+		var bigint bool
+		err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped AND atttypid = 'pg_catalog.int8'::pg_catalog.regtype)`, *rel, t.KeyColumn).Scan(&bigint)
+		if err != nil {
 			return nil, err
-		} else if n == 0 {
-			continue
+		}
+		if !bigint {
+			continue // CheckTables reports the column
 		}
 		for _, r := range ranges {
 			var n int64
