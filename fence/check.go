@@ -42,6 +42,8 @@ const (
 	KindConstraintWrong   = "fence-constraint-wrong"
 	KindTriggerAfterFence = "trigger-after-fence"
 	KindFencePrivileges   = "fence-privileges"
+	KindFenceEpoch        = "fence-epoch"
+	KindStrandedRows      = "stranded-rows"
 )
 
 // CheckTables verifies the sharded-table contract on a node: each table
@@ -206,14 +208,54 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 			add(KindTriggerStale, name, "table %s has a fence trigger but is not a sharded table; `shardctl node prepare %s` drops it", name, node)
 		}
 	}
-	if f.MapVersion != m.Version {
-		add(KindFenceVersion, "", "the fence is at map version %d, the map is at version %d", f.MapVersion, m.Version)
-	}
+	out = append(out, checkVersions(f, m)...)
 	want := overlay(Only(f.Spans, Incoming), Desired(m, node))
 	for _, d := range Compare(want, f.Spans) {
 		add(KindFenceRange, "", "%s (keys %d..%d): the map says %s, the fence says %s", BucketsOf(m.Level, d.Lo, d.Hi), d.Lo, d.Hi, d.Want, d.Got)
 	}
-	return out, nil
+	stranded, err := CheckStranded(ctx, q, tables, m, node)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, stranded...), nil
+}
+
+// checkVersions checks the map versions a fence records against each
+// other and against map m. A fence is not expected to be at m's version:
+// a move syncs only its two nodes and GC's history prune syncs none, so a
+// node that no change since involved stays at an older version with the
+// right ranges (the ranges are checked on their own). What is exact:
+//
+//   - no ownership row was written for a map version newer than the map's
+//     (fence-epoch), nor for version 0, which no map has;
+//   - the meta row's version is not newer than the map's (a fence ahead of
+//     the map: a map restored from an older copy, or an edit), and not
+//     older than the newest row's epoch (every flip writes both in one
+//     transaction, so only an edit makes it older) (fence-map-version).
+func checkVersions(f *Fence, m *bucketmap.Map) []Mismatch {
+	var out []Mismatch
+	add := func(kind, format string, args ...any) {
+		out = append(out, Mismatch{Kind: kind, Message: fmt.Sprintf(format, args...)})
+	}
+	var newest uint64
+	for _, s := range f.Spans {
+		switch {
+		case s.Epoch > m.Version:
+			add(KindFenceEpoch, "the %s row for %s (keys %d..%d) says map version %d, newer than the map (version %d): the row was edited, or the map is older than the fence",
+				s.State, BucketsOf(m.Level, s.Lo, s.Hi), s.Lo, s.Hi, s.Epoch, m.Version)
+			continue
+		case s.Epoch == 0:
+			add(KindFenceEpoch, "the %s row for %s (keys %d..%d) says map version 0, which no map has: the row was edited", s.State, BucketsOf(m.Level, s.Lo, s.Hi), s.Lo, s.Hi)
+		}
+		newest = max(newest, s.Epoch)
+	}
+	switch {
+	case f.MapVersion > m.Version:
+		add(KindFenceVersion, "the fence is at map version %d, ahead of the map (version %d): the map was restored from an older copy, or the fence was edited; no sync will take it back in time (see docs/data-contract.md, \"A fence ahead of the map\")", f.MapVersion, m.Version)
+	case f.MapVersion < newest:
+		add(KindFenceVersion, "the fence's meta row says map version %d, older than its own ownership rows (written for version %d): the meta row was edited; `shardctl node reconcile` sets it again", f.MapVersion, newest)
+	}
+	return out
 }
 
 // keyAttnum is the attribute number of table rel's column col, or 0 if

@@ -21,8 +21,13 @@ const (
 	SyncRepaired     = "repaired"      // changed to match the map
 	SyncNotInstalled = "not-installed" // no fence: writes to the node are not fenced
 	SyncStale        = "stale"         // the fence has applied a newer map
-	SyncUnreachable  = "unreachable"   // no connection to the node
-	SyncFailed       = "failed"        // anything else
+	// SyncAhead is what Reconcile makes of SyncStale when the map read
+	// again is still older than the fence: not a race with a newer change
+	// but a fence ahead of the map (a map restored from an older copy, an
+	// edited fence). Nothing was changed; a person must decide.
+	SyncAhead       = "ahead"
+	SyncUnreachable = "unreachable" // no connection to the node
+	SyncFailed      = "failed"      // anything else
 )
 
 // NodeSync is the outcome of bringing one node's fence in step with a map.
@@ -36,7 +41,9 @@ type NodeSync struct {
 }
 
 // Bad reports whether the node could not be brought in step at all.
-func (s NodeSync) Bad() bool { return s.Status == SyncUnreachable || s.Status == SyncFailed }
+func (s NodeSync) Bad() bool {
+	return s.Status == SyncUnreachable || s.Status == SyncFailed || s.Status == SyncAhead
+}
 
 // SyncNodes brings the fences of the given nodes (all of m's, if none) in
 // step with m, concurrently, each bounded by timeout, and reports each.
@@ -179,6 +186,28 @@ func Reconcile(ctx context.Context, st *bucketmap.Store, ids []bucketmap.NodeID,
 		}
 	}
 	res := SyncNodes(ctx, m, ids, ReconcileTimeout)
+	// A fence newer than the map read is either a change made since (read
+	// the map again and sync that node to it) or a fence ahead of the map.
+	var stale []int
+	for i, r := range res {
+		if r.Status == SyncStale {
+			stale = append(stale, i)
+		}
+	}
+	if len(stale) > 0 {
+		if again, _, err := st.Load(ctx); err == nil && again.Version > m.Version {
+			m = again
+			for _, i := range stale {
+				res[i] = SyncNode(ctx, m, res[i].Node, ReconcileTimeout)
+			}
+		}
+		for _, i := range stale {
+			if r := &res[i]; r.Status == SyncStale {
+				r.Status = SyncAhead
+				r.Detail = fmt.Sprintf("the fence is at map version %d, ahead of the map (version %d); nothing was changed: the map was restored from an older copy, or the fence was edited. If the map is right, see docs/data-contract.md, \"A fence ahead of the map\"", r.From, m.Version)
+			}
+		}
+	}
 	for _, r := range res {
 		switch r.Status {
 		case SyncRepaired:

@@ -75,8 +75,17 @@ func newApp() *cli.App {
 						Name:      "reconcile",
 						Usage:     "bring the fences of db nodes in step with the map, repairing and reporting drift",
 						ArgsUsage: "[ID...]",
+						Description: "Syncs each node's fence (down nodes too) to the current map: its buckets owned, the rest revoked.\n" +
+							"With --watch it runs until stopped, as the cluster's continuous fence reconciler: every node is synced when\n" +
+							"the map changes, retried every --retry while it cannot be (down, unreachable), and re-synced every --every\n" +
+							"while it is in step; a node marked down refuses writes to the buckets it lost within --retry of answering\n" +
+							"again. Run one (or more: they never undo each other) next to the rebalancer. Once, it exits 1 if a node\n" +
+							"could not be brought in step or its fence is ahead of the map.",
 						Flags: []cli.Flag{
-							&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_RECONCILE_EVERY"}, Usage: "keep running, once per `DURATION` (default: once)"},
+							&cli.DurationFlag{Name: "every", EnvVars: []string{"SHARDVISOR_RECONCILE_EVERY"}, Usage: "keep running, once per `DURATION` (default: once); with --watch, how often a node in step is synced again (default 30s)"},
+							&cli.BoolFlag{Name: "watch", EnvVars: []string{"SHARDVISOR_RECONCILE_WATCH"}, Usage: "run until stopped: follow the map and keep every node's fence in step, each node on its own"},
+							&cli.DurationFlag{Name: "retry", EnvVars: []string{"SHARDVISOR_RECONCILE_RETRY"}, Usage: "with --watch: try a node that could not be synced (down, unreachable) again after `DURATION` (default 1s); bounds how long a returning down node accepts writes to buckets it lost"},
+							&cli.DurationFlag{Name: "timeout", EnvVars: []string{"SHARDVISOR_RECONCILE_TIMEOUT"}, Usage: "with --watch: give up one node's sync (connect and flip) after `DURATION` (default 5s)"},
 						},
 						Action: runReconcile,
 					},

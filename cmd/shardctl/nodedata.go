@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -124,6 +125,17 @@ func runCheck(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
+		if len(mism) > 0 {
+			// A map change between reading the map and the fence (a move
+			// syncs the fence after the map) is not drift: check again
+			// against the newest map.
+			if m, _, lerr := d.st.Load(ctx); lerr == nil && m.Version != d.m.Version {
+				d.m = m
+				if mism, err = fence.Check(ctx, conn, d.rec, d.m, n.ID); err != nil {
+					return err
+				}
+			}
+		}
 		cross, err := schemaAcrossNodes(ctx, c, d, n, conn)
 		if err != nil {
 			return err
@@ -148,10 +160,69 @@ func runCheck(c *cli.Context) error {
 	})
 }
 
+// writeSync prints one node's reconcile outcome for people.
+func writeSync(w io.Writer, m *bucketmap.Map, r fence.NodeSync) {
+	switch r.Status {
+	case fence.SyncInStep:
+		fmt.Fprintf(w, "node %s: in step with map version %d\n", r.Node, m.Version)
+	case fence.SyncRepaired:
+		fmt.Fprintf(w, "node %s: DRIFT repaired (fence was at map version %d, now %d): %d ranges added, %d removed\n", r.Node, r.From, m.Version, len(r.Added), len(r.Removed))
+		for _, a := range r.Added {
+			fmt.Fprintf(w, "  + %s\n", a)
+		}
+		for _, a := range r.Removed {
+			fmt.Fprintf(w, "  - %s\n", a)
+		}
+	case fence.SyncAhead:
+		fmt.Fprintf(w, "node %s: AHEAD of the map: %s\n", r.Node, r.Detail)
+	default:
+		fmt.Fprintf(w, "node %s: %s: %s\n", r.Node, r.Status, r.Detail)
+	}
+}
+
+// reconcileError is the error of a one-shot reconcile with bad outcomes.
+func reconcileError(res []fence.NodeSync) error {
+	bad, ahead := 0, []string{}
+	for _, r := range res {
+		if r.Status == fence.SyncAhead {
+			ahead = append(ahead, string(r.Node))
+		} else if r.Bad() {
+			bad++
+		}
+	}
+	switch {
+	case len(ahead) > 0:
+		return fmt.Errorf("node reconcile: the fence of %s is ahead of the map, which no sync takes back in time; check the map (was it restored from an older copy?) before anything else; %d other nodes could not be brought in step", strings.Join(ahead, ", "), bad)
+	case bad > 0:
+		return fmt.Errorf("node reconcile: %d nodes could not be brought in step", bad)
+	}
+	return nil
+}
+
+// runReconcileWatch is `node reconcile --watch`: the continuous reconciler
+// (fence.Watch), printing every change of a node's outcome.
+func runReconcileWatch(c *cli.Context, ids []bucketmap.NodeID) error {
+	p := cliutil.NewPrinter(c)
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		return fence.Watch(ctx, st, ids, fence.WatchOptions{
+			Retry: c.Duration("retry"), Every: c.Duration("every"), Timeout: c.Duration("timeout"), Log: log,
+			Report: func(m *bucketmap.Map, r fence.NodeSync) {
+				_ = p.Emit(map[string]any{"map_version": m.Version, "node": r}, func(w io.Writer) { writeSync(w, m, r) })
+			},
+		})
+	})
+}
+
 func runReconcile(c *cli.Context) error {
 	var ids []bucketmap.NodeID
 	for _, a := range c.Args().Slice() {
 		ids = append(ids, bucketmap.NodeID(a))
+	}
+	if c.Duration("retry") < 0 || c.Duration("timeout") < 0 || c.Duration("every") < 0 {
+		return cliutil.Usagef("node reconcile: --every, --retry and --timeout must not be negative")
+	}
+	if c.Bool("watch") {
+		return runReconcileWatch(c, ids)
 	}
 	every := c.Duration("every")
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
@@ -166,37 +237,15 @@ func runReconcile(c *cli.Context) error {
 				}
 				log.Warn("reconcile: cannot read the map", zap.Error(err))
 			} else {
-				bad := 0
-				for _, r := range res {
-					if r.Bad() {
-						bad++
-					}
-				}
 				if err := cliutil.NewPrinter(c).Emit(map[string]any{"map_version": m.Version, "nodes": res}, func(w io.Writer) {
 					for _, r := range res {
-						switch r.Status {
-						case fence.SyncInStep:
-							fmt.Fprintf(w, "node %s: in step with map version %d\n", r.Node, m.Version)
-						case fence.SyncRepaired:
-							fmt.Fprintf(w, "node %s: DRIFT repaired (fence was at map version %d, now %d): %d ranges added, %d removed\n", r.Node, r.From, m.Version, len(r.Added), len(r.Removed))
-							for _, a := range r.Added {
-								fmt.Fprintf(w, "  + %s\n", a)
-							}
-							for _, a := range r.Removed {
-								fmt.Fprintf(w, "  - %s\n", a)
-							}
-						default:
-							fmt.Fprintf(w, "node %s: %s: %s\n", r.Node, r.Status, r.Detail)
-						}
+						writeSync(w, m, r)
 					}
 				}); err != nil {
 					return err
 				}
 				if every == 0 {
-					if bad > 0 {
-						return fmt.Errorf("node reconcile: %d nodes could not be brought in step", bad)
-					}
-					return nil
+					return reconcileError(res)
 				}
 			}
 			select {
