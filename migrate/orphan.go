@@ -14,12 +14,12 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-// frozenSince says whether a move record shows a write pause that has not
+// FrozenSince says whether a move record shows a write pause that has not
 // ended, and since when: the source's fence froze the range (or was asked
 // to) and neither a flip that settled the fences nor a rollback that gave
 // the range back to the source followed. A mover that dies there leaves
 // the bucket refusing writes on every node until the move is resumed.
-func frozenSince(rec *topo.MoveRecord) (time.Time, bool) {
+func FrozenSince(rec *topo.MoveRecord) (time.Time, bool) {
 	if rec == nil || rec.FreezeStartedAt == nil || rec.Finished() || rec.State == topo.MoveFailed {
 		return time.Time{}, false
 	}
@@ -77,7 +77,7 @@ func (mv *Mover) WatchOrphans(ctx context.Context) {
 		log.Warn("listing moves", zap.Error(err))
 	} else {
 		for _, rec := range list {
-			if _, frozen := frozenSince(rec); frozen {
+			if _, frozen := FrozenSince(rec); frozen {
 				follow(rec.ID)
 			}
 		}
@@ -126,7 +126,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) {
 			return
 		}
 		if err == nil {
-			if since, frozen := frozenSince(rec); frozen {
+			if since, frozen := FrozenSince(rec); frozen {
 				met.frozen(id, since)
 			} else {
 				met.unfrozen(id)
@@ -145,7 +145,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) {
 		}
 		var wait <-chan time.Time
 		if err == nil && !held {
-			since, frozen := frozenSince(rec)
+			since, frozen := FrozenSince(rec)
 			fields := []zap.Field{zap.String("move", id), zap.String("state", rec.State), zap.String("last_runner", rec.Runner)}
 			if frozen {
 				fields = append(fields, zap.Duration("frozen_for", time.Since(since)))
@@ -197,7 +197,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) {
 // already cleared, say) hurt no writer and are left to the rebalancer's
 // next run or `shardctl move resume`.
 func (mv *Mover) orphanable(ctx context.Context, rec *topo.MoveRecord) bool {
-	if _, frozen := frozenSince(rec); frozen {
+	if _, frozen := FrozenSince(rec); frozen {
 		return true
 	}
 	m, _, err := mv.st.Load(ctx)
