@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
@@ -187,5 +188,86 @@ func TestIntegrationAbortFinishesBehindOpenWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	seeded["after-abort"] = 7
+	f.checkClean(seeded)
+}
+
+// gauge reads an unlabelled gauge from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
+}
+
+// With no runner present, a mover killed in the pause leaves the bucket
+// frozen: `move status` says so, and an orphan watcher started later
+// exports the frozen bucket's age (shardvisor_move_frozen_bucket_oldest_seconds,
+// what the documented alert fires on) until it has rolled the move back;
+// the record's pause then covers the whole time the bucket was frozen.
+func TestIntegrationFrozenBucketWithoutRunner(t *testing.T) {
+	f := newFixture(t, 2, 2)
+	seeded := f.seedRows("s", 50)
+	uid := f.uidIn(f.mapNow(), 0, "frozen")
+	const sessionTimeout = 8 * time.Second
+	id, dead := f.killMoverAt(topo.MoveBarrier, 0, "pg2", sessionTimeout)
+	if f.writable(uid, 1) {
+		t.Fatal("bucket 0 accepted a write with its mover killed in the pause")
+	}
+	out, err := exec.Command(shardctlBin(t), "--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv", "move", "status", id).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "WRITE PAUSE OPEN") {
+		t.Fatalf("move status of a move frozen with no runner: %v\n%s", err, out)
+	}
+	reg := prometheus.NewRegistry()
+	met := NewMetrics(reg)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); f.mover(Options{Metrics: met}).WatchOrphans(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	deadline := dead.Add(sessionTimeout + 5*time.Second + 3*time.Second)
+	var seen float64 // the largest frozen age exported
+	for {
+		seen = max(seen, gauge(t, reg, "shardvisor_move_frozen_bucket_oldest_seconds"))
+		rec, err := f.mover(Options{}).Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Finished() && f.writable(uid, 1) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bucket 0 still frozen %s after the mover died (move in %s)", time.Since(dead).Round(time.Millisecond), rec.State)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	seeded[uid] = 1
+	rec, _ := f.mover(Options{}).Get(context.Background(), id)
+	t.Logf("watcher started after the kill: move %s %s after the death; gauge reached %.2f s; recorded pause %.1f ms",
+		rec.State, time.Since(dead).Round(time.Millisecond), seen, rec.Stats.PauseMS)
+	if seen <= 0 {
+		t.Fatal("the frozen bucket's age was never exported")
+	}
+	if rec.State != topo.MoveAborted || rec.Stats.PauseMS < seen*1000 || rec.FreezeStartedAt == nil || rec.PauseEndedAt == nil {
+		t.Fatalf("record after the rollback: state %s, pause %.1f ms (frozen for at least %.0f ms), freeze %v..%v",
+			rec.State, rec.Stats.PauseMS, seen*1000, rec.FreezeStartedAt, rec.PauseEndedAt)
+	}
+	if n := gathered(t, reg, "shardvisor_move_orphan_resumes_total", map[string]string{"result": "finished"}); n != 1 {
+		t.Fatalf("orphan resumes finished: %v", n)
+	}
+	for gauge(t, reg, "shardvisor_move_frozen_bucket_oldest_seconds") != 0 {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatal("the frozen-bucket gauge stayed up after the rollback")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	f.checkClean(seeded)
 }
