@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,18 @@ type Metrics struct {
 	Stragglers *prometheus.CounterVec
 	// MemberWait is how long each fence step waited for the members.
 	MemberWait prometheus.Histogram
+	// FrozenOldest is the age, in seconds, of the oldest write pause the
+	// orphan watcher (Mover.WatchOrphans) knows to be open: a bucket whose
+	// writes every node refuses. 0 when there is none. Above the pause cap
+	// a mover died inside the pause and nobody has resumed the move yet.
+	FrozenOldest prometheus.GaugeFunc
+	// OrphanResumes counts the orphan watcher's resumes by result:
+	// finished (rolled back or completed), busy (another mover took it
+	// first), error (tried again with backoff).
+	OrphanResumes *prometheus.CounterVec
+
+	mu       sync.Mutex
+	frozenAt map[string]time.Time
 }
 
 // NewMetrics creates the mover's metrics and registers them with reg.
@@ -24,9 +37,53 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Members (routers, supervisors) that had not applied a move's fence map when the member wait ran out."}, []string{"kind", "action"}),
 		MemberWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shardvisor_move_member_wait_seconds",
 			Help: "Time a move's fence step waited for every member to apply the map that sets the bucket moving.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		OrphanResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardvisor_move_orphan_resumes_total",
+			Help: "Resumes of orphaned moves (their mover died) by the orphan watcher, by result: finished, busy, error."}, []string{"result"}),
+		frozenAt: map[string]time.Time{},
 	}
-	reg.MustRegister(m.Stragglers, m.MemberWait)
+	m.FrozenOldest = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardvisor_move_frozen_bucket_oldest_seconds",
+		Help: "Age of the oldest open write pause of a move the orphan watcher follows (0: none). Above the pause cap, a bucket refuses writes on every node."},
+		m.oldestFrozen)
+	reg.MustRegister(m.Stragglers, m.MemberWait, m.FrozenOldest, m.OrphanResumes)
 	return m
+}
+
+// OldestFrozen is the age of the oldest open write pause known (0: none).
+func (m *Metrics) OldestFrozen() time.Duration {
+	if m == nil {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var oldest time.Duration
+	for _, t := range m.frozenAt {
+		oldest = max(oldest, time.Since(t))
+	}
+	return oldest
+}
+
+func (m *Metrics) oldestFrozen() float64 { return m.OldestFrozen().Seconds() }
+
+func (m *Metrics) frozen(id string, since time.Time) {
+	if m != nil {
+		m.mu.Lock()
+		m.frozenAt[id] = since
+		m.mu.Unlock()
+	}
+}
+
+func (m *Metrics) unfrozen(id string) {
+	if m != nil {
+		m.mu.Lock()
+		delete(m.frozenAt, id)
+		m.mu.Unlock()
+	}
+}
+
+func (m *Metrics) orphanResumed(result string) {
+	if m != nil {
+		m.OrphanResumes.WithLabelValues(result).Inc()
+	}
 }
 
 func (m *Metrics) memberWait(d time.Duration) {

@@ -41,6 +41,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -71,6 +72,11 @@ type Options struct {
 	Logger  *zap.Logger
 	// Progress, when set, receives a line per state and copy progress.
 	Progress func(rec *topo.MoveRecord, msg string)
+	// AbortRetry bounds how long an abort retries a cleanup that failed
+	// while both nodes answer (a fence change that hit its lock timeout
+	// because a writer held a transaction open, say) before it leaves the
+	// move aborting for a resume. Default 1 min.
+	AbortRetry time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -91,6 +97,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.OnStraggler == "" {
 		o.OnStraggler = StragglerProceed
+	}
+	if o.AbortRetry <= 0 {
+		o.AbortRetry = time.Minute
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -811,7 +820,18 @@ func (r *run) fence(ctx context.Context) error {
 		// survive a failover of the source.
 		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.rec.ID, r.seq))
 	}
+	// The freeze's start is saved before the freeze, outside the pause: a
+	// mover that dies inside the pause leaves it in the record, and the
+	// resume that ends the pause records how long it really lasted.
+	startedAt := time.Now().UTC()
+	r.rec.FreezeStartedAt = &startedAt
+	if err := r.save(ctx); err != nil {
+		return err
+	}
 	if _, err := fence.FreezeWith(ctx, src, r.rec.Lo, r.rec.Hi, next.Version, also...); err != nil {
+		// The freeze's transaction rolled back: writers queued behind its
+		// lock request go on now. They waited that long: a pause.
+		r.endPause(time.Now())
 		return fmt.Errorf("source fence: %w", err)
 	}
 	r.frozenAt = time.Now()
@@ -1068,8 +1088,11 @@ func describe(c *topo.MoveCheck) string {
 
 // abort rolls a move back before its flip: the source owns the range
 // again, the target's partial copy is removed, and nothing is left behind.
-// A node that cannot be reached leaves the move in aborting, to finish
-// with `move resume`.
+// A cleanup that fails while both nodes answer (a fence change that hit its
+// lock timeout behind a writer's open transaction, say) is tried again,
+// with backoff, for up to Options.AbortRetry: a clean abort finishes by
+// itself. A node that cannot be reached leaves the move in aborting, to
+// finish with `move resume` (or the rebalancer's orphan watcher).
 func (r *run) abort(ctx context.Context, cause error) error {
 	if r.rec.State != topo.MoveAborting {
 		r.rec.Error = cause.Error()
@@ -1086,10 +1109,100 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		r.verifyTx.Rollback(ctx)
 		r.verifyTx = nil
 	}
-	var problems []string
-	m, _, err := r.mv.st.Load(ctx)
+	deadline := time.Now().Add(r.mv.opts.AbortRetry)
+	b := backoff.New(100*time.Millisecond, 2*time.Second)
+	for {
+		problems, unreachable, err := r.cleanup(ctx)
+		if err != nil {
+			return err
+		}
+		if len(problems) == 0 {
+			break
+		}
+		if unreachable || ctx.Err() != nil || time.Now().After(deadline) {
+			_ = r.save(ctx)
+			return fmt.Errorf("move %s: aborting after %v, but the cleanup is incomplete (run `shardctl move resume %s` when the nodes answer): %s", r.rec.ID, cause, r.rec.ID, strings.Join(problems, "; "))
+		}
+		wait := b.Next()
+		r.mv.log.Warn("abort cleanup incomplete; trying again", zap.String("move", r.rec.ID), zap.Duration("in", wait), zap.Strings("problems", problems))
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	if err := r.enter(ctx, topo.MoveAborted); err != nil {
+		return err
+	}
+	return fmt.Errorf("move %s aborted: %w", r.rec.ID, cause)
+}
+
+// endPause records the end of a write pause that did not end with a flip
+// (a rollback), measured from the freeze's recorded start, so that a pause
+// cut short by a crash is reported as long as it really was.
+func (r *run) endPause(at time.Time) {
+	if r.rec.FreezeStartedAt == nil || r.rec.PauseEndedAt != nil {
+		return
+	}
+	end := at.UTC()
+	r.rec.PauseEndedAt = &end
+	if d := end.Sub(*r.rec.FreezeStartedAt); d > 0 {
+		r.rec.Stats.PauseMS = float64(d.Microseconds()) / 1000
+	}
+}
+
+// pauseOpen reports whether the record says a write pause began and has not
+// ended: the source's fence may still freeze the range.
+func pauseOpen(rec *topo.MoveRecord) bool {
+	return rec.FreezeStartedAt != nil && rec.PauseEndedAt == nil && !pastFlip(rec) && !rec.Finished()
+}
+
+// thawSource makes the source's fence own the range again after a freeze
+// that may have happened. A range the fence still owns (the freeze never
+// committed: it hit its lock timeout, or the mover died before it) is left
+// alone: re-owning it would wait for the same writers the freeze waited
+// for.
+func (r *run) thawSource(ctx context.Context, src *pgx.Conn, version uint64) error {
+	f, err := fence.Read(ctx, src)
+	if errors.Is(err, fence.ErrNotInstalled) {
+		return nil
+	}
 	if err != nil {
 		return err
+	}
+	if !ownsAll(f, r.rec.Lo, r.rec.Hi) {
+		if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, version); err != nil && !errors.Is(err, fence.ErrNotInstalled) {
+			return err
+		}
+	}
+	r.endPause(time.Now())
+	return nil
+}
+
+// ownsAll reports whether a fence owns every key of lo..hi.
+func ownsAll(f *fence.Fence, lo, hi int64) bool {
+	next := lo
+	for _, sp := range f.Spans {
+		if sp.Hi < next || sp.Lo > next {
+			continue
+		}
+		if sp.State != fence.Owned {
+			return false
+		}
+		if sp.Hi >= hi {
+			return true
+		}
+		next = sp.Hi + 1
+	}
+	return false
+}
+
+// cleanup is one attempt at an abort's cleanup; every part of it is
+// idempotent. It returns what is still left to do, and whether a node did
+// not answer (retrying then is the resume's job, not the abort's).
+func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool, _ error) {
+	m, _, err := r.mv.st.Load(ctx)
+	if err != nil {
+		return nil, false, err
 	}
 	src, srcErr := r.source(ctx)
 	dst, dstErr := r.target(ctx)
@@ -1100,6 +1213,7 @@ func (r *run) abort(ctx context.Context, cause error) error {
 			r.rec.SlotPending = true
 		}
 	}
+	sourceOwns := true
 	if srcErr == nil {
 		if err := dropPublication(ctx, src, r.rec.Publication); err != nil {
 			problems = append(problems, "source: dropping publication: "+err.Error())
@@ -1115,22 +1229,29 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		// again before the map says so, so that writers sent back to it
 		// are accepted.
 		if r.rec.FenceVersion != 0 {
-			if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, m.Version); err != nil && !errors.Is(err, fence.ErrNotInstalled) {
+			if err := r.thawSource(ctx, src, m.Version); err != nil {
+				sourceOwns = false
 				problems = append(problems, "source fence: "+err.Error())
 			}
 		}
 		_ = clearMarkers(ctx, src, r.rec.ID)
-	} else if r.reached(topo.MoveCopy) {
+	} else if r.reached(topo.MoveCopy) || r.rec.FenceVersion != 0 {
 		// A publication and slot may be on the source: finish later.
 		problems = append(problems, "source unreachable: "+srcErr.Error())
+		unreachable = true
 	}
-	if _, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
-		if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
-			return m.ClearMoving(r.rec.Bucket)
+	// The map stops saying moving only once the source accepts the
+	// bucket's writes again (or cannot be asked): a frozen source under a
+	// map that says active would refuse writes with nothing to show why.
+	if sourceOwns {
+		if _, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+			if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
+				return m.ClearMoving(r.rec.Bucket)
+			}
+			return nil
+		}); err != nil {
+			problems = append(problems, "map: "+err.Error())
 		}
-		return nil
-	}); err != nil {
-		problems = append(problems, "map: "+err.Error())
 	}
 	if dstErr == nil {
 		// The target's fence first, then its rows: nothing can be
@@ -1160,15 +1281,9 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		_ = clearMarkers(ctx, dst, r.rec.ID)
 	} else {
 		problems = append(problems, "target unreachable: "+dstErr.Error())
+		unreachable = true
 	}
-	if len(problems) > 0 {
-		_ = r.save(ctx)
-		return fmt.Errorf("move %s: aborting after %v, but the cleanup is incomplete (run `shardctl move resume %s` when the nodes answer): %s", r.rec.ID, cause, r.rec.ID, strings.Join(problems, "; "))
-	}
-	if err := r.enter(ctx, topo.MoveAborted); err != nil {
-		return err
-	}
-	return fmt.Errorf("move %s aborted: %w", r.rec.ID, cause)
+	return problems, unreachable, nil
 }
 
 // claimsAny reports whether a fence has any state for keys in lo..hi.

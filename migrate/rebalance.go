@@ -221,8 +221,17 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 // before trying again. If the lock is lost (the session was lost, so
 // another rebalancer may be elected) the run in progress is cancelled and
 // RunForever returns an error wrapping zksession.ErrLockLost.
+//
+// From the start, elected or not, it also runs the orphan watcher
+// (Mover.WatchOrphans): a move whose mover died, in the write pause or
+// with its bucket marked moving, is resumed as soon as the dead mover's
+// runner lock goes with its session.
 func (rb *Rebalancer) RunForever(ctx context.Context) error {
 	s, p := rb.mv.s, rb.mv.p
+	octx, stopOrphans := context.WithCancel(ctx)
+	orphansDone := make(chan struct{})
+	go func() { defer close(orphansDone); rb.mv.WatchOrphans(octx) }()
+	defer func() { stopOrphans(); <-orphansDone }()
 	lock, err := topo.LockRebalance(ctx, s, p, []byte(rb.mv.runner), func(le *zksession.LockedError) {
 		rb.say("another rebalancer (%s) is running; waiting for it to go away", le.Holder)
 	})

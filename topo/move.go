@@ -54,6 +54,15 @@ type MoveRecord struct {
 	StartVersion uint64 `json:"start_map_version"`
 	FenceVersion uint64 `json:"fence_map_version,omitempty"` // the map that set it moving
 	FlipVersion  uint64 `json:"flip_map_version,omitempty"`  // the map that gave it to target
+	// FreezeStartedAt is saved just before the source's fence is asked to
+	// freeze the range: the write pause starts no earlier. A mover that
+	// dies inside the pause leaves it, so that whoever ends the pause
+	// (a resume's rollback) records the real pause.
+	FreezeStartedAt *time.Time `json:"freeze_started_at,omitempty"`
+	// PauseEndedAt is when a rolled-back pause ended: the source's fence
+	// owned the range again (or the freeze was found never to have taken
+	// effect). A flipped move's pause ends with the flip (FlipVersion).
+	PauseEndedAt *time.Time `json:"pause_ended_at,omitempty"`
 
 	CreatedAt time.Time  `json:"created_at"`
 	UpdatedAt time.Time  `json:"updated_at"`

@@ -205,7 +205,7 @@ func newApp() *cli.App {
 					"not connected. --watch is the automatic mode: one elected rebalancer per cluster runs on every map change.",
 				Flags: append(append([]cli.Flag{
 					&cli.BoolFlag{Name: "dry-run", Usage: "print the plan and change nothing"},
-					&cli.BoolFlag{Name: "watch", Usage: "automatic mode: keep running as the cluster's elected rebalancer"},
+					&cli.BoolFlag{Name: "watch", Usage: "automatic mode: keep running as the cluster's elected rebalancer; elected or not, also resume every move whose mover died (its bucket frozen or moving) once the dead mover's ZooKeeper session expires (see docs/moves.md, Recovery)"},
 					&cli.BoolFlag{Name: "resume", Usage: "clear a pause (after a verification mismatch was understood) and run"},
 					&cli.BoolFlag{Name: "pause", Usage: "pause the rebalancer (a running one stops after its current moves)"},
 				}, policyFlags()...), moveFlags()...),

@@ -82,6 +82,13 @@ func writeMove(w io.Writer, r *topo.MoveRecord) {
 			fmt.Fprintf(w, "    %s: source %d rows, target %d rows\n", t.Table, t.SourceRows, t.TargetRows)
 		}
 	}
+	if since, frozen := migrate.FrozenSince(r); frozen {
+		fmt.Fprintf(w, "  WRITE PAUSE OPEN since %s (%s): bucket %d's writes are refused on every node until the move is resumed or rolled back; `rebalance --watch` does it once the mover's runner lock is gone, or run `shardctl move resume %s`\n",
+			since.Local().Format("15:04:05.000"), time.Since(since).Round(time.Millisecond), r.Bucket, r.ID)
+	}
+	if r.PauseEndedAt != nil && r.FreezeStartedAt != nil {
+		fmt.Fprintf(w, "  write pause rolled back: %s to %s\n", r.FreezeStartedAt.Local().Format("15:04:05.000"), r.PauseEndedAt.Local().Format("15:04:05.000"))
+	}
 	if r.SlotPending {
 		fmt.Fprintf(w, "  slot %s is still on the source (it was unreachable); `shardctl move resume %s` drops it\n", r.Slot, r.ID)
 	}

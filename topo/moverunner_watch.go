@@ -1,0 +1,16 @@
+package topo
+
+import (
+	"context"
+
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// WatchMoveRunner follows a move's runner lock node (Paths.MoveRunner):
+// each Node says whether a mover holds the move (Exists) and, if so,
+// which (Data, the holder's name). The node is ephemeral, so it goes away
+// when its mover's session expires: the orphan watcher in package migrate
+// resumes the move then.
+func WatchMoveRunner(ctx context.Context, s *zksession.Session, p Paths, id string) *zksession.Watch {
+	return s.Watch(ctx, p.MoveRunner(id))
+}
