@@ -208,7 +208,11 @@ type Report struct {
 	ElapsedS   float64       `json:"elapsed_s"`
 	// Where the time went: finding and checking ranges (map, fences,
 	// counts on both nodes), inside delete transactions, pruning.
-	Checking    time.Duration `json:"-"`
+	Checking time.Duration `json:"-"`
+	// Connecting is the part of Checking spent opening one connection to
+	// each node, all at once (the deletes use them too).
+	Connecting  time.Duration `json:"-"`
+	ConnectingS float64       `json:"connecting_s"`
 	Deleting    time.Duration `json:"-"`
 	CheckingS   float64       `json:"checking_s"`
 	DeletingS   float64       `json:"deleting_s"`
@@ -326,27 +330,22 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 
 	conns := &connCache{connect: g.Opt.Connect, m: m, conns: map[bucketmap.NodeID]*pgx.Conn{}, errs: map[bucketmap.NodeID]error{}}
 	defer conns.close()
+	// Every node at once: connect; then, again all at once, read its
+	// fence and count every range it holds leftovers of or owns, in one
+	// round trip. Then the checks.
+	t0 := g.Opt.Now()
 	conns.dial(ctx, cands)
-	// The fences first (read once per node), then every count the
-	// remaining ranges need, in one round per node (all nodes at once),
-	// then the count checks.
-	var fenced []Range
+	rep.Connecting = g.Opt.Now().Sub(t0)
+	counts := g.readNodes(ctx, conns, cands)
+	if ctx.Err() != nil {
+		return rep, ctx.Err()
+	}
+	var work []Work
 	for _, r := range cands {
 		if skip := g.verifyFences(ctx, conns, r); skip != nil {
 			rep.Skipped = append(rep.Skipped, *skip)
 			continue
 		}
-		fenced = append(fenced, r)
-	}
-	if ctx.Err() != nil {
-		return rep, ctx.Err()
-	}
-	counts := g.countAll(ctx, conns, fenced)
-	if ctx.Err() != nil {
-		return rep, ctx.Err()
-	}
-	var work []Work
-	for _, r := range fenced {
 		w, skip := g.verifyCounts(r, counts)
 		if skip != nil {
 			rep.Skipped = append(rep.Skipped, *skip)
@@ -392,6 +391,7 @@ func (r *Report) finish() {
 	r.MaxBatchMS = float64(r.MaxBatch.Microseconds()) / 1000
 	r.ElapsedS = r.Elapsed.Seconds()
 	r.CheckingS = r.Checking.Seconds()
+	r.ConnectingS = r.Connecting.Seconds()
 	r.DeletingS = r.Deleting.Seconds()
 }
 
@@ -483,6 +483,8 @@ type connCache struct {
 	conns   map[bucketmap.NodeID]*pgx.Conn
 	errs    map[bucketmap.NodeID]error
 	fences  map[bucketmap.NodeID]*fence.Fence
+	// fenceErrs: nodes whose fence could not be read (not retried).
+	fenceErrs map[bucketmap.NodeID]error
 }
 
 func (c *connCache) get(ctx context.Context, id bucketmap.NodeID) (*pgx.Conn, error) {
@@ -521,8 +523,8 @@ func (c *connCache) get(ctx context.Context, id bucketmap.NodeID) (*pgx.Conn, er
 }
 
 // dial connects to every node of the candidates at once (a connection
-// costs an authentication round trip or three; nodes are checked one
-// range at a time). Failures are remembered and reported by verify.
+// costs an authentication round trip or three). Failures are remembered
+// and reported by verifyFences.
 func (c *connCache) dial(ctx context.Context, ranges []Range) {
 	var wg sync.WaitGroup
 	seen := map[bucketmap.NodeID]bool{}
@@ -538,27 +540,33 @@ func (c *connCache) dial(ctx context.Context, ranges []Range) {
 	wg.Wait()
 }
 
-// fenceOf reads a node's fence once per run (nil: not installed).
+// fenceOf reads a node's fence once per run (nil: not installed); a
+// failure is remembered too.
 func (c *connCache) fenceOf(ctx context.Context, id bucketmap.NodeID, conn *pgx.Conn) (*fence.Fence, error) {
 	c.mu.Lock()
 	if c.fences == nil {
 		c.fences = map[bucketmap.NodeID]*fence.Fence{}
 	}
 	f, ok := c.fences[id]
+	ferr := c.fenceErrs[id]
 	c.mu.Unlock()
-	if ok {
-		return f, nil
+	if ok || ferr != nil {
+		return f, ferr
 	}
 	f, err := fence.Read(ctx, conn)
 	if errors.Is(err, fence.ErrNotInstalled) {
 		f, err = nil, nil
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err != nil {
+		if c.fenceErrs == nil {
+			c.fenceErrs = map[bucketmap.NodeID]error{}
+		}
+		c.fenceErrs[id] = err
 		return nil, err
 	}
-	c.mu.Lock()
 	c.fences[id] = f
-	c.mu.Unlock()
 	return f, nil
 }
 
@@ -638,13 +646,15 @@ type countResult struct {
 	err error
 }
 
-// countAll counts, for every range, every table's rows on the range's node
-// and on its owner. Each node counts everything asked of it in one round
-// trip and one snapshot: a read-only transaction with one statement per
-// table that counts all of that node's ranges (see countRanges), however
-// many ranges there are. The nodes count at once (a count of a big range
-// is a scan of its own on each).
-func (g *GC) countAll(ctx context.Context, conns *connCache, ranges []Range) map[countKey]countResult {
+// readNodes connects to every node the candidates name, all at once, and
+// on each reads its fence (once per run) and counts every table's rows in
+// every candidate range the node holds leftovers of or owns. Each node
+// counts everything asked of it in one round trip and one snapshot: a
+// read-only transaction with one statement per table that counts all of
+// that node's ranges (see countRanges), however many ranges there are. A
+// range whose fences then disagree was counted for nothing, which costs
+// less than another round.
+func (g *GC) readNodes(ctx context.Context, conns *connCache, ranges []Range) map[countKey]countResult {
 	type span struct{ lo, hi int64 }
 	need := map[bucketmap.NodeID][]span{}
 	seen := map[bucketmap.NodeID]map[span]bool{}
@@ -674,6 +684,9 @@ func (g *GC) countAll(ctx context.Context, conns *connCache, ranges []Range) map
 			var res map[string][]int64
 			var errs map[string]error
 			if err == nil {
+				// An error is remembered with the fence and reported by
+				// verifyFences.
+				_, _ = conns.fenceOf(ctx, id, conn)
 				res, errs = countRanges(ctx, conn, g.Tables, los, his)
 			}
 			mu.Lock()
