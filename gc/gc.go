@@ -332,7 +332,7 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 	defer conns.close()
 	// Every node at once: connect; then, again all at once, read its
 	// fence and count every range it holds leftovers of or owns, in one
-	// round trip. Then the checks.
+	// round trip (readNode). Then the checks.
 	t0 := g.Opt.Now()
 	conns.dial(ctx, cands)
 	rep.Connecting = g.Opt.Now().Sub(t0)
@@ -570,6 +570,16 @@ func (c *connCache) fenceOf(ctx context.Context, id bucketmap.NodeID, conn *pgx.
 	return f, nil
 }
 
+// setFence remembers a node's fence, read by readNode.
+func (c *connCache) setFence(id bucketmap.NodeID, f *fence.Fence) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fences == nil {
+		c.fences = map[bucketmap.NodeID]*fence.Fence{}
+	}
+	c.fences[id] = f
+}
+
 func (c *connCache) close() {
 	for _, conn := range c.conns {
 		conn.Close(context.Background())
@@ -684,10 +694,18 @@ func (g *GC) readNodes(ctx context.Context, conns *connCache, ranges []Range) ma
 			var res map[string][]int64
 			var errs map[string]error
 			if err == nil {
-				// An error is remembered with the fence and reported by
-				// verifyFences.
-				_, _ = conns.fenceOf(ctx, id, conn)
-				res, errs = countRanges(ctx, conn, g.Tables, los, his)
+				var f *fence.Fence
+				if f, res, err = readNode(ctx, conn, g.Tables, los, his); err == nil {
+					conns.setFence(id, f)
+				} else if ctx.Err() == nil {
+					// No fence, a table missing, or an error: the same
+					// one step at a time, so that each answer gets its
+					// own error (remembered with the fence and reported
+					// by verifyFences).
+					err = nil
+					_, _ = conns.fenceOf(ctx, id, conn)
+					res, errs = countRanges(ctx, conn, g.Tables, los, his)
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -800,14 +818,64 @@ func countRanges(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo
 	return counts, errs
 }
 
+// readNode reads a node's fence and counts each table's rows in every key
+// range lo[i]..hi[i], in one round trip and one snapshot (a REPEATABLE READ
+// read-only transaction): the fence's meta row and ownership rows, then
+// countTables' statements. Any error (a node without a fence, or without
+// one of the tables, fails the whole transaction) is returned as is; the
+// caller then asks again one step at a time.
+func readNode(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo, hi []int64) (*fence.Fence, map[string][]int64, error) {
+	f := &fence.Fence{}
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	b.Queue(`SET LOCAL max_parallel_workers_per_gather = 0`)
+	b.Queue(`SELECT fence_version, cluster, node, map_version, level, updated_at FROM shardvisor.fence_meta`).QueryRow(func(r pgx.Row) error {
+		var mv int64
+		err := r.Scan(&f.FenceVersion, &f.Cluster, &f.Node, &mv, &f.Level, &f.UpdatedAt)
+		f.MapVersion = uint64(mv)
+		return err
+	})
+	b.Queue(`SELECT lo, hi, state, epoch FROM shardvisor.ownership ORDER BY lo`).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var sp fence.Span
+			var st string
+			var ep int64
+			if err := rows.Scan(&sp.Lo, &sp.Hi, &st, &ep); err != nil {
+				return err
+			}
+			sp.State, sp.Epoch = fence.State(st), uint64(ep)
+			f.Spans = append(f.Spans, sp)
+		}
+		return rows.Err()
+	})
+	counts := queueCounts(b, tables, lo, hi)
+	b.Queue(`COMMIT`)
+	if err := sendTx(ctx, c, b); err != nil {
+		return nil, nil, err
+	}
+	return f, counts, nil
+}
+
 // rangesPerStatement bounds one count statement's length.
 const rangesPerStatement = 256
 
 func countTables(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo, hi []int64) (map[string][]int64, error) {
-	out := map[string][]int64{}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN READ ONLY`)
 	b.Queue(`SET LOCAL max_parallel_workers_per_gather = 0`)
+	out := queueCounts(b, tables, lo, hi)
+	b.Queue(`COMMIT`)
+	if err := sendTx(ctx, c, b); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// queueCounts queues on b one statement per table (per rangesPerStatement
+// ranges) counting its rows in every range; the counts land in the result
+// when b has run.
+func queueCounts(b *pgx.Batch, tables []topo.TableRecord, lo, hi []int64) map[string][]int64 {
+	out := map[string][]int64{}
 	for _, t := range tables {
 		n := make([]int64, len(lo))
 		out[t.Name] = n
@@ -831,11 +899,7 @@ func countTables(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo
 			})
 		}
 	}
-	b.Queue(`COMMIT`)
-	if err := sendTx(ctx, c, b); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return out
 }
 
 // prune drops the history entries whose whole range was deleted clean.
