@@ -213,9 +213,13 @@ func chooseOrder(ctx context.Context, conn *pgx.Conn, t topo.TableRecord, w *Wor
 	var version int
 	var reltuples float64
 	var relpages int64
-	err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size(c.oid) / current_setting('block_size')::int, current_setting('server_version_num')::int, c.reltuples, c.relpages
-FROM pg_catalog.pg_class c WHERE c.oid = $1::regclass`, qualified(t)).Scan(&wk.blocks, &version, &reltuples, &relpages)
-	if err != nil || force == OrderKey || version < 140000 {
+	var kind string
+	err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size(c.oid) / current_setting('block_size')::int, current_setting('server_version_num')::int, c.reltuples, c.relpages, c.relkind::text
+FROM pg_catalog.pg_class c WHERE c.oid = $1::regclass`, qualified(t)).Scan(&wk.blocks, &version, &reltuples, &relpages, &kind)
+	// A partitioned table has no pages of its own (its partitions have
+	// them): key order, through the parent, which prunes to the
+	// partitions that may hold the range.
+	if err != nil || force == OrderKey || version < 140000 || kind == "p" {
 		return wk, err
 	}
 	// Tuples per page: the statistics' figure or the first pages' count,
