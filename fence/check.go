@@ -353,11 +353,13 @@ func fencePrivileges(ctx context.Context, q Querier) ([]fencePrivilege, error) {
 }
 
 // fencedTables lists the tables that carry any of the fence's triggers or
-// its constraint, as schema and name.
+// its constraint, as schema and name: their own, not the clones and
+// inherited copies PostgreSQL keeps on the partitions of a partitioned
+// sharded table (they follow the parent's, and cannot be dropped alone).
 func fencedTables(ctx context.Context, q Querier) ([][2]string, error) {
 	rows, err := q.Query(ctx, `SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = ANY($1))
-			OR EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c' AND k.conname = $2)
+		WHERE EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = ANY($1) AND t.tgparentid = 0)
+			OR EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'c' AND k.conname = $2 AND k.coninhcount = 0)
 		ORDER BY 1, 2`, triggerNames, ConstraintName)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package gc
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"strconv"
@@ -175,5 +176,79 @@ func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
 		b.ReportMetric(slices.Max(maxBatch), "max-batch-ms")
 		b.Logf("median of %d rounds: gc %.2fx a plain DELETE (target >= 0.8); in delete transactions %.2fx; %.2fx an unfenced DELETE; longest batch %.1f ms",
 			rounds, median(xWhole), median(xTxns), median(xUnfenced), slices.Max(maxBatch))
+	}
+}
+
+// BenchmarkGCDemoLeftovers reproduces the leftovers of the demo's
+// rebalance (scripts/demo: three nodes, a fourth added, buckets moved to
+// it, then `shardctl gc`): 8 leftover ranges of about 700 rows each
+// (5,600 rows) on three nodes, in a table holding every bucket's rows, the
+// new owner holding the moved ones. It reports the share of GC's wall
+// time spent finding and checking the ranges (Report.Checking less
+// Report.Connecting, over Report.Elapsed: the map, move and member
+// records, the fences, the counts on both sides) as check-share (target
+// at most 0.25), and with connecting to the nodes as check+connect-share,
+// the median of GC_BENCH_ROUNDS rounds (default 5), each on fresh
+// leftovers (every range moved back to its old node and away again).
+//
+//	go test -run '^$' -bench GCDemoLeftovers -benchtime 1x ./gc
+func BenchmarkGCDemoLeftovers(b *testing.B) {
+	const perBucket = 700
+	c := newCluster(b, 4, 4)
+	r := rand.New(rand.NewPCG(5591, 16))
+	// The fourth node starts empty, as the one the demo adds.
+	m := c.update(func(m *bucketmap.Map) error {
+		for bk := range uint32(m.Buckets()) {
+			if m.Owner(bk) == c.ids[3] {
+				if err := m.Assign(bk, c.ids[int(bk)%3], bucketmap.AssignOptions{}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	for bk := range uint32(m.Buckets()) {
+		c.insert(r, m, bk, perBucket)
+	}
+	// Drop the history of that setup: no rows were ever on the fourth node.
+	c.run(Options{Grace: -1})
+	var moved []uint32
+	for bk := uint32(0); bk < 16; bk += 2 {
+		moved = append(moved, bk)
+	}
+	old := map[uint32]bucketmap.NodeID{}
+	for _, bk := range moved {
+		old[bk] = m.Owner(bk)
+	}
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("GC_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
+	for b.Loop() {
+		var share, withConn, elapsed []float64
+		for round := range rounds {
+			for _, bk := range moved {
+				if round > 0 {
+					m = c.move(m, bk, old[bk])
+				}
+				m = c.move(m, bk, c.ids[3])
+			}
+			rep := c.run(Options{Grace: -1})
+			if len(rep.Work) != len(moved) || rep.Deleted != int64(len(moved)*perBucket) || rep.Uncertain() != 0 {
+				b.Fatalf("gc: %d ranges, %d rows deleted, %d uncertain skips: %+v", len(rep.Work), rep.Deleted, rep.Uncertain(), rep.Skipped)
+			}
+			checks := rep.Checking - rep.Connecting
+			share = append(share, checks.Seconds()/rep.Elapsed.Seconds())
+			withConn = append(withConn, rep.Checking.Seconds()/rep.Elapsed.Seconds())
+			elapsed = append(elapsed, rep.Elapsed.Seconds())
+			b.Logf("round %d: %d ranges, %d rows: gc %.1f ms; before the first delete %.1f ms (%.0f%%): connecting %.1f ms, checking %.1f ms (%.0f%%); in delete transactions %.1f ms, %d batches",
+				round+1, len(rep.Work), rep.Deleted, 1000*rep.Elapsed.Seconds(), 1000*rep.Checking.Seconds(), 100*rep.Checking.Seconds()/rep.Elapsed.Seconds(),
+				1000*rep.Connecting.Seconds(), 1000*checks.Seconds(), 100*checks.Seconds()/rep.Elapsed.Seconds(), 1000*rep.Deleting.Seconds(), rep.Batches)
+		}
+		b.ReportMetric(median(share), "check-share")
+		b.ReportMetric(median(withConn), "check+connect-share")
+		b.ReportMetric(1000*median(elapsed), "gc-ms")
+		b.Logf("median of %d rounds: checking %.0f%% of GC's wall time (target <= 25%%), with connecting %.0f%%; GC %.1f ms", rounds, 100*median(share), 100*median(withConn), 1000*median(elapsed))
 	}
 }

@@ -24,6 +24,8 @@ type deleter struct {
 	start time.Time
 	conns *connCache
 	extra map[bucketmap.NodeID][]*pgx.Conn // more connections per node, for Parallel
+	// hasFence: whether each node has the fence installed (asked once).
+	hasFence map[bucketmap.NodeID]bool
 
 	mu      sync.Mutex // guards rep, the walks' TableWork and cursors, and what follows
 	lastLog time.Time
@@ -76,6 +78,23 @@ func (d *deleter) connsFor(ctx context.Context, id bucketmap.NodeID, conn *pgx.C
 	return append([]*pgx.Conn{conn}, more...)
 }
 
+// fenced says whether a node has the fence installed, asked once per node
+// and run (the walk's batches re-check the node's claims themselves).
+func (d *deleter) fenced(ctx context.Context, id bucketmap.NodeID, conn *pgx.Conn) (bool, error) {
+	if ok, seen := d.hasFence[id]; seen {
+		return ok, nil
+	}
+	ok, err := fence.Installed(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	if d.hasFence == nil {
+		d.hasFence = map[bucketmap.NodeID]bool{}
+	}
+	d.hasFence[id] = ok
+	return ok, nil
+}
+
 func (d *deleter) close() {
 	for _, cs := range d.extra {
 		for _, c := range cs {
@@ -111,7 +130,7 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 	if err != nil {
 		return err
 	}
-	hasFence, err := fence.Installed(ctx, conn)
+	hasFence, err := d.fenced(ctx, w.Node, conn)
 	if err != nil {
 		return err
 	}
@@ -185,12 +204,22 @@ type walk struct {
 // fails (a statement timeout, say) means key order.
 func chooseOrder(ctx context.Context, conn *pgx.Conn, t topo.TableRecord, w *Work, rows int64, batch int, force string) (walk, error) {
 	var wk walk
+	// A range of at most sampleRows rows is its own sample: one key-order
+	// batch reads no more pages than the sample would, so sizing it up
+	// (three more statements) would cost as much as deleting it.
+	if force == OrderAuto && rows <= sampleRows {
+		return wk, nil
+	}
 	var version int
 	var reltuples float64
 	var relpages int64
-	err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size(c.oid) / current_setting('block_size')::int, current_setting('server_version_num')::int, c.reltuples, c.relpages
-FROM pg_catalog.pg_class c WHERE c.oid = $1::regclass`, qualified(t)).Scan(&wk.blocks, &version, &reltuples, &relpages)
-	if err != nil || force == OrderKey || version < 140000 {
+	var kind string
+	err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size(c.oid) / current_setting('block_size')::int, current_setting('server_version_num')::int, c.reltuples, c.relpages, c.relkind::text
+FROM pg_catalog.pg_class c WHERE c.oid = $1::regclass`, qualified(t)).Scan(&wk.blocks, &version, &reltuples, &relpages, &kind)
+	// A partitioned table has no pages of its own (its partitions have
+	// them): key order, through the parent, which prunes to the
+	// partitions that may hold the range.
+	if err != nil || force == OrderKey || version < 140000 || kind == "p" {
 		return wk, err
 	}
 	// Tuples per page: the statistics' figure or the first pages' count,
@@ -213,7 +242,7 @@ FROM pg_catalog.pg_class c WHERE c.oid = $1::regclass`, qualified(t)).Scan(&wk.b
 	// table a whole batch's rows would touch most of its pages); it
 	// overstates the key walk's visits only where rows are spread out
 	// densely, where heap order is right anyway.
-	lo, hi := firstBatch(w.KeyLo, w.KeyHi, rows, min(batch, 2000))
+	lo, hi := firstBatch(w.KeyLo, w.KeyHi, rows, min(batch, sampleRows))
 	var sampled, pages int64
 	err = conn.QueryRow(ctx, `SELECT count(*), count(DISTINCT (ctid::text::point)[0]) FROM `+qualified(t)+` WHERE `+pgx.Identifier{t.KeyColumn}.Sanitize()+` BETWEEN $1 AND $2`, lo, hi).Scan(&sampled, &pages)
 	if err != nil {
@@ -225,6 +254,9 @@ FROM pg_catalog.pg_class c WHERE c.oid = $1::regclass`, qualified(t)).Scan(&wk.b
 	wk.heap = heapOrder(rows, wk.blocks, sampled, pages)
 	return wk, nil
 }
+
+// sampleRows is the most rows chooseOrder samples.
+const sampleRows = 2000
 
 // heapOrder is chooseOrder's rule: the key walk visits about pages/sampled
 // pages per row.

@@ -208,7 +208,11 @@ type Report struct {
 	ElapsedS   float64       `json:"elapsed_s"`
 	// Where the time went: finding and checking ranges (map, fences,
 	// counts on both nodes), inside delete transactions, pruning.
-	Checking    time.Duration `json:"-"`
+	Checking time.Duration `json:"-"`
+	// Connecting is the part of Checking spent opening one connection to
+	// each node, all at once (the deletes use them too).
+	Connecting  time.Duration `json:"-"`
+	ConnectingS float64       `json:"connecting_s"`
 	Deleting    time.Duration `json:"-"`
 	CheckingS   float64       `json:"checking_s"`
 	DeletingS   float64       `json:"deleting_s"`
@@ -326,13 +330,23 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 
 	conns := &connCache{connect: g.Opt.Connect, m: m, conns: map[bucketmap.NodeID]*pgx.Conn{}, errs: map[bucketmap.NodeID]error{}}
 	defer conns.close()
+	// Every node at once: connect; then, again all at once, read its
+	// fence and count every range it holds leftovers of or owns, in one
+	// round trip (readNode). Then the checks.
+	t0 := g.Opt.Now()
 	conns.dial(ctx, cands)
+	rep.Connecting = g.Opt.Now().Sub(t0)
+	counts := g.readNodes(ctx, conns, cands)
+	if ctx.Err() != nil {
+		return rep, ctx.Err()
+	}
 	var work []Work
 	for _, r := range cands {
-		w, skip := g.verify(ctx, conns, r)
-		if ctx.Err() != nil {
-			return rep, ctx.Err()
+		if skip := g.verifyFences(ctx, conns, r); skip != nil {
+			rep.Skipped = append(rep.Skipped, *skip)
+			continue
 		}
+		w, skip := g.verifyCounts(r, counts)
 		if skip != nil {
 			rep.Skipped = append(rep.Skipped, *skip)
 			continue
@@ -377,6 +391,7 @@ func (r *Report) finish() {
 	r.MaxBatchMS = float64(r.MaxBatch.Microseconds()) / 1000
 	r.ElapsedS = r.Elapsed.Seconds()
 	r.CheckingS = r.Checking.Seconds()
+	r.ConnectingS = r.Connecting.Seconds()
 	r.DeletingS = r.Deleting.Seconds()
 }
 
@@ -468,6 +483,8 @@ type connCache struct {
 	conns   map[bucketmap.NodeID]*pgx.Conn
 	errs    map[bucketmap.NodeID]error
 	fences  map[bucketmap.NodeID]*fence.Fence
+	// fenceErrs: nodes whose fence could not be read (not retried).
+	fenceErrs map[bucketmap.NodeID]error
 }
 
 func (c *connCache) get(ctx context.Context, id bucketmap.NodeID) (*pgx.Conn, error) {
@@ -506,8 +523,8 @@ func (c *connCache) get(ctx context.Context, id bucketmap.NodeID) (*pgx.Conn, er
 }
 
 // dial connects to every node of the candidates at once (a connection
-// costs an authentication round trip or three; nodes are checked one
-// range at a time). Failures are remembered and reported by verify.
+// costs an authentication round trip or three). Failures are remembered
+// and reported by verifyFences.
 func (c *connCache) dial(ctx context.Context, ranges []Range) {
 	var wg sync.WaitGroup
 	seen := map[bucketmap.NodeID]bool{}
@@ -523,28 +540,44 @@ func (c *connCache) dial(ctx context.Context, ranges []Range) {
 	wg.Wait()
 }
 
-// fenceOf reads a node's fence once per run (nil: not installed).
+// fenceOf reads a node's fence once per run (nil: not installed); a
+// failure is remembered too.
 func (c *connCache) fenceOf(ctx context.Context, id bucketmap.NodeID, conn *pgx.Conn) (*fence.Fence, error) {
 	c.mu.Lock()
 	if c.fences == nil {
 		c.fences = map[bucketmap.NodeID]*fence.Fence{}
 	}
 	f, ok := c.fences[id]
+	ferr := c.fenceErrs[id]
 	c.mu.Unlock()
-	if ok {
-		return f, nil
+	if ok || ferr != nil {
+		return f, ferr
 	}
 	f, err := fence.Read(ctx, conn)
 	if errors.Is(err, fence.ErrNotInstalled) {
 		f, err = nil, nil
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err != nil {
+		if c.fenceErrs == nil {
+			c.fenceErrs = map[bucketmap.NodeID]error{}
+		}
+		c.fenceErrs[id] = err
 		return nil, err
 	}
-	c.mu.Lock()
 	c.fences[id] = f
-	c.mu.Unlock()
 	return f, nil
+}
+
+// setFence remembers a node's fence, read by readNode.
+func (c *connCache) setFence(id bucketmap.NodeID, f *fence.Fence) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fences == nil {
+		c.fences = map[bucketmap.NodeID]*fence.Fence{}
+	}
+	c.fences[id] = f
 }
 
 func (c *connCache) close() {
@@ -571,10 +604,12 @@ func covered(f *fence.Fence, lo, hi int64) map[fence.State]bool {
 	return out
 }
 
-// verify checks a candidate against both nodes and counts its rows.
-func (g *GC) verify(ctx context.Context, conns *connCache, r Range) (Work, *Skip) {
-	skip := func(kind, format string, args ...any) (Work, *Skip) {
-		return Work{}, &Skip{Range: r, Kind: kind, Reason: fmt.Sprintf(format, args...), Uncertain: uncertain[kind]}
+// verifyFences checks a candidate against both nodes' fences (each read
+// once per run): the node's must not claim any of it, the owner's must
+// own all of it.
+func (g *GC) verifyFences(ctx context.Context, conns *connCache, r Range) *Skip {
+	skip := func(kind, format string, args ...any) *Skip {
+		return &Skip{Range: r, Kind: kind, Reason: fmt.Sprintf(format, args...), Uncertain: uncertain[kind]}
 	}
 	x, err := conns.get(ctx, r.Node)
 	if err != nil {
@@ -606,19 +641,107 @@ func (g *GC) verify(ctx context.Context, conns *connCache, r Range) (Work, *Skip
 	if st := covered(fy, r.KeyLo, r.KeyHi); st[fence.Absent] || st[fence.Frozen] || st[fence.Incoming] {
 		return skip(SkipFence, "the owner %s's fence does not own all of the range (fence at map version %d)", r.Owner, fy.MapVersion)
 	}
+	return nil
+}
+
+// countKey names one count: a table's rows in a key range on a node.
+type countKey struct {
+	node   bucketmap.NodeID
+	table  string
+	lo, hi int64
+}
+
+type countResult struct {
+	n   int64
+	err error
+}
+
+// readNodes connects to every node the candidates name, all at once, and
+// on each reads its fence (once per run) and counts every table's rows in
+// every candidate range the node holds leftovers of or owns. Each node
+// counts everything asked of it in one round trip and one snapshot: a
+// read-only transaction with one statement per table that counts all of
+// that node's ranges (see countRanges), however many ranges there are. A
+// range whose fences then disagree was counted for nothing, which costs
+// less than another round.
+func (g *GC) readNodes(ctx context.Context, conns *connCache, ranges []Range) map[countKey]countResult {
+	type span struct{ lo, hi int64 }
+	need := map[bucketmap.NodeID][]span{}
+	seen := map[bucketmap.NodeID]map[span]bool{}
+	for _, r := range ranges {
+		for _, id := range []bucketmap.NodeID{r.Node, r.Owner} {
+			if seen[id] == nil {
+				seen[id] = map[span]bool{}
+			}
+			if s := (span{r.KeyLo, r.KeyHi}); !seen[id][s] {
+				seen[id][s] = true
+				need[id] = append(need[id], s)
+			}
+		}
+	}
+	out := map[countKey]countResult{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for id, spans := range need {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			los, his := make([]int64, len(spans)), make([]int64, len(spans))
+			for i, s := range spans {
+				los[i], his[i] = s.lo, s.hi
+			}
+			conn, err := conns.get(ctx, id)
+			var res map[string][]int64
+			var errs map[string]error
+			if err == nil {
+				var f *fence.Fence
+				if f, res, err = readNode(ctx, conn, g.Tables, los, his); err == nil {
+					conns.setFence(id, f)
+				} else if ctx.Err() == nil {
+					// No fence, a table missing, or an error: the same
+					// one step at a time, so that each answer gets its
+					// own error (remembered with the fence and reported
+					// by verifyFences).
+					err = nil
+					_, _ = conns.fenceOf(ctx, id, conn)
+					res, errs = countRanges(ctx, conn, g.Tables, los, his)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, t := range g.Tables {
+				for i, s := range spans {
+					k := countKey{node: id, table: t.Name, lo: s.lo, hi: s.hi}
+					switch {
+					case err != nil:
+						out[k] = countResult{err: err}
+					case errs[t.Name] != nil:
+						out[k] = countResult{err: errs[t.Name]}
+					default:
+						out[k] = countResult{n: res[t.Name][i]}
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// verifyCounts checks a range's counts (countAll) on both nodes: for every
+// table the owner must hold at least MinOwnerRatio times the node's rows.
+func (g *GC) verifyCounts(r Range, counts map[countKey]countResult) (Work, *Skip) {
+	skip := func(kind, format string, args ...any) (Work, *Skip) {
+		return Work{}, &Skip{Range: r, Kind: kind, Reason: fmt.Sprintf(format, args...), Uncertain: uncertain[kind]}
+	}
 	w := Work{Range: r}
 	for _, t := range g.Tables {
-		// Both nodes count at once (two servers, two connections): on a
-		// big range each count is a scan of its own.
-		var cy int64
-		var erry error
-		counted := make(chan struct{})
-		go func() {
-			defer close(counted)
-			cy, erry = countRange(ctx, y, t, r.KeyLo, r.KeyHi)
-		}()
-		cx, errx := countRange(ctx, x, t, r.KeyLo, r.KeyHi)
-		<-counted
+		x, ok1 := counts[countKey{node: r.Node, table: t.Name, lo: r.KeyLo, hi: r.KeyHi}]
+		y, ok2 := counts[countKey{node: r.Owner, table: t.Name, lo: r.KeyLo, hi: r.KeyHi}]
+		if !ok1 || !ok2 {
+			return skip(SkipNodeDown, "counting %s: no count (a bug)", t.Name)
+		}
+		cx, errx, cy, erry := x.n, x.err, y.n, y.err
 		if errx != nil {
 			if isUndefinedTable(errx) {
 				continue // nothing of it on this node
@@ -661,23 +784,122 @@ func qualified(t topo.TableRecord) string {
 	return pgx.Identifier{t.Schema(), t.Table()}.Sanitize()
 }
 
-// countRange counts a table's rows in lo..hi, in one round trip and
-// without parallel workers: GC is background work, and its counts should
-// not take the node's parallel-worker slots from the application's
-// queries (it also counts on two nodes at once; on machines that share
-// cores, parallel workers on both only fight each other).
-func countRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, lo, hi int64) (int64, error) {
-	var n int64
-	col := pgx.Identifier{t.KeyColumn}.Sanitize()
+// countRanges counts each table's rows in every key range lo[i]..hi[i],
+// in one round trip and one snapshot: a read-only transaction holding one
+// statement per table (per rangesPerStatement ranges) that counts every
+// range, a UNION ALL of one count per range with its bounds as constants,
+// so that each count gets the plan today's single-range count would get.
+// It runs without parallel workers: GC is background work, and its counts
+// should not take the node's parallel-worker slots from the application's
+// queries (it also counts on several nodes at once; on machines that share
+// cores, parallel workers on both only fight each other). A table missing
+// on the node aborts the transaction; the tables are then counted one
+// transaction each, so that each gets its own answer (errs).
+func countRanges(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo, hi []int64) (counts map[string][]int64, errs map[string]error) {
+	counts, err := countTables(ctx, c, tables, lo, hi)
+	if err == nil || !isUndefinedTable(err) || len(tables) == 1 {
+		if err != nil {
+			errs = map[string]error{}
+			for _, t := range tables {
+				errs[t.Name] = err
+			}
+		}
+		return counts, errs
+	}
+	counts, errs = map[string][]int64{}, map[string]error{}
+	for _, t := range tables {
+		one, err := countTables(ctx, c, []topo.TableRecord{t}, lo, hi)
+		if err != nil {
+			errs[t.Name] = err
+			continue
+		}
+		counts[t.Name] = one[t.Name]
+	}
+	return counts, errs
+}
+
+// readNode reads a node's fence and counts each table's rows in every key
+// range lo[i]..hi[i], in one round trip and one snapshot (a REPEATABLE READ
+// read-only transaction): the fence's meta row and ownership rows, then
+// countTables' statements. Any error (a node without a fence, or without
+// one of the tables, fails the whole transaction) is returned as is; the
+// caller then asks again one step at a time.
+func readNode(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo, hi []int64) (*fence.Fence, map[string][]int64, error) {
+	f := &fence.Fence{}
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY`)
+	b.Queue(`SET LOCAL max_parallel_workers_per_gather = 0`)
+	b.Queue(`SELECT fence_version, cluster, node, map_version, level, updated_at FROM shardvisor.fence_meta`).QueryRow(func(r pgx.Row) error {
+		var mv int64
+		err := r.Scan(&f.FenceVersion, &f.Cluster, &f.Node, &mv, &f.Level, &f.UpdatedAt)
+		f.MapVersion = uint64(mv)
+		return err
+	})
+	b.Queue(`SELECT lo, hi, state, epoch FROM shardvisor.ownership ORDER BY lo`).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var sp fence.Span
+			var st string
+			var ep int64
+			if err := rows.Scan(&sp.Lo, &sp.Hi, &st, &ep); err != nil {
+				return err
+			}
+			sp.State, sp.Epoch = fence.State(st), uint64(ep)
+			f.Spans = append(f.Spans, sp)
+		}
+		return rows.Err()
+	})
+	counts := queueCounts(b, tables, lo, hi)
+	b.Queue(`COMMIT`)
+	if err := sendTx(ctx, c, b); err != nil {
+		return nil, nil, err
+	}
+	return f, counts, nil
+}
+
+// rangesPerStatement bounds one count statement's length.
+const rangesPerStatement = 256
+
+func countTables(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo, hi []int64) (map[string][]int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN READ ONLY`)
 	b.Queue(`SET LOCAL max_parallel_workers_per_gather = 0`)
-	b.Queue(`SELECT count(*) FROM `+qualified(t)+` WHERE `+col+` BETWEEN $1 AND $2`, lo, hi).QueryRow(func(r pgx.Row) error { return r.Scan(&n) })
+	out := queueCounts(b, tables, lo, hi)
 	b.Queue(`COMMIT`)
 	if err := sendTx(ctx, c, b); err != nil {
-		return 0, err
+		return nil, err
 	}
-	return n, nil
+	return out, nil
+}
+
+// queueCounts queues on b one statement per table (per rangesPerStatement
+// ranges) counting its rows in every range; the counts land in the result
+// when b has run.
+func queueCounts(b *pgx.Batch, tables []topo.TableRecord, lo, hi []int64) map[string][]int64 {
+	out := map[string][]int64{}
+	for _, t := range tables {
+		n := make([]int64, len(lo))
+		out[t.Name] = n
+		col := pgx.Identifier{t.KeyColumn}.Sanitize()
+		for from := 0; from < len(lo); from += rangesPerStatement {
+			to := min(from+rangesPerStatement, len(lo))
+			var parts []string
+			for i := from; i < to; i++ {
+				parts = append(parts, fmt.Sprintf(`SELECT %d AS i, count(*) AS n FROM %s WHERE %s BETWEEN %d AND %d`, i, qualified(t), col, lo[i], hi[i]))
+			}
+			b.Queue(strings.Join(parts, " UNION ALL ")).Query(func(rows pgx.Rows) error {
+				for rows.Next() {
+					var i int
+					var c int64
+					if err := rows.Scan(&i, &c); err != nil {
+						return err
+					}
+					n[i] = c
+				}
+				return rows.Err()
+			})
+		}
+	}
+	return out
 }
 
 // prune drops the history entries whose whole range was deleted clean.

@@ -60,7 +60,12 @@ func clearRange(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo,
 
 // createPublication publishes the range of every table, and the move's
 // markers, from the source. publish excludes truncate, so a TRUNCATE on
-// the source cannot wipe the target.
+// the source cannot wipe the target. publish_via_partition_root makes a
+// partitioned sharded table publish its partitions' changes as the
+// parent's, under the parent's row filter (PostgreSQL refuses a row
+// filter on a partitioned table otherwise), so the copy and the stream go
+// through the target's parent and land in whichever of its partitions
+// holds the key; it changes nothing for plain tables.
 func createPublication(ctx context.Context, c *pgx.Conn, name, moveID string, tables []topo.TableRecord, lo, hi int64) error {
 	var exists bool
 	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name).Scan(&exists); err != nil {
@@ -74,7 +79,7 @@ func createPublication(ctx context.Context, c *pgx.Conn, name, moveID string, ta
 		parts = append(parts, fmt.Sprintf("TABLE %s WHERE (%s BETWEEN %d AND %d)", ident(t.Name), ident(t.KeyColumn), lo, hi))
 	}
 	parts = append(parts, fmt.Sprintf("TABLE shardvisor.move_marker WHERE (move_id = %s)", literal(moveID)))
-	_, err := c.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR %s WITH (publish = 'insert, update, delete')", ident(name), strings.Join(parts, ", ")))
+	_, err := c.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR %s WITH (publish = 'insert, update, delete', publish_via_partition_root = true)", ident(name), strings.Join(parts, ", ")))
 	return err
 }
 
