@@ -353,13 +353,19 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 		m.log.Error("swap failed; nothing serves: no generation has held yet", fields...)
 	}
 	m.publish(topo.SwapFailed, g, reason, 0, now)
+	m.stopStarting(g, "swap_failed", now)
+}
+
+// stopStarting stops g's workers that are not ready yet; one never
+// started is dropped (its start action is skipped).
+func (m *machine) stopStarting(g *generation, reason string, now time.Time) {
 	for _, w := range append([]*worker(nil), m.workers...) {
 		if w.gen == g && w.state == wStarting {
 			if w.pid == 0 {
-				m.removeWorker(w) // never started: its start action is skipped
+				m.removeWorker(w)
 				continue
 			}
-			m.stopWorker(w, "swap_failed", now)
+			m.stopWorker(w, reason, now)
 		}
 	}
 }

@@ -468,13 +468,8 @@ func (l *load) finish(t *testing.T) {
 }
 
 func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return !(i >= 0 && i+2 < len(s) && s[i+2] == 'Z')
+	p, err := readProcStat(pid)
+	return err == nil && p.live()
 }
 
 // zkEnv is a chrooted session and paths for one test.

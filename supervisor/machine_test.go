@@ -88,6 +88,16 @@ func (s *sim) send(ev any) []string {
 	return append(out, s.tick()...)
 }
 
+// swapAt delivers a config change at t0+at and ticks once its debounce
+// has passed: the swap's first actions.
+func (s *sim) swapAt(at time.Duration, ev evConfig) []string {
+	s.t.Helper()
+	s.at(at)
+	s.send(ev)
+	s.at(at + s.mc.cfg.debounce)
+	return s.tick()
+}
+
 // tick reconciles and takes a snapshot, as the loop does on a timer.
 func (s *sim) tick() []string {
 	out := s.run(s.mc.reconcile(s.now))

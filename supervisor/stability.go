@@ -87,15 +87,7 @@ func (m *machine) rejectInWindow(g *generation, w *worker, status string, now ti
 		m.desired = m.good.spec.withMap(m.curMap)
 	}
 	m.latest = m.good
-	for _, x := range append([]*worker(nil), m.workers...) {
-		if x.gen == g && x.state == wStarting {
-			if x.pid == 0 {
-				m.removeWorker(x)
-				continue
-			}
-			m.stopWorker(x, "rolled_back", now)
-		}
-	}
+	m.stopStarting(g, "rolled_back", now)
 	// Sockets only the rolled-back config listed: nothing will accept on
 	// them again (its ready workers keep their own copies until retired).
 	m.closeUnusedSockets()
