@@ -121,7 +121,7 @@ type result[T any] struct {
 // call runs f on the connection with a deadline. The library has none, and a
 // call made while disconnected can wait for a reconnect indefinitely: we stop
 // waiting, and the goroutine ends when the library answers or gives up.
-func call[T any](s *Session, ctx context.Context, op, p string, write bool, f func(c *zk.Conn, abs string) (T, error)) (T, error) {
+func call[T any](s *Session, ctx context.Context, op, p string, write bool, f func(c Conn, abs string) (T, error)) (T, error) {
 	var zero T
 	select {
 	case <-s.closed:
@@ -180,7 +180,7 @@ type getResult struct {
 
 // Get reads a node's data and stat.
 func (s *Session) Get(ctx context.Context, p string) ([]byte, Stat, error) {
-	r, err := call(s, ctx, "get", p, false, func(c *zk.Conn, ap string) (getResult, error) {
+	r, err := call(s, ctx, "get", p, false, func(c Conn, ap string) (getResult, error) {
 		d, st, err := c.Get(ap)
 		return getResult{d, st}, err
 	})
@@ -189,7 +189,7 @@ func (s *Session) Get(ctx context.Context, p string) ([]byte, Stat, error) {
 
 // Exists reports whether a node exists, with its stat when it does.
 func (s *Session) Exists(ctx context.Context, p string) (bool, Stat, error) {
-	r, err := call(s, ctx, "exists", p, false, func(c *zk.Conn, ap string) (getResult, error) {
+	r, err := call(s, ctx, "exists", p, false, func(c Conn, ap string) (getResult, error) {
 		ok, st, err := c.Exists(ap)
 		if !ok {
 			st = nil
@@ -204,7 +204,7 @@ func (s *Session) Exists(ctx context.Context, p string) (bool, Stat, error) {
 // ZooKeeper gives read-your-writes only within one session; a reader that
 // must see another process's write first calls Sync.
 func (s *Session) Sync(ctx context.Context, p string) error {
-	_, err := call(s, ctx, "sync", p, false, func(c *zk.Conn, ap string) (string, error) {
+	_, err := call(s, ctx, "sync", p, false, func(c Conn, ap string) (string, error) {
 		return c.Sync(ap)
 	})
 	return err
@@ -216,7 +216,7 @@ func (s *Session) Children(ctx context.Context, p string) ([]string, Stat, error
 		names []string
 		stat  *zk.Stat
 	}
-	r, err := call(s, ctx, "children", p, false, func(c *zk.Conn, ap string) (res, error) {
+	r, err := call(s, ctx, "children", p, false, func(c Conn, ap string) (res, error) {
 		n, st, err := c.Children(ap)
 		return res{n, st}, err
 	})
@@ -238,7 +238,7 @@ func (s *Session) create(ctx context.Context, p string, data []byte, flags int32
 	if err := checkSize("create", p, data); err != nil {
 		return err
 	}
-	_, err := call(s, ctx, "create", p, true, func(c *zk.Conn, ap string) (string, error) {
+	_, err := call(s, ctx, "create", p, true, func(c Conn, ap string) (string, error) {
 		return c.Create(ap, data, flags, acl)
 	})
 	return err
@@ -270,7 +270,7 @@ func (s *Session) Set(ctx context.Context, p string, data []byte, version int32)
 	if err := checkSize("set", p, data); err != nil {
 		return Stat{}, err
 	}
-	st, err := call(s, ctx, "set", p, true, func(c *zk.Conn, ap string) (*zk.Stat, error) {
+	st, err := call(s, ctx, "set", p, true, func(c Conn, ap string) (*zk.Stat, error) {
 		return c.Set(ap, data, version)
 	})
 	return statOf(st), err
@@ -278,7 +278,7 @@ func (s *Session) Set(ctx context.Context, p string, data []byte, version int32)
 
 // Delete removes a node if its version is still version.
 func (s *Session) Delete(ctx context.Context, p string, version int32) error {
-	_, err := call(s, ctx, "delete", p, true, func(c *zk.Conn, ap string) (struct{}, error) {
+	_, err := call(s, ctx, "delete", p, true, func(c Conn, ap string) (struct{}, error) {
 		return struct{}{}, c.Delete(ap, version)
 	})
 	return err
@@ -313,7 +313,7 @@ func (s *Session) GetACL(ctx context.Context, p string) ([]zk.ACL, Stat, error) 
 		acl  []zk.ACL
 		stat *zk.Stat
 	}
-	r, err := call(s, ctx, "getacl", p, false, func(c *zk.Conn, ap string) (res, error) {
+	r, err := call(s, ctx, "getacl", p, false, func(c Conn, ap string) (res, error) {
 		acl, st, err := c.GetACL(ap)
 		return res{acl, st}, err
 	})
@@ -326,7 +326,7 @@ func (s *Session) SetACL(ctx context.Context, p string, acl []zk.ACL, version in
 	if len(acl) == 0 {
 		return &OpError{"setacl", p, errors.New("empty ACL: nobody could ever touch the node again")}
 	}
-	_, err := call(s, ctx, "setacl", p, true, func(c *zk.Conn, ap string) (*zk.Stat, error) {
+	_, err := call(s, ctx, "setacl", p, true, func(c Conn, ap string) (*zk.Stat, error) {
 		return c.SetACL(ap, acl, version)
 	})
 	return err
@@ -406,7 +406,7 @@ func (s *Session) Multi(ctx context.Context, ops ...Op) ([]Stat, error) {
 	if total > MaxDataSize {
 		return nil, &OpError{"multi", ops[0].Path, fmt.Errorf("%w: the transaction carries %d bytes, the limit is %d", ErrTooLarge, total, MaxDataSize)}
 	}
-	resp, err := call(s, ctx, "multi", ops[0].Path, true, func(c *zk.Conn, _ string) ([]zk.MultiResponse, error) {
+	resp, err := call(s, ctx, "multi", ops[0].Path, true, func(c Conn, _ string) ([]zk.MultiResponse, error) {
 		r, err := c.Multi(reqs...)
 		if err != nil && r == nil {
 			return nil, err

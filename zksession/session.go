@@ -53,7 +53,7 @@ type StateChange struct {
 type Session struct {
 	cfg    Config
 	cs     ConnectString
-	conn   *zk.Conn
+	conn   Conn
 	log    *zap.Logger
 	hosts  *jitterHosts
 	closed chan struct{}
@@ -83,14 +83,54 @@ type Session struct {
 	requests sync.Map // op name -> *atomic.Int64; Requests
 }
 
-// Open starts a session. It returns at once; the session connects in the
-// background and starts in StateLost. Use WaitConnected to block until it
-// is usable.
+// Open starts a session on a ZooKeeper ensemble. It returns at once; the
+// session connects in the background and starts in StateLost. Use
+// WaitConnected to block until it is usable.
 func Open(cfg Config) (*Session, error) {
 	cs, err := ParseConnect(cfg.Connect)
 	if err != nil {
 		return nil, err
 	}
+	s := newSession(cfg, cs)
+	conn, _, err := zk.Connect(cs.Servers, s.cfg.SessionTimeout,
+		zk.WithHostProvider(s.hosts),
+		zk.WithDialer(sniffingDialer(s.cfg.Dial, func(d time.Duration) { s.negotiated.Store(int64(d)) })),
+		zk.WithLogger(zapLogger{s.log}),
+		zk.WithLogInfo(false),
+		zk.WithEventCallback(s.onEvent),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("zookeeper %s: %w", cs, err)
+	}
+	return s, s.start(conn)
+}
+
+// Connector opens the Conn a Session runs on. It must pass every session
+// event (zk.EventSession: connected, disconnected, expired) to onEvent in
+// order, without blocking on it.
+type Connector func(onEvent func(zk.Event)) (Conn, error)
+
+// OpenConn starts a session on a Conn of the caller's, such as an in-memory
+// server's (package memzk): everything above the connection (states,
+// watches, locks, ephemerals) is the same code as on ZooKeeper. cfg.Connect
+// may be empty; a chroot in it is honoured.
+func OpenConn(cfg Config, connect Connector) (*Session, error) {
+	var cs ConnectString
+	if cfg.Connect != "" {
+		var err error
+		if cs, err = ParseConnect(cfg.Connect); err != nil {
+			return nil, err
+		}
+	}
+	s := newSession(cfg, cs)
+	conn, err := connect(s.onEvent)
+	if err != nil {
+		return nil, err
+	}
+	return s, s.start(conn)
+}
+
+func newSession(cfg Config, cs ConnectString) *Session {
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = DefaultSessionTimeout
 	}
@@ -103,7 +143,7 @@ func Open(cfg Config) (*Session, error) {
 	if cfg.ACL == nil {
 		cfg.ACL = zk.WorldACL(zk.PermAll)
 	}
-	s := &Session{
+	return &Session{
 		cfg:        cfg,
 		cs:         cs,
 		log:        cfg.Logger.With(zap.String("component", "zksession")),
@@ -117,23 +157,19 @@ func Open(cfg Config) (*Session, error) {
 		ephemerals: map[string]*Ephemeral{},
 		resyncs:    map[chan struct{}]struct{}{},
 	}
-	conn, _, err := zk.Connect(cs.Servers, cfg.SessionTimeout,
-		zk.WithHostProvider(s.hosts),
-		zk.WithDialer(sniffingDialer(cfg.Dial, func(d time.Duration) { s.negotiated.Store(int64(d)) })),
-		zk.WithLogger(zapLogger{s.log}),
-		zk.WithLogInfo(false),
-		zk.WithEventCallback(s.onEvent),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("zookeeper %s: %w", cs, err)
-	}
+}
+
+// start adds the credentials to a new connection and starts the monitor.
+func (s *Session) start(conn Conn) error {
+	s.evMu.Lock() // the monitor reads conn under evMu
 	s.conn = conn
+	s.evMu.Unlock()
 	var auth []Credential
-	for _, c := range cfg.Auth {
+	for _, c := range s.cfg.Auth {
 		rc, err := RecordsCredential(c.DigestID())
 		if err != nil {
 			conn.Close()
-			return nil, err
+			return err
 		}
 		auth = append(auth, c, rc)
 	}
@@ -147,7 +183,7 @@ func Open(cfg Config) (*Session, error) {
 		}(c)
 	}
 	go s.monitor()
-	return s, nil
+	return nil
 }
 
 // onEvent runs on the library's goroutine for every event and must not

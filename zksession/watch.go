@@ -142,7 +142,7 @@ func changed(a, b Node, children bool) bool {
 // fetchW reads p and arms a watch, covering the node appearing between a
 // failed read and the existence watch.
 func (s *Session) fetchW(ctx context.Context, p string, children bool) (fetched, error) {
-	return call(s, ctx, "watch", p, false, func(c *zk.Conn, ap string) (fetched, error) {
+	return call(s, ctx, "watch", p, false, func(c Conn, ap string) (fetched, error) {
 		for i := range 3 {
 			if i > 0 {
 				s.count("watch") // call counted the first read

@@ -1,5 +1,6 @@
-// Package zktest opens ZooKeeper sessions for tests. It is apart from
-// testenv because zksession's own tests use testenv.
+// Package zktest opens ZooKeeper sessions for tests: on the real ensemble
+// (Session) or on an in-memory one (Memory, MemorySession). It is apart
+// from testenv because zksession's own tests use testenv.
 package zktest
 
 import (
@@ -7,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/shardvisor/shardvisor/zksession"
+	"github.com/shardvisor/shardvisor/zksession/memzk"
 )
 
 // Session opens a ZooKeeper session for a test, waits until it is
@@ -18,6 +22,35 @@ func Session(t testing.TB, cfg zksession.Config) *zksession.Session {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return connected(t, s)
+}
+
+// Memory starts an in-memory ZooKeeper for the test and opens a connected
+// session on it. Tests of topology, routing and planning decisions use it;
+// what only ZooKeeper does (ACLs, the wire, real session timeouts) stays
+// on Session.
+func Memory(t testing.TB) (*memzk.Server, *zksession.Session) {
+	t.Helper()
+	srv := memzk.New()
+	return srv, MemorySession(t, srv, zksession.Config{})
+}
+
+// MemorySession opens another connected session on srv, closed when the
+// test ends: another process of the fleet.
+func MemorySession(t testing.TB, srv *memzk.Server, cfg zksession.Config) *zksession.Session {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	s, err := srv.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return connected(t, s)
+}
+
+func connected(t testing.TB, s *zksession.Session) *zksession.Session {
+	t.Helper()
 	t.Cleanup(s.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
