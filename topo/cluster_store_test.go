@@ -9,7 +9,7 @@ import (
 
 // Concurrent table edits by compare-and-swap lose nothing, and the seed is
 // untouchable.
-func TestIntegrationUpdateClusterCAS(t *testing.T) {
+func TestUpdateClusterCAS(t *testing.T) {
 	ctx, z, s, p := zkCluster(t)
 	if _, err := UpdateCluster(ctx, s, p, func(*ClusterRecord) error { return nil }); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("update of a missing cluster: %v", err)

@@ -76,10 +76,10 @@ func poolRec(id string, v uint64) PoolMember {
 
 // The view follows members joining, leaving, updating and not decoding;
 // Wait returns nil only once every live member has applied the version.
-func TestIntegrationMemberView(t *testing.T) {
+func TestMemberView(t *testing.T) {
 	ctx, z, s, p := zkCluster(t)
 	// The members are other processes: another session.
-	ms := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	ms := z.open(t)
 	v := WatchMembers(ctx, s, p)
 	defer v.Close()
 
@@ -313,14 +313,14 @@ func reads(s *zksession.Session) int64 {
 // updated once, a millisecond apart, to the new version, followed by the
 // view (one session) and by the old 20 ms poll (another session). Then the
 // same with one member that never catches up, for a 2 s member wait.
-func TestIntegrationMemberViewReads(t *testing.T) {
+func TestMemberViewReads(t *testing.T) {
 	_, z, s, p := zkCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// Generous call bounds: the 200 members' writes and the old poll's
 	// reads must not time out on a busy machine.
-	ms := zktest.Session(t, zksession.Config{Connect: z.ConnectString, OpTimeout: 30 * time.Second})
-	old := zktest.Session(t, zksession.Config{Connect: z.ConnectString, OpTimeout: 30 * time.Second})
+	ms := zktest.MemorySession(t, z.srv, zksession.Config{OpTimeout: 30 * time.Second})
+	old := zktest.MemorySession(t, z.srv, zksession.Config{OpTimeout: 30 * time.Second})
 	const routers, pools, perPool = 100, 2, 50
 	const n = routers + pools*perPool
 	type member struct {
@@ -422,9 +422,9 @@ func TestIntegrationMemberViewReads(t *testing.T) {
 }
 
 // A view whose session closes stops with it, Close or not.
-func TestIntegrationMemberViewEndsWithSession(t *testing.T) {
+func TestMemberViewEndsWithSession(t *testing.T) {
 	ctx, z, _, p := zkCluster(t)
-	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	s := z.open(t)
 	if _, err := RegisterRouter(ctx, s, p, routerRec("r1", 1)); err != nil {
 		t.Fatal(err)
 	}

@@ -2,14 +2,11 @@ package topo
 
 import (
 	"testing"
-
-	"github.com/shardvisor/shardvisor/internal/zktest"
-	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // A probe creates, reads back and deletes its scratch node, and leaves
 // nothing behind; without the right to write it fails naming the step.
-func TestIntegrationProbe(t *testing.T) {
+func TestProbe(t *testing.T) {
 	ctx, z, s, p := zkCluster(t)
 	steps, err := Probe(ctx, s, p, "probe-1")
 	if err != nil {
@@ -30,7 +27,7 @@ func TestIntegrationProbe(t *testing.T) {
 	}
 
 	// A closed session fails at the first step, and says which.
-	s2 := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	s2 := z.open(t)
 	s2.Close()
 	steps, err = Probe(ctx, s2, p, "probe-2")
 	if err == nil || len(steps) != 0 || err.Error()[:len("create: ")] != "create: " {

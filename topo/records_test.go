@@ -7,19 +7,36 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/zksession"
+	"github.com/shardvisor/shardvisor/zksession/memzk"
 )
 
-// zkCluster starts a ZooKeeper root for the test and opens a session on
-// it; p are the paths of cluster c1 under that root, ctx lasts a minute.
-func zkCluster(t *testing.T) (ctx context.Context, z *testenv.ZK, s *zksession.Session, p Paths) {
+// memRoot is a test's root on an in-memory ZooKeeper: the records'
+// logic needs no server (what only ZooKeeper does, ACLs, stays on the
+// real ensemble in acl_test.go).
+type memRoot struct {
+	srv  *memzk.Server
+	Root string
+}
+
+// open opens another session on the same tree: another process.
+func (m memRoot) open(t *testing.T) *zksession.Session {
+	return zktest.MemorySession(t, m.srv, zksession.Config{})
+}
+
+// zkCluster gives the test an in-memory ZooKeeper with a session on it; p
+// are the paths of cluster c1 under its root, ctx lasts a minute.
+func zkCluster(t *testing.T) (ctx context.Context, z memRoot, s *zksession.Session, p Paths) {
 	t.Helper()
-	z = testenv.StartZK(t)
+	srv, s := zktest.Memory(t)
+	z = memRoot{srv: srv, Root: "/shardvisor-test"}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	return ctx, z, zktest.Session(t, zksession.Config{Connect: z.ConnectString}), MustPaths(z.Root, "c1")
+	if err := s.CreateAll(ctx, z.Root); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, z, s, MustPaths(z.Root, "c1")
 }
 
 func testCluster(name string) ClusterRecord {
@@ -29,7 +46,7 @@ func testCluster(name string) ClusterRecord {
 // A cluster is created whole, once; its map is written only by
 // compare-and-swap, alone or with a move record in one transaction, and a
 // lost race on the map is told apart from a failure of the other records.
-func TestIntegrationClusterAndMapRecords(t *testing.T) {
+func TestClusterAndMapRecords(t *testing.T) {
 	ctx, _, s, p := zkCluster(t)
 
 	if _, _, err := ReadMapData(ctx, s, p); !errors.Is(err, ErrNoCluster) {
@@ -120,7 +137,7 @@ func TestIntegrationClusterAndMapRecords(t *testing.T) {
 }
 
 // Tables are added and removed by compare-and-swap with their own rules.
-func TestIntegrationAddRemoveTable(t *testing.T) {
+func TestAddRemoveTable(t *testing.T) {
 	ctx, _, s, p := zkCluster(t)
 	if err := CreateCluster(ctx, s, p, testCluster("c1"), []byte(`{}`), nil); err != nil {
 		t.Fatal(err)
@@ -143,7 +160,7 @@ func TestIntegrationAddRemoveTable(t *testing.T) {
 // The pool config is created, then replaced only by compare-and-swap; the
 // status is last writer wins; members are read back with one decoder, a
 // malformed one reported, a departed one left out.
-func TestIntegrationPoolRecords(t *testing.T) {
+func TestPoolRecords(t *testing.T) {
 	ctx, z, s, p := zkCluster(t)
 
 	if _, _, err := ReadPoolConfig(ctx, s, p, "web"); !errors.Is(err, zksession.ErrNoNode) {
@@ -264,9 +281,9 @@ func TestIntegrationPoolRecords(t *testing.T) {
 
 // One runner per move: a second session is refused, naming the holder,
 // and takes over once the first releases.
-func TestIntegrationLockMoveRunner(t *testing.T) {
+func TestLockMoveRunner(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	s2 := z.open(t)
 	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MovePrepare}
 	if err := CreateMove(ctx, s1, p, rec); err != nil {
 		t.Fatal(err)
