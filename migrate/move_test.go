@@ -82,25 +82,6 @@ func TestIntegrationMoveNoCopy(t *testing.T) {
 	}
 }
 
-func TestIntegrationMoveRefusesBadRequests(t *testing.T) {
-	f := newFixture(t, 2, 2)
-	ctx := context.Background()
-	mv := f.mover(Options{})
-	for _, tc := range []struct {
-		b      uint32
-		to     bucketmap.NodeID
-		errHas string
-	}{
-		{9, "pg2", "out of range"},
-		{0, "pg1", "already on pg1"},
-		{0, "ghost", "unknown db node"},
-	} {
-		if _, err := mv.Move(ctx, tc.b, tc.to, false); err == nil || !strings.Contains(err.Error(), tc.errHas) {
-			t.Errorf("move %d to %s: %v, want %q", tc.b, tc.to, err, tc.errHas)
-		}
-	}
-}
-
 // ReplicationObjects finds what a move leaves behind (by name prefix) and
 // nothing else: the test harness and the benchmark count on it.
 func TestIntegrationReplicationObjects(t *testing.T) {
