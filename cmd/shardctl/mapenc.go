@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -29,21 +30,20 @@ func runMapEncoding(c *cli.Context) error {
 	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		var m *bucketmap.Map
-		changed := false
+		var res *ownership.Result
 		var err error
 		if want == "" {
 			m, _, err = st.Load(ctx)
 		} else {
-			m, changed, err = st.SetEncoding(ctx, want)
+			// A new map version like any other: the fences follow it.
+			m, res, err = owners(c, st).SetEncoding(ctx, want)
 		}
 		if err != nil {
 			return err
 		}
+		changed := res != nil
 		if changed {
-			// A new map version like any other: the fences follow it.
-			if err := afterMapChange(ctx, c, st, m); err != nil {
-				return err
-			}
+			printDrift(c, res)
 			log.Info("map encoding", zap.String("encoding", string(m.Encoding)), zap.Uint64("map_version", m.Version))
 		}
 		js, err := bucketmap.EncodeJSON(m)
