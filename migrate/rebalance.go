@@ -49,8 +49,8 @@ type Report struct {
 	Splits int `json:"splits"`
 	// Reassigned is always 0; the field stays for the report's format.
 	// Buckets of a down node are reassigned, without copying and with the
-	// fence sync, when the node is marked down (bucketmap.Map.MarkDown via
-	// `shardctl node down`), and the rebalancer refuses to run while a node
+	// fence sync, when the node is marked down (ownership.Changer.NodeDown
+	// via `shardctl node down`), and the rebalancer refuses to run while a node
 	// is down (ErrNodeDown), so it never has any to reassign itself.
 	Reassigned int                `json:"reassigned"`
 	Resumed    []string           `json:"resumed,omitempty"`
