@@ -189,7 +189,7 @@ func (c *Changer) Drain(ctx context.Context, id bucketmap.NodeID) (*Result, erro
 // SetEncoding stores the map in encoding enc (bucketmap.Store.SetEncoding);
 // a new map version like any other, so the fences follow it when it
 // changed. res is nil when nothing changed.
-func (c *Changer) SetEncoding(ctx context.Context, enc topo.MapEncoding) (m *bucketmap.Map, res *Result, err error) {
+func (c *Changer) SetEncoding(ctx context.Context, enc bucketmap.MapEncoding) (m *bucketmap.Map, res *Result, err error) {
 	m, changed, err := c.st.SetEncoding(ctx, enc)
 	if err != nil || !changed {
 		return m, nil, err

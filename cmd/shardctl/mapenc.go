@@ -11,7 +11,6 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/ownership"
-	"github.com/shardvisor/shardvisor/topo"
 )
 
 // runMapEncoding shows how the map record is stored, or switches it
@@ -20,9 +19,9 @@ func runMapEncoding(c *cli.Context) error {
 	if c.NArg() > 1 {
 		return cliutil.Usagef("map-encoding: at most one argument, plain or gzip")
 	}
-	var want topo.MapEncoding
+	var want bucketmap.MapEncoding
 	if c.NArg() == 1 {
-		enc, err := topo.ParseMapEncoding(c.Args().First())
+		enc, err := bucketmap.ParseMapEncoding(c.Args().First())
 		if err != nil {
 			return cliutil.Usagef("map-encoding: %v", err)
 		}
