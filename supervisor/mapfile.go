@@ -22,7 +22,7 @@ func MapDocument(cluster *topo.ClusterRecord, znode string, data []byte) (uint64
 	if err != nil {
 		return 0, nil, err
 	}
-	doc, err := topo.EncodeCompact(bucketmap.MapFileRecord{Version: bucketmap.MapFileVersion, Cluster: cluster.Name, Seed: cluster.Seed, Map: js})
+	doc, err := bucketmap.EncodeMapFile(cluster.Name, cluster.Seed, js)
 	if err != nil {
 		return 0, nil, err
 	}
