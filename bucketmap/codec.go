@@ -9,7 +9,7 @@ import (
 )
 
 // Decode parses and validates a map record as stored, plain or compressed
-// (topo.MapEncoding). The error names the znode and exactly what is wrong;
+// (MapEncoding). The error names the znode and exactly what is wrong;
 // a map that fails is never partly used.
 func Decode(znode string, data []byte) (*Map, error) {
 	m, _, err := DecodeRecord(znode, data)
@@ -21,11 +21,11 @@ func Decode(znode string, data []byte) (*Map, error) {
 // too, the stored bytes themselves when plain, so that those documents
 // are the same whatever the encoding and it is inflated only once.
 func DecodeRecord(znode string, data []byte) (*Map, []byte, error) {
-	js, enc, err := topo.UnpackMapRecord(znode, data)
+	js, enc, err := UnpackMapRecord(znode, data)
 	if err != nil {
 		return nil, nil, err
 	}
-	rec, err := topo.DecodeMapRecord(znode, js)
+	rec, err := DecodeMapRecord(znode, js)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -37,7 +37,7 @@ func DecodeRecord(znode string, data []byte) (*Map, []byte, error) {
 	return m, js, nil
 }
 
-func fromRecord(r *topo.MapRecord) (*Map, error) {
+func fromRecord(r *MapRecord) (*Map, error) {
 	if r.Level < 0 || r.Level > MaxLevel {
 		return nil, fmt.Errorf("level %d out of range 0..%d", r.Level, MaxLevel)
 	}
@@ -86,7 +86,7 @@ func Encode(m *Map) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return topo.PackMapRecord(js, m.Encoding)
+	return PackMapRecord(js, m.Encoding)
 }
 
 // EncodeJSON validates m and renders its record's plain JSON, whatever
@@ -95,9 +95,9 @@ func EncodeJSON(m *Map) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("refusing to encode an inconsistent bucket map: %w", err)
 	}
-	rec := topo.MapRecord{Version: topo.MapFormatVersion, MapVersion: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt.UTC()}
+	rec := MapRecord{Version: MapFormatVersion, MapVersion: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt.UTC()}
 	for _, n := range m.nodes {
-		rec.Nodes = append(rec.Nodes, topo.NodeRecord{ID: string(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: string(n.State)})
+		rec.Nodes = append(rec.Nodes, NodeRecord{ID: string(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: string(n.State)})
 	}
 	raw := make([]byte, 2*len(m.owners))
 	for b, o := range m.owners {
@@ -106,10 +106,10 @@ func EncodeJSON(m *Map) ([]byte, error) {
 	rec.Owners = base64.StdEncoding.EncodeToString(raw)
 	for _, b := range m.NonActive() {
 		bm := m.meta[b]
-		rec.Buckets = append(rec.Buckets, topo.BucketRecord{Bucket: b, State: string(bm.State), Target: string(bm.Target), Move: bm.Move, Since: bm.Since, DataLost: bm.DataLost})
+		rec.Buckets = append(rec.Buckets, BucketRecord{Bucket: b, State: string(bm.State), Target: string(bm.Target), Move: bm.Move, Since: bm.Since, DataLost: bm.DataLost})
 	}
 	for _, h := range m.history {
-		rec.History = append(rec.History, topo.HandoffRecord{Lo: h.Lo, Hi: h.Hi, Node: string(h.Node), UntilVersion: h.UntilVersion, At: h.At.UTC()})
+		rec.History = append(rec.History, HandoffRecord{Lo: h.Lo, Hi: h.Hi, Node: string(h.Node), UntilVersion: h.UntilVersion, At: h.At.UTC()})
 	}
 	return topo.EncodeCompact(rec)
 }

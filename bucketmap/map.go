@@ -112,7 +112,7 @@ type Map struct {
 	// map's content: Decode sets it from the record read, Clone keeps it
 	// and Encode writes it, so every writer keeps the form the cluster
 	// was switched to (Store.SetEncoding). "" is plain.
-	Encoding topo.MapEncoding
+	Encoding MapEncoding
 
 	nodes   []Node // registry in insertion order; owners index into it
 	index   map[NodeID]int

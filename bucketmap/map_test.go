@@ -115,7 +115,7 @@ func TestRoundTripAndSize(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for _, enc := range []topo.MapEncoding{topo.MapPlain, topo.MapGzip} {
+		for _, enc := range []MapEncoding{MapPlain, MapGzip} {
 			m.Encoding = enc
 			data, err := Encode(m)
 			if err != nil {
@@ -159,7 +159,7 @@ func TestDecodeRecordBothForms(t *testing.T) {
 		t.Fatalf("EncodeJSON of a map built by New is not its plain record: %v", err)
 	}
 	gz := m.Clone()
-	gz.Encoding = topo.MapGzip
+	gz.Encoding = MapGzip
 	packed, err := Encode(gz)
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func TestDecodeRecordBothForms(t *testing.T) {
 // damaged plain one is.
 func TestDecodeCorruptCompressed(t *testing.T) {
 	m := mustNew(t, 6, nodes(3))
-	m.Encoding = topo.MapGzip
+	m.Encoding = MapGzip
 	data, err := Encode(m)
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +202,7 @@ func TestDecodeCorruptCompressed(t *testing.T) {
 }
 
 // rec returns a good record to corrupt.
-func rec(t *testing.T) *topo.MapRecord {
+func rec(t *testing.T) *MapRecord {
 	m := bump(mustNew(t, 2, nodes(2)))
 	if err := m.Assign(0, "n2", AssignOptions{}); err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func rec(t *testing.T) *topo.MapRecord {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := topo.DecodeMapRecord("", data)
+	r, err := DecodeMapRecord("", data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,36 +224,36 @@ func rec(t *testing.T) *topo.MapRecord {
 func TestDecodeRejectsInconsistentMaps(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		mut    func(r *topo.MapRecord)
+		mut    func(r *MapRecord)
 		errHas string
 	}{
-		{"format version", func(r *topo.MapRecord) { r.Version = 9 }, "format version 9"},
-		{"map version 0", func(r *topo.MapRecord) { r.MapVersion = 0 }, "map version 0"},
-		{"level", func(r *topo.MapRecord) { r.Level = 40 }, "level 40 out of range"},
-		{"wrong bucket count", func(r *topo.MapRecord) { r.Level = 3 }, "owners: 8 bytes, want 16"},
-		{"owners not base64", func(r *topo.MapRecord) { r.Owners = "!!" }, "not base64"},
-		{"owner index", func(r *topo.MapRecord) { r.Owners = "AAAAAQACAAE=" }, "owner index 2 is not in the registry"},
-		{"no nodes", func(r *topo.MapRecord) { r.Nodes = nil }, "no db nodes"},
-		{"duplicate node", func(r *topo.MapRecord) { r.Nodes[1].ID = r.Nodes[0].ID }, "listed twice"},
-		{"bad node state", func(r *topo.MapRecord) { r.Nodes[0].State = "gone" }, `state "gone"`},
-		{"password in dsn", func(r *topo.MapRecord) { r.Nodes[0].DSN = "postgres://u:p@h/db" }, "contains a password"},
-		{"removed owner", func(r *topo.MapRecord) { r.Nodes[0].State = "removed" }, "owned by removed node n1"},
-		{"unknown history node", func(r *topo.MapRecord) { r.History[0].Node = "ghost" }, `unknown node "ghost"`},
-		{"history range", func(r *topo.MapRecord) { r.History[0].Hi = 4 }, "bucket range 0..4 outside 0..3"},
-		{"history from the future", func(r *topo.MapRecord) { r.History[0].UntilVersion = 99 }, "until map version 99"},
-		{"moving to unknown", func(r *topo.MapRecord) { r.Buckets[0].Target = "ghost" }, `moving to unknown node "ghost"`},
-		{"moving to owner", func(r *topo.MapRecord) { r.Buckets[0].Target = "n2" }, "moving to its own owner"},
-		{"moving without id", func(r *topo.MapRecord) { r.Buckets[0].Move = "" }, "names no move id"},
-		{"bucket out of range", func(r *topo.MapRecord) { r.Buckets[0].Bucket = 4 }, "only 4 buckets"},
-		{"bucket state", func(r *topo.MapRecord) { r.Buckets[0].State = "fenced" }, `state "fenced"`},
-		{"plain bucket listed", func(r *topo.MapRecord) { r.Buckets[0] = topo.BucketRecord{Bucket: 3, State: "active"} }, "plain active"},
-		{"duplicate bucket", func(r *topo.MapRecord) { r.Buckets = append(r.Buckets, r.Buckets[0]) }, "listed twice"},
+		{"format version", func(r *MapRecord) { r.Version = 9 }, "format version 9"},
+		{"map version 0", func(r *MapRecord) { r.MapVersion = 0 }, "map version 0"},
+		{"level", func(r *MapRecord) { r.Level = 40 }, "level 40 out of range"},
+		{"wrong bucket count", func(r *MapRecord) { r.Level = 3 }, "owners: 8 bytes, want 16"},
+		{"owners not base64", func(r *MapRecord) { r.Owners = "!!" }, "not base64"},
+		{"owner index", func(r *MapRecord) { r.Owners = "AAAAAQACAAE=" }, "owner index 2 is not in the registry"},
+		{"no nodes", func(r *MapRecord) { r.Nodes = nil }, "no db nodes"},
+		{"duplicate node", func(r *MapRecord) { r.Nodes[1].ID = r.Nodes[0].ID }, "listed twice"},
+		{"bad node state", func(r *MapRecord) { r.Nodes[0].State = "gone" }, `state "gone"`},
+		{"password in dsn", func(r *MapRecord) { r.Nodes[0].DSN = "postgres://u:p@h/db" }, "contains a password"},
+		{"removed owner", func(r *MapRecord) { r.Nodes[0].State = "removed" }, "owned by removed node n1"},
+		{"unknown history node", func(r *MapRecord) { r.History[0].Node = "ghost" }, `unknown node "ghost"`},
+		{"history range", func(r *MapRecord) { r.History[0].Hi = 4 }, "bucket range 0..4 outside 0..3"},
+		{"history from the future", func(r *MapRecord) { r.History[0].UntilVersion = 99 }, "until map version 99"},
+		{"moving to unknown", func(r *MapRecord) { r.Buckets[0].Target = "ghost" }, `moving to unknown node "ghost"`},
+		{"moving to owner", func(r *MapRecord) { r.Buckets[0].Target = "n2" }, "moving to its own owner"},
+		{"moving without id", func(r *MapRecord) { r.Buckets[0].Move = "" }, "names no move id"},
+		{"bucket out of range", func(r *MapRecord) { r.Buckets[0].Bucket = 4 }, "only 4 buckets"},
+		{"bucket state", func(r *MapRecord) { r.Buckets[0].State = "fenced" }, `state "fenced"`},
+		{"plain bucket listed", func(r *MapRecord) { r.Buckets[0] = BucketRecord{Bucket: 3, State: "active"} }, "plain active"},
+		{"duplicate bucket", func(r *MapRecord) { r.Buckets = append(r.Buckets, r.Buckets[0]) }, "listed twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := rec(t)
 			tc.mut(r)
 			data, _ := json.Marshal(r)
-			packed, err := topo.PackMapRecord(data, topo.MapGzip)
+			packed, err := PackMapRecord(data, MapGzip)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -278,7 +278,7 @@ func FuzzDecode(f *testing.F) {
 	for _, m := range []*Map{mustNew(f, 0, nodes(1)), mustNew(f, 3, nodes(3))} {
 		data, _ := Encode(m)
 		f.Add(data)
-		m.Encoding = topo.MapGzip
+		m.Encoding = MapGzip
 		data, _ = Encode(m)
 		f.Add(data)
 	}

@@ -148,7 +148,7 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 	return nil, 0, nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, retries+1)
 }
 
-// SetEncoding switches how the map record is stored (topo.MapEncoding) by
+// SetEncoding switches how the map record is stored (MapEncoding) by
 // writing it again, at the next map version, in enc; every later write
 // keeps enc, since writers re-encode the record in the form they read.
 // A map already stored in enc is not written: changed is false.
@@ -158,8 +158,8 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 // rebalancer, GC) runs a release that reads both forms: an older one
 // refuses a compressed record and keeps its last map. Switching back to
 // plain is the way back before downgrading any of them.
-func (st *Store) SetEncoding(ctx context.Context, enc topo.MapEncoding) (m *Map, changed bool, err error) {
-	if _, err := topo.ParseMapEncoding(string(enc)); err != nil {
+func (st *Store) SetEncoding(ctx context.Context, enc MapEncoding) (m *Map, changed bool, err error) {
+	if _, err := ParseMapEncoding(string(enc)); err != nil {
 		return nil, false, err
 	}
 	cur, _, err := st.Load(ctx)

@@ -265,14 +265,14 @@ func TestIntegrationStoreEncoding(t *testing.T) {
 	if _, _, err := st.SetEncoding(ctx, "zstd"); err == nil {
 		t.Fatal("unknown encoding accepted")
 	}
-	m, changed, err := st.SetEncoding(ctx, topo.MapGzip)
-	if err != nil || !changed || m.Version != 2 || m.Encoding != topo.MapGzip {
+	m, changed, err := st.SetEncoding(ctx, MapGzip)
+	if err != nil || !changed || m.Version != 2 || m.Encoding != MapGzip {
 		t.Fatalf("switch to gzip: %+v changed=%v %v", m, changed, err)
 	}
 	if !isGzip(stored()) {
 		t.Fatal("after the switch the znode is not gzip")
 	}
-	if m, changed, err = st.SetEncoding(ctx, topo.MapGzip); err != nil || changed || m.Version != 2 {
+	if m, changed, err = st.SetEncoding(ctx, MapGzip); err != nil || changed || m.Version != 2 {
 		t.Fatalf("a second switch to gzip wrote: version %d changed=%v %v", m.Version, changed, err)
 	}
 	next, err := st.Update(ctx, func(m *Map) error { return m.Assign(0, "n2", AssignOptions{}) })
@@ -280,13 +280,13 @@ func TestIntegrationStoreEncoding(t *testing.T) {
 		t.Fatalf("an update did not keep gzip: %v", err)
 	}
 	cur, zv, err := st.Load(ctx)
-	if err != nil || cur.Encoding != topo.MapGzip || cur.Owner(0) != "n2" || cur.Version != next.Version {
+	if err != nil || cur.Encoding != MapGzip || cur.Owner(0) != "n2" || cur.Version != next.Version {
 		t.Fatalf("load of the gzip map: %+v %v", cur, err)
 	}
 	if _, _, _, err := st.UpdateAlso(ctx, cur, zv, func(m *Map) error { return m.SetMoving(1, "n3", "mv-1") }, nil); err != nil || !isGzip(stored()) {
 		t.Fatalf("UpdateAlso from the caller's map did not keep gzip: %v", err)
 	}
-	if m, changed, err = st.SetEncoding(ctx, topo.MapPlain); err != nil || !changed || m.Meta(1).Move != "mv-1" {
+	if m, changed, err = st.SetEncoding(ctx, MapPlain); err != nil || !changed || m.Meta(1).Move != "mv-1" {
 		t.Fatalf("switch back: %+v %v", m, err)
 	}
 	if data := stored(); isGzip(data) || data[0] != '{' {

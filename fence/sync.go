@@ -118,8 +118,8 @@ type SyncOptions struct {
 }
 
 // SyncAfterChange is the fence sync after an ownership change, done by
-// whoever changed the map outside a move (shardctl's map commands, the
-// rebalancer): it brings every db node's fence in step with the new map m
+// whoever changed the map outside a move, through package ownership
+// (shardctl's map commands, the rebalancer's splits): it brings every db node's fence in step with the new map m
 // at once, concurrently. The change has already happened, so nothing here
 // undoes or fails it: each node's outcome is returned (and logged), and a
 // node that could not be updated (unreachable, not prepared) is drift for

@@ -131,12 +131,14 @@ func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
 	if err := c.s.CreateAll(ctx, c.st.Paths().Move("mv-rec")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.s.Set(ctx, c.st.Paths().Move("mv-rec"), []byte(`{"version":1,"bucket":1,"level":3,"state":"copying"}`), -1); err != nil {
+	if _, err := c.s.Set(ctx, c.st.Paths().Move("mv-rec"), []byte(`{"version":1,"bucket":1,"level":3,"state":"copy"}`), -1); err != nil {
 		t.Fatal(err)
 	}
 	// A finished move's record does not block.
 	c.s.CreateAll(ctx, c.st.Paths().Move("mv-old"))
-	c.s.Set(ctx, c.st.Paths().Move("mv-old"), []byte(`{"bucket":5,"level":3,"state":"done"}`), -1)
+	c.s.Set(ctx, c.st.Paths().Move("mv-old"), []byte(`{"version":1,"bucket":5,"level":3,"state":"done"}`), -1)
+	c.s.CreateAll(ctx, c.st.Paths().Move("mv-gone"))
+	c.s.Set(ctx, c.st.Paths().Move("mv-gone"), []byte(`{"version":1,"bucket":5,"level":3,"state":"aborted"}`), -1)
 	// The recent change: bucket 0 moves now.
 	c.clock = time.Now()
 	m = c.move(m, 0, other(0))
@@ -170,6 +172,20 @@ func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
 	for _, s := range rep.Skipped {
 		if s.Kind != SkipMoveRecord && s.Kind != SkipMove {
 			t.Errorf("unexpected skip %s: %s", s.Kind, s.Reason)
+		}
+	}
+	// So does a record in a state no mover writes (a newer mover's, or
+	// the "finished" GC once counted as final): it is not known final.
+	for _, st := range []string{"finished", "copying"} {
+		c.s.Set(ctx, c.st.Paths().Move("mv-rec"), []byte(`{"version":1,"bucket":1,"level":3,"state":"`+st+`"}`), -1)
+		rep = c.run(Options{Grace: -1})
+		if rep.Deleted != 0 || len(rep.Work) != 0 || rep.Uncertain() == 0 {
+			t.Fatalf("with a move record in state %q: %+v", st, rep)
+		}
+		for _, s := range rep.Skipped {
+			if s.Kind != SkipMoveRecord && s.Kind != SkipMove {
+				t.Errorf("state %q: unexpected skip %s: %s", st, s.Kind, s.Reason)
+			}
 		}
 	}
 	c.s.Delete(ctx, c.st.Paths().Move("mv-rec"), -1)

@@ -44,6 +44,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -908,13 +909,11 @@ func (r *run) flip(ctx context.Context) error {
 		// The map and the move record change in one ZooKeeper
 		// transaction: the record says the flip happened (FlipVersion)
 		// exactly when the map does, whatever instant the mover dies at.
+		// The map half of the flip goes through ownership; its fence half
+		// is settleFences, after it.
 		var rec topo.MoveRecord
-		next, _, stats, err := r.mv.st.UpdateAlso(ctx, r.fenceMap, r.fenceZV, func(m *bucketmap.Map) error {
-			if bm := m.Meta(r.rec.Bucket); bm.State != bucketmap.BucketMoving || bm.Move != r.rec.ID {
-				return fmt.Errorf("bucket %d is no longer in this move's write pause (state %s, move %q)", r.rec.Bucket, bm.State, bm.Move)
-			}
-			return m.Assign(r.rec.Bucket, bucketmap.NodeID(r.rec.Target), bucketmap.AssignOptions{NoCopy: r.rec.NoCopy})
-		}, func(next *bucketmap.Map) ([]zksession.Op, error) {
+		flip := ownership.Flip{Move: r.rec.ID, Bucket: r.rec.Bucket, Target: bucketmap.NodeID(r.rec.Target), NoCopy: r.rec.NoCopy}
+		next, _, stats, err := ownership.FlipMap(ctx, r.mv.st, r.fenceMap, r.fenceZV, flip, func(next *bucketmap.Map) ([]zksession.Op, error) {
 			rec = *r.rec
 			rec.FlipVersion = next.Version
 			rec.State = topo.MoveFlip
@@ -957,36 +956,24 @@ func (r *run) flip(ctx context.Context) error {
 	return r.enter(ctx, after)
 }
 
-// settleFences brings both fences to the flip's map version: the target
-// owns the range (unless this process committed exactly that already), the
-// source releases it. It runs after the flip, and again when a move is
-// resumed past it, so that a mover dying in between leaves nothing frozen.
-// An unreachable source is left to the reconciler (`shardctl node reconcile`);
+// settleFences brings both fences to the flip's map version
+// (ownership.SettleFlip, the fence half of the flip): the target owns the
+// range (unless this process committed exactly that already), the source
+// releases it. It runs after the flip, and again when a move is resumed
+// past it, so that a mover dying in between leaves nothing frozen. An
+// unreachable source is left to the reconciler (`shardctl node reconcile`);
 // the target must own the range, or its writes are refused.
-//
-// A move changes one range, at the versions its steps fix, on connections
-// it holds; the fence sync after other map changes (fence.SyncAfterChange)
-// brings whole nodes to a map instead, which here would also freeze the
-// ranges of other moves in flight before their own steps do.
 func (r *run) settleFences(ctx context.Context) error {
-	v := r.rec.FlipVersion
-	if !r.targetOwned {
-		dst, err := r.target(ctx)
-		if err != nil {
-			return fmt.Errorf("target fence (it must own the bucket now): %w", err)
-		}
-		if _, err := fence.Own(ctx, dst, r.rec.Lo, r.rec.Hi, v); err != nil && !errors.Is(err, fence.ErrStale) {
-			return fmt.Errorf("target fence (it must own the bucket now): %w", err)
-		}
-		r.targetOwned = true
+	owned, err := ownership.SettleFlip(ctx, ownership.FlipFences{
+		Move: r.rec.ID, Lo: r.rec.Lo, Hi: r.rec.Hi, Version: r.rec.FlipVersion, TargetOwned: r.targetOwned,
+		Target: func(ctx context.Context) (fence.DB, error) { return r.target(ctx) },
+		Source: func(ctx context.Context) (fence.DB, error) { return r.source(ctx) },
+		Log:    r.mv.log,
+	})
+	if err != nil {
+		return err
 	}
-	if src, err := r.source(ctx); err == nil {
-		if _, err := fence.Release(ctx, src, r.rec.Lo, r.rec.Hi, v); err != nil && !errors.Is(err, fence.ErrStale) {
-			r.mv.log.Warn("source fence not released; `shardctl node reconcile` will", zap.String("move", r.rec.ID), zap.Error(err))
-		}
-	} else {
-		r.mv.log.Warn("source unreachable after the flip; its fence still freezes the range until `shardctl node reconcile`", zap.String("move", r.rec.ID), zap.Error(err))
-	}
+	r.targetOwned = owned
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/backoff"
+	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -48,8 +49,8 @@ type Report struct {
 	Splits int `json:"splits"`
 	// Reassigned is always 0; the field stays for the report's format.
 	// Buckets of a down node are reassigned, without copying and with the
-	// fence sync, when the node is marked down (bucketmap.Map.MarkDown via
-	// `shardctl node down`), and the rebalancer refuses to run while a node
+	// fence sync, when the node is marked down (ownership.Changer.NodeDown
+	// via `shardctl node down`), and the rebalancer refuses to run while a node
 	// is down (ErrNodeDown), so it never has any to reassign itself.
 	Reassigned int                `json:"reassigned"`
 	Resumed    []string           `json:"resumed,omitempty"`
@@ -146,14 +147,10 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 		}
 		if p.Splits > 0 {
 			rb.say("splitting %d time(s) to level %d before moving", p.Splits, p.Level)
-			if _, err := rb.mv.st.Update(ctx, func(m *bucketmap.Map) error {
-				for range p.Splits {
-					if err := m.Split(); err != nil {
-						return err
-					}
-				}
-				return nil
-			}); err != nil {
+			// Through ownership, like every map change outside a move: the
+			// fences follow the split (drift is logged as a warning, for
+			// the reconciler; it does not stop the rebalancer).
+			if _, err := ownership.New(rb.mv.st, ownership.Options{Log: rb.log}).Split(ctx, p.Splits); err != nil {
 				return rep, err
 			}
 			rep.Splits += p.Splits

@@ -141,7 +141,7 @@ func TestIntegrationFollowsCompressedMap(t *testing.T) {
 	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	m, changed, err := st.SetEncoding(ctx, topo.MapGzip)
+	m, changed, err := st.SetEncoding(ctx, bucketmap.MapGzip)
 	if err != nil || !changed {
 		t.Fatalf("switch to gzip: %v", err)
 	}
@@ -165,7 +165,7 @@ func TestIntegrationFollowsCompressedMap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := topo.EncodeMapFile("c1", testSeed, js)
+	want, _ := bucketmap.EncodeMapFile("c1", testSeed, js)
 	if string(file) != string(want) {
 		t.Fatalf("map file of a compressed map is not the plain document:\n%.200s", file)
 	}

@@ -244,7 +244,7 @@ func newFromFile(path string, opts Options, follow bool, f workerproto.MapFollow
 }
 
 func snapshotFromFile(path string, data []byte) (*snapshot, error) {
-	rec, err := topo.DecodeMapFile(path, data)
+	rec, err := bucketmap.DecodeMapFile(path, data)
 	if err != nil {
 		return nil, err
 	}
@@ -273,9 +273,9 @@ func newSnapshot(m *bucketmap.Map, ks *keystream.Keystream, cluster, seed string
 	return s
 }
 
-// mapFile is the snapshot's map file document (topo.EncodeMapFile).
+// mapFile is the snapshot's map file document (bucketmap.EncodeMapFile).
 func (s *snapshot) mapFile() ([]byte, error) {
-	s.fileOnce.Do(func() { s.file, s.fileErr = topo.EncodeMapFile(s.cluster, s.seed, s.raw) })
+	s.fileOnce.Do(func() { s.file, s.fileErr = bucketmap.EncodeMapFile(s.cluster, s.seed, s.raw) })
 	return s.file, s.fileErr
 }
 
@@ -339,7 +339,7 @@ func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keys
 		return
 	}
 	// The map file embeds the record's plain JSON, whichever form the
-	// znode holds (topo.MapEncoding).
+	// znode holds (bucketmap.MapEncoding).
 	m, js, err := bucketmap.DecodeRecord(r.paths.Map(), n.Data)
 	if err != nil {
 		r.stats.MapRejected.Add(1)

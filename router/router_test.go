@@ -16,7 +16,6 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/keystream"
-	"github.com/shardvisor/shardvisor/topo"
 )
 
 const testSeed = "5eed0000000000000000000000000001"
@@ -38,7 +37,7 @@ func writeMapFile(t testing.TB, dir string, m *bucketmap.Map) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := topo.EncodeMapFile("c1", testSeed, raw)
+	data, err := bucketmap.EncodeMapFile("c1", testSeed, raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +365,7 @@ func TestHTTPAPI(t *testing.T) {
 	if res.StatusCode != 200 || etag == "" {
 		t.Fatalf("map: %d %q", res.StatusCode, etag)
 	}
-	rec, err := topo.DecodeMapFile("", []byte(body))
+	rec, err := bucketmap.DecodeMapFile("", []byte(body))
 	if err != nil || rec.Seed != testSeed {
 		t.Fatalf("map body: %v", err)
 	}

@@ -16,13 +16,13 @@ import (
 // and returns its version and the map file document workers get: the
 // cluster's seed with the map record's plain JSON (as stored, or inflated
 // when the znode holds it compressed), so that a worker routes users with
-// nothing but this file (topo.MapFileRecord, docs/router-api.md).
+// nothing but this file (bucketmap.MapFileRecord, docs/router-api.md).
 func MapDocument(cluster *topo.ClusterRecord, znode string, data []byte) (uint64, []byte, error) {
 	m, js, err := bucketmap.DecodeRecord(znode, data)
 	if err != nil {
 		return 0, nil, err
 	}
-	doc, err := topo.EncodeCompact(topo.MapFileRecord{Version: topo.MapFileVersion, Cluster: cluster.Name, Seed: cluster.Seed, Map: js})
+	doc, err := bucketmap.EncodeMapFile(cluster.Name, cluster.Seed, js)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -62,13 +62,13 @@ func TestMapVersionAndFiles(t *testing.T) {
 	if err != nil || v != 1 {
 		t.Fatalf("%d %v", v, err)
 	}
-	rec, err := topo.DecodeMapFile("", doc)
+	rec, err := bucketmap.DecodeMapFile("", doc)
 	if err != nil || rec.Seed != cl.Seed || rec.Cluster != "c1" || string(rec.Map) != string(raw) {
 		t.Fatalf("map file %s: %v", doc, err)
 	}
 	// A compressed record gives workers the same document, byte for byte:
 	// the map in its plain form, for readers in any language.
-	m.Encoding = topo.MapGzip
+	m.Encoding = bucketmap.MapGzip
 	packed, _ := bucketmap.Encode(m)
 	if v, doc2, err := MapDocument(cl, "/m", packed); err != nil || v != 1 || string(doc2) != string(doc) {
 		t.Fatalf("map file of the gzip record (%v): %s", err, doc2)

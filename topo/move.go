@@ -122,8 +122,24 @@ type TableCheck struct {
 	TargetSum  string `json:"target_sum"`
 }
 
+// MoveStateFinal reports whether state ends a move: done or aborted. This
+// is the one definition of "no longer in flight": failed is not final (its
+// source rows stay for an operator), and neither is a state this build does
+// not know.
+func MoveStateFinal(state string) bool { return state == MoveDone || state == MoveAborted }
+
+// MoveStateKnown reports whether state is one of the move states above.
+func MoveStateKnown(state string) bool {
+	switch state {
+	case MovePrepare, MoveCopy, MoveCatchup, MoveFence, MoveBarrier, MoveFlip,
+		MoveTeardown, MoveVerify, MoveDone, MoveAborting, MoveAborted, MoveFailed:
+		return true
+	}
+	return false
+}
+
 // Finished reports whether the move is over (done or aborted).
-func (r *MoveRecord) Finished() bool { return r.State == MoveDone || r.State == MoveAborted }
+func (r *MoveRecord) Finished() bool { return MoveStateFinal(r.State) }
 
 // DecodeMove decodes a move record.
 func DecodeMove(znode string, data []byte) (*MoveRecord, error) {

@@ -23,7 +23,8 @@ func ListMoves(ctx context.Context, s *zksession.Session, p Paths) ([]string, er
 }
 
 // ReadMoveData reads a move record's bytes as stored, for readers that
-// decode tolerantly (GC needs only "bucket", "level" and "state").
+// decide themselves what an undecodable record means (GC decodes with
+// DecodeMove and counts a record it cannot decode as a move of every key).
 func ReadMoveData(ctx context.Context, s *zksession.Session, p Paths, id string) ([]byte, int32, error) {
 	data, st, err := s.Get(ctx, p.Move(id))
 	return data, st.Version, err

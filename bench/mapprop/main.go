@@ -2,7 +2,7 @@
 // propagation"): how many bytes ZooKeeper sends a fleet of watchers for
 // one change of a level-16 bucket map, and how long until every watcher
 // has applied it, with the map record stored plain (the baseline) and
-// gzip-compressed (topo.MapGzip), side by side in one run. Run it with
+// gzip-compressed (bucketmap.MapGzip), side by side in one run. Run it with
 // bench/mapprop/run.
 //
 // Against the local ZooKeeper ensemble of scripts/devenv:
@@ -109,9 +109,9 @@ func main() {
 		os.Exit(2)
 	}
 	*changes += *changes % 2
-	var encs []topo.MapEncoding
+	var encs []bucketmap.MapEncoding
 	for _, s := range strings.Split(*encodings, ",") {
-		e, err := topo.ParseMapEncoding(strings.TrimSpace(s))
+		e, err := bucketmap.ParseMapEncoding(strings.TrimSpace(s))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "mapprop-bench: --encodings:", err)
 			os.Exit(2)
@@ -253,7 +253,7 @@ func buildMap(now time.Time) (*bucketmap.Map, error) {
 		if err != nil {
 			return nil, err
 		}
-		rec, err := topo.DecodeMapRecord("", data)
+		rec, err := bucketmap.DecodeMapRecord("", data)
 		if err != nil {
 			return nil, err
 		}
@@ -418,7 +418,7 @@ func (f *fleet) await(ctx context.Context, v uint64) (map[int]time.Time, error) 
 
 // ---------------------------------------------------------------- run
 
-func run(ctx context.Context, encs []topo.MapEncoding) (*Summary, error) {
+func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	root := fmt.Sprintf("/shardvisor-bench/mapprop-%d", time.Now().Unix())
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *level, Buckets: 1 << *level, Nodes: *nodeCount, Layout: *layout,
 		Watchers: *watchers, Members: *members, ChangesPerEnc: *changes, ZKRoot: root}

@@ -94,12 +94,11 @@ func runInit(c *cli.Context) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
 		rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: st.Paths().ClusterName(), Seed: seed.String(), CreatedAt: time.Now().UTC()}
 		opt := bucketmap.CreateOptions{ACL: zksession.ClusterACL(admin, reader)}
-		if err := st.Create(ctx, rec, m, opt); err != nil {
+		res, err := owners(c, st).Create(ctx, rec, m, opt)
+		if err != nil {
 			return err
 		}
-		if err := afterMapChange(ctx, c, st, m); err != nil {
-			return err
-		}
+		printDrift(c, res)
 		out := map[string]any{"cluster": rec.Name, "path": st.Paths().Cluster(), "level": m.Level, "buckets": m.Buckets(),
 			"map_version": m.Version, "nodes": m.Summarize().Nodes, "acl": admin != nil}
 		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
@@ -133,13 +132,12 @@ func runStatus(c *cli.Context) error {
 
 func runSplit(c *cli.Context) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-		m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Split() })
+		res, err := owners(c, st).Split(ctx, 1)
 		if err != nil {
 			return err
 		}
-		if err := afterMapChange(ctx, c, st, m); err != nil {
-			return err
-		}
+		printDrift(c, res)
+		m := res.Map
 		log.Info("split", zap.Int("level", m.Level), zap.Uint64("map_version", m.Version))
 		return cliutil.NewPrinter(c).Emit(map[string]any{"level": m.Level, "buckets": m.Buckets(), "map_version": m.Version}, func(w io.Writer) {
 			fmt.Fprintf(w, "split to level %d (%d buckets), map version %d\n", m.Level, m.Buckets(), m.Version)
@@ -200,19 +198,12 @@ func runAssign(c *cli.Context) error {
 		return cliutil.Usagef("assign: without --no-copy the rows would have to be copied; use `shardctl move %d --to %s` for that, or --no-copy to reassign without copying", b, to)
 	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-		var from bucketmap.NodeID
-		m, err := st.Update(ctx, func(m *bucketmap.Map) error {
-			if int64(b) < int64(m.Buckets()) {
-				from = m.Owner(uint32(b))
-			}
-			return m.Assign(uint32(b), to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
-		})
+		from, res, err := owners(c, st).Assign(ctx, uint32(b), to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
 		if err != nil {
 			return err
 		}
-		if err := afterMapChange(ctx, c, st, m); err != nil {
-			return err
-		}
+		printDrift(c, res)
+		m := res.Map
 		log.Warn("bucket reassigned without copying", zap.Uint64("bucket", b), zap.String("from", string(from)), zap.String("to", string(to)))
 		return cliutil.NewPrinter(c).Emit(map[string]any{"bucket": b, "from": from, "to": to, "map_version": m.Version, "data_lost": true}, func(w io.Writer) {
 			fmt.Fprintf(w, "bucket %d: %s -> %s WITHOUT copying its rows (marked data-lost), map version %d\n", b, from, to, m.Version)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/ownership"
 )
 
 // runMapEncoding shows how the map record is stored, or switches it
@@ -19,9 +19,9 @@ func runMapEncoding(c *cli.Context) error {
 	if c.NArg() > 1 {
 		return cliutil.Usagef("map-encoding: at most one argument, plain or gzip")
 	}
-	var want topo.MapEncoding
+	var want bucketmap.MapEncoding
 	if c.NArg() == 1 {
-		enc, err := topo.ParseMapEncoding(c.Args().First())
+		enc, err := bucketmap.ParseMapEncoding(c.Args().First())
 		if err != nil {
 			return cliutil.Usagef("map-encoding: %v", err)
 		}
@@ -29,21 +29,20 @@ func runMapEncoding(c *cli.Context) error {
 	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		var m *bucketmap.Map
-		changed := false
+		var res *ownership.Result
 		var err error
 		if want == "" {
 			m, _, err = st.Load(ctx)
 		} else {
-			m, changed, err = st.SetEncoding(ctx, want)
+			// A new map version like any other: the fences follow it.
+			m, res, err = owners(c, st).SetEncoding(ctx, want)
 		}
 		if err != nil {
 			return err
 		}
+		changed := res != nil
 		if changed {
-			// A new map version like any other: the fences follow it.
-			if err := afterMapChange(ctx, c, st, m); err != nil {
-				return err
-			}
+			printDrift(c, res)
 			log.Info("map encoding", zap.String("encoding", string(m.Encoding)), zap.Uint64("map_version", m.Version))
 		}
 		js, err := bucketmap.EncodeJSON(m)

@@ -77,7 +77,7 @@ func oneNode(edit func(m *bucketmap.Map, id bucketmap.NodeID) (string, error)) c
 func nodeEdit(c *cli.Context, verb string, id bucketmap.NodeID, edit func(m *bucketmap.Map) (string, error)) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		var msg string
-		m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+		res, err := owners(c, st).Change(ctx, func(m *bucketmap.Map) error {
 			var err error
 			msg, err = edit(m)
 			return err
@@ -85,9 +85,8 @@ func nodeEdit(c *cli.Context, verb string, id bucketmap.NodeID, edit func(m *buc
 		if err != nil {
 			return fmt.Errorf("node %s %s: %w", verb, id, err)
 		}
-		if err := afterMapChange(ctx, c, st, m); err != nil {
-			return err
-		}
+		printDrift(c, res)
+		m := res.Map
 		log.Info("node "+verb, zap.String("node", string(id)), zap.Uint64("map_version", m.Version))
 		n, _ := m.Node(id)
 		return cliutil.NewPrinter(c).Emit(map[string]any{"node": id, "action": verb, "state": n.State, "buckets": m.Counts()[id], "map_version": m.Version},

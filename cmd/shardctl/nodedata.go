@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -200,11 +201,11 @@ func reconcileError(res []fence.NodeSync) error {
 }
 
 // runReconcileWatch is `node reconcile --watch`: the continuous reconciler
-// (fence.Watch), printing every change of a node's outcome.
+// (ownership.Watch), printing every change of a node's outcome.
 func runReconcileWatch(c *cli.Context, ids []bucketmap.NodeID) error {
 	p := cliutil.NewPrinter(c)
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-		return fence.Watch(ctx, st, ids, fence.WatchOptions{
+		return ownership.Watch(ctx, st, ids, fence.WatchOptions{
 			Retry: c.Duration("retry"), Every: c.Duration("every"), Timeout: c.Duration("timeout"), Log: log,
 			Report: func(m *bucketmap.Map, r fence.NodeSync) {
 				_ = p.Emit(map[string]any{"map_version": m.Version, "node": r}, func(w io.Writer) { writeSync(w, m, r) })
@@ -227,7 +228,7 @@ func runReconcile(c *cli.Context) error {
 	every := c.Duration("every")
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		for {
-			m, res, err := fence.Reconcile(ctx, st, ids, log)
+			m, res, err := ownership.Reconcile(ctx, st, ids, log)
 			if errors.Is(err, bucketmap.ErrUnknownNode) {
 				return fmt.Errorf("node reconcile: %w", err)
 			}

@@ -54,14 +54,18 @@ var layer = map[string]int{
 	"bucketmap":           3,
 	"dbnode":              4,
 	"fence":               5,
+	// Every change of bucket ownership with its fence sync: above the map
+	// (bucketmap), the fences (fence) and the records (topo), below the
+	// mover and the rebalancer (migrate) and the commands.
+	"ownership": 6,
 	// The four components are peers: none imports another.
-	"router":     6,
-	"supervisor": 6,
-	"migrate":    6,
-	"gc":         6,
-	"worker":     6,
+	"router":     7,
+	"supervisor": 7,
+	"migrate":    7,
+	"gc":         7,
+	"worker":     7,
 	// Flag and output plumbing shared by the commands only.
-	"internal/cliutil": 7,
+	"internal/cliutil": 8,
 }
 
 const layerTop = 100

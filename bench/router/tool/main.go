@@ -32,7 +32,7 @@ func main() {
 		must(err)
 		raw, err := bucketmap.Encode(m)
 		must(err)
-		doc, err := topo.EncodeCompact(topo.MapFileRecord{Version: 1, Cluster: "bench", Seed: "5eed0000000000000000000000000001", Map: raw})
+		doc, err := topo.EncodeCompact(bucketmap.MapFileRecord{Version: 1, Cluster: "bench", Seed: "5eed0000000000000000000000000001", Map: raw})
 		must(err)
 		must(os.WriteFile(os.Args[2], doc, 0o644))
 	case "const":

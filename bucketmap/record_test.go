@@ -1,4 +1,4 @@
-package topo
+package bucketmap
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 const mapJSON = `{"version":1,"map_version":3,"level":0,"updated_at":"2026-01-02T03:04:05Z","nodes":[{"id":"n1","dsn":"postgres://h/d","weight":1,"state":"active"}],"owners":"AAA="}`
@@ -101,7 +103,7 @@ func TestMapRecordCorruptCompressed(t *testing.T) {
 	wantMalformed(t, "UnpackMapRecord", unpack, "bucket map", "/shardvisor/c1/map", cases)
 	wantMalformed(t, "DecodeMapRecord", DecodeMapRecord, "bucket map", "/shardvisor/c1/map", cases)
 	// Not a gzip stream at all is a JSON error, as before compression.
-	if _, err := DecodeMapRecord("/m", []byte{0x1f, 'x'}); err == nil || !strings.Contains(err.Error(), "not JSON") || !errors.Is(err, ErrMalformed) {
+	if _, err := DecodeMapRecord("/m", []byte{0x1f, 'x'}); err == nil || !strings.Contains(err.Error(), "not JSON") || !errors.Is(err, topo.ErrMalformed) {
 		t.Fatalf("half a magic: %v", err)
 	}
 }
@@ -132,7 +134,12 @@ func FuzzDecodeMapRecordAgrees(f *testing.F) {
 			return // the JSON inside is what is compared
 		}
 		got, err := DecodeMapRecord("/m", data)
-		want, werr := decodeAs[MapRecord]("bucket map", "/m", data, MapFormatVersion, nil)
+		var want *MapRecord
+		var r MapRecord
+		werr := topo.Decode("bucket map", "/m", data, MapFormatVersion, &r)
+		if werr == nil {
+			want = &r
+		}
 		if (err == nil) != (werr == nil) || err != nil && err.Error() != werr.Error() {
 			t.Fatalf("DecodeMapRecord: %v; the generic decoder: %v", err, werr)
 		}
@@ -140,4 +147,23 @@ func FuzzDecodeMapRecordAgrees(f *testing.F) {
 			t.Fatalf("DecodeMapRecord gave %+v, the generic decoder %+v", got, want)
 		}
 	})
+}
+
+type malformed struct{ data, errHas string }
+
+// wantMalformed decodes each case as the record at path with decode
+// (called name in messages) and wants an error that contains the case's
+// errHas, wraps topo.ErrMalformed and names the record and path.
+func wantMalformed[T any](t *testing.T, name string, decode func(string, []byte) (T, error), record, path string, cases []malformed) {
+	t.Helper()
+	for _, tc := range cases {
+		_, err := decode(path, []byte(tc.data))
+		if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+			t.Errorf("%s(%s) = %v, want error containing %q", name, tc.data, err, tc.errHas)
+			continue
+		}
+		if !errors.Is(err, topo.ErrMalformed) || !strings.Contains(err.Error(), record+" at "+path) {
+			t.Errorf("error %q should wrap ErrMalformed and name the record and path", err)
+		}
+	}
 }

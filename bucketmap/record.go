@@ -1,4 +1,4 @@
-package topo
+package bucketmap
 
 import (
 	"bytes"
@@ -9,15 +9,16 @@ import (
 	"io"
 	"time"
 
+	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // MapFormatVersion is the newest bucket map format this build writes.
 const MapFormatVersion = 1
 
-// MapRecord is the wire form of the bucket map at Paths.Map(). Package
-// bucketmap turns it into a validated bucketmap.Map and back; this struct
-// only fixes the JSON. See docs/bucket-map.md.
+// MapRecord is the wire form of the bucket map at topo.Paths.Map(). Decode
+// turns it into a validated Map and Encode back; this struct only fixes
+// the JSON. See docs/bucket-map.md.
 //
 // The map must stay well under ZooKeeper's 1 MiB limit at 2^16 buckets, so
 // per-bucket data is packed: owners is a base64 string of one big-endian
@@ -67,8 +68,8 @@ type HandoffRecord struct {
 }
 
 // DecodeMapRecord decodes a stored map record, plain or compressed
-// (UnpackMapRecord), and its JSON strictly; semantic checks are
-// bucketmap's.
+// (UnpackMapRecord), and its JSON strictly; the semantic checks are
+// Decode's.
 func DecodeMapRecord(znode string, data []byte) (*MapRecord, error) {
 	js, _, err := UnpackMapRecord(znode, data)
 	if err != nil {
@@ -88,7 +89,11 @@ func DecodeMapRecord(znode string, data []byte) (*MapRecord, error) {
 			return &r, nil
 		}
 	}
-	return decodeAs[MapRecord]("bucket map", znode, js, MapFormatVersion, nil)
+	var slow MapRecord
+	if err := topo.Decode("bucket map", znode, js, MapFormatVersion, &slow); err != nil {
+		return nil, err
+	}
+	return &slow, nil
 }
 
 // MapEncoding is how the map record's JSON is stored in its znode. The
@@ -138,8 +143,8 @@ func UnpackMapRecord(znode string, data []byte) ([]byte, MapEncoding, error) {
 		return data, MapPlain, nil
 	}
 	fail := func(format string, args ...any) ([]byte, MapEncoding, error) {
-		return nil, MapGzip, &RecordError{Kind: "bucket map", Path: znode,
-			Err: fmt.Errorf("%w: gzip-compressed record: "+format, append([]any{ErrMalformed}, args...)...)}
+		return nil, MapGzip, &topo.RecordError{Kind: "bucket map", Path: znode,
+			Err: fmt.Errorf("%w: gzip-compressed record: "+format, append([]any{topo.ErrMalformed}, args...)...)}
 	}
 	broken := func(err error) ([]byte, MapEncoding, error) {
 		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
