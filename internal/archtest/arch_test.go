@@ -42,7 +42,7 @@ var layer = map[string]int{
 	"keystream":           0,
 	"workerproto":         0,
 	"internal/backoff":    0,
-	"internal/benchstat":  0,
+	"internal/benchkit":   0,
 	"internal/failpoint":  0,
 	"internal/faultproxy": 1,
 	"internal/testenv":    0,
