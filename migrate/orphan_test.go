@@ -158,7 +158,7 @@ func TestIntegrationAbortFinishesBehindOpenWriter(t *testing.T) {
 		case topo.MoveAborting:
 			once.Do(func() {
 				go func() {
-					time.Sleep(hold)
+					time.Sleep(hold) // deliberate: the transaction holds the lock this long
 					release()
 				}()
 			})

@@ -216,7 +216,7 @@ func TestExecutorFailedStartFailsTheSwap(t *testing.T) {
 	if !strings.Contains(m.LastError, "swap failed: starting a worker: start app: fork/exec") {
 		t.Fatalf("last error %q", m.LastError)
 	}
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // deliberate: no other start may follow for a while
 	fos.mu.Lock()
 	n := len(fos.procs)
 	fos.mu.Unlock()
