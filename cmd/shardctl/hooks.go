@@ -21,7 +21,7 @@ var hookTimeout = fence.DefaultSyncTimeout
 // step is reported on stderr as drift for `shardctl node reconcile`.
 func afterMapChange(ctx context.Context, c *cli.Context, st *bucketmap.Store, m *bucketmap.Map) error {
 	log, _ := cliutil.Logger(c) // nil: no logs
-	res, err := fence.SyncAfterChange(ctx, st.Session(), st.Paths(), m, fence.SyncOptions{Timeout: hookTimeout, Log: log})
+	res, err := fence.SyncAfterChange(ctx, st.Session(), st.Paths(), m, fence.SyncOptions{Timeout: hookTimeout, Logger: log})
 	if err != nil {
 		fmt.Fprintf(c.App.ErrWriter, "shardctl: warning: fence drift: cannot read the cluster record to update the db nodes' fences to map version %d: %v; run `shardctl node reconcile`\n", m.Version, err)
 		return nil
