@@ -528,6 +528,7 @@ func (d *deleter) progress(w *Work, table string) {
 	p := Progress{Node: w.Node, Table: table, Range: w.Range.String(), Deleted: d.rep.Deleted, Total: d.rep.Rows,
 		Batches: d.rep.Batches, Elapsed: time.Since(d.start), MaxBatch: d.rep.MaxBatch}
 	if d.g.Opt.Progress != nil {
+		p.Message = fmt.Sprintf("%s %s %s: %d of %d rows deleted, %d batches", p.Node, p.Table, p.Range, p.Deleted, p.Total, p.Batches)
 		d.g.Opt.Progress(p)
 	}
 	if time.Since(d.lastLog) >= 5*time.Second {

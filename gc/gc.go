@@ -231,8 +231,12 @@ func (r *Report) Uncertain() int {
 	return n
 }
 
-// Progress is reported after every batch.
+// Progress is reported after every batch: the one shape of progress
+// callback, as migrate.Progress is migrate's.
 type Progress struct {
+	// Message is the line, e.g. "pg1 app.kv [0x00, 0x40): 1200 of 5000
+	// rows deleted, 12 batches".
+	Message  string
 	Node     bucketmap.NodeID
 	Table    string
 	Range    string

@@ -142,7 +142,8 @@ func TestIntegrationAbortFinishesBehindOpenWriter(t *testing.T) {
 	}
 	var once sync.Once
 	mv := f.mover(Options{})
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		msg := prog.Message
 		switch msg {
 		case topo.MoveFence:
 			mu.Lock()

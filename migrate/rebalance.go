@@ -34,8 +34,8 @@ type Rebalancer struct {
 	// Backoff is the wait before the first retry; it doubles, with ±20%
 	// jitter (internal/backoff). Default 2 s.
 	Backoff time.Duration
-	// Progress, when set, receives a line per decision.
-	Progress func(msg string)
+	// Progress, when set, receives a line per decision (Move is nil).
+	Progress func(Progress)
 }
 
 // NewRebalancer returns a rebalancer that runs moves with mv.
@@ -61,7 +61,7 @@ func (rb *Rebalancer) say(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	rb.log.Info(msg)
 	if rb.Progress != nil {
-		rb.Progress(msg)
+		rb.Progress(Progress{Message: msg})
 	}
 }
 
@@ -269,7 +269,7 @@ func (rb *Rebalancer) RunForever(ctx context.Context) error {
 		if err != nil {
 			rb.log.Warn("rebalancer stopped; waiting for the next change", zap.Error(err))
 			if rb.Progress != nil {
-				rb.Progress("stopped: " + err.Error())
+				rb.Progress(Progress{Message: "stopped: " + err.Error()})
 			}
 			continue
 		}

@@ -42,7 +42,8 @@ func TestIntegrationRebalancerLockWaitsAndStopsWhenLost(t *testing.T) {
 		return false
 	}
 	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})
-	rb.Progress = func(msg string) {
+	rb.Progress = func(prog Progress) {
+		msg := prog.Message
 		mu.Lock()
 		said = append(said, msg)
 		mu.Unlock()
@@ -84,7 +85,8 @@ func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
 	mv := f.mover(Options{})
 	var lockPath string
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		rec, msg := prog.Move, prog.Message
 		if msg != topo.MoveCopy || lockPath != "" {
 			return
 		}

@@ -468,7 +468,8 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 	// as a move ends, it returns before starting the next one.
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	mv := migrate.New(f.c.st, migrate.Options{MemberWait: wait, Progress: func(rec *topo.MoveRecord, msg string) {
+	mv := migrate.New(f.c.st, migrate.Options{MemberWait: wait, Progress: func(prog migrate.Progress) {
+		rec, msg := prog.Move, prog.Message
 		switch {
 		case msg == topo.MoveDone:
 			done++

@@ -493,7 +493,8 @@ func run(ctx context.Context) (*Summary, error) {
 	b.prb = b.startProbe(ctx)
 	acksBefore, rbStart := l.acks.Load(), time.Now()
 	var done atomic.Int32
-	mv := migrate.New(b.st, migrate.Options{Progress: func(rec *topo.MoveRecord, msg string) {
+	mv := migrate.New(b.st, migrate.Options{Progress: func(prog migrate.Progress) {
+		rec, msg := prog.Move, prog.Message
 		switch {
 		case msg == topo.MoveDone:
 			row := b.moveRow(rec)
@@ -508,7 +509,8 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 	}})
 	rb := migrate.NewRebalancer(mv, bucketmap.Policy{Concurrency: *concurrency})
-	rb.Progress = func(msg string) {
+	rb.Progress = func(prog migrate.Progress) {
+		msg := prog.Message
 		if *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
 			say("  rebalancer: %s", msg)
 		}
