@@ -53,7 +53,7 @@ var layer = map[string]int{
 	"bucketmap":           3,
 	"dbnode":              4,
 	"fence":               5,
-	// The four components are peers: none imports another.
+	// The five components are peers: none imports another.
 	"router":     6,
 	"supervisor": 6,
 	"migrate":    6,
