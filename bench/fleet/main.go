@@ -36,7 +36,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -153,7 +152,7 @@ so that no outgoing connection holds one when it is bound again.
 		fmt.Fprintln(os.Stderr, "fleet-bench: the outage scenario kills ZooKeeper: run it against a throwaway ensemble (bench/fleet/run starts one on port 27811)")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := benchkit.Context()
 	defer stop()
 	b := &bench{started: time.Now()}
 	err := b.run(ctx, sel)

@@ -48,13 +48,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -111,22 +109,10 @@ func main() {
 		}
 		encs = append(encs, e)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx, encs)
-	if sum != nil {
-		if err != nil {
-			sum.Error = err.Error()
-		}
-		report(sum)
-		if *jsonOut {
-			_ = benchkit.WriteJSON(os.Stdout, sum)
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "mapprop-bench:", err)
-		os.Exit(1)
-	}
+	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
 }
 
 // ---------------------------------------------------------------- figures

@@ -47,7 +47,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/signal"
 	"runtime"
 	"slices"
 	"sort"
@@ -55,7 +54,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -117,22 +115,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx)
-	if sum != nil {
-		if err != nil {
-			sum.Error = err.Error()
-		}
-		report(sum)
-		if *jsonOut {
-			_ = benchkit.WriteJSON(os.Stdout, sum)
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "moves-bench:", err)
-		os.Exit(1)
-	}
+	benchkit.Finish("moves-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
 	if sum.Missing > 0 {
 		os.Exit(1)
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -83,4 +86,10 @@ func IdempotencyKey() string {
 	var b [16]byte
 	_, _ = crand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// Context is a benchmark's context: cancelled by SIGINT or SIGTERM, so
+// that the run stops, cleans up and reports what it has.
+func Context() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }

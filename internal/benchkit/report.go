@@ -80,3 +80,23 @@ func WriteJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
+
+// Finish ends a benchmark's main. When the run gave a summary, err (if
+// any) is recorded in it with setErr, report prints it, and with jsonOut
+// the summary also goes to stdout as JSON. Then an error is printed as
+// "name: err" on stderr and exits 1.
+func Finish[S any](name string, sum *S, err error, setErr func(*S, string), report func(*S), jsonOut bool) {
+	if sum != nil {
+		if err != nil {
+			setErr(sum, err.Error())
+		}
+		report(sum)
+		if jsonOut {
+			_ = WriteJSON(os.Stdout, sum)
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, name+":", err)
+		os.Exit(1)
+	}
+}
