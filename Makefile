@@ -7,7 +7,7 @@ PKGS     ?= ./...
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-mapprop bench-fleet lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-mapprop bench-fleet lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -19,14 +19,24 @@ build:
 test: lint install-deps
 	scripts/with-devenv $(MAKE) --no-print-directory test-inner
 
-# Tests that make ZooKeeper clients reconnect while holding watches run
-# again without -race: go-zookeeper v1.0.4 races on its own lastZxid after
-# such a reconnect, so under -race they skip themselves.
-RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-inner:
 	$(GO) test $(TESTFLAGS) $(PKGS)
-	$(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./router/ ./supervisor/
 	cd examples/embed && $(GO) test -count=1 ./...
+
+## test-faults: the long fault schedules, which make test leaves out
+test-faults: install-deps
+	scripts/with-devenv $(MAKE) --no-print-directory test-faults-inner
+
+# A test with a long fault schedule is named TestFaults... and calls
+# testenv.Faults(t) first, which skips it unless SHARDVISOR_FAULTS=1 (set
+# here). Tests that make ZooKeeper clients reconnect while holding watches
+# run here again without -race: go-zookeeper v1.0.4 races on its own
+# lastZxid after such a reconnect, so under -race they skip themselves.
+FAULT_TESTS = Faults
+RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
+test-faults-inner:
+	SHARDVISOR_FAULTS=1 $(GO) test $(TESTFLAGS) -run '$(FAULT_TESTS)' $(PKGS)
+	SHARDVISOR_FAULTS=1 $(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./router/... ./supervisor/
 
 ## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)
 install-deps:

@@ -65,9 +65,15 @@ func (e *env) run(name string, args ...string) string {
 	return string(out)
 }
 
+// proc is a binary started in the background.
+type proc struct {
+	*exec.Cmd
+	exited chan struct{} // closed when it has exited
+}
+
 // start runs a binary in the background, logging to a file; it is stopped
 // at the end of the test.
-func (e *env) start(name string, args ...string) *exec.Cmd {
+func (e *env) start(name string, args ...string) *proc {
 	e.t.Helper()
 	c := e.cmd(name, args...)
 	f, err := os.Create(filepath.Join(e.dir, name+".log"))
@@ -78,18 +84,19 @@ func (e *env) start(name string, args ...string) *exec.Cmd {
 	if err := c.Start(); err != nil {
 		e.t.Fatal(err)
 	}
+	p := &proc{Cmd: c, exited: make(chan struct{})}
+	go func() { c.Wait(); close(p.exited) }()
 	e.t.Cleanup(func() {
 		c.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { c.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-p.exited:
 		case <-time.After(20 * time.Second):
 			c.Process.Kill()
+			<-p.exited
 		}
 		f.Close()
 	})
-	return c
+	return p
 }
 
 func freePort(t *testing.T) int {
@@ -103,17 +110,14 @@ func freePort(t *testing.T) int {
 
 func waitHTTP(t *testing.T, url string, limit time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if res, err := http.Get(url); err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				return
-			}
+	testenv.WaitFor(t, limit, func() bool {
+		res, err := http.Get(url)
+		if err != nil {
+			return false
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s not answering 200 within %s", url, limit)
+		res.Body.Close()
+		return res.StatusCode == 200
+	}, url+" to answer 200")
 }
 
 func metric(t *testing.T, url, name string) string {
@@ -189,7 +193,7 @@ func TestWholeSystem(t *testing.T) {
 	ledger, summary := filepath.Join(dir, "ledger.jsonl"), filepath.Join(dir, "load.json")
 	load := e.start("loadgen", "run", "--url", app, "--users", "150", "--concurrency", "8", "--status-every", "0",
 		"--ledger", ledger, "--summary", summary)
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // deliberate: the load runs a while before the swap, so that the swap happens under it
 
 	// A config change swaps worker generations without dropping requests.
 	admin := fmt.Sprintf("http://127.0.0.1:%d/metrics", adminPort)
@@ -226,15 +230,16 @@ func TestWholeSystem(t *testing.T) {
 		}
 		t.Logf("move pause %.1f ms", m.Stats.PauseMS)
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // deliberate: the load runs a while on the new map before GC
 
 	// GC prunes what the old owners no longer own.
 	e.run("shardctl", "gc", "--grace", "0s")
 
 	// Stop the load and check every outcome.
+	// loadgen writes the ledger and then the summary as it exits: read
+	// them once it has exited, not as soon as the summary file exists.
 	load.Process.Signal(syscall.SIGTERM)
-	testenv.WaitFor(t, 60*time.Second, func() bool { _, err := os.Stat(summary); return err == nil }, "the load summary")
-	time.Sleep(200 * time.Millisecond)
+	testenv.Receive(t, load.exited, 60*time.Second, "the load generator to write its ledger and summary and exit")
 	var sum struct {
 		Requests  int64            `json:"requests"`
 		Failed    int64            `json:"failed"`

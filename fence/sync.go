@@ -114,7 +114,7 @@ const DefaultSyncTimeout = 10 * time.Second
 // SyncOptions tune SyncAfterChange.
 type SyncOptions struct {
 	Timeout time.Duration // per node; 0: DefaultSyncTimeout
-	Log     *zap.Logger   // nil: no logs
+	Logger  *zap.Logger   // nil: no logs
 }
 
 // SyncAfterChange is the fence sync after an ownership change, done by
@@ -130,7 +130,7 @@ type SyncOptions struct {
 // nothing is done. The error is only for a cluster record that cannot be
 // read; no fence was touched then.
 func SyncAfterChange(ctx context.Context, s *zksession.Session, p topo.Paths, m *bucketmap.Map, opt SyncOptions) ([]NodeSync, error) {
-	log := opt.Log
+	log := opt.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}

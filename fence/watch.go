@@ -30,7 +30,7 @@ type WatchOptions struct {
 	Retry   time.Duration // 0: DefaultWatchRetry
 	Every   time.Duration // 0: DefaultWatchEvery
 	Timeout time.Duration // 0: DefaultWatchTimeout
-	Log     *zap.Logger   // nil: no logs
+	Logger  *zap.Logger   // nil: no logs
 	// Report, if set, is called (from Watch's goroutine) with every
 	// outcome that differs from the node's previous one, and every repair.
 	Report func(m *bucketmap.Map, r NodeSync)
@@ -57,7 +57,7 @@ func Watch(ctx context.Context, st *bucketmap.Store, ids []bucketmap.NodeID, opt
 	if opt.Timeout <= 0 {
 		opt.Timeout = DefaultWatchTimeout
 	}
-	log := opt.Log
+	log := opt.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}

@@ -68,7 +68,7 @@ func (d *deleter) connsFor(ctx context.Context, id bucketmap.NodeID, conn *pgx.C
 			c, err := d.g.Opt.Connect(cctx, n)
 			cancel()
 			if err != nil {
-				d.g.Opt.Log.Warn("gc: an extra connection failed; deleting with fewer", zap.String("node", string(id)), zap.Int("connections", len(more)+1), zap.Error(err))
+				d.g.Opt.Logger.Warn("gc: an extra connection failed; deleting with fewer", zap.String("node", string(id)), zap.Int("connections", len(more)+1), zap.Error(err))
 				break
 			}
 			more = append(more, c)
@@ -161,7 +161,7 @@ func (d *deleter) delete(ctx context.Context, w *Work) error {
 			// batches could move rows behind the walk: the key-order pass
 			// below catches those, and costs nothing otherwise.
 			if err == nil && !stop && tw.Deleted < tw.Rows {
-				g.Opt.Log.Info("gc: rows left after the heap walk; finishing in key order", zap.String("table", tw.Table), zap.String("range", w.Range.String()), zap.Int64("left", tw.Rows-tw.Deleted))
+				g.Opt.Logger.Info("gc: rows left after the heap walk; finishing in key order", zap.String("table", tw.Table), zap.String("range", w.Range.String()), zap.Int64("left", tw.Rows-tw.Deleted))
 				// Batches sized for the whole range, not for the few rows
 				// left: one DELETE over the whole range would be a long
 				// transaction walking every dead index entry.
@@ -442,7 +442,7 @@ func (d *deleter) stopped(w *Work, tw *TableWork, err error) (bool, error) {
 		return false, err
 	}
 	d.rep.Skipped = append(d.rep.Skipped, Skip{Range: w.Range, Kind: SkipMove, Reason: fmt.Sprintf("stopped after deleting %d rows of %s: %v (a move towards %s started?)", tw.Deleted, tw.Table, claimed, w.Node)})
-	d.g.Opt.Log.Warn("gc: stopped a range", zap.String("range", w.Range.String()), zap.Error(err))
+	d.g.Opt.Logger.Warn("gc: stopped a range", zap.String("range", w.Range.String()), zap.Error(err))
 	return true, nil
 }
 
@@ -528,11 +528,12 @@ func (d *deleter) progress(w *Work, table string) {
 	p := Progress{Node: w.Node, Table: table, Range: w.Range.String(), Deleted: d.rep.Deleted, Total: d.rep.Rows,
 		Batches: d.rep.Batches, Elapsed: time.Since(d.start), MaxBatch: d.rep.MaxBatch}
 	if d.g.Opt.Progress != nil {
+		p.Message = fmt.Sprintf("%s %s %s: %d of %d rows deleted, %d batches", p.Node, p.Table, p.Range, p.Deleted, p.Total, p.Batches)
 		d.g.Opt.Progress(p)
 	}
 	if time.Since(d.lastLog) >= 5*time.Second {
 		d.lastLog = time.Now()
-		d.g.Opt.Log.Info("gc: progress", zap.String("node", string(w.Node)), zap.String("table", table), zap.String("range", p.Range),
+		d.g.Opt.Logger.Info("gc: progress", zap.String("node", string(w.Node)), zap.String("table", table), zap.String("range", p.Range),
 			zap.Int64("deleted", p.Deleted), zap.Int64("total", p.Total), zap.Int("batches", p.Batches),
 			zap.Float64("rows_per_s", float64(p.Deleted)/max(p.Elapsed.Seconds(), 1e-9)))
 	}

@@ -82,7 +82,7 @@ type Options struct {
 	Progress func(Progress)
 	// Metrics, if set, is updated as the run goes.
 	Metrics *Metrics
-	Log     *zap.Logger
+	Logger  *zap.Logger
 	Now     func() time.Time
 }
 
@@ -105,8 +105,8 @@ func (o *Options) defaults() {
 	if o.Connect == nil {
 		o.Connect = dbnode.Connect
 	}
-	if o.Log == nil {
-		o.Log = zap.NewNop()
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -231,8 +231,12 @@ func (r *Report) Uncertain() int {
 	return n
 }
 
-// Progress is reported after every batch.
+// Progress is reported after every batch: the one shape of progress
+// callback, as migrate.Progress is migrate's.
 type Progress struct {
+	// Message is the line, e.g. "pg1 app.kv [0x00, 0x40): 1200 of 5000
+	// rows deleted, 12 batches".
+	Message  string
 	Node     bucketmap.NodeID
 	Table    string
 	Range    string
@@ -303,7 +307,7 @@ func (g *GC) Run(ctx context.Context) (*Report, error) {
 	defer cancel()
 	stop := context.AfterFunc(ctx, func() {
 		if errors.Is(context.Cause(ctx), zksession.ErrLockLost) {
-			g.Opt.Log.Error("gc: ZooKeeper session lost; stopping (the next run resumes)")
+			g.Opt.Logger.Error("gc: ZooKeeper session lost; stopping (the next run resumes)")
 		}
 	})
 	defer stop()
@@ -357,7 +361,7 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 		work = append(work, w)
 	}
 	for _, s := range rep.Skipped {
-		g.Opt.Log.Info("gc: skipped", zap.String("range", s.Range.String()), zap.String("kind", s.Kind), zap.String("reason", s.Reason))
+		g.Opt.Logger.Info("gc: skipped", zap.String("range", s.Range.String()), zap.String("kind", s.Kind), zap.String("reason", s.Reason))
 		g.Opt.Metrics.skipped(s.Kind)
 	}
 	if g.Opt.DryRun {
@@ -935,9 +939,9 @@ func (g *GC) prune(ctx context.Context, rep *Report, work []Work) {
 	case err != nil:
 		rep.Pruned = 0
 		rep.PruneErrors = append(rep.PruneErrors, err.Error())
-		g.Opt.Log.Warn("gc: pruning the history failed; the next run retries", zap.Error(err))
+		g.Opt.Logger.Warn("gc: pruning the history failed; the next run retries", zap.Error(err))
 	default:
-		g.Opt.Log.Info("gc: pruned history", zap.Int("entries", rep.Pruned), zap.Uint64("map_version", m.Version))
+		g.Opt.Logger.Info("gc: pruned history", zap.Int("entries", rep.Pruned), zap.Uint64("map_version", m.Version))
 	}
 }
 

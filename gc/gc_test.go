@@ -277,6 +277,9 @@ func TestIntegrationGCHeapBatchesStayShort(t *testing.T) {
 	const batch = 100
 	var last, most int64
 	rep := c.run(Options{Grace: -1, Batch: batch, Order: OrderHeap, Progress: func(p Progress) {
+		if p.Message == "" {
+			t.Error("progress without a message")
+		}
 		most = max(most, p.Deleted-last)
 		last = p.Deleted
 	}})

@@ -23,7 +23,8 @@ func TestIntegrationAbortAfterFailure(t *testing.T) {
 	ctx := context.Background()
 	src := f.conn("pg1")
 	mv := f.mover(Options{})
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		msg := prog.Message
 		if msg == topo.MoveCatchup {
 			if _, err := src.Exec(ctx, "BEGIN; SET LOCAL shardvisor.allow_truncate = on; TRUNCATE app.kv; COMMIT"); err != nil {
 				t.Error(err)

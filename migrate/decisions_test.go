@@ -219,9 +219,9 @@ func TestRebalancerStopsWhenItsSessionExpires(t *testing.T) {
 		return false
 	}
 	rb := NewRebalancer(New(c.st, Options{}), bucketmap.Policy{})
-	rb.Progress = func(msg string) {
+	rb.Progress = func(prog Progress) {
 		mu.Lock()
-		said = append(said, msg)
+		said = append(said, prog.Message)
 		mu.Unlock()
 	}
 	done := make(chan error, 1)

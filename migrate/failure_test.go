@@ -104,7 +104,8 @@ func TestIntegrationTruncateOnSourceSparesTarget(t *testing.T) {
 	}
 	src := f.conn("pg1")
 	mv := f.mover(Options{})
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		msg := prog.Message
 		if msg == topo.MoveCatchup {
 			// An admin's TRUNCATE: the fence's guard wants it said.
 			if _, err := src.Exec(ctx, "BEGIN; SET LOCAL shardvisor.allow_truncate = on; TRUNCATE app.kv; COMMIT"); err != nil {
@@ -127,7 +128,8 @@ func TestIntegrationVerifyMismatchPausesRebalancer(t *testing.T) {
 	mv := f.mover(Options{})
 	lo, hi, _ := keystream.Range(2, 0)
 	src := f.conn("pg1")
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		msg := prog.Message
 		if msg == topo.MoveVerify {
 			// Corrupt the source's copy behind the fence's back.
 			tx, err := src.Begin(ctx)
@@ -212,7 +214,8 @@ func TestIntegrationNodeStoppedMidMove(t *testing.T) {
 			}
 			mv := f.mover(Options{})
 			var once sync.Once
-			mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+			mv.opts.Progress = func(prog Progress) {
+				msg := prog.Message
 				if msg == topo.MoveCatchup {
 					once.Do(func() {
 						if err := pgNode.Stop(); err != nil {
@@ -379,7 +382,8 @@ func TestIntegrationRebalancerRetriesCleanAbort(t *testing.T) {
 	}
 	mv := f.mover(Options{MemberWait: 300 * time.Millisecond, OnStraggler: StragglerAbort})
 	var once sync.Once
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		msg := prog.Message
 		if msg == topo.MoveAborted {
 			once.Do(func() { stale.Delete(ctx) }) // the router goes away
 		}

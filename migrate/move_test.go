@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -15,13 +16,14 @@ func TestIntegrationMoveUnderLoad(t *testing.T) {
 	f := newFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
 	base := f.seedRows("seed", 400)
 	l := f.startLoad(6, 200)
-	time.Sleep(300 * time.Millisecond)
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
 	ctx := context.Background()
 	rec, err := f.mover(Options{}).Move(ctx, 1, "pg2", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	n := l.writes.Load()
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the move")
 	acked := l.finish()
 	if rec.State != topo.MoveDone || rec.Verify == nil || !rec.Verify.OK || rec.Verify.Inconclusive {
 		t.Fatalf("move ended %s, verify %+v, error %q", rec.State, rec.Verify, rec.Error)

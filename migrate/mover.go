@@ -71,8 +71,9 @@ type Options struct {
 	// Metrics, if set, counts stragglers and times the member wait.
 	Metrics *Metrics
 	Logger  *zap.Logger
-	// Progress, when set, receives a line per state and copy progress.
-	Progress func(rec *topo.MoveRecord, msg string)
+	// Progress, when set, receives a line per state and copy progress,
+	// with the move's record.
+	Progress func(Progress)
 	// AbortRetry bounds how long an abort retries a cleanup that failed
 	// while both nodes answer (a fence change that hit its lock timeout
 	// because a writer held a transaction open, say) before it leaves the
@@ -493,7 +494,7 @@ func (r *run) progress(msg string) {
 	r.mv.log.Info("move "+msg, zap.String("move", r.rec.ID), zap.Uint32("bucket", r.rec.Bucket),
 		zap.String("from", r.rec.Source), zap.String("to", r.rec.Target))
 	if r.mv.opts.Progress != nil {
-		r.mv.opts.Progress(r.rec, msg)
+		r.mv.opts.Progress(Progress{Message: msg, Move: r.rec})
 	}
 }
 
@@ -968,7 +969,7 @@ func (r *run) settleFences(ctx context.Context) error {
 		Move: r.rec.ID, Lo: r.rec.Lo, Hi: r.rec.Hi, Version: r.rec.FlipVersion, TargetOwned: r.targetOwned,
 		Target: func(ctx context.Context) (fence.DB, error) { return r.target(ctx) },
 		Source: func(ctx context.Context) (fence.DB, error) { return r.source(ctx) },
-		Log:    r.mv.log,
+		Logger: r.mv.log,
 	})
 	if err != nil {
 		return err

@@ -142,7 +142,8 @@ func TestIntegrationAbortFinishesBehindOpenWriter(t *testing.T) {
 	}
 	var once sync.Once
 	mv := f.mover(Options{})
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		msg := prog.Message
 		switch msg {
 		case topo.MoveFence:
 			mu.Lock()
@@ -158,7 +159,7 @@ func TestIntegrationAbortFinishesBehindOpenWriter(t *testing.T) {
 		case topo.MoveAborting:
 			once.Do(func() {
 				go func() {
-					time.Sleep(hold)
+					time.Sleep(hold) // deliberate: the transaction holds the lock this long
 					release()
 				}()
 			})

@@ -35,8 +35,8 @@ type Rebalancer struct {
 	// Backoff is the wait before the first retry; it doubles, with ±20%
 	// jitter (internal/backoff). Default 2 s.
 	Backoff time.Duration
-	// Progress, when set, receives a line per decision.
-	Progress func(msg string)
+	// Progress, when set, receives a line per decision (Move is nil).
+	Progress func(Progress)
 }
 
 // NewRebalancer returns a rebalancer that runs moves with mv.
@@ -62,7 +62,7 @@ func (rb *Rebalancer) say(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	rb.log.Info(msg)
 	if rb.Progress != nil {
-		rb.Progress(msg)
+		rb.Progress(Progress{Message: msg})
 	}
 }
 
@@ -150,7 +150,7 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			// Through ownership, like every map change outside a move: the
 			// fences follow the split (drift is logged as a warning, for
 			// the reconciler; it does not stop the rebalancer).
-			if _, err := ownership.New(rb.mv.st, ownership.Options{Log: rb.log}).Split(ctx, p.Splits); err != nil {
+			if _, err := ownership.New(rb.mv.st, ownership.Options{Logger: rb.log}).Split(ctx, p.Splits); err != nil {
 				return rep, err
 			}
 			rep.Splits += p.Splits
@@ -266,7 +266,7 @@ func (rb *Rebalancer) RunForever(ctx context.Context) error {
 		if err != nil {
 			rb.log.Warn("rebalancer stopped; waiting for the next change", zap.Error(err))
 			if rb.Progress != nil {
-				rb.Progress("stopped: " + err.Error())
+				rb.Progress(Progress{Message: "stopped: " + err.Error()})
 			}
 			continue
 		}

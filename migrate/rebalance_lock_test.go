@@ -23,7 +23,8 @@ func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
 	mv := f.mover(Options{})
 	var lockPath string
-	mv.opts.Progress = func(rec *topo.MoveRecord, msg string) {
+	mv.opts.Progress = func(prog Progress) {
+		rec, msg := prog.Move, prog.Message
 		if msg != topo.MoveCopy || lockPath != "" {
 			return
 		}

@@ -62,7 +62,7 @@ type FlipFences struct {
 	TargetOwned bool
 	Target      func(ctx context.Context) (fence.DB, error)
 	Source      func(ctx context.Context) (fence.DB, error)
-	Log         *zap.Logger // nil: no logs
+	Logger      *zap.Logger // nil: no logs
 }
 
 // SettleFlip brings both fences of a flipped move to the flip's map
@@ -74,7 +74,7 @@ type FlipFences struct {
 // the range until then. A fence already past the version (fence.ErrStale)
 // is fine.
 func SettleFlip(ctx context.Context, f FlipFences) (targetOwned bool, err error) {
-	log := f.Log
+	log := f.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}

@@ -32,7 +32,7 @@ import (
 type Options struct {
 	// Timeout bounds the fence sync of one node; 0: fence.DefaultSyncTimeout.
 	Timeout time.Duration
-	Log     *zap.Logger // nil: no logs
+	Logger  *zap.Logger // nil: no logs
 }
 
 // Changer changes ownership in one cluster's map, bringing the fences
@@ -114,7 +114,7 @@ func (r *Result) Warnings() []string {
 // it; call it directly only for a map change this package has no method
 // for.
 func (c *Changer) SyncAfter(ctx context.Context, m *bucketmap.Map) *Result {
-	res, err := fence.SyncAfterChange(ctx, c.st.Session(), c.st.Paths(), m, fence.SyncOptions{Timeout: c.opt.Timeout, Log: c.opt.Log})
+	res, err := fence.SyncAfterChange(ctx, c.st.Session(), c.st.Paths(), m, fence.SyncOptions{Timeout: c.opt.Timeout, Logger: c.opt.Logger})
 	return &Result{Map: m, Fences: res, FenceErr: err}
 }
 

@@ -377,6 +377,12 @@ func (h *harness) waitFor(timeout time.Duration, what string, cond func(m topo.P
 	}
 }
 
+// onMap: every ready worker routes by map version v or later (reload
+// mode: acknowledged).
+func onMap(v uint64) func(topo.PoolMember) bool {
+	return func(m topo.PoolMember) bool { return m.MapVersion >= v }
+}
+
 // serving: generation gen (0 = any) established with n ready workers of it
 // and nothing else running.
 func serving(gen int64, n int) func(topo.PoolMember) bool {
@@ -452,6 +458,17 @@ func startLoad(addr string, conc int) *load {
 		}()
 	}
 	return l
+}
+
+// waitTag waits until the load has had n answers tagged tag in all (the
+// new generation serves it).
+func (l *load) waitTag(t *testing.T, tag string, n int) {
+	t.Helper()
+	testenv.WaitFor(t, 20*time.Second, func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.tags[tag] >= n
+	}, fmt.Sprintf("%d answers tagged %q under load", n, tag))
 }
 
 func (l *load) finish(t *testing.T) {

@@ -56,17 +56,17 @@ const keeperKillTimeout = 5 * time.Second
 var forwardedSignals = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2,
 	syscall.SIGALRM, syscall.SIGTERM, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGWINCH, syscall.SIGTSTP}
 
-func runKeeper(argv []string) int {
+func runKeeper(e *env, argv []string) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(os.Stderr, "shardvisor keeper: no command given")
 		return 127
 	}
-	ctl, err := keeperControlFD(os.Getenv(keeperFDEnv))
+	ctl, err := keeperControlFD(e.getenv(keeperFDEnv))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "shardvisor keeper: %v\n", err)
 		return 127
 	}
-	os.Unsetenv(keeperFDEnv)
+	_ = e.unsetenv(keeperFDEnv)
 	// The worker gets fds 0-2 and the listen sockets, which come right
 	// before the control socket; the control socket is the keeper's alone
 	// (a worker holding it would not change when EOF comes, but it is not
@@ -76,7 +76,7 @@ func runKeeper(argv []string) int {
 		syscall.CloseOnExec(ctl)
 		_ = unix.SetNonblock(ctl, false)
 		nfd = ctl
-	} else if n, err := strconv.Atoi(os.Getenv("LISTEN_FDS")); err == nil && n > 0 {
+	} else if n, err := strconv.Atoi(e.getenv("LISTEN_FDS")); err == nil && n > 0 {
 		nfd = 3 + n
 	}
 	files := make([]uintptr, nfd)
@@ -93,7 +93,7 @@ func runKeeper(argv []string) int {
 	signal.Notify(sigs, forwardedSignals...)
 	w := &keptWorker{pidfd: -1}
 	w.pid, err = syscall.ForkExec("/proc/self/exe", append([]string{os.Args[0], childArg}, argv...), &syscall.ProcAttr{
-		Env:   os.Environ(),
+		Env:   e.environ(),
 		Files: files,
 		// Its own process group, as every worker had: signals it sends
 		// to its group, and the keeper's kill of it, spare the keeper.

@@ -65,7 +65,7 @@ func stillStarting(t *testing.T, h *harness, refused float64) {
 		if m.State == "serving" || m.Generation != 0 || len(m.Workers) != 1 || m.Workers[0].State != "starting" {
 			t.Fatalf("a datagram from outside the worker's tree was heard: %+v", m)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // deliberate: it must stay so for a second
 	}
 	if got := testCounter(t, h, "shardvisor_supervisor_notify_rejected_total", ""); got < refused {
 		t.Fatalf("notify_rejected_total = %v, want at least %v", got, refused)

@@ -174,7 +174,7 @@ func TestZooKeeperLossWholeEnsembleFailStatic(t *testing.T) {
 	for i, h := range tr.hs {
 		h.waitFor(tr.timeout*2/3+10*time.Second, fmt.Sprintf("supervisor %d fail-static", i+1), func(m topo.PoolMember) bool { return m.State == "fail-static" })
 	}
-	time.Sleep(tr.timeout) // well into the outage
+	time.Sleep(tr.timeout) // deliberate: well into the outage, nothing may change
 	for i, h := range tr.hs {
 		code, body := healthBody(t, h)
 		if code != 200 || body["fail_static"] != true || !strings.Contains(fmt.Sprint(body["reason"]), "fail-static") {

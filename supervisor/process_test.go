@@ -87,12 +87,18 @@ func envOf(p *fakeProc) map[string]string {
 // runFake runs a supervisor on a local config file with the fake seam.
 func runFake(t *testing.T, cfg string, setup ...func(*fakeOS)) (*Supervisor, *fakeOS, func()) {
 	t.Helper()
+	return runFakeEnv(t, osEnv, cfg, setup...)
+}
+
+// runFakeEnv is runFake with the process environment e.
+func runFakeEnv(t *testing.T, e *env, cfg string, setup ...func(*fakeOS)) (*Supervisor, *fakeOS, func()) {
+	t.Helper()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "pool.json")
 	if err := os.WriteFile(file, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sv, err := New(Options{Pool: "fake", ConfigFile: file, ConfigPoll: 20 * time.Millisecond, StateDir: filepath.Join(dir, "state"),
+	sv, err := newSupervisor(e, Options{Pool: "fake", ConfigFile: file, ConfigPoll: 20 * time.Millisecond, StateDir: filepath.Join(dir, "state"),
 		ShimPath: "/usr/lib/shim", Debounce: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -216,7 +222,7 @@ func TestExecutorFailedStartFailsTheSwap(t *testing.T) {
 	if !strings.Contains(m.LastError, "swap failed: starting a worker: start app: fork/exec") {
 		t.Fatalf("last error %q", m.LastError)
 	}
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // deliberate: no other start may follow for a while
 	fos.mu.Lock()
 	n := len(fos.procs)
 	fos.mu.Unlock()

@@ -83,7 +83,7 @@ func TestReloadModeDeliversMapsWithoutRestarts(t *testing.T) {
 	var doc string
 	for v := uint64(2); v <= 4; v++ {
 		doc = put(v)
-		time.Sleep(150 * time.Millisecond)
+		h.waitFor(20*time.Second, fmt.Sprintf("both workers on map %d", v), onMap(v))
 	}
 	testenv.WaitFor(t, 20*time.Second, func() bool { m := e.memberRecord(t); return m != nil && m.MapVersion == 4 },
 		"the member record to publish map version 4")
@@ -118,7 +118,7 @@ func TestReloadModeDeliversMapsWithoutRestarts(t *testing.T) {
 	pids = h.pids()
 	for v := uint64(5); v <= 7; v++ {
 		put(v)
-		time.Sleep(150 * time.Millisecond)
+		h.waitFor(20*time.Second, fmt.Sprintf("both workers on map %d (signal mode)", v), onMap(v))
 	}
 	testenv.WaitFor(t, 20*time.Second, func() bool { m := e.memberRecord(t); return m != nil && m.MapVersion == 7 },
 		"the member record to publish map version 7 (signal mode)")
@@ -146,7 +146,7 @@ func TestReloadModeReplacesWorkersThatDoNotAcknowledge(t *testing.T) {
 	doc := put(2)
 	// The member record keeps saying 1 while a silent worker serves:
 	// the mover must not count this host as having the new map.
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // deliberate: the record must stay at 1 for a while
 	if rec := e.memberRecord(t); rec == nil || rec.MapVersion != 1 {
 		t.Fatalf("member record %+v before the silent workers were replaced, want map version 1", rec)
 	}
@@ -200,7 +200,7 @@ func TestGunicornReloadMode(t *testing.T) {
 	l := startLoad(addr, 2)
 	for v := uint64(2); v <= 4; v++ {
 		put(v)
-		time.Sleep(200 * time.Millisecond)
+		h.waitFor(20*time.Second, fmt.Sprintf("gunicorn's workers on map %d", v), onMap(v))
 	}
 	testenv.WaitFor(t, 20*time.Second, func() bool { m := e.memberRecord(t); return m != nil && m.MapVersion == 4 },
 		"gunicorn's workers to acknowledge map 4")

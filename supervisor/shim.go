@@ -36,32 +36,32 @@ func MaybeRunShim() {
 	}
 	switch os.Args[1] {
 	case ShimArg:
-		os.Exit(runKeeper(os.Args[2:]))
+		os.Exit(runKeeper(osEnv, os.Args[2:]))
 	case childArg:
-		os.Exit(runShim(os.Args[2:]))
+		os.Exit(runShim(osEnv, os.Args[2:]))
 	}
 }
 
-func runShim(argv []string) int {
+func runShim(e *env, argv []string) int {
 	if len(argv) == 0 {
 		fmt.Fprintln(os.Stderr, "shardvisor exec shim: no command given")
 		return 127
 	}
 	pid := strconv.Itoa(os.Getpid())
-	if os.Getenv("LISTEN_FDS") != "" {
-		os.Setenv("LISTEN_PID", pid)
+	if e.getenv("LISTEN_FDS") != "" {
+		_ = e.setenv("LISTEN_PID", pid)
 	}
-	if os.Getenv("WATCHDOG_USEC") != "" {
-		os.Setenv("WATCHDOG_PID", pid)
+	if e.getenv("WATCHDOG_USEC") != "" {
+		_ = e.setenv("WATCHDOG_PID", pid)
 	}
-	// os.Environ now holds the worker's environment, PATH included, so the
-	// lookup follows the PATH the config gave the worker.
+	// The environment now is the worker's, PATH included, so the lookup
+	// follows the PATH the config gave the worker.
 	path, err := exec.LookPath(argv[0])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "shardvisor exec shim: worker command %q: %v\n", argv[0], err)
 		return 127
 	}
-	err = syscall.Exec(path, argv, os.Environ())
+	err = syscall.Exec(path, argv, e.environ())
 	fmt.Fprintf(os.Stderr, "shardvisor exec shim: exec %s: %v\n", path, err)
 	return 127
 }

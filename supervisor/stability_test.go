@@ -88,7 +88,7 @@ func TestStabilityCrashRightAfterReadyRollsBack(t *testing.T) {
 	// Not retried: no worker starts for longer than the restart backoff
 	// (200 ms, up to 2 s) would wait.
 	spawns := testCounter(t, h, "shardvisor_supervisor_worker_spawns_total", "")
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // deliberate: nothing may start for a while
 	if n := testCounter(t, h, "shardvisor_supervisor_worker_spawns_total", ""); n != spawns {
 		t.Errorf("%v workers started after the rollback: the rolled-back config was retried", n-spawns)
 	}
@@ -148,7 +148,7 @@ func TestStabilityLateCrashLoop(t *testing.T) {
 	if n := testCounter(t, h, "shardvisor_supervisor_rollbacks_total", `kind="crash_loop"`); n != 1 {
 		t.Errorf("rollbacks{crash_loop} = %v", n)
 	}
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // deliberate: the bad config must not be retried for a while
 	if m := h.sv.Status(); m.Generation != 3 {
 		t.Errorf("generation %d serving after the rollback: the bad config was retried", m.Generation)
 	}

@@ -108,6 +108,7 @@ type Options struct {
 
 // Supervisor runs one pool. Create it with New, run it with Run.
 type Supervisor struct {
+	env    *env // the process environment (env.go)
 	opts   Options
 	log    *zap.Logger
 	m      *metrics
@@ -148,7 +149,10 @@ type Supervisor struct {
 }
 
 // New checks the options. Nothing is bound or started until Run.
-func New(opts Options) (*Supervisor, error) {
+func New(opts Options) (*Supervisor, error) { return newSupervisor(osEnv, opts) }
+
+// newSupervisor is New with the process environment e (tests give a fake).
+func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 	if (opts.Session == nil) == (opts.ConfigFile == "") {
 		return nil, errors.New("supervisor: exactly one of a ZooKeeper session and a config file is needed")
 	}
@@ -181,7 +185,7 @@ func New(opts Options) (*Supervisor, error) {
 		opts.ConfigPoll = DefaultConfigPoll
 	}
 	if opts.ShimPath == "" {
-		exe, err := os.Executable()
+		exe, err := e.executable()
 		if err != nil {
 			return nil, fmt.Errorf("supervisor: finding its own executable for the exec shim: %w", err)
 		}
@@ -197,13 +201,13 @@ func New(opts Options) (*Supervisor, error) {
 		opts.Logger = zap.NewNop()
 	}
 	if opts.StateDir == "" {
-		opts.StateDir = DefaultStateDir(opts.Pool)
+		opts.StateDir = defaultStateDir(e, opts.Pool)
 	}
 	if err := os.MkdirAll(opts.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("supervisor: state directory: %w", err)
 	}
 	if opts.UpgradeExec == "" {
-		exe, err := os.Executable()
+		exe, err := e.executable()
 		if err != nil {
 			return nil, fmt.Errorf("supervisor: finding its own executable for upgrades: %w", err)
 		}
@@ -217,11 +221,12 @@ func New(opts Options) (*Supervisor, error) {
 	}
 	// The pool lock first: nothing in the state directory is touched, and
 	// nothing bound or published, by a second supervisor of the pool.
-	up, err := prepareState(&opts)
+	up, err := prepareState(e, &opts)
 	if err != nil {
 		return nil, err
 	}
 	s := &Supervisor{
+		env:     e,
 		opts:    opts,
 		log:     opts.Logger.With(zap.String("pool", opts.Pool)),
 		m:       newMetrics(opts.Registry),
@@ -250,8 +255,10 @@ func New(opts Options) (*Supervisor, error) {
 
 // DefaultStateDir is $RUNTIME_DIRECTORY (set by systemd's
 // RuntimeDirectory=) or a directory under the system temp dir.
-func DefaultStateDir(pool string) string {
-	if d := os.Getenv("RUNTIME_DIRECTORY"); d != "" {
+func DefaultStateDir(pool string) string { return defaultStateDir(osEnv, pool) }
+
+func defaultStateDir(e *env, pool string) string {
+	if d := e.getenv("RUNTIME_DIRECTORY"); d != "" {
 		return filepath.Join(strings.Split(d, ":")[0], pool)
 	}
 	return filepath.Join(os.TempDir(), "shardvisor-supervisor-"+pool)
@@ -541,7 +548,7 @@ func (s *Supervisor) prepare(g *generation) error {
 func (s *Supervisor) spawn(w *worker) (process, string, error) {
 	g := w.gen
 	cfg := g.spec.cfg
-	env := workerEnv(os.Environ(), cfg.Env)
+	env := workerEnv(s.env.environ(), cfg.Env)
 	files := make([]*os.File, 0, len(cfg.Listen)+1)
 	names := make([]string, 0, len(cfg.Listen)+1)
 	for _, l := range cfg.Listen {

@@ -80,7 +80,7 @@ func TestSwapUnderLoadZeroFailures(t *testing.T) {
 			t.Fatalf("after swap to %s: %+v %v", tag, r, err)
 		}
 	}
-	time.Sleep(200 * time.Millisecond)
+	l.waitTag(t, "v4", 10)
 	l.finish(t)
 
 	st := e.waitStatus(t, "status of generation 4", func(st *topo.PoolStatus) bool { return st.Generation == 4 })
@@ -327,7 +327,7 @@ func TestWorkersSurviveThreadExits(t *testing.T) {
 	h.waitFor(20*time.Second, "3 workers", serving(1, 3))
 	pids := h.pids()
 	lockedThreadChurn(200)
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // deliberate: a worker killed by a thread exit would be dead by now
 	for _, p := range pids {
 		if !alive(p) {
 			t.Fatalf("worker %d died when supervisor threads exited", p)
@@ -352,7 +352,7 @@ func TestCrashBackoffAndWatchdog(t *testing.T) {
 	writeConfig(t, file, c)
 	h.waitFor(20*time.Second, "generation 2", func(m topo.PoolMember) bool { return m.Generation == 2 })
 	spawns0 := testCounter(t, h, "shardvisor_supervisor_worker_spawns_total", "")
-	time.Sleep(4 * time.Second)
+	time.Sleep(4 * time.Second) // deliberate: the crash loop runs for 4 s, counted below
 	spawns := testCounter(t, h, "shardvisor_supervisor_worker_spawns_total", "") - spawns0
 	restarts := testCounter(t, h, "shardvisor_supervisor_worker_restarts_total", "")
 	t.Logf("crash loop: %v spawns in 4s, %v restarts", spawns, restarts)
@@ -532,7 +532,7 @@ func TestMapChangeDeliversNewMapFile(t *testing.T) {
 
 	e.put(t, e.paths.Map(), []byte(`{"version":1,"map_version":3,"level":3}`)) // not a valid map
 	e.waitStatus(t, "invalid map reported", func(st *topo.PoolStatus) bool { return st.Result == topo.SwapInvalidMap })
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // deliberate: nothing may change after the invalid map, for a while
 	h.waitFor(5*time.Second, "generation 2 still serving", serving(2, 2))
 	if r, err := get(addr); err != nil || r.Map != map2 {
 		t.Fatalf("after an invalid map: %+v %v", r, err)
@@ -655,7 +655,7 @@ func swapsUnderLoad(t *testing.T, c *topo.PoolConfig) *harness {
 	c.Env["APP_TAG"] = "t2"
 	writeConfig(t, file, c)
 	h.waitFor(60*time.Second, c.Command+" generation 2", serving(2, 2))
-	time.Sleep(300 * time.Millisecond)
+	l.waitTag(t, "t2", 10)
 	l.finish(t)
 	if r, err := get(addr); err != nil || r.Tag != "t2" {
 		t.Fatalf("after the swap %s answered %+v %v", c.Command, r, err)

@@ -226,9 +226,9 @@ func checkListening(fd int) error {
 // over from an old supervisor when this process is the new one of an
 // upgrade (its handover in the environment). Called by New before anything
 // is bound or published.
-func prepareState(opts *Options) (*upgrade, error) {
-	up := &upgrade{notifySocket: os.Getenv(workerproto.EnvNotifySocket)}
-	hv, inh, err := readHandover()
+func prepareState(e *env, opts *Options) (*upgrade, error) {
+	up := &upgrade{notifySocket: e.getenv(workerproto.EnvNotifySocket)}
+	hv, inh, err := readHandover(e)
 	if err != nil {
 		return nil, fmt.Errorf("supervisor: taking over from the old supervisor: %w", err)
 	}
@@ -263,7 +263,7 @@ func prepareState(opts *Options) (*upgrade, error) {
 			}
 		}
 		// Quiet towards systemd until this one has taken over.
-		_ = os.Unsetenv(workerproto.EnvNotifySocket)
+		_ = e.unsetenv(workerproto.EnvNotifySocket)
 	}
 	lock, _, err := lockStateDir(opts.Pool, opts.StateDir, inheritedLock)
 	if err != nil {
@@ -285,10 +285,10 @@ func prepareState(opts *Options) (*upgrade, error) {
 
 // readHandover reads and removes the handover from the environment, so
 // that no worker inherits it.
-func readHandover() (handover, map[string]int, error) {
-	v, inh := os.Getenv(EnvUpgrade), os.Getenv(EnvInheritFDs)
-	_ = os.Unsetenv(EnvUpgrade)
-	_ = os.Unsetenv(EnvInheritFDs)
+func readHandover(e *env) (handover, map[string]int, error) {
+	v, inh := e.getenv(EnvUpgrade), e.getenv(EnvInheritFDs)
+	_ = e.unsetenv(EnvUpgrade)
+	_ = e.unsetenv(EnvInheritFDs)
 	if v == "" {
 		if inh != "" {
 			return handover{}, nil, fmt.Errorf("%s is set without %s", EnvInheritFDs, EnvUpgrade)
@@ -505,7 +505,7 @@ func (s *Supervisor) startUpgrade() {
 			ctl += fmt.Sprintf(",admin=%d", add(uintptr(adminFD)))
 		}
 	}
-	env := upgradeEnv(os.Environ(), s.up.notifySocket, formatInheritFDs(socks), ctl)
+	env := upgradeEnv(s.env.environ(), s.up.notifySocket, formatInheritFDs(socks), ctl)
 	pid, err := syscall.ForkExec(exe, append([]string{exe}, s.opts.UpgradeArgs...), &syscall.ProcAttr{Env: env, Files: files, Sys: &syscall.SysProcAttr{}})
 	w.Close()
 	if adminFD >= 0 {
@@ -623,7 +623,7 @@ func (s *Supervisor) upgradeFailed(c *upgradeChild, why string) {
 func (s *Supervisor) handOver(c *upgradeChild) {
 	s.up.handedOver = true
 	s.log.Info("upgrade: the new supervisor is serving; draining this one", zap.Int("new_pid", c.pid), zap.Int("pid", os.Getpid()))
-	_ = os.Unsetenv(workerproto.EnvNotifySocket)
+	_ = s.env.unsetenv(workerproto.EnvNotifySocket)
 	for _, b := range s.sockets {
 		b.unixPath = ""
 	}
@@ -657,7 +657,7 @@ func (s *Supervisor) upgradeTick() {
 		s.serveAdmin(s.up.adminLn)
 	}
 	if s.up.notifySocket != "" {
-		_ = os.Setenv(workerproto.EnvNotifySocket, s.up.notifySocket)
+		_ = s.env.setenv(workerproto.EnvNotifySocket, s.up.notifySocket)
 		// MAINPID first: systemd must follow this process before the old
 		// one exits (NotifyAccess=all lets it accept this from us).
 		s.sdNotify(fmt.Sprintf("MAINPID=%d\nREADY=1\nSTATUS=serving generation %d (took over from pid %d)", os.Getpid(), gen, s.up.parent))

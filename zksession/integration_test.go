@@ -229,7 +229,7 @@ func TestIntegrationHeartbeatPace(t *testing.T) {
 	interval := s.SessionTimeout() / 6
 	before := writes.Load()
 	const idle = 2 * time.Second
-	time.Sleep(idle)
+	time.Sleep(idle) // deliberate: the session idles, its writes counted below
 	// Heartbeats, plus the library's own pings (every third of the
 	// timeout), plus slack.
 	if n, most := writes.Load()-before, int64(idle/interval+idle/(s.SessionTimeout()/3)+5); n > most {

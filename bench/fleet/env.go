@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -34,18 +34,18 @@ type env struct {
 }
 
 func newEnv(root string) (*env, error) {
-	e := &env{dir: *envDir, script: filepath.Join(root, "scripts", "devenv"), pwFile: filepath.Join(*envDir, "pg", "password")}
+	e := &env{dir: *envDir, script: filepath.Join(root, "scripts", "devenv"), pwFile: benchkit.PasswordFile(*envDir)}
 	for i := range 3 {
 		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(*zkPortBase+i))
 	}
 	for i := range pgNodes {
 		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(*pgPortBase+i))
 	}
-	pw, err := os.ReadFile(e.pwFile)
+	pw, err := benchkit.ReadPassword(e.pwFile)
 	if err != nil {
 		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
 	}
-	e.password = strings.TrimSpace(strings.SplitN(string(pw), "\n", 2)[0])
+	e.password = pw
 	return e, nil
 }
 
@@ -64,7 +64,7 @@ func (e *env) devenv(ctx context.Context, args ...string) (string, error) {
 }
 
 func (e *env) adminDSN(i int) string {
-	return (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", e.password), Host: e.pgAddrs[i], Path: "/postgres", RawQuery: "sslmode=disable"}).String()
+	return benchkit.AdminDSN(e.pgAddrs[i], e.password)
 }
 
 // dropDB drops database db of node i, with the subscriptions a move cut

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -138,7 +139,7 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 		"--zk-session-timeout", sessionTimeout.String(), "--log-format", "json"}
 	// The fleet's shared secret for the fail-static peer answers.
 	secret := filepath.Join(b.runDir, "peer-secret")
-	if err := os.WriteFile(secret, []byte(idempotencyKey()+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(secret, []byte(benchkit.IdempotencyKey()+"\n"), 0o600); err != nil {
 		return nil, err
 	}
 	if isolate {

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +24,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/keystream"
 )
 
@@ -232,8 +231,7 @@ type loadRun struct {
 	name     string
 	lb       *balancer
 	started  time.Time
-	stopc    chan struct{}
-	wg       sync.WaitGroup
+	stopper  *benchkit.Stopper
 	mu       sync.Mutex
 	recs     []reqRec
 	book     map[noteKey]*entry
@@ -244,27 +242,16 @@ type loadRun struct {
 }
 
 func startLoad(name string, lb *balancer) *loadRun {
-	l := &loadRun{name: name, lb: lb, started: time.Now(), stopc: make(chan struct{}), book: map[noteKey]*entry{}}
+	l := &loadRun{name: name, lb: lb, started: time.Now(), stopper: benchkit.NewStopper(), book: map[noteKey]*entry{}}
 	per := float64(*clients) / float64(*rate) // seconds between one client's requests
 	for g := range *clients {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			l.client(g, time.Duration(per*float64(time.Second)))
-		}()
+		l.stopper.Go(func() { l.client(g, time.Duration(per*float64(time.Second))) })
 	}
 	return l
 }
 
 // stop ends the load and waits for requests in flight.
-func (l *loadRun) stop() {
-	select {
-	case <-l.stopc:
-	default:
-		close(l.stopc)
-	}
-	l.wg.Wait()
-}
+func (l *loadRun) stop() { l.stopper.Stop() }
 
 func (l *loadRun) client(g int, every time.Duration) {
 	rng := rand.New(rand.NewPCG(uint64(g), uint64(l.started.UnixNano())))
@@ -283,7 +270,7 @@ func (l *loadRun) client(g int, every time.Duration) {
 	time.Sleep(time.Duration(rng.Int64N(int64(every) + 1)))
 	for {
 		select {
-		case <-l.stopc:
+		case <-l.stopper.C:
 			return
 		case <-t.C:
 		}
@@ -293,7 +280,7 @@ func (l *loadRun) client(g int, every time.Duration) {
 		switch {
 		case op < 4 || len(ids) == 0: // create
 			body := fmt.Sprintf("note %d of %s", rng.Int64(), uid)
-			key := idempotencyKey()
+			key := benchkit.IdempotencyKey()
 			var n struct {
 				ID int64 `json:"id"`
 			}
@@ -306,7 +293,7 @@ func (l *loadRun) client(g int, every time.Duration) {
 		case op < 7: // update
 			id := ids[rng.IntN(len(ids))]
 			body := fmt.Sprintf("edit %d of %s", rng.Int64(), uid)
-			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, idempotencyKey(), http.StatusOK, nil)
+			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, benchkit.IdempotencyKey(), http.StatusOK, nil)
 			l.ack(noteKey{uid, id}, func(e *entry) {
 				if err == nil {
 					*e = entry{body: body}
@@ -331,7 +318,7 @@ func (l *loadRun) client(g int, every time.Duration) {
 		default: // delete
 			i := rng.IntN(len(ids))
 			id := ids[i]
-			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", idempotencyKey(), http.StatusNoContent, nil)
+			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", benchkit.IdempotencyKey(), http.StatusNoContent, nil)
 			l.ack(noteKey{uid, id}, func(e *entry) {
 				if err == nil {
 					*e = entry{deleted: true}
@@ -368,12 +355,6 @@ func (l *loadRun) staleList(s string) {
 	if len(l.staleEx) < 5 {
 		l.staleEx = append(l.staleEx, s)
 	}
-}
-
-func idempotencyKey() string {
-	var b [16]byte
-	_, _ = crand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 // call sends one request through the balancer and records it. Writes

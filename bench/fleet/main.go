@@ -36,20 +36,18 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/benchstat"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
@@ -57,12 +55,12 @@ import (
 )
 
 var (
-	supervisors     = flag.Int("supervisors", envInt("FLEET_SUPERVISORS", 50), "supervisors in the fleet (one pool)")
-	routers         = flag.Int("routers", envInt("FLEET_ROUTERS", 50), "router sidecars")
-	workers         = flag.Int("workers", envInt("FLEET_WORKERS", 2), "workers per supervisor")
-	only            = flag.String("only", envOr("FLEET_ONLY", "rebalance,boot,sigstop,isolate,outage"), "scenarios to run, comma-separated")
-	loadSample      = flag.Int("load-sample", envInt("FLEET_LOAD_SAMPLE", 10), "supervisors behind the load balancer")
-	rate            = flag.Int("rate", envInt("FLEET_RATE", 200), "requests/s offered in total")
+	supervisors     = flag.Int("supervisors", benchkit.EnvInt("FLEET_SUPERVISORS", 50), "supervisors in the fleet (one pool)")
+	routers         = flag.Int("routers", benchkit.EnvInt("FLEET_ROUTERS", 50), "router sidecars")
+	workers         = flag.Int("workers", benchkit.EnvInt("FLEET_WORKERS", 2), "workers per supervisor")
+	only            = flag.String("only", benchkit.EnvOr("FLEET_ONLY", "rebalance,boot,sigstop,isolate,outage"), "scenarios to run, comma-separated")
+	loadSample      = flag.Int("load-sample", benchkit.EnvInt("FLEET_LOAD_SAMPLE", 10), "supervisors behind the load balancer")
+	rate            = flag.Int("rate", benchkit.EnvInt("FLEET_RATE", 200), "requests/s offered in total")
 	clients         = flag.Int("clients", 16, "concurrent clients of the load")
 	users           = flag.Int("users", 400, "users of the load (per scenario)")
 	level           = flag.Int("level", 7, "map level: 2^level buckets (level 7: adding a 4th node to 3 moves 32 buckets)")
@@ -74,12 +72,12 @@ var (
 	outageFor       = flag.Duration("outage", 30*time.Second, "how long the ZooKeeper ensemble stays down")
 	warmup          = flag.Duration("warmup", 5*time.Second, "load before each scenario's event")
 	retries         = flag.Int("retries", 3, "times the rebalancer is run again after it stopped on an aborted move")
-	budget          = flag.Duration("rebalance-budget", envDuration("FLEET_REBALANCE_BUDGET", 150*time.Second), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
-	envDir          = flag.String("env-dir", envOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
-	zkPortBase      = flag.Int("zk-port-base", envInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
-	pgPortBase      = flag.Int("pg-port-base", envInt("SHARDVISOR_PG_PORT_BASE", 26432), "its first PostgreSQL port")
-	adminPortBase   = flag.Int("admin-port-base", envInt("FLEET_ADMIN_PORT_BASE", 30100), "supervisor i's admin address is 127.0.0.1:base+i")
-	routerPortBase  = flag.Int("router-port-base", envInt("FLEET_ROUTER_PORT_BASE", 30500), "router i listens on 127.0.0.1:base+i")
+	budget          = flag.Duration("rebalance-budget", benchkit.EnvDuration("FLEET_REBALANCE_BUDGET", 150*time.Second), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
+	envDir          = flag.String("env-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
+	zkPortBase      = flag.Int("zk-port-base", benchkit.EnvInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
+	pgPortBase      = flag.Int("pg-port-base", benchkit.EnvInt("SHARDVISOR_PG_PORT_BASE", 26432), "its first PostgreSQL port")
+	adminPortBase   = flag.Int("admin-port-base", benchkit.EnvInt("FLEET_ADMIN_PORT_BASE", 30100), "supervisor i's admin address is 127.0.0.1:base+i")
+	routerPortBase  = flag.Int("router-port-base", benchkit.EnvInt("FLEET_ROUTER_PORT_BASE", 30500), "router i listens on 127.0.0.1:base+i")
 	binDirF         = flag.String("bin", "bin", "directory with supervisor, router and notes")
 	runDirF         = flag.String("run-dir", "", "logs and state (default: a new /tmp/shardvisor-fleet.*)")
 	keep            = flag.Bool("keep", false, "keep the databases and ZooKeeper trees")
@@ -91,39 +89,15 @@ const pgNodes = 4
 
 var sessionTimeout time.Duration
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
+// printer prints the report on stdout, every line stamped with the time.
+var printer = &benchkit.Printer{Stamp: true}
 
-func envInt(k string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(k)); err == nil {
-		return n
-	}
-	return def
-}
-
-func envDuration(k string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(os.Getenv(k)); err == nil {
-		return d
-	}
-	return def
-}
-
-var outMu sync.Mutex
-
-func say(format string, args ...any) {
-	outMu.Lock()
-	defer outMu.Unlock()
-	fmt.Printf("%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-}
+func say(format string, args ...any) { printer.Say(format, args...) }
 
 // Stat is a distribution's nearest-rank percentiles.
-type Stat = benchstat.Stat
+type Stat = benchkit.Stat
 
-func stat(xs []float64) Stat { return benchstat.Of(xs) }
+func stat(xs []float64) Stat { return benchkit.Of(xs) }
 
 type bench struct {
 	env      *env
@@ -178,7 +152,7 @@ so that no outgoing connection holds one when it is bound again.
 		fmt.Fprintln(os.Stderr, "fleet-bench: the outage scenario kills ZooKeeper: run it against a throwaway ensemble (bench/fleet/run starts one on port 27811)")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := benchkit.Context()
 	defer stop()
 	b := &bench{started: time.Now()}
 	err := b.run(ctx, sel)
@@ -432,7 +406,7 @@ func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *su
 	}
 	l := startLoad(strings.ReplaceAll(f.name, "-", "")+"rb", lb)
 	defer l.stop()
-	if err := sleep(ctx, *warmup); err != nil {
+	if err := benchkit.Sleep(ctx, *warmup); err != nil {
 		return err
 	}
 	before, errs := f.scrape(skip)
@@ -468,7 +442,7 @@ func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *su
 	res.ScrapeErrors = append(res.ScrapeErrors, errs...)
 	d := after.minus(before)
 	res.Boots, res.Kills = d.spawns, d.kills
-	if err := sleep(ctx, 2*time.Second); err != nil {
+	if err := benchkit.Sleep(ctx, 2*time.Second); err != nil {
 		return err
 	}
 	l.stop()
@@ -493,7 +467,8 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 	// as a move ends, it returns before starting the next one.
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	mv := migrate.New(f.c.st, migrate.Options{MemberWait: wait, Progress: func(rec *topo.MoveRecord, msg string) {
+	mv := migrate.New(f.c.st, migrate.Options{MemberWait: wait, Progress: func(prog migrate.Progress) {
+		rec, msg := prog.Move, prog.Message
 		switch {
 		case msg == topo.MoveDone:
 			done++
@@ -569,15 +544,6 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 	return rbErr
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
-}
-
 // ---------------------------------------------------------------- isolate
 
 // IsolateResult is one supervisor cut off from ZooKeeper and its peers.
@@ -615,7 +581,7 @@ func (b *bench) negotiated(ctx context.Context) (time.Duration, error) {
 	return s.SessionTimeout(), nil
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+func ms(d time.Duration) float64 { return benchkit.MS(d) }
 
 func (b *bench) isolate(ctx context.Context, f *fleet) error {
 	if f.iso == nil {
@@ -641,7 +607,7 @@ func (b *bench) isolate(ctx context.Context, f *fleet) error {
 	}
 	l := startLoad("iso", lb)
 	defer l.stop()
-	if err := sleep(ctx, *warmup); err != nil {
+	if err := benchkit.Sleep(ctx, *warmup); err != nil {
 		return err
 	}
 	before, _ := f.scrape(nil)
@@ -666,7 +632,7 @@ func (b *bench) isolate(ctx context.Context, f *fleet) error {
 		if res.HealthzMS < 0 && !s.healthy(300*time.Millisecond) {
 			res.HealthzMS = ms(time.Since(t0))
 		}
-		if err := sleep(ctx, 20*time.Millisecond); err != nil {
+		if err := benchkit.Sleep(ctx, 20*time.Millisecond); err != nil {
 			return err
 		}
 	}
@@ -675,7 +641,7 @@ func (b *bench) isolate(ctx context.Context, f *fleet) error {
 			res.OutMS = x
 		}
 	}
-	if err := sleep(ctx, 3*time.Second); err != nil { // the others serve on
+	if err := benchkit.Sleep(ctx, 3*time.Second); err != nil { // the others serve on
 		return err
 	}
 	isoBE.mu.Lock()
@@ -695,12 +661,12 @@ func (b *bench) isolate(ctx context.Context, f *fleet) error {
 		return err
 	}
 	for !s.healthy(time.Second) {
-		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+		if err := benchkit.Sleep(ctx, 50*time.Millisecond); err != nil {
 			return err
 		}
 	}
 	res.BackMS = ms(time.Since(th))
-	if err := sleep(ctx, 2*time.Second); err != nil {
+	if err := benchkit.Sleep(ctx, 2*time.Second); err != nil {
 		return err
 	}
 	l.stop()
@@ -745,7 +711,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 	}
 	l := startLoad("out", lb)
 	defer l.stop()
-	if err := sleep(ctx, *warmup); err != nil {
+	if err := benchkit.Sleep(ctx, *warmup); err != nil {
 		return err
 	}
 	before, _ := f.scrape(nil)
@@ -784,7 +750,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 		}
 		say("outage: ZooKeeper down %2.0f s; %d/%d supervisors behind the balancer up; %d requests failed so far",
 			time.Since(t0).Seconds(), up, len(lb.backends), l.stats(0, 0, f.supName).Failed)
-		if err := sleep(ctx, min(left, 10*time.Second)); err != nil {
+		if err := benchkit.Sleep(ctx, min(left, 10*time.Second)); err != nil {
 			return err
 		}
 	}
@@ -795,7 +761,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 	tr := time.Now()
 	m, _, err := f.c.st.Load(ctx)
 	for err != nil && time.Since(tr) < time.Minute {
-		_ = sleep(ctx, 200*time.Millisecond)
+		_ = benchkit.Sleep(ctx, 200*time.Millisecond)
 		m, _, err = f.c.st.Load(ctx)
 	}
 	if err != nil {
@@ -808,7 +774,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 		return err
 	}
 	res.NormalS, res.NormalHealthy = time.Since(tRestart).Seconds(), time.Since(tr).Seconds()
-	if err := sleep(ctx, 3*time.Second); err != nil {
+	if err := benchkit.Sleep(ctx, 3*time.Second); err != nil {
 		return err
 	}
 	l.stop()
@@ -853,15 +819,7 @@ func (b *bench) find(prefix string) *RebalanceResult {
 	return nil
 }
 
-func ratio(x, base float64) string {
-	switch {
-	case base == 0 && x == 0:
-		return "1.00x"
-	case base == 0:
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2fx", x/base)
-}
+func ratio(x, base float64) string { return benchkit.RatioX(x, base) }
 
 func isoLoad(x *IsolateResult) *loadStats {
 	if x == nil {

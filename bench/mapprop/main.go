@@ -44,18 +44,15 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/shardvisor/shardvisor/internal/benchstat"
-	"math"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -79,7 +76,7 @@ var (
 	jsonOut   = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	noLock    = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
 	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the changes (watchers and writer) to `file`")
-	devenvDir = flag.String("devenv-dir", envOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-devenv"), "scripts/devenv state directory (its lock)")
+	devenvDir = flag.String("devenv-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", benchkit.DefaultDevenvDir), "scripts/devenv state directory (its lock)")
 )
 
 const (
@@ -88,21 +85,15 @@ const (
 	target    = 1000.0                                       // ms: every watcher applies a change within 1 s, p99
 )
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
+// printer prints the report: on stdout, or stderr with --json.
+var printer = &benchkit.Printer{W: os.Stdout}
 
-var out = os.Stdout
-
-func say(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+func say(format string, args ...any) { printer.Say(format, args...) }
 
 func main() {
 	flag.Parse()
 	if *jsonOut {
-		out = os.Stderr
+		printer.W = os.Stderr
 	}
 	if *level < 1 || *level > bucketmap.MaxLevel || *nodeCount < 2 || *watchers < 1 || *changes < 1 {
 		fmt.Fprintf(os.Stderr, "mapprop-bench: --level 1..%d, --nodes >= 2, --watchers and --changes >= 1\n", bucketmap.MaxLevel)
@@ -118,32 +109,18 @@ func main() {
 		}
 		encs = append(encs, e)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx, encs)
-	if sum != nil {
-		if err != nil {
-			sum.Error = err.Error()
-		}
-		report(sum)
-		if *jsonOut {
-			enc := json.NewEncoder(os.Stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(sum)
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "mapprop-bench:", err)
-		os.Exit(1)
-	}
+	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
 }
 
 // ---------------------------------------------------------------- figures
 
 // Stat is a distribution's nearest-rank percentiles.
-type Stat = benchstat.Stat
+type Stat = benchkit.Stat
 
-func stat(xs []float64) Stat { return benchstat.Of(xs) }
+func stat(xs []float64) Stat { return benchkit.Of(xs) }
 
 // Change is one map change.
 type Change struct {
@@ -586,13 +563,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 
 // loadAvg is the machine's 1-minute load average: other work on the
 // shared cores shows in every figure.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Fields(string(b))[0]
-}
+func loadAvg() string { return benchkit.LoadAvg(1) }
 
 // summarize fills each encoding's figures from the changes done so far
 // (all of them, or those before an error).
@@ -618,7 +589,7 @@ func summarize(sum *Summary, perWatcher map[string][]float64) {
 	}
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+func ms(d time.Duration) float64 { return benchkit.MS(d) }
 
 func sizes(sides []*Side) string {
 	var parts []string
@@ -677,9 +648,4 @@ func report(s *Summary) {
 	}
 }
 
-func ratio(x, base float64) float64 {
-	if base == 0 {
-		return math.NaN()
-	}
-	return x / base
-}
+func ratio(x, base float64) float64 { return benchkit.Ratio(x, base) }

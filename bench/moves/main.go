@@ -37,19 +37,16 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/shardvisor/shardvisor/internal/benchstat"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"io"
 	"math"
 	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -57,7 +54,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,9 +86,9 @@ var (
 	jsonOut       = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	verbose       = flag.Bool("v", false, "print every step of every move")
 	noLock        = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
-	devenvDir     = flag.String("devenv-dir", envOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-devenv"), "scripts/devenv state directory (password file, lock)")
+	devenvDir     = flag.String("devenv-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", benchkit.DefaultDevenvDir), "scripts/devenv state directory (password file, lock)")
 	pgHost        = flag.String("pg-host", "127.0.0.1", "PostgreSQL host")
-	pgPortBase    = flag.Int("pg-port-base", envInt("SHARDVISOR_PG_PORT_BASE", 25432), "port of the first PostgreSQL node; node i listens on base+i-1")
+	pgPortBase    = flag.Int("pg-port-base", benchkit.EnvInt("SHARDVISOR_PG_PORT_BASE", 25432), "port of the first PostgreSQL node; node i listens on base+i-1")
 )
 
 const (
@@ -105,58 +101,24 @@ CREATE TABLE IF NOT EXISTS app.kv (bkey bigint NOT NULL, uid text NOT NULL, v bi
 
 var kvTable = topo.TableRecord{Name: "app.kv", KeyColumn: "bkey"}
 
-func envOr(k, def string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return def
-}
+// printer prints the report: on stdout, or stderr with --json.
+var printer = &benchkit.Printer{W: os.Stdout}
 
-func envInt(k string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(k)); err == nil {
-		return n
-	}
-	return def
-}
-
-// out is where the report goes: stdout, or stderr with --json.
-var out io.Writer = os.Stdout
-
-var outMu sync.Mutex
-
-func say(format string, args ...any) {
-	outMu.Lock()
-	defer outMu.Unlock()
-	fmt.Fprintf(out, format+"\n", args...)
-}
+func say(format string, args ...any) { printer.Say(format, args...) }
 
 func main() {
 	flag.Parse()
 	if *jsonOut {
-		out = os.Stderr
+		printer.W = os.Stderr
 	}
 	if *level < 1 || *level > 12 || *rowsPerBucket < 1 || *writers < 1 || *concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx)
-	if sum != nil {
-		if err != nil {
-			sum.Error = err.Error()
-		}
-		report(sum)
-		if *jsonOut {
-			enc := json.NewEncoder(os.Stdout)
-			enc.SetIndent("", "  ")
-			_ = enc.Encode(sum)
-		}
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "moves-bench:", err)
-		os.Exit(1)
-	}
+	benchkit.Finish("moves-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
 	if sum.Missing > 0 {
 		os.Exit(1)
 	}
@@ -165,9 +127,9 @@ func main() {
 // ---------------------------------------------------------------- summary
 
 // Stat is a distribution's nearest-rank percentiles, in ms (or rows/s).
-type Stat = benchstat.Stat
+type Stat = benchkit.Stat
 
-func stat(xs []float64) Stat { return benchstat.Of(xs) }
+func stat(xs []float64) Stat { return benchkit.Of(xs) }
 
 // MoveRow is one move's figures.
 type MoveRow struct {
@@ -409,17 +371,16 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 		defer release()
 	}
-	pwFile := filepath.Join(*devenvDir, "pg", "password")
-	pw, err := os.ReadFile(pwFile)
+	pwFile := benchkit.PasswordFile(*devenvDir)
+	password, err := benchkit.ReadPassword(pwFile)
 	if err != nil {
 		return nil, fmt.Errorf("PostgreSQL password (scripts/devenv up): %w", err)
 	}
-	password := strings.TrimSpace(strings.SplitN(string(pw), "\n", 2)[0])
 	for i := range startNodes + 1 {
 		host := net.JoinHostPort(*pgHost, strconv.Itoa(*pgPortBase+i))
 		dsn := (&url.URL{Scheme: "postgres", User: url.User("postgres"), Host: host, Path: "/" + b.db, RawQuery: "sslmode=disable"}).String()
 		b.nodes = append(b.nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: dsn, Password: "file:" + pwFile, Weight: 1, State: bucketmap.NodeActive})
-		b.admin = append(b.admin, (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: host, Path: "/postgres", RawQuery: "sslmode=disable"}).String())
+		b.admin = append(b.admin, benchkit.AdminDSN(host, password))
 	}
 
 	// Databases.
@@ -518,7 +479,8 @@ func run(ctx context.Context) (*Summary, error) {
 	b.prb = b.startProbe(ctx)
 	acksBefore, rbStart := l.acks.Load(), time.Now()
 	var done atomic.Int32
-	mv := migrate.New(b.st, migrate.Options{Progress: func(rec *topo.MoveRecord, msg string) {
+	mv := migrate.New(b.st, migrate.Options{Progress: func(prog migrate.Progress) {
+		rec, msg := prog.Move, prog.Message
 		switch {
 		case msg == topo.MoveDone:
 			row := b.moveRow(rec)
@@ -533,7 +495,8 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 	}})
 	rb := migrate.NewRebalancer(mv, bucketmap.Policy{Concurrency: *concurrency})
-	rb.Progress = func(msg string) {
+	rb.Progress = func(prog migrate.Progress) {
+		msg := prog.Message
 		if *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
 			say("  rebalancer: %s", msg)
 		}
@@ -962,8 +925,7 @@ type writerResult struct {
 }
 
 type load struct {
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	stop    *benchkit.Stopper
 	started time.Time
 	acks    atomic.Int64
 	failed  atomic.Int64
@@ -973,7 +935,7 @@ type load struct {
 }
 
 func (b *bench) startLoad(maxIdx uint32) *load {
-	l := &load{stop: make(chan struct{}), started: time.Now(), res: make([]*writerResult, *writers)}
+	l := &load{stop: benchkit.NewStopper(), started: time.Now(), res: make([]*writerResult, *writers)}
 	nw := *writers
 	var interval time.Duration
 	if *rate > 0 {
@@ -983,30 +945,11 @@ func (b *bench) startLoad(maxIdx uint32) *load {
 	for w := range nw {
 		res := &writerResult{acked: map[string]int64{}, uncertain: map[string][]int64{}}
 		l.res[w] = res
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
+		l.stop.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
 			var seq, fresh int64
-			next := time.Now()
-			for {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
-				if interval > 0 {
-					next = next.Add(interval)
-					if d := time.Until(next); d > 0 {
-						select {
-						case <-l.stop:
-							return
-						case <-time.After(d):
-						}
-					} else if d < -time.Second {
-						next = time.Now() // do not catch up after a stall
-					}
-				}
+			pace := benchkit.NewPacer(interval)
+			for pace.Wait(l.stop.C) {
 				var uid string
 				if rng.Float64() < *insertFrac {
 					fresh++
@@ -1042,15 +985,12 @@ func (b *bench) startLoad(maxIdx uint32) *load {
 				res.acked[uid] = v
 				delete(res.uncertain, uid)
 			}
-		}()
+		})
 	}
 	return l
 }
 
-func (l *load) finish() {
-	close(l.stop)
-	l.wg.Wait()
-}
+func (l *load) finish() { l.stop.Stop() }
 
 // result merges the writers' records (after finish). Writers own disjoint
 // users, so the maps do not overlap.

@@ -55,6 +55,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -341,17 +342,7 @@ func commandLine() string {
 	return strings.TrimSpace("bench/supervisor/run " + strings.Join(os.Args[1:], " "))
 }
 
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
-}
+func loadavg() string { return benchkit.LoadAvg(3) }
 
 type change struct {
 	at  time.Duration // since the load started, taken just before the change

@@ -66,7 +66,7 @@ func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.
 	order, _ := gcOrder(c) // checked by runGC
 	opt := gc.Options{
 		Grace: c.Duration("grace"), Batch: c.Int("batch"), Parallel: c.Int("parallel"), Order: order, Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
-		Node: bucketmap.NodeID(c.String("node")), MinOwnerRatio: c.Float64("min-owner-ratio"), Metrics: metrics, Log: log,
+		Node: bucketmap.NodeID(c.String("node")), MinOwnerRatio: c.Float64("min-owner-ratio"), Metrics: metrics, Logger: log,
 	}
 	if c.Duration("grace") == 0 {
 		opt.Grace = -1 // an explicit 0 means none, not the default

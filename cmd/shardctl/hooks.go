@@ -19,7 +19,7 @@ var hookTimeout = fence.DefaultSyncTimeout
 // db node's fence along after each change.
 func owners(c *cli.Context, st *bucketmap.Store) *ownership.Changer {
 	log, _ := cliutil.Logger(c) // nil: no logs
-	return ownership.New(st, ownership.Options{Timeout: hookTimeout, Log: log})
+	return ownership.New(st, ownership.Options{Timeout: hookTimeout, Logger: log})
 }
 
 // printDrift reports on stderr what a map change left behind: the change

@@ -41,7 +41,8 @@ func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, s
 			}
 			defer stop()
 		}
-		opts.Progress = func(rec *topo.MoveRecord, msg string) {
+		opts.Progress = func(prog migrate.Progress) {
+			rec, msg := prog.Move, prog.Message
 			fmt.Fprintf(c.App.ErrWriter, "%s  move %s (bucket %d %s -> %s): %s\n", time.Now().Format("15:04:05.000"), rec.ID, rec.Bucket, rec.Source, rec.Target, msg)
 		}
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
@@ -201,7 +202,8 @@ func runMoves(c *cli.Context) error {
 func runRebalance(c *cli.Context) error {
 	return withMover(c, func(ctx context.Context, mv *migrate.Mover, st *bucketmap.Store) error {
 		rb := migrate.NewRebalancer(mv, policy(c))
-		rb.Progress = func(msg string) {
+		rb.Progress = func(prog migrate.Progress) {
+			msg := prog.Message
 			fmt.Fprintf(c.App.ErrWriter, "%s  rebalance: %s\n", time.Now().Format("15:04:05.000"), msg)
 		}
 		switch {

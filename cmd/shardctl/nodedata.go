@@ -206,7 +206,7 @@ func runReconcileWatch(c *cli.Context, ids []bucketmap.NodeID) error {
 	p := cliutil.NewPrinter(c)
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		return ownership.Watch(ctx, st, ids, fence.WatchOptions{
-			Retry: c.Duration("retry"), Every: c.Duration("every"), Timeout: c.Duration("timeout"), Log: log,
+			Retry: c.Duration("retry"), Every: c.Duration("every"), Timeout: c.Duration("timeout"), Logger: log,
 			Report: func(m *bucketmap.Map, r fence.NodeSync) {
 				_ = p.Emit(map[string]any{"map_version": m.Version, "node": r}, func(w io.Writer) { writeSync(w, m, r) })
 			},

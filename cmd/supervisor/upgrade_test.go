@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
 // These tests run the real binary with a real worker (examples/hello) under
@@ -173,11 +175,7 @@ func (e *upgradeEnv) waitServing(pid int) memberStatus {
 
 func (e *upgradeEnv) waitFor(timeout time.Duration, what string, cond func() bool) {
 	e.t.Helper()
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-	}
+	testenv.WaitFor(e.t, timeout, cond, what)
 }
 
 func (e *upgradeEnv) logged(s string) bool {

@@ -42,7 +42,7 @@ var layer = map[string]int{
 	"keystream":           0,
 	"workerproto":         0,
 	"internal/backoff":    0,
-	"internal/benchstat":  0,
+	"internal/benchkit":   0,
 	"internal/failpoint":  0,
 	"internal/faultproxy": 1,
 	"internal/testenv":    0,
@@ -58,7 +58,7 @@ var layer = map[string]int{
 	// (bucketmap), the fences (fence) and the records (topo), below the
 	// mover and the rebalancer (migrate) and the commands.
 	"ownership": 6,
-	// The four components are peers: none imports another.
+	// The five components are peers: none imports another.
 	"router":     7,
 	"supervisor": 7,
 	"migrate":    7,

@@ -476,11 +476,12 @@ func TestConcurrentModeFlips(t *testing.T) {
 		for _, m := range modes {
 			p.SetMode(m)
 			_ = p.Stats()
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // deliberate: each mode lasts a moment under traffic
 		}
 	}
 	p.SetMode(Pass)
-	time.Sleep(50 * time.Millisecond)
+	base := ok.Load()
+	waitUntil(t, "a round trip after the last Pass", func() bool { return ok.Load() > base })
 	close(stop)
 	wg.Wait()
 	if ok.Load() == 0 {

@@ -27,6 +27,14 @@
 // Such servers are not controlled by testenv: ZK.Kill, ZK.Start, PGNode.Stop
 // and PGNode.Start return ErrNotManaged.
 //
+// # Long fault schedules
+//
+// A test whose fault schedule is long (server failovers, ZooKeeper
+// outages, a mover killed in every move state) is named TestFaults... and
+// calls Faults first: it skips unless SHARDVISOR_FAULTS=1. `make test`
+// leaves these out; `make test-faults` sets the variable and runs every
+// TestFaults test, and the reconnect tests again without -race.
+//
 // # Failing, not skipping
 //
 // `go test -short` skips every test that asks for a server (t.Skip). Otherwise

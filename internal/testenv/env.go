@@ -297,6 +297,23 @@ func restoreAll() error {
 
 // ---------------------------------------------------------------- helpers
 
+// FaultsEnv is the environment variable that opts in the long fault
+// schedules: `make test-faults` sets it to 1.
+const FaultsEnv = "SHARDVISOR_FAULTS"
+
+// Faults skips t unless SHARDVISOR_FAULTS=1. A test with a long fault
+// schedule (server failovers, ZooKeeper outages, killing a mover in every
+// move state, reconnects under -race's limits) calls it first and is named
+// TestFaults..., so that `make test-faults` finds it and `make test` leaves
+// it out. It also skips under -short.
+func Faults(t testing.TB) {
+	t.Helper()
+	if os.Getenv(FaultsEnv) != "1" {
+		t.Skip("a long fault schedule: make test-faults runs it (" + FaultsEnv + "=1)")
+	}
+	skipIfShort(t)
+}
+
 // WaitFor polls cond every 20ms until it returns true, and fails the test
 // with msg if that does not happen within timeout.
 func WaitFor(t testing.TB, timeout time.Duration, cond func() bool, msg string) {

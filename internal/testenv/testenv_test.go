@@ -30,6 +30,23 @@ func TestSanitize(t *testing.T) {
 	}
 }
 
+func TestFaultScheduleOptIn(t *testing.T) {
+	t.Setenv(FaultsEnv, "")
+	var ran bool
+	t.Run("off", func(t *testing.T) { Faults(t); ran = true })
+	if ran {
+		t.Fatal("Faults did not skip without " + FaultsEnv + "=1")
+	}
+	if testing.Short() {
+		return
+	}
+	t.Setenv(FaultsEnv, "1")
+	t.Run("on", func(t *testing.T) { Faults(t); ran = true })
+	if !ran {
+		t.Fatal("Faults skipped with " + FaultsEnv + "=1")
+	}
+}
+
 func TestWaitFor(t *testing.T) {
 	n := 0
 	WaitFor(t, time.Second, func() bool { n++; return n >= 3 }, "three polls")

@@ -1,4 +1,4 @@
-package benchstat
+package benchkit
 
 import "testing"
 

@@ -1,6 +1,4 @@
-// Package benchstat is the one percentile summary the benchmark programs
-// under bench/ print, so that their p50/p99/max mean the same thing.
-package benchstat
+package benchkit
 
 import (
 	"math"

@@ -1,0 +1,16 @@
+// Package benchkit is what the benchmark programs under bench/ share, so
+// that each says once how it finds its environment, paces its load and
+// prints its figures:
+//
+//   - env: flag defaults from the environment (EnvOr, EnvInt,
+//     EnvDuration), the scripts/devenv state directory and the PostgreSQL
+//     password and admin DSNs it leaves there;
+//   - load: the pieces of a load loop (Stopper, Pacer, Sleep,
+//     IdempotencyKey);
+//   - report: the one percentile summary (Stat, Of: p50/p99/max mean the
+//     same thing in every harness), a serialized line printer (Printer),
+//     millisecond figures, ratios, the load average and the JSON summary.
+//
+// It is a library of the benchmarks only: it imports no package of the
+// module and nothing but bench/ imports it.
+package benchkit
