@@ -21,6 +21,11 @@ type Ephemeral struct {
 	path string
 	acl  []zk.ACL
 
+	// lock: the node of a Lock. A new session must not re-create it: its
+	// holder has been, or is about to be, told the lock is lost, and a node
+	// re-created meanwhile would hold the lock for nobody.
+	lock bool
+
 	mu      sync.Mutex
 	data    []byte
 	deleted bool
@@ -37,13 +42,19 @@ var ErrOwnedElsewhere = errors.New("ephemeral node is owned by another session")
 // ACLs of their own, so this never creates one. A node re-created on a new
 // session whose parent was deleted meanwhile fails and is retried.
 func (s *Session) CreateEphemeral(ctx context.Context, p string, data []byte, acl []zk.ACL) (*Ephemeral, error) {
+	return s.createEphemeral(ctx, p, data, acl, false)
+}
+
+// createEphemeral is CreateEphemeral; a lock's node (lock) is kept across
+// reconnects of the same session but never re-created on a new one.
+func (s *Session) createEphemeral(ctx context.Context, p string, data []byte, acl []zk.ACL, lock bool) (*Ephemeral, error) {
 	if err := checkSize("create", p, data); err != nil {
 		return nil, err
 	}
 	if acl == nil {
 		acl = s.cfg.ACL
 	}
-	e := &Ephemeral{s: s, path: p, acl: acl, data: data}
+	e := &Ephemeral{s: s, path: p, acl: acl, data: data, lock: lock}
 	s.mu.Lock()
 	if _, dup := s.ephemerals[p]; dup {
 		s.mu.Unlock()

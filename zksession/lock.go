@@ -66,7 +66,7 @@ func (s *Session) TryLock(ctx context.Context, p string, holder []byte, acl []zk
 		return nil, &OpError{"lock", p, errors.New("no ACL given for the lock node")}
 	}
 	sub := s.Subscribe()
-	e, err := s.CreateEphemeral(ctx, p, holder, acl)
+	e, err := s.createEphemeral(ctx, p, holder, acl, true)
 	if err != nil {
 		sub.Close()
 		if errors.Is(err, ErrOwnedElsewhere) {
