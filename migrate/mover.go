@@ -41,6 +41,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -143,7 +144,7 @@ type Mover struct {
 	runner string
 
 	viewMu sync.Mutex
-	view   *topo.MemberView // started by the first fence step; Close stops it
+	view   *fleet.MemberView // started by the first fence step; Close stops it
 }
 
 // New returns a mover using the store's session.
@@ -182,11 +183,11 @@ func (mv *Mover) Close() {
 // Between waits it costs little: members change their records when a map
 // changes, which during a rebalance is mostly the moves' own doing, and the
 // waits would read those changes anyway.
-func (mv *Mover) members() *topo.MemberView {
+func (mv *Mover) members() *fleet.MemberView {
 	mv.viewMu.Lock()
 	defer mv.viewMu.Unlock()
 	if mv.view == nil {
-		mv.view = topo.WatchMembers(context.Background(), mv.s, mv.p)
+		mv.view = fleet.WatchMembers(context.Background(), mv.s, mv.p)
 	}
 	return mv.view
 }

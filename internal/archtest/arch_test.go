@@ -53,12 +53,17 @@ var layer = map[string]int{
 	"bucketmap":           3,
 	"dbnode":              4,
 	"fence":               5,
-	// The four components are peers: none imports another.
+	// What the members have applied, read from their records (topo), for
+	// the components that ask it.
+	"fleet": 5,
+	// The components are peers: none imports another.
 	"router":     6,
 	"supervisor": 6,
 	"migrate":    6,
 	"gc":         6,
 	"worker":     6,
+	// The router's HTTP API, above the router and the fleet.
+	"sidecar": 7,
 	// Flag and output plumbing shared by the commands only.
 	"internal/cliutil": 7,
 }
