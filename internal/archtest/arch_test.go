@@ -44,6 +44,7 @@ var layer = map[string]int{
 	"internal/backoff":    0,
 	"internal/benchstat":  0,
 	"internal/failpoint":  0,
+	"internal/sqlstate":   0,
 	"internal/faultproxy": 1,
 	"internal/testenv":    0,
 	"internal/archtest":   0,
