@@ -53,10 +53,6 @@ type Applied struct {
 	Err        error // the record does not decode
 }
 
-// Behind says whether the member has not applied map version v, or cannot
-// be read (uncertainty counts as behind).
-func (a Applied) Behind(v uint64) bool { return a.Err != nil || a.MapVersion < v }
-
 func applied[R record](e topo.Entry[R]) Applied {
 	v, err := AppliedVersion(e)
 	return Applied{Path: e.Path, MapVersion: v, Err: err}
