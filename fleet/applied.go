@@ -126,3 +126,17 @@ func DescribeBehind(members []Applied, v uint64) string {
 	}
 	return fmt.Sprintf("%d members have not applied map version %d: %s", len(names), v, list)
 }
+
+// DescribeStragglers lists stragglers for messages, each with its map
+// version or why its record could not be used.
+func DescribeStragglers(ss []topo.Straggler) string {
+	parts := make([]string, len(ss))
+	for i, st := range ss {
+		if st.Error != "" {
+			parts[i] = fmt.Sprintf("%s (%s)", st.Member, st.Error)
+		} else {
+			parts[i] = fmt.Sprintf("%s (map version %d)", st.Member, st.MapVersion)
+		}
+	}
+	return strings.Join(parts, ", ")
+}

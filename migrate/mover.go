@@ -1342,7 +1342,7 @@ func (r *run) waitMembers(ctx context.Context, v uint64) error {
 		}
 		r.mv.log.Warn("straggler: member has not applied the map that sets the bucket moving", fields...)
 	}
-	msg := fmt.Sprintf("%d members have not applied map version %d within %s: %s", len(stragglers), v, r.mv.opts.MemberWait, describeStragglers(stragglers))
+	msg := fmt.Sprintf("%d members have not applied map version %d within %s: %s", len(stragglers), v, r.mv.opts.MemberWait, fleet.DescribeStragglers(stragglers))
 	if action == StragglerAbort {
 		return errors.New(msg)
 	}
@@ -1351,17 +1351,4 @@ func (r *run) waitMembers(ctx context.Context, v uint64) error {
 	}
 	r.progress("going on without stragglers: " + msg)
 	return nil
-}
-
-// describeStragglers lists stragglers for messages.
-func describeStragglers(ss []topo.Straggler) string {
-	parts := make([]string, len(ss))
-	for i, st := range ss {
-		if st.Error != "" {
-			parts[i] = fmt.Sprintf("%s (%s)", st.Member, st.Error)
-		} else {
-			parts[i] = fmt.Sprintf("%s (map version %d)", st.Member, st.MapVersion)
-		}
-	}
-	return strings.Join(parts, ", ")
 }
