@@ -356,9 +356,10 @@ func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keys
 }
 
 func (r *Router) install(s *snapshot) {
+	r.mu.Lock()
+	// Stored under the lock, so that Applied's last entry is the map in use.
 	r.snap.Store(s)
 	r.stats.MapUpdates.Add(1)
-	r.mu.Lock()
 	r.recent = append(r.recent, s)
 	if len(r.recent) > r.opts.Keep {
 		r.recent = r.recent[len(r.recent)-r.opts.Keep:]
