@@ -67,12 +67,12 @@ type HandlerOptions struct {
 }
 
 type handler struct {
-	r        *router.Router
-	maxBatch int
-	reg      *prometheus.Registry
-	fleetSt  *fleet.Status
-	memberID string
-	mux      *http.ServeMux
+	r           *router.Router
+	maxBatch    int
+	reg         *prometheus.Registry
+	fleetStatus *fleet.Status
+	memberID    string
+	mux         *http.ServeMux
 
 	lookups     prometheus.Counter
 	batchUIDs   prometheus.Counter
@@ -92,7 +92,7 @@ func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux(), fleetSt: opt.Fleet, memberID: opt.MemberID}
+	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux(), fleetStatus: opt.Fleet, memberID: opt.MemberID}
 	ns := "shardvisor_router_"
 	h.lookups = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "lookups_total", Help: "User ids routed over HTTP (single and batch)."})
 	h.batchUIDs = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "batch_lookups_total", Help: "User ids routed through POST /v1/route."})
@@ -589,8 +589,8 @@ func (h *handler) fleetView(ctx context.Context) *fleet.View {
 		self.ZKState = ""
 		return fleet.Unavailable(self, cluster, "no fleet view: router runs from a map file")
 	}
-	if h.fleetSt == nil {
+	if h.fleetStatus == nil {
 		return fleet.Unavailable(self, cluster, "no fleet view: the sidecar was not given a fleet status")
 	}
-	return h.fleetSt.View(ctx, self, r.ZKState() == zksession.StateConnected, known)
+	return h.fleetStatus.View(ctx, self, r.ZKState() == zksession.StateConnected, known)
 }
