@@ -215,7 +215,7 @@ func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
 	if !sawSuspended {
 		t.Fatal("answers were never marked suspended before stale")
 	}
-	if _, rts, err := r.RouteBatch([]string{"u1"}, 0); err != nil || !rts[0].Stale {
+	if _, rts, err := r.RouteBatch(nil, []string{"u1"}, 0); err != nil || !rts[0].Stale {
 		t.Fatalf("batch answer while lost: %+v %v", rts, err)
 	}
 	proxy.SetMode(faultproxy.Pass)

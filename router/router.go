@@ -510,23 +510,23 @@ func (r *Router) RouteAt(uid string, used uint64) (Route, error) {
 
 // RouteBatch answers for many user ids from one map version, so that every
 // answer has the same one, and applies the stale-map protocol (RouteAt) for
-// a caller that used map version used (0: unknown).
-func (r *Router) RouteBatch(uids []string, used uint64) (mapVersion uint64, routes []Route, err error) {
+// a caller that used map version used (0: unknown). It appends the answers,
+// in the order of uids, to dst (which a caller may reuse) and returns it.
+func (r *Router) RouteBatch(dst []Route, uids []string, used uint64) (mapVersion uint64, routes []Route, err error) {
 	s := r.snap.Load()
 	if s == nil {
-		return 0, nil, ErrNotReady
+		return 0, dst, ErrNotReady
 	}
-	routes = make([]Route, len(uids))
-	for i, uid := range uids {
+	for _, uid := range uids {
 		rt := r.route(s, uid)
 		if used != 0 && used < rt.MapVersion {
 			if old, ok := r.ownerAt(s, uid, used); ok && old != rt.Node {
 				rt.Moved, rt.MovedFrom = true, old
 			}
 		}
-		routes[i] = rt
+		dst = append(dst, rt)
 	}
-	return s.m.Version, routes, nil
+	return s.m.Version, dst, nil
 }
 
 // AppliedMap is a map version the router applied.

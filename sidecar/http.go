@@ -216,7 +216,10 @@ func hex4(b []byte) (rune, bool) {
 	return r, true
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+var (
+	bufPool    = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+	routesPool = sync.Pool{New: func() any { var rs []router.Route; return &rs }}
+)
 
 func (h *handler) count(rt router.Route) {
 	switch {
@@ -345,7 +348,10 @@ func (h *handler) routeBatch(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	// One map version for the whole batch, so every answer has the same map.
-	version, routes, err := h.r.RouteBatch(br.UIDs, br.MapVersion)
+	rp := routesPool.Get().(*[]router.Route)
+	defer routesPool.Put(rp)
+	version, routes, err := h.r.RouteBatch((*rp)[:0], br.UIDs, br.MapVersion)
+	*rp = routes
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
