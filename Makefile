@@ -36,7 +36,7 @@ FAULT_TESTS = Faults
 RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-faults-inner:
 	SHARDVISOR_FAULTS=1 $(GO) test $(TESTFLAGS) -run '$(FAULT_TESTS)' $(PKGS)
-	SHARDVISOR_FAULTS=1 $(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./router/... ./supervisor/
+	SHARDVISOR_FAULTS=1 $(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./fleet/ ./router/ ./sidecar/ ./supervisor/
 
 ## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)
 install-deps:

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/sqlstate"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -48,19 +49,13 @@ var LockTimeout = 5 * time.Second
 // IsRejected reports whether err is a write the fence rejected (SQLSTATE
 // SV001): the row's bucket is not owned by this node, frozen, incoming, or
 // its key is null. Applications re-read the map and retry on the owner.
-func IsRejected(err error) bool { return sqlState(err) == SQLState }
+func IsRejected(err error) bool { return sqlstate.IsFenceRejected(err) }
 
 // IsIsolationRejected reports whether err is a fenced write rejected for
 // running above READ COMMITTED (SQLSTATE SV002).
 func IsIsolationRejected(err error) bool { return sqlState(err) == SQLStateIsolation }
 
-func sqlState(err error) string {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code
-	}
-	return ""
-}
+func sqlState(err error) string { return sqlstate.Of(err) }
 
 // Meta is the fence's bookkeeping row.
 type Meta struct {

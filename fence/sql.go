@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/shardvisor/shardvisor/internal/sqlstate"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -67,7 +68,7 @@ const AllowTruncate = "shardvisor.allow_truncate"
 // or the bucket key is null. shardvisor.owns raises it too. The message
 // names the bucket, its level and the map version the fence is at. Class
 // "SV" is not used by PostgreSQL.
-const SQLState = "SV001"
+const SQLState = sqlstate.FenceRejected
 
 // SQLStateIsolation is the SQLSTATE of a fenced write attempted in a
 // transaction above READ COMMITTED: such a transaction reads the ownership

@@ -45,6 +45,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -324,7 +325,7 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	members, err := ReadMembers(ctx, g.Session, g.Store.Paths())
+	members, err := fleet.ReadApplied(ctx, g.Session, g.Store.Paths())
 	if err != nil {
 		return nil, err
 	}
@@ -401,7 +402,7 @@ func (r *Report) finish() {
 
 // candidates cuts the history into ranges with one owner each and skips
 // those the map alone rules out.
-func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, members []Member, rep *Report) []Range {
+func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, members []fleet.Applied, rep *Report) []Range {
 	now := g.Opt.Now()
 	var out []Range
 	for _, h := range m.History() {
@@ -459,7 +460,7 @@ func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, members []Member, r
 				}
 				continue
 			}
-			if why := behind(members, h.UntilVersion); why != "" {
+			if why := fleet.DescribeBehind(members, h.UntilVersion); why != "" {
 				skip(SkipMemberBehind, why+fmt.Sprintf(", at which %s stopped owning it: its clients may still read the range there", h.Node))
 				continue
 			}

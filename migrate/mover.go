@@ -41,6 +41,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -145,7 +146,7 @@ type Mover struct {
 	runner string
 
 	viewMu sync.Mutex
-	view   *topo.MemberView // started by the first fence step; Close stops it
+	view   *fleet.MemberView // started by the first fence step; Close stops it
 }
 
 // New returns a mover using the store's session.
@@ -184,11 +185,11 @@ func (mv *Mover) Close() {
 // Between waits it costs little: members change their records when a map
 // changes, which during a rebalance is mostly the moves' own doing, and the
 // waits would read those changes anyway.
-func (mv *Mover) members() *topo.MemberView {
+func (mv *Mover) members() *fleet.MemberView {
 	mv.viewMu.Lock()
 	defer mv.viewMu.Unlock()
 	if mv.view == nil {
-		mv.view = topo.WatchMembers(context.Background(), mv.s, mv.p)
+		mv.view = fleet.WatchMembers(context.Background(), mv.s, mv.p)
 	}
 	return mv.view
 }
@@ -1329,7 +1330,7 @@ func (r *run) waitMembers(ctx context.Context, v uint64) error {
 		}
 		r.mv.log.Warn("straggler: member has not applied the map that sets the bucket moving", fields...)
 	}
-	msg := fmt.Sprintf("%d members have not applied map version %d within %s: %s", len(stragglers), v, r.mv.opts.MemberWait, describeStragglers(stragglers))
+	msg := fmt.Sprintf("%d members have not applied map version %d within %s: %s", len(stragglers), v, r.mv.opts.MemberWait, fleet.DescribeStragglers(stragglers))
 	if action == StragglerAbort {
 		return errors.New(msg)
 	}
@@ -1338,17 +1339,4 @@ func (r *run) waitMembers(ctx context.Context, v uint64) error {
 	}
 	r.progress("going on without stragglers: " + msg)
 	return nil
-}
-
-// describeStragglers lists stragglers for messages.
-func describeStragglers(ss []topo.Straggler) string {
-	parts := make([]string, len(ss))
-	for i, st := range ss {
-		if st.Error != "" {
-			parts[i] = fmt.Sprintf("%s (%s)", st.Member, st.Error)
-		} else {
-			parts[i] = fmt.Sprintf("%s (map version %d)", st.Member, st.MapVersion)
-		}
-	}
-	return strings.Join(parts, ", ")
 }

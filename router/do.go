@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/backoff"
+	"github.com/shardvisor/shardvisor/internal/sqlstate"
 )
 
 // DefaultRetryFor bounds how long Do keeps retrying a write that the move
@@ -59,7 +59,7 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 		err = fn(ctx, pool, rt)
 		// Retry what the fence held back, and what never reached the
 		// server (a connection that could not be made in time).
-		if err == nil || !(fence.IsRejected(err) || pgconn.SafeToRetry(err)) {
+		if err == nil || !(sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err)) {
 			return err
 		}
 		delay := b.Next()

@@ -215,9 +215,8 @@ func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
 	if !sawSuspended {
 		t.Fatal("answers were never marked suspended before stale")
 	}
-	h := Handler(r, HandlerOptions{})
-	if _, body := get(t, h, "/v1/route?uid=u1"); !strings.Contains(body, `"stale":true`) {
-		t.Fatalf("HTTP answer while lost: %s", body)
+	if _, rts, err := r.RouteBatch(nil, []string{"u1"}, 0); err != nil || !rts[0].Stale {
+		t.Fatalf("batch answer while lost: %+v %v", rts, err)
 	}
 	proxy.SetMode(faultproxy.Pass)
 	deadline = time.Now().Add(30 * time.Second)

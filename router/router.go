@@ -1,6 +1,6 @@
 // Package router answers "which db node holds this user" from the watched
-// bucket map, for Go apps (the library) and for apps in any language (the
-// HTTP sidecar in cmd/router).
+// bucket map, for Go apps. The HTTP sidecar that serves it to apps in any
+// language is package sidecar (cmd/router).
 //
 // Lookups never touch the network and never block on ZooKeeper: the router
 // keeps an immutable snapshot of the map and swaps in a new one atomically,
@@ -96,10 +96,10 @@ type snapshot struct {
 	seed    string
 	raw     []byte // the map record's plain JSON
 	etag    string
-	// The map file document for GET /v1/map, made on first use rather
-	// than for every map version: most routers (those in apps) never
-	// serve it, and compacting a 2^16-bucket map into it costs a third
-	// of applying one.
+	// The map file document (the sidecar's GET /v1/map), made on first
+	// use rather than for every map version: most routers (those in apps)
+	// never serve it, and compacting a 2^16-bucket map into it costs a
+	// third of applying one.
 	fileOnce sync.Once
 	file     []byte
 	fileErr  error
@@ -132,7 +132,6 @@ type Router struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	stats  Stats
-	fleet  *fleetCache // GET /v1/fleet (ZooKeeper source)
 }
 
 // Stats are the router's counters; the sidecar exports them as metrics.
@@ -156,7 +155,6 @@ func newRouter(opts Options, src Source) *Router {
 	}
 	r := &Router{opts: opts, log: opts.Logger.With(zap.String("component", "router")), source: src,
 		ready: make(chan struct{}), pools: map[bucketmap.NodeID]*poolEntry{}, done: make(chan struct{}), started: time.Now()}
-	r.fleet = newFleetCache(r)
 	r.zkState.Store(int32(zksession.StateConnected))
 	return r
 }
@@ -358,9 +356,10 @@ func (r *Router) apply(ctx context.Context, n zksession.Node, ks *keystream.Keys
 }
 
 func (r *Router) install(s *snapshot) {
+	r.mu.Lock()
+	// Stored under the lock, so that Applied's last entry is the map in use.
 	r.snap.Store(s)
 	r.stats.MapUpdates.Add(1)
-	r.mu.Lock()
 	r.recent = append(r.recent, s)
 	if len(r.recent) > r.opts.Keep {
 		r.recent = r.recent[len(r.recent)-r.opts.Keep:]
@@ -507,6 +506,46 @@ func (r *Router) RouteAt(uid string, used uint64) (Route, error) {
 		rt.Moved, rt.MovedFrom = true, old
 	}
 	return rt, nil
+}
+
+// RouteBatch answers for many user ids from one map version, so that every
+// answer has the same one, and applies the stale-map protocol (RouteAt) for
+// a caller that used map version used (0: unknown). It appends the answers,
+// in the order of uids, to dst (which a caller may reuse) and returns it.
+func (r *Router) RouteBatch(dst []Route, uids []string, used uint64) (mapVersion uint64, routes []Route, err error) {
+	s := r.snap.Load()
+	if s == nil {
+		return 0, dst, ErrNotReady
+	}
+	for _, uid := range uids {
+		rt := r.route(s, uid)
+		if used != 0 && used < rt.MapVersion {
+			if old, ok := r.ownerAt(s, uid, used); ok && old != rt.Node {
+				rt.Moved, rt.MovedFrom = true, old
+			}
+		}
+		dst = append(dst, rt)
+	}
+	return s.m.Version, dst, nil
+}
+
+// AppliedMap is a map version the router applied.
+type AppliedMap struct {
+	Map     *bucketmap.Map // do not modify it
+	Cluster string
+	At      time.Time // when the router applied it
+}
+
+// Applied lists the map versions the router keeps (Options.Keep), oldest
+// first; the last is the one in use. It is empty before the first map.
+func (r *Router) Applied() []AppliedMap {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]AppliedMap, 0, len(r.recent))
+	for _, s := range r.recent {
+		out = append(out, AppliedMap{Map: s.m, Cluster: s.cluster, At: s.at})
+	}
+	return out
 }
 
 // ownerAt finds who owned uid's bucket at map version v: from a recent

@@ -18,8 +18,10 @@ import (
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/sidecar"
 )
 
 func main() {
@@ -41,7 +43,7 @@ func newApp() *cli.App {
 			&cli.BoolFlag{Name: "allow-public", EnvVars: []string{"SHARDVISOR_ROUTER_ALLOW_PUBLIC"}, Usage: "allow a non-loopback --listen address (the API has no authentication)"},
 			&cli.StringFlag{Name: "map-file", EnvVars: []string{"SHARDVISOR_ROUTER_MAP_FILE"}, Usage: "serve from this map `file` instead of ZooKeeper"},
 			&cli.StringFlag{Name: "id", Value: defID, EnvVars: []string{"SHARDVISOR_ROUTER_ID"}, Usage: "member `id` registered in ZooKeeper with the applied map version"},
-			&cli.IntFlag{Name: "max-batch", Value: router.DefaultMaxBatch, EnvVars: []string{"SHARDVISOR_ROUTER_MAX_BATCH"}, Usage: "user ids allowed in one POST /v1/route"},
+			&cli.IntFlag{Name: "max-batch", Value: sidecar.DefaultMaxBatch, EnvVars: []string{"SHARDVISOR_ROUTER_MAX_BATCH"}, Usage: "user ids allowed in one POST /v1/route"},
 		),
 		Action: run,
 	}
@@ -53,11 +55,15 @@ func run(c *cli.Context) error {
 		return err
 	}
 	defer log.Sync()
-	ln, err := router.Listen(c.String("listen"), c.Bool("allow-public"))
+	ln, err := sidecar.Listen(c.String("listen"), c.Bool("allow-public"))
 	if err != nil {
 		return cliutil.Usagef("%v", err)
 	}
 	var r *router.Router
+	var (
+		fleetStatus *fleet.Status
+		memberID    string // a router from a map file registers no member
+	)
 	if f := c.String("map-file"); f != "" {
 		if r, err = router.NewFromFile(f, router.Options{Logger: log}); err != nil {
 			return err
@@ -71,10 +77,12 @@ func run(c *cli.Context) error {
 			return err
 		}
 		defer s.Close()
-		r = router.New(s, paths, router.Options{Logger: log, MemberID: c.String("id"), MemberAddr: ln.Addr().String()})
+		memberID = c.String("id")
+		r = router.New(s, paths, router.Options{Logger: log, MemberID: memberID, MemberAddr: ln.Addr().String()})
+		fleetStatus = fleet.NewStatus(s, paths, fleet.StatusOptions{Logger: log.With(zap.String("component", "router"))})
 	}
 	defer r.Close()
-	srv := &http.Server{Handler: router.Handler(r, router.HandlerOptions{MaxBatch: c.Int("max-batch")}), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: sidecar.Handler(r, sidecar.HandlerOptions{MaxBatch: c.Int("max-batch"), Fleet: fleetStatus, MemberID: memberID}), ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)

@@ -11,6 +11,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/sidecar"
 )
 
 func runRoute(c *cli.Context) error {
@@ -32,7 +33,7 @@ func runRoute(c *cli.Context) error {
 			if err != nil {
 				return err
 			}
-			v := router.JSONRoute(uid, rt)
+			v := sidecar.JSONRoute(uid, rt)
 			if err := out.Emit(v, func(w io.Writer) {
 				line := fmt.Sprintf("%s\tbucket %d\t%s\t%s\tmap v%d", uid, rt.Bucket, rt.Node, rt.State, rt.MapVersion)
 				if rt.Target != "" {

@@ -44,6 +44,7 @@ var layer = map[string]int{
 	"internal/backoff":    0,
 	"internal/benchkit":   0,
 	"internal/failpoint":  0,
+	"internal/sqlstate":   0,
 	"internal/faultproxy": 1,
 	"internal/testenv":    0,
 	"internal/archtest":   0,
@@ -54,6 +55,9 @@ var layer = map[string]int{
 	"bucketmap":           3,
 	"dbnode":              4,
 	"fence":               5,
+	// What the members have applied, read from their records (topo), for
+	// the components that ask it.
+	"fleet": 5,
 	// Every change of bucket ownership with its fence sync: above the map
 	// (bucketmap), the fences (fence) and the records (topo), below the
 	// mover and the rebalancer (migrate) and the commands.
@@ -64,8 +68,10 @@ var layer = map[string]int{
 	"migrate":    7,
 	"gc":         7,
 	"worker":     7,
+	// The router's HTTP API, above the router and the fleet.
+	"sidecar": 8,
 	// Flag and output plumbing shared by the commands only.
-	"internal/cliutil": 8,
+	"internal/cliutil": 9,
 }
 
 const layerTop = 100

@@ -1,4 +1,4 @@
-package router
+package sidecar
 
 import (
 	"encoding/json"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/router"
 )
 
 func python(t *testing.T) string {
@@ -42,7 +43,7 @@ func TestPythonClientAgreesWithGo(t *testing.T) {
 	}
 	dir := t.TempDir()
 	mapFile := writeMapFile(t, dir, m)
-	r, err := NewFromFile(mapFile, Options{})
+	r, err := router.NewFromFile(mapFile, router.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

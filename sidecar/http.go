@@ -1,7 +1,11 @@
-package router
+// Package sidecar is the router's HTTP API (cmd/router): routes for apps in
+// any language, the map file, the status page and the fleet view, health
+// and metrics; see docs/router-api.md. The routing itself is package router.
+package sidecar
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/base64"
@@ -20,6 +24,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fleet"
+	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // Limits of the HTTP API.
@@ -40,7 +47,7 @@ var statusPageCSP = func() string {
 	_, rest, ok := bytes.Cut(statusPage, []byte("<script>"))
 	script, _, ok2 := bytes.Cut(rest, []byte("</script>"))
 	if !ok || !ok2 {
-		panic("router: status.html has no <script> element")
+		panic("sidecar: status.html has no <script> element")
 	}
 	sum := sha256.Sum256(script)
 	return "default-src 'none'; script-src 'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'; " +
@@ -52,13 +59,20 @@ type HandlerOptions struct {
 	MaxBatch int
 	// Registry receives the metrics (nil: a new one). /metrics serves it.
 	Registry *prometheus.Registry
+	// Fleet is the fleet status GET /v1/fleet shows, for a router that
+	// follows ZooKeeper (nil: none); MemberID is the router's own member
+	// record in it.
+	Fleet    *fleet.Status
+	MemberID string
 }
 
 type handler struct {
-	r        *Router
-	maxBatch int
-	reg      *prometheus.Registry
-	mux      *http.ServeMux
+	r           *router.Router
+	maxBatch    int
+	reg         *prometheus.Registry
+	fleetStatus *fleet.Status
+	memberID    string
+	mux         *http.ServeMux
 
 	lookups     prometheus.Counter
 	batchUIDs   prometheus.Counter
@@ -69,7 +83,7 @@ type handler struct {
 }
 
 // Handler is the sidecar's HTTP API; see docs/router-api.md.
-func Handler(r *Router, opt HandlerOptions) http.Handler {
+func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 	if opt.MaxBatch <= 0 {
 		opt.MaxBatch = DefaultMaxBatch
 	}
@@ -78,7 +92,7 @@ func Handler(r *Router, opt HandlerOptions) http.Handler {
 		reg = prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux()}
+	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux(), fleetStatus: opt.Fleet, memberID: opt.MemberID}
 	ns := "shardvisor_router_"
 	h.lookups = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "lookups_total", Help: "User ids routed over HTTP (single and batch)."})
 	h.batchUIDs = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "batch_lookups_total", Help: "User ids routed through POST /v1/route."})
@@ -93,8 +107,8 @@ func Handler(r *Router, opt HandlerOptions) http.Handler {
 			}
 			return 0
 		}),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_updates_total", Help: "Bucket map versions applied."}, func() float64 { return float64(r.stats.MapUpdates.Load()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_rejected_total", Help: "Bucket maps refused (missing, malformed, older); the last good map stays in use."}, func() float64 { return float64(r.stats.MapRejected.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_updates_total", Help: "Bucket map versions applied."}, func() float64 { return float64(r.Stats().MapUpdates.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_rejected_total", Help: "Bucket maps refused (missing, malformed, older); the last good map stays in use."}, func() float64 { return float64(r.Stats().MapRejected.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: ns + "zk_state", Help: "ZooKeeper session state: 0 lost, 1 suspended, 2 connected, 3 closed."}, func() float64 { return float64(r.ZKState()) }),
 	)
 	h.mux.HandleFunc("/v1/route", h.route)
@@ -202,9 +216,12 @@ func hex4(b []byte) (rune, bool) {
 	return r, true
 }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+var (
+	bufPool    = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+	routesPool = sync.Pool{New: func() any { var rs []router.Route; return &rs }}
+)
 
-func (h *handler) count(rt Route) {
+func (h *handler) count(rt router.Route) {
 	switch {
 	case rt.Stale:
 		h.stale.Inc()
@@ -330,28 +347,25 @@ func (h *handler) routeBatch(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	if !h.r.Ready() {
-		writeError(w, http.StatusServiceUnavailable, ErrNotReady.Error())
+	// One map version for the whole batch, so every answer has the same map.
+	rp := routesPool.Get().(*[]router.Route)
+	defer routesPool.Put(rp)
+	version, routes, err := h.r.RouteBatch((*rp)[:0], br.UIDs, br.MapVersion)
+	*rp = routes
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	// One snapshot for the whole batch, so every answer has the same map.
-	s := h.r.snap.Load()
 	b := make([]byte, 0, 64+len(br.UIDs)*160)
 	b = append(b, `{"map_version":`...)
-	b = strconv.AppendUint(b, s.m.Version, 10)
+	b = strconv.AppendUint(b, version, 10)
 	b = append(b, `,"routes":[`...)
-	for i, uid := range br.UIDs {
-		rt := h.r.route(s, uid)
-		if br.MapVersion != 0 && br.MapVersion < rt.MapVersion {
-			if old, ok := h.r.ownerAt(s, uid, br.MapVersion); ok && old != rt.Node {
-				rt.Moved, rt.MovedFrom = true, old
-			}
-		}
+	for i, rt := range routes {
 		h.count(rt)
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendRoute(b, uid, rt)
+		b = appendRoute(b, br.UIDs[i], rt)
 	}
 	b = append(b, "]}\n"...)
 	h.lookups.Add(float64(len(br.UIDs)))
@@ -362,7 +376,7 @@ func (h *handler) routeBatch(w http.ResponseWriter, req *http.Request) {
 
 // JSONRoute is a route as the API writes it, for callers that encode it
 // themselves (shardctl route --json).
-func JSONRoute(uid string, rt Route) json.RawMessage { return appendRoute(nil, uid, rt) }
+func JSONRoute(uid string, rt router.Route) json.RawMessage { return appendRoute(nil, uid, rt) }
 
 const hexDigits = "0123456789abcdef"
 
@@ -397,7 +411,7 @@ func appendJSONString(b []byte, s string) []byte {
 
 // appendRoute writes a route as JSON without reflection: this is the
 // sidecar's hot path.
-func appendRoute(b []byte, uid string, rt Route) []byte {
+func appendRoute(b []byte, uid string, rt router.Route) []byte {
 	b = append(b, `{"uid":`...)
 	b = appendJSONString(b, uid)
 	b = append(b, `,"bucket":`...)
@@ -454,7 +468,7 @@ func (h *handler) mapFile(w http.ResponseWriter, req *http.Request) {
 func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
 	m := h.r.Map()
 	if m == nil {
-		writeError(w, http.StatusServiceUnavailable, "not ready: "+ErrNotReady.Error())
+		writeError(w, http.StatusServiceUnavailable, "not ready: "+router.ErrNotReady.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -464,7 +478,7 @@ func (h *handler) readyz(w http.ResponseWriter, _ *http.Request) {
 // StatusView is what the status page shows (GET /v1/status).
 type StatusView struct {
 	Cluster    string                  `json:"cluster"`
-	Source     Source                  `json:"source"`
+	Source     router.Source           `json:"source"`
 	ZKState    string                  `json:"zk_state"`
 	MapVersion uint64                  `json:"map_version"`
 	Level      int                     `json:"level"`
@@ -483,33 +497,36 @@ type StatusView struct {
 
 const maxCells = 1024
 
-// View builds the status page's data.
-func (r *Router) View() (*StatusView, error) {
-	s := r.snap.Load()
-	if s == nil {
-		return nil, ErrNotReady
+// Status builds the status page's data from r's map.
+func Status(r *router.Router) (*StatusView, error) {
+	applied := r.Applied()
+	if len(applied) == 0 {
+		return nil, router.ErrNotReady
 	}
-	m := s.m
+	cur := applied[len(applied)-1]
+	m, cluster, at := cur.Map, cur.Cluster, cur.At
 	sum := m.Summarize()
-	v := &StatusView{Cluster: s.cluster, Source: r.source, ZKState: r.ZKState().String(), MapVersion: m.Version, Level: m.Level,
-		Buckets: m.Buckets(), AppliedAt: s.at, Nodes: sum.Nodes, Balanced: sum.Balanced, InFlight: []bucketmap.BucketSummary{}}
-	if e := r.stats.LastError.Load(); e != nil {
+	v := &StatusView{Cluster: cluster, Source: r.Source(), ZKState: r.ZKState().String(), MapVersion: m.Version, Level: m.Level,
+		Buckets: m.Buckets(), AppliedAt: at, Nodes: sum.Nodes, Balanced: sum.Balanced, InFlight: []bucketmap.BucketSummary{}}
+	if e := r.Stats().LastError.Load(); e != nil {
 		v.Error = *e
 	}
+	// The flagged buckets are the only ones that are moving or lost.
+	flagged := make(map[uint32]bucketmap.BucketSummary, len(sum.Flagged))
 	for _, b := range sum.Flagged {
+		flagged[b.Bucket] = b
 		if b.State == bucketmap.BucketMoving {
 			v.InFlight = append(v.InFlight, b)
 		}
 	}
 	v.PerCell = max(1, m.Buckets()/maxCells)
-	counts := make([]int, len(s.nodes))
+	counts := make([]int, len(m.Nodes()))
 	for lo := 0; lo < m.Buckets(); lo += v.PerCell {
 		clear(counts)
 		moving, lost := 0, 0
 		for b := lo; b < lo+v.PerCell; b++ {
 			counts[m.OwnerIndex(uint32(b))]++
-			if s.flagged[b] {
-				bm := m.Meta(uint32(b))
+			if bm, ok := flagged[uint32(b)]; ok {
 				if bm.State == bucketmap.BucketMoving {
 					moving++
 				}
@@ -530,7 +547,7 @@ func (r *Router) View() (*StatusView, error) {
 }
 
 func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
-	v, err := h.r.View()
+	v, err := Status(h.r)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
@@ -539,17 +556,47 @@ func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// fleet serves the fleet view (Router.Fleet): always 200 with JSON;
-// "available" false says why there is none.
+// fleet serves the fleet view: always 200 with JSON; "available" false
+// says why there is none.
 func (h *handler) fleet(w http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodGet && req.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET")
 		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/fleet")
 		return
 	}
-	v := h.r.Fleet(req.Context())
+	v := h.fleetView(req.Context())
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	json.NewEncoder(w).Encode(v)
+}
+
+// fleetView is the fleet status seen from this router: its map, its
+// session's state and the maps it keeps, which date the stragglers.
+func (h *handler) fleetView(ctx context.Context) *fleet.View {
+	r := h.r
+	self := fleet.Self{ID: h.memberID, Source: string(r.Source()), ZKState: r.ZKState().String()}
+	applied := r.Applied()
+	cluster := ""
+	known := make([]fleet.KnownMap, 0, len(applied))
+	for _, a := range applied {
+		written := a.Map.UpdatedAt
+		if written.IsZero() {
+			written = a.At
+		}
+		known = append(known, fleet.KnownMap{Version: a.Map.Version, Written: written.UTC()})
+	}
+	if n := len(applied); n > 0 {
+		cur := applied[n-1]
+		cluster = cur.Cluster
+		self.MapVersion, self.MapUpdatedAt, self.AppliedAt = cur.Map.Version, cur.Map.UpdatedAt.UTC(), cur.At.UTC()
+	}
+	if r.Source() != router.SourceZooKeeper {
+		self.ZKState = ""
+		return fleet.Unavailable(self, cluster, "no fleet view: router runs from a map file")
+	}
+	if h.fleetStatus == nil {
+		return fleet.Unavailable(self, cluster, "no fleet view: the sidecar was not given a fleet status")
+	}
+	return h.fleetStatus.View(ctx, self, r.ZKState() == zksession.StateConnected, known)
 }

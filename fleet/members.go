@@ -1,4 +1,4 @@
-package topo
+package fleet
 
 import (
 	"context"
@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"path"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -33,7 +33,7 @@ import (
 // it too).
 type MemberView struct {
 	s      *zksession.Session
-	p      Paths
+	p      topo.Paths
 	cancel context.CancelFunc
 	ctx    context.Context
 	wg     sync.WaitGroup
@@ -66,31 +66,25 @@ type memberState struct {
 }
 
 func routerVersion(at string, data []byte) (uint64, error) {
-	r, err := DecodeRouterMember(at, data)
-	if err != nil {
-		return 0, err
-	}
-	return r.MapVersion, nil
+	rec, err := topo.DecodeRouterMember(at, data)
+	return AppliedVersion(topo.Entry[topo.RouterMember]{Path: at, Rec: rec, Err: err})
 }
 
 func poolMemberVersion(at string, data []byte) (uint64, error) {
-	m, err := DecodePoolMember(at, data)
-	if err != nil {
-		return 0, err
-	}
-	return m.MapVersion, nil
+	rec, err := topo.DecodePoolMember(at, data)
+	return AppliedVersion(topo.Entry[topo.PoolMember]{Path: at, Rec: rec, Err: err})
 }
 
 // WatchMembers starts a view of the cluster's members. It returns at once;
 // the first reads arrive in the background (Wait lists what it needs).
-func WatchMembers(ctx context.Context, s *zksession.Session, p Paths) *MemberView {
+func WatchMembers(ctx context.Context, s *zksession.Session, p topo.Paths) *MemberView {
 	ctx, cancel := context.WithCancel(ctx)
 	v := &MemberView{s: s, p: p, ctx: ctx, cancel: cancel, changed: make(chan struct{}),
 		dirs: map[string]*memberDir{}, pools: map[string]*memberDir{}, members: map[string]*memberState{}}
 	v.mu.Lock()
 	v.addDirLocked(p.Routers(), routerVersion)
 	v.mu.Unlock()
-	v.follow(s.WatchChildren(ctx, p.Pools()), ctx, func(n zksession.Node) { v.applyPools(n.Exists, n.Children, n.Stat.Pzxid) })
+	v.follow(topo.WatchPools(ctx, s, p), ctx, func(n zksession.Node) { v.applyPools(n.Exists, n.Children, n.Stat.Pzxid) })
 	// The session's watches end when it closes; so does the view, so that
 	// a caller that never calls Close leaks nothing past the session.
 	sub := s.Subscribe()
@@ -153,7 +147,7 @@ func (v *MemberView) addDirLocked(dir string, decode func(string, []byte) (uint6
 	ctx, stop := context.WithCancel(v.ctx)
 	d := &memberDir{path: dir, decode: decode, stop: stop}
 	v.dirs[dir] = d
-	v.follow(v.s.WatchChildren(ctx, dir), ctx, func(n zksession.Node) { v.applyDir(d, n.Exists, n.Children, n.Stat.Pzxid) })
+	v.follow(topo.WatchMemberDir(ctx, v.s, dir), ctx, func(n zksession.Node) { v.applyDir(d, n.Exists, n.Children, n.Stat.Pzxid) })
 	return d
 }
 
@@ -225,7 +219,7 @@ func (v *MemberView) applyDir(d *memberDir, exists bool, names []string, pzxid i
 		ctx, stop := context.WithCancel(v.ctx)
 		m := &memberState{dir: d, stop: stop}
 		v.members[at] = m
-		v.follow(v.s.Watch(ctx, at), ctx, func(n zksession.Node) { v.applyMember(at, m, n) })
+		v.follow(topo.WatchMemberRecord(ctx, v.s, at), ctx, func(n zksession.Node) { v.applyMember(at, m, n) })
 	}
 	v.notifyLocked()
 }
@@ -250,28 +244,26 @@ func (v *MemberView) applyMember(at string, m *memberState, n zksession.Node) {
 // version: a record at a lower version (MapVersion says which), a record
 // that does not decode, or one not read yet (Error says so). A member
 // whose record was found gone is not listed: it serves nobody.
-func (v *MemberView) Behind(version uint64) []Straggler {
+func (v *MemberView) Behind(version uint64) []topo.Straggler {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.behindLocked(version)
 }
 
-func (v *MemberView) behindLocked(version uint64) []Straggler {
-	var out []Straggler
+func (v *MemberView) behindLocked(version uint64) []topo.Straggler {
+	members := make([]Applied, 0, len(v.members))
 	for at, m := range v.members {
 		switch {
 		case !m.read:
-			out = append(out, Straggler{Member: at, Error: "record not read yet"})
-		case !m.exists:
-		case m.err != nil:
-			out = append(out, Straggler{Member: at, Error: m.err.Error()})
-		case m.version < version:
-			out = append(out, Straggler{Member: at, MapVersion: m.version})
+			members = append(members, Applied{Path: at, Err: errNotRead})
+		case m.exists:
+			members = append(members, Applied{Path: at, MapVersion: m.version, Err: m.err})
 		}
 	}
-	slices.SortFunc(out, func(a, b Straggler) int { return strings.Compare(a.Member, b.Member) })
-	return out
+	return Stragglers(members, version)
 }
+
+var errNotRead = errors.New("record not read yet")
 
 // Members reports how many member records the view follows.
 func (v *MemberView) Members() int {
@@ -286,7 +278,7 @@ func (v *MemberView) Members() int {
 // after every return of the session to Connected (see MemberView); if no
 // listing succeeded before the timeout, membership is unknown and Wait
 // fails with the listing's error. It fails with ctx's error if ctx ends.
-func (v *MemberView) Wait(ctx context.Context, version uint64, timeout time.Duration) ([]Straggler, error) {
+func (v *MemberView) Wait(ctx context.Context, version uint64, timeout time.Duration) ([]topo.Straggler, error) {
 	sub := v.s.Subscribe()
 	defer sub.Close()
 	deadline := time.NewTimer(timeout)
@@ -308,7 +300,7 @@ func (v *MemberView) Wait(ctx context.Context, version uint64, timeout time.Dura
 		}
 		v.mu.Lock()
 		changed := v.changed
-		var behind []Straggler
+		var behind []topo.Straggler
 		if listed {
 			behind = v.behindLocked(version)
 		}
@@ -347,13 +339,7 @@ func (v *MemberView) Wait(ctx context.Context, version uint64, timeout time.Dura
 func (v *MemberView) refresh(ctx context.Context) error {
 	// A directory that does not exist has no members to add; removals
 	// are left to the watches, whose deliveries are ordered.
-	list := func(dir string) ([]string, int64, bool, error) {
-		names, st, err := v.s.Children(ctx, dir)
-		if errors.Is(err, zksession.ErrNoNode) {
-			return nil, 0, false, nil
-		}
-		return names, st.Pzxid, err == nil, err
-	}
+	list := func(dir string) ([]string, int64, bool, error) { return topo.ListMemberDir(ctx, v.s, dir) }
 	pools, pz, ok, err := list(v.p.Pools())
 	if err != nil {
 		return err
@@ -378,13 +364,4 @@ func (v *MemberView) refresh(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// MemberKind says what kind of member a member record path is: "router"
-// or "supervisor" (for metric labels).
-func (p Paths) MemberKind(member string) string {
-	if strings.HasPrefix(member, p.Routers()+"/") {
-		return "router"
-	}
-	return "supervisor"
 }

@@ -1,4 +1,4 @@
-package router
+package sidecar
 
 import (
 	"context"
@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -30,9 +32,10 @@ type fleetScene struct {
 	st       *bucketmap.Store
 	p        topo.Paths
 	s        *zksession.Session // the admin session that wrote the records
-	r        *Router
-	old, cur uint64    // map version of the stragglers, and the router's
-	oldNext  time.Time // when map version old+1 was written
+	r        *router.Router
+	rs       *zksession.Session // the router's session
+	old, cur uint64             // map version of the stragglers, and the router's
+	oldNext  time.Time          // when map version old+1 was written
 	supB     *topo.PoolMemberRegistration
 	supBRec  topo.PoolMember
 	fs       topo.FailStatic
@@ -72,7 +75,8 @@ func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 	}
 	sc.old = m0.Version
 	// The router starts at the first version and sees the next two.
-	sc.r = New(session(t, z.ConnectString, 0), sc.p, Options{MemberID: "r-self", MemberAddr: "127.0.0.1:8484"})
+	sc.rs = session(t, z.ConnectString, 0)
+	sc.r = router.New(sc.rs, sc.p, router.Options{MemberID: "r-self", MemberAddr: "127.0.0.1:8484"})
 	t.Cleanup(sc.r.Close)
 	if err := sc.r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
 		t.Fatal(err)
@@ -196,13 +200,20 @@ func waitRouterRecord(t *testing.T, s *zksession.Session, p topo.Paths, id strin
 	}
 }
 
-func fleetJSON(t *testing.T, h http.Handler) *FleetView {
+// handler is the sidecar of the scene's router, its fleet status read with
+// the given TTL (0: the default).
+func (sc *fleetScene) handler(ttl time.Duration) http.Handler {
+	st := fleet.NewStatus(sc.rs, sc.p, fleet.StatusOptions{TTL: ttl})
+	return Handler(sc.r, HandlerOptions{Fleet: st, MemberID: "r-self"})
+}
+
+func fleetJSON(t *testing.T, h http.Handler) *fleet.View {
 	t.Helper()
 	res, body := get(t, h, "/v1/fleet")
 	if res.StatusCode != 200 || res.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("GET /v1/fleet: %d %s\n%s", res.StatusCode, res.Header.Get("Content-Type"), body)
 	}
-	var v FleetView
+	var v fleet.View
 	dec := json.NewDecoder(strings.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&v); err != nil {
@@ -211,7 +222,7 @@ func fleetJSON(t *testing.T, h http.Handler) *FleetView {
 	return &v
 }
 
-func member(t *testing.T, v *FleetView, kind, name string) FleetMember {
+func member(t *testing.T, v *fleet.View, kind, name string) fleet.Member {
 	t.Helper()
 	for _, m := range v.Members {
 		if m.Kind == kind && m.Name == name {
@@ -219,7 +230,7 @@ func member(t *testing.T, v *FleetView, kind, name string) FleetMember {
 		}
 	}
 	t.Fatalf("no %s %s in the fleet view: %+v", kind, name, v.Members)
-	return FleetMember{}
+	return fleet.Member{}
 }
 
 // The fleet view shows every member against this router's map: the
@@ -228,12 +239,12 @@ func member(t *testing.T, v *FleetView, kind, name string) FleetMember {
 func TestIntegrationFleetView(t *testing.T) {
 	z := testenv.StartZK(t)
 	sc := newFleetScene(t, z, plain)
-	h := Handler(sc.r, HandlerOptions{})
+	h := sc.handler(0)
 	v := fleetJSON(t, h)
 	if !v.Available || v.Stale || v.RefreshError != "" || v.Cluster != "c1" {
 		t.Fatalf("view not available and fresh: %+v", v)
 	}
-	if v.Router.ID != "r-self" || v.Router.ZKState != "connected" || v.Router.MapVersion != sc.cur || v.Router.Source != SourceZooKeeper {
+	if v.Router.ID != "r-self" || v.Router.ZKState != "connected" || v.Router.MapVersion != sc.cur || v.Router.Source != string(router.SourceZooKeeper) {
 		t.Fatalf("router: %+v, want r-self connected at map version %d", v.Router, sc.cur)
 	}
 	if len(v.Members) != 5 {
@@ -243,11 +254,11 @@ func TestIntegrationFleetView(t *testing.T) {
 		t.Fatalf("%d stragglers, want 3 (r-old, sup-b, unreadable sup-x)", v.Stragglers)
 	}
 
-	self := member(t, v, KindRouter, "r-self")
+	self := member(t, v, fleet.KindRouter, "r-self")
 	if !self.Self || self.Straggler || self.MapVersion != sc.cur || self.Addr != "127.0.0.1:8484" || self.UpdatedAt.IsZero() {
 		t.Fatalf("this router's own record: %+v", self)
 	}
-	old := member(t, v, KindRouter, "r-old")
+	old := member(t, v, fleet.KindRouter, "r-old")
 	if old.Self || !old.Straggler || old.Behind != sc.cur-sc.old || old.Host != "web7" || old.PID != 4242 {
 		t.Fatalf("r-old: %+v, want a straggler %d versions behind", old, sc.cur-sc.old)
 	}
@@ -256,14 +267,14 @@ func TestIntegrationFleetView(t *testing.T) {
 		t.Fatalf("r-old behind since %s (at least: %v), want exactly %s", old.BehindSince, old.BehindAtLeast, sc.oldNext)
 	}
 
-	a := member(t, v, KindSupervisor, "sup-a")
+	a := member(t, v, fleet.KindSupervisor, "sup-a")
 	if a.Pool != "web" || a.Straggler || a.Behind != 0 || a.State != "serving" || a.ZK != "connected" || a.FailStatic != nil {
 		t.Fatalf("sup-a: %+v", a)
 	}
 	if s := a.Supervisor; s == nil || s.Generation != 4 || s.MapDelivery != "reload" || s.ReadyWorkers != 2 || s.TargetWorkers != 2 || s.WorkersBehind != 0 || !s.Accepting {
 		t.Fatalf("sup-a supervisor: %+v", a.Supervisor)
 	}
-	b := member(t, v, KindSupervisor, "sup-b")
+	b := member(t, v, fleet.KindSupervisor, "sup-b")
 	if !b.Straggler || b.Behind != sc.cur-sc.old || b.State != "degraded" || b.ZK != "suspended" || !b.BehindSince.Equal(sc.oldNext) {
 		t.Fatalf("sup-b: %+v", b)
 	}
@@ -273,7 +284,7 @@ func TestIntegrationFleetView(t *testing.T) {
 	if fs := b.FailStatic; fs == nil || !fs.Since.Equal(sc.fs.Since) || !fs.Until.Equal(sc.fs.Until) || fs.Ongoing || fs.Peers != 2 {
 		t.Fatalf("sup-b fail-static episode: %+v, want %+v", b.FailStatic, sc.fs)
 	}
-	x := member(t, v, KindSupervisor, "sup-x")
+	x := member(t, v, fleet.KindSupervisor, "sup-x")
 	if x.Pool != "api" || !x.Straggler || !strings.Contains(x.Error, "bogus") || x.Supervisor != nil {
 		t.Fatalf("unreadable sup-x: %+v", x)
 	}
@@ -327,11 +338,8 @@ func TestIntegrationFleetView(t *testing.T) {
 	if err := sc.supB.Update(context.Background(), sc.supBRec); err != nil {
 		t.Fatal(err)
 	}
-	sc.r.fleet.mu.Lock()
-	sc.r.fleet.ttl = 0
-	sc.r.fleet.mu.Unlock()
-	v = fleetJSON(t, h)
-	if b := member(t, v, KindSupervisor, "sup-b"); b.Straggler || b.Behind != 0 || b.Supervisor.WorkersBehind != 0 || v.Stragglers != 2 {
+	v = fleetJSON(t, sc.handler(-1))
+	if b := member(t, v, fleet.KindSupervisor, "sup-b"); b.Straggler || b.Behind != 0 || b.Supervisor.WorkersBehind != 0 || v.Stragglers != 2 {
 		t.Fatalf("after sup-b caught up: %+v, %d stragglers", b, v.Stragglers)
 	}
 }
@@ -342,33 +350,30 @@ func TestIntegrationFleetView(t *testing.T) {
 func TestIntegrationFleetReadsZooKeeperOncePerRefresh(t *testing.T) {
 	z := testenv.StartZK(t)
 	sc := newFleetScene(t, z, plain)
-	h := Handler(sc.r, HandlerOptions{})
-	c := sc.r.fleet
-	c.mu.Lock()
-	c.ttl = time.Hour // only a new map makes the snapshot due
-	c.mu.Unlock()
-	view := func(n int) []*FleetView {
-		out := make([]*FleetView, n)
+	c := fleet.NewStatus(sc.rs, sc.p, fleet.StatusOptions{TTL: time.Hour}) // only a new map makes the snapshot due
+	h := Handler(sc.r, HandlerOptions{Fleet: c, MemberID: "r-self"})
+	view := func(n int) []*fleet.View {
+		out := make([]*fleet.View, n)
 		var wg sync.WaitGroup
 		for i := range n {
 			wg.Add(1)
-			go func() { defer wg.Done(); out[i] = sc.r.Fleet(context.Background()) }()
+			go func() { defer wg.Done(); out[i] = h.(*handler).fleetView(context.Background()) }()
 		}
 		wg.Wait()
 		return out
 	}
-	before := c.refreshes.Load()
+	before := c.Reads()
 	for _, v := range view(30) {
 		if !v.Available {
 			t.Fatalf("view not available: %s", v.Reason)
 		}
 	}
-	if n := c.refreshes.Load() - before; n != 1 {
+	if n := c.Reads() - before; n != 1 {
 		t.Fatalf("30 concurrent first views read the fleet %d times, want 1", n)
 	}
 	taken := fleetJSON(t, h).TakenAt
 	view(30)
-	if n := c.refreshes.Load() - before; n != 1 {
+	if n := c.Reads() - before; n != 1 {
 		t.Fatalf("views of a fresh snapshot read the fleet again (%d reads)", n)
 	}
 	v := bump(t, sc.st)
@@ -377,11 +382,11 @@ func TestIntegrationFleetReadsZooKeeperOncePerRefresh(t *testing.T) {
 		if fv.Router.MapVersion != v.Version || !fv.TakenAt.After(taken) {
 			t.Fatalf("after map version %d: view of the router at %d taken %s (before: %s)", v.Version, fv.Router.MapVersion, fv.TakenAt, taken)
 		}
-		if a := member(t, fv, KindSupervisor, "sup-a"); a.Behind != 1 {
+		if a := member(t, fv, fleet.KindSupervisor, "sup-a"); a.Behind != 1 {
 			t.Fatalf("sup-a after a new map: %+v", a)
 		}
 	}
-	if n := c.refreshes.Load() - before; n != 2 {
+	if n := c.Reads() - before; n != 2 {
 		t.Fatalf("a new map and 30 concurrent views: %d reads in all, want 2", n)
 	}
 }
@@ -398,12 +403,14 @@ func TestIntegrationFleetStaleOnZooKeeperLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer proxy.Close()
-	r := New(session(t, proxy.Addr(), 4*time.Second), sc.p, Options{MemberID: "r-proxied"})
+	rs := session(t, proxy.Addr(), 4*time.Second)
+	r := router.New(rs, sc.p, router.Options{MemberID: "r-proxied"})
 	defer r.Close()
 	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	h := Handler(r, HandlerOptions{})
+	st := fleet.NewStatus(rs, sc.p, fleet.StatusOptions{})
+	h := Handler(r, HandlerOptions{Fleet: st, MemberID: "r-proxied"})
 	v := fleetJSON(t, h)
 	if !v.Available || v.Stale || len(v.Members) != 5 && len(v.Members) != 6 {
 		t.Fatalf("before the partition: %+v", v)
@@ -418,16 +425,16 @@ func TestIntegrationFleetStaleOnZooKeeperLoss(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	reads := r.fleet.refreshes.Load()
-	time.Sleep(fleetTTL + 100*time.Millisecond) // the snapshot is due now, but cannot be read
+	reads := st.Reads()
+	time.Sleep(fleet.DefaultTTL + 100*time.Millisecond) // the snapshot is due now, but cannot be read
 	v = fleetJSON(t, h)
-	if !v.Available || !v.Stale || !v.TakenAt.Equal(taken) || v.AgeSeconds < fleetTTL.Seconds() || v.Router.ZKState == "connected" {
+	if !v.Available || !v.Stale || !v.TakenAt.Equal(taken) || v.AgeSeconds < fleet.DefaultTTL.Seconds() || v.Router.ZKState == "connected" {
 		t.Fatalf("while away: %+v, want the view taken at %s, stale", v, taken)
 	}
-	if member(t, v, KindRouter, "r-old").Behind == 0 {
+	if member(t, v, fleet.KindRouter, "r-old").Behind == 0 {
 		t.Fatal("the last view lost its stragglers")
 	}
-	if n := r.fleet.refreshes.Load(); n != reads {
+	if n := st.Reads(); n != reads {
 		t.Fatalf("the fleet was read %d times while the session was away", n-reads)
 	}
 	if bin := chromiumOrSkip(t); bin != "" {
@@ -460,35 +467,11 @@ func TestFleetFromMapFile(t *testing.T) {
 	m, _ := bucketmap.New(4, testNodes(2), t0)
 	h := Handler(fileRouter(t, m), HandlerOptions{})
 	v := fleetJSON(t, h)
-	if v.Available || v.Reason != "no fleet view: router runs from a map file" || v.Router.Source != SourceFile || v.Router.MapVersion != m.Version || len(v.Members) != 0 {
+	if v.Available || v.Reason != "no fleet view: router runs from a map file" || v.Router.Source != string(router.SourceFile) || v.Router.MapVersion != m.Version || len(v.Members) != 0 {
 		t.Fatalf("file router's fleet view: %+v", v)
 	}
 	if res, _ := post(t, h, "/v1/fleet", "{}"); res.StatusCode != http.StatusMethodNotAllowed {
 		t.Fatalf("POST /v1/fleet: %d", res.StatusCode)
-	}
-}
-
-// behindSince dates a straggler by the first map above its version when
-// the router knows that map, else by the earliest newer one it knows, as
-// a lower bound.
-func TestBehindSince(t *testing.T) {
-	known := []knownMap{{5, t0}, {7, t0.Add(time.Minute)}, {8, t0.Add(2 * time.Minute)}}
-	for _, tc := range []struct {
-		v       uint64
-		since   time.Time
-		atLeast bool
-	}{
-		{4, t0, false},
-		{2, t0, true},
-		{5, t0.Add(time.Minute), true}, // 6 was skipped: 7 was applied after it
-		{6, t0.Add(time.Minute), false},
-		{7, t0.Add(2 * time.Minute), false},
-		{8, time.Time{}, false},
-	} {
-		since, atLeast := behindSince(known, tc.v)
-		if !since.Equal(tc.since) || atLeast != tc.atLeast {
-			t.Errorf("behindSince(%d) = %s %v, want %s %v", tc.v, since, atLeast, tc.since, tc.atLeast)
-		}
 	}
 }
 

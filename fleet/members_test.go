@@ -1,4 +1,4 @@
-package topo
+package fleet
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
+	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
+	"github.com/shardvisor/shardvisor/zksession/memzk"
 )
 
 // eventually polls cond (a view's state, which follows ZooKeeper
@@ -29,7 +31,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // members lists the paths of stragglers, with their version or error.
-func describeStragglers(ss []Straggler) string {
+func describeStragglers(ss []topo.Straggler) string {
 	var out []string
 	for _, s := range ss {
 		if s.Error != "" {
@@ -43,7 +45,7 @@ func describeStragglers(ss []Straggler) string {
 
 // waitAsync runs Wait in the background; its result arrives on the channel.
 type waitResult struct {
-	behind []Straggler
+	behind []topo.Straggler
 	err    error
 }
 
@@ -66,12 +68,36 @@ func notReturned(t *testing.T, ch <-chan waitResult, why string) {
 	}
 }
 
-func routerRec(id string, v uint64) RouterMember {
-	return RouterMember{Version: RouterMemberVersion, ID: id, MapVersion: v}
+// memRoot is a test's root on an in-memory ZooKeeper: the view's logic
+// needs no server (the partition test below uses the real ensemble).
+type memRoot struct {
+	srv  *memzk.Server
+	Root string
 }
 
-func poolRec(id string, v uint64) PoolMember {
-	return PoolMember{Version: PoolMemberVersion, Member: id, State: "serving", MapVersion: v}
+// open opens another session on the same tree: another process.
+func (m memRoot) open(t *testing.T) *zksession.Session {
+	return zktest.MemorySession(t, m.srv, zksession.Config{})
+}
+
+func zkCluster(t *testing.T) (ctx context.Context, z memRoot, s *zksession.Session, p topo.Paths) {
+	t.Helper()
+	srv, s := zktest.Memory(t)
+	z = memRoot{srv: srv, Root: "/shardvisor-test"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	if err := s.CreateAll(ctx, z.Root); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, z, s, topo.MustPaths(z.Root, "c1")
+}
+
+func routerRec(id string, v uint64) topo.RouterMember {
+	return topo.RouterMember{Version: topo.RouterMemberVersion, ID: id, MapVersion: v}
+}
+
+func poolRec(id string, v uint64) topo.PoolMember {
+	return topo.PoolMember{Version: topo.PoolMemberVersion, Member: id, State: "serving", MapVersion: v}
 }
 
 // The view follows members joining, leaving, updating and not decoding;
@@ -86,11 +112,11 @@ func TestMemberView(t *testing.T) {
 	if b, err := v.Wait(ctx, 5, 5*time.Second); err != nil || b != nil {
 		t.Fatalf("no members at all: %v %v", describeStragglers(b), err)
 	}
-	r1, err := RegisterRouter(ctx, ms, p, routerRec("r1", 4))
+	r1, err := topo.RegisterRouter(ctx, ms, p, routerRec("r1", 4))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h1, err := RegisterPoolMember(ctx, ms, p, "web", poolRec("h1", 4))
+	h1, err := topo.RegisterPoolMember(ctx, ms, p, "web", poolRec("h1", 4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +166,7 @@ func TestMemberView(t *testing.T) {
 	// the wait; the view learns of a1 through three watches in turn, so
 	// the others catch up only once it has.
 	done = waitAsync(v, ctx, 6, time.Minute)
-	a1, err := RegisterPoolMember(ctx, ms, p, "api", poolRec("a1", 5))
+	a1, err := topo.RegisterPoolMember(ctx, ms, p, "api", poolRec("a1", 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +234,7 @@ func TestIntegrationMemberViewPartition(t *testing.T) {
 	z := testenv.StartZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	p := MustPaths(z.Root, "c1")
+	p := topo.MustPaths(z.Root, "c1")
 	proxy, err := faultproxy.New(z.Servers[0])
 	if err != nil {
 		t.Fatal(err)
@@ -216,11 +242,11 @@ func TestIntegrationMemberViewPartition(t *testing.T) {
 	defer proxy.Close()
 	s := zktest.Session(t, zksession.Config{Connect: proxy.Addr(), SessionTimeout: 2 * time.Second, OpTimeout: time.Second})
 	ms := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
-	stay, err := RegisterRouter(ctx, ms, p, routerRec("stay", 1))
+	stay, err := topo.RegisterRouter(ctx, ms, p, routerRec("stay", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	leave, err := RegisterPoolMember(ctx, ms, p, "web", poolRec("leave", 1))
+	leave, err := topo.RegisterPoolMember(ctx, ms, p, "web", poolRec("leave", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +273,7 @@ func TestIntegrationMemberViewPartition(t *testing.T) {
 	if err := stay.Update(ctx, routerRec("stay", 2)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := RegisterPoolMember(ctx, ms, p, "web", poolRec("joined", 1)); err != nil {
+	if _, err := topo.RegisterPoolMember(ctx, ms, p, "web", poolRec("joined", 1)); err != nil {
 		t.Fatal(err)
 	}
 	proxy.SetMode(faultproxy.Pass)
@@ -266,12 +292,12 @@ func TestIntegrationMemberViewPartition(t *testing.T) {
 // pollMembers is how the mover waited before the view: every 20 ms, list
 // and read every member record, until none is below version or the
 // timeout passes.
-func pollMembers(ctx context.Context, s *zksession.Session, p Paths, version uint64, timeout time.Duration) (behind, polls int, err error) {
+func pollMembers(ctx context.Context, s *zksession.Session, p topo.Paths, version uint64, timeout time.Duration) (behind, polls int, err error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		polls++
 		behind = 0
-		routers, err := ListRouters(ctx, s, p)
+		routers, err := topo.ListRouters(ctx, s, p)
 		if err != nil {
 			return 0, polls, err
 		}
@@ -280,12 +306,12 @@ func pollMembers(ctx context.Context, s *zksession.Session, p Paths, version uin
 				behind++
 			}
 		}
-		pools, err := ListPools(ctx, s, p)
+		pools, err := topo.ListPools(ctx, s, p)
 		if err != nil {
 			return 0, polls, err
 		}
 		for _, pool := range pools {
-			ms, err := ListPoolMembers(ctx, s, p, pool)
+			ms, err := topo.ListPoolMembers(ctx, s, p, pool)
 			if err != nil {
 				return 0, polls, err
 			}
@@ -329,7 +355,7 @@ func TestMemberViewReads(t *testing.T) {
 	var all []member
 	for i := range routers {
 		id := fmt.Sprintf("r%03d", i)
-		reg, err := RegisterRouter(ctx, ms, p, routerRec(id, 1))
+		reg, err := topo.RegisterRouter(ctx, ms, p, routerRec(id, 1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,7 +364,7 @@ func TestMemberViewReads(t *testing.T) {
 	for pl := range pools {
 		for i := range perPool {
 			id := fmt.Sprintf("h%03d", i)
-			reg, err := RegisterPoolMember(ctx, ms, p, fmt.Sprintf("pool%d", pl), poolRec(id, 1))
+			reg, err := topo.RegisterPoolMember(ctx, ms, p, fmt.Sprintf("pool%d", pl), poolRec(id, 1))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -372,7 +398,7 @@ func TestMemberViewReads(t *testing.T) {
 	// followed by the view's Wait and once by the old poll, each given
 	// wait, and counts the reads of each. The view's count runs until it
 	// has seen every update, also those after its wait ended.
-	measure := func(version uint64, skip int, wait time.Duration) (view, poll int64, viewBehind []Straggler, pollBehind, polls int) {
+	measure := func(version uint64, skip int, wait time.Duration) (view, poll int64, viewBehind []topo.Straggler, pollBehind, polls int) {
 		before := reads(s)
 		done := waitAsync(v, ctx, version, wait)
 		update(version, skip)
@@ -411,7 +437,7 @@ func TestMemberViewReads(t *testing.T) {
 	const memberWait = 2 * time.Second
 	view, poll, vb, pb, polls = measure(4, 1, memberWait)
 	// On a slow machine other updates may also come after the wait ends.
-	if stuck := (Straggler{Member: p.PoolMember("pool1", "h049"), MapVersion: 3}); !slices.Contains(vb, stuck) || pb < 1 {
+	if stuck := (topo.Straggler{Member: p.PoolMember("pool1", "h049"), MapVersion: 3}); !slices.Contains(vb, stuck) || pb < 1 {
 		t.Fatalf("%s left behind, yet the view names %d stragglers without it (%.200s) and %d are behind for the poll", stuck.Member, len(vb), describeStragglers(vb), pb)
 	}
 	t.Logf("the view's wait ended with %d stragglers", len(vb))
@@ -425,7 +451,7 @@ func TestMemberViewReads(t *testing.T) {
 func TestMemberViewEndsWithSession(t *testing.T) {
 	ctx, z, _, p := zkCluster(t)
 	s := z.open(t)
-	if _, err := RegisterRouter(ctx, s, p, routerRec("r1", 1)); err != nil {
+	if _, err := topo.RegisterRouter(ctx, s, p, routerRec("r1", 1)); err != nil {
 		t.Fatal(err)
 	}
 	v := WatchMembers(ctx, s, p)

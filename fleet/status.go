@@ -1,4 +1,4 @@
-package router
+package fleet
 
 import (
 	"context"
@@ -14,33 +14,28 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-// The fleet view: every member (routers and supervisors), the pools and
-// the moves, as this router last read them from ZooKeeper. Operators watch
+// The fleet status: every member (routers and supervisors), the pools and
+// the moves, as a router last read them from ZooKeeper. Operators watch
 // it during a rebalance, so page views must not turn into ZooKeeper load:
-// the records are read at most once per fleetTTL (and once more when this
+// the records are read at most once per DefaultTTL (and once more when the
 // router applies a new map), by one refresh at a time that every
 // concurrent viewer shares, and the last good read is served, with its
 // age, when ZooKeeper cannot be read.
 
 const (
-	// fleetTTL is how old a fleet snapshot may be before a view reads
-	// ZooKeeper again; a failed read is not retried sooner either.
-	fleetTTL = time.Second
 	// fleetReadTimeout bounds one refresh (all its reads).
 	fleetReadTimeout = 5 * time.Second
 	// fleetRecentMoves is how many finished moves the view lists.
 	fleetRecentMoves = 20
 )
 
-// Fleet member kinds.
-const (
-	KindRouter     = "router"
-	KindSupervisor = "supervisor"
-)
+// DefaultTTL is how old a fleet snapshot may be before a view reads
+// ZooKeeper again; a failed read is not retried sooner either.
+const DefaultTTL = time.Second
 
-// FleetView is the fleet as GET /v1/fleet and the status page show it.
-// Versions "behind" are counted against this router's current map.
-type FleetView struct {
+// View is the fleet as the router's GET /v1/fleet and status page show
+// it. Versions "behind" are counted against the router's current map.
+type View struct {
 	// Available is false when there is no view to show; Reason says why
 	// (a router from a map file has no ZooKeeper; or nothing could be
 	// read yet).
@@ -48,24 +43,24 @@ type FleetView struct {
 	Reason    string    `json:"reason,omitempty"`
 	Cluster   string    `json:"cluster,omitempty"`
 	Now       time.Time `json:"now"` // this router's clock, for the ages below
-	Router    FleetSelf `json:"router"`
+	Router    Self      `json:"router"`
 	// TakenAt is when the records were read; AgeSeconds is Now-TakenAt.
 	TakenAt    time.Time `json:"taken_at,omitzero"`
 	AgeSeconds float64   `json:"age_seconds"`
 	// Stale: this is not a fresh read (this router's ZooKeeper session is
 	// not connected, or the last read failed: RefreshError).
-	Stale        bool          `json:"stale"`
-	RefreshError string        `json:"refresh_error,omitempty"`
-	Stragglers   int           `json:"stragglers"` // members behind this router's map
-	Members      []FleetMember `json:"members"`
-	Pools        []FleetPool   `json:"pools"`
-	Moves        FleetMoves    `json:"moves"`
+	Stale        bool     `json:"stale"`
+	RefreshError string   `json:"refresh_error,omitempty"`
+	Stragglers   int      `json:"stragglers"` // members behind this router's map
+	Members      []Member `json:"members"`
+	Pools        []Pool   `json:"pools"`
+	Moves        Moves    `json:"moves"`
 }
 
-// FleetSelf is this router.
-type FleetSelf struct {
+// Self is the router the view is seen from.
+type Self struct {
 	ID         string `json:"id,omitempty"` // its member id, when it registers one
-	Source     Source `json:"source"`
+	Source     string `json:"source"`       // router.Source
 	ZKState    string `json:"zk_state"`
 	MapVersion uint64 `json:"map_version"`
 	// MapUpdatedAt is when its map version was written, AppliedAt when
@@ -74,8 +69,8 @@ type FleetSelf struct {
 	AppliedAt    time.Time `json:"applied_at,omitzero"`
 }
 
-// FleetMember is one router or supervisor, from its ephemeral record.
-type FleetMember struct {
+// Member is one router or supervisor, from its ephemeral record.
+type Member struct {
 	Kind string `json:"kind"`           // router or supervisor
 	Pool string `json:"pool,omitempty"` // supervisors
 	Name string `json:"name"`
@@ -99,10 +94,10 @@ type FleetMember struct {
 	BehindAtLeast bool      `json:"behind_at_least,omitempty"`
 	// ZK is the ZooKeeper session state as the member last reported it;
 	// FailStatic its last whole-ensemble outage (supervisors).
-	ZK         string           `json:"zk,omitempty"`
-	FailStatic *FleetFailStatic `json:"fail_static,omitempty"`
-	Supervisor *FleetSupervisor `json:"supervisor,omitempty"`
-	StartedAt  time.Time        `json:"started_at,omitzero"`
+	ZK         string      `json:"zk,omitempty"`
+	FailStatic *FailStatic `json:"fail_static,omitempty"`
+	Supervisor *Supervisor `json:"supervisor,omitempty"`
+	StartedAt  time.Time   `json:"started_at,omitzero"`
 	// UpdatedAt is when the member last wrote its record (a router: when
 	// it applied its map version).
 	UpdatedAt time.Time `json:"updated_at,omitzero"`
@@ -110,8 +105,8 @@ type FleetMember struct {
 	workerMaps []uint64 // map versions of the ready workers (0: unknown)
 }
 
-// FleetSupervisor is what a supervisor's record says about its workers.
-type FleetSupervisor struct {
+// Supervisor is what a supervisor's record says about its workers.
+type Supervisor struct {
 	Generation    int64  `json:"generation"`
 	ConfigVersion int64  `json:"config_version"`
 	MapDelivery   string `json:"map_delivery,omitempty"` // swap or reload
@@ -125,17 +120,17 @@ type FleetSupervisor struct {
 	LastError     string `json:"last_error,omitempty"`
 }
 
-// FleetFailStatic is a member's last whole-ensemble outage, which it
+// FailStatic is a member's last whole-ensemble outage, which it
 // served through with its last map.
-type FleetFailStatic struct {
+type FailStatic struct {
 	Since   time.Time `json:"since"`
 	Until   time.Time `json:"until,omitzero"`
 	Ongoing bool      `json:"ongoing"` // no end reported yet
 	Peers   int       `json:"peers"`
 }
 
-// FleetPool is one supervisor pool.
-type FleetPool struct {
+// Pool is one supervisor pool.
+type Pool struct {
 	Name string `json:"name"`
 	// ConfigVersion is the stored config's version (nil: no config);
 	// ConfigError says it does not decode or validate; MapDelivery is its
@@ -146,14 +141,14 @@ type FleetPool struct {
 	MapDelivery   string `json:"map_delivery,omitempty"`
 	// LastSwap is the pool's status record (nil: none published yet);
 	// StatusError says it could not be decoded.
-	LastSwap    *FleetSwap `json:"last_swap"`
-	StatusError string     `json:"status_error,omitempty"`
-	Supervisors int        `json:"supervisors"`
-	Stragglers  int        `json:"stragglers"`
+	LastSwap    *Swap  `json:"last_swap"`
+	StatusError string `json:"status_error,omitempty"`
+	Supervisors int    `json:"supervisors"`
+	Stragglers  int    `json:"stragglers"`
 }
 
-// FleetSwap is a pool's last swap result.
-type FleetSwap struct {
+// Swap is a pool's last swap result.
+type Swap struct {
 	Result        string    `json:"result"`
 	Member        string    `json:"member"`
 	Generation    int64     `json:"generation"`
@@ -164,16 +159,16 @@ type FleetSwap struct {
 	At            time.Time `json:"at"`
 }
 
-// FleetMoves are the moves in flight (not done or aborted; failed ones
+// Moves are the moves in flight (not done or aborted; failed ones
 // stay here, as for GC) and the most recent finished ones.
-type FleetMoves struct {
-	InFlight []FleetMove `json:"in_flight"`
-	Recent   []FleetMove `json:"recent"` // newest first, at most 20
-	Finished int         `json:"finished"`
+type Moves struct {
+	InFlight []Move `json:"in_flight"`
+	Recent   []Move `json:"recent"` // newest first, at most 20
+	Finished int    `json:"finished"`
 }
 
-// FleetMove is one move record.
-type FleetMove struct {
+// Move is one move record.
+type Move struct {
 	ID     string `json:"id"`
 	Error  string `json:"error,omitempty"` // the move's error, or why its record is unreadable
 	Bucket uint32 `json:"bucket"`
@@ -183,18 +178,18 @@ type FleetMove struct {
 	State  string `json:"state"` // "" when the record is unreadable
 	NoCopy bool   `json:"no_copy,omitempty"`
 	// StateSince is when the current state began.
-	StateSince   time.Time        `json:"state_since,omitzero"`
-	CreatedAt    time.Time        `json:"created_at,omitzero"`
-	UpdatedAt    time.Time        `json:"updated_at,omitzero"`
-	RowsCopied   int64            `json:"rows_copied"`
-	PauseMS      float64          `json:"pause_ms"`
-	MemberWaitMS float64          `json:"member_wait_ms"`
-	Stragglers   []FleetStraggler `json:"stragglers"`
-	Verify       string           `json:"verify,omitempty"` // ok, mismatch, inconclusive
+	StateSince   time.Time   `json:"state_since,omitzero"`
+	CreatedAt    time.Time   `json:"created_at,omitzero"`
+	UpdatedAt    time.Time   `json:"updated_at,omitzero"`
+	RowsCopied   int64       `json:"rows_copied"`
+	PauseMS      float64     `json:"pause_ms"`
+	MemberWaitMS float64     `json:"member_wait_ms"`
+	Stragglers   []Straggler `json:"stragglers"`
+	Verify       string      `json:"verify,omitempty"` // ok, mismatch, inconclusive
 }
 
-// FleetStraggler is a member a move went on without (its record's path).
-type FleetStraggler struct {
+// Straggler is a member a move went on without (its record's path).
+type Straggler struct {
 	Member     string `json:"member"`
 	MapVersion uint64 `json:"map_version"`
 	Error      string `json:"error,omitempty"`
@@ -205,17 +200,20 @@ type FleetStraggler struct {
 type fleetSnap struct {
 	takenAt    time.Time
 	mapVersion uint64 // the router's map when the read began
-	members    []FleetMember
-	pools      []FleetPool
-	moves      FleetMoves
+	members    []Member
+	pools      []Pool
+	moves      Moves
 }
 
-// fleetCache holds the last snapshot and runs one refresh at a time.
-type fleetCache struct {
-	r   *Router
-	ttl time.Duration
+// Status is a router's fleet status: it holds the last snapshot of the
+// records and runs one refresh at a time.
+type Status struct {
+	s   *zksession.Session
+	p   topo.Paths
+	log *zap.Logger
 
 	mu          sync.Mutex
+	ttl         time.Duration
 	last        *fleetSnap
 	lastErr     error     // of the last refresh; nil if it succeeded
 	lastAttempt time.Time // when the last refresh began
@@ -223,44 +221,59 @@ type fleetCache struct {
 
 	// finished moves never change: read once, kept while listed. Only the
 	// running refresh touches it.
-	finished map[string]FleetMove
-	// refreshes counts reads of the fleet (for tests).
-	refreshes atomic.Int64
+	finished map[string]Move
+	reads    atomic.Int64
 }
 
-func newFleetCache(r *Router) *fleetCache {
-	return &fleetCache{r: r, ttl: fleetTTL, finished: map[string]FleetMove{}}
+// StatusOptions tune a Status.
+type StatusOptions struct {
+	Logger *zap.Logger
+	// TTL is how old a snapshot may be before a view reads ZooKeeper
+	// again (0: DefaultTTL; negative: every view reads).
+	TTL time.Duration
 }
 
-// Fleet returns the fleet view. It reads ZooKeeper only when the last
-// snapshot is older than a second or predates this router's map, and
-// waits (at most until ctx ends) for a read already under way rather
-// than starting another. While the session is not connected it does not
-// try, and serves the last snapshot marked stale.
-func (r *Router) Fleet(ctx context.Context) *FleetView {
-	v := &FleetView{Now: time.Now().UTC(), Members: []FleetMember{}, Pools: []FleetPool{},
-		Moves: FleetMoves{InFlight: []FleetMove{}, Recent: []FleetMove{}}}
-	v.Router = FleetSelf{ID: r.opts.MemberID, Source: r.source, ZKState: r.ZKState().String()}
-	cur := r.snap.Load()
-	if cur != nil {
-		v.Cluster = cur.cluster
-		v.Router.MapVersion, v.Router.MapUpdatedAt, v.Router.AppliedAt = cur.m.Version, cur.m.UpdatedAt.UTC(), cur.at.UTC()
+// NewStatus starts a fleet status of the cluster at p, read through s.
+// It reads nothing until the first view.
+func NewStatus(s *zksession.Session, p topo.Paths, opts StatusOptions) *Status {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
 	}
-	if !r.zkMode {
-		v.Router.ZKState = ""
-		v.Reason = "no fleet view: router runs from a map file"
-		return v
+	switch {
+	case opts.TTL == 0:
+		opts.TTL = DefaultTTL
+	case opts.TTL < 0:
+		opts.TTL = 0
 	}
-	v.Cluster = r.paths.ClusterName()
-	snap, err := r.fleet.get(ctx)
-	connected := r.ZKState() == zksession.StateConnected
+	return &Status{s: s, p: p, log: opts.Logger, ttl: opts.TTL, finished: map[string]Move{}}
+}
+
+// Reads counts the reads of the fleet so far (each refresh is one).
+func (c *Status) Reads() int64 { return c.reads.Load() }
+
+// Unavailable is a view with nothing to show, saying why.
+func Unavailable(self Self, cluster, reason string) *View {
+	return &View{Now: time.Now().UTC(), Members: []Member{}, Pools: []Pool{}, Moves: Moves{InFlight: []Move{}, Recent: []Move{}},
+		Router: self, Cluster: cluster, Reason: reason}
+}
+
+// View returns the fleet view, seen from self (its map version, and
+// connected: whether its ZooKeeper session is). known lists the map
+// versions self keeps, oldest first, to date the stragglers. It reads
+// ZooKeeper only when the last snapshot is older than the TTL or predates
+// self's map, and waits (at most until ctx ends) for a read already under
+// way rather than starting another. While the session is not connected it
+// does not try, and serves the last snapshot marked stale.
+func (c *Status) View(ctx context.Context, self Self, connected bool, known []KnownMap) *View {
+	v := Unavailable(self, c.p.ClusterName(), "")
+	snap, err := c.get(ctx, connected, self.MapVersion)
 	if err != nil {
 		v.RefreshError = err.Error()
 	}
 	if snap == nil {
 		switch {
 		case !connected:
-			v.Reason = "no fleet view yet: the ZooKeeper session is " + v.Router.ZKState
+			v.Reason = "no fleet view yet: the ZooKeeper session is " + self.ZKState
 		case err != nil:
 			v.Reason = "no fleet view yet: " + err.Error()
 		default:
@@ -273,15 +286,14 @@ func (r *Router) Fleet(ctx context.Context) *FleetView {
 	v.AgeSeconds = max(0, v.Now.Sub(snap.takenAt).Seconds())
 	v.Stale = !connected || err != nil
 	v.Moves = snap.moves
-	known := r.knownMaps()
-	v.Members = make([]FleetMember, len(snap.members))
+	v.Members = make([]Member, len(snap.members))
 	perPool := map[string]int{}
 	for i, m := range snap.members {
-		m.Self = m.Kind == KindRouter && r.opts.MemberID != "" && m.Name == r.opts.MemberID
+		m.Self = m.Kind == KindRouter && self.ID != "" && m.Name == self.ID
 		if m.Error != "" {
 			m.Straggler = true
-		} else if v.Router.MapVersion > m.MapVersion {
-			m.Behind = v.Router.MapVersion - m.MapVersion
+		} else if self.MapVersion > m.MapVersion {
+			m.Behind = self.MapVersion - m.MapVersion
 			m.Straggler = true
 			m.BehindSince, m.BehindAtLeast = behindSince(known, m.MapVersion)
 		}
@@ -289,7 +301,7 @@ func (r *Router) Fleet(ctx context.Context) *FleetView {
 			s := *m.Supervisor
 			s.WorkersBehind = 0
 			for _, wv := range m.workerMaps {
-				if wv != 0 && wv < v.Router.MapVersion {
+				if wv != 0 && wv < self.MapVersion {
 					s.WorkersBehind++
 				}
 			}
@@ -303,7 +315,7 @@ func (r *Router) Fleet(ctx context.Context) *FleetView {
 		}
 		v.Members[i] = m
 	}
-	v.Pools = make([]FleetPool, len(snap.pools))
+	v.Pools = make([]Pool, len(snap.pools))
 	for i, p := range snap.pools {
 		p.Stragglers = perPool[p.Name]
 		v.Pools[i] = p
@@ -311,36 +323,20 @@ func (r *Router) Fleet(ctx context.Context) *FleetView {
 	return v
 }
 
-// knownMap is a map version this router applied and kept.
-type knownMap struct {
-	version uint64
-	written time.Time // the map's UpdatedAt, or when it was applied
-}
-
-// knownMaps lists the map versions the router keeps (Options.Keep),
-// oldest first.
-func (r *Router) knownMaps() []knownMap {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]knownMap, 0, len(r.recent))
-	for _, s := range r.recent {
-		at := s.m.UpdatedAt
-		if at.IsZero() {
-			at = s.at
-		}
-		out = append(out, knownMap{s.m.Version, at.UTC()})
-	}
-	return out
+// KnownMap is a map version the router applied and kept.
+type KnownMap struct {
+	Version uint64
+	Written time.Time // the map's UpdatedAt, or when it was applied
 }
 
 // behindSince says since when a member at map version v has been behind:
 // since map v+1 was written. If the router does not know v+1 (it started
 // later, or skipped it), the earliest newer map it knows gives a lower
 // bound (atLeast).
-func behindSince(known []knownMap, v uint64) (since time.Time, atLeast bool) {
+func behindSince(known []KnownMap, v uint64) (since time.Time, atLeast bool) {
 	for _, k := range known {
-		if k.version > v {
-			return k.written, k.version != v+1
+		if k.Version > v {
+			return k.Written, k.Version != v+1
 		}
 	}
 	return time.Time{}, false
@@ -348,14 +344,9 @@ func behindSince(known []knownMap, v uint64) (since time.Time, atLeast bool) {
 
 // get returns the snapshot to show, refreshing it first if it is due, and
 // the error of the last refresh (nil if it succeeded).
-func (c *fleetCache) get(ctx context.Context) (*fleetSnap, error) {
+func (c *Status) get(ctx context.Context, connected bool, mapVersion uint64) (*fleetSnap, error) {
 	c.mu.Lock()
 	now := time.Now()
-	connected := c.r.ZKState() == zksession.StateConnected
-	var mapVersion uint64
-	if m := c.r.Map(); m != nil {
-		mapVersion = m.Version
-	}
 	due := c.last == nil || now.Sub(c.last.takenAt) >= c.ttl || c.last.mapVersion != mapVersion
 	if c.lastErr != nil && now.Sub(c.lastAttempt) < c.ttl {
 		due = false // failed just now: do not hammer a struggling ensemble
@@ -382,10 +373,10 @@ func (c *fleetCache) get(ctx context.Context) (*fleetSnap, error) {
 }
 
 // refresh reads the fleet (the one refresh under way) and closes done.
-func (c *fleetCache) refresh(done chan struct{}, mapVersion uint64) {
+func (c *Status) refresh(done chan struct{}, mapVersion uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), fleetReadTimeout)
 	defer cancel()
-	c.refreshes.Add(1)
+	c.reads.Add(1)
 	snap, err := c.read(ctx)
 	if snap != nil {
 		snap.mapVersion = mapVersion
@@ -394,7 +385,7 @@ func (c *fleetCache) refresh(done chan struct{}, mapVersion uint64) {
 	if err == nil {
 		c.last = snap
 	} else {
-		c.r.log.Warn("reading the fleet view", zap.Error(err))
+		c.log.Warn("reading the fleet view", zap.Error(err))
 	}
 	c.lastErr = err
 	c.running = nil
@@ -406,8 +397,8 @@ func (c *fleetCache) refresh(done chan struct{}, mapVersion uint64) {
 // does not decode is shown with its error; a failed read fails it all.
 // It syncs first, so that it sees every write committed before it began
 // (the session's server may be a follower behind the leader).
-func (c *fleetCache) read(ctx context.Context) (*fleetSnap, error) {
-	s, p := c.r.session, c.r.paths
+func (c *Status) read(ctx context.Context) (*fleetSnap, error) {
+	s, p := c.s, c.p
 	snap := &fleetSnap{takenAt: time.Now()}
 	if err := topo.Sync(ctx, s, p); err != nil {
 		return nil, err
@@ -437,21 +428,22 @@ func (c *fleetCache) read(ctx context.Context) (*fleetSnap, error) {
 	return snap, nil
 }
 
-func routerMember(e topo.Entry[topo.RouterMember]) FleetMember {
-	m := FleetMember{Kind: KindRouter, Name: e.Name, Path: e.Path}
+func routerMember(e topo.Entry[topo.RouterMember]) Member {
+	m := Member{Kind: KindRouter, Name: e.Name, Path: e.Path}
 	if e.Err != nil {
 		m.Error = e.Err.Error()
 		return m
 	}
 	rec := e.Rec
-	m.Host, m.PID, m.Addr, m.MapVersion = rec.Host, rec.PID, rec.Addr, rec.MapVersion
+	m.Host, m.PID, m.Addr = rec.Host, rec.PID, rec.Addr
+	m.MapVersion, _ = AppliedVersion(e)
 	m.StartedAt, _ = time.Parse(time.RFC3339Nano, rec.StartedAt)
 	m.UpdatedAt, _ = time.Parse(time.RFC3339Nano, rec.AppliedAt)
 	return m
 }
 
-func readPool(ctx context.Context, s *zksession.Session, p topo.Paths, name string) (FleetPool, []FleetMember, error) {
-	fp := FleetPool{Name: name}
+func readPool(ctx context.Context, s *zksession.Session, p topo.Paths, name string) (Pool, []Member, error) {
+	fp := Pool{Name: name}
 	data, ver, err := topo.ReadPoolConfigData(ctx, s, p, name)
 	switch {
 	case err == nil:
@@ -472,14 +464,14 @@ func readPool(ctx context.Context, s *zksession.Session, p topo.Paths, name stri
 	case err != nil:
 		return fp, nil, err
 	case st != nil:
-		fp.LastSwap = &FleetSwap{Result: st.Result, Member: st.Member, Generation: st.Generation, ConfigVersion: st.ConfigVersion,
+		fp.LastSwap = &Swap{Result: st.Result, Member: st.Member, Generation: st.Generation, ConfigVersion: st.ConfigVersion,
 			MapVersion: st.MapVersion, SwapSeconds: st.SwapSeconds, Error: st.Error, At: st.At.UTC()}
 	}
 	entries, err := topo.ListPoolMembers(ctx, s, p, name)
 	if err != nil {
 		return fp, nil, err
 	}
-	members := make([]FleetMember, 0, len(entries))
+	members := make([]Member, 0, len(entries))
 	for _, e := range entries {
 		members = append(members, poolMember(name, e))
 	}
@@ -487,19 +479,20 @@ func readPool(ctx context.Context, s *zksession.Session, p topo.Paths, name stri
 	return fp, members, nil
 }
 
-func poolMember(pool string, e topo.Entry[topo.PoolMember]) FleetMember {
-	m := FleetMember{Kind: KindSupervisor, Pool: pool, Name: e.Name, Path: e.Path}
+func poolMember(pool string, e topo.Entry[topo.PoolMember]) Member {
+	m := Member{Kind: KindSupervisor, Pool: pool, Name: e.Name, Path: e.Path}
 	if e.Err != nil {
 		m.Error = e.Err.Error()
 		return m
 	}
 	rec := e.Rec
-	m.Host, m.PID, m.State, m.MapVersion, m.ZK = rec.Host, rec.PID, rec.State, rec.MapVersion, rec.ZK
+	m.Host, m.PID, m.State, m.ZK = rec.Host, rec.PID, rec.State, rec.ZK
+	m.MapVersion, _ = AppliedVersion(e)
 	m.StartedAt, m.UpdatedAt = rec.StartedAt.UTC(), rec.UpdatedAt.UTC()
 	if fs := rec.FailStatic; fs != nil {
-		m.FailStatic = &FleetFailStatic{Since: fs.Since.UTC(), Until: fs.Until.UTC(), Ongoing: fs.Until.IsZero(), Peers: fs.Peers}
+		m.FailStatic = &FailStatic{Since: fs.Since.UTC(), Until: fs.Until.UTC(), Ongoing: fs.Until.IsZero(), Peers: fs.Peers}
 	}
-	sv := &FleetSupervisor{Generation: rec.Generation, ConfigVersion: rec.ConfigVersion, MapDelivery: rec.MapDelivery,
+	sv := &Supervisor{Generation: rec.Generation, ConfigVersion: rec.ConfigVersion, MapDelivery: rec.MapDelivery,
 		Accepting: rec.Accepting, TargetWorkers: rec.Target, Workers: len(rec.Workers), LastError: rec.LastError}
 	for _, w := range rec.Workers {
 		if w.State == "ready" {
@@ -513,15 +506,15 @@ func poolMember(pool string, e topo.Entry[topo.PoolMember]) FleetMember {
 
 // readMoves reads the move records: finished ones once (they never change
 // again), the others on every refresh.
-func (c *fleetCache) readMoves(ctx context.Context) (FleetMoves, error) {
-	s, p := c.r.session, c.r.paths
-	out := FleetMoves{InFlight: []FleetMove{}, Recent: []FleetMove{}}
+func (c *Status) readMoves(ctx context.Context) (Moves, error) {
+	s, p := c.s, c.p
+	out := Moves{InFlight: []Move{}, Recent: []Move{}}
 	ids, err := topo.ListMoves(ctx, s, p)
 	if err != nil {
 		return out, err
 	}
 	listed := make(map[string]bool, len(ids))
-	var finished []FleetMove
+	var finished []Move
 	for _, id := range ids {
 		listed[id] = true
 		if fm, ok := c.finished[id]; ok {
@@ -534,7 +527,7 @@ func (c *fleetCache) readMoves(ctx context.Context) (FleetMoves, error) {
 		case errors.Is(err, zksession.ErrNoNode):
 			continue // deleted since listed
 		case errors.As(err, &re):
-			out.InFlight = append(out.InFlight, FleetMove{ID: id, Error: err.Error(), Stragglers: []FleetStraggler{}})
+			out.InFlight = append(out.InFlight, Move{ID: id, Error: err.Error(), Stragglers: []Straggler{}})
 			continue
 		case err != nil:
 			return out, err
@@ -552,18 +545,18 @@ func (c *fleetCache) readMoves(ctx context.Context) (FleetMoves, error) {
 			delete(c.finished, id)
 		}
 	}
-	slices.SortStableFunc(out.InFlight, func(a, b FleetMove) int { return a.CreatedAt.Compare(b.CreatedAt) })
-	slices.SortStableFunc(finished, func(a, b FleetMove) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
+	slices.SortStableFunc(out.InFlight, func(a, b Move) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	slices.SortStableFunc(finished, func(a, b Move) int { return b.UpdatedAt.Compare(a.UpdatedAt) })
 	out.Finished = len(finished)
 	out.Recent = append(out.Recent, finished[:min(len(finished), fleetRecentMoves)]...)
 	return out, nil
 }
 
-func fleetMove(rec *topo.MoveRecord) FleetMove {
-	fm := FleetMove{ID: rec.ID, Error: rec.Error, Bucket: rec.Bucket, Level: rec.Level, Source: rec.Source, Target: rec.Target,
+func fleetMove(rec *topo.MoveRecord) Move {
+	fm := Move{ID: rec.ID, Error: rec.Error, Bucket: rec.Bucket, Level: rec.Level, Source: rec.Source, Target: rec.Target,
 		State: rec.State, NoCopy: rec.NoCopy, CreatedAt: rec.CreatedAt.UTC(), UpdatedAt: rec.UpdatedAt.UTC(),
 		RowsCopied: rec.Stats.RowsCopied, PauseMS: rec.Stats.PauseMS, MemberWaitMS: rec.Stats.MemberWaitMS,
-		Stragglers: make([]FleetStraggler, 0, len(rec.Stragglers))}
+		Stragglers: make([]Straggler, 0, len(rec.Stragglers))}
 	for i := len(rec.Steps) - 1; i >= 0; i-- {
 		if rec.Steps[i].State == rec.State {
 			fm.StateSince = rec.Steps[i].At.UTC()
@@ -571,7 +564,7 @@ func fleetMove(rec *topo.MoveRecord) FleetMove {
 		}
 	}
 	for _, s := range rec.Stragglers {
-		fm.Stragglers = append(fm.Stragglers, FleetStraggler{Member: s.Member, MapVersion: s.MapVersion, Error: s.Error})
+		fm.Stragglers = append(fm.Stragglers, Straggler{Member: s.Member, MapVersion: s.MapVersion, Error: s.Error})
 	}
 	if v := rec.Verify; v != nil {
 		switch {

@@ -1,4 +1,4 @@
-package router
+package sidecar
 
 import (
 	"context"
@@ -171,7 +171,7 @@ func TestFleetPageInBrowser(t *testing.T) {
 	bin := chromium(t)
 	z := testenv.StartZK(t)
 	sc := newFleetScene(t, z, plain)
-	dom := headless(t, bin, newServer(t, Handler(sc.r, HandlerOptions{}))+"/", "--dump-dom")
+	dom := headless(t, bin, newServer(t, sc.handler(0))+"/", "--dump-dom")
 
 	if n := strings.Count(dom, `class="cell`); n != 16 {
 		t.Fatalf("%d grid cells, want 16: the grid is gone", n)
@@ -253,7 +253,7 @@ func TestFleetPageEscapesRecords(t *testing.T) {
 	if len(used) != len(attacks) {
 		t.Fatalf("payloads placed in %v of %d fields", used, len(attacks))
 	}
-	dom := headless(t, bin, newServer(t, Handler(sc.r, HandlerOptions{}))+"/", "--dump-dom")
+	dom := headless(t, bin, newServer(t, sc.handler(0))+"/", "--dump-dom")
 	if strings.Contains(dom, "data-pwned") || !strings.Contains(dom, "<title>shardvisor router</title>") {
 		t.Fatalf("a payload ran:\n%s", dom)
 	}

@@ -1,0 +1,7 @@
+//go:build !race
+
+package fleet
+
+import "testing"
+
+func skipUnderRace(*testing.T) {}

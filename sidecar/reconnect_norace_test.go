@@ -1,0 +1,7 @@
+//go:build !race
+
+package sidecar
+
+import "testing"
+
+func skipUnderRace(*testing.T) {}
