@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
@@ -57,8 +56,8 @@ func TestDialRefusesBadConfig(t *testing.T) {
 }
 
 func TestIntegrationDial(t *testing.T) {
-	z := testenv.StartZK(t)
-	st := cluster(t, z, testNodes(3), 4)
+	e, z := realEnv(t)
+	st := cluster(t, e, testNodes(3), 4)
 	r, err := Dial(ctxTimeout(t, 15*time.Second), Config{Connect: z.ConnectString, Root: z.Root, Cluster: "c1"})
 	if err != nil {
 		t.Fatal(err)

@@ -123,6 +123,7 @@ func TestNewFromFileWithoutReloadModeDoesNotFollow(t *testing.T) {
 	if err := os.Rename(src, p); err != nil {
 		t.Fatal(err)
 	}
+	// deliberate: nothing must happen for three poll intervals.
 	time.Sleep(3 * workerproto.MapPollInterval)
 	if r.Map().Version != 1 {
 		t.Fatalf("a file outside reload mode was followed: map %d", r.Map().Version)

@@ -20,17 +20,47 @@ import (
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
+	"github.com/shardvisor/shardvisor/zksession/memzk"
 )
 
 func session(t *testing.T, connect string, timeout time.Duration) *zksession.Session {
 	return zktest.Session(t, zksession.Config{Connect: connect, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
 }
 
+// zkEnv is where a test's records live: an in-memory ZooKeeper for the
+// routing logic (memEnv), the real ensemble for what only it does
+// (realEnv: the wire, partitions through a proxy, Dial).
+type zkEnv struct {
+	Root string
+	open func(t *testing.T, timeout time.Duration) *zksession.Session
+	srv  *memzk.Server // memEnv only
+}
+
+func memEnv(t *testing.T) *zkEnv {
+	t.Helper()
+	srv := memzk.New()
+	e := &zkEnv{Root: "/shardvisor-test", srv: srv, open: func(t *testing.T, timeout time.Duration) *zksession.Session {
+		return zktest.MemorySession(t, srv, zksession.Config{SessionTimeout: timeout, OpTimeout: 2 * time.Second})
+	}}
+	if err := e.open(t, 0).CreateAll(context.Background(), e.Root); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func realEnv(t *testing.T) (*zkEnv, *testenv.ZK) {
+	t.Helper()
+	z := testenv.StartZK(t)
+	return &zkEnv{Root: z.Root, open: func(t *testing.T, timeout time.Duration) *zksession.Session {
+		return session(t, z.ConnectString, timeout)
+	}}, z
+}
+
 // cluster creates a cluster in the test's ZooKeeper root and returns an
 // admin store for it.
-func cluster(t *testing.T, z *testenv.ZK, nodes []bucketmap.Node, level int) *bucketmap.Store {
+func cluster(t *testing.T, z *zkEnv, nodes []bucketmap.Node, level int) *bucketmap.Store {
 	t.Helper()
-	st := bucketmap.NewStore(session(t, z.ConnectString, 0), topo.MustPaths(z.Root, "c1"))
+	st := bucketmap.NewStore(z.open(t, 0), topo.MustPaths(z.Root, "c1"))
 	m, err := bucketmap.New(level, nodes, time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -44,21 +74,14 @@ func cluster(t *testing.T, z *testenv.ZK, nodes []bucketmap.Node, level int) *bu
 
 func waitVersion(t *testing.T, r *Router, v uint64) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if m := r.Map(); m != nil && m.Version >= v {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("router never applied map version %d (has %v)", v, r.Map())
+	testenv.WaitFor(t, 15*time.Second, func() bool { m := r.Map(); return m != nil && m.Version >= v }, fmt.Sprintf("the router to apply map version %d", v))
 }
 
-func TestIntegrationFollowsMapAndRegisters(t *testing.T) {
-	z := testenv.StartZK(t)
+func TestFollowsMapAndRegisters(t *testing.T) {
+	z := memEnv(t)
 	st := cluster(t, z, testNodes(3), 4)
 	ctx := context.Background()
-	s := session(t, z.ConnectString, 0)
+	s := z.open(t, 0)
 	r := New(s, st.Paths(), Options{MemberID: "r1", MemberAddr: "127.0.0.1:9"})
 	defer r.Close()
 	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
@@ -110,13 +133,7 @@ func TestIntegrationFollowsMapAndRegisters(t *testing.T) {
 	if _, err := st.Session().Set(ctx, st.Paths().Map(), []byte(`{"version":1,"map_version":99}`), zksession.AnyVersion); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for r.Stats().MapRejected.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the malformed map was not reported")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 10*time.Second, func() bool { return r.Stats().MapRejected.Load() > 0 }, "the malformed map to be reported")
 	if rt, _ := r.Route(uid); rt.MapVersion != m.Version || rt.Node != to {
 		t.Fatalf("after a malformed map: %+v", rt)
 	}
@@ -132,11 +149,11 @@ func TestIntegrationFollowsMapAndRegisters(t *testing.T) {
 // A map stored compressed is followed like a plain one, and GET /v1/map
 // (MapFile) still carries the map's plain JSON, the same document a plain
 // record gives: clients in other languages never see the compression.
-func TestIntegrationFollowsCompressedMap(t *testing.T) {
-	z := testenv.StartZK(t)
+func TestFollowsCompressedMap(t *testing.T) {
+	z := memEnv(t)
 	st := cluster(t, z, testNodes(3), 6)
 	ctx := context.Background()
-	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
+	r := New(z.open(t, 0), st.Paths(), Options{})
 	defer r.Close()
 	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
 		t.Fatal(err)
@@ -181,8 +198,8 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 // much to trust the answer.
 func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
 	skipUnderRace(t)
-	z := testenv.StartZK(t)
-	st := cluster(t, z, testNodes(2), 3)
+	e, z := realEnv(t)
+	st := cluster(t, e, testNodes(2), 3)
 	proxy, err := faultproxy.New(z.Servers[0])
 	if err != nil {
 		t.Fatal(err)
@@ -231,12 +248,55 @@ func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
 	}
 }
 
+// The same on the in-memory ZooKeeper, cut off by memzk rather than a
+// proxy: no go-zookeeper reconnect, so it runs under -race too, and the
+// session expiring meanwhile brings a new one that the router follows.
+func TestCutOffMarksAnswersThenRecovers(t *testing.T) {
+	z := memEnv(t)
+	st := cluster(t, z, testNodes(2), 3)
+	s := z.open(t, 3*time.Second)
+	r := New(s, st.Paths(), Options{MemberID: "r1"})
+	defer r.Close()
+	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	want, _ := r.Route("u1")
+	conn, err := z.srv.ConnOf(s.SessionID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Disconnect()
+	testenv.WaitFor(t, 20*time.Second, func() bool { rt, _ := r.Route("u1"); return rt.Suspended }, "answers marked suspended")
+	testenv.WaitFor(t, 20*time.Second, func() bool { rt, _ := r.Route("u1"); return rt.Stale }, "answers marked stale")
+	if rt, err := r.Route("u1"); err != nil || rt.Node != want.Node {
+		t.Fatalf("answer while cut off: %+v %v; the last map must keep answering", rt, err)
+	}
+	// The ensemble expires the session meanwhile, and the map changes.
+	conn.Expire()
+	to := bucketmap.NodeID("pg1")
+	if want.Node == to {
+		to = "pg2"
+	}
+	m, err := st.Update(context.Background(), func(m *bucketmap.Map) error { return m.Assign(want.Bucket, to, bucketmap.AssignOptions{}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Reconnect()
+	waitVersion(t, r, m.Version)
+	testenv.WaitFor(t, 20*time.Second, func() bool { rt, _ := r.Route("u1"); return !rt.Stale && !rt.Suspended && rt.Node == to }, "a fresh answer from the new map")
+	// Its member record is back, on the new session.
+	testenv.WaitFor(t, 20*time.Second, func() bool {
+		rs, err := topo.ListRouters(context.Background(), st.Session(), st.Paths())
+		return err == nil && len(rs) == 1 && rs[0].Rec != nil && rs[0].Rec.MapVersion == m.Version
+	}, "the router's member record re-created at the new version")
+}
+
 // Lookups racing map swaps always see one whole map: the owner they report
 // is the owner in the map version they report.
-func TestIntegrationConcurrentLookupsDuringSwaps(t *testing.T) {
-	z := testenv.StartZK(t)
+func TestConcurrentLookupsDuringSwaps(t *testing.T) {
+	z := memEnv(t)
 	st := cluster(t, z, testNodes(4), 5)
-	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
+	r := New(z.open(t, 0), st.Paths(), Options{})
 	defer r.Close()
 	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {
 		t.Fatal(err)
@@ -323,14 +383,14 @@ func TestIntegrationConcurrentLookupsDuringSwaps(t *testing.T) {
 // (pg1, pg2) with a ready router on it.
 func pgCluster(t *testing.T) (*testenv.PG, *bucketmap.Store, *Router, context.Context) {
 	t.Helper()
-	z := testenv.StartZK(t)
+	z, _ := realEnv(t)
 	pg := testenv.StartPG(t)
 	var nodes []bucketmap.Node
 	for i, n := range pg.Nodes[:2] {
 		nodes = append(nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
 	}
 	st := cluster(t, z, nodes, 2)
-	r := New(session(t, z.ConnectString, 0), st.Paths(), Options{})
+	r := New(z.open(t, 0), st.Paths(), Options{})
 	t.Cleanup(r.Close)
 	ctx := ctxTimeout(t, 30*time.Second)
 	if err := r.WaitReady(ctx); err != nil {
@@ -430,26 +490,32 @@ func TestIntegrationDoDuringAMove(t *testing.T) {
 	// Frozen on the source: rejected until the map flips, then written on
 	// the target.
 	calls = nil
+	// The map flips once the source has rejected the write at least once
+	// (not after a fixed 200 ms, which a slow first attempt can outlast).
+	rejected := make(chan struct{})
+	var rejectedOnce sync.Once
 	flipped := make(chan error, 1)
 	go func() {
-		time.Sleep(200 * time.Millisecond)
+		<-rejected
 		_, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(rt.Bucket, to, bucketmap.AssignOptions{}) })
 		flipped <- err
 	}()
 	err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
 		calls = append(calls, rt)
 		if rt.Node == from {
+			rejectedOnce.Do(func() { close(rejected) })
 			return &pgconn.PgError{Code: fence.SQLState, Message: "bucket frozen"}
 		}
 		return nil
 	})
+	rejectedOnce.Do(func() { close(rejected) }) // never rejected: let the flip end, the check below fails
 	if ferr := <-flipped; ferr != nil {
 		t.Fatal(ferr)
 	}
 	if err != nil || len(calls) < 2 || calls[len(calls)-1].Node != to {
 		t.Fatalf("write during the pause: %v after %d attempts", err, len(calls))
 	}
-	t.Logf("%d attempts during a 200 ms pause", len(calls))
+	t.Logf("%d attempts during the pause", len(calls))
 
 	// Another error is not retried.
 	calls = nil
