@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
@@ -59,17 +60,7 @@ func realEnv(t *testing.T) (*zkEnv, *testenv.ZK) {
 // cluster creates a cluster in the test's ZooKeeper root and returns an
 // admin store for it.
 func cluster(t *testing.T, z *zkEnv, nodes []bucketmap.Node, level int) *bucketmap.Store {
-	t.Helper()
-	st := bucketmap.NewStore(z.open(t, 0), topo.MustPaths(z.Root, "c1"))
-	m, err := bucketmap.New(level, nodes, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := topo.ClusterRecord{Version: 1, Name: "c1", Seed: testSeed, CreatedAt: time.Now().UTC()}
-	if err := st.Create(context.Background(), rec, m, bucketmap.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return clustertest.Create(t, z.open(t, 0), z.Root, nodes, level)
 }
 
 func waitVersion(t *testing.T, r *Router, v uint64) {

@@ -7,46 +7,27 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-const testSeed = "5eed0000000000000000000000000001"
+const testSeed = clustertest.Seed
 
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 
-func testNodes(n int) []bucketmap.Node {
-	out := make([]bucketmap.Node, n)
-	for i := range out {
-		out[i] = bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: fmt.Sprintf("postgres://app@db%d:5432/app", i+1), Weight: 1, State: bucketmap.NodeActive}
-	}
-	return out
-}
+func testNodes(n int) []bucketmap.Node { return clustertest.Nodes(n) }
 
 // writeMapFile writes a map file for m and returns its path.
 func writeMapFile(t testing.TB, dir string, m *bucketmap.Map) string {
-	t.Helper()
-	raw, err := bucketmap.Encode(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := bucketmap.EncodeMapFile("c1", testSeed, raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, fmt.Sprintf("map-%d.json", m.Version))
-	if err := os.WriteFile(p, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return clustertest.WriteMapFile(t, dir, m)
 }
 
 func fileRouter(t testing.TB, m *bucketmap.Map) *router.Router {

@@ -317,34 +317,50 @@ func (c *Conn) GetW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
 	return c.get(p, true)
 }
 
-func (c *Conn) get(p string, watch bool) ([]byte, *zk.Stat, <-chan zk.Event, error) {
-	if err := validPath(p); err != nil {
-		return nil, nil, nil, err
-	}
-	if err := c.lock(); err != nil {
-		return nil, nil, nil, err
-	}
-	defer c.srv.mu.Unlock()
-	n, ok := c.srv.nodes[p]
-	if !ok {
-		return nil, nil, nil, zk.ErrNoNode
-	}
-	var ev <-chan zk.Event
-	if watch {
-		w := c.watcher()
-		n.dataW = append(n.dataW, w)
-		ev = w.ch
-	}
-	return slices.Clone(n.data), c.srv.stat(n), ev, nil
+func (c *Conn) get(p string, watch bool) (data []byte, st *zk.Stat, ev <-chan zk.Event, err error) {
+	err = c.at(p, func(n *node) error {
+		data, st = slices.Clone(n.data), c.srv.stat(n)
+		if watch {
+			ev = c.arm(&n.dataW)
+		}
+		return nil
+	})
+	return data, st, ev, err
 }
 
-func (c *Conn) watcher() *watcher {
+// do validates p and runs f under the server's lock once the connection is
+// up: every call's common prologue.
+func (c *Conn) do(p string, f func() error) error {
+	if err := validPath(p); err != nil {
+		return err
+	}
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.srv.mu.Unlock()
+	return f()
+}
+
+// at is do on p's node (zk.ErrNoNode if there is none).
+func (c *Conn) at(p string, f func(n *node) error) error {
+	return c.do(p, func() error {
+		n, ok := c.srv.nodes[p]
+		if !ok {
+			return zk.ErrNoNode
+		}
+		return f(n)
+	})
+}
+
+// arm adds a one-shot watch to ws.
+func (c *Conn) arm(ws *[]*watcher) <-chan zk.Event {
 	// Fired watchers are dropped here so a long-lived session does not
 	// accumulate them.
 	c.watchers = slices.DeleteFunc(c.watchers, func(w *watcher) bool { return w.done })
 	w := &watcher{ch: make(chan zk.Event, 1)}
 	c.watchers = append(c.watchers, w)
-	return w
+	*ws = append(*ws, w)
+	return w.ch
 }
 
 // Exists reports whether a node exists.
@@ -358,29 +374,24 @@ func (c *Conn) ExistsW(p string) (bool, *zk.Stat, <-chan zk.Event, error) {
 	return c.exists(p, true)
 }
 
-func (c *Conn) exists(p string, watch bool) (bool, *zk.Stat, <-chan zk.Event, error) {
-	if err := validPath(p); err != nil {
-		return false, nil, nil, err
-	}
-	if err := c.lock(); err != nil {
-		return false, nil, nil, err
-	}
-	defer c.srv.mu.Unlock()
-	n, ok := c.srv.nodes[p]
-	var ev <-chan zk.Event
-	if watch {
-		w := c.watcher()
-		ev = w.ch
-		if ok {
-			n.dataW = append(n.dataW, w)
-		} else {
-			c.srv.ghosts[p] = append(c.srv.ghosts[p], w)
+func (c *Conn) exists(p string, watch bool) (ok bool, st *zk.Stat, ev <-chan zk.Event, err error) {
+	err = c.do(p, func() error {
+		n, found := c.srv.nodes[p]
+		ok, st = found, &zk.Stat{}
+		switch {
+		case found && watch:
+			ev = c.arm(&n.dataW)
+		case watch:
+			ghosts := c.srv.ghosts[p]
+			ev = c.arm(&ghosts)
+			c.srv.ghosts[p] = ghosts
 		}
-	}
-	if !ok {
-		return false, &zk.Stat{}, ev, nil
-	}
-	return true, c.srv.stat(n), ev, nil
+		if found {
+			st = c.srv.stat(n)
+		}
+		return nil
+	})
+	return ok, st, ev, err
 }
 
 // Children lists a node's children, sorted.
@@ -394,39 +405,29 @@ func (c *Conn) ChildrenW(p string) ([]string, *zk.Stat, <-chan zk.Event, error) 
 	return c.children(p, true)
 }
 
-func (c *Conn) children(p string, watch bool) ([]string, *zk.Stat, <-chan zk.Event, error) {
-	if err := validPath(p); err != nil {
-		return nil, nil, nil, err
-	}
-	if err := c.lock(); err != nil {
-		return nil, nil, nil, err
-	}
-	defer c.srv.mu.Unlock()
-	n, ok := c.srv.nodes[p]
-	if !ok {
-		return nil, nil, nil, zk.ErrNoNode
-	}
-	kids := make([]string, 0, len(n.kids))
-	for k := range n.kids {
-		kids = append(kids, k)
-	}
-	slices.Sort(kids)
-	var ev <-chan zk.Event
-	if watch {
-		w := c.watcher()
-		n.childW = append(n.childW, w)
-		ev = w.ch
-	}
-	return kids, c.srv.stat(n), ev, nil
+func (c *Conn) children(p string, watch bool) (kids []string, st *zk.Stat, ev <-chan zk.Event, err error) {
+	err = c.at(p, func(n *node) error {
+		kids = make([]string, 0, len(n.kids))
+		for k := range n.kids {
+			kids = append(kids, k)
+		}
+		slices.Sort(kids)
+		st = c.srv.stat(n)
+		if watch {
+			ev = c.arm(&n.childW)
+		}
+		return nil
+	})
+	return kids, st, ev, err
 }
 
 // Create makes a node; flags as zk.FlagEphemeral and zk.FlagSequence.
-func (c *Conn) Create(p string, data []byte, flags int32, acl []zk.ACL) (string, error) {
-	if err := c.lock(); err != nil {
-		return "", err
-	}
-	defer c.srv.mu.Unlock()
-	return c.srv.createChecked(p, data, flags, acl, c.id)
+func (c *Conn) Create(p string, data []byte, flags int32, acl []zk.ACL) (name string, err error) {
+	err = c.do(p, func() error {
+		name, err = c.srv.createChecked(p, data, flags, acl, c.id)
+		return err
+	})
+	return name, err
 }
 
 func (s *Server) createChecked(p string, data []byte, flags int32, acl []zk.ACL, owner int64) (string, error) {
@@ -483,15 +484,12 @@ func fire(ws *[]*watcher, t zk.EventType, p string) {
 }
 
 // Set writes a node's data if its version is still version (-1: any).
-func (c *Conn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
-	if err := validPath(p); err != nil {
-		return nil, err
-	}
-	if err := c.lock(); err != nil {
-		return nil, err
-	}
-	defer c.srv.mu.Unlock()
-	return c.srv.setLocked(p, data, version)
+func (c *Conn) Set(p string, data []byte, version int32) (st *zk.Stat, err error) {
+	err = c.do(p, func() error {
+		st, err = c.srv.setLocked(p, data, version)
+		return err
+	})
+	return st, err
 }
 
 func (s *Server) setLocked(p string, data []byte, version int32) (*zk.Stat, error) {
@@ -513,14 +511,7 @@ func (s *Server) setLocked(p string, data []byte, version int32) (*zk.Stat, erro
 
 // Delete removes a node without children if its version is still version.
 func (c *Conn) Delete(p string, version int32) error {
-	if err := validPath(p); err != nil {
-		return err
-	}
-	if err := c.lock(); err != nil {
-		return err
-	}
-	defer c.srv.mu.Unlock()
-	return c.srv.deleteLocked(p, version)
+	return c.do(p, func() error { return c.srv.deleteLocked(p, version) })
 }
 
 func (s *Server) deleteLocked(p string, version int32) error {
@@ -636,55 +627,34 @@ func (c *Conn) Multi(ops ...any) ([]zk.MultiResponse, error) {
 
 // Sync returns at once: one in-memory tree is always up to date.
 func (c *Conn) Sync(p string) (string, error) {
-	if err := validPath(p); err != nil {
-		return "", err
-	}
-	if err := c.lock(); err != nil {
-		return "", err
-	}
-	defer c.srv.mu.Unlock()
-	return p, nil
+	return p, c.do(p, func() error { return nil })
 }
 
 // GetACL returns the stored ACL.
-func (c *Conn) GetACL(p string) ([]zk.ACL, *zk.Stat, error) {
-	if err := validPath(p); err != nil {
-		return nil, nil, err
-	}
-	if err := c.lock(); err != nil {
-		return nil, nil, err
-	}
-	defer c.srv.mu.Unlock()
-	n, ok := c.srv.nodes[p]
-	if !ok {
-		return nil, nil, zk.ErrNoNode
-	}
-	return slices.Clone(n.acl), c.srv.stat(n), nil
+func (c *Conn) GetACL(p string) (acl []zk.ACL, st *zk.Stat, err error) {
+	err = c.at(p, func(n *node) error {
+		acl, st = slices.Clone(n.acl), c.srv.stat(n)
+		return nil
+	})
+	return acl, st, err
 }
 
 // SetACL stores an ACL (not enforced) if the ACL version is still version.
-func (c *Conn) SetACL(p string, acl []zk.ACL, version int32) (*zk.Stat, error) {
-	if err := validPath(p); err != nil {
-		return nil, err
-	}
-	if err := c.lock(); err != nil {
-		return nil, err
-	}
-	defer c.srv.mu.Unlock()
-	n, ok := c.srv.nodes[p]
-	if !ok {
-		return nil, zk.ErrNoNode
-	}
-	if len(acl) == 0 {
-		return nil, zk.ErrInvalidACL
-	}
-	if version != -1 && version != n.stat.Aversion {
-		return nil, zk.ErrBadVersion
-	}
-	c.srv.zxid++
-	n.acl = slices.Clone(acl)
-	n.stat.Aversion++
-	return c.srv.stat(n), nil
+func (c *Conn) SetACL(p string, acl []zk.ACL, version int32) (st *zk.Stat, err error) {
+	err = c.at(p, func(n *node) error {
+		if len(acl) == 0 {
+			return zk.ErrInvalidACL
+		}
+		if version != -1 && version != n.stat.Aversion {
+			return zk.ErrBadVersion
+		}
+		c.srv.zxid++
+		n.acl = slices.Clone(acl)
+		n.stat.Aversion++
+		st = c.srv.stat(n)
+		return nil
+	})
+	return st, err
 }
 
 // ErrUnknownConn is returned by ConnOf for a session not opened here.

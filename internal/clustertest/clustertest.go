@@ -1,0 +1,66 @@
+// Package clustertest holds the cluster fixtures that tests of several
+// packages share (router, sidecar): a seed, db nodes that are never
+// dialled, a cluster created in a ZooKeeper tree, map files. Test support
+// only: no library package imports it.
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// Seed is the keystream seed of every test cluster.
+const Seed = "5eed0000000000000000000000000001"
+
+// Nodes returns n active db nodes pg1..pgN of weight 1 whose DSNs name
+// hosts that do not exist: for tests of routing, not of PostgreSQL.
+func Nodes(n int) []bucketmap.Node {
+	out := make([]bucketmap.Node, n)
+	for i := range out {
+		out[i] = bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: fmt.Sprintf("postgres://app@db%d:5432/app", i+1), Weight: 1, State: bucketmap.NodeActive}
+	}
+	return out
+}
+
+// Create creates cluster c1 under root with a map of nodes at level, on s,
+// and returns an admin store for it.
+func Create(t testing.TB, s *zksession.Session, root string, nodes []bucketmap.Node, level int) *bucketmap.Store {
+	t.Helper()
+	st := bucketmap.NewStore(s, topo.MustPaths(root, "c1"))
+	m, err := bucketmap.New(level, nodes, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := topo.ClusterRecord{Version: 1, Name: "c1", Seed: Seed, CreatedAt: time.Now().UTC()}
+	if err := st.Create(context.Background(), rec, m, bucketmap.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// WriteMapFile writes the map file of m (cluster c1) into dir and returns
+// its path.
+func WriteMapFile(t testing.TB, dir string, m *bucketmap.Map) string {
+	t.Helper()
+	raw, err := bucketmap.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := bucketmap.EncodeMapFile("c1", Seed, raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, fmt.Sprintf("map-%d.json", m.Version))
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
