@@ -328,6 +328,9 @@ func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
 			t.Fatalf("crash at %s: the mover was not killed: %v\n%s", state, err, out)
 		}
 		var id string
+		if err := topo.Sync(ctx, f.s, f.st.Paths()); err != nil {
+			t.Fatal(err)
+		}
 		list, _ := f.mover(Options{}).List(ctx)
 		for _, r := range list {
 			if r.Bucket == b && !r.Finished() {
@@ -348,6 +351,11 @@ func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
 				break
 			}
 			time.Sleep(200 * time.Millisecond)
+		}
+		// The resume was another process: catch up with the leader before
+		// reading what it wrote (a follower may not have it yet).
+		if err := topo.Sync(ctx, f.s, f.st.Paths()); err != nil {
+			t.Fatal(err)
 		}
 		rec, gerr := f.mover(Options{}).Get(ctx, id)
 		if gerr != nil {
