@@ -21,9 +21,7 @@ type Ephemeral struct {
 	path string
 	acl  []zk.ACL
 
-	// lock: the node of a Lock. A new session must not re-create it: its
-	// holder has been, or is about to be, told the lock is lost, and a node
-	// re-created meanwhile would hold the lock for nobody.
+	// lock: the node of a Lock, never re-created (see ensure).
 	lock bool
 
 	mu      sync.Mutex
@@ -112,11 +110,22 @@ func (e *Ephemeral) create(ctx context.Context) error {
 // ensure re-creates the node after a reconnect, retrying while the session
 // stays connected (an old owner's session may take up to its timeout to be
 // expired by the server).
+//
+// A lock's node is never re-created: it is kept while this session still
+// owns it (a reconnect of the same session), and forgotten otherwise (the
+// session that held the lock expired; the holder learns it from the state
+// change or its watch). Re-creating it before the holder noticed would
+// leave a lock held for nobody.
 func (e *Ephemeral) ensure() {
 	b := backoff.New(100*time.Millisecond, 2*time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), e.s.cfg.OpTimeout)
-		err := e.create(ctx)
+		var err error
+		if e.lock {
+			err = e.keepIfOwned(ctx)
+		} else {
+			err = e.create(ctx)
+		}
 		cancel()
 		if err == nil {
 			return
@@ -131,6 +140,20 @@ func (e *Ephemeral) ensure() {
 		case <-time.After(b.Next()):
 		}
 	}
+}
+
+// keepIfOwned forgets a lock's node unless this session owns it.
+func (e *Ephemeral) keepIfOwned(ctx context.Context) error {
+	_, st, err := e.s.Get(ctx, e.path)
+	switch {
+	case errors.Is(err, ErrNoNode):
+	case err != nil:
+		return err
+	case st.EphemeralOwner == e.s.SessionID():
+		return nil
+	}
+	e.forget()
+	return nil
 }
 
 // Set replaces the node's data. The new data is kept for re-creation even

@@ -494,7 +494,7 @@ func (s *Session) monitor() {
 				reason = "new session"
 			}
 			s.setState(StateConnected, reason, zkSession, newSession)
-			s.resync(newSession)
+			s.resync()
 		}
 	}
 }
@@ -517,19 +517,11 @@ func (s *Session) heartbeat() {
 
 // resync re-creates ephemeral nodes and tells every watch to re-read.
 // It runs on each return to Connected, in the background so that the
-// monitor keeps running. On a new session the locks' nodes are forgotten,
-// not re-created: the old session's expiry ended those locks (their
-// holders learn it from the state change), and re-creating one before its
-// holder has noticed would leave a lock held for nobody.
-func (s *Session) resync(newSession bool) {
+// monitor keeps running.
+func (s *Session) resync() {
 	s.mu.Lock()
 	eph := make([]*Ephemeral, 0, len(s.ephemerals))
-	var lost []*Ephemeral
 	for _, e := range s.ephemerals {
-		if newSession && e.lock {
-			lost = append(lost, e)
-			continue
-		}
 		eph = append(eph, e)
 	}
 	for ch := range s.resyncs {
@@ -539,9 +531,6 @@ func (s *Session) resync(newSession bool) {
 		}
 	}
 	s.mu.Unlock()
-	for _, e := range lost {
-		e.forget()
-	}
 	if len(eph) == 0 {
 		return
 	}

@@ -3,10 +3,13 @@ package memzk_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
@@ -275,3 +278,43 @@ func TestSequentialNames(t *testing.T) {
 }
 
 var openACL = zk.WorldACL(zk.PermAll)
+
+// slowConnectLog delays the session's "to connected" log line, which the
+// monitor writes between publishing Connected and re-syncing the session's
+// ephemeral nodes: a lock taken in that gap must stay registered.
+type slowConnectLog struct{}
+
+func (slowConnectLog) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), `"to":"connected"`) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	return len(p), nil
+}
+func (slowConnectLog) Sync() error { return nil }
+
+// A lock taken right after the session connects, before the re-sync of its
+// ephemerals, stays held: the same process asking again is refused.
+func TestLockTakenBeforeResyncStaysHeld(t *testing.T) {
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(slowConnectLog{}), zap.InfoLevel)
+	srv := memzk.New()
+	s := zktest.MemorySession(t, srv, zksession.Config{Logger: zap.New(core)})
+	ctx := ctxT(t)
+	if err := s.Create(ctx, "/l", nil); err != nil {
+		t.Fatal(err)
+	}
+	l1, err := s.TryLock(ctx, "/l/gc", []byte("a"), openACL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l1.Release(ctx)
+	// deliberate: the re-sync runs once the delayed log line is written.
+	time.Sleep(300 * time.Millisecond)
+	if _, err := s.TryLock(ctx, "/l/gc", []byte("b"), openACL); !errors.Is(err, zksession.ErrAlreadyHeld) {
+		t.Fatalf("second lock by the same process after the re-sync: %v, want ErrAlreadyHeld", err)
+	}
+	select {
+	case <-l1.Done():
+		t.Fatal("the first lock was reported lost")
+	default:
+	}
+}
