@@ -177,13 +177,17 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			}()
 		}
 		wg.Wait()
-		for i, rec := range results {
+		// Every move of the batch goes into the report before an error
+		// stops the run: a move left half done must show in it.
+		for _, rec := range results {
 			if rec != nil {
 				rep.Moves = append(rep.Moves, rec)
 				if rec.State == topo.MoveDone {
 					rb.say("moved bucket %d %s -> %s: %d rows, copy %.0f ms, pause %.1f ms", rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS)
 				}
 			}
+		}
+		for i, rec := range results {
 			if errs[i] == nil {
 				continue
 			}
