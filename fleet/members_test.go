@@ -14,7 +14,6 @@ import (
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
-	"github.com/shardvisor/shardvisor/zksession/memzk"
 )
 
 // eventually polls cond (a view's state, which follows ZooKeeper
@@ -68,27 +67,15 @@ func notReturned(t *testing.T, ch <-chan waitResult, why string) {
 	}
 }
 
-// memRoot is a test's root on an in-memory ZooKeeper: the view's logic
-// needs no server (the partition test below uses the real ensemble).
-type memRoot struct {
-	srv  *memzk.Server
-	Root string
-}
-
-// open opens another session on the same tree: another process.
-func (m memRoot) open(t *testing.T) *zksession.Session {
-	return zktest.MemorySession(t, m.srv, zksession.Config{})
-}
-
-func zkCluster(t *testing.T) (ctx context.Context, z memRoot, s *zksession.Session, p topo.Paths) {
+// zkCluster gives the test an in-memory ZooKeeper with a session on it
+// (the records' logic needs no server; what only ZooKeeper does, ACLs and
+// partitions, stays on the real ensemble); p are the paths of cluster c1
+// under its root, ctx lasts a minute.
+func zkCluster(t *testing.T) (ctx context.Context, z *zktest.MemoryTree, s *zksession.Session, p topo.Paths) {
 	t.Helper()
-	srv, s := zktest.Memory(t)
-	z = memRoot{srv: srv, Root: "/shardvisor-test"}
+	z, s = zktest.NewMemoryTree(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	if err := s.CreateAll(ctx, z.Root); err != nil {
-		t.Fatal(err)
-	}
 	return ctx, z, s, topo.MustPaths(z.Root, "c1")
 }
 
@@ -105,7 +92,7 @@ func poolRec(id string, v uint64) topo.PoolMember {
 func TestMemberView(t *testing.T) {
 	ctx, z, s, p := zkCluster(t)
 	// The members are other processes: another session.
-	ms := z.open(t)
+	ms := z.Session(t)
 	v := WatchMembers(ctx, s, p)
 	defer v.Close()
 
@@ -345,8 +332,8 @@ func TestMemberViewReads(t *testing.T) {
 	defer cancel()
 	// Generous call bounds: the 200 members' writes and the old poll's
 	// reads must not time out on a busy machine.
-	ms := zktest.MemorySession(t, z.srv, zksession.Config{OpTimeout: 30 * time.Second})
-	old := zktest.MemorySession(t, z.srv, zksession.Config{OpTimeout: 30 * time.Second})
+	ms := zktest.MemorySession(t, z.Server, zksession.Config{OpTimeout: 30 * time.Second})
+	old := zktest.MemorySession(t, z.Server, zksession.Config{OpTimeout: 30 * time.Second})
 	const routers, pools, perPool = 100, 2, 50
 	const n = routers + pools*perPool
 	type member struct {
@@ -450,7 +437,7 @@ func TestMemberViewReads(t *testing.T) {
 // A view whose session closes stops with it, Close or not.
 func TestMemberViewEndsWithSession(t *testing.T) {
 	ctx, z, _, p := zkCluster(t)
-	s := z.open(t)
+	s := z.Session(t)
 	if _, err := topo.RegisterRouter(ctx, s, p, routerRec("r1", 1)); err != nil {
 		t.Fatal(err)
 	}

@@ -23,14 +23,7 @@ func TestIntegrationAbortAfterFailure(t *testing.T) {
 	ctx := context.Background()
 	src := f.conn("pg1")
 	mv := f.mover(Options{})
-	mv.opts.Progress = func(prog Progress) {
-		msg := prog.Message
-		if msg == topo.MoveCatchup {
-			if _, err := src.Exec(ctx, "BEGIN; SET LOCAL shardvisor.allow_truncate = on; TRUNCATE app.kv; COMMIT"); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	mv.opts.Progress = f.truncateSourceOnCatchup(ctx)
 	rec, err := mv.Move(ctx, 0, "pg2", false)
 	if !errors.Is(err, ErrVerifyMismatch) || rec.State != topo.MoveFailed {
 		t.Fatalf("want a failed move: %v (%s)", err, rec.State)

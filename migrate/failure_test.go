@@ -102,17 +102,8 @@ func TestIntegrationTruncateOnSourceSparesTarget(t *testing.T) {
 	if targetOwn == 0 {
 		t.Fatal("no rows in the target's own buckets")
 	}
-	src := f.conn("pg1")
 	mv := f.mover(Options{})
-	mv.opts.Progress = func(prog Progress) {
-		msg := prog.Message
-		if msg == topo.MoveCatchup {
-			// An admin's TRUNCATE: the fence's guard wants it said.
-			if _, err := src.Exec(ctx, "BEGIN; SET LOCAL shardvisor.allow_truncate = on; TRUNCATE app.kv; COMMIT"); err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	mv.opts.Progress = f.truncateSourceOnCatchup(ctx)
 	if _, err := mv.Move(ctx, 0, "pg2", false); err != nil && !errors.Is(err, ErrVerifyMismatch) {
 		t.Fatal(err)
 	}

@@ -106,6 +106,22 @@ func (f *fixture) conn(id bucketmap.NodeID) *pgx.Conn {
 
 func (f *fixture) mover(opts Options) *Mover { return New(f.st, opts) }
 
+// truncateSourceOnCatchup is a Progress hook: an admin truncates app.kv on
+// the source (pg1) as the move enters catchup. TRUNCATE is not published,
+// so the target never hears of it.
+func (f *fixture) truncateSourceOnCatchup(ctx context.Context) func(Progress) {
+	src := f.conn("pg1")
+	return func(prog Progress) {
+		if prog.Message != topo.MoveCatchup {
+			return
+		}
+		// The fence's guard wants a TRUNCATE said.
+		if _, err := src.Exec(ctx, "BEGIN; SET LOCAL shardvisor.allow_truncate = on; TRUNCATE app.kv; COMMIT"); err != nil {
+			f.t.Error(err)
+		}
+	}
+}
+
 func (f *fixture) mapNow() *bucketmap.Map {
 	m, _, err := f.st.Load(context.Background())
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
@@ -16,11 +17,11 @@ func TestFromWorkerEnv(t *testing.T) {
 	if _, err := FromWorkerEnv(Options{}); !errors.Is(err, ErrNoMapFile) {
 		t.Fatalf("without %s: %v, want ErrNoMapFile", workerproto.EnvMapFile, err)
 	}
-	m, err := bucketmap.New(4, testNodes(3), time.Now())
+	m, err := bucketmap.New(4, clustertest.Nodes(3), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv(workerproto.EnvMapFile, writeMapFile(t, t.TempDir(), m))
+	t.Setenv(workerproto.EnvMapFile, clustertest.WriteMapFile(t, t.TempDir(), m))
 	r, err := FromWorkerEnv(Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +58,7 @@ func TestDialRefusesBadConfig(t *testing.T) {
 
 func TestIntegrationDial(t *testing.T) {
 	e, z := realEnv(t)
-	st := cluster(t, e, testNodes(3), 4)
+	st := cluster(t, e, clustertest.Nodes(3), 4)
 	r, err := Dial(ctxTimeout(t, 15*time.Second), Config{Connect: z.ConnectString, Root: z.Root, Cluster: "c1"})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
@@ -37,11 +38,11 @@ func TestFromWorkerEnvFollowsTheMapFileInReloadMode(t *testing.T) {
 			acks <- string(buf[:n])
 		}
 	}()
-	m1, _ := bucketmap.New(4, testNodes(2), t0)
+	m1, _ := bucketmap.New(4, clustertest.Nodes(2), t0)
 	live := filepath.Join(dir, "live-map.json")
 	replace := func(m *bucketmap.Map) {
 		t.Helper()
-		src := writeMapFile(t, dir, m)
+		src := clustertest.WriteMapFile(t, dir, m)
 		if err := os.Rename(src, live); err != nil {
 			t.Fatal(err)
 		}
@@ -72,7 +73,7 @@ func TestFromWorkerEnvFollowsTheMapFileInReloadMode(t *testing.T) {
 	}
 	waitAck("MAPVERSION=1")
 
-	m2 := next(m1)
+	m2 := clustertest.Next(m1)
 	to := m2.Nodes()[0].ID
 	if m2.Owner(3) == to {
 		to = m2.Nodes()[1].ID
@@ -111,15 +112,15 @@ func TestFromWorkerEnvFollowsTheMapFileInReloadMode(t *testing.T) {
 // Without reload mode in the environment the file is read once, as before.
 func TestNewFromFileWithoutReloadModeDoesNotFollow(t *testing.T) {
 	dir := t.TempDir()
-	m1, _ := bucketmap.New(4, testNodes(2), t0)
-	p := writeMapFile(t, dir, m1)
+	m1, _ := bucketmap.New(4, clustertest.Nodes(2), t0)
+	p := clustertest.WriteMapFile(t, dir, m1)
 	t.Setenv(workerproto.EnvMapDelivery, "")
 	r, err := NewFromFile(p, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	src := writeMapFile(t, dir, next(m1))
+	src := clustertest.WriteMapFile(t, dir, clustertest.Next(m1))
 	if err := os.Rename(src, p); err != nil {
 		t.Fatal(err)
 	}

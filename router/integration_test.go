@@ -70,7 +70,7 @@ func waitVersion(t *testing.T, r *Router, v uint64) {
 
 func TestFollowsMapAndRegisters(t *testing.T) {
 	z := memEnv(t)
-	st := cluster(t, z, testNodes(3), 4)
+	st := cluster(t, z, clustertest.Nodes(3), 4)
 	ctx := context.Background()
 	s := z.open(t, 0)
 	r := New(s, st.Paths(), Options{MemberID: "r1", MemberAddr: "127.0.0.1:9"})
@@ -142,7 +142,7 @@ func TestFollowsMapAndRegisters(t *testing.T) {
 // record gives: clients in other languages never see the compression.
 func TestFollowsCompressedMap(t *testing.T) {
 	z := memEnv(t)
-	st := cluster(t, z, testNodes(3), 6)
+	st := cluster(t, z, clustertest.Nodes(3), 6)
 	ctx := context.Background()
 	r := New(z.open(t, 0), st.Paths(), Options{})
 	defer r.Close()
@@ -173,7 +173,7 @@ func TestFollowsCompressedMap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := bucketmap.EncodeMapFile("c1", testSeed, js)
+	want, _ := bucketmap.EncodeMapFile("c1", clustertest.Seed, js)
 	if string(file) != string(want) {
 		t.Fatalf("map file of a compressed map is not the plain document:\n%.200s", file)
 	}
@@ -190,7 +190,7 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
 	skipUnderRace(t)
 	e, z := realEnv(t)
-	st := cluster(t, e, testNodes(2), 3)
+	st := cluster(t, e, clustertest.Nodes(2), 3)
 	proxy, err := faultproxy.New(z.Servers[0])
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +244,7 @@ func TestIntegrationZooKeeperLossMarksAnswers(t *testing.T) {
 // session expiring meanwhile brings a new one that the router follows.
 func TestCutOffMarksAnswersThenRecovers(t *testing.T) {
 	z := memEnv(t)
-	st := cluster(t, z, testNodes(2), 3)
+	st := cluster(t, z, clustertest.Nodes(2), 3)
 	s := z.open(t, 3*time.Second)
 	r := New(s, st.Paths(), Options{MemberID: "r1"})
 	defer r.Close()
@@ -286,7 +286,7 @@ func TestCutOffMarksAnswersThenRecovers(t *testing.T) {
 // is the owner in the map version they report.
 func TestConcurrentLookupsDuringSwaps(t *testing.T) {
 	z := memEnv(t)
-	st := cluster(t, z, testNodes(4), 5)
+	st := cluster(t, z, clustertest.Nodes(4), 5)
 	r := New(z.open(t, 0), st.Paths(), Options{})
 	defer r.Close()
 	if err := r.WaitReady(ctxTimeout(t, 15*time.Second)); err != nil {

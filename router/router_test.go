@@ -14,20 +14,11 @@ import (
 	"github.com/shardvisor/shardvisor/keystream"
 )
 
-const testSeed = clustertest.Seed
-
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
-
-func testNodes(n int) []bucketmap.Node { return clustertest.Nodes(n) }
-
-// writeMapFile writes a map file for m and returns its path.
-func writeMapFile(t testing.TB, dir string, m *bucketmap.Map) string {
-	return clustertest.WriteMapFile(t, dir, m)
-}
 
 func fileRouter(t testing.TB, m *bucketmap.Map) *Router {
 	t.Helper()
-	r, err := NewFromFile(writeMapFile(t, t.TempDir(), m), Options{})
+	r, err := NewFromFile(clustertest.WriteMapFile(t, t.TempDir(), m), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,24 +26,17 @@ func fileRouter(t testing.TB, m *bucketmap.Map) *Router {
 	return r
 }
 
-func next(m *bucketmap.Map) *bucketmap.Map {
-	c := m.Clone()
-	c.Version++
-	c.UpdatedAt = c.UpdatedAt.Add(time.Minute)
-	return c
-}
-
 func TestRouteMatchesKeystreamAndMap(t *testing.T) {
-	m, err := bucketmap.New(6, testNodes(3), t0)
+	m, err := bucketmap.New(6, clustertest.Nodes(3), t0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m = next(m)
+	m = clustertest.Next(m)
 	if err := m.SetMoving(5, "pg3", "mv-5"); err != nil {
 		t.Fatal(err)
 	}
 	r := fileRouter(t, m)
-	seed, _ := keystream.ParseSeed(testSeed)
+	seed, _ := keystream.ParseSeed(clustertest.Seed)
 	ks, _ := keystream.New(seed)
 	sawMoving := false
 	for i := range 2000 {
@@ -82,19 +66,19 @@ func TestRouteMatchesKeystreamAndMap(t *testing.T) {
 		t.Fatal("no user landed in bucket 5")
 	}
 	// Level 0: every user in bucket 0.
-	m0, _ := bucketmap.New(0, testNodes(1), t0)
+	m0, _ := bucketmap.New(0, clustertest.Nodes(1), t0)
 	if rt, _ := fileRouter(t, m0).Route("anyone"); rt.Bucket != 0 || rt.Node != "pg1" {
 		t.Fatalf("level 0: %+v", rt)
 	}
 }
 
 func TestRouteAtStaleMapProtocol(t *testing.T) {
-	m1, _ := bucketmap.New(2, testNodes(2), t0) // pg1: 0,1  pg2: 2,3
-	m2 := next(m1)
+	m1, _ := bucketmap.New(2, clustertest.Nodes(2), t0) // pg1: 0,1  pg2: 2,3
+	m2 := clustertest.Next(m1)
 	if err := m2.Assign(0, "pg2", bucketmap.AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	m3 := next(m2)
+	m3 := clustertest.Next(m2)
 	if err := m3.Assign(1, "pg2", bucketmap.AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -137,13 +121,13 @@ func TestRouteAtStaleMapProtocol(t *testing.T) {
 
 func TestNewFromFileRejectsBadFiles(t *testing.T) {
 	dir := t.TempDir()
-	m, _ := bucketmap.New(2, testNodes(2), t0)
-	good := writeMapFile(t, dir, m)
+	m, _ := bucketmap.New(2, clustertest.Nodes(2), t0)
+	good := clustertest.WriteMapFile(t, dir, m)
 	data, _ := os.ReadFile(good)
 	for name, tc := range map[string]struct{ data, errHas string }{
 		"missing":   {"", "no such file"},
 		"not json":  {"nope", "map file"},
-		"bad seed":  {strings.Replace(string(data), testSeed, "00", 1), "at least 16"},
+		"bad seed":  {strings.Replace(string(data), clustertest.Seed, "00", 1), "at least 16"},
 		"bad map":   {regexp.MustCompile(`"level":\s*2`).ReplaceAllString(string(data), `"level": 3`), "owners"},
 		"extra key": {strings.Replace(string(data), `"cluster"`, `"extra": 1, "cluster"`, 1), `unknown field "extra"`},
 	} {
@@ -160,12 +144,12 @@ func TestNewFromFileRejectsBadFiles(t *testing.T) {
 // BenchmarkRouteVsPrefix64 measures Route at 2^16 buckets against
 // keystream.Prefix64 alone, in one run, and reports the ratio.
 func BenchmarkRouteVsPrefix64(b *testing.B) {
-	m, err := bucketmap.New(16, testNodes(100), t0)
+	m, err := bucketmap.New(16, clustertest.Nodes(100), t0)
 	if err != nil {
 		b.Fatal(err)
 	}
 	r := fileRouter(b, m)
-	seed, _ := keystream.ParseSeed(testSeed)
+	seed, _ := keystream.ParseSeed(clustertest.Seed)
 	ks, _ := keystream.New(seed)
 	uids := make([]string, 1024)
 	for i := range uids {
@@ -200,8 +184,8 @@ func TestRouteDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's sync.Pool drops items, so allocations are not meaningful")
 	}
-	m, _ := bucketmap.New(16, testNodes(100), t0)
-	m = next(m)
+	m, _ := bucketmap.New(16, clustertest.Nodes(100), t0)
+	m = clustertest.Next(m)
 	m.SetMoving(1, m.Owner(9000), "mv")
 	r := fileRouter(t, m)
 	if a := testing.AllocsPerRun(1000, func() { r.Route("someone@example.com") }); a != 0 {

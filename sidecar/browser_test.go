@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
@@ -70,8 +71,8 @@ func headless(t *testing.T, bin, url string, extra ...string) string {
 // browser: every node's colour is on screen, in proportion to its buckets.
 func TestStatusPageRendersInBrowser(t *testing.T) {
 	bin := chromium(t)
-	m, _ := bucketmap.New(6, testNodes(4), t0) // 64 buckets, 16 each
-	m = next(m)
+	m, _ := bucketmap.New(6, clustertest.Nodes(4), t0) // 64 buckets, 16 each
+	m = clustertest.Next(m)
 	if err := m.SetMoving(0, "pg4", "mv-0"); err != nil {
 		t.Fatal(err)
 	}

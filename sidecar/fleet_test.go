@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fleet"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/router"
@@ -67,7 +68,7 @@ func bump(t *testing.T, st *bucketmap.Store) *bucketmap.Map {
 func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 	t.Helper()
 	ctx := context.Background()
-	st := cluster(t, z, testNodes(3), 4)
+	st := cluster(t, z, clustertest.Nodes(3), 4)
 	sc := &fleetScene{st: st, p: st.Paths(), s: st.Session()}
 	m0, _, err := st.Load(ctx)
 	if err != nil {
@@ -464,7 +465,7 @@ func TestIntegrationFleetStaleOnZooKeeperLoss(t *testing.T) {
 
 // A router from a map file has no ZooKeeper, so no fleet to show.
 func TestFleetFromMapFile(t *testing.T) {
-	m, _ := bucketmap.New(4, testNodes(2), t0)
+	m, _ := bucketmap.New(4, clustertest.Nodes(2), t0)
 	h := Handler(fileRouter(t, m), HandlerOptions{})
 	v := fleetJSON(t, h)
 	if v.Available || v.Reason != "no fleet view: router runs from a map file" || v.Router.Source != string(router.SourceFile) || v.Router.MapVersion != m.Version || len(v.Members) != 0 {
@@ -479,7 +480,7 @@ func TestFleetFromMapFile(t *testing.T) {
 // nothing else: an inline handler smuggled in by a record is refused even
 // if it ever became markup.
 func TestStatusPageContentSecurityPolicy(t *testing.T) {
-	m, _ := bucketmap.New(4, testNodes(2), t0)
+	m, _ := bucketmap.New(4, clustertest.Nodes(2), t0)
 	res, page := get(t, Handler(fileRouter(t, m), HandlerOptions{}), "/")
 	csp := res.Header.Get("Content-Security-Policy")
 	if n := strings.Count(page, "<script"); n != 1 {

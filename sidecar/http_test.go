@@ -19,32 +19,16 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-const testSeed = clustertest.Seed
-
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
-
-func testNodes(n int) []bucketmap.Node { return clustertest.Nodes(n) }
-
-// writeMapFile writes a map file for m and returns its path.
-func writeMapFile(t testing.TB, dir string, m *bucketmap.Map) string {
-	return clustertest.WriteMapFile(t, dir, m)
-}
 
 func fileRouter(t testing.TB, m *bucketmap.Map) *router.Router {
 	t.Helper()
-	r, err := router.NewFromFile(writeMapFile(t, t.TempDir(), m), router.Options{})
+	r, err := router.NewFromFile(clustertest.WriteMapFile(t, t.TempDir(), m), router.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
 	return r
-}
-
-func next(m *bucketmap.Map) *bucketmap.Map {
-	c := m.Clone()
-	c.Version++
-	c.UpdatedAt = c.UpdatedAt.Add(time.Minute)
-	return c
 }
 
 func TestListen(t *testing.T) {
@@ -129,8 +113,8 @@ type routeJSON struct {
 }
 
 func TestHTTPAPI(t *testing.T) {
-	m1, _ := bucketmap.New(4, testNodes(3), t0)
-	m2 := next(m1)
+	m1, _ := bucketmap.New(4, clustertest.Nodes(3), t0)
+	m2 := clustertest.Next(m1)
 	if err := m2.Assign(0, "pg3", bucketmap.AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +217,7 @@ func TestHTTPAPI(t *testing.T) {
 		t.Fatalf("map: %d %q", res.StatusCode, etag)
 	}
 	rec, err := bucketmap.DecodeMapFile("", []byte(body))
-	if err != nil || rec.Seed != testSeed {
+	if err != nil || rec.Seed != clustertest.Seed {
 		t.Fatalf("map body: %v", err)
 	}
 	if back, err := bucketmap.Decode("", rec.Map); err != nil || back.Version != 2 {
@@ -287,7 +271,7 @@ func TestAppendJSONString(t *testing.T) {
 }
 
 func FuzzHTTPRoute(f *testing.F) {
-	m, _ := bucketmap.New(4, testNodes(3), t0)
+	m, _ := bucketmap.New(4, clustertest.Nodes(3), t0)
 	r := fileRouter(f, m)
 	h := Handler(r, HandlerOptions{MaxBatch: 50})
 	f.Add("uid=alice", `{"uids":["a","b"],"map_version":1}`)

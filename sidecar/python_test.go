@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/router"
 )
 
@@ -36,13 +37,13 @@ func examplesDir() string {
 // with the Go router on every user.
 func TestPythonClientAgreesWithGo(t *testing.T) {
 	py := python(t)
-	m, _ := bucketmap.New(7, testNodes(5), t0)
-	m = next(m)
+	m, _ := bucketmap.New(7, clustertest.Nodes(5), t0)
+	m = clustertest.Next(m)
 	if err := m.SetMoving(3, m.Owner(100), "mv-3"); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	mapFile := writeMapFile(t, dir, m)
+	mapFile := clustertest.WriteMapFile(t, dir, m)
 	r, err := router.NewFromFile(mapFile, router.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -38,10 +38,10 @@ func awaitNode(t *testing.T, w *zksession.Watch, what string, pred func(zksessio
 // expireSession ends s's current session as the ensemble does after its
 // timeout, waits until s is connected on a new session and returns the old
 // session id.
-func expireSession(t *testing.T, z memRoot, s *zksession.Session) int64 {
+func expireSession(t *testing.T, z *zktest.MemoryTree, s *zksession.Session) int64 {
 	t.Helper()
 	old := s.SessionID()
-	c, err := z.srv.ConnOf(old)
+	c, err := z.Server.ConnOf(old)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func poolCfg(workers int) *PoolConfig {
 // pool's members directory and empty status are (re)created with it.
 func TestSetPoolConfigCASBetweenSessions(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	if v, created, err := SetPoolConfig(ctx, s1, p, "web", poolCfg(2), -1); err != nil || !created || v != 0 {
 		t.Fatalf("create: version %d created %v: %v", v, created, err)
 	}
@@ -159,7 +159,7 @@ func TestReadPoolConfigMalformed(t *testing.T) {
 // record with an unknown result fails both ReadPoolStatus and ReadPoolState.
 func TestPoolStatusLastWriterWins(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	if st, err := ReadPoolStatus(ctx, s1, p, "api"); st != nil || err != nil {
 		t.Fatalf("status of a pool without records: %+v %v", st, err)
 	}
@@ -190,7 +190,7 @@ func TestPoolStatusLastWriterWins(t *testing.T) {
 // listed with its error among the others.
 func TestListPoolsAndMembersSorted(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	if pools, err := ListPools(ctx, s1, p); pools != nil || err != nil {
 		t.Fatalf("pools without a pools directory: %v %v", pools, err)
 	}
@@ -235,7 +235,7 @@ func TestListPoolsAndMembersSorted(t *testing.T) {
 // re-created on its new session with its latest contents.
 func TestPoolMemberRecreatedAfterExpiry(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	if _, _, err := SetPoolConfig(ctx, s1, p, "web", poolCfg(1), -1); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestPoolMemberRecreatedAfterExpiry(t *testing.T) {
 // re-created when the session comes back expired.
 func TestPoolMemberUpdateWhileAwayIsRecreated(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := zktest.MemorySession(t, z.srv, zksession.Config{OpTimeout: 500 * time.Millisecond})
+	s2 := zktest.MemorySession(t, z.Server, zksession.Config{OpTimeout: 500 * time.Millisecond})
 	if _, _, err := SetPoolConfig(ctx, s1, p, "web", poolCfg(1), -1); err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +278,7 @@ func TestPoolMemberUpdateWhileAwayIsRecreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := z.srv.ConnOf(s2.SessionID())
+	c, err := z.Server.ConnOf(s2.SessionID())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestPoolMemberUpdateWhileAwayIsRecreated(t *testing.T) {
 // once the owner is gone.
 func TestRouterRecordGoesWithItsSession(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{}`)
 	rr, err := RegisterRouter(ctx, s2, p, RouterMember{Version: RouterMemberVersion, ID: "r1", MapVersion: 1})
 	if err != nil {
@@ -341,7 +341,7 @@ func TestRouterRecordGoesWithItsSession(t *testing.T) {
 // each update with its version, and its deletion.
 func TestWatchPoolConfigFollowsChanges(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	w := WatchPoolConfig(ctx, s2, p, "web")
 	defer w.Stop()
 	awaitNode(t, w, "no config yet", func(n zksession.Node) bool { return !n.Exists })
@@ -369,7 +369,7 @@ func TestWatchPoolConfigFollowsChanges(t *testing.T) {
 // the map's deletion; a writer holding an older version loses.
 func TestWatchMapFollowsWrites(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{"v":1}`)
 	w := WatchMap(ctx, s2, p)
 	defer w.Stop()
@@ -398,7 +398,7 @@ func TestWatchMapFollowsWrites(t *testing.T) {
 // last writer wins, watched on another session; a malformed one fails.
 func TestRebalanceRecord(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{}`)
 	if r, err := ReadRebalance(ctx, s1, p); r != nil || err != nil {
 		t.Fatalf("before any pause: %+v %v", r, err)
@@ -441,7 +441,7 @@ func TestRebalanceRecord(t *testing.T) {
 // compact and whole, and refuses an id that exists (keeping the first).
 func TestCreateMoveRefusesDuplicate(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{}`)
 	if err := s1.Delete(ctx, p.Moves(), -1); err != nil {
 		t.Fatal(err)
@@ -476,7 +476,7 @@ func TestCreateMoveRefusesDuplicate(t *testing.T) {
 // version the second loses with ErrBadVersion and writes nothing.
 func TestUpdateMoveCASBetweenRunners(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{}`)
 	if err := CreateMove(ctx, s1, p, &MoveRecord{Version: MoveVersion, ID: "m1", State: MovePrepare}); err != nil {
 		t.Fatal(err)
@@ -539,7 +539,7 @@ func TestListMovesListsEveryMove(t *testing.T) {
 // version it writes both.
 func TestUpdateMoveOpAllOrNoneOnStaleMap(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{"v":1}`)
 	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MoveBarrier}
 	if err := CreateMove(ctx, s1, p, rec); err != nil {
@@ -579,7 +579,7 @@ func TestUpdateMoveOpAllOrNoneOnStaleMap(t *testing.T) {
 // release of the lost lock leaves the next holder's node alone.
 func TestLockGCExclusiveAndLostOnExpiry(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{}`)
 	l1, err := LockGC(ctx, s1, p, []byte("gc-1"))
 	if err != nil {
@@ -617,7 +617,7 @@ func TestLockGCExclusiveAndLostOnExpiry(t *testing.T) {
 // the holder releases; a waiter whose context ends gives up.
 func TestLockRebalanceWaitsThenTakesOver(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2, s3 := z.open(t), z.open(t)
+	s2, s3 := z.Session(t), z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{}`)
 	l1, err := LockRebalance(ctx, s1, p, []byte("rb-1"), nil)
 	if err != nil {
@@ -668,7 +668,7 @@ func TestLockRebalanceWaitsThenTakesOver(t *testing.T) {
 // and the next runner take it.
 func TestMoveRunnerLostOnExpiryAndRetaken(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{}`)
 	if err := CreateMove(ctx, s1, p, &MoveRecord{Version: MoveVersion, ID: "m1", State: MoveCopy}); err != nil {
 		t.Fatal(err)
@@ -752,7 +752,7 @@ func TestDeleteClusterRemovesEverything(t *testing.T) {
 // other gets ErrClusterExists, and the map is the winner's.
 func TestCreateClusterRaceOneWins(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	errs := make(chan error, 2)
 	start := make(chan struct{})
 	for i, s := range []*zksession.Session{s1, s2} {
@@ -790,7 +790,7 @@ func TestCreateClusterRaceOneWins(t *testing.T) {
 // session; what another session wrote is read after it.
 func TestSyncOnMemory(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	if err := Sync(ctx, s2, p); err != nil {
 		t.Fatalf("sync without a cluster: %v", err)
 	}
@@ -801,7 +801,7 @@ func TestSyncOnMemory(t *testing.T) {
 	if data, _, err := ReadMapData(ctx, s2, p); err != nil || string(data) != `{"v":1}` {
 		t.Fatalf("map after sync: %q %v", data, err)
 	}
-	s3 := z.open(t)
+	s3 := z.Session(t)
 	s3.Close()
 	if err := Sync(ctx, s3, p); err == nil {
 		t.Fatal("sync on a closed session succeeded")

@@ -27,7 +27,7 @@ func TestProbe(t *testing.T) {
 	}
 
 	// A closed session fails at the first step, and says which.
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	s2.Close()
 	steps, err = Probe(ctx, s2, p, "probe-2")
 	if err == nil || len(steps) != 0 || err.Error()[:len("create: ")] != "create: " {

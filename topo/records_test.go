@@ -9,33 +9,17 @@ import (
 
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/zksession"
-	"github.com/shardvisor/shardvisor/zksession/memzk"
 )
 
-// memRoot is a test's root on an in-memory ZooKeeper: the records'
-// logic needs no server (what only ZooKeeper does, ACLs, stays on the
-// real ensemble in acl_test.go).
-type memRoot struct {
-	srv  *memzk.Server
-	Root string
-}
-
-// open opens another session on the same tree: another process.
-func (m memRoot) open(t *testing.T) *zksession.Session {
-	return zktest.MemorySession(t, m.srv, zksession.Config{})
-}
-
-// zkCluster gives the test an in-memory ZooKeeper with a session on it; p
-// are the paths of cluster c1 under its root, ctx lasts a minute.
-func zkCluster(t *testing.T) (ctx context.Context, z memRoot, s *zksession.Session, p Paths) {
+// zkCluster gives the test an in-memory ZooKeeper with a session on it
+// (the records' logic needs no server; what only ZooKeeper does, ACLs and
+// partitions, stays on the real ensemble); p are the paths of cluster c1
+// under its root, ctx lasts a minute.
+func zkCluster(t *testing.T) (ctx context.Context, z *zktest.MemoryTree, s *zksession.Session, p Paths) {
 	t.Helper()
-	srv, s := zktest.Memory(t)
-	z = memRoot{srv: srv, Root: "/shardvisor-test"}
+	z, s = zktest.NewMemoryTree(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	if err := s.CreateAll(ctx, z.Root); err != nil {
-		t.Fatal(err)
-	}
 	return ctx, z, s, MustPaths(z.Root, "c1")
 }
 
@@ -283,7 +267,7 @@ func TestPoolRecords(t *testing.T) {
 // and takes over once the first releases.
 func TestLockMoveRunner(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
-	s2 := z.open(t)
+	s2 := z.Session(t)
 	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MovePrepare}
 	if err := CreateMove(ctx, s1, p, rec); err != nil {
 		t.Fatal(err)

@@ -46,6 +46,15 @@ func Create(t testing.TB, s *zksession.Session, root string, nodes []bucketmap.N
 	return st
 }
 
+// Next is the map's next version, a minute later, with the same owners: for
+// a test to edit and publish.
+func Next(m *bucketmap.Map) *bucketmap.Map {
+	c := m.Clone()
+	c.Version++
+	c.UpdatedAt = c.UpdatedAt.Add(time.Minute)
+	return c
+}
+
 // WriteMapFile writes the map file of m (cluster c1) into dir and returns
 // its path.
 func WriteMapFile(t testing.TB, dir string, m *bucketmap.Map) string {

@@ -59,3 +59,30 @@ func connected(t testing.TB, s *zksession.Session) *zksession.Session {
 	}
 	return s
 }
+
+// MemoryTree is a test's tree on an in-memory ZooKeeper with its Root
+// created, as testenv.ZK's Root is on the real ensemble.
+type MemoryTree struct {
+	Server *memzk.Server
+	Root   string
+}
+
+// NewMemoryTree starts an in-memory ZooKeeper with /shardvisor-test
+// created, and opens a session on it.
+func NewMemoryTree(t testing.TB) (*MemoryTree, *zksession.Session) {
+	t.Helper()
+	srv, s := Memory(t)
+	m := &MemoryTree{Server: srv, Root: "/shardvisor-test"}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.CreateAll(ctx, m.Root); err != nil {
+		t.Fatal(err)
+	}
+	return m, s
+}
+
+// Session opens another session on the tree: another process.
+func (m *MemoryTree) Session(t testing.TB) *zksession.Session {
+	t.Helper()
+	return MemorySession(t, m.Server, zksession.Config{})
+}
