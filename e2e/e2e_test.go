@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -99,15 +98,6 @@ func (e *env) start(name string, args ...string) *proc {
 	return p
 }
 
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 func waitHTTP(t *testing.T, url string, limit time.Duration) {
 	t.Helper()
 	testenv.WaitFor(t, limit, func() bool {
@@ -166,7 +156,7 @@ func TestWholeSystem(t *testing.T) {
 	for _, n := range []string{"pg1", "pg2", "pg3"} {
 		e.run("shardctl", "node", "prepare", n)
 	}
-	appPort, routerPort, adminPort := freePort(t), freePort(t), freePort(t)
+	appPort, routerPort, adminPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
 	pool := func(workers int) string {
 		p := filepath.Join(dir, fmt.Sprintf("pool-%d.json", workers))
 		cfg := map[string]any{

@@ -232,16 +232,6 @@ func testExe(t *testing.T) string {
 	return exe
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // cfgFor is a pool config running the test worker.
 func cfgFor(t *testing.T, port int, workers int, env map[string]string) *topo.PoolConfig {
 	surge := workers

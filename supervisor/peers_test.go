@@ -112,7 +112,7 @@ func startTrio(t *testing.T, secret []byte) *trio {
 	tr := &trio{e: startZK(t), timeout: 2 * time.Second}
 	for i := range 3 {
 		pool := fmt.Sprintf("web%d", i+1)
-		port := freePort(t)
+		port := testenv.FreePort(t)
 		tr.addrs = append(tr.addrs, fmt.Sprintf("127.0.0.1:%d", port))
 		tr.e.put(t, tr.e.paths.PoolConfig(pool), encode(t, cfgFor(t, port, 2, map[string]string{"TW_TAG": pool})))
 		p, err := faultproxy.New(tr.e.z.Servers[i%len(tr.e.z.Servers)])

@@ -67,7 +67,7 @@ func reloadCfg(sig string, ack time.Duration) func(*topo.PoolConfig) {
 func TestReloadModeDeliversMapsWithoutRestarts(t *testing.T) {
 	e := startZK(t)
 	_, put := mapCluster(t, e)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	c := cfgFor(t, port, 2, nil)
 	reloadCfg("", 3*time.Second)(c)
@@ -134,7 +134,7 @@ func TestReloadModeDeliversMapsWithoutRestarts(t *testing.T) {
 func TestReloadModeReplacesWorkersThatDoNotAcknowledge(t *testing.T) {
 	e := startZK(t)
 	_, put := mapCluster(t, e)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	c := cfgFor(t, port, 2, map[string]string{"TW_MAPMODE": "silent"})
 	reloadCfg("", time.Second)(c)
@@ -184,7 +184,7 @@ func TestGunicornReloadMode(t *testing.T) {
 	}
 	e := startZK(t)
 	_, put := mapCluster(t, e)
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	c := &topo.PoolConfig{Version: 1, Command: gunicorn, Workers: 2,
 		Args:            []string{"--preload", "--workers", "1", "--chdir", appDir, "--graceful-timeout", "5", "--log-level", "warning", "wsgi_app:application"},
 		Env:             map[string]string{"APP_STARTUP_DELAY": "0.2", "APP_TAG": "py"},

@@ -61,12 +61,7 @@ func TestMachineReviewMapChangeInsideTheWindowKeepsTheOldGeneration(t *testing.T
 // leads to: a crash of the newest generation inside its window "rolls
 // back" to a generation with no worker left.
 func TestMachineReviewHUPInsideTheWindowThenCrashRollsBackToNothing(t *testing.T) {
-	s := newSim(t, false)
-	st := withStability(10*time.Second, time.Minute)
-	s.serving(2, st)
-	s.swapAt(time.Second, poolCfg(2, 2, st))
-	s.at(2 * time.Second)
-	s.ready(3, 4)
+	s, st := readyInWindow(t, 10*time.Second)
 	s.at(3 * time.Second)
 	hup := poolCfg(2, 2, st)
 	hup.force = true

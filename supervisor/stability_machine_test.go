@@ -23,6 +23,19 @@ func withStability(window, within time.Duration) func(*topo.PoolConfig) {
 	}
 }
 
+// readyInWindow is how most stability tests start: two workers serving
+// under a stability window, a swap to generation 2 at 1 s, and its
+// workers w3 and w4 ready at 2 s, so the window runs.
+func readyInWindow(t *testing.T, window time.Duration) (*sim, func(*topo.PoolConfig)) {
+	s := newSim(t, false)
+	st := withStability(window, time.Minute)
+	s.serving(2, st)
+	s.swapAt(time.Second, poolCfg(2, 2, st))
+	s.at(2 * time.Second)
+	s.ready(3, 4)
+	return s, st
+}
+
 func counter(t *testing.T, s *sim, name, label string) float64 {
 	t.Helper()
 	mfs, err := s.mc.m.reg.Gather()
@@ -65,12 +78,7 @@ func TestMachineWindowKeepsTheOldGenerationUntilTheNewHolds(t *testing.T) {
 }
 
 func TestMachineCrashInsideTheWindowRollsBackAndIsNotRetried(t *testing.T) {
-	s := newSim(t, false)
-	st := withStability(10*time.Second, time.Minute)
-	s.serving(2, st)
-	s.swapAt(time.Second, poolCfg(2, 2, st))
-	s.at(2 * time.Second)
-	s.ready(3, 4)
+	s, st := readyInWindow(t, 10*time.Second)
 	// Two seconds after READY=1, one of them exits 1: the finding.
 	s.at(4 * time.Second)
 	got := s.exit(3, "exit status 1")
@@ -124,12 +132,7 @@ func TestMachineNewConfigAfterRollbackSwaps(t *testing.T) {
 }
 
 func TestMachineCrashLoopAfterTheWindowRestartsThePreviousConfig(t *testing.T) {
-	s := newSim(t, false)
-	st := withStability(3*time.Second, time.Minute)
-	s.serving(2, st)
-	s.swapAt(time.Second, poolCfg(2, 2, st))
-	s.at(2 * time.Second)
-	s.ready(3, 4)
+	s, st := readyInWindow(t, 3*time.Second)
 	s.at(5 * time.Second)
 	s.expect("window over", s.tick(), "term w1 replaced", "term w2 replaced", "publish ok g2", "notify READY=1 STATUS=serving generation 2", "clean-maps keep ")
 	s.exit(1, "exit status 0")

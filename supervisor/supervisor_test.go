@@ -30,7 +30,7 @@ import (
 func zkPool(t *testing.T, env map[string]string, edit func(c *topo.PoolConfig)) (e *zkEnv, h *harness, c *topo.PoolConfig, port int, addr string) {
 	t.Helper()
 	e = startZK(t)
-	port = freePort(t)
+	port = testenv.FreePort(t)
 	addr = fmt.Sprintf("127.0.0.1:%d", port)
 	c = cfgFor(t, port, 2, env)
 	if edit != nil {
@@ -206,7 +206,7 @@ func TestSupersedeDuringSwap(t *testing.T) {
 // change resets the count to the config's.
 func TestTTINTTOU(t *testing.T) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 2, map[string]string{"TW_TAG": "x"})
 	writeConfig(t, file, c)
@@ -237,7 +237,7 @@ func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
 	sv, hello := filepath.Join(dir, "supervisor"), filepath.Join(dir, "hello")
 	goBuild(t, "./cmd/supervisor", sv)
 	goBuild(t, "./examples/hello", hello)
-	port, adminPort := freePort(t), freePort(t)
+	port, adminPort := testenv.FreePort(t), testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := &topo.PoolConfig{Version: 1, Command: hello, Workers: 2, Env: map[string]string{"GREETING": "hi"},
 		Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}}
@@ -318,7 +318,7 @@ func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
 // keeper's main thread, which never exits.
 func TestWorkersSurviveThreadExits(t *testing.T) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 3, nil)
 	writeConfig(t, file, c)
@@ -340,7 +340,7 @@ func TestWorkersSurviveThreadExits(t *testing.T) {
 // become a fork storm. A hung worker is killed by the watchdog.
 func TestCrashBackoffAndWatchdog(t *testing.T) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 1, map[string]string{})
 	c.Restart = topo.Backoff{Initial: topo.Duration(100 * time.Millisecond), Max: topo.Duration(800 * time.Millisecond)}
@@ -376,7 +376,7 @@ func TestZKLeaderKillKeepsWorkers(t *testing.T) {
 	skipUnderRace(t)
 	e := startZK(t)
 	testenv.Exclusive(t)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	e.setConfig(t, cfgFor(t, port, 2, map[string]string{"TW_TAG": "x"}))
 	h := run(t, e.opts(t, e.z.ConnectString+e.z.Root, 8*time.Second))
@@ -423,7 +423,7 @@ func TestZKLeaderKillKeepsWorkers(t *testing.T) {
 func TestZKPartitionKillsWorkersAndHeals(t *testing.T) {
 	skipUnderRace(t)
 	e := startZK(t)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	e.setConfig(t, cfgFor(t, port, 2, map[string]string{"TW_TAG": "x"}))
 	proxy, err := faultproxy.New(e.z.Servers[0])
@@ -489,7 +489,7 @@ func TestZKPartitionKillsWorkersAndHeals(t *testing.T) {
 // old map files are removed; an invalid map never replaces a good one.
 func TestMapChangeDeliversNewMapFile(t *testing.T) {
 	e := startZK(t)
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	// A real cluster: the workers' map file carries its seed.
 	crec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: e.paths.ClusterName(), Seed: "5eed0000000000000000000000000001", CreatedAt: time.Now().UTC()}
@@ -552,7 +552,7 @@ func mustDoc(t *testing.T, c topo.ClusterRecord, raw []byte) string {
 // max_lifetime recycles workers through the same zero-drop path.
 func TestMaxLifetimeRecycles(t *testing.T) {
 	dir := t.TempDir()
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 2, nil)
 	c.MaxLifetime = topo.Duration(2 * time.Second)
@@ -637,7 +637,7 @@ func lookTool(t *testing.T, name string) string {
 func swapsUnderLoad(t *testing.T, c *topo.PoolConfig) *harness {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "pool.json")
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	if c.Env == nil {
 		c.Env = map[string]string{}
 	}

@@ -62,7 +62,7 @@ func startRealSV(t *testing.T, c *topo.PoolConfig) *realSV {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "pool.json")
 	writeConfig(t, file, c)
-	r := &realSV{t: t, log: filepath.Join(dir, "sv.log"), admin: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	r := &realSV{t: t, log: filepath.Join(dir, "sv.log"), admin: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}
 	logf, err := os.Create(r.log)
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +179,7 @@ func TestSupervisorSIGKILLTakesGunicornTreesDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
 	c := &topo.PoolConfig{Version: 1, Command: gunicorn, Workers: 2,
 		Args:      []string{"--preload", "--workers", "2", "--chdir", appDir, "--graceful-timeout", "5", "--log-level", "warning", "wsgi_app:application"},
 		Env:       map[string]string{"APP_STARTUP_DELAY": "0", "APP_TAG": "first"},
@@ -211,7 +211,7 @@ func TestSupervisorSIGKILLTakesGunicornTreesDown(t *testing.T) {
 // the daemon leaves the worker's process group and session, so killing
 // the group missed it; the keeper, its subreaper, does not.
 func TestSupervisorSIGKILLTakesDaemonsDown(t *testing.T) {
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	c := cfgFor(t, port, 2, map[string]string{"TW_MODE": "daemon"})
 	r := startRealSV(t, c)

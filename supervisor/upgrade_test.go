@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
 func TestParseInheritFDs(t *testing.T) {
@@ -77,7 +79,7 @@ func TestParseHandover(t *testing.T) {
 func TestHandoverEnvironmentIsCheckedAndRemoved(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "pool.json")
-	if err := os.WriteFile(file, encode(t, cfgFor(t, freePort(t), 1, nil)), 0o644); err != nil {
+	if err := os.WriteFile(file, encode(t, cfgFor(t, testenv.FreePort(t), 1, nil)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	notSock, err := os.Open(file)
@@ -123,7 +125,7 @@ func TestHandoverEnvironmentIsCheckedAndRemoved(t *testing.T) {
 // One supervisor per pool per state directory: a second New is refused
 // (naming the pool, the lock file and the holder), until the first stops.
 func TestSecondSupervisorOfAPoolIsRefused(t *testing.T) {
-	port := freePort(t)
+	port := testenv.FreePort(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "pool.json")
 	if err := os.WriteFile(file, encode(t, cfgFor(t, port, 1, nil)), 0o644); err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -70,21 +69,11 @@ func binaries(t *testing.T) (string, string) {
 	return buildOnce.bin, buildOnce.hello
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 func newUpgradeEnv(t *testing.T) *upgradeEnv {
 	bin, hello := binaries(t)
 	dir := t.TempDir()
 	e := &upgradeEnv{t: t, dir: dir, bin: bin, hello: hello, stateDir: filepath.Join(dir, "state"),
-		port: freePort(t), admin: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+		port: testenv.FreePort(t), admin: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}
 	e.config = filepath.Join(dir, "pool.json")
 	cfg := fmt.Sprintf(`{"version": 1, "command": %q, "workers": 2,
   "listen": [{"name": "http", "addr": "tcp://127.0.0.1:%d"}],
@@ -471,7 +460,7 @@ func TestSecondSupervisorRefused(t *testing.T) {
 	}
 	var out bytes.Buffer
 	// Another admin address, so the refusal cannot come from a bind.
-	cmd := exec.Command(e.bin, "--config", e.config, "--pool", "upg", "--state-dir", e.stateDir, "--admin", fmt.Sprintf("127.0.0.1:%d", freePort(t)))
+	cmd := exec.Command(e.bin, "--config", e.config, "--pool", "upg", "--state-dir", e.stateDir, "--admin", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)))
 	cmd.Stdout, cmd.Stderr = &out, &out
 	done := make(chan error, 1)
 	if err := cmd.Start(); err != nil {

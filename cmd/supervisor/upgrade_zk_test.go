@@ -76,7 +76,7 @@ func TestUpgradeZooKeeperModeSameMember(t *testing.T) {
 	// A second supervisor of the pool on this host: refused before it
 	// connects anything it could publish.
 	var out bytes.Buffer
-	second := exec.Command(e.bin, append(zkArgs[:len(zkArgs)-3], "--member", "m2", "--admin", fmt.Sprintf("127.0.0.1:%d", freePort(t)))...)
+	second := exec.Command(e.bin, append(zkArgs[:len(zkArgs)-3], "--member", "m2", "--admin", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)))...)
 	second.Stdout, second.Stderr = &out, &out
 	err = second.Run()
 	var ee *exec.ExitError

@@ -343,3 +343,15 @@ func Receive[T any](t testing.TB, c <-chan T, timeout time.Duration, msg string)
 	var zero T
 	return zero
 }
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// server a test starts in another process.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
