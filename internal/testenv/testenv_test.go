@@ -146,6 +146,7 @@ func TestZK(t *testing.T) {
 // TestZKIsolationAndCleanup: every StartZK gets its own root, removed with
 // everything under it when the (sub)test ends.
 func TestZKIsolationAndCleanup(t *testing.T) {
+	skipIfShort(t) // its subtests would skip, leaving nothing to compare
 	var roots []string
 	for i := 0; i < 2; i++ {
 		t.Run("sub", func(t *testing.T) {
@@ -236,6 +237,7 @@ func TestPG(t *testing.T) {
 // TestPGIsolationAndCleanup: databases differ per StartPG and are dropped at
 // the end of the test, subscriptions and slots included.
 func TestPGIsolationAndCleanup(t *testing.T) {
+	skipIfShort(t) // its subtests would skip, leaving nothing to compare
 	var dbs []string
 	t.Run("a", func(t *testing.T) {
 		pg := StartPG(t)
