@@ -438,6 +438,9 @@ func TestMemberViewReads(t *testing.T) {
 func TestMemberViewEndsWithSession(t *testing.T) {
 	ctx, z, _, p := zkCluster(t)
 	s := z.Session(t)
+	if err := s.CreateAll(ctx, p.Routers()); err != nil { // the cluster's directories, as init makes them
+		t.Fatal(err)
+	}
 	if _, err := topo.RegisterRouter(ctx, s, p, routerRec("r1", 1)); err != nil {
 		t.Fatal(err)
 	}
