@@ -2,6 +2,7 @@ package gc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -68,6 +69,16 @@ func parseMove(znode, id string, data []byte) (MoveRange, bool) {
 	rec, err := topo.DecodeMove(znode, data)
 	if err != nil {
 		return all("move record %s cannot be read: %v", id, err)
+	}
+	// The strict decoder fills a missing or null bucket or level with 0:
+	// for GC that would be "bucket 0", a guess. Without both, the record
+	// says nothing of its range.
+	var where struct {
+		Bucket *uint32 `json:"bucket"`
+		Level  *int    `json:"level"`
+	}
+	if err := json.Unmarshal(data, &where); err != nil || where.Bucket == nil || where.Level == nil {
+		return all("move record %s does not say which bucket it moves (bucket and level)", id)
 	}
 	if topo.MoveStateFinal(rec.State) {
 		return MoveRange{}, false

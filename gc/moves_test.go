@@ -55,6 +55,10 @@ func TestParseMove(t *testing.T) {
 		"bucket past level": []byte(`{"version":1,"bucket":8,"level":3,"state":"copy"}`),
 		"bad level":         []byte(`{"version":1,"bucket":0,"level":99,"state":"copy"}`),
 		"trailing data":     []byte(`{"version":1,"bucket":5,"level":3,"state":"done"} {}`),
+		// Read as 0 by the strict decoder: bucket 0 would be a guess.
+		"no bucket":   []byte(`{"version":1,"level":3,"state":"copy"}`),
+		"null bucket": []byte(`{"version":1,"bucket":null,"level":3,"state":"copy"}`),
+		"no level":    []byte(`{"version":1,"bucket":5,"state":"copy"}`),
 	}
 	for name, data := range blockAll {
 		mr, inFlight := parseMove("/m/mv", "mv", data)

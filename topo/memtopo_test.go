@@ -73,6 +73,7 @@ func poolCfg(workers int) *PoolConfig {
 // pool's members directory and empty status are (re)created with it.
 func TestSetPoolConfigCASBetweenSessions(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
+	clusterNode(t, ctx, s1, p)
 	s2 := z.Session(t)
 	if v, created, err := SetPoolConfig(ctx, s1, p, "web", poolCfg(2), -1); err != nil || !created || v != 0 {
 		t.Fatalf("create: version %d created %v: %v", v, created, err)
@@ -159,6 +160,7 @@ func TestReadPoolConfigMalformed(t *testing.T) {
 // record with an unknown result fails both ReadPoolStatus and ReadPoolState.
 func TestPoolStatusLastWriterWins(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
+	clusterNode(t, ctx, s1, p)
 	s2 := z.Session(t)
 	if st, err := ReadPoolStatus(ctx, s1, p, "api"); st != nil || err != nil {
 		t.Fatalf("status of a pool without records: %+v %v", st, err)
@@ -190,6 +192,7 @@ func TestPoolStatusLastWriterWins(t *testing.T) {
 // listed with its error among the others.
 func TestListPoolsAndMembersSorted(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
+	clusterNode(t, ctx, s1, p)
 	s2 := z.Session(t)
 	if pools, err := ListPools(ctx, s1, p); pools != nil || err != nil {
 		t.Fatalf("pools without a pools directory: %v %v", pools, err)
@@ -235,6 +238,7 @@ func TestListPoolsAndMembersSorted(t *testing.T) {
 // re-created on its new session with its latest contents.
 func TestPoolMemberRecreatedAfterExpiry(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
+	clusterNode(t, ctx, s1, p)
 	s2 := z.Session(t)
 	if _, _, err := SetPoolConfig(ctx, s1, p, "web", poolCfg(1), -1); err != nil {
 		t.Fatal(err)
@@ -270,6 +274,7 @@ func TestPoolMemberRecreatedAfterExpiry(t *testing.T) {
 // re-created when the session comes back expired.
 func TestPoolMemberUpdateWhileAwayIsRecreated(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
+	clusterNode(t, ctx, s1, p)
 	s2 := zktest.MemorySession(t, z.Server, zksession.Config{OpTimeout: 500 * time.Millisecond})
 	if _, _, err := SetPoolConfig(ctx, s1, p, "web", poolCfg(1), -1); err != nil {
 		t.Fatal(err)
@@ -341,6 +346,7 @@ func TestRouterRecordGoesWithItsSession(t *testing.T) {
 // each update with its version, and its deletion.
 func TestWatchPoolConfigFollowsChanges(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
+	clusterNode(t, ctx, s1, p)
 	s2 := z.Session(t)
 	w := WatchPoolConfig(ctx, s2, p, "web")
 	defer w.Stop()
@@ -511,6 +517,7 @@ func TestUpdateMoveCASBetweenRunners(t *testing.T) {
 // nothing else (not a runner lock below a move).
 func TestListMovesListsEveryMove(t *testing.T) {
 	ctx, _, s, p := zkCluster(t)
+	clusterNode(t, ctx, s, p)
 	if ids, err := ListMoves(ctx, s, p); ids != nil || err != nil {
 		t.Fatalf("without a moves directory: %v %v", ids, err)
 	}

@@ -23,6 +23,16 @@ func zkCluster(t *testing.T) (ctx context.Context, z *zktest.MemoryTree, s *zkse
 	return ctx, z, s, MustPaths(z.Root, "c1")
 }
 
+// clusterNode creates the cluster's znode (empty) for a test of the
+// records under it: only CreateCluster makes a cluster, and topo refuses
+// to write under one that does not exist.
+func clusterNode(t *testing.T, ctx context.Context, s *zksession.Session, p Paths) {
+	t.Helper()
+	if err := s.CreateAll(ctx, p.Cluster()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func testCluster(name string) ClusterRecord {
 	return ClusterRecord{Version: ClusterVersion, Name: name, Seed: strings.Repeat("ab", 16), CreatedAt: time.Unix(1700000000, 0).UTC()}
 }
@@ -146,6 +156,7 @@ func TestAddRemoveTable(t *testing.T) {
 // malformed one reported, a departed one left out.
 func TestPoolRecords(t *testing.T) {
 	ctx, z, s, p := zkCluster(t)
+	clusterNode(t, ctx, s, p)
 
 	if _, _, err := ReadPoolConfig(ctx, s, p, "web"); !errors.Is(err, zksession.ErrNoNode) {
 		t.Fatalf("config of a new pool: %v, want ErrNoNode", err)
@@ -267,6 +278,7 @@ func TestPoolRecords(t *testing.T) {
 // and takes over once the first releases.
 func TestLockMoveRunner(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
+	clusterNode(t, ctx, s1, p)
 	s2 := z.Session(t)
 	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MovePrepare}
 	if err := CreateMove(ctx, s1, p, rec); err != nil {

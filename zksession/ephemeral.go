@@ -27,6 +27,9 @@ type Ephemeral struct {
 	mu      sync.Mutex
 	data    []byte
 	deleted bool
+	// creating: the first create has not returned yet. A re-sync then
+	// leaves the node to it (it lands on the current session or fails).
+	creating bool
 }
 
 // ErrOwnedElsewhere means an ephemeral node exists but belongs to another
@@ -52,7 +55,7 @@ func (s *Session) createEphemeral(ctx context.Context, p string, data []byte, ac
 	if acl == nil {
 		acl = s.cfg.ACL
 	}
-	e := &Ephemeral{s: s, path: p, acl: acl, data: data, lock: lock}
+	e := &Ephemeral{s: s, path: p, acl: acl, data: data, lock: lock, creating: true}
 	s.mu.Lock()
 	if _, dup := s.ephemerals[p]; dup {
 		s.mu.Unlock()
@@ -60,7 +63,11 @@ func (s *Session) createEphemeral(ctx context.Context, p string, data []byte, ac
 	}
 	s.ephemerals[p] = e
 	s.mu.Unlock()
-	if err := e.create(ctx); err != nil {
+	err := e.create(ctx)
+	e.mu.Lock()
+	e.creating = false
+	e.mu.Unlock()
+	if err != nil {
 		s.mu.Lock()
 		delete(s.ephemerals, p)
 		s.mu.Unlock()
@@ -144,6 +151,12 @@ func (e *Ephemeral) ensure() {
 
 // keepIfOwned forgets a lock's node unless this session owns it.
 func (e *Ephemeral) keepIfOwned(ctx context.Context) error {
+	e.mu.Lock()
+	creating := e.creating
+	e.mu.Unlock()
+	if creating {
+		return nil
+	}
 	_, st, err := e.s.Get(ctx, e.path)
 	switch {
 	case errors.Is(err, ErrNoNode):

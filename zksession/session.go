@@ -102,7 +102,10 @@ func Open(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("zookeeper %s: %w", cs, err)
 	}
-	return s, s.start(conn)
+	if err := s.start(conn); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // Connector opens the Conn a Session runs on. It must pass every session
@@ -127,7 +130,10 @@ func OpenConn(cfg Config, connect Connector) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s, s.start(conn)
+	if err := s.start(conn); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 func newSession(cfg Config, cs ConnectString) *Session {
