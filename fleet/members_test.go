@@ -76,7 +76,14 @@ func zkCluster(t *testing.T) (ctx context.Context, z *zktest.MemoryTree, s *zkse
 	z, s = zktest.NewMemoryTree(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	return ctx, z, s, topo.MustPaths(z.Root, "c1")
+	p = topo.MustPaths(z.Root, "c1")
+	// The cluster's member directories, as shardctl init makes them.
+	for _, dir := range []string{p.Routers(), p.Pools()} {
+		if err := s.CreateAll(ctx, dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ctx, z, s, p
 }
 
 func routerRec(id string, v uint64) topo.RouterMember {
@@ -438,9 +445,6 @@ func TestMemberViewReads(t *testing.T) {
 func TestMemberViewEndsWithSession(t *testing.T) {
 	ctx, z, _, p := zkCluster(t)
 	s := z.Session(t)
-	if err := s.CreateAll(ctx, p.Routers()); err != nil { // the cluster's directories, as init makes them
-		t.Fatal(err)
-	}
 	if _, err := topo.RegisterRouter(ctx, s, p, routerRec("r1", 1)); err != nil {
 		t.Fatal(err)
 	}
