@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -93,14 +94,26 @@ func (s *Supervisor) serveAdmin(ln net.Listener) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(body)
 	})
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	tl := &trackedListener{Listener: ln}
+	s.adminConns = &tl.open
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnState: func(c net.Conn, st http.ConnState) {
+		if st == http.StateClosed || st == http.StateHijacked {
+			tl.open.Add(-1)
+		}
+	}}
 	go func() {
-		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.http.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("admin server failed", zap.Error(err))
 		}
 	}()
 }
 
+// stopAdmin stops accepting and answers every connection already
+// accepted before it returns (at most 2 s). http.Server.Shutdown alone is
+// not enough: a connection accepted just before the listener closed, but
+// not yet tracked by the server, is not waited for, and the process exiting
+// after an upgrade's hand-over closed it unanswered (a load balancer's
+// health check saw EOF). The listener counts connections from Accept on.
 func (s *Supervisor) stopAdmin() {
 	if s.http == nil {
 		return
@@ -108,4 +121,24 @@ func (s *Supervisor) stopAdmin() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = s.http.Shutdown(ctx)
+	for s.adminConns != nil && s.adminConns.Load() > 0 && ctx.Err() == nil {
+		// Shutting down: each is answered without keep-alive, then closed.
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = s.http.Close()
+}
+
+// trackedListener counts the connections it accepted that are not closed
+// yet (the server's ConnState hook counts them down).
+type trackedListener struct {
+	net.Listener
+	open atomic.Int64
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.open.Add(1)
+	}
+	return c, err
 }

@@ -115,7 +115,10 @@ type Supervisor struct {
 	host   string
 	events chan any
 	http   *http.Server
-	admin  string
+	// adminConns counts the admin connections accepted and not yet closed
+	// (stopAdmin waits for them).
+	adminConns *atomic.Int64
+	admin      string
 
 	// start starts a worker process: startOSProcess, or a fake in tests.
 	start startProcess
