@@ -303,15 +303,6 @@ func createDir(ctx context.Context, s *zksession.Session, p Paths, at string) er
 	if at == "/" {
 		return nil
 	}
-	if at == p.Cluster() {
-		// Only CreateCluster makes a cluster: a record written under a
-		// cluster that does not exist (a mistyped --cluster) must not
-		// leave an empty cluster znode behind that init then refuses.
-		if ok, _, err := s.Exists(ctx, at); err != nil || ok {
-			return err
-		}
-		return fmt.Errorf("%w: no record at %s (create it with `shardctl init`)", ErrNoCluster, at)
-	}
 	err := createNode(ctx, s, p, at, nil)
 	if errors.Is(err, zksession.ErrNodeExists) {
 		return nil
