@@ -95,34 +95,37 @@ func (s *Supervisor) serveAdmin(ln net.Listener) {
 		_ = enc.Encode(body)
 	})
 	tl := &trackedListener{Listener: ln}
-	s.adminConns = &tl.open
+	s.adminLn = tl
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnState: func(c net.Conn, st http.ConnState) {
 		if st == http.StateClosed || st == http.StateHijacked {
 			tl.open.Add(-1)
 		}
 	}}
 	go func() {
-		if err := s.http.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.http.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 			s.log.Error("admin server failed", zap.Error(err))
 		}
 	}()
 }
 
 // stopAdmin stops accepting and answers every connection already
-// accepted before it returns (at most 2 s). http.Server.Shutdown alone is
-// not enough: a connection accepted just before the listener closed, but
-// not yet tracked by the server, is not waited for, and the process exiting
-// after an upgrade's hand-over closed it unanswered (a load balancer's
-// health check saw EOF). The listener counts connections from Accept on.
+// accepted before it returns (at most 2 s). http.Server.Shutdown is not
+// used: a request it reads after it began is dropped unanswered (net/http
+// closes the connection), and an upgrade's hand-over did exactly that to a
+// load balancer's health check accepted in that instant (EOF). Instead the
+// listener closes (the socket stays open in the other supervisor of an
+// upgrade, which accepts from then on), keep-alives end so each accepted
+// connection closes after its answer, and the listener's count of open
+// connections says when all are answered.
 func (s *Supervisor) stopAdmin() {
 	if s.http == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = s.http.Shutdown(ctx)
-	for s.adminConns != nil && s.adminConns.Load() > 0 && ctx.Err() == nil {
-		// Shutting down: each is answered without keep-alive, then closed.
+	s.http.SetKeepAlivesEnabled(false)
+	_ = s.adminLn.Close()
+	for s.adminLn.open.Load() > 0 && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
 	_ = s.http.Close()

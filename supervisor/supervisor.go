@@ -115,10 +115,10 @@ type Supervisor struct {
 	host   string
 	events chan any
 	http   *http.Server
-	// adminConns counts the admin connections accepted and not yet closed
-	// (stopAdmin waits for them).
-	adminConns *atomic.Int64
-	admin      string
+	// adminLn is the admin server's listener; it counts the connections
+	// accepted and not yet closed, which stopAdmin waits for.
+	adminLn *trackedListener
+	admin   string
 
 	// start starts a worker process: startOSProcess, or a fake in tests.
 	start startProcess
