@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -19,10 +20,9 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-var events = topo.TableRecord{Name: "app.events", KeyColumn: "bkey"}
+var events = clustertest.Events
 
-const eventsDDL = `CREATE SCHEMA IF NOT EXISTS app;
-CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, body text, PRIMARY KEY (bkey, id))`
+const eventsDDL = clustertest.EventsDDL
 
 // keyIn is a key inside bucket b at level.
 func keyIn(level int, b uint32) int64 {

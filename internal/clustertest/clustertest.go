@@ -20,6 +20,14 @@ import (
 // Seed is the keystream seed of every test cluster.
 const Seed = "5eed0000000000000000000000000001"
 
+// Events is the sharded table of the GC and ownership tests, made by
+// EventsDDL on every node.
+var Events = topo.TableRecord{Name: "app.events", KeyColumn: "bkey"}
+
+// EventsDDL creates Events.
+const EventsDDL = `CREATE SCHEMA IF NOT EXISTS app;
+CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, body text, PRIMARY KEY (bkey, id))`
+
 // Nodes returns n active db nodes pg1..pgN of weight 1 whose DSNs name
 // hosts that do not exist: for tests of routing, not of PostgreSQL.
 func Nodes(n int) []bucketmap.Node {
