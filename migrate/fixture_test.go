@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -24,7 +25,7 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-const seedHex = "5eed0000000000000000000000000001"
+const seedHex = clustertest.Seed
 
 var kvTable = topo.TableRecord{Name: "app.kv", KeyColumn: "bkey"}
 
