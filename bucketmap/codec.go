@@ -48,6 +48,9 @@ func fromRecord(r *MapRecord) (*Map, error) {
 	}
 	for i, n := range r.Nodes {
 		node := Node{ID: NodeID(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: NodeState(n.State)}
+		if n.Patroni != nil {
+			node.Patroni = Patroni{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}
+		}
 		if _, dup := m.index[node.ID]; dup {
 			return nil, fmt.Errorf("node %s is listed twice", node.ID)
 		}
@@ -97,7 +100,11 @@ func EncodeJSON(m *Map) ([]byte, error) {
 	}
 	rec := MapRecord{Version: MapFormatVersion, MapVersion: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt.UTC()}
 	for _, n := range m.nodes {
-		rec.Nodes = append(rec.Nodes, NodeRecord{ID: string(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: string(n.State)})
+		nr := NodeRecord{ID: string(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: string(n.State)}
+		if !n.Patroni.IsZero() {
+			nr.Patroni = &PatroniRecord{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}
+		}
+		rec.Nodes = append(rec.Nodes, nr)
 	}
 	raw := make([]byte, 2*len(m.owners))
 	for b, o := range m.owners {

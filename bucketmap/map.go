@@ -10,9 +10,11 @@ package bucketmap
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -65,6 +67,44 @@ type Node struct {
 	Password string
 	Weight   int
 	State    NodeState
+	// Patroni names the node's Patroni group, when the node is one: the
+	// DSN then reaches the group's primary (a multi-host DSN with
+	// target_session_attrs=read-write), and the group's members, leader
+	// and sync state are read from Patroni's records in ZooKeeper
+	// (package patroni).
+	Patroni Patroni
+}
+
+// Patroni names a Patroni group: its records live under
+// Namespace + Scope + "/" on the cluster's ZooKeeper ensemble. The zero
+// value means the node is a plain PostgreSQL server.
+type Patroni struct {
+	Namespace string // "/service/" by default, as Patroni's
+	Scope     string
+}
+
+// IsZero reports whether p names no group.
+func (p Patroni) IsZero() bool { return p == Patroni{} }
+
+// DefaultPatroniNamespace is Patroni's own default namespace.
+const DefaultPatroniNamespace = "/service/"
+
+var patroniScopeRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Validate checks a group reference: a namespace that is an absolute
+// ZooKeeper path ending in "/" and a scope that is one path component.
+func (p Patroni) Validate() error {
+	if p.IsZero() {
+		return nil
+	}
+	if !patroniScopeRE.MatchString(p.Scope) {
+		return fmt.Errorf("patroni scope %q must be 1-63 characters of letters, digits, '.', '_' or '-'", p.Scope)
+	}
+	ns := p.Namespace
+	if !strings.HasPrefix(ns, "/") || !strings.HasSuffix(ns, "/") || strings.Contains(ns, "//") || strings.Contains(ns, "/./") || strings.Contains(ns, "/../") {
+		return fmt.Errorf("patroni namespace %q must be an absolute ZooKeeper path ending in '/' (Patroni's default is %s)", ns, DefaultPatroniNamespace)
+	}
+	return nil
 }
 
 // BucketState is the state of one bucket.
@@ -230,6 +270,9 @@ func ValidateNode(n Node) error {
 	if err := ValidatePasswordRef(n.Password); err != nil {
 		return fmt.Errorf("node %s: %w", n.ID, err)
 	}
+	if err := n.Patroni.Validate(); err != nil {
+		return fmt.Errorf("node %s: %w", n.ID, err)
+	}
 	if n.Weight < 1 || n.Weight > MaxWeight {
 		return fmt.Errorf("node %s: weight %d out of range 1..%d", n.ID, n.Weight, MaxWeight)
 	}
@@ -258,7 +301,49 @@ func ValidateDSN(dsn string) error {
 	if u.Query().Has("password") {
 		return fmt.Errorf("dsn %q has a password parameter; store a reference instead (--password env:NAME or file:/path)", redactDSN(dsn))
 	}
+	hosts := DSNHosts(dsn)
+	for _, h := range hosts {
+		host, port, err := net.SplitHostPort(h)
+		if err != nil {
+			if strings.Contains(err.Error(), "missing port") {
+				host, port = h, "5432"
+			} else {
+				return fmt.Errorf("dsn %q: host %q: %v", redactDSN(dsn), h, err)
+			}
+		}
+		if host == "" {
+			return fmt.Errorf("dsn %q: an empty host in the host list", redactDSN(dsn))
+		}
+		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+			return fmt.Errorf("dsn %q: host %q: port %q is not 1..65535", redactDSN(dsn), h, port)
+		}
+	}
+	// Every client of a multi-host DSN must land on the group's primary:
+	// without the attribute libpq and pgx take the first host that
+	// answers, a standby that refuses every write.
+	if len(hosts) > 1 {
+		switch a := u.Query().Get("target_session_attrs"); a {
+		case "read-write", "primary":
+		default:
+			return fmt.Errorf("dsn %q lists %d hosts but target_session_attrs is %q: add target_session_attrs=read-write so that every client reaches the primary", redactDSN(dsn), len(hosts), a)
+		}
+	}
 	return nil
+}
+
+// DSNHosts lists the host:port entries of a postgres:// URL, which libpq
+// and pgx allow to be a comma-separated list (a multi-host DSN: the
+// client tries them in order). A host without a port is returned alone.
+func DSNHosts(dsn string) []string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Host == "" {
+		return nil
+	}
+	var out []string
+	for _, h := range strings.Split(u.Host, ",") {
+		out = append(out, h)
+	}
+	return out
 }
 
 // redactDSN hides any password in a DSN so that error messages can show it.

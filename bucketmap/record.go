@@ -44,6 +44,16 @@ type NodeRecord struct {
 	Password string `json:"password,omitempty"` // "env:NAME" or "file:/path"
 	Weight   int    `json:"weight"`
 	State    string `json:"state"` // active, draining, down, removed
+	// Patroni, when set, names the node's Patroni group on the cluster's
+	// ensemble: its members, leader and sync state are read from there.
+	Patroni *PatroniRecord `json:"patroni,omitempty"`
+}
+
+// PatroniRecord names a Patroni group: its DCS lives under
+// <namespace><scope>/ on the cluster's ZooKeeper ensemble.
+type PatroniRecord struct {
+	Namespace string `json:"namespace"`
+	Scope     string `json:"scope"`
 }
 
 // BucketRecord is a bucket that is not plainly active.

@@ -7,7 +7,9 @@ package dbnode
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -96,15 +98,94 @@ func Connect(ctx context.Context, n bucketmap.Node) (*pgx.Conn, error) {
 
 // ConnString is the node's DSN with the password filled in, for places
 // that need a libpq connection string (a logical-replication subscription
-// connects from one node to another). Never log it.
+// connects from one node to another). A group's multi-host DSN keeps its
+// host list and target_session_attrs, so the subscriber follows the
+// group's primary as every other client does. Never log it.
 func ConnString(n bucketmap.Node) (string, error) {
 	cfg, err := ConnConfig(n)
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("host=%s port=%d dbname=%s user=%s password=%s", quote(cfg.Host), cfg.Port, quote(cfg.Database), quote(cfg.User), quote(cfg.Password)), nil
+	hosts, ports := []string{cfg.Host}, []string{strconv.Itoa(int(cfg.Port))}
+	seen := map[string]bool{cfg.Host + ":" + ports[0]: true}
+	// pgx lists each host once per TLS attempt (sslmode=prefer tries TLS,
+	// then plain): keep the first of each.
+	for _, f := range cfg.Fallbacks {
+		k := f.Host + ":" + strconv.Itoa(int(f.Port))
+		if !seen[k] {
+			seen[k] = true
+			hosts = append(hosts, f.Host)
+			ports = append(ports, strconv.Itoa(int(f.Port)))
+		}
+	}
+	s := fmt.Sprintf("host=%s port=%s dbname=%s user=%s password=%s", quote(strings.Join(hosts, ",")), quote(strings.Join(ports, ",")), quote(cfg.Database), quote(cfg.User), quote(cfg.Password))
+	if a := cfg.RuntimeParams["target_session_attrs"]; a != "" {
+		s += " target_session_attrs=" + quote(a)
+	} else if u, err := url.Parse(n.DSN); err == nil {
+		if a := u.Query().Get("target_session_attrs"); a != "" {
+			s += " target_session_attrs=" + quote(a)
+		}
+	}
+	if cfg.ConnectTimeout > 0 {
+		s += fmt.Sprintf(" connect_timeout=%d", max(1, int(cfg.ConnectTimeout/time.Second)))
+	}
+	return s, nil
 }
 
 func quote(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+// Incarnation says which server a connection reached and in which life:
+// the cluster's system identifier, the timeline it writes on, and the
+// server's address. A Patroni failover or switchover promotes another
+// member, which starts a new timeline at another address, so the value
+// changes; a plain restart of the same server keeps it (its replication
+// slots survive a restart). A move records both nodes' incarnations when
+// it starts and aborts when either changes: replication slots do not
+// survive a failover in PostgreSQL 15, and a subscriber that fails over
+// may have confirmed changes its standby never received.
+type Incarnation struct {
+	SystemID string `json:"system_id"`
+	Timeline int    `json:"timeline"`
+	Server   string `json:"server"` // host:port as the server sees itself
+}
+
+func (i Incarnation) String() string {
+	return fmt.Sprintf("%s on timeline %d at %s", i.SystemID, i.Timeline, i.Server)
+}
+
+// Querier is what Identify needs: a *pgx.Conn, a pool or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ErrStandby is returned by Identify for a server in recovery: a standby,
+// where writes and logical replication slots are not possible.
+var ErrStandby = fmt.Errorf("the server is a standby (in recovery), not a primary")
+
+// Identify reads the incarnation of the server q is connected to. The
+// timeline is the one the server writes WAL on now (pg_walfile_name of
+// the current LSN), which a promotion changes at once; the checkpoint's
+// timeline would lag until the next checkpoint.
+func Identify(ctx context.Context, q Querier) (Incarnation, error) {
+	var inc Incarnation
+	var recovery bool
+	var walfile *string
+	err := q.QueryRow(ctx, `SELECT pg_is_in_recovery(),
+		(SELECT system_identifier::text FROM pg_control_system()),
+		CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END,
+		coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port(), 0)`).Scan(&recovery, &inc.SystemID, &walfile, &inc.Server)
+	if err != nil {
+		return Incarnation{}, err
+	}
+	if recovery || walfile == nil {
+		return inc, ErrStandby
+	}
+	tl, err := strconv.ParseUint((*walfile)[:8], 16, 32)
+	if err != nil {
+		return Incarnation{}, fmt.Errorf("reading the timeline from %q: %v", *walfile, err)
+	}
+	inc.Timeline = int(tl)
+	return inc, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +71,49 @@ func TestIntegrationConnectWithPasswordFile(t *testing.T) {
 	cs, err := ConnString(node)
 	if err != nil || !strings.Contains(cs, "password='") || !strings.Contains(cs, "port=") {
 		t.Fatalf("conn string: %v", err)
+	}
+}
+
+func TestConnStringKeepsTheHostList(t *testing.T) {
+	t.Setenv("SV_TEST_PW", "s3cret")
+	n := bucketmap.Node{ID: "g1", DSN: "postgres://app@10.0.0.1:5432,10.0.0.2:6432/appdb?target_session_attrs=read-write&connect_timeout=2&sslmode=prefer", Password: "env:SV_TEST_PW"}
+	cs, err := ConnString(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"host='10.0.0.1,10.0.0.2'", "port='5432,6432'", "dbname='appdb'", "user='app'", "password='s3cret'", "target_session_attrs='read-write'", "connect_timeout=2"} {
+		if !strings.Contains(cs, want) {
+			t.Errorf("%s: missing %s", cs, want)
+		}
+	}
+	one := bucketmap.Node{ID: "p1", DSN: "postgres://app@10.0.0.1/appdb"}
+	cs, err = ConnString(one)
+	if err != nil || !strings.Contains(cs, "host='10.0.0.1' port='5432'") || strings.Contains(cs, "target_session_attrs") {
+		t.Fatalf("plain node: %s %v", cs, err)
+	}
+}
+
+func TestIntegrationIdentify(t *testing.T) {
+	pg := testenv.StartPG(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var incs []Incarnation
+	for _, n := range pg.Nodes[:2] {
+		c, err := Connect(ctx, bucketmap.Node{ID: "x", DSN: n.DSN, Password: "file:" + n.PasswordFile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inc, err := Identify(ctx, c)
+		c.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inc.SystemID == "" || inc.Timeline < 1 || !strings.HasSuffix(inc.Server, ":"+strconv.Itoa(n.Port)) {
+			t.Fatalf("%s: %+v", n.Name, inc)
+		}
+		incs = append(incs, inc)
+	}
+	if incs[0] == incs[1] {
+		t.Fatalf("two servers, one incarnation: %+v", incs[0])
 	}
 }
