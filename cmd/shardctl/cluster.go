@@ -118,10 +118,20 @@ func runStatus(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
-		s := m.Summarize()
-		return cliutil.NewPrinter(c).Emit(s, func(w io.Writer) {
+		out := struct {
+			bucketmap.Summary
+			// Groups: the Patroni groups among the nodes, as their
+			// records in ZooKeeper say now.
+			Groups map[bucketmap.NodeID]*groupView `json:"groups,omitempty"`
+		}{Summary: m.Summarize(), Groups: readGroups(ctx, st.Session(), m)}
+		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())
-			bucketmap.WriteSummary(w, s)
+			bucketmap.WriteSummary(w, out.Summary)
+			for _, n := range m.Nodes() {
+				if g := out.Groups[n.ID]; g != nil {
+					writeGroup(w, n.ID, g)
+				}
+			}
 			if c.Bool("grid") {
 				fmt.Fprintln(w)
 				m.Grid(w, c.Int("rows"))

@@ -93,11 +93,20 @@ func newApp() *cli.App {
 						Name:      "add",
 						Usage:     "register a db node (it gets buckets when the planner's moves run)",
 						ArgsUsage: "ID DSN",
-						Flags: []cli.Flag{
-							&cli.IntFlag{Name: "weight", Value: 1, Usage: "relative capacity"},
+						Flags: append([]cli.Flag{
+							&cli.IntFlag{Name: "weight", Value: 1, EnvVars: []string{"SHARDVISOR_NODE_WEIGHT"}, Usage: "relative capacity"},
 							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path"},
-						},
+						}, patroniCLIFlags()...),
 						Action: runNodeAdd,
+					},
+					{
+						Name:      "set-dsn",
+						Usage:     "change how a db node is reached: its DSN, password reference and Patroni group (a plain node that became a group, say)",
+						ArgsUsage: "ID DSN",
+						Flags: append([]cli.Flag{
+							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path (default: keep the node's)"},
+						}, patroniCLIFlags()...),
+						Action: runNodeSetDSN,
 					},
 					{Name: "drain", Usage: "mark a node draining: the rebalancer moves all its buckets away", ArgsUsage: "ID", Action: oneNode(drainNode)},
 					{Name: "down", Usage: "mark a node dead: its buckets go at once to the others by weight, without copying", ArgsUsage: "ID", Action: oneNode(downNode)},
@@ -335,5 +344,14 @@ func moveFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "catchup-timeout", Value: 5 * time.Minute, EnvVars: []string{"SHARDVISOR_MOVE_CATCHUP_TIMEOUT"}, Usage: "give up when the lag stays above --max-lag this long"},
 		&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_MOVE_METRICS_ADDR"},
 			Usage: "serve Prometheus metrics (shardvisor_move_stragglers_total, shardvisor_move_member_wait_seconds) on `HOST:PORT` while the command runs"},
+	}
+}
+
+// patroniCLIFlags name a node's Patroni group; its DSN must then be a
+// multi-host DSN with target_session_attrs=read-write.
+func patroniCLIFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "patroni-scope", EnvVars: []string{"SHARDVISOR_NODE_PATRONI_SCOPE"}, Usage: "the node is a Patroni group with this `SCOPE` on the cluster's ZooKeeper ensemble (its DSN lists the members, with target_session_attrs=read-write)"},
+		&cli.StringFlag{Name: "patroni-namespace", Value: bucketmap.DefaultPatroniNamespace, EnvVars: []string{"SHARDVISOR_NODE_PATRONI_NAMESPACE"}, Usage: "Patroni's `NAMESPACE` (its namespace setting)"},
 	}
 }

@@ -20,13 +20,51 @@ func runNodeAdd(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return cliutil.Usagef("node add: want ID DSN")
 	}
-	n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), Weight: c.Int("weight"), State: bucketmap.NodeActive}
+	n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), Weight: c.Int("weight"), State: bucketmap.NodeActive,
+		Patroni: patroniFlags(c)}
 	if err := bucketmap.ValidateNode(n); err != nil {
 		return cliutil.Usagef("node add: %v", err)
 	}
 	return nodeEdit(c, "add", n.ID, func(m *bucketmap.Map) (string, error) {
-		return fmt.Sprintf("node %s added (weight %d); `shardctl plan` shows the moves that give it buckets", n.ID, n.Weight), m.AddNode(n)
+		return fmt.Sprintf("node %s added (weight %d%s); `shardctl plan` shows the moves that give it buckets", n.ID, n.Weight, groupNote(n)), m.AddNode(n)
 	})
+}
+
+// runNodeSetDSN changes how a node is reached (its DSN, password
+// reference and Patroni group), for instance when a plain node becomes a
+// Patroni group.
+func runNodeSetDSN(c *cli.Context) error {
+	if c.NArg() != 2 {
+		return cliutil.Usagef("node set-dsn: want ID DSN")
+	}
+	id := bucketmap.NodeID(c.Args().Get(0))
+	n := bucketmap.Node{ID: id, DSN: c.Args().Get(1), Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive, Patroni: patroniFlags(c)}
+	if err := bucketmap.ValidateNode(n); err != nil {
+		return cliutil.Usagef("node set-dsn: %v", err)
+	}
+	return nodeEdit(c, "set-dsn", id, func(m *bucketmap.Map) (string, error) {
+		old, ok := m.Node(id)
+		if ok && !c.IsSet("password") {
+			n.Password = old.Password
+		}
+		return fmt.Sprintf("node %s is reached at %s%s; routers and workers reconnect there as they apply the map", id, n.DSN, groupNote(n)), m.SetConnection(id, n.DSN, n.Password, n.Patroni)
+	})
+}
+
+// patroniFlags reads --patroni-scope and --patroni-namespace: no scope,
+// no group.
+func patroniFlags(c *cli.Context) bucketmap.Patroni {
+	if c.String("patroni-scope") == "" {
+		return bucketmap.Patroni{}
+	}
+	return bucketmap.Patroni{Namespace: c.String("patroni-namespace"), Scope: c.String("patroni-scope")}
+}
+
+func groupNote(n bucketmap.Node) string {
+	if n.Patroni.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf(", Patroni group %s under %s", n.Patroni.Scope, n.Patroni.Namespace)
 }
 
 func drainNode(m *bucketmap.Map, id bucketmap.NodeID) (string, error) {

@@ -146,13 +146,36 @@ func runCheck(c *cli.Context) error {
 			mism = []fence.Mismatch{}
 		}
 		out := map[string]any{"node": n.ID, "map_version": d.m.Version, "tables": len(d.rec.Tables), "mismatches": mism}
+		// A group's configuration is part of the contract: without
+		// synchronous_mode a failover loses acknowledged writes, without
+		// ignore_slots Patroni drops a move's slot.
+		var g *groupView
+		severe := 0
+		if !n.Patroni.IsZero() {
+			g = readGroup(ctx, d.st.Session(), n)
+			out["group"] = g
+			for _, p := range g.Problems {
+				if p.Severe {
+					severe++
+				}
+			}
+			if g.Error != "" {
+				severe++
+			}
+		}
 		if perr := cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
-			if len(mism) == 0 {
+			if len(mism) == 0 && severe == 0 {
 				fmt.Fprintf(w, "node %s: ok (%d sharded tables, fence at map version %d)\n", n.ID, len(d.rec.Tables), d.m.Version)
 			}
 			writeMismatches(w, n.ID, mism)
+			if g != nil {
+				writeGroup(w, n.ID, g)
+			}
 		}); perr != nil {
 			return perr
+		}
+		if severe > 0 {
+			return fmt.Errorf("node %s: %d mismatches, %d Patroni group problems", n.ID, len(mism), severe)
 		}
 		if len(mism) > 0 {
 			return fmt.Errorf("node %s: %d mismatches", n.ID, len(mism))

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// groupView is a Patroni group as status and node check show it: the
+// records Patroni keeps in ZooKeeper, read now, and what is wrong.
+type groupView struct {
+	*topo.PatroniGroup
+	Problems []topo.PatroniProblem `json:"problems"`
+	// Error: the records could not be read at all.
+	Error string `json:"error,omitempty"`
+}
+
+// readGroups reads the group of every node that is one (not removed).
+// A group that cannot be read is reported, not fatal: status must show
+// the map whatever Patroni's records say.
+func readGroups(ctx context.Context, s *zksession.Session, m *bucketmap.Map) map[bucketmap.NodeID]*groupView {
+	out := map[bucketmap.NodeID]*groupView{}
+	for _, n := range m.Nodes() {
+		if n.Patroni.IsZero() || n.State == bucketmap.NodeRemoved {
+			continue
+		}
+		out[n.ID] = readGroup(ctx, s, n)
+	}
+	return out
+}
+
+func readGroup(ctx context.Context, s *zksession.Session, n bucketmap.Node) *groupView {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	g, err := topo.ReadPatroni(rctx, s, n.Patroni.Namespace, n.Patroni.Scope)
+	if err != nil {
+		return &groupView{PatroniGroup: &topo.PatroniGroup{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}, Problems: []topo.PatroniProblem{}, Error: err.Error()}
+	}
+	v := &groupView{PatroniGroup: g, Problems: g.Problems()}
+	if v.Problems == nil {
+		v.Problems = []topo.PatroniProblem{}
+	}
+	return v
+}
+
+// writeGroup prints one group for people: its primary, each member with
+// role, state, timeline and lag, and its problems.
+func writeGroup(w io.Writer, id bucketmap.NodeID, g *groupView) {
+	fmt.Fprintf(w, "node %s is Patroni group %s (%s%s)", id, g.Scope, g.Namespace, g.Scope)
+	if g.Error != "" {
+		fmt.Fprintf(w, ": UNREADABLE: %s\n", g.Error)
+		return
+	}
+	if p, ok := g.Primary(); ok {
+		fmt.Fprintf(w, ": primary %s, timeline %d\n", p.Name, p.Timeline)
+	} else {
+		fmt.Fprintf(w, ": NO PRIMARY\n")
+	}
+	for _, m := range g.Members {
+		lag := "lag ?"
+		if m.LagBytes >= 0 {
+			lag = fmt.Sprintf("lag %d B", m.LagBytes)
+		}
+		extra := ""
+		if m.Sync {
+			extra = "  sync"
+		}
+		if m.Error != "" {
+			fmt.Fprintf(w, "  %-20s %s\n", m.Name, m.Error)
+			continue
+		}
+		fmt.Fprintf(w, "  %-20s %-8s %-10s tl %-3d %-10s %s%s\n", m.Name, m.Role, m.State, m.Timeline, lag, m.ConnURL, extra)
+	}
+	for _, p := range g.Problems {
+		sev := "warning"
+		if p.Severe {
+			sev = "PROBLEM"
+		}
+		fmt.Fprintf(w, "  %s: %s\n", sev, p.Message)
+	}
+}
