@@ -7,13 +7,16 @@ package dbnode
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -64,7 +67,63 @@ func PoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
 	if err := configure(n, cfg.ConnConfig); err != nil {
 		return nil, err
 	}
+	if len(cfg.ConnConfig.Fallbacks) > 0 {
+		preferPrimary(cfg)
+	}
 	return cfg, nil
+}
+
+// preferPrimary makes a pool of a multi-host DSN try the host that last
+// gave it a read-write connection first. libpq and pgx try the hosts in
+// the DSN's order, so after a failover every new connection would first
+// wait out the connect timeout on a host that vanished from the network
+// (a SIGKILLed server refuses at once; a dead host does not answer);
+// this way only the pool's first connection after a failover pays it.
+func preferPrimary(cfg *pgxpool.Config) {
+	var last atomic.Pointer[string]
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		if p := last.Load(); p != nil {
+			reorderHosts(cc, *p)
+		}
+		return nil
+	}
+	cfg.AfterConnect = func(_ context.Context, c *pgx.Conn) error {
+		pc := c.PgConn().Conn()
+		if pc == nil {
+			return nil
+		}
+		// The validated (read-write) server: the config's host as
+		// dialled is not kept, the remote address is.
+		addr := pc.RemoteAddr().String()
+		last.Store(&addr)
+		return nil
+	}
+}
+
+// reorderHosts moves the entries that dial addr (host:port, as a remote
+// address reads) to the front, keeping the order of the rest.
+func reorderHosts(cc *pgx.ConnConfig, addr string) {
+	all := append([]*pgconn.FallbackConfig{{Host: cc.Host, Port: cc.Port, TLSConfig: cc.TLSConfig}}, cc.Fallbacks...)
+	match := func(f *pgconn.FallbackConfig) bool {
+		return net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))) == addr
+	}
+	if match(all[0]) {
+		return
+	}
+	var front, back []*pgconn.FallbackConfig
+	for _, f := range all {
+		if match(f) {
+			front = append(front, f)
+		} else {
+			back = append(back, f)
+		}
+	}
+	if len(front) == 0 {
+		return
+	}
+	all = append(front, back...)
+	cc.Host, cc.Port, cc.TLSConfig = all[0].Host, all[0].Port, all[0].TLSConfig
+	cc.Fallbacks = all[1:]
 }
 
 // configure sets the password from the node's reference and a connect

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
@@ -115,5 +117,36 @@ func TestIntegrationIdentify(t *testing.T) {
 	}
 	if incs[0] == incs[1] {
 		t.Fatalf("two servers, one incarnation: %+v", incs[0])
+	}
+}
+
+func TestReorderHostsPutsTheLastPrimaryFirst(t *testing.T) {
+	n := bucketmap.Node{ID: "g1", DSN: "postgres://app@127.0.0.1:5001,127.0.0.1:5002,127.0.0.1:5003/db?target_session_attrs=read-write&sslmode=disable"}
+	cfg, err := PoolConfig(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.BeforeConnect == nil || cfg.AfterConnect == nil {
+		t.Fatal("a multi-host pool has no host preference")
+	}
+	order := func(cc *pgx.ConnConfig) string {
+		s := strconv.Itoa(int(cc.Port))
+		for _, f := range cc.Fallbacks {
+			s += "," + strconv.Itoa(int(f.Port))
+		}
+		return s
+	}
+	cc := cfg.ConnConfig.Copy()
+	reorderHosts(cc, "127.0.0.1:5003")
+	if got := order(cc); got != "5003,5001,5002" {
+		t.Fatalf("order %s", got)
+	}
+	reorderHosts(cc, "127.0.0.1:9999") // unknown: unchanged
+	if got := order(cc); got != "5003,5001,5002" {
+		t.Fatalf("order %s", got)
+	}
+	plain, _ := PoolConfig(bucketmap.Node{ID: "p", DSN: "postgres://app@127.0.0.1:5001/db?sslmode=disable"})
+	if plain.BeforeConnect != nil {
+		t.Fatal("a one-host pool got a host preference")
 	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,6 +17,27 @@ import (
 // DefaultRetryFor bounds how long Do keeps retrying a write that the move
 // machinery holds back: a pause lasts well under a second.
 const DefaultRetryFor = 10 * time.Second
+
+// ErrNoPrimary is what Do's error wraps when it gave up because no
+// server of the node accepted a read-write connection: a plain node that
+// is down, or a Patroni group between its primary's death and the
+// promotion of a standby (at most its ttl, then the new primary answers).
+var ErrNoPrimary = errors.New("no server accepted a read-write connection (the node is down, or a failover is under way)")
+
+// Retryable reports whether Do retries an error: what the fence held back
+// (SQLSTATE SV001), what never reached the server (pgconn.SafeToRetry),
+// and a connection that could not be made (pgconn.ConnectError: no
+// server answered, or every one that did is a standby): nothing of fn's
+// was sent in either case. An error after a statement was sent is never
+// retried: the statement may have committed.
+func Retryable(err error) bool {
+	return sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err) || noPrimary(err)
+}
+
+func noPrimary(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
+}
 
 // Do runs fn on the pool of uid's db node. When the node's fence rejects
 // the write (SQLSTATE SV001: the bucket is frozen there in a move's write
@@ -32,6 +54,11 @@ const DefaultRetryFor = 10 * time.Second
 // mover waits for routers and supervisors to catch up. Rejected writes to
 // a moving bucket poll the in-memory route closely, since it changes the
 // moment the map flips.
+//
+// A connection that cannot be made is retried the same way, so a Patroni
+// failover costs a writer a wait, not an error: the pool's next
+// connection reaches the promoted standby through the node's multi-host
+// DSN. Once the retries run out the error wraps ErrNoPrimary.
 //
 // fn must be safe to retry: a rejected write was rolled back by the fence.
 // Apps in other languages do the same: on SQLSTATE SV001, re-read the route
@@ -57,15 +84,16 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 			return perr
 		}
 		err = fn(ctx, pool, rt)
-		// Retry what the fence held back, and what never reached the
-		// server (a connection that could not be made in time).
-		if err == nil || !(sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err)) {
+		if err == nil || !Retryable(err) {
 			return err
 		}
 		delay := b.Next()
 		if time.Now().Add(delay).After(deadline) {
 			if rt.State == bucketmap.BucketMoving {
 				err = fmt.Errorf("bucket %d is still moving to %s: %w", rt.Bucket, rt.Target, err)
+			}
+			if noPrimary(err) {
+				err = fmt.Errorf("db node %s: %w: %w", rt.Node, ErrNoPrimary, err)
 			}
 			return fmt.Errorf("router: gave up on %q after %d attempts: %w", uid, attempt, err)
 		}

@@ -1,0 +1,77 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
+)
+
+// closedPort is a loopback port nothing listens on: connections to it are
+// refused at once, as to a SIGKILLed primary.
+func closedPort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return port
+}
+
+// A group with no server accepting read-write connections (its primary
+// dead, no standby promoted yet): Do retries the connection, since
+// nothing of fn's was sent, and gives up fast with an error that says so
+// (ErrNoPrimary), not a hang. A statement error is never retried.
+func TestDoRetriesAGroupWithoutPrimaryAndSaysSo(t *testing.T) {
+	ns := clustertest.Nodes(1)
+	ns[0].DSN = fmt.Sprintf("postgres://app@127.0.0.1:%d,127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write&connect_timeout=1", closedPort(t), closedPort(t))
+	ns[0].Patroni = bucketmap.Patroni{Namespace: "/service/", Scope: "g1"}
+	m, err := bucketmap.New(0, ns, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewFromFile(clustertest.WriteMapFile(t, t.TempDir(), m), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	calls := 0
+	start := time.Now()
+	err = r.Do(ctx, "alice", func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
+		calls++
+		_, err := pool.Exec(ctx, "INSERT INTO t VALUES (1)")
+		return err
+	})
+	took := time.Since(start)
+	if err == nil || calls < 2 {
+		t.Fatalf("%d calls: %v", calls, err)
+	}
+	if !Retryable(err) {
+		t.Fatalf("a refused connection is not retryable: %v", err)
+	}
+	// Do gives up before ctx ends (then the error wraps ErrNoPrimary and
+	// names the node), or ctx ends inside a backoff; never a hang.
+	if !errors.Is(err, ErrNoPrimary) && !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error neither ErrNoPrimary nor the deadline: %v", err)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("Do took %s against a 700ms context", took)
+	}
+	t.Logf("%d attempts in %s: %v", calls, took.Round(time.Millisecond), err)
+
+	stmt := errors.New("ERROR: relation \"t\" does not exist (SQLSTATE 42P01)")
+	if Retryable(stmt) || Retryable(fmt.Errorf("wrapped: %w", context.Canceled)) {
+		t.Fatal("a statement error counts as retryable")
+	}
+}
