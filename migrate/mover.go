@@ -222,14 +222,80 @@ type run struct {
 	// targetOwned: the target's fence owns the range at the flip's version.
 	targetOwned bool
 	seq         int64
-	lock        *zksession.Lock
-	unlock      context.CancelFunc // stops following the lock
+	// cleaning: an abort runs, on whatever primaries the nodes have now.
+	cleaning bool
+	lock     *zksession.Lock
+	unlock   context.CancelFunc // stops following the lock
 }
 
 // Move creates a move of bucket to target and runs it to the end. With
 // noCopy the rows are not copied: ownership changes after a short pause
 // and the bucket is marked data-lost.
+//
+// A move aborted because the source's or the target's primary changed
+// under it (a Patroni failover: the new primary has no replication slot,
+// or may lack what the old one confirmed) is started again, as a new
+// move on the new primaries, up to FailoverRetries times.
 func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
+	for attempt := 1; ; attempt++ {
+		rec, err := mv.move(ctx, bucket, target, noCopy)
+		if err == nil || rec == nil || rec.State != topo.MoveAborted || attempt > FailoverRetries || ctx.Err() != nil {
+			return rec, err
+		}
+		if !errors.Is(err, ErrFailover) && !mv.failedOver(ctx, rec) {
+			return rec, err
+		}
+		mv.log.Warn("move aborted by a failover; starting it again on the new primaries", zap.String("move", rec.ID), zap.Int("attempt", attempt+1), zap.Error(err))
+		if mv.opts.Progress != nil {
+			mv.opts.Progress(Progress{Message: fmt.Sprintf("move %s aborted by a failover (%v); starting it again", rec.ID, err), Move: rec})
+		}
+	}
+}
+
+// FailoverRetries bounds how often Move starts a move again after a
+// failover aborted it.
+const FailoverRetries = 3
+
+// failedOver reports whether the source's or the target's primary is not
+// the one the move began on, waiting (within AbortRetry) for a group
+// that has none yet. Unknown (no servers recorded, a node that stays
+// unreachable) is false.
+func (mv *Mover) failedOver(ctx context.Context, rec *topo.MoveRecord) bool {
+	if rec.Servers == nil {
+		return false
+	}
+	m, _, err := mv.st.Load(ctx)
+	if err != nil {
+		return false
+	}
+	check := func(id, want string) bool {
+		n, ok := m.Node(bucketmap.NodeID(id))
+		if !ok || want == "" {
+			return false
+		}
+		deadline := time.Now().Add(mv.opts.AbortRetry)
+		b := backoff.New(100*time.Millisecond, time.Second)
+		for {
+			c, err := dbnode.Connect(ctx, n)
+			if err == nil {
+				inc, ierr := dbnode.Identify(ctx, c)
+				c.Close(context.WithoutCancel(ctx))
+				return ierr == nil && inc.String() != want
+			}
+			if n.Patroni.IsZero() || time.Now().After(deadline) || ctx.Err() != nil {
+				return false
+			}
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(b.Next()):
+			}
+		}
+	}
+	return check(rec.Source, rec.Servers.Source) || check(rec.Target, rec.Servers.Target)
+}
+
+func (mv *Mover) move(ctx context.Context, bucket uint32, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
 	if err := mv.checkOptions(); err != nil {
 		return nil, err // before a record exists
 	}
@@ -523,6 +589,10 @@ func (r *run) target(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // conn returns the open connection in *slot, or opens a new one to node.
+// Before the flip, a new connection that reaches another primary than the
+// move began on (a failover: see topo.MoveServers) fails with
+// ErrFailover, and the move aborts; the abort itself connects to
+// whichever primary the node has now.
 func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, role string) (*pgx.Conn, error) {
 	if *slot != nil && !(*slot).IsClosed() {
 		return *slot, nil
@@ -531,8 +601,51 @@ func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, ro
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", role, err)
 	}
+	if want := r.recordedServer(role); want != "" && !r.cleaning && !pastFlip(r.rec) {
+		inc, err := dbnode.Identify(ctx, c)
+		if err != nil {
+			c.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("%s %s: identifying the server: %w", role, node.ID, err)
+		}
+		if now := inc.String(); now != want {
+			c.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("%w: the %s %s was %s when the move began, and is now %s", ErrFailover, role, node.ID, want, now)
+		}
+	}
 	*slot = c
 	return c, nil
+}
+
+func (r *run) recordedServer(role string) string {
+	if r.rec.Servers == nil {
+		return ""
+	}
+	if role == "source" {
+		return r.rec.Servers.Source
+	}
+	return r.rec.Servers.Target
+}
+
+// recordServers notes the primaries the move begins on, once.
+func (r *run) recordServers(ctx context.Context, src, dst *pgx.Conn) error {
+	if r.rec.Servers != nil {
+		return nil
+	}
+	s := &topo.MoveServers{}
+	if src != nil {
+		inc, err := dbnode.Identify(ctx, src)
+		if err != nil {
+			return fmt.Errorf("source: identifying the server: %w", err)
+		}
+		s.Source = inc.String()
+	}
+	inc, err := dbnode.Identify(ctx, dst)
+	if err != nil {
+		return fmt.Errorf("target: identifying the server: %w", err)
+	}
+	s.Target = inc.String()
+	r.rec.Servers = s
+	return nil
 }
 
 // drive runs a move from its recorded state to the end.
@@ -629,6 +742,13 @@ func (r *run) prepare(ctx context.Context) error {
 		if err := r.compareSchemas(ctx, src, dst); err != nil {
 			return err
 		}
+	}
+	var src *pgx.Conn
+	if !r.rec.NoCopy {
+		src = r.srcConn
+	}
+	if err := r.recordServers(ctx, src, dst); err != nil {
+		return err
 	}
 	if _, err := fence.SetIncoming(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version); err != nil {
 		return fmt.Errorf("target fence: %w", err)
@@ -868,6 +988,13 @@ func (r *run) barrier(ctx context.Context) error {
 		}
 		return fmt.Errorf("target: marker: %w", err)
 	}
+	// Everything applied on the target so far is on its synchronous
+	// standbys before the map names it the owner, so that a failover of
+	// the target right after the flip loses none of it (the apply worker
+	// commits without waiting for standbys).
+	if err := syncPoint(ctx, dst); err != nil {
+		return fmt.Errorf("target: waiting for its standbys: %w", err)
+	}
 	if !r.rec.NoCopy {
 		// The verification snapshot: every row from before the freeze,
 		// none written after the flip.
@@ -1083,6 +1210,8 @@ func describe(c *topo.MoveCheck) string {
 // itself. A node that cannot be reached leaves the move in aborting, to
 // finish with `move resume` (or the rebalancer's orphan watcher).
 func (r *run) abort(ctx context.Context, cause error) error {
+	// The cleanup acts on the nodes' primaries as they are now.
+	r.cleaning = true
 	if r.rec.State != topo.MoveAborting {
 		r.rec.Error = cause.Error()
 		if err := r.enter(ctx, topo.MoveAborting); err != nil {
@@ -1108,7 +1237,9 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		if len(problems) == 0 {
 			break
 		}
-		if unreachable || ctx.Err() != nil || time.Now().After(deadline) {
+		// A Patroni group comes back by itself (a standby is promoted
+		// within its ttl): wait for it as for a node that answers.
+		if (unreachable && !r.groupInvolved()) || ctx.Err() != nil || time.Now().After(deadline) {
 			_ = r.save(ctx)
 			return fmt.Errorf("move %s: aborting after %v, but the cleanup is incomplete (run `shardctl move resume %s` when the nodes answer): %s", r.rec.ID, cause, r.rec.ID, strings.Join(problems, "; "))
 		}
@@ -1123,6 +1254,11 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		return err
 	}
 	return fmt.Errorf("move %s aborted: %w", r.rec.ID, cause)
+}
+
+// groupInvolved: the source or the target is a Patroni group.
+func (r *run) groupInvolved() bool {
+	return !r.src.Patroni.IsZero() || !r.dst.Patroni.IsZero()
 }
 
 // endPause records the end of a write pause that did not end with a flip

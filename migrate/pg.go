@@ -276,3 +276,22 @@ func ReplicationObjects(ctx context.Context, c *pgx.Conn) ([]string, error) {
 // objectPrefix starts the name of every publication, subscription and slot
 // a move creates.
 const objectPrefix = "sv_"
+
+// syncPoint commits a transaction with an xid under synchronous_commit=on:
+// its commit waits until the synchronous standbys have the WAL up to it,
+// so everything committed on c's server before is on them too. On a
+// server without synchronous standbys it costs one local commit.
+func syncPoint(ctx context.Context, c *pgx.Conn) error {
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_current_xact_id()"); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}

@@ -16,6 +16,12 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
+// ErrFailover: the source's or the target's primary is not the one the
+// move began on (a Patroni failover or switchover). The move aborts
+// before its flip and may be started again on the new primaries
+// (Mover.Move does that by itself).
+var ErrFailover = errors.New("a db node failed over during the move")
+
 // ErrSchemaDiff is a move refused because the source's and the target's
 // sharded tables differ in a way that breaks the copy.
 var ErrSchemaDiff = errors.New("the source's and the target's sharded tables differ")
@@ -65,14 +71,17 @@ func (r *run) applyError(ctx context.Context, src, dst *pgx.Conn) error {
 	base := fmt.Sprintf("target: subscription %s was disabled by an error applying the source's rows", r.rec.Subscription)
 	var syncErrs, applyErrs int64
 	_ = dst.QueryRow(ctx, `SELECT s.sync_error_count, s.apply_error_count FROM pg_stat_subscription_stats s WHERE s.subname = $1`, r.rec.Subscription).Scan(&syncErrs, &applyErrs)
-	phase := "while applying changes"
-	if syncErrs > 0 && applyErrs == 0 {
-		phase = "during the initial copy"
-	}
 	var notReady []string
 	if rows, err := dst.Query(ctx, `SELECT r.srrelid::regclass::text || ' (' || r.srsubstate::text || ')' FROM pg_subscription_rel r
 		JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1 AND r.srsubstate <> 'r' ORDER BY 1`, r.rec.Subscription); err == nil {
 		notReady, _ = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	// The statistics reach pg_stat_subscription_stats a moment after the
+	// error (they are flushed, not written at once): with no count yet,
+	// tables still in their initial copy say which phase failed.
+	phase := "while applying changes"
+	if (syncErrs > 0 && applyErrs == 0) || (syncErrs == 0 && applyErrs == 0 && len(notReady) > 0) {
+		phase = "during the initial copy"
 	}
 	detail, err := reproduceApply(ctx, src, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi)
 	if err != nil {

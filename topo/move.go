@@ -51,6 +51,14 @@ type MoveRecord struct {
 	// detached from the subscription and must be dropped when it is back.
 	SlotPending bool `json:"slot_pending,omitempty"`
 
+	// Servers are the incarnations (dbnode.Incarnation: system id,
+	// timeline, address) of the source's and target's primaries when the
+	// move began. A move that finds either changed before its flip (a
+	// Patroni failover or switchover) aborts: PostgreSQL 15's replication
+	// slots do not survive a failover, and a subscriber that fails over
+	// may have confirmed changes its standby never received.
+	Servers *MoveServers `json:"servers,omitempty"`
+
 	StartVersion uint64 `json:"start_map_version"`
 	FenceVersion uint64 `json:"fence_map_version,omitempty"` // the map that set it moving
 	FlipVersion  uint64 `json:"flip_map_version,omitempty"`  // the map that gave it to target
@@ -83,6 +91,12 @@ type Straggler struct {
 	Member     string `json:"member"`          // its record's path
 	MapVersion uint64 `json:"map_version"`     // the version it had applied
 	Error      string `json:"error,omitempty"` // its record did not decode (or was not read yet)
+}
+
+// MoveServers are the two primaries a move started on.
+type MoveServers struct {
+	Source string `json:"source,omitempty"`
+	Target string `json:"target"`
 }
 
 // MoveStep records when a state began.

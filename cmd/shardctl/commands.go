@@ -94,7 +94,7 @@ func newApp() *cli.App {
 						Usage:     "register a db node (it gets buckets when the planner's moves run)",
 						ArgsUsage: "ID DSN",
 						Flags: append([]cli.Flag{
-							&cli.IntFlag{Name: "weight", Value: 1, EnvVars: []string{"SHARDVISOR_NODE_WEIGHT"}, Usage: "relative capacity"},
+							&cli.IntFlag{Name: "weight", Value: 1, Usage: "relative capacity"},
 							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path"},
 						}, patroniCLIFlags()...),
 						Action: runNodeAdd,
