@@ -601,6 +601,13 @@ func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, ro
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", role, err)
 	}
+	// The fence changes and markers a move commits must be on a group's
+	// synchronous standby before the move goes on, whatever the server's
+	// default.
+	if _, err := c.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		c.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("%s: %w", role, err)
+	}
 	if want := r.recordedServer(role); want != "" && !r.cleaning && !pastFlip(r.rec) {
 		inc, err := dbnode.Identify(ctx, c)
 		if err != nil {
@@ -668,6 +675,8 @@ func (r *run) drive(ctx context.Context) error {
 		topo.MovePrepare: r.prepare, topo.MoveCopy: r.copy, topo.MoveCatchup: r.catchup, topo.MoveFence: r.fence,
 		topo.MoveBarrier: r.barrier, topo.MoveFlip: r.flip, topo.MoveTeardown: r.teardown, topo.MoveVerify: r.verify,
 	}
+	var groupWait time.Time
+	groupBackoff := backoff.New(200*time.Millisecond, 2*time.Second)
 	for {
 		step := steps[r.rec.State]
 		switch r.rec.State {
@@ -692,6 +701,23 @@ func (r *run) drive(ctx context.Context) error {
 		}
 		if errors.Is(err, ErrVerifyMismatch) {
 			return err
+		}
+		if pastFlip(r.rec) && r.groupInvolved() && ctx.Err() == nil {
+			// A Patroni group gets a new primary within its ttl: try
+			// the step again for a while rather than leave it to a
+			// person.
+			if groupWait.IsZero() {
+				groupWait = time.Now().Add(r.mv.opts.AbortRetry)
+			}
+			if time.Now().Before(groupWait) {
+				d := groupBackoff.Next()
+				r.mv.log.Warn("move step failed past the flip; a Patroni group is involved, trying again", zap.String("move", id), zap.String("state", r.rec.State), zap.Duration("in", d), zap.Error(err))
+				select {
+				case <-ctx.Done():
+				case <-time.After(d):
+				}
+				continue
+			}
 		}
 		if pastFlip(r.rec) {
 			// Past the flip the target owns the bucket: never roll back.
