@@ -137,12 +137,17 @@ const (
 	// version that took the range from the node (or its record cannot be
 	// read), so its clients may still read the range there.
 	SkipMemberBehind = "member-behind"
+	// SkipGroup: the node or the owner is a Patroni group without a
+	// leader or without a synchronous standby: a failover there may lose
+	// rows (or is under way), so the leftover copy stays until the group
+	// is whole again.
+	SkipGroup = "group-not-safe"
 )
 
 var uncertain = map[string]bool{SkipNodeDown: true, SkipOwnerDown: true, SkipOwnerRows: true, SkipFence: true, SkipMoveRecord: true, SkipTableMissing: true,
 	// Past the grace period a member that far behind is stuck: a person
 	// should look.
-	SkipMemberBehind: true}
+	SkipMemberBehind: true, SkipGroup: true}
 
 // Range is a bucket range of one history entry, on one node.
 type Range struct {
@@ -332,6 +337,7 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 	rep := &Report{MapVersion: m.Version, Level: m.Level, DryRun: g.Opt.DryRun, Work: []Work{}, Skipped: []Skip{}}
 	g.segments = map[string]int{}
 	cands := g.candidates(m, moves, members, rep)
+	cands = g.checkGroups(ctx, m, cands, rep)
 
 	conns := &connCache{connect: g.Opt.Connect, m: m, conns: map[bucketmap.NodeID]*pgx.Conn{}, errs: map[bucketmap.NodeID]error{}}
 	defer conns.close()
@@ -390,6 +396,50 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 	rep.Elapsed = g.Opt.Now().Sub(start)
 	rep.finish()
 	return rep, runErr
+}
+
+// checkGroups keeps out the ranges whose node or owner is a Patroni group
+// that is not whole now (no leader, or no synchronous standby in
+// synchronous mode): deleting the leftover copy is safe only while the
+// owner's copy survives its next failover. A group's records that cannot
+// be read count as not whole.
+func (g *GC) checkGroups(ctx context.Context, m *bucketmap.Map, cands []Range, rep *Report) []Range {
+	verdict := map[bucketmap.NodeID]string{}
+	unsafe := func(id bucketmap.NodeID) string {
+		if v, ok := verdict[id]; ok {
+			return v
+		}
+		n, ok := m.Node(id)
+		v := ""
+		if ok && !n.Patroni.IsZero() {
+			grp, err := topo.ReadPatroni(ctx, g.Session, n.Patroni.Namespace, n.Patroni.Scope)
+			switch {
+			case err != nil:
+				v = "its Patroni records cannot be read: " + err.Error()
+			case grp.Leader == "":
+				v = "it has no leader (a failover is under way)"
+			case grp.Config == nil || !grp.Config.SynchronousMode:
+				v = "it is not in synchronous mode (a failover may lose acknowledged rows)"
+			case len(grp.SyncStandbys) == 0:
+				v = "it has no synchronous standby now (a failover now may lose acknowledged rows)"
+			}
+		}
+		verdict[id] = v
+		return v
+	}
+	var keep []Range
+	for _, r := range cands {
+		why, who := unsafe(r.Owner), r.Owner
+		if why == "" {
+			why, who = unsafe(r.Node), r.Node
+		}
+		if why != "" {
+			rep.Skipped = append(rep.Skipped, Skip{Range: r, Kind: SkipGroup, Reason: fmt.Sprintf("%s is a Patroni group and %s", who, why), Uncertain: true})
+			continue
+		}
+		keep = append(keep, r)
+	}
+	return keep
 }
 
 func (r *Report) finish() {
