@@ -35,6 +35,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -80,6 +82,10 @@ type PatroniGroup struct {
 	Config       *PatroniConfig `json:"config,omitempty"`
 	// Initialized is false until Patroni has bootstrapped the group.
 	Initialized bool `json:"initialized"`
+	// OpenACL: anyone who reaches the ensemble may rewrite the group's
+	// configuration (Patroni 3.0 sets ACLs only for x509 identities,
+	// its set_acls).
+	OpenACL bool `json:"open_acl,omitempty"`
 }
 
 // Dir is the ZooKeeper directory of a group's records.
@@ -127,6 +133,13 @@ func ReadPatroni(ctx context.Context, s *zksession.Session, namespace, scope str
 		}
 	}
 	if has("config") {
+		if acl, _, err := s.GetACL(ctx, dir+"/config"); err == nil {
+			for _, a := range acl {
+				if a.Scheme == "world" && a.Perms&(zk.PermWrite|zk.PermDelete) != 0 {
+					g.OpenACL = true
+				}
+			}
+		}
 		if b, _, err := s.Get(ctx, dir+"/config"); err == nil && len(b) > 0 {
 			if c, err := decodePatroniConfig(b); err == nil {
 				g.Config = c
@@ -282,6 +295,9 @@ func (g *PatroniGroup) Problems() []PatroniProblem {
 		add(true, "synchronous_mode is off: a failover may lose acknowledged writes (set synchronous_mode: true)")
 	} else if len(g.SyncStandbys) == 0 && !c.SynchronousModeStrict {
 		add(false, "synchronous_mode is on but no standby is synchronous now: a failover now may lose acknowledged writes")
+	}
+	if g.OpenACL {
+		add(false, "Patroni's records are writable by anyone who reaches the ensemble (world ACL): anyone could delete the leader key or turn synchronous_mode off; set Patroni's zookeeper.set_acls (x509) or keep the ensemble's clients trusted (docs/failover.md, Security)")
 	}
 	if !PatroniKeepsLogicalSlots(c.IgnoreSlots) {
 		add(true, "ignore_slots has no entry matching logical pgoutput slots ({type: logical, plugin: pgoutput}): Patroni drops a move's replication slot within seconds")
