@@ -79,8 +79,8 @@ type Node struct {
 // Namespace + Scope + "/" on the cluster's ZooKeeper ensemble. The zero
 // value means the node is a plain PostgreSQL server.
 type Patroni struct {
-	Namespace string // "/service/" by default, as Patroni's
-	Scope     string
+	Namespace string `json:"namespace"` // "/service/" by default, as Patroni's
+	Scope     string `json:"scope"`
 }
 
 // IsZero reports whether p names no group.

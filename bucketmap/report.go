@@ -17,6 +17,10 @@ type NodeSummary struct {
 	Buckets   int       `json:"buckets"`
 	Share     float64   `json:"share"`      // fraction of all buckets it owns
 	FairShare float64   `json:"fair_share"` // fraction it should own by weight
+	// Patroni names the node's group, if it is one; Members are the
+	// hosts its DSN lists.
+	Patroni *Patroni `json:"patroni,omitempty"`
+	Members []string `json:"members,omitempty"`
 }
 
 // BucketSummary is a bucket that is not plainly active.
@@ -55,6 +59,11 @@ func (m *Map) Summarize() Summary {
 	for _, n := range m.nodes {
 		ns := NodeSummary{ID: n.ID, State: n.State, Weight: n.Weight, DSN: n.DSN, Password: n.Password, Buckets: counts[n.ID],
 			Share: float64(counts[n.ID]) / float64(m.Buckets())}
+		if !n.Patroni.IsZero() {
+			p := n.Patroni
+			ns.Patroni = &p
+			ns.Members = DSNHosts(n.DSN)
+		}
 		if n.State == NodeActive && totalW > 0 {
 			ns.FairShare = float64(n.Weight) / float64(totalW)
 		}

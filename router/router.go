@@ -40,10 +40,14 @@ var ErrNotReady = errors.New("router has no bucket map yet")
 
 // Route is the answer for one user id.
 type Route struct {
-	Bucket     uint32
-	Level      int
-	Node       bucketmap.NodeID
-	DSN        string // the node's DSN, without password
+	Bucket uint32
+	Level  int
+	Node   bucketmap.NodeID
+	DSN    string // the node's DSN, without password
+	// Group is the node's Patroni scope when it is a group ("" for a
+	// plain server); its DSN then lists the members and reaches the
+	// primary (target_session_attrs=read-write).
+	Group      string
 	MapVersion uint64
 	State      bucketmap.BucketState // active, or moving while a move's write pause is on
 	Target     bucketmap.NodeID      // moving: where the bucket is going
@@ -475,7 +479,7 @@ func (r *Router) Route(uid string) (Route, error) {
 func (r *Router) route(s *snapshot, uid string) Route {
 	b := uint32(s.ks.Prefix64(uid) >> s.shift) // level 0: a shift by 64 gives 0
 	n := &s.nodes[s.owners[b]]
-	rt := Route{Bucket: b, Level: s.m.Level, Node: n.ID, DSN: n.DSN, MapVersion: s.m.Version, State: bucketmap.BucketActive}
+	rt := Route{Bucket: b, Level: s.m.Level, Node: n.ID, DSN: n.DSN, Group: n.Patroni.Scope, MapVersion: s.m.Version, State: bucketmap.BucketActive}
 	if s.flagged[b] {
 		bm := s.m.Meta(b)
 		rt.State, rt.Target, rt.DataLost = bm.State, bm.Target, bm.DataLost

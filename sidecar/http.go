@@ -64,6 +64,10 @@ type HandlerOptions struct {
 	// record in it.
 	Fleet    *fleet.Status
 	MemberID string
+	// Session, when set, is the router's ZooKeeper session: the sidecar
+	// reads the Patroni groups among the db nodes through it (GET
+	// /v1/groups, and "groups" in GET /v1/status).
+	Session *zksession.Session
 }
 
 type handler struct {
@@ -73,6 +77,7 @@ type handler struct {
 	fleetStatus *fleet.Status
 	memberID    string
 	mux         *http.ServeMux
+	groupCache  *groupCache
 
 	lookups     prometheus.Counter
 	batchUIDs   prometheus.Counter
@@ -93,6 +98,9 @@ func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux(), fleetStatus: opt.Fleet, memberID: opt.MemberID}
+	if opt.Session != nil {
+		h.groupCache = &groupCache{s: opt.Session}
+	}
 	ns := "shardvisor_router_"
 	h.lookups = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "lookups_total", Help: "User ids routed over HTTP (single and batch)."})
 	h.batchUIDs = prometheus.NewCounter(prometheus.CounterOpts{Name: ns + "batch_lookups_total", Help: "User ids routed through POST /v1/route."})
@@ -115,6 +123,7 @@ func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 	h.mux.HandleFunc("/v1/map", h.mapFile)
 	h.mux.HandleFunc("/v1/status", h.status)
 	h.mux.HandleFunc("/v1/fleet", h.fleet)
+	h.mux.HandleFunc("/v1/groups", h.groups)
 	h.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 	h.mux.HandleFunc("/readyz", h.readyz)
 	h.mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -422,6 +431,10 @@ func appendRoute(b []byte, uid string, rt router.Route) []byte {
 	b = appendJSONString(b, string(rt.Node))
 	b = append(b, `,"dsn":`...)
 	b = appendJSONString(b, rt.DSN)
+	if rt.Group != "" {
+		b = append(b, `,"group":`...)
+		b = appendJSONString(b, rt.Group)
+	}
 	b = append(b, `,"map_version":`...)
 	b = strconv.AppendUint(b, rt.MapVersion, 10)
 	b = append(b, `,"state":`...)
@@ -493,6 +506,9 @@ type StatusView struct {
 	InFlight []bucketmap.BucketSummary `json:"in_flight"`
 	Balanced bool                      `json:"balanced"`
 	Error    string                    `json:"last_error,omitempty"`
+	// Groups are the Patroni groups among the nodes, as their records
+	// say now (the sidecar's handler fills it; Status leaves it empty).
+	Groups map[bucketmap.NodeID]*GroupView `json:"groups,omitempty"`
 }
 
 const maxCells = 1024
@@ -546,12 +562,13 @@ func Status(r *router.Router) (*StatusView, error) {
 	return v, nil
 }
 
-func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
+func (h *handler) status(w http.ResponseWriter, req *http.Request) {
 	v, err := Status(h.r)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
+	v.Groups = h.groupCache.get(req.Context(), h.r.Map())
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
 }

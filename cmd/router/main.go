@@ -22,6 +22,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/sidecar"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 func main() {
@@ -63,6 +64,7 @@ func run(c *cli.Context) error {
 	var (
 		fleetStatus *fleet.Status
 		memberID    string // a router from a map file registers no member
+		session     *zksession.Session
 	)
 	if f := c.String("map-file"); f != "" {
 		if r, err = router.NewFromFile(f, router.Options{Logger: log}); err != nil {
@@ -80,9 +82,10 @@ func run(c *cli.Context) error {
 		memberID = c.String("id")
 		r = router.New(s, paths, router.Options{Logger: log, MemberID: memberID, MemberAddr: ln.Addr().String()})
 		fleetStatus = fleet.NewStatus(s, paths, fleet.StatusOptions{Logger: log.With(zap.String("component", "router"))})
+		session = s
 	}
 	defer r.Close()
-	srv := &http.Server{Handler: sidecar.Handler(r, sidecar.HandlerOptions{MaxBatch: c.Int("max-batch"), Fleet: fleetStatus, MemberID: memberID}), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: sidecar.Handler(r, sidecar.HandlerOptions{MaxBatch: c.Int("max-batch"), Fleet: fleetStatus, MemberID: memberID, Session: session}), ReadHeaderTimeout: 10 * time.Second}
 	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	errc := make(chan error, 1)

@@ -1,0 +1,92 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// GroupView is one Patroni group as GET /v1/groups and the status page
+// show it: Patroni's records read now (its primary, each member's role,
+// state, timeline and lag, the synchronous standby) and what is wrong.
+type GroupView struct {
+	*topo.PatroniGroup
+	Problems []topo.PatroniProblem `json:"problems"`
+	Error    string                `json:"error,omitempty"`
+}
+
+// groupsMaxAge bounds how old a group view may be: the records are read
+// at most once per this for every client of the sidecar together, so 50
+// status pages cost Patroni's records no more than one.
+const groupsMaxAge = time.Second
+
+type groupCache struct {
+	s  *zksession.Session
+	mu sync.Mutex
+	at time.Time
+	v  map[bucketmap.NodeID]*GroupView
+}
+
+// get returns the groups of m's nodes, read again if older than
+// groupsMaxAge. Reading one group is bounded by a short timeout: a slow
+// ensemble makes the view stale, never the page hang.
+func (c *groupCache) get(ctx context.Context, m *bucketmap.Map) map[bucketmap.NodeID]*GroupView {
+	if c == nil || c.s == nil || m == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.at) < groupsMaxAge && c.v != nil {
+		return c.v
+	}
+	out := map[bucketmap.NodeID]*GroupView{}
+	for _, n := range m.Nodes() {
+		if n.Patroni.IsZero() || n.State == bucketmap.NodeRemoved {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		g, err := topo.ReadPatroni(rctx, c.s, n.Patroni.Namespace, n.Patroni.Scope)
+		cancel()
+		if err != nil {
+			out[n.ID] = &GroupView{PatroniGroup: &topo.PatroniGroup{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}, Problems: []topo.PatroniProblem{}, Error: err.Error()}
+			continue
+		}
+		v := &GroupView{PatroniGroup: g, Problems: g.Problems()}
+		if v.Problems == nil {
+			v.Problems = []topo.PatroniProblem{}
+		}
+		out[n.ID] = v
+	}
+	c.at, c.v = time.Now(), out
+	return out
+}
+
+// groups serves GET /v1/groups: {"groups": {node: GroupView}}, empty
+// when no node is a group or the router has no ZooKeeper session (a map
+// file: the DSN in each route still reaches the primary).
+func (h *handler) groups(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET")
+		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/groups")
+		return
+	}
+	m := h.r.Map()
+	if m == nil {
+		writeError(w, http.StatusServiceUnavailable, router.ErrNotReady.Error())
+		return
+	}
+	v := h.groupCache.get(req.Context(), m)
+	if v == nil {
+		v = map[bucketmap.NodeID]*GroupView{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	json.NewEncoder(w).Encode(map[string]any{"groups": v})
+}
