@@ -27,6 +27,19 @@
 // Such servers are not controlled by testenv: ZK.Kill, ZK.Start, PGNode.Stop
 // and PGNode.Start return ErrNotManaged.
 //
+// # Patroni groups
+//
+// StartPGGroups gives Patroni groups instead of plain nodes: scripts/devenv
+// nodes GroupFirstNode.. (5 and 6), each a primary and a synchronous standby
+// managed by Patroni with the devenv ZooKeeper ensemble as DCS (scope
+// "pg5", namespace "/service/"). Their DSNs list every member with
+// target_session_attrs=read-write and so reach the current primary.
+// PGNode.KillPrimary SIGKILLs the primary's Patroni, postmaster and children
+// at once (a standby takes over once the dead Patroni's ZooKeeper session
+// expires, ~10 s), PGNode.StartMembers brings killed members back as
+// standbys; both require Exclusive. StartPGNodes refuses to hand out a group
+// as a plain node. With SHARDVISOR_TEST_PG group tests skip.
+//
 // # Long fault schedules
 //
 // A test whose fault schedule is long (server failovers, ZooKeeper

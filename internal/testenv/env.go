@@ -267,7 +267,9 @@ func ensureUp(pgNodes int) error {
 	return nil
 }
 
-// existingPGNodes is the highest PostgreSQL node index with a data directory.
+// existingPGNodes is the highest PostgreSQL node index with a data directory
+// or a Patroni group's members file (`up` with that many nodes restarts the
+// groups too; StartPGNodes refuses to hand a group out as a plain node).
 func existingPGNodes() int {
 	n := 0
 	entries, _ := os.ReadDir(filepath.Join(StateDir(), "pg"))
@@ -277,6 +279,9 @@ func existingPGNodes() int {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(StateDir(), "pg", e.Name(), "data", "PG_VERSION")); err == nil && i > n {
+			n = i
+		}
+		if _, err := os.Stat(filepath.Join(StateDir(), "pg", e.Name(), "members")); err == nil && i > n {
 			n = i
 		}
 	}

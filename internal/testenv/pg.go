@@ -44,8 +44,25 @@ type PGNode struct {
 	// AdminDSN connects to the "postgres" database, with the password.
 	AdminDSN string
 
+	// A Patroni group (StartPGGroups) also has these; its DSNs list every
+	// member with target_session_attrs=read-write.
+	Members          []string // "127.0.0.1:PORT" of each member, member 1 first
+	PatroniScope     string   // "pg5"
+	PatroniNamespace string   // "/service/"
+	APIPorts         []int    // each member's Patroni REST API port (127.0.0.1)
+
 	st      *testState
 	managed bool
+	num     int  // scripts/devenv node number if not Index+1
+	group   bool // a Patroni group
+}
+
+// number is the node's scripts/devenv node number.
+func (n *PGNode) number() int {
+	if n.num > 0 {
+		return n.num
+	}
+	return n.Index + 1
 }
 
 // StartPG returns the PostgreSQL nodes (SHARDVISOR_PG_NODES, default 3),
@@ -90,6 +107,12 @@ func StartPGNodes(t testing.TB, n int) *PG {
 		}
 		if err := ensureUp(n); err != nil {
 			fatalf(t, "starting servers: %v", err)
+		}
+		for i := 1; i <= n; i++ {
+			if isGroupNode(i) {
+				fatalf(t, "test wants %d plain PostgreSQL nodes, but node %d is a Patroni group (StartPGGroups uses nodes %d..); remove it (scripts/devenv pg-stop %d && rm -rf %s) or ask for fewer nodes",
+					n, i, GroupFirstNode, i, filepath.Join(StateDir(), "pg", "pg"+strconv.Itoa(i)))
+			}
 		}
 		pwFile := filepath.Join(StateDir(), "pg", "password")
 		b, err := os.ReadFile(pwFile)
@@ -345,6 +368,6 @@ func (n *PGNode) devenv(verb string, timeout time.Duration) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	_, err := runDevenv(ctx, nil, verb, strconv.Itoa(n.Index+1))
+	_, err := runDevenv(ctx, nil, verb, strconv.Itoa(n.number()))
 	return err
 }

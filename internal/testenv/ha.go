@@ -1,0 +1,414 @@
+package testenv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Patroni groups: scripts/devenv nodes that are a primary and synchronous
+// standbys managed by Patroni, with ZooKeeper (the devenv ensemble) as DCS.
+//
+// StartPGGroups asks scripts/devenv for groups at node numbers
+// GroupFirstNode and GroupFirstNode+1 (SHARDVISOR_PG_HA=2
+// SHARDVISOR_PG_HA_NODES=5,6): the plain nodes below them stay plain, and
+// plain tests keep using nodes 1..GroupFirstNode-1 (the suite asks for up to
+// 4: e2e, gc, migrate), which is why the groups do not start at node 4.
+const (
+	// GroupFirstNode is the scripts/devenv node number of the first group.
+	GroupFirstNode = 5
+	// MaxGroups is how many groups StartPGGroups can give.
+	MaxGroups = 2
+	// GroupMembers is the number of members of each group.
+	GroupMembers = 2
+	// PatroniNamespace is the groups' Patroni namespace in ZooKeeper.
+	PatroniNamespace = "/service/"
+)
+
+// groupNodesEnv is the environment for `scripts/devenv up` that creates (or
+// keeps) the groups.
+func groupNodesEnv() []string {
+	var nodes []string
+	for g := 0; g < MaxGroups; g++ {
+		nodes = append(nodes, strconv.Itoa(GroupFirstNode+g))
+	}
+	return []string{
+		"SHARDVISOR_PG_NODES=" + strconv.Itoa(max(GroupFirstNode+MaxGroups-1, existingPGNodes())),
+		"SHARDVISOR_PG_HA=" + strconv.Itoa(GroupMembers),
+		"SHARDVISOR_PG_HA_NODES=" + strings.Join(nodes, ","),
+	}
+}
+
+// isGroupNode reports whether devenv node num (1-based) is a Patroni group.
+func isGroupNode(num int) bool {
+	_, err := os.Stat(filepath.Join(StateDir(), "pg", "pg"+strconv.Itoa(num), "members"))
+	return err == nil
+}
+
+// memberPGPort and memberAPIPort follow scripts/devenv: member m (1-based)
+// of node num listens on BASE+(num-1)+100*(m-1), its Patroni REST API on
+// BASE+1000+(num-1)+100*(m-1).
+func memberPGPort(num, m int) int  { return pgPortBase() + num - 1 + 100*(m-1) }
+func memberAPIPort(num, m int) int { return pgPortBase() + 1000 + num - 1 + 100*(m-1) }
+func memberName(num, m int) string { return fmt.Sprintf("pg%d-m%d", num, m) }
+
+var groupUpFailed error // a failed `up` of the groups is not retried in this process
+
+// ensureGroupsUp makes sure ZooKeeper and the MaxGroups groups are healthy,
+// running scripts/devenv up (which creates the groups if needed) if not.
+func ensureGroupsUp() error {
+	upMu.Lock()
+	defer upMu.Unlock()
+	if groupUpFailed != nil {
+		return groupUpFailed
+	}
+	healthy := func() bool {
+		if !quickHealthy(0) {
+			return false
+		}
+		for g := 0; g < MaxGroups; g++ {
+			if s := groupStatus(GroupFirstNode + g); !s.healthy() {
+				return false
+			}
+		}
+		return true
+	}
+	if healthy() {
+		return nil
+	}
+	unlock, err := lockFile(filepath.Join(StateDir(), "testenv-up.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if healthy() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), upTimeout)
+	defer cancel()
+	if _, err := runDevenv(ctx, groupNodesEnv(), "up"); err != nil {
+		groupUpFailed = err
+		return err
+	}
+	return nil
+}
+
+// StartPGGroups returns n (1..MaxGroups) Patroni groups of GroupMembers
+// members each, starting them if needed (scripts/devenv up with
+// SHARDVISOR_PG_HA), each with a fresh database for the test, created on
+// the group's primary (it replicates to the standbys). The nodes' DSN,
+// DSNWithPassword and AdminDSN list every member with
+// target_session_attrs=read-write, so they reach the current primary; Host
+// and Port are the primary's when StartPGGroups returned. It skips the test
+// under -short, and with SHARDVISOR_TEST_PG (external servers have no
+// groups).
+//
+// KillPrimary and StartMembers require Exclusive. When the test ends,
+// members that are down are started again and the groups are healthy
+// before other tests continue.
+func StartPGGroups(t testing.TB, n int) *PG {
+	t.Helper()
+	skipIfShort(t)
+	if len(externalPG()) > 0 {
+		t.Skip("testenv: Patroni groups come only from scripts/devenv; SHARDVISOR_TEST_PG gives external servers, so this group test is skipped")
+	}
+	if n < 1 || n > MaxGroups {
+		t.Fatalf("testenv: StartPGGroups(t, %d): between 1 and %d groups", n, MaxGroups)
+	}
+	st := stateFor(t)
+	if err := acquireShared(st); err != nil {
+		fatalf(t, "lock: %v", err)
+	}
+	if err := ensureGroupsUp(); err != nil {
+		fatalf(t, "starting Patroni groups: %v", err)
+	}
+	pwFile := filepath.Join(StateDir(), "pg", "password")
+	b, err := os.ReadFile(pwFile)
+	if err != nil {
+		fatalf(t, "reading PostgreSQL password: %v", err)
+	}
+	pw := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+	dbName := "t_" + sanitize(t.Name(), 40) + "_" + randomHex(4)
+	pg := &PG{}
+	for g := 0; g < n; g++ {
+		num := GroupFirstNode + g
+		node := &PGNode{
+			Index:            g,
+			Name:             "pg" + strconv.Itoa(num),
+			Host:             "127.0.0.1",
+			User:             "postgres",
+			Password:         pw,
+			PasswordFile:     pwFile,
+			PGPassFile:       filepath.Join(StateDir(), "pg", "pgpass"),
+			Database:         dbName,
+			PatroniScope:     "pg" + strconv.Itoa(num),
+			PatroniNamespace: PatroniNamespace,
+			st:               st,
+			managed:          true,
+			num:              num,
+			group:            true,
+		}
+		for m := 1; m <= GroupMembers; m++ {
+			node.Members = append(node.Members, net.JoinHostPort("127.0.0.1", strconv.Itoa(memberPGPort(num, m))))
+			node.APIPorts = append(node.APIPorts, memberAPIPort(num, m))
+		}
+		s := groupStatus(num)
+		node.Port = memberPGPort(num, 1)
+		if s.primary > 0 {
+			node.Port = memberPGPort(num, s.primary)
+		}
+		node.fillGroupDSNs()
+		pg.Nodes = append(pg.Nodes, node)
+	}
+
+	// Register the cleanups before failing: the drop runs after the
+	// restart (cleanups run in reverse order).
+	st.addCleanup(func() { pg.dropDatabases(t) })
+	st.addCleanup(func() {
+		for _, node := range pg.Nodes {
+			if err := node.restoreGroup(); err != nil {
+				t.Errorf("testenv: restoring %s: %v", node.Name, err)
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, node := range pg.Nodes {
+		if err := node.admin(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()); err != nil {
+			fatalf(t, "creating database %s on %s: %v", dbName, node.Name, err)
+		}
+	}
+	// A synchronous commit waits for the standby's flush, not its replay;
+	// and pgx does not try the next host of a multi-host DSN when one says
+	// the database does not exist (SQLSTATE 3D000). So wait until every
+	// member has it before the DSNs are handed out.
+	for _, node := range pg.Nodes {
+		for _, m := range node.Members {
+			dsn := "postgres://" + url.UserPassword(node.User, node.Password).String() + "@" + m + "/" +
+				url.PathEscape(dbName) + "?sslmode=disable&connect_timeout=2"
+			for {
+				err := Exec(ctx, dsn, "SELECT 1")
+				if err == nil {
+					break
+				}
+				if ctx.Err() != nil {
+					fatalf(t, "database %s on %s member %s: %v", dbName, node.Name, m, err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	return pg
+}
+
+// fillGroupDSNs sets multi-host DSNs over every member that connect to the
+// one accepting writes.
+func (n *PGNode) fillGroupDSNs() {
+	hosts := strings.Join(n.Members, ",")
+	mk := func(user *url.Userinfo, db string) string {
+		return "postgres://" + user.String() + "@" + hosts + "/" + url.PathEscape(db) +
+			"?sslmode=disable&target_session_attrs=read-write&connect_timeout=2"
+	}
+	n.DSN = mk(url.User(n.User), n.Database)
+	n.DSNWithPassword = mk(url.UserPassword(n.User, n.Password), n.Database)
+	n.AdminDSN = mk(url.UserPassword(n.User, n.Password), "postgres")
+}
+
+// restoreGroup starts the group's members that are down, if any, and waits
+// until every member streams from a primary.
+func (n *PGNode) restoreGroup() error {
+	if groupStatus(n.num).healthy() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, err := runDevenv(ctx, nil, "pg-start", strconv.Itoa(n.num))
+	return err
+}
+
+func (n *PGNode) groupControl(t testing.TB) {
+	t.Helper()
+	if !n.group {
+		t.Fatalf("testenv: %s is not a Patroni group (StartPGGroups gives groups)", n.Name)
+	}
+	if err := n.control(); err != nil {
+		t.Fatalf("testenv: %s: %v", n.Name, err)
+	}
+}
+
+var killedRE = regexp.MustCompile(`killed primary (pg[0-9]+-m[0-9]+)`)
+
+// KillPrimary SIGKILLs the group's current primary host all at once: its
+// Patroni, its postmaster and every postgres child (scripts/devenv pg-kill),
+// and returns the member that died ("pg5-m1"). A standby takes over once
+// the dead Patroni's ZooKeeper session expires (the ttl, 10 s). Requires
+// Exclusive.
+func (n *PGNode) KillPrimary(t testing.TB) string {
+	t.Helper()
+	n.groupControl(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := runDevenv(ctx, nil, "pg-kill", strconv.Itoa(n.num))
+	if err != nil {
+		t.Fatalf("testenv: killing %s's primary: %v", n.Name, err)
+	}
+	m := killedRE.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("testenv: scripts/devenv pg-kill %d did not say which member died:\n%s", n.num, out)
+	}
+	return m[1]
+}
+
+// StartMembers starts every member of the group that is not running (a
+// killed old primary rejoins as a standby: crash recovery, pg_rewind) and
+// returns when every member streams from the primary. Requires Exclusive.
+func (n *PGNode) StartMembers(t testing.TB) {
+	t.Helper()
+	n.groupControl(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := runDevenv(ctx, nil, "pg-start", strconv.Itoa(n.num)); err != nil {
+		t.Fatalf("testenv: starting %s's members: %v", n.Name, err)
+	}
+	var s groupState
+	WaitFor(t, time.Minute, func() bool { s = groupStatus(n.num); return s.healthy() },
+		n.Name+": every member streaming from a primary")
+}
+
+// Primary returns the group's current primary member ("pg5-m2"), waiting up
+// to a minute while there is none (during a failover).
+func (n *PGNode) Primary(t testing.TB) string {
+	t.Helper()
+	var s groupState
+	WaitFor(t, time.Minute, func() bool { s = groupStatus(n.num); return s.primary > 0 },
+		n.Name+": a primary")
+	return memberName(n.num, s.primary)
+}
+
+// Streaming returns the members that stream from the current primary
+// right now (none while there is no primary).
+func (n *PGNode) Streaming(t testing.TB) []string {
+	t.Helper()
+	var names []string
+	for _, m := range groupStatus(n.num).streaming {
+		names = append(names, memberName(n.num, m))
+	}
+	return names
+}
+
+// ---------------------------------------------------------------- Patroni REST API
+
+// patroniStatus is what a member's Patroni answers on GET /.
+type patroniStatus struct {
+	State       string `json:"state"` // "running", "starting", ...
+	Role        string `json:"role"`  // "master" (primary) or "replica"
+	Timeline    int    `json:"timeline"`
+	Replication []struct {
+		ApplicationName string `json:"application_name"` // the member name
+		State           string `json:"state"`            // "streaming"
+		SyncState       string `json:"sync_state"`       // "sync", "async"
+	} `json:"replication"`
+}
+
+var patroniClient = &http.Client{Timeout: 1500 * time.Millisecond}
+
+// patroniGet returns the HTTP status and body of GET / on a member's REST
+// API: 200 on the leader only.
+func patroniGet(port int) (int, patroniStatus, error) {
+	var st patroniStatus
+	resp, err := patroniClient.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/")
+	if err != nil {
+		return 0, st, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, st, err
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return resp.StatusCode, st, fmt.Errorf("patroni on port %d: %w", port, err)
+	}
+	return resp.StatusCode, st, nil
+}
+
+// groupState is a group's state as its members' REST APIs tell it.
+type groupState struct {
+	primary   int   // member number of the primary, 0 if none
+	streaming []int // members streaming from the primary
+	sync      int   // of which synchronous
+	err       error
+}
+
+// healthy: a primary, every other member streaming from it, one of them
+// synchronously.
+func (s groupState) healthy() bool {
+	return s.err == nil && s.primary > 0 && len(s.streaming) == GroupMembers-1 && (GroupMembers == 1 || s.sync > 0)
+}
+
+// groupStatus asks every member of group num at once.
+func groupStatus(num int) groupState {
+	type answer struct {
+		code int
+		st   patroniStatus
+		err  error
+	}
+	answers := make([]answer, GroupMembers)
+	var wg sync.WaitGroup
+	for m := 1; m <= GroupMembers; m++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, st, err := patroniGet(memberAPIPort(num, m))
+			answers[m-1] = answer{code, st, err}
+		}()
+	}
+	wg.Wait()
+	var s groupState
+	for i, a := range answers {
+		if a.code == http.StatusOK && a.st.State == "running" {
+			if s.primary != 0 {
+				s.err = errors.New("two members answer as primary")
+				return s
+			}
+			s.primary = i + 1
+		}
+	}
+	if s.primary == 0 {
+		s.err = fmt.Errorf("pg%d: no primary", num)
+		return s
+	}
+	repl := map[string]string{}
+	for _, r := range answers[s.primary-1].st.Replication {
+		if r.State == "streaming" {
+			repl[r.ApplicationName] = r.SyncState
+		}
+	}
+	for m := 1; m <= GroupMembers; m++ {
+		a := answers[m-1]
+		if m == s.primary || a.err != nil || a.st.Role != "replica" || a.st.State != "running" {
+			continue
+		}
+		if syncState, ok := repl[memberName(num, m)]; ok {
+			s.streaming = append(s.streaming, m)
+			if syncState == "sync" {
+				s.sync++
+			}
+		}
+	}
+	return s
+}
