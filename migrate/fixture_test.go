@@ -47,15 +47,26 @@ type fixture struct {
 
 func newFixture(t *testing.T, level, nodes int) *fixture {
 	t.Helper()
-	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, nodes)
+	return newFixtureOn(t, level, &testenv.PG{Nodes: pg.Nodes[:nodes]})
+}
+
+// newFixtureOn is newFixture on the given servers, named pg1, pg2, ... in
+// their order; a Patroni group among them is registered as one.
+func newFixtureOn(t *testing.T, level int, pg *testenv.PG) *fixture {
+	t.Helper()
+	z := testenv.StartZK(t)
 	ctx := context.Background()
 	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString, SessionTimeout: 4 * time.Second})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	f := &fixture{t: t, z: z, pg: pg, s: s}
-	for i, n := range pg.Nodes[:nodes] {
-		f.nodes = append(f.nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
+	for i, n := range pg.Nodes {
+		node := bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive}
+		if n.PatroniScope != "" {
+			node.Patroni = bucketmap.Patroni{Namespace: n.PatroniNamespace, Scope: n.PatroniScope}
+		}
+		f.nodes = append(f.nodes, node)
 	}
 	f.st = bucketmap.NewStore(s, topo.MustPaths(z.Root, "mv"))
 	m, err := bucketmap.New(level, f.nodes, time.Now())

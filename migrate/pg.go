@@ -181,7 +181,20 @@ func dropSubscription(ctx context.Context, c *pgx.Conn, name string, sourceReach
 		}
 	}
 	_, err := c.Exec(ctx, fmt.Sprintf("DROP SUBSCRIPTION %s", ident(name)))
+	if err != nil && sourceReachable && slotGone(err) {
+		// The source has no such slot (a new primary after a failover:
+		// PostgreSQL 15's slots do not survive one), and DROP
+		// SUBSCRIPTION insists on dropping it there: detach it.
+		return dropSubscription(ctx, c, name, false)
+	}
 	return err
+}
+
+// slotGone: DROP SUBSCRIPTION failed because its slot is not on the
+// publisher.
+func slotGone(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "could not drop replication slot") && strings.Contains(msg, "does not exist")
 }
 
 // dropPublication removes the publication from the source.

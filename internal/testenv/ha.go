@@ -398,6 +398,17 @@ func groupStatus(num int) groupState {
 			repl[r.ApplicationName] = r.SyncState
 		}
 	}
+	// A standby is synchronous for failover only once Patroni's sync
+	// record in ZooKeeper names it: in synchronous mode Patroni promotes
+	// no other member ("not the healthiest node"). PostgreSQL's
+	// sync_state turns "sync" a loop earlier than the record, so ask
+	// Patroni's /cluster (role sync_standby comes from the record).
+	dcsSync := map[string]bool{}
+	if names, err := patroniSyncStandbys(memberAPIPort(num, s.primary)); err == nil {
+		for _, n := range names {
+			dcsSync[n] = true
+		}
+	}
 	for m := 1; m <= GroupMembers; m++ {
 		a := answers[m-1]
 		if m == s.primary || a.err != nil || a.st.Role != "replica" || a.st.State != "running" {
@@ -405,10 +416,36 @@ func groupStatus(num int) groupState {
 		}
 		if syncState, ok := repl[memberName(num, m)]; ok {
 			s.streaming = append(s.streaming, m)
-			if syncState == "sync" {
+			if syncState == "sync" && dcsSync[memberName(num, m)] {
 				s.sync++
 			}
 		}
 	}
 	return s
+}
+
+// patroniSyncStandbys returns the members Patroni's GET /cluster lists as
+// sync_standby.
+func patroniSyncStandbys(port int) ([]string, error) {
+	resp, err := patroniClient.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/cluster")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var c struct {
+		Members []struct {
+			Name string `json:"name"`
+			Role string `json:"role"`
+		} `json:"members"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range c.Members {
+		if m.Role == "sync_standby" {
+			out = append(out, m.Name)
+		}
+	}
+	return out, nil
 }

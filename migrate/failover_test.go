@@ -1,0 +1,124 @@
+package migrate
+
+import (
+	"context"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// groupFixture is a cluster of a plain node (pg1) and a Patroni group of a
+// primary and a synchronous standby (pg2), at level 2: pg1 owns buckets
+// 0-1, pg2 2-3.
+func groupFixture(t *testing.T) (*fixture, *testenv.PGNode) {
+	t.Helper()
+	plain := testenv.StartPGNodes(t, 1)
+	groups := testenv.StartPGGroups(t, 1)
+	f := newFixtureOn(t, 2, &testenv.PG{Nodes: []*testenv.PGNode{plain.Nodes[0], groups.Nodes[0]}})
+	return f, groups.Nodes[0]
+}
+
+// A move whose source or target group loses its primary (SIGKILL of the
+// postmaster, its children and Patroni) in any state: the move aborts
+// cleanly (the new primary has no slot, or may lack what the old one
+// confirmed), starts again on the new primary and completes; no
+// acknowledged write is lost, nothing is left behind, and the old primary
+// rejoins as a standby.
+func TestFaultsMoveThroughFailover(t *testing.T) {
+	testenv.Faults(t)
+	testenv.Exclusive(t)
+	for _, tc := range []struct {
+		name   string
+		bucket uint32
+		to     bucketmap.NodeID
+		killAt string // the state on entering which the group's primary dies
+	}{
+		{"source-in-copy", 2, "pg1", topo.MoveCopy},
+		{"target-in-catchup", 0, "pg2", topo.MoveCatchup},
+		{"source-in-teardown", 3, "pg1", topo.MoveTeardown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, group := groupFixture(t)
+			base := f.seedRows("seed", 200)
+			l := f.startLoad(4, 100)
+			testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
+			var once sync.Once
+			var killed string
+			var killedAt time.Time
+			progress := func(p Progress) {
+				if p.Message == tc.killAt {
+					once.Do(func() {
+						killed = group.KillPrimary(t)
+						killedAt = time.Now()
+					})
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			first := ""
+			rec, err := f.mover(Options{Progress: func(p Progress) {
+				if first == "" && p.Move != nil {
+					first = p.Move.ID
+				}
+				progress(p)
+			}}).Move(ctx, tc.bucket, tc.to, false)
+			if err != nil {
+				t.Fatalf("move through a failover of %s: %v", killed, err)
+			}
+			if killed == "" {
+				t.Fatalf("the primary was never killed (no %s step)", tc.killAt)
+			}
+			t.Logf("killed %s on entering %s; move %s ended %s %.1fs after the kill (first attempt %s)", killed, tc.killAt, rec.ID, rec.State, time.Since(killedAt).Seconds(), first)
+			if rec.State != topo.MoveDone {
+				t.Fatalf("move ended %s: %s", rec.State, rec.Error)
+			}
+			if tc.killAt != topo.MoveTeardown && rec.ID == first {
+				t.Fatalf("a failover before the flip did not restart the move: %s", rec.ID)
+			}
+			if m := f.mapNow(); m.Owner(tc.bucket) != tc.to || m.Meta(tc.bucket).State != bucketmap.BucketActive {
+				t.Fatalf("bucket %d after the move: %s %+v", tc.bucket, m.Owner(tc.bucket), m.Meta(tc.bucket))
+			}
+			n := l.writes.Load()
+			testenv.WaitFor(t, 60*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the move")
+			acked := l.finish()
+			for uid, v := range base {
+				if _, ok := acked[uid]; !ok {
+					acked[uid] = v
+				}
+			}
+			f.checkAcked(acked)
+			t.Logf("%d writes acknowledged, %d gave up (a write that waits out the failover)", l.writes.Load(), l.failed.Load())
+			if left := f.leftovers(); len(left) > 0 {
+				t.Fatalf("left behind: %v", left)
+			}
+			group.StartMembers(t)
+			if st := group.Streaming(t); len(st) != 1 {
+				t.Fatalf("after pg-start the group has %d streaming standbys: %v", len(st), st)
+			}
+			// No move's slot is left on any member, the rejoined old
+			// primary included.
+			for _, member := range group.Members {
+				c, err := pgx.Connect(ctx, "postgres://postgres@"+member+"/postgres?sslmode=disable&password="+url.QueryEscape(group.Password))
+				if err != nil {
+					t.Fatal(err)
+				}
+				rows, _ := c.Query(ctx, "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'sv\\_%'")
+				slots, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				c.Close(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(slots) > 0 {
+					t.Errorf("member %s keeps the slots %v", member, slots)
+				}
+			}
+		})
+	}
+}
