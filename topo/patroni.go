@@ -68,6 +68,7 @@ type PatroniConfig struct {
 	RetryTimeout          int                 `json:"retry_timeout,omitempty"`
 	SynchronousMode       bool                `json:"synchronous_mode"`
 	SynchronousModeStrict bool                `json:"synchronous_mode_strict,omitempty"`
+	FailsafeMode          bool                `json:"failsafe_mode,omitempty"`
 	IgnoreSlots           []map[string]string `json:"ignore_slots,omitempty"`
 }
 
@@ -295,6 +296,9 @@ func (g *PatroniGroup) Problems() []PatroniProblem {
 		add(true, "synchronous_mode is off: a failover may lose acknowledged writes (set synchronous_mode: true)")
 	} else if len(g.SyncStandbys) == 0 && !c.SynchronousModeStrict {
 		add(false, "synchronous_mode is on but no standby is synchronous now: a failover now may lose acknowledged writes")
+	}
+	if !c.FailsafeMode {
+		add(false, "failsafe_mode is off: a ZooKeeper outage longer than retry_timeout demotes the primary, and the group refuses writes until the ensemble is back (set failsafe_mode: true)")
 	}
 	if g.OpenACL {
 		add(false, "Patroni's records are writable by anyone who reaches the ensemble (world ACL): anyone could delete the leader key or turn synchronous_mode off; set Patroni's zookeeper.set_acls (x509) or keep the ensemble's clients trusted (docs/failover.md, Security)")

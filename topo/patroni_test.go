@@ -15,7 +15,7 @@ import (
 const (
 	patroniM1     = `{"conn_url":"postgres://127.0.0.1:25435/postgres","api_url":"http://127.0.0.1:26435/patroni","state":"running","role":"master","version":"3.0.2","xlog_location":50331968,"timeline":2}`
 	patroniM2     = `{"conn_url":"postgres://127.0.0.1:25535/postgres","api_url":"http://127.0.0.1:26535/patroni","state":"running","role":"replica","version":"3.0.2","xlog_location":50331648,"replication_state":"streaming","timeline":2}`
-	patroniConfig = `{"ttl":10,"loop_wait":2,"retry_timeout":4,"maximum_lag_on_failover":1048576,"synchronous_mode":true,"ignore_slots":[{"type":"logical","plugin":"pgoutput"}],"postgresql":{"use_pg_rewind":true}}`
+	patroniConfig = `{"ttl":10,"loop_wait":2,"retry_timeout":4,"maximum_lag_on_failover":1048576,"synchronous_mode":true,"failsafe_mode":true,"ignore_slots":[{"type":"logical","plugin":"pgoutput"}],"postgresql":{"use_pg_rewind":true}}`
 )
 
 func TestReadPatroniGroup(t *testing.T) {
