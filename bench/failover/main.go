@@ -59,13 +59,15 @@ import (
 )
 
 var (
-	kills    = flag.Int("kills", 10, "primary SIGKILLs per mode, each after the old primary rejoined")
-	writers  = flag.Int("writers", 16, "writer goroutines")
-	steady   = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
-	modes    = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
-	node     = flag.Int("node", 1, "the scripts/devenv node number of the group")
-	jsonOut  = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
-	rejoinTO = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
+	kills     = flag.Int("kills", 10, "primary SIGKILLs per mode, each after the old primary rejoined")
+	writers   = flag.Int("writers", 16, "writer goroutines")
+	steady    = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
+	modes     = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
+	node      = flag.Int("node", 1, "the scripts/devenv node number of the group")
+	jsonOut   = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
+	rejoinTO  = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
+	returning = flag.Bool("returning", false, "write with INSERT ... RETURNING read through QueryRow (as the notes app does) instead of Exec")
+	zkOutage  = flag.Duration("zk-outage", 0, "before each kill, stop the whole ZooKeeper ensemble this long (Patroni's failsafe mode keeps the primary)")
 )
 
 // Failover is one kill.
@@ -317,6 +319,21 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		if err != nil {
 			return err
 		}
+		if *zkOutage > 0 {
+			p.Say("%s kill %d/%d: the whole ZooKeeper ensemble down for %s first", mode.Name, k, *kills, *zkOutage)
+			for z := 1; z <= 3; z++ {
+				if out, err := exec.CommandContext(ctx, e.devenv, "zk-kill", strconv.Itoa(z)).CombinedOutput(); err != nil {
+					return fmt.Errorf("zk-kill: %v: %s", err, out)
+				}
+			}
+			time.Sleep(*zkOutage)
+			if out, err := exec.CommandContext(ctx, e.devenv, "up").CombinedOutput(); err != nil {
+				return fmt.Errorf("devenv up after the outage: %v: %s", err, out)
+			}
+			if g, err = waitWhole(ctx, e, s, mode.Name == "sync", 2*time.Minute); err != nil {
+				return err
+			}
+		}
 		n0, t0 := ackedCount(led), time.Now()
 		time.Sleep(*steady)
 		steadyWrites += ackedCount(led) - n0
@@ -399,6 +416,17 @@ func write(ctx context.Context, r *router.Router, ks *keystream.Keystream, led *
 		start := time.Now()
 		var inserted int64
 		err := r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
+			if *returning {
+				var at time.Time
+				err := pool.QueryRow(ctx, `INSERT INTO bench_failover (bkey, id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING at`, key, id).Scan(&at)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil // it was there: inserted stays 0
+				}
+				if err == nil {
+					inserted = 1
+				}
+				return err
+			}
 			tag, err := pool.Exec(ctx, `INSERT INTO bench_failover (bkey, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, key, id)
 			inserted = tag.RowsAffected()
 			return err

@@ -9,8 +9,14 @@
 //	PUT    /v1/users/{uid}/notes/{id}   {"body": "..."}  -> 200
 //	DELETE /v1/users/{uid}/notes/{id}                    -> 204
 //
+// A write that failed is answered 503 when it was not applied (the db node
+// has no primary for now, or a move held it back past router.Do's retries)
+// and 502 with "outcome": "unknown" when it may have committed (the
+// connection to the db node died after the statement was sent).
+//
 // Every write is idempotent, so a client may resend one whose answer it
-// did not get (a worker closing a keep-alive connection as it drains): a
+// did not get (a worker closing a keep-alive connection as it drains, a
+// 502 with an unknown outcome): a
 // POST with an Idempotency-Key header makes the note whose id the key
 // decides, once (a resend answers with that note); a PUT of the body a
 // note already has changes nothing; a DELETE that already happened is 404.
@@ -40,6 +46,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -191,10 +198,28 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func (a *app) fail(w http.ResponseWriter, r *http.Request, code int, err error) {
-	if code >= 500 {
-		a.log.Warn("request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
+	out := map[string]string{"error": err.Error()}
+	if code == http.StatusServiceUnavailable && r.Method != http.MethodGet && outcomeUnknown(err) {
+		// The statement was sent and the connection died before the
+		// answer (the db node's primary died, say): the write may have
+		// committed. Say so, so that the client resends it with the
+		// same Idempotency-Key rather than record it as not done.
+		code = http.StatusBadGateway
+		out["outcome"] = "unknown"
 	}
-	writeJSON(w, code, map[string]string{"error": err.Error()})
+	if code >= 500 {
+		a.log.Warn("request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Int("status", code), zap.Error(err))
+	}
+	writeJSON(w, code, out)
+}
+
+// outcomeUnknown: the error came after the statement was sent and is not
+// the server's answer to it: the write may or may not have committed.
+// What router.Do gave up on was never sent (or was refused by the fence),
+// and a PostgreSQL error is an answer: neither committed.
+func outcomeUnknown(err error) bool {
+	var pe *pgconn.PgError
+	return !router.Retryable(err) && !errors.As(err, &pe) && !errors.Is(err, errNotFound)
 }
 
 func (a *app) key(uid string) int64 { return keystream.Key(a.ks.Prefix64(uid)) }

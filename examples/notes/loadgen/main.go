@@ -96,15 +96,30 @@ type Summary struct {
 	// keep-alive connection before answering (see call). They are not
 	// failures: every write is idempotent by its Idempotency-Key.
 	IdleRetries int64 `json:"idle_close_retries"`
+	// Resent counts writes resent with their Idempotency-Key after an
+	// answer that left the outcome unknown (the app's 502, or none).
+	Resent int64 `json:"unknown_outcome_resends"`
 }
 
 type stats struct {
 	requests, ok, failed, writes atomic.Int64
 	idleRetries                  atomic.Int64
+	resent                       atomic.Int64 // writes resent after an unknown outcome
 	mu                           sync.Mutex
 	lat                          []float64
 	errs                         map[string]int64
 	last                         string
+	// failures, when set, gets a JSON line per failed request (when it
+	// started and ended, and why), so that a run can tell failures in a
+	// fault's window from the others.
+	failures *json.Encoder
+}
+
+// Failure is one failed request, as --failures writes it.
+type Failure struct {
+	Start float64 `json:"start"` // Unix time, seconds
+	End   float64 `json:"end"`
+	Error string  `json:"error"`
 }
 
 func (s *stats) record(d time.Duration, err error) {
@@ -116,6 +131,11 @@ func (s *stats) record(d time.Duration, err error) {
 		s.failed.Add(1)
 		s.errs[kind(err)]++
 		s.last = err.Error()
+		if s.failures != nil {
+			now := time.Now()
+			unix := func(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
+			_ = s.failures.Encode(Failure{Start: unix(now.Add(-d)), End: unix(now), Error: err.Error()})
+		}
 		return
 	}
 	s.ok.Add(1)
@@ -146,6 +166,7 @@ func run(args []string) error {
 	summary := fs.String("summary", "", "where to write the JSON summary (default: stdout)")
 	every := fs.Duration("status-every", time.Second, "print a status line this often (0: never)")
 	prefix := fs.String("prefix", "user", "user id prefix")
+	failures := fs.String("failures", "", "append a JSON line per failed request (start, end, error) to this file")
 	fs.Parse(args)
 	if *users < *conc {
 		*conc = *users
@@ -159,6 +180,14 @@ func run(args []string) error {
 	}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: *conc * 2}}
 	st := &stats{errs: map[string]int64{}}
+	if *failures != "" {
+		f, err := os.OpenFile(*failures, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		st.failures = json.NewEncoder(f)
+	}
 	var (
 		mu   sync.Mutex
 		book = map[[2]any]Entry{}
@@ -263,7 +292,7 @@ func run(args []string) error {
 	<-ctx.Done()
 	wg.Wait()
 	sum := Summary{Requests: st.requests.Load(), OK: st.ok.Load(), Failed: st.failed.Load(), Writes: st.writes.Load(),
-		Seconds: time.Since(start).Seconds(), Errors: st.errs, LastError: st.last, IdleRetries: st.idleRetries.Load()}
+		Seconds: time.Since(start).Seconds(), Errors: st.errs, LastError: st.last, IdleRetries: st.idleRetries.Load(), Resent: st.resent.Load()}
 	sort.Float64s(st.lat)
 	if n := len(st.lat); n > 0 {
 		sum.P50MS, sum.P99MS, sum.MaxMS = st.lat[n/2], st.lat[min(n-1, n*99/100)], st.lat[n-1]
@@ -303,6 +332,49 @@ func run(args []string) error {
 // error, a fresh connection closed without an answer included, stays a
 // failure.
 func (s *stats) call(c *http.Client, method, url, body string, want int, out any) error {
+	key := ""
+	if method != http.MethodGet {
+		key = idempotencyKey()
+	}
+	// A write whose outcome is unknown (no answer, or the app's 502: its
+	// db connection died after the statement was sent) is resent with
+	// the same key until it gets an answer, as a careful client does: the
+	// resend finds the note made, the body set or the note gone.
+	// Once the outcome is unknown only a real answer settles it: a 503 to
+	// a resend (the db node has no primary yet) says nothing about the
+	// first try, so the resends go on.
+	deadline := time.Now().Add(resendFor)
+	unknown := false
+	for attempt := 0; ; attempt++ {
+		err := s.call1(c, method, url, body, key, want, out, attempt > 0)
+		if err == nil || key == "" {
+			return err
+		}
+		if unanswered(err) {
+			unknown = true
+		}
+		if !unknown {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return &unknownOutcome{err}
+		}
+		s.resent.Add(1)
+		time.Sleep(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second))
+	}
+}
+
+// unknownOutcome: resends ran out without an answer that settles whether
+// the write happened.
+type unknownOutcome struct{ last error }
+
+func (e *unknownOutcome) Error() string { return "outcome unknown after resends: " + e.last.Error() }
+
+// resendFor bounds how long call resends a write whose outcome is unknown:
+// longer than a db node's failover (Patroni's ttl, then the promotion).
+var resendFor = 60 * time.Second
+
+func (s *stats) call1(c *http.Client, method, url, body, key string, want int, out any, resend bool) error {
 	var b []byte
 	if body != "" {
 		b, _ = json.Marshal(map[string]string{"body": body})
@@ -313,8 +385,8 @@ func (s *stats) call(c *http.Client, method, url, body string, want int, out any
 	if err != nil {
 		return err
 	}
-	if method != http.MethodGet {
-		req.Header.Set("Idempotency-Key", idempotencyKey())
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
 	}
 	res, err := c.Do(req)
 	if conns > 1 {
@@ -325,7 +397,7 @@ func (s *stats) call(c *http.Client, method, url, body string, want int, out any
 	}
 	defer res.Body.Close()
 	data, _ := io.ReadAll(res.Body)
-	if method == http.MethodDelete && conns > 1 && res.StatusCode == http.StatusNotFound {
+	if method == http.MethodDelete && (conns > 1 || resend) && res.StatusCode == http.StatusNotFound {
 		return nil // the first try deleted it; the resend found nothing
 	}
 	if res.StatusCode != want {
@@ -486,7 +558,11 @@ func envOr(k, def string) string {
 // unanswered reports whether a write's request may have reached the app
 // without its answer reaching us: the outcome is unknown. An HTTP error
 // status is an answer.
+// unanswered: the request got no answer, or the app's 502 (its db
+// connection died after the statement was sent): the write may or may not
+// have happened.
 func unanswered(err error) bool {
 	var se *httpError
-	return err != nil && !errors.As(err, &se)
+	var uo *unknownOutcome
+	return err != nil && (errors.As(err, &uo) || !errors.As(err, &se) || se.code == http.StatusBadGateway)
 }
