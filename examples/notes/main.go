@@ -43,6 +43,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -216,10 +217,19 @@ func (a *app) fail(w http.ResponseWriter, r *http.Request, code int, err error) 
 // outcomeUnknown: the error came after the statement was sent and is not
 // the server's answer to it: the write may or may not have committed.
 // What router.Do gave up on was never sent (or was refused by the fence),
-// and a PostgreSQL error is an answer: neither committed.
+// and a PostgreSQL error is an answer, neither committed, except one that
+// ends the session (FATAL, SQLSTATE classes 08 and 57: "terminating
+// connection due to unexpected postmaster exit" as the primary dies),
+// which is the server going away, not a verdict on the statement.
 func outcomeUnknown(err error) bool {
+	if router.Retryable(err) || errors.Is(err, errNotFound) {
+		return false
+	}
 	var pe *pgconn.PgError
-	return !router.Retryable(err) && !errors.As(err, &pe) && !errors.Is(err, errNotFound)
+	if errors.As(err, &pe) {
+		return pe.Severity == "FATAL" || pe.Severity == "PANIC" || strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57")
+	}
+	return true
 }
 
 func (a *app) key(uid string) int64 { return keystream.Key(a.ks.Prefix64(uid)) }
