@@ -2,15 +2,20 @@ package migrate
 
 import (
 	"context"
+	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -119,6 +124,122 @@ func TestFaultsMoveThroughFailover(t *testing.T) {
 					t.Errorf("member %s keeps the slots %v", member, slots)
 				}
 			}
+		})
+	}
+}
+
+// A primary cut off from ZooKeeper (its Patroni's connections to the
+// ensemble cut, its PostgreSQL and REST API still reachable):
+//   - with failsafe_mode (the devenv's and the recommended setting) it
+//     stays primary, since it reaches every member, and no standby is
+//     promoted;
+//   - without it Patroni demotes it (it cannot renew its leader key within
+//     retry_timeout) before the key expires, and then promotes the standby.
+//
+// Either way no write is acknowledged by two primaries (every write that
+// the old primary acknowledged came before the first one the new primary
+// acknowledged), and every acknowledged write is on the owner afterwards.
+func TestFaultsPrimaryCutOffFromZooKeeper(t *testing.T) {
+	testenv.Faults(t)
+	testenv.Exclusive(t)
+	for _, failsafe := range []bool{true, false} {
+		t.Run(fmt.Sprintf("failsafe=%v", failsafe), func(t *testing.T) {
+			f, group := groupFixture(t)
+			if !failsafe {
+				group.SetPatroniConfig(t, `{"failsafe_mode": false}`)
+				t.Cleanup(func() { group.SetPatroniConfig(t, `{"failsafe_mode": true}`) })
+			}
+			// Writers to users on the group, each ack recorded with the
+			// server port that gave it.
+			var uids []string
+			m := f.mapNow()
+			for i := 0; len(uids) < 40; i++ {
+				uid := fmt.Sprintf("cut-%d", i)
+				if m.Owner(m.BucketOf(f.ks, uid)) == "pg2" {
+					uids = append(uids, uid)
+				}
+			}
+			type ack struct {
+				port int
+				at   time.Time
+			}
+			var (
+				mu    sync.Mutex
+				acks  []ack
+				acked = map[string]int64{}
+				stop  = make(chan struct{})
+				wg    sync.WaitGroup
+			)
+			for w := 0; w < 4; w++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for v := int64(1); ; v++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						uid := uids[(w*10+int(v))%len(uids)]
+						key := keystream.Key(f.ks.Prefix64(uid))
+						var port int
+						ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+						err := f.r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
+							return pool.QueryRow(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, $3)
+								ON CONFLICT (bkey, uid) DO UPDATE SET v = EXCLUDED.v RETURNING inet_server_port()`, key, uid, v).Scan(&port)
+						})
+						cancel()
+						if err != nil {
+							time.Sleep(20 * time.Millisecond)
+							continue
+						}
+						mu.Lock()
+						acks = append(acks, ack{port, time.Now()})
+						acked[uid] = v
+						mu.Unlock()
+					}
+				}()
+			}
+			time.Sleep(time.Second)
+			old := group.PrimaryMember(t)
+			group.CutZK(t, old)
+			cutAt := time.Now()
+			time.Sleep(25 * time.Second) // beyond ttl (10 s) + retry_timeout (4 s)
+			group.HealZK(t, old)
+			group.StartMembers(t) // every member streaming again
+			time.Sleep(2 * time.Second)
+			close(stop)
+			wg.Wait()
+
+			oldPort := group.Members[old-1]
+			var lastOld, firstNew time.Time
+			ports := map[int]int{}
+			for _, a := range acks {
+				ports[a.port]++
+				if strings.HasSuffix(oldPort, fmt.Sprintf(":%d", a.port)) {
+					if a.at.After(lastOld) {
+						lastOld = a.at
+					}
+				} else if firstNew.IsZero() || a.at.Before(firstNew) {
+					firstNew = a.at
+				}
+			}
+			other := "none by another"
+			if !firstNew.IsZero() {
+				other = fmt.Sprintf("first by another %s after", firstNew.Sub(cutAt).Round(time.Millisecond))
+			}
+			t.Logf("cut %s (%s) off from ZooKeeper; acks by server port: %v; last by the old primary %s after the cut, %s",
+				group.Name, oldPort, ports, lastOld.Sub(cutAt).Round(time.Millisecond), other)
+			if !firstNew.IsZero() && lastOld.After(firstNew) {
+				t.Fatalf("two primaries acknowledged writes: the old one at %s, after the new one's first at %s", lastOld.Format(time.StampMilli), firstNew.Format(time.StampMilli))
+			}
+			if failsafe && !firstNew.IsZero() {
+				t.Fatalf("with failsafe_mode the primary reaching every member lost its role")
+			}
+			if !failsafe && firstNew.IsZero() {
+				t.Fatalf("without failsafe_mode the primary cut off from ZooKeeper was not replaced")
+			}
+			f.checkAcked(acked)
 		})
 	}
 }

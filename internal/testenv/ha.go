@@ -449,3 +449,68 @@ func patroniSyncStandbys(port int) ([]string, error) {
 	}
 	return out, nil
 }
+
+// CutZK cuts member m (1-based) of the group off from ZooKeeper: its
+// Patroni's connections to the ensemble go through forwarders of its own,
+// which scripts/devenv zk-cut stops (established connections cut, new
+// ones refused), while its PostgreSQL and REST API still answer. HealZK
+// undoes it; a cleanup heals every member the test cut. Requires
+// Exclusive.
+func (n *PGNode) CutZK(t testing.TB, m int) {
+	t.Helper()
+	n.groupControl(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := runDevenv(ctx, nil, "zk-cut", strconv.Itoa(n.num), strconv.Itoa(m)); err != nil {
+		t.Fatalf("testenv: cutting %s member %d off from ZooKeeper: %v", n.Name, m, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = runDevenv(ctx, nil, "zk-heal", strconv.Itoa(n.num), strconv.Itoa(m))
+	})
+}
+
+// HealZK lets member m reach ZooKeeper again.
+func (n *PGNode) HealZK(t testing.TB, m int) {
+	t.Helper()
+	n.groupControl(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := runDevenv(ctx, nil, "zk-heal", strconv.Itoa(n.num), strconv.Itoa(m)); err != nil {
+		t.Fatalf("testenv: healing %s member %d: %v", n.Name, m, err)
+	}
+}
+
+// PrimaryMember returns the number (1-based) of the group's current
+// primary, waiting as Primary does.
+func (n *PGNode) PrimaryMember(t testing.TB) int {
+	t.Helper()
+	name := n.Primary(t)
+	m, err := strconv.Atoi(name[strings.LastIndex(name, "-m")+2:])
+	if err != nil {
+		t.Fatalf("testenv: member name %q", name)
+	}
+	return m
+}
+
+// SetPatroniConfig merges patch (JSON) into the group's dynamic
+// configuration through a member's REST API (PATCH /config).
+func (n *PGNode) SetPatroniConfig(t testing.TB, patch string) {
+	t.Helper()
+	var last error
+	for _, port := range n.APIPorts {
+		req, _ := http.NewRequest(http.MethodPatch, "http://127.0.0.1:"+strconv.Itoa(port)+"/config", strings.NewReader(patch))
+		resp, err := patroniClient.Do(req)
+		if err != nil {
+			last = err
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return
+		}
+		last = fmt.Errorf("PATCH /config on port %d: %s", port, resp.Status)
+	}
+	t.Fatalf("testenv: %s: %v", n.Name, last)
+}
