@@ -41,7 +41,14 @@ type cluster struct {
 
 func newCluster(t testing.TB, level, n int) *cluster {
 	t.Helper()
-	c := &cluster{t: t, z: testenv.StartZK(t), pg: testenv.StartPGNodes(t, n), conns: map[bucketmap.NodeID]*pgx.Conn{},
+	return newClusterOn(t, level, testenv.StartPGNodes(t, n))
+}
+
+// newClusterOn is newCluster on the given servers, named n1, n2, ... in
+// their order; a Patroni group among them is registered as one.
+func newClusterOn(t testing.TB, level int, pg *testenv.PG) *cluster {
+	t.Helper()
+	c := &cluster{t: t, z: testenv.StartZK(t), pg: pg, conns: map[bucketmap.NodeID]*pgx.Conn{},
 		clock: time.Now().Add(-48 * time.Hour)}
 	ctx := context.Background()
 	c.s = zktest.Session(t, zksession.Config{Connect: c.z.ConnectString})
@@ -51,7 +58,11 @@ func newCluster(t testing.TB, level, n int) *cluster {
 	for i, pn := range c.pg.Nodes {
 		id := bucketmap.NodeID(fmt.Sprintf("n%d", i+1))
 		c.ids = append(c.ids, id)
-		nodes = append(nodes, bucketmap.Node{ID: id, DSN: pn.DSN, Password: "file:" + pn.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
+		node := bucketmap.Node{ID: id, DSN: pn.DSN, Password: "file:" + pn.PasswordFile, Weight: 1, State: bucketmap.NodeActive}
+		if pn.PatroniScope != "" {
+			node.Patroni = bucketmap.Patroni{Namespace: pn.PatroniNamespace, Scope: pn.PatroniScope}
+		}
+		nodes = append(nodes, node)
 	}
 	m, err := bucketmap.New(level, nodes, c.clock)
 	if err != nil {
