@@ -183,7 +183,7 @@ func run(p *benchkit.Printer, sum *Summary) error {
 	if err := st.Create(ctx, topo.ClusterRecord{Version: topo.ClusterVersion, Name: "fo", Seed: clustertest.Seed, CreatedAt: time.Now().UTC()}, m, bucketmap.CreateOptions{}); err != nil {
 		return err
 	}
-	defer s.DeleteAll(context.Background(), root)
+	defer topo.DeleteRoot(context.Background(), s, st.Paths())
 	admin, err := dbnode.Connect(ctx, g)
 	if err != nil {
 		return err
