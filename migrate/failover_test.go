@@ -47,6 +47,8 @@ func TestFaultsMoveThroughFailover(t *testing.T) {
 	}{
 		{"source-in-copy", 2, "pg1", topo.MoveCopy},
 		{"target-in-catchup", 0, "pg2", topo.MoveCatchup},
+		{"source-in-fence", 3, "pg1", topo.MoveFence},
+		{"target-in-barrier", 1, "pg2", topo.MoveBarrier}, // inside the write pause
 		{"source-in-teardown", 3, "pg1", topo.MoveTeardown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
