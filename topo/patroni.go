@@ -328,3 +328,16 @@ func PatroniKeepsLogicalSlots(ignore []map[string]string) bool {
 	}
 	return false
 }
+
+// ReadPatroniLeader reads only a group's leader key: the member name, or
+// "" while no member holds it. One read, for callers that poll it.
+func ReadPatroniLeader(ctx context.Context, s *zksession.Session, namespace, scope string) (string, error) {
+	b, _, err := s.Get(ctx, PatroniDir(namespace, scope)+"/leader")
+	if errors.Is(err, zksession.ErrNoNode) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}

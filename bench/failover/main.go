@@ -345,19 +345,19 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 			return fmt.Errorf("pg-kill: %v: %s", err, out)
 		}
 		fo := Failover{Killed: g.Leader}
-		// The new leader key, watched by polling (5 ms): the old key
-		// lives until the old leader's session expires (ttl).
+		// The new leader key, polled every 2 ms (one read each): the old
+		// key lives until the old leader's session expires (ttl).
 		var elected time.Time
 		for elected.IsZero() {
-			ng, err := topo.ReadPatroni(ctx, s, e.ns, e.scope)
-			if err == nil && ng.Leader != "" && ng.Leader != g.Leader {
-				elected, fo.NewLeader = time.Now(), ng.Leader
+			leader, err := topo.ReadPatroniLeader(ctx, s, e.ns, e.scope)
+			if err == nil && leader != "" && leader != g.Leader {
+				elected, fo.NewLeader = time.Now(), leader
 				break
 			}
 			if time.Since(kill) > 2*time.Minute {
 				return fmt.Errorf("no new leader 2 min after killing %s", g.Leader)
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(2 * time.Millisecond)
 		}
 		first := firstAckAfter(led, kill, 2*time.Minute)
 		if first.IsZero() {
