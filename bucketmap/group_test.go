@@ -31,6 +31,9 @@ func TestValidateGroupNodes(t *testing.T) {
 		{func(n *Node) { n.Patroni.Namespace = "service" }, "patroni namespace"},
 		{func(n *Node) { n.Patroni.Namespace = "/service" }, "patroni namespace"},
 		{func(n *Node) { n.Patroni.Namespace = "/a/../b/" }, "patroni namespace"},
+		{func(n *Node) { n.DSN = "postgres://app@h1:5432/app" }, "must set target_session_attrs=read-write"},
+		{func(n *Node) { n.DSN = "postgres://app@h1/app?host=h1,h2&target_session_attrs=read-write" }, "has a host parameter"},
+		{func(n *Node) { n.DSN = "postgres://app@h1/app?port=1,2&target_session_attrs=read-write" }, "has a port parameter"},
 	} {
 		n := good
 		tc.mut(&n)

@@ -273,6 +273,15 @@ func ValidateNode(n Node) error {
 	if err := n.Patroni.Validate(); err != nil {
 		return fmt.Errorf("node %s: %w", n.ID, err)
 	}
+	if !n.Patroni.IsZero() {
+		// Even a group of one listed host: after a failover a client
+		// without the attribute would keep writing to a standby.
+		if u, err := url.Parse(n.DSN); err == nil {
+			if a := u.Query().Get("target_session_attrs"); a != "read-write" && a != "primary" {
+				return fmt.Errorf("node %s is a Patroni group: its dsn %q must set target_session_attrs=read-write (and list every member)", n.ID, redactDSN(n.DSN))
+			}
+		}
+	}
 	if n.Weight < 1 || n.Weight > MaxWeight {
 		return fmt.Errorf("node %s: weight %d out of range 1..%d", n.ID, n.Weight, MaxWeight)
 	}
@@ -300,6 +309,13 @@ func ValidateDSN(dsn string) error {
 	}
 	if u.Query().Has("password") {
 		return fmt.Errorf("dsn %q has a password parameter; store a reference instead (--password env:NAME or file:/path)", redactDSN(dsn))
+	}
+	// libpq and pgx also take hosts from query parameters, which the
+	// host checks below (and DSNHosts) would not see.
+	for _, k := range []string{"host", "hostaddr", "port"} {
+		if u.Query().Has(k) {
+			return fmt.Errorf("dsn %q has a %s parameter; list hosts and ports in the URL's authority: postgres://user@h1:p1,h2:p2/db", redactDSN(dsn), k)
+		}
 	}
 	hosts := DSNHosts(dsn)
 	for _, h := range hosts {

@@ -104,8 +104,34 @@ func preferPrimary(cfg *pgxpool.Config) {
 // address reads) to the front, keeping the order of the rest.
 func reorderHosts(cc *pgx.ConnConfig, addr string) {
 	all := append([]*pgconn.FallbackConfig{{Host: cc.Host, Port: cc.Port, TLSConfig: cc.TLSConfig}}, cc.Fallbacks...)
+	want, wantPort, err := net.SplitHostPort(addr)
+	if err != nil {
+		return
+	}
+	// The remote address is an IP; a DSN may name hosts: resolve them
+	// (the resolver caches; pgconn resolves them again to dial anyway).
 	match := func(f *pgconn.FallbackConfig) bool {
-		return net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))) == addr
+		if strconv.Itoa(int(f.Port)) != wantPort {
+			return false
+		}
+		if f.Host == want {
+			return true
+		}
+		if net.ParseIP(f.Host) != nil || strings.HasPrefix(f.Host, "/") {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		ips, err := net.DefaultResolver.LookupHost(ctx, f.Host)
+		if err != nil {
+			return false
+		}
+		for _, ip := range ips {
+			if ip == want {
+				return true
+			}
+		}
+		return false
 	}
 	if match(all[0]) {
 		return

@@ -145,6 +145,16 @@ func TestReorderHostsPutsTheLastPrimaryFirst(t *testing.T) {
 	if got := order(cc); got != "5003,5001,5002" {
 		t.Fatalf("order %s", got)
 	}
+	// Hosts by name: the remote address a connection reports is an IP.
+	named, err := PoolConfig(bucketmap.Node{ID: "g2", DSN: "postgres://app@db-a.invalid:5001,localhost:5002/db?target_session_attrs=read-write&sslmode=disable"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc = named.ConnConfig.Copy()
+	reorderHosts(cc, "127.0.0.1:5002")
+	if cc.Host != "localhost" || cc.Port != 5002 {
+		t.Fatalf("a host by name was not matched by its address: first %s:%d", cc.Host, cc.Port)
+	}
 	plain, _ := PoolConfig(bucketmap.Node{ID: "p", DSN: "postgres://app@127.0.0.1:5001/db?sslmode=disable"})
 	if plain.BeforeConnect != nil {
 		t.Fatal("a one-host pool got a host preference")

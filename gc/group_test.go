@@ -53,7 +53,13 @@ func TestGroupsNotWholeKeepTheirLeftovers(t *testing.T) {
 		change func()
 		want   string
 	}{
-		{func() { set("/service/g1/sync", `{"leader":"g1-a","sync_standby":null}`) }, "no synchronous standby"},
+		{func() {
+			set("/service/g1/config", `{"ttl":10,"synchronous_mode":false}`)
+		}, "not in synchronous mode"},
+		{func() {
+			set("/service/g1/config", `{"ttl":10,"synchronous_mode":true}`)
+			set("/service/g1/sync", `{"leader":"g1-a","sync_standby":null}`)
+		}, "no synchronous standby"},
 		{func() {
 			if err := s.Delete(ctx, "/service/g1/leader", -1); err != nil {
 				t.Fatal(err)
@@ -71,5 +77,13 @@ func TestGroupsNotWholeKeepTheirLeftovers(t *testing.T) {
 				t.Fatalf("skip %+v, want %q", sk, tc.want)
 			}
 		}
+	}
+	// Records that cannot be read count as a group not whole.
+	if err := s.DeleteAll(ctx, "/service/g1"); err != nil {
+		t.Fatal(err)
+	}
+	rep = &Report{}
+	if kept := g.checkGroups(ctx, m, cands, rep); len(kept) != 0 || len(rep.Skipped) != 2 || !strings.Contains(rep.Skipped[0].Reason, "cannot be read") {
+		t.Fatalf("unreadable records: kept %d, skipped %+v", len(kept), rep.Skipped)
 	}
 }

@@ -224,8 +224,10 @@ type run struct {
 	seq         int64
 	// cleaning: an abort runs, on whatever primaries the nodes have now.
 	cleaning bool
-	lock     *zksession.Lock
-	unlock   context.CancelFunc // stops following the lock
+	// verifyLost: the verification snapshot failed (its connection died).
+	verifyLost bool
+	lock       *zksession.Lock
+	unlock     context.CancelFunc // stops following the lock
 }
 
 // Move creates a move of bucket to target and runs it to the end. With
@@ -623,6 +625,22 @@ func (r *run) conn(ctx context.Context, slot **pgx.Conn, node bucketmap.Node, ro
 	return c, nil
 }
 
+// sameServer checks that c still reaches the primary the move began on.
+func (r *run) sameServer(ctx context.Context, c *pgx.Conn, role string) error {
+	want := r.recordedServer(role)
+	if want == "" {
+		return nil
+	}
+	inc, err := dbnode.Identify(ctx, c)
+	if err != nil {
+		return err
+	}
+	if now := inc.String(); now != want {
+		return fmt.Errorf("%w: the %s was %s when the move began, and is now %s", ErrFailover, role, want, now)
+	}
+	return nil
+}
+
 func (r *run) recordedServer(role string) string {
 	if r.rec.Servers == nil {
 		return ""
@@ -740,6 +758,9 @@ func (r *run) prepare(ctx context.Context) error {
 	}
 	if owner := m.Owner(r.rec.Bucket); string(owner) != r.rec.Source {
 		return fmt.Errorf("bucket %d is now owned by %s, not %s", r.rec.Bucket, owner, r.rec.Source)
+	}
+	if err := r.checkGroups(ctx); err != nil {
+		return err
 	}
 	dst, err := r.target(ctx)
 	if err != nil {
@@ -1006,20 +1027,31 @@ func (r *run) barrier(ctx context.Context) error {
 		return err
 	}
 	wctx, cancel := context.WithTimeout(ctx, budget)
-	err = waitMarker(wctx, dst, r.rec.ID, r.seq, time.Millisecond)
-	cancel()
-	if err != nil {
+	defer cancel()
+	overCap := func(err error, what string) error {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("%w: the barrier took over %s (cap %s)", ErrPauseCap, budget.Round(time.Millisecond), r.mv.opts.PauseCap)
+			return fmt.Errorf("%w: %s took the barrier over %s (cap %s)", ErrPauseCap, what, budget.Round(time.Millisecond), r.mv.opts.PauseCap)
 		}
-		return fmt.Errorf("target: marker: %w", err)
+		return fmt.Errorf("target: %s: %w", what, err)
+	}
+	if err := waitMarker(wctx, dst, r.rec.ID, r.seq, time.Millisecond); err != nil {
+		return overCap(err, "marker")
 	}
 	// Everything applied on the target so far is on its synchronous
 	// standbys before the map names it the owner, so that a failover of
 	// the target right after the flip loses none of it (the apply worker
-	// commits without waiting for standbys).
-	if err := syncPoint(ctx, dst); err != nil {
-		return fmt.Errorf("target: waiting for its standbys: %w", err)
+	// commits without waiting for standbys). Within the pause's budget: a
+	// standby that just died may hold the commit until Patroni drops it
+	// from synchronous_standby_names, and the source stays frozen
+	// meanwhile; past the cap the move aborts and thaws it.
+	if err := syncPoint(wctx, dst); err != nil {
+		return overCap(err, "waiting for its synchronous standbys")
+	}
+	// The connection is the one the move checked when it opened it, but
+	// a pooler in front of a group could have moved it to a promoted
+	// standby since: ask once more, before the target can own the range.
+	if err := r.sameServer(wctx, dst, "target"); err != nil {
+		return overCap(err, "identifying the server")
 	}
 	if !r.rec.NoCopy {
 		// The verification snapshot: every row from before the freeze,
@@ -1138,7 +1170,7 @@ func (r *run) teardown(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil); err != nil {
+	if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil && r.slotOnSource(ctx, src)); err != nil {
 		return fmt.Errorf("target: dropping subscription: %w", err)
 	}
 	_ = clearMarkers(ctx, dst, r.rec.ID)
@@ -1171,6 +1203,12 @@ func (r *run) teardown(ctx context.Context) error {
 func (r *run) verify(ctx context.Context) error {
 	if r.verifyTx == nil {
 		r.rec.Verify = &topo.MoveCheck{OK: true, Inconclusive: true}
+		if r.verifyLost {
+			// Said loudly: the one check of the copy after a failover of
+			// the target is lost with the old primary's snapshot.
+			r.mv.log.Warn("move verification impossible: the target's snapshot was lost (its primary failed over after the flip); check the bucket with shardctl node check", zap.String("move", r.rec.ID), zap.String("target", r.rec.Target))
+			r.progress(fmt.Sprintf("verification impossible: %s failed over after the flip; run shardctl node check %s", r.rec.Target, r.rec.Target))
+		}
 		return r.enter(ctx, topo.MoveDone)
 	}
 	defer func() {
@@ -1196,6 +1234,7 @@ func (r *run) verify(ctx context.Context) error {
 		return fmt.Errorf("source: %w", serr)
 	}
 	if terr != nil {
+		r.verifyLost = true
 		return fmt.Errorf("target: %w", terr)
 	}
 	chk := &topo.MoveCheck{OK: true}
@@ -1282,6 +1321,45 @@ func (r *run) abort(ctx context.Context, cause error) error {
 	return fmt.Errorf("move %s aborted: %w", r.rec.ID, cause)
 }
 
+// checkGroups refuses a move that a Patroni group's configuration would
+// break, before anything is created: a source group that drops unknown
+// logical slots (no ignore_slots for them) would drop the move's within
+// seconds, and a target group not in synchronous mode could lose copied
+// rows in a failover right after the flip (the barrier's sync point
+// waits for synchronous standbys only).
+func (r *run) checkGroups(ctx context.Context) error {
+	if p := r.src.Patroni; !p.IsZero() && !r.rec.NoCopy {
+		g, err := topo.ReadPatroni(ctx, r.mv.s, p.Namespace, p.Scope)
+		if err != nil {
+			return fmt.Errorf("source %s: %w", r.rec.Source, err)
+		}
+		if g.Config == nil || !topo.PatroniKeepsLogicalSlots(g.Config.IgnoreSlots) {
+			return fmt.Errorf("source %s is a Patroni group whose ignore_slots does not keep logical pgoutput slots: Patroni would drop the move's slot (add ignore_slots: [{type: logical, plugin: pgoutput}]; see shardctl node check %s)", r.rec.Source, r.rec.Source)
+		}
+	}
+	if p := r.dst.Patroni; !p.IsZero() {
+		g, err := topo.ReadPatroni(ctx, r.mv.s, p.Namespace, p.Scope)
+		if err != nil {
+			return fmt.Errorf("target %s: %w", r.rec.Target, err)
+		}
+		if g.Config == nil || !g.Config.SynchronousMode {
+			return fmt.Errorf("target %s is a Patroni group not in synchronous_mode: a failover right after the flip could lose copied rows (set synchronous_mode: true; see shardctl node check %s)", r.rec.Target, r.rec.Target)
+		}
+	}
+	return nil
+}
+
+// slotOnSource: the move's slot is on the source (a source that failed
+// over has none: DROP SUBSCRIPTION must then not try to drop it there).
+// Unknown counts as there, as before.
+func (r *run) slotOnSource(ctx context.Context, src *pgx.Conn) bool {
+	if src == nil {
+		return false
+	}
+	ok, err := slotExists(ctx, src, r.rec.Slot)
+	return err != nil || ok
+}
+
 // groupInvolved: the source or the target is a Patroni group.
 func (r *run) groupInvolved() bool {
 	return !r.src.Patroni.IsZero() || !r.dst.Patroni.IsZero()
@@ -1358,7 +1436,7 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 	src, srcErr := r.source(ctx)
 	dst, dstErr := r.target(ctx)
 	if dstErr == nil && r.rec.Subscription != "" {
-		if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil); err != nil {
+		if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil && r.slotOnSource(ctx, src)); err != nil {
 			problems = append(problems, "target: dropping subscription: "+err.Error())
 		} else if srcErr != nil {
 			r.rec.SlotPending = true

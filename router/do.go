@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -36,7 +37,18 @@ func Retryable(err error) bool {
 
 func noPrimary(err error) bool {
 	var ce *pgconn.ConnectError
-	return errors.As(err, &ce)
+	if !errors.As(err, &ce) {
+		return false
+	}
+	// A server that answered with a refusal of its own is not a failover:
+	// a wrong password (28P01), a missing database (3D000) or too many
+	// connections (53300) would only be made worse by a hundred retries.
+	// Starting up or shutting down (57P03) and connection errors (08) are.
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "57P03" || strings.HasPrefix(pe.Code, "08")
+	}
+	return true
 }
 
 // Do runs fn on the pool of uid's db node. When the node's fence rejects
@@ -115,6 +127,9 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 				wait.Stop()
 				if ticker != nil {
 					ticker.Stop()
+				}
+				if noPrimary(err) {
+					return fmt.Errorf("router: %q: %w (last attempt: db node %s: %w: %w)", uid, ctx.Err(), rt.Node, ErrNoPrimary, err)
 				}
 				return fmt.Errorf("router: %q: %w (last attempt: %v)", uid, ctx.Err(), err)
 			case <-wait.C:

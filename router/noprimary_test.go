@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,12 +60,13 @@ func TestDoRetriesAGroupWithoutPrimaryAndSaysSo(t *testing.T) {
 	if err == nil || calls < 2 {
 		t.Fatalf("%d calls: %v", calls, err)
 	}
-	// Do gives up before ctx ends (then the error wraps ErrNoPrimary and
-	// names the node), or ctx ends inside a backoff; never a hang.
-	if !errors.Is(err, ErrNoPrimary) && !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("error neither ErrNoPrimary nor the deadline: %v", err)
+	// Do gives up before ctx ends, or ctx ends inside a backoff: either
+	// way the error says there was no primary, names the node, and is
+	// never a hang.
+	if !errors.Is(err, ErrNoPrimary) || !strings.Contains(err.Error(), "db node pg1") {
+		t.Fatalf("error does not say there was no primary on pg1: %v", err)
 	}
-	if errors.Is(err, ErrNoPrimary) && !Retryable(err) {
+	if !Retryable(err) {
 		t.Fatalf("a refused connection is not retryable: %v", err)
 	}
 	if took > 5*time.Second {
@@ -74,4 +78,23 @@ func TestDoRetriesAGroupWithoutPrimaryAndSaysSo(t *testing.T) {
 	if Retryable(stmt) || Retryable(fmt.Errorf("wrapped: %w", context.Canceled)) {
 		t.Fatal("a statement error counts as retryable")
 	}
+	// A server that refuses the connection itself is no failover: never
+	// retried; one that is starting up is.
+	for code, want := range map[string]bool{"28P01": false, "3D000": false, "53300": false, "57P03": true, "08006": true} {
+		ce := &pgconn.ConnectError{Config: &pgconn.Config{Host: "h", Port: 5432}}
+		wrapped := fmt.Errorf("connect: %w", connectErr(ce, &pgconn.PgError{Code: code}))
+		if got := Retryable(wrapped); got != want {
+			t.Errorf("a connection refused with SQLSTATE %s: retryable %v, want %v", code, got, want)
+		}
+	}
 }
+
+// connectErr builds a ConnectError wrapping inner, as pgconn returns it.
+type wrappedConnect struct {
+	*pgconn.ConnectError
+	inner error
+}
+
+func (w wrappedConnect) Unwrap() []error { return []error{w.ConnectError, w.inner} }
+
+func connectErr(ce *pgconn.ConnectError, inner error) error { return wrappedConnect{ce, inner} }

@@ -28,35 +28,64 @@ type GroupView struct {
 const groupsMaxAge = time.Second
 
 type groupCache struct {
-	s  *zksession.Session
-	mu sync.Mutex
-	at time.Time
-	v  map[bucketmap.NodeID]*GroupView
+	s          *zksession.Session
+	mu         sync.Mutex
+	at         time.Time
+	v          map[bucketmap.NodeID]*GroupView
+	refreshing chan struct{} // closed when the read in flight ends
 }
 
-// get returns the groups of m's nodes, read again if older than
-// groupsMaxAge. Reading one group is bounded by a short timeout: a slow
-// ensemble makes the view stale, never the page hang.
-func (c *groupCache) get(ctx context.Context, m *bucketmap.Map) map[bucketmap.NodeID]*GroupView {
+// get returns the groups of m's nodes. A view older than groupsMaxAge is
+// read again in the background, once for all callers, and served stale
+// meanwhile; only the first caller, with no view at all, waits for the
+// read (at most 3 s). So a slow ensemble makes the view stale, never a
+// status page slow.
+func (c *groupCache) get(m *bucketmap.Map) map[bucketmap.NodeID]*GroupView {
 	if c == nil || c.s == nil || m == nil {
 		return nil
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if time.Since(c.at) < groupsMaxAge && c.v != nil {
-		return c.v
+	v := c.v
+	if v != nil && time.Since(c.at) < groupsMaxAge {
+		c.mu.Unlock()
+		return v
 	}
+	done := c.refreshing
+	if done == nil {
+		done = make(chan struct{})
+		c.refreshing = done
+		go c.refresh(m, done)
+	}
+	c.mu.Unlock()
+	if v != nil {
+		return v
+	}
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.v
+}
+
+func (c *groupCache) refresh(m *bucketmap.Map, done chan struct{}) {
 	out := map[bucketmap.NodeID]*GroupView{}
 	for _, n := range m.Nodes() {
 		if n.Patroni.IsZero() || n.State == bucketmap.NodeRemoved {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		g, err := topo.ReadPatroni(rctx, c.s, n.Patroni.Namespace, n.Patroni.Scope)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		g, err := topo.ReadPatroni(ctx, c.s, n.Patroni.Namespace, n.Patroni.Scope)
 		cancel()
 		if err != nil {
 			out[n.ID] = &GroupView{PatroniGroup: &topo.PatroniGroup{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}, Problems: []topo.PatroniProblem{}, Error: err.Error()}
 			continue
+		}
+		// Each member's Patroni REST API is often unauthenticated: the
+		// sidecar's clients (the apps) have no use for its address.
+		for i := range g.Members {
+			g.Members[i].APIURL = ""
 		}
 		v := &GroupView{PatroniGroup: g, Problems: g.Problems()}
 		if v.Problems == nil {
@@ -64,8 +93,10 @@ func (c *groupCache) get(ctx context.Context, m *bucketmap.Map) map[bucketmap.No
 		}
 		out[n.ID] = v
 	}
-	c.at, c.v = time.Now(), out
-	return out
+	c.mu.Lock()
+	c.at, c.v, c.refreshing = time.Now(), out, nil
+	c.mu.Unlock()
+	close(done)
 }
 
 // groups serves GET /v1/groups: {"groups": {node: GroupView}}, empty
@@ -82,7 +113,7 @@ func (h *handler) groups(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, router.ErrNotReady.Error())
 		return
 	}
-	v := h.groupCache.get(req.Context(), m)
+	v := h.groupCache.get(m)
 	if v == nil {
 		v = map[bucketmap.NodeID]*GroupView{}
 	}

@@ -562,13 +562,13 @@ func Status(r *router.Router) (*StatusView, error) {
 	return v, nil
 }
 
-func (h *handler) status(w http.ResponseWriter, req *http.Request) {
+func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
 	v, err := Status(h.r)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	v.Groups = h.groupCache.get(req.Context(), h.r.Map())
+	v.Groups = h.groupCache.get(h.r.Map())
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
 }

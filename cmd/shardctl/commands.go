@@ -105,6 +105,7 @@ func newApp() *cli.App {
 						ArgsUsage: "ID DSN",
 						Flags: append([]cli.Flag{
 							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path (default: keep the node's)"},
+							&cli.BoolFlag{Name: "no-patroni", EnvVars: []string{"SHARDVISOR_NODE_NO_PATRONI"}, Usage: "the node is no longer a Patroni group (without it, and without --patroni-scope, the node's group is kept)"},
 						}, patroniCLIFlags()...),
 						Action: runNodeSetDSN,
 					},

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/topo"
@@ -48,16 +50,28 @@ func readGroup(ctx context.Context, s *zksession.Session, n bucketmap.Node) *gro
 	return v
 }
 
+// clean drops control characters: Patroni's records are writable by
+// anyone who reaches the ensemble (docs/failover.md, Security), and a
+// terminal must not take their text for escape sequences.
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, s)
+}
+
 // writeGroup prints one group for people: its primary, each member with
 // role, state, timeline and lag, and its problems.
 func writeGroup(w io.Writer, id bucketmap.NodeID, g *groupView) {
 	fmt.Fprintf(w, "node %s is Patroni group %s (%s%s)", id, g.Scope, g.Namespace, g.Scope)
 	if g.Error != "" {
-		fmt.Fprintf(w, ": UNREADABLE: %s\n", g.Error)
+		fmt.Fprintf(w, ": UNREADABLE: %s\n", clean(g.Error))
 		return
 	}
 	if p, ok := g.Primary(); ok {
-		fmt.Fprintf(w, ": primary %s, timeline %d\n", p.Name, p.Timeline)
+		fmt.Fprintf(w, ": primary %s, timeline %d\n", clean(p.Name), p.Timeline)
 	} else {
 		fmt.Fprintf(w, ": NO PRIMARY\n")
 	}
@@ -71,16 +85,16 @@ func writeGroup(w io.Writer, id bucketmap.NodeID, g *groupView) {
 			extra = "  sync"
 		}
 		if m.Error != "" {
-			fmt.Fprintf(w, "  %-20s %s\n", m.Name, m.Error)
+			fmt.Fprintf(w, "  %-20s %s\n", clean(m.Name), clean(m.Error))
 			continue
 		}
-		fmt.Fprintf(w, "  %-20s %-8s %-10s tl %-3d %-10s %s%s\n", m.Name, m.Role, m.State, m.Timeline, lag, m.ConnURL, extra)
+		fmt.Fprintf(w, "  %-20s %-8s %-10s tl %-3d %-10s %s%s\n", clean(m.Name), clean(m.Role), clean(m.State), m.Timeline, lag, clean(m.ConnURL), extra)
 	}
 	for _, p := range g.Problems {
 		sev := "warning"
 		if p.Severe {
 			sev = "PROBLEM"
 		}
-		fmt.Fprintf(w, "  %s: %s\n", sev, p.Message)
+		fmt.Fprintf(w, "  %s: %s\n", sev, clean(p.Message))
 	}
 }

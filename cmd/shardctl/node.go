@@ -42,10 +42,18 @@ func runNodeSetDSN(c *cli.Context) error {
 	if err := bucketmap.ValidateNode(n); err != nil {
 		return cliutil.Usagef("node set-dsn: %v", err)
 	}
+	if c.Bool("no-patroni") && c.IsSet("patroni-scope") {
+		return cliutil.Usagef("node set-dsn: --no-patroni and --patroni-scope contradict each other")
+	}
 	return nodeEdit(c, "set-dsn", id, func(m *bucketmap.Map) (string, error) {
 		old, ok := m.Node(id)
 		if ok && !c.IsSet("password") {
 			n.Password = old.Password
+		}
+		// The group stays unless the command says otherwise: adding a
+		// member to a group's DSN must not turn it into a plain node.
+		if ok && !c.IsSet("patroni-scope") && !c.Bool("no-patroni") {
+			n.Patroni = old.Patroni
 		}
 		return fmt.Sprintf("node %s is reached at %s%s; routers and workers reconnect there as they apply the map", id, n.DSN, groupNote(n)), m.SetConnection(id, n.DSN, n.Password, n.Patroni)
 	})

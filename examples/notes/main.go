@@ -227,7 +227,11 @@ func outcomeUnknown(err error) bool {
 	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		return pe.Severity == "FATAL" || pe.Severity == "PANIC" || strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57")
+		sev := pe.SeverityUnlocalized
+		if sev == "" {
+			sev = pe.Severity
+		}
+		return sev == "FATAL" || sev == "PANIC" || strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57")
 	}
 	return true
 }
