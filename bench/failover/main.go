@@ -61,6 +61,7 @@ import (
 var (
 	kills     = flag.Int("kills", 10, "primary SIGKILLs per mode, each after the old primary rejoined")
 	writers   = flag.Int("writers", 16, "writer goroutines")
+	rate      = flag.Int("rate", 2000, "total writes/s offered (0: as fast as the writers go; a 2-core box then makes WAL faster than a rejoined standby replays it)")
 	steady    = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
 	modes     = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
 	node      = flag.Int("node", 1, "the scripts/devenv node number of the group")
@@ -292,11 +293,18 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var pace *benchkit.Pacer
+			if *rate > 0 {
+				pace = benchkit.NewPacer(time.Duration(float64(time.Second) * float64(*writers) / float64(*rate)))
+			}
 			for {
 				select {
 				case <-stop:
 					return
 				default:
+				}
+				if pace != nil && !pace.Wait(stop) {
+					return
 				}
 				id := nextID.Add(1)
 				write(ctx, r, ks, led, id)
