@@ -18,15 +18,7 @@ func TestGroupsNotWholeKeepTheirLeftovers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, s := zktest.NewMemoryTree(t)
-	set := func(p, v string) {
-		t.Helper()
-		if err := s.CreateAll(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Set(ctx, p, []byte(v), -1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	set := func(p, v string) { zktest.Put(t, s, p, v) }
 	set("/service/g1/initialize", "1")
 	set("/service/g1/config", `{"ttl":10,"synchronous_mode":true,"ignore_slots":[{"type":"logical"}]}`)
 	set("/service/g1/members/g1-a", `{"role":"master","state":"running","timeline":1}`)

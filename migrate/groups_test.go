@@ -18,16 +18,7 @@ func TestMovesRefuseGroupsThatWouldBreakThem(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, s := zktest.NewMemoryTree(t)
-	setConfig := func(scope, cfg string) {
-		t.Helper()
-		p := "/service/" + scope + "/config"
-		if err := s.CreateAll(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Set(ctx, p, []byte(cfg), -1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setConfig := func(scope, cfg string) { zktest.Put(t, s, "/service/"+scope+"/config", cfg) }
 	good := `{"ttl":10,"synchronous_mode":true,"ignore_slots":[{"type":"logical","plugin":"pgoutput"}]}`
 	group := func(scope string) bucketmap.Node {
 		return bucketmap.Node{ID: bucketmap.NodeID(scope), DSN: "postgres://a@h1:1,h2:2/db?target_session_attrs=read-write", Weight: 1, State: bucketmap.NodeActive,

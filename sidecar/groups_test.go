@@ -23,15 +23,7 @@ func TestGroupsFromPatroniRecords(t *testing.T) {
 	tree, s := zktest.NewMemoryTree(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	set := func(p, v string) {
-		t.Helper()
-		if err := s.CreateAll(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Set(ctx, p, []byte(v), -1); err != nil {
-			t.Fatal(err)
-		}
-	}
+	set := func(p, v string) { zktest.Put(t, s, p, v) }
 	set("/service/g2/initialize", "1")
 	set("/service/g2/config", `{"ttl":10,"synchronous_mode":true,"ignore_slots":[{"type":"logical","plugin":"pgoutput"}]}`)
 	set("/service/g2/members/g2-a", `{"conn_url":"postgres://127.0.0.1:7001/postgres","role":"master","state":"running","timeline":1,"xlog_location":100}`)

@@ -38,12 +38,7 @@ func TestReadPatroniGroup(t *testing.T) {
 		"/service/other/leader":     "x",
 		"/service/other/initialize": "1",
 	} {
-		if err := s.CreateAll(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Set(ctx, p, []byte(v), -1); err != nil {
-			t.Fatal(err)
-		}
+		zktest.Put(t, s, p, v)
 	}
 	g, err := ReadPatroni(ctx, s, "/service/", "pg4")
 	if err != nil {

@@ -86,3 +86,17 @@ func (m *MemoryTree) Session(t testing.TB) *zksession.Session {
 	t.Helper()
 	return MemorySession(t, m.Server, zksession.Config{})
 }
+
+// Put writes data at p, creating p and its parents as needed: records
+// another program keeps (Patroni's, say), as a test needs them.
+func Put(t testing.TB, s *zksession.Session, p, data string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.CreateAll(ctx, p); err != nil {
+		t.Fatalf("zktest: creating %s: %v", p, err)
+	}
+	if _, err := s.Set(ctx, p, []byte(data), -1); err != nil {
+		t.Fatalf("zktest: writing %s: %v", p, err)
+	}
+}
