@@ -245,3 +245,47 @@ func TestFaultsPrimaryCutOffFromZooKeeper(t *testing.T) {
 		})
 	}
 }
+
+// The trust boundary between Patroni and ZooKeeper: Patroni's records are
+// world-writable (Patroni 3.0 sets ACLs only for x509), so nothing secret
+// may be in them. No znode of the group holds the superuser/replication
+// password, after a move and a failover have written everything they
+// write; and the map, which every reader sees, holds no password either.
+func TestFaultsNoPasswordInZooKeeper(t *testing.T) {
+	testenv.Faults(t)
+	testenv.Exclusive(t)
+	f, group := groupFixture(t)
+	if _, err := f.mover(Options{}).Move(context.Background(), 2, "pg1", false); err != nil {
+		t.Fatal(err)
+	}
+	group.KillPrimary(t)
+	group.Primary(t)
+	group.StartMembers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var walk func(p string) int
+	walk = func(p string) int {
+		data, _, err := f.s.Get(ctx, p)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if strings.Contains(string(data), group.Password) {
+			t.Errorf("znode %s holds the password", p)
+		}
+		kids, _, err := f.s.Children(ctx, p)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		n := 1
+		for _, k := range kids {
+			n += walk(strings.TrimSuffix(p, "/") + "/" + k)
+		}
+		return n
+	}
+	n := walk(strings.TrimSuffix(group.PatroniNamespace, "/") + "/" + group.PatroniScope)
+	n += walk(f.st.Paths().Cluster())
+	if n < 10 {
+		t.Fatalf("walked only %d znodes", n)
+	}
+	t.Logf("%d znodes of the group and the cluster, none with the password", n)
+}
