@@ -413,15 +413,10 @@ func (g *GC) checkGroups(ctx context.Context, m *bucketmap.Map, cands []Range, r
 		v := ""
 		if ok && !n.Patroni.IsZero() {
 			grp, err := topo.ReadPatroni(ctx, g.Session, n.Patroni.Namespace, n.Patroni.Scope)
-			switch {
-			case err != nil:
+			if err != nil {
 				v = "its Patroni records cannot be read: " + err.Error()
-			case grp.Leader == "":
-				v = "it has no leader (a failover is under way)"
-			case grp.Config == nil || !grp.Config.SynchronousMode:
-				v = "it is not in synchronous mode (a failover may lose acknowledged rows)"
-			case len(grp.SyncStandbys) == 0:
-				v = "it has no synchronous standby now (a failover now may lose acknowledged rows)"
+			} else {
+				v = grp.Unsafe()
 			}
 		}
 		verdict[id] = v

@@ -16,11 +16,7 @@ import (
 // GroupView is one Patroni group as GET /v1/groups and the status page
 // show it: Patroni's records read now (its primary, each member's role,
 // state, timeline and lag, the synchronous standby) and what is wrong.
-type GroupView struct {
-	*topo.PatroniGroup
-	Problems []topo.PatroniProblem `json:"problems"`
-	Error    string                `json:"error,omitempty"`
-}
+type GroupView = topo.PatroniView
 
 // groupsMaxAge bounds how old a group view may be: the records are read
 // at most once per this for every client of the sidecar together, so 50
@@ -76,20 +72,12 @@ func (c *groupCache) refresh(m *bucketmap.Map, done chan struct{}) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		g, err := topo.ReadPatroni(ctx, c.s, n.Patroni.Namespace, n.Patroni.Scope)
+		v := topo.ReadPatroniView(ctx, c.s, n.Patroni.Namespace, n.Patroni.Scope)
 		cancel()
-		if err != nil {
-			out[n.ID] = &GroupView{PatroniGroup: &topo.PatroniGroup{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}, Problems: []topo.PatroniProblem{}, Error: err.Error()}
-			continue
-		}
 		// Each member's Patroni REST API is often unauthenticated: the
 		// sidecar's clients (the apps) have no use for its address.
-		for i := range g.Members {
-			g.Members[i].APIURL = ""
-		}
-		v := &GroupView{PatroniGroup: g, Problems: g.Problems()}
-		if v.Problems == nil {
-			v.Problems = []topo.PatroniProblem{}
+		for i := range v.Members {
+			v.Members[i].APIURL = ""
 		}
 		out[n.ID] = v
 	}

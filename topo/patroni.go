@@ -341,3 +341,42 @@ func ReadPatroniLeader(ctx context.Context, s *zksession.Session, namespace, sco
 	}
 	return strings.TrimSpace(string(b)), nil
 }
+
+// PatroniView is a group as people and the sidecar see it: its records
+// read now, what is wrong with them, or why they could not be read.
+type PatroniView struct {
+	*PatroniGroup
+	Problems []PatroniProblem `json:"problems"`
+	// Error: the records could not be read at all.
+	Error string `json:"error,omitempty"`
+}
+
+// ReadPatroniView is ReadPatroni for display: a group whose records
+// cannot be read is a view with Error set, not a failure, so that one
+// group's trouble never hides the rest of a status.
+func ReadPatroniView(ctx context.Context, s *zksession.Session, namespace, scope string) *PatroniView {
+	g, err := ReadPatroni(ctx, s, namespace, scope)
+	if err != nil {
+		return &PatroniView{PatroniGroup: &PatroniGroup{Namespace: namespace, Scope: scope}, Problems: []PatroniProblem{}, Error: err.Error()}
+	}
+	v := &PatroniView{PatroniGroup: g, Problems: g.Problems()}
+	if v.Problems == nil {
+		v.Problems = []PatroniProblem{}
+	}
+	return v
+}
+
+// Unsafe says why the group is not whole now ("" when it is): no leader,
+// not in synchronous mode, or no synchronous standby. A failover in any
+// of these may lose acknowledged rows (or is under way).
+func (g *PatroniGroup) Unsafe() string {
+	switch {
+	case g.Leader == "":
+		return "it has no leader (a failover is under way)"
+	case g.Config == nil || !g.Config.SynchronousMode:
+		return "it is not in synchronous mode (a failover may lose acknowledged rows)"
+	case len(g.SyncStandbys) == 0:
+		return "it has no synchronous standby now (a failover now may lose acknowledged rows)"
+	}
+	return ""
+}

@@ -122,7 +122,7 @@ func runStatus(c *cli.Context) error {
 			bucketmap.Summary
 			// Groups: the Patroni groups among the nodes, as their
 			// records in ZooKeeper say now.
-			Groups map[bucketmap.NodeID]*groupView `json:"groups,omitempty"`
+			Groups map[bucketmap.NodeID]*topo.PatroniView `json:"groups,omitempty"`
 		}{Summary: m.Summarize(), Groups: readGroups(ctx, st.Session(), m)}
 		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())

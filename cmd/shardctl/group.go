@@ -13,20 +13,11 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-// groupView is a Patroni group as status and node check show it: the
-// records Patroni keeps in ZooKeeper, read now, and what is wrong.
-type groupView struct {
-	*topo.PatroniGroup
-	Problems []topo.PatroniProblem `json:"problems"`
-	// Error: the records could not be read at all.
-	Error string `json:"error,omitempty"`
-}
-
 // readGroups reads the group of every node that is one (not removed).
 // A group that cannot be read is reported, not fatal: status must show
 // the map whatever Patroni's records say.
-func readGroups(ctx context.Context, s *zksession.Session, m *bucketmap.Map) map[bucketmap.NodeID]*groupView {
-	out := map[bucketmap.NodeID]*groupView{}
+func readGroups(ctx context.Context, s *zksession.Session, m *bucketmap.Map) map[bucketmap.NodeID]*topo.PatroniView {
+	out := map[bucketmap.NodeID]*topo.PatroniView{}
 	for _, n := range m.Nodes() {
 		if n.Patroni.IsZero() || n.State == bucketmap.NodeRemoved {
 			continue
@@ -36,18 +27,10 @@ func readGroups(ctx context.Context, s *zksession.Session, m *bucketmap.Map) map
 	return out
 }
 
-func readGroup(ctx context.Context, s *zksession.Session, n bucketmap.Node) *groupView {
+func readGroup(ctx context.Context, s *zksession.Session, n bucketmap.Node) *topo.PatroniView {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	g, err := topo.ReadPatroni(rctx, s, n.Patroni.Namespace, n.Patroni.Scope)
-	if err != nil {
-		return &groupView{PatroniGroup: &topo.PatroniGroup{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}, Problems: []topo.PatroniProblem{}, Error: err.Error()}
-	}
-	v := &groupView{PatroniGroup: g, Problems: g.Problems()}
-	if v.Problems == nil {
-		v.Problems = []topo.PatroniProblem{}
-	}
-	return v
+	return topo.ReadPatroniView(rctx, s, n.Patroni.Namespace, n.Patroni.Scope)
 }
 
 // clean drops control characters: Patroni's records are writable by
@@ -64,7 +47,7 @@ func clean(s string) string {
 
 // writeGroup prints one group for people: its primary, each member with
 // role, state, timeline and lag, and its problems.
-func writeGroup(w io.Writer, id bucketmap.NodeID, g *groupView) {
+func writeGroup(w io.Writer, id bucketmap.NodeID, g *topo.PatroniView) {
 	fmt.Fprintf(w, "node %s is Patroni group %s (%s%s)", id, g.Scope, g.Namespace, g.Scope)
 	if g.Error != "" {
 		fmt.Fprintf(w, ": UNREADABLE: %s\n", clean(g.Error))

@@ -149,7 +149,7 @@ func runCheck(c *cli.Context) error {
 		// A group's configuration is part of the contract: without
 		// synchronous_mode a failover loses acknowledged writes, without
 		// ignore_slots Patroni drops a move's slot.
-		var g *groupView
+		var g *topo.PatroniView
 		severe := 0
 		if !n.Patroni.IsZero() {
 			g = readGroup(ctx, d.st.Session(), n)
