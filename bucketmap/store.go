@@ -1,6 +1,7 @@
 package bucketmap
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -97,7 +98,9 @@ func (st *Store) Update(ctx context.Context, edit func(m *Map) error) (*Map, err
 //     map is not written either and the error is returned, not retried.
 //
 // It returns the new map, its znode version, and the stats of also's
-// operations.
+// operations. Without also, an edit that leaves the map as it was (but for
+// its version and time) writes nothing and returns the current map and
+// znode version.
 func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(m *Map) error, also func(next *Map) ([]zksession.Op, error)) (*Map, int32, []zksession.Stat, error) {
 	var lastErr error
 	retries := st.Retries
@@ -127,6 +130,17 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 		if err != nil {
 			return nil, 0, nil, err
 		}
+		if also == nil {
+			// An edit that changes nothing writes nothing: a new version
+			// goes to every router, supervisor and fence reconciler, and
+			// a caller retrying an idempotent edit (an abort's cleanup
+			// while a node is away) would otherwise churn the map.
+			if same, err := sameContent(cur, next); err != nil {
+				return nil, 0, nil, err
+			} else if same {
+				return cur, zv, nil, nil
+			}
+		}
 		var ops []zksession.Op
 		if also != nil {
 			if ops, err = also(next); err != nil {
@@ -146,6 +160,25 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 		return next, nzv, stats, nil
 	}
 	return nil, 0, nil, fmt.Errorf("%w (gave up after %d attempts)", lastErr, retries+1)
+}
+
+// sameContent reports whether next, an edited copy of cur, holds what cur
+// holds: the same record once cur takes next's version and time.
+func sameContent(cur, next *Map) (bool, error) {
+	if cur.Encoding != next.Encoding {
+		return false, nil
+	}
+	probe := cur.Clone()
+	probe.Version, probe.UpdatedAt = next.Version, next.UpdatedAt
+	a, err := EncodeJSON(probe)
+	if err != nil {
+		return false, nil // cur at next's version is no valid map: a change
+	}
+	b, err := EncodeJSON(next)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(a, b), nil
 }
 
 // SetEncoding switches how the map record is stored (MapEncoding) by

@@ -293,3 +293,39 @@ func TestIntegrationStoreEncoding(t *testing.T) {
 		t.Fatal("after switching back the znode is not plain JSON")
 	}
 }
+
+// An edit that changes nothing writes no version (an abort's cleanup
+// retried while a node is away would otherwise send a map a second to the
+// whole fleet), and a real edit after it still does.
+func TestIntegrationStoreNoVersionWithoutChange(t *testing.T) {
+	ctx, _, s, st := createdStore(t, "noop", 2, 2)
+	_, zv0, err := st.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		m, err := st.Update(ctx, func(m *Map) error {
+			if err := m.SetWeight("n1", 1); err != nil { // already 1
+				return err
+			}
+			return m.ClearMoving(0) // not moving: a no-op
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Version != 1 {
+			t.Fatalf("no-op update %d returned map version %d, want 1", i, m.Version)
+		}
+	}
+	_, st0, err := s.Get(ctx, st.Paths().Map())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st0.Version != zv0 {
+		t.Fatalf("no-op updates wrote the znode: version %d -> %d", zv0, st0.Version)
+	}
+	m, err := st.Update(ctx, func(m *Map) error { return m.SetWeight("n1", 3) })
+	if err != nil || m.Version != 2 {
+		t.Fatalf("a real edit: version %v, %v", m, err)
+	}
+}

@@ -195,9 +195,11 @@ func TestRebalancerPlanSplitsFirst(t *testing.T) {
 }
 
 // RunForever waits while another rebalancer holds the lock (naming it), is
-// elected when it goes, and stops with ErrLockLost when its session
-// expires: a rebalancer that may no longer be the only one stops moving.
-func TestRebalancerStopsWhenItsSessionExpires(t *testing.T) {
+// elected when it goes, and when its session expires stops being the
+// rebalancer (a rebalancer that may no longer be the only one stops
+// moving), says so, and stands for election again with its new session:
+// it never exits on its own.
+func TestRebalancerSurvivesItsSessionExpiring(t *testing.T) {
 	c := newMemCluster(t, 1, 2, kvTable)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -208,15 +210,16 @@ func TestRebalancerStopsWhenItsSessionExpires(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var said []string
-	saw := func(sub string) bool {
+	count := func(sub string) int {
 		mu.Lock()
 		defer mu.Unlock()
+		n := 0
 		for _, s := range said {
 			if strings.Contains(s, sub) {
-				return true
+				n++
 			}
 		}
-		return false
+		return n
 	}
 	rb := NewRebalancer(New(c.st, Options{}), bucketmap.Policy{})
 	rb.Progress = func(prog Progress) {
@@ -226,21 +229,33 @@ func TestRebalancerStopsWhenItsSessionExpires(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- rb.RunForever(ctx) }()
-	testenv.WaitFor(t, 10*time.Second, func() bool { return saw("another rebalancer (other-host-1) is running") }, "the waiting message")
-	if saw("elected") {
+	testenv.WaitFor(t, 10*time.Second, func() bool { return count("another rebalancer (other-host-1) is running") > 0 }, "the waiting message")
+	if count("elected") > 0 {
 		t.Fatal("elected while another rebalancer held the lock")
 	}
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.WaitFor(t, 10*time.Second, func() bool { return saw("elected as the cluster's rebalancer") }, "election")
+	testenv.WaitFor(t, 10*time.Second, func() bool { return count("elected as the cluster's rebalancer") == 1 }, "election")
 	conn, err := c.srv.ConnOf(c.s.SessionID())
 	if err != nil {
 		t.Fatal(err)
 	}
 	conn.Expire()
-	if err := testenv.Receive(t, done, 10*time.Second, "RunForever went on after its session expired"); !errors.Is(err, zksession.ErrLockLost) {
-		t.Fatalf("RunForever after its session expired: %v, want ErrLockLost", err)
+	testenv.WaitFor(t, 10*time.Second, func() bool { return count("not the rebalancer any more") > 0 }, "the lost-lock message")
+	testenv.WaitFor(t, 20*time.Second, func() bool { return count("elected as the cluster's rebalancer") == 2 }, "a second election")
+	select {
+	case err := <-done:
+		t.Fatalf("RunForever returned after its session expired: %v", err)
+	default:
+	}
+	holder, _, err := other.Get(ctx, c.st.Paths().RebalanceLock())
+	if err != nil || !strings.Contains(string(holder), rb.mv.runner) {
+		t.Fatalf("lock after the second election: %q %v", holder, err)
+	}
+	cancel()
+	if err := testenv.Receive(t, done, 10*time.Second, "RunForever after its context ended"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunForever after cancel: %v", err)
 	}
 }
 

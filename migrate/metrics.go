@@ -25,6 +25,13 @@ type Metrics struct {
 	// finished (rolled back or completed), busy (another mover took it
 	// first), error (tried again with backoff).
 	OrphanResumes *prometheus.CounterVec
+	// FlipUnknown is the number of moves whose flip was sent to ZooKeeper
+	// without an answer: their bucket stays frozen until ZooKeeper says
+	// whether the map gives it to the target. Page on it.
+	FlipUnknown prometheus.Gauge
+	// ThawsWithoutZooKeeper counts write pauses a mover ended on the
+	// source by itself, before its abort reached ZooKeeper.
+	ThawsWithoutZooKeeper prometheus.Counter
 
 	mu       sync.Mutex
 	frozenAt map[string]time.Time
@@ -39,12 +46,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time a move's fence step waited for every member to apply the map that sets the bucket moving.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 		OrphanResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardvisor_move_orphan_resumes_total",
 			Help: "Resumes of orphaned moves (their mover died) by the orphan watcher, by result: finished, busy, error."}, []string{"result"}),
+		FlipUnknown: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardvisor_move_flip_outcome_unknown",
+			Help: "Moves whose flip was sent to ZooKeeper without an answer: their bucket refuses writes until ZooKeeper answers."}),
+		ThawsWithoutZooKeeper: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardvisor_move_thaws_total",
+			Help: "Write pauses ended on the source by the mover itself, before its rollback reached ZooKeeper."}),
 		frozenAt: map[string]time.Time{},
 	}
 	m.FrozenOldest = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardvisor_move_frozen_bucket_oldest_seconds",
 		Help: "Age of the oldest open write pause of a move the orphan watcher follows (0: none). Above the pause cap, a bucket refuses writes on every node."},
 		m.oldestFrozen)
-	reg.MustRegister(m.Stragglers, m.MemberWait, m.FrozenOldest, m.OrphanResumes)
+	reg.MustRegister(m.Stragglers, m.MemberWait, m.FrozenOldest, m.OrphanResumes, m.FlipUnknown, m.ThawsWithoutZooKeeper)
 	return m
 }
 
@@ -95,5 +106,17 @@ func (m *Metrics) memberWait(d time.Duration) {
 func (m *Metrics) straggler(kind, action string) {
 	if m != nil {
 		m.Stragglers.WithLabelValues(kind, action).Inc()
+	}
+}
+
+func (m *Metrics) flipUnknown(d float64) {
+	if m != nil {
+		m.FlipUnknown.Add(d)
+	}
+}
+
+func (m *Metrics) thawed() {
+	if m != nil {
+		m.ThawsWithoutZooKeeper.Inc()
 	}
 }

@@ -147,6 +147,27 @@ type Mover struct {
 
 	viewMu sync.Mutex
 	view   *fleet.MemberView // started by the first fence step; Close stops it
+
+	// thawed holds when this process ended a move's write pause without
+	// ZooKeeper (run.thawInPause), for the resume that records it.
+	thawMu sync.Mutex
+	thawed map[string]time.Time
+}
+
+func (mv *Mover) noteThaw(id string, at time.Time) {
+	mv.thawMu.Lock()
+	defer mv.thawMu.Unlock()
+	if mv.thawed == nil {
+		mv.thawed = map[string]time.Time{}
+	}
+	mv.thawed[id] = at
+}
+
+func (mv *Mover) thawTime(id string) (time.Time, bool) {
+	mv.thawMu.Lock()
+	defer mv.thawMu.Unlock()
+	t, ok := mv.thawed[id]
+	return t, ok
 }
 
 // New returns a mover using the store's session.
@@ -226,6 +247,13 @@ type run struct {
 	cleaning bool
 	// verifyLost: the verification snapshot failed (its connection died).
 	verifyLost bool
+	// flipUnknown: the flip's ZooKeeper transaction was sent and no answer
+	// says whether it was applied: the source must stay frozen until
+	// ZooKeeper tells (awaitFlip).
+	flipUnknown bool
+	// thawedAt: this process ended the write pause without the flip
+	// (thawInPause): the source owns the range again.
+	thawedAt time.Time
 	lock       *zksession.Lock
 	unlock     context.CancelFunc // stops following the lock
 }
@@ -241,6 +269,9 @@ type run struct {
 func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
 	for attempt := 1; ; attempt++ {
 		rec, err := mv.move(ctx, bucket, target, noCopy)
+		if err != nil && rec != nil && errors.Is(err, zksession.ErrLockLost) && ctx.Err() == nil {
+			rec, err = mv.afterLockLoss(ctx, rec.ID, err)
+		}
 		if err == nil || rec == nil || rec.State != topo.MoveAborted || attempt > FailoverRetries || ctx.Err() != nil {
 			return rec, err
 		}
@@ -257,6 +288,66 @@ func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 // FailoverRetries bounds how often Move starts a move again after a
 // failover aborted it.
 const FailoverRetries = 3
+
+// afterLockLoss sees a move through after this process lost its runner
+// lock (its ZooKeeper session was lost, inside a pause or not): it waits
+// for ZooKeeper, resumes the move, and, if another mover (an orphan
+// watcher) took it first, waits for that one to end it. A move started by
+// `shardctl move` so ends as it would have, with the outcome on record;
+// what happened meanwhile is logged.
+func (mv *Mover) afterLockLoss(ctx context.Context, id string, cause error) (*topo.MoveRecord, error) {
+	b := backoff.New(time.Second, 10*time.Second)
+	for {
+		mv.log.Warn("lost the move's runner lock; resuming it once ZooKeeper answers", zap.String("move", id), zap.Error(cause))
+		if mv.opts.Progress != nil {
+			mv.opts.Progress(Progress{Message: fmt.Sprintf("lost the runner lock of move %s (%v); resuming it once ZooKeeper answers", id, cause)})
+		}
+		if err := mv.s.WaitConnected(ctx); err != nil {
+			return nil, fmt.Errorf("%w (waiting for ZooKeeper: %v)", cause, err)
+		}
+		rec, err := mv.Resume(ctx, id)
+		switch {
+		case errors.Is(err, ErrBusy):
+			return mv.await(ctx, id)
+		case err != nil && errors.Is(err, zksession.ErrLockLost) && ctx.Err() == nil:
+			cause = err
+		case err != nil && rec == nil && ctx.Err() == nil:
+			cause = err // ZooKeeper went away again before the record was read
+		default:
+			return rec, err
+		}
+		select {
+		case <-ctx.Done():
+			return rec, cause
+		case <-time.After(b.Next()):
+		}
+	}
+}
+
+// await waits for another mover to end move id, and returns its record:
+// an error unless the move is done.
+func (mv *Mover) await(ctx context.Context, id string) (*topo.MoveRecord, error) {
+	w := mv.s.Watch(ctx, mv.p.Move(id))
+	defer w.Stop()
+	for {
+		rec, _, err := topo.ReadMove(ctx, mv.s, mv.p, id)
+		if err == nil && (rec.Finished() || rec.State == topo.MoveFailed) {
+			switch rec.State {
+			case topo.MoveDone:
+				return rec, nil
+			case topo.MoveFailed:
+				return rec, fmt.Errorf("move %s failed (finished by %s): %s", id, rec.Runner, rec.Error)
+			}
+			return rec, fmt.Errorf("move %s %s (by %s): %s", id, rec.State, rec.Runner, rec.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return rec, ctx.Err()
+		case <-w.C:
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
 
 // failedOver reports whether the source's or the target's primary is not
 // the one the move began on, waiting (within AbortRetry) for a group
@@ -712,6 +803,22 @@ func (r *run) drive(ctx context.Context) error {
 		if err == nil {
 			continue
 		}
+		if r.inPause() {
+			if r.flipUnknown {
+				// Only ZooKeeper knows whether the bucket is the target's
+				// now: the source stays frozen until it says.
+				if werr := r.awaitFlip(ctx, err); werr != nil {
+					return r.stopped(ctx, werr)
+				}
+				if pastFlip(r.rec) {
+					continue // flipped after all: finish
+				}
+			}
+			// Never flipped: the source takes the writes back now, by
+			// itself, whether or not ZooKeeper answers; the rest of the
+			// abort follows (and waits for ZooKeeper if it must).
+			r.thawInPause(err)
+		}
 		if errors.Is(context.Cause(ctx), zksession.ErrLockLost) {
 			// Another mover may run the move now: neither roll back nor
 			// record anything, leave it as its record says.
@@ -1110,10 +1217,11 @@ func (r *run) flip(ctx context.Context) error {
 			return []zksession.Op{op}, err
 		})
 		if err != nil {
-			// Not flipped (or not known to be: then the abort's first
-			// save fails on the record's version, before it undoes
-			// anything, and a resume finds the flip done).
-			pending.Rollback(ctx)
+			// Not flipped, or not known to be (ZooKeeper did not answer
+			// the transaction): then drive waits for ZooKeeper to tell
+			// before anything is undone (awaitFlip).
+			pending.Rollback(context.WithoutCancel(ctx))
+			r.flipUnknown = flipOutcomeUnknown(err)
 			return err
 		}
 		*r.rec, r.ver = rec, stats[0].Version
@@ -1136,6 +1244,11 @@ func (r *run) flip(ctx context.Context) error {
 	}
 	if err := r.settleFences(ctx); err != nil {
 		return err
+	}
+	if r.rec.Stats.PauseMS == 0 && r.rec.FreezeStartedAt != nil {
+		// Resumed past the flip (its mover died right after it): the
+		// pause lasted until the fences settled here.
+		r.rec.Stats.PauseMS = float64(time.Since(*r.rec.FreezeStartedAt).Microseconds()) / 1000
 	}
 	if r.rec.Stats.PauseMS > 0 {
 		r.progress(fmt.Sprintf("flipped: write pause %.1f ms", r.rec.Stats.PauseMS))
@@ -1402,9 +1515,120 @@ func (r *run) thawSource(ctx context.Context, src *pgx.Conn, version uint64) err
 		if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, version); err != nil && !errors.Is(err, fence.ErrNotInstalled) {
 			return err
 		}
+		r.endPause(time.Now())
+		return nil
 	}
-	r.endPause(time.Now())
+	r.endPause(r.thawedBefore(f))
 	return nil
+}
+
+// thawedBefore is when the write pause of a source found owning the range
+// again ended: this process's thaw without ZooKeeper if it made one, else
+// the fence's last change if it came after the freeze began (another
+// process's thaw), else now.
+func (r *run) thawedBefore(f *fence.Fence) time.Time {
+	if t, ok := r.mv.thawTime(r.rec.ID); ok {
+		return t
+	}
+	now := time.Now()
+	if r.rec.FreezeStartedAt != nil && f.UpdatedAt.After(*r.rec.FreezeStartedAt) && f.UpdatedAt.Before(now) {
+		return f.UpdatedAt
+	}
+	return now
+}
+
+// inPause: this process froze the source, has not flipped (as far as the
+// record knows) and has not thawed it.
+func (r *run) inPause() bool {
+	return !r.frozenAt.IsZero() && r.thawedAt.IsZero() && !pastFlip(r.rec)
+}
+
+// thawInPause ends a write pause that did not end with the flip, before
+// anything else and without ZooKeeper: the source's fence owns the range
+// again, and the target's prepared ownership is rolled back. Only
+// PostgreSQL is asked, on the connection that froze it, within the pause
+// cap, so that a ZooKeeper outage (or a lost lock) cannot keep the bucket
+// frozen. It is safe because the flip was never sent (or ZooKeeper said it
+// was not applied): the map still gives the bucket to the source, and no
+// mover can flip it any more (a resume finds the pause begun and rolls
+// back). The fence's version becomes the fence map's plus one, so that a
+// reconciler holding that map (it says moving, so frozen) does not freeze
+// the range again; the abort's map change brings every fence in step.
+// If it fails, the abort's cleanup thaws the source as before.
+func (r *run) thawInPause(cause error) {
+	log := r.mv.log.With(zap.String("move", r.rec.ID), zap.Uint32("bucket", r.rec.Bucket), zap.String("source", r.rec.Source))
+	ctx, cancel := context.WithTimeout(context.Background(), max(r.mv.opts.PauseCap-time.Since(r.frozenAt), 0)+time.Second)
+	defer cancel()
+	if r.pendingOwn != nil {
+		r.pendingOwn.Rollback(ctx)
+		r.pendingOwn = nil
+	}
+	src := r.srcConn
+	if src == nil || src.IsClosed() {
+		c, err := dbnode.Connect(ctx, r.src)
+		if err != nil {
+			log.Warn("could not reach the source to end the write pause; the abort will", zap.Error(err))
+			return
+		}
+		r.srcConn, src = c, c
+	}
+	if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, r.rec.FenceVersion+1); err != nil {
+		log.Warn("could not end the write pause on the source; the abort will", zap.Error(err))
+		return
+	}
+	r.thawedAt = time.Now()
+	r.endPause(r.thawedAt)
+	r.mv.noteThaw(r.rec.ID, r.thawedAt)
+	r.mv.opts.Metrics.thawed()
+	log.Warn("write pause ended without a flip: the source accepts the bucket's writes again; rolling the move back",
+		zap.Float64("pause_ms", r.rec.Stats.PauseMS), zap.NamedError("cause", cause))
+}
+
+// flipOutcomeUnknown says whether a failed flip may have been applied:
+// the transaction was sent and its answer lost (a connection lost, a
+// timeout). A session not connected refuses writes before sending them,
+// and a server's refusal (a version conflict) applied nothing.
+func flipOutcomeUnknown(err error) bool {
+	return errors.Is(err, zksession.ErrConnection) || errors.Is(err, zksession.ErrTimeout) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// awaitFlip waits, with the source frozen, until ZooKeeper says whether a
+// flip whose answer was lost was applied: it syncs with the leader and
+// reads the move record (the flip writes it with the map). It raises the
+// alert meanwhile: a log line at error level and the gauge
+// shardvisor_move_flip_outcome_unknown. It returns nil with r.rec as
+// ZooKeeper has it, or an error once the lock is lost (a resume decides
+// then, from the same record).
+func (r *run) awaitFlip(ctx context.Context, cause error) error {
+	met := r.mv.opts.Metrics
+	met.flipUnknown(1)
+	defer met.flipUnknown(-1)
+	r.mv.log.Error("flip outcome unknown: ZooKeeper did not answer the flip's transaction; the bucket stays frozen until it does",
+		zap.String("move", r.rec.ID), zap.Uint32("bucket", r.rec.Bucket), zap.String("source", r.rec.Source), zap.String("target", r.rec.Target), zap.Error(cause))
+	b := backoff.New(100*time.Millisecond, 2*time.Second)
+	for {
+		if ctx.Err() != nil {
+			return fmt.Errorf("flip outcome unknown (%v): %w", cause, context.Cause(ctx))
+		}
+		if err := topo.Sync(ctx, r.mv.s, r.mv.p); err == nil {
+			rec, ver, err := topo.ReadMove(ctx, r.mv.s, r.mv.p, r.rec.ID)
+			if err == nil {
+				r.flipUnknown = false
+				if rec.FlipVersion != 0 {
+					*r.rec, r.ver = *rec, ver
+					r.mv.log.Warn("the flip was applied after all: finishing the move", zap.String("move", r.rec.ID), zap.Uint64("flip_version", rec.FlipVersion))
+				} else {
+					r.mv.log.Warn("the flip was not applied: rolling the move back", zap.String("move", r.rec.ID))
+				}
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(b.Next()):
+		}
+	}
 }
 
 // ownsAll reports whether a fence owns every key of lo..hi.

@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -32,98 +31,141 @@ func FrozenSince(rec *topo.MoveRecord) (time.Time, bool) {
 	return *rec.FreezeStartedAt, rec.PauseEndedAt == nil
 }
 
-// WatchOrphans resumes moves whose mover died while their bucket was in the
-// write pause or marked moving (orphaned moves), until ctx ends. It follows
-// the map: for every bucket marked moving it watches the move's runner
-// lock, and when the lock is gone (its mover's ZooKeeper session expired,
-// or the mover stopped) and the move is not finished, it resumes the move
-// (which rolls it back or finishes it, see Resume), retrying with backoff
-// until the move is finished or no longer orphaned: another mover taking
-// the lock first (ErrBusy) only makes it wait for that one. So an orphaned
-// move ends within the dead mover's session timeout plus a resume.
+// OrphanGrace is how long a move's runner lock must stay absent before the
+// orphan watcher takes the move over: a mover creates a move's record a
+// moment before it takes its lock.
+const OrphanGrace = time.Second
+
+// orphanRescan is how often the orphan watcher lists the moves again, and
+// re-reads a followed move's record, without being told of a change: a
+// missed watch event (a reconnect) costs at most this long.
+const orphanRescan = 30 * time.Second
+
+// WatchOrphans gives every unfinished move an owner, until ctx ends: a move
+// whose mover is gone (its ZooKeeper session expired, or it stopped), in
+// any state, is resumed, which finishes it or rolls it back (see Resume).
+// It follows the list of move records (one children watch) and, for each
+// unfinished move, the move's runner lock (one data watch); when the lock
+// has been gone for OrphanGrace it resumes the move, retrying with backoff
+// until the move is finished: another mover taking the lock first
+// (ErrBusy) only makes it wait for that one. So an orphaned move is taken
+// over within the dead mover's session timeout plus OrphanGrace, whatever
+// its state; what the resume then does (an abort's cleanup waiting for a
+// node that is away, a copy) takes as long as it takes, with nobody
+// needed. Failed moves (a verification mismatch after the flip) are left
+// to a person: `shardctl move abort ID --after-failure`.
 //
-// Moves run by this process hold their lock and are left alone. Several
-// watchers (rebalancers on standby) may run at once: the runner lock
-// decides which one resumes. Options.Metrics, if set, gets the age of the
-// oldest frozen bucket and the resumes' outcomes.
+// It needs ZooKeeper only to see and take moves: it never exits on a lost
+// session or connection; its watches come back with the session. Moves
+// run by this process hold their lock and are left alone. Several watchers
+// (rebalancers on standby) may run at once: the runner lock decides which
+// one resumes. Options.Metrics, if set, gets the age of the oldest frozen
+// bucket and the resumes' outcomes.
 func (mv *Mover) WatchOrphans(ctx context.Context) {
 	log := mv.log.With(zap.String("component", "orphan-watcher"))
 	var (
 		mu      sync.Mutex
 		tracked = map[string]bool{}
+		done    = map[string]bool{} // finished records never change again
 		wg      sync.WaitGroup
 	)
 	defer wg.Wait()
 	follow := func(id string) {
 		mu.Lock()
 		defer mu.Unlock()
-		if tracked[id] {
+		if tracked[id] || done[id] {
 			return
 		}
 		tracked[id] = true
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			mv.followOrphan(ctx, id, log)
+			finished := mv.followOrphan(ctx, id, log)
 			mu.Lock()
 			delete(tracked, id)
+			if finished {
+				done[id] = true
+			}
 			mu.Unlock()
 		}()
 	}
-	// Once at the start: moves orphaned before this watcher ran, whose
-	// bucket the map may no longer mark moving (a mover that died right
-	// after its flip).
-	if list, err := mv.List(ctx); err != nil {
-		log.Warn("listing moves", zap.Error(err))
-	} else {
-		for _, rec := range list {
-			if _, frozen := FrozenSince(rec); frozen {
-				follow(rec.ID)
+	scan := func() {
+		ids, err := topo.ListMoves(ctx, mv.s, mv.p)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("listing moves", zap.Error(err))
+			}
+			return
+		}
+		for _, id := range ids {
+			mu.Lock()
+			skip := tracked[id] || done[id]
+			mu.Unlock()
+			if skip {
+				continue
+			}
+			rec, _, err := topo.ReadMove(ctx, mv.s, mv.p, id)
+			switch {
+			case errors.Is(err, zksession.ErrNoNode):
+			case err != nil:
+				if ctx.Err() == nil {
+					log.Warn("reading move record", zap.String("move", id), zap.Error(err))
+				}
+			case rec.Finished() || rec.State == topo.MoveFailed:
+				mu.Lock()
+				done[id] = true
+				mu.Unlock()
+			default:
+				follow(id)
 			}
 		}
 	}
-	w := topo.WatchMap(ctx, mv.s, mv.p)
+	w := topo.WatchMoves(ctx, mv.s, mv.p)
 	defer w.Stop()
+	tick := time.NewTicker(orphanRescan)
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.C:
+		case <-tick.C:
 		}
-		m, _, err := mv.st.Load(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Warn("reading the map", zap.Error(err))
-			}
-			continue
-		}
-		for _, b := range m.NonActive() {
-			if bm := m.Meta(b); bm.State == bucketmap.BucketMoving && bm.Move != "" {
-				follow(bm.Move)
-			}
-		}
+		scan()
 	}
 }
 
-// followOrphan follows one move until it is finished or no longer needs a
-// runner: it resumes it whenever no mover holds it.
-func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) {
+// followOrphan follows one unfinished move until it is finished (true) or
+// ctx ends: it resumes it whenever no mover has held it for OrphanGrace.
+func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) bool {
 	met := mv.opts.Metrics
 	defer met.unfrozen(id)
 	rw := topo.WatchMoveRunner(ctx, mv.s, mv.p, id)
 	defer rw.Stop()
 	held := true
+	var absentSince time.Time
+	observe := func(exists bool) {
+		held = exists
+		if exists {
+			absentSince = time.Time{}
+		} else if absentSince.IsZero() {
+			absentSince = time.Now()
+		}
+	}
 	select {
 	case <-ctx.Done():
-		return
+		return false
 	case n := <-rw.C:
-		held = n.Exists
+		observe(n.Exists)
 	}
 	retry := backoff.New(200*time.Millisecond, 5*time.Second)
 	for {
 		rec, _, err := topo.ReadMove(ctx, mv.s, mv.p, id)
-		if errors.Is(err, zksession.ErrNoNode) || ctx.Err() != nil {
-			return
+		if errors.Is(err, zksession.ErrNoNode) {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
 		}
 		if err == nil {
 			if since, frozen := FrozenSince(rec); frozen {
@@ -131,8 +173,8 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) {
 			} else {
 				met.unfrozen(id)
 			}
-			if rec.Finished() || rec.State == topo.MoveFailed || !mv.orphanable(ctx, rec) {
-				return
+			if rec.Finished() || rec.State == topo.MoveFailed {
+				return true
 			}
 		} else {
 			log.Warn("reading move record", zap.String("move", id), zap.Error(err))
@@ -140,13 +182,20 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) {
 		// Take the latest runner state without waiting.
 		select {
 		case n := <-rw.C:
-			held = n.Exists
+			observe(n.Exists)
 		default:
 		}
 		var wait <-chan time.Time
-		if err == nil && !held {
+		switch {
+		case err != nil:
+			wait = time.After(retry.Next())
+		case !held && time.Since(absentSince) < OrphanGrace:
+			// A mover that just created the move takes its lock now.
+			wait = time.After(OrphanGrace - time.Since(absentSince))
+		case !held:
 			since, frozen := FrozenSince(rec)
-			fields := []zap.Field{zap.String("move", id), zap.String("state", rec.State), zap.String("last_runner", rec.Runner)}
+			fields := []zap.Field{zap.String("move", id), zap.String("state", rec.State), zap.String("last_runner", rec.Runner),
+				zap.Duration("runner_gone_for", time.Since(absentSince).Round(time.Millisecond))}
 			if frozen {
 				fields = append(fields, zap.Duration("frozen_for", time.Since(since)))
 			}
@@ -165,48 +214,33 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) {
 				// Another mover (a person's resume, another watcher) took
 				// it first: follow that one's lock.
 				met.orphanResumed("busy")
-				held = true
+				observe(true)
 				continue
 			default:
 				met.orphanResumed("error")
 				d := retry.Next()
-				log.Warn("resuming orphaned move failed; trying again", zap.String("move", id), zap.Duration("in", d), zap.Error(rerr))
+				log.Warn("resuming orphaned move failed; trying again", zap.String("move", id), zap.String("state", stateOf(out)), zap.Duration("in", d), zap.Error(rerr))
 				wait = time.After(d)
 			}
-		} else if err != nil {
-			wait = time.After(retry.Next())
 		}
 		// Wait for the runner to change (its session expiring deletes
 		// it), a retry's turn, or now and then a re-read.
 		if wait == nil {
-			wait = time.After(30 * time.Second)
+			wait = time.After(orphanRescan)
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case n := <-rw.C:
-			held = n.Exists
+			observe(n.Exists)
 		case <-wait:
 		}
 	}
 }
 
-// orphanable reports whether an unfinished move would leave a bucket
-// unwritable without a runner: its pause is open, or the map still marks
-// its bucket moving for it. Other unfinished moves (aborting with the map
-// already cleared, say) hurt no writer and are left to the rebalancer's
-// next run or `shardctl move resume`.
-func (mv *Mover) orphanable(ctx context.Context, rec *topo.MoveRecord) bool {
-	if _, frozen := FrozenSince(rec); frozen {
-		return true
+func stateOf(rec *topo.MoveRecord) string {
+	if rec == nil {
+		return ""
 	}
-	m, _, err := mv.st.Load(ctx)
-	if err != nil {
-		return true // unknown: keep following
-	}
-	if rec.Level != m.Level {
-		return false
-	}
-	bm := m.Meta(rec.Bucket)
-	return bm.State == bucketmap.BucketMoving && bm.Move == rec.ID
+	return rec.State
 }

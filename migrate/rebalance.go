@@ -21,6 +21,9 @@ var (
 	ErrPaused    = errors.New("rebalancer is paused")
 	ErrNodeDown  = errors.New("a db node is down")
 	ErrSuspended = errors.New("ZooKeeper session is not connected")
+	// ErrWaitingForMoves: every planned move touches a bucket or a node of
+	// an unfinished move, which the orphan watcher is finishing.
+	ErrWaitingForMoves = errors.New("waiting for unfinished moves")
 )
 
 // Rebalancer executes the planner's moves until the map is balanced.
@@ -37,6 +40,25 @@ type Rebalancer struct {
 	Backoff time.Duration
 	// Progress, when set, receives a line per decision (Move is nil).
 	Progress func(Progress)
+	// watcherRuns: RunForever's orphan watcher owns unfinished moves.
+	watcherRuns bool
+}
+
+// unfinished returns the moves not finished (failed ones included: their
+// nodes and bucket need a person first) at m's level, as in-flight moves
+// for the scheduler.
+func (rb *Rebalancer) unfinished(ctx context.Context, m *bucketmap.Map) ([]bucketmap.Move, error) {
+	list, err := rb.mv.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []bucketmap.Move
+	for _, r := range list {
+		if !r.Finished() && r.Level == m.Level {
+			out = append(out, bucketmap.Move{Bucket: r.Bucket, From: bucketmap.NodeID(r.Source), To: bucketmap.NodeID(r.Target)})
+		}
+	}
+	return out, nil
 }
 
 // NewRebalancer returns a rebalancer that runs moves with mv.
@@ -114,13 +136,14 @@ func (rb *Rebalancer) Plan(ctx context.Context) (*bucketmap.Plan, error) {
 func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 	rep := &Report{Moves: []*topo.MoveRecord{}}
 	retry := map[uint32]*backoff.Backoff{} // per bucket, after clean aborts
-	// Unfinished moves first: a mover that died left them.
+	// Unfinished moves first: a mover that died left them. Under
+	// RunForever the orphan watcher owns them: plan around them instead.
 	moves, err := rb.mv.List(ctx)
 	if err != nil {
 		return rep, err
 	}
 	for _, r := range moves {
-		if r.Finished() || r.State == topo.MoveFailed {
+		if r.Finished() || r.State == topo.MoveFailed || rb.watcherRuns {
 			continue
 		}
 		rb.say("resuming unfinished move %s (bucket %d, %s -> %s, %s)", r.ID, r.Bucket, r.Source, r.Target, r.State)
@@ -164,7 +187,16 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			rb.say("balanced: nothing to move")
 			return rep, nil
 		}
-		batch := bucketmap.Schedule(p.Moves, nil, rb.pol.Concurrency)
+		var inFlight []bucketmap.Move
+		if rb.watcherRuns {
+			if inFlight, err = rb.unfinished(ctx, m); err != nil {
+				return rep, err
+			}
+		}
+		batch := bucketmap.Schedule(p.Moves, inFlight, rb.pol.Concurrency)
+		if len(batch) == 0 {
+			return rep, fmt.Errorf("%w: %d unfinished, %d planned", ErrWaitingForMoves, len(inFlight), len(p.Moves))
+		}
 		rb.say("%d moves left (lower bound %d); starting %d", len(p.Moves), p.LowerBound, len(batch))
 		var wg sync.WaitGroup
 		results := make([]*topo.MoveRecord, len(batch))
@@ -215,24 +247,55 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 	}
 }
 
-// RunForever is the automatic mode: it waits to be the cluster's one
-// elected rebalancer (the lock at topo.Paths.RebalanceLock), then runs
-// whenever the map changes, and after a stop (pause, node down, failed
-// move) waits for the next change of the map or of the rebalance record
-// before trying again. If the lock is lost (the session was lost, so
-// another rebalancer may be elected) the run in progress is cancelled and
-// RunForever returns an error wrapping zksession.ErrLockLost.
+// RunForever is the automatic mode. It never returns before ctx ends (or
+// the session is closed): it waits to be the cluster's one elected
+// rebalancer (the lock at topo.Paths.RebalanceLock), then runs whenever the
+// map or the rebalance record changes, and after a stop (pause, node down,
+// failed move, ZooKeeper away) tries again with backoff (2 s doubling to
+// 1 min) and on every such change. If the lock is lost (the session was
+// lost, so another rebalancer may be elected) the run in progress is
+// cancelled, and it waits for ZooKeeper and stands for election again.
 //
 // From the start, elected or not, it also runs the orphan watcher
-// (Mover.WatchOrphans): a move whose mover died, in the write pause or
-// with its bucket marked moving, is resumed as soon as the dead mover's
-// runner lock goes with its session.
+// (Mover.WatchOrphans), which gives every unfinished move whose mover is
+// gone an owner. A pause stops new moves, not that healing. The elected
+// rebalancer leaves unfinished moves to the watcher: it plans around them
+// (their bucket and nodes count as busy) and waits for them.
 func (rb *Rebalancer) RunForever(ctx context.Context) error {
-	s, p := rb.mv.s, rb.mv.p
 	octx, stopOrphans := context.WithCancel(ctx)
 	orphansDone := make(chan struct{})
 	go func() { defer close(orphansDone); rb.mv.WatchOrphans(octx) }()
 	defer func() { stopOrphans(); <-orphansDone }()
+	rb.watcherRuns = true
+	wait := backoff.New(time.Second, 30*time.Second)
+	for {
+		err := rb.lead(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, zksession.ErrClosed) {
+			return err
+		}
+		d := wait.Next()
+		rb.log.Warn("rebalancer lost its lock or could not take it; standing for election again", zap.Duration("in", d), zap.Error(err))
+		if rb.Progress != nil {
+			rb.Progress(Progress{Message: fmt.Sprintf("not the rebalancer any more (%v); standing for election again", err)})
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		_ = rb.mv.s.WaitConnected(wctx)
+		cancel()
+	}
+}
+
+// lead takes the rebalancer lock (waiting for another holder to go) and
+// runs until ctx ends or the lock is lost.
+func (rb *Rebalancer) lead(ctx context.Context) error {
+	s, p := rb.mv.s, rb.mv.p
 	lock, err := topo.LockRebalance(ctx, s, p, []byte(rb.mv.runner), func(le *zksession.LockedError) {
 		rb.say("another rebalancer (%s) is running; waiting for it to go away", le.Holder)
 	})
@@ -253,12 +316,16 @@ func (rb *Rebalancer) RunForever(ctx context.Context) error {
 	defer mapW.Stop()
 	recW := topo.WatchRebalance(ctx, s, p)
 	defer recW.Stop()
+	retry := backoff.New(2*time.Second, time.Minute)
+	var again <-chan time.Time // after a stop: try again then
+	lastStop := ""
 	for {
 		select {
 		case <-ctx.Done():
 			return stopped()
 		case <-mapW.C:
 		case <-recW.C:
+		case <-again:
 		}
 		// Debounce bursts of changes (our own moves change the map too).
 		select {
@@ -267,13 +334,27 @@ func (rb *Rebalancer) RunForever(ctx context.Context) error {
 		case <-time.After(500 * time.Millisecond):
 		}
 		rep, err := rb.Run(ctx)
+		if ctx.Err() != nil {
+			return stopped()
+		}
 		if err != nil {
-			rb.log.Warn("rebalancer stopped; waiting for the next change", zap.Error(err))
-			if rb.Progress != nil {
-				rb.Progress(Progress{Message: "stopped: " + err.Error()})
+			again = time.After(retry.Next())
+			// Said once per reason, not once per retry.
+			if msg := err.Error(); msg != lastStop {
+				lastStop = msg
+				if errors.Is(err, ErrWaitingForMoves) {
+					rb.log.Info("rebalancer waiting for unfinished moves", zap.Error(err))
+				} else {
+					rb.log.Warn("rebalancer stopped; trying again on the next change or with backoff", zap.Error(err))
+				}
+				if rb.Progress != nil {
+					rb.Progress(Progress{Message: "stopped: " + msg})
+				}
 			}
 			continue
 		}
+		again, lastStop = nil, ""
+		retry.Reset()
 		if len(rep.Moves) > 0 || rep.Splits > 0 || rep.Reassigned > 0 {
 			rb.say("run finished: %d moves, %d splits, %d reassigned", len(rep.Moves), rep.Splits, rep.Reassigned)
 		}

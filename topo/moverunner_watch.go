@@ -14,3 +14,10 @@ import (
 func WatchMoveRunner(ctx context.Context, s *zksession.Session, p Paths, id string) *zksession.Watch {
 	return s.Watch(ctx, p.MoveRunner(id))
 }
+
+// WatchMoves follows the list of move records (Paths.Moves): a new Node
+// whenever a move is created or its record removed, not when a record
+// changes. The orphan watcher in package migrate reads new records then.
+func WatchMoves(ctx context.Context, s *zksession.Session, p Paths) *zksession.Watch {
+	return s.WatchChildren(ctx, p.Moves())
+}
