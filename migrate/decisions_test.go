@@ -299,3 +299,26 @@ func TestCheckOnStraggler(t *testing.T) {
 		t.Errorf("wait: %v", err)
 	}
 }
+
+// Only a flip whose answer was lost waits for ZooKeeper: a session that was
+// not connected refused it before sending, and a server's refusal applied
+// nothing; both thaw the source at once.
+func TestFlipOutcomeUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		err     error
+		unknown bool
+	}{
+		{&zksession.OpError{Op: "multi", Path: "/m", Err: zksession.ErrConnection}, true},
+		{&zksession.OpError{Op: "multi", Path: "/m", Err: zksession.ErrTimeout}, true},
+		{context.Canceled, true},
+		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), true},
+		{&zksession.OpError{Op: "multi", Path: "/m", Err: zksession.ErrNotConnected}, false},
+		{&zksession.OpError{Op: "multi", Path: "/m", Err: zksession.ErrBadVersion}, false},
+		{bucketmap.ErrConflict, false},
+		{errors.New("bucket 0 is no longer in this move's write pause"), false},
+	} {
+		if got := flipOutcomeUnknown(tc.err); got != tc.unknown {
+			t.Errorf("flipOutcomeUnknown(%v) = %v, want %v", tc.err, got, tc.unknown)
+		}
+	}
+}

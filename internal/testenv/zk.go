@@ -361,3 +361,13 @@ func processAlive(pid int, pattern string) bool {
 	}
 	return strings.Contains(strings.ReplaceAll(string(cmd), "\x00", " "), pattern)
 }
+
+// StartAll starts every server that is not running, all at once (one
+// alone has no quorum and never serves; Start waits for it to serve), and
+// waits until the whole environment is healthy. Requires Exclusive.
+func (z *ZK) StartAll() error {
+	if err := z.control(0); err != nil {
+		return err
+	}
+	return restoreAll()
+}
