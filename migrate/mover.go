@@ -254,8 +254,8 @@ type run struct {
 	// thawedAt: this process ended the write pause without the flip
 	// (thawInPause): the source owns the range again.
 	thawedAt time.Time
-	lock       *zksession.Lock
-	unlock     context.CancelFunc // stops following the lock
+	lock     *zksession.Lock
+	unlock   context.CancelFunc // stops following the lock
 }
 
 // Move creates a move of bucket to target and runs it to the end. With
