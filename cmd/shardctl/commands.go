@@ -214,10 +214,10 @@ func newApp() *cli.App {
 					"a move fails, verification finds a difference (which also pauses it), a node is down, or ZooKeeper is\n" +
 					"not connected. --watch is the automatic mode: one elected rebalancer per cluster runs on every map change.",
 				Flags: append(append([]cli.Flag{
-					&cli.BoolFlag{Name: "dry-run", Usage: "print the plan and change nothing"},
-					&cli.BoolFlag{Name: "watch", Usage: "automatic mode: keep running as the cluster's elected rebalancer; elected or not, also resume every move whose mover died (its bucket frozen or moving) once the dead mover's ZooKeeper session expires (see docs/moves.md, Recovery)"},
-					&cli.BoolFlag{Name: "resume", Usage: "clear a pause (after a verification mismatch was understood) and run"},
-					&cli.BoolFlag{Name: "pause", Usage: "pause the rebalancer (a running one stops after its current moves)"},
+					&cli.BoolFlag{Name: "dry-run", EnvVars: []string{"SHARDVISOR_REBALANCE_DRY_RUN"}, Usage: "print the plan and change nothing"},
+					&cli.BoolFlag{Name: "watch", EnvVars: []string{"SHARDVISOR_REBALANCE_WATCH"}, Usage: "automatic mode: keep running as the cluster's elected rebalancer (standing for election again after losing ZooKeeper); elected, on standby or paused, also take over every unfinished move whose mover died, in any state, once the dead mover's ZooKeeper session expires (see docs/moves.md, Recovery)"},
+					&cli.BoolFlag{Name: "resume", EnvVars: []string{"SHARDVISOR_REBALANCE_RESUME"}, Usage: "clear a pause (after a verification mismatch was understood) and run"},
+					&cli.BoolFlag{Name: "pause", EnvVars: []string{"SHARDVISOR_REBALANCE_PAUSE"}, Usage: "pause the rebalancer (a running one stops after its current moves; moves whose mover died are still healed)"},
 				}, policyFlags()...), moveFlags()...),
 				Action: runRebalance,
 			},
