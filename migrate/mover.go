@@ -856,6 +856,7 @@ func (r *run) drive(ctx context.Context) error {
 }
 
 func (r *run) prepare(ctx context.Context) error {
+	r.crashHook(topo.MovePrepare) // the record exists, nothing else yet
 	m, err := r.nodes(ctx)
 	if err != nil {
 		return err

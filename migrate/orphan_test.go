@@ -23,12 +23,12 @@ import (
 
 // killMoverAt runs `shardctl move BUCKET --to TARGET` with a failpoint that
 // SIGKILLs it on entering state, its ZooKeeper session timeout set to
-// sessionTimeout, and returns the unfinished move's id and when the process
+// sessionTimeout (and moveArgs), and returns the unfinished move's id and when the process
 // was seen dead.
-func (f *fixture) killMoverAt(state string, bucket uint32, target string, sessionTimeout time.Duration) (string, time.Time) {
+func (f *fixture) killMoverAt(state string, bucket uint32, target string, sessionTimeout time.Duration, moveArgs ...string) (string, time.Time) {
 	f.t.Helper()
-	cmd := exec.Command(shardctlBin(f.t), "--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv",
-		"--zk-session-timeout", sessionTimeout.String(), "move", fmt.Sprint(bucket), "--to", target)
+	cmd := exec.Command(shardctlBin(f.t), append([]string{"--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv",
+		"--zk-session-timeout", sessionTimeout.String(), "move", fmt.Sprint(bucket), "--to", target}, moveArgs...)...)
 	cmd.Env = append(os.Environ(), failpoint.Env+"="+failpointPrefix+state)
 	out, err := cmd.CombinedOutput()
 	dead := time.Now()
