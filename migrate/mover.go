@@ -1243,13 +1243,27 @@ func (r *run) flip(ctx context.Context) error {
 			r.mv.log.Warn("target fence: committing its ownership failed; owning it again", zap.String("move", r.rec.ID), zap.Error(committed))
 		}
 	}
+	// Resumed past the flip (its mover died right after it): the pause
+	// ended when the target came to own the range, which the dead mover
+	// may have done already (then its fence's last change says when), or
+	// this resume does now.
+	var pauseEnd time.Time
+	if r.rec.Stats.PauseMS == 0 && r.rec.FreezeStartedAt != nil {
+		if dst, err := r.target(ctx); err == nil {
+			if f, err := fence.Read(ctx, dst); err == nil && ownsAll(f, r.rec.Lo, r.rec.Hi) &&
+				f.UpdatedAt.After(*r.rec.FreezeStartedAt) && f.UpdatedAt.Before(time.Now()) {
+				pauseEnd = f.UpdatedAt
+			}
+		}
+	}
 	if err := r.settleFences(ctx); err != nil {
 		return err
 	}
 	if r.rec.Stats.PauseMS == 0 && r.rec.FreezeStartedAt != nil {
-		// Resumed past the flip (its mover died right after it): the
-		// pause lasted until the fences settled here.
-		r.rec.Stats.PauseMS = float64(time.Since(*r.rec.FreezeStartedAt).Microseconds()) / 1000
+		if pauseEnd.IsZero() {
+			pauseEnd = time.Now()
+		}
+		r.rec.Stats.PauseMS = float64(pauseEnd.Sub(*r.rec.FreezeStartedAt).Microseconds()) / 1000
 	}
 	if r.rec.Stats.PauseMS > 0 {
 		r.progress(fmt.Sprintf("flipped: write pause %.1f ms", r.rec.Stats.PauseMS))
