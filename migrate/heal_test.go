@@ -279,3 +279,93 @@ func TestFaultsNodeAwayDuringAbortKeepsTheMapStill(t *testing.T) {
 	}
 	f.checkClean(seeded)
 }
+
+// A move run by `rebalance --watch` itself (under RunForever the move's
+// context ends with the rebalancer lock), the ensemble away for more than
+// 2/3 of the session timeout inside the pause, then back: the session
+// survives on the servers, so the runner lock node does too, owned by this
+// live session although the run that held it stopped. The watcher in the
+// same process takes that move over and ends it (it used to see the lock
+// held and wait forever).
+func TestFaultsRebalancerHealsItsOwnMoveAfterZooKeeperOutage(t *testing.T) {
+	testenv.Faults(t)
+	testenv.Exclusive(t)
+	f := newFixture(t, 2, 2)
+	ctx := context.Background()
+	s := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString, SessionTimeout: 6 * time.Second})
+	mv := New(bucketmap.NewStore(s, f.st.Paths()), Options{PauseCap: 6 * time.Second, Logger: zaptest.NewLogger(t)})
+	rb := NewRebalancer(mv, bucketmap.Policy{})
+	if err := rb.Pause(ctx, "the test runs the move"); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = rb.RunForever(rctx) }()
+	t.Cleanup(func() { rcancel(); wg.Wait() })
+	time.Sleep(2 * time.Second)
+
+	// The move's ctx ends when the session is lost, as Run's does with
+	// the rebalancer lock under RunForever.
+	mctx, mcancel := context.WithCancel(ctx)
+	sub := s.Subscribe()
+	go func() {
+		defer sub.Close()
+		for ch := range sub.C {
+			if ch.To == zksession.StateLost {
+				mcancel()
+				return
+			}
+		}
+	}()
+	dst := f.conn("pg2")
+	var once sync.Once
+	mv.opts.Progress = func(p Progress) {
+		switch p.Message {
+		case topo.MoveFence:
+			if _, err := dst.Exec(ctx, "ALTER SUBSCRIPTION "+ident(p.Move.Subscription)+" DISABLE"); err != nil {
+				t.Error(err)
+			}
+		case topo.MoveBarrier:
+			once.Do(func() {
+				for i := range f.z.Servers {
+					if err := f.z.Kill(i); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+	}
+	t.Cleanup(func() { _ = f.z.StartAll() })
+	rec, err := mv.Move(mctx, 0, "pg2", false)
+	t.Logf("Move returned: %v (rec %v)", err, rec != nil)
+	time.Sleep(3 * time.Second) // ZooKeeper away ~7 s in all, > 2/3 of 6 s
+	if err := f.z.StartAll(); err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer wcancel()
+	if err := s.WaitConnected(wctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("session 0x%x connected again", s.SessionID())
+	list, err := f.mover(Options{}).List(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("moves: %v %v", list, err)
+	}
+	id := list[0].ID
+	deadline := time.Now().Add(45 * time.Second)
+	for time.Now().Before(deadline) {
+		r, err := f.mover(Options{}).Get(ctx, id)
+		if err == nil && r.Finished() {
+			t.Logf("move %s %s: healed", id, r.State)
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	ok, st, err := f.s.Exists(ctx, f.st.Paths().MoveRunner(id))
+	r, _ := f.mover(Options{}).Get(ctx, id)
+	m := f.mapNow()
+	t.Fatalf("move %s still %s 45 s after ZooKeeper came back; runner lock exists=%v owner=0x%x (watcher's session 0x%x) err=%v; map v%d bucket 0 %s",
+		id, r.State, ok, st.EphemeralOwner, s.SessionID(), err, m.Version, m.Meta(0).State)
+}

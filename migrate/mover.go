@@ -152,6 +152,30 @@ type Mover struct {
 	// ZooKeeper (run.thawInPause), for the resume that records it.
 	thawMu sync.Mutex
 	thawed map[string]time.Time
+
+	// running: moves whose runner lock a run of this process holds.
+	runMu   sync.Mutex
+	running map[string]bool
+}
+
+func (mv *Mover) setRunning(id string, on bool) {
+	mv.runMu.Lock()
+	defer mv.runMu.Unlock()
+	if mv.running == nil {
+		mv.running = map[string]bool{}
+	}
+	if on {
+		mv.running[id] = true
+	} else {
+		delete(mv.running, id)
+	}
+}
+
+// runs reports whether a run of this process holds move id's lock.
+func (mv *Mover) runs(id string) bool {
+	mv.runMu.Lock()
+	defer mv.runMu.Unlock()
+	return mv.running[id]
 }
 
 func (mv *Mover) noteThaw(id string, at time.Time) {
@@ -292,9 +316,10 @@ const FailoverRetries = 3
 // afterLockLoss sees a move through after this process lost its runner
 // lock (its ZooKeeper session was lost, inside a pause or not): it waits
 // for ZooKeeper, resumes the move, and, if another mover (an orphan
-// watcher) took it first, waits for that one to end it. A move started by
-// `shardctl move` so ends as it would have, with the outcome on record;
-// what happened meanwhile is logged.
+// watcher) took it first, waits for that one to end it, taking it again if
+// that one goes away too. A move started by `shardctl move` so ends as it
+// would have, with the outcome on record: an error unless done. Only
+// ZooKeeper being away is waited out; any other error is returned.
 func (mv *Mover) afterLockLoss(ctx context.Context, id string, cause error) (*topo.MoveRecord, error) {
 	b := backoff.New(time.Second, 10*time.Second)
 	for {
@@ -306,16 +331,23 @@ func (mv *Mover) afterLockLoss(ctx context.Context, id string, cause error) (*to
 			return nil, fmt.Errorf("%w (waiting for ZooKeeper: %v)", cause, err)
 		}
 		rec, err := mv.Resume(ctx, id)
+		if errors.Is(err, ErrBusy) {
+			rec, err = mv.await(ctx, id)
+			if !errors.Is(err, errRunnerGone) {
+				return rec, err
+			}
+		}
 		switch {
-		case errors.Is(err, ErrBusy):
-			return mv.await(ctx, id)
-		case err != nil && errors.Is(err, zksession.ErrLockLost) && ctx.Err() == nil:
-			cause = err
-		case err != nil && rec == nil && ctx.Err() == nil:
-			cause = err // ZooKeeper went away again before the record was read
-		default:
+		case ctx.Err() != nil:
+			return rec, cmpOr(err, ctx.Err())
+		case rec != nil && (rec.Finished() || rec.State == topo.MoveFailed):
+			return rec, outcome(rec, err)
+		case err == nil:
+			return rec, nil
+		case !zkAway(err):
 			return rec, err
 		}
+		cause = err
 		select {
 		case <-ctx.Done():
 			return rec, cause
@@ -324,27 +356,68 @@ func (mv *Mover) afterLockLoss(ctx context.Context, id string, cause error) (*to
 	}
 }
 
-// await waits for another mover to end move id, and returns its record:
-// an error unless the move is done.
+// zkAway: err says ZooKeeper could not be asked (or the lock went with the
+// session), which waiting mends.
+func zkAway(err error) bool {
+	return errors.Is(err, zksession.ErrLockLost) || errors.Is(err, zksession.ErrNotConnected) ||
+		errors.Is(err, zksession.ErrConnection) || errors.Is(err, zksession.ErrTimeout) || errors.Is(err, errRunnerGone)
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// outcome is the error a finished move's record stands for: nil when it is
+// done; else err if there is one, or one made from the record.
+func outcome(rec *topo.MoveRecord, err error) error {
+	switch {
+	case rec.State == topo.MoveDone:
+		return nil
+	case err != nil:
+		return err
+	case rec.State == topo.MoveFailed:
+		return fmt.Errorf("move %s failed (run by %s): %s", rec.ID, rec.Runner, rec.Error)
+	}
+	return fmt.Errorf("move %s %s (run by %s): %s", rec.ID, rec.State, rec.Runner, rec.Error)
+}
+
+// errRunnerGone: the mover await waited for went away, the move unfinished.
+var errRunnerGone = errors.New("the move's runner went away before it finished")
+
+// await waits for another mover to end move id, and returns its record
+// with outcome's error; errRunnerGone if that mover goes (its runner lock
+// gone for OrphanGrace) with the move unfinished, so that the caller takes
+// it again.
 func (mv *Mover) await(ctx context.Context, id string) (*topo.MoveRecord, error) {
 	w := mv.s.Watch(ctx, mv.p.Move(id))
 	defer w.Stop()
+	rw := topo.WatchMoveRunner(ctx, mv.s, mv.p, id)
+	defer rw.Stop()
+	var absentSince time.Time
 	for {
 		rec, _, err := topo.ReadMove(ctx, mv.s, mv.p, id)
-		if err == nil && (rec.Finished() || rec.State == topo.MoveFailed) {
-			switch rec.State {
-			case topo.MoveDone:
-				return rec, nil
-			case topo.MoveFailed:
-				return rec, fmt.Errorf("move %s failed (finished by %s): %s", id, rec.Runner, rec.Error)
-			}
-			return rec, fmt.Errorf("move %s %s (by %s): %s", id, rec.State, rec.Runner, rec.Error)
+		switch {
+		case err == nil && (rec.Finished() || rec.State == topo.MoveFailed):
+			return rec, outcome(rec, nil)
+		case err != nil && !zkAway(err):
+			return rec, err
+		case !absentSince.IsZero() && time.Since(absentSince) >= OrphanGrace:
+			return rec, errRunnerGone
 		}
 		select {
 		case <-ctx.Done():
 			return rec, ctx.Err()
 		case <-w.C:
-		case <-time.After(5 * time.Second):
+		case n := <-rw.C:
+			if n.Exists {
+				absentSince = time.Time{}
+			} else if absentSince.IsZero() {
+				absentSince = time.Now()
+			}
+		case <-time.After(OrphanGrace):
 		}
 	}
 }
@@ -444,7 +517,13 @@ func (mv *Mover) move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 		return nil, err
 	}
 	mv.log.Info("move created", zap.String("move", id), zap.Uint32("bucket", bucket), zap.String("from", string(src)), zap.String("to", string(target)), zap.Bool("no_copy", noCopy))
-	return mv.drive(ctx, id)
+	out, err := mv.drive(ctx, id)
+	if errors.Is(err, ErrBusy) {
+		// An orphan watcher took the new move before this process took
+		// its lock (ZooKeeper slower than OrphanGrace): see it through.
+		return mv.await(ctx, id)
+	}
+	return out, err
 }
 
 // Resume continues a move left unfinished (its mover died, or a node was
@@ -553,6 +632,7 @@ func (mv *Mover) open(ctx context.Context, id string) (*run, context.Context, er
 		return nil, nil, err
 	}
 	r.lock = lock
+	mv.setRunning(id, true)
 	ctx, r.unlock = lock.Context(ctx)
 	return r, ctx, nil
 }
@@ -587,6 +667,7 @@ func (r *run) close() {
 	if r.lock != nil {
 		r.unlock()
 		_ = r.lock.Release(ctx)
+		r.mv.setRunning(r.rec.ID, false)
 	}
 }
 
@@ -811,7 +892,13 @@ func (r *run) drive(ctx context.Context) error {
 					return r.stopped(ctx, werr)
 				}
 				if pastFlip(r.rec) {
-					continue // flipped after all: finish
+					// Flipped after all: finish, on the spare target
+					// connection (the first holds the verification
+					// snapshot), as the flip's own success does.
+					if r.verifyTx != nil {
+						r.dstConn, r.dstSpare = r.dstSpare, r.dstConn
+					}
+					continue
 				}
 			}
 			// Never flipped: the source takes the writes back now, by
@@ -1244,15 +1331,16 @@ func (r *run) flip(ctx context.Context) error {
 		}
 	}
 	// Resumed past the flip (its mover died right after it): the pause
-	// ended when the target came to own the range, which the dead mover
-	// may have done already (then its fence's last change says when), or
-	// this resume does now.
+	// ended when the target came to own the range. If it owns it already,
+	// the dead mover committed that right after the flip, whose time the
+	// record keeps (the flip wrote it, nothing since); else this resume
+	// ends the pause now.
 	var pauseEnd time.Time
-	if r.rec.Stats.PauseMS == 0 && r.rec.FreezeStartedAt != nil {
+	if r.rec.Stats.PauseMS == 0 && r.rec.FreezeStartedAt != nil && !r.targetOwned {
 		if dst, err := r.target(ctx); err == nil {
-			if f, err := fence.Read(ctx, dst); err == nil && ownsAll(f, r.rec.Lo, r.rec.Hi) &&
-				f.UpdatedAt.After(*r.rec.FreezeStartedAt) && f.UpdatedAt.Before(time.Now()) {
-				pauseEnd = f.UpdatedAt
+			if f, err := fence.Read(ctx, dst); err == nil && ownsAll(f, r.rec.Lo, r.rec.Hi) && f.MapVersion >= r.rec.FlipVersion &&
+				r.rec.UpdatedAt.After(*r.rec.FreezeStartedAt) {
+				pauseEnd = r.rec.UpdatedAt
 			}
 		}
 	}
@@ -1566,9 +1654,12 @@ func (r *run) inPause() bool {
 // frozen. It is safe because the flip was never sent (or ZooKeeper said it
 // was not applied): the map still gives the bucket to the source, and no
 // mover can flip it any more (a resume finds the pause begun and rolls
-// back). The fence's version becomes the fence map's plus one, so that a
-// reconciler holding that map (it says moving, so frozen) does not freeze
-// the range again; the abort's map change brings every fence in step.
+// back). The fence's version becomes one past the fence map's and past
+// the fence's own, so that a reconciler holding a map that still says
+// moving (so frozen) finds it stale and does not freeze the range again;
+// the abort's map change brings every fence in step. Until then the
+// source's fence is ahead of the map, which reconcilers and `node check`
+// report.
 // If it fails, the abort's cleanup thaws the source as before.
 func (r *run) thawInPause(cause error) {
 	log := r.mv.log.With(zap.String("move", r.rec.ID), zap.Uint32("bucket", r.rec.Bucket), zap.String("source", r.rec.Source))
@@ -1587,7 +1678,20 @@ func (r *run) thawInPause(cause error) {
 		}
 		r.srcConn, src = c, c
 	}
-	if _, err := fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, r.rec.FenceVersion+1); err != nil {
+	// Past the fence map's version and past whatever the source's fence
+	// has applied since (another move's map): a reconciler holding a map
+	// that still says moving must find it stale, not freeze it again.
+	var err error
+	for try := 0; try < 3; try++ {
+		epoch := r.rec.FenceVersion
+		if f, rerr := fence.Read(ctx, src); rerr == nil {
+			epoch = max(epoch, f.MapVersion)
+		}
+		if _, err = fence.Own(ctx, src, r.rec.Lo, r.rec.Hi, epoch+1); !errors.Is(err, fence.ErrStale) {
+			break
+		}
+	}
+	if err != nil {
 		log.Warn("could not end the write pause on the source; the abort will", zap.Error(err))
 		return
 	}
@@ -1604,7 +1708,7 @@ func (r *run) thawInPause(cause error) {
 // timeout). A session not connected refuses writes before sending them,
 // and a server's refusal (a version conflict) applied nothing.
 func flipOutcomeUnknown(err error) bool {
-	return errors.Is(err, zksession.ErrConnection) || errors.Is(err, zksession.ErrTimeout) ||
+	return errors.Is(err, zksession.ErrConnection) || errors.Is(err, zksession.ErrTimeout) || errors.Is(err, zksession.ErrClosed) ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 

@@ -142,9 +142,19 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 	defer met.unfrozen(id)
 	rw := topo.WatchMoveRunner(ctx, mv.s, mv.p, id)
 	defer rw.Stop()
-	held := true
-	var absentSince time.Time
-	observe := func(exists bool) {
+	held, ours := true, false
+	var (
+		absentSince time.Time
+		last        zksession.Node
+	)
+	observe := func(n zksession.Node) {
+		last = n
+		// A runner node of this very session that no run of this process
+		// holds is a lock this process lost while ZooKeeper was away
+		// (its session survived on the servers, so the node did too, but
+		// the run stopped): nobody runs the move.
+		ours = n.Exists && n.Stat.EphemeralOwner == mv.s.SessionID()
+		exists := n.Exists && !(ours && !mv.runs(id))
 		held = exists
 		if exists {
 			absentSince = time.Time{}
@@ -156,7 +166,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 	case <-ctx.Done():
 		return false
 	case n := <-rw.C:
-		observe(n.Exists)
+		observe(n)
 	}
 	retry := backoff.New(200*time.Millisecond, 5*time.Second)
 	for {
@@ -179,11 +189,13 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 		} else {
 			log.Warn("reading move record", zap.String("move", id), zap.Error(err))
 		}
-		// Take the latest runner state without waiting.
+		// Take the latest runner state without waiting (a run of this
+		// process may have ended since: judge the last node again).
 		select {
 		case n := <-rw.C:
-			observe(n.Exists)
+			observe(n)
 		default:
+			observe(last)
 		}
 		var wait <-chan time.Time
 		switch {
@@ -214,7 +226,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 				// Another mover (a person's resume, another watcher) took
 				// it first: follow that one's lock.
 				met.orphanResumed("busy")
-				observe(true)
+				held, absentSince = true, time.Time{}
 				continue
 			default:
 				met.orphanResumed("error")
@@ -227,12 +239,17 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 		// it), a retry's turn, or now and then a re-read.
 		if wait == nil {
 			wait = time.After(orphanRescan)
+			if ours {
+				// A run of this process: its end changes no znode
+				// when ZooKeeper is away, so look again soon.
+				wait = time.After(time.Second)
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return false
 		case n := <-rw.C:
-			observe(n.Exists)
+			observe(n)
 		case <-wait:
 		}
 	}

@@ -14,7 +14,8 @@ import (
 // A mover whose runner lock is lost (its node vanishes, as when the
 // session is lost and the server expires it) stops at once: it neither
 // rolls the move back nor writes its record again, since another mover
-// may run the move now. A resume by another mover finishes it.
+// may run the move now. A resume by another mover finishes it. (Move, the
+// exported entry, then takes the move again itself: see below.)
 func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
@@ -34,7 +35,7 @@ func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond) // for the lock's watch to notice
 	}
-	rec, err := mv.Move(ctx, 0, "pg2", false)
+	rec, err := mv.move(ctx, 0, "pg2", false)
 	if !errors.Is(err, zksession.ErrLockLost) {
 		t.Fatalf("move after losing its lock: %v, want ErrLockLost", err)
 	}
@@ -51,6 +52,32 @@ func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 	done, err := f.mover(Options{}).Resume(ctx, rec.ID)
 	if err != nil || done.State != topo.MoveDone {
 		t.Fatalf("resume: %v (%s)", err, done.State)
+	}
+	f.checkClean(seeded)
+}
+
+// Move, whose runner lock is lost mid-move, takes the move again once it
+// can and sees it through: `shardctl move` exits with the move's outcome.
+func TestIntegrationMoveTakesItsMoveBackAfterLosingTheLock(t *testing.T) {
+	f := newFixture(t, 2, 2)
+	seeded := f.seedRows("s", 50)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
+	mv := f.mover(Options{})
+	var lost []string
+	mv.opts.Progress = func(prog Progress) {
+		if prog.Message == topo.MoveCopy && len(lost) == 0 {
+			lost = append(lost, prog.Move.ID)
+			if err := other.Delete(ctx, f.st.Paths().MoveRunner(prog.Move.ID), zksession.AnyVersion); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(500 * time.Millisecond) // for the lock's watch to notice
+		}
+	}
+	rec, err := mv.Move(ctx, 0, "pg2", false)
+	if err != nil || rec.State != topo.MoveDone || len(lost) != 1 || rec.ID != lost[0] {
+		t.Fatalf("move after losing its lock: %v %+v (lost %v)", err, rec, lost)
 	}
 	f.checkClean(seeded)
 }
