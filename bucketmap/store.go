@@ -130,11 +130,13 @@ func (st *Store) UpdateAlso(ctx context.Context, from *Map, zv int32, edit func(
 		if err != nil {
 			return nil, 0, nil, err
 		}
-		if also == nil {
+		if also == nil && (attempt > 0 || from == nil) {
 			// An edit that changes nothing writes nothing: a new version
 			// goes to every router, supervisor and fence reconciler, and
 			// a caller retrying an idempotent edit (an abort's cleanup
-			// while a node is away) would otherwise churn the map.
+			// while a node is away) would otherwise churn the map. Judged
+			// on a map read from ZooKeeper, not on the caller's (stale?)
+			// one.
 			if same, err := sameContent(cur, next); err != nil {
 				return nil, 0, nil, err
 			} else if same {

@@ -114,6 +114,11 @@ func runMove(c *cli.Context) error {
 		if perr := printMove(c, rec); perr != nil {
 			return perr
 		}
+		if err != nil && ctx.Err() != nil && rec != nil && !rec.Finished() {
+			// Interrupted: the move is left as it was, and a rebalance
+			// --watch process takes it over and finishes it.
+			fmt.Fprintf(c.App.ErrWriter, "interrupted: move %s is left in %s; a `shardctl rebalance --watch` process takes it over within the session timeout and finishes it (or rolls it back if it was in its write pause). To roll it back now: shardctl move abort %s\n", rec.ID, rec.State, rec.ID)
+		}
 		return err
 	})
 }
