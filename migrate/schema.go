@@ -126,34 +126,15 @@ func reproduceApply(ctx context.Context, src, dst *pgx.Conn, tables []topo.Table
 			continue
 		}
 		ins := applyStmt(t, ts)
-		pk := make([]string, len(ts.PrimaryKey))
-		for j, c := range ts.PrimaryKey {
-			pk[j] = ident(c)
-		}
-		order := strings.Join(pk, ", ")
-		var after []byte // the last primary key seen, as a row of json
+		var after []byte // the last row seen, as json: the next page starts after its primary key
 		for tried < reproduceMaxRows {
-			q := fmt.Sprintf(`SELECT to_jsonb(t), to_jsonb(ROW(%s)) FROM %s t WHERE %s BETWEEN $1 AND $2`, order, ident(t.Name), ident(t.KeyColumn))
-			args := []any{lo, hi}
-			if after != nil {
-				q += fmt.Sprintf(` AND ROW(%s) > (SELECT ROW(%s) FROM jsonb_populate_record(NULL::%s, $3) x)`, order, qualifiedCols(ts.PrimaryKey, "x"), ident(t.Name))
-				args = append(args, after)
-			}
-			q += fmt.Sprintf(" ORDER BY %s LIMIT 500", order)
+			q, args := reproducePage(t, ts, lo, hi, after)
 			rows, err := src.Query(ctx, q, args...)
 			if err != nil {
 				return "", fmt.Errorf("source: %w", err)
 			}
-			var chunk [][]byte
-			for rows.Next() {
-				var row, key []byte
-				if err := rows.Scan(&row, &key); err != nil {
-					rows.Close()
-					return "", err
-				}
-				chunk = append(chunk, row)
-			}
-			if err := rows.Err(); err != nil {
+			chunk, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+			if err != nil {
 				return "", fmt.Errorf("source: %w", err)
 			}
 			if len(chunk) == 0 {
@@ -194,6 +175,35 @@ func reproduceApply(ctx context.Context, src, dst *pgx.Conn, tables []topo.Table
 	}
 	return "every row of the range applies cleanly now (the cause is gone, or was not a row: see the target's server log)", nil
 }
+
+// reproducePageRows is how many rows reproduceApply reads and applies at
+// a time.
+const reproducePageRows = 500
+
+// reproducePage is the query for the next page of t's rows in the range,
+// in primary key order, each as json: the first page if after is nil, or
+// the rows whose primary key is past after's (a row as json, the last of
+// the page before). The row comparison takes the columns of the row
+// decoded from after, one per column of the primary key.
+func reproducePage(t topo.TableRecord, ts fence.TableSchema, lo, hi int64, after []byte) (string, []any) {
+	pk := make([]string, len(ts.PrimaryKey))
+	for j, c := range ts.PrimaryKey {
+		pk[j] = "t." + ident(c)
+	}
+	order := strings.Join(pk, ", ")
+	q := fmt.Sprintf(`SELECT to_jsonb(t) FROM %s t WHERE t.%s BETWEEN $1 AND $2`, ident(t.Name), ident(t.KeyColumn))
+	args := []any{lo, hi}
+	if after != nil {
+		q += fmt.Sprintf(` AND %s > (SELECT %s FROM jsonb_populate_record(NULL::%s, $3) x)`, rowOf(pk), qualifiedCols(ts.PrimaryKey, "x"), ident(t.Name))
+		args = append(args, after)
+	}
+	q += fmt.Sprintf(" ORDER BY %s LIMIT %d", order, reproducePageRows)
+	return q, args
+}
+
+// rowOf is a row constructor of the expressions: ROW(a) for one, which a
+// bare (a) is not.
+func rowOf(exprs []string) string { return "ROW(" + strings.Join(exprs, ", ") + ")" }
 
 // applyStmt inserts a json array of rows into table t, or updates the row
 // with the same primary key, as the apply worker would.
