@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -44,6 +45,38 @@ type TableSchema struct {
 	KeyIndexes []string `json:"key_indexes,omitempty"`
 	// ReplicaIdentity is "default", "full", "nothing" or "index (a, b)".
 	ReplicaIdentity string `json:"replica_identity"`
+	// Constraints lists the table's CHECK and EXCLUDE constraints (the
+	// fence's own, ConstraintName, excepted), ForeignKeys its foreign
+	// keys, and UniqueIndexes its unique indexes other than the primary
+	// key's (those of UNIQUE constraints included), each sorted by name.
+	Constraints   []ConstraintSchema `json:"constraints,omitempty"`
+	ForeignKeys   []ConstraintSchema `json:"foreign_keys,omitempty"`
+	UniqueIndexes []ConstraintSchema `json:"unique_indexes,omitempty"`
+}
+
+// ConstraintSchema is one constraint or unique index of a sharded table.
+// Def is its definition as the node prints it with every name qualified
+// (read with search_path = pg_catalog, so two nodes whose sessions have
+// different search paths print the same text): pg_get_constraintdef for a
+// constraint, without NOT VALID; for a unique index, pg_get_indexdef from
+// USING on (without the index's and the table's names and without storage
+// parameters), e.g. "UNIQUE USING btree (bkey, lower(email)) WHERE
+// (deleted IS NULL)", with " DEFERRABLE" for a deferrable one. Two nodes'
+// constraints are the same when their Def is: names may differ.
+type ConstraintSchema struct {
+	Name string `json:"name"`
+	Def  string `json:"def"`
+	// NotValid: a constraint added NOT VALID and not validated since, or
+	// a unique index not valid (a failed CREATE INDEX CONCURRENTLY). Both
+	// still hold for every new row.
+	NotValid bool `json:"not_valid,omitempty"`
+	// A foreign key's columns, the table it references (quoted and
+	// schema-qualified, as regclass prints it with search_path =
+	// pg_catalog), that table's columns, and MATCH FULL.
+	Columns    []string `json:"columns,omitempty"`
+	RefTable   string   `json:"ref_table,omitempty"`
+	RefColumns []string `json:"ref_columns,omitempty"`
+	MatchFull  bool     `json:"match_full,omitempty"`
 }
 
 // SchemaDiff is one way two nodes' sharded tables differ. Nodes names the
@@ -53,13 +86,14 @@ type TableSchema struct {
 // order: replication matches columns by name) are reported but do not stop
 // a move.
 type SchemaDiff struct {
-	Kind     string    `json:"kind"`
-	Table    string    `json:"table"`
-	Column   string    `json:"column,omitempty"`
-	Nodes    [2]string `json:"nodes"`
-	Values   [2]string `json:"values"`
-	Blocking bool      `json:"blocking"`
-	Message  string    `json:"message"`
+	Kind       string    `json:"kind"`
+	Table      string    `json:"table"`
+	Column     string    `json:"column,omitempty"`
+	Constraint string    `json:"constraint,omitempty"` // the constraint's or unique index's name
+	Nodes      [2]string `json:"nodes"`
+	Values     [2]string `json:"values"`
+	Blocking   bool      `json:"blocking"`
+	Message    string    `json:"message"`
 }
 
 // SchemaDiff kinds.
@@ -75,20 +109,71 @@ const (
 	KindSchemaPrimaryKey      = "schema-primary-key"
 	KindSchemaKeyIndex        = "schema-key-index"
 	KindSchemaReplicaIdentity = "schema-replica-identity"
+	KindSchemaConstraint      = "schema-constraint"   // a CHECK or EXCLUDE constraint
+	KindSchemaForeignKey      = "schema-foreign-key"  // a foreign key
+	KindSchemaUniqueIndex     = "schema-unique-index" // a unique index, or UNIQUE constraint
 )
 
 // ReadSchemas reads the sharded tables' schemas on a node, in the order of
-// tables. It changes nothing.
+// tables. It changes nothing. On a *pgx.Conn or a pgx.Tx it reads with
+// search_path = pg_catalog, pg_temp (in a read-only transaction it rolls
+// back, or a savepoint inside the caller's, so the caller's search_path is
+// unchanged afterwards): every name in a type, a default or a constraint
+// is then printed schema-qualified, the same on every node.
 func ReadSchemas(ctx context.Context, q Querier, tables []topo.TableRecord) ([]TableSchema, error) {
 	out := make([]TableSchema, 0, len(tables))
-	for _, t := range tables {
-		ts, err := readSchema(ctx, q, t)
-		if err != nil {
-			return nil, fmt.Errorf("reading the schema of %s: %w", t.Name, err)
+	err := withCatalogSearchPath(ctx, q, func(q Querier) error {
+		for _, t := range tables {
+			ts, err := readSchema(ctx, q, t)
+			if err != nil {
+				return fmt.Errorf("reading the schema of %s: %w", t.Name, err)
+			}
+			out = append(out, ts)
 		}
-		out = append(out, ts)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// withCatalogSearchPath runs fn with search_path = pg_catalog, pg_temp: in
+// a read-only transaction rolled back afterwards on an idle connection, in
+// a savepoint rolled back afterwards inside a transaction (SET LOCAL is
+// undone with it). Any other Querier runs fn as it is.
+func withCatalogSearchPath(ctx context.Context, q Querier, fn func(Querier) error) error {
+	const setPath = `SET LOCAL search_path = pg_catalog, pg_temp`
+	var tx pgx.Tx
+	var err error
+	switch c := q.(type) {
+	case pgx.Tx:
+		tx, err = c.Begin(ctx) // a savepoint
+	case *pgx.Conn:
+		if c.PgConn().TxStatus() == 'I' {
+			tx, err = c.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+			break
+		}
+		// A transaction begun with SQL, which pgx does not know of.
+		if _, err := c.Exec(ctx, `SAVEPOINT shardvisor_read_schema`); err != nil {
+			return err
+		}
+		defer c.Exec(context.WithoutCancel(ctx), `ROLLBACK TO SAVEPOINT shardvisor_read_schema; RELEASE SAVEPOINT shardvisor_read_schema`) //nolint:errcheck
+		if _, err := c.Exec(ctx, setPath); err != nil {
+			return err
+		}
+		return fn(c)
+	default:
+		return fn(q)
+	}
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	if _, err := tx.Exec(ctx, setPath); err != nil {
+		return err
+	}
+	return fn(tx)
 }
 
 func readSchema(ctx context.Context, q Querier, t topo.TableRecord) (TableSchema, error) {
@@ -144,7 +229,93 @@ func readSchema(ctx context.Context, q Querier, t topo.TableRecord) (TableSchema
 			FROM pg_index i CROSS JOIN generate_series(1, i.indnkeyatts) k
 			WHERE i.indrelid = c.oid AND i.indisreplident), '?') || ')' END
 		FROM pg_class c WHERE c.oid = $1`, *rel).Scan(&ts.ReplicaIdentity)
-	return ts, err
+	if err != nil {
+		return ts, err
+	}
+	return ts, readConstraints(ctx, q, *rel, &ts)
+}
+
+// readConstraints reads a table's CHECK, EXCLUDE and foreign key
+// constraints (top-level ones: not the clones PostgreSQL adds for a
+// foreign key to a partitioned table) and its unique indexes but the
+// primary key's, for CompareSchemas. Names are printed qualified when the
+// caller pinned search_path (ReadSchemas does).
+func readConstraints(ctx context.Context, q Querier, rel uint32, ts *TableSchema) error {
+	rows, err := q.Query(ctx, `SELECT c.conname::text, c.contype::text, pg_get_constraintdef(c.oid, true), NOT c.convalidated,
+		coalesce((SELECT array_agg(a.attname::text ORDER BY k.ord) FROM unnest(c.conkey) WITH ORDINALITY k(n, ord)
+			JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n), '{}'),
+		CASE WHEN c.contype = 'f' THEN c.confrelid::regclass::text ELSE '' END,
+		coalesce((SELECT array_agg(a.attname::text ORDER BY k.ord) FROM unnest(c.confkey) WITH ORDINALITY k(n, ord)
+			JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.n), '{}'),
+		c.confmatchtype = 'f'
+	FROM pg_constraint c
+	WHERE c.conrelid = $1 AND c.contype IN ('c', 'f', 'x') AND c.conparentid = 0 AND c.conname <> $2
+	ORDER BY c.conname`, rel, ConstraintName)
+	if err != nil {
+		return err
+	}
+	type conRow struct {
+		kind string
+		c    ConstraintSchema
+	}
+	cons, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (conRow, error) {
+		var x conRow
+		err := r.Scan(&x.c.Name, &x.kind, &x.c.Def, &x.c.NotValid, &x.c.Columns, &x.c.RefTable, &x.c.RefColumns, &x.c.MatchFull)
+		x.c.Def = strings.TrimSuffix(x.c.Def, " NOT VALID")
+		return x, err
+	})
+	if err != nil {
+		return err
+	}
+	for _, x := range cons {
+		if x.kind == "f" {
+			ts.ForeignKeys = append(ts.ForeignKeys, x.c)
+			continue
+		}
+		x.c.Columns, x.c.RefColumns, x.c.MatchFull = nil, nil, false
+		ts.Constraints = append(ts.Constraints, x.c)
+	}
+	rows, err = q.Query(ctx, `SELECT ic.relname::text, pg_get_indexdef(i.indexrelid), am.amname::text, NOT i.indisvalid, NOT i.indimmediate
+	FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_am am ON am.oid = ic.relam
+	WHERE i.indrelid = $1 AND i.indisunique AND NOT i.indisprimary AND i.indisready
+	ORDER BY 1`, rel)
+	if err != nil {
+		return err
+	}
+	ts.UniqueIndexes, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConstraintSchema, error) {
+		var c ConstraintSchema
+		var am string
+		var deferrable bool
+		if err := r.Scan(&c.Name, &c.Def, &am, &c.NotValid, &deferrable); err != nil {
+			return c, err
+		}
+		c.Def = uniqueIndexDef(c.Def, am)
+		if deferrable {
+			c.Def += " DEFERRABLE"
+		}
+		return c, nil
+	})
+	return err
+}
+
+// storageParams matches the WITH (...) of an index definition.
+var storageParams = regexp.MustCompile(` WITH \((?:[^()']|'(?:[^']|'')*')*\)`)
+
+// uniqueIndexDef turns "CREATE UNIQUE INDEX name ON schema.table USING
+// btree (a, b) INCLUDE (c) WITH (fillfactor='70') WHERE (p)" into "UNIQUE
+// USING btree (a, b) INCLUDE (c) WHERE (p)": what makes rows unique, not
+// what the index is called or how it is stored.
+func uniqueIndexDef(def, am string) string {
+	i := strings.Index(def, " USING "+am+" (")
+	if i < 0 {
+		return def
+	}
+	def = def[i+1:]
+	where := ""
+	if j := strings.Index(def, " WHERE "); j >= 0 {
+		def, where = def[:j], def[j:]
+	}
+	return "UNIQUE " + storageParams.ReplaceAllString(def, "") + where
 }
 
 // CompareSchemas lists every difference between the schemas a and b of
@@ -157,6 +328,25 @@ func CompareSchemas(nameA string, a []TableSchema, nameB string, b []TableSchema
 	add := func(kind, table, column string, blocking bool, va, vb, what string) {
 		msg := fmt.Sprintf("%s: %s is %s on %s, %s on %s", table, what, va, nameA, vb, nameB)
 		out = append(out, SchemaDiff{Kind: kind, Table: table, Column: column, Nodes: nodes, Values: [2]string{va, vb}, Blocking: blocking, Message: msg})
+	}
+	addConstraint := func(kind, table string, d constraintDiff, what string) {
+		name := ""
+		switch {
+		case d.a != nil && d.b != nil && d.a.Name != d.b.Name:
+			name = d.a.Name + " (" + d.b.Name + " on " + nameB + ")"
+		case d.a != nil:
+			name = d.a.Name
+		default:
+			name = d.b.Name
+		}
+		blocking := d.a == nil || d.b == nil || d.a.Def != d.b.Def
+		va, vb := constraintText(d.a), constraintText(d.b)
+		msg := fmt.Sprintf("%s: %s %s is %s on %s, %s on %s", table, what, name, va, nameA, vb, nameB)
+		c := name
+		if d.a != nil {
+			c = d.a.Name
+		}
+		out = append(out, SchemaDiff{Kind: kind, Table: table, Constraint: c, Nodes: nodes, Values: [2]string{va, vb}, Blocking: blocking, Message: msg})
 	}
 	bt := map[string]TableSchema{}
 	for _, t := range b {
@@ -217,8 +407,75 @@ func CompareSchemas(nameA string, a []TableSchema, nameB string, b []TableSchema
 		if ta.ReplicaIdentity != tb.ReplicaIdentity {
 			add(KindSchemaReplicaIdentity, ta.Table, "", true, ta.ReplicaIdentity, tb.ReplicaIdentity, "the replica identity")
 		}
+		for _, d := range compareConstraints(ta.Constraints, tb.Constraints) {
+			addConstraint(KindSchemaConstraint, ta.Table, d, "the constraint")
+		}
+		for _, d := range compareConstraints(ta.ForeignKeys, tb.ForeignKeys) {
+			addConstraint(KindSchemaForeignKey, ta.Table, d, "the foreign key")
+		}
+		for _, d := range compareConstraints(ta.UniqueIndexes, tb.UniqueIndexes) {
+			addConstraint(KindSchemaUniqueIndex, ta.Table, d, "the unique index")
+		}
 	}
 	return out
+}
+
+// constraintDiff is one constraint that differs between two nodes: on one
+// only (the other is nil), with the same name and another definition, or
+// the same definition, validated on one node only (not blocking: both
+// enforce it on every new row).
+type constraintDiff struct {
+	a, b *ConstraintSchema
+}
+
+// compareConstraints matches two nodes' constraints of one kind by
+// definition (names may differ), then pairs what is left by name.
+func compareConstraints(a, b []ConstraintSchema) []constraintDiff {
+	var out []constraintDiff
+	usedB := make([]bool, len(b))
+	var restA []int
+	for i := range a {
+		j := -1
+		for k := range b {
+			if !usedB[k] && b[k].Def == a[i].Def && (j < 0 || b[k].Name == a[i].Name) {
+				j = k
+			}
+		}
+		if j < 0 {
+			restA = append(restA, i)
+			continue
+		}
+		usedB[j] = true
+		if a[i].NotValid != b[j].NotValid {
+			out = append(out, constraintDiff{&a[i], &b[j]})
+		}
+	}
+	for _, i := range restA {
+		j := slices.IndexFunc(b, func(y ConstraintSchema) bool { return y.Name == a[i].Name })
+		if j >= 0 && !usedB[j] {
+			usedB[j] = true
+			out = append(out, constraintDiff{&a[i], &b[j]})
+			continue
+		}
+		out = append(out, constraintDiff{&a[i], nil})
+	}
+	for j := range b {
+		if !usedB[j] {
+			out = append(out, constraintDiff{nil, &b[j]})
+		}
+	}
+	return out
+}
+
+// constraintText is what a node has of a constraint, for a message.
+func constraintText(c *ConstraintSchema) string {
+	switch {
+	case c == nil:
+		return "missing"
+	case c.NotValid:
+		return c.Def + " NOT VALID"
+	}
+	return c.Def
 }
 
 // Blocking returns the differences that must stop a move.

@@ -1111,6 +1111,9 @@ func (r *run) catchup(ctx context.Context) error {
 		}
 		r.rec.Stats.LagAtFenceMS = float64(lag.Microseconds()) / 1000
 		if lag <= r.mv.opts.MaxLag {
+			if err := r.checkForeignKeysOnTarget(ctx); err != nil {
+				return err
+			}
 			return r.enter(ctx, topo.MoveFence)
 		}
 		if time.Now().After(deadline) {

@@ -44,16 +44,125 @@ func (r *run) compareSchemas(ctx context.Context, src, dst *pgx.Conn) error {
 	for _, d := range diffs {
 		if !d.Blocking {
 			r.mv.log.Warn("schema difference between source and target (not blocking the move)", zap.String("move", r.rec.ID),
-				zap.String("kind", d.Kind), zap.String("table", d.Table), zap.String("column", d.Column), zap.String("detail", d.Message))
+				zap.String("kind", d.Kind), zap.String("table", d.Table), zap.String("column", d.Column), zap.String("constraint", d.Constraint), zap.String("detail", d.Message))
 		}
 	}
 	if b := fence.Blocking(diffs); len(b) > 0 {
 		for _, d := range b {
 			r.mv.log.Error("schema difference between source and target: refusing the move", zap.String("move", r.rec.ID),
-				zap.String("kind", d.Kind), zap.String("table", d.Table), zap.String("column", d.Column),
+				zap.String("kind", d.Kind), zap.String("table", d.Table), zap.String("column", d.Column), zap.String("constraint", d.Constraint),
 				zap.String("source", d.Values[0]), zap.String("target", d.Values[1]))
 		}
 		return fmt.Errorf("%w (nothing was copied; make them equal, see `shardctl node check %s`): %s", ErrSchemaDiff, r.rec.Target, fence.DescribeDiffs(b))
+	}
+	return nil
+}
+
+// ErrForeignKey is a move aborted because rows of the range on the target
+// reference rows the target does not have.
+var ErrForeignKey = errors.New("rows copied to the target break a foreign key there")
+
+// fkCountCap bounds how many rows breaking one foreign key
+// checkForeignKeys counts.
+const fkCountCap = 1000
+
+// checkForeignKeys checks, on the target, every foreign key of the
+// sharded tables for the range's rows: that each row's referenced row
+// exists there (an anti-join per foreign key over the range, MATCH SIMPLE
+// or FULL as declared, NOT VALID ones included). The move's subscription
+// applies rows as a replica (session_replication_role = replica), which
+// fires no foreign key trigger: a row the source accepted and whose
+// referenced row the target lacks (a reference table that is not sharded,
+// with fewer rows on the target) would be copied without an error and
+// stay there, breaking the target's own constraint. The schema comparison
+// has already made sure both nodes declare the same foreign keys. The
+// first foreign key broken is an ErrForeignKey naming the table, the
+// constraint, a row (by primary key) and the key it references, and how
+// many rows of the range break it (counted up to fkCountCap).
+func checkForeignKeys(ctx context.Context, dst *pgx.Conn, tables []topo.TableRecord, lo, hi int64) error {
+	schemas, err := fence.ReadSchemas(ctx, dst, tables)
+	if err != nil {
+		return err
+	}
+	for i, t := range tables {
+		ts := schemas[i]
+		for _, fk := range ts.ForeignKeys {
+			q := orphanQuery(t, ts, fk)
+			var row []byte
+			var n int64
+			err := dst.QueryRow(ctx, q, lo, hi).Scan(&row, &n)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("checking the foreign key %s of %s: %w", fk.Name, t.Name, err)
+			}
+			count := fmt.Sprintf("%d rows of the range break it", n)
+			if n == 1 {
+				count = "1 row of the range breaks it"
+			} else if n > fkCountCap {
+				count = fmt.Sprintf("more than %d rows of the range break it", fkCountCap)
+			}
+			key := "(no primary key)"
+			if len(ts.PrimaryKey) > 0 {
+				key = rowKey(row, ts.PrimaryKey)
+			}
+			return fmt.Errorf("%w: table %s, foreign key %s (%s): row %s references %s %s, which the target does not have; %s "+
+				"(logical replication does not check foreign keys: give the target's %s the rows the source's has, then move again)",
+				ErrForeignKey, t.Name, fk.Name, fk.Def, key, fk.RefTable, rowKeyAs(row, fk.Columns, fk.RefColumns), count, fk.RefTable)
+		}
+	}
+	return nil
+}
+
+// orphanQuery selects the range's rows of t that break the foreign key fk
+// (as json), with how many do, up to fkCountCap + 1; none: no row.
+func orphanQuery(t topo.TableRecord, ts fence.TableSchema, fk fence.ConstraintSchema) string {
+	var join, set []string
+	for i, c := range fk.Columns {
+		join = append(join, fmt.Sprintf("r.%s = t.%s", colIdent(fk.RefColumns[i]), colIdent(c)))
+		set = append(set, fmt.Sprintf("t.%s IS NOT NULL", colIdent(c)))
+	}
+	// The rows the foreign key applies to: MATCH SIMPLE exempts a row with
+	// any of its columns NULL; MATCH FULL only one with all of them NULL
+	// (a row with some NULL breaks it: it has no match below).
+	checked := strings.Join(set, " AND ")
+	if fk.MatchFull {
+		checked = "(" + strings.Join(set, " OR ") + ")"
+	}
+	order := "t." + ident(t.KeyColumn)
+	if len(ts.PrimaryKey) > 0 {
+		pk := make([]string, len(ts.PrimaryKey))
+		for i, c := range ts.PrimaryKey {
+			pk[i] = "t." + ident(c)
+		}
+		order = strings.Join(pk, ", ")
+	}
+	// fk.RefTable is quoted and qualified already (regclass's text).
+	return fmt.Sprintf(`SELECT to_jsonb(o), (SELECT count(*) FROM (SELECT 1 FROM %[1]s t WHERE t.%[2]s BETWEEN $1 AND $2 AND %[3]s
+			AND NOT EXISTS (SELECT 1 FROM %[4]s r WHERE %[5]s) LIMIT %[6]d) c)
+		FROM (SELECT t.* FROM %[1]s t WHERE t.%[2]s BETWEEN $1 AND $2 AND %[3]s
+			AND NOT EXISTS (SELECT 1 FROM %[4]s r WHERE %[5]s) ORDER BY %[7]s LIMIT 1) o`,
+		ident(t.Name), ident(t.KeyColumn), checked, fk.RefTable, strings.Join(join, " AND "), fkCountCap+1, order)
+}
+
+func colIdent(c string) string { return pgx.Identifier{c}.Sanitize() }
+
+// checkForeignKeysOnTarget is checkForeignKeys for the move: on its
+// target, over its range.
+func (r *run) checkForeignKeysOnTarget(ctx context.Context) error {
+	if r.rec.NoCopy {
+		return nil
+	}
+	dst, err := r.target(ctx)
+	if err != nil {
+		return err
+	}
+	if err := checkForeignKeys(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
+		if errors.Is(err, ErrForeignKey) {
+			r.mv.log.Error("rows copied to the target break a foreign key there: refusing to fence", zap.String("move", r.rec.ID), zap.Error(err))
+		}
+		return fmt.Errorf("target %s: %w", r.rec.Target, err)
 	}
 	return nil
 }
@@ -126,34 +235,15 @@ func reproduceApply(ctx context.Context, src, dst *pgx.Conn, tables []topo.Table
 			continue
 		}
 		ins := applyStmt(t, ts)
-		pk := make([]string, len(ts.PrimaryKey))
-		for j, c := range ts.PrimaryKey {
-			pk[j] = ident(c)
-		}
-		order := strings.Join(pk, ", ")
-		var after []byte // the last primary key seen, as a row of json
+		var after []byte // the last row seen, as json: the next page starts after its primary key
 		for tried < reproduceMaxRows {
-			q := fmt.Sprintf(`SELECT to_jsonb(t), to_jsonb(ROW(%s)) FROM %s t WHERE %s BETWEEN $1 AND $2`, order, ident(t.Name), ident(t.KeyColumn))
-			args := []any{lo, hi}
-			if after != nil {
-				q += fmt.Sprintf(` AND ROW(%s) > (SELECT ROW(%s) FROM jsonb_populate_record(NULL::%s, $3) x)`, order, qualifiedCols(ts.PrimaryKey, "x"), ident(t.Name))
-				args = append(args, after)
-			}
-			q += fmt.Sprintf(" ORDER BY %s LIMIT 500", order)
+			q, args := reproducePage(t, ts, lo, hi, after)
 			rows, err := src.Query(ctx, q, args...)
 			if err != nil {
 				return "", fmt.Errorf("source: %w", err)
 			}
-			var chunk [][]byte
-			for rows.Next() {
-				var row, key []byte
-				if err := rows.Scan(&row, &key); err != nil {
-					rows.Close()
-					return "", err
-				}
-				chunk = append(chunk, row)
-			}
-			if err := rows.Err(); err != nil {
+			chunk, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+			if err != nil {
 				return "", fmt.Errorf("source: %w", err)
 			}
 			if len(chunk) == 0 {
@@ -194,6 +284,35 @@ func reproduceApply(ctx context.Context, src, dst *pgx.Conn, tables []topo.Table
 	}
 	return "every row of the range applies cleanly now (the cause is gone, or was not a row: see the target's server log)", nil
 }
+
+// reproducePageRows is how many rows reproduceApply reads and applies at
+// a time.
+const reproducePageRows = 500
+
+// reproducePage is the query for the next page of t's rows in the range,
+// in primary key order, each as json: the first page if after is nil, or
+// the rows whose primary key is past after's (a row as json, the last of
+// the page before). The row comparison takes the columns of the row
+// decoded from after, one per column of the primary key.
+func reproducePage(t topo.TableRecord, ts fence.TableSchema, lo, hi int64, after []byte) (string, []any) {
+	pk := make([]string, len(ts.PrimaryKey))
+	for j, c := range ts.PrimaryKey {
+		pk[j] = "t." + ident(c)
+	}
+	order := strings.Join(pk, ", ")
+	q := fmt.Sprintf(`SELECT to_jsonb(t) FROM %s t WHERE t.%s BETWEEN $1 AND $2`, ident(t.Name), ident(t.KeyColumn))
+	args := []any{lo, hi}
+	if after != nil {
+		q += fmt.Sprintf(` AND %s > (SELECT %s FROM jsonb_populate_record(NULL::%s, $3) x)`, rowOf(pk), qualifiedCols(ts.PrimaryKey, "x"), ident(t.Name))
+		args = append(args, after)
+	}
+	q += fmt.Sprintf(" ORDER BY %s LIMIT %d", order, reproducePageRows)
+	return q, args
+}
+
+// rowOf is a row constructor of the expressions: ROW(a) for one, which a
+// bare (a) is not.
+func rowOf(exprs []string) string { return "ROW(" + strings.Join(exprs, ", ") + ")" }
 
 // applyStmt inserts a json array of rows into table t, or updates the row
 // with the same primary key, as the apply worker would.
@@ -242,15 +361,19 @@ func chunkJSON(rows [][]byte) string {
 }
 
 // rowKey names a row (json) by its primary key: "(bkey, uid) = (12, 'a')".
-func rowKey(row []byte, pk []string) string {
+func rowKey(row []byte, pk []string) string { return rowKeyAs(row, pk, pk) }
+
+// rowKeyAs is rowKey of the row's columns cols, named as names: a foreign
+// key's values under the referenced table's column names.
+func rowKeyAs(row []byte, cols, names []string) string {
 	var m map[string]any
 	dec := json.NewDecoder(bytes.NewReader(row))
 	dec.UseNumber()
 	if err := dec.Decode(&m); err != nil {
 		return string(row)
 	}
-	vals := make([]string, len(pk))
-	for i, c := range pk {
+	vals := make([]string, len(cols))
+	for i, c := range cols {
 		switch v := m[c].(type) {
 		case string:
 			vals[i] = literal(v)
@@ -260,7 +383,7 @@ func rowKey(row []byte, pk []string) string {
 			vals[i] = fmt.Sprint(v)
 		}
 	}
-	return "(" + strings.Join(pk, ", ") + ") = (" + strings.Join(vals, ", ") + ")"
+	return "(" + strings.Join(names, ", ") + ") = (" + strings.Join(vals, ", ") + ")"
 }
 
 // pgError formats a PostgreSQL error with its detail and SQLSTATE.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
@@ -53,6 +55,66 @@ func TestIntegrationNodeCheckComparesSchemasAcrossNodes(t *testing.T) {
 	}
 	if out := mustData(t, cmd("node", "check", "pg2")...); !strings.Contains(out, "node pg2: ok") {
 		t.Fatalf("after the fix: %s", out)
+	}
+}
+
+// node check reports constraints that differ between nodes, with the
+// kinds moves refuse: a foreign key and a CHECK only pg2 has, a unique
+// index only pg1 has; a CHECK validated on one node only is reported as
+// not blocking moves.
+func TestIntegrationNodeCheckComparesConstraints(t *testing.T) {
+	z := testenv.StartZK(t)
+	pg := testenv.StartPGNodes(t, 2)
+	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "con"}
+	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	ctx := context.Background()
+	c1, c2 := pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t)
+	for _, c := range []*pgx.Conn{c1, c2} {
+		if _, err := c.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app.parent (id bigint PRIMARY KEY);
+			CREATE TABLE app.c (bkey bigint NOT NULL, id bigint NOT NULL, parent_id bigint, v int, PRIMARY KEY (bkey, id))`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pw := "file:" + pg.Nodes[0].PasswordFile
+	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
+	mustData(t, cmd("table", "add", "app.c", "--key", "bkey")...)
+	mustData(t, cmd("node", "prepare", "pg1")...)
+	mustData(t, cmd("node", "prepare", "pg2")...)
+	if out := mustData(t, cmd("node", "check", "pg2")...); !strings.Contains(out, "node pg2: ok") {
+		t.Fatalf("equal schemas, the fence's constraint on both: %s", out)
+	}
+	if _, err := c2.Exec(ctx, `ALTER TABLE app.c ADD CONSTRAINT c_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES app.parent (id);
+		ALTER TABLE app.c ADD CONSTRAINT small_v CHECK (v < 100); ALTER TABLE app.c ADD CONSTRAINT not_13 CHECK (v <> 13) NOT VALID`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c1.Exec(ctx, `CREATE UNIQUE INDEX c_v ON app.c (v); ALTER TABLE app.c ADD CONSTRAINT not_13 CHECK (v <> 13)`); err != nil {
+		t.Fatal(err)
+	}
+	r := runData(t, cmd("node", "check", "pg2")...)
+	for _, want := range []string{
+		"node pg2: MISMATCH schema-foreign-key app.c: app.c: the foreign key c_parent_id_fkey is FOREIGN KEY (parent_id) REFERENCES app.parent(id) on pg2, missing on pg1\n",
+		"node pg2: MISMATCH schema-constraint app.c: app.c: the constraint small_v is CHECK (v < 100) on pg2, missing on pg1\n",
+		"node pg2: MISMATCH schema-unique-index app.c: app.c: the unique index c_v is missing on pg2, UNIQUE USING btree (v) on pg1\n",
+		"node pg2: MISMATCH schema-constraint app.c: app.c: the constraint not_13 is CHECK (v <> 13) NOT VALID on pg2, CHECK (v <> 13) on pg1 (not blocking moves)\n",
+	} {
+		if r.code != 1 || !strings.Contains(r.stdout, want) {
+			t.Errorf("node check pg2: exit %d, want 1 and %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+		}
+	}
+	r = runData(t, cmd("node", "check", "pg1", "--json")...)
+	var out struct {
+		Mismatches []struct{ Kind, Table, Message string } `json:"mismatches"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || r.code != 1 {
+		t.Fatalf("node check pg1 --json: exit %d, %v:\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	kinds := map[string]int{}
+	for _, m := range out.Mismatches {
+		kinds[m.Kind]++
+	}
+	if len(out.Mismatches) != 4 || kinds["schema-foreign-key"] != 1 || kinds["schema-constraint"] != 2 || kinds["schema-unique-index"] != 1 {
+		t.Fatalf("mismatches: %+v", out.Mismatches)
 	}
 }
 
