@@ -39,7 +39,7 @@ FAULT_TESTS = Faults
 RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-faults-inner:
 	SHARDVISOR_FAULTS=1 $(GO) test $(TESTFLAGS) -run '$(FAULT_TESTS)' $(PKGS)
-	SHARDVISOR_FAULTS=1 $(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./fleet/ ./router/ ./sidecar/ ./supervisor/
+	SHARDVISOR_FAULTS=1 $(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./fleet/ ./router/ ./sidecar/ ./supervisor/ ./migrate/
 
 ## install-deps: Debian packages the tests use (gunicorn, chromium, wrk...)
 install-deps:

@@ -126,8 +126,9 @@ func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 // down; when ZooKeeper is back the move is recorded aborted with the pause
 // as it was, and `rebalance --watch`, whose session and lock were lost
 // meanwhile, is still running and elected again.
-func TestFaultsZooKeeperDownInsidePause(t *testing.T) {
+func TestFaultsZooKeeperLossInsidePause(t *testing.T) {
 	testenv.Faults(t)
+	skipUnderRace(t)
 	testenv.Exclusive(t)
 	f := newFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
 	seeded := f.seedRows("s", 100)
@@ -287,8 +288,9 @@ func TestFaultsNodeAwayDuringAbortKeepsTheMapStill(t *testing.T) {
 // live session although the run that held it stopped. The watcher in the
 // same process takes that move over and ends it (it used to see the lock
 // held and wait forever).
-func TestFaultsRebalancerHealsItsOwnMoveAfterZooKeeperOutage(t *testing.T) {
+func TestFaultsRebalancerHealsItsOwnMoveAfterZooKeeperLoss(t *testing.T) {
 	testenv.Faults(t)
+	skipUnderRace(t)
 	testenv.Exclusive(t)
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()

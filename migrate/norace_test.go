@@ -1,0 +1,7 @@
+//go:build !race
+
+package migrate
+
+import "testing"
+
+func skipUnderRace(*testing.T) {}
