@@ -1020,7 +1020,12 @@ func (r *run) copy(ctx context.Context) error {
 	if err := r.compareSchemas(ctx, src, dst); err != nil {
 		return err
 	}
+	// The copy starts over when the move is resumed here (restartCopy),
+	// so this attempt's time is the time of every row it reports.
 	start := time.Now()
+	if err := r.restartCopy(ctx, src, dst); err != nil {
+		return err
+	}
 	if err := createPublication(ctx, src, r.rec.Publication, r.rec.ID, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
 		return fmt.Errorf("source: publication: %w", err)
 	}
@@ -1028,46 +1033,28 @@ func (r *run) copy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Disabled, on the slot copyRange creates (see copy.go).
 	if err := createSubscription(ctx, dst, r.rec.Subscription, r.rec.Slot, r.rec.Publication, conninfo); err != nil {
 		return fmt.Errorf("target: subscription: %w", err)
 	}
-	deadline := time.Now().Add(r.mv.opts.CopyTimeout)
-	lastReport := time.Now()
-	for {
-		enabled, notReady, err := subscriptionState(ctx, dst, r.rec.Subscription)
-		if err != nil {
-			return fmt.Errorf("target: %w", err)
+	cctx, cancel := context.WithTimeout(ctx, r.mv.opts.CopyTimeout)
+	defer cancel()
+	n, err := r.copyRange(cctx, src, dst)
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("initial copy not finished within %s: %w", r.mv.opts.CopyTimeout, err)
 		}
-		if !enabled {
-			return r.applyError(ctx, src, dst)
-		}
-		if notReady == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("initial copy not finished within %s", r.mv.opts.CopyTimeout)
-		}
-		// A source that went away shows on the target only as a worker
-		// retrying its connection: ask the source itself.
-		if err := src.Ping(ctx); err != nil {
-			return fmt.Errorf("source unreachable during the copy: %w", err)
-		}
-		if time.Since(lastReport) > 2*time.Second {
-			if n, err := countRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err == nil {
-				r.progress(fmt.Sprintf("copying: %d rows on the target so far", n))
-			}
-			lastReport = time.Now()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+		return err
 	}
+	r.crashHook(crashCopied)
+	// The rows are committed: the apply worker replays, from the slot's
+	// start, what changed since the snapshot they were copied from.
+	if err := enableSubscription(ctx, dst, r.rec.Subscription); err != nil {
+		return fmt.Errorf("target: enabling the subscription: %w", err)
+	}
+	r.crashHook(crashCopyEnabled)
 	r.rec.Stats.CopyMS = float64(time.Since(start).Microseconds()) / 1000
-	if n, err := countRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err == nil {
-		r.rec.Stats.RowsCopied = n
-	}
+	r.rec.Stats.RowsCopied = n
 	return r.enter(ctx, topo.MoveCatchup)
 }
 

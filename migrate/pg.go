@@ -83,9 +83,15 @@ func createPublication(ctx context.Context, c *pgx.Conn, name, moveID string, ta
 	return err
 }
 
-// createSubscription subscribes the target to the publication, copying
-// the existing rows first. It cannot run in a transaction, and pgx sends a
-// statement without arguments in the simple protocol.
+// createSubscription subscribes the target to the publication, disabled
+// and without copying: the mover copies the range itself (copy.go) from
+// the snapshot exported with the slot, which it creates itself on the
+// source, and enables the subscription once that copy is committed, so
+// that the apply worker replays every change made after the snapshot.
+// The subscription is created before the slot so that it owns it from the
+// start: whoever drops it (an abort, a resume, teardown) drops the slot
+// with it. It cannot run in a transaction, and pgx sends a statement
+// without arguments in the simple protocol.
 func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publication, conninfo string) error {
 	var exists bool
 	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil {
@@ -95,13 +101,30 @@ func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publicatio
 		return nil
 	}
 	_, err := c.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s
-		WITH (copy_data = true, binary = true, disable_on_error = true, create_slot = true, slot_name = %s)`,
+		WITH (enabled = false, copy_data = false, create_slot = false, slot_name = %s, binary = true, disable_on_error = true)`,
 		ident(name), literal(conninfo), ident(publication), literal(slot)))
 	if err != nil {
 		// The error may quote the statement: never show the conninfo.
 		return errors.New(strings.ReplaceAll(err.Error(), conninfo, "<conninfo>"))
 	}
 	return nil
+}
+
+// disableSubscription stops the subscription's apply worker, if there is
+// such a subscription.
+func disableSubscription(ctx context.Context, c *pgx.Conn, name string) error {
+	var exists bool
+	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil || !exists {
+		return err
+	}
+	_, err := c.Exec(ctx, fmt.Sprintf("ALTER SUBSCRIPTION %s DISABLE", ident(name)))
+	return err
+}
+
+// enableSubscription starts the subscription's apply worker.
+func enableSubscription(ctx context.Context, c *pgx.Conn, name string) error {
+	_, err := c.Exec(ctx, fmt.Sprintf("ALTER SUBSCRIPTION %s ENABLE", ident(name)))
+	return err
 }
 
 // subscriptionState reports whether the subscription is enabled and how
@@ -210,6 +233,37 @@ func dropSlot(ctx context.Context, c *pgx.Conn, slot string) error {
 	return err
 }
 
+// releaseSlot waits until no walsender holds the move's slot on the
+// source (one whose client died and the server has not noticed yet, or
+// the apply worker of a subscription just disabled), terminating its
+// holder. Only for the move's own slot, once nothing may use it. It gives
+// up after about 10 s.
+func releaseSlot(ctx context.Context, c *pgx.Conn, slot string) error {
+	for range 100 {
+		var active bool
+		if err := c.QueryRow(ctx, `SELECT coalesce(bool_or(active), false) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active); err != nil || !active {
+			return err
+		}
+		if _, err := c.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", slot); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("replication slot %s stays in use", slot)
+}
+
+// dropSlotNow removes the move's slot from the source, releasing it first.
+func dropSlotNow(ctx context.Context, c *pgx.Conn, slot string) error {
+	if err := releaseSlot(ctx, c, slot); err != nil {
+		return err
+	}
+	return dropSlot(ctx, c, slot)
+}
+
 // slotExists reports whether a replication slot exists on a node.
 func slotExists(ctx context.Context, c *pgx.Conn, slot string) (bool, error) {
 	var ok bool
@@ -247,19 +301,6 @@ func rangeChecks(ctx context.Context, q querier, tables []topo.TableRecord, lo, 
 		sums = append(sums, sum)
 	}
 	return counts, sums, nil
-}
-
-// countRange counts the range's rows over all tables.
-func countRange(ctx context.Context, q querier, tables []topo.TableRecord, lo, hi int64) (int64, error) {
-	var total int64
-	for _, t := range tables {
-		var n int64
-		if err := q.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s BETWEEN $1 AND $2", ident(t.Name), ident(t.KeyColumn)), lo, hi).Scan(&n); err != nil {
-			return 0, err
-		}
-		total += n
-	}
-	return total, nil
 }
 
 // ReplicationObjects lists the moves' replication objects in the connected
