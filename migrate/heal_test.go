@@ -52,14 +52,14 @@ func (f *fixture) watcher(ctx context.Context, sessionTimeout time.Duration) (el
 // person run `move resume` instead.)
 func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 	testenv.Faults(t)
-	f := newFixture(t, 5, 2) // 32 buckets: pg1 0-15
+	f := newFixture(t, 5, 2) // 32 buckets: pg1 0-15, 12 of them moved
 	seeded := f.seedRows("s", 300)
 	ctx := context.Background()
 	f.watcher(ctx, 4*time.Second)
 	l := f.startLoad(4, 40)
 	const sessionTimeout = 3 * time.Second
 	want := map[string]string{
-		topo.MovePrepare: topo.MoveDone, topo.MoveCopy: topo.MoveDone, topo.MoveCatchup: topo.MoveDone, topo.MoveFence: topo.MoveDone,
+		topo.MovePrepare: topo.MoveDone, topo.MoveCopy: topo.MoveDone, crashCopied: topo.MoveDone, crashCopyEnabled: topo.MoveDone, topo.MoveCatchup: topo.MoveDone, topo.MoveFence: topo.MoveDone,
 		topo.MoveBarrier: topo.MoveAborted, topo.MoveFlip: topo.MoveAborted, crashFlipped: topo.MoveDone,
 		topo.MoveTeardown: topo.MoveDone, topo.MoveVerify: topo.MoveDone,
 		// Killed as it starts rolling back (its pause cap too short for
@@ -68,7 +68,7 @@ func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 		topo.MoveAborting: topo.MoveAborted,
 	}
 	b := uint32(0)
-	for _, state := range []string{topo.MovePrepare, topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveVerify, topo.MoveAborting} {
+	for _, state := range []string{topo.MovePrepare, topo.MoveCopy, crashCopied, crashCopyEnabled, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveVerify, topo.MoveAborting} {
 		var args []string
 		if state == topo.MoveAborting {
 			args = []string{"--pause-cap", "1ms"}
