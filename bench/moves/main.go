@@ -30,6 +30,11 @@
 // write load; and the acknowledged writes missing at the end. An aborted
 // move (rolled back by the mover) is reported and the rebalancer run again.
 //
+// With --big-rows N it measures one big bucket's copy instead (big.go): N
+// rows in one bucket, every 200th with a 4 KB TOASTed value, moved once,
+// and the same rows through a single binary COPY pipe between the same
+// nodes before and after the move, without write load.
+//
 // While it runs it holds the test environment's shared lock (as every
 // integration test does), so that a disruptive test (one that kills a
 // ZooKeeper server or stops a PostgreSQL node) waits for it, and it for them.
@@ -115,6 +120,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 		os.Exit(2)
 	}
+	if *bigRows < 0 || *bigToastEvery < 1 || *bigOthers < 1 {
+		fmt.Fprintln(os.Stderr, "moves-bench: --big-rows >= 0, --big-toast-every and --big-others >= 1")
+		os.Exit(2)
+	}
 	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx)
@@ -153,13 +162,14 @@ type MoveRow struct {
 	// ClientMS: the longest write to the bucket around the pause (-1: none).
 	ClientMS float64 `json:"client_stall_ms"`
 	VerifyOK bool    `json:"verify_ok"`
-	// The copy step, from the source's replication connections (-1: not
-	// seen): ms from its start until the move's slot was created and until
-	// its apply worker connected; from then until the table-sync worker
-	// began its COPY; the COPY; from its end to the end of the step.
+	// The copy step, from the nodes' activity (-1: not seen): ms from its
+	// start until the move's slot was created, until its COPYs began and
+	// until its apply worker connected (after the COPYs: the subscription
+	// is enabled once they committed); the COPYs; from their end to the
+	// end of the step.
 	SlotMS     float64 `json:"copy_slot_ms"`
 	LaunchMS   float64 `json:"copy_apply_worker_ms"`
-	SyncSlotMS float64 `json:"copy_sync_slot_ms"`
+	StartMS    float64 `json:"copy_start_ms"`
 	DataMS     float64 `json:"copy_data_ms"`
 	DataRowsPS float64 `json:"copy_data_rows_per_s"`
 	HandoverMS float64 `json:"copy_handover_ms"`
@@ -217,7 +227,7 @@ type Summary struct {
 	CopyRatio      float64        `json:"copy_ratio_mover_over_baseline"`
 	SlotMS         Stat           `json:"copy_slot_ms"`
 	LaunchMS       Stat           `json:"copy_apply_worker_ms"`
-	SyncSlotMS     Stat           `json:"copy_sync_slot_ms"`
+	StartMS        Stat           `json:"copy_start_ms"`
 	DataMS         Stat           `json:"copy_data_ms"`
 	HandoverMS     Stat           `json:"copy_handover_ms"`
 	DataRowsPS     Stat           `json:"copy_data_rows_per_s"`
@@ -242,11 +252,18 @@ type Summary struct {
 	NewerThanAcked int      `json:"newer_than_acknowledged"`
 	Leftovers      []string `json:"leftovers,omitempty"`
 	Error          string   `json:"error,omitempty"`
+
+	// Big is the big-bucket mode's (--big-rows) result; nil otherwise.
+	Big *BigRun `json:"big,omitempty"`
 }
 
 const pauseTarget = 100.0 // ms, p99
 
 func report(s *Summary) {
+	if s.Big != nil {
+		reportBig(s)
+		return
+	}
 	ms := func(st Stat) string {
 		if st.N == 0 {
 			return "n/a"
@@ -291,13 +308,13 @@ func report(s *Summary) {
 		human(s.MoverRowsPS.P50), s.CopyMS.P50, human(s.BaselineRowsPS.P50), len(s.Baseline))
 	say("                    ratio mover/baseline: %s", ratio)
 	if s.DataRowsPS.N > 0 {
-		say("    where the copy step goes (source's replication connections, probed every %s):", probeEvery)
+		say("    where the copy step goes (the nodes' activity, probed every %s):", probeEvery)
 		say("            step start -> the move's slot created  %s", ms(s.SlotMS))
-		say("            step start -> apply worker streaming   %s", ms(s.LaunchMS))
-		say("            apply worker -> table-sync COPY starts %s", ms(s.SyncSlotMS))
-		say("            the COPY (source sends .. target done) %s", ms(s.DataMS))
+		say("            step start -> its COPYs start          %s", ms(s.StartMS))
+		say("            the COPYs (source sends .. target done) %s", ms(s.DataMS))
 		say("            COPY end -> end of the copy step       %s", ms(s.HandoverMS))
-		say("            the COPY alone: median %s rows/s, ratio to the baseline %.2f", human(s.DataRowsPS.P50), s.DataRatio)
+		say("            step start -> apply worker streaming   %s (enabled once the COPYs committed)", ms(s.LaunchMS))
+		say("            the COPYs alone: median %s rows/s, ratio to the baseline %.2f", human(s.DataRowsPS.P50), s.DataRatio)
 	}
 	say("  during the moves: PostgreSQL probe query %s", ms(s.PGProbeMS))
 	say("                    PostgreSQL new conn.   %s", ms(s.PGConnectMS))
@@ -427,6 +444,9 @@ func run(ctx context.Context) (*Summary, error) {
 	if err := b.setup(ctx); err != nil {
 		return nil, err
 	}
+	if *bigRows > 0 {
+		return sum, b.runBig(ctx, sum)
+	}
 	loadStart := time.Now()
 	n, maxIdx, err := b.load(ctx)
 	if err != nil {
@@ -484,9 +504,9 @@ func run(ctx context.Context) (*Summary, error) {
 		switch {
 		case msg == topo.MoveDone:
 			row := b.moveRow(rec)
-			say("  move %2d: bucket %3d %s -> %s  %6d rows  copy %6.0f ms (%s rows/s) [slot %s, apply worker %s, sync slot %s, COPY %s, handover %s]  lag %5.1f ms  pause %6.1f ms [fence %5.1f, barrier %5.1f, flip %5.1f]  router %s",
+			say("  move %2d: bucket %3d %s -> %s  %6d rows  copy %6.0f ms (%s rows/s) [slot %s, COPY from %s for %s, then %s; apply worker %s]  lag %5.1f ms  pause %6.1f ms [fence %5.1f, barrier %5.1f, flip %5.1f]  router %s",
 				done.Add(1), rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, human(row.RowsPS),
-				seen(row.SlotMS), seen(row.LaunchMS), seen(row.SyncSlotMS), seen(row.DataMS), seen(row.HandoverMS),
+				seen(row.SlotMS), seen(row.StartMS), seen(row.DataMS), seen(row.HandoverMS), seen(row.LaunchMS),
 				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, optMS(b.trk.pause(rec.Bucket, row.startedAt)))
 		case msg == topo.MoveAborting || msg == topo.MoveAborted || msg == topo.MoveFailed:
 			say("  move of bucket %d %s -> %s: %s: %s", rec.Bucket, rec.Source, rec.Target, msg, rec.Error)
@@ -588,7 +608,7 @@ func optMS(d time.Duration, ok bool) string {
 
 func (b *bench) summarize(s *Summary) {
 	var pause, fenceS, barrierS, flipS, lag, routerP, client, total, copyMS, rps, base []float64
-	var slot, launch, syncSlot, data, handover, dataRPS []float64
+	var slot, launch, start, data, handover, dataRPS []float64
 	add := func(xs *[]float64, x float64) {
 		if x >= 0 {
 			*xs = append(*xs, x)
@@ -620,7 +640,7 @@ func (b *bench) summarize(s *Summary) {
 		add(&client, m.ClientMS)
 		add(&slot, m.SlotMS)
 		add(&launch, m.LaunchMS)
-		add(&syncSlot, m.SyncSlotMS)
+		add(&start, m.StartMS)
 		add(&data, m.DataMS)
 		add(&handover, m.HandoverMS)
 		if m.DataRowsPS > 0 {
@@ -633,7 +653,7 @@ func (b *bench) summarize(s *Summary) {
 	s.PauseMS, s.FenceStepMS, s.BarrierStepMS, s.FlipStepMS = stat(pause), stat(fenceS), stat(barrierS), stat(flipS)
 	s.LagAtFenceMS, s.RouterPauseMS, s.ClientStallMS, s.MoveTotalMS = stat(lag), stat(routerP), stat(client), stat(total)
 	s.CopyMS, s.MoverRowsPS, s.BaselineRowsPS = stat(copyMS), stat(rps), stat(base)
-	s.SlotMS, s.LaunchMS, s.SyncSlotMS, s.DataMS, s.HandoverMS, s.DataRowsPS = stat(slot), stat(launch), stat(syncSlot), stat(data), stat(handover), stat(dataRPS)
+	s.SlotMS, s.LaunchMS, s.StartMS, s.DataMS, s.HandoverMS, s.DataRowsPS = stat(slot), stat(launch), stat(start), stat(data), stat(handover), stat(dataRPS)
 	if s.BaselineRowsPS.P50 > 0 {
 		s.CopyRatio = s.MoverRowsPS.P50 / s.BaselineRowsPS.P50
 		s.DataRatio = s.DataRowsPS.P50 / s.BaselineRowsPS.P50
@@ -706,6 +726,9 @@ func (b *bench) setup(ctx context.Context) error {
 			return err
 		}
 		_, err = c.Exec(ctx, kvDDL)
+		if err == nil && *bigRows > 0 {
+			_, err = c.Exec(ctx, blobDDL)
+		}
 		if err == nil {
 			_, err = fence.Install(ctx, c, clusterNm, n.ID, rec.Tables)
 		}
@@ -1315,9 +1338,9 @@ func (b *bench) dropDatabases(ctx context.Context) {
 
 // probe watches, while the moves run, the round-trip time of a small query
 // on every node and of a ZooKeeper read, and the replication connections
-// (walsenders) of the bench's database on every node: what they are doing
-// tells where a move's copy step spends its time (creating the slot,
-// waiting for the apply worker, creating the table-sync slot, copying).
+// (walsenders) and COPYs of the bench's database on every node: what they
+// are doing tells where a move's copy step spends its time (creating the
+// slot, copying, enabling the subscription).
 type probe struct {
 	mu        sync.Mutex
 	sightings []sighting
@@ -1332,7 +1355,7 @@ type probe struct {
 type sighting struct {
 	at   time.Time
 	node string
-	kind string // slot (the move's slot), start (its apply worker), syncslot, copy (source), ingest (target)
+	kind string // slot (the move's slot), start (its apply worker), copy (source), ingest (target)
 	slot string
 }
 
@@ -1366,10 +1389,13 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 					}
 				}
 				start := time.Now()
-				// The walsenders (source side) and the table-sync COPYs
-				// being applied (target side: COPY FROM with a callback).
-				rows, err := c.Query(ctx, `SELECT query FROM pg_stat_activity WHERE backend_type = 'walsender' AND state = 'active' AND datname = current_database()
-					UNION ALL SELECT 'INGEST ' || relid::regclass::text FROM pg_stat_progress_copy WHERE datname = current_database() AND type = 'CALLBACK'`)
+				// The walsenders and the move's COPYs (source side:
+				// the mover quotes the table's name, the baseline does
+				// not), and the COPYs being written (target side; the
+				// baseline's go to another table).
+				rows, err := c.Query(ctx, `SELECT query FROM pg_stat_activity WHERE state = 'active' AND datname = current_database()
+						AND (backend_type = 'walsender' OR query LIKE 'COPY (SELECT % FROM "app"."kv" %')
+					UNION ALL SELECT 'INGEST ' || relid::regclass::text FROM pg_stat_progress_copy WHERE datname = current_database() AND command = 'COPY FROM'`)
 				if err != nil {
 					c.Close(context.Background())
 					c = nil
@@ -1456,11 +1482,9 @@ func classify(q string) (kind, slot string) {
 	}
 	switch {
 	case strings.HasPrefix(q, "CREATE_REPLICATION_SLOT"):
-		s := quoted()
-		if strings.HasPrefix(s, "sv_") {
+		if s := quoted(); strings.HasPrefix(s, "sv_") {
 			return "slot", s
 		}
-		return "syncslot", s
 	case strings.HasPrefix(q, "START_REPLICATION"):
 		if s := quoted(); strings.HasPrefix(s, "sv_") {
 			return "start", s
@@ -1473,11 +1497,12 @@ func classify(q string) (kind, slot string) {
 	return "", ""
 }
 
-// copyPhases splits a move's copy step with the walsender sightings on its
-// source: until its slot exists, until its apply worker connects, until the
-// table-sync worker starts copying, the COPY itself, and the rest (the
-// table-sync worker catching up and handing over). Times in ms; -1: not
-// seen (shorter than the probe interval).
+// copyPhases splits a move's copy step with the sightings on its nodes:
+// until its slot exists (the replication connection creating it), until
+// its COPYs start, the COPYs (the source sending, the target writing), and
+// the rest (the subscription enabled). Its apply worker connects after
+// that, once enabled (sighted up to 5 s after the step). Times in ms; -1:
+// not seen (shorter than the probe interval).
 func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
 	var copyAt, catchupAt time.Time
 	for _, st := range rec.Steps {
@@ -1488,7 +1513,7 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
 			catchupAt = st.At
 		}
 	}
-	row.SlotMS, row.LaunchMS, row.SyncSlotMS, row.DataMS, row.HandoverMS = -1, -1, -1, -1, -1
+	row.SlotMS, row.LaunchMS, row.StartMS, row.DataMS, row.HandoverMS = -1, -1, -1, -1, -1
 	if copyAt.IsZero() || catchupAt.IsZero() {
 		return
 	}
@@ -1496,33 +1521,26 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
 	defer p.mu.Unlock()
 	var slotEnd, start, copyFirst, copyLast time.Time
 	for _, s := range p.sightings {
-		if s.at.Before(copyAt) || s.at.After(catchupAt) {
+		if s.at.Before(copyAt) || s.at.After(catchupAt.Add(5*time.Second)) {
 			continue
 		}
-		if s.kind == "ingest" && s.node == rec.Target {
-			if copyFirst.IsZero() || s.at.Before(copyFirst) {
-				copyFirst = s.at
-			}
-			if s.at.After(copyLast) {
-				copyLast = s.at
-			}
+		if s.kind == "start" && s.node == rec.Source && s.slot == rec.Slot && start.IsZero() {
+			start = s.at
 			continue
 		}
-		if s.node != rec.Source {
+		if s.at.After(catchupAt) {
 			continue
 		}
 		switch {
-		case s.kind == "slot" && s.slot == rec.Slot:
-			slotEnd = s.at
-		case s.kind == "start" && s.slot == rec.Slot && start.IsZero():
-			start = s.at
-		case s.kind == "copy":
+		case s.kind == "ingest" && s.node == rec.Target, s.kind == "copy" && s.node == rec.Source:
 			if copyFirst.IsZero() || s.at.Before(copyFirst) {
 				copyFirst = s.at
 			}
 			if s.at.After(copyLast) {
 				copyLast = s.at
 			}
+		case s.kind == "slot" && s.node == rec.Source && s.slot == rec.Slot:
+			slotEnd = s.at
 		}
 	}
 	ms := func(a, z time.Time) float64 { return float64(z.Sub(a).Microseconds()) / 1000 }
@@ -1533,14 +1551,11 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
 		row.LaunchMS = ms(copyAt, start)
 	}
 	if !copyFirst.IsZero() {
-		// The COPY ran from about its first sighting (on the source) to
-		// its last (being applied on the target), give or take a probe
-		// interval.
+		// The COPYs ran from about their first sighting to their last,
+		// give or take a probe interval.
 		copyLast = copyLast.Add(probeEvery / 2)
 		copyFirst = copyFirst.Add(-probeEvery / 2)
-		if !start.IsZero() {
-			row.SyncSlotMS = ms(start, copyFirst)
-		}
+		row.StartMS = max(ms(copyAt, copyFirst), 0)
 		row.DataMS = ms(copyFirst, copyLast)
 		row.HandoverMS = ms(copyLast, catchupAt)
 		if row.DataMS > 0 {

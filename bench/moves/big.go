@@ -1,0 +1,346 @@
+package main
+
+// The big-bucket mode (--big-rows N, issue 23 item 7): one bucket of N rows,
+// some of them with a TOASTed value, moved once to the fourth node, and the
+// same rows copied through a single binary COPY pipe between the same two
+// nodes in the same run, before and after the move. No write load: the
+// figure is the copy's speed against the pipe's.
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/migrate"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+var (
+	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
+	bigToastEvery = flag.Int("big-toast-every", 200, "big-bucket mode: every Nth row gets a 4 KB incompressible value (stored out of line: TOASTed)")
+	bigOthers     = flag.Int("big-others", 2000, "big-bucket mode: rows loaded into every other bucket")
+	bigSorted     = flag.Bool("big-sorted", false, "big-bucket mode: store the bucket's rows in key order (default: in random key order, as users' rows arrive)")
+)
+
+// blobDDL is the big mode's extra column: NULL but in every Nth row.
+const blobDDL = `ALTER TABLE app.kv ADD COLUMN IF NOT EXISTS blob bytea`
+
+// BigRun is the big-bucket mode's figures.
+type BigRun struct {
+	Bucket       uint32    `json:"bucket"`
+	From         string    `json:"from"`
+	To           string    `json:"to"`
+	Rows         int64     `json:"rows"`           // the bucket's rows on the source
+	Toasted      int64     `json:"toasted_values"` // of them, with a 4 KB value
+	MB           float64   `json:"copy_mb"`        // the binary COPY stream of those rows, in MB (10^6 bytes)
+	LoadSeconds  float64   `json:"load_seconds"`
+	Streams      int       `json:"copy_streams"`
+	MoveState    string    `json:"move_state"`
+	MoveID       string    `json:"move_id"`
+	RowsCopied   int64     `json:"rows_copied"`
+	CopyS        float64   `json:"copy_s"` // the move record's copy time
+	PauseMS      float64   `json:"pause_ms"`
+	MoveTotalS   float64   `json:"move_total_s"`
+	VerifyOK     bool      `json:"verify_ok"`
+	PipeS        []float64 `json:"pipe_s"`         // single binary COPY pipe (io.Pipe), before and after the move
+	PipeMeanS    float64   `json:"pipe_mean_s"`    // their mean
+	Ratio        float64   `json:"ratio"`          // pipe mean / copy: above 1 the move's copy is faster
+	BatchedPipeS float64   `json:"batched_pipe_s"` // the same single pipe, in 64 KB batches (for information)
+	BatchedRatio float64   `json:"batched_ratio"`
+}
+
+// runBig is the big-bucket mode, after setup.
+func (b *bench) runBig(ctx context.Context, sum *Summary) error {
+	big := &BigRun{Streams: migrate.DefaultCopyStreams}
+	sum.Big = big
+	if n, err := migrateStreams(); err == nil && n > 0 {
+		big.Streams = n
+	}
+	m, _, err := b.st.Load(ctx)
+	if err != nil {
+		return err
+	}
+	// The first bucket of pg1.
+	for bk := range uint32(m.Buckets()) {
+		if m.Owner(bk) == b.nodes[0].ID {
+			big.Bucket = bk
+			break
+		}
+	}
+	src, dst := b.nodes[0], b.nodes[startNodes]
+	big.From, big.To = string(src.ID), string(dst.ID)
+	lo, hi, err := keystream.Range(*level, big.Bucket)
+	if err != nil {
+		return err
+	}
+
+	// Every other bucket gets a few rows (the source's table is not the
+	// bucket alone), then the big bucket its rows, in random key order as
+	// users' rows arrive, straight into the owner.
+	*rowsPerBucket = *bigOthers
+	loadStart := time.Now()
+	n, _, err := b.load(ctx)
+	if err != nil {
+		return err
+	}
+	sum.RowsLoaded = n
+	say("loading bucket %d on %s: %s rows, every %dth with a 4 KB value", big.Bucket, src.ID, human(float64(*bigRows)), *bigToastEvery)
+	c, err := dbnode.Connect(ctx, src)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
+		return err
+	}
+	// Keys spread evenly over the bucket's range, in random order.
+	order := ""
+	if *bigSorted {
+		order = "ORDER BY 1"
+	}
+	if _, err := c.Exec(ctx, fmt.Sprintf(`INSERT INTO app.kv (bkey, uid, v, blob)
+		SELECT %d + (random() * %d::numeric)::bigint, 'big' || i, i,
+			CASE WHEN i %% %d = 0 THEN (SELECT decode(string_agg(md5(i::text || '/' || j::text), ''), 'hex') FROM generate_series(1, 256) j) END
+		FROM generate_series(1, %d) i %s`, lo, uint64(hi)-uint64(lo), *bigToastEvery, *bigRows, order)); err != nil {
+		return fmt.Errorf("loading the big bucket: %w", err)
+	}
+	if _, err := c.Exec(ctx, "VACUUM (ANALYZE) app.kv"); err != nil {
+		return err
+	}
+	if err := c.QueryRow(ctx, "SELECT count(*), count(blob) FROM app.kv WHERE bkey BETWEEN $1 AND $2", lo, hi).Scan(&big.Rows, &big.Toasted); err != nil {
+		return err
+	}
+	sum.RowsLoaded += int64(*bigRows)
+	big.LoadSeconds = time.Since(loadStart).Seconds()
+	sum.LoadSeconds = big.LoadSeconds
+	say("  bucket %d: %s rows (%d with a TOASTed value) loaded in %.1f s", big.Bucket, human(float64(big.Rows)), big.Toasted, big.LoadSeconds)
+
+	m, err = b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(dst) })
+	if err != nil {
+		return fmt.Errorf("adding %s: %w", dst.ID, err)
+	}
+	if err := b.syncFence(ctx, dst, m); err != nil {
+		return err
+	}
+
+	pipe := func(batched bool) (float64, error) {
+		if err := checkpoint(ctx, src, dst); err != nil {
+			return 0, err
+		}
+		s, err := dbnode.Connect(ctx, src)
+		if err != nil {
+			return 0, err
+		}
+		defer s.Close(context.Background())
+		d, err := dbnode.Connect(ctx, dst)
+		if err != nil {
+			return 0, err
+		}
+		defer d.Close(context.Background())
+		run, bytes, err := copyPipeCols(ctx, s, d, lo, hi, "bkey, uid, v, blob", batched)
+		if err != nil {
+			return 0, err
+		}
+		if run.Rows != big.Rows {
+			return 0, fmt.Errorf("the pipe copied %d rows of %d", run.Rows, big.Rows)
+		}
+		big.MB = float64(bytes) / 1e6
+		what := "single binary COPY pipe"
+		if batched {
+			what += ", 64 KB batches"
+		}
+		say("  %s: %s rows, %.0f MB in %.2f s", what, human(float64(run.Rows)), big.MB, run.MS/1000)
+		return run.MS / 1000, nil
+	}
+	say("pipe before the move (%s -> %s, into app.kv_baseline)", src.ID, dst.ID)
+	p1, err := pipe(false)
+	if err != nil {
+		return fmt.Errorf("pipe: %w", err)
+	}
+	big.PipeS = append(big.PipeS, p1)
+
+	say("moving bucket %d %s -> %s (%d copy streams)", big.Bucket, src.ID, dst.ID, big.Streams)
+	if err := checkpoint(ctx, src, dst); err != nil {
+		return err
+	}
+	mv := migrate.New(b.st, migrate.Options{Progress: func(prog migrate.Progress) {
+		if *verbose || prog.Message == topo.MoveDone || strings.HasPrefix(prog.Message, "cop") {
+			say("  %s", prog.Message)
+		}
+	}})
+	defer mv.Close()
+	rec, merr := mv.Move(ctx, big.Bucket, dst.ID, false)
+	if rec != nil {
+		big.MoveID, big.MoveState, big.RowsCopied = rec.ID, rec.State, rec.Stats.RowsCopied
+		big.CopyS, big.PauseMS = rec.Stats.CopyMS/1000, rec.Stats.PauseMS
+		big.VerifyOK = rec.Verify != nil && rec.Verify.OK && !rec.Verify.Inconclusive
+		row := b.moveRow(rec)
+		big.MoveTotalS = row.TotalMS / 1000
+		sum.Moves = append(sum.Moves, row)
+	}
+	if merr != nil {
+		return fmt.Errorf("the move: %w", merr)
+	}
+	say("  the move's copy: %s rows in %.2f s; pause %.1f ms; verified: %v", human(float64(big.RowsCopied)), big.CopyS, big.PauseMS, big.VerifyOK)
+
+	say("pipe after the move")
+	p2, err := pipe(false)
+	if err != nil {
+		return fmt.Errorf("pipe: %w", err)
+	}
+	big.PipeS = append(big.PipeS, p2)
+	if big.BatchedPipeS, err = pipe(true); err != nil {
+		return fmt.Errorf("pipe: %w", err)
+	}
+	if d, err := dbnode.Connect(ctx, dst); err == nil {
+		_, _ = d.Exec(ctx, "DROP TABLE IF EXISTS app.kv_baseline")
+		d.Close(context.Background())
+	}
+	big.PipeMeanS = (p1 + p2) / 2
+	if big.CopyS > 0 {
+		big.Ratio = big.PipeMeanS / big.CopyS
+		big.BatchedRatio = big.BatchedPipeS / big.CopyS
+	}
+	sum.Leftovers = b.leftovers(ctx)
+	return nil
+}
+
+func reportBig(s *Summary) {
+	g := s.Big
+	say("")
+	say("big-bucket move benchmark (issue 23): bucket %d, %s -> %s, %d cores", g.Bucket, g.From, g.To, s.Cores)
+	say("  rows:   %d in the bucket (%d with a 4 KB TOASTed value), %.0f MB as binary COPY; %s rows in the source's other buckets", g.Rows, g.Toasted, g.MB, human(float64(s.RowsLoaded-int64(g.Rows))))
+	say("  move:   %s, %d rows copied with %d streams, verified: %v, write pause %.1f ms, %.1f s in all", g.MoveState, g.RowsCopied, g.Streams, g.VerifyOK, g.PauseMS, g.MoveTotalS)
+	pipes := ""
+	for i, p := range g.PipeS {
+		if i > 0 {
+			pipes += ", "
+		}
+		pipes += fmt.Sprintf("%.2f s", p)
+	}
+	say("  pipe:   single binary COPY (SELECT ... range) TO STDOUT | COPY ... FROM STDIN, before and after the move: %s", pipes)
+	say("  copy %.2f s vs pipe %.2f s: %.2f×", g.CopyS, g.PipeMeanS, g.Ratio)
+	say("  (the same pipe in 64 KB batches: %.2f s: %.2f×)", g.BatchedPipeS, g.BatchedRatio)
+	if len(s.Leftovers) > 0 {
+		say("  replication objects left behind: %v", s.Leftovers)
+	}
+	if s.Kept {
+		say("  kept: database %s on every node, ZooKeeper %s", s.Database, s.ZKRoot)
+	}
+	if s.Error != "" {
+		say("  ERROR: %s", s.Error)
+	}
+}
+
+// migrateStreams is the copy's stream count as the mover will read it
+// from its environment.
+func migrateStreams() (int, error) {
+	return strconv.Atoi(os.Getenv(migrate.CopyStreamsEnv))
+}
+
+// checkpoint runs CHECKPOINT on both nodes, so that a timed copy does not
+// pay for the previous one's dirty pages.
+func checkpoint(ctx context.Context, nodes ...bucketmap.Node) error {
+	for _, n := range nodes {
+		c, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return err
+		}
+		_, err = c.Exec(ctx, "CHECKPOINT")
+		c.Close(context.Background())
+		if err != nil {
+			return fmt.Errorf("%s: checkpoint: %w", n.ID, err)
+		}
+	}
+	return nil
+}
+
+// copyPipeCols copies cols of the range from src into app.kv_baseline (the
+// table's columns, indexes and primary key, without its constraints) on
+// dst through one binary COPY pipe: an io.Pipe, as copyPipe, or batches
+// of 64 KB. It returns the run and the bytes of the COPY stream.
+func copyPipeCols(ctx context.Context, src, dst *pgx.Conn, lo, hi int64, cols string, batched bool) (BaselineRun, int64, error) {
+	var run BaselineRun
+	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
+		return run, 0, err
+	}
+	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
+		return run, 0, err
+	}
+	var bytes atomic.Int64
+	pr, pw := io.Pipe()
+	var w io.Writer = counter{pw, &bytes}
+	var bw *batcher
+	if batched {
+		bw = &batcher{w: w}
+		w = bw
+	}
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
+		if err == nil && bw != nil {
+			err = bw.flush()
+		}
+		pw.CloseWithError(err)
+		errc <- err
+	}()
+	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY app.kv_baseline (%s) FROM STDIN (FORMAT binary)", cols))
+	pr.CloseWithError(err)
+	if serr := <-errc; serr != nil {
+		return run, 0, fmt.Errorf("COPY TO: %w", serr)
+	}
+	if err != nil {
+		return run, 0, fmt.Errorf("COPY FROM: %w", err)
+	}
+	el := time.Since(start)
+	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
+	run.RowsPS = float64(run.Rows) / el.Seconds()
+	return run, bytes.Load(), nil
+}
+
+type counter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c counter) Write(b []byte) (int, error) {
+	c.n.Add(int64(len(b)))
+	return c.w.Write(b)
+}
+
+// batcher gathers writes into 64 KB before passing them on.
+type batcher struct {
+	w   io.Writer
+	buf []byte
+}
+
+func (b *batcher) Write(p []byte) (int, error) {
+	b.buf = append(b.buf, p...)
+	if len(b.buf) >= 64<<10 {
+		if err := b.flush(); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (b *batcher) flush() error {
+	if len(b.buf) == 0 {
+		return nil
+	}
+	_, err := b.w.Write(b.buf)
+	b.buf = b.buf[:0]
+	return err
+}
