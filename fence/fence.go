@@ -670,7 +670,7 @@ func installTable(ctx context.Context, tx pgx.Tx, t topo.TableRecord) (problems,
 		}
 	}
 	var ok bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint c WHERE `+constraintOK+`)`, *rel, ConstraintName, attnum).Scan(&ok); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint c WHERE `+constraintCurrent+`)`, *rel, ConstraintName, attnum).Scan(&ok); err != nil {
 		return nil, nil, err
 	}
 	if !ok {

@@ -499,3 +499,52 @@ func TestIntegrationPrepareOwn(t *testing.T) {
 		t.Fatalf("a change from an older map after the commit: %v", err)
 	}
 }
+
+// A node prepared by an older release has the fence constraint without the
+// replica test in front of check_row: `node check` accepts it (it fences
+// the same writes), and Install replaces it with the current one, which
+// still refuses unowned writes and lets replica sessions through without
+// calling check_row.
+func TestIntegrationInstallUpgradesTheOlderConstraint(t *testing.T) {
+	pg := testenv.StartPGNodes(t, 1)
+	ctx := ctxT(t)
+	m := testMap(t, 4, "a", "b") // a owns 0..7
+	c := prepared(t, pg.Nodes[0], m, "a")
+	def := func() string {
+		var d string
+		if err := c.QueryRow(ctx, `SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = $1 AND conrelid = 'app.events'::regclass`, ConstraintName).Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := def(); !strings.Contains(d, "session_replication_role") {
+		t.Fatalf("a fresh install's constraint: %s", d)
+	}
+	exec(t, c, `ALTER TABLE app.events DROP CONSTRAINT zz_shardvisor_fence`)
+	exec(t, c, `ALTER TABLE app.events ADD CONSTRAINT zz_shardvisor_fence CHECK (shardvisor.check_row(bkey::pg_catalog.int8, tableoid)) NOT VALID`)
+	mism, err := CheckFence(ctx, c, "c1", []topo.TableRecord{events}, m, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range mism {
+		if x.Kind == KindConstraintWrong || x.Kind == KindConstraintMissing {
+			t.Fatalf("the older constraint is reported: %s", x.Message)
+		}
+	}
+	res, err := Install(ctx, c, "c1", "a", []topo.TableRecord{events})
+	if err != nil || !strings.Contains(strings.Join(res.Actions, ";"), "added the fence constraint") {
+		t.Fatalf("install over the older constraint: %+v %v", res, err)
+	}
+	if d := def(); !strings.Contains(d, "session_replication_role") || !strings.Contains(d, "check_row") {
+		t.Fatalf("the upgraded constraint: %s", d)
+	}
+	wantRejected(t, insert(c, keyIn(4, 12), 1), "does not own bucket 12")
+	if err := insert(c, keyIn(4, 3), 1); err != nil {
+		t.Fatalf("owned insert: %v", err)
+	}
+	exec(t, c, `SET session_replication_role = replica`)
+	if err := insert(c, keyIn(4, 12), 2); err != nil {
+		t.Fatalf("a replica session's insert: %v", err)
+	}
+	exec(t, c, `RESET session_replication_role`)
+}
