@@ -267,6 +267,12 @@ func TestIntegrationCopyRefusedRowInAPart(t *testing.T) {
 	if _, err := f.conn("pg1").Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, 'too-big', 5000000)`, bad); err != nil {
 		t.Fatal(err)
 	}
+	// Both nodes have the constraint (one only the target has refuses the
+	// move before the copy); the source added it NOT VALID, after the row
+	// that breaks it.
+	if _, err := f.conn("pg1").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 1000000) NOT VALID`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f.conn("pg2").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 1000000)`); err != nil {
 		t.Fatal(err)
 	}
