@@ -392,7 +392,7 @@ var errRunnerGone = errors.New("the move's runner went away before it finished")
 // gone for OrphanGrace) with the move unfinished, so that the caller takes
 // it again.
 func (mv *Mover) await(ctx context.Context, id string) (*topo.MoveRecord, error) {
-	w := mv.s.Watch(ctx, mv.p.Move(id))
+	w := topo.WatchMove(ctx, mv.s, mv.p, id)
 	defer w.Stop()
 	rw := topo.WatchMoveRunner(ctx, mv.s, mv.p, id)
 	defer rw.Stop()

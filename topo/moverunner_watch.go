@@ -21,3 +21,9 @@ func WatchMoveRunner(ctx context.Context, s *zksession.Session, p Paths, id stri
 func WatchMoves(ctx context.Context, s *zksession.Session, p Paths) *zksession.Watch {
 	return s.WatchChildren(ctx, p.Moves())
 }
+
+// WatchMove follows one move's record (Paths.Move): a mover waiting for
+// another to finish a move reads it again when it changes.
+func WatchMove(ctx context.Context, s *zksession.Session, p Paths, id string) *zksession.Watch {
+	return s.Watch(ctx, p.Move(id))
+}
