@@ -289,8 +289,11 @@ var (
 func shardctlBin(t *testing.T) string { return builtBin(t, "shardctl", "failpoints") }
 
 // The mover killed with SIGKILL on entering each step resumes or rolls back
-// cleanly when run again.
-func TestIntegrationMoverKilledAtEachStep(t *testing.T) {
+// cleanly when a person runs `shardctl move resume`. (In make test-faults:
+// TestFaultsWatcherHealsMoverKilledInEveryState kills it in every state
+// too, and has the orphan watcher heal it.)
+func TestFaultsMoverKilledAtEachStep(t *testing.T) {
+	testenv.Faults(t)
 	bin := shardctlBin(t)
 	f := newFixture(t, 4, 2) // 16 buckets: pg1 0-7
 	seeded := f.seedRows("s", 300)

@@ -48,7 +48,7 @@ func (f *fixture) watcher(ctx context.Context, sessionTimeout time.Duration) (el
 // with `rebalance --watch` running but paused: its orphan watcher takes
 // every move over within the dead mover's session timeout + OrphanGrace + a
 // few seconds, and finishes it or rolls it back, with no person acting and
-// no acknowledged write lost. (TestIntegrationMoverKilledAtEachStep has a
+// no acknowledged write lost. (TestFaultsMoverKilledAtEachStep has a
 // person run `move resume` instead.)
 func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 	testenv.Faults(t)
