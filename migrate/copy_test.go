@@ -301,7 +301,8 @@ func TestIntegrationCopyRefusedRowInAPart(t *testing.T) {
 // the target's range cleared, and the copy made again from a new slot's
 // snapshot, with rows written since the kill; its record's copy time and
 // rows are those of the new copy.
-func TestIntegrationMoverKilledInCopyStartsOver(t *testing.T) {
+func TestFaultsMoverKilledInCopyStartsOver(t *testing.T) {
+	testenv.Faults(t) // kills and session expiries: make test-faults
 	bin := shardctlBin(t)
 	f := newFixture(t, 3, 2) // 8 buckets: pg1 0-3
 	seeded := f.seedRows("s", 200)
