@@ -44,6 +44,17 @@ func (f *fixture) watcher(ctx context.Context, sessionTimeout time.Duration) (el
 	return elections, ch
 }
 
+// zkBack waits, after the ensemble came back, until the fixture's own
+// session answers again (it reconnects on its own schedule).
+func (f *fixture) zkBack() {
+	f.t.Helper()
+	testenv.WaitFor(f.t, 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return topo.Sync(ctx, f.s, f.st.Paths()) == nil
+	}, "the fixture's ZooKeeper session answering again")
+}
+
 // A mover SIGKILLed on entering each state of a move, under a write load,
 // with `rebalance --watch` running but paused: its orphan watcher takes
 // every move over within the dead mover's session timeout + OrphanGrace + a
@@ -200,6 +211,7 @@ func TestFaultsZooKeeperLossInsidePause(t *testing.T) {
 	if err := f.z.StartAll(); err != nil {
 		t.Fatal(err)
 	}
+	f.zkBack()
 	res := testenv.Receive(t, moved, 90*time.Second, "the move's end after ZooKeeper came back")
 	if res.rec == nil || res.rec.State != topo.MoveAborted {
 		t.Fatalf("the move after ZooKeeper came back: %+v %v", res.rec, res.err)
@@ -351,6 +363,7 @@ func TestFaultsRebalancerHealsItsOwnMoveAfterZooKeeperLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("session 0x%x connected again", s.SessionID())
+	f.zkBack()
 	list, err := f.mover(Options{}).List(ctx)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("moves: %v %v", list, err)
