@@ -44,6 +44,36 @@ func (f *fixture) watcher(ctx context.Context, sessionTimeout time.Duration) (el
 	return elections, ch
 }
 
+// killZooKeeperInPause is a mover's Progress hook: the target stops
+// applying before the freeze (so the barrier's marker never arrives: after
+// the freeze it could be applied before the target is told to stop), then,
+// once the source is frozen, every ZooKeeper server is killed; when, goes
+// to frozen if it is not nil.
+func (f *fixture) killZooKeeperInPause(frozen chan<- time.Time) func(Progress) {
+	dst := f.conn("pg2")
+	var once sync.Once
+	return func(p Progress) {
+		switch p.Message {
+		case topo.MoveFence:
+			if _, err := dst.Exec(context.Background(), "ALTER SUBSCRIPTION "+ident(p.Move.Subscription)+" DISABLE"); err != nil {
+				f.t.Error(err)
+			}
+		case topo.MoveBarrier:
+			once.Do(func() {
+				at := time.Now()
+				for i := range f.z.Servers {
+					if err := f.z.Kill(i); err != nil {
+						f.t.Error(err)
+					}
+				}
+				if frozen != nil {
+					frozen <- at
+				}
+			})
+		}
+	}
+}
+
 // zkBack waits, after the ensemble came back, until the fixture's own
 // session answers again (it reconnects on its own schedule).
 func (f *fixture) zkBack() {
@@ -148,35 +178,13 @@ func TestFaultsZooKeeperLossInsidePause(t *testing.T) {
 	m := f.mapNow()
 	uid := f.uidIn(m, 0, "thaw")
 	key := keystream.Key(f.ks.Prefix64(uid))
-	src, dst := f.conn("pg1"), f.conn("pg2")
+	src := f.conn("pg1")
 
 	const pauseCap = 6 * time.Second
 	ms := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString, SessionTimeout: 4 * time.Second})
 	mv := New(bucketmap.NewStore(ms, f.st.Paths()), Options{PauseCap: pauseCap, Logger: zaptest.NewLogger(t)})
 	frozen := make(chan time.Time, 1)
-	var once sync.Once
-	mv.opts.Progress = func(p Progress) {
-		switch p.Message {
-		case topo.MoveFence:
-			// The barrier's marker will not arrive: the target stops
-			// applying before the freeze (after it, the marker can be
-			// applied before the target is told to stop).
-			if _, err := dst.Exec(ctx, "ALTER SUBSCRIPTION "+ident(p.Move.Subscription)+" DISABLE"); err != nil {
-				t.Error(err)
-			}
-		case topo.MoveBarrier:
-			// The source is frozen: every ZooKeeper server goes.
-			once.Do(func() {
-				at := time.Now()
-				for i := range f.z.Servers {
-					if err := f.z.Kill(i); err != nil {
-						t.Error(err)
-					}
-				}
-				frozen <- at
-			})
-		}
-	}
+	mv.opts.Progress = f.killZooKeeperInPause(frozen)
 	type result struct {
 		rec *topo.MoveRecord
 		err error
@@ -332,24 +340,7 @@ func TestFaultsRebalancerHealsItsOwnMoveAfterZooKeeperLoss(t *testing.T) {
 			}
 		}
 	}()
-	dst := f.conn("pg2")
-	var once sync.Once
-	mv.opts.Progress = func(p Progress) {
-		switch p.Message {
-		case topo.MoveFence:
-			if _, err := dst.Exec(ctx, "ALTER SUBSCRIPTION "+ident(p.Move.Subscription)+" DISABLE"); err != nil {
-				t.Error(err)
-			}
-		case topo.MoveBarrier:
-			once.Do(func() {
-				for i := range f.z.Servers {
-					if err := f.z.Kill(i); err != nil {
-						t.Error(err)
-					}
-				}
-			})
-		}
-	}
+	mv.opts.Progress = f.killZooKeeperInPause(nil)
 	t.Cleanup(func() { _ = f.z.StartAll() })
 	rec, err := mv.Move(mctx, 0, "pg2", false)
 	t.Logf("Move returned: %v (rec %v)", err, rec != nil)

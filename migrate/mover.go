@@ -24,6 +24,7 @@
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -339,7 +340,7 @@ func (mv *Mover) afterLockLoss(ctx context.Context, id string, cause error) (*to
 		}
 		switch {
 		case ctx.Err() != nil:
-			return rec, cmpOr(err, ctx.Err())
+			return rec, cmp.Or(err, ctx.Err())
 		case rec != nil && (rec.Finished() || rec.State == topo.MoveFailed):
 			return rec, outcome(rec, err)
 		case err == nil:
@@ -361,13 +362,6 @@ func (mv *Mover) afterLockLoss(ctx context.Context, id string, cause error) (*to
 func zkAway(err error) bool {
 	return errors.Is(err, zksession.ErrLockLost) || errors.Is(err, zksession.ErrNotConnected) ||
 		errors.Is(err, zksession.ErrConnection) || errors.Is(err, zksession.ErrTimeout) || errors.Is(err, errRunnerGone)
-}
-
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // outcome is the error a finished move's record stands for: nil when it is
