@@ -33,6 +33,9 @@ type (
 	actQuit struct{ w *worker }
 	// actKill sends SIGKILL to the worker and its process group.
 	actKill struct{ w *worker }
+	// actProbeNow tells the worker's probe that it said READY=1: probe it
+	// at once, and report a failure before its first pass (probe.go).
+	actProbeNow struct{ w *worker }
 	// actCloseSockets closes every bound socket whose address is not in
 	// keep (nil: all of them).
 	actCloseSockets struct{ keep map[string]bool }
@@ -65,11 +68,12 @@ type (
 	}
 )
 
-func (a actPrepare) String() string { return fmt.Sprintf("prepare g%d", a.g.id) }
-func (a actStart) String() string   { return fmt.Sprintf("start w%d g%d", a.w.id, a.w.gen.id) }
-func (a actTerm) String() string    { return fmt.Sprintf("term w%d %s", a.w.id, a.w.stopReason) }
-func (a actQuit) String() string    { return fmt.Sprintf("quit w%d", a.w.id) }
-func (a actKill) String() string    { return fmt.Sprintf("kill w%d %s", a.w.id, a.w.stopReason) }
+func (a actPrepare) String() string  { return fmt.Sprintf("prepare g%d", a.g.id) }
+func (a actStart) String() string    { return fmt.Sprintf("start w%d g%d", a.w.id, a.w.gen.id) }
+func (a actTerm) String() string     { return fmt.Sprintf("term w%d %s", a.w.id, a.w.stopReason) }
+func (a actQuit) String() string     { return fmt.Sprintf("quit w%d", a.w.id) }
+func (a actKill) String() string     { return fmt.Sprintf("kill w%d %s", a.w.id, a.w.stopReason) }
+func (a actProbeNow) String() string { return fmt.Sprintf("probe w%d", a.w.id) }
 func (a actCloseSockets) String() string {
 	if a.keep == nil {
 		return "close-sockets all"

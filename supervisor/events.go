@@ -78,6 +78,10 @@ func (m *machine) onConfig(ev evConfig, now time.Time) {
 		return
 	}
 	m.bad = ""
+	m.m.configRefused.Set(0)
+	if ev.force {
+		m.failedCfg, m.failedTries = "", 0 // HUP: every attempt again
+	}
 	if m.desired == nil || m.desired.cfgVersion != ev.version || m.desired.cfgHash != ev.hash {
 		m.extra = 0 // a new config says how many workers; TTIN/TTOU adjust from there
 	}
@@ -176,6 +180,11 @@ func (m *machine) tryReady(w *worker, now time.Time) {
 	}
 	if cfg.Probe != nil {
 		if !w.probeOK {
+			if w.claimed.IsZero() {
+				// It accepts from now on: probe it at once (canary.go).
+				w.claimed = now
+				m.do(actProbeNow{w})
+			}
 			return
 		}
 		how += " + probe"
@@ -204,6 +213,10 @@ func (m *machine) onProbe(ev evProbe, now time.Time) {
 		return
 	}
 	m.m.probeFailures.Inc()
+	if ev.first && w.state == wStarting && !w.claimed.IsZero() {
+		m.onFirstProbeFailure(w, ev.why, now)
+		return
+	}
 	if w.state != wReady {
 		return // still booting: readiness.timeout bounds it
 	}
@@ -267,6 +280,7 @@ func (m *machine) markReady(w *worker, now time.Time, how string) {
 		}
 		w.retireAt = w.started.Add(life)
 	}
+	m.canaryReady(w)
 	m.log.Info("worker ready", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", w.gen.id),
 		zap.Duration("after", now.Sub(w.started).Round(time.Millisecond)), zap.String("by", how))
 	// A map that arrived while it booted: it may have read the file
@@ -305,7 +319,9 @@ func (m *machine) onExit(ev evExit, now time.Time) {
 		}
 	default:
 		m.m.exits.WithLabelValues("crash").Inc()
-		m.noteCrash(w, now)
+		if !w.crashNoted {
+			m.noteCrash(w, now)
+		}
 		m.log.Warn("worker crashed", zap.Int64("worker", w.id), zap.Int("pid", w.pid), zap.Int64("generation", g.id),
 			zap.String("status", ev.status), zap.Stringer("was", w.state), zap.Duration("respawn_in", m.respawnAt.Sub(now).Round(time.Millisecond)))
 		m.noteConfigCrash(w, ev.status, now)
@@ -334,7 +350,13 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	m.retryAt = now.Add(m.backoff(g.spec.cfg.Restart, m.failCount))
 	m.m.swaps.WithLabelValues(topo.SwapFailed).Inc()
 	m.lastError = "swap failed: " + reason
-	fields := []zap.Field{zap.Int64("generation", g.id), zap.String("reason", reason), zap.Duration("retry_in", m.retryAt.Sub(now).Round(time.Millisecond))}
+	if m.noteSwapFailure(g, reason, now) {
+		m.publish(topo.SwapFailed, g, m.lastError, 0, now)
+		m.stopStarting(g, "swap_failed", now)
+		return
+	}
+	fields := []zap.Field{zap.Int64("generation", g.id), zap.String("reason", reason), zap.Duration("retry_in", m.retryAt.Sub(now).Round(time.Millisecond)),
+		zap.Int("attempt", m.failedTries)}
 	// Say that the previous generation keeps serving only when one does.
 	serving := 0
 	for _, w := range m.workers {

@@ -56,7 +56,8 @@ func TestMain(m *testing.M) {
 
 // testWorker is a systemd-style worker controlled by environment:
 // TW_DELAY (before serving), TW_MODE (exit at boot, noready: stuck before
-// serving, hang: no watchdog pings, daemon: leave a setsid'd daemon),
+// serving, hang: no watchdog pings, daemon: leave a setsid'd daemon,
+// broken: READY=1, then 500 to every request),
 // TW_CRASH_AFTER (exit 7 that long after READY=1; with TW_CRASH_DRAIN=1 it
 // first stops accepting and answers what it accepted, so a test sees only
 // what the supervisor does), TW_HANG_AFTER (every request hangs from then
@@ -152,6 +153,11 @@ func testWorker() int {
 	}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if hung.Load() {
 			select {} // a deadlocked handler: answers nothing, ever
+		}
+		if mode == "broken" {
+			// A broken deploy that boots: READY=1, then 500 to everything.
+			http.Error(w, "broken deploy", http.StatusInternalServerError)
+			return
 		}
 		mapMu.Lock()
 		rep := workerReply{PID: pid, Gen: os.Getenv("SHARDVISOR_GENERATION"), Tag: os.Getenv("TW_TAG"),

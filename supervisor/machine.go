@@ -79,6 +79,9 @@ type machine struct {
 	cfgCrashes int
 	bad        string
 	rollback   *topo.Rollback
+	// failedCfg failed failedTries swaps in a row (canary.go).
+	failedCfg   string
+	failedTries int
 	// rollingBackTo is the config (cfgID) a crash-loop rollback restarts:
 	// its generation's "ok" is published as rolled_back too, so the pool
 	// status record does not lose the rollback to the swap that ends it.
@@ -189,6 +192,11 @@ type generation struct {
 	established bool
 	failed      bool
 	superseded  bool
+	// canary: the generation starts one worker, and the rest only once
+	// that one is ready (canaryPassed). Decided when it is created: a new
+	// config while another generation serves (canary.go).
+	canary       bool
+	canaryPassed bool
 }
 
 type wstate int
@@ -217,12 +225,17 @@ type worker struct {
 	killAt     time.Time // SIGKILL deadline once stopping
 	killed     bool
 	crashLike  bool // stopped by the watchdog or the probe: counts as a crash
+	crashNoted bool // its crash backoff was already counted when it was killed
 	retireWhy  string
 
 	// HTTP probe (pool config "probe"): passed once (a condition of
-	// readiness), and failures in a row since the last pass.
+	// readiness), and failures in a row since the last pass. claimed:
+	// when every other readiness condition held (READY=1 + delay), from
+	// which on the worker is probed at once and its first failure kills
+	// it.
 	probeOK    bool
 	probeFails int
+	claimed    time.Time
 
 	// Reload mode: the map version the worker routes by (the live map at
 	// its start until it says MAPVERSION=N), and since when it has been
@@ -278,11 +291,13 @@ type (
 	// evPeers is the answer of the peers to "is ZooKeeper down for you
 	// too?" (actCheckPeers).
 	evPeers struct{ v peerVerdict }
-	// evProbe is one HTTP probe of a worker: ok, or why not.
+	// evProbe is one HTTP probe of a worker: ok, or why not; first: a
+	// failure after the worker said READY=1 and before its first pass.
 	evProbe struct {
-		w   *worker
-		ok  bool
-		why string
+		w     *worker
+		ok    bool
+		why   string
+		first bool
 	}
 )
 

@@ -44,6 +44,10 @@ type metrics struct {
 	// probe failed.
 	rollbacks     *prometheus.CounterVec
 	probeFailures prometheus.Counter
+	// A broken deploy that boots (canary.go): workers killed at their
+	// first probe after READY=1, and 1 while the newest config is refused.
+	probeFirstFailures prometheus.Counter
+	configRefused      prometheus.Gauge
 	// zkSessionTimeout is the session timeout the ensemble granted.
 	zkSessionTimeout prometheus.Gauge
 }
@@ -55,7 +59,7 @@ var (
 	exitKinds   = []string{"expected", "crash", "boot_failure"}
 	stopReasons = []string{"superseded", "swap_failed", "replaced", "scale_down", "readiness_timeout", "shutdown",
 		"max_lifetime", "map_ack_timeout", "rolled_back"}
-	killReasons   = []string{"graceful_timeout", "readiness_timeout", "watchdog", "probe", "zk_lost", "fast_stop"}
+	killReasons   = []string{"graceful_timeout", "readiness_timeout", "watchdog", "probe", "probe_first", "zk_lost", "fast_stop"}
 	swapResults   = []string{"ok", "failed", "superseded", "invalid_config", "invalid_map", "rolled_back"}
 	rollbackKinds = []string{"window", "crash_loop"}
 )
@@ -110,13 +114,17 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		peerChecks:         cv("peer_checks_total", "Peer checks after a session loss by verdict: outage (fail-static), cut_off (leave service).", "verdict"),
 		rollbacks: cv("rollbacks_total", "New configs rolled back because their workers crashed after READY=1, by kind: window "+
 			"(inside the stability window; the previous generation never stopped) or crash_loop (soon after; the previous config was restarted).", "kind"),
-		probeFailures:    c("probe_failures_total", "HTTP probes of workers that failed (a timeout, a refused connection, or a status that is not 2xx)."),
+		probeFailures:      c("probe_failures_total", "HTTP probes of workers that failed (a timeout, a refused connection, or a status that is not 2xx)."),
+		probeFirstFailures: c("probe_first_failures_total", "Workers killed because their first HTTP probe after READY=1 failed (they accept on the shared sockets from then on)."),
+		configRefused: g("config_refused", "1 while the newest pool config is refused until it changes (rolled back, or "+
+			"MaxSwapAttempts failed swaps in a row); 0 otherwise."),
 		zkSessionTimeout: g("zk_session_timeout_seconds", "The ZooKeeper session timeout the ensemble granted (0: not connected yet, or no ZooKeeper)."),
 	}
 	reg.MustRegister(m.generation, m.configVersion, m.mapVersion, m.target, m.workers, m.accepting, m.zkState, m.swaps,
 		m.swapDuration, m.readiness, m.spawns, m.restarts, m.exits, m.stops, m.kills, m.configErrors, m.mapErrors, m.notifyRejected,
 		m.mapDeliveries, m.mapAcks, m.mapAckTimeouts, m.mapAckSeconds, m.workerMapVersion,
-		m.failStatic, m.failStaticEpisodes, m.peerChecks, m.rollbacks, m.probeFailures, m.zkSessionTimeout)
+		m.failStatic, m.failStaticEpisodes, m.peerChecks, m.rollbacks, m.probeFailures, m.zkSessionTimeout,
+		m.probeFirstFailures, m.configRefused)
 	for _, v := range exitKinds {
 		m.exits.WithLabelValues(v)
 	}

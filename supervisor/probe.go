@@ -37,43 +37,78 @@ func bindProbe() (*os.File, string, error) {
 	return f, addr, nil
 }
 
+// probeRun is one worker's probe loop: cancel ends it, claimed tells it
+// that the worker has said it is ready (actProbeNow).
+type probeRun struct {
+	cancel  context.CancelFunc
+	claimed chan struct{} // closed once
+}
+
 // startProbe probes w at addr until it is reaped, posting a pass when the
 // worker starts passing and every failure (the machine counts them).
+//
+// Before the worker says READY=1 a failure is only a worker still booting
+// and is not posted (readiness.timeout bounds it). From READY=1 on
+// (claimed, see claimProbe) the worker accepts on the shared sockets, so
+// it is probed at once, and a failure before its first pass is posted as
+// first: the machine kills it, because every request it takes meanwhile
+// is another failed request (a broken deploy that boots).
 func (s *Supervisor) startProbe(w *worker, addr string, p topo.WorkerProbe) {
 	ctx, cancel := context.WithCancel(context.Background())
-	s.probes[w] = cancel
+	run := &probeRun{cancel: cancel, claimed: make(chan struct{})}
+	s.probes[w] = run
 	url := "http://" + addr + p.Path
 	client := &http.Client{Timeout: p.Timeout.D(), Transport: &http.Transport{DisableKeepAlives: true}}
 	go func() {
-		passing, everPassed := false, false
+		passing, everPassed, claimed := false, false, false
+		claimCh := run.claimed
 		wait := probeFirstEvery
 		for {
 			select {
 			case <-ctx.Done():
 				return
+			case <-claimCh:
+				// Probe now: a probe that began before the claim says
+				// nothing about the worker after it.
+				claimed, claimCh = true, nil
 			case <-time.After(wait):
 			}
+			wasClaimed := claimed
 			why := probeOnce(ctx, client, url)
 			if ctx.Err() != nil {
 				return
 			}
+			first := false
 			switch {
 			case why == "" && passing:
 				continue
 			case why == "":
 				passing, everPassed, wait = true, true, p.Interval.D()
-			case !everPassed:
+			case !everPassed && !wasClaimed:
 				continue // still booting: readiness.timeout bounds it
+			case !everPassed:
+				first = true
 			default:
 				passing = false
 			}
 			select {
-			case s.events <- evProbe{w: w, ok: passing, why: why}:
+			case s.events <- evProbe{w: w, ok: passing, why: why, first: first}:
 			case <-ctx.Done():
 				return
 			}
 		}
 	}()
+}
+
+// claimProbe tells w's probe loop that w said it is ready (actProbeNow).
+func (s *Supervisor) claimProbe(w *worker) {
+	if run := s.probes[w]; run != nil {
+		select {
+		case <-run.claimed:
+		default:
+			close(run.claimed)
+		}
+	}
 }
 
 // probeOnce is one GET: "" when it answered 2xx, else why not.

@@ -213,7 +213,7 @@ func (m *machine) reconcilePool(now time.Time) {
 	// Start workers of d, within the surge, and (for a generation that is
 	// already serving) not faster than the crash backoff allows. Last, so
 	// that a start failing drops only the starts after it.
-	for countD < target && live < target+surge {
+	for countD < m.startLimit(d, target) && live < target+surge {
 		if d.established && now.Before(m.respawnAt) {
 			break
 		}
@@ -283,7 +283,7 @@ func (m *machine) maybeNewGeneration(now time.Time) {
 		m.supersede(m.latest)
 	}
 	m.nextGen++
-	g := &generation{id: m.nextGen, spec: want, created: now}
+	g := &generation{id: m.nextGen, spec: want, created: now, canary: m.wantsCanary(want)}
 	m.gens = append(m.gens, g)
 	m.latest = g
 	m.do(actPrepare{g})
@@ -296,7 +296,7 @@ func (m *machine) prepared(g *generation) []action {
 		m.bound[l.Addr] = true
 	}
 	m.log.Info("generation created", zap.Int64("generation", g.id), zap.Int64("config_version", g.spec.cfgVersion), zap.Uint64("map_version", g.spec.mapVersion()),
-		zap.Int("workers", max(1, g.spec.cfg.Workers+m.extra)), zap.Int("surge", *g.spec.cfg.Surge))
+		zap.Int("workers", max(1, g.spec.cfg.Workers+m.extra)), zap.Int("surge", *g.spec.cfg.Surge), zap.Bool("canary", g.canary))
 	if m.good != nil {
 		m.do(actNotify{fmt.Sprintf("RELOADING=1\nSTATUS=swapping to generation %d", g.id)})
 	}

@@ -134,6 +134,7 @@ func (m *machine) noteConfigCrash(w *worker, status string, now time.Time) {
 // config until it changes.
 func (m *machine) noteRollback(g *generation, to *spec, kind, reason string, now time.Time) {
 	m.bad = g.spec.cfgID()
+	m.m.configRefused.Set(1)
 	m.rollback = &topo.Rollback{ConfigVersion: g.spec.cfgVersion, ToConfigVersion: to.cfgVersion, Reason: reason, At: now.UTC()}
 	m.m.rollbacks.WithLabelValues(kind).Inc()
 	m.m.swaps.WithLabelValues(topo.SwapRolledBack).Inc()

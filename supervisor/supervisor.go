@@ -139,7 +139,7 @@ type Supervisor struct {
 	mc        *machine
 	sockets   map[string]*boundSocket
 	procs     map[*worker]process
-	probes    map[*worker]context.CancelFunc // HTTP probes running (probe.go)
+	probes    map[*worker]*probeRun // HTTP probes running (probe.go)
 	startedAt time.Time
 	updatedAt time.Time    // when the member record last changed (publish.go)
 	loopAt    atomic.Int64 // unix nanos of the loop's last turn (/livez)
@@ -238,7 +238,7 @@ func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 		start:   startOSProcess,
 		sockets: map[string]*boundSocket{},
 		procs:   map[*worker]process{},
-		probes:  map[*worker]context.CancelFunc{},
+		probes:  map[*worker]*probeRun{},
 		// No keep-alive: an answer must come from the peer as it is now,
 		// on a fresh connection.
 		peerClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
@@ -464,6 +464,8 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			if p := s.procs[a.w]; p != nil {
 				p.killGroup()
 			}
+		case actProbeNow:
+			s.claimProbe(a.w)
 		case actCloseSockets:
 			for addr, b := range s.sockets {
 				if !a.keep[addr] {
@@ -515,8 +517,8 @@ func (s *Supervisor) reap(w *worker) {
 		p.killGroup()
 		delete(s.procs, w)
 	}
-	if stop := s.probes[w]; stop != nil {
-		stop()
+	if run := s.probes[w]; run != nil {
+		run.cancel()
 		delete(s.probes, w)
 	}
 }

@@ -38,7 +38,7 @@ func zkPool(t *testing.T, env map[string]string, edit func(c *topo.PoolConfig)) 
 	}
 	e.setConfig(t, c)
 	h = run(t, e.opts(t, e.z.ConnectString+e.z.Root, 4*time.Second))
-	h.waitFor(20*time.Second, "generation 1", serving(1, 2))
+	h.waitFor(20*time.Second, "generation 1", serving(1, c.Workers))
 	return e, h, c, port, addr
 }
 

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -349,14 +350,58 @@ func Receive[T any](t testing.TB, c <-chan T, timeout time.Duration, msg string)
 	return zero
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago, for a
-// server a test starts in another process.
+// FreePort returns a loopback TCP port that is free, for a server a test
+// starts (often in another process).
+//
+// It is taken below the kernel's ephemeral range (ip_local_port_range,
+// 32768-60999 by default) and below the devenv's ports (21811 and up): a
+// port from the ephemeral range, freed and handed out, could be given
+// again by the kernel to the next bind to port 0 (an admin listener, a
+// probe socket) or to an outgoing connection before the test binds it,
+// and two listeners then met on one port (TestPumaWorker failed so:
+// "bind: address already in use"). A lock file per port, held by this
+// process until it exits, keeps concurrent test processes from choosing
+// the same port.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	const lo, hi = 10000, 21000
+	dir := filepath.Join(os.TempDir(), "shardvisor-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatalf("FreePort: %v", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	portMu.Lock()
+	defer portMu.Unlock()
+	for i := 0; i < 1000; i++ {
+		var b [2]byte
+		_, _ = rand.Read(b[:])
+		port := lo + (int(b[0])<<8|int(b[1]))%(hi-lo)
+		if portHeld[port] {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			f.Close() // another test process holds it
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			f.Close()
+			continue
+		}
+		ln.Close()
+		portHeld[port] = true
+		portLocks = append(portLocks, f) // held until the process exits
+		return port
+	}
+	t.Fatalf("FreePort: no free port in %d-%d after 1000 tries", lo, hi)
+	return 0
 }
+
+var (
+	portMu    sync.Mutex
+	portHeld  = map[int]bool{}
+	portLocks []*os.File
+)
