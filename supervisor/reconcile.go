@@ -315,6 +315,7 @@ func (m *machine) establish(g *generation, now time.Time) {
 	prev := m.good
 	m.good = g
 	m.failCount = 0
+	m.failedCfg, m.failedTries = "", 0
 	m.supersedes = 0
 	m.crashCount = 0
 	m.lastError = ""
