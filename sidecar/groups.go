@@ -91,11 +91,6 @@ func (c *groupCache) refresh(m *bucketmap.Map, done chan struct{}) {
 // when no node is a group or the router has no ZooKeeper session (a map
 // file: the DSN in each route still reaches the primary).
 func (h *handler) groups(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodGet && req.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET")
-		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/groups")
-		return
-	}
 	m := h.r.Map()
 	if m == nil {
 		writeError(w, http.StatusServiceUnavailable, router.ErrNotReady.Error())

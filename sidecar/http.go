@@ -119,26 +119,43 @@ func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_rejected_total", Help: "Bucket maps refused (missing, malformed, older); the last good map stays in use."}, func() float64 { return float64(r.Stats().MapRejected.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: ns + "zk_state", Help: "ZooKeeper session state: 0 lost, 1 suspended, 2 connected, 3 closed."}, func() float64 { return float64(r.ZKState()) }),
 	)
+	// Every endpoint but /v1/route (whose POST is a batch lookup) only
+	// reads: other methods get 405 with Allow (they used to get 200).
 	h.mux.HandleFunc("/v1/route", h.route)
-	h.mux.HandleFunc("/v1/map", h.mapFile)
-	h.mux.HandleFunc("/v1/status", h.status)
-	h.mux.HandleFunc("/v1/fleet", h.fleet)
-	h.mux.HandleFunc("/v1/groups", h.groups)
-	h.mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	h.mux.HandleFunc("/readyz", h.readyz)
-	h.mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	h.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path != "/" {
-			writeError(w, http.StatusNotFound, "no such endpoint "+strconv.Quote(req.URL.Path)+"; see /v1/route, /v1/map, /v1/status, /v1/fleet, /healthz, /readyz, /metrics")
-			return
-		}
+	h.mux.Handle("/v1/map", readOnly(h.mapFile))
+	h.mux.Handle("/v1/status", readOnly(h.status))
+	h.mux.Handle("/v1/fleet", readOnly(h.fleet))
+	h.mux.Handle("/v1/groups", readOnly(h.groups))
+	h.mux.Handle("/healthz", readOnly(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) }))
+	h.mux.Handle("/readyz", readOnly(h.readyz))
+	h.mux.Handle("/metrics", readOnly(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP))
+	page := readOnly(func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", statusPageCSP)
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("Referrer-Policy", "no-referrer")
 		w.Write(statusPage)
 	})
+	h.mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path != "/" {
+			writeError(w, http.StatusNotFound, "no such endpoint "+strconv.Quote(req.URL.Path)+"; see /v1/route, /v1/map, /v1/status, /v1/fleet, /healthz, /readyz, /metrics")
+			return
+		}
+		page(w, req)
+	})
 	return h
+}
+
+// readOnly answers 405 with Allow: GET, HEAD to every other method.
+func readOnly(f http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodGet && req.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, http.StatusMethodNotAllowed, "method "+req.Method+" not allowed on "+req.URL.Path+": use GET")
+			return
+		}
+		f(w, req)
+	}
 }
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
@@ -249,7 +266,7 @@ func (h *handler) route(w http.ResponseWriter, req *http.Request) {
 	case http.MethodPost:
 		h.routeBatch(w, req)
 	default:
-		w.Header().Set("Allow", "GET, POST")
+		w.Header().Set("Allow", "GET, HEAD, POST")
 		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/route?uid=... or POST /v1/route with {\"uids\": [...]}")
 	}
 }
@@ -459,10 +476,6 @@ func appendRoute(b []byte, uid string, rt router.Route) []byte {
 }
 
 func (h *handler) mapFile(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodGet && req.Method != http.MethodHead {
-		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/map")
-		return
-	}
 	data, etag, err := h.r.MapFile()
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
@@ -576,11 +589,6 @@ func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
 // fleet serves the fleet view: always 200 with JSON; "available" false
 // says why there is none.
 func (h *handler) fleet(w http.ResponseWriter, req *http.Request) {
-	if req.Method != http.MethodGet && req.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET")
-		writeError(w, http.StatusMethodNotAllowed, "use GET /v1/fleet")
-		return
-	}
 	v := h.fleetView(req.Context())
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

@@ -306,3 +306,28 @@ func FuzzHTTPRoute(f *testing.F) {
 		}
 	})
 }
+
+// The read-only endpoints answer GET and HEAD; every other method gets 405
+// with Allow (POST and DELETE used to get 200). /v1/route also takes POST.
+func TestHTTPMethods(t *testing.T) {
+	m, _ := bucketmap.New(4, clustertest.Nodes(3), t0)
+	h := Handler(fileRouter(t, m), HandlerOptions{})
+	for _, path := range []string{"/", "/v1/map", "/v1/status", "/v1/fleet", "/v1/groups", "/healthz", "/readyz", "/metrics", "/v1/route?uid=a"} {
+		allow := "GET, HEAD"
+		if strings.HasPrefix(path, "/v1/route") {
+			allow = "GET, HEAD, POST"
+		}
+		for _, method := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"} {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(`{"uids":["a"]}`)))
+			allowed := strings.Contains(allow, method)
+			if got := w.Code == http.StatusMethodNotAllowed; got == allowed || (!allowed && w.Header().Get("Allow") != allow) {
+				t.Errorf("%s %s: HTTP %d, Allow %q", method, path, w.Code, w.Header().Get("Allow"))
+			}
+		}
+	}
+	// An unknown path stays 404 whatever the method.
+	if res, _ := post(t, h, "/nope", ""); res.StatusCode != 404 {
+		t.Errorf("POST /nope: %d", res.StatusCode)
+	}
+}

@@ -33,6 +33,8 @@ const LivenessStale = 10 * time.Second
 //   - /status is the member record as JSON, plus the last swap result.
 //   - /peer/zk answers the peers' fail-static question (peers.go).
 //
+// Every endpoint answers GET and HEAD only; other methods get 405.
+//
 // In fail-static (failstatic.go) /healthz and /readyz stay 200 (given
 // ready workers), and say so: "fail_static": true and the reason.
 func (s *Supervisor) startAdmin() error {
@@ -96,7 +98,7 @@ func (s *Supervisor) serveAdmin(ln net.Listener) {
 	})
 	tl := &trackedListener{Listener: ln}
 	s.adminLn = tl
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ConnState: func(c net.Conn, st http.ConnState) {
+	s.http = &http.Server{Handler: readOnly(mux), ReadHeaderTimeout: 5 * time.Second, ConnState: func(c net.Conn, st http.ConnState) {
 		if st == http.StateClosed || st == http.StateHijacked {
 			tl.open.Add(-1)
 		}
@@ -106,6 +108,21 @@ func (s *Supervisor) serveAdmin(ln net.Listener) {
 			s.log.Error("admin server failed", zap.Error(err))
 		}
 	}()
+}
+
+// readOnly answers 405 to every method but GET and HEAD: every admin
+// endpoint only reads, and a POST or DELETE answered 200 would let a
+// client (or a misdirected script) believe it changed something. An
+// endpoint that acts would need its own method check here.
+func readOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method "+r.Method+" not allowed: the admin endpoints are read-only (GET, HEAD)", http.StatusMethodNotAllowed)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // stopAdmin stops accepting and answers every connection already

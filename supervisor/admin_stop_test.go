@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -63,4 +64,36 @@ func TestStopAdminAnswersAConnectionItAccepted(t *testing.T) {
 		t.Fatalf("answer %d, close %v: want an answer that closes the connection", resp.StatusCode, resp.Close)
 	}
 	testenv.Receive(t, stopped, 5*time.Second, "stopAdmin to return once the connection is answered")
+}
+
+// Every admin endpoint only reads: GET and HEAD are answered, every other
+// method is refused with 405 and Allow: GET, HEAD (they all answered 200).
+func TestAdminEndpointsRefuseOtherMethods(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "pool.json")
+	if err := os.WriteFile(file, encode(t, cfgFor(t, testenv.FreePort(t), 1, nil)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sv, err := New(Options{Pool: "web", ConfigFile: file, AdminAddr: "127.0.0.1:0", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sv.startAdmin(); err != nil {
+		t.Fatal(err)
+	}
+	defer sv.stopAdmin()
+	c := &http.Client{}
+	for _, path := range []string{"/healthz", "/readyz", "/livez", "/metrics", "/status", peerPath} {
+		for _, method := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "BREW"} {
+			req, _ := http.NewRequest(method, "http://"+sv.AdminAddr()+path, strings.NewReader("{}"))
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", method, path, err)
+			}
+			resp.Body.Close()
+			allowed := method == "GET" || method == "HEAD"
+			if got := resp.StatusCode == http.StatusMethodNotAllowed; got == allowed || (!allowed && resp.Header.Get("Allow") != "GET, HEAD") {
+				t.Errorf("%s %s: HTTP %d, Allow %q", method, path, resp.StatusCode, resp.Header.Get("Allow"))
+			}
+		}
+	}
 }

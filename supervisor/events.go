@@ -48,7 +48,7 @@ func (m *machine) onConfig(ev evConfig, now time.Time) {
 		m.m.configErrors.Inc()
 		m.m.swaps.WithLabelValues(topo.SwapInvalidConfig).Inc()
 		m.lastError = "config rejected: " + ev.err.Error()
-		m.log.Error("config rejected; the pool keeps running the previous one", zap.Error(ev.err))
+		m.log.Warn("config rejected; the pool keeps running the previous one", zap.Error(ev.err))
 		m.publish(topo.SwapInvalidConfig, nil, ev.err.Error(), 0, now)
 		m.abandonFailedSwap()
 		return
@@ -117,7 +117,7 @@ func (m *machine) onMap(ev evMap, now time.Time) {
 		m.m.mapErrors.Inc()
 		m.m.swaps.WithLabelValues(topo.SwapInvalidMap).Inc()
 		m.lastError = "bucket map rejected: " + err.Error()
-		m.log.Error("bucket map rejected; keeping the last good one", zap.Error(err))
+		m.log.Warn("bucket map rejected; keeping the last good one", zap.Error(err))
 		m.publish(topo.SwapInvalidMap, nil, err.Error(), 0, now)
 		return
 	}
@@ -367,7 +367,7 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	switch {
 	case m.good != nil && serving > 0:
 		fields = append(fields, zap.Int64("serving_generation", m.good.id), zap.Int("serving_workers", serving))
-		m.log.Error("swap failed; the previous generation keeps serving", fields...)
+		m.log.Warn("swap failed; the previous generation keeps serving", fields...)
 	case m.good != nil:
 		fields = append(fields, zap.Int64("previous_generation", m.good.id))
 		m.log.Error("swap failed, and the previous generation has no ready worker either: nothing serves until one is", fields...)
@@ -538,7 +538,7 @@ func (m *machine) enterLost(reason string) {
 	}
 	m.latest, m.good, m.gens = nil, nil, nil
 	m.lastError = "zookeeper session lost: " + reason
-	m.log.Error("zookeeper session lost; killed workers and closed the listen sockets", zap.Int("killed", n), zap.String("reason", reason))
+	m.log.Warn("zookeeper session lost; killed workers and closed the listen sockets", zap.Int("killed", n), zap.String("reason", reason))
 	m.do(actNotify{"STATUS=zookeeper session lost; not serving"})
 }
 

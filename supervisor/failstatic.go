@@ -35,8 +35,10 @@ import (
 const (
 	PeerTimeout = 750 * time.Millisecond
 	PeerRecheck = 2 * time.Second
-	// failStaticLoud is how often a fail-static supervisor says so again.
-	failStaticLoud = 10 * time.Second
+	// failStaticLoud is how often a fail-static supervisor says so again
+	// (a warning: the state change itself was logged, and /healthz and
+	// the gauge say it all along).
+	failStaticLoud = 60 * time.Second
 )
 
 // peerVerdict is what the peers said.
@@ -70,7 +72,7 @@ func (m *machine) onPeers(v peerVerdict, now time.Time) {
 	case modeChecking:
 		if !v.outage() {
 			m.m.peerChecks.WithLabelValues("cut_off").Inc()
-			m.log.Error("the peers do not confirm a whole-ensemble outage: this host is cut off", v.fields()...)
+			m.log.Warn("the peers do not confirm a whole-ensemble outage: this host is cut off", v.fields()...)
 			m.enterLost("cut off (" + v.summary() + ")")
 			return
 		}
@@ -93,19 +95,22 @@ func (m *machine) onPeers(v peerVerdict, now time.Time) {
 			m.cutOffSince = time.Time{}
 			return
 		}
-		if m.cutOffSince.IsZero() {
+		first := m.cutOffSince.IsZero()
+		if first {
 			m.cutOffSince = now
 		}
 		if now.Sub(m.cutOffSince) < v.grace {
 			// The ensemble is probably back and a peer reconnected
 			// first: give our own session the time any host gets.
 			m.peerCheckAt = now.Add(min(PeerRecheck, v.grace-now.Sub(m.cutOffSince)))
-			m.log.Warn("fail-static: the peers no longer confirm the outage; waiting for this host's own session before leaving service",
-				append(v.fields(), zap.Duration("grace_left", v.grace-now.Sub(m.cutOffSince)))...)
+			if first { // not at every recheck of the grace
+				m.log.Warn("fail-static: the peers no longer confirm the outage; waiting for this host's own session before leaving service",
+					append(v.fields(), zap.Duration("grace_left", v.grace-now.Sub(m.cutOffSince)))...)
+			}
 			return
 		}
 		m.m.peerChecks.WithLabelValues("cut_off").Inc()
-		m.log.Error("fail-static ends: the peers no longer confirm a whole-ensemble outage (a peer reached ZooKeeper, or too few answer); leaving service", v.fields()...)
+		m.log.Warn("fail-static ends: the peers no longer confirm a whole-ensemble outage (a peer reached ZooKeeper, or too few answer); leaving service", v.fields()...)
 		m.endFailStatic(now)
 		m.enterLost("cut off during fail-static (" + v.summary() + ")")
 	}
@@ -129,7 +134,7 @@ func (m *machine) reconcileFailStatic(now time.Time) {
 	}
 	if !now.Before(m.loudAt) {
 		m.loudAt = now.Add(failStaticLoud)
-		m.log.Error("FAIL-STATIC continues: ZooKeeper still unreachable for the whole fleet; serving the last config and map",
+		m.log.Warn("FAIL-STATIC continues: ZooKeeper still unreachable for the whole fleet; serving the last config and map",
 			zap.Duration("for", now.Sub(m.failStatic.Since).Round(time.Second)), zap.Int("peers_agree", m.failStatic.Peers))
 	}
 }

@@ -26,6 +26,12 @@ import (
 // A machine is used by one goroutine (the supervisor's loop).
 type machine struct {
 	cfg machineConfig
+	// log levels: Warn for a state the supervisor handles and reports
+	// itself (session lost, cut off, a bad config or map refused, a
+	// rollback); Error for what an operator must act on (nothing serves,
+	// a worker hung, a file it cannot write, the whole ensemble down).
+	// Neither carries a stack (cliutil: stacks only at DPanic, for bugs),
+	// and a state is logged when it begins, not at every turn.
 	log *zap.Logger
 	m   *metrics
 	// randN draws the max-lifetime jitter, in [0, n); tests make it 0.

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/workerproto"
@@ -794,6 +796,62 @@ func TestMachineFailStaticWhenThePeersAgree(t *testing.T) {
 	}
 	if s.mc.good.id != 1 {
 		t.Fatalf("generation %d", s.mc.good.id)
+	}
+}
+
+// Fail-static and cut-off are states, not bugs: each is logged when it
+// begins (the whole-ensemble outage at Error, since someone must bring
+// ZooKeeper back; the rest at Warn), and a fail-static reminder comes once
+// a minute, not every 10 s and not at every peer recheck (every 2 s).
+func TestMachineFailStaticLogsOncePerStateChange(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	count := func(level zapcore.Level, prefix string) int {
+		return logs.Filter(func(e observer.LoggedEntry) bool {
+			return e.Level == level && strings.HasPrefix(e.Message, prefix)
+		}).Len()
+	}
+	s := failStaticSim(t)
+	s.mc.log = zap.New(core)
+	s.send(evPeers{peerVerdict{known: 2, answered: 2}})
+	if n := count(zapcore.ErrorLevel, "FAIL-STATIC: ZooKeeper is down"); n != 1 {
+		t.Fatalf("%d entry errors", n)
+	}
+	checks := 0
+	for d := 3 * time.Second; d <= 151*time.Second; d += time.Second {
+		s.at(d)
+		if slices.Contains(s.tick(), "check-peers") {
+			checks++
+			s.send(evPeers{peerVerdict{known: 2, answered: 2}})
+		}
+	}
+	// 150 s of fail-static: reminders at 61 s and 121 s.
+	if n := count(zapcore.WarnLevel, "FAIL-STATIC continues"); checks < 50 || n != 2 {
+		t.Fatalf("%d peer checks, %d reminders; want 2 reminders", checks, n)
+	}
+	cut := peerVerdict{grace: 4 * time.Second, known: 2, answered: 2, connected: []string{"web/b"}}
+	for d := 152 * time.Second; s.mc.mode == modeFailStatic; d += time.Second {
+		s.at(d)
+		if slices.Contains(s.tick(), "check-peers") {
+			s.send(evPeers{cut})
+		}
+	}
+	if n := count(zapcore.WarnLevel, "fail-static: the peers no longer confirm"); n != 1 {
+		t.Fatalf("the grace logged %d times", n)
+	}
+	if count(zapcore.WarnLevel, "fail-static ends") != 1 || count(zapcore.WarnLevel, "zookeeper session lost; killed") != 1 {
+		t.Fatalf("leaving service: %v", logs.All())
+	}
+	if n := logs.FilterLevelExact(zapcore.ErrorLevel).Len(); n != 1 {
+		t.Fatalf("%d errors; want only the outage's", n)
+	}
+
+	// Cut off at the first check: warnings only.
+	core, logs = observer.New(zap.InfoLevel)
+	s = failStaticSim(t)
+	s.mc.log = zap.New(core)
+	s.send(evPeers{peerVerdict{known: 3, answered: 3, connected: []string{"web/b"}}})
+	if logs.FilterLevelExact(zapcore.ErrorLevel).Len() != 0 || count(zapcore.WarnLevel, "the peers do not confirm") != 1 {
+		t.Fatalf("cut off: %v", logs.All())
 	}
 }
 

@@ -5,13 +5,17 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"net/http"
+	"net/url"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,18 +30,33 @@ import (
 // state, and asks the others, from the member records it last read, when
 // its own session is lost.
 //
-// Authentication: with a shared peer secret (--peer-secret-file) every
-// answer carries X-Shardvisor-Peer-Mac, HMAC-SHA256 of the body under the
-// secret, and the body echoes the asker's random nonce; an answer without
-// a valid MAC or with another nonce is not counted, so neither a stranger
-// nor a replayed answer can vote. Without a secret, answers are taken as
-// they come: anyone able to answer on a peer's admin address can then
-// keep a cut-off host serving with its last map (docs/supervisor.md,
+// Each answer is bound to one question: the asker sends its identity
+// (pool/member) and a fresh random nonce; the answer names the asker, the
+// answering member and the nonce, and with a shared peer secret
+// (--peer-secret-file) carries X-Shardvisor-Peer-Mac, HMAC-SHA256 over a
+// domain-separated, length-prefixed encoding of (asker, answerer, nonce,
+// answer fields). The asker recomputes that MAC from what it expects (its
+// own identity, the member it asked, its nonce), not from what the body
+// claims, so an answer counts only if it comes from exactly the peer asked,
+// for exactly this asker and this question. That refuses a stranger, a
+// replay, a peer's answer relayed at another peer's address, an answer to
+// another asker, and the asker's own answer reflected back to it (an
+// adversarial run found that one: a host cut off from ZooKeeper counted its
+// own "down here too" and went fail-static while its peers were connected).
+// Without a secret the same identity checks apply but anyone able to
+// answer on a peer's admin address can forge them (docs/supervisor.md,
 // "Fail-static", says what that can and cannot cause).
 
 const (
 	peerPath      = "/peer/zk"
 	peerMACHeader = "X-Shardvisor-Peer-Mac"
+	// peerProto is the version of the question and answer. Version 1 (no
+	// "v", MAC over the body, not bound to the asker or the answerer) is
+	// refused both ways: a mixed fleet counts fewer answers, so its hosts
+	// leave service rather than go fail-static (docs/supervisor.md).
+	peerProto = 2
+	// peerDomain separates this MAC from any other use of the secret.
+	peerDomain = "shardvisor peer/zk answer v2\x00"
 	// DefaultPeerRefresh is how often the member records are re-read for
 	// the peer list (with jitter: a fleet must not list in step). A peer
 	// that joined since is not asked; one that left answers nothing and
@@ -45,18 +64,58 @@ const (
 	DefaultPeerRefresh = 30 * time.Second
 )
 
+// peerID is a supervisor's identity: its pool and member name.
+type peerID struct{ Pool, Member string }
+
+func (id peerID) String() string { return id.Pool + "/" + id.Member }
+
 // peerAnswer is the body of GET /peer/zk.
 type peerAnswer struct {
-	Member    string `json:"member"`
-	Pool      string `json:"pool"`
-	ZK        string `json:"zk"`
-	Connected bool   `json:"connected"`
-	Mode      string `json:"mode"`
-	Nonce     string `json:"nonce"`
+	V           int    `json:"v"`
+	AskerPool   string `json:"asker_pool"`
+	AskerMember string `json:"asker_member"`
+	Pool        string `json:"pool"`
+	Member      string `json:"member"`
+	Nonce       string `json:"nonce"`
+	ZK          string `json:"zk"`
+	Connected   bool   `json:"connected"`
+	Mode        string `json:"mode"`
+}
+
+func (a *peerAnswer) asker() peerID    { return peerID{a.AskerPool, a.AskerMember} }
+func (a *peerAnswer) answerer() peerID { return peerID{a.Pool, a.Member} }
+
+// peerQuestion is what the asker expects the answer to be bound to.
+type peerQuestion struct {
+	asker peerID // this supervisor
+	peer  peerID // the member asked, from the peer list
+	nonce string // fresh, 32 hex digits
+}
+
+// peerMAC signs an answer: HMAC-SHA256 under the secret over the domain
+// tag, then each of asker pool, asker member, answerer pool, answerer
+// member, nonce, zk, mode as a 4-byte big-endian length and its bytes, then
+// connected as one byte. Length prefixes make the encoding unambiguous
+// (no field can run into the next).
+func peerMAC(secret []byte, q peerQuestion, zk string, connected bool, mode string) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(peerDomain))
+	var n [4]byte
+	for _, f := range []string{q.asker.Pool, q.asker.Member, q.peer.Pool, q.peer.Member, q.nonce, zk, mode} {
+		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
+		h.Write(n[:])
+		h.Write([]byte(f))
+	}
+	if connected {
+		h.Write([]byte{1})
+	} else {
+		h.Write([]byte{0})
+	}
+	return h.Sum(nil)
 }
 
 type peer struct {
-	name  string // pool/member
+	id    peerID
 	admin string
 }
 
@@ -123,17 +182,27 @@ func (s *Supervisor) listPeers(ctx context.Context) ([]peer, error) {
 			if e.Err != nil || e.Rec.Admin == "" || e.Rec.Admin == self || (pool == s.opts.Pool && e.Name == s.opts.Member) {
 				continue
 			}
-			out = append(out, peer{name: pool + "/" + e.Name, admin: e.Rec.Admin})
+			out = append(out, peer{id: peerID{pool, e.Name}, admin: e.Rec.Admin})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	sort.Slice(out, func(i, j int) bool { return out[i].id.String() < out[j].id.String() })
 	return out, nil
 }
 
 // checkPeers asks every known peer at once, each bounded by PeerTimeout.
 func (s *Supervisor) checkPeers(ctx context.Context) peerVerdict {
-	peers := s.peers.get()
-	v := peerVerdict{known: len(peers), grace: s.opts.Session.SessionTimeout() * 2 / 3}
+	v := askPeers(ctx, s.peerClient, s.self(), s.AdminAddr(), s.peers.get(), s.opts.PeerSecret)
+	v.grace = s.opts.Session.SessionTimeout() * 2 / 3
+	return v
+}
+
+func (s *Supervisor) self() peerID { return peerID{s.opts.Pool, s.opts.Member} }
+
+// askPeers asks peers at once as self, whose admin address is selfAdmin.
+// A peer list entry naming this supervisor (by identity or admin address)
+// is known but never asked: a host must not vote for itself.
+func askPeers(ctx context.Context, c *http.Client, self peerID, selfAdmin string, peers []peer, secret []byte) peerVerdict {
+	v := peerVerdict{known: len(peers)}
 	type res struct {
 		p   peer
 		a   *peerAnswer
@@ -144,7 +213,11 @@ func (s *Supervisor) checkPeers(ctx context.Context) peerVerdict {
 	defer cancel()
 	for _, p := range peers {
 		go func() {
-			a, err := askPeer(ctx, s.peerClient, p.admin, s.opts.PeerSecret)
+			if p.id == self || (selfAdmin != "" && p.admin == selfAdmin) {
+				ch <- res{p, nil, fmt.Errorf("the peer list names this supervisor itself (%s at %s): not asked", p.id, p.admin)}
+				return
+			}
+			a, err := askPeer(ctx, c, p.admin, self, p.id, secret)
 			ch <- res{p, a, err}
 		}()
 	}
@@ -153,12 +226,12 @@ func (s *Supervisor) checkPeers(ctx context.Context) peerVerdict {
 		switch {
 		case r.err != nil:
 			if len(v.errs) < 5 {
-				v.errs = append(v.errs, r.p.name+": "+r.err.Error())
+				v.errs = append(v.errs, r.p.id.String()+": "+r.err.Error())
 			}
 		default:
 			v.answered++
 			if r.a.Connected {
-				v.connected = append(v.connected, r.p.name)
+				v.connected = append(v.connected, r.p.id.String())
 			}
 		}
 	}
@@ -166,14 +239,15 @@ func (s *Supervisor) checkPeers(ctx context.Context) peerVerdict {
 	return v
 }
 
-// askPeer asks one peer and checks its answer.
-func askPeer(ctx context.Context, c *http.Client, admin string, secret []byte) (*peerAnswer, error) {
+// askPeer asks the peer want at admin, as self, and checks its answer.
+func askPeer(ctx context.Context, c *http.Client, admin string, self, want peerID, secret []byte) (*peerAnswer, error) {
 	nb := make([]byte, 16)
 	if _, err := rand.Read(nb); err != nil {
 		return nil, err
 	}
-	nonce := hex.EncodeToString(nb)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+peerPath+"?nonce="+nonce, nil)
+	q := peerQuestion{asker: self, peer: want, nonce: hex.EncodeToString(nb)}
+	query := url.Values{"v": {strconv.Itoa(peerProto)}, "nonce": {q.nonce}, "asker_pool": {self.Pool}, "asker_member": {self.Member}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+peerPath+"?"+query.Encode(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -187,48 +261,70 @@ func askPeer(ctx context.Context, c *http.Client, admin string, secret []byte) (
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: HTTP %d", peerPath, resp.StatusCode)
+		return nil, fmt.Errorf("%s: HTTP %d: %s", peerPath, resp.StatusCode, strings.TrimSpace(string(body[:min(len(body), 200)])))
 	}
-	return verifyPeerAnswer(body, resp.Header.Get(peerMACHeader), nonce, secret)
+	return verifyPeerAnswer(body, resp.Header.Get(peerMACHeader), q, secret)
 }
 
-// verifyPeerAnswer decodes an answer and checks that it is for this nonce
-// and, with a secret, signed with it.
-func verifyPeerAnswer(body []byte, mac, nonce string, secret []byte) (*peerAnswer, error) {
-	if len(secret) > 0 {
-		got, err := hex.DecodeString(mac)
-		if err != nil || !hmac.Equal(got, peerMAC(secret, body)) {
-			return nil, fmt.Errorf("answer not signed with the peer secret")
-		}
-	}
+// verifyPeerAnswer decodes an answer and checks that it is bound to q: in
+// this protocol version, from q.peer (never from q.asker itself), for
+// q.asker and q.nonce, and, with a secret, signed over exactly that.
+func verifyPeerAnswer(body []byte, mac string, q peerQuestion, secret []byte) (*peerAnswer, error) {
 	var a peerAnswer
 	if err := json.Unmarshal(body, &a); err != nil {
 		return nil, fmt.Errorf("answer: %v", err)
 	}
-	if a.Nonce != nonce {
-		return nil, fmt.Errorf("answer is for another request (nonce %q)", a.Nonce)
+	switch {
+	case a.V != peerProto:
+		return nil, fmt.Errorf("answer in peer protocol version %d, not %d (a supervisor older than this one?): not counted", a.V, peerProto)
+	case a.answerer() == q.asker:
+		return nil, fmt.Errorf("answer from this supervisor itself (%s), reflected back: not counted", q.asker)
+	case a.answerer() != q.peer:
+		return nil, fmt.Errorf("answer from %s, not from the peer asked (%s): not counted", a.answerer(), q.peer)
+	case a.asker() != q.asker:
+		return nil, fmt.Errorf("answer to another asker (%s): not counted", a.asker())
+	case a.Nonce != q.nonce:
+		return nil, fmt.Errorf("answer is for another request (nonce %q): not counted", a.Nonce)
+	}
+	if len(secret) > 0 {
+		// From q, not from the body: the MAC must be over what we asked.
+		got, err := hex.DecodeString(mac)
+		if err != nil || !hmac.Equal(got, peerMAC(secret, q, a.ZK, a.Connected, a.Mode)) {
+			return nil, fmt.Errorf("answer not signed with the peer secret for this question: not counted")
+		}
 	}
 	return &a, nil
 }
 
-func peerMAC(secret, body []byte) []byte {
-	h := hmac.New(sha256.New, secret)
-	h.Write(body)
-	return h.Sum(nil)
-}
-
-// servePeer answers GET /peer/zk.
+// servePeer answers GET /peer/zk?v=2&nonce=N&asker_pool=P&asker_member=M.
 func (s *Supervisor) servePeer(w http.ResponseWriter, r *http.Request) {
-	nonce := r.URL.Query().Get("nonce")
-	if len(nonce) != 32 {
+	qv := r.URL.Query()
+	if v := qv.Get("v"); v != strconv.Itoa(peerProto) {
+		http.Error(w, fmt.Sprintf("peer protocol version %q: this supervisor answers only v=%d (the asker is older or newer; docs/supervisor.md, Fail-static)", v, peerProto), http.StatusBadRequest)
+		return
+	}
+	nonce := qv.Get("nonce")
+	if _, err := hex.DecodeString(nonce); err != nil || len(nonce) != 32 {
 		http.Error(w, "nonce: want 32 hex digits", http.StatusBadRequest)
 		return
 	}
-	if _, err := hex.DecodeString(nonce); err != nil {
-		http.Error(w, "nonce: want 32 hex digits", http.StatusBadRequest)
+	asker := peerID{qv.Get("asker_pool"), qv.Get("asker_member")}
+	if err := topo.ValidName("asker pool", asker.Pool); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	a := peerAnswer{Member: s.opts.Member, Pool: s.opts.Pool, Nonce: nonce, ZK: "none"}
+	if err := topo.ValidName("asker member", asker.Member); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	self := s.self()
+	if asker == self {
+		// Our own question came back to us (a peer list entry or a proxy
+		// pointing here): answering would be a vote for ourselves.
+		http.Error(w, "asked by "+self.String()+", which is this supervisor: it does not answer its own question", http.StatusConflict)
+		return
+	}
+	a := peerAnswer{V: peerProto, AskerPool: asker.Pool, AskerMember: asker.Member, Pool: self.Pool, Member: self.Member, Nonce: nonce, ZK: "none"}
 	if ss := s.opts.Session; ss != nil {
 		st := ss.State()
 		a.ZK, a.Connected = st.String(), st == zksession.StateConnected
@@ -238,8 +334,10 @@ func (s *Supervisor) servePeer(w http.ResponseWriter, r *http.Request) {
 	s.snapMu.Unlock()
 	body, _ := json.Marshal(a)
 	if len(s.opts.PeerSecret) > 0 {
-		w.Header().Set(peerMACHeader, hex.EncodeToString(peerMAC(s.opts.PeerSecret, body)))
+		q := peerQuestion{asker: asker, peer: self, nonce: nonce}
+		w.Header().Set(peerMACHeader, hex.EncodeToString(peerMAC(s.opts.PeerSecret, q, a.ZK, a.Connected, a.Mode)))
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	_, _ = w.Write(body)
 }

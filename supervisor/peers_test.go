@@ -1,13 +1,18 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -18,61 +23,236 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-// The peer channel is a trust boundary: an answer decides whether a host
-// cut off from ZooKeeper keeps serving. The attacks: a stranger answering
-// on a peer's address without the secret, a replayed genuine answer, and
-// a tampered one.
-func TestPeerAnswersMustBeSignedAndFresh(t *testing.T) {
-	secret := []byte("fleet secret")
-	sv := &Supervisor{opts: Options{Member: "b", Pool: "web", PeerSecret: secret}}
+// peerHost is one supervisor's /peer/zk answering as pool/member (no
+// session: it answers "zk": "none", not connected, which is what an
+// attacker wants a cut-off host to hear).
+func peerHost(t *testing.T, pool, member string, secret []byte) (*Supervisor, string) {
+	t.Helper()
+	sv := &Supervisor{opts: Options{Pool: pool, Member: member, PeerSecret: secret}}
 	sv.snap.State = "lost"
-	real := httptest.NewServer(http.HandlerFunc(sv.servePeer))
-	defer real.Close()
-	c := &http.Client{}
-	ctx := context.Background()
-	admin := strings.TrimPrefix(real.URL, "http://")
+	srv := httptest.NewServer(http.HandlerFunc(sv.servePeer))
+	t.Cleanup(srv.Close)
+	return sv, strings.TrimPrefix(srv.URL, "http://")
+}
 
-	a, err := askPeer(ctx, c, admin, secret)
-	if err != nil || a.Member != "b" || a.Connected || a.ZK != "none" {
-		t.Fatalf("a genuine answer: %+v %v", a, err)
-	}
-	// A stranger that does not know the secret answers "ZooKeeper is down
-	// here too" to keep a cut-off host serving.
-	forged := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := json.Marshal(peerAnswer{Member: "b", Pool: "web", ZK: "lost", Nonce: r.URL.Query().Get("nonce")})
-		w.Header().Set(peerMACHeader, hex.EncodeToString(peerMAC([]byte("guess"), b)))
-		w.Write(b)
-	}))
-	defer forged.Close()
-	if _, err := askPeer(ctx, c, strings.TrimPrefix(forged.URL, "http://"), secret); err == nil || !strings.Contains(err.Error(), "not signed") {
-		t.Fatalf("forged answer accepted: %v", err)
-	}
-	// Replay: a genuine signed answer to an earlier question.
-	req := httptest.NewRequest("GET", peerPath+"?nonce=00112233445566778899aabbccddeeff", nil)
+// question asks sv directly (no network) and returns the body and MAC.
+func question(t *testing.T, sv *Supervisor, asker peerID, nonce string) ([]byte, string) {
+	t.Helper()
+	q := url.Values{"v": {"2"}, "nonce": {nonce}, "asker_pool": {asker.Pool}, "asker_member": {asker.Member}}
 	rec := httptest.NewRecorder()
-	sv.servePeer(rec, req)
-	old, mac := rec.Body.Bytes(), rec.Header().Get(peerMACHeader)
-	if _, err := verifyPeerAnswer(old, mac, "00112233445566778899aabbccddeeff", secret); err != nil {
+	sv.servePeer(rec, httptest.NewRequest("GET", peerPath+"?"+q.Encode(), nil))
+	if rec.Code != 200 {
+		t.Fatalf("%s asked by %s: HTTP %d %s", sv.self(), asker, rec.Code, rec.Body)
+	}
+	return rec.Body.Bytes(), rec.Header().Get(peerMACHeader)
+}
+
+// serveFixed serves body and mac at a new address, whatever is asked.
+func serveFixed(t *testing.T, fn func(r *http.Request) ([]byte, string)) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, mac := fn(r)
+		if mac != "" {
+			w.Header().Set(peerMACHeader, mac)
+		}
+		w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// relayTo forwards each question to target's /peer/zk after edit (a
+// proxy at one address relaying another supervisor's answers, MAC and all).
+func relayTo(t *testing.T, target string, edit func(url.Values)) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if edit != nil {
+			edit(q)
+		}
+		resp, err := http.Get("http://" + target + peerPath + "?" + q.Encode())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set(peerMACHeader, resp.Header.Get(peerMACHeader))
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+func reencode(t *testing.T, body []byte, edit func(*peerAnswer)) []byte {
+	t.Helper()
+	var a peerAnswer
+	if err := json.Unmarshal(body, &a); err != nil {
+		t.Fatal(err)
+	}
+	edit(&a)
+	b, _ := json.Marshal(a)
+	return b
+}
+
+// The peer channel is a trust boundary: an answer decides whether a host
+// cut off from ZooKeeper keeps serving. Each attack below hands web/a, the
+// asker, an answer saying "ZooKeeper is down here too" that must not count.
+func TestPeerAnswersAreBoundToAskerAnswererAndNonce(t *testing.T) {
+	secret := []byte("fleet secret, at least 16 bytes")
+	ctx := context.Background()
+	c := &http.Client{}
+	A, B, C := peerID{"web", "a"}, peerID{"web", "b"}, peerID{"api", "c"}
+	svA, adminA := peerHost(t, A.Pool, A.Member, secret)
+	svB, adminB := peerHost(t, B.Pool, B.Member, secret)
+	_, adminC := peerHost(t, C.Pool, C.Member, secret)
+	_ = svA
+
+	// The genuine case: each peer at its own address answers for itself.
+	v := askPeers(ctx, c, A, adminA, []peer{{B, adminB}, {C, adminC}}, secret)
+	if v.answered != 2 || len(v.errs) != 0 {
+		t.Fatalf("genuine answers: %+v", v)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		peers []peer // what web/a's peer list says
+		want  string // why the (only) answer is not counted
+	}{
+		// Reflection, the adversarial run's finding: web/c's address
+		// leads to web/a's own admin (a proxy, a stale record, NAT).
+		{"reflection: a proxy at c's address forwards to a's own admin",
+			[]peer{{C, relayTo(t, adminA, nil)}}, "HTTP 409"},
+		{"reflection with the asker rewritten so that a answers",
+			[]peer{{C, relayTo(t, adminA, func(q url.Values) { q.Set("asker_member", "x") })}}, "this supervisor itself"},
+		{"reflection with the answer relabelled as c's",
+			[]peer{{C, serveFixed(t, func(r *http.Request) ([]byte, string) {
+				body, mac := question(t, svA, peerID{"web", "x"}, r.URL.Query().Get("nonce"))
+				return reencode(t, body, func(a *peerAnswer) { a.Pool, a.Member, a.AskerMember = C.Pool, C.Member, A.Member }), mac
+			})}}, "not signed"},
+		{"the peer list names a itself", []peer{{A, adminB}}, "not asked"},
+		{"the peer list gives a's own admin address", []peer{{C, adminA}}, "not asked"},
+		// b's genuine, signed answer to a's very question, served at c's
+		// address: it must come from exactly the peer asked.
+		{"relayed from another host", []peer{{C, relayTo(t, adminB, nil)}}, "not from the peer asked (api/c)"},
+		{"relayed from another host, relabelled as c's",
+			[]peer{{C, serveFixed(t, func(r *http.Request) ([]byte, string) {
+				body, mac := question(t, svB, A, r.URL.Query().Get("nonce"))
+				return reencode(t, body, func(a *peerAnswer) { a.Pool, a.Member = C.Pool, C.Member }), mac
+			})}}, "not signed"},
+		// b answered another asker's question carrying a's nonce (an
+		// attacker in the path asked b as web/x); served to a at b's
+		// address.
+		{"an answer for another asker",
+			[]peer{{B, relayTo(t, adminB, func(q url.Values) { q.Set("asker_member", "x") })}}, "another asker (web/x)"},
+		{"an answer for another asker, relabelled for a",
+			[]peer{{B, serveFixed(t, func(r *http.Request) ([]byte, string) {
+				body, mac := question(t, svB, peerID{"web", "x"}, r.URL.Query().Get("nonce"))
+				return reencode(t, body, func(a *peerAnswer) { a.AskerMember = A.Member }), mac
+			})}}, "not signed"},
+		// Replay: b's genuine answer to a's earlier question.
+		{"replay of an answer to an older nonce",
+			[]peer{{B, serveFixed(t, func(*http.Request) ([]byte, string) {
+				return question(t, svB, A, "00112233445566778899aabbccddeeff")
+			})}}, "another request"},
+		{"replay with the nonce rewritten",
+			[]peer{{B, serveFixed(t, func(r *http.Request) ([]byte, string) {
+				body, mac := question(t, svB, A, "00112233445566778899aabbccddeeff")
+				return reencode(t, body, func(a *peerAnswer) { a.Nonce = r.URL.Query().Get("nonce") }), mac
+			})}}, "not signed"},
+		{"unsigned",
+			[]peer{{B, serveFixed(t, func(r *http.Request) ([]byte, string) {
+				body, _ := question(t, svB, A, r.URL.Query().Get("nonce"))
+				return body, ""
+			})}}, "not signed"},
+		{"signed with another secret",
+			[]peer{{B, serveFixed(t, func(r *http.Request) ([]byte, string) {
+				q := peerQuestion{A, B, r.URL.Query().Get("nonce")}
+				body, _ := json.Marshal(peerAnswer{V: 2, AskerPool: A.Pool, AskerMember: A.Member, Pool: B.Pool, Member: B.Member, Nonce: q.nonce, ZK: "lost", Mode: "lost"})
+				return body, hex.EncodeToString(peerMAC([]byte("a guess"), q, "lost", false, "lost"))
+			})}}, "not signed"},
+		// Version 1: no "v", no asker, HMAC over the body.
+		{"old format",
+			[]peer{{B, serveFixed(t, func(r *http.Request) ([]byte, string) {
+				body := fmt.Appendf(nil, `{"member":"b","pool":"web","zk":"lost","connected":false,"mode":"lost","nonce":%q}`, r.URL.Query().Get("nonce"))
+				m := hmac.New(sha256.New, secret)
+				m.Write(body)
+				return body, hex.EncodeToString(m.Sum(nil))
+			})}}, "protocol version 0, not 2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := askPeers(ctx, c, A, adminA, tc.peers, secret)
+			if v.known != 1 || v.answered != 0 || len(v.errs) != 1 || !strings.Contains(v.errs[0], tc.want) {
+				t.Fatalf("verdict %+v; want the answer refused with %q", v, tc.want)
+			}
+			if v.outage() {
+				t.Fatal("counted as an outage")
+			}
+		})
+	}
+
+	// Tampering with any signed field of a genuine answer.
+	nonce := "00112233445566778899aabbccddeeff"
+	body, mac := question(t, svB, A, nonce)
+	q := peerQuestion{A, B, nonce}
+	if _, err := verifyPeerAnswer(body, mac, q, secret); err != nil {
 		t.Fatalf("the genuine answer itself: %v", err)
 	}
-	if _, err := verifyPeerAnswer(old, mac, "ffeeddccbbaa99887766554433221100", secret); err == nil || !strings.Contains(err.Error(), "another request") {
-		t.Fatalf("replayed answer accepted: %v", err)
+	for name, edit := range map[string]func(*peerAnswer){
+		"connected": func(a *peerAnswer) { a.Connected = !a.Connected },
+		"zk":        func(a *peerAnswer) { a.ZK = "connected" },
+		"mode":      func(a *peerAnswer) { a.Mode = "serving" },
+	} {
+		if _, err := verifyPeerAnswer(reencode(t, body, edit), mac, q, secret); err == nil || !strings.Contains(err.Error(), "not signed") {
+			t.Errorf("tampered %s accepted: %v", name, err)
+		}
 	}
-	// Tampered: connected flipped, MAC kept.
-	tampered := []byte(strings.Replace(string(old), `"connected":false`, `"connected":true`, 1))
-	if _, err := verifyPeerAnswer(tampered, mac, "00112233445566778899aabbccddeeff", secret); err == nil {
-		t.Fatal("tampered answer accepted")
+	// The MAC is over a length-prefixed encoding: moving bytes from one
+	// field to the next does not keep it.
+	if bytes.Equal(peerMAC(secret, peerQuestion{peerID{"web", "ab"}, B, nonce}, "x", false, ""),
+		peerMAC(secret, peerQuestion{peerID{"web", "a"}, peerID{"bweb", "b"}, nonce}, "x", false, "")) ||
+		bytes.Equal(peerMAC(secret, q, "lostx", false, ""), peerMAC(secret, q, "lost", false, "x")) {
+		t.Fatal("ambiguous MAC encoding")
 	}
-	// Without a MAC at all.
-	if _, err := verifyPeerAnswer(old, "", "00112233445566778899aabbccddeeff", secret); err == nil {
-		t.Fatal("unsigned answer accepted")
+	// Without a secret the identity and nonce checks still hold.
+	if _, err := verifyPeerAnswer(body, "", peerQuestion{A, C, nonce}, nil); err == nil {
+		t.Fatal("unauthenticated: an answer from another peer accepted")
 	}
-	// Bad nonces are refused by the answering side.
-	for _, q := range []string{"", "?nonce=short", "?nonce=zz112233445566778899aabbccddeeff"} {
+	if _, err := verifyPeerAnswer(body, "", q, nil); err != nil {
+		t.Fatalf("unauthenticated genuine answer: %v", err)
+	}
+}
+
+// The answering side refuses questions it cannot bind: old protocol, bad
+// nonces, bad or missing asker, and its own identity as the asker.
+func TestPeerQuestionsRefused(t *testing.T) {
+	sv, _ := peerHost(t, "web", "b", []byte("fleet secret, at least 16 bytes"))
+	good := url.Values{"v": {"2"}, "nonce": {"00112233445566778899aabbccddeeff"}, "asker_pool": {"web"}, "asker_member": {"a"}}
+	for _, tc := range []struct {
+		name string
+		edit func(url.Values)
+		code int
+		want string
+	}{
+		{"genuine", func(url.Values) {}, 200, `"v":2`},
+		{"old asker (no version)", func(q url.Values) { q.Del("v"); q.Del("asker_pool"); q.Del("asker_member") }, 400, "answers only v=2"},
+		{"future version", func(q url.Values) { q.Set("v", "3") }, 400, "answers only v=2"},
+		{"no nonce", func(q url.Values) { q.Del("nonce") }, 400, "32 hex"},
+		{"short nonce", func(q url.Values) { q.Set("nonce", "short") }, 400, "32 hex"},
+		{"non-hex nonce", func(q url.Values) { q.Set("nonce", "zz112233445566778899aabbccddeeff") }, 400, "32 hex"},
+		{"no asker", func(q url.Values) { q.Del("asker_member") }, 400, "asker member"},
+		{"asker with a slash", func(q url.Values) { q.Set("asker_pool", "web/a") }, 400, "asker pool"},
+		{"itself as the asker", func(q url.Values) { q.Set("asker_member", "b") }, 409, "its own question"},
+	} {
+		q := url.Values{}
+		for k, v := range good {
+			q[k] = slices.Clone(v)
+		}
+		tc.edit(q)
 		rec := httptest.NewRecorder()
-		sv.servePeer(rec, httptest.NewRequest("GET", peerPath+q, nil))
-		if rec.Code != http.StatusBadRequest {
-			t.Fatalf("nonce %q: HTTP %d", q, rec.Code)
+		sv.servePeer(rec, httptest.NewRequest("GET", peerPath+"?"+q.Encode(), nil))
+		if rec.Code != tc.code || !strings.Contains(rec.Body.String(), tc.want) {
+			t.Errorf("%s: HTTP %d %q; want %d with %q", tc.name, rec.Code, rec.Body, tc.code, tc.want)
 		}
 	}
 }

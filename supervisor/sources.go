@@ -190,7 +190,7 @@ func (s *Supervisor) reload() {
 	go func() {
 		r := s.readZK(10 * time.Second)
 		if r.err != nil {
-			s.log.Error("reload: reading ZooKeeper failed; nothing changes", zap.Error(r.err))
+			s.log.Warn("reload: reading ZooKeeper failed; nothing changes", zap.Error(r.err))
 			return
 		}
 		s.post(r.mp)

@@ -80,7 +80,7 @@ func (m *machine) rejectInWindow(g *generation, w *worker, status string, now ti
 		w.id, w.pid, g.id, g.spec.cfgVersion, now.Sub(w.readyAt).Round(time.Millisecond), win, status)
 	g.failed = true
 	m.noteRollback(g, m.good.spec, "window", reason, now)
-	m.log.Error("new config crashed after READY=1 inside the stability window; rolled back: the previous generation never stopped serving, and this config is not retried until it changes (or HUP)",
+	m.log.Warn("new config crashed after READY=1 inside the stability window; rolled back: the previous generation never stopped serving, and this config is not retried until it changes (or HUP)",
 		zap.Int64("generation", g.id), zap.Int64("config_version", g.spec.cfgVersion), zap.Int64("serving_generation", m.good.id),
 		zap.Int64("serving_config_version", m.good.spec.cfgVersion), zap.String("reason", reason))
 	if m.desired != nil && m.desired.ident() == g.spec.ident() {
@@ -118,7 +118,7 @@ func (m *machine) noteConfigCrash(w *worker, status string, now time.Time) {
 	reason := fmt.Sprintf("%d worker crashes of config version %d within %s of it taking over (rollback_within %s; last: worker %d, pid %d: %s)",
 		m.cfgCrashes, g.spec.cfgVersion, now.Sub(m.cfgSince).Round(time.Millisecond), within, w.id, w.pid, status)
 	m.noteRollback(g, to, "crash_loop", reason, now)
-	m.log.Error("new config crash-loops; rolling back: restarting the previous config now, and not retrying this one until it changes (or HUP)",
+	m.log.Warn("new config crash-loops; rolling back: restarting the previous config now, and not retrying this one until it changes (or HUP)",
 		zap.Int64("generation", g.id), zap.Int64("config_version", g.spec.cfgVersion), zap.Int64("to_config_version", to.cfgVersion), zap.String("reason", reason))
 	if m.desired != nil && m.desired.ident() == g.spec.ident() {
 		m.desired = to.withMap(m.curMap)

@@ -89,25 +89,34 @@ func OutputFlags(defaultLevel string) []cli.Flag {
 
 // Logger builds the process logger from the logging flags.
 func Logger(c *cli.Context) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(c.String(FlagLogLevel))
+	return newLogger(c.String(FlagLogLevel), c.String(FlagLogFormat), "stderr")
+}
+
+// newLogger builds a logger writing to the zap sinks outputs. Stack traces
+// come only at DPanic and above, in either format: an error log is an
+// operational state an operator reads (ZooKeeper unreachable, a bad config
+// refused), not a bug, and zap's production config (--log-format json) put
+// a 30-line Go stack under every one of them.
+func newLogger(level, format string, outputs ...string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, Usagef("--%s: %v", FlagLogLevel, err)
 	}
 	var cfg zap.Config
-	switch c.String(FlagLogFormat) {
+	switch format {
 	case "json":
 		cfg = zap.NewProductionConfig()
 	case "console":
 		cfg = zap.NewDevelopmentConfig()
 		cfg.Development = false
-		cfg.DisableStacktrace = true
 	default:
-		return nil, Usagef("--%s must be console or json, not %q", FlagLogFormat, c.String(FlagLogFormat))
+		return nil, Usagef("--%s must be console or json, not %q", FlagLogFormat, format)
 	}
+	cfg.DisableStacktrace = true // the config's level (Error or Warn); DPanic instead, below
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	cfg.OutputPaths = []string{"stderr"}
+	cfg.OutputPaths = outputs
 	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	return cfg.Build()
+	return cfg.Build(zap.AddStacktrace(zapcore.DPanicLevel))
 }
 
 // Paths returns the cluster's paths from --zk-root and --cluster.
