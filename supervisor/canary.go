@@ -11,8 +11,8 @@ import (
 // every request with an error. Workers accept on the shared sockets from
 // the moment they start, so such a worker can only be kept short, and few:
 //
-//   - Canary: a new config's generation, while another one serves,
-//     starts one worker; the rest start only once that one is ready
+//   - Canary: a new config's generation with a probe, while another one
+//     serves, starts one worker; the rest start only once that one is ready
 //     (READY=1, readiness.delay and a passed probe).
 //   - First probe: from READY=1 on, a worker is probed at once and every
 //     100 ms until its first pass, and the first failure kills it
@@ -32,10 +32,12 @@ import (
 const MaxSwapAttempts = 3
 
 // wantsCanary reports whether a generation of sp, created now, starts
-// with one canary worker: a config that never held, while a worker of
-// another generation is ready to keep serving.
+// with one canary worker: a config with a probe that never held, while a
+// worker of another generation is ready to keep serving. Without a probe
+// the canary would pass at READY=1, which a broken worker says too: it
+// would only cost a boot time.
 func (m *machine) wantsCanary(sp *spec) bool {
-	if m.good == nil || sp.ident() == m.good.spec.ident() || m.held[sp.ident()] {
+	if sp.cfg.Probe == nil || m.good == nil || sp.ident() == m.good.spec.ident() || m.held[sp.ident()] {
 		return false
 	}
 	for _, w := range m.workers {

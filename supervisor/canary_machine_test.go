@@ -143,21 +143,32 @@ func TestMachineFirstProbeFailureOfTheServingGenerationIsACrash(t *testing.T) {
 	}
 }
 
-func TestMachineNoCanaryForAConfigThatHeldOrAMapSwap(t *testing.T) {
+// readyProbed is READY=1 and a passed probe for each worker.
+func (s *sim) readyProbed(ids ...int64) {
+	s.t.Helper()
+	for _, id := range ids {
+		s.ready(id)
+		s.send(evProbe{w: s.w(id), ok: true})
+	}
+}
+
+func TestMachineNoCanaryWithoutAProbeForAConfigThatHeldOrAMapSwap(t *testing.T) {
 	s := newSim(t, true)
 	s.send(evZK{zksession.StateChange{To: zksession.StateConnected}})
 	s.send(mapEv(1))
-	s.serving(2)
+	s.send(poolCfg(1, 2, withProbe))
+	s.readyProbed(1, 2)
 	s.at(time.Second)
 	s.send(mapEv(2))
 	s.at(1250 * ms)
 	s.expect("a new map in swap mode: the config held, all at once", s.tick(),
 		"prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w3 g2", "start w4 g2")
-	s.ready(3, 4)
-	// A change back to a config that held: no canary either.
-	s.swapAt(2*time.Second, poolCfg(2, 2))
-	s.ready(5)
-	s.ready(6)
+	s.readyProbed(3, 4)
+	s.exit(1, "exit status 0")
+	s.exit(2, "exit status 0")
+	s.expect("a new config with a probe: a canary", s.swapAt(2*time.Second, poolCfg(2, 2, withProbe)),
+		"prepare g3", "notify RELOADING=1 STATUS=swapping to generation 3", "start w5 g3")
+	s.readyProbed(5, 6)
 	for _, w := range append([]*worker(nil), s.mc.workers...) {
 		if w.state == wStopping {
 			s.exit(w.id, "exit status 0")
@@ -166,8 +177,16 @@ func TestMachineNoCanaryForAConfigThatHeldOrAMapSwap(t *testing.T) {
 	if s.mc.good.spec.cfgVersion != 2 {
 		t.Fatalf("config 2 not serving: %s", s.workers())
 	}
-	s.expect("back to config 1, which held: all at once", s.swapAt(5*time.Second, poolCfg(1, 2)),
+	s.expect("back to config 1, which held: all at once", s.swapAt(5*time.Second, poolCfg(1, 2, withProbe)),
 		"prepare g4", "notify RELOADING=1 STATUS=swapping to generation 4", "start w7 g4", "start w8 g4")
+	s.readyProbed(7, 8)
+	for _, w := range append([]*worker(nil), s.mc.workers...) {
+		if w.state == wStopping {
+			s.exit(w.id, "exit status 0")
+		}
+	}
+	s.expect("a new config without a probe: the canary would pass at READY=1, so none", s.swapAt(8*time.Second, poolCfg(3, 2)),
+		"prepare g5", "notify RELOADING=1 STATUS=swapping to generation 5", "start w9 g5", "start w10 g5")
 }
 
 func TestMachineNothingServingRetriesForever(t *testing.T) {

@@ -268,25 +268,24 @@ func TestMachineSupersedeDuringSwap(t *testing.T) {
 	s.at(time.Second)
 	s.send(poolCfg(2, 2))
 	s.at(time.Second + 250*ms)
-	s.expect("swap to g2: its canary first", s.tick(), "prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w3 g2")
+	s.expect("swap to g2", s.tick(), "prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w3 g2", "start w4 g2")
 	// A newer change before g2 is ready supersedes it: its starting
 	// workers stop, and the next debounce is doubled.
 	s.at(1500 * ms)
 	s.expect("newer change", s.send(poolCfg(3, 2)))
 	s.at(1750 * ms)
 	s.expect("g3 replaces g2", s.tick(), "prepare g3",
-		"notify RELOADING=1 STATUS=swapping to generation 3", "term w3 superseded", "start w4 g3")
-	s.expect("g3's canary ready: one old retires, the rest starts", s.ready(4), "term w1 replaced", "start w5 g3")
+		"notify RELOADING=1 STATUS=swapping to generation 3", "term w3 superseded", "term w4 superseded", "start w5 g3", "start w6 g3")
 	if !s.mc.gens[1].superseded || s.mc.debounce() != 500*ms {
 		t.Fatalf("g2 superseded %v, debounce %s (want doubled to 500ms)", s.mc.gens[1].superseded, s.mc.debounce())
 	}
-	// The old generation kept serving until the canary was ready.
-	for _, id := range []int64{2} {
+	// The old generation kept serving throughout.
+	for _, id := range []int64{1, 2} {
 		if s.w(id).state != wReady {
 			t.Fatalf("w%d of the serving generation is %s", id, s.w(id).state)
 		}
 	}
-	s.ready(5)
+	s.ready(5, 6)
 	if s.mc.good.id != 3 || s.mc.debounce() != 250*ms {
 		t.Fatalf("serving g%d, debounce %s (want g3, reset to 250ms)", s.mc.good.id, s.mc.debounce())
 	}

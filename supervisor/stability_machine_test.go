@@ -60,10 +60,9 @@ func TestMachineWindowKeepsTheOldGenerationUntilTheNewHolds(t *testing.T) {
 	s := newSim(t, false)
 	st := withStability(10*time.Second, time.Minute)
 	s.serving(2, st)
-	s.expect("swap starts with a canary", s.swapAt(time.Second, poolCfg(2, 2, st)), "prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w3 g2")
+	s.expect("swap starts", s.swapAt(time.Second, poolCfg(2, 2, st)), "prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w3 g2", "start w4 g2")
 	s.at(2 * time.Second)
-	s.expect("canary ready: the rest starts", s.ready(3), "start w4 g2")
-	s.expect("new workers ready: the old stay, both serve", s.ready(4))
+	s.expect("new workers ready: the old stay, both serve", s.ready(3, 4))
 	if d := s.mc.nextWake(s.now); d != time.Second {
 		t.Fatalf("next wake in %s", d) // the 1s housekeeping tick is sooner than the window's end
 	}
@@ -112,7 +111,7 @@ func TestMachineCrashInsideTheWindowRollsBackAndIsNotRetried(t *testing.T) {
 	ev.force = true
 	s.send(ev)
 	s.at(62 * time.Second)
-	s.expect("HUP retries it, canary first", s.tick(), "prepare g3", "notify RELOADING=1 STATUS=swapping to generation 3", "start w5 g3")
+	s.expect("HUP retries it", s.tick(), "prepare g3", "notify RELOADING=1 STATUS=swapping to generation 3", "start w5 g3", "start w6 g3")
 }
 
 func TestMachineNewConfigAfterRollbackSwaps(t *testing.T) {
