@@ -11,7 +11,7 @@ import (
 // nodeConn is a Conn holding one znode, owned by session 1. hook runs once,
 // at the next create, before the create lands.
 type nodeConn struct {
-	Conn // the calls not made here: nil, they panic
+	Conn    // the calls not made here: nil, they panic
 	mu      sync.Mutex
 	data    []byte
 	version int32
