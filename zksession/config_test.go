@@ -2,7 +2,9 @@ package zksession
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -208,5 +210,121 @@ func TestRecordsCredentialIsStable(t *testing.T) {
 		if _, err := RecordsCredential(bad); err == nil {
 			t.Errorf("RecordsCredential(%q) succeeded", bad)
 		}
+	}
+}
+
+// Until the connect response has been read whole, every deadline the
+// library sets (go-zookeeper: 10 × 2/3 of the session timeout, and none for
+// the rest of the response) is capped at the handshake bound: a server that
+// accepts the connection and answers nothing costs the bound, not a minute.
+func TestSniffConnBoundsTheHandshake(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	var failed []string
+	dial := sniffingDialer(func(string, string, time.Duration) (net.Conn, error) { return b, nil }, dialHooks{
+		handshake: func() time.Duration { return 100 * time.Millisecond },
+		onFail:    func(addr string) { failed = append(failed, addr) },
+	})
+	c, err := dial("tcp", "frozen:1", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := c.(*sniffConn)
+	// As the library does: a long deadline, then none, around the read.
+	if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 4))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("read from a silent server: %v, want a timeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handshake read was not bounded")
+	}
+	if len(failed) != 1 || failed[0] != "frozen:1" || sc.hsDone.Load() {
+		t.Fatalf("handshake failures %v, done %v", failed, sc.hsDone.Load())
+	}
+}
+
+// Once the connect response is read, the library's deadlines pass through
+// untouched (a live connection's reads wait as long as it says).
+func TestSniffConnHandshakeDoneLiftsTheCap(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	dial := sniffingDialer(func(string, string, time.Duration) (net.Conn, error) { return b, nil }, dialHooks{
+		handshake: func() time.Duration { return 50 * time.Millisecond },
+	})
+	c, _ := dial("tcp", "s:1", time.Second)
+	sc := c.(*sniffConn)
+	frame := make([]byte, 4+16)
+	binary.BigEndian.PutUint32(frame[0:], 16)
+	binary.BigEndian.PutUint32(frame[8:], 4000)
+	go a.Write(frame)
+	buf := make([]byte, len(frame))
+	if _, err := io.ReadFull(c, buf[:4]); err != nil {
+		t.Fatal(err)
+	}
+	if sc.hsDone.Load() {
+		t.Fatal("handshake done after the length prefix only")
+	}
+	if _, err := io.ReadFull(c, buf[4:]); err != nil {
+		t.Fatal(err)
+	}
+	if !sc.hsDone.Load() || sc.hsAt.Load() == 0 {
+		t.Fatal("handshake not done after the whole connect response")
+	}
+	want := time.Now().Add(time.Hour)
+	if got := sc.capped(want); !got.Equal(want) {
+		t.Fatalf("deadline after the handshake %v, want %v", got, want)
+	}
+	// No deadline left from the handshake: a read now waits for data.
+	go func() { time.Sleep(200 * time.Millisecond); a.Write([]byte{1}) }()
+	if _, err := c.Read(buf[:1]); err != nil {
+		t.Fatalf("read after the handshake: %v", err)
+	}
+}
+
+// A server the session gave up on is skipped while others are left; when
+// every server is avoided, the next one is tried anyway.
+func TestJitterHostsAvoid(t *testing.T) {
+	h := newJitterHosts(10 * time.Millisecond)
+	if err := h.Init([]string{"a:1", "b:2", "c:3"}); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := h.Next()
+	h.Connected()
+	h.Avoid(first, time.Hour)
+	for range 6 {
+		if s, _ := h.Next(); s == first {
+			t.Fatalf("avoided server %s tried while others are left", s)
+		}
+	}
+	for _, s := range h.servers {
+		h.Avoid(s, time.Hour)
+	}
+	seen := map[string]bool{}
+	for range 3 {
+		s, _ := h.Next()
+		seen[s] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("with every server avoided, tried %v", seen)
+	}
+	// One server: every pass after the first is a retry.
+	one := newJitterHosts(10 * time.Millisecond)
+	_ = one.Init([]string{"x:1"})
+	if _, retry := one.Next(); retry {
+		t.Fatal("first try is a retry")
+	}
+	if _, retry := one.Next(); !retry {
+		t.Fatal("second pass over one server is not a retry")
 	}
 }

@@ -1,6 +1,7 @@
 package zksession
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ type Ephemeral struct {
 
 	mu      sync.Mutex
 	data    []byte
+	gen     uint64 // bumped by Set
 	deleted bool
 	// creating: the first create has not returned yet. A re-sync then
 	// leaves the node to it (it lands on the current session or fails).
@@ -80,22 +82,24 @@ func (s *Session) createEphemeral(ctx context.Context, p string, data []byte, ac
 func (e *Ephemeral) Path() string { return e.path }
 
 func (e *Ephemeral) create(ctx context.Context) error {
-	e.mu.Lock()
-	data, deleted := e.data, e.deleted
-	e.mu.Unlock()
-	if deleted {
-		return nil
-	}
-	var st Stat
 	for try := 0; ; try++ {
+		data, gen, deleted := e.latest()
+		if deleted {
+			return nil
+		}
 		err := e.s.create(ctx, e.path, data, zk.FlagEphemeral, e.acl)
-		if !errors.Is(err, ErrNodeExists) {
+		if err == nil {
+			if _, g, _ := e.latest(); g == gen {
+				return nil
+			}
+			// A Set raced with the create (it found no node yet): the node
+			// holds older data than the latest; bring it up to date below.
+		} else if !errors.Is(err, ErrNodeExists) {
 			return err
 		}
 		// It exists: ours (a create whose answer we missed, or a session
 		// that survived a disconnect) or somebody else's.
-		var gerr error
-		_, st, gerr = e.s.Get(ctx, e.path)
+		cur, st, gerr := e.s.Get(ctx, e.path)
 		if errors.Is(gerr, ErrNoNode) && try < 3 {
 			// Gone between the create and the read: its owner's session
 			// just expired (a killed process's lock). Create again.
@@ -104,14 +108,32 @@ func (e *Ephemeral) create(ctx context.Context) error {
 		if gerr != nil {
 			return gerr
 		}
-		break
+		sid := e.s.SessionID()
+		if st.EphemeralOwner != sid {
+			return &OpError{"create ephemeral", e.path, fmt.Errorf("%w (owner 0x%x, this session 0x%x)", ErrOwnedElsewhere, st.EphemeralOwner, sid)}
+		}
+		// The data to keep is read after the node's version: a Set that
+		// landed before the Get has already stored its data here, so it
+		// is never overwritten with what was current before it (the
+		// member record that lost a fail-static episode, issue 24).
+		data, _, _ = e.latest()
+		if bytes.Equal(cur, data) {
+			return nil
+		}
+		_, err = e.s.Set(ctx, e.path, data, st.Version)
+		if errors.Is(err, ErrBadVersion) && try < 3 {
+			continue // a Set landed meanwhile: compare again
+		}
+		return err
 	}
-	sid := e.s.SessionID()
-	if st.EphemeralOwner != sid {
-		return &OpError{"create ephemeral", e.path, fmt.Errorf("%w (owner 0x%x, this session 0x%x)", ErrOwnedElsewhere, st.EphemeralOwner, sid)}
-	}
-	_, err := e.s.Set(ctx, e.path, data, st.Version)
-	return err
+}
+
+// latest is the data to keep, its generation (bumped by every Set) and
+// whether the node was deleted.
+func (e *Ephemeral) latest() ([]byte, uint64, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.data, e.gen, e.deleted
 }
 
 // ensure re-creates the node after a reconnect, retrying while the session
@@ -177,6 +199,7 @@ func (e *Ephemeral) Set(ctx context.Context, data []byte) error {
 	}
 	e.mu.Lock()
 	e.data = data
+	e.gen++
 	e.mu.Unlock()
 	_, err := e.s.Set(ctx, e.path, data, AnyVersion)
 	return err

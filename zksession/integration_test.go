@@ -776,3 +776,85 @@ func TestIntegrationDisconnectNamesTheLostServer(t *testing.T) {
 	}
 	c.waitFor(t, 20*time.Second, func(ch StateChange) bool { return ch.To == StateConnected }, "back on the other server")
 }
+
+// A server that stops answering while it keeps the connection open (a
+// SIGSTOPped server; here a blackholed proxy) is given up on after a third
+// of the session timeout: the session moves to another server with the
+// same id and never counts as lost. A new session whose first server is
+// such a one gets past it within the handshake bound, not go-zookeeper's
+// 10 × 2/3 of the session timeout.
+func TestFaultsFrozenServerPartition(t *testing.T) {
+	testenv.Faults(t)
+	skipUnderRace(t)
+	z, _ := chrooted(t)
+	var proxies []*faultproxy.Proxy
+	var addrs []string
+	for _, srv := range z.Servers {
+		p, err := faultproxy.New(srv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		proxies = append(proxies, p)
+		addrs = append(addrs, p.Addr())
+	}
+	byAddr := func(a string) *faultproxy.Proxy {
+		for _, p := range proxies {
+			if p.Addr() == a {
+				return p
+			}
+		}
+		t.Fatalf("session on %q, none of the proxies %v", a, addrs)
+		return nil
+	}
+	const timeout = 4 * time.Second
+	s := openT(t, Config{Connect: strings.Join(addrs, ",") + z.Root, SessionTimeout: timeout})
+	ctx := ctxT(t)
+	if _, err := s.CreateEphemeral(ctx, "/me", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	sid, on := s.SessionID(), s.Server()
+	c := collect(s)
+	start := time.Now()
+	byAddr(on).SetMode(faultproxy.Blackhole)
+	back := c.waitFor(t, 20*time.Second, func(ch StateChange) bool { return ch.To == StateConnected }, "back on another server")
+	t.Logf("moved from frozen %s to %s in %s (session timeout %s)", on, s.Server(), back.At.Sub(start).Round(time.Millisecond), timeout)
+	if c.saw(StateLost) || back.NewSession || s.SessionID() != sid || s.Server() == on {
+		t.Fatalf("after freezing %s: lost %v, %+v, session 0x%x (was 0x%x), on %s", on, c.saw(StateLost), back, s.SessionID(), sid, s.Server())
+	}
+	if n := s.ServersAbandoned(); n < 1 {
+		t.Fatalf("servers abandoned %d", n)
+	}
+	if _, st, err := s.Get(ctx, "/me"); err != nil || st.EphemeralOwner != sid {
+		t.Fatalf("ephemeral after the move: owner 0x%x, %v", st.EphemeralOwner, err)
+	}
+
+	// A new session that must try the frozen server first (the dial hook
+	// refuses the others until it has): past it within the bound.
+	var triedFrozen atomic.Bool
+	frozen := on
+	dial := func(network, addr string, d time.Duration) (net.Conn, error) {
+		if addr != frozen && !triedFrozen.Load() {
+			return nil, errors.New("test: the frozen server first")
+		}
+		triedFrozen.Store(true)
+		return net.DialTimeout(network, addr, d)
+	}
+	start = time.Now()
+	s2, err := Open(Config{Connect: strings.Join(addrs, ",") + z.Root, SessionTimeout: timeout, Dial: dial, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	// go-zookeeper alone would wait 10 × 2/3 × 4 s = 26.7 s for the
+	// frozen server's answer.
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := s2.WaitConnected(wctx); err != nil {
+		t.Fatalf("new session past a frozen server: %v", err)
+	}
+	t.Logf("new session connected past the frozen server in %s", time.Since(start).Round(time.Millisecond))
+	if !triedFrozen.Load() || s2.ServersAbandoned() != 1 || s2.Server() == frozen {
+		t.Fatalf("tried frozen %v, abandoned %d, on %s", triedFrozen.Load(), s2.ServersAbandoned(), s2.Server())
+	}
+}

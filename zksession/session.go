@@ -61,7 +61,12 @@ type Session struct {
 	kick   chan struct{}
 
 	negotiated atomic.Int64 // ns; 0 until the first connect response
-	lastOK     atomic.Int64 // unix ns of the last call answered by a server
+	// cur is the connection to the server now tried or used (nil on a
+	// Conn of the caller's, OpenConn): the monitor closes it when the
+	// server stops answering, and the library moves to the next server.
+	cur    atomic.Pointer[sniffConn]
+	lastOK atomic.Int64 // unix ns of the last call answered by a server
+	frozen atomic.Int64 // connections given up on: the server stopped answering
 
 	evMu    sync.Mutex
 	zkState zk.State
@@ -94,7 +99,12 @@ func Open(cfg Config) (*Session, error) {
 	s := newSession(cfg, cs)
 	conn, _, err := zk.Connect(cs.Servers, s.cfg.SessionTimeout,
 		zk.WithHostProvider(s.hosts),
-		zk.WithDialer(sniffingDialer(s.cfg.Dial, func(d time.Duration) { s.negotiated.Store(int64(d)) })),
+		zk.WithDialer(sniffingDialer(s.cfg.Dial, dialHooks{
+			onTimeout: func(d time.Duration) { s.negotiated.Store(int64(d)) },
+			handshake: s.handshakeBound,
+			onConn:    s.cur.Store,
+			onFail:    s.handshakeFailed,
+		})),
 		zk.WithLogger(zapLogger{s.log}),
 		zk.WithLogInfo(false),
 		zk.WithEventCallback(s.onEvent),
@@ -417,6 +427,7 @@ func (s *Session) monitor() {
 	)
 	tick := time.NewTicker(s.heartbeatInterval())
 	defer tick.Stop()
+	wake := s.heartbeatInterval()
 	for {
 		// A heartbeat starts on the tick, or on a library event (a
 		// reconnect is confirmed at once), never because the last one
@@ -433,7 +444,6 @@ func (s *Session) monitor() {
 		case <-hbDone:
 			hbBusy = false
 		}
-		tick.Reset(s.heartbeatInterval())
 
 		s.evMu.Lock()
 		zkState, expired, drops := s.zkState, s.expired, s.drops
@@ -463,6 +473,15 @@ func (s *Session) monitor() {
 				s.heartbeat()
 				hbDone <- struct{}{}
 			}()
+		}
+
+		// A server that answers nothing for a third of the session timeout
+		// is given up on: the session moves to another one (it keeps its
+		// id, ephemerals and watches) well before the two thirds after
+		// which it would count as lost. wake is when to look again.
+		wake = s.heartbeatInterval()
+		if hasSession && !dropped {
+			wake = min(wake, s.checkFrozen(lastOK, timeout))
 		}
 
 		switch {
@@ -502,8 +521,63 @@ func (s *Session) monitor() {
 			s.setState(StateConnected, reason, zkSession, newSession)
 			s.resync()
 		}
+		tick.Reset(wake)
 	}
 }
+
+// checkFrozen closes the connection to a server that has answered nothing
+// (no call, no heartbeat) for a third of the session timeout since the
+// later of the last answer and this connection's handshake. A SIGSTOPped
+// server keeps its TCP connections open and answers nothing: the library
+// would wait 2/3 of the session timeout for it (its read deadline), the
+// moment this session counts as lost. Closing the connection makes the
+// library reconnect, with the same session, to the next server, and the
+// server is skipped for a session timeout. It returns how long until the
+// check could fire.
+func (s *Session) checkFrozen(lastOK time.Time, timeout time.Duration) time.Duration {
+	c := s.cur.Load()
+	if c == nil || !c.hsDone.Load() || c.abandoned.Load() {
+		return timeout / 3
+	}
+	ref := lastOK
+	if at := time.Unix(0, c.hsAt.Load()); at.After(ref) {
+		ref = at
+	}
+	silent := time.Since(ref)
+	if silent <= timeout/3 {
+		return max(time.Millisecond, timeout/3-silent+time.Millisecond)
+	}
+	c.abandoned.Store(true)
+	s.hosts.Avoid(c.addr, timeout)
+	s.frozen.Add(1)
+	s.log.Warn("zookeeper server stopped answering; moving the session to another server",
+		zap.String("server", c.addr), zap.Duration("silent_for", silent.Round(time.Millisecond)),
+		zap.Duration("session_timeout", timeout), zap.String("session", fmt.Sprintf("0x%x", s.conn.SessionID())))
+	_ = c.Close()
+	return timeout / 3
+}
+
+// handshakeBound is how long a new connection may take to answer the
+// connect request: a sixth of the session timeout (at least 250 ms), so
+// that a server that stopped answering costs the reconnect at most that
+// before the library tries the next one.
+func (s *Session) handshakeBound() time.Duration {
+	return max(250*time.Millisecond, s.SessionTimeout()/6)
+}
+
+// handshakeFailed: a server accepted the connection but did not answer the
+// connect request in time; it is skipped for a session timeout.
+func (s *Session) handshakeFailed(addr string) {
+	s.hosts.Avoid(addr, s.SessionTimeout())
+	s.frozen.Add(1)
+	s.log.Warn("zookeeper server accepted the connection but did not answer the handshake; trying another server",
+		zap.String("server", addr), zap.Duration("bound", s.handshakeBound()))
+}
+
+// ServersAbandoned counts the connections this session gave up on because
+// the server stopped answering (a call or a handshake), for tests and
+// metrics.
+func (s *Session) ServersAbandoned() int64 { return s.frozen.Load() }
 
 func (s *Session) heartbeatInterval() time.Duration {
 	d := s.SessionTimeout() / 6

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
@@ -92,6 +93,14 @@ func runPoolStatus(c *cli.Context) error {
 					cnt["ready"], m.Target, cnt["starting"], cnt["stopping"])
 				if m.LastError != "" {
 					fmt.Fprintf(w, "    last error: %s\n", m.LastError)
+				}
+				if fs := m.FailStatic; fs != nil {
+					if fs.Until.IsZero() {
+						fmt.Fprintf(w, "    FAIL-STATIC since %s (%d peers agreed): ZooKeeper unreachable for the fleet, serving the last config and map\n", fs.Since.Format(time.RFC3339), fs.Peers)
+					} else {
+						fmt.Fprintf(w, "    last fail-static episode: %s to %s (%s, %d peers agreed)\n", fs.Since.Format(time.RFC3339), fs.Until.Format(time.RFC3339),
+							fs.Until.Sub(fs.Since).Round(time.Second), fs.Peers)
+					}
 				}
 				if rb := m.RolledBack; rb != nil {
 					fmt.Fprintf(w, "    rolled back config %d to %d at %s: %s\n", rb.ConfigVersion, rb.ToConfigVersion, rb.At.Format("2006-01-02T15:04:05Z07:00"), rb.Reason)

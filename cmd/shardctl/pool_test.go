@@ -2,13 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/zktest"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // runPool runs shardctl's pool commands in this process.
@@ -55,5 +60,18 @@ func TestIntegrationPoolSetGetStatus(t *testing.T) {
 	var rep poolStatusReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.ConfigVersion == nil || *rep.ConfigVersion != 1 || len(rep.Members) != 0 {
 		t.Fatalf("status --json %q: %+v %v", out, rep, err)
+	}
+
+	// A member back from a whole-ensemble outage reports the episode.
+	ss := zktest.Session(t, zksession.Config{Connect: z.ConnectString})
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	fs := &topo.FailStatic{Since: since, Until: since.Add(21 * time.Second), Peers: 2}
+	if _, err := topo.RegisterPoolMember(context.Background(), ss, topo.MustPaths(z.Root, "c1"), "web",
+		topo.PoolMember{Version: topo.PoolMemberVersion, Member: "m1", State: "serving", FailStatic: fs}); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runPool(t, z, "pool", "status", "web")
+	if err != nil || !strings.Contains(out, "last fail-static episode: 2026-01-02T03:04:05Z to 2026-01-02T03:04:26Z (21s, 2 peers agreed)") {
+		t.Fatalf("status of a member back from fail-static: %q %v", out, err)
 	}
 }

@@ -123,7 +123,8 @@ func TestZK(t *testing.T) {
 		t.Fatalf("leader %d, %d followers", leader, followers)
 	}
 	conf, err := z.FourLetterWord(0, "conf")
-	if err != nil || !strings.Contains(conf, "maxSessionTimeout=30000") || !strings.Contains(conf, "tickTime=200") {
+	if err != nil || !strings.Contains(conf, "maxSessionTimeout=30000") || !strings.Contains(conf, "tickTime=200") ||
+		!strings.Contains(conf, "syncLimit=10") {
 		t.Fatalf("conf: %v\n%s", err, conf)
 	}
 	// Cleanup deletes nodes whatever their ACLs (as the ZooKeeper superuser).
@@ -412,4 +413,78 @@ func TestSubtestCoveredByParent(t *testing.T) {
 			t.Fatalf("ancestor = %v", a)
 		}
 	})
+}
+
+// A SIGSTOPped leader keeps its sockets open and answers nothing. The
+// followers elect another leader after syncLimit × tickTime; until then no
+// quorum answers. The test measures that window (logged for
+// docs/zookeeper-layout.md) and checks that the two others serve writes
+// again and that the frozen server rejoins once continued.
+func TestFaultsFrozenLeaderElection(t *testing.T) {
+	Faults(t)
+	Exclusive(t)
+	z := StartZK(t)
+	if err := z.StartAll(); err != nil { // brings an older zoo.cfg up to date
+		t.Fatal(err)
+	}
+	conf, err := z.FourLetterWord(0, "conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(conf, "\n") {
+		if strings.HasPrefix(l, "syncLimit=") || strings.HasPrefix(l, "tickTime=") {
+			t.Log(l)
+		}
+	}
+	leader, err := z.Leader()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var others []int
+	for i := range z.Servers {
+		if i != leader {
+			others = append(others, i)
+		}
+	}
+	start := time.Now()
+	z.Freeze(t, leader)
+	var noticed, elected time.Duration
+	WaitFor(t, 60*time.Second, func() bool {
+		leaders, followers := 0, 0
+		for _, i := range others {
+			switch m, _ := z.Mode(i); m {
+			case "leader":
+				leaders++
+			case "follower":
+				followers++
+			}
+		}
+		if noticed == 0 && followers < len(others) {
+			noticed = time.Since(start)
+		}
+		if leaders == 1 && followers == 1 {
+			elected = time.Since(start)
+			return true
+		}
+		return false
+	}, "a new leader among the servers left")
+	t.Logf("frozen leader zk%d: followers gave it up after %s, a new quorum served after %s (no-quorum window)",
+		leader+1, noticed.Round(10*time.Millisecond), elected.Round(10*time.Millisecond))
+	conn, _, err := zk.Connect([]string{z.Servers[others[0]], z.Servers[others[1]]}, 4*time.Second, zk.WithLogger(nopLogger{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	WaitFor(t, 30*time.Second, func() bool {
+		_, err := conn.Create(z.Path("after"), nil, 0, zk.WorldACL(zk.PermAll))
+		return err == nil || errors.Is(err, zk.ErrNodeExists)
+	}, "a write through the new quorum")
+	if err := z.Thaw(leader); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := z.WaitHealthy(ctx); err != nil {
+		t.Fatalf("the continued server did not rejoin: %v", err)
+	}
 }

@@ -329,6 +329,54 @@ func (z *ZK) Kill(i int) error {
 	return nil
 }
 
+// zkPID is the pid of managed server i, checked to be its JVM.
+func (z *ZK) zkPID(i int) (int, error) {
+	dir := filepath.Join(StateDir(), "zk", "zk"+strconv.Itoa(i+1))
+	b, err := os.ReadFile(filepath.Join(dir, "zk.pid"))
+	if err != nil {
+		return 0, fmt.Errorf("testenv: zk%d is not running (no pid file): %w", i+1, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return 0, fmt.Errorf("testenv: zk%d pid file: %w", i+1, err)
+	}
+	if !processAlive(pid, "QuorumPeerMain "+filepath.Join(dir, "zoo.cfg")) {
+		return 0, fmt.Errorf("testenv: zk%d (pid %d) is not running", i+1, pid)
+	}
+	return pid, nil
+}
+
+// Freeze stops server i with SIGSTOP: its process and its sockets stay,
+// and it answers nothing (a hung JVM, a paused VM). It is continued
+// (SIGCONT) when the test ends, before the environment is restored, or by
+// Thaw. Requires Exclusive.
+func (z *ZK) Freeze(t testing.TB, i int) {
+	t.Helper()
+	if err := z.control(i); err != nil {
+		t.Fatal(err)
+	}
+	pid, err := z.zkPID(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("testenv: SIGSTOP zk%d (pid %d): %v", i+1, pid, err)
+	}
+}
+
+// Thaw continues server i after Freeze (SIGCONT). Requires Exclusive.
+func (z *ZK) Thaw(i int) error {
+	if err := z.control(i); err != nil {
+		return err
+	}
+	pid, err := z.zkPID(i)
+	if err != nil {
+		return err
+	}
+	return syscall.Kill(pid, syscall.SIGCONT)
+}
+
 // Start starts server i (if it is not running) and waits until it serves as
 // follower or leader again. Requires Exclusive.
 func (z *ZK) Start(i int) error {

@@ -1,0 +1,128 @@
+package zksession
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/go-zookeeper/zk"
+)
+
+// nodeConn is a Conn holding one znode, owned by session 1. hook runs once,
+// at the next create, before the create lands.
+type nodeConn struct {
+	Conn    // the calls not made here: nil, they panic
+	mu      sync.Mutex
+	data    []byte
+	version int32
+	exists  bool
+	hook    func()
+	writes  []string // data of every create and set that succeeded, in order
+}
+
+func (c *nodeConn) SessionID() int64 { return 1 }
+
+func (c *nodeConn) Create(p string, data []byte, flags int32, acl []zk.ACL) (string, error) {
+	c.mu.Lock()
+	hook := c.hook
+	c.hook = nil
+	c.mu.Unlock()
+	if hook != nil {
+		hook() // an update in the instant before the create lands
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.exists {
+		return "", zk.ErrNodeExists
+	}
+	c.data, c.version, c.exists = data, 0, true
+	c.writes = append(c.writes, string(data))
+	return p, nil
+}
+
+func (c *nodeConn) Get(p string) ([]byte, *zk.Stat, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.exists {
+		return nil, nil, zk.ErrNoNode
+	}
+	return c.data, &zk.Stat{Version: c.version, EphemeralOwner: 1}, nil
+}
+
+func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.exists {
+		return nil, zk.ErrNoNode
+	}
+	if version != AnyVersion && version != c.version {
+		return nil, zk.ErrBadVersion
+	}
+	c.data = data
+	c.version++
+	c.writes = append(c.writes, string(data))
+	return &zk.Stat{Version: c.version, EphemeralOwner: 1}, nil
+}
+
+// An update of an ephemeral node that lands while the session re-syncs the
+// node after a reconnect (same session: the node is still there) is not
+// overwritten with the data from before it. The re-sync read the data to
+// write before the update and the node's version after it; that lost
+// update left supervisors' member records without their fail-static
+// episode after a whole-ensemble outage (issue 24).
+func TestEphemeralUpdateDuringResyncIsKept(t *testing.T) {
+	c := &nodeConn{}
+	s := newSession(Config{}, ConnectString{})
+	s.conn = c
+	s.state = StateConnected
+	ctx := context.Background()
+	e, err := s.CreateEphemeral(ctx, "/m", []byte("before"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.hook = func() {
+		if err := e.Set(ctx, []byte("after")); err != nil {
+			t.Errorf("update: %v", err)
+		}
+	}
+	c.mu.Unlock()
+	e.ensure() // what the re-sync runs on the return to Connected
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if string(c.data) != "after" {
+		t.Fatalf("the node holds %q after the re-sync (writes %q): the update was lost", c.data, c.writes)
+	}
+	if len(c.writes) != 2 {
+		t.Fatalf("writes %q, want the create and the update only", c.writes)
+	}
+}
+
+// An update made while the node is re-created on a new session (it finds
+// no node yet, and the create had read the data before it) is what the
+// re-created node ends up holding.
+func TestEphemeralUpdateDuringRecreateIsKept(t *testing.T) {
+	c := &nodeConn{}
+	s := newSession(Config{}, ConnectString{})
+	s.conn = c
+	s.state = StateConnected
+	ctx := context.Background()
+	e, err := s.CreateEphemeral(ctx, "/m", []byte("before"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.exists = false // the session expired: the node is gone
+	c.hook = func() {
+		if err := e.Set(ctx, []byte("after")); err == nil {
+			t.Error("update of a node that is not there succeeded")
+		}
+	}
+	c.mu.Unlock()
+	e.ensure()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if string(c.data) != "after" {
+		t.Fatalf("re-created node holds %q (writes %q), want the update", c.data, c.writes)
+	}
+}
