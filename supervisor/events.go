@@ -214,6 +214,13 @@ func (m *machine) onProbe(ev evProbe, now time.Time) {
 	}
 	m.m.probeFailures.Inc()
 	if ev.first && w.state == wStarting && !w.claimed.IsZero() {
+		if w.notified.IsZero() && !ev.answered {
+			// Timer mode without READY=1: the timer is a guess, and a
+			// worker that answers nothing may still be booting (it takes
+			// no connection either); readiness.timeout bounds it. One that
+			// answers a failure is up and broken.
+			return
+		}
 		m.onFirstProbeFailure(w, ev.why, now)
 		return
 	}

@@ -1,7 +1,10 @@
 package supervisor
 
 import (
+	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -74,9 +77,10 @@ func TestMachineReview24BindFailuresDoNotRefuseTheConfig(t *testing.T) {
 // (an OOM kill, a bad dependency of both). The canary fails its first
 // probe, and nothing is ready when the retry comes: the retry starts the
 // whole broken generation at once (no canary) and stops the serving
-// config's respawned workers that were booting ("superseded"). With the
-// defaults (retry every 2 s, nothing serving: never refused) a serving
-// config that boots slower than the retry backoff never comes back.
+// config's respawned workers that were booting ("superseded"). Nothing
+// serving, the broken config is never refused: the serving config comes
+// back only once the retry backoff has grown past its boot time (never,
+// if that is over restart.max), N broken workers at once each retry.
 func TestMachineReview24RetryDoesNotStopTheServingConfigsRespawns(t *testing.T) {
 	s := probeServing(t, 2)
 	broken := poolCfg(2, 2, withProbe, restart(time.Second, 8*time.Second))
@@ -120,3 +124,36 @@ func TestMachineReview24RetryDoesNotStopTheServingConfigsRespawns(t *testing.T) 
 }
 
 func fmtSscanf(s, format string, a ...any) (int, error) { return fmt.Sscanf(s, format, a...) }
+
+// The other side of the timer-mode fix: a timer-mode worker that answers
+// its first probe after the timer with an error is up and broken, and is
+// killed as in notify mode.
+func TestMachineReview24TimerModeWorkerAnsweringAFailureIsKilled(t *testing.T) {
+	s := probeServing(t, 1)
+	cfg := poolCfg(2, 1, withProbe, timerMode(2*time.Second), restart(time.Second, 8*time.Second))
+	s.expect("canary", s.swapAt(time.Second, cfg), "prepare g2", "notify RELOADING=1 STATUS=swapping to generation 2", "start w2 g2")
+	s.at(3250 * ms)
+	s.expect("the timer claims it", s.tick(), "probe w2")
+	s.expect("it answers 500: killed, the swap fails", s.send(evProbe{w: s.w(2), why: "status 500", first: true, answered: true}),
+		"kill w2 probe_first", "publish failed g2")
+}
+
+// probeOnce tells an answer from a worker that answers nothing yet (a
+// bound probe socket nobody accepts on: the connection waits in the
+// backlog until probe.timeout).
+func TestReview24ProbeOnceTellsAnAnswerFromSilence(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "broken", 500) }))
+	defer srv.Close()
+	c := &http.Client{Timeout: 100 * ms, Transport: &http.Transport{DisableKeepAlives: true}}
+	if why, answered := probeOnce(context.Background(), c, srv.URL); why != "status 500" || !answered {
+		t.Fatalf("a 500: %q answered=%v", why, answered)
+	}
+	f, addr, err := bindProbe() // listening, never accepted
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if why, answered := probeOnce(context.Background(), c, "http://"+addr+"/"); why == "" || answered {
+		t.Fatalf("silence: %q answered=%v", why, answered)
+	}
+}
