@@ -157,3 +157,33 @@ func TestReview24ProbeOnceTellsAnAnswerFromSilence(t *testing.T) {
 		t.Fatalf("silence: %q answered=%v", why, answered)
 	}
 }
+
+// A new config after a refusal is a first attempt: its retry comes after
+// restart.initial ("retried after restart.initial, doubling"), not after
+// the refused config's fourth backoff.
+func TestMachineReview24NewConfigAfterARefusalStartsItsBackoffAgain(t *testing.T) {
+	s := probeServing(t, 1)
+	mut := []func(*topo.PoolConfig){withProbe, restart(time.Second, 30*time.Second)}
+	fail := func(id int64) {
+		s.t.Helper()
+		s.ready(id)
+		s.send(evProbe{w: s.w(id), why: "status 500", first: true, answered: true})
+		s.exit(id, "signal: killed")
+	}
+	s.swapAt(time.Second, poolCfg(2, 1, mut...))
+	fail(2)
+	s.at(2250 * ms)
+	s.tick()
+	fail(3)
+	s.at(4250 * ms)
+	s.tick()
+	fail(4)
+	if !strings.Contains(s.mc.lastError, "refused") {
+		t.Fatalf("not refused: %s", s.mc.lastError)
+	}
+	s.swapAt(10*time.Second, poolCfg(3, 1, mut...))
+	fail(5)
+	if d := s.mc.retryAt.Sub(s.now); d != time.Second {
+		t.Fatalf("config 3's first failure retries after %s, want restart.initial (1s)", d)
+	}
+}
