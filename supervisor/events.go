@@ -353,6 +353,11 @@ func (m *machine) noteCrash(w *worker, now time.Time) {
 // newer change arrives first.
 func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	g.failed = true
+	if g.spec.cfgID() != m.failedCfg {
+		// Another config's failures (or a refused config's, or before a
+		// HUP) say nothing about this one: its backoff starts again.
+		m.failCount = 0
+	}
 	m.failCount++
 	m.retryAt = now.Add(m.backoff(g.spec.cfg.Restart, m.failCount))
 	m.m.swaps.WithLabelValues(topo.SwapFailed).Inc()
