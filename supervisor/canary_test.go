@@ -54,7 +54,10 @@ func brokenDeploy(t *testing.T, workers int, initial, max, window time.Duration)
 	if window > 0 {
 		time.Sleep(time.Until(start.Add(window)))
 	} else {
-		l.waitTag(t, "v1", int(l.tags["v1"])+200)
+		l.mu.Lock() // the load's goroutines count on
+		v1 := l.tags["v1"]
+		l.mu.Unlock()
+		l.waitTag(t, "v1", v1+200)
 	}
 	close(l.stop)
 	l.wg.Wait()

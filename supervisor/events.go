@@ -214,6 +214,13 @@ func (m *machine) onProbe(ev evProbe, now time.Time) {
 	}
 	m.m.probeFailures.Inc()
 	if ev.first && w.state == wStarting && !w.claimed.IsZero() {
+		if w.notified.IsZero() && !ev.answered {
+			// Timer mode without READY=1: the timer is a guess, and a
+			// worker that answers nothing may still be booting (it takes
+			// no connection either); readiness.timeout bounds it. One that
+			// answers a failure is up and broken.
+			return
+		}
 		m.onFirstProbeFailure(w, ev.why, now)
 		return
 	}
@@ -346,6 +353,11 @@ func (m *machine) noteCrash(w *worker, now time.Time) {
 // newer change arrives first.
 func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	g.failed = true
+	if g.spec.cfgID() != m.failedCfg {
+		// Another config's failures (or a refused config's, or before a
+		// HUP) say nothing about this one: its backoff starts again.
+		m.failCount = 0
+	}
 	m.failCount++
 	m.retryAt = now.Add(m.backoff(g.spec.cfg.Restart, m.failCount))
 	m.m.swaps.WithLabelValues(topo.SwapFailed).Inc()

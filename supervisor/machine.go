@@ -298,12 +298,14 @@ type (
 	// too?" (actCheckPeers).
 	evPeers struct{ v peerVerdict }
 	// evProbe is one HTTP probe of a worker: ok, or why not; first: a
-	// failure after the worker said READY=1 and before its first pass.
+	// failure after the worker said READY=1 and before its first pass;
+	// answered: the worker sent a status (not a timeout or a reset).
 	evProbe struct {
-		w     *worker
-		ok    bool
-		why   string
-		first bool
+		w        *worker
+		ok       bool
+		why      string
+		first    bool
+		answered bool
 	}
 )
 

@@ -74,7 +74,7 @@ func (s *Supervisor) startProbe(w *worker, addr string, p topo.WorkerProbe) {
 			case <-time.After(wait):
 			}
 			wasClaimed := claimed
-			why := probeOnce(ctx, client, url)
+			why, answered := probeOnce(ctx, client, url)
 			if ctx.Err() != nil {
 				return
 			}
@@ -92,7 +92,7 @@ func (s *Supervisor) startProbe(w *worker, addr string, p topo.WorkerProbe) {
 				passing = false
 			}
 			select {
-			case s.events <- evProbe{w: w, ok: passing, why: why, first: first}:
+			case s.events <- evProbe{w: w, ok: passing, why: why, first: first, answered: answered}:
 			case <-ctx.Done():
 				return
 			}
@@ -111,20 +111,22 @@ func (s *Supervisor) claimProbe(w *worker) {
 	}
 }
 
-// probeOnce is one GET: "" when it answered 2xx, else why not.
-func probeOnce(ctx context.Context, c *http.Client, url string) string {
+// probeOnce is one GET: "" when it answered 2xx, else why not; answered:
+// the worker sent a status (it accepts and serves), not a timeout or an
+// error before one.
+func probeOnce(ctx context.Context, c *http.Client, url string) (string, bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err.Error()
+		return err.Error(), false
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return err.Error()
+		return err.Error(), false
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Sprintf("status %d", resp.StatusCode)
+		return fmt.Sprintf("status %d", resp.StatusCode), true
 	}
-	return ""
+	return "", true
 }
