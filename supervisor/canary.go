@@ -20,12 +20,14 @@ import (
 //     generation never stopped.
 //   - Attempts: a config that fails its swap is retried after the restart
 //     backoff (restart.initial doubling up to restart.max), and after
-//     MaxSwapAttempts failures in a row it is refused until it changes
-//     (HUP retries it), as a rolled-back config is. Only while another
-//     generation serves: with nothing serving, retrying costs nothing and
-//     may succeed once what it needs (a database) is back. A config that
-//     already held is retried for ever (a new map in swap mode cannot be
-//     refused: the old map routes to the wrong node).
+//     MaxSwapAttempts swaps whose canary failed its first probe it is
+//     refused until it changes (HUP retries it), as a rolled-back config
+//     is. Only those count: a worker that exits before READY=1, or a bind
+//     that fails, took no traffic, and may work once what it needs (a
+//     database, a port) is back. Only while another generation serves:
+//     with nothing serving, retrying costs nothing. A config that already
+//     held is retried for ever (a new map in swap mode cannot be refused:
+//     the old map routes to the wrong node).
 
 // MaxSwapAttempts is how many swaps in a row to one config may fail
 // before it is refused until it changes.
@@ -33,19 +35,12 @@ const MaxSwapAttempts = 3
 
 // wantsCanary reports whether a generation of sp, created now, starts
 // with one canary worker: a config with a probe that never held, while a
-// worker of another generation is ready to keep serving. Without a probe
-// the canary would pass at READY=1, which a broken worker says too: it
-// would only cost a boot time.
+// generation that held runs (its workers may be respawning: they keep
+// booting beside the canary, keepBooting). Without a probe the canary
+// would pass at READY=1, which a broken worker says too: it would only
+// cost a boot time.
 func (m *machine) wantsCanary(sp *spec) bool {
-	if sp.cfg.Probe == nil || m.good == nil || sp.ident() == m.good.spec.ident() || m.held[sp.ident()] {
-		return false
-	}
-	for _, w := range m.workers {
-		if w.state == wReady {
-			return true
-		}
-	}
-	return false
+	return sp.cfg.Probe != nil && m.good != nil && sp.ident() != m.good.spec.ident() && !m.held[sp.ident()]
 }
 
 // startLimit is how many workers of d may run (starting or ready): one
@@ -84,6 +79,7 @@ func (m *machine) onFirstProbeFailure(w *worker, why string, now time.Time) {
 	m.m.probeFirstFailures.Inc()
 	m.killWorker(w, "probe_first")
 	if inSwap && !g.failed {
+		g.servedBroken = true
 		m.failGeneration(g, reason, now)
 		return
 	}
@@ -95,10 +91,46 @@ func (m *machine) onFirstProbeFailure(w *worker, why string, now time.Time) {
 		zap.Duration("respawn_in", m.respawnAt.Sub(now).Round(time.Millisecond)))
 }
 
-// noteSwapFailure counts a failed swap to g's config and refuses the
-// config once MaxSwapAttempts swaps to it failed in a row while another
-// generation serves. It reports whether it refused it.
+// keepBooting reports whether w, starting, of another generation than d,
+// keeps booting: a worker of the generation that held, respawned after a
+// crash, while d's canary has not passed. Stopping it would leave the
+// pool with nothing to serve if the canary fails.
+func (m *machine) keepBooting(w *worker, d *generation) bool {
+	return d.canary && !d.canaryPassed && w.gen == m.good && m.good != d
+}
+
+// respawnServing keeps the generation that held at its target while d's
+// canary boots: a crash of its workers meanwhile (an OOM kill, a bad
+// dependency of both) is respawned with the crash backoff as outside a
+// swap, or the pool would have nothing to serve if the canary fails.
+func (m *machine) respawnServing(d *generation, now time.Time) {
+	g := m.good
+	if g == nil || g == d || !d.canary || d.canaryPassed || d.established {
+		return
+	}
+	n := 0
+	for _, w := range m.workers {
+		if w.gen == g && w.state != wStopping && !w.retiring {
+			n++
+		}
+	}
+	for ; n < max(1, g.spec.cfg.Workers+m.extra) && !now.Before(m.respawnAt); n++ {
+		m.spawn(g, now)
+		if !m.respawnAt.IsZero() {
+			m.m.restarts.Inc()
+			m.respawnAt = time.Time{}
+		}
+	}
+}
+
+// noteSwapFailure counts a failed swap to g's config whose canary failed
+// its first probe, and refuses the config once MaxSwapAttempts such swaps
+// failed while another generation serves. It reports whether it refused
+// it.
 func (m *machine) noteSwapFailure(g *generation, reason string, now time.Time) bool {
+	if !g.servedBroken {
+		return false
+	}
 	id := g.spec.cfgID()
 	if m.failedCfg != id {
 		m.failedCfg, m.failedTries = id, 0
@@ -121,9 +153,9 @@ func (m *machine) noteSwapFailure(g *generation, reason string, now time.Time) b
 	}
 	m.latest = m.good
 	m.closeUnusedSockets() // sockets only the refused config listed
-	m.lastError = fmt.Sprintf("config version %d refused after %d failed swaps in a row; not retried until it changes (HUP retries it): %s",
+	m.lastError = fmt.Sprintf("config version %d refused after %d swaps whose canary failed its first probe; not retried until it changes (HUP retries it): %s",
 		g.spec.cfgVersion, MaxSwapAttempts, reason)
-	m.log.Error("config refused after failed swaps in a row; the serving generation stays, and this config is not retried until it changes (or HUP)",
+	m.log.Error("config refused after swaps whose canary failed its first probe; the serving generation stays, and this config is not retried until it changes (or HUP)",
 		zap.Int64("config_version", g.spec.cfgVersion), zap.Int("attempts", MaxSwapAttempts), zap.Int64("serving_generation", m.good.id),
 		zap.Int64("serving_config_version", m.good.spec.cfgVersion), zap.String("last_reason", reason))
 	return true

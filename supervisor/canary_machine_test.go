@@ -99,7 +99,7 @@ func TestMachineFirstProbeFailureKillsTheCanaryAndTheConfigIsRefusedAfterThreeAt
 	s.expect("third failure: refused", s.send(evProbe{w: s.w(5), why: "status 500", first: true}), "kill w5 probe_first", "publish failed g4")
 	s.exit(5, "signal: killed")
 	mem, h, _ := s.mc.snapshot()
-	if !strings.Contains(mem.LastError, "refused after 3 failed swaps") || mem.Generation != 1 || !h.ready {
+	if !strings.Contains(mem.LastError, "refused after 3 swaps whose canary failed") || mem.Generation != 1 || !h.ready {
 		t.Fatalf("member %+v health %+v", mem, h)
 	}
 	if g := gaugeValue(t, s, "shardvisor_supervisor_config_refused"); g != 1 {

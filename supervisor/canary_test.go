@@ -79,7 +79,7 @@ func brokenDeploy(t *testing.T, workers int, initial, max, window time.Duration)
 		t.Errorf("%d requests answered 200 by the broken config", l.tags["v2"])
 	}
 	st := e.waitStatus(t, "status failed", func(s *topo.PoolStatus) bool { return s.Result == topo.SwapFailed })
-	if !strings.Contains(st.Error, fmt.Sprintf("refused after %d failed swaps", MaxSwapAttempts)) {
+	if !strings.Contains(st.Error, fmt.Sprintf("refused after %d swaps whose canary failed", MaxSwapAttempts)) {
 		t.Errorf("pool status %+v", st)
 	}
 	if g := testCounter(t, h, "shardvisor_supervisor_config_refused", ""); g != 1 {

@@ -353,10 +353,10 @@ func (m *machine) noteCrash(w *worker, now time.Time) {
 // newer change arrives first.
 func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	g.failed = true
-	if g.spec.cfgID() != m.failedCfg {
-		// Another config's failures (or a refused config's, or before a
-		// HUP) say nothing about this one: its backoff starts again.
-		m.failCount = 0
+	if id := g.spec.ident(); id != m.failCfg {
+		// Another config's failures (or before a HUP) say nothing about
+		// this one: its backoff starts again.
+		m.failCount, m.failCfg = 0, id
 	}
 	m.failCount++
 	m.retryAt = now.Add(m.backoff(g.spec.cfg.Restart, m.failCount))

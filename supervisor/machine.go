@@ -85,9 +85,12 @@ type machine struct {
 	cfgCrashes int
 	bad        string
 	rollback   *topo.Rollback
-	// failedCfg failed failedTries swaps in a row (canary.go).
+	// failedCfg failed failedTries swaps in a row whose canary failed its
+	// first probe (canary.go); failCfg is the config (ident) whose failed
+	// swaps failCount counts for the retry backoff.
 	failedCfg   string
 	failedTries int
+	failCfg     string
 	// rollingBackTo is the config (cfgID) a crash-loop rollback restarts:
 	// its generation's "ok" is published as rolled_back too, so the pool
 	// status record does not lose the rollback to the swap that ends it.
@@ -203,6 +206,10 @@ type generation struct {
 	// config while another generation serves (canary.go).
 	canary       bool
 	canaryPassed bool
+	// servedBroken: the swap failed because a worker failed its first
+	// probe after READY=1 (it took traffic): what counts towards refusing
+	// the config.
+	servedBroken bool
 }
 
 type wstate int

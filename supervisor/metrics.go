@@ -117,7 +117,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		probeFailures:      c("probe_failures_total", "HTTP probes of workers that failed (a timeout, a refused connection, or a status that is not 2xx)."),
 		probeFirstFailures: c("probe_first_failures_total", "Workers killed because their first HTTP probe after READY=1 failed (they accept on the shared sockets from then on)."),
 		configRefused: g("config_refused", "1 while the newest pool config is refused until it changes (rolled back, or "+
-			"MaxSwapAttempts failed swaps in a row); 0 otherwise."),
+			"MaxSwapAttempts swaps whose canary failed its first probe); 0 otherwise."),
 		zkSessionTimeout: g("zk_session_timeout_seconds", "The ZooKeeper session timeout the ensemble granted (0: not connected yet, or no ZooKeeper)."),
 	}
 	reg.MustRegister(m.generation, m.configVersion, m.mapVersion, m.target, m.workers, m.accepting, m.zkState, m.swaps,

@@ -97,7 +97,7 @@ func (m *machine) reconcilePool(now time.Time) {
 	}
 	// Workers that are not of d and not ready serve nobody: stop them.
 	for _, w := range m.workers {
-		if w.state == wStarting && w.gen != d {
+		if w.state == wStarting && w.gen != d && !m.keepBooting(w, d) {
 			reason := "superseded"
 			if w.gen.failed {
 				reason = "swap_failed"
@@ -225,6 +225,7 @@ func (m *machine) reconcilePool(now time.Time) {
 		live++
 		countD++
 	}
+	m.respawnServing(d, now)
 }
 
 // spawn adds a worker of g, to be started by the executor.
