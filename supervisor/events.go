@@ -39,6 +39,8 @@ func (m *machine) handle(ev any, now time.Time) []action {
 		m.onPeers(ev.v, now)
 	case evProbe:
 		m.onProbe(ev, now)
+	case evProcState:
+		m.onProcState(ev, now)
 	}
 	return m.take()
 }
@@ -213,9 +215,7 @@ func (m *machine) onProbe(ev evProbe, now time.Time) {
 			zap.Int("in_a_row", w.probeFails), zap.Int("replace_at", p.Failures))
 		return
 	}
-	m.log.Error("worker HTTP probe failed too often in a row; sending SIGQUIT for a stack dump, SIGKILL follows", zap.Int64("worker", w.id),
-		zap.Int("pid", w.pid), zap.Int64("generation", w.gen.id), zap.String("why", ev.why), zap.Int("failures", w.probeFails))
-	m.quitWorker(w, "probe", now)
+	m.giveUp(w, "probe", "worker HTTP probe failed too often in a row", now, zap.String("why", ev.why), zap.Int("failures", w.probeFails))
 }
 
 // quitWorker stops a ready worker that stopped answering (watchdog,

@@ -140,6 +140,7 @@ type Supervisor struct {
 	sockets   map[string]*boundSocket
 	procs     map[*worker]process
 	probes    map[*worker]context.CancelFunc // HTTP probes running (probe.go)
+	sampled   sampleSet                      // workers the sampler looks at (sampler.go)
 	startedAt time.Time
 	updatedAt time.Time    // when the member record last changed (publish.go)
 	loopAt    atomic.Int64 // unix nanos of the loop's last turn (/livez)
@@ -245,7 +246,8 @@ func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 		up:         *up,
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,
-		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2, failStatic: opts.Session != nil && !opts.NoFailStatic}
+		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2, failStatic: opts.Session != nil && !opts.NoFailStatic,
+		stoppedWarn: stoppedWarnAfter, stoppedReplace: stoppedReplaceAfter}
 	if opts.Session != nil {
 		mcfg.configWhere, mcfg.mapWhere = opts.Paths.PoolConfig(opts.Pool), opts.Paths.Map()
 	}
@@ -372,6 +374,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		srcWG.Add(1)
 		go func() { defer srcWG.Done(); s.pollFile(srcCtx) }()
 	}
+	srcWG.Add(1)
+	go func() { defer srcWG.Done(); s.runSampler(srcCtx) }()
 	s.log.Info("supervisor started", zap.String("member", s.opts.Member), zap.Int("pid", os.Getpid()),
 		zap.String("state_dir", s.opts.StateDir), zap.String("admin", s.AdminAddr()), zap.Stringer("mode", s.mc.mode))
 
@@ -446,6 +450,7 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 				continue
 			}
 			s.procs[a.w] = p
+			s.sampled.add(a.w, sampled{pid: p.pid()})
 			if probeAddr != "" {
 				s.startProbe(a.w, probeAddr, *a.w.gen.spec.cfg.Probe)
 			}
@@ -456,6 +461,12 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			if p := s.procs[a.w]; p != nil {
 				p.signal(syscall.SIGTERM)
 			}
+		case actInspect:
+			st := byte(0)
+			if p := s.procs[a.w]; p != nil {
+				st = procStateOf(p.pid())
+			}
+			acts = slices.Insert(acts, i+1, s.mc.inspected(a.w, st, now)...)
 		case actQuit:
 			if p := s.procs[a.w]; p != nil {
 				p.signal(syscall.SIGQUIT)
@@ -515,6 +526,7 @@ func (s *Supervisor) reap(w *worker) {
 		p.killGroup()
 		delete(s.procs, w)
 	}
+	s.sampled.remove(w)
 	if stop := s.probes[w]; stop != nil {
 		stop()
 		delete(s.probes, w)
