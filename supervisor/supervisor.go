@@ -145,6 +145,7 @@ type Supervisor struct {
 	updatedAt time.Time    // when the member record last changed (publish.go)
 	loopAt    atomic.Int64 // unix nanos of the loop's last turn (/livez)
 	pub       *publisher
+	memberReg *topo.PoolMemberRegistration // claimed before anything starts (member.go)
 
 	peers      peerSet
 	peerClient *http.Client
@@ -334,6 +335,13 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	defer s.stopAdmin()
+	if s.opts.Session != nil {
+		// Before anything is bound, spawned or published: one live
+		// supervisor per member name (member.go).
+		if stop, err := s.claimMember(ctx); err != nil || stop {
+			return err
+		}
+	}
 	srcCtx, stopSources := context.WithCancel(context.Background())
 	var srcWG sync.WaitGroup
 	defer func() {
@@ -367,6 +375,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		zkSub := s.opts.Session.Subscribe()
 		s.mc.startState(s.opts.Session.State())
 		s.pub = newPublisher(s)
+		s.pub.reg = s.memberReg
 		srcWG.Add(1)
 		go func() { defer srcWG.Done(); s.pub.run(srcCtx) }()
 		s.startZKSources(srcCtx, &srcWG, zkSub)
