@@ -41,6 +41,8 @@ func (m *machine) handle(ev any, now time.Time) []action {
 		m.onProbe(ev, now)
 	case evProcState:
 		m.onProcState(ev, now)
+	case evMemory:
+		m.onMemory(ev, now)
 	}
 	return m.take()
 }
@@ -147,6 +149,9 @@ func (m *machine) onNotify(ev evNotify, now time.Time) {
 	}
 	if ev.msg.Status != "" {
 		m.log.Debug("worker status", zap.Int64("worker", w.id), zap.String("status", ev.msg.Status))
+	}
+	if ev.msg.Requests > 0 {
+		m.onRequests(w, ev.msg.Requests, now)
 	}
 	if ev.msg.MapVersion > 0 && w.gen.spec.cfg.MapDelivery.Reload() {
 		m.onMapAck(w, ev.msg.MapVersion, now)

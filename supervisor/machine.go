@@ -247,6 +247,12 @@ type worker struct {
 	stoppedWarned bool
 	giveUpMsg     string
 	giveUpFields  []zap.Field
+
+	// Recycling (recycle.go): the request count it reported and its
+	// limit (drawn at its first report), and its tree's resident memory.
+	requests     uint64
+	requestLimit uint64
+	rss          int64
 }
 
 // routes is the map version w routes by: its acknowledged one in reload

@@ -459,7 +459,7 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 				continue
 			}
 			s.procs[a.w] = p
-			s.sampled.add(a.w, sampled{pid: p.pid()})
+			s.sampled.add(a.w, sampled{pid: p.pid(), mem: a.w.gen.spec.cfg.MaxMemory > 0})
 			if probeAddr != "" {
 				s.startProbe(a.w, probeAddr, *a.w.gen.spec.cfg.Probe)
 			}
