@@ -39,6 +39,10 @@ func (m *machine) handle(ev any, now time.Time) []action {
 		m.onPeers(ev.v, now)
 	case evProbe:
 		m.onProbe(ev, now)
+	case evProcState:
+		m.onProcState(ev, now)
+	case evMemory:
+		m.onMemory(ev, now)
 	}
 	return m.take()
 }
@@ -150,6 +154,9 @@ func (m *machine) onNotify(ev evNotify, now time.Time) {
 	if ev.msg.Status != "" {
 		m.log.Debug("worker status", zap.Int64("worker", w.id), zap.String("status", ev.msg.Status))
 	}
+	if ev.msg.Requests > 0 {
+		m.onRequests(w, ev.msg.Requests, now)
+	}
 	if ev.msg.MapVersion > 0 && w.gen.spec.cfg.MapDelivery.Reload() {
 		m.onMapAck(w, ev.msg.MapVersion, now)
 	}
@@ -233,9 +240,7 @@ func (m *machine) onProbe(ev evProbe, now time.Time) {
 			zap.Int("in_a_row", w.probeFails), zap.Int("replace_at", p.Failures))
 		return
 	}
-	m.log.Error("worker HTTP probe failed too often in a row; sending SIGQUIT for a stack dump, SIGKILL follows", zap.Int64("worker", w.id),
-		zap.Int("pid", w.pid), zap.Int64("generation", w.gen.id), zap.String("why", ev.why), zap.Int("failures", w.probeFails))
-	m.quitWorker(w, "probe", now)
+	m.giveUp(w, "probe", "worker HTTP probe failed too often in a row", now, zap.String("why", ev.why), zap.Int("failures", w.probeFails))
 }
 
 // quitWorker stops a ready worker that stopped answering (watchdog,

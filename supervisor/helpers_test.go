@@ -62,7 +62,9 @@ func TestMain(m *testing.M) {
 // first stops accepting and answers what it accepted, so a test sees only
 // what the supervisor does), TW_HANG_AFTER (every request hangs from then
 // on, while watchdog pings go on; only the worker TW_HANG_WORKER if set),
-// TW_TAG (echoed back).
+// TW_TAG (echoed back), TW_REPORT_REQUESTS=1 (REQUESTS=N after every
+// request), TW_GROW (MiB to allocate and touch once ready; only the worker
+// TW_GROW_WORKER if set).
 func testWorker() int {
 	pid := os.Getpid()
 	if os.Getenv("LISTEN_PID") != strconv.Itoa(pid) {
@@ -139,6 +141,8 @@ func testWorker() int {
 			time.AfterFunc(d, func() { hung.Store(true) })
 		}
 	}
+	var served atomic.Uint64
+	report := os.Getenv("TW_REPORT_REQUESTS") == "1"
 	var serving sync.WaitGroup // Serve loops: each ends after its last Accept
 	var mu sync.Mutex
 	fresh := map[net.Conn]bool{}
@@ -164,6 +168,9 @@ func testWorker() int {
 			MapVersion: mapVersion, MapFile: os.Getenv("SHARDVISOR_MAP_FILE"), Map: mapData, FDNames: names}
 		mapMu.Unlock()
 		_ = json.NewEncoder(w).Encode(rep)
+		if n := served.Add(1); report {
+			_, _ = workerproto.Notify(workerproto.RequestsReport(n))
+		}
 	})}
 	for i := 0; i < n; i++ {
 		f := os.NewFile(uintptr(3+i), names[i])
@@ -180,6 +187,19 @@ func testWorker() int {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM)
 	_, _ = workerproto.Notify("READY=1")
+	var grown [][]byte
+	if mib, err := strconv.Atoi(os.Getenv("TW_GROW")); err == nil {
+		if wid := os.Getenv("TW_GROW_WORKER"); wid == "" || wid == os.Getenv("SHARDVISOR_WORKER_ID") {
+			for i := 0; i < mib; i++ {
+				b := make([]byte, 1<<20)
+				for j := 0; j < len(b); j += 4096 {
+					b[j] = 1 // every page touched: resident
+				}
+				grown = append(grown, b)
+			}
+		}
+	}
+	defer runtime.KeepAlive(grown)
 	if usec, _ := strconv.Atoi(os.Getenv("WATCHDOG_USEC")); usec > 0 && mode != "hang" {
 		go func() {
 			for range time.Tick(time.Duration(usec) * time.Microsecond / 3) {

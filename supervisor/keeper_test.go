@@ -264,7 +264,7 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (procStat{pid: 4242, ppid: 12, pgrp: 4242, state: 'S', threads: 3, start: 987654}); p != want {
+	if want := (procStat{pid: 4242, ppid: 12, pgrp: 4242, state: 'S', threads: 3, start: 987654, rss: 10}); p != want {
 		t.Fatalf("%+v, want %+v", p, want)
 	}
 	for _, bad := range []string{"", "1 (x)", "1 (x) S 1 1", "x (y) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5"} {

@@ -116,9 +116,18 @@ type machineConfig struct {
 	// failStatic: on a session loss, ask the peers before leaving service
 	// (failstatic.go).
 	failStatic bool
+	// stoppedWarn, stoppedReplace: the stopped-worker check (liveness.go);
+	// zero takes the defaults.
+	stoppedWarn, stoppedReplace time.Duration
 }
 
 func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
+	if cfg.stoppedWarn <= 0 {
+		cfg.stoppedWarn = stoppedWarnAfter
+	}
+	if cfg.stoppedReplace <= 0 {
+		cfg.stoppedReplace = stoppedReplaceAfter
+	}
 	mc := &machine{cfg: cfg, log: log, m: m, randN: rand.Int64N, bound: map[string]bool{}, held: map[string]bool{}}
 	if !cfg.zk {
 		mc.mapKnown = true
@@ -255,6 +264,21 @@ type worker struct {
 	// asked to take a newer one (zero: up to date, or not asked yet).
 	mapVersion uint64
 	mapAsked   time.Time
+
+	// Liveness (liveness.go): the process state the executor last
+	// reported, since when it has been stopped, whether that was logged;
+	// and the message of a give-up waiting for its inspection.
+	procState     byte
+	stoppedSince  time.Time
+	stoppedWarned bool
+	giveUpMsg     string
+	giveUpFields  []zap.Field
+
+	// Recycling (recycle.go): the request count it reported and its
+	// limit (drawn at its first report), and its tree's resident memory.
+	requests     uint64
+	requestLimit uint64
+	rss          int64
 }
 
 // routes is the map version w routes by: its acknowledged one in reload

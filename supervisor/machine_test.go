@@ -32,6 +32,7 @@ type sim struct {
 	pid         int
 	failStart   map[int64]bool // worker ids whose start fails
 	failPrepare map[int64]bool // generation ids whose prepare fails
+	procState   map[int64]byte // what inspecting a worker finds (default 'S')
 }
 
 func newSim(t *testing.T, zk bool) *sim {
@@ -40,7 +41,7 @@ func newSim(t *testing.T, zk bool) *sim {
 		debounce: 250 * time.Millisecond, holddown: 3 * time.Second}, zap.NewNop(), newMetrics(nil))
 	mc.randN = func(int64) int64 { return 0 }
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	return &sim{t: t, mc: mc, t0: t0, now: t0, pid: 1000, failStart: map[int64]bool{}, failPrepare: map[int64]bool{}}
+	return &sim{t: t, mc: mc, t0: t0, now: t0, pid: 1000, failStart: map[int64]bool{}, failPrepare: map[int64]bool{}, procState: map[int64]byte{}}
 }
 
 // at sets the clock to t0+d.
@@ -79,6 +80,12 @@ func (s *sim) run(acts []action) []string {
 			}
 			s.pid++
 			s.mc.started(a.w, s.pid)
+		case actInspect:
+			st := s.procState[a.w.id]
+			if st == 0 {
+				st = 'S'
+			}
+			acts = slices.Insert(acts, i+1, s.mc.inspected(a.w, st, s.now)...)
 		}
 	}
 	return out
@@ -474,7 +481,7 @@ func TestMachineWatchdog(t *testing.T) {
 	s.at(1900 * ms)
 	s.expect("pinged in time", s.tick())
 	s.at(1901 * ms)
-	s.expect("silent too long: stack dump; a replacement starts", s.tick(), "quit w1", "start w2 g1")
+	s.expect("silent too long: inspected, stack dump; a replacement starts", s.tick(), "inspect w1 watchdog", "quit w1", "start w2 g1")
 	s.at(1901*ms + WatchdogKillDelay)
 	s.expect("then SIGKILL", s.tick(), "kill w1 watchdog")
 	s.expect("its exit is a crash: respawn after backoff", s.exit(1, "signal: killed"), "clean-maps keep ")

@@ -58,8 +58,8 @@ type metrics struct {
 var (
 	exitKinds   = []string{"expected", "crash", "boot_failure"}
 	stopReasons = []string{"superseded", "swap_failed", "replaced", "scale_down", "readiness_timeout", "shutdown",
-		"max_lifetime", "map_ack_timeout", "rolled_back"}
-	killReasons   = []string{"graceful_timeout", "readiness_timeout", "watchdog", "probe", "probe_first", "zk_lost", "fast_stop"}
+		"max_lifetime", "max_requests", "max_memory", "map_ack_timeout", "rolled_back"}
+	killReasons   = []string{"graceful_timeout", "readiness_timeout", "watchdog", "probe", "probe_first", "stopped", "zk_lost", "fast_stop"}
 	swapResults   = []string{"ok", "failed", "superseded", "invalid_config", "invalid_map", "rolled_back"}
 	rollbackKinds = []string{"window", "crash_loop"}
 )

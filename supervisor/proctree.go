@@ -16,6 +16,7 @@ type procStat struct {
 	state           byte   // R, S, D, Z, T...
 	threads         int    // live threads
 	start           uint64 // start time in clock ticks after boot: tells a reused pid apart
+	rss             int64  // resident set size in pages
 }
 
 // live: not a zombie, or a zombie leader whose other threads still run.
@@ -34,8 +35,9 @@ func parseStat(b []byte) (procStat, error) {
 		return p, fmt.Errorf("unexpected /proc stat format %q", b)
 	}
 	f := strings.Fields(string(b[j+1:]))
-	// After comm: state(3) ppid(4) pgrp(5) ... num_threads(20) ... starttime(22).
-	if len(f) < 20 || len(f[0]) != 1 {
+	// After comm: state(3) ppid(4) pgrp(5) ... num_threads(20) ...
+	// starttime(22) vsize(23) rss(24).
+	if len(f) < 22 || len(f[0]) != 1 {
 		return p, fmt.Errorf("unexpected /proc stat format %q", b)
 	}
 	var err error
@@ -52,7 +54,10 @@ func parseStat(b []byte) (procStat, error) {
 	if p.threads, err = strconv.Atoi(f[17]); err != nil {
 		return p, err
 	}
-	p.start, err = strconv.ParseUint(f[19], 10, 64)
+	if p.start, err = strconv.ParseUint(f[19], 10, 64); err != nil {
+		return p, err
+	}
+	p.rss, err = strconv.ParseInt(f[21], 10, 64)
 	return p, err
 }
 

@@ -64,10 +64,12 @@ func (m *machine) reconcileWorkers(now time.Time) {
 				m.onReadinessTimeout(w, now)
 			}
 		case wReady:
+			m.checkStopped(w, now)
+			if w.state != wReady {
+				continue
+			}
 			if wd := w.gen.spec.cfg.Watchdog.D(); wd > 0 && now.Sub(w.lastPing) > wd {
-				m.log.Error("worker watchdog expired; sending SIGQUIT for a stack dump, SIGKILL follows", zap.Int64("worker", w.id),
-					zap.Int("pid", w.pid), zap.Duration("silent_for", now.Sub(w.lastPing).Round(time.Millisecond)))
-				m.quitWorker(w, "watchdog", now)
+				m.giveUp(w, "watchdog", "worker watchdog expired", now, zap.Duration("silent_for", now.Sub(w.lastPing).Round(time.Millisecond)))
 			} else if !w.retireAt.IsZero() && !w.retiring && !now.Before(w.retireAt) {
 				w.retiring = true
 				w.retireWhy = "max_lifetime"
@@ -412,6 +414,7 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 				at(w.readyAt.Add(win))
 			}
 			at(w.retireAt)
+			at(m.stoppedWake(w))
 			if d := cfg.MapDelivery; d.Reload() && !w.mapAsked.IsZero() {
 				at(w.mapAsked.Add(d.AckTimeout.D()))
 			}

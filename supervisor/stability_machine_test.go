@@ -272,7 +272,7 @@ func TestMachineProbeGatesReadinessAndReplacesAHungWorker(t *testing.T) {
 	s.expect("a pass resets the count", s.send(evProbe{w: s.w(1), ok: true}))
 	s.expect("failure 1", s.send(evProbe{w: s.w(1), why: "timeout"}))
 	s.expect("failure 2", s.send(evProbe{w: s.w(1), why: "timeout"}))
-	s.expect("failure 3: quit, counted as a crash", s.send(evProbe{w: s.w(1), why: "timeout"}), "quit w1", "start w2 g1")
+	s.expect("failure 3: quit, counted as a crash", s.send(evProbe{w: s.w(1), why: "timeout"}), "inspect w1 probe", "quit w1", "start w2 g1")
 	if w := s.w(1); w.stopReason != "probe" || !w.crashLike {
 		t.Fatalf("worker: %+v", w)
 	}

@@ -140,10 +140,12 @@ type Supervisor struct {
 	sockets   map[string]*boundSocket
 	procs     map[*worker]process
 	probes    map[*worker]*probeRun // HTTP probes running (probe.go)
+	sampled   sampleSet             // workers the sampler looks at (sampler.go)
 	startedAt time.Time
 	updatedAt time.Time    // when the member record last changed (publish.go)
 	loopAt    atomic.Int64 // unix nanos of the loop's last turn (/livez)
 	pub       *publisher
+	memberReg *topo.PoolMemberRegistration // claimed before anything starts (member.go)
 
 	peers      peerSet
 	peerClient *http.Client
@@ -245,7 +247,8 @@ func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 		up:         *up,
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,
-		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2, failStatic: opts.Session != nil && !opts.NoFailStatic}
+		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2, failStatic: opts.Session != nil && !opts.NoFailStatic,
+		stoppedWarn: stoppedWarnAfter, stoppedReplace: stoppedReplaceAfter}
 	if opts.Session != nil {
 		mcfg.configWhere, mcfg.mapWhere = opts.Paths.PoolConfig(opts.Pool), opts.Paths.Map()
 	}
@@ -332,6 +335,13 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return err
 	}
 	defer s.stopAdmin()
+	if s.opts.Session != nil {
+		// Before anything is bound, spawned or published: one live
+		// supervisor per member name (member.go).
+		if stop, err := s.claimMember(ctx); err != nil || stop {
+			return err
+		}
+	}
 	srcCtx, stopSources := context.WithCancel(context.Background())
 	var srcWG sync.WaitGroup
 	defer func() {
@@ -365,6 +375,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		zkSub := s.opts.Session.Subscribe()
 		s.mc.startState(s.opts.Session.State())
 		s.pub = newPublisher(s)
+		s.pub.reg = s.memberReg
 		srcWG.Add(1)
 		go func() { defer srcWG.Done(); s.pub.run(srcCtx) }()
 		s.startZKSources(srcCtx, &srcWG, zkSub)
@@ -372,6 +383,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		srcWG.Add(1)
 		go func() { defer srcWG.Done(); s.pollFile(srcCtx) }()
 	}
+	srcWG.Add(1)
+	go func() { defer srcWG.Done(); s.runSampler(srcCtx) }()
 	s.log.Info("supervisor started", zap.String("member", s.opts.Member), zap.Int("pid", os.Getpid()),
 		zap.String("state_dir", s.opts.StateDir), zap.String("admin", s.AdminAddr()), zap.Stringer("mode", s.mc.mode))
 
@@ -446,6 +459,7 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 				continue
 			}
 			s.procs[a.w] = p
+			s.sampled.add(a.w, sampled{pid: p.pid(), mem: a.w.gen.spec.cfg.MaxMemory > 0})
 			if probeAddr != "" {
 				s.startProbe(a.w, probeAddr, *a.w.gen.spec.cfg.Probe)
 			}
@@ -456,6 +470,12 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			if p := s.procs[a.w]; p != nil {
 				p.signal(syscall.SIGTERM)
 			}
+		case actInspect:
+			st := byte(0)
+			if p := s.procs[a.w]; p != nil {
+				st = procStateOf(p.pid())
+			}
+			acts = slices.Insert(acts, i+1, s.mc.inspected(a.w, st, now)...)
 		case actQuit:
 			if p := s.procs[a.w]; p != nil {
 				p.signal(syscall.SIGQUIT)
@@ -517,6 +537,7 @@ func (s *Supervisor) reap(w *worker) {
 		p.killGroup()
 		delete(s.procs, w)
 	}
+	s.sampled.remove(w)
 	if run := s.probes[w]; run != nil {
 		run.cancel()
 		delete(s.probes, w)

@@ -250,6 +250,12 @@ func TestPoolMemberRecreatedAfterExpiry(t *testing.T) {
 	if _, err := RegisterPoolMember(ctx, s2, p, "web", PoolMember{Version: PoolMemberVersion, Member: "h-1"}); !errors.Is(err, zksession.ErrOwnedElsewhere) {
 		t.Fatalf("another process registering h-1: %v, want ErrOwnedElsewhere", err)
 	}
+	if h, err := ReadPoolMemberHolder(ctx, s2, p, "web", "h-1"); err != nil || h.Owner != s1.SessionID() || h.Rec == nil || h.Rec.State != "starting" {
+		t.Fatalf("holder of h-1: %+v %v, want the record owned by session 0x%x", h, err, s1.SessionID())
+	}
+	if _, err := ReadPoolMemberHolder(ctx, s2, p, "web", "h-9"); !errors.Is(err, zksession.ErrNoNode) {
+		t.Fatalf("holder of a free name: %v, want ErrNoNode", err)
+	}
 	if err := reg.Update(ctx, PoolMember{Version: PoolMemberVersion, Member: "h-1", State: "serving", MapVersion: 4}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"path/filepath"
 	"regexp"
@@ -95,6 +96,71 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// ByteSize is a number of bytes written in JSON as a string with a unit
+// ("512MiB", "2GiB", "500MB"), so hand-edited records stay readable and a
+// bare number cannot be misread as kilobytes or pages.
+type ByteSize int64
+
+// byteUnits are the units ParseByteSize accepts, longest first.
+var byteUnits = []struct {
+	name string
+	n    int64
+}{
+	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"kB", 1e3}, {"KB", 1e3}, {"B", 1},
+}
+
+// ParseByteSize parses a whole number and a unit: B, kB (or KB), MB, GB,
+// TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024).
+func ParseByteSize(s string) (ByteSize, error) {
+	t := strings.TrimSpace(s)
+	for _, u := range byteUnits {
+		num, ok := strings.CutSuffix(t, u.name)
+		if !ok {
+			continue
+		}
+		num = strings.TrimSpace(num)
+		n, err := strconv.ParseInt(num, 10, 64)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("size %q: %q is not a whole number of %s (write \"1536MiB\", not \"1.5GiB\")", s, num, u.name)
+		}
+		if n > math.MaxInt64/u.n {
+			return 0, fmt.Errorf("size %q is too large", s)
+		}
+		return ByteSize(n * u.n), nil
+	}
+	return 0, fmt.Errorf("size %q needs a unit: B, kB, MB, GB, TB, KiB, MiB, GiB or TiB (as in \"512MiB\")", s)
+}
+
+// String is the size in the largest binary unit that divides it.
+func (b ByteSize) String() string {
+	for _, u := range byteUnits[:4] {
+		if b != 0 && int64(b)%u.n == 0 {
+			return strconv.FormatInt(int64(b)/u.n, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(int64(b), 10) + "B"
+}
+
+func (b ByteSize) MarshalJSON() ([]byte, error) { return json.Marshal(b.String()) }
+
+func (b *ByteSize) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("size must be a string with a unit such as \"512MiB\", not %s", data)
+	}
+	v, err := ParseByteSize(s)
+	if err != nil {
+		return err
+	}
+	*b = v
+	return nil
+}
+
+// MinMaxMemory is the smallest max_memory a pool may set: below it every
+// worker would be replaced as soon as it is ready.
+const MinMaxMemory = ByteSize(16 << 20)
+
 // PoolConfig is a supervisor pool's config, stored at Paths.PoolConfig and
 // written by `shardctl pool set` with compare-and-swap. Fields that are zero
 // or omitted take the defaults above (see Effective).
@@ -121,6 +187,14 @@ type PoolConfig struct {
 	// MaxLifetimeJitter. 0 = never.
 	MaxLifetime       Duration `json:"max_lifetime,omitempty"`
 	MaxLifetimeJitter Duration `json:"max_lifetime_jitter,omitempty"`
+	// MaxRequests recycles a worker (gracefully, as MaxLifetime) once the
+	// request count it reports (REQUESTS=N on its notify socket) reaches
+	// MaxRequests plus a random part of MaxRequestsJitter. 0 = never.
+	MaxRequests       int64 `json:"max_requests,omitempty"`
+	MaxRequestsJitter int64 `json:"max_requests_jitter,omitempty"`
+	// MaxMemory recycles a worker (gracefully, as MaxLifetime) once the
+	// resident memory of its process tree exceeds it. 0 = never.
+	MaxMemory ByteSize `json:"max_memory,omitempty"`
 	// Watchdog, when set, is passed as WATCHDOG_USEC; a ready worker that
 	// sends no WATCHDOG=1 for this long gets SIGQUIT, then SIGKILL.
 	Watchdog Duration `json:"watchdog,omitempty"`
@@ -336,6 +410,18 @@ func (c *PoolConfig) Validate() error {
 	}
 	if c.MaxLifetimeJitter > 0 && c.MaxLifetime == 0 {
 		return fmt.Errorf("max_lifetime_jitter: needs max_lifetime")
+	}
+	if c.MaxRequests < 0 {
+		return fmt.Errorf("max_requests: %d is negative (0 turns it off)", c.MaxRequests)
+	}
+	if c.MaxRequestsJitter < 0 {
+		return fmt.Errorf("max_requests_jitter: %d is negative", c.MaxRequestsJitter)
+	}
+	if c.MaxRequestsJitter > 0 && c.MaxRequests == 0 {
+		return fmt.Errorf("max_requests_jitter: needs max_requests")
+	}
+	if c.MaxMemory < 0 || (c.MaxMemory > 0 && c.MaxMemory < MinMaxMemory) {
+		return fmt.Errorf("max_memory: %s is below the minimum %s (0 or omitted turns it off)", c.MaxMemory, MinMaxMemory)
 	}
 	if c.Watchdog > 0 && c.Watchdog < Duration(100*time.Millisecond) {
 		return fmt.Errorf("watchdog: %s is too short (at least 100ms)", c.Watchdog.D())

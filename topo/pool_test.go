@@ -88,7 +88,56 @@ func TestPoolConfigDecode(t *testing.T) {
 		{`{"version":1,"command":"app","workers":1,"env":{"LISTEN_FDS":"1"}}`, `env: LISTEN_FDS is set by the supervisor`},
 		{`{"version":1,"command":"app","workers":1,"env":{"A=B":"1"}}`, `env: "A=B"`},
 		{`{"version":1,"command":"app","workers":1,"watchdog":"1ms"}`, `watchdog: 1ms is too short`},
+		{`{"version":1,"command":"app","workers":1,"max_requests":-1}`, `max_requests: -1 is negative`},
+		{`{"version":1,"command":"app","workers":1,"max_requests":"1000"}`, `max_requests`},
+		{`{"version":1,"command":"app","workers":1,"max_requests":1.5}`, `max_requests`},
+		{`{"version":1,"command":"app","workers":1,"max_requests":10,"max_requests_jitter":-2}`, `max_requests_jitter: -2 is negative`},
+		{`{"version":1,"command":"app","workers":1,"max_requests_jitter":5}`, `max_requests_jitter: needs max_requests`},
+		{`{"version":1,"command":"app","workers":1,"max_memory":536870912}`, `size must be a string with a unit`},
+		{`{"version":1,"command":"app","workers":1,"max_memory":"512"}`, `needs a unit`},
+		{`{"version":1,"command":"app","workers":1,"max_memory":"512M"}`, `needs a unit`},
+		{`{"version":1,"command":"app","workers":1,"max_memory":"1.5GiB"}`, `not a whole number of GiB`},
+		{`{"version":1,"command":"app","workers":1,"max_memory":"-1MiB"}`, `not a whole number`},
+		{`{"version":1,"command":"app","workers":1,"max_memory":"99999999999TiB"}`, `too large`},
+		{`{"version":1,"command":"app","workers":1,"max_memory":"1MiB"}`, `max_memory: 1MiB is below the minimum 16MiB`},
+		{`{"version":1,"command":"app","workers":1,"max_memry":"1GiB"}`, `unknown field "max_memry"`},
 	})
+}
+
+// The recycling knobs of issue 24: max_requests (+ jitter) and
+// max_memory, a size with a unit that round-trips.
+func TestPoolConfigRecyclingKnobs(t *testing.T) {
+	c, err := DecodePoolConfig("", []byte(`{"version":1,"command":"app","workers":1,"max_requests":1000,"max_requests_jitter":50,"max_memory":"512MiB"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MaxRequests != 1000 || c.MaxRequestsJitter != 50 || c.MaxMemory != 512<<20 {
+		t.Fatalf("decoded %+v", c)
+	}
+	if e := c.Effective(); e.MaxRequests != 1000 || e.MaxRequestsJitter != 50 || e.MaxMemory != 512<<20 {
+		t.Fatalf("Effective changed them: %+v", e)
+	}
+	b, err := EncodePoolConfig(c)
+	if err != nil || !strings.Contains(string(b), `"512MiB"`) {
+		t.Fatalf("encoded %s %v", b, err)
+	}
+	if c2, err := DecodePoolConfig("", b); err != nil || c2.MaxMemory != c.MaxMemory || c2.MaxRequests != c.MaxRequests {
+		t.Fatalf("round trip %+v %v", c2, err)
+	}
+	if off, _ := DecodePoolConfig("", []byte(`{"version":1,"command":"app","workers":1}`)); off.Effective().MaxRequests != 0 || off.Effective().MaxMemory != 0 {
+		t.Fatalf("default is not off: %+v", off.Effective())
+	}
+	for in, want := range map[string]ByteSize{"16MiB": 16 << 20, "2GiB": 2 << 30, "1TiB": 1 << 40, "500MB": 500e6, "3kB": 3000, "3KB": 3000,
+		"4KiB": 4096, "1000B": 1000, " 7 MiB ": 7 << 20, "1GB": 1e9} {
+		if got, err := ParseByteSize(in); err != nil || got != want {
+			t.Errorf("ParseByteSize(%q) = %d %v, want %d", in, got, err, want)
+		}
+	}
+	for b, want := range map[ByteSize]string{0: "0B", 1000: "1000B", 4096: "4KiB", 3 << 20: "3MiB", 1 << 30: "1GiB", 1<<20 + 1: "1048577B"} {
+		if b.String() != want {
+			t.Errorf("ByteSize(%d) = %s, want %s", int64(b), b, want)
+		}
+	}
 }
 
 func TestParseListenAddr(t *testing.T) {

@@ -274,6 +274,28 @@ func (r *PoolMemberRegistration) Update(ctx context.Context, rec PoolMember) err
 	return setEphemeralRecord(ctx, r.e, rec)
 }
 
+// PoolMemberHolder is who holds a member record: the record (nil when it
+// does not decode: Err says why) and the session that owns the ephemeral
+// node (Owner 0: a persistent node, which no supervisor writes).
+type PoolMemberHolder struct {
+	Rec   *PoolMember
+	Err   error
+	Owner int64
+}
+
+// ReadPoolMemberHolder reads the member record of member in pool and the
+// session that owns it, so that a supervisor can tell whether the name is
+// taken before it registers (zksession.ErrNoNode: it is free).
+func ReadPoolMemberHolder(ctx context.Context, s *zksession.Session, p Paths, pool, member string) (*PoolMemberHolder, error) {
+	at := p.PoolMember(pool, member)
+	data, st, err := s.Get(ctx, at)
+	if err != nil {
+		return nil, err
+	}
+	rec, derr := DecodePoolMember(at, data)
+	return &PoolMemberHolder{Rec: rec, Err: derr, Owner: st.EphemeralOwner}, nil
+}
+
 // Remove deletes the record and stops keeping it alive.
 func (r *PoolMemberRegistration) Remove(ctx context.Context) error { return r.e.Delete(ctx) }
 

@@ -70,6 +70,31 @@ func watchdog(ctx context.Context) {
 	}
 }
 
+// reportRequests tells the supervisor how many requests this worker has
+// served (REQUESTS=N, cumulative), at most every "every" and only when
+// the count changed, until ctx ends: the supervisor recycles the worker
+// at the pool's max_requests.
+func reportRequests(ctx context.Context, n *atomic.Uint64, every time.Duration) {
+	if os.Getenv(workerproto.EnvNotifySocket) == "" {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var sent uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if v := n.Load(); v != sent {
+			if Notify(workerproto.RequestsReport(v)) == nil {
+				sent = v
+			}
+		}
+	}
+}
+
 // probeListener is the supervisor's probe socket, if it passed one.
 func probeListener() net.Listener {
 	n, names := workerproto.ListenFDs()
@@ -122,26 +147,39 @@ func Serve(srv *http.Server, ln net.Listener, drain time.Duration) error {
 	// sending a request just as the connection is closed (HTTP/1.1 clients
 	// do not retry a POST that hit a closing idle connection).
 	var draining atomic.Bool
-	if h := srv.Handler; h != nil {
-		srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if draining.Load() {
-				w.Header().Set("Connection", "close")
-			}
-			h.ServeHTTP(w, r)
-		})
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
 	// The supervisor's HTTP probe (a pool config's "probe") comes on a
 	// socket of this worker's own: answer it with the same handler, so it
 	// sees what clients see.
 	probe := probeListener()
+	var probeAddr string
+	if probe != nil {
+		probeAddr = probe.Addr().String()
+	}
+	// Every request but the probe's counts towards the pool's
+	// max_requests (reported by reportRequests).
+	var requests atomic.Uint64
+	h := srv.Handler
+	if h == nil {
+		h = http.DefaultServeMux
+	}
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); !ok || probeAddr == "" || a.String() != probeAddr {
+			requests.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
 	if probe != nil {
 		go func() { _ = srv.Serve(probe) }()
 	}
 	go watchdog(ctx)
+	go reportRequests(ctx, &requests, workerproto.RequestsReportEvery)
 	_ = Notify(workerproto.Ready)
 	select {
 	case err := <-served:

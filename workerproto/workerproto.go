@@ -119,6 +119,18 @@ func Notify(state string) (bool, error) {
 // new worker read.
 func MapVersionAck(v uint64) string { return "MAPVERSION=" + strconv.FormatUint(v, 10) }
 
+// RequestsReport is the notify message a worker sends to report how many
+// requests it has served since it started (cumulative, not a delta): the
+// supervisor replaces it gracefully once the count reaches the pool's
+// max_requests. Send it now and then (package worker: at most every
+// RequestsReportEvery), not per request.
+func RequestsReport(n uint64) string { return "REQUESTS=" + strconv.FormatUint(n, 10) }
+
+// RequestsReportEvery is how often a worker should at most report its
+// request count: often enough that a limit is overshot by a fraction of a
+// second of traffic, rarely enough to cost nothing.
+const RequestsReportEvery = 100 * time.Millisecond
+
 // Message is what one sd_notify datagram said. Unknown keys are ignored, as
 // systemd does.
 type Message struct {
@@ -126,6 +138,9 @@ type Message struct {
 	Status                               string
 	// MapVersion is MAPVERSION=N (0: absent or not a number).
 	MapVersion uint64
+	// Requests is REQUESTS=N, the worker's cumulative request count (0:
+	// absent or not a number).
+	Requests uint64
 }
 
 // ParseMessage parses one datagram: newline-separated KEY=VALUE lines.
@@ -146,6 +161,8 @@ func ParseMessage(b []byte) Message {
 			m.Status = v
 		case "MAPVERSION":
 			m.MapVersion, _ = strconv.ParseUint(v, 10, 64)
+		case "REQUESTS":
+			m.Requests, _ = strconv.ParseUint(v, 10, 64)
 		}
 	}
 	return m

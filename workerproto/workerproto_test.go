@@ -36,6 +36,10 @@ func TestParseMessage(t *testing.T) {
 		{"READY=1\n" + workerproto.MapVersionAck(7), workerproto.Message{Ready: true, MapVersion: 7}},
 		{"MAPVERSION=-3", workerproto.Message{}},
 		{"MAPVERSION=x", workerproto.Message{}},
+		{workerproto.RequestsReport(1234), workerproto.Message{Requests: 1234}},
+		{"WATCHDOG=1\nREQUESTS=5", workerproto.Message{Watchdog: true, Requests: 5}},
+		{"REQUESTS=-1", workerproto.Message{}},
+		{"REQUESTS=1e3", workerproto.Message{}},
 	} {
 		if got := workerproto.ParseMessage([]byte(tc.in)); got != tc.want {
 			t.Errorf("ParseMessage(%q) = %+v, want %+v", tc.in, got, tc.want)

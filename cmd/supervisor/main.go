@@ -42,7 +42,7 @@ func app() *cli.App {
 		&cli.StringFlag{Name: "pool", Value: "default", EnvVars: []string{"SHARDVISOR_POOL"},
 			Usage: "pool `name`: the config is read from <zk-root>/<cluster>/pools/<name>/config"},
 		&cli.StringFlag{Name: "member", EnvVars: []string{"SHARDVISOR_MEMBER"}, DefaultText: "<hostname>-<pid>",
-			Usage: "this supervisor's member `name` in the pool (1-63 of a-z 0-9 - _)"},
+			Usage: "this supervisor's member `name` in the pool (1-63 of a-z 0-9 - _); a name another live supervisor holds is refused"},
 		&cli.StringFlag{Name: "config", EnvVars: []string{"SHARDVISOR_SUPERVISOR_CONFIG"},
 			Usage: "run from this local pool config `file` instead of ZooKeeper (polled for changes; no bucket map)"},
 		&cli.DurationFlag{Name: "config-poll", Value: supervisor.DefaultConfigPoll, EnvVars: []string{"SHARDVISOR_SUPERVISOR_CONFIG_POLL"},

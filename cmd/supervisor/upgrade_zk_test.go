@@ -21,7 +21,8 @@ import (
 // ZooKeeper mode, with an explicit --member: both supervisors of the
 // upgrade want the same ephemeral member record. The new one gets it once
 // the old one has drained and removed it. A second supervisor started
-// meanwhile is refused and publishes nothing.
+// meanwhile is refused and publishes nothing, whether it shares the state
+// directory (the pool lock) or only the member name (the member record).
 func TestUpgradeZooKeeperModeSameMember(t *testing.T) {
 	z := testenv.StartZK(t)
 	connect := z.ConnectString + z.Root
@@ -89,6 +90,13 @@ func TestUpgradeZooKeeperModeSameMember(t *testing.T) {
 	}
 	if b, _, _ := ss.Get(ctx, paths.PoolStatus("upg")); !bytes.Equal(b, statusBefore) {
 		t.Errorf("the pool status record changed: %s -> %s", statusBefore, b)
+	}
+
+	// The same member name from another state directory: refused by the
+	// member record, which another live session owns (issue 24).
+	sameMemberRefused(t, e, ss, paths, append(zkArgs[:6:6], "--member", "m1", "--fail-static=false"), old.Process.Pid)
+	if t.Failed() {
+		return
 	}
 
 	l := startLoad(fmt.Sprintf("127.0.0.1:%d", e.port), e.admin, 4)

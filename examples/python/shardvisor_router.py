@@ -179,6 +179,44 @@ def sd_notify(state: str) -> bool:
     return True
 
 
+class RequestCounter:
+    """WSGI middleware that reports the process's request count to the
+    supervisor (REQUESTS=N, cumulative) for the pool's max_requests.
+
+        application = shardvisor_router.RequestCounter(application)
+
+    It reports from the request path, at most every 0.1 s, so the count
+    the supervisor sees may lag by the requests of the last 0.1 s. Counts
+    are per process: under gunicorn run one worker per supervisor worker
+    (--workers 1), where gunicorn's own --max-requests is not needed.
+    """
+
+    EVERY = 0.1
+
+    def __init__(self, app):
+        self._app = app
+        self._lock = threading.Lock()
+        self._n = 0
+        self._sent_at = 0.0
+        self._pid = os.getpid()
+
+    def __call__(self, environ, start_response):
+        with self._lock:
+            if os.getpid() != self._pid:  # forked after wrapping: our own count
+                self._pid, self._n, self._sent_at = os.getpid(), 0, 0.0
+            self._n += 1
+            now = time.monotonic()
+            report = now - self._sent_at >= self.EVERY
+            if report:
+                self._sent_at, n = now, self._n
+        if report:
+            try:
+                sd_notify(f"REQUESTS={n}")
+            except OSError:
+                pass
+        return self._app(environ, start_response)
+
+
 class FollowingRouter:
     """A LocalRouter that follows its map file in place (reload mode).
 
