@@ -201,3 +201,15 @@ func TestMachineNothingServingRetriesForever(t *testing.T) {
 		}
 	}
 }
+
+// In timer mode READY=1 also counts, as the docs always said (the machine
+// used to wait for the timer regardless).
+func TestMachineTimerModeReadyOneAlsoCounts(t *testing.T) {
+	s := newSim(t, false)
+	s.expect("first config", s.send(poolCfg(1, 1, timerMode(10*time.Second))), "prepare g1", "start w1 g1")
+	s.at(time.Second)
+	s.expect("READY=1 before the timer: ready", s.ready(1), "publish ok g1", "notify READY=1 STATUS=serving generation 1", "clean-maps keep ")
+	if s.w(1).state != wReady {
+		t.Fatalf("worker %s", s.w(1).state)
+	}
+}

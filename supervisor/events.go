@@ -173,6 +173,8 @@ func (m *machine) tryReady(w *worker, now time.Time) {
 	cfg := w.gen.spec.cfg
 	var how string
 	switch {
+	case cfg.Readiness.Mode == topo.ReadinessTimer && !w.notified.IsZero():
+		how = "READY=1 (timer mode)" // the app can notify after all: its word is better than the timer's guess
 	case cfg.Readiness.Mode == topo.ReadinessTimer:
 		if now.Before(w.started.Add(cfg.Readiness.Delay.D())) {
 			return
