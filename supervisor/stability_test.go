@@ -103,9 +103,11 @@ func TestStabilityCrashRightAfterReadyRollsBack(t *testing.T) {
 	if bad > 0 {
 		t.Errorf("/healthz failed %d of %d times: the previous generation served throughout", bad, total)
 	}
-	// A new config still goes through.
+	// A new config still goes through (with a short window: the default
+	// one would only add 10 s of waiting to make test).
 	c.Env["TW_TAG"] = "good2"
-	c.Stability = topo.Stability{}
+	second := topo.Duration(time.Second)
+	c.Stability = topo.Stability{Window: &second}
 	e.setConfig(t, c)
 	h.waitFor(30*time.Second, "a new config after the rollback", func(m topo.PoolMember) bool { return serving(3, 2)(m) })
 	if r, err := get(addr); err != nil || r.Tag != "good2" {
@@ -113,7 +115,7 @@ func TestStabilityCrashRightAfterReadyRollsBack(t *testing.T) {
 	}
 }
 
-// A config whose workers crash 10 s after READY=1, past a 3 s window:
+// A config whose workers crash 7 s after READY=1, past a 3 s window:
 // the old generation is gone, so the crash loop restarts the previous
 // config at once. /healthz reports the moment with no ready worker.
 func TestStabilityLateCrashLoop(t *testing.T) {
@@ -122,7 +124,7 @@ func TestStabilityLateCrashLoop(t *testing.T) {
 	e, h, _, port, addr := zkPool(t, map[string]string{"TW_TAG": "good"}, func(c *topo.PoolConfig) { c.Stability = win })
 	l := startLoad(addr, 3)
 
-	bc := cfgFor(t, port, 2, map[string]string{"TW_TAG": "bad", "TW_CRASH_AFTER": "10s", "TW_CRASH_DRAIN": "1"})
+	bc := cfgFor(t, port, 2, map[string]string{"TW_TAG": "bad", "TW_CRASH_AFTER": "7s", "TW_CRASH_DRAIN": "1"})
 	bc.Stability = win
 	since := time.Now().UTC()
 	e.setConfig(t, bc)
