@@ -66,7 +66,10 @@ func procStateOf(pid int) byte {
 
 // runSampler samples until ctx ends.
 func (s *Supervisor) runSampler(ctx context.Context) {
-	stopped := map[*worker]bool{} // as last posted
+	// The state as last posted: a flip between running and stopped, and
+	// between the stopped states ('T' then 't': SIGSTOPped, then a
+	// debugger attached), which the machine treats apart.
+	posted := map[*worker]byte{}
 	var memAt time.Time
 	t := time.NewTicker(min(stateEvery, memEvery))
 	defer t.Stop()
@@ -77,9 +80,9 @@ func (s *Supervisor) runSampler(ctx context.Context) {
 		case <-t.C:
 		}
 		ws := s.sampled.list()
-		for w := range stopped {
+		for w := range posted {
 			if _, ok := ws[w]; !ok {
-				delete(stopped, w)
+				delete(posted, w)
 			}
 		}
 		if now := time.Now(); !now.Before(memAt) {
@@ -94,10 +97,11 @@ func (s *Supervisor) runSampler(ctx context.Context) {
 		}
 		for w, x := range ws {
 			st := procStateOf(x.pid)
-			if st == 0 || isStopped(st) == stopped[w] {
+			was := posted[w]
+			if st == 0 || (isStopped(st) == isStopped(was) && (!isStopped(st) || st == was)) {
 				continue
 			}
-			stopped[w] = isStopped(st)
+			posted[w] = st
 			select {
 			case s.events <- evProcState{w: w, state: st}:
 			case <-ctx.Done():

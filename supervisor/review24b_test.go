@@ -1,0 +1,72 @@
+package supervisor
+
+import (
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
+)
+
+// Review of issue 24 (2): a worker stopped with SIGSTOP and then attached
+// to by a debugger (`kill -STOP pid; gdb -p pid`, the usual way to catch a
+// process where it is) is in tracing stop ('t'), which the check only
+// warns about. The sampler posted a state only when stopped/running
+// flipped, so the machine kept 'T' and killed the worker being debugged.
+func TestStoppedWorkerThenTracedIsNotKilled(t *testing.T) {
+	warn, repl, every := stoppedWarnAfter, stoppedReplaceAfter, stateEvery
+	stoppedWarnAfter, stoppedReplaceAfter, stateEvery = 100*time.Millisecond, 1500*time.Millisecond, 50*time.Millisecond
+	t.Cleanup(func() { stoppedWarnAfter, stoppedReplaceAfter, stateEvery = warn, repl, every })
+	dir := t.TempDir()
+	port := testenv.FreePort(t)
+	file := filepath.Join(dir, "pool.json")
+	writeConfig(t, file, cfgFor(t, port, 1, nil))
+	h := run(t, Options{ConfigFile: file})
+	h.waitFor(20*time.Second, "1 worker", serving(1, 1))
+	pid := h.pids()[0]
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the stop warning", func() bool {
+		return strings.Contains(logText(t, h), "worker is stopped (SIGSTOP): it accepts nothing")
+	})
+	// The debugger attaches (ptrace requests come from the tracer's thread).
+	attached := make(chan error)
+	detach := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := syscall.PtraceAttach(pid)
+		attached <- err
+		if err != nil {
+			return
+		}
+		<-detach
+		_ = syscall.PtraceDetach(pid)
+	}()
+	if err := <-attached; err != nil {
+		t.Skipf("ptrace not permitted here: %v", err)
+	}
+	t.Cleanup(func() { close(detach); _ = syscall.Kill(pid, syscall.SIGCONT) })
+	waitUntil(t, 10*time.Second, "tracing stop", func() bool { return procStateOf(pid) == procTraced })
+	// Deliberate wait, past the replace bound counted from the SIGSTOP:
+	// nothing is to happen in it.
+	time.Sleep(2 * stoppedReplaceAfter)
+	if strings.Contains(logText(t, h), "SIGKILL now") || !alive(pid) {
+		t.Fatalf("the worker being debugged (state %q) was killed as stopped", procStateOf(pid))
+	}
+}
+
+func waitUntil(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
