@@ -236,3 +236,20 @@ func whySuffix(why string) string {
 }
 
 func sessionHex(id int64) string { return "0x" + strconv.FormatInt(id, 16) }
+
+// memberTakenOver stops a supervisor whose member record another live
+// session holds now: its own session expired while it was cut off, and a
+// supervisor started under the same name claimed it (an orchestrator
+// replacing a partitioned host). Serving on would make two live
+// supervisors of one name, each overwriting the other's records; Run
+// returns ErrMemberTaken once the workers are gone (there are none after a
+// session loss). A service manager restarting it gets the same refusal
+// from claimMember, with what to do.
+func (s *Supervisor) memberTakenOver(err error) {
+	taken := fmt.Errorf("%w: member %q of pool %q was claimed by another supervisor while this one's ZooKeeper session was away (%v); "+
+		"stopping: pick another --member for one of them", ErrMemberTaken, s.opts.Member, s.opts.Pool, err)
+	if s.takenOver.CompareAndSwap(nil, &taken) {
+		s.log.Error("member name taken by another live supervisor; stopping", zap.Error(taken))
+		s.Stop(false)
+	}
+}

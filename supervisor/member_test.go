@@ -1,13 +1,17 @@
 package supervisor
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // Who holds a member record decides whether a supervisor refuses to
@@ -46,5 +50,43 @@ func TestJudgeMemberHolder(t *testing.T) {
 				t.Fatalf("verdict %d (%s), want %d", got, why, tc.want)
 			}
 		})
+	}
+}
+
+// A supervisor whose session expired while it was cut off, and whose name
+// another supervisor claimed meanwhile (an orchestrator replacing a
+// partitioned host), finds the member record owned by another live
+// session. It used to overwrite that record (ZooKeeper checks no owner on
+// a write) and serve on: two live supervisors of one name. Now it stops,
+// Run returns ErrMemberTaken, and the other's record is untouched.
+func TestMemberTakenWhileAwayStopsTheSupervisor(t *testing.T) {
+	e, h, _, _, addr := zkPool(t, map[string]string{"TW_TAG": "a"}, nil)
+	p := e.paths.PoolMember("web", "m1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// What an expiry and another supervisor's claim leave behind: the
+	// record is another live session's (the test's own).
+	if err := e.s.Delete(ctx, p, zksession.AnyVersion); err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := topo.Encode(topo.PoolMember{Version: topo.PoolMemberVersion, Member: "m1", Host: "elsewhere", PID: 1, State: "serving"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.CreateEphemeral(ctx, p, theirs, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.sv.Signal(syscall.SIGTTIN) // a change for the publisher to write
+	err = testenv.Receive(t, h.done, 30*time.Second, "the supervisor did not stop with its name taken")
+	h.done <- nil // for the harness's cleanup
+	if !errors.Is(err, ErrMemberTaken) {
+		t.Fatalf("Run returned %v, want ErrMemberTaken", err)
+	}
+	b, st, err := e.s.Get(ctx, p)
+	if err != nil || string(b) != string(theirs) || st.EphemeralOwner != e.s.SessionID() {
+		t.Fatalf("the other supervisor's record: %s owner 0x%x (%v), want it untouched", b, st.EphemeralOwner, err)
+	}
+	if _, err := get(addr); err == nil {
+		t.Fatalf("the stopped supervisor still serves %s", addr)
 	}
 }

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"time"
@@ -126,7 +127,13 @@ func (p *publisher) writeMember(ctx context.Context, m topo.PoolMember) error {
 		p.reg = reg
 		return nil
 	}
-	return p.reg.Update(ctx, m)
+	err := p.reg.Update(ctx, m)
+	if errors.Is(err, zksession.ErrOwnedElsewhere) {
+		// Our session expired while we were away, and another supervisor
+		// claimed the name meanwhile (member.go): we are the second one.
+		p.s.memberTakenOver(err)
+	}
+	return err
 }
 
 // deleteMember removes the member record at a clean stop (it would go away

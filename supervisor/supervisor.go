@@ -146,6 +146,7 @@ type Supervisor struct {
 	loopAt    atomic.Int64 // unix nanos of the loop's last turn (/livez)
 	pub       *publisher
 	memberReg *topo.PoolMemberRegistration // claimed before anything starts (member.go)
+	takenOver atomic.Pointer[error]        // set when another supervisor claimed our name (member.go)
 
 	peers      peerSet
 	peerClient *http.Client
@@ -403,6 +404,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.upgradeTick()
 		if s.mc.stopDone {
 			s.finish()
+			if err := s.takenOver.Load(); err != nil {
+				return *err
+			}
 			return nil
 		}
 		if wdEvery > 0 && !now.Before(wdNext) {

@@ -193,6 +193,13 @@ func (e *Ephemeral) keepIfOwned(ctx context.Context) error {
 
 // Set replaces the node's data. The new data is kept for re-creation even
 // when the write fails (for example while the session is suspended).
+//
+// It writes only a node this session owns: ZooKeeper checks no owner on a
+// write, and after this session expired another one may have created the
+// node (a supervisor started under the same member name while this one
+// was cut off): overwriting its record would make two live owners of one
+// name. Such a node is ErrOwnedElsewhere, and a missing one ErrNoNode (the
+// re-creation after a reconnect brings it back).
 func (e *Ephemeral) Set(ctx context.Context, data []byte) error {
 	if err := checkSize("set", e.path, data); err != nil {
 		return err
@@ -201,8 +208,40 @@ func (e *Ephemeral) Set(ctx context.Context, data []byte) error {
 	e.data = data
 	e.gen++
 	e.mu.Unlock()
-	_, err := e.s.Set(ctx, e.path, data, AnyVersion)
-	return err
+	for try := 0; ; try++ {
+		if err := e.away("set ephemeral"); err != nil {
+			return err
+		}
+		ok, st, err := e.s.Exists(ctx, e.path)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return &OpError{"set ephemeral", e.path, ErrNoNode}
+		case st.EphemeralOwner != e.s.SessionID():
+			return &OpError{"set ephemeral", e.path, fmt.Errorf("%w (owner 0x%x, this session 0x%x)", ErrOwnedElsewhere, st.EphemeralOwner, e.s.SessionID())}
+		}
+		_, err = e.s.Set(ctx, e.path, data, st.Version)
+		if errors.Is(err, ErrBadVersion) && try < 3 {
+			continue // another Set of ours landed in between: look again
+		}
+		return err
+	}
+}
+
+// away is the error of a write while the session is closed or not
+// connected: a write fails at once then (call), and so must the read
+// before one, which would wait for the caller's deadline instead.
+func (e *Ephemeral) away(op string) error {
+	select {
+	case <-e.s.closed:
+		return &OpError{op, e.path, ErrClosed}
+	default:
+	}
+	if st := e.s.State(); st != StateConnected {
+		return &OpError{op, e.path, fmt.Errorf("%w (state %s)", ErrNotConnected, st)}
+	}
+	return nil
 }
 
 // forget stops maintaining the node without deleting it.
@@ -217,12 +256,29 @@ func (e *Ephemeral) forget() {
 	e.s.mu.Unlock()
 }
 
-// Delete removes the node and stops maintaining it.
+// Delete removes the node, if this session owns it, and stops maintaining
+// it. Another session's node at the path (this one's expired, and another
+// created it) is left alone, as Set leaves it.
 func (e *Ephemeral) Delete(ctx context.Context) error {
 	e.forget()
-	err := e.s.Delete(ctx, e.path, AnyVersion)
-	if errors.Is(err, ErrNoNode) {
-		return nil
+	for try := 0; ; try++ {
+		if err := e.away("delete ephemeral"); err != nil {
+			return err
+		}
+		ok, st, err := e.s.Exists(ctx, e.path)
+		switch {
+		case err != nil:
+			return err
+		case !ok, st.EphemeralOwner != e.s.SessionID():
+			return nil
+		}
+		err = e.s.Delete(ctx, e.path, st.Version)
+		switch {
+		case errors.Is(err, ErrNoNode):
+			return nil
+		case errors.Is(err, ErrBadVersion) && try < 3:
+			continue
+		}
+		return err
 	}
-	return err
 }

@@ -2,6 +2,7 @@ package zksession
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 
@@ -18,6 +19,23 @@ type nodeConn struct {
 	exists  bool
 	hook    func()
 	writes  []string // data of every create and set that succeeded, in order
+	other   bool     // the node is another session's (session 2)
+}
+
+func (c *nodeConn) owner() int64 {
+	if c.other {
+		return 2
+	}
+	return 1
+}
+
+func (c *nodeConn) Exists(p string) (bool, *zk.Stat, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.exists {
+		return false, nil, nil
+	}
+	return true, &zk.Stat{Version: c.version, EphemeralOwner: c.owner()}, nil
 }
 
 func (c *nodeConn) SessionID() int64 { return 1 }
@@ -46,7 +64,7 @@ func (c *nodeConn) Get(p string) ([]byte, *zk.Stat, error) {
 	if !c.exists {
 		return nil, nil, zk.ErrNoNode
 	}
-	return c.data, &zk.Stat{Version: c.version, EphemeralOwner: 1}, nil
+	return c.data, &zk.Stat{Version: c.version, EphemeralOwner: c.owner()}, nil
 }
 
 func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
@@ -124,5 +142,57 @@ func TestEphemeralUpdateDuringRecreateIsKept(t *testing.T) {
 	defer c.mu.Unlock()
 	if string(c.data) != "after" {
 		t.Fatalf("re-created node holds %q (writes %q), want the update", c.data, c.writes)
+	}
+}
+
+// A node this session does not own is never written: after this session
+// expired, another one (a supervisor started under the same member name)
+// created it, and ZooKeeper checks no owner on a write. Overwriting it made
+// two live supervisors of one name, each rewriting the other's record
+// (found in the review of issue 24).
+func TestEphemeralSetRefusesANodeOwnedByAnotherSession(t *testing.T) {
+	c := &nodeConn{}
+	s := newSession(Config{}, ConnectString{})
+	s.conn = c
+	s.state = StateConnected
+	ctx := context.Background()
+	e, err := s.CreateEphemeral(ctx, "/m", []byte("mine"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.data, c.version, c.other = []byte("theirs"), 0, true // expired, and re-created by another session
+	c.mu.Unlock()
+	if err := e.Set(ctx, []byte("mine again")); !errors.Is(err, ErrOwnedElsewhere) {
+		t.Fatalf("Set of another session's node: %v, want ErrOwnedElsewhere", err)
+	}
+	c.mu.Lock()
+	data := string(c.data)
+	c.other = false // ours again (say the other one went, and ours came back)
+	c.mu.Unlock()
+	if data != "theirs" {
+		t.Fatalf("the other session's node holds %q", data)
+	}
+	if err := e.Set(ctx, []byte("ours")); err != nil {
+		t.Fatalf("Set of our own node: %v", err)
+	}
+	c.mu.Lock()
+	data = string(c.data)
+	c.mu.Unlock()
+	if data != "ours" {
+		t.Fatalf("our node holds %q", data)
+	}
+	// Nor is another session's node deleted (a clean stop after the name
+	// was taken: the supervisor's last act removed the other's record).
+	c.mu.Lock()
+	c.other = true
+	c.mu.Unlock()
+	if err := e.Delete(ctx); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.exists {
+		t.Fatal("another session's node was deleted")
 	}
 }
