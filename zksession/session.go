@@ -428,6 +428,11 @@ func (s *Session) monitor() {
 	tick := time.NewTicker(s.heartbeatInterval())
 	defer tick.Stop()
 	wake := s.heartbeatInterval()
+	// planned is when the monitor meant to look again; resumed, when it
+	// last found itself woken far later than that: this process was
+	// paused (SIGSTOP, a frozen VM or cgroup, CPU starvation), not the
+	// server silent, so silence counts from then (reviewed in issue 24).
+	planned, resumed := time.Now().Add(wake), time.Time{}
 	for {
 		// A heartbeat starts on the tick, or on a library event (a
 		// reconnect is confirmed at once), never because the last one
@@ -443,6 +448,9 @@ func (s *Session) monitor() {
 			beat = true
 		case <-hbDone:
 			hbBusy = false
+		}
+		if now := time.Now(); now.Sub(planned) > s.SessionTimeout()/6 {
+			resumed = now
 		}
 
 		s.evMu.Lock()
@@ -481,7 +489,11 @@ func (s *Session) monitor() {
 		// which it would count as lost. wake is when to look again.
 		wake = s.heartbeatInterval()
 		if hasSession && !dropped {
-			wake = min(wake, s.checkFrozen(lastOK, timeout))
+			from := lastOK
+			if resumed.After(from) {
+				from = resumed
+			}
+			wake = min(wake, s.checkFrozen(from, timeout))
 		}
 
 		switch {
@@ -522,6 +534,7 @@ func (s *Session) monitor() {
 			s.resync()
 		}
 		tick.Reset(wake)
+		planned = time.Now().Add(wake)
 	}
 }
 
