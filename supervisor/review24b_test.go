@@ -16,7 +16,10 @@ import (
 // process where it is) is in tracing stop ('t'), which the check only
 // warns about. The sampler posted a state only when stopped/running
 // flipped, so the machine kept 'T' and killed the worker being debugged.
-func TestStoppedWorkerThenTracedIsNotKilled(t *testing.T) {
+func TestFaultsStoppedWorkerThenTracedIsNotKilled(t *testing.T) {
+	// make test-faults: a real ptrace attach and 3 s of sampling, and make
+	// test stays within its budget.
+	testenv.Faults(t)
 	warn, repl, every := stoppedWarnAfter, stoppedReplaceAfter, stateEvery
 	stoppedWarnAfter, stoppedReplaceAfter, stateEvery = 100*time.Millisecond, 1500*time.Millisecond, 50*time.Millisecond
 	t.Cleanup(func() { stoppedWarnAfter, stoppedReplaceAfter, stateEvery = warn, repl, every })

@@ -118,7 +118,10 @@ func TestStabilityCrashRightAfterReadyRollsBack(t *testing.T) {
 // A config whose workers crash 7 s after READY=1, past a 3 s window:
 // the old generation is gone, so the crash loop restarts the previous
 // config at once. /healthz reports the moment with no ready worker.
-func TestStabilityLateCrashLoop(t *testing.T) {
+func TestFaultsStabilityLateCrashLoop(t *testing.T) {
+	// make test-faults: the machine tests cover the same decisions, and make
+	// test stays within its budget.
+	testenv.Faults(t)
 	three, minute := topo.Duration(3*time.Second), topo.Duration(time.Minute)
 	win := topo.Stability{Window: &three, RollbackWithin: &minute}
 	e, h, _, port, addr := zkPool(t, map[string]string{"TW_TAG": "good"}, func(c *topo.PoolConfig) { c.Stability = win })

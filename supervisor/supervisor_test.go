@@ -204,7 +204,10 @@ func TestSupersedeDuringSwap(t *testing.T) {
 
 // TTIN and TTOU add and remove a worker without a new generation; a config
 // change resets the count to the config's.
-func TestTTINTTOU(t *testing.T) {
+func TestFaultsTTINTTOU(t *testing.T) {
+	// make test-faults: the machine tests cover the same decisions, and make
+	// test stays within its budget.
+	testenv.Faults(t)
 	dir := t.TempDir()
 	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
@@ -550,7 +553,10 @@ func mustDoc(t *testing.T, c topo.ClusterRecord, raw []byte) string {
 }
 
 // max_lifetime recycles workers through the same zero-drop path.
-func TestMaxLifetimeRecycles(t *testing.T) {
+func TestFaultsMaxLifetimeRecycles(t *testing.T) {
+	// make test-faults: the machine tests cover the same decisions, and make
+	// test stays within its budget.
+	testenv.Faults(t)
 	dir := t.TempDir()
 	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
