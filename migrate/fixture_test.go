@@ -55,6 +55,13 @@ func newFixture(t *testing.T, level, nodes int) *fixture {
 // their order; a Patroni group among them is registered as one.
 func newFixtureOn(t *testing.T, level int, pg *testenv.PG) *fixture {
 	t.Helper()
+	return newFixtureWith(t, level, pg, []topo.TableRecord{kvTable}, kvDDL)
+}
+
+// newFixtureWith is newFixtureOn with other sharded tables, created on
+// every node by ddl.
+func newFixtureWith(t *testing.T, level int, pg *testenv.PG, tables []topo.TableRecord, ddl string) *fixture {
+	t.Helper()
 	z := testenv.StartZK(t)
 	ctx := context.Background()
 	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString, SessionTimeout: 4 * time.Second})
@@ -73,13 +80,13 @@ func newFixtureOn(t *testing.T, level int, pg *testenv.PG) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: "mv", Seed: seedHex, CreatedAt: time.Now().UTC(), Tables: []topo.TableRecord{kvTable}}
+	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: "mv", Seed: seedHex, CreatedAt: time.Now().UTC(), Tables: tables}
 	if err := f.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range f.nodes {
 		c := f.conn(n.ID)
-		if _, err := c.Exec(ctx, kvDDL); err != nil {
+		if _, err := c.Exec(ctx, ddl); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := fence.Install(ctx, c, "mv", n.ID, rec.Tables); err != nil {

@@ -251,6 +251,9 @@ type run struct {
 	// dstSpare is a second target connection opened before the freeze, so
 	// that the write pause never waits for a connection (TCP + SCRAM).
 	dstSpare *pgx.Conn
+	// seqs are the ascending sequences the move's tables draw from
+	// (sequences.go); nil until listed.
+	seqs []string
 	// verifyTx holds a snapshot of the target taken right after the
 	// barrier, before the target accepts writes, so that verification
 	// after the flip compares like with like. It exists only in the
@@ -1095,6 +1098,21 @@ func (r *run) catchup(ctx context.Context) error {
 			if err := r.checkForeignKeysOnTarget(ctx); err != nil {
 				return err
 			}
+			// Most of the sequences' distance outside the pause; the
+			// barrier carries the rest.
+			if !r.rec.NoCopy {
+				src, err := r.source(ctx)
+				if err != nil {
+					return err
+				}
+				dst, err := r.target(ctx)
+				if err != nil {
+					return err
+				}
+				if err := r.carrySequences(ctx, src, dst, "before the pause"); err != nil {
+					return err
+				}
+			}
 			return r.enter(ctx, topo.MoveFence)
 		}
 		if time.Now().After(deadline) {
@@ -1215,6 +1233,15 @@ func (r *run) barrier(ctx context.Context) error {
 	}
 	if err := waitMarker(wctx, dst, r.rec.ID, r.seq, time.Millisecond); err != nil {
 		return overCap(err, "marker")
+	}
+	// The source writes the bucket no more: its sequences have handed out
+	// every id the moved rows have. Before the target can own the range.
+	src, err := r.source(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.carrySequences(wctx, src, dst, "inside the pause"); err != nil {
+		return overCap(err, "carrying the sequences")
 	}
 	// Everything applied on the target so far is on its synchronous
 	// standbys before the map names it the owner, so that a failover of
