@@ -78,3 +78,85 @@ CREATE SEQUENCE app.unrelated`
 		t.Errorf("a sequence no sharded table uses was carried: is_called %v (%v)", called, err)
 	}
 }
+
+// Review of issue 25: the sequences' names are listed on the source and
+// resolved again on the target, so they must not depend on either
+// session's search_path (fence/schema.go reads its names with
+// search_path = pg_catalog for the same reason). Here the source's
+// database searches app first, the target's does not, and a same-named
+// sequence lives in public on both: regclass printed the source's
+// app.named_ids as "named_ids", which the target resolved to
+// public.named_ids, advanced that one, and left app.named_ids behind (the
+// first insert on the new owner: a duplicate key).
+func TestIntegrationMoveCarriesSequencesWhateverTheSearchPath(t *testing.T) {
+	tables := []topo.TableRecord{kvTable, {Name: "app.named", KeyColumn: "bkey"}}
+	ddl := kvDDL + `;
+CREATE SEQUENCE app.named_ids;
+CREATE SEQUENCE public.named_ids;
+CREATE TABLE app.named (bkey bigint NOT NULL, id bigint NOT NULL DEFAULT nextval('app.named_ids'), PRIMARY KEY (bkey, id))`
+	pg := testenv.StartPGNodes(t, 2)
+	f := newFixtureWith(t, 1, &testenv.PG{Nodes: pg.Nodes[:2]}, tables, ddl)
+	ctx := context.Background()
+	m := f.mapNow()
+	src, dst := m.Owner(0), m.Owner(1)
+	lo, _, err := keystream.Range(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, dc := f.conn(src), f.conn(dst)
+	if _, err := sc.Exec(ctx, `DO $$BEGIN EXECUTE format('ALTER DATABASE %I SET search_path = app, public', current_database()); END$$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Exec(ctx, `INSERT INTO app.named (bkey) SELECT $1 FROM generate_series(1, 7)`, lo); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := f.mover(Options{}).Move(ctx, 0, dst, false)
+	if err != nil || rec.State != topo.MoveDone {
+		t.Fatalf("move: %+v %v", rec, err)
+	}
+	if _, err := dc.Exec(ctx, `INSERT INTO app.named (bkey) VALUES ($1)`, lo); err != nil {
+		t.Fatalf("first insert on the new owner: %v", err)
+	}
+	var called bool
+	if err := dc.QueryRow(ctx, `SELECT is_called FROM public.named_ids`).Scan(&called); err != nil || called {
+		t.Errorf("public.named_ids, which no sharded table uses, was advanced on the target: is_called %v (%v)", called, err)
+	}
+}
+
+// Review of issue 25: "only forward" must hold for a target sequence that
+// is set but not yet called (setval(s, n, false), RESTART WITH n: the
+// usual way to start a sequence past the ids a load brought in). Its
+// pg_sequence_last_value is NULL, which the advance took for "unused" and
+// set back to the source's value: the target's next ids fell below ids its
+// own rows already had.
+func TestIntegrationMoveKeepsATargetSequenceSetNotCalled(t *testing.T) {
+	tables := []topo.TableRecord{kvTable, {Name: "app.s", KeyColumn: "bkey"}}
+	ddl := kvDDL + `;
+CREATE TABLE app.s (bkey bigint NOT NULL, id bigserial, PRIMARY KEY (bkey, id))`
+	pg := testenv.StartPGNodes(t, 2)
+	f := newFixtureWith(t, 1, &testenv.PG{Nodes: pg.Nodes[:2]}, tables, ddl)
+	ctx := context.Background()
+	m := f.mapNow()
+	src, dst := m.Owner(0), m.Owner(1)
+	lo, _, err := keystream.Range(1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, dc := f.conn(src), f.conn(dst)
+	if _, err := sc.Exec(ctx, `INSERT INTO app.s (bkey) SELECT $1 FROM generate_series(1, 7)`, lo); err != nil {
+		t.Fatal(err)
+	}
+	// The target loaded its own buckets' rows with ids up to 999 and
+	// started its sequence after them.
+	if _, err := dc.Exec(ctx, `SELECT setval('app.s_id_seq', 1000, false)`); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := f.mover(Options{}).Move(ctx, 0, dst, false)
+	if err != nil || rec.State != topo.MoveDone {
+		t.Fatalf("move: %+v %v", rec, err)
+	}
+	var next int64
+	if err := dc.QueryRow(ctx, `SELECT nextval('app.s_id_seq')`).Scan(&next); err != nil || next < 1000 {
+		t.Errorf("the target's sequence went back: next value %d (%v), want at least 1000", next, err)
+	}
+}
