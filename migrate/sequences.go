@@ -33,10 +33,12 @@ import (
 // sequencesQuery lists the sequences that columns of the tables draw
 // from: owned by a column (serial, identity: pg_depend 'a' or 'i') or
 // named by a column default's nextval (pg_attrdef's dependency), with
-// their increment.
+// their increment. Named schema-qualified whatever the session's
+// search_path (regclass's text leaves the schema out where the path finds
+// it): the name is resolved again on the target, whose path may differ.
 const sequencesQuery = `
-SELECT s.oid::regclass::text, q.seqincrement
-FROM pg_class s JOIN pg_sequence q ON q.seqrelid = s.oid
+SELECT format('%I.%I', n.nspname, s.relname), q.seqincrement
+FROM pg_class s JOIN pg_sequence q ON q.seqrelid = s.oid JOIN pg_namespace n ON n.oid = s.relnamespace
 WHERE s.relkind = 'S' AND s.oid IN (
   SELECT d.objid FROM pg_depend d
    WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass
