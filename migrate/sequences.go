@@ -3,6 +3,7 @@ package migrate
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -95,20 +96,34 @@ func sequenceValues(ctx context.Context, c *pgx.Conn, seqs []string) (names []st
 	return names, values, rows.Err()
 }
 
-// advanceSequences sets each sequence on c to its value where c's is
-// lower (or unused), in one statement, and returns the ones it moved.
+// advanceSequences sets each sequence on c to its value where the next
+// value c's sequence would hand out is not above it, in one statement,
+// and returns the ones it moved.
+//
+// The next value is read from the sequence itself (last_value and
+// is_called): a sequence set but not yet called (setval(s, n, false),
+// ALTER SEQUENCE ... RESTART WITH n, the usual start after loaded ids)
+// hands out n next, and pg_sequence_last_value says nothing of it (NULL):
+// taking that for unused set such a target back below ids its own rows
+// had (found in review). The names come from the source's catalog quoted
+// by format('%I.%I'), so they are safe in the statement's text.
 func advanceSequences(ctx context.Context, c *pgx.Conn, names []string, values []int64) ([]string, error) {
 	if len(names) == 0 {
 		return nil, nil
 	}
-	// CASE, not AND: SQL does not promise to evaluate the comparison
-	// before the setval.
-	rows, err := c.Query(ctx, `
-SELECT t.s FROM (
-  SELECT t.s, CASE WHEN coalesce(pg_sequence_last_value(t.s::regclass) < t.v, true)
-                   THEN setval(t.s::regclass, t.v, true) END AS set
-  FROM unnest($1::text[], $2::bigint[]) AS t(s, v)) t
-WHERE t.set IS NOT NULL`, names, values)
+	var q strings.Builder
+	args := make([]any, 0, 2*len(names))
+	for i, n := range names {
+		if i > 0 {
+			q.WriteString("\nUNION ALL\n")
+		}
+		// CASE, not AND: SQL does not promise to evaluate the comparison
+		// before the setval.
+		fmt.Fprintf(&q, `SELECT $%[1]d::text WHERE (SELECT CASE WHEN (CASE WHEN is_called THEN last_value < $%[2]d ELSE last_value <= $%[2]d END)
+  THEN setval($%[1]d::regclass, $%[2]d, true) END FROM %[3]s) IS NOT NULL`, 2*i+1, 2*i+2, n)
+		args = append(args, n, values[i])
+	}
+	rows, err := c.Query(ctx, q.String(), args...)
 	if err != nil {
 		return nil, fmt.Errorf("advancing the target's sequences: %w", err)
 	}
@@ -122,6 +137,22 @@ WHERE t.set IS NOT NULL`, names, values)
 		moved = append(moved, n)
 	}
 	return moved, rows.Err()
+}
+
+// checkTargetSequences says, before the pause, which sequences the target
+// lacks or may not read and set (SELECT and UPDATE): found inside the
+// pause they would cost an abort.
+func checkTargetSequences(ctx context.Context, c *pgx.Conn, names []string) error {
+	var bad []string
+	err := c.QueryRow(ctx, `SELECT coalesce(array_agg(s ORDER BY s), '{}') FROM unnest($1::text[]) AS s
+WHERE to_regclass(s) IS NULL OR NOT has_sequence_privilege(s, 'SELECT, UPDATE')`, names).Scan(&bad)
+	if err != nil {
+		return fmt.Errorf("checking the target's sequences: %w", err)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("the target lacks these sequences of the sharded tables, or the mover's role may not SELECT and UPDATE them: %s", strings.Join(bad, ", "))
+	}
+	return nil
 }
 
 // carrySequences advances the target's sequences of the move's tables to
@@ -143,6 +174,11 @@ func (r *run) carrySequences(ctx context.Context, src, dst *pgx.Conn, where stri
 	}
 	if len(r.seqs) == 0 {
 		return nil
+	}
+	if where == "before the pause" {
+		if err := checkTargetSequences(ctx, dst, r.seqs); err != nil {
+			return fmt.Errorf("target: %w", err)
+		}
 	}
 	names, values, err := sequenceValues(ctx, src, r.seqs)
 	if err != nil {
