@@ -136,13 +136,7 @@ func (m *machine) noteSwapFailure(g *generation, reason string, now time.Time) b
 		m.failedCfg, m.failedTries = id, 0
 	}
 	m.failedTries++
-	serving := false
-	for _, w := range m.workers {
-		if w.state == wReady && w.gen != g {
-			serving = true
-		}
-	}
-	if m.failedTries < MaxSwapAttempts || m.good == nil || !serving || m.held[g.spec.ident()] || g.spec.ident() == m.good.spec.ident() {
+	if m.failedTries < MaxSwapAttempts || m.good == nil || m.readyOutside(g) == 0 || m.held[g.spec.ident()] || g.spec.ident() == m.good.spec.ident() {
 		return false
 	}
 	m.bad = id

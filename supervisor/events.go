@@ -377,12 +377,7 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	fields := []zap.Field{zap.Int64("generation", g.id), zap.String("reason", reason), zap.Duration("retry_in", m.retryAt.Sub(now).Round(time.Millisecond)),
 		zap.Int("attempt", m.failedTries)}
 	// Say that the previous generation keeps serving only when one does.
-	serving := 0
-	for _, w := range m.workers {
-		if w.state == wReady && w.gen != g {
-			serving++
-		}
-	}
+	serving := m.readyOutside(g)
 	switch {
 	case m.good != nil && serving > 0:
 		fields = append(fields, zap.Int64("serving_generation", m.good.id), zap.Int("serving_workers", serving))
@@ -395,6 +390,17 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	}
 	m.publish(topo.SwapFailed, g, reason, 0, now)
 	m.stopStarting(g, "swap_failed", now)
+}
+
+// readyOutside counts the ready workers of other generations than g.
+func (m *machine) readyOutside(g *generation) int {
+	n := 0
+	for _, w := range m.workers {
+		if w.state == wReady && w.gen != g {
+			n++
+		}
+	}
+	return n
 }
 
 // stopStarting stops g's workers that are not ready yet; one never

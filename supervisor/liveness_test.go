@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,23 +41,38 @@ func replaced(h *harness, old int, n int) {
 	})
 }
 
+// stoppedWorker runs a local-mode pool of n test workers (c edits its
+// config), SIGSTOPs the first and returns its pid.
+func stoppedWorker(t *testing.T, n int, edit func(*topo.PoolConfig)) (*harness, int) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "pool.json")
+	c := cfgFor(t, testenv.FreePort(t), n, nil)
+	if edit != nil {
+		edit(c)
+	}
+	writeConfig(t, file, c)
+	h := run(t, Options{ConfigFile: file})
+	h.waitFor(20*time.Second, fmt.Sprintf("%d workers", n), serving(1, n))
+	pid := h.pids()[0]
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	return h, pid
+}
+
+// shortStopBounds shortens the sampler's stopped-worker bounds for a test.
+func shortStopBounds(t *testing.T, warn, replace time.Duration) {
+	w, r, e := stoppedWarnAfter, stoppedReplaceAfter, stateEvery
+	stoppedWarnAfter, stoppedReplaceAfter, stateEvery = warn, replace, 50*time.Millisecond
+	t.Cleanup(func() { stoppedWarnAfter, stoppedReplaceAfter, stateEvery = w, r, e })
+}
+
 // The finding: a stopped worker was detected only at the SIGKILL 5 s
 // after the watchdog's SIGQUIT, which it never handled, and the log
 // spoke of a stack dump. The watchdog's give-up now reads the state,
 // says the worker is stopped and kills it at once.
 func TestStoppedWorkerWatchdogKillsAtOnce(t *testing.T) {
-	dir := t.TempDir()
-	port := testenv.FreePort(t)
-	file := filepath.Join(dir, "pool.json")
-	c := cfgFor(t, port, 1, nil)
-	c.Watchdog = topo.Duration(500 * time.Millisecond)
-	writeConfig(t, file, c)
-	h := run(t, Options{ConfigFile: file})
-	h.waitFor(20*time.Second, "1 worker", serving(1, 1))
-	pid := h.pids()[0]
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	h, pid := stoppedWorker(t, 1, func(c *topo.PoolConfig) { c.Watchdog = topo.Duration(500 * time.Millisecond) })
 	replaced(h, pid, 1)
 	log := logText(t, h)
 	if !strings.Contains(log, "worker watchdog expired; the worker is stopped (SIGSTOP), so it cannot dump its stacks: SIGKILL now") {
@@ -76,19 +92,8 @@ func TestStoppedWorkerWatchdogKillsAtOnce(t *testing.T) {
 // With neither watchdog nor probe, the sampler finds the stopped worker:
 // a warning, then a kill and a replacement (bounds shortened here).
 func TestStoppedWorkerWithoutWatchdogIsReplaced(t *testing.T) {
-	warn, repl, every := stoppedWarnAfter, stoppedReplaceAfter, stateEvery
-	stoppedWarnAfter, stoppedReplaceAfter, stateEvery = 200*time.Millisecond, 600*time.Millisecond, 50*time.Millisecond
-	t.Cleanup(func() { stoppedWarnAfter, stoppedReplaceAfter, stateEvery = warn, repl, every })
-	dir := t.TempDir()
-	port := testenv.FreePort(t)
-	file := filepath.Join(dir, "pool.json")
-	writeConfig(t, file, cfgFor(t, port, 2, nil))
-	h := run(t, Options{ConfigFile: file})
-	h.waitFor(20*time.Second, "2 workers", serving(1, 2))
-	pid := h.pids()[0]
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	shortStopBounds(t, 200*time.Millisecond, 600*time.Millisecond)
+	h, pid := stoppedWorker(t, 2, nil)
 	replaced(h, pid, 2)
 	log := logText(t, h)
 	for _, want := range []string{"worker is stopped (SIGSTOP): it accepts nothing", "worker is stopped (SIGSTOP) and serves nothing; SIGKILL now"} {

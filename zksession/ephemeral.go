@@ -208,25 +208,10 @@ func (e *Ephemeral) Set(ctx context.Context, data []byte) error {
 	e.data = data
 	e.gen++
 	e.mu.Unlock()
-	for try := 0; ; try++ {
-		if err := e.away("set ephemeral"); err != nil {
-			return err
-		}
-		ok, st, err := e.s.Exists(ctx, e.path)
-		switch {
-		case err != nil:
-			return err
-		case !ok:
-			return &OpError{"set ephemeral", e.path, ErrNoNode}
-		case st.EphemeralOwner != e.s.SessionID():
-			return &OpError{"set ephemeral", e.path, fmt.Errorf("%w (owner 0x%x, this session 0x%x)", ErrOwnedElsewhere, st.EphemeralOwner, e.s.SessionID())}
-		}
-		_, err = e.s.Set(ctx, e.path, data, st.Version)
-		if errors.Is(err, ErrBadVersion) && try < 3 {
-			continue // another Set of ours landed in between: look again
-		}
+	return e.ifOwned(ctx, "set ephemeral", func(st Stat) error {
+		_, err := e.s.Set(ctx, e.path, data, st.Version)
 		return err
-	}
+	})
 }
 
 // away is the error of a write while the session is closed or not
@@ -261,22 +246,33 @@ func (e *Ephemeral) forget() {
 // created it) is left alone, as Set leaves it.
 func (e *Ephemeral) Delete(ctx context.Context) error {
 	e.forget()
+	err := e.ifOwned(ctx, "delete ephemeral", func(st Stat) error { return e.s.Delete(ctx, e.path, st.Version) })
+	if errors.Is(err, ErrNoNode) || errors.Is(err, ErrOwnedElsewhere) {
+		return nil // not there, or not ours: nothing of ours to delete
+	}
+	return err
+}
+
+// ifOwned runs op (a write at the node's version) when this session owns
+// the node, and looks again when a write of ours landed in between
+// (ErrBadVersion). A missing node is ErrNoNode, another session's
+// ErrOwnedElsewhere: ZooKeeper itself checks no owner on a write.
+func (e *Ephemeral) ifOwned(ctx context.Context, what string, op func(Stat) error) error {
 	for try := 0; ; try++ {
-		if err := e.away("delete ephemeral"); err != nil {
+		if err := e.away(what); err != nil {
 			return err
 		}
 		ok, st, err := e.s.Exists(ctx, e.path)
 		switch {
 		case err != nil:
 			return err
-		case !ok, st.EphemeralOwner != e.s.SessionID():
-			return nil
+		case !ok:
+			return &OpError{what, e.path, ErrNoNode}
+		case st.EphemeralOwner != e.s.SessionID():
+			return &OpError{what, e.path, fmt.Errorf("%w (owner 0x%x, this session 0x%x)", ErrOwnedElsewhere, st.EphemeralOwner, e.s.SessionID())}
 		}
-		err = e.s.Delete(ctx, e.path, st.Version)
-		switch {
-		case errors.Is(err, ErrNoNode):
-			return nil
-		case errors.Is(err, ErrBadVersion) && try < 3:
+		err = op(st)
+		if errors.Is(err, ErrBadVersion) && try < 3 {
 			continue
 		}
 		return err

@@ -82,6 +82,21 @@ func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
 	return &zk.Stat{Version: c.version, EphemeralOwner: 1}, nil
 }
 
+// nodeEphemeral is a connected session on a nodeConn and an ephemeral
+// node /m created on it with data.
+func nodeEphemeral(t *testing.T, data string) (*nodeConn, *Ephemeral) {
+	t.Helper()
+	c := &nodeConn{}
+	s := newSession(Config{}, ConnectString{})
+	s.conn = c
+	s.state = StateConnected
+	e, err := s.CreateEphemeral(context.Background(), "/m", []byte(data), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, e
+}
+
 // An update of an ephemeral node that lands while the session re-syncs the
 // node after a reconnect (same session: the node is still there) is not
 // overwritten with the data from before it. The re-sync read the data to
@@ -89,15 +104,8 @@ func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
 // update left supervisors' member records without their fail-static
 // episode after a whole-ensemble outage (issue 24).
 func TestEphemeralUpdateDuringResyncIsKept(t *testing.T) {
-	c := &nodeConn{}
-	s := newSession(Config{}, ConnectString{})
-	s.conn = c
-	s.state = StateConnected
+	c, e := nodeEphemeral(t, "before")
 	ctx := context.Background()
-	e, err := s.CreateEphemeral(ctx, "/m", []byte("before"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c.mu.Lock()
 	c.hook = func() {
 		if err := e.Set(ctx, []byte("after")); err != nil {
@@ -120,15 +128,8 @@ func TestEphemeralUpdateDuringResyncIsKept(t *testing.T) {
 // no node yet, and the create had read the data before it) is what the
 // re-created node ends up holding.
 func TestEphemeralUpdateDuringRecreateIsKept(t *testing.T) {
-	c := &nodeConn{}
-	s := newSession(Config{}, ConnectString{})
-	s.conn = c
-	s.state = StateConnected
+	c, e := nodeEphemeral(t, "before")
 	ctx := context.Background()
-	e, err := s.CreateEphemeral(ctx, "/m", []byte("before"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c.mu.Lock()
 	c.exists = false // the session expired: the node is gone
 	c.hook = func() {
@@ -151,15 +152,8 @@ func TestEphemeralUpdateDuringRecreateIsKept(t *testing.T) {
 // two live supervisors of one name, each rewriting the other's record
 // (found in the review of issue 24).
 func TestEphemeralSetRefusesANodeOwnedByAnotherSession(t *testing.T) {
-	c := &nodeConn{}
-	s := newSession(Config{}, ConnectString{})
-	s.conn = c
-	s.state = StateConnected
+	c, e := nodeEphemeral(t, "mine")
 	ctx := context.Background()
-	e, err := s.CreateEphemeral(ctx, "/m", []byte("mine"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c.mu.Lock()
 	c.data, c.version, c.other = []byte("theirs"), 0, true // expired, and re-created by another session
 	c.mu.Unlock()

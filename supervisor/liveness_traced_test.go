@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -20,22 +19,11 @@ func TestFaultsStoppedWorkerThenTracedIsNotKilled(t *testing.T) {
 	// make test-faults: a real ptrace attach and 3 s of sampling, and make
 	// test stays within its budget.
 	testenv.Faults(t)
-	warn, repl, every := stoppedWarnAfter, stoppedReplaceAfter, stateEvery
-	stoppedWarnAfter, stoppedReplaceAfter, stateEvery = 100*time.Millisecond, 1500*time.Millisecond, 50*time.Millisecond
-	t.Cleanup(func() { stoppedWarnAfter, stoppedReplaceAfter, stateEvery = warn, repl, every })
-	dir := t.TempDir()
-	port := testenv.FreePort(t)
-	file := filepath.Join(dir, "pool.json")
-	writeConfig(t, file, cfgFor(t, port, 1, nil))
-	h := run(t, Options{ConfigFile: file})
-	h.waitFor(20*time.Second, "1 worker", serving(1, 1))
-	pid := h.pids()[0]
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, 10*time.Second, "the stop warning", func() bool {
+	shortStopBounds(t, 100*time.Millisecond, 1500*time.Millisecond)
+	h, pid := stoppedWorker(t, 1, nil)
+	testenv.WaitFor(t, 10*time.Second, func() bool {
 		return strings.Contains(logText(t, h), "worker is stopped (SIGSTOP): it accepts nothing")
-	})
+	}, "the stop warning")
 	// The debugger attaches (ptrace requests come from the tracer's thread).
 	attached := make(chan error)
 	detach := make(chan struct{})
@@ -54,22 +42,11 @@ func TestFaultsStoppedWorkerThenTracedIsNotKilled(t *testing.T) {
 		t.Skipf("ptrace not permitted here: %v", err)
 	}
 	t.Cleanup(func() { close(detach); _ = syscall.Kill(pid, syscall.SIGCONT) })
-	waitUntil(t, 10*time.Second, "tracing stop", func() bool { return procStateOf(pid) == procTraced })
+	testenv.WaitFor(t, 10*time.Second, func() bool { return procStateOf(pid) == procTraced }, "tracing stop")
 	// Deliberate wait, past the replace bound counted from the SIGSTOP:
 	// nothing is to happen in it.
 	time.Sleep(2 * stoppedReplaceAfter)
 	if strings.Contains(logText(t, h), "SIGKILL now") || !alive(pid) {
 		t.Fatalf("the worker being debugged (state %q) was killed as stopped", procStateOf(pid))
-	}
-}
-
-func waitUntil(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
