@@ -52,7 +52,7 @@ func (f *fixture) checkClean(seeded map[string]int64) {
 			}
 		}
 	}
-	f.checkAcked(seeded)
+	f.checkAcked(seeded, nil)
 }
 
 func TestIntegrationLagAboveThresholdBlocksFence(t *testing.T) {

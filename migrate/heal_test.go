@@ -157,7 +157,7 @@ func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 	}
 	acked := l.finish()
 	t.Logf("load: %d writes acknowledged, %d failed", l.writes.Load(), l.failed.Load())
-	f.checkAcked(acked)
+	f.checkAcked(acked, l.maybe)
 	f.checkClean(seeded)
 }
 

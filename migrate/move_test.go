@@ -45,7 +45,7 @@ func TestIntegrationMoveUnderLoad(t *testing.T) {
 			acked[uid] = v
 		}
 	}
-	f.checkAcked(acked)
+	f.checkAcked(acked, l.maybe)
 	if left := f.leftovers(); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)
 	}
