@@ -23,7 +23,18 @@ func TestIntegrationAbortAfterFailure(t *testing.T) {
 	ctx := context.Background()
 	src := f.conn("pg1")
 	mv := f.mover(Options{})
-	mv.opts.Progress = f.truncateSourceOnCatchup(ctx)
+	// Without its reverse stream (its slot dropped before it starts), a
+	// move whose verification fails cannot be rolled back: it fails.
+	truncate := f.truncateSourceOnCatchup(ctx)
+	dst0 := f.conn("pg2")
+	mv.opts.Progress = func(p Progress) {
+		truncate(p)
+		if p.Message == topo.MoveTeardown {
+			if _, err := dst0.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1", p.Move.Reverse.Slot); err != nil {
+				t.Error(err)
+			}
+		}
+	}
 	rec, err := mv.Move(ctx, 0, "pg2", false)
 	if !errors.Is(err, ErrVerifyMismatch) || rec.State != topo.MoveFailed {
 		t.Fatalf("want a failed move: %v (%s)", err, rec.State)

@@ -121,8 +121,9 @@ func TestIntegrationVerifyMismatchPausesRebalancer(t *testing.T) {
 	src := f.conn("pg1")
 	mv.opts.Progress = func(prog Progress) {
 		msg := prog.Message
-		if msg == topo.MoveVerify {
-			// Corrupt the source's copy behind the fence's back.
+		if msg == topo.MoveTeardown {
+			// Corrupt the source's copy behind the fence's back, before
+			// verification reads it.
 			tx, err := src.Begin(ctx)
 			if err != nil {
 				t.Error(err)
@@ -137,7 +138,7 @@ func TestIntegrationVerifyMismatchPausesRebalancer(t *testing.T) {
 		}
 	}
 	rec, err := mv.Move(ctx, 0, "pg2", false)
-	if !errors.Is(err, ErrVerifyMismatch) || rec.State != topo.MoveFailed || rec.Verify.OK {
+	if !errors.Is(err, ErrVerifyMismatch) || rec.State != topo.MoveRolledBack || rec.Verify.OK {
 		t.Fatalf("move with a corrupted source: %v %s %+v", err, rec.State, rec.Verify)
 	}
 	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})

@@ -23,7 +23,8 @@ type Metrics struct {
 	FrozenOldest prometheus.GaugeFunc
 	// OrphanResumes counts the orphan watcher's resumes by result:
 	// finished (rolled back or completed), busy (another mover took it
-	// first), error (tried again with backoff).
+	// first), window (left in its rollback window, until it ends), error
+	// (tried again with backoff).
 	OrphanResumes *prometheus.CounterVec
 	// FlipUnknown is the number of moves whose flip was sent to ZooKeeper
 	// without an answer: their bucket stays frozen until ZooKeeper says
@@ -45,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		MemberWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shardvisor_move_member_wait_seconds",
 			Help: "Time a move's fence step waited for every member to apply the map that sets the bucket moving.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 		OrphanResumes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "shardvisor_move_orphan_resumes_total",
-			Help: "Resumes of orphaned moves (their mover died) by the orphan watcher, by result: finished, busy, error."}, []string{"result"}),
+			Help: "Resumes of orphaned moves (their mover died) by the orphan watcher, by result: finished, busy, window, error."}, []string{"result"}),
 		FlipUnknown: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardvisor_move_flip_outcome_unknown",
 			Help: "Moves whose flip was sent to ZooKeeper without an answer: their bucket refuses writes until ZooKeeper answers."}),
 		ThawsWithoutZooKeeper: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardvisor_move_thaws_total",

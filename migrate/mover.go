@@ -26,8 +26,6 @@ package migrate
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -76,6 +74,12 @@ type Options struct {
 	// Progress, when set, receives a line per state and copy progress,
 	// with the move's record.
 	Progress func(Progress)
+	// Window is how long a move keeps its reverse stream after a good
+	// verification, so that `move rollback` can give the bucket back
+	// with the writes made since the flip; 0 completes the move as soon
+	// as it is verified (the stream still serves the automatic rollback
+	// of a copy that differs). GC prunes the old owner's rows only after.
+	Window time.Duration
 	// AbortRetry bounds how long an abort retries a cleanup that failed
 	// while both nodes answer (a fence change that hit its lock timeout
 	// because a writer held a transaction open, say) before it leaves the
@@ -282,8 +286,23 @@ type run struct {
 	// thawedAt: this process ended the write pause without the flip
 	// (thawInPause): the source owns the range again.
 	thawedAt time.Time
-	lock     *zksession.Lock
-	unlock   context.CancelFunc // stops following the lock
+	// srcVerifyTx holds a snapshot of the source taken before the
+	// reverse stream starts changing its range (on a connection of its
+	// own, srcVerifyConn): verification compares it with verifyTx.
+	srcVerifyConn *pgx.Conn
+	srcVerifyTx   pgx.Tx
+	// reverseLSN is the target's WAL insert position read inside the
+	// pause, for the flip to record (ReverseStream.StartLSN).
+	reverseLSN string
+	// completeNow: `move complete` ends the window at once; holdWindow:
+	// `move rollback` drives a move to its window and keeps it there.
+	completeNow, holdWindow bool
+	// undo is, in a rollback's run, the move it rolls back, read in the
+	// fence step (with its znode version) for the flip's transaction.
+	undo    *topo.MoveRecord
+	undoVer int32
+	lock    *zksession.Lock
+	unlock  context.CancelFunc // stops following the lock
 }
 
 // Move creates a move of bucket to target and runs it to the end. With
@@ -344,7 +363,7 @@ func (mv *Mover) afterLockLoss(ctx context.Context, id string, cause error) (*to
 		switch {
 		case ctx.Err() != nil:
 			return rec, cmp.Or(err, ctx.Err())
-		case rec != nil && (rec.Finished() || rec.State == topo.MoveFailed):
+		case rec != nil && (rec.Finished() || rec.State == topo.MoveFailed || rec.State == topo.MoveReversible):
 			return rec, outcome(rec, err)
 		case err == nil:
 			return rec, nil
@@ -371,10 +390,14 @@ func zkAway(err error) bool {
 // done; else err if there is one, or one made from the record.
 func outcome(rec *topo.MoveRecord, err error) error {
 	switch {
-	case rec.State == topo.MoveDone:
+	case rec.State == topo.MoveDone, rec.State == topo.MoveReversible && (rec.Verify == nil || rec.Verify.OK):
 		return nil
 	case err != nil:
 		return err
+	case rec.State == topo.MoveRolledBack && rec.Verify != nil && !rec.Verify.OK:
+		return fmt.Errorf("%w: %s; rolled back: bucket %d is on %s again", ErrVerifyMismatch, describe(rec.Verify), rec.Bucket, rec.Source)
+	case rec.State == topo.MoveRolledBack:
+		return nil
 	case rec.State == topo.MoveFailed:
 		return fmt.Errorf("move %s failed (run by %s): %s", rec.ID, rec.Runner, rec.Error)
 	}
@@ -397,7 +420,7 @@ func (mv *Mover) await(ctx context.Context, id string) (*topo.MoveRecord, error)
 	for {
 		rec, _, err := topo.ReadMove(ctx, mv.s, mv.p, id)
 		switch {
-		case err == nil && (rec.Finished() || rec.State == topo.MoveFailed):
+		case err == nil && (rec.Finished() || rec.State == topo.MoveFailed || (rec.State == topo.MoveReversible && !WindowDue(rec))):
 			return rec, outcome(rec, nil)
 		case err != nil && !zkAway(err):
 			return rec, err
@@ -487,6 +510,9 @@ func (mv *Mover) move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 	}
 	for _, r := range inflight {
 		if !r.Finished() && r.Bucket == bucket && r.Level == m.Level {
+			if r.State == topo.MoveReversible {
+				return nil, fmt.Errorf("bucket %d's move %s is in its rollback window; end it first: shardctl move complete %s (or shardctl move rollback %s)", bucket, r.ID, r.ID, r.ID)
+			}
 			return nil, fmt.Errorf("bucket %d already has an unfinished move %s (%s); resume or abort it first", bucket, r.ID, r.State)
 		}
 	}
@@ -501,15 +527,16 @@ func (mv *Mover) move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 	if err != nil {
 		return nil, err
 	}
-	suffix := make([]byte, 3)
-	_, _ = rand.Read(suffix)
-	id := fmt.Sprintf("b%d-l%d-v%d-%s", bucket, m.Level, m.Version, hex.EncodeToString(suffix))
+	id := moveID(bucket, m.Level, m.Version)
 	name := objectPrefix + strings.ReplaceAll(id, "-", "_")
 	now := time.Now().UTC()
 	rec := &topo.MoveRecord{Version: topo.MoveVersion, ID: id, Bucket: bucket, Level: m.Level, Lo: lo, Hi: hi,
 		Source: string(src), Target: string(target), State: topo.MovePrepare, NoCopy: noCopy, Tables: crec.Tables,
 		Publication: name, Subscription: name, Slot: name, StartVersion: m.Version, CreatedAt: now, UpdatedAt: now,
 		Steps: []topo.MoveStep{{State: topo.MovePrepare, At: now}}, Runner: mv.runner}
+	if !noCopy {
+		rec.Reverse = newReverse(name, mv.opts.Window)
+	}
 	if err := topo.CreateMove(ctx, mv.s, mv.p, rec); err != nil {
 		return nil, err
 	}
@@ -537,6 +564,9 @@ func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord
 			return fmt.Errorf("move %s failed after its flip (%s); `shardctl move resume` would only repeat that: `shardctl move abort %s --after-failure` checks which node holds the bucket's rows, makes the map, the fences and the record agree, and releases GC", id, r.rec.Error, id)
 		}
 		if pastFlip(r.rec) {
+			if canRollBackLater(r.rec) {
+				return fmt.Errorf("move %s is past its flip (%s): the bucket is on %s. To give it back to %s with the writes made since: shardctl move rollback %s", id, r.rec.State, r.rec.Target, r.rec.Source, id)
+			}
 			return fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
 		}
 		return r.stopped(ctx, r.abort(ctx, errors.New(reason)))
@@ -596,7 +626,8 @@ func pastFlip(rec *topo.MoveRecord) bool {
 		return true
 	}
 	switch rec.State {
-	case topo.MoveTeardown, topo.MoveVerify, topo.MoveDone, topo.MoveFailed:
+	case topo.MoveTeardown, topo.MoveReverse, topo.MoveVerify, topo.MoveReversible, topo.MoveCompleting,
+		topo.MoveDone, topo.MoveRolledBack, topo.MoveFailed:
 		return true
 	}
 	return false
@@ -650,8 +681,14 @@ func (r *run) close() {
 	if r.verifyTx != nil {
 		r.verifyTx.Rollback(context.Background())
 	}
+	if r.srcVerifyTx != nil {
+		r.srcVerifyTx.Rollback(context.Background())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	if r.srcVerifyConn != nil {
+		r.srcVerifyConn.Close(ctx)
+	}
 	if r.srcConn != nil {
 		r.srcConn.Close(ctx)
 	}
@@ -860,7 +897,8 @@ func (r *run) drive(ctx context.Context) error {
 	// Each state's step; a step that succeeds has saved the next state.
 	steps := map[string]func(context.Context) error{
 		topo.MovePrepare: r.prepare, topo.MoveCopy: r.copy, topo.MoveCatchup: r.catchup, topo.MoveFence: r.fence,
-		topo.MoveBarrier: r.barrier, topo.MoveFlip: r.flip, topo.MoveTeardown: r.teardown, topo.MoveVerify: r.verify,
+		topo.MoveBarrier: r.barrier, topo.MoveFlip: r.flip, topo.MoveTeardown: r.teardown, topo.MoveReverse: r.startReverse,
+		topo.MoveVerify: r.verify, topo.MoveReversible: r.window, topo.MoveCompleting: r.complete,
 	}
 	var groupWait time.Time
 	groupBackoff := backoff.New(200*time.Millisecond, 2*time.Second)
@@ -871,6 +909,11 @@ func (r *run) drive(ctx context.Context) error {
 			return r.stopped(ctx, r.abort(ctx, errors.New(r.rec.Error)))
 		case topo.MoveDone, topo.MoveAborted:
 			return nil
+		case topo.MoveRolledBack:
+			if v := r.rec.Verify; v != nil && !v.OK {
+				return fmt.Errorf("%w: %s; rolled back: bucket %d is on %s again, with every write made since the flip", ErrVerifyMismatch, describe(v), r.rec.Bucket, r.rec.Source)
+			}
+			return nil
 		case topo.MoveFailed:
 			return fmt.Errorf("move %s failed: %s", id, r.rec.Error)
 		}
@@ -880,6 +923,9 @@ func (r *run) drive(ctx context.Context) error {
 		err := step(ctx)
 		if err == nil {
 			continue
+		}
+		if errors.Is(err, errWindowOpen) {
+			return nil
 		}
 		if r.inPause() {
 			if r.flipUnknown {
@@ -1067,12 +1113,12 @@ func (r *run) probe(ctx context.Context, timeout time.Duration) (time.Duration, 
 	}
 	r.seq++
 	start := time.Now()
-	if _, err := insertMarker(ctx, src, r.rec.ID, r.seq); err != nil {
+	if _, err := insertMarker(ctx, src, r.markerID(), r.seq); err != nil {
 		return 0, fmt.Errorf("source: marker: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := waitMarker(wctx, dst, r.rec.ID, r.seq, 2*time.Millisecond); err != nil {
+	if err := waitMarker(wctx, dst, r.markerID(), r.seq, 2*time.Millisecond); err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			// A marker that does not arrive: an apply error may have
 			// disabled the subscription, which no wait would mend.
@@ -1095,8 +1141,11 @@ func (r *run) catchup(ctx context.Context) error {
 		}
 		r.rec.Stats.LagAtFenceMS = float64(lag.Microseconds()) / 1000
 		if lag <= r.mv.opts.MaxLag {
-			if err := r.checkForeignKeysOnTarget(ctx); err != nil {
-				return err
+			// A rollback's target had these rows before the move.
+			if r.rec.RollbackOf == "" {
+				if err := r.checkForeignKeysOnTarget(ctx); err != nil {
+					return err
+				}
 			}
 			// Most of the sequences' distance outside the pause; the
 			// barrier carries the rest.
@@ -1111,6 +1160,11 @@ func (r *run) catchup(ctx context.Context) error {
 				}
 				if err := r.carrySequences(ctx, src, dst, "before the pause"); err != nil {
 					return err
+				}
+				if r.forwardReverse() {
+					if err := r.setupReverse(ctx, src, dst); err != nil {
+						return err
+					}
 				}
 			}
 			return r.enter(ctx, topo.MoveFence)
@@ -1131,6 +1185,11 @@ func (r *run) fence(ctx context.Context) error {
 		// A mover died after setting the map: the freeze may have
 		// started long ago, so the pause cap cannot be honoured.
 		return fmt.Errorf("%w: resumed after the fence began", ErrPauseCap)
+	}
+	if r.rec.RollbackOf != "" {
+		if err := r.readRolledBack(ctx); err != nil {
+			return err
+		}
 	}
 	next, zv, _, err := r.mv.st.UpdateAlso(ctx, nil, 0, func(m *bucketmap.Map) error {
 		if m.Level != r.rec.Level {
@@ -1185,7 +1244,7 @@ func (r *run) fence(ctx context.Context) error {
 		// otherwise take up to wal_writer_delay (200 ms) to get to it.
 		// "on", not "local": with synchronous standbys, the freeze must
 		// survive a failover of the source.
-		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.rec.ID, r.seq))
+		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.markerID(), r.seq))
 	}
 	// The freeze's start is saved before the freeze, outside the pause: a
 	// mover that dies inside the pause leaves it in the record, and the
@@ -1231,7 +1290,7 @@ func (r *run) barrier(ctx context.Context) error {
 		}
 		return fmt.Errorf("target: %s: %w", what, err)
 	}
-	if err := waitMarker(wctx, dst, r.rec.ID, r.seq, time.Millisecond); err != nil {
+	if err := waitMarker(wctx, dst, r.markerID(), r.seq, time.Millisecond); err != nil {
 		return overCap(err, "marker")
 	}
 	// The source writes the bucket no more: its sequences have handed out
@@ -1259,14 +1318,17 @@ func (r *run) barrier(ctx context.Context) error {
 	if err := r.sameServer(wctx, dst, "target"); err != nil {
 		return overCap(err, "identifying the server")
 	}
-	if !r.rec.NoCopy {
+	if !r.rec.NoCopy && r.rec.RollbackOf == "" {
 		// The verification snapshot: every row from before the freeze,
-		// none written after the flip.
+		// none written after the flip. Its first statement reads where
+		// the target's WAL is: past every change the forward stream
+		// applied, before any the application makes once it owns the
+		// range, so the reverse stream starts there.
 		tx, err := dst.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&r.reverseLSN); err != nil {
 			tx.Rollback(ctx)
 			return err
 		}
@@ -1312,8 +1374,19 @@ func (r *run) flip(ctx context.Context) error {
 			rec.State = topo.MoveFlip
 			rec.UpdatedAt = time.Now().UTC()
 			rec.Runner = r.mv.runner
+			if rec.Reverse != nil && r.reverseLSN != "" {
+				rv := *rec.Reverse
+				rv.StartLSN = r.reverseLSN
+				rec.Reverse = &rv
+			}
 			op, err := topo.UpdateMoveOp(r.mv.p, &rec, r.ver)
-			return []zksession.Op{op}, err
+			if err != nil || r.undo == nil {
+				return []zksession.Op{op}, err
+			}
+			// A rollback's flip ends the move it rolls back, in the same
+			// transaction.
+			undo, err := r.rolledBackOp(rec.UpdatedAt)
+			return []zksession.Op{op, undo}, err
 		})
 		if err != nil {
 			// Not flipped, or not known to be (ZooKeeper did not answer
@@ -1400,7 +1473,7 @@ func (r *run) teardown(ctx context.Context) error {
 	if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil && r.slotOnSource(ctx, src)); err != nil {
 		return fmt.Errorf("target: dropping subscription: %w", err)
 	}
-	_ = clearMarkers(ctx, dst, r.rec.ID)
+	_ = clearMarkers(ctx, dst, r.markerID())
 	if srcErr != nil {
 		r.rec.SlotPending = true
 		r.mv.log.Warn("source unreachable: its publication and slot stay until it is back (shardctl move resume)", zap.String("move", r.rec.ID), zap.Error(srcErr))
@@ -1417,17 +1490,28 @@ func (r *run) teardown(ctx context.Context) error {
 	if err := dropPublication(ctx, src, r.rec.Publication); err != nil {
 		return fmt.Errorf("source: dropping publication: %w", err)
 	}
-	_ = clearMarkers(ctx, src, r.rec.ID)
+	_ = clearMarkers(ctx, src, r.markerID())
 	if left, err := slotExists(ctx, src, r.rec.Slot); err != nil {
 		return err
 	} else if left {
 		return fmt.Errorf("replication slot %s is still on the source", r.rec.Slot)
 	}
 	r.rec.SlotPending = false
+	if r.forwardReverse() && r.rec.Reverse.Lost == "" {
+		// The forward stream is gone: the reverse one cannot send its
+		// own rows back to the target.
+		return r.enter(ctx, topo.MoveReverse)
+	}
 	return r.enter(ctx, topo.MoveVerify)
 }
 
 func (r *run) verify(ctx context.Context) error {
+	if r.rec.RollbackOf != "" {
+		// A rollback gives the bucket back to the node that had every row
+		// before the move: the node it leaves may be the one whose copy
+		// differed, so there is nothing to compare it with.
+		return r.enter(ctx, topo.MoveDone)
+	}
 	if r.verifyTx == nil {
 		r.rec.Verify = &topo.MoveCheck{OK: true, Inconclusive: true}
 		if r.verifyLost {
@@ -1436,27 +1520,33 @@ func (r *run) verify(ctx context.Context) error {
 			r.mv.log.Warn("move verification impossible: the target's snapshot was lost (its primary failed over after the flip); check the bucket with shardctl node check", zap.String("move", r.rec.ID), zap.String("target", r.rec.Target))
 			r.progress(fmt.Sprintf("verification impossible: %s failed over after the flip; run shardctl node check %s", r.rec.Target, r.rec.Target))
 		}
-		return r.enter(ctx, topo.MoveDone)
+		return r.afterVerify(ctx)
 	}
 	defer func() {
 		r.verifyTx.Rollback(ctx)
 		r.verifyTx = nil
+		if r.srcVerifyTx != nil {
+			r.srcVerifyTx.Rollback(ctx)
+			r.srcVerifyTx = nil
+		}
 	}()
-	src, err := r.source(ctx)
-	if err != nil {
-		return err
+	// The source as the freeze left it: its snapshot from before the
+	// reverse stream started, or the source itself when it has none (it
+	// is frozen then: nothing writes the range there).
+	var src querier = r.srcVerifyTx
+	if r.srcVerifyTx == nil {
+		if canRollBack(r.rec) {
+			r.rec.Verify = &topo.MoveCheck{OK: true, Inconclusive: true}
+			return r.afterVerify(ctx)
+		}
+		c, err := r.source(ctx)
+		if err != nil {
+			return err
+		}
+		src = c
 	}
-	var (
-		wg             sync.WaitGroup
-		sc, tc         []int64
-		ss, ts         []string
-		serr, terr     error
-		tables, lo, hi = r.rec.Tables, r.rec.Lo, r.rec.Hi
-	)
-	wg.Add(1)
-	go func() { defer wg.Done(); sc, ss, serr = rangeChecks(ctx, src, tables, lo, hi) }()
-	tc, ts, terr = rangeChecks(ctx, r.verifyTx, tables, lo, hi)
-	wg.Wait()
+	r.progress("verifying: counting and summing the range on both nodes")
+	chk, serr, terr := compareRange(ctx, src, r.verifyTx, r.rec.Tables, r.rec.Lo, r.rec.Hi)
 	if serr != nil {
 		return fmt.Errorf("source: %w", serr)
 	}
@@ -1464,24 +1554,42 @@ func (r *run) verify(ctx context.Context) error {
 		r.verifyLost = true
 		return fmt.Errorf("target: %w", terr)
 	}
-	chk := &topo.MoveCheck{OK: true}
-	for i, t := range tables {
-		chk.Tables = append(chk.Tables, topo.TableCheck{Table: t.Name, SourceRows: sc[i], TargetRows: tc[i], SourceSum: ss[i], TargetSum: ts[i]})
-		if sc[i] != tc[i] || ss[i] != ts[i] {
-			chk.OK = false
-		}
-	}
 	r.rec.Verify = chk
 	if !chk.OK {
 		r.rec.Error = "verification mismatch: " + describe(chk)
+		_ = r.mv.pause(ctx, fmt.Sprintf("move %s failed verification: %s", r.rec.ID, describe(chk)), r.rec.ID)
+		if canRollBack(r.rec) {
+			// The target never keeps a copy that differs: the rollback
+			// gives the bucket back with the writes made since the flip.
+			r.mv.log.Error("move verification mismatch: rolling back; rebalancer paused", zap.String("move", r.rec.ID), zap.String("detail", describe(chk)))
+			return r.enterWindow(ctx)
+		}
 		if err := r.enter(ctx, topo.MoveFailed); err != nil {
 			return err
 		}
-		_ = r.mv.pause(ctx, fmt.Sprintf("move %s failed verification: %s", r.rec.ID, describe(chk)), r.rec.ID)
 		r.mv.log.Error("move verification mismatch: rebalancer paused", zap.String("move", r.rec.ID), zap.String("detail", describe(chk)))
 		return fmt.Errorf("%w: %s", ErrVerifyMismatch, describe(chk))
 	}
+	return r.afterVerify(ctx)
+}
+
+// afterVerify: the rollback window if the reverse stream runs, else done.
+func (r *run) afterVerify(ctx context.Context) error {
+	if canRollBack(r.rec) {
+		return r.enterWindow(ctx)
+	}
 	return r.enter(ctx, topo.MoveDone)
+}
+
+func (r *run) enterWindow(ctx context.Context) error {
+	rv := r.rec.Reverse
+	until := time.Now().UTC().Add(time.Duration(rv.WindowS * float64(time.Second)))
+	rv.Until = &until
+	if rv.WindowS > 0 {
+		r.progress(fmt.Sprintf("rollback window open until %s: shardctl move rollback %s gives the bucket back to %s; shardctl move complete %s ends it now",
+			until.Local().Format("15:04:05"), r.rec.ID, r.rec.Source, r.rec.ID))
+	}
+	return r.enter(ctx, topo.MoveReversible)
 }
 
 func describe(c *topo.MoveCheck) string {
@@ -1490,6 +1598,16 @@ func describe(c *topo.MoveCheck) string {
 		if t.SourceRows != t.TargetRows || t.SourceSum != t.TargetSum {
 			parts = append(parts, fmt.Sprintf("%s: source %d rows (sum %s), target %d rows (sum %s)", t.Table, t.SourceRows, t.SourceSum, t.TargetRows, t.TargetSum))
 		}
+	}
+	for i, ch := range c.Chunks {
+		if i == 3 {
+			break
+		}
+		p := fmt.Sprintf("%s keys %d..%d: source %d rows, target %d", ch.Table, ch.Lo, ch.Hi, ch.SourceRows, ch.TargetRows)
+		if len(ch.Rows) > 0 {
+			p += " (" + strings.Join(ch.Rows, "; ") + ")"
+		}
+		parts = append(parts, p)
 	}
 	return strings.Join(parts, "; ")
 }
@@ -1568,6 +1686,9 @@ func (r *run) checkGroups(ctx context.Context) error {
 		g, err := topo.ReadPatroni(ctx, r.mv.s, p.Namespace, p.Scope)
 		if err != nil {
 			return fmt.Errorf("target %s: %w", r.rec.Target, err)
+		}
+		if r.rec.Reverse != nil && (g.Config == nil || !topo.PatroniKeepsLogicalSlots(g.Config.IgnoreSlots)) {
+			return fmt.Errorf("target %s is a Patroni group whose ignore_slots does not keep logical pgoutput slots: Patroni would drop the move's reverse slot, and with it the way back (add ignore_slots: [{type: logical, plugin: pgoutput}]; see shardctl node check %s)", r.rec.Target, r.rec.Target)
 		}
 		if g.Config == nil || !g.Config.SynchronousMode {
 			return fmt.Errorf("target %s is a Patroni group not in synchronous_mode: a failover right after the flip could lose copied rows (set synchronous_mode: true; see shardctl node check %s)", r.rec.Target, r.rec.Target)
@@ -1789,6 +1910,15 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 	}
 	src, srcErr := r.source(ctx)
 	dst, dstErr := r.target(ctx)
+	if r.rec.RollbackOf != "" {
+		// A rollback that did not flip leaves the move it rolls back as
+		// it was: its reverse stream and the rows on this rollback's
+		// target (that move's source) stay.
+		return r.cleanupRollback(ctx, m, src, srcErr, dstErr)
+	}
+	if r.forwardReverse() {
+		problems = append(problems, r.dropReverse(ctx)...)
+	}
 	if dstErr == nil && r.rec.Subscription != "" {
 		if err := dropSubscription(ctx, dst, r.rec.Subscription, srcErr == nil && r.slotOnSource(ctx, src)); err != nil {
 			problems = append(problems, "target: dropping subscription: "+err.Error())
@@ -1817,7 +1947,7 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 				problems = append(problems, "source fence: "+err.Error())
 			}
 		}
-		_ = clearMarkers(ctx, src, r.rec.ID)
+		_ = clearMarkers(ctx, src, r.markerID())
 	} else if r.reached(topo.MoveCopy) || r.rec.FenceVersion != 0 {
 		// A publication and slot may be on the source: finish later.
 		problems = append(problems, "source unreachable: "+srcErr.Error())
@@ -1861,7 +1991,7 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 		if _, err := clearRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
 			problems = append(problems, "target: removing the partial copy: "+err.Error())
 		}
-		_ = clearMarkers(ctx, dst, r.rec.ID)
+		_ = clearMarkers(ctx, dst, r.markerID())
 	} else {
 		problems = append(problems, "target unreachable: "+dstErr.Error())
 		unreachable = true

@@ -201,6 +201,11 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 		switch {
 		case err != nil:
 			wait = time.After(retry.Next())
+		case !held && rec.State == topo.MoveReversible && !WindowDue(rec):
+			// In its rollback window nothing is due before the window
+			// ends (an operator's rollback or complete takes the lock).
+			d := min(time.Until(*rec.Reverse.Until)+10*time.Millisecond, orphanRescan)
+			wait = time.After(d)
 		case !held && time.Since(absentSince) < OrphanGrace:
 			// A mover that just created the move takes its lock now.
 			wait = time.After(OrphanGrace - time.Since(absentSince))
@@ -214,6 +219,10 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 			log.Warn("orphaned move: its mover is gone; resuming it", fields...)
 			out, rerr := mv.Resume(ctx, id)
 			switch {
+			case rerr == nil && out != nil && out.State == topo.MoveReversible:
+				// Left in its window: wait for its end.
+				met.orphanResumed("window")
+				continue
 			case rerr == nil || (out != nil && out.Finished()):
 				state, pause := "", 0.0
 				if out != nil {

@@ -281,6 +281,7 @@ func clearMarkers(ctx context.Context, c *pgx.Conn, moveID string) error {
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
 // rangeChecks counts the range's rows in every table and sums a hash of

@@ -54,7 +54,8 @@ func (rb *Rebalancer) unfinished(ctx context.Context, m *bucketmap.Map) ([]bucke
 	}
 	var out []bucketmap.Move
 	for _, r := range list {
-		if !r.Finished() && r.Level == m.Level {
+		// A move in its rollback window has moved its bucket.
+		if !r.Finished() && r.State != topo.MoveReversible && r.Level == m.Level {
 			out = append(out, bucketmap.Move{Bucket: r.Bucket, From: bucketmap.NodeID(r.Source), To: bucketmap.NodeID(r.Target)})
 		}
 	}

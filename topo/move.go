@@ -8,9 +8,17 @@ import (
 // MoveVersion is the newest move record format this build writes.
 const MoveVersion = 1
 
-// Move states, in order. A move ends done, aborted, or failed (its
-// verification found a difference: it stays "in flight" for GC, which then
-// never deletes the range's source rows, and the rebalancer stops).
+// Move states, in order. A move ends done, aborted, rolled back (a
+// rollback move gave the bucket back to its source), or failed (a record
+// of a build without the reverse stream whose verification found a
+// difference: it stays "in flight" for GC, which then never deletes the
+// range's source rows, and the rebalancer stops).
+//
+// After teardown a move with a reverse stream (Reverse) enters reverse
+// (the stream from the target back to the source starts), verify, and
+// then reversible: the rollback window, in which `move rollback` gives the
+// bucket back with every write made since the flip. completing drops the
+// reverse stream (`move complete`, or the window's end), then done.
 const (
 	MovePrepare  = "prepare"
 	MoveCopy     = "copy"
@@ -19,11 +27,16 @@ const (
 	MoveBarrier  = "barrier"
 	MoveFlip     = "flip"
 	MoveTeardown = "teardown"
+	MoveReverse  = "reverse"
 	MoveVerify   = "verify"
-	MoveDone     = "done"
-	MoveAborting = "aborting"
-	MoveAborted  = "aborted"
-	MoveFailed   = "failed"
+	// MoveReversible is the rollback window.
+	MoveReversible = "reversible"
+	MoveCompleting = "completing"
+	MoveDone       = "done"
+	MoveAborting   = "aborting"
+	MoveAborted    = "aborted"
+	MoveRolledBack = "rolled_back"
+	MoveFailed     = "failed"
 )
 
 // MoveRecord is one bucket move's crash-safe state at Paths.Move(id). The
@@ -50,6 +63,15 @@ type MoveRecord struct {
 	// SlotPending: the source was unreachable at teardown; its slot was
 	// detached from the subscription and must be dropped when it is back.
 	SlotPending bool `json:"slot_pending,omitempty"`
+
+	// Reverse is the stream from the target back to the source that
+	// keeps the old owner in step after the flip, for a rollback. Nil for
+	// a move without one (no copy, a rollback move, an older record).
+	Reverse *ReverseStream `json:"reverse,omitempty"`
+	// RollbackOf names the move this one rolls back: its source is that
+	// move's target, and it runs over that move's reverse stream (no
+	// copy; its flip ends that move rolled_back).
+	RollbackOf string `json:"rollback_of,omitempty"`
 
 	// Servers are the incarnations (dbnode.Incarnation: system id,
 	// timeline, address) of the source's and target's primaries when the
@@ -86,6 +108,35 @@ type MoveRecord struct {
 	Stragglers []Straggler `json:"stragglers,omitempty"`
 }
 
+// ReverseStream is a move's way back: a publication of the range on the
+// target, a slot there, and a subscription on the source. The names are
+// in the record before anything is created.
+type ReverseStream struct {
+	Publication  string `json:"publication"`  // on the target
+	Slot         string `json:"slot"`         // on the target
+	Subscription string `json:"subscription"` // on the source
+	// StartLSN is the target's WAL insert position inside the write
+	// pause, once the forward apply had stopped; written by the flip's
+	// transaction. The slot is advanced to it before the stream starts,
+	// so that nothing the forward stream applied is sent back
+	// (PostgreSQL 15 has no origin = none).
+	StartLSN string `json:"start_lsn,omitempty"`
+	// Enabled: the source's subscription was enabled.
+	Enabled bool `json:"enabled,omitempty"`
+	// Window is the rollback window the move was started with; Until is
+	// when it ends (set on entering reversible).
+	WindowS float64    `json:"window_s"`
+	Until   *time.Time `json:"until,omitempty"`
+	// Rollback is the latest rollback move started over this stream.
+	Rollback string `json:"rollback,omitempty"`
+	// SlotPending: the target was unreachable when the stream was
+	// dropped; its slot was detached and is dropped when it answers.
+	SlotPending bool `json:"slot_pending,omitempty"`
+	// Lost says why the stream ended before its window did (the target's
+	// slot was gone: a failover of the target); no rollback is possible.
+	Lost string `json:"lost,omitempty"`
+}
+
 // Straggler is one member that had not applied a map version in time.
 type Straggler struct {
 	Member     string `json:"member"`          // its record's path
@@ -118,7 +169,10 @@ type MoveStats struct {
 
 // MoveCheck compares the range on both nodes after the flip.
 type MoveCheck struct {
-	OK bool `json:"ok"`
+	// Chunks are the key ranges of a table whose rows differ (at most a
+	// few per table), with what differs in them.
+	Chunks []ChunkCheck `json:"chunks,omitempty"`
+	OK     bool         `json:"ok"`
 	// Inconclusive: the mover restarted after the flip, so the target's
 	// snapshot at the flip is gone and new writes make a comparison
 	// meaningless; nothing was found wrong.
@@ -136,17 +190,32 @@ type TableCheck struct {
 	TargetSum  string `json:"target_sum"`
 }
 
+// ChunkCheck is one chunk of a table's range whose rows differ between
+// the nodes: its key range, its rows on each node, and the first rows
+// that differ (by primary key), when the chunk was small enough to list.
+type ChunkCheck struct {
+	Table      string   `json:"table"`
+	Lo         int64    `json:"lo"`
+	Hi         int64    `json:"hi"`
+	SourceRows int64    `json:"source_rows"`
+	TargetRows int64    `json:"target_rows"`
+	Rows       []string `json:"rows,omitempty"` // e.g. "missing on target: {\"id\": 7, ...}"
+}
+
 // MoveStateFinal reports whether state ends a move: done or aborted. This
 // is the one definition of "no longer in flight": failed is not final (its
 // source rows stay for an operator), and neither is a state this build does
 // not know.
-func MoveStateFinal(state string) bool { return state == MoveDone || state == MoveAborted }
+func MoveStateFinal(state string) bool {
+	return state == MoveDone || state == MoveAborted || state == MoveRolledBack
+}
 
 // MoveStateKnown reports whether state is one of the move states above.
 func MoveStateKnown(state string) bool {
 	switch state {
 	case MovePrepare, MoveCopy, MoveCatchup, MoveFence, MoveBarrier, MoveFlip,
-		MoveTeardown, MoveVerify, MoveDone, MoveAborting, MoveAborted, MoveFailed:
+		MoveTeardown, MoveReverse, MoveVerify, MoveReversible, MoveCompleting, MoveDone,
+		MoveAborting, MoveAborted, MoveRolledBack, MoveFailed:
 		return true
 	}
 	return false

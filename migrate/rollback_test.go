@@ -1,0 +1,212 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// rollbackOf finds the rollback move of move id.
+func (f *fixture) rollbackOf(mv *Mover, id string) *topo.MoveRecord {
+	f.t.Helper()
+	list, err := mv.List(context.Background())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, r := range list {
+		if r.RollbackOf == id {
+			return r
+		}
+	}
+	f.t.Fatalf("move %s has no rollback move", id)
+	return nil
+}
+
+// A move in its rollback window keeps the old owner in step; a rollback
+// under load gives the bucket back with every write made on the new owner
+// since the flip, and leaves no replication object behind.
+func TestIntegrationRollbackKeepsEveryWrite(t *testing.T) {
+	f := newFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
+	base := f.seedRows("seed", 400)
+	l := f.startLoad(6, 200)
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
+	ctx := context.Background()
+	mv := f.mover(Options{Window: 10 * time.Minute})
+	rec, err := mv.Move(ctx, 1, "pg2", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != topo.MoveReversible || rec.Verify == nil || !rec.Verify.OK || rec.Reverse == nil || !rec.Reverse.Enabled || rec.Reverse.Until == nil {
+		t.Fatalf("move ended %s, verify %+v, reverse %+v, error %q", rec.State, rec.Verify, rec.Reverse, rec.Error)
+	}
+	if m := f.mapNow(); m.Owner(1) != "pg2" {
+		t.Fatalf("bucket 1 is on %s in the window", m.Owner(1))
+	}
+	// The bucket cannot move again while its window is open.
+	if _, err := mv.Move(ctx, 1, "pg1", false); err == nil || !strings.Contains(err.Error(), "rollback window") {
+		t.Fatalf("a second move in the window: %v", err)
+	}
+	// Writes on the new owner, which the reverse stream brings back.
+	n := l.writes.Load()
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+200 }, "writes acknowledged in the window")
+
+	out, err := mv.Rollback(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.State != topo.MoveRolledBack {
+		t.Fatalf("rolled-back move is %s: %s", out.State, out.Error)
+	}
+	rb := f.rollbackOf(mv, rec.ID)
+	if rb.State != topo.MoveDone || rb.Source != "pg2" || rb.Target != "pg1" || rb.FlipVersion == 0 {
+		t.Fatalf("rollback move %s: %s %s -> %s flip %d (%s)", rb.ID, rb.State, rb.Source, rb.Target, rb.FlipVersion, rb.Error)
+	}
+	m := f.mapNow()
+	if m.Owner(1) != "pg1" || m.Meta(1).State != bucketmap.BucketActive {
+		t.Fatalf("bucket 1 after the rollback: %s %+v", m.Owner(1), m.Meta(1))
+	}
+	// GC may prune pg2's copy once safe, never pg1's.
+	h := m.HistoryOf(1)
+	if !slices.ContainsFunc(h, func(x bucketmap.Handoff) bool { return x.Node == "pg2" && x.UntilVersion == rb.FlipVersion }) ||
+		slices.ContainsFunc(h, func(x bucketmap.Handoff) bool { return x.Node == "pg1" }) {
+		t.Fatalf("history after the rollback %+v", h)
+	}
+	n = l.writes.Load()
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the rollback")
+	acked := l.finish()
+	t.Logf("move pause %.1f ms, rollback pause %.1f ms; %d writes acknowledged, %d gave up", rec.Stats.PauseMS, rb.Stats.PauseMS, l.writes.Load(), l.failed.Load())
+	if l.failed.Load() > 0 {
+		t.Fatalf("%d writes failed: %s", l.failed.Load(), *l.lastErr.Load())
+	}
+	for uid, v := range base {
+		if _, ok := acked[uid]; !ok {
+			acked[uid] = v
+		}
+	}
+	f.checkAcked(acked, l.maybe)
+	if left := f.leftovers(); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+	if _, err := f.conn("pg2").Exec(ctx, "INSERT INTO app.kv VALUES ($1, 'late', 1)", rec.Lo); err == nil || !strings.Contains(err.Error(), "SV001") {
+		t.Fatalf("a late write to the node the bucket left: %v", err)
+	}
+	if _, err := mv.Rollback(ctx, rec.ID); err != nil {
+		t.Fatalf("a second rollback of a rolled-back move: %v", err)
+	}
+}
+
+// `move complete` ends the window at once; a window that runs out is ended
+// by the orphan watcher. Either way nothing of the reverse stream stays.
+func TestIntegrationMoveCompleteEndsWindow(t *testing.T) {
+	f := newFixture(t, 3, 2)
+	f.seedRows("seed", 200)
+	ctx := context.Background()
+	mv := f.mover(Options{Window: 10 * time.Minute})
+	rec, err := mv.Move(ctx, 1, "pg2", false)
+	if err != nil || rec.State != topo.MoveReversible {
+		t.Fatalf("move: %v (%+v)", err, rec)
+	}
+	if left := f.leftovers(); len(left) != 3 {
+		t.Fatalf("in the window, want the reverse stream (publication and slot on pg2, subscription on pg1): %v", left)
+	}
+	if out, err := mv.Complete(ctx, rec.ID); err != nil || out.State != topo.MoveDone {
+		t.Fatalf("complete: %v (%+v)", err, out)
+	}
+	if left := f.leftovers(); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+	if _, err := mv.Rollback(ctx, rec.ID); !errors.Is(err, ErrNoRollback) {
+		t.Fatalf("rollback of a completed move: %v", err)
+	}
+
+	short := f.mover(Options{Window: time.Second})
+	rec, err = short.Move(ctx, 2, "pg2", false)
+	if err != nil || rec.State != topo.MoveReversible {
+		t.Fatalf("move: %v (%+v)", err, rec)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	watcher := f.mover(Options{})
+	done := make(chan struct{})
+	go func() { defer close(done); watcher.WatchOrphans(wctx) }()
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		r, err := mv.Get(ctx, rec.ID)
+		return err == nil && r.State == topo.MoveDone
+	}, "the watcher completing the move whose window ran out")
+	cancel()
+	<-done
+	if left := f.leftovers(); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+// A target whose copy differs (a trigger enabled for replication drops,
+// changes or adds a row) never keeps the bucket: verification finds it,
+// says which table, chunk and row, and the move is rolled back with every
+// write made since the flip.
+func TestIntegrationDivergingTargetRollsBack(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, when, want string
+	}{
+		{"drops", `IF NEW.uid = '%s' THEN RETURN NULL; END IF; RETURN NEW;`, "BEFORE", "missing on target"},
+		{"changes", `IF NEW.uid = '%s' THEN NEW.v := NEW.v + 1000; END IF; RETURN NEW;`, "BEFORE", "differs"},
+		{"gains", `IF NEW.uid = '%s' THEN INSERT INTO app.kv VALUES (NEW.bkey, NEW.uid || '-ghost', 0) ON CONFLICT DO NOTHING; END IF; RETURN NULL;`, "AFTER", "only on target"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, 3, 2)
+			base := f.seedRows("seed", 400)
+			victim := ""
+			m := f.mapNow()
+			for i := 0; victim == ""; i++ {
+				if uid := "seed-" + strconv.Itoa(i); m.BucketOf(f.ks, uid) == 1 {
+					victim = uid
+				}
+			}
+			ctx := context.Background()
+			if _, err := f.conn("pg2").Exec(ctx, `CREATE FUNCTION app.bad() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN `+
+				strings.ReplaceAll(tc.body, "%s", victim)+` END $$;
+				CREATE TRIGGER bad `+tc.when+` INSERT ON app.kv FOR EACH ROW EXECUTE FUNCTION app.bad();
+				ALTER TABLE app.kv ENABLE ALWAYS TRIGGER bad`); err != nil {
+				t.Fatal(err)
+			}
+			l := f.startLoad(4, 100)
+			testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
+			mv := f.mover(Options{})
+			rec, err := mv.Move(ctx, 1, "pg2", false)
+			if !errors.Is(err, ErrVerifyMismatch) {
+				t.Fatalf("move over a target that %s a row: %v (%+v)", tc.name, err, rec)
+			}
+			if rec.State != topo.MoveRolledBack || rec.Verify == nil || rec.Verify.OK {
+				t.Fatalf("move ended %s, verify %+v", rec.State, rec.Verify)
+			}
+			if len(rec.Verify.Chunks) == 0 || !strings.Contains(strings.Join(rec.Verify.Chunks[0].Rows, "; "), tc.want) ||
+				!strings.Contains(strings.Join(rec.Verify.Chunks[0].Rows, "; "), victim) {
+				t.Fatalf("the record does not say what differs: %+v", rec.Verify.Chunks)
+			}
+			t.Logf("error: %v", err)
+			if m := f.mapNow(); m.Owner(1) != "pg1" || m.Meta(1).State != bucketmap.BucketActive {
+				t.Fatalf("bucket 1 after the rollback: %s %+v", m.Owner(1), m.Meta(1))
+			}
+			n := l.writes.Load()
+			testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the rollback")
+			acked := l.finish()
+			for uid, v := range base {
+				if _, ok := acked[uid]; !ok {
+					acked[uid] = v
+				}
+			}
+			f.checkAcked(acked, l.maybe)
+			if left := f.leftovers(); len(left) > 0 {
+				t.Fatalf("left behind: %v", left)
+			}
+		})
+	}
+}

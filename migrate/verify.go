@@ -1,0 +1,208 @@
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// verifyChunks is how many key chunks verification sums each table's
+// range in: a difference is then narrowed to one chunk, and the rows of a
+// small chunk are listed.
+const verifyChunks = 64
+
+// listRowsUpTo is the largest chunk (rows on either node) whose rows are
+// read to say which ones differ.
+const listRowsUpTo = 20000
+
+// chunkSum is one chunk's row count and order-independent checksum.
+type chunkSum struct {
+	rows int64
+	sum  string
+}
+
+// tableSums are a table's chunks (1..verifyChunks, width_bucket's) with
+// rows, and its totals.
+type tableSums struct {
+	chunks map[int]chunkSum
+	rows   int64
+	sum    string
+}
+
+// rangeSums counts and sums each table's range per chunk, in one scan of
+// the range per table. The hash of a row is over its JSON form, so that
+// the column order of the two nodes does not matter: equal multisets of
+// rows give equal sums, in any order.
+func rangeSums(ctx context.Context, q querier, tables []topo.TableRecord, lo, hi int64) ([]tableSums, error) {
+	var out []tableSums
+	for _, t := range tables {
+		rows, err := q.Query(ctx, fmt.Sprintf(`SELECT width_bucket(%[2]s::numeric, $1::numeric, $2::numeric + 1, $3), count(*),
+				coalesce(sum(('x' || substr(md5(to_jsonb(t)::text), 1, 15))::bit(60)::bigint::numeric), 0)::text
+			FROM %[1]s t WHERE %[2]s BETWEEN $1 AND $2 GROUP BY 1`, ident(t.Name), ident(t.KeyColumn)), lo, hi, verifyChunks)
+		if err != nil {
+			return nil, fmt.Errorf("checking %s: %w", t.Name, err)
+		}
+		ts := tableSums{chunks: map[int]chunkSum{}}
+		total := new(big.Int)
+		var c int
+		var cs chunkSum
+		_, err = pgx.ForEachRow(rows, []any{&c, &cs.rows, &cs.sum}, func() error {
+			ts.chunks[c] = cs
+			ts.rows += cs.rows
+			v, ok := new(big.Int).SetString(cs.sum, 10)
+			if !ok {
+				return fmt.Errorf("checking %s: sum %q is not a number", t.Name, cs.sum)
+			}
+			total.Add(total, v)
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("checking %s: %w", t.Name, err)
+		}
+		ts.sum = total.String()
+		out = append(out, ts)
+	}
+	return out, nil
+}
+
+// chunkRange is chunk c's key range (width_bucket's buckets over lo..hi).
+func chunkRange(lo, hi int64, c int) (int64, int64) {
+	span := new(big.Int).Sub(big.NewInt(hi), big.NewInt(lo))
+	span.Add(span, big.NewInt(1))
+	at := func(i int) int64 {
+		v := new(big.Int).Mul(span, big.NewInt(int64(i)))
+		v.Quo(v, big.NewInt(verifyChunks))
+		return v.Add(v, big.NewInt(lo)).Int64()
+	}
+	clo := at(c - 1)
+	chi := hi
+	if c < verifyChunks {
+		chi = at(c) - 1
+	}
+	return clo, chi
+}
+
+// compareRange compares the range on two snapshots (source and target,
+// read at once) and returns the check, with the chunks that differ (up to
+// 3 per table) and, for the first of them, the rows that differ.
+func compareRange(ctx context.Context, src, dst querier, tables []topo.TableRecord, lo, hi int64) (chk *topo.MoveCheck, srcErr, dstErr error) {
+	var (
+		wg     sync.WaitGroup
+		ss, ts []tableSums
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); ss, srcErr = rangeSums(ctx, src, tables, lo, hi) }()
+	ts, dstErr = rangeSums(ctx, dst, tables, lo, hi)
+	wg.Wait()
+	if srcErr != nil || dstErr != nil {
+		return nil, srcErr, dstErr
+	}
+	chk = &topo.MoveCheck{OK: true}
+	for i, t := range tables {
+		a, b := ss[i], ts[i]
+		chk.Tables = append(chk.Tables, topo.TableCheck{Table: t.Name, SourceRows: a.rows, TargetRows: b.rows, SourceSum: a.sum, TargetSum: b.sum})
+		if a.rows == b.rows && a.sum == b.sum {
+			continue
+		}
+		chk.OK = false
+		listed := 0
+		for c := 1; c <= verifyChunks && listed < 3; c++ {
+			x, y := a.chunks[c], b.chunks[c]
+			if x == y {
+				continue
+			}
+			clo, chi := chunkRange(lo, hi, c)
+			cc := topo.ChunkCheck{Table: t.Name, Lo: clo, Hi: chi, SourceRows: x.rows, TargetRows: y.rows}
+			if listed == 0 && x.rows <= listRowsUpTo && y.rows <= listRowsUpTo {
+				var err error
+				if cc.Rows, err = diffRows(ctx, src, dst, t, clo, chi); err != nil {
+					cc.Rows = []string{"rows not listed: " + err.Error()}
+				}
+			}
+			chk.Chunks = append(chk.Chunks, cc)
+			listed++
+		}
+	}
+	return chk, nil, nil
+}
+
+// diffRows lists up to 3 rows of a chunk that differ, by primary key.
+func diffRows(ctx context.Context, src, dst querier, t topo.TableRecord, lo, hi int64) ([]string, error) {
+	read := func(q querier) (map[string]string, error) {
+		var pk []string
+		rows, err := q.Query(ctx, `SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+			WHERE i.indrelid = $1::regclass AND i.indisprimary ORDER BY array_position(i.indkey::int2[], a.attnum)`, t.Name)
+		if err != nil {
+			return nil, err
+		}
+		if pk, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return nil, err
+		}
+		key := "to_jsonb(t)::text"
+		if len(pk) > 0 {
+			var parts []string
+			for _, c := range pk {
+				parts = append(parts, fmt.Sprintf("%s, t.%s", literal(c), ident(c)))
+			}
+			key = fmt.Sprintf("jsonb_build_object(%s)::text", strings.Join(parts, ", "))
+		}
+		rows, err = q.Query(ctx, fmt.Sprintf(`SELECT %s, to_jsonb(t)::text FROM %s t WHERE %s BETWEEN $1 AND $2`, key, ident(t.Name), ident(t.KeyColumn)), lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		out := map[string]string{}
+		var k, v string
+		_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error { out[k] = v; return nil })
+		return out, err
+	}
+	a, err := read(src)
+	if err != nil {
+		return nil, fmt.Errorf("source: %w", err)
+	}
+	b, err := read(dst)
+	if err != nil {
+		return nil, fmt.Errorf("target: %w", err)
+	}
+	var out []string
+	add := func(s string) bool {
+		if len(s) > 300 {
+			s = s[:300] + "…"
+		}
+		out = append(out, s)
+		return len(out) >= 3
+	}
+	keys := make([]string, 0, len(a)+len(b))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		x, inA := a[k]
+		y, inB := b[k]
+		var full bool
+		switch {
+		case !inB:
+			full = add("missing on target: " + x)
+		case !inA:
+			full = add("only on target: " + y)
+		case x != y:
+			full = add(fmt.Sprintf("differs: source %s, target %s", x, y))
+		}
+		if full {
+			break
+		}
+	}
+	return out, nil
+}
