@@ -69,11 +69,13 @@ func TestParseMove(t *testing.T) {
 }
 
 // The one definition of the move states: every state is known, and only
-// done and aborted are final.
+// done, aborted and rolled_back are final (reversible is not: GC keeps the
+// old owner's rows through the rollback window).
 func TestMoveStates(t *testing.T) {
-	final := map[string]bool{topo.MoveDone: true, topo.MoveAborted: true}
+	final := map[string]bool{topo.MoveDone: true, topo.MoveAborted: true, topo.MoveRolledBack: true}
 	for _, st := range []string{topo.MovePrepare, topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier,
-		topo.MoveFlip, topo.MoveTeardown, topo.MoveVerify, topo.MoveDone, topo.MoveAborting, topo.MoveAborted, topo.MoveFailed} {
+		topo.MoveFlip, topo.MoveTeardown, topo.MoveReverse, topo.MoveVerify, topo.MoveReversible, topo.MoveCompleting,
+		topo.MoveDone, topo.MoveAborting, topo.MoveAborted, topo.MoveRolledBack, topo.MoveFailed} {
 		if !topo.MoveStateKnown(st) || topo.MoveStateFinal(st) != final[st] {
 			t.Errorf("state %s: known %v final %v", st, topo.MoveStateKnown(st), topo.MoveStateFinal(st))
 		}

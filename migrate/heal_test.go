@@ -93,7 +93,7 @@ func (f *fixture) zkBack() {
 // person run `move resume` instead.)
 func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 	testenv.Faults(t)
-	f := newFixture(t, 5, 2) // 32 buckets: pg1 0-15, 12 of them moved
+	f := newFixture(t, 5, 2) // 32 buckets: pg1 0-15, 15 of them moved
 	seeded := f.seedRows("s", 300)
 	ctx := context.Background()
 	f.watcher(ctx, 4*time.Second)
@@ -102,14 +102,15 @@ func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 	want := map[string]string{
 		topo.MovePrepare: topo.MoveDone, topo.MoveCopy: topo.MoveDone, crashCopied: topo.MoveDone, crashCopyEnabled: topo.MoveDone, topo.MoveCatchup: topo.MoveDone, topo.MoveFence: topo.MoveDone,
 		topo.MoveBarrier: topo.MoveAborted, topo.MoveFlip: topo.MoveAborted, crashFlipped: topo.MoveDone,
-		topo.MoveTeardown: topo.MoveDone, topo.MoveVerify: topo.MoveDone,
+		topo.MoveTeardown: topo.MoveDone, topo.MoveReverse: topo.MoveDone, topo.MoveVerify: topo.MoveDone,
+		topo.MoveReversible: topo.MoveDone, topo.MoveCompleting: topo.MoveDone,
 		// Killed as it starts rolling back (its pause cap too short for
 		// any barrier): the source was thawed first, the watcher
 		// finishes the rollback.
 		topo.MoveAborting: topo.MoveAborted,
 	}
 	b := uint32(0)
-	for _, state := range []string{topo.MovePrepare, topo.MoveCopy, crashCopied, crashCopyEnabled, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveVerify, topo.MoveAborting} {
+	for _, state := range []string{topo.MovePrepare, topo.MoveCopy, crashCopied, crashCopyEnabled, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveReverse, topo.MoveVerify, topo.MoveReversible, topo.MoveCompleting, topo.MoveAborting} {
 		var args []string
 		if state == topo.MoveAborting {
 			args = []string{"--pause-cap", "1ms"}

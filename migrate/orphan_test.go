@@ -27,8 +27,10 @@ import (
 // was seen dead.
 func (f *fixture) killMoverAt(state string, bucket uint32, target string, sessionTimeout time.Duration, moveArgs ...string) (string, time.Time) {
 	f.t.Helper()
+	// No rollback window unless asked: a move killed past its flip is
+	// then finished (done) by whoever resumes it.
 	cmd := exec.Command(shardctlBin(f.t), append([]string{"--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv",
-		"--zk-session-timeout", sessionTimeout.String(), "move", fmt.Sprint(bucket), "--to", target}, moveArgs...)...)
+		"--zk-session-timeout", sessionTimeout.String(), "move", fmt.Sprint(bucket), "--to", target, "--window", "0"}, moveArgs...)...)
 	cmd.Env = append(os.Environ(), failpoint.Env+"="+failpointPrefix+state)
 	out, err := cmd.CombinedOutput()
 	dead := time.Now()

@@ -198,7 +198,7 @@ func WindowDue(rec *topo.MoveRecord) bool {
 		return true
 	}
 	rv := rec.Reverse
-	return rv == nil || rv.Until == nil || !time.Now().Before(*rv.Until)
+	return rv == nil || rv.Until == nil || rv.RollbackWanted != "" || !time.Now().Before(*rv.Until)
 }
 
 // window is the reversible step: roll back a move whose copy differs,
@@ -207,6 +207,9 @@ func (r *run) window(ctx context.Context) error {
 	rv := r.rec.Reverse
 	if r.rec.Verify != nil && !r.rec.Verify.OK {
 		return r.rollback(ctx, "verification found a difference")
+	}
+	if rv != nil && rv.RollbackWanted != "" {
+		return r.rollback(ctx, rv.RollbackWanted)
 	}
 	if rv != nil && rv.Rollback != "" {
 		rrec, _, err := topo.ReadMove(ctx, r.mv.s, r.mv.p, rv.Rollback)
@@ -291,7 +294,18 @@ func (mv *Mover) Complete(ctx context.Context, id string) (*topo.MoveRecord, err
 		case r.rec.Verify != nil && !r.rec.Verify.OK:
 			return fmt.Errorf("move %s: its verification found a difference, so the target's copy is never kept: it is rolled back (`shardctl move rollback %s`)", id, id)
 		}
+		if rv := r.rec.Reverse; rv != nil && rv.Rollback != "" {
+			if rrec, _, err := topo.ReadMove(ctx, r.mv.s, r.mv.p, rv.Rollback); err == nil && !rrec.Finished() {
+				return fmt.Errorf("move %s is being rolled back (move %s, %s): a rollback in flight is finished, never overtaken; `shardctl move resume %s` finishes it", id, rrec.ID, rrec.State, rrec.ID)
+			}
+		}
 		r.completeNow = true
+		if rv := r.rec.Reverse; rv != nil && rv.RollbackWanted != "" {
+			// An operator's complete overrides a rollback asked for
+			// earlier that did not get through (never one for a copy
+			// that differs: refused above).
+			rv.RollbackWanted = ""
+		}
 		return r.drive(ctx)
 	})
 }
@@ -328,7 +342,7 @@ func (mv *Mover) Rollback(ctx context.Context, id string) (*topo.MoveRecord, err
 		if r.rec.State != topo.MoveReversible {
 			return fmt.Errorf("%w: move %s is %s; only a move in its rollback window (reversible) rolls back", ErrNoRollback, id, r.rec.State)
 		}
-		return r.rollback(ctx, "requested")
+		return r.rollback(ctx, "requested by an operator")
 	})
 }
 
@@ -377,6 +391,7 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 		// The link first: a mover that dies between the two leaves a
 		// name that does not exist, which the next attempt replaces.
 		rv.Rollback = rrec.ID
+		rv.RollbackWanted = reason
 		if err := r.save(ctx); err != nil {
 			return err
 		}

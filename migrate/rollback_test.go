@@ -3,6 +3,8 @@ package migrate
 import (
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -209,4 +212,85 @@ func TestIntegrationDivergingTargetRollsBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A `shardctl move rollback` SIGKILLed on entering each state of its
+// rollback move, under a write load, with `rebalance --watch` running: the
+// watcher finishes the rollback move, or aborts it (inside the pause) and
+// starts the rollback again, since the move still wants it. Every move ends
+// rolled back, its bucket on the old owner, with no acknowledged write lost
+// and nothing left behind.
+func TestFaultsWatcherHealsRollbackKilledInEveryState(t *testing.T) {
+	testenv.Faults(t)
+	f := newFixture(t, 4, 2) // 16 buckets: pg1 0-7
+	seeded := f.seedRows("s", 300)
+	ctx := context.Background()
+	f.watcher(ctx, 4*time.Second)
+	l := f.startLoad(4, 40)
+	const sessionTimeout = 3 * time.Second
+	b := uint32(0)
+	for _, state := range []string{topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveVerify} {
+		rec, err := f.mover(Options{Window: 10 * time.Minute}).Move(ctx, b, "pg2", false)
+		if err != nil || rec.State != topo.MoveReversible {
+			t.Fatalf("move of bucket %d: %v (%+v)", b, err, rec)
+		}
+		cmd := exec.Command(shardctlBin(t), "--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv",
+			"--zk-session-timeout", sessionTimeout.String(), "move", "rollback", rec.ID)
+		cmd.Env = append(os.Environ(), failpoint.Env+"="+failpointPrefix+state)
+		out, err := cmd.CombinedOutput()
+		dead := time.Now()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != -1 {
+			t.Fatalf("the rollback was not killed at %s: %v\n%s", state, err, out)
+		}
+		bound := sessionTimeout + OrphanGrace + 3*time.Second
+		var got *topo.MoveRecord
+		for {
+			if err := topo.Sync(ctx, f.s, f.st.Paths()); err != nil {
+				t.Fatal(err)
+			}
+			if got, err = f.mover(Options{}).Get(ctx, rec.ID); err != nil {
+				t.Fatal(err)
+			}
+			if got.Finished() {
+				break
+			}
+			if time.Since(dead) > 2*bound+5*time.Second {
+				t.Fatalf("rollback killed on entering %s: move %s still %s %s after the kill (%+v)", state, rec.ID, got.State, time.Since(dead).Round(time.Millisecond), got.Reverse)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if got.State != topo.MoveRolledBack {
+			t.Fatalf("rollback killed on entering %s: move %s ended %s (%s)", state, rec.ID, got.State, got.Error)
+		}
+		if owner := f.mapNow().Owner(b); owner != "pg1" {
+			t.Fatalf("rollback killed on entering %s: bucket %d is on %s", state, b, owner)
+		}
+		// Its rollback moves all finished, the last one done.
+		testenv.WaitFor(t, 2*bound, func() bool {
+			list, err := f.mover(Options{}).List(ctx)
+			if err != nil {
+				return false
+			}
+			for _, r := range list {
+				if r.RollbackOf == rec.ID && !r.Finished() {
+					return false
+				}
+			}
+			return true
+		}, "the rollback moves finished")
+		t.Logf("rollback killed on entering %-9s -> %s by the watcher %s after the kill (rollback %s)", state, got.State,
+			time.Since(dead).Round(time.Millisecond), got.Reverse.Rollback)
+		if left := f.leftovers(); len(left) > 0 {
+			t.Fatalf("rollback killed at %s: left behind: %v", state, left)
+		}
+		b++
+	}
+	acked := l.finish()
+	t.Logf("load: %d writes acknowledged, %d failed", l.writes.Load(), l.failed.Load())
+	for uid, v := range seeded {
+		if _, ok := acked[uid]; !ok {
+			acked[uid] = v
+		}
+	}
+	f.checkAcked(acked, l.maybe)
 }

@@ -129,6 +129,11 @@ type ReverseStream struct {
 	Until   *time.Time `json:"until,omitempty"`
 	// Rollback is the latest rollback move started over this stream.
 	Rollback string `json:"rollback,omitempty"`
+	// RollbackWanted says why the move is to be rolled back (an
+	// operator asked, or verification found a difference): a rollback
+	// that did not get through (its mover died before its flip) is
+	// started again, by whoever resumes the move, until one does.
+	RollbackWanted string `json:"rollback_wanted,omitempty"`
 	// SlotPending: the target was unreachable when the stream was
 	// dropped; its slot was detached and is dropped when it answers.
 	SlotPending bool `json:"slot_pending,omitempty"`

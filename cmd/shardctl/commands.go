@@ -182,11 +182,24 @@ func newApp() *cli.App {
 				Flags: append([]cli.Flag{
 					&cli.StringFlag{Name: "to", Usage: "target db `node`"},
 					&cli.BoolFlag{Name: "no-copy", Usage: "only reassign ownership after a short pause; the rows are NOT copied (for data clients can re-create)"},
+					windowFlag(15 * time.Minute),
 				}, moveFlags()...),
 				Action: runMove,
 				Subcommands: []*cli.Command{
 					{Name: "status", Usage: "show one move", ArgsUsage: "ID", Action: runMoveStatus},
 					{Name: "resume", Usage: "continue (or roll back) a move whose mover died or whose node was unreachable", ArgsUsage: "ID", Flags: moveFlags(), Action: runMoveResume},
+					{
+						Name: "rollback", Usage: "give a moved bucket back to its old owner, with every write made since the flip (in the move's rollback window)", ArgsUsage: "ID",
+						Description: "For a move in state reversible (its window, --window of `shardctl move`): runs a rollback move from the new owner\n" +
+							"back to the old one over the move's reverse stream (no copy; a write pause like a forward move's); the move ends\n" +
+							"rolled_back. A rollback whose mover dies is finished, or started again, by `rebalance --watch`.",
+						Flags: moveFlags(), Action: runMoveRollback,
+					},
+					{
+						Name: "complete", Usage: "end a move's rollback window now: drop its reverse stream; the move is done and GC may prune the old copy", ArgsUsage: "ID",
+						Description: "Refused for a move whose verification found a difference (it is rolled back) or whose rollback is in flight.",
+						Action:      runMoveComplete,
+					},
 					{
 						Name: "abort", Usage: "roll back a move that has not flipped, or (--after-failure) close a move that failed after its flip", ArgsUsage: "ID",
 						Description: "Without --after-failure: rolls back a move before its flip (the source owns the bucket again).\n" +
@@ -218,6 +231,7 @@ func newApp() *cli.App {
 					&cli.BoolFlag{Name: "watch", EnvVars: []string{"SHARDVISOR_REBALANCE_WATCH"}, Usage: "automatic mode: keep running as the cluster's elected rebalancer (standing for election again after losing ZooKeeper); elected, on standby or paused, also take over every unfinished move whose mover died, in any state, once the dead mover's ZooKeeper session expires (see docs/moves.md, Recovery)"},
 					&cli.BoolFlag{Name: "resume", EnvVars: []string{"SHARDVISOR_REBALANCE_RESUME"}, Usage: "clear a pause (after a verification mismatch was understood) and run"},
 					&cli.BoolFlag{Name: "pause", EnvVars: []string{"SHARDVISOR_REBALANCE_PAUSE"}, Usage: "pause the rebalancer (a running one stops after its current moves; moves whose mover died are still healed)"},
+					windowFlag(0),
 				}, policyFlags()...), moveFlags()...),
 				Action: runRebalance,
 			},
@@ -346,6 +360,14 @@ func moveFlags() []cli.Flag {
 		&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_MOVE_METRICS_ADDR"},
 			Usage: "serve Prometheus metrics (shardvisor_move_stragglers_total, shardvisor_move_member_wait_seconds) on `HOST:PORT` while the command runs"},
 	}
+}
+
+// windowFlag is a move's rollback window: 15 minutes for `move`, none for
+// `rebalance`, whose many moves would each keep a reverse stream (a
+// logical replication worker on the old owner, and its WAL on the new).
+func windowFlag(def time.Duration) cli.Flag {
+	return &cli.DurationFlag{Name: "window", Value: def, EnvVars: []string{"SHARDVISOR_MOVE_WINDOW"},
+		Usage: "keep the reverse stream this long after a verified flip, so that `shardctl move rollback ID` can give the bucket back with the writes made since (0: complete at once; GC keeps the old copy until the move completes)"}
 }
 
 // patroniCLIFlags name a node's Patroni group; its DSN must then be a

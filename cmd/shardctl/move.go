@@ -33,7 +33,10 @@ func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, s
 		reg := prometheus.NewRegistry()
 		opts := migrate.Options{Logger: log, MaxLag: c.Duration("max-lag"), PauseCap: c.Duration("pause-cap"),
 			MemberWait: c.Duration("member-wait"), CatchupTimeout: c.Duration("catchup-timeout"),
-			OnStraggler: c.String("on-straggler"), Metrics: migrate.NewMetrics(reg)}
+			OnStraggler: c.String("on-straggler"), Metrics: migrate.NewMetrics(reg), Window: c.Duration("window")}
+		if opts.Window < 0 {
+			return cliutil.Usagef("--window must not be negative, not %s", opts.Window)
+		}
 		if addr := c.String("metrics-addr"); addr != "" {
 			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
 			if err != nil {
@@ -93,6 +96,7 @@ func writeMove(w io.Writer, r *topo.MoveRecord) {
 	if r.SlotPending {
 		fmt.Fprintf(w, "  slot %s is still on the source (it was unreachable); `shardctl move resume %s` drops it\n", r.Slot, r.ID)
 	}
+	writeReverse(w, r)
 	if r.Error != "" {
 		fmt.Fprintf(w, "  error: %s\n", r.Error)
 	}
@@ -167,6 +171,63 @@ func runMoveResume(c *cli.Context) error {
 	})
 }
 
+func runMoveRollback(c *cli.Context) error {
+	return withMoveID(c, func(ctx context.Context, mv *migrate.Mover, id string) error {
+		rec, err := mv.Rollback(ctx, id)
+		printMove(c, rec)
+		return err
+	})
+}
+
+func runMoveComplete(c *cli.Context) error {
+	return withMoveID(c, func(ctx context.Context, mv *migrate.Mover, id string) error {
+		rec, err := mv.Complete(ctx, id)
+		printMove(c, rec)
+		return err
+	})
+}
+
+// writeReverse says where a move's way back stands.
+func writeReverse(w io.Writer, r *topo.MoveRecord) {
+	if r.RollbackOf != "" {
+		fmt.Fprintf(w, "  rollback of move %s (over its reverse stream)\n", r.RollbackOf)
+	}
+	rv := r.Reverse
+	if rv == nil {
+		return
+	}
+	switch {
+	case rv.Lost != "":
+		fmt.Fprintf(w, "  reverse stream: none (%s): no rollback possible\n", rv.Lost)
+	case r.State == topo.MoveReversible && rv.Until != nil:
+		left := time.Until(*rv.Until).Round(time.Second)
+		if left < 0 {
+			left = 0
+		}
+		fmt.Fprintf(w, "  reverse stream %s -> %s running from %s; rollback window until %s (%s left): `shardctl move rollback %s` gives the bucket back with every write since the flip, `shardctl move complete %s` ends the window now\n",
+			r.Target, r.Source, rv.StartLSN, rv.Until.Local().Format("15:04:05"), left, r.ID, r.ID)
+	case rv.Enabled && !r.Finished():
+		fmt.Fprintf(w, "  reverse stream %s -> %s running from %s\n", r.Target, r.Source, rv.StartLSN)
+	}
+	if rv.RollbackWanted != "" && r.State != topo.MoveRolledBack {
+		fmt.Fprintf(w, "  ROLLBACK WANTED (%s): `rebalance --watch` or `shardctl move rollback %s` runs it\n", rv.RollbackWanted, r.ID)
+	}
+	if rv.Rollback != "" {
+		fmt.Fprintf(w, "  rollback move: %s\n", rv.Rollback)
+	}
+	if rv.SlotPending {
+		fmt.Fprintf(w, "  reverse slot %s is still on %s (it was unreachable); `shardctl move resume %s` drops it\n", rv.Slot, r.Target, r.ID)
+	}
+	if v := r.Verify; v != nil {
+		for _, ch := range v.Chunks {
+			fmt.Fprintf(w, "    %s keys %d..%d: source %d rows, target %d\n", ch.Table, ch.Lo, ch.Hi, ch.SourceRows, ch.TargetRows)
+			for _, row := range ch.Rows {
+				fmt.Fprintf(w, "      %s\n", row)
+			}
+		}
+	}
+}
+
 func runMoveAbort(c *cli.Context) error {
 	return withMoveID(c, func(ctx context.Context, mv *migrate.Mover, id string) error {
 		if c.Bool("after-failure") {
@@ -195,10 +256,10 @@ func runMoves(c *cli.Context) error {
 				fmt.Fprintln(w, "no moves")
 				return
 			}
-			fmt.Fprintf(w, "%-28s %7s %-10s %-10s %-9s %8s %9s %9s  %s\n", "ID", "BUCKET", "FROM", "TO", "STATE", "ROWS", "COPY", "PAUSE", "STARTED")
+			fmt.Fprintf(w, "%-28s %7s %-10s %-10s %-11s %8s %9s %9s  %-19s  %s\n", "ID", "BUCKET", "FROM", "TO", "STATE", "ROWS", "COPY", "PAUSE", "STARTED", "WINDOW")
 			for _, r := range list {
-				fmt.Fprintf(w, "%-28s %7d %-10s %-10s %-9s %8d %7.0fms %7.1fms  %s\n", r.ID, r.Bucket, r.Source, r.Target, r.State,
-					r.Stats.RowsCopied, r.Stats.CopyMS, r.Stats.PauseMS, r.CreatedAt.Local().Format("2006-01-02 15:04:05"))
+				fmt.Fprintf(w, "%-28s %7d %-10s %-10s %-11s %8d %7.0fms %7.1fms  %s  %s\n", r.ID, r.Bucket, r.Source, r.Target, r.State,
+					r.Stats.RowsCopied, r.Stats.CopyMS, r.Stats.PauseMS, r.CreatedAt.Local().Format("2006-01-02 15:04:05"), windowNote(r))
 			}
 		})
 	})
@@ -267,4 +328,19 @@ func abortAfterFailure(ctx context.Context, c *cli.Context, mv *migrate.Mover, i
 		return err
 	}
 	return perr
+}
+
+// windowNote is the moves table's last column: the rollback window left,
+// or what the move has to do with another.
+func windowNote(r *topo.MoveRecord) string {
+	switch {
+	case r.RollbackOf != "":
+		return "rolls back " + r.RollbackOf
+	case r.State == topo.MoveReversible && r.Reverse != nil && r.Reverse.Until != nil:
+		left := max(time.Until(*r.Reverse.Until).Round(time.Second), 0)
+		return fmt.Sprintf("%s left", left)
+	case r.State == topo.MoveRolledBack && r.Reverse != nil:
+		return "rolled back by " + r.Reverse.Rollback
+	}
+	return ""
 }

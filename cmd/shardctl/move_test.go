@@ -103,10 +103,33 @@ func TestIntegrationMoveStragglers(t *testing.T) {
 
 	// The default: proceed.
 	out := mustData(t, cmd("move", "0", "--to", "pg2", "--member-wait", "300ms", "--on-straggler", "proceed", "--metrics-addr", "127.0.0.1:0")...)
-	if !strings.Contains(out, ": done") || !strings.Contains(out, "1 stragglers") || !strings.Contains(out, stuck+": at map version 1") {
-		t.Fatalf("move output:\n%s", out)
+	if !strings.Contains(out, ": reversible") || !strings.Contains(out, "1 stragglers") || !strings.Contains(out, stuck+": at map version 1") ||
+		!strings.Contains(out, "rollback window until") {
+		t.Fatalf("move output (the default --window keeps it reversible):\n%s", out)
 	}
 	id := strings.TrimSuffix(strings.Fields(out)[1], ":")
+	if out := mustData(t, cmd("moves")...); !strings.Contains(out, "reversible") || !strings.Contains(out, "s left") {
+		t.Fatalf("moves in the window:\n%s", out)
+	}
+	// Rolled back (a move of its own, over the reverse stream), then
+	// moved again and completed at once.
+	if out := mustData(t, cmd("move", "rollback", id, "--member-wait", "300ms", "--on-straggler", "proceed")...); !strings.Contains(out, ": rolled_back") || !strings.Contains(out, "rollback move: ") {
+		t.Fatalf("move rollback:\n%s", out)
+	}
+	if out := mustData(t, cmd("moves")...); !strings.Contains(out, "rolls back "+id) || !strings.Contains(out, "rolled back by ") {
+		t.Fatalf("moves after the rollback:\n%s", out)
+	}
+	if r := runData(t, cmd("move", "rollback", "nonesuch")...); r.code != 1 || !strings.Contains(r.stderr, "nonesuch") {
+		t.Fatalf("rollback of an unknown move: exit %d, %q", r.code, r.stderr)
+	}
+	out = mustData(t, cmd("move", "0", "--to", "pg2", "--member-wait", "300ms", "--on-straggler", "proceed")...)
+	id2 := strings.TrimSuffix(strings.Fields(out)[1], ":")
+	if out := mustData(t, cmd("move", "complete", id2)...); !strings.Contains(out, ": done") {
+		t.Fatalf("move complete:\n%s", out)
+	}
+	if r := runData(t, cmd("move", "rollback", id2)...); r.code != 1 || !strings.Contains(r.stderr, "cannot be rolled back") {
+		t.Fatalf("rollback of a completed move: exit %d, %q", r.code, r.stderr)
+	}
 	if out := mustData(t, cmd("move", "status", id)...); !strings.Contains(out, stuck+": at map version 1") || !strings.Contains(out, "member wait") {
 		t.Fatalf("move status:\n%s", out)
 	}

@@ -84,7 +84,7 @@ CREATE TABLE app.pevents_pos PARTITION OF app.pevents FOR VALUES FROM (0) TO (MA
 	}
 
 	to := []string{"pg1", "pg2"}[other]
-	if out := mustData(t, cmd("move", "0", "--to", to)...); !strings.Contains(out, ": done") {
+	if out := mustData(t, cmd("move", "0", "--to", to, "--window", "0")...); !strings.Contains(out, ": done") {
 		t.Fatalf("move:\n%s", out)
 	}
 	count := func(c *pgx.Conn, tbl string) int64 {
