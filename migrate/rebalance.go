@@ -215,8 +215,13 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 		for _, rec := range results {
 			if rec != nil {
 				rep.Moves = append(rep.Moves, rec)
-				if rec.State == topo.MoveDone {
+				switch rec.State {
+				case topo.MoveDone:
 					rb.say("moved bucket %d %s -> %s: %d rows, copy %.0f ms, pause %.1f ms", rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS)
+				case topo.MoveReversible:
+					rb.say("moved bucket %d %s -> %s: %d rows, copy %.0f ms, pause %.1f ms; rollback window open (move %s)", rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS, rec.ID)
+				case topo.MoveRolledBack:
+					rb.say("move of bucket %d %s -> %s rolled back: %s", rec.Bucket, rec.Source, rec.Target, rec.Error)
 				}
 			}
 		}

@@ -339,7 +339,13 @@ func (mv *Mover) Rollback(ctx context.Context, id string) (*topo.MoveRecord, err
 				}
 			}
 		}
-		if r.rec.State != topo.MoveReversible {
+		switch r.rec.State {
+		case topo.MoveRolledBack:
+			// Its verification found a difference on the way: rolled
+			// back already.
+			return nil
+		case topo.MoveReversible:
+		default:
 			return fmt.Errorf("%w: move %s is %s; only a move in its rollback window (reversible) rolls back", ErrNoRollback, id, r.rec.State)
 		}
 		return r.rollback(ctx, "requested by an operator")

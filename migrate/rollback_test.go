@@ -151,18 +151,29 @@ func TestIntegrationMoveCompleteEndsWindow(t *testing.T) {
 	}
 }
 
-// A target whose copy differs (a trigger enabled for replication drops,
-// changes or adds a row) never keeps the bucket: verification finds it,
-// says which table, chunk and row, and the move is rolled back with every
-// write made since the flip.
-func TestIntegrationDivergingTargetRollsBack(t *testing.T) {
-	for _, tc := range []struct {
-		name, body, when, want string
-	}{
-		{"drops", `IF NEW.uid = '%s' THEN RETURN NULL; END IF; RETURN NEW;`, "BEFORE", "missing on target"},
-		{"changes", `IF NEW.uid = '%s' THEN NEW.v := NEW.v + 1000; END IF; RETURN NEW;`, "BEFORE", "differs"},
-		{"gains", `IF NEW.uid = '%s' THEN INSERT INTO app.kv VALUES (NEW.bkey, NEW.uid || '-ghost', 0) ON CONFLICT DO NOTHING; END IF; RETURN NULL;`, "AFTER", "only on target"},
-	} {
+// divergingTargets are targets whose copy differs: a trigger enabled for
+// replication drops, changes or adds a row (%s: the victim's uid).
+var divergingTargets = []struct {
+	name, body, when, want string
+}{
+	{"drops", `IF NEW.uid = '%s' THEN RETURN NULL; END IF; RETURN NEW;`, "BEFORE", "missing on target"},
+	{"changes", `IF NEW.uid = '%s' THEN NEW.v := NEW.v + 1000; END IF; RETURN NEW;`, "BEFORE", "differs"},
+	{"gains", `IF NEW.uid = '%s' THEN INSERT INTO app.kv VALUES (NEW.bkey, NEW.uid || '-ghost', 0) ON CONFLICT DO NOTHING; END IF; RETURN NULL;`, "AFTER", "only on target"},
+}
+
+// A target whose copy differs never keeps the bucket: verification finds
+// it, says which table, chunk and row, and the move is rolled back with
+// every write made since the flip. make test runs the first case, the
+// fault run all three (TestFaultsDivergingTargetRollsBack).
+func TestIntegrationDivergingTargetRollsBack(t *testing.T) { testDivergingTargets(t, divergingTargets[:1]) }
+
+func TestFaultsDivergingTargetRollsBack(t *testing.T) {
+	testenv.Faults(t)
+	testDivergingTargets(t, divergingTargets[1:])
+}
+
+func testDivergingTargets(t *testing.T, cases []struct{ name, body, when, want string }) {
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, 3, 2)
 			base := f.seedRows("seed", 400)
