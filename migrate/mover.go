@@ -564,7 +564,7 @@ func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord
 			return fmt.Errorf("move %s failed after its flip (%s); `shardctl move resume` would only repeat that: `shardctl move abort %s --after-failure` checks which node holds the bucket's rows, makes the map, the fences and the record agree, and releases GC", id, r.rec.Error, id)
 		}
 		if pastFlip(r.rec) {
-			if canRollBackLater(r.rec) {
+			if canRollBackLater(r.rec) && r.rec.State != topo.MoveCompleting {
 				return fmt.Errorf("move %s is past its flip (%s): the bucket is on %s. To give it back to %s with the writes made since: shardctl move rollback %s", id, r.rec.State, r.rec.Target, r.rec.Source, id)
 			}
 			return fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)

@@ -92,7 +92,7 @@ func createPublication(ctx context.Context, c *pgx.Conn, name, moveID string, ta
 // start: whoever drops it (an abort, a resume, teardown) drops the slot
 // with it. It cannot run in a transaction, and pgx sends a statement
 // without arguments in the simple protocol.
-func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publication, conninfo string) error {
+func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publication, conninfo string, extra ...string) error {
 	var exists bool
 	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil {
 		return err
@@ -101,8 +101,8 @@ func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publicatio
 		return nil
 	}
 	_, err := c.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s
-		WITH (enabled = false, copy_data = false, create_slot = false, slot_name = %s, binary = true, disable_on_error = true)`,
-		ident(name), literal(conninfo), ident(publication), literal(slot)))
+		WITH (enabled = false, copy_data = false, create_slot = false, slot_name = %s, binary = true, disable_on_error = true%s)`,
+		ident(name), literal(conninfo), ident(publication), literal(slot), strings.Join(extra, "")))
 	if err != nil {
 		// The error may quote the statement: never show the conninfo.
 		return errors.New(strings.ReplaceAll(err.Error(), conninfo, "<conninfo>"))

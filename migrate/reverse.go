@@ -91,7 +91,12 @@ func (r *run) setupReverse(ctx context.Context, src, dst *pgx.Conn) error {
 	if err != nil {
 		return err
 	}
-	if err := createSubscription(ctx, src, rv.Subscription, rv.Slot, rv.Publication, conninfo); err != nil {
+	// synchronous_commit on: the apply worker confirms a change to the
+	// target's slot only once the source's synchronous standbys have it,
+	// so a failover of the source inside the window loses none of the
+	// writes the stream brought (off, the default, confirms on the local
+	// flush alone).
+	if err := createSubscription(ctx, src, rv.Subscription, rv.Slot, rv.Publication, conninfo, ", synchronous_commit = on"); err != nil {
 		return fmt.Errorf("source: reverse subscription: %w", err)
 	}
 	ok, err := slotExists(ctx, dst, rv.Slot)
@@ -263,7 +268,9 @@ func (r *run) dropReverse(ctx context.Context) (problems []string) {
 		problems = append(problems, "source unreachable (its reverse subscription stays until it answers): "+srcErr.Error())
 	}
 	if dstErr == nil {
-		if srcErr != nil || rv.SlotPending {
+		// Whatever the subscription's drop did (a mover that died after
+		// detaching it never saved SlotPending): the slot must not stay.
+		if srcErr != nil || len(problems) == 0 {
 			if err := dropSlotNow(ctx, dst, rv.Slot); err != nil {
 				problems = append(problems, "target: dropping the reverse slot: "+err.Error())
 			} else {
@@ -384,6 +391,14 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 		}
 	}
 	if rid == "" {
+		if why, err := r.reverseBroken(ctx); err != nil {
+			return err
+		} else if why != "" {
+			return r.endWithoutWayBack(ctx, why)
+		}
+		if rv.RollbackAttempts >= MaxRollbackAttempts {
+			return r.endWithoutWayBack(ctx, fmt.Sprintf("%d rollback moves aborted (the last: %s)", rv.RollbackAttempts, rv.Rollback))
+		}
 		m, _, err := r.mv.st.Load(ctx)
 		if err != nil {
 			return err
@@ -398,6 +413,7 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 		// name that does not exist, which the next attempt replaces.
 		rv.Rollback = rrec.ID
 		rv.RollbackWanted = reason
+		rv.RollbackAttempts++
 		if err := r.save(ctx); err != nil {
 			return err
 		}
@@ -527,4 +543,75 @@ func startAt(ctx context.Context, src, dst *pgx.Conn, sub, slot, lsn string) err
 		return fmt.Errorf("target: advancing the reverse slot to %s: %w", lsn, err)
 	}
 	return nil
+}
+
+// MaxRollbackAttempts bounds the rollback moves started for one move: one
+// that keeps aborting (a node refused as a target, a map that changed
+// under it) ends the wish instead of looping.
+const MaxRollbackAttempts = 5
+
+// reverseBroken checks, before a rollback starts, that the reverse stream
+// still runs: the source's subscription enabled (an apply error disables
+// it) and the target's slot there and not invalidated (a failover of the
+// target, max_slot_wal_keep_size). An unreachable node is an error (try
+// again later), not a broken stream.
+func (r *run) reverseBroken(ctx context.Context) (string, error) {
+	rv := r.rec.Reverse
+	if _, err := r.nodes(ctx); err != nil {
+		return "", err
+	}
+	src, err := r.source(ctx)
+	if err != nil {
+		return "", err
+	}
+	dst, err := r.target(ctx)
+	if err != nil {
+		return "", err
+	}
+	var enabled *bool
+	if err := src.QueryRow(ctx, "SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))", rv.Subscription).Scan(&enabled); err != nil {
+		return "", fmt.Errorf("source: %w", err)
+	}
+	switch {
+	case enabled == nil:
+		return fmt.Sprintf("the reverse subscription %s is gone from %s", rv.Subscription, r.rec.Source), nil
+	case !*enabled:
+		return fmt.Sprintf("the reverse subscription %s on %s was disabled (an apply error: see its server log)", rv.Subscription, r.rec.Source), nil
+	}
+	var status *string
+	if err := dst.QueryRow(ctx, "SELECT (SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot).Scan(&status); err != nil {
+		return "", fmt.Errorf("target: %w", err)
+	}
+	switch {
+	case status == nil:
+		return fmt.Sprintf("the reverse slot %s is gone from %s (a failover of the target?)", rv.Slot, r.rec.Target), nil
+	case *status == "lost":
+		return fmt.Sprintf("the reverse slot %s on %s was invalidated (max_slot_wal_keep_size)", rv.Slot, r.rec.Target), nil
+	}
+	return "", nil
+}
+
+// endWithoutWayBack ends a move whose reverse stream cannot serve a
+// rollback: the stream is dropped; a move whose verification found a
+// difference is failed (a person decides: move abort --after-failure),
+// any other is done, on its target.
+func (r *run) endWithoutWayBack(ctx context.Context, why string) error {
+	r.mv.log.Error("move cannot be rolled back", zap.String("move", r.rec.ID), zap.String("why", why))
+	if problems := r.dropReverse(ctx); len(problems) > 0 {
+		_ = r.save(ctx)
+		return fmt.Errorf("move %s: %s, and dropping its reverse stream: %s", r.rec.ID, why, strings.Join(problems, "; "))
+	}
+	rv := r.rec.Reverse
+	rv.Lost, rv.Enabled, rv.RollbackWanted = why, false, ""
+	if v := r.rec.Verify; v != nil && !v.OK {
+		r.rec.Error = fmt.Sprintf("verification mismatch: %s; no rollback possible: %s (the bucket is on %s; see shardctl move abort %s --after-failure)", describe(v), why, r.rec.Target, r.rec.ID)
+		if err := r.enter(ctx, topo.MoveFailed); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %s", ErrNoRollback, r.rec.Error)
+	}
+	if err := r.enter(ctx, topo.MoveDone); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: move %s: %s; the move is done, its bucket on %s", ErrNoRollback, r.rec.ID, why, r.rec.Target)
 }

@@ -134,6 +134,9 @@ type ReverseStream struct {
 	// that did not get through (its mover died before its flip) is
 	// started again, by whoever resumes the move, until one does.
 	RollbackWanted string `json:"rollback_wanted,omitempty"`
+	// RollbackAttempts counts the rollback moves started; after
+	// MaxRollbackAttempts that aborted, the move stops wanting one.
+	RollbackAttempts int `json:"rollback_attempts,omitempty"`
 	// SlotPending: the target was unreachable when the stream was
 	// dropped; its slot was detached and is dropped when it answers.
 	SlotPending bool `json:"slot_pending,omitempty"`

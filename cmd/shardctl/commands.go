@@ -182,7 +182,7 @@ func newApp() *cli.App {
 				Flags: append([]cli.Flag{
 					&cli.StringFlag{Name: "to", Usage: "target db `node`"},
 					&cli.BoolFlag{Name: "no-copy", Usage: "only reassign ownership after a short pause; the rows are NOT copied (for data clients can re-create)"},
-					windowFlag(15 * time.Minute),
+					windowFlag(15*time.Minute, "SHARDVISOR_MOVE_WINDOW"),
 				}, moveFlags()...),
 				Action: runMove,
 				Subcommands: []*cli.Command{
@@ -231,7 +231,7 @@ func newApp() *cli.App {
 					&cli.BoolFlag{Name: "watch", EnvVars: []string{"SHARDVISOR_REBALANCE_WATCH"}, Usage: "automatic mode: keep running as the cluster's elected rebalancer (standing for election again after losing ZooKeeper); elected, on standby or paused, also take over every unfinished move whose mover died, in any state, once the dead mover's ZooKeeper session expires (see docs/moves.md, Recovery)"},
 					&cli.BoolFlag{Name: "resume", EnvVars: []string{"SHARDVISOR_REBALANCE_RESUME"}, Usage: "clear a pause (after a verification mismatch was understood) and run"},
 					&cli.BoolFlag{Name: "pause", EnvVars: []string{"SHARDVISOR_REBALANCE_PAUSE"}, Usage: "pause the rebalancer (a running one stops after its current moves; moves whose mover died are still healed)"},
-					windowFlag(0),
+					windowFlag(0, "SHARDVISOR_REBALANCE_WINDOW"),
 				}, policyFlags()...), moveFlags()...),
 				Action: runRebalance,
 			},
@@ -365,9 +365,9 @@ func moveFlags() []cli.Flag {
 // windowFlag is a move's rollback window: 15 minutes for `move`, none for
 // `rebalance`, whose many moves would each keep a reverse stream (a
 // logical replication worker on the old owner, and its WAL on the new).
-func windowFlag(def time.Duration) cli.Flag {
-	return &cli.DurationFlag{Name: "window", Value: def, EnvVars: []string{"SHARDVISOR_MOVE_WINDOW"},
-		Usage: "keep the reverse stream this long after a verified flip, so that `shardctl move rollback ID` can give the bucket back with the writes made since (0: complete at once; GC keeps the old copy until the move completes)"}
+func windowFlag(def time.Duration, env string) cli.Flag {
+	return &cli.DurationFlag{Name: "window", Value: def, EnvVars: []string{env},
+		Usage: "keep the reverse stream this long after a verified flip, so that `shardctl move rollback ID` can give the bucket back with the writes made since (0: complete at once). The window ends with `shardctl move complete ID`, or when it runs out by a running `rebalance --watch`; without one the move stays reversible (GC keeps the old copy) until completed"}
 }
 
 // patroniCLIFlags name a node's Patroni group; its DSN must then be a
