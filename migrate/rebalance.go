@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -60,6 +61,22 @@ func (rb *Rebalancer) unfinished(ctx context.Context, m *bucketmap.Map) ([]bucke
 		}
 	}
 	return out, nil
+}
+
+// inWindow returns the buckets (at the map's level) whose move is in its
+// rollback window.
+func (rb *Rebalancer) inWindow(ctx context.Context, m *bucketmap.Map) (map[uint32]bool, error) {
+	list, err := rb.mv.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	held := map[uint32]bool{}
+	for _, r := range list {
+		if !r.Finished() && r.Level == m.Level && (r.State == topo.MoveReversible || r.State == topo.MoveCompleting) {
+			held[r.Bucket] = true
+		}
+	}
+	return held, nil
 }
 
 // NewRebalancer returns a rebalancer that runs moves with mv.
@@ -179,6 +196,17 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			}
 			rep.Splits += p.Splits
 			continue
+		}
+		// A bucket in a move's rollback window cannot move again until
+		// that move completes or rolls back: plan around it.
+		held, err := rb.inWindow(ctx, m)
+		if err != nil {
+			return rep, err
+		}
+		planned := len(p.Moves)
+		p.Moves = slices.DeleteFunc(p.Moves, func(mv bucketmap.Move) bool { return held[mv.Bucket] })
+		if len(p.Moves) == 0 && planned > 0 {
+			return rep, fmt.Errorf("%w: %d planned moves wait for buckets in a move's rollback window (shardctl moves; shardctl move complete ID ends one)", ErrWaitingForMoves, planned)
 		}
 		// p.Reassign is empty here: it lists buckets of down nodes, and
 		// check refused to go on while a node is down (see

@@ -38,21 +38,29 @@ const blobDDL = `ALTER TABLE app.kv ADD COLUMN IF NOT EXISTS blob bytea`
 
 // BigRun is the big-bucket mode's figures.
 type BigRun struct {
-	Bucket       uint32    `json:"bucket"`
-	From         string    `json:"from"`
-	To           string    `json:"to"`
-	Rows         int64     `json:"rows"`           // the bucket's rows on the source
-	Toasted      int64     `json:"toasted_values"` // of them, with a 4 KB value
-	MB           float64   `json:"copy_mb"`        // the binary COPY stream of those rows, in MB (10^6 bytes)
-	LoadSeconds  float64   `json:"load_seconds"`
-	Streams      int       `json:"copy_streams"`
-	MoveState    string    `json:"move_state"`
-	MoveID       string    `json:"move_id"`
-	RowsCopied   int64     `json:"rows_copied"`
-	CopyS        float64   `json:"copy_s"` // the move record's copy time
-	PauseMS      float64   `json:"pause_ms"`
-	MoveTotalS   float64   `json:"move_total_s"`
-	VerifyOK     bool      `json:"verify_ok"`
+	Bucket      uint32  `json:"bucket"`
+	From        string  `json:"from"`
+	To          string  `json:"to"`
+	Rows        int64   `json:"rows"`           // the bucket's rows on the source
+	Toasted     int64   `json:"toasted_values"` // of them, with a 4 KB value
+	MB          float64 `json:"copy_mb"`        // the binary COPY stream of those rows, in MB (10^6 bytes)
+	LoadSeconds float64 `json:"load_seconds"`
+	Streams     int     `json:"copy_streams"`
+	MoveState   string  `json:"move_state"`
+	MoveID      string  `json:"move_id"`
+	RowsCopied  int64   `json:"rows_copied"`
+	CopyS       float64 `json:"copy_s"` // the move record's copy time
+	PauseMS     float64 `json:"pause_ms"`
+	MoveTotalS  float64 `json:"move_total_s"`
+	VerifyOK    bool    `json:"verify_ok"`
+	VerifyS     float64 `json:"verify_s"`     // the move's verify step
+	VerifyShare float64 `json:"verify_share"` // of the move's wall time (issue 25's goal: at most 0.25)
+	// The check alone, both nodes at once over the moved range, with the
+	// row hash moves use (hash_record_extended) and the one they used
+	// before (JSON + md5): the same job, the same rows.
+	CheckHashS   float64   `json:"check_hash_s"`
+	CheckJSONS   float64   `json:"check_json_s"`
+	CheckRatio   float64   `json:"check_ratio"`    // JSON / hash: above 1 the hash is faster
 	PipeS        []float64 `json:"pipe_s"`         // single binary COPY pipe (io.Pipe), before and after the move
 	PipeMeanS    float64   `json:"pipe_mean_s"`    // their mean
 	Ratio        float64   `json:"ratio"`          // pipe mean / copy: above 1 the move's copy is faster
@@ -187,12 +195,28 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		big.VerifyOK = rec.Verify != nil && rec.Verify.OK && !rec.Verify.Inconclusive
 		row := b.moveRow(rec)
 		big.MoveTotalS = row.TotalMS / 1000
+		big.VerifyS = row.VerifyMS / 1000
+		if big.MoveTotalS > 0 {
+			big.VerifyShare = big.VerifyS / big.MoveTotalS
+		}
 		sum.Moves = append(sum.Moves, row)
 	}
 	if merr != nil {
 		return fmt.Errorf("the move: %w", merr)
 	}
 	say("  the move's copy: %s rows in %.2f s; pause %.1f ms; verified: %v", human(float64(big.RowsCopied)), big.CopyS, big.PauseMS, big.VerifyOK)
+
+	say("the range's check alone, both nodes at once: hash, then JSON + md5")
+	if big.CheckHashS, err = checkBoth(ctx, src, dst, lo, hi, `hash_record_extended(ROW(t.blob, t.bkey, t.uid, t.v), 0)`); err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	if big.CheckJSONS, err = checkBoth(ctx, src, dst, lo, hi, `('x' || substr(md5(to_jsonb(t)::text), 1, 15))::bit(60)::bigint::numeric`); err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	if big.CheckHashS > 0 {
+		big.CheckRatio = big.CheckJSONS / big.CheckHashS
+	}
+	say("  hash %.2f s, JSON + md5 %.2f s", big.CheckHashS, big.CheckJSONS)
 
 	say("pipe after the move")
 	p2, err := pipe(false)
@@ -231,6 +255,8 @@ func reportBig(s *Summary) {
 	}
 	say("  pipe:   single binary COPY (SELECT ... range) TO STDOUT | COPY ... FROM STDIN, before and after the move: %s", pipes)
 	say("  copy %.2f s vs pipe %.2f s: %.2f×", g.CopyS, g.PipeMeanS, g.Ratio)
+	say("  verification %.2f s of the move's %.2f s: %.0f%% (issue 25's goal: at most 25%%)", g.VerifyS, g.MoveTotalS, 100*g.VerifyShare)
+	say("  the check alone, both nodes at once: JSON + md5 %.2f s vs hash_record_extended %.2f s: %.2f×", g.CheckJSONS, g.CheckHashS, g.CheckRatio)
 	say("  (the same pipe in 64 KB batches: %.2f s: %.2f×)", g.BatchedPipeS, g.BatchedRatio)
 	if len(s.Leftovers) > 0 {
 		say("  replication objects left behind: %v", s.Leftovers)
@@ -343,4 +369,38 @@ func (b *batcher) flush() error {
 	_, err := b.w.Write(b.buf)
 	b.buf = b.buf[:0]
 	return err
+}
+
+// checkBoth counts and sums the range on both nodes at once with a row
+// hash expression, as a move's verification does (per key chunk), and
+// returns the wall time.
+func checkBoth(ctx context.Context, a, b bucketmap.Node, lo, hi int64, hash string) (float64, error) {
+	q := fmt.Sprintf(`SELECT width_bucket(bkey::numeric, $1::numeric, $2::numeric + 1, 64), count(*), coalesce(sum(%s), 0)::text
+		FROM app.kv t WHERE bkey BETWEEN $1 AND $2 GROUP BY 1`, hash)
+	start := time.Now()
+	errs := make(chan error, 2)
+	for _, n := range []bucketmap.Node{a, b} {
+		go func() {
+			c, err := dbnode.Connect(ctx, n)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close(context.Background())
+			rows, err := c.Query(ctx, q, lo, hi)
+			if err == nil {
+				for rows.Next() {
+				}
+				rows.Close()
+				err = rows.Err()
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(start).Seconds(), nil
 }

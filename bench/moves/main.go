@@ -83,6 +83,7 @@ var (
 	rate          = flag.Int("rate", 0, "total writes/s offered by the load (0: as fast as the writers go)")
 	insertFrac    = flag.Float64("insert-frac", 0.25, "fraction of writes that insert a new user (the rest update a loaded one)")
 	concurrency   = flag.Int("concurrency", 1, "moves at once (rebalancer policy)")
+	rollbacks     = flag.Int("rollbacks", 8, "after the rebalance, move this many of the new node's buckets back with a rollback window and roll each move back, under the same load (issue 25): the rollbacks' write pauses (0: none)")
 	retries       = flag.Int("retries", 3, "times to run the rebalancer again after it stopped on an aborted move")
 	baselineN     = flag.Int("baseline", 3, "moved buckets to copy again with plain COPY for the baseline")
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
@@ -157,6 +158,7 @@ type MoveRow struct {
 	BarrierMS float64 `json:"barrier_step_ms"` // barrier -> flip: marker round trip, verification snapshot
 	FlipMS    float64 `json:"flip_step_ms"`    // the rest of the pause: the map and the record in one ZooKeeper CAS
 	TotalMS   float64 `json:"total_ms"`        // created -> done
+	VerifyMS  float64 `json:"verify_ms"`       // the verify step: both snapshots counted and summed
 	// RouterMS: the router's map said moving for this long (-1: never seen).
 	RouterMS float64 `json:"router_pause_ms"`
 	// ClientMS: the longest write to the bucket around the pause (-1: none).
@@ -191,52 +193,57 @@ type BaselineRun struct {
 
 // Summary is everything the run found.
 type Summary struct {
-	Cores          int            `json:"cores"`
-	Level          int            `json:"level"`
-	Buckets        int            `json:"buckets"`
-	RowsPerBucket  int            `json:"rows_per_bucket"`
-	RowsLoaded     int64          `json:"rows_loaded"`
-	LoadSeconds    float64        `json:"load_seconds"`
-	Writers        int            `json:"writers"`
-	Rate           int            `json:"rate"`
-	Concurrency    int            `json:"concurrency"`
-	Database       string         `json:"database"`
-	ZKRoot         string         `json:"zk_root"`
-	Kept           bool           `json:"kept"`
-	RebalanceSecs  float64        `json:"rebalance_seconds"`
-	Balanced       bool           `json:"balanced"`
-	Restarts       int            `json:"rebalancer_restarts"`
-	FinalCounts    map[string]int `json:"final_bucket_counts"`
-	Moves          []MoveRow      `json:"moves"`
-	MovesDone      int            `json:"moves_done"`
-	MovesAborted   int            `json:"moves_aborted"`
-	VerifyOK       int            `json:"verify_ok"`
-	RowsMoved      int64          `json:"rows_moved"`
-	PauseMS        Stat           `json:"pause_ms"`
-	FenceStepMS    Stat           `json:"fence_step_ms"`
-	BarrierStepMS  Stat           `json:"barrier_step_ms"`
-	FlipStepMS     Stat           `json:"flip_step_ms"`
-	LagAtFenceMS   Stat           `json:"lag_at_fence_ms"`
-	RouterPauseMS  Stat           `json:"router_pause_ms"`
-	ClientStallMS  Stat           `json:"client_stall_ms"`
-	MoveTotalMS    Stat           `json:"move_total_ms"`
-	CopyMS         Stat           `json:"copy_ms"`
-	MoverRowsPS    Stat           `json:"mover_copy_rows_per_s"`
-	Baseline       []BaselineRun  `json:"baseline"`
-	BaselineRowsPS Stat           `json:"baseline_copy_rows_per_s"`
-	CopyRatio      float64        `json:"copy_ratio_mover_over_baseline"`
-	SlotMS         Stat           `json:"copy_slot_ms"`
-	LaunchMS       Stat           `json:"copy_apply_worker_ms"`
-	StartMS        Stat           `json:"copy_start_ms"`
-	DataMS         Stat           `json:"copy_data_ms"`
-	HandoverMS     Stat           `json:"copy_handover_ms"`
-	DataRowsPS     Stat           `json:"copy_data_rows_per_s"`
-	DataRatio      float64        `json:"copy_data_ratio_over_baseline"`
-	PGProbeMS      Stat           `json:"pg_probe_ms"`
-	ZKReadMS       Stat           `json:"zk_read_ms"`
-	ZKWriteMS      Stat           `json:"zk_write_ms"`
-	PGConnectMS    Stat           `json:"pg_connect_ms"`
-	PauseTargetMet bool           `json:"pause_target_met"`
+	Cores         int            `json:"cores"`
+	Level         int            `json:"level"`
+	Buckets       int            `json:"buckets"`
+	RowsPerBucket int            `json:"rows_per_bucket"`
+	RowsLoaded    int64          `json:"rows_loaded"`
+	LoadSeconds   float64        `json:"load_seconds"`
+	Writers       int            `json:"writers"`
+	Rate          int            `json:"rate"`
+	Concurrency   int            `json:"concurrency"`
+	Database      string         `json:"database"`
+	ZKRoot        string         `json:"zk_root"`
+	Kept          bool           `json:"kept"`
+	RebalanceSecs float64        `json:"rebalance_seconds"`
+	Balanced      bool           `json:"balanced"`
+	Restarts      int            `json:"rebalancer_restarts"`
+	FinalCounts   map[string]int `json:"final_bucket_counts"`
+	Moves         []MoveRow      `json:"moves"`
+	MovesDone     int            `json:"moves_done"`
+	MovesAborted  int            `json:"moves_aborted"`
+	VerifyOK      int            `json:"verify_ok"`
+	RowsMoved     int64          `json:"rows_moved"`
+	PauseMS       Stat           `json:"pause_ms"`
+	FenceStepMS   Stat           `json:"fence_step_ms"`
+	BarrierStepMS Stat           `json:"barrier_step_ms"`
+	FlipStepMS    Stat           `json:"flip_step_ms"`
+	LagAtFenceMS  Stat           `json:"lag_at_fence_ms"`
+	RouterPauseMS Stat           `json:"router_pause_ms"`
+	ClientStallMS Stat           `json:"client_stall_ms"`
+	MoveTotalMS   Stat           `json:"move_total_ms"`
+	CopyMS        Stat           `json:"copy_ms"`
+	MoverRowsPS   Stat           `json:"mover_copy_rows_per_s"`
+	Baseline      []BaselineRun  `json:"baseline"`
+	// Rollbacks: moves made with a rollback window after the rebalance,
+	// each rolled back at once under the same load; their rollback moves'
+	// write pauses (issue 25's goal: p99 under 50 ms).
+	Rollbacks       []MoveRow `json:"rollbacks,omitempty"`
+	RollbackPauseMS Stat      `json:"rollback_pause_ms"`
+	BaselineRowsPS  Stat      `json:"baseline_copy_rows_per_s"`
+	CopyRatio       float64   `json:"copy_ratio_mover_over_baseline"`
+	SlotMS          Stat      `json:"copy_slot_ms"`
+	LaunchMS        Stat      `json:"copy_apply_worker_ms"`
+	StartMS         Stat      `json:"copy_start_ms"`
+	DataMS          Stat      `json:"copy_data_ms"`
+	HandoverMS      Stat      `json:"copy_handover_ms"`
+	DataRowsPS      Stat      `json:"copy_data_rows_per_s"`
+	DataRatio       float64   `json:"copy_data_ratio_over_baseline"`
+	PGProbeMS       Stat      `json:"pg_probe_ms"`
+	ZKReadMS        Stat      `json:"zk_read_ms"`
+	ZKWriteMS       Stat      `json:"zk_write_ms"`
+	PGConnectMS     Stat      `json:"pg_connect_ms"`
+	PauseTargetMet  bool      `json:"pause_target_met"`
 
 	WritesPerSecBefore float64 `json:"writes_per_s_before"`
 	WritesPerSecDuring float64 `json:"writes_per_s_during_moves"`
@@ -325,6 +332,9 @@ func report(s *Summary) {
 	say("                    write latency %s", ms(s.WriteLatencyMS))
 	if s.LastWriteError != "" {
 		say("                    last write error: %s", s.LastWriteError)
+	}
+	if s.RollbackPauseMS.N > 0 {
+		say("  rollbacks:        %d moves rolled back under the load: write pause %s (goal: p99 under 50 ms)", s.RollbackPauseMS.N, ms(s.RollbackPauseMS))
 	}
 	say("  acknowledged writes missing at the end: %d (of %d users written; target 0)", s.Missing, s.UsersChecked)
 	for _, m := range s.MissingSamples {
@@ -549,6 +559,15 @@ func run(ctx context.Context) (*Summary, error) {
 	sum.PGProbeMS, sum.ZKReadMS, sum.ZKWriteMS, sum.PGConnectMS = stat(b.prb.pgRTT), stat(b.prb.zkRTT), stat(b.prb.zkWrite), stat(b.prb.pgConnect)
 	sum.WritesPerSecDuring = float64(l.acks.Load()-acksBefore) / sum.RebalanceSecs
 
+	// Rollbacks, under the same load: each bucket goes back to its old
+	// owner with a window, and that move is rolled back at once (so the
+	// map ends as balanced as the rebalance left it).
+	if ctx.Err() == nil && rbErr == nil && *rollbacks > 0 {
+		if err := b.rollbackRuns(ctx, sum, pg4.ID); err != nil {
+			rbErr = fmt.Errorf("rollbacks: %w", err)
+		}
+	}
+
 	// The copy baseline, under the same load.
 	if ctx.Err() == nil {
 		if sum.Baseline, err = b.baseline(ctx, sum.Moves); err != nil && rbErr == nil {
@@ -689,6 +708,9 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 		row.FlipMS = max(rec.Stats.PauseMS-row.BarrierMS, 0)
 	}
 	row.TotalMS = span(topo.MovePrepare, topo.MoveDone)
+	if row.VerifyMS = span(topo.MoveVerify, topo.MoveReversible); row.VerifyMS == 0 {
+		row.VerifyMS = span(topo.MoveVerify, topo.MoveDone)
+	}
 	row.fenceAt, row.teardownAt = at[topo.MoveFence], at[topo.MoveTeardown]
 	if b.trk != nil {
 		if d, ok := b.trk.pause(rec.Bucket, rec.CreatedAt); ok {
@@ -1562,4 +1584,41 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
 			row.DataRowsPS = float64(rec.Stats.RowsCopied) / row.DataMS * 1000
 		}
 	}
+}
+
+// rollbackRuns moves up to --rollbacks of the new node's buckets back to
+// their old owners with a rollback window, and rolls each move back at
+// once: the rollback moves' pauses go into the summary; the acknowledged
+// writes check at the end covers the writes made on either side.
+func (b *bench) rollbackRuns(ctx context.Context, sum *Summary, to bucketmap.NodeID) error {
+	mv := migrate.New(b.st, migrate.Options{Window: time.Hour})
+	defer mv.Close()
+	var pauses []float64
+	for _, row := range sum.Moves {
+		if len(pauses) >= *rollbacks {
+			break
+		}
+		if row.State != topo.MoveDone || row.To != string(to) {
+			continue
+		}
+		rec, err := mv.Move(ctx, row.Bucket, bucketmap.NodeID(row.From), false)
+		if err != nil {
+			return fmt.Errorf("moving bucket %d back to %s: %w", row.Bucket, row.From, err)
+		}
+		out, err := mv.Rollback(ctx, rec.ID)
+		if err != nil {
+			return fmt.Errorf("rolling back move %s: %w", rec.ID, err)
+		}
+		rb, err := mv.Get(ctx, out.Reverse.Rollback)
+		if err != nil {
+			return err
+		}
+		r := b.moveRow(rb)
+		sum.Rollbacks = append(sum.Rollbacks, r)
+		pauses = append(pauses, rb.Stats.PauseMS)
+		say("  rollback %d: bucket %3d %s -> %s moved (pause %.1f ms), rolled back %s -> %s: pause %.1f ms",
+			len(pauses), row.Bucket, rec.Source, rec.Target, rec.Stats.PauseMS, rb.Source, rb.Target, rb.Stats.PauseMS)
+	}
+	sum.RollbackPauseMS = stat(pauses)
+	return nil
 }
