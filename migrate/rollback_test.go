@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
@@ -317,17 +319,35 @@ func TestIntegrationVerifyHashesTypesWithoutAHash(t *testing.T) {
 	ddl := kvDDL + `; CREATE TABLE IF NOT EXISTS app.geo (bkey bigint NOT NULL, id int NOT NULL, p point, note text, PRIMARY KEY (bkey, id))`
 	sc, dc, lo, _ := sequenceScene(t, tables, ddl)
 	ctx := context.Background()
-	if _, err := sc.Exec(ctx, `INSERT INTO app.geo SELECT $1 + g, g, point(g, -g), repeat('x', g) FROM generate_series(1, 200) g`, lo); err != nil {
+	if _, err := sc.Exec(ctx, `INSERT INTO app.geo SELECT $1::bigint + g, g, point(g, -g), repeat('x', g) FROM generate_series(1, 200) g`, lo); err != nil {
 		t.Fatal(err)
 	}
-	chk, serr, derr := compareRange(ctx, sc, sc, tables, lo, lo+1000)
+	sc2, err := pgx.ConnectConfig(ctx, sc.Config().Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc2.Close(ctx)
+	var h int64
+	if err := sc2.QueryRow(ctx, `SELECT hash_record_extended(ROW(p), 0) FROM app.geo LIMIT 1`).Scan(&h); !noExtendedHash(err) {
+		t.Fatalf("point was to have no extended hash (the JSON path untested): %v", err)
+	}
+	chk, serr, derr := compareRange(ctx, sc, sc2, tables, lo, lo+1000)
 	if serr != nil || derr != nil || !chk.OK {
 		t.Fatalf("a range against itself: %+v %v %v", chk, serr, derr)
 	}
 	// The same rows on the other node but one point: a difference, in the
 	// point column's table.
-	if _, err := dc.Exec(ctx, `BEGIN; SET LOCAL session_replication_role = replica;
-		INSERT INTO app.geo SELECT $1 + g, g, point(g, CASE WHEN g = 7 THEN 0 ELSE -g END), repeat('x', g) FROM generate_series(1, 200) g; COMMIT`, lo); err != nil {
+	tx, err := dc.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO app.geo SELECT $1::bigint + g, g, point(g, CASE WHEN g = 7 THEN 0 ELSE -g END), repeat('x', g) FROM generate_series(1, 200) g`, lo); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	chk, serr, derr = compareRange(ctx, sc, dc, tables, lo, lo+1000)
