@@ -1133,6 +1133,23 @@ func (r *run) probe(ctx context.Context, timeout time.Duration) (time.Duration, 
 }
 
 func (r *run) catchup(ctx context.Context) error {
+	if r.forwardReverse() {
+		// First, not between the last lag probe and the fence: creating
+		// the slot waits for the target's open transactions (hundreds of
+		// milliseconds under load), and lag that builds up meanwhile
+		// would be waited out inside the pause, at the barrier.
+		src, err := r.source(ctx)
+		if err != nil {
+			return err
+		}
+		dst, err := r.target(ctx)
+		if err != nil {
+			return err
+		}
+		if err := r.setupReverse(ctx, src, dst); err != nil {
+			return err
+		}
+	}
 	deadline := time.Now().Add(r.mv.opts.CatchupTimeout)
 	for {
 		lag, err := r.probe(ctx, 10*r.mv.opts.MaxLag)
@@ -1160,11 +1177,6 @@ func (r *run) catchup(ctx context.Context) error {
 				}
 				if err := r.carrySequences(ctx, src, dst, "before the pause"); err != nil {
 					return err
-				}
-				if r.forwardReverse() {
-					if err := r.setupReverse(ctx, src, dst); err != nil {
-						return err
-					}
 				}
 			}
 			return r.enter(ctx, topo.MoveFence)
