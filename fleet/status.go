@@ -186,6 +186,22 @@ type Move struct {
 	MemberWaitMS float64     `json:"member_wait_ms"`
 	Stragglers   []Straggler `json:"stragglers"`
 	Verify       string      `json:"verify,omitempty"` // ok, mismatch, inconclusive
+	// RollbackOf: this move rolls that one back. Reverse is the move's
+	// way back (nil: none).
+	RollbackOf string       `json:"rollback_of,omitempty"`
+	Reverse    *MoveReverse `json:"reverse,omitempty"`
+}
+
+// MoveReverse is where a move's reverse stream stands.
+type MoveReverse struct {
+	// State: pending (not started yet), running, lost (Lost says why),
+	// or ended (the move completed or rolled back).
+	State string `json:"state"`
+	Lost  string `json:"lost,omitempty"`
+	// WindowUntil is when the rollback window ends (reversible moves).
+	WindowUntil    time.Time `json:"window_until,omitzero"`
+	Rollback       string    `json:"rollback,omitempty"` // the latest rollback move
+	RollbackWanted string    `json:"rollback_wanted,omitempty"`
 }
 
 // Straggler is a member a move went on without (its record's path).
@@ -565,6 +581,24 @@ func fleetMove(rec *topo.MoveRecord) Move {
 	}
 	for _, s := range rec.Stragglers {
 		fm.Stragglers = append(fm.Stragglers, Straggler{Member: s.Member, MapVersion: s.MapVersion, Error: s.Error})
+	}
+	fm.RollbackOf = rec.RollbackOf
+	if rv := rec.Reverse; rv != nil {
+		r := &MoveReverse{Lost: rv.Lost, Rollback: rv.Rollback, RollbackWanted: rv.RollbackWanted}
+		switch {
+		case rv.Lost != "":
+			r.State = "lost"
+		case rec.Finished():
+			r.State = "ended"
+		case rv.Enabled:
+			r.State = "running"
+		default:
+			r.State = "pending"
+		}
+		if rv.Until != nil && rec.State == topo.MoveReversible {
+			r.WindowUntil = rv.Until.UTC()
+		}
+		fm.Reverse = r
 	}
 	if v := rec.Verify; v != nil {
 		switch {

@@ -42,6 +42,7 @@ type fleetScene struct {
 	fs       topo.FailStatic
 	copying  string // move ids
 	failed   string
+	window   string // a move in its rollback window
 	straggly string // a done move that went on without sup-b
 	newest   string // the newest done move
 }
@@ -165,6 +166,12 @@ func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 		}
 	}
 	move("b9-l4-v1-aborted", topo.MoveAborted, base.Add(-time.Hour), nil) // finished long ago: not among the newest 20
+	sc.window = move("b7-l4-v3-window", topo.MoveReversible, now.Add(-90*time.Second), func(r *topo.MoveRecord) {
+		r.Bucket = 7
+		r.Verify = &topo.MoveCheck{OK: true}
+		until := now.Add(10 * time.Minute)
+		r.Reverse = &topo.ReverseStream{Publication: "p", Slot: "s", Subscription: "s", StartLSN: "0/1", Enabled: true, WindowS: 900, Until: &until}
+	})
 	sc.copying = move("b3-l4-v3-copying", topo.MoveCopy, now.Add(-time.Minute), func(r *topo.MoveRecord) { r.Stats.RowsCopied = 5000 })
 	sc.failed = move("b5-l4-v2-failed", topo.MoveFailed, now.Add(-2*time.Hour), func(r *topo.MoveRecord) {
 		r.Bucket, r.Source, r.Target = 5, "pg2", "pg1"
@@ -305,13 +312,16 @@ func TestIntegrationFleetView(t *testing.T) {
 	}
 
 	mv := v.Moves
-	if len(mv.InFlight) != 2 || mv.InFlight[0].ID != sc.failed || mv.InFlight[1].ID != sc.copying {
-		t.Fatalf("moves in flight: %+v, want %s then %s (oldest first)", mv.InFlight, sc.failed, sc.copying)
+	if len(mv.InFlight) != 3 || mv.InFlight[0].ID != sc.failed || mv.InFlight[1].ID != sc.window || mv.InFlight[2].ID != sc.copying {
+		t.Fatalf("moves in flight: %+v, want %s, %s, %s (oldest first)", mv.InFlight, sc.failed, sc.window, sc.copying)
+	}
+	if w := mv.InFlight[1]; w.State != topo.MoveReversible || w.Verify != "ok" || w.Reverse == nil || w.Reverse.State != "running" || w.Reverse.WindowUntil.IsZero() {
+		t.Fatalf("move in its window: %+v %+v", w, w.Reverse)
 	}
 	if f := mv.InFlight[0]; f.State != "failed" || f.PauseMS != 42.5 || f.MemberWaitMS != 1500 || f.Verify != "mismatch" || f.Error == "" || f.Source != "pg2" {
 		t.Fatalf("failed move: %+v", f)
 	}
-	if c := mv.InFlight[1]; c.State != "copy" || c.RowsCopied != 5000 || c.StateSince.IsZero() {
+	if c := mv.InFlight[2]; c.State != "copy" || c.RowsCopied != 5000 || c.StateSince.IsZero() {
 		t.Fatalf("copying move: %+v", c)
 	}
 	if mv.Finished != 23 || len(mv.Recent) != 20 || mv.Recent[0].ID != sc.newest || mv.Recent[1].ID != sc.straggly {
