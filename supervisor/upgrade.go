@@ -226,13 +226,28 @@ func checkListening(fd int) error {
 // over from an old supervisor when this process is the new one of an
 // upgrade (its handover in the environment). Called by New before anything
 // is bound or published.
-func prepareState(e *env, opts *Options) (*upgrade, error) {
+func prepareState(e *env, opts *Options) (_ *upgrade, err error) {
 	up := &upgrade{notifySocket: e.getenv(workerproto.EnvNotifySocket)}
 	hv, inh, err := readHandover(e)
 	if err != nil {
 		return nil, fmt.Errorf("supervisor: taking over from the old supervisor: %w", err)
 	}
 	var inheritedLock *os.File
+	defer func() {
+		if err == nil {
+			return
+		}
+		// Closed now, not by a finalizer at some later garbage
+		// collection, when the fd number may belong to another file.
+		for _, f := range append([]*os.File{up.ready, inheritedLock}, slices.Collect(maps.Values(up.inherited))...) {
+			if f != nil {
+				f.Close()
+			}
+		}
+		if up.adminLn != nil {
+			up.adminLn.Close()
+		}
+	}()
 	if hv.seq > 0 {
 		up.seq, up.parent = hv.seq, hv.parent
 		// Not ours to pass on: set close-on-exec before any worker starts.
@@ -266,6 +281,7 @@ func prepareState(e *env, opts *Options) (*upgrade, error) {
 		_ = e.unsetenv(workerproto.EnvNotifySocket)
 	}
 	lock, _, err := lockStateDir(opts.Pool, opts.StateDir, inheritedLock)
+	inheritedLock = nil // lockStateDir took it as the lock, or closed it
 	if err != nil {
 		return nil, err
 	}

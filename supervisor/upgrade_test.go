@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -99,15 +100,33 @@ func TestHandoverEnvironmentIsCheckedAndRemoved(t *testing.T) {
 	defer w.Close()
 	lock, _ := os.Create(filepath.Join(dir, "lockfile"))
 	defer lock.Close()
-	ctl := fmt.Sprintf("seq=1,parent=%d,ready=%d,lock=%d", os.Getpid(), w.Fd(), lock.Fd())
+	// The handover's fds become New's, which closes them when it fails:
+	// each case hands over copies. (Handing over the test's own fds let
+	// New's files close them at a later garbage collection, when their
+	// numbers belonged to other files: a later test's t.TempDir cleanup
+	// failed with EBADF.)
+	handover := func() (ctl string, ready int) {
+		ready, err1 := syscall.Dup(int(w.Fd()))
+		lk, err2 := syscall.Dup(int(lock.Fd()))
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		return fmt.Sprintf("seq=1,parent=%d,ready=%d,lock=%d", os.Getpid(), ready, lk), ready
+	}
+	const ctlMark = "<ctl>"
 	for _, tc := range []struct{ upgrade, inherit, want string }{
 		{"", "tcp://127.0.0.1:1=3", EnvInheritFDs + " is set without " + EnvUpgrade},
 		{"seq=1", "", "parent is missing"},
-		{ctl, fmt.Sprintf("tcp://127.0.0.1:1=%d", notSock.Fd()), "is not a socket"},
-		{ctl, fmt.Sprintf("tcp://127.0.0.1:1=%d", udp.Fd()), "is not a listening socket"},
-		{ctl, "tcp://127.0.0.1:1=999", "fd 999 is not open"},
-		{ctl, fmt.Sprintf("tcp://127.0.0.1:1=%d", w.Fd()), "is also in " + EnvUpgrade},
+		{ctlMark, fmt.Sprintf("tcp://127.0.0.1:1=%d", notSock.Fd()), "is not a socket"},
+		{ctlMark, fmt.Sprintf("tcp://127.0.0.1:1=%d", udp.Fd()), "is not a listening socket"},
+		{ctlMark, "tcp://127.0.0.1:1=999", "fd 999 is not open"},
+		{ctlMark, "tcp://127.0.0.1:1=<ready>", "is also in " + EnvUpgrade},
 	} {
+		if tc.upgrade == ctlMark {
+			ctl, ready := handover()
+			tc.upgrade = ctl
+			tc.inherit = strings.ReplaceAll(tc.inherit, "<ready>", fmt.Sprint(ready))
+		}
 		t.Setenv(EnvUpgrade, tc.upgrade)
 		t.Setenv(EnvInheritFDs, tc.inherit)
 		_, err := New(Options{Pool: "web", ConfigFile: file, StateDir: filepath.Join(dir, "state")})
