@@ -84,6 +84,14 @@ func (r *run) forwardReverse() bool {
 // whoever drops the subscription drops the slot with it.
 func (r *run) setupReverse(ctx context.Context, src, dst *pgx.Conn) error {
 	rv := r.rec.Reverse
+	// While the source is away, the target's slot keeps its WAL; only
+	// max_slot_wal_keep_size bounds that (the slot is then invalidated,
+	// and the way back with it). Said, not refused.
+	var keep string
+	if err := dst.QueryRow(ctx, "SELECT current_setting('max_slot_wal_keep_size')").Scan(&keep); err == nil && keep == "-1" {
+		r.mv.log.Warn("the target keeps WAL for the move's reverse slot without bound while the source is away; set max_slot_wal_keep_size on the db nodes",
+			zap.String("move", r.rec.ID), zap.String("target", r.rec.Target))
+	}
 	if err := createPublication(ctx, dst, rv.Publication, r.rec.ID, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
 		return fmt.Errorf("target: reverse publication: %w", err)
 	}

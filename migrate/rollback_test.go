@@ -361,3 +361,59 @@ func TestIntegrationVerifyHashesTypesWithoutAHash(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The old owner dies inside the window. The new owner keeps serving the
+// bucket; a rollback waits for the old owner (nothing changes);
+// `move complete` drops the new owner's reverse slot at once, so that it
+// holds no WAL for a node that is away, and the move stays completing
+// until the old owner answers; then a resume drops its subscription and
+// the move is done, nothing left behind, every write on the owner.
+func TestFaultsOldOwnerDownInWindow(t *testing.T) {
+	testenv.Faults(t)
+	testenv.Exclusive(t)
+	f := newFixture(t, 3, 2)
+	base := f.seedRows("seed", 200)
+	ctx := context.Background()
+	mv := f.mover(Options{Window: 10 * time.Minute, AbortRetry: time.Second})
+	rec, err := mv.Move(ctx, 1, "pg2", false)
+	if err != nil || rec.State != topo.MoveReversible {
+		t.Fatalf("move: %v (%+v)", err, rec)
+	}
+	old := f.pg.Nodes[0] // pg1
+	if err := old.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = old.Start() })
+	uid := f.uidIn(f.mapNow(), 1, "down")
+	for v := int64(1); v <= 20; v++ {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := f.write(wctx, uid, v)
+		cancel()
+		if err != nil {
+			t.Fatalf("a write to the moved bucket with its old owner down: %v", err)
+		}
+	}
+	base[uid] = 20
+	if out, err := mv.Rollback(ctx, rec.ID); err == nil || out.State != topo.MoveReversible {
+		t.Fatalf("a rollback with the old owner down: %v (%s)", err, out.State)
+	}
+	out, err := mv.Complete(ctx, rec.ID)
+	if err == nil || out.State != topo.MoveCompleting || !strings.Contains(err.Error(), "source unreachable") {
+		t.Fatalf("complete with the old owner down: %v (%s)", err, out.State)
+	}
+	if ok, err := slotExists(ctx, f.conn("pg2"), rec.Reverse.Slot); err != nil || ok {
+		t.Fatalf("the new owner keeps the reverse slot for a node that is away: %v %v", ok, err)
+	}
+	t.Logf("with the old owner down: %v", err)
+	if err := old.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out, err = f.mover(Options{}).Resume(ctx, rec.ID)
+	if err != nil || out.State != topo.MoveDone {
+		t.Fatalf("resume once the old owner is back: %v (%s)", err, out.State)
+	}
+	if left := f.leftovers(); len(left) > 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+	f.checkAcked(base, nil)
+}
