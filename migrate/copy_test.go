@@ -312,7 +312,7 @@ func TestFaultsMoverKilledInCopyStartsOver(t *testing.T) {
 		b := uint32(b)
 		f.bulkLoad("pg1", 3, b, "bulk-", 5000)
 		before := f.rowsIn("pg1", 3, b)
-		cmd := exec.Command(bin, append(append([]string{}, zkArgs...), "--zk-session-timeout", "3s", "move", fmt.Sprint(b), "--to", "pg2")...)
+		cmd := exec.Command(bin, append(append([]string{}, zkArgs...), "--zk-session-timeout", "3s", "move", fmt.Sprint(b), "--to", "pg2", "--window", "0")...)
 		cmd.Env = append(os.Environ(), failpoint.Env+"="+failpointPrefix+point, CopyStreamsEnv+"=2")
 		out, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != -1 {

@@ -316,7 +316,7 @@ func TestFaultsMoverKilledAtEachStep(t *testing.T) {
 	}
 	b := uint32(0)
 	for _, state := range []string{topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveVerify} {
-		cmd := exec.Command(bin, append(append([]string{}, zkArgs...), "move", fmt.Sprint(b), "--to", "pg2")...)
+		cmd := exec.Command(bin, append(append([]string{}, zkArgs...), "move", fmt.Sprint(b), "--to", "pg2", "--window", "0")...)
 		cmd.Env = append(os.Environ(), failpoint.Env+"="+failpointPrefix+state)
 		out, err := cmd.CombinedOutput()
 		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != -1 {
