@@ -193,7 +193,8 @@ func TestIntegrationDrainEmptiesNode(t *testing.T) {
 	}
 }
 
-func TestIntegrationNodeStoppedMidMove(t *testing.T) {
+func TestFaultsNodeStoppedMidMove(t *testing.T) {
+	testenv.Faults(t) // stops PostgreSQL servers: make test's budget
 	for _, which := range []string{"target", "source"} {
 		t.Run(which, func(t *testing.T) {
 			testenv.Exclusive(t)

@@ -17,6 +17,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
+	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -216,7 +217,8 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // exports the frozen bucket's age (shardvisor_move_frozen_bucket_oldest_seconds,
 // what the documented alert fires on) until it has rolled the move back;
 // the record's pause then covers the whole time the bucket was frozen.
-func TestIntegrationFrozenBucketWithoutRunner(t *testing.T) {
+func TestFaultsFrozenBucketWithoutRunner(t *testing.T) {
+	testenv.Faults(t) // a mover SIGKILLed in its pause, 10 s: make test's budget
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	uid := f.uidIn(f.mapNow(), 0, "frozen")
