@@ -66,17 +66,56 @@ func (rb *Rebalancer) unfinished(ctx context.Context, m *bucketmap.Map) ([]bucke
 // inWindow returns the buckets (at the map's level) whose move is in its
 // rollback window.
 func (rb *Rebalancer) inWindow(ctx context.Context, m *bucketmap.Map) (map[uint32]bool, error) {
-	list, err := rb.mv.List(ctx)
+	list, err := InWindow(ctx, rb.mv.st)
 	if err != nil {
 		return nil, err
 	}
 	held := map[uint32]bool{}
 	for _, r := range list {
-		if !r.Finished() && r.Level == m.Level && (r.State == topo.MoveReversible || r.State == topo.MoveCompleting) {
+		if r.Level == m.Level {
 			held[r.Bucket] = true
 		}
 	}
 	return held, nil
+}
+
+// InWindow lists the moves in their rollback window (reversible or
+// completing). A split waits for them: the rollback of a bucket the map
+// has split cannot run.
+func InWindow(ctx context.Context, st *bucketmap.Store) ([]*topo.MoveRecord, error) {
+	return unfinished(ctx, st, func(rec *topo.MoveRecord) bool {
+		return rec.State == topo.MoveReversible || rec.State == topo.MoveCompleting
+	})
+}
+
+// MovesUsing lists the unfinished moves whose source or target is node: a
+// node they still need (a move past its flip drops its slot there, one in
+// its window rolls back to it) is not to be removed from the registry.
+func MovesUsing(ctx context.Context, st *bucketmap.Store, node bucketmap.NodeID) ([]*topo.MoveRecord, error) {
+	return unfinished(ctx, st, func(rec *topo.MoveRecord) bool {
+		return rec.Source == string(node) || rec.Target == string(node)
+	})
+}
+
+func unfinished(ctx context.Context, st *bucketmap.Store, keep func(*topo.MoveRecord) bool) ([]*topo.MoveRecord, error) {
+	ids, err := topo.ListMoves(ctx, st.Session(), st.Paths())
+	if err != nil {
+		return nil, err
+	}
+	var out []*topo.MoveRecord
+	for _, id := range ids {
+		rec, _, err := topo.ReadMove(ctx, st.Session(), st.Paths(), id)
+		if errors.Is(err, zksession.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !rec.Finished() && keep(rec) {
+			out = append(out, rec)
+		}
+	}
+	return out, nil
 }
 
 // NewRebalancer returns a rebalancer that runs moves with mv.
@@ -186,6 +225,17 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 		if err != nil {
 			return rep, err
 		}
+		// A bucket in a move's rollback window cannot move again until
+		// that move completes or rolls back: plan around it, and split
+		// only once no move is in its window (the rollback of a bucket
+		// the map has split cannot run).
+		held, err := rb.inWindow(ctx, m)
+		if err != nil {
+			return rep, err
+		}
+		if p.Splits > 0 && len(held) > 0 {
+			return rep, fmt.Errorf("%w: a split to level %d waits for %d moves in their rollback window (shardctl moves; shardctl move complete ID ends one)", ErrWaitingForMoves, p.Level, len(held))
+		}
 		if p.Splits > 0 {
 			rb.say("splitting %d time(s) to level %d before moving", p.Splits, p.Level)
 			// Through ownership, like every map change outside a move: the
@@ -196,12 +246,6 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			}
 			rep.Splits += p.Splits
 			continue
-		}
-		// A bucket in a move's rollback window cannot move again until
-		// that move completes or rolls back: plan around it.
-		held, err := rb.inWindow(ctx, m)
-		if err != nil {
-			return rep, err
 		}
 		planned := len(p.Moves)
 		p.Moves = slices.DeleteFunc(p.Moves, func(mv bucketmap.Move) bool { return held[mv.Bucket] })

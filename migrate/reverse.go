@@ -363,6 +363,12 @@ func (mv *Mover) Rollback(ctx context.Context, id string) (*topo.MoveRecord, err
 		default:
 			return fmt.Errorf("%w: move %s is %s; only a move in its rollback window (reversible) rolls back", ErrNoRollback, id, r.rec.State)
 		}
+		// An operator's request gets a fresh count of attempts.
+		if rv := r.rec.Reverse; rv != nil && rv.Rollback != "" {
+			if rrec, _, err := topo.ReadMove(ctx, r.mv.s, r.mv.p, rv.Rollback); err != nil || rrec.Finished() {
+				rv.RollbackAttempts = 0
+			}
+		}
 		return r.rollback(ctx, "requested by an operator")
 	})
 }
@@ -405,7 +411,17 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 			return r.endWithoutWayBack(ctx, why)
 		}
 		if rv.RollbackAttempts >= MaxRollbackAttempts {
-			return r.endWithoutWayBack(ctx, fmt.Sprintf("%d rollback moves aborted (the last: %s)", rv.RollbackAttempts, rv.Rollback))
+			why := fmt.Sprintf("%d rollback moves aborted (the last: %s)", rv.RollbackAttempts, rv.Rollback)
+			if v := r.rec.Verify; v != nil && !v.OK {
+				// A copy that differs is never kept without a person.
+				return r.endWithoutWayBack(ctx, why)
+			}
+			// Asked for by an operator: the wish ends, the window stays.
+			rv.RollbackWanted = ""
+			if err := r.save(ctx); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: move %s: %s; the bucket stays on %s and the window stays open (shardctl move rollback %s tries again)", ErrNoRollback, r.rec.ID, why, r.rec.Target, r.rec.ID)
 		}
 		m, _, err := r.mv.st.Load(ctx)
 		if err != nil {
@@ -584,7 +600,14 @@ func (r *run) reverseBroken(ctx context.Context) (string, error) {
 	case enabled == nil:
 		return fmt.Sprintf("the reverse subscription %s is gone from %s", rv.Subscription, r.rec.Source), nil
 	case !*enabled:
-		return fmt.Sprintf("the reverse subscription %s on %s was disabled (an apply error: see its server log)", rv.Subscription, r.rec.Source), nil
+		// disable_on_error also stops it on a transient error (a
+		// deadlock, a lock timeout): enabled again, it retries that
+		// transaction; one that fails for good fails the rollback's
+		// catch-up, which counts as an attempt.
+		r.mv.log.Warn("the reverse subscription was disabled by an apply error; enabling it again for the rollback", zap.String("move", r.rec.ID), zap.String("subscription", rv.Subscription))
+		if err := enableSubscription(ctx, src, rv.Subscription); err != nil {
+			return "", fmt.Errorf("source: enabling the reverse subscription: %w", err)
+		}
 	}
 	var status *string
 	if err := dst.QueryRow(ctx, "SELECT (SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot).Scan(&status); err != nil {

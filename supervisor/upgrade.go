@@ -193,6 +193,10 @@ func parseHandover(v string) (handover, error) {
 			return h, fmt.Errorf("%s: %s is missing", EnvUpgrade, k)
 		}
 	}
+	// Each fd is wrapped (and closed) once.
+	if h.ready == h.lock || (h.admin > 0 && (h.admin == h.ready || h.admin == h.lock)) {
+		return h, fmt.Errorf("%s: ready, lock and admin must be different fds (ready=%d lock=%d admin=%d)", EnvUpgrade, h.ready, h.lock, h.admin)
+	}
 	return h, nil
 }
 

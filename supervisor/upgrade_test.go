@@ -67,6 +67,8 @@ func TestParseHandover(t *testing.T) {
 		{"seq=1,parent=100,ready=1,lock=6", "fd 1 is a standard stream"},
 		{"seq=1,seq=2,parent=100,ready=5,lock=6", "seq is given twice"},
 		{"seq=1,parent=100,ready=5,lock=6,color=blue", `unknown key "color"`},
+		{"seq=1,parent=100,ready=5,lock=5", "must be different fds"},
+		{"seq=1,parent=100,ready=5,lock=6,admin=6", "must be different fds"},
 	} {
 		_, err := parseHandover(tc.in)
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), EnvUpgrade) {

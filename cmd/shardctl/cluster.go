@@ -15,6 +15,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -142,6 +143,12 @@ func runStatus(c *cli.Context) error {
 
 func runSplit(c *cli.Context) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		// The rollback of a bucket the map has split cannot run.
+		if held, err := migrate.InWindow(ctx, st); err != nil {
+			return err
+		} else if len(held) > 0 {
+			return fmt.Errorf("move %s (bucket %d) is in its rollback window; a split waits until it ends: shardctl move complete %s (or shardctl move rollback %s)", held[0].ID, held[0].Bucket, held[0].ID, held[0].ID)
+		}
 		res, err := owners(c, st).Split(ctx, 1)
 		if err != nil {
 			return err

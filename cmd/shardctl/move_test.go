@@ -111,6 +111,13 @@ func TestIntegrationMoveStragglers(t *testing.T) {
 	if out := mustData(t, cmd("moves")...); !strings.Contains(out, "reversible") || !strings.Contains(out, "s left") {
 		t.Fatalf("moves in the window:\n%s", out)
 	}
+	// In the window the map does not split, and the old owner stays.
+	if r := runData(t, cmd("split")...); r.code != 1 || !strings.Contains(r.stderr, "rollback window") {
+		t.Fatalf("split in a move's window: exit %d, %q", r.code, r.stderr)
+	}
+	if r := runData(t, cmd("node", "remove", "pg1")...); r.code != 1 || !strings.Contains(r.stderr, "still needs it") {
+		t.Fatalf("node remove of a move's old owner in its window: exit %d, %q", r.code, r.stderr)
+	}
 	// Rolled back (a move of its own, over the reverse stream), then
 	// moved again and completed at once.
 	if out := mustData(t, cmd("move", "rollback", id, "--member-wait", "300ms", "--on-straggler", "proceed")...); !strings.Contains(out, ": rolled_back") || !strings.Contains(out, "rollback move: ") {

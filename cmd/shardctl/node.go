@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/migrate"
 )
 
 // The registry side of `shardctl node`: each command is one change of the
@@ -115,6 +116,19 @@ func oneNode(edit func(m *bucketmap.Map, id bucketmap.NodeID) (string, error)) c
 			return cliutil.Usagef("node %s: want one node ID", verb)
 		}
 		id := bucketmap.NodeID(c.Args().Get(0))
+		if verb == "remove" {
+			if err := withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
+				using, err := migrate.MovesUsing(ctx, st, id)
+				if err == nil && len(using) > 0 {
+					r := using[0]
+					err = fmt.Errorf("node remove %s: move %s (bucket %d, %s -> %s, %s) still needs it; finish it first (shardctl move resume %s, or shardctl move complete %s in its rollback window)",
+						id, r.ID, r.Bucket, r.Source, r.Target, r.State, r.ID, r.ID)
+				}
+				return err
+			}); err != nil {
+				return err
+			}
+		}
 		return nodeEdit(c, verb, id, func(m *bucketmap.Map) (string, error) { return edit(m, id) })
 	}
 }
