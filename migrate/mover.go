@@ -1138,11 +1138,7 @@ func (r *run) catchup(ctx context.Context) error {
 		// the slot waits for the target's open transactions (hundreds of
 		// milliseconds under load), and lag that builds up meanwhile
 		// would be waited out inside the pause, at the barrier.
-		src, err := r.source(ctx)
-		if err != nil {
-			return err
-		}
-		dst, err := r.target(ctx)
+		src, dst, err := r.conns(ctx)
 		if err != nil {
 			return err
 		}
@@ -1167,11 +1163,7 @@ func (r *run) catchup(ctx context.Context) error {
 			// Most of the sequences' distance outside the pause; the
 			// barrier carries the rest.
 			if !r.rec.NoCopy {
-				src, err := r.source(ctx)
-				if err != nil {
-					return err
-				}
-				dst, err := r.target(ctx)
+				src, dst, err := r.conns(ctx)
 				if err != nil {
 					return err
 				}
@@ -1969,12 +1961,7 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 	// bucket's writes again (or cannot be asked): a frozen source under a
 	// map that says active would refuse writes with nothing to show why.
 	if sourceOwns {
-		if _, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
-			if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
-				return m.ClearMoving(r.rec.Bucket)
-			}
-			return nil
-		}); err != nil {
+		if err := r.clearMoving(ctx); err != nil {
 			problems = append(problems, "map: "+err.Error())
 		}
 	}
@@ -2009,6 +1996,29 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 		unreachable = true
 	}
 	return problems, unreachable, nil
+}
+
+// clearMoving ends, in the map, the bucket's moving state if this move
+// set it (an edit that changes nothing writes no version).
+func (r *run) clearMoving(ctx context.Context) error {
+	_, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
+		if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
+			return m.ClearMoving(r.rec.Bucket)
+		}
+		return nil
+	})
+	return err
+}
+
+// conns returns the source's and the target's connections.
+func (r *run) conns(ctx context.Context) (src, dst *pgx.Conn, err error) {
+	if src, err = r.source(ctx); err != nil {
+		return nil, nil, err
+	}
+	if dst, err = r.target(ctx); err != nil {
+		return nil, nil, err
+	}
+	return src, dst, nil
 }
 
 // claimsAny reports whether a fence has any state for keys in lo..hi.

@@ -130,11 +130,7 @@ func (r *run) setupReverse(ctx context.Context, src, dst *pgx.Conn) error {
 // subscription enabled.
 func (r *run) startReverse(ctx context.Context) error {
 	rv := r.rec.Reverse
-	src, err := r.source(ctx)
-	if err != nil {
-		return err
-	}
-	dst, err := r.target(ctx)
+	src, dst, err := r.conns(ctx)
 	if err != nil {
 		return err
 	}
@@ -527,12 +523,7 @@ func (r *run) cleanupRollback(ctx context.Context, m *bucketmap.Map, src *pgx.Co
 		sourceOwns = false
 	}
 	if sourceOwns {
-		if _, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
-			if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
-				return m.ClearMoving(r.rec.Bucket)
-			}
-			return nil
-		}); err != nil {
+		if err := r.clearMoving(ctx); err != nil {
 			problems = append(problems, "map: "+err.Error())
 		}
 	}
@@ -584,11 +575,7 @@ func (r *run) reverseBroken(ctx context.Context) (string, error) {
 	if _, err := r.nodes(ctx); err != nil {
 		return "", err
 	}
-	src, err := r.source(ctx)
-	if err != nil {
-		return "", err
-	}
-	dst, err := r.target(ctx)
+	src, dst, err := r.conns(ctx)
 	if err != nil {
 		return "", err
 	}
