@@ -1,8 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/urfave/cli/v2"
 
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/testenv"
@@ -66,4 +71,44 @@ func TestIntegrationEnvironmentVariables(t *testing.T) {
 // names pinned in testdata/env.txt.
 func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {
 	cliutil.CheckEnv(t, newApp(), "testdata/env.txt")
+}
+
+// No command ignores an argument: one more than its ArgsUsage names (any
+// for a command that names none) is a usage error, before anything is
+// connected or changed (`shardctl split 0` split every bucket).
+func TestEveryCommandRefusesExtraArguments(t *testing.T) {
+	var check func(path []string, cmds []*cli.Command)
+	n := 0
+	check = func(path []string, cmds []*cli.Command) {
+		for _, c := range cmds {
+			p := append(path[:len(path):len(path)], c.Name)
+			check(p, c.Subcommands)
+			if c.Action == nil {
+				continue
+			}
+			max, unlimited := cliutil.MaxArgs(c.ArgsUsage)
+			if unlimited {
+				continue
+			}
+			args := append([]string{}, p...)
+			if c.Name == "add" && len(p) == 2 && p[0] == "table" {
+				args = append(args, "--key", "k") // its required flag
+			}
+			for i := 0; i <= max; i++ {
+				args = append(args, fmt.Sprintf("extra%d", i))
+			}
+			var out, errb bytes.Buffer
+			app := newApp()
+			app.Writer, app.ErrWriter = &out, &errb
+			code := cliutil.Exec(context.Background(), app, append([]string{"shardctl", "--zk", "127.0.0.1:1"}, args...))
+			if code != cliutil.ExitUsage || !strings.Contains(errb.String(), "argument") || !strings.Contains(errb.String(), fmt.Sprintf("extra%d", max)) {
+				t.Errorf("shardctl %s: exit %d, %q; want a usage error about the extra argument", strings.Join(args, " "), code, errb.String())
+			}
+			n++
+		}
+	}
+	check(nil, newApp().Commands)
+	if n < 30 {
+		t.Fatalf("only %d commands checked", n)
+	}
 }

@@ -383,6 +383,54 @@ func CheckEnv(t T, app *cli.App, golden string) {
 	}
 }
 
+// MaxArgs reads a command's ArgsUsage: how many arguments it takes at
+// most, or unlimited ("UID...", "[ID...]"). A flag and the word after it
+// ("--to NODE") and a parenthesised note are not arguments; "[X]" counts
+// as one.
+func MaxArgs(usage string) (n int, unlimited bool) {
+	for {
+		i := strings.Index(usage, "(")
+		j := strings.Index(usage, ")")
+		if i < 0 || j < i {
+			break
+		}
+		usage = usage[:i] + usage[j+1:]
+	}
+	words := strings.Fields(usage)
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		switch {
+		case strings.HasPrefix(w, "-"):
+			i++ // the flag's value
+		case strings.Contains(w, "..."):
+			return n, true
+		default:
+			n++
+		}
+	}
+	return n, false
+}
+
+// argsChecked refuses, as a usage error, more arguments than the command's
+// ArgsUsage names (none when it names none), before its action runs: an
+// argument a command ignores silently (`shardctl split 0` split every
+// bucket) is an operator's mistake let through.
+func argsChecked(name, usage string, action cli.ActionFunc) cli.ActionFunc {
+	if action == nil {
+		return nil
+	}
+	max, unlimited := MaxArgs(usage)
+	return func(c *cli.Context) error {
+		if n := c.NArg(); !unlimited && n > max {
+			if max == 0 {
+				return Usagef("%s takes no arguments, got %q", name, c.Args().Slice())
+			}
+			return Usagef("%s takes at most %d argument(s) (%s), got %d: %q", name, max, usage, n, c.Args().Slice())
+		}
+		return action(c)
+	}
+}
+
 // Run runs app with os.Args and exits with the status Exec returns.
 func Run(app *cli.App) {
 	os.Exit(Exec(context.Background(), app, os.Args))
@@ -403,9 +451,9 @@ func Exec(ctx context.Context, app *cli.App, args []string) int {
 		return func(c *cli.Context) error { started = true; return action(c) }
 	}
 	usage := func(_ *cli.Context, err error, _ bool) error { return usageError{err} }
-	walk(EnvAll(app), func(_ []string, _ []cli.Flag, cmd *cli.Command) {
+	walk(EnvAll(app), func(path []string, _ []cli.Flag, cmd *cli.Command) {
 		if cmd != nil {
-			cmd.OnUsageError, cmd.Action = usage, start(cmd.Action)
+			cmd.OnUsageError, cmd.Action = usage, start(argsChecked(strings.Join(path, " "), cmd.ArgsUsage, cmd.Action))
 		}
 	})
 	app.OnUsageError, app.Action = usage, start(app.Action)

@@ -56,7 +56,7 @@ func TestExecExitStatus(t *testing.T) {
 		return &cli.App{Name: "x", Writer: stdout, ErrWriter: stderr,
 			Flags: []cli.Flag{&cli.StringFlag{Name: "zk"}},
 			Commands: []*cli.Command{
-				{Name: "ok", Flags: []cli.Flag{&cli.IntFlag{Name: "n"}}, Action: func(c *cli.Context) error {
+				{Name: "ok", ArgsUsage: "[ARG]", Flags: []cli.Flag{&cli.IntFlag{Name: "n"}}, Action: func(c *cli.Context) error {
 					stdout.WriteString(c.String("zk") + " " + c.Args().First() + " " + c.String("n"))
 					return nil
 				}},
@@ -65,7 +65,7 @@ func TestExecExitStatus(t *testing.T) {
 				{Name: "wrapped", Action: func(*cli.Context) error {
 					return errors.Join(errors.New("context"), Usagef("inner usage"))
 				}},
-				{Name: "table", Subcommands: []*cli.Command{{Name: "add",
+				{Name: "table", Subcommands: []*cli.Command{{Name: "add", ArgsUsage: "TABLE",
 					Flags:  []cli.Flag{&cli.StringFlag{Name: "key", Required: true}},
 					Action: func(*cli.Context) error { return nil }}}},
 			},
@@ -89,11 +89,36 @@ func TestExecExitStatus(t *testing.T) {
 		{[]string{"table", "add", "t"}, 2, "", "x: usage error: Required flag \"key\" not set\n"},
 		{[]string{"nosuch", "--zk", "h:1"}, 2, "", "x: unknown command \"nosuch\"; see 'x --help'\n"},
 		{[]string{"table", "nosuch"}, 2, "", "x: unknown command \"nosuch\"; see 'x --help'\n"},
+		{[]string{"ok", "a", "b"}, 2, "", "x: usage error: ok takes at most 1 argument(s) ([ARG]), got 2: [\"a\" \"b\"]\n"},
+		{[]string{"fail", "a"}, 2, "", "x: usage error: fail takes no arguments, got [\"a\"]\n"},
+		{[]string{"table", "add", "t", "u", "--key", "k"}, 2, "", "x: usage error: table add takes at most 1 argument(s) (TABLE), got 2: [\"t\" \"u\"]\n"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := Exec(context.Background(), app(&stdout, &stderr), append([]string{"x"}, tc.args...))
 		if code != tc.code || stderr.String() != tc.stderr || (tc.stdout != "" && stdout.String() != tc.stdout) {
 			t.Errorf("x %q: exit %d, stdout %q, stderr %q; want %d, %q, %q", tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
+		}
+	}
+}
+
+func TestMaxArgs(t *testing.T) {
+	for _, tc := range []struct {
+		usage     string
+		n         int
+		unlimited bool
+	}{
+		{"", 0, false},
+		{"ID", 1, false},
+		{"ID DSN", 2, false},
+		{"[plain|gzip]", 1, false},
+		{"BUCKET --to NODE", 1, false},
+		{"[ID...]", 0, true},
+		{"UID... (or one per line on stdin)", 0, true},
+		{"EVENT... (add:ID[=W] down:ID drain:ID up:ID remove:ID weight:ID=W split)", 0, true},
+	} {
+		n, unlimited := MaxArgs(tc.usage)
+		if n != tc.n || unlimited != tc.unlimited {
+			t.Errorf("MaxArgs(%q) = %d, %v; want %d, %v", tc.usage, n, unlimited, tc.n, tc.unlimited)
 		}
 	}
 }
