@@ -95,11 +95,7 @@ func TestFaultsMoveThroughFailover(t *testing.T) {
 			n := l.writes.Load()
 			testenv.WaitFor(t, 60*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the move")
 			acked := l.finish()
-			for uid, v := range base {
-				if _, ok := acked[uid]; !ok {
-					acked[uid] = v
-				}
-			}
+			withSeeded(acked, base)
 			f.checkAcked(acked, l.maybe)
 			t.Logf("%d writes acknowledged, %d gave up (a write that waits out the failover)", l.writes.Load(), l.failed.Load())
 			if left := f.leftovers(); len(left) > 0 {

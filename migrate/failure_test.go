@@ -182,11 +182,7 @@ func TestIntegrationDrainEmptiesNode(t *testing.T) {
 			t.Fatalf("move %+v", r)
 		}
 	}
-	for uid, v := range seeded {
-		if _, ok := acked[uid]; !ok {
-			acked[uid] = v
-		}
-	}
+	withSeeded(acked, seeded)
 	f.checkClean(acked)
 	if _, err := f.st.Update(ctx, func(m *bucketmap.Map) error { return m.RemoveNode("pg3") }); err != nil {
 		t.Fatalf("removing the drained node: %v", err)

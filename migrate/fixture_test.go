@@ -234,6 +234,16 @@ func (l *load) finish() map[string]int64 {
 	return l.acked
 }
 
+// withSeeded adds to acked the seeded rows no acknowledged write changed
+// since (their seeded value is the last one written).
+func withSeeded(acked, seeded map[string]int64) {
+	for uid, v := range seeded {
+		if _, ok := acked[uid]; !ok {
+			acked[uid] = v
+		}
+	}
+}
+
 // checkAcked verifies that every acknowledged write is on the node that
 // owns its user in the current map, with its last acknowledged value or a
 // later one whose write failed without an answer (maybe, nil for none):

@@ -40,11 +40,7 @@ func TestIntegrationMoveUnderLoad(t *testing.T) {
 	if h := m.HistoryOf(1); len(h) != 1 || h[0].Node != "pg1" || h[0].UntilVersion != rec.FlipVersion {
 		t.Fatalf("history %+v", h)
 	}
-	for uid, v := range base {
-		if _, ok := acked[uid]; !ok {
-			acked[uid] = v
-		}
-	}
+	withSeeded(acked, base)
 	f.checkAcked(acked, l.maybe)
 	if left := f.leftovers(); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)

@@ -277,32 +277,13 @@ func clearMarkers(ctx context.Context, c *pgx.Conn, moveID string) error {
 	return err
 }
 
-// querier is what rangeChecks needs: a connection or a transaction.
+// querier is what verification reads through: a connection or a
+// transaction (Begin: its own transaction, or a savepoint).
 type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// rangeChecks counts the range's rows in every table and sums a hash of
-// each row, as JSON so that the column order of the two nodes does not
-// matter: equal multisets of rows give equal sums, in any order.
-func rangeChecks(ctx context.Context, q querier, tables []topo.TableRecord, lo, hi int64) ([]int64, []string, error) {
-	var counts []int64
-	var sums []string
-	for _, t := range tables {
-		var n int64
-		var sum string
-		err := q.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), coalesce(sum(('x' || substr(md5(to_jsonb(t)::text), 1, 15))::bit(60)::bigint::numeric), 0)::text
-			FROM %s t WHERE %s BETWEEN $1 AND $2`, ident(t.Name), ident(t.KeyColumn)), lo, hi).Scan(&n, &sum)
-		if err != nil {
-			return nil, nil, fmt.Errorf("checking %s: %w", t.Name, err)
-		}
-		counts = append(counts, n)
-		sums = append(sums, sum)
-	}
-	return counts, sums, nil
 }
 
 // ReplicationObjects lists the moves' replication objects in the connected

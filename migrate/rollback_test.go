@@ -91,11 +91,7 @@ func TestIntegrationRollbackKeepsEveryWrite(t *testing.T) {
 	if l.failed.Load() > 0 {
 		t.Fatalf("%d writes failed: %s", l.failed.Load(), *l.lastErr.Load())
 	}
-	for uid, v := range base {
-		if _, ok := acked[uid]; !ok {
-			acked[uid] = v
-		}
-	}
+	withSeeded(acked, base)
 	f.checkAcked(acked, l.maybe)
 	if left := f.leftovers(); len(left) > 0 {
 		t.Fatalf("left behind: %v", left)
@@ -216,11 +212,7 @@ func testDivergingTargets(t *testing.T, cases []struct{ name, body, when, want s
 			n := l.writes.Load()
 			testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the rollback")
 			acked := l.finish()
-			for uid, v := range base {
-				if _, ok := acked[uid]; !ok {
-					acked[uid] = v
-				}
-			}
+			withSeeded(acked, base)
 			f.checkAcked(acked, l.maybe)
 			if left := f.leftovers(); len(left) > 0 {
 				t.Fatalf("left behind: %v", left)
@@ -302,11 +294,7 @@ func TestFaultsWatcherHealsRollbackKilledInEveryState(t *testing.T) {
 	}
 	acked := l.finish()
 	t.Logf("load: %d writes acknowledged, %d failed", l.writes.Load(), l.failed.Load())
-	for uid, v := range seeded {
-		if _, ok := acked[uid]; !ok {
-			acked[uid] = v
-		}
-	}
+	withSeeded(acked, seeded)
 	f.checkAcked(acked, l.maybe)
 }
 
