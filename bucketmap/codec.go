@@ -61,18 +61,33 @@ func fromRecord(r *MapRecord) (*Map, error) {
 	if err != nil {
 		return nil, fmt.Errorf("owners: not base64: %v", err)
 	}
-	if len(raw) != 2*m.Buckets() {
-		return nil, fmt.Errorf("owners: %d bytes, want %d (2 per bucket at level %d)", len(raw), 2*m.Buckets(), m.Level)
-	}
-	m.owners = make([]uint16, m.Buckets())
-	for b := range m.owners {
-		m.owners[b] = binary.BigEndian.Uint16(raw[2*b:])
+	if r.Depths == "" {
+		if r.Version >= MapFormatMixed {
+			return nil, fmt.Errorf("format version %d lists the depths of its buckets, and this record has none (a map at one depth is format version 1)", r.Version)
+		}
+		if len(raw) != 2*m.Slots() {
+			return nil, fmt.Errorf("owners: %d bytes, want %d (2 per bucket at level %d)", len(raw), 2*m.Slots(), m.Level)
+		}
+		m.owners = make([]uint16, m.Slots())
+		for b := range m.owners {
+			m.owners[b] = binary.BigEndian.Uint16(raw[2*b:])
+		}
+	} else if err := m.decodeMixed(r, raw); err != nil {
+		return nil, err
 	}
 	for _, br := range r.Buckets {
-		if _, dup := m.meta[br.Bucket]; dup {
-			return nil, fmt.Errorf("bucket %d is listed twice", br.Bucket)
+		b := Bucket{br.Bucket, m.Level}
+		if br.Level != 0 {
+			b.Depth = br.Level
 		}
-		m.meta[br.Bucket] = BucketMeta{State: BucketState(br.State), Target: NodeID(br.Target), Move: br.Move, Since: br.Since, DataLost: br.DataLost}
+		if !m.Has(b) {
+			return nil, fmt.Errorf("buckets: %v", m.notABucket(b))
+		}
+		lo, _ := m.SlotsOf(b)
+		if _, dup := m.meta[lo]; dup {
+			return nil, fmt.Errorf("bucket %s is listed twice", b)
+		}
+		m.meta[lo] = BucketMeta{State: BucketState(br.State), Target: NodeID(br.Target), Move: br.Move, Since: br.Since, DataLost: br.DataLost}
 	}
 	for _, h := range r.History {
 		m.history = append(m.history, Handoff{Lo: h.Lo, Hi: h.Hi, Node: NodeID(h.Node), UntilVersion: h.UntilVersion, At: h.At})
@@ -98,7 +113,7 @@ func EncodeJSON(m *Map) ([]byte, error) {
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("refusing to encode an inconsistent bucket map: %w", err)
 	}
-	rec := MapRecord{Version: MapFormatVersion, MapVersion: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt.UTC()}
+	rec := MapRecord{Version: 1, MapVersion: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt.UTC()}
 	for _, n := range m.nodes {
 		nr := NodeRecord{ID: string(n.ID), DSN: n.DSN, Password: n.Password, Weight: n.Weight, State: string(n.State)}
 		if !n.Patroni.IsZero() {
@@ -106,17 +121,74 @@ func EncodeJSON(m *Map) ([]byte, error) {
 		}
 		rec.Nodes = append(rec.Nodes, nr)
 	}
-	raw := make([]byte, 2*len(m.owners))
-	for b, o := range m.owners {
-		binary.BigEndian.PutUint16(raw[2*b:], o)
+	if m.depth == nil {
+		raw := make([]byte, 2*len(m.owners))
+		for b, o := range m.owners {
+			binary.BigEndian.PutUint16(raw[2*b:], o)
+		}
+		rec.Owners = base64.StdEncoding.EncodeToString(raw)
+	} else {
+		rec.Version = MapFormatMixed
+		raw := make([]byte, 0, 2*m.Buckets())
+		depths := make([]byte, 0, m.Buckets())
+		m.EachBucket(func(b Bucket, lo, _ uint32) bool {
+			raw = binary.BigEndian.AppendUint16(raw, m.owners[lo])
+			depths = append(depths, byte(b.Depth))
+			return true
+		})
+		rec.Owners = base64.StdEncoding.EncodeToString(raw)
+		rec.Depths = base64.StdEncoding.EncodeToString(depths)
 	}
-	rec.Owners = base64.StdEncoding.EncodeToString(raw)
 	for _, b := range m.NonActive() {
-		bm := m.meta[b]
-		rec.Buckets = append(rec.Buckets, BucketRecord{Bucket: b, State: string(bm.State), Target: string(bm.Target), Move: bm.Move, Since: bm.Since, DataLost: bm.DataLost})
+		lo, _ := m.SlotsOf(b)
+		bm := m.meta[lo]
+		br := BucketRecord{Bucket: b.Prefix, State: string(bm.State), Target: string(bm.Target), Move: bm.Move, Since: bm.Since, DataLost: bm.DataLost}
+		if b.Depth != m.Level {
+			br.Level = b.Depth
+		}
+		rec.Buckets = append(rec.Buckets, br)
 	}
 	for _, h := range m.history {
 		rec.History = append(rec.History, HandoffRecord{Lo: h.Lo, Hi: h.Hi, Node: string(h.Node), UntilVersion: h.UntilVersion, At: h.At.UTC()})
 	}
 	return topo.EncodeCompact(rec)
+}
+
+// decodeMixed builds the directory of a format version 2 record: one owner
+// and one depth per bucket, in key order.
+func (m *Map) decodeMixed(r *MapRecord, raw []byte) error {
+	if r.Version < MapFormatMixed {
+		return fmt.Errorf("depths: a map of mixed depths is format version %d, not %d", MapFormatMixed, r.Version)
+	}
+	depths, err := base64.StdEncoding.DecodeString(r.Depths)
+	if err != nil {
+		return fmt.Errorf("depths: not base64: %v", err)
+	}
+	if len(raw) != 2*len(depths) {
+		return fmt.Errorf("owners: %d bytes for %d buckets (depths), want 2 per bucket", len(raw), len(depths))
+	}
+	m.owners = make([]uint16, m.Slots())
+	m.depth = make([]uint8, m.Slots())
+	s := 0
+	for i, d := range depths {
+		if int(d) > m.Level {
+			return fmt.Errorf("depths: bucket %d in key order is at depth %d, deeper than the map's level %d", i, d, m.Level)
+		}
+		run := 1 << (m.Level - int(d))
+		if s+run > m.Slots() {
+			return fmt.Errorf("depths: the buckets cover more than the key space (bucket %d in key order ends past slot %d)", i, m.Slots()-1)
+		}
+		if s%run != 0 {
+			return fmt.Errorf("depths: bucket %d in key order is at depth %d but starts at slot %d, not a multiple of %d", i, d, s, run)
+		}
+		o := binary.BigEndian.Uint16(raw[2*i:])
+		for t := s; t < s+run; t++ {
+			m.owners[t], m.depth[t] = o, d
+		}
+		s += run
+	}
+	if s != m.Slots() {
+		return fmt.Errorf("depths: the buckets cover %d of the %d slots at level %d", s, m.Slots(), m.Level)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package bucketmap
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 )
@@ -45,7 +46,7 @@ func New(level int, nodes []Node, at time.Time) (*Map, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.owners = make([]uint16, m.Buckets())
+	m.owners = make([]uint16, m.Slots())
 	b := 0
 	for i, k := range t {
 		for range k {
@@ -64,11 +65,12 @@ func (m *Map) mustIndex(id NodeID) (int, error) {
 	return i, nil
 }
 
-func (m *Map) checkBucket(b uint32) error {
-	if int64(b) >= int64(m.Buckets()) {
-		return fmt.Errorf("%w: bucket %d, the map has %d buckets (0..%d) at level %d", ErrBucketRange, b, m.Buckets(), m.Buckets()-1, m.Level)
+func (m *Map) checkBucket(b Bucket) (lo, hi uint32, err error) {
+	if !m.Has(b) {
+		return 0, 0, m.notABucket(b)
 	}
-	return nil
+	lo, hi = m.SlotsOf(b)
+	return lo, hi, nil
 }
 
 // AddNode adds a db node to the registry. It owns nothing until the
@@ -197,18 +199,12 @@ func (m *Map) RemoveNode(id NodeID) error {
 	if err != nil {
 		return err
 	}
-	owned := 0
-	for _, o := range m.owners {
-		if int(o) == i {
-			owned++
-		}
-	}
-	if owned > 0 {
+	if owned := m.Counts()[id]; owned > 0 {
 		return fmt.Errorf("node %s still owns %d buckets; drain it first (shardctl node drain, then rebalance)", id, owned)
 	}
-	for b, bm := range m.meta {
+	for s, bm := range m.meta {
 		if bm.State == BucketMoving && bm.Target == id {
-			return fmt.Errorf("node %s is the target of the move of bucket %d", id, b)
+			return fmt.Errorf("node %s is the target of the move of bucket %s", id, m.Name(m.BucketAt(s)))
 		}
 	}
 	m.nodes[i].State = NodeRemoved
@@ -257,128 +253,204 @@ type AssignOptions struct {
 
 // Assign makes to the owner of bucket b. The previous owner goes into the
 // bucket's history with this map version and UpdatedAt, for GC.
-func (m *Map) Assign(b uint32, to NodeID, opt AssignOptions) error {
-	if err := m.checkBucket(b); err != nil {
+func (m *Map) Assign(b Bucket, to NodeID, opt AssignOptions) error {
+	lo, hi, err := m.checkBucket(b)
+	if err != nil {
 		return err
 	}
 	ti, err := m.mustIndex(to)
 	if err != nil {
 		return err
 	}
-	from := m.owners[b]
+	from := m.owners[lo]
 	if int(from) == ti {
-		return fmt.Errorf("bucket %d is already owned by %s", b, to)
+		return fmt.Errorf("bucket %s is already owned by %s", m.Name(b), to)
 	}
-	bm := m.meta[b]
+	bm := m.meta[lo]
 	if bm.State == BucketMoving && !opt.Force && bm.Target != to {
-		return fmt.Errorf("bucket %d is moving to %s (move %s); use --force to override", b, bm.Target, bm.Move)
+		return fmt.Errorf("bucket %s is moving to %s (move %s); use --force to override", m.Name(b), bm.Target, bm.Move)
 	}
 	if s := m.nodes[ti].State; s != NodeActive && (!opt.Force || s == NodeRemoved) {
 		return fmt.Errorf("node %s is %s; buckets go only to active nodes", to, s)
 	}
-	m.history = append(m.history, Handoff{Lo: b, Hi: b, Node: m.nodes[from].ID, UntilVersion: m.Version, At: m.UpdatedAt})
-	m.forget(to, b)
-	m.owners[b] = uint16(ti)
-	m.setMeta(b, BucketMeta{DataLost: bm.DataLost || opt.NoCopy})
+	m.history = append(m.history, Handoff{Lo: lo, Hi: hi, Node: m.nodes[from].ID, UntilVersion: m.Version, At: m.UpdatedAt})
+	m.forget(to, lo, hi)
+	for s := lo; s <= hi; s++ {
+		m.owners[s] = uint16(ti)
+	}
+	m.setMeta(lo, BucketMeta{DataLost: bm.DataLost || opt.NoCopy})
 	return nil
 }
 
-// forget removes bucket b from node's history: it owns b again, so GC must
-// not treat its rows there as leftovers.
-func (m *Map) forget(node NodeID, b uint32) {
+// forget removes slots lo..hi from node's history: it owns them again, so
+// GC must not treat its rows there as leftovers.
+func (m *Map) forget(node NodeID, lo, hi uint32) {
 	out := m.history[:0:0]
 	for _, h := range m.history {
-		if h.Node != node || b < h.Lo || b > h.Hi {
+		if h.Node != node || hi < h.Lo || lo > h.Hi {
 			out = append(out, h)
 			continue
 		}
-		if h.Lo < b {
+		if h.Lo < lo {
 			l := h
-			l.Hi = b - 1
+			l.Hi = lo - 1
 			out = append(out, l)
 		}
-		if b < h.Hi {
+		if hi < h.Hi {
 			r := h
-			r.Lo = b + 1
+			r.Lo = hi + 1
 			out = append(out, r)
 		}
 	}
 	m.history = out
 }
 
-func (m *Map) setMeta(b uint32, bm BucketMeta) {
+func (m *Map) setMeta(s uint32, bm BucketMeta) {
 	if bm.State == "" {
 		bm.State = BucketActive
 	}
 	if bm.plain() {
-		delete(m.meta, b)
+		delete(m.meta, s)
 		return
 	}
-	m.meta[b] = bm
+	m.meta[s] = bm
 }
 
 // SetMoving puts bucket b into the write pause of a move to target.
-func (m *Map) SetMoving(b uint32, target NodeID, moveID string) error {
-	if err := m.checkBucket(b); err != nil {
+func (m *Map) SetMoving(b Bucket, target NodeID, moveID string) error {
+	lo, _, err := m.checkBucket(b)
+	if err != nil {
 		return err
 	}
 	ti, err := m.mustIndex(target)
 	if err != nil {
 		return err
 	}
-	if int(m.owners[b]) == ti {
-		return fmt.Errorf("bucket %d is already owned by %s", b, target)
+	if int(m.owners[lo]) == ti {
+		return fmt.Errorf("bucket %s is already owned by %s", m.Name(b), target)
 	}
 	if m.nodes[ti].State != NodeActive {
 		return fmt.Errorf("node %s is %s; buckets move only to active nodes", target, m.nodes[ti].State)
 	}
-	bm := m.meta[b]
+	bm := m.meta[lo]
 	if bm.State == BucketMoving && bm.Move != moveID {
-		return fmt.Errorf("bucket %d is already moving to %s (move %s)", b, bm.Target, bm.Move)
+		return fmt.Errorf("bucket %s is already moving to %s (move %s)", m.Name(b), bm.Target, bm.Move)
 	}
 	if moveID == "" {
 		return errors.New("a move needs an id")
 	}
-	m.setMeta(b, BucketMeta{State: BucketMoving, Target: target, Move: moveID, Since: m.Version, DataLost: bm.DataLost})
+	m.setMeta(lo, BucketMeta{State: BucketMoving, Target: target, Move: moveID, Since: m.Version, DataLost: bm.DataLost})
 	return nil
 }
 
 // ClearMoving ends bucket b's write pause without changing its owner (an
 // aborted move).
-func (m *Map) ClearMoving(b uint32) error {
-	if err := m.checkBucket(b); err != nil {
+func (m *Map) ClearMoving(b Bucket) error {
+	lo, _, err := m.checkBucket(b)
+	if err != nil {
 		return err
 	}
-	bm := m.meta[b]
-	m.setMeta(b, BucketMeta{DataLost: bm.DataLost})
+	bm := m.meta[lo]
+	m.setMeta(lo, BucketMeta{DataLost: bm.DataLost})
 	return nil
 }
 
-// Split doubles the bucket count: bucket k becomes 2k and 2k+1 with the
-// same owner, flags and history, so every user stays on the same node and
-// no data moves. It refuses while a bucket is moving.
+// Split doubles the bucket count: every bucket becomes its two halves one
+// level deeper, with the same owner, flags and history, so every user
+// stays on the same node and no data moves. On a map at one depth bucket
+// k becomes 2k and 2k+1. It refuses while a bucket is moving.
 func (m *Map) Split() error {
 	if m.Level >= MaxLevel {
 		return fmt.Errorf("level %d is the maximum; cannot split", MaxLevel)
 	}
-	for b, bm := range m.meta {
+	for s, bm := range m.meta {
 		if bm.State == BucketMoving {
-			return fmt.Errorf("bucket %d is moving to %s; finish or abort its move before splitting", b, bm.Target)
+			return fmt.Errorf("bucket %s is moving to %s; finish or abort its move before splitting", m.Name(m.BucketAt(s)), bm.Target)
 		}
 	}
-	owners := make([]uint16, 2*len(m.owners))
-	for b, o := range m.owners {
-		owners[2*b], owners[2*b+1] = o, o
+	n := m.Buckets()
+	m.deepen()
+	for s := range m.depth {
+		m.depth[s]++
 	}
-	meta := make(map[uint32]BucketMeta, 2*len(m.meta))
-	for b, bm := range m.meta {
-		meta[2*b], meta[2*b+1] = bm, bm
+	m.nbuckets = 2 * n
+	// Each half of a bucket keeps its flags: the first half's are at
+	// the doubled slot already, the second half starts half a run on.
+	for s, bm := range maps.Clone(m.meta) {
+		_, hi := m.SlotsOf(m.BucketAt(s))
+		m.meta[hi+1] = bm
+	}
+	m.normalize()
+	return nil
+}
+
+// deepen doubles the directory (Level+1) without changing any bucket:
+// every slot becomes two with its owner and depth, and the slot numbers
+// kept in state and history double.
+func (m *Map) deepen() {
+	owners := make([]uint16, 2*len(m.owners))
+	for s, o := range m.owners {
+		owners[2*s], owners[2*s+1] = o, o
+	}
+	if m.depth != nil {
+		depth := make([]uint8, 2*len(m.depth))
+		for s, d := range m.depth {
+			depth[2*s], depth[2*s+1] = d, d
+		}
+		m.depth = depth
+	} else {
+		// Every bucket stays at the old level, now one shallower than
+		// the directory.
+		m.depth = make([]uint8, len(owners))
+		for s := range m.depth {
+			m.depth[s] = uint8(m.Level)
+		}
+	}
+	meta := make(map[uint32]BucketMeta, len(m.meta))
+	for s, bm := range m.meta {
+		meta[2*s] = bm
 	}
 	for i := range m.history {
 		m.history[i].Lo, m.history[i].Hi = 2*m.history[i].Lo, 2*m.history[i].Hi+1
 	}
 	m.owners, m.meta = owners, meta
 	m.Level++
+}
+
+// SplitBucket splits bucket b alone into its two halves one level deeper
+// (Bucket.Halves), both on b's owner with b's flags and history, so that
+// no data moves and either half can then move on its own. Every other
+// bucket is unchanged. It refuses while b is moving, and at MaxLevel.
+func (m *Map) SplitBucket(b Bucket) error {
+	lo, _, err := m.checkBucket(b)
+	if err != nil {
+		return err
+	}
+	if bm := m.meta[lo]; bm.State == BucketMoving {
+		return fmt.Errorf("bucket %s is moving to %s (move %s); finish or abort its move before splitting it", m.Name(b), bm.Target, bm.Move)
+	}
+	if b.Depth >= MaxLevel {
+		return fmt.Errorf("bucket %s is at depth %d, the maximum; cannot split it", m.Name(b), MaxLevel)
+	}
+	n := m.Buckets()
+	if b.Depth == m.Level {
+		m.deepen()
+	}
+	lo, hi := m.SlotsOf(b)
+	if m.depth == nil {
+		m.depth = make([]uint8, m.Slots())
+		for s := range m.depth {
+			m.depth[s] = uint8(m.Level)
+		}
+	}
+	for s := lo; s <= hi; s++ {
+		m.depth[s] = uint8(b.Depth + 1)
+	}
+	if bm, ok := m.meta[lo]; ok {
+		m.meta[lo+(hi-lo+1)/2] = bm
+	}
+	m.nbuckets = n + 1
+	m.normalize()
 	return nil
 }
 

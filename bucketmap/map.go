@@ -154,30 +154,48 @@ type Map struct {
 	// was switched to (Store.SetEncoding). "" is plain.
 	Encoding MapEncoding
 
-	nodes   []Node // registry in insertion order; owners index into it
-	index   map[NodeID]int
-	owners  []uint16
+	nodes []Node // registry in insertion order; owners index into it
+	index map[NodeID]int
+	// owners is the directory: one entry per slot, 2^Level of them. A
+	// bucket shallower than Level covers a run of slots that all name
+	// its owner, so that a lookup is one index whatever the depths.
+	owners []uint16
+	// depth is the depth of the bucket covering each slot, nil when every
+	// bucket is at Level (then a slot is a bucket).
+	depth    []uint8
+	nbuckets int
+	// meta is keyed by a bucket's first slot.
 	meta    map[uint32]BucketMeta
 	history []Handoff
 }
 
-// Buckets is the number of buckets, 2^Level.
-func (m *Map) Buckets() int { return 1 << m.Level }
+// Buckets is the number of buckets: 2^Level at one depth, fewer when
+// some are shallower (Slots is the directory's size).
+func (m *Map) Buckets() int {
+	if m.depth == nil {
+		return 1 << m.Level
+	}
+	return m.nbuckets
+}
 
-// Owner returns the node that owns bucket b. b must be < Buckets().
-func (m *Map) Owner(b uint32) NodeID { return m.nodes[m.owners[b]].ID }
+// Owner returns the node that owns directory slot s (< Slots()): on a map
+// at one depth, bucket s.
+func (m *Map) Owner(s uint32) NodeID { return m.nodes[m.owners[s]].ID }
 
-// OwnerIndex returns the registry index of b's owner: with Nodes() it lets
-// hot paths avoid string work.
-func (m *Map) OwnerIndex(b uint32) int { return int(m.owners[b]) }
+// OwnerIndex returns the registry index of slot s's owner: with Nodes()
+// it lets hot paths avoid string work.
+func (m *Map) OwnerIndex(s uint32) int { return int(m.owners[s]) }
 
-// OwnerIndexes returns every bucket's owner as an index into Nodes(): the
+// OwnerIndexes returns every slot's owner as an index into Nodes(): the
 // router's hot path reads it directly. Do not modify it.
 func (m *Map) OwnerIndexes() []uint16 { return m.owners }
 
-// Meta returns bucket b's state beyond its owner.
-func (m *Map) Meta(b uint32) BucketMeta {
-	if bm, ok := m.meta[b]; ok {
+// Meta returns the state beyond its owner of the bucket covering slot s.
+func (m *Map) Meta(s uint32) BucketMeta {
+	if m.depth != nil {
+		s, _ = m.SlotsOf(m.BucketAt(s))
+	}
+	if bm, ok := m.meta[s]; ok {
 		if bm.State == "" {
 			bm.State = BucketActive
 		}
@@ -201,32 +219,45 @@ func (m *Map) Node(id NodeID) (Node, bool) {
 // History returns the handoffs still recorded, oldest first.
 func (m *Map) History() []Handoff { return m.history }
 
-// HistoryOf returns the handoffs that cover bucket b.
-func (m *Map) HistoryOf(b uint32) []Handoff {
+// HistoryOf returns the handoffs that cover slot s (history ranges are in
+// slots: on a map at one depth, buckets).
+func (m *Map) HistoryOf(s uint32) []Handoff {
 	var out []Handoff
 	for _, h := range m.history {
-		if h.Lo <= b && b <= h.Hi {
+		if h.Lo <= s && s <= h.Hi {
 			out = append(out, h)
 		}
 	}
 	return out
 }
 
-// NonActive returns the buckets whose state is not plain active, in order.
-func (m *Map) NonActive() []uint32 {
-	out := make([]uint32, 0, len(m.meta))
-	for b := range m.meta {
-		out = append(out, b)
+// NonActive returns the buckets whose state is not plain active, in key
+// order.
+func (m *Map) NonActive() []Bucket {
+	keys := make([]uint32, 0, len(m.meta))
+	for s := range m.meta {
+		keys = append(keys, s)
 	}
-	slices.Sort(out)
+	slices.Sort(keys)
+	out := make([]Bucket, len(keys))
+	for i, s := range keys {
+		out[i] = m.BucketAt(s)
+	}
 	return out
 }
 
 // Counts returns how many buckets each node owns.
 func (m *Map) Counts() map[NodeID]int {
 	c := make([]int, len(m.nodes))
-	for _, o := range m.owners {
-		c[o]++
+	if m.depth == nil {
+		for _, o := range m.owners {
+			c[o]++
+		}
+	} else {
+		m.EachBucket(func(_ Bucket, lo, _ uint32) bool {
+			c[m.owners[lo]]++
+			return true
+		})
 	}
 	out := make(map[NodeID]int, len(m.nodes))
 	for i, n := range m.nodes {
@@ -235,9 +266,9 @@ func (m *Map) Counts() map[NodeID]int {
 	return out
 }
 
-// BucketOf returns the bucket of a user id at this map's level.
-func (m *Map) BucketOf(ks *keystream.Keystream, uid string) uint32 {
-	return keystream.BucketOf(ks.Prefix64(uid), m.Level)
+// BucketOf returns the bucket of a user id.
+func (m *Map) BucketOf(ks *keystream.Keystream, uid string) Bucket {
+	return m.BucketOfPrefix(ks.Prefix64(uid))
 }
 
 // Clone returns a deep copy to edit.
@@ -249,6 +280,10 @@ func (m *Map) Clone() *Map {
 		c.index[k] = v
 	}
 	c.owners = append([]uint16(nil), m.owners...)
+	if m.depth != nil {
+		c.depth = append([]uint8(nil), m.depth...)
+	}
+	c.nbuckets = m.nbuckets
 	c.meta = make(map[uint32]BucketMeta, len(m.meta))
 	for k, v := range m.meta {
 		c.meta[k] = v
@@ -426,53 +461,61 @@ func (m *Map) Validate() error {
 	if len(m.index) != len(m.nodes) {
 		return fmt.Errorf("node index out of step with the registry")
 	}
-	if len(m.owners) != m.Buckets() {
-		return fmt.Errorf("%d owners for %d buckets (level %d)", len(m.owners), m.Buckets(), m.Level)
+	if len(m.owners) != m.Slots() {
+		return fmt.Errorf("%d owners for %d slots (level %d)", len(m.owners), m.Slots(), m.Level)
+	}
+	if err := m.validateDepths(); err != nil {
+		return err
 	}
 	for b, o := range m.owners {
 		if int(o) >= len(m.nodes) {
-			return fmt.Errorf("bucket %d: owner index %d is not in the registry (%d nodes)", b, o, len(m.nodes))
+			return fmt.Errorf("bucket %s: owner index %d is not in the registry (%d nodes)", m.Name(m.BucketAt(uint32(b))), o, len(m.nodes))
 		}
 		if m.nodes[o].State == NodeRemoved {
-			return fmt.Errorf("bucket %d is owned by removed node %s", b, m.nodes[o].ID)
+			return fmt.Errorf("bucket %s is owned by removed node %s", m.Name(m.BucketAt(uint32(b))), m.nodes[o].ID)
 		}
 	}
-	for b, bm := range m.meta {
-		if int64(b) >= int64(m.Buckets()) {
-			return fmt.Errorf("bucket %d has state but the map has only %d buckets", b, m.Buckets())
+	for s, bm := range m.meta {
+		if int64(s) >= int64(m.Slots()) {
+			return fmt.Errorf("bucket %d has state but the map has only %d buckets", s, m.Slots())
 		}
+		bk := m.BucketAt(s)
+		if lo, _ := m.SlotsOf(bk); lo != s {
+			return fmt.Errorf("state recorded at slot %d, inside bucket %s, not at its start", s, bk)
+		}
+		b := m.Name(bk)
 		switch bm.State {
 		case "", BucketActive:
 			if bm.Target != "" || bm.Move != "" {
-				return fmt.Errorf("bucket %d is active but names a move target or id", b)
+				return fmt.Errorf("bucket %s is active but names a move target or id", b)
 			}
 			if !bm.DataLost {
-				return fmt.Errorf("bucket %d: plain active buckets are not listed", b)
+				return fmt.Errorf("bucket %s: plain active buckets are not listed", b)
 			}
 		case BucketMoving:
 			t, ok := m.index[bm.Target]
 			if !ok {
-				return fmt.Errorf("bucket %d is moving to unknown node %q", b, bm.Target)
+				return fmt.Errorf("bucket %s is moving to unknown node %q", b, bm.Target)
 			}
-			if int(m.owners[b]) == t {
-				return fmt.Errorf("bucket %d is moving to its own owner %s", b, bm.Target)
+			if int(m.owners[s]) == t {
+				return fmt.Errorf("bucket %s is moving to its own owner %s", b, bm.Target)
 			}
 			if m.nodes[t].State == NodeRemoved {
-				return fmt.Errorf("bucket %d is moving to removed node %s", b, bm.Target)
+				return fmt.Errorf("bucket %s is moving to removed node %s", b, bm.Target)
 			}
 			if bm.Move == "" {
-				return fmt.Errorf("bucket %d is moving but names no move id", b)
+				return fmt.Errorf("bucket %s is moving but names no move id", b)
 			}
 		default:
-			return fmt.Errorf("bucket %d: state %q is not active or moving", b, bm.State)
+			return fmt.Errorf("bucket %s: state %q is not active or moving", b, bm.State)
 		}
 		if bm.Since > m.Version {
-			return fmt.Errorf("bucket %d: state since map version %d, after the map's version %d", b, bm.Since, m.Version)
+			return fmt.Errorf("bucket %s: state since map version %d, after the map's version %d", b, bm.Since, m.Version)
 		}
 	}
 	for i, h := range m.history {
-		if h.Lo > h.Hi || int64(h.Hi) >= int64(m.Buckets()) {
-			return fmt.Errorf("history entry %d: bucket range %d..%d outside 0..%d", i, h.Lo, h.Hi, m.Buckets()-1)
+		if h.Lo > h.Hi || int64(h.Hi) >= int64(m.Slots()) {
+			return fmt.Errorf("history entry %d: bucket range %d..%d outside 0..%d", i, h.Lo, h.Hi, m.Slots()-1)
 		}
 		if _, ok := m.index[h.Node]; !ok {
 			return fmt.Errorf("history entry %d names unknown node %q", i, h.Node)

@@ -108,10 +108,10 @@ func TestRoundTripAndSize(t *testing.T) {
 		m = bump(m)
 		// Some state to carry: a move, lost data, history.
 		if tc.level > 0 {
-			if err := m.SetMoving(0, m.Owner(uint32(m.Buckets()-1)), "mv-1"); err != nil {
+			if err := m.SetMoving(at(m, 0), m.Owner(uint32(m.Buckets()-1)), "mv-1"); err != nil {
 				t.Fatal(err)
 			}
-			if err := m.Assign(uint32(m.Buckets()-1), m.Owner(0), AssignOptions{NoCopy: true}); err != nil {
+			if err := m.Assign(at(m, uint32(m.Buckets()-1)), m.Owner(0), AssignOptions{NoCopy: true}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -148,7 +148,7 @@ func TestRoundTripAndSize(t *testing.T) {
 // which is what the map file embeds.
 func TestDecodeRecordBothForms(t *testing.T) {
 	m := bump(mustNew(t, 8, nodes(5)))
-	if err := m.SetMoving(3, m.Owner(200), "mv-1"); err != nil {
+	if err := m.SetMoving(at(m, 3), m.Owner(200), "mv-1"); err != nil {
 		t.Fatal(err)
 	}
 	plain, err := Encode(m)
@@ -204,10 +204,10 @@ func TestDecodeCorruptCompressed(t *testing.T) {
 // rec returns a good record to corrupt.
 func rec(t *testing.T) *MapRecord {
 	m := bump(mustNew(t, 2, nodes(2)))
-	if err := m.Assign(0, "n2", AssignOptions{}); err != nil {
+	if err := m.Assign(at(m, 0), "n2", AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetMoving(3, "n1", "mv-9"); err != nil {
+	if err := m.SetMoving(at(m, 3), "n1", "mv-9"); err != nil {
 		t.Fatal(err)
 	}
 	data, err := Encode(m)
@@ -244,7 +244,7 @@ func TestDecodeRejectsInconsistentMaps(t *testing.T) {
 		{"moving to unknown", func(r *MapRecord) { r.Buckets[0].Target = "ghost" }, `moving to unknown node "ghost"`},
 		{"moving to owner", func(r *MapRecord) { r.Buckets[0].Target = "n2" }, "moving to its own owner"},
 		{"moving without id", func(r *MapRecord) { r.Buckets[0].Move = "" }, "names no move id"},
-		{"bucket out of range", func(r *MapRecord) { r.Buckets[0].Bucket = 4 }, "only 4 buckets"},
+		{"bucket out of range", func(r *MapRecord) { r.Buckets[0].Bucket = 4 }, "bucket 4, the map has 4 buckets"},
 		{"bucket state", func(r *MapRecord) { r.Buckets[0].State = "fenced" }, `state "fenced"`},
 		{"plain bucket listed", func(r *MapRecord) { r.Buckets[0] = BucketRecord{Bucket: 3, State: "active"} }, "plain active"},
 		{"duplicate bucket", func(r *MapRecord) { r.Buckets = append(r.Buckets, r.Buckets[0]) }, "listed twice"},
@@ -340,7 +340,7 @@ func TestSplitKeepsEveryUserOnItsNode(t *testing.T) {
 			b := uint32(rng.IntN(m.Buckets()))
 			to := m.Nodes()[rng.IntN(len(m.Nodes()))].ID
 			if to != m.Owner(b) {
-				if err := m.Assign(b, to, AssignOptions{}); err != nil {
+				if err := m.Assign(at(m, b), to, AssignOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -349,7 +349,7 @@ func TestSplitKeepsEveryUserOnItsNode(t *testing.T) {
 		before := make([]NodeID, len(uids))
 		for i := range uids {
 			uids[i] = fmt.Sprintf("user-%d-%d", trial, rng.Int())
-			before[i] = m.Owner(m.BucketOf(ks, uids[i]))
+			before[i] = m.OwnerOf(m.BucketOf(ks, uids[i]))
 		}
 		hist := len(m.History())
 		for range 1 + rng.IntN(6) {
@@ -364,7 +364,7 @@ func TestSplitKeepsEveryUserOnItsNode(t *testing.T) {
 			}
 		}
 		for i, uid := range uids {
-			if got := m.Owner(m.BucketOf(ks, uid)); got != before[i] {
+			if got := m.OwnerOf(m.BucketOf(ks, uid)); got != before[i] {
 				t.Fatalf("trial %d: %s moved from %s to %s after splitting", trial, uid, before[i], got)
 			}
 		}
@@ -376,7 +376,7 @@ func TestSplitKeepsEveryUserOnItsNode(t *testing.T) {
 
 func TestSplitCarriesHistoryAndFlags(t *testing.T) {
 	m := bump(mustNew(t, 2, nodes(2)))
-	if err := m.Assign(1, "n2", AssignOptions{NoCopy: true}); err != nil {
+	if err := m.Assign(at(m, 1), "n2", AssignOptions{NoCopy: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Split(); err != nil {
@@ -393,7 +393,7 @@ func TestSplitCarriesHistoryAndFlags(t *testing.T) {
 	if h := m.HistoryOf(4); len(h) != 0 {
 		t.Fatalf("bucket 4 history %+v", h)
 	}
-	if err := m.SetMoving(0, "n2", "mv"); err != nil {
+	if err := m.SetMoving(at(m, 0), "n2", "mv"); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Split(); err == nil || !strings.Contains(err.Error(), "moving") {
@@ -407,7 +407,7 @@ func TestSplitCarriesHistoryAndFlags(t *testing.T) {
 
 func TestAssignHistoryAndReturn(t *testing.T) {
 	m := bump(mustNew(t, 2, nodes(3))) // n1: 0,1  n2: 2  n3: 3
-	if err := m.Assign(0, "n2", AssignOptions{}); err != nil {
+	if err := m.Assign(at(m, 0), "n2", AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h := m.HistoryOf(0)
@@ -416,7 +416,7 @@ func TestAssignHistoryAndReturn(t *testing.T) {
 	}
 	// Back to n1: n1 owns it again, so its rows are not leftovers any more.
 	m = bump(m)
-	if err := m.Assign(0, "n1", AssignOptions{}); err != nil {
+	if err := m.Assign(at(m, 0), "n1", AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, h := range m.HistoryOf(0) {
@@ -433,26 +433,26 @@ func TestAssignHistoryAndReturn(t *testing.T) {
 		{0, "ghost", "unknown db node"},
 		{0, "n1", "already owned"},
 	} {
-		if err := m.Assign(tc.b, tc.to, AssignOptions{}); err == nil || !strings.Contains(err.Error(), tc.errHas) {
+		if err := m.Assign(at(m, tc.b), tc.to, AssignOptions{}); err == nil || !strings.Contains(err.Error(), tc.errHas) {
 			t.Errorf("Assign(%d, %s) = %v, want %q", tc.b, tc.to, err, tc.errHas)
 		}
 	}
 	if err := m.Drain("n3"); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Assign(0, "n3", AssignOptions{}); err == nil || !strings.Contains(err.Error(), "draining") {
+	if err := m.Assign(at(m, 0), "n3", AssignOptions{}); err == nil || !strings.Contains(err.Error(), "draining") {
 		t.Fatalf("assign to a draining node: %v", err)
 	}
-	if err := m.SetMoving(1, "n2", "mv-1"); err != nil {
+	if err := m.SetMoving(at(m, 1), "n2", "mv-1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Assign(1, "n3", AssignOptions{}); err == nil || !strings.Contains(err.Error(), "--force") {
+	if err := m.Assign(at(m, 1), "n3", AssignOptions{}); err == nil || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("assign a moving bucket elsewhere: %v", err)
 	}
 	if err := m.Activate("n3"); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Assign(1, "n3", AssignOptions{Force: true}); err != nil {
+	if err := m.Assign(at(m, 1), "n3", AssignOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
 	if m.Meta(1).State != BucketActive {
@@ -479,8 +479,8 @@ func TestMarkDownReassignsByWeightWithoutCopy(t *testing.T) {
 		t.Fatalf("counts after b went down: %v", c)
 	}
 	for _, mv := range re {
-		if !m.Meta(mv.Bucket).DataLost || m.HistoryOf(mv.Bucket)[0].Node != "b" {
-			t.Fatalf("bucket %d not marked lost with b in history", mv.Bucket)
+		if !m.MetaOf(mv.Bucket).DataLost || m.HistoryOf(mv.Prefix)[0].Node != "b" {
+			t.Fatalf("bucket %s not marked lost with b in history", mv.Bucket)
 		}
 	}
 	if err := m.Validate(); err != nil {
@@ -501,7 +501,7 @@ func TestRemoveNodeCompactsOnlyWhenUnreferenced(t *testing.T) {
 		t.Fatalf("remove an owner: %v", err)
 	}
 	for _, b := range []uint32{0, 1} {
-		if err := m.Assign(b, "n2", AssignOptions{}); err != nil {
+		if err := m.Assign(at(m, b), "n2", AssignOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -34,11 +34,12 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
-// Move is one bucket changing owner.
+// Move is one bucket changing owner. In JSON the bucket is "bucket" and
+// "level" (its depth), then "from" and "to".
 type Move struct {
-	Bucket uint32 `json:"bucket"`
-	From   NodeID `json:"from"`
-	To     NodeID `json:"to"`
+	Bucket
+	From NodeID `json:"from"`
+	To   NodeID `json:"to"`
 }
 
 // Plan is the planner's answer for one map version.
@@ -174,18 +175,38 @@ func plan(m *Map) (*Plan, error) {
 	n := len(m.nodes)
 	// Planned owner of each bucket: moving buckets already belong to
 	// their target.
-	owner := make([]int, m.Buckets())
-	movable := make([]bool, m.Buckets())
+	// The planner works on units, the buckets in key order: on a map at
+	// one depth unit u is bucket u.
+	units := m.BucketList()
+	owner := make([]int, len(units))
+	movable := make([]bool, len(units))
 	cur := make([]int, n)
-	for b := range owner {
-		o := int(m.owners[b])
-		movable[b] = true
-		if bm, ok := m.meta[uint32(b)]; ok && bm.State == BucketMoving {
+	for u, b := range units {
+		lo, _ := m.SlotsOf(b)
+		o := int(m.owners[lo])
+		movable[u] = true
+		if bm, ok := m.meta[lo]; ok && bm.State == BucketMoving {
 			o = m.index[bm.Target]
-			movable[b] = false
+			movable[u] = false
 		}
-		owner[b] = o
+		owner[u] = o
 		cur[o]++
+	}
+	// sib[u] is the unit of u's sibling when it is a bucket at u's
+	// depth (the two halves of one parent), else -1.
+	sib := make([]int, len(units))
+	for u, b := range units {
+		sib[u] = -1
+		if b.Depth == 0 {
+			continue
+		}
+		v := u + 1 // in key order a sibling is next to its bucket
+		if b.Prefix&1 == 1 {
+			v = u - 1
+		}
+		if v >= 0 && v < len(units) && units[v] == b.Sibling() {
+			sib[u] = v
+		}
 	}
 	t, err := targets(m, cur)
 	if err != nil {
@@ -200,10 +221,10 @@ func plan(m *Map) (*Plan, error) {
 		lower += excess[i]
 	}
 	// A node's movable buckets, lowest first.
-	mine := make([][]uint32, n)
-	for b, o := range owner {
-		if movable[b] && excess[o] > 0 {
-			mine[o] = append(mine[o], uint32(b))
+	mine := make([][]int, n)
+	for u, o := range owner {
+		if movable[u] && excess[o] > 0 {
+			mine[o] = append(mine[o], u)
 		}
 	}
 	for i := range n {
@@ -278,7 +299,7 @@ func plan(m *Map) (*Plan, error) {
 		}
 		return best
 	}
-	taken := make([]bool, m.Buckets())
+	taken := make([]bool, len(units))
 	for {
 		s := pickSource()
 		if s < 0 {
@@ -288,14 +309,14 @@ func plan(m *Map) (*Plan, error) {
 		if d < 0 {
 			return nil, fmt.Errorf("planner: node %s has buckets to give but no node can take them", m.nodes[s].ID)
 		}
-		b := pickBucket(mine[s], taken, owner, s, d)
+		b := pickBucket(mine[s], taken, owner, sib, s, d)
 		taken[b] = true
 		owner[b] = d
 		excess[s]--
 		deficit[d]--
 		cur[s]--
 		cur[d]++
-		mv := Move{Bucket: b, From: m.nodes[s].ID, To: m.nodes[d].ID}
+		mv := Move{Bucket: units[b], From: m.nodes[s].ID, To: m.nodes[d].ID}
 		if m.nodes[s].State == NodeDown {
 			p.Reassign = append(p.Reassign, mv)
 		} else {
@@ -309,15 +330,15 @@ func plan(m *Map) (*Plan, error) {
 // costs one move; among them it keeps the split structure tidy: first a
 // bucket whose sibling d already owns (the pair reunites), then one whose
 // sibling is elsewhere (no pair is broken), then any; lowest number first.
-func pickBucket(cands []uint32, taken []bool, owner []int, s, d int) uint32 {
-	best, bestScore := uint32(0), 3
+func pickBucket(cands []int, taken []bool, owner, sib []int, s, d int) int {
+	best, bestScore := 0, 3
 	for _, b := range cands {
 		if taken[b] {
 			continue
 		}
 		score := 2
-		if len(owner) > 1 {
-			switch owner[b^1] {
+		if sib[b] >= 0 {
+			switch owner[sib[b]] {
 			case d:
 				score = 0
 			case s:
@@ -344,7 +365,7 @@ func Schedule(plan []Move, inFlight []Move, k int) []Move {
 		k = 1
 	}
 	busy := map[NodeID]bool{}
-	running := map[uint32]bool{}
+	running := map[Bucket]bool{}
 	for _, mv := range inFlight {
 		busy[mv.From], busy[mv.To] = true, true
 		running[mv.Bucket] = true

@@ -80,7 +80,7 @@ func randomCluster(rng *rand.Rand, maxNodes, maxLevel int) *Map {
 		b := uint32(rng.IntN(m.Buckets()))
 		to := m.Nodes()[rng.IntN(n)].ID
 		if to != m.Owner(b) {
-			if err := m.Assign(b, to, AssignOptions{}); err != nil {
+			if err := m.Assign(at(m, b), to, AssignOptions{}); err != nil {
 				panic(err)
 			}
 		}
@@ -144,14 +144,14 @@ func TestPlannerProperties(t *testing.T) {
 		if lb := bruteLowerBound(m); total != lb || p.LowerBound != lb {
 			t.Fatalf("%s: %d changes (plan says lower bound %d), brute-force lower bound %d", label, total, p.LowerBound, lb)
 		}
-		seen := map[uint32]bool{}
+		seen := map[Bucket]bool{}
 		for _, mv := range append(append([]Move{}, p.Reassign...), p.Moves...) {
 			if seen[mv.Bucket] {
-				t.Fatalf("%s: bucket %d moves twice", label, mv.Bucket)
+				t.Fatalf("%s: bucket %s moves twice", label, mv.Bucket)
 			}
 			seen[mv.Bucket] = true
-			if m.Owner(mv.Bucket) != mv.From {
-				t.Fatalf("%s: move %+v, but the owner is %s", label, mv, m.Owner(mv.Bucket))
+			if m.OwnerOf(mv.Bucket) != mv.From {
+				t.Fatalf("%s: move %+v, but the owner is %s", label, mv, m.OwnerOf(mv.Bucket))
 			}
 			if n, _ := m.Node(mv.To); n.State != NodeActive {
 				t.Fatalf("%s: move to %s node %s", label, n.State, mv.To)
@@ -239,7 +239,7 @@ func TestPlannerNoEightVersusSix(t *testing.T) {
 
 func TestPlannerJoinTakesFromMostLoaded(t *testing.T) {
 	m := bump(mustNew(t, 4, []Node{node("a", 1), node("b", 1)})) // 8 / 8
-	if err := m.Assign(0, "b", AssignOptions{}); err != nil {    // a 7, b 9
+	if err := m.Assign(at(m, 0), "b", AssignOptions{}); err != nil {    // a 7, b 9
 		t.Fatal(err)
 	}
 	m = bump(m)
@@ -302,12 +302,12 @@ func TestPlannerLeavesMovingBucketsAlone(t *testing.T) {
 	if err := m.AddNode(node("n3", 1)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetMoving(0, "n3", "mv-1"); err != nil {
+	if err := m.SetMoving(at(m, 0), "n3", "mv-1"); err != nil {
 		t.Fatal(err)
 	}
 	p := planOf(t, m)
 	for _, mv := range p.Moves {
-		if mv.Bucket == 0 {
+		if mv.Prefix == 0 {
 			t.Fatal("planned a bucket that is already moving")
 		}
 	}
@@ -346,7 +346,7 @@ func TestAutoSplit(t *testing.T) {
 }
 
 func TestSchedule(t *testing.T) {
-	plan := []Move{{1, "a", "x"}, {2, "a", "y"}, {3, "b", "x"}, {4, "b", "y"}, {5, "c", "z"}}
+	plan := []Move{{Bucket{1, 3}, "a", "x"}, {Bucket{2, 3}, "a", "y"}, {Bucket{3, 3}, "b", "x"}, {Bucket{4, 3}, "b", "y"}, {Bucket{5, 3}, "c", "z"}}
 	if got := Schedule(plan, nil, 1); !reflect.DeepEqual(got, plan[:1]) {
 		t.Fatalf("k=1: %v", got)
 	}

@@ -13,8 +13,16 @@ import (
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-// MapFormatVersion is the newest bucket map format this build writes.
-const MapFormatVersion = 1
+// MapFormatVersion is the newest bucket map format this build reads and
+// writes. A map at one depth is still written as version 1, byte for byte
+// as before; only a map of mixed depths (single-bucket splits) is
+// version 2, which a reader of an older release refuses as newer than it
+// knows, instead of misreading its owners (docs/bucket-map.md, "Mixed
+// depths").
+const MapFormatVersion = 2
+
+// MapFormatMixed is the first format version that stores mixed depths.
+const MapFormatMixed = 2
 
 // MapRecord is the wire form of the bucket map at topo.Paths.Map(). Decode
 // turns it into a validated Map and Encode back; this struct only fixes
@@ -32,7 +40,11 @@ type MapRecord struct {
 	UpdatedAt  time.Time       `json:"updated_at"`
 	Nodes      []NodeRecord    `json:"nodes"`
 	Owners     string          `json:"owners"`
-	Buckets    []BucketRecord  `json:"buckets,omitempty"`
+	// Depths (format version 2 only) is base64 of one byte per bucket,
+	// in key order: that bucket's depth. Owners then has one entry per
+	// bucket in the same order, not one per slot.
+	Depths  string         `json:"depths,omitempty"`
+	Buckets []BucketRecord `json:"buckets,omitempty"`
 	History    []HandoffRecord `json:"history,omitempty"`
 }
 
@@ -58,7 +70,10 @@ type PatroniRecord struct {
 
 // BucketRecord is a bucket that is not plainly active.
 type BucketRecord struct {
-	Bucket   uint32 `json:"bucket"`
+	Bucket uint32 `json:"bucket"`
+	// Level is the bucket's depth when it is not the map's level (format
+	// version 2); Bucket is its number at that depth.
+	Level    int    `json:"level,omitempty"`
 	State    string `json:"state"`            // active or moving
 	Target   string `json:"target,omitempty"` // moving: the node it moves to
 	Move     string `json:"move,omitempty"`   // moving: the move record id

@@ -25,7 +25,8 @@ type NodeSummary struct {
 
 // BucketSummary is a bucket that is not plainly active.
 type BucketSummary struct {
-	Bucket   uint32      `json:"bucket"`
+	Bucket
+	Name     string      `json:"name"` // as Map.Name gives it: 5, or 5/3 at mixed depths
 	Owner    NodeID      `json:"owner"`
 	State    BucketState `json:"state"`
 	Target   NodeID      `json:"target,omitempty"`
@@ -36,8 +37,12 @@ type BucketSummary struct {
 
 // Summary is what `shardctl status` shows.
 type Summary struct {
-	Version   uint64          `json:"map_version"`
-	Level     int             `json:"level"`
+	Version uint64 `json:"map_version"`
+	// Level is every bucket's depth on a map at one depth, and absent
+	// (nil) at mixed depths; MinDepth and MaxDepth are always set.
+	Level     *int            `json:"level,omitempty"`
+	MinDepth  int             `json:"min_depth"`
+	MaxDepth  int             `json:"max_depth"`
 	Buckets   int             `json:"buckets"`
 	UpdatedAt time.Time       `json:"updated_at"`
 	Nodes     []NodeSummary   `json:"nodes"`
@@ -48,7 +53,11 @@ type Summary struct {
 
 // Summarize reports the map for people and scripts.
 func (m *Map) Summarize() Summary {
-	s := Summary{Version: m.Version, Level: m.Level, Buckets: m.Buckets(), UpdatedAt: m.UpdatedAt, History: len(m.history), Flagged: []BucketSummary{}}
+	s := Summary{Version: m.Version, MinDepth: m.MinDepth(), MaxDepth: m.Level, Buckets: m.Buckets(), UpdatedAt: m.UpdatedAt, History: len(m.history), Flagged: []BucketSummary{}}
+	if m.Uniform() {
+		l := m.Level
+		s.Level = &l
+	}
 	counts := m.Counts()
 	var totalW int
 	for _, n := range m.nodes {
@@ -70,8 +79,8 @@ func (m *Map) Summarize() Summary {
 		s.Nodes = append(s.Nodes, ns)
 	}
 	for _, b := range m.NonActive() {
-		bm := m.Meta(b)
-		s.Flagged = append(s.Flagged, BucketSummary{Bucket: b, Owner: m.Owner(b), State: bm.State, Target: bm.Target, Move: bm.Move, Since: bm.Since, DataLost: bm.DataLost})
+		bm := m.MetaOf(b)
+		s.Flagged = append(s.Flagged, BucketSummary{Bucket: b, Name: m.Name(b), Owner: m.OwnerOf(b), State: bm.State, Target: bm.Target, Move: bm.Move, Since: bm.Since, DataLost: bm.DataLost})
 	}
 	if p, err := plan(m); err == nil {
 		s.Balanced = len(p.Moves)+len(p.Reassign) == 0
@@ -81,7 +90,11 @@ func (m *Map) Summarize() Summary {
 
 // WriteSummary prints a Summary as text.
 func WriteSummary(w io.Writer, s Summary) {
-	fmt.Fprintf(w, "map version %d, level %d (%d buckets), updated %s\n", s.Version, s.Level, s.Buckets, s.UpdatedAt.Format(time.RFC3339))
+	if s.Level != nil {
+		fmt.Fprintf(w, "map version %d, level %d (%d buckets), updated %s\n", s.Version, *s.Level, s.Buckets, s.UpdatedAt.Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(w, "map version %d, mixed depths %d..%d (%d buckets), updated %s\n", s.Version, s.MinDepth, s.MaxDepth, s.Buckets, s.UpdatedAt.Format(time.RFC3339))
+	}
 	fmt.Fprintf(w, "%-16s %-9s %6s %8s %7s %7s  %s\n", "NODE", "STATE", "WEIGHT", "BUCKETS", "SHARE", "FAIR", "DSN")
 	for _, n := range s.Nodes {
 		fair := "-"
@@ -102,7 +115,7 @@ func WriteSummary(w io.Writer, s Summary) {
 				fmt.Fprintf(w, "  ... and %d more (see --json)\n", len(s.Flagged)-20)
 				break
 			}
-			line := fmt.Sprintf("  bucket %d on %s: %s", b.Bucket, b.Owner, b.State)
+			line := fmt.Sprintf("  bucket %s on %s: %s", b.Name, b.Owner, b.State)
 			if b.State == BucketMoving {
 				line += fmt.Sprintf(" to %s (move %s, since map version %d)", b.Target, b.Move, b.Since)
 			}
@@ -118,11 +131,12 @@ func WriteSummary(w io.Writer, s Summary) {
 }
 
 // Grid draws the node-by-bucket picture an operator would sketch: one
-// column per node (removed ones left out), one row per bucket, or per range
-// of buckets when there are more than maxRows. A cell shows # where the
-// node owns the whole row, the count where it owns part, > where buckets
-// of the row are moving to it, and ! after a count when some of them lost
-// their data.
+// column per node (removed ones left out), one row per bucket in key
+// order, or per run of buckets when there are more than maxRows. Rows are
+// named as buckets are (Name), so mixed depths show as the prefix tree
+// they are: 0/3 and 1/3, then 1/2. A cell shows # where the node owns the
+// whole row, the count where it owns part, > where buckets of the row are
+// moving to it, and ! after a count when some of them lost their data.
 func (m *Map) Grid(w io.Writer, maxRows int) {
 	if maxRows <= 0 {
 		maxRows = 32
@@ -137,8 +151,9 @@ func (m *Map) Grid(w io.Writer, maxRows int) {
 	for _, i := range cols {
 		width = max(width, min(len(m.nodes[i].ID), 10)+1)
 	}
-	rows := min(m.Buckets(), maxRows)
-	per := m.Buckets() / rows
+	units := m.BucketList()
+	rows := min(len(units), maxRows)
+	per := (len(units) + rows - 1) / rows
 	label := "bucket"
 	if per > 1 {
 		label = "buckets"
@@ -152,20 +167,21 @@ func (m *Map) Grid(w io.Writer, maxRows int) {
 		fmt.Fprintf(w, "%*s", width, id)
 	}
 	fmt.Fprintln(w)
-	for r := range rows {
-		lo, hi := r*per, (r+1)*per-1
-		name := fmt.Sprint(lo)
-		if per > 1 {
-			name = fmt.Sprintf("%d-%d", lo, hi)
+	for lo := 0; lo < len(units); lo += per {
+		hi := min(lo+per, len(units)) - 1
+		name := m.Name(units[lo])
+		if hi > lo {
+			name += "-" + m.Name(units[hi])
 		}
 		fmt.Fprintf(w, "%-13s", name)
 		own := map[int]int{}
 		in := map[int]int{}
 		lost := map[int]bool{}
-		for b := lo; b <= hi; b++ {
-			o := int(m.owners[b])
+		for _, b := range units[lo : hi+1] {
+			s, _ := m.SlotsOf(b)
+			o := int(m.owners[s])
 			own[o]++
-			if bm, ok := m.meta[uint32(b)]; ok {
+			if bm, ok := m.meta[s]; ok {
 				if bm.State == BucketMoving {
 					in[m.index[bm.Target]]++
 				}
@@ -177,7 +193,7 @@ func (m *Map) Grid(w io.Writer, maxRows int) {
 		for _, i := range cols {
 			cell := "."
 			switch {
-			case own[i] == per:
+			case own[i] == hi-lo+1:
 				cell = "#"
 			case own[i] > 0:
 				cell = fmt.Sprint(own[i])

@@ -7,10 +7,10 @@ import (
 
 func TestGridGroupsRangesAtHighLevels(t *testing.T) {
 	m := bump(mustNew(t, 10, nodes(3))) // 1024 buckets: 342, 341, 341
-	if err := m.SetMoving(0, "n2", "mv-1"); err != nil {
+	if err := m.SetMoving(at(m, 0), "n2", "mv-1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Assign(1023, "n1", AssignOptions{NoCopy: true}); err != nil {
+	if err := m.Assign(at(m, 1023), "n1", AssignOptions{NoCopy: true}); err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder

@@ -64,7 +64,7 @@ func TestIntegrationStoreCreateLoadUpdate(t *testing.T) {
 		t.Fatalf("update: %+v %v", next, err)
 	}
 	// A failing edit writes nothing.
-	if _, err := st.Update(ctx, func(m *Map) error { return m.Assign(999, "n1", AssignOptions{}) }); !errors.Is(err, ErrBucketRange) {
+	if _, err := st.Update(ctx, func(m *Map) error { return m.Assign(at(m, 999), "n1", AssignOptions{}) }); !errors.Is(err, ErrBucketRange) {
 		t.Fatalf("bad edit: %v", err)
 	}
 	if cur, _, _ := st.Load(ctx); cur.Version != 2 {
@@ -213,7 +213,7 @@ func TestIntegrationStoreUpdateAlso(t *testing.T) {
 		}
 	}
 	// From the caller's map: both written.
-	next, nzv, stats, err := st.UpdateAlso(ctx, m, zv, func(m *Map) error { return m.Assign(0, "n2", AssignOptions{}) }, also("v1", 0))
+	next, nzv, stats, err := st.UpdateAlso(ctx, m, zv, func(m *Map) error { return m.Assign(at(m, 0), "n2", AssignOptions{}) }, also("v1", 0))
 	if err != nil || next.Version != 2 || nzv != zv+1 || len(stats) != 1 || stats[0].Version != 1 {
 		t.Fatalf("update: %+v %d %+v %v", next, nzv, stats, err)
 	}
@@ -226,13 +226,13 @@ func TestIntegrationStoreUpdateAlso(t *testing.T) {
 		if m.Owner(0) != "n2" {
 			return fmt.Errorf("edit saw a stale map: bucket 0 on %s", m.Owner(0))
 		}
-		return m.Assign(1, "n3", AssignOptions{})
+		return m.Assign(at(m, 1), "n3", AssignOptions{})
 	}, also("v2", 1))
 	if err != nil || next.Version != 3 {
 		t.Fatalf("update from a stale map: %+v %v", next, err)
 	}
 	// The record moved on: neither is written, and no retry hides it.
-	_, _, _, err = st.UpdateAlso(ctx, nil, 0, func(m *Map) error { return m.Assign(2, "n3", AssignOptions{}) }, also("v3", 0))
+	_, _, _, err = st.UpdateAlso(ctx, nil, 0, func(m *Map) error { return m.Assign(at(m, 2), "n3", AssignOptions{}) }, also("v3", 0))
 	if !errors.Is(err, zksession.ErrBadVersion) {
 		t.Fatalf("stale record: %v", err)
 	}
@@ -275,7 +275,7 @@ func TestIntegrationStoreEncoding(t *testing.T) {
 	if m, changed, err = st.SetEncoding(ctx, MapGzip); err != nil || changed || m.Version != 2 {
 		t.Fatalf("a second switch to gzip wrote: version %d changed=%v %v", m.Version, changed, err)
 	}
-	next, err := st.Update(ctx, func(m *Map) error { return m.Assign(0, "n2", AssignOptions{}) })
+	next, err := st.Update(ctx, func(m *Map) error { return m.Assign(at(m, 0), "n2", AssignOptions{}) })
 	if err != nil || !isGzip(stored()) {
 		t.Fatalf("an update did not keep gzip: %v", err)
 	}
@@ -283,7 +283,7 @@ func TestIntegrationStoreEncoding(t *testing.T) {
 	if err != nil || cur.Encoding != MapGzip || cur.Owner(0) != "n2" || cur.Version != next.Version {
 		t.Fatalf("load of the gzip map: %+v %v", cur, err)
 	}
-	if _, _, _, err := st.UpdateAlso(ctx, cur, zv, func(m *Map) error { return m.SetMoving(1, "n3", "mv-1") }, nil); err != nil || !isGzip(stored()) {
+	if _, _, _, err := st.UpdateAlso(ctx, cur, zv, func(m *Map) error { return m.SetMoving(at(m, 1), "n3", "mv-1") }, nil); err != nil || !isGzip(stored()) {
 		t.Fatalf("UpdateAlso from the caller's map did not keep gzip: %v", err)
 	}
 	if m, changed, err = st.SetEncoding(ctx, MapPlain); err != nil || !changed || m.Meta(1).Move != "mv-1" {
@@ -308,7 +308,7 @@ func TestIntegrationStoreNoVersionWithoutChange(t *testing.T) {
 			if err := m.SetWeight("n1", 1); err != nil { // already 1
 				return err
 			}
-			return m.ClearMoving(0) // not moving: a no-op
+			return m.ClearMoving(at(m, 0)) // not moving: a no-op
 		})
 		if err != nil {
 			t.Fatal(err)

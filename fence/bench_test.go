@@ -40,7 +40,7 @@ func BenchmarkFencedInsert(b *testing.B) {
 	ids := []bucketmap.NodeID{"a", "b", "c"}
 	for bk := range uint32(m.Buckets()) {
 		if to := ids[bk%3]; m.Owner(bk) != to {
-			if err := m.Assign(bk, to, bucketmap.AssignOptions{NoCopy: true}); err != nil {
+			if err := m.Assign(bucketmap.Bucket{Prefix: bk, Depth: m.Level}, to, bucketmap.AssignOptions{NoCopy: true}); err != nil {
 				b.Fatal(err)
 			}
 		}

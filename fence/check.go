@@ -211,7 +211,7 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 	out = append(out, checkVersions(f, m)...)
 	want := overlay(Only(f.Spans, Incoming), Desired(m, node))
 	for _, d := range Compare(want, f.Spans) {
-		add(KindFenceRange, "", "%s (keys %d..%d): the map says %s, the fence says %s", BucketsOf(m.Level, d.Lo, d.Hi), d.Lo, d.Hi, d.Want, d.Got)
+		add(KindFenceRange, "", "%s (keys %d..%d): the map says %s, the fence says %s", BucketsOf(m, d.Lo, d.Hi), d.Lo, d.Hi, d.Want, d.Got)
 	}
 	stranded, err := CheckStranded(ctx, q, tables, m, node)
 	if err != nil {
@@ -242,10 +242,10 @@ func checkVersions(f *Fence, m *bucketmap.Map) []Mismatch {
 		switch {
 		case s.Epoch > m.Version:
 			add(KindFenceEpoch, "the %s row for %s (keys %d..%d) says map version %d, newer than the map (version %d): the row was edited, or the map is older than the fence",
-				s.State, BucketsOf(m.Level, s.Lo, s.Hi), s.Lo, s.Hi, s.Epoch, m.Version)
+				s.State, BucketsOf(m, s.Lo, s.Hi), s.Lo, s.Hi, s.Epoch, m.Version)
 			continue
 		case s.Epoch == 0:
-			add(KindFenceEpoch, "the %s row for %s (keys %d..%d) says map version 0, which no map has: the row was edited", s.State, BucketsOf(m.Level, s.Lo, s.Hi), s.Lo, s.Hi)
+			add(KindFenceEpoch, "the %s row for %s (keys %d..%d) says map version 0, which no map has: the row was edited", s.State, BucketsOf(m, s.Lo, s.Hi), s.Lo, s.Hi)
 		}
 		newest = max(newest, s.Epoch)
 	}

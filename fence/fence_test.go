@@ -172,7 +172,7 @@ func TestIntegrationFenceFollowsSplitAndAssign(t *testing.T) {
 	// Assign bucket 5 (level 4) from a to b: a rejects it, b accepts it.
 	as := s.Clone()
 	as.Version++
-	if err := as.Assign(5, "b", bucketmap.AssignOptions{NoCopy: true}); err != nil {
+	if err := as.Assign(bucketmap.Bucket{Prefix: 5, Depth: as.Level}, "b", bucketmap.AssignOptions{NoCopy: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, x := range []struct {

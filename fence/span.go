@@ -86,9 +86,9 @@ func granules(lo, hi int64) []int32 {
 // spans as possible, with epoch m.Version.
 func Desired(m *bucketmap.Map, node bucketmap.NodeID) []Span {
 	var out []Span
-	moving := map[uint32]bucketmap.BucketMeta{}
+	moving := map[bucketmap.Bucket]bucketmap.BucketMeta{}
 	for _, b := range m.NonActive() {
-		if bm := m.Meta(b); bm.State == bucketmap.BucketMoving {
+		if bm := m.MetaOf(b); bm.State == bucketmap.BucketMoving {
 			moving[b] = bm
 		}
 	}
@@ -99,22 +99,24 @@ func Desired(m *bucketmap.Map, node bucketmap.NodeID) []Span {
 			self = i
 		}
 	}
-	for b := 0; b < m.Buckets(); b++ {
+	// Buckets in key order, whatever their depths: each is one key range.
+	m.EachBucket(func(b bucketmap.Bucket, slot, _ uint32) bool {
 		var st State
-		bm, isMoving := moving[uint32(b)]
+		bm, isMoving := moving[b]
 		switch {
-		case m.OwnerIndex(uint32(b)) == self && isMoving:
+		case m.OwnerIndex(slot) == self && isMoving:
 			st = Frozen
-		case m.OwnerIndex(uint32(b)) == self:
+		case m.OwnerIndex(slot) == self:
 			st = Owned
 		case isMoving && bm.Target == node:
 			st = Incoming
 		default:
-			continue
+			return true
 		}
-		lo, hi, _ := keystream.Range(m.Level, uint32(b))
+		lo, hi := b.Keys()
 		out = appendMerged(out, Span{Lo: lo, Hi: hi, State: st, Epoch: m.Version})
-	}
+		return true
+	})
 	return out
 }
 
@@ -270,20 +272,23 @@ func Only(spans []Span, st State) []Span {
 	return out
 }
 
-// BucketsOf describes a key range as buckets at level: "bucket 5" or
-// "buckets 4..7", with a note when the range does not fall on bucket
-// boundaries.
-func BucketsOf(level int, lo, hi int64) string {
-	blo := keystream.BucketOf(keystream.PrefixFromKey(lo), level)
-	bhi := keystream.BucketOf(keystream.PrefixFromKey(hi), level)
-	s := fmt.Sprintf("buckets %d..%d", blo, bhi)
+// BucketsOf describes a key range as m's buckets: "bucket 5" or
+// "buckets 4..7 at level 3" (at mixed depths "buckets 0/3..1/2"), with a
+// note when the range does not fall on bucket boundaries.
+func BucketsOf(m *bucketmap.Map, lo, hi int64) string {
+	blo := m.BucketOfPrefix(keystream.PrefixFromKey(lo))
+	bhi := m.BucketOfPrefix(keystream.PrefixFromKey(hi))
+	s := fmt.Sprintf("buckets %s..%s", m.Name(blo), m.Name(bhi))
 	if blo == bhi {
-		s = fmt.Sprintf("bucket %d", blo)
+		s = fmt.Sprintf("bucket %s", m.Name(blo))
 	}
-	l, _, _ := keystream.Range(level, blo)
-	_, h, _ := keystream.Range(level, bhi)
+	l, _ := blo.Keys()
+	_, h := bhi.Keys()
 	if l != lo || h != hi {
 		s += fmt.Sprintf(" (partly: keys %d..%d)", lo, hi)
 	}
-	return s + fmt.Sprintf(" at level %d", level)
+	if m.Uniform() {
+		s += fmt.Sprintf(" at level %d", m.Level)
+	}
+	return s
 }

@@ -56,7 +56,7 @@ func TestDesiredMergesAndCovers(t *testing.T) {
 	// A move's write pause: frozen at the owner, incoming at the target.
 	next := m.Clone()
 	next.Version++
-	if err := next.SetMoving(3, "c", "mv1"); err != nil {
+	if err := next.SetMoving(bucketmap.Bucket{Prefix: 3, Depth: next.Level}, "c", "mv1"); err != nil {
 		t.Fatal(err)
 	}
 	a, c := Desired(next, "a"), Desired(next, "c")
@@ -145,10 +145,25 @@ func TestSweepAgainstModel(t *testing.T) {
 func TestBucketsOf(t *testing.T) {
 	lo, _, _ := keystream.Range(8, 4)
 	_, hi, _ := keystream.Range(8, 7)
-	if got := BucketsOf(8, lo, hi); got != "buckets 4..7 at level 8" {
+	m, err := bucketmap.New(8, []bucketmap.Node{{ID: "n1", DSN: "postgres://h/db"}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := BucketsOf(m, lo, hi); got != "buckets 4..7 at level 8" {
 		t.Fatal(got)
 	}
-	if got := BucketsOf(8, lo+1, hi); !strings.Contains(got, "partly") {
+	if got := BucketsOf(m, lo+1, hi); !strings.Contains(got, "partly") {
+		t.Fatal(got)
+	}
+	// At mixed depths a bucket is named with its depth.
+	if err := m.SplitBucket(bucketmap.Bucket{Prefix: 5, Depth: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if got := BucketsOf(m, lo, hi); got != "buckets 4/8..7/8" {
+		t.Fatal(got)
+	}
+	l9, h9 := bucketmap.Bucket{Prefix: 11, Depth: 9}.Keys()
+	if got := BucketsOf(m, l9, h9); got != "bucket 11/9" {
 		t.Fatal(got)
 	}
 }

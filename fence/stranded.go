@@ -16,10 +16,14 @@ import (
 // written to it before the map changed and are on no owner. Neighbouring
 // buckets are merged.
 func StrandedRanges(m *bucketmap.Map, node bucketmap.NodeID) [][2]int64 {
+	// By directory slot, the unit history ranges are kept in.
 	lost := map[uint32]bool{}
 	for _, b := range m.NonActive() {
-		if m.Meta(b).DataLost && m.Owner(b) != node {
-			lost[b] = true
+		if m.MetaOf(b).DataLost && m.OwnerOf(b) != node {
+			lo, hi := m.SlotsOf(b)
+			for s := lo; s <= hi; s++ {
+				lost[s] = true
+			}
 		}
 	}
 	handed := map[uint32]bool{}
@@ -34,7 +38,7 @@ func StrandedRanges(m *bucketmap.Map, node bucketmap.NodeID) [][2]int64 {
 		}
 	}
 	var out [][2]int64
-	for b := 0; b < m.Buckets(); b++ {
+	for b := 0; b < m.Slots(); b++ {
 		if !handed[uint32(b)] {
 			continue
 		}
@@ -89,7 +93,7 @@ func CheckStranded(ctx context.Context, q Querier, tables []topo.TableRecord, m 
 			owners := ownersOf(m, r[0], r[1])
 			out = append(out, Mismatch{Kind: KindStrandedRows, Table: t.Name, Message: fmt.Sprintf(
 				"%d rows in %s (keys %d..%d), which this node lost without a copy (node down or assign --no-copy; owned now by %s): written here before the map changed, they are on no owner and its readers do not see them; recover them (docs/data-contract.md, \"Rows a node kept\") or delete them knowingly",
-				n, BucketsOf(m.Level, r[0], r[1]), r[0], r[1], owners)})
+				n, BucketsOf(m, r[0], r[1]), r[0], r[1], owners)})
 		}
 	}
 	return out, nil
@@ -101,7 +105,7 @@ func ownersOf(m *bucketmap.Map, lo, hi int64) string {
 	bhi := keystream.BucketOf(keystream.PrefixFromKey(hi), m.Level)
 	seen := map[bucketmap.NodeID]bool{}
 	s := ""
-	for b := blo; b <= bhi; b++ {
+	for b := blo; b <= bhi; b++ { // directory slots: each names its bucket's owner
 		if o := m.Owner(b); !seen[o] {
 			seen[o] = true
 			if s != "" {

@@ -11,7 +11,7 @@ import (
 // node that never owned them are not stranded.
 func TestStrandedRanges(t *testing.T) {
 	m := testMap(t, 3, "pg1", "pg2", "pg3") // pg1 0..2, pg2 3..5, pg3 6..7
-	if err := m.Assign(0, "pg3", bucketmap.AssignOptions{}); err != nil {
+	if err := m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, "pg3", bucketmap.AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.MarkDown("pg2"); err != nil {

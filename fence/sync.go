@@ -97,10 +97,10 @@ func SyncNode(ctx context.Context, m *bucketmap.Map, id bucketmap.NodeID, timeou
 	default:
 		res.Status = SyncRepaired
 		for _, s := range ch.Added {
-			res.Added = append(res.Added, fmt.Sprintf("%s %s", BucketsOf(m.Level, s.Lo, s.Hi), s.State))
+			res.Added = append(res.Added, fmt.Sprintf("%s %s", BucketsOf(m, s.Lo, s.Hi), s.State))
 		}
 		for _, s := range ch.Removed {
-			res.Removed = append(res.Removed, fmt.Sprintf("%s %s", BucketsOf(m.Level, s.Lo, s.Hi), s.State))
+			res.Removed = append(res.Removed, fmt.Sprintf("%s %s", BucketsOf(m, s.Lo, s.Hi), s.State))
 		}
 	}
 	return res

@@ -117,11 +117,11 @@ func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
 			c.exec(c.conns[y], `CHECKPOINT`)
 			c.exec(c.conns[y], `VACUUM ANALYZE app.events`)
 			if round == 0 {
-				m = c.update(func(m *bucketmap.Map) error { return m.Assign(0, y, bucketmap.AssignOptions{}) })
+				m = c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{}) })
 			} else {
 				// Put the history entry GC pruned back: same handoff again.
-				m = c.update(func(m *bucketmap.Map) error { return m.Assign(0, x, bucketmap.AssignOptions{}) })
-				m = c.update(func(m *bucketmap.Map) error { return m.Assign(0, y, bucketmap.AssignOptions{}) })
+				m = c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, x, bucketmap.AssignOptions{}) })
+				m = c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{}) })
 			}
 			plainDelete := func(table string) time.Duration {
 				// The fence rejects the delete otherwise: the node does not own the range.
@@ -200,7 +200,7 @@ func BenchmarkGCDemoLeftovers(b *testing.B) {
 	m := c.update(func(m *bucketmap.Map) error {
 		for bk := range uint32(m.Buckets()) {
 			if m.Owner(bk) == c.ids[3] {
-				if err := m.Assign(bk, c.ids[int(bk)%3], bucketmap.AssignOptions{}); err != nil {
+				if err := m.Assign(bucketmap.Bucket{Prefix: bk, Depth: m.Level}, c.ids[int(bk)%3], bucketmap.AssignOptions{}); err != nil {
 					return err
 				}
 			}

@@ -124,9 +124,9 @@ func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
 	m = c.move(m, 1, other(1))
 	m = c.move(m, 2, other(2))
 	m = c.update(func(m *bucketmap.Map) error {
-		return m.Assign(3, other(3), bucketmap.AssignOptions{NoCopy: true})
+		return m.Assign(bucketmap.Bucket{Prefix: 3, Depth: m.Level}, other(3), bucketmap.AssignOptions{NoCopy: true})
 	})
-	m = c.update(func(m *bucketmap.Map) error { return m.SetMoving(2, c.ids[0], "mv-map") })
+	m = c.update(func(m *bucketmap.Map) error { return m.SetMoving(bucketmap.Bucket{Prefix: 2, Depth: m.Level}, c.ids[0], "mv-map") })
 	ctx := context.Background()
 	if err := c.s.CreateAll(ctx, c.st.Paths().Move("mv-rec")); err != nil {
 		t.Fatal(err)
@@ -192,7 +192,7 @@ func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
 
 	// The current owner is unreachable (its address refuses connections):
 	// nothing of its ranges is deleted, and the run says so.
-	m = c.update(func(m *bucketmap.Map) error { return m.ClearMoving(2) })
+	m = c.update(func(m *bucketmap.Map) error { return m.ClearMoving(bucketmap.Bucket{Prefix: 2, Depth: m.Level}) })
 	owner1 := m.Owner(1)
 	old1 := m.HistoryOf(1)[0].Node
 	down := func(ctx context.Context, n bucketmap.Node) (*pgx.Conn, error) {

@@ -153,7 +153,7 @@ func TestFaultsPrimaryCutOffFromZooKeeper(t *testing.T) {
 			m := f.mapNow()
 			for i := 0; len(uids) < 40; i++ {
 				uid := fmt.Sprintf("cut-%d", i)
-				if m.Owner(m.BucketOf(f.ks, uid)) == "pg2" {
+				if m.OwnerOf(m.BucketOf(f.ks, uid)) == "pg2" {
 					uids = append(uids, uid)
 				}
 			}

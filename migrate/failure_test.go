@@ -31,8 +31,8 @@ func (f *fixture) checkClean(seeded map[string]int64) {
 	}
 	m := f.mapNow()
 	for _, b := range m.NonActive() {
-		if m.Meta(b).State == bucketmap.BucketMoving {
-			f.t.Fatalf("bucket %d still moving", b)
+		if m.MetaOf(b).State == bucketmap.BucketMoving {
+			f.t.Fatalf("bucket %s still moving", b)
 		}
 	}
 	crec, err := topo.ReadCluster(context.Background(), f.s, f.st.Paths())

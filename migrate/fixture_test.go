@@ -255,7 +255,7 @@ func (f *fixture) checkAcked(acked, maybe map[string]int64) {
 	conns := map[bucketmap.NodeID]*pgx.Conn{}
 	missing := 0
 	for uid, want := range acked {
-		owner := m.Owner(m.BucketOf(f.ks, uid))
+		owner := m.OwnerOf(m.BucketOf(f.ks, uid))
 		c, ok := conns[owner]
 		if !ok {
 			c = f.conn(owner)

@@ -313,7 +313,22 @@ type run struct {
 // under it (a Patroni failover: the new primary has no replication slot,
 // or may lack what the old one confirmed) is started again, as a new
 // move on the new primaries, up to FailoverRetries times.
+//
+// Move names the bucket by its number on a map at one depth; MoveBucket
+// names any bucket, at any depth.
 func (mv *Mover) Move(ctx context.Context, bucket uint32, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
+	return mv.MoveBucket(ctx, bucketmap.Bucket{Prefix: bucket, Depth: bucketmap.AtLevel}, target, noCopy)
+}
+
+// recBucket is the bucket a move record names.
+func recBucket(r *topo.MoveRecord) bucketmap.Bucket {
+	return bucketmap.Bucket{Prefix: r.Bucket, Depth: r.Level}
+}
+
+// MoveBucket is Move for any bucket of the map, at any depth: a move of
+// one half of a split bucket copies only that half's rows. A Depth of
+// bucketmap.AtLevel names a bucket by its bare number, as Move does.
+func (mv *Mover) MoveBucket(ctx context.Context, bucket bucketmap.Bucket, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
 	for attempt := 1; ; attempt++ {
 		rec, err := mv.move(ctx, bucket, target, noCopy)
 		if err != nil && rec != nil && errors.Is(err, zksession.ErrLockLost) && ctx.Err() == nil {
@@ -481,7 +496,7 @@ func (mv *Mover) failedOver(ctx context.Context, rec *topo.MoveRecord) bool {
 	return check(rec.Source, rec.Servers.Source) || check(rec.Target, rec.Servers.Target)
 }
 
-func (mv *Mover) move(ctx context.Context, bucket uint32, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
+func (mv *Mover) move(ctx context.Context, b bucketmap.Bucket, target bucketmap.NodeID, noCopy bool) (*topo.MoveRecord, error) {
 	if err := mv.checkOptions(); err != nil {
 		return nil, err // before a record exists
 	}
@@ -489,31 +504,34 @@ func (mv *Mover) move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 	if err != nil {
 		return nil, err
 	}
-	if int64(bucket) >= int64(m.Buckets()) {
-		return nil, fmt.Errorf("%w: bucket %d, the map has %d buckets", bucketmap.ErrBucketRange, bucket, m.Buckets())
+	if b, err = m.Resolve(b); err != nil {
+		return nil, err
 	}
-	src := m.Owner(bucket)
+	bucket, bname := b.Prefix, m.Name(b)
+	src := m.OwnerOf(b)
 	if src == target {
-		return nil, fmt.Errorf("bucket %d is already on %s", bucket, target)
+		return nil, fmt.Errorf("bucket %s is already on %s", bname, target)
 	}
 	if n, ok := m.Node(target); !ok {
 		return nil, fmt.Errorf("%w %q", bucketmap.ErrUnknownNode, target)
 	} else if n.State != bucketmap.NodeActive {
 		return nil, fmt.Errorf("node %s is %s; buckets move only to active nodes", target, n.State)
 	}
-	if bm := m.Meta(bucket); bm.State == bucketmap.BucketMoving {
-		return nil, fmt.Errorf("bucket %d is already moving to %s (move %s)", bucket, bm.Target, bm.Move)
+	if bm := m.MetaOf(b); bm.State == bucketmap.BucketMoving {
+		return nil, fmt.Errorf("bucket %s is already moving to %s (move %s)", bname, bm.Target, bm.Move)
 	}
 	inflight, err := mv.List(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, r := range inflight {
-		if !r.Finished() && r.Bucket == bucket && r.Level == m.Level {
+		// A move of the same keys: this bucket, or one it was split
+		// from or into since (its record would not match the map).
+		if rb := recBucket(r); !r.Finished() && (rb.Contains(b) || b.Contains(rb)) {
 			if r.State == topo.MoveReversible {
-				return nil, fmt.Errorf("bucket %d's move %s is in its rollback window; end it first: shardctl move complete %s (or shardctl move rollback %s)", bucket, r.ID, r.ID, r.ID)
+				return nil, fmt.Errorf("bucket %s's move %s is in its rollback window; end it first: shardctl move complete %s (or shardctl move rollback %s)", bname, r.ID, r.ID, r.ID)
 			}
-			return nil, fmt.Errorf("bucket %d already has an unfinished move %s (%s); resume or abort it first", bucket, r.ID, r.State)
+			return nil, fmt.Errorf("bucket %s already has an unfinished move %s (%s); resume or abort it first", bname, r.ID, r.State)
 		}
 	}
 	crec, err := topo.ReadCluster(ctx, mv.s, mv.p)
@@ -523,14 +541,11 @@ func (mv *Mover) move(ctx context.Context, bucket uint32, target bucketmap.NodeI
 	if len(crec.Tables) == 0 && !noCopy {
 		return nil, errors.New("the cluster has no sharded tables (shardctl table add); nothing to copy, use --no-copy")
 	}
-	lo, hi, err := keystream.Range(m.Level, bucket)
-	if err != nil {
-		return nil, err
-	}
-	id := moveID(bucket, m.Level, m.Version)
+	lo, hi := b.Keys()
+	id := moveID(bucket, b.Depth, m.Version)
 	name := objectPrefix + strings.ReplaceAll(id, "-", "_")
 	now := time.Now().UTC()
-	rec := &topo.MoveRecord{Version: topo.MoveVersion, ID: id, Bucket: bucket, Level: m.Level, Lo: lo, Hi: hi,
+	rec := &topo.MoveRecord{Version: topo.MoveVersion, ID: id, Bucket: bucket, Level: b.Depth, Lo: lo, Hi: hi,
 		Source: string(src), Target: string(target), State: topo.MovePrepare, NoCopy: noCopy, Tables: crec.Tables,
 		Publication: name, Subscription: name, Slot: name, StartVersion: m.Version, CreatedAt: now, UpdatedAt: now,
 		Steps: []topo.MoveStep{{State: topo.MovePrepare, At: now}}, Runner: mv.runner}
@@ -991,11 +1006,11 @@ func (r *run) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if r.rec.Level != m.Level {
-		return fmt.Errorf("the map was split (level %d -> %d) before the move started copying", r.rec.Level, m.Level)
+	if err := m.Check(recBucket(r.rec)); err != nil {
+		return fmt.Errorf("the map was split before the move started copying: %w", err)
 	}
-	if owner := m.Owner(r.rec.Bucket); string(owner) != r.rec.Source {
-		return fmt.Errorf("bucket %d is now owned by %s, not %s", r.rec.Bucket, owner, r.rec.Source)
+	if owner := m.OwnerOf(recBucket(r.rec)); string(owner) != r.rec.Source {
+		return fmt.Errorf("bucket %s is now owned by %s, not %s", recBucket(r.rec), owner, r.rec.Source)
 	}
 	if err := r.checkGroups(ctx); err != nil {
 		return err
@@ -1185,7 +1200,7 @@ func (r *run) fence(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
+	if bm := m.Meta(r.slot(m)); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
 		// A mover died after setting the map: the freeze may have
 		// started long ago, so the pause cap cannot be honoured.
 		return fmt.Errorf("%w: resumed after the fence began", ErrPauseCap)
@@ -1196,13 +1211,13 @@ func (r *run) fence(ctx context.Context) error {
 		}
 	}
 	next, zv, _, err := r.mv.st.UpdateAlso(ctx, nil, 0, func(m *bucketmap.Map) error {
-		if m.Level != r.rec.Level {
-			return fmt.Errorf("the map was split during the move (level %d -> %d)", r.rec.Level, m.Level)
+		if err := m.Check(recBucket(r.rec)); err != nil {
+			return fmt.Errorf("the map was split during the move: %w", err)
 		}
-		if owner := m.Owner(r.rec.Bucket); string(owner) != r.rec.Source {
-			return fmt.Errorf("bucket %d is now owned by %s, not %s", r.rec.Bucket, owner, r.rec.Source)
+		if owner := m.OwnerOf(recBucket(r.rec)); string(owner) != r.rec.Source {
+			return fmt.Errorf("bucket %s is now owned by %s, not %s", recBucket(r.rec), owner, r.rec.Source)
 		}
-		return m.SetMoving(r.rec.Bucket, bucketmap.NodeID(r.rec.Target), r.rec.ID)
+		return m.SetMoving(recBucket(r.rec), bucketmap.NodeID(r.rec.Target), r.rec.ID)
 	}, nil)
 	if err != nil {
 		return err
@@ -1371,7 +1386,7 @@ func (r *run) flip(ctx context.Context) error {
 		// The map half of the flip goes through ownership; its fence half
 		// is settleFences, after it.
 		var rec topo.MoveRecord
-		flip := ownership.Flip{Move: r.rec.ID, Bucket: r.rec.Bucket, Target: bucketmap.NodeID(r.rec.Target), NoCopy: r.rec.NoCopy}
+		flip := ownership.Flip{Move: r.rec.ID, Bucket: recBucket(r.rec), Target: bucketmap.NodeID(r.rec.Target), NoCopy: r.rec.NoCopy}
 		next, _, stats, err := ownership.FlipMap(ctx, r.mv.st, r.fenceMap, r.fenceZV, flip, func(next *bucketmap.Map) ([]zksession.Op, error) {
 			rec = *r.rec
 			rec.FlipVersion = next.Version
@@ -1970,7 +1985,7 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 		// written there once it no longer claims the range.
 		if m2, _, err := r.mv.st.Load(ctx); err != nil {
 			problems = append(problems, "map (to release the target's fence): "+err.Error())
-		} else if string(m2.Owner(r.rec.Bucket)) != r.rec.Target {
+		} else if !m2.Has(recBucket(r.rec)) || string(m2.OwnerOf(recBucket(r.rec))) != r.rec.Target {
 			_, err := fence.Release(ctx, dst, r.rec.Lo, r.rec.Hi, m2.Version)
 			if errors.Is(err, fence.ErrStale) {
 				// A newer map reached the target's fence: fine, unless it
@@ -2002,8 +2017,8 @@ func (r *run) cleanup(ctx context.Context) (problems []string, unreachable bool,
 // set it (an edit that changes nothing writes no version).
 func (r *run) clearMoving(ctx context.Context) error {
 	_, err := r.mv.st.Update(ctx, func(m *bucketmap.Map) error {
-		if bm := m.Meta(r.rec.Bucket); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
-			return m.ClearMoving(r.rec.Bucket)
+		if bm := m.Meta(r.slot(m)); bm.State == bucketmap.BucketMoving && bm.Move == r.rec.ID {
+			return m.ClearMoving(recBucket(r.rec))
 		}
 		return nil
 	})
@@ -2085,4 +2100,12 @@ func (r *run) waitMembers(ctx context.Context, v uint64) error {
 	}
 	r.progress("going on without stragglers: " + msg)
 	return nil
+}
+
+// slot is the directory slot where the move's bucket begins in m: m.Meta
+// of it is the bucket's state, or that of the bucket now covering its
+// first keys if the map changed shape (then never this move's pause).
+func (r *run) slot(m *bucketmap.Map) uint32 {
+	lo, _ := recBucket(r.rec).Keys()
+	return keystream.BucketOf(keystream.PrefixFromKey(lo), m.Level)
 }

@@ -56,24 +56,23 @@ func (rb *Rebalancer) unfinished(ctx context.Context, m *bucketmap.Map) ([]bucke
 	var out []bucketmap.Move
 	for _, r := range list {
 		// A move in its rollback window has moved its bucket.
-		if !r.Finished() && r.State != topo.MoveReversible && r.Level == m.Level {
-			out = append(out, bucketmap.Move{Bucket: r.Bucket, From: bucketmap.NodeID(r.Source), To: bucketmap.NodeID(r.Target)})
+		if !r.Finished() && r.State != topo.MoveReversible && m.Has(recBucket(r)) {
+			out = append(out, bucketmap.Move{Bucket: recBucket(r), From: bucketmap.NodeID(r.Source), To: bucketmap.NodeID(r.Target)})
 		}
 	}
 	return out, nil
 }
 
-// inWindow returns the buckets (at the map's level) whose move is in its
-// rollback window.
-func (rb *Rebalancer) inWindow(ctx context.Context, m *bucketmap.Map) (map[uint32]bool, error) {
+// inWindow returns the buckets of m whose move is in its rollback window.
+func (rb *Rebalancer) inWindow(ctx context.Context, m *bucketmap.Map) (map[bucketmap.Bucket]bool, error) {
 	list, err := InWindow(ctx, rb.mv.st)
 	if err != nil {
 		return nil, err
 	}
-	held := map[uint32]bool{}
+	held := map[bucketmap.Bucket]bool{}
 	for _, r := range list {
-		if r.Level == m.Level {
-			held[r.Bucket] = true
+		if m.Has(recBucket(r)) {
+			held[recBucket(r)] = true
 		}
 	}
 	return held, nil
@@ -85,6 +84,15 @@ func (rb *Rebalancer) inWindow(ctx context.Context, m *bucketmap.Map) (map[uint3
 func InWindow(ctx context.Context, st *bucketmap.Store) ([]*topo.MoveRecord, error) {
 	return unfinished(ctx, st, func(rec *topo.MoveRecord) bool {
 		return rec.State == topo.MoveReversible || rec.State == topo.MoveCompleting
+	})
+}
+
+// MovesOf lists the unfinished moves of b's keys: of b itself, or of a
+// bucket it was split from or into.
+func MovesOf(ctx context.Context, st *bucketmap.Store, b bucketmap.Bucket) ([]*topo.MoveRecord, error) {
+	return unfinished(ctx, st, func(rec *topo.MoveRecord) bool {
+		rb := recBucket(rec)
+		return rb.Contains(b) || b.Contains(rb)
 	})
 }
 
@@ -192,7 +200,7 @@ func (rb *Rebalancer) Plan(ctx context.Context) (*bucketmap.Plan, error) {
 // pauses it), a node down, ZooKeeper not connected.
 func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 	rep := &Report{Moves: []*topo.MoveRecord{}}
-	retry := map[uint32]*backoff.Backoff{} // per bucket, after clean aborts
+	retry := map[bucketmap.Bucket]*backoff.Backoff{} // per bucket, after clean aborts
 	// Unfinished moves first: a mover that died left them. Under
 	// RunForever the orphan watcher owns them: plan around them instead.
 	moves, err := rb.mv.List(ctx)
@@ -278,7 +286,7 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i], errs[i] = rb.mv.Move(ctx, mv.Bucket, mv.To, false)
+				results[i], errs[i] = rb.mv.MoveBucket(ctx, mv.Bucket, mv.To, false)
 			}()
 		}
 		wg.Wait()
@@ -304,10 +312,10 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			// A move that aborted cleanly left nothing behind: try it
 			// again after a pause, a few times, before giving up.
 			if rec != nil && rec.State == topo.MoveAborted && !errors.Is(errs[i], ErrVerifyMismatch) {
-				b := retry[rec.Bucket]
+				b := retry[recBucket(rec)]
 				if b == nil {
 					b = backoff.New(rb.Backoff, rb.Backoff<<rb.Attempts)
-					retry[rec.Bucket] = b
+					retry[recBucket(rec)] = b
 				}
 				if failures := b.Attempts() + 1; failures < rb.Attempts {
 					wait := b.Next() // with jitter, like every retry

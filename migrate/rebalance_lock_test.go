@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -35,7 +36,7 @@ func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond) // for the lock's watch to notice
 	}
-	rec, err := mv.move(ctx, 0, "pg2", false)
+	rec, err := mv.move(ctx, bucketmap.Bucket{Prefix: 0, Depth: bucketmap.AtLevel}, "pg2", false)
 	if !errors.Is(err, zksession.ErrLockLost) {
 		t.Fatalf("move after losing its lock: %v, want ErrLockLost", err)
 	}

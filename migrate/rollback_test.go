@@ -180,7 +180,7 @@ func testDivergingTargets(t *testing.T, cases []struct{ name, body, when, want s
 			victim := ""
 			m := f.mapNow()
 			for i := 0; victim == ""; i++ {
-				if uid := "seed-" + strconv.Itoa(i); m.BucketOf(f.ks, uid) == 1 {
+				if uid := "seed-" + strconv.Itoa(i); m.BucketOf(f.ks, uid).Prefix == 1 {
 					victim = uid
 				}
 			}

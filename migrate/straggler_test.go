@@ -57,7 +57,7 @@ func (f *fixture) uidIn(m *bucketmap.Map, b uint32, prefix string) string {
 	f.t.Helper()
 	for i := range 100000 {
 		uid := fmt.Sprintf("%s-%d", prefix, i)
-		if m.BucketOf(f.ks, uid) == b {
+		if m.BucketOf(f.ks, uid).Prefix == b {
 			return uid
 		}
 	}
@@ -173,7 +173,7 @@ func TestIntegrationStragglerDoesNotStopMove(t *testing.T) {
 	}
 	// Caught up: the new map routes it to pg2, where the write succeeds.
 	now := f.mapNow()
-	if owner := now.Owner(now.BucketOf(f.ks, uid)); owner != "pg2" {
+	if owner := now.OwnerOf(now.BucketOf(f.ks, uid)); owner != "pg2" {
 		t.Fatalf("new map routes %s to %s", uid, owner)
 	}
 	if err := f.writeAt("pg2", uid, 2); err != nil {

@@ -32,7 +32,7 @@ import (
 // Flip names a move's flip.
 type Flip struct {
 	Move   string // the move's id: the bucket must be moving in this move
-	Bucket uint32
+	Bucket bucketmap.Bucket
 	Target bucketmap.NodeID
 	NoCopy bool // the move copies no rows (bucketmap.AssignOptions.NoCopy)
 }
@@ -45,8 +45,11 @@ type Flip struct {
 // it. It returns what UpdateAlso returns.
 func FlipMap(ctx context.Context, st *bucketmap.Store, base *bucketmap.Map, zv int32, f Flip, also func(next *bucketmap.Map) ([]zksession.Op, error)) (*bucketmap.Map, int32, []zksession.Stat, error) {
 	return st.UpdateAlso(ctx, base, zv, func(m *bucketmap.Map) error {
-		if bm := m.Meta(f.Bucket); bm.State != bucketmap.BucketMoving || bm.Move != f.Move {
-			return fmt.Errorf("bucket %d is no longer in this move's write pause (state %s, move %q)", f.Bucket, bm.State, bm.Move)
+		if !m.Has(f.Bucket) {
+			return fmt.Errorf("bucket %s is no longer one of the map's buckets", f.Bucket)
+		}
+		if bm := m.MetaOf(f.Bucket); bm.State != bucketmap.BucketMoving || bm.Move != f.Move {
+			return fmt.Errorf("bucket %s is no longer in this move's write pause (state %s, move %q)", f.Bucket, bm.State, bm.Move)
 		}
 		return m.Assign(f.Bucket, f.Target, bucketmap.AssignOptions{NoCopy: f.NoCopy})
 	}, also)

@@ -139,14 +139,17 @@ func (c *Changer) Create(ctx context.Context, rec topo.ClusterRecord, m *bucketm
 }
 
 // Assign gives bucket b to node to (bucketmap.Map.Assign) and returns the
-// node that owned it before.
-func (c *Changer) Assign(ctx context.Context, b uint32, to bucketmap.NodeID, opt bucketmap.AssignOptions) (from bucketmap.NodeID, res *Result, err error) {
+// node that owned it before. A bare bucket number (Depth
+// bucketmap.AtLevel) is resolved on the map it edits.
+func (c *Changer) Assign(ctx context.Context, b bucketmap.Bucket, to bucketmap.NodeID, opt bucketmap.AssignOptions) (from bucketmap.NodeID, res *Result, err error) {
 	res, err = c.Change(ctx, func(m *bucketmap.Map) error {
 		from = ""
-		if int64(b) < int64(m.Buckets()) {
-			from = m.Owner(b)
+		r, err := m.Resolve(b)
+		if err != nil {
+			return err
 		}
-		return m.Assign(b, to, opt)
+		from = m.OwnerOf(r)
+		return m.Assign(r, to, opt)
 	})
 	return from, res, err
 }
@@ -161,6 +164,19 @@ func (c *Changer) Split(ctx context.Context, times int) (*Result, error) {
 			}
 		}
 		return nil
+	})
+}
+
+// SplitBucket splits bucket b alone into its two halves
+// (bucketmap.Map.SplitBucket), in one compare-and-swap. A bare bucket
+// number (Depth bucketmap.AtLevel) is resolved on the map it edits.
+func (c *Changer) SplitBucket(ctx context.Context, b bucketmap.Bucket) (*Result, error) {
+	return c.Change(ctx, func(m *bucketmap.Map) error {
+		r, err := m.Resolve(b)
+		if err != nil {
+			return err
+		}
+		return m.SplitBucket(r)
 	})
 }
 

@@ -123,7 +123,7 @@ func TestIntegrationChangesBringFencesAlong(t *testing.T) {
 	}
 	k := keyIn(level, uint32(b))
 	mustWrite(t, conns["n1"], "n1", k)
-	from, res, err := own.Assign(ctx, uint32(b), "n2", bucketmap.AssignOptions{NoCopy: true})
+	from, res, err := own.Assign(ctx, bucketmap.Bucket{Prefix: uint32(b), Depth: level}, "n2", bucketmap.AssignOptions{NoCopy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestIntegrationChangesBringFencesAlong(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustWrite(t, conns["n2"], "n2", k)
-	if _, res, err = own.Assign(ctx, uint32(b), "n1", bucketmap.AssignOptions{NoCopy: true}); err != nil {
+	if _, res, err = own.Assign(ctx, bucketmap.Bucket{Prefix: uint32(b), Depth: level}, "n1", bucketmap.AssignOptions{NoCopy: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustRefuse(t, conns["n2"], "n2", k)
@@ -181,7 +181,7 @@ func TestIntegrationChangesBringFencesAlong(t *testing.T) {
 	if res, err = own.NodeUp(ctx, "n1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, res, err = own.Assign(ctx, uint32(b), "n1", bucketmap.AssignOptions{NoCopy: true, Force: true}); err != nil {
+	if _, res, err = own.Assign(ctx, bucketmap.Bucket{Prefix: uint32(b), Depth: level}, "n1", bucketmap.AssignOptions{NoCopy: true, Force: true}); err != nil {
 		t.Fatal(err)
 	}
 	mustWrite(t, conns["n1"], "n1", k)
@@ -209,7 +209,7 @@ func TestIntegrationChangesBringFencesAlong(t *testing.T) {
 	// map store alone: n1's fence stays behind and accepts the write...
 	b2 := uint32(2 * b) // the bucket k falls in at the new level
 	if next, err := st.Update(ctx, func(m *bucketmap.Map) error {
-		return m.Assign(b2, "n3", bucketmap.AssignOptions{NoCopy: true, Force: true})
+		return m.Assign(bucketmap.Bucket{Prefix: b2, Depth: m.Level}, "n3", bucketmap.AssignOptions{NoCopy: true, Force: true})
 	}); err != nil {
 		t.Fatal(err)
 	} else if lo, hi, _ := keystream.Range(level+1, b2); next.Owner(b2) != "n3" || k < lo || k > hi {
@@ -239,7 +239,7 @@ func TestIntegrationRefusedChangeIsAnError(t *testing.T) {
 	if _, err := own.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, res, err := own.Assign(ctx, 0, "nope", bucketmap.AssignOptions{NoCopy: true}); err == nil || res != nil {
+	if _, res, err := own.Assign(ctx, bucketmap.Bucket{Prefix: uint32(0), Depth: bucketmap.AtLevel}, "nope", bucketmap.AssignOptions{NoCopy: true}); err == nil || res != nil {
 		t.Fatalf("assign to an unknown node: %+v, %v; want an error", res, err)
 	}
 	if _, err := own.NodeUp(ctx, "nope"); err == nil {

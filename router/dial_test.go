@@ -68,8 +68,8 @@ func TestIntegrationDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt, err := r.Route("alice")
-	if b := m.BucketOf(r.Keystream(), "alice"); err != nil || rt.Bucket != b || rt.Node != m.Owner(b) || rt.MapVersion != m.Version {
-		t.Fatalf("route %+v, %v; want bucket %d on %s", rt, err, b, m.Owner(b))
+	if b := m.BucketOf(r.Keystream(), "alice"); err != nil || rt.Bucket != b.Prefix || rt.Level != b.Depth || rt.Node != m.OwnerOf(b) || rt.MapVersion != m.Version {
+		t.Fatalf("route %+v, %v; want bucket %s on %s", rt, err, b, m.OwnerOf(b))
 	}
 	r.Close()
 

@@ -78,7 +78,7 @@ func TestFromWorkerEnvFollowsTheMapFileInReloadMode(t *testing.T) {
 	if m2.Owner(3) == to {
 		to = m2.Nodes()[1].ID
 	}
-	if err := m2.SetMoving(3, to, "mv-3"); err != nil {
+	if err := m2.SetMoving(bucketmap.Bucket{Prefix: 3, Depth: m2.Level}, to, "mv-3"); err != nil {
 		t.Fatal(err)
 	}
 	replace(m2)

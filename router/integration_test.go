@@ -86,7 +86,7 @@ func TestFollowsMapAndRegisters(t *testing.T) {
 	}
 	start := time.Now()
 	m, err := st.Update(ctx, func(m *bucketmap.Map) error {
-		return m.Assign(before.Bucket, to, bucketmap.AssignOptions{})
+		return m.Assign(bucketmap.Bucket{Prefix: before.Bucket, Depth: before.Level}, to, bucketmap.AssignOptions{})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +157,7 @@ func TestFollowsCompressedMap(t *testing.T) {
 	if r.Stats().MapRejected.Load() != 0 {
 		t.Fatalf("the compressed map was rejected: %v", *r.Stats().LastError.Load())
 	}
-	m, err = st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(5, m.Owner(60), bucketmap.AssignOptions{}) })
+	m, err = st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 5, Depth: m.Level}, m.Owner(60), bucketmap.AssignOptions{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestCutOffMarksAnswersThenRecovers(t *testing.T) {
 	if want.Node == to {
 		to = "pg2"
 	}
-	m, err := st.Update(context.Background(), func(m *bucketmap.Map) error { return m.Assign(want.Bucket, to, bucketmap.AssignOptions{}) })
+	m, err := st.Update(context.Background(), func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: want.Bucket, Depth: want.Level}, to, bucketmap.AssignOptions{}) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +347,7 @@ func TestConcurrentLookupsDuringSwaps(t *testing.T) {
 			if m.Owner(b) == to {
 				to = m.Nodes()[(i+2)%4].ID
 			}
-			return m.Assign(b, to, bucketmap.AssignOptions{})
+			return m.Assign(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, bucketmap.AssignOptions{})
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -422,7 +422,7 @@ func TestIntegrationPools(t *testing.T) {
 	m, err := st.Update(ctx, func(m *bucketmap.Map) error {
 		for b := range m.Buckets() {
 			if m.Owner(uint32(b)) == "pg2" {
-				if err := m.Assign(uint32(b), "pg1", bucketmap.AssignOptions{}); err != nil {
+				if err := m.Assign(bucketmap.Bucket{Prefix: uint32(b), Depth: m.Level}, "pg1", bucketmap.AssignOptions{}); err != nil {
 					return err
 				}
 			}
@@ -462,7 +462,7 @@ func TestIntegrationDoDuringAMove(t *testing.T) {
 	if from == to {
 		to = "pg1"
 	}
-	m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.SetMoving(rt.Bucket, to, "m1") })
+	m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.SetMoving(bucketmap.Bucket{Prefix: rt.Bucket, Depth: rt.Level}, to, "m1") })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +488,7 @@ func TestIntegrationDoDuringAMove(t *testing.T) {
 	flipped := make(chan error, 1)
 	go func() {
 		<-rejected
-		_, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(rt.Bucket, to, bucketmap.AssignOptions{}) })
+		_, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: rt.Bucket, Depth: rt.Level}, to, bucketmap.AssignOptions{}) })
 		flipped <- err
 	}()
 	err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {

@@ -40,6 +40,9 @@ var ErrNotReady = errors.New("router has no bucket map yet")
 
 // Route is the answer for one user id.
 type Route struct {
+	// Bucket is the user's bucket, numbered at its depth Level: on a map
+	// at one depth Level is the map's level; at mixed depths it is that
+	// bucket's own (bucketmap.Bucket).
 	Bucket uint32
 	Level  int
 	Node   bucketmap.NodeID
@@ -94,6 +97,7 @@ type snapshot struct {
 	ks      *keystream.Keystream
 	shift   uint
 	owners  []uint16
+	depth   []uint8 // per slot, nil at one depth (bucketmap.Map.SlotDepths)
 	nodes   []bucketmap.Node
 	flagged []bool // bucket has state beyond its owner
 	cluster string
@@ -266,10 +270,13 @@ func snapshotFromFile(path string, data []byte) (*snapshot, error) {
 }
 
 func newSnapshot(m *bucketmap.Map, ks *keystream.Keystream, cluster, seed string, raw []byte) *snapshot {
-	s := &snapshot{m: m, ks: ks, shift: uint(64 - m.Level), owners: m.OwnerIndexes(), nodes: m.Nodes(), cluster: cluster, seed: seed, raw: raw, at: time.Now()}
-	s.flagged = make([]bool, m.Buckets())
+	s := &snapshot{m: m, ks: ks, shift: uint(64 - m.Level), owners: m.OwnerIndexes(), depth: m.SlotDepths(), nodes: m.Nodes(), cluster: cluster, seed: seed, raw: raw, at: time.Now()}
+	s.flagged = make([]bool, m.Slots())
 	for _, b := range m.NonActive() {
-		s.flagged[b] = true
+		lo, hi := m.SlotsOf(b)
+		for i := lo; i <= hi; i++ {
+			s.flagged[i] = true
+		}
 	}
 	s.etag = fmt.Sprintf(`"%s-v%d"`, cluster, m.Version)
 	return s
@@ -480,6 +487,10 @@ func (r *Router) route(s *snapshot, uid string) Route {
 	b := uint32(s.ks.Prefix64(uid) >> s.shift) // level 0: a shift by 64 gives 0
 	n := &s.nodes[s.owners[b]]
 	rt := Route{Bucket: b, Level: s.m.Level, Node: n.ID, DSN: n.DSN, Group: n.Patroni.Scope, MapVersion: s.m.Version, State: bucketmap.BucketActive}
+	if s.depth != nil { // mixed depths: the directory slot names its bucket's depth
+		d := s.depth[b]
+		rt.Bucket, rt.Level = b>>(uint(s.m.Level)-uint(d)), int(d)
+	}
 	if s.flagged[b] {
 		bm := s.m.Meta(b)
 		rt.State, rt.Target, rt.DataLost = bm.State, bm.Target, bm.DataLost

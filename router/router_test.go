@@ -32,7 +32,7 @@ func TestRouteMatchesKeystreamAndMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = clustertest.Next(m)
-	if err := m.SetMoving(5, "pg3", "mv-5"); err != nil {
+	if err := m.SetMoving(bucketmap.Bucket{Prefix: 5, Depth: m.Level}, "pg3", "mv-5"); err != nil {
 		t.Fatal(err)
 	}
 	r := fileRouter(t, m)
@@ -75,11 +75,11 @@ func TestRouteMatchesKeystreamAndMap(t *testing.T) {
 func TestRouteAtStaleMapProtocol(t *testing.T) {
 	m1, _ := bucketmap.New(2, clustertest.Nodes(2), t0) // pg1: 0,1  pg2: 2,3
 	m2 := clustertest.Next(m1)
-	if err := m2.Assign(0, "pg2", bucketmap.AssignOptions{}); err != nil {
+	if err := m2.Assign(bucketmap.Bucket{Prefix: 0, Depth: m2.Level}, "pg2", bucketmap.AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	m3 := clustertest.Next(m2)
-	if err := m3.Assign(1, "pg2", bucketmap.AssignOptions{}); err != nil {
+	if err := m3.Assign(bucketmap.Bucket{Prefix: 1, Depth: m3.Level}, "pg2", bucketmap.AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The router only ever saw version 3: answers for 1 and 2 come from the
@@ -186,7 +186,7 @@ func TestRouteDoesNotAllocate(t *testing.T) {
 	}
 	m, _ := bucketmap.New(16, clustertest.Nodes(100), t0)
 	m = clustertest.Next(m)
-	m.SetMoving(1, m.Owner(9000), "mv")
+	m.SetMoving(bucketmap.Bucket{Prefix: 1, Depth: m.Level}, m.Owner(9000), "mv")
 	r := fileRouter(t, m)
 	if a := testing.AllocsPerRun(1000, func() { r.Route("someone@example.com") }); a != 0 {
 		t.Fatalf("Route allocates %.1f times per call", a)

@@ -73,7 +73,7 @@ func TestStatusPageRendersInBrowser(t *testing.T) {
 	bin := chromium(t)
 	m, _ := bucketmap.New(6, clustertest.Nodes(4), t0) // 64 buckets, 16 each
 	m = clustertest.Next(m)
-	if err := m.SetMoving(0, "pg4", "mv-0"); err != nil {
+	if err := m.SetMoving(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, "pg4", "mv-0"); err != nil {
 		t.Fatal(err)
 	}
 	r := fileRouter(t, m)

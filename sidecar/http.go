@@ -507,15 +507,19 @@ type StatusView struct {
 	Source     router.Source           `json:"source"`
 	ZKState    string                  `json:"zk_state"`
 	MapVersion uint64                  `json:"map_version"`
-	Level      int                     `json:"level"`
+	Level      int                     `json:"level"` // the deepest bucket's depth; every bucket's at one depth
+	MinDepth   int                     `json:"min_depth"`
 	Buckets    int                     `json:"buckets"`
 	AppliedAt  time.Time               `json:"applied_at"`
 	Nodes      []bucketmap.NodeSummary `json:"nodes"`
-	// Cells is the grid: one per bucket, or per range of PerCell buckets
-	// when there are more than maxCells. Each is [owner index, moving
-	// buckets, data-lost buckets], owner being the majority owner.
+	// Cells is the grid: one per bucket in key order, or per run of
+	// PerCell buckets when there are more than maxCells. Each is [owner
+	// index, moving buckets, data-lost buckets], owner being the
+	// majority owner; Labels names each cell's buckets as shardctl does
+	// ("5", "4-7", at mixed depths "0/3" or "0/3-1/2").
 	PerCell  int                       `json:"per_cell"`
 	Cells    [][3]int                  `json:"cells"`
+	Labels   []string                  `json:"labels"`
 	InFlight []bucketmap.BucketSummary `json:"in_flight"`
 	Balanced bool                      `json:"balanced"`
 	Error    string                    `json:"last_error,omitempty"`
@@ -535,27 +539,35 @@ func Status(r *router.Router) (*StatusView, error) {
 	cur := applied[len(applied)-1]
 	m, cluster, at := cur.Map, cur.Cluster, cur.At
 	sum := m.Summarize()
-	v := &StatusView{Cluster: cluster, Source: r.Source(), ZKState: r.ZKState().String(), MapVersion: m.Version, Level: m.Level,
+	v := &StatusView{Cluster: cluster, Source: r.Source(), ZKState: r.ZKState().String(), MapVersion: m.Version, Level: m.Level, MinDepth: m.MinDepth(),
 		Buckets: m.Buckets(), AppliedAt: at, Nodes: sum.Nodes, Balanced: sum.Balanced, InFlight: []bucketmap.BucketSummary{}}
 	if e := r.Stats().LastError.Load(); e != nil {
 		v.Error = *e
 	}
 	// The flagged buckets are the only ones that are moving or lost.
-	flagged := make(map[uint32]bucketmap.BucketSummary, len(sum.Flagged))
+	flagged := make(map[bucketmap.Bucket]bucketmap.BucketSummary, len(sum.Flagged))
 	for _, b := range sum.Flagged {
 		flagged[b.Bucket] = b
 		if b.State == bucketmap.BucketMoving {
 			v.InFlight = append(v.InFlight, b)
 		}
 	}
-	v.PerCell = max(1, m.Buckets()/maxCells)
+	units := m.BucketList()
+	v.PerCell = max(1, (len(units)+maxCells-1)/maxCells)
 	counts := make([]int, len(m.Nodes()))
-	for lo := 0; lo < m.Buckets(); lo += v.PerCell {
+	for lo := 0; lo < len(units); lo += v.PerCell {
 		clear(counts)
 		moving, lost := 0, 0
-		for b := lo; b < lo+v.PerCell; b++ {
-			counts[m.OwnerIndex(uint32(b))]++
-			if bm, ok := flagged[uint32(b)]; ok {
+		hi := min(lo+v.PerCell, len(units)) - 1
+		label := m.Name(units[lo])
+		if hi > lo {
+			label += "-" + m.Name(units[hi])
+		}
+		v.Labels = append(v.Labels, label)
+		for _, b := range units[lo : hi+1] {
+			slot, _ := m.SlotsOf(b)
+			counts[m.OwnerIndex(slot)]++
+			if bm, ok := flagged[b]; ok {
 				if bm.State == bucketmap.BucketMoving {
 					moving++
 				}

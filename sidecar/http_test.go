@@ -115,7 +115,7 @@ type routeJSON struct {
 func TestHTTPAPI(t *testing.T) {
 	m1, _ := bucketmap.New(4, clustertest.Nodes(3), t0)
 	m2 := clustertest.Next(m1)
-	if err := m2.Assign(0, "pg3", bucketmap.AssignOptions{}); err != nil {
+	if err := m2.Assign(bucketmap.Bucket{Prefix: 0, Depth: m2.Level}, "pg3", bucketmap.AssignOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	r := fileRouter(t, m2)

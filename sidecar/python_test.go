@@ -39,7 +39,7 @@ func TestPythonClientAgreesWithGo(t *testing.T) {
 	py := python(t)
 	m, _ := bucketmap.New(7, clustertest.Nodes(5), t0)
 	m = clustertest.Next(m)
-	if err := m.SetMoving(3, m.Owner(100), "mv-3"); err != nil {
+	if err := m.SetMoving(bucketmap.Bucket{Prefix: 3, Depth: m.Level}, m.Owner(100), "mv-3"); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()

@@ -543,7 +543,7 @@ func (c *cluster) verify(ctx context.Context, l *loadRun) (verification, error) 
 		}
 		v.Checked++
 		p := c.ks.Prefix64(k.uid)
-		owner := m.Owner(m.BucketOf(c.ks, k.uid))
+		owner := m.OwnerOf(m.BucketOf(c.ks, k.uid))
 		var body string
 		err := conns[owner].QueryRow(ctx, "SELECT body FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3",
 			keystream.Key(p), k.uid, k.id).Scan(&body)

@@ -510,9 +510,9 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 			edit := func(m *bucketmap.Map) error {
 				m.Encoding = enc
 				if kind == "moving" {
-					return m.SetMoving(b, to, moveID)
+					return m.SetMoving(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, moveID)
 				}
-				return m.Assign(b, to, bucketmap.AssignOptions{})
+				return m.Assign(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, bucketmap.AssignOptions{})
 			}
 			before := f.wire()
 			start := time.Now()

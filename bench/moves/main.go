@@ -145,6 +145,7 @@ func stat(xs []float64) Stat { return benchkit.Of(xs) }
 type MoveRow struct {
 	ID      string  `json:"id"`
 	Bucket  uint32  `json:"bucket"`
+	Level   int     `json:"level"`
 	From    string  `json:"from"`
 	To      string  `json:"to"`
 	State   string  `json:"state"`
@@ -465,7 +466,7 @@ func run(ctx context.Context) (*Summary, error) {
 	sum.RowsLoaded, sum.LoadSeconds = n, time.Since(loadStart).Seconds()
 
 	// The router, registered as a member so that every move waits for it.
-	b.trk = &tracker{since: map[uint32]time.Time{}}
+	b.trk = &tracker{since: map[bucketmap.Bucket]time.Time{}}
 	b.r = router.New(b.sess, b.st.Paths(), router.Options{MemberID: "moves-bench", TunePool: func(c *pgxpool.Config) {
 		c.MaxConns = int32(*writers)
 	}})
@@ -517,7 +518,7 @@ func run(ctx context.Context) (*Summary, error) {
 			say("  move %2d: bucket %3d %s -> %s  %6d rows  copy %6.0f ms (%s rows/s) [slot %s, COPY from %s for %s, then %s; apply worker %s]  lag %5.1f ms  pause %6.1f ms [fence %5.1f, barrier %5.1f, flip %5.1f]  router %s",
 				done.Add(1), rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, human(row.RowsPS),
 				seen(row.SlotMS), seen(row.StartMS), seen(row.DataMS), seen(row.HandoverMS), seen(row.LaunchMS),
-				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, optMS(b.trk.pause(rec.Bucket, row.startedAt)))
+				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, optMS(b.trk.pause(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, row.startedAt)))
 		case msg == topo.MoveAborting || msg == topo.MoveAborted || msg == topo.MoveFailed:
 			say("  move of bucket %d %s -> %s: %s: %s", rec.Bucket, rec.Source, rec.Target, msg, rec.Error)
 		case *verbose:
@@ -682,7 +683,7 @@ func (b *bench) summarize(s *Summary) {
 
 // moveRow extracts a move's figures from its record.
 func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
-	row := MoveRow{ID: rec.ID, Bucket: rec.Bucket, From: rec.Source, To: rec.Target, State: rec.State, Rows: rec.Stats.RowsCopied,
+	row := MoveRow{ID: rec.ID, Bucket: rec.Bucket, Level: rec.Level, From: rec.Source, To: rec.Target, State: rec.State, Rows: rec.Stats.RowsCopied,
 		CopyMS: rec.Stats.CopyMS, LagMS: rec.Stats.LagAtFenceMS, PauseMS: rec.Stats.PauseMS, Error: rec.Error,
 		VerifyOK: rec.Verify != nil && rec.Verify.OK && !rec.Verify.Inconclusive, RouterMS: -1, ClientMS: -1, startedAt: rec.CreatedAt}
 	if rec.Stats.CopyMS > 0 {
@@ -713,7 +714,7 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 	}
 	row.fenceAt, row.teardownAt = at[topo.MoveFence], at[topo.MoveTeardown]
 	if b.trk != nil {
-		if d, ok := b.trk.pause(rec.Bucket, rec.CreatedAt); ok {
+		if d, ok := b.trk.pause(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, rec.CreatedAt); ok {
 			row.RouterMS = float64(d.Microseconds()) / 1000
 		}
 	}
@@ -1059,12 +1060,12 @@ func (l *load) result() *writerResult {
 // moving: writes to it wait in router.Do for that long.
 type tracker struct {
 	mu      sync.Mutex
-	since   map[uint32]time.Time
+	since   map[bucketmap.Bucket]time.Time
 	windows []window
 }
 
 type window struct {
-	bucket     uint32
+	bucket     bucketmap.Bucket
 	start, end time.Time
 }
 
@@ -1074,9 +1075,9 @@ func (t *tracker) observe(m *bucketmap.Map, now time.Time) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	moving := map[uint32]bool{}
+	moving := map[bucketmap.Bucket]bool{}
 	for _, bk := range m.NonActive() {
-		if m.Meta(bk).State == bucketmap.BucketMoving {
+		if m.MetaOf(bk).State == bucketmap.BucketMoving {
 			moving[bk] = true
 			if _, ok := t.since[bk]; !ok {
 				t.since[bk] = now
@@ -1092,7 +1093,7 @@ func (t *tracker) observe(m *bucketmap.Map, now time.Time) {
 }
 
 // find returns the bucket's moving window that began after a move's start.
-func (t *tracker) find(bucket uint32, after time.Time) (window, bool) {
+func (t *tracker) find(bucket bucketmap.Bucket, after time.Time) (window, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for i := len(t.windows) - 1; i >= 0; i-- {
@@ -1103,7 +1104,7 @@ func (t *tracker) find(bucket uint32, after time.Time) (window, bool) {
 	return window{}, false
 }
 
-func (t *tracker) pause(bucket uint32, after time.Time) (time.Duration, bool) {
+func (t *tracker) pause(bucket bucketmap.Bucket, after time.Time) (time.Duration, bool) {
 	w, ok := t.find(bucket, after)
 	return w.end.Sub(w.start), ok
 }
@@ -1115,7 +1116,7 @@ func (b *bench) clientStalls(moves []MoveRow, writes []write) {
 	for i := range moves {
 		mr := &moves[i]
 		lo, hi := mr.fenceAt, mr.teardownAt
-		if w, ok := b.trk.find(mr.Bucket, mr.startedAt); ok {
+		if w, ok := b.trk.find(bucketmap.Bucket{Prefix: mr.Bucket, Depth: mr.Level}, mr.startedAt); ok {
 			lo, hi = w.start, w.end
 		}
 		if lo.IsZero() || hi.IsZero() {

@@ -142,12 +142,15 @@ func runStatus(c *cli.Context) error {
 }
 
 func runSplit(c *cli.Context) error {
+	if c.NArg() == 1 {
+		return runSplitBucket(c)
+	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		// The rollback of a bucket the map has split cannot run.
 		if held, err := migrate.InWindow(ctx, st); err != nil {
 			return err
 		} else if len(held) > 0 {
-			return fmt.Errorf("move %s (bucket %d) is in its rollback window; a split waits until it ends: shardctl move complete %s (or shardctl move rollback %s)", held[0].ID, held[0].Bucket, held[0].ID, held[0].ID)
+			return fmt.Errorf("move %s (bucket %d/%d) is in its rollback window; a split waits until it ends: shardctl move complete %s (or shardctl move rollback %s)", held[0].ID, held[0].Bucket, held[0].Level, held[0].ID, held[0].ID)
 		}
 		res, err := owners(c, st).Split(ctx, 1)
 		if err != nil {
@@ -157,7 +160,53 @@ func runSplit(c *cli.Context) error {
 		m := res.Map
 		log.Info("split", zap.Int("level", m.Level), zap.Uint64("map_version", m.Version))
 		return cliutil.NewPrinter(c).Emit(map[string]any{"level": m.Level, "buckets": m.Buckets(), "map_version": m.Version}, func(w io.Writer) {
-			fmt.Fprintf(w, "split to level %d (%d buckets), map version %d\n", m.Level, m.Buckets(), m.Version)
+			if m.Uniform() {
+				fmt.Fprintf(w, "split to level %d (%d buckets), map version %d\n", m.Level, m.Buckets(), m.Version)
+			} else {
+				fmt.Fprintf(w, "split every bucket one level deeper: depths %d..%d (%d buckets), map version %d\n", m.MinDepth(), m.Level, m.Buckets(), m.Version)
+			}
+		})
+	})
+}
+
+// runSplitBucket splits one bucket. A move of its keys that has not
+// finished (copying, or in its rollback window) would find its bucket gone
+// and abort, or could not roll back: the split waits for it.
+func runSplitBucket(c *cli.Context) error {
+	b, err := bucketmap.ParseBucket(c.Args().Get(0))
+	if err != nil {
+		return cliutil.Usagef("split: %v", err)
+	}
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		m, _, err := st.Load(ctx)
+		if err != nil {
+			return err
+		}
+		r, err := m.Resolve(b)
+		if err != nil {
+			return err
+		}
+		busy, err := migrate.MovesOf(ctx, st, r)
+		if err != nil {
+			return err
+		}
+		if len(busy) > 0 {
+			mv := busy[0]
+			return fmt.Errorf("bucket %s has an unfinished move %s (%s); a split of it waits until the move ends: shardctl move status %s (in its rollback window: shardctl move complete %s)", m.Name(r), mv.ID, mv.State, mv.ID, mv.ID)
+		}
+		res, err := owners(c, st).SplitBucket(ctx, r)
+		if err != nil {
+			return err
+		}
+		printDrift(c, res)
+		m = res.Map
+		h0, h1 := r.Halves()
+		log.Info("split bucket", zap.String("bucket", r.String()), zap.Int("min_depth", m.MinDepth()), zap.Int("max_depth", m.Level), zap.Uint64("map_version", m.Version))
+		out := map[string]any{"split": r, "halves": []bucketmap.Bucket{h0, h1}, "owner": m.OwnerOf(h0), "buckets": m.Buckets(),
+			"min_depth": m.MinDepth(), "max_depth": m.Level, "map_version": m.Version}
+		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
+			fmt.Fprintf(w, "split bucket %s into %s and %s on %s (no data moves); %d buckets at depths %d..%d, map version %d\n",
+				r, h0, h1, m.OwnerOf(h0), m.Buckets(), m.MinDepth(), m.Level, m.Version)
 		})
 	})
 }
@@ -206,24 +255,27 @@ func runAssign(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return cliutil.Usagef("assign: want BUCKET NODE, got %d arguments", c.NArg())
 	}
-	b, err := strconv.ParseUint(c.Args().Get(0), 10, 32)
+	b, err := bucketmap.ParseBucket(c.Args().Get(0))
 	if err != nil {
-		return cliutil.Usagef("assign: bucket %q is not a number", c.Args().Get(0))
+		return cliutil.Usagef("assign: %v", err)
 	}
 	to := bucketmap.NodeID(c.Args().Get(1))
 	if !c.Bool("no-copy") {
-		return cliutil.Usagef("assign: without --no-copy the rows would have to be copied; use `shardctl move %d --to %s` for that, or --no-copy to reassign without copying", b, to)
+		return cliutil.Usagef("assign: without --no-copy the rows would have to be copied; use `shardctl move %s --to %s` for that, or --no-copy to reassign without copying", c.Args().Get(0), to)
 	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-		from, res, err := owners(c, st).Assign(ctx, uint32(b), to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
+		from, res, err := owners(c, st).Assign(ctx, b, to, bucketmap.AssignOptions{NoCopy: true, Force: c.Bool("force")})
 		if err != nil {
 			return err
 		}
 		printDrift(c, res)
 		m := res.Map
-		log.Warn("bucket reassigned without copying", zap.Uint64("bucket", b), zap.String("from", string(from)), zap.String("to", string(to)))
-		return cliutil.NewPrinter(c).Emit(map[string]any{"bucket": b, "from": from, "to": to, "map_version": m.Version, "data_lost": true}, func(w io.Writer) {
-			fmt.Fprintf(w, "bucket %d: %s -> %s WITHOUT copying its rows (marked data-lost), map version %d\n", b, from, to, m.Version)
+		if b.Depth == bucketmap.AtLevel {
+			b.Depth = m.Level
+		}
+		log.Warn("bucket reassigned without copying", zap.String("bucket", b.String()), zap.String("from", string(from)), zap.String("to", string(to)))
+		return cliutil.NewPrinter(c).Emit(map[string]any{"bucket": b.Prefix, "level": b.Depth, "from": from, "to": to, "map_version": m.Version, "data_lost": true}, func(w io.Writer) {
+			fmt.Fprintf(w, "bucket %s: %s -> %s WITHOUT copying its rows (marked data-lost), map version %d\n", m.Name(b), from, to, m.Version)
 		})
 	})
 }

@@ -141,7 +141,17 @@ func newApp() *cli.App {
 					{Name: "list", Usage: "list the sharded tables", Action: runTableList},
 				},
 			},
-			{Name: "split", Usage: "double the bucket count (level n -> n+1); moves no data, one compare-and-swap write", Action: runSplit},
+			{
+				Name:      "split",
+				Usage:     "split one bucket into its two halves, or, without BUCKET, every bucket (level n -> n+1); moves no data, one compare-and-swap write",
+				ArgsUsage: "[BUCKET]",
+				Description: "BUCKET is a bucket's number, or NUMBER/DEPTH once the map has mixed depths (shardctl status shows them).\n" +
+					"Its halves are buckets one level deeper, on the same node; every other bucket is unchanged, and either\n" +
+					"half can then move on its own. A map of mixed depths is stored in format version 2, which releases older\n" +
+					"than this one refuse (and keep their last map): upgrade every router, supervisor and client first.\n" +
+					"See docs/bucket-map.md, \"Mixed depths\".",
+				Action: runSplit,
+			},
 			{Name: "plan", Usage: "print the moves that would balance the live map (changes nothing)", Flags: policyFlags(), Action: runPlan},
 			{
 				Name:      "map-encoding",
@@ -156,6 +166,7 @@ func newApp() *cli.App {
 				Name:      "assign",
 				Usage:     "give one bucket to a db node (manual control)",
 				ArgsUsage: "BUCKET NODE",
+				// BUCKET: a number, or NUMBER/DEPTH at mixed depths.
 				Description: "Copying a bucket's rows is `shardctl move`; assign only changes ownership and needs --no-copy to say so.\n" +
 					"The previous owner goes into the bucket's history for GC.",
 				Flags: []cli.Flag{

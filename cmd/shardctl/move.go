@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -106,15 +105,15 @@ func runMove(c *cli.Context) error {
 	if c.NArg() != 1 || c.String("to") == "" {
 		return cliutil.Usagef("move: want BUCKET --to NODE")
 	}
-	b, err := strconv.ParseUint(c.Args().Get(0), 10, 32)
+	b, err := bucketmap.ParseBucket(c.Args().Get(0))
 	if err != nil {
-		return cliutil.Usagef("move: bucket %q is not a number", c.Args().Get(0))
+		return cliutil.Usagef("move: %v", err)
 	}
 	if c.Bool("no-copy") {
-		fmt.Fprintf(c.App.ErrWriter, "WARNING: --no-copy: bucket %d's rows will NOT be copied to %s; they stay on the old owner until GC deletes them\n", b, c.String("to"))
+		fmt.Fprintf(c.App.ErrWriter, "WARNING: --no-copy: bucket %s's rows will NOT be copied to %s; they stay on the old owner until GC deletes them\n", c.Args().Get(0), c.String("to"))
 	}
 	return withMover(c, func(ctx context.Context, mv *migrate.Mover, _ *bucketmap.Store) error {
-		rec, err := mv.Move(ctx, uint32(b), bucketmap.NodeID(c.String("to")), c.Bool("no-copy"))
+		rec, err := mv.MoveBucket(ctx, b, bucketmap.NodeID(c.String("to")), c.Bool("no-copy"))
 		if perr := printMove(c, rec); perr != nil {
 			return perr
 		}

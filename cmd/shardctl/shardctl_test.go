@@ -165,7 +165,7 @@ func TestIntegrationClusterLifecycle(t *testing.T) {
 		return s
 	}
 	s := status()
-	if s.Level != 4 || s.Version != 1 || len(s.Nodes) != 3 || s.Nodes[0].Buckets != 6 || !s.Balanced {
+	if s.Level == nil || *s.Level != 4 || s.MinDepth != 4 || s.MaxDepth != 4 || s.Version != 1 || len(s.Nodes) != 3 || s.Nodes[0].Buckets != 6 || !s.Balanced {
 		t.Fatalf("status: %+v", s)
 	}
 	grid := mustRun(t, cmd("status", "--grid")...)
@@ -210,7 +210,7 @@ func TestIntegrationClusterLifecycle(t *testing.T) {
 	before := mustRun(t, cmd("hash", "alice")...)
 	mustRun(t, cmd("split")...)
 	s = status()
-	if s.Level != 5 || s.Buckets != 32 {
+	if s.Level == nil || *s.Level != 5 || s.Buckets != 32 {
 		t.Fatalf("after split: %+v", s)
 	}
 	after := mustRun(t, cmd("hash", "alice")...)

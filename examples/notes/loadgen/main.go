@@ -499,7 +499,7 @@ func verify(args []string) error {
 		v.Checked++
 		users[e.UID] = true
 		key := keystream.Key(ks.Prefix64(e.UID))
-		owner := m.Owner(m.BucketOf(ks, e.UID))
+		owner := m.OwnerOf(m.BucketOf(ks, e.UID))
 		c := conns[owner]
 		var body string
 		err := c.QueryRow(ctx, "SELECT body FROM app.notes WHERE bkey = $1 AND uid = $2 AND id = $3", key, e.UID, e.ID).Scan(&body)
@@ -525,7 +525,7 @@ func verify(args []string) error {
 	if *others {
 		for uid := range users {
 			key := keystream.Key(ks.Prefix64(uid))
-			owner := m.Owner(m.BucketOf(ks, uid))
+			owner := m.OwnerOf(m.BucketOf(ks, uid))
 			for id, c := range conns {
 				if id == owner {
 					continue
