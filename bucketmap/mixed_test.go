@@ -254,10 +254,21 @@ func TestDecodeRejectsBadMixedRecords(t *testing.T) {
 		{"depths in version 1", func(r *MapRecord) { r.Version = 1 }, "format version 2, not 1"},
 		{"version 2 without depths", func(r *MapRecord) { r.Depths = "" }, "has none"},
 		{"too few buckets", func(r *MapRecord) { r.Depths = b64(2, 3, 3, 2); r.Owners = b64(0, 0, 0, 0, 0, 1, 0, 2) }, "cover 6 of the 8"},
-		{"too many", func(r *MapRecord) { r.Depths = b64(2, 3, 3, 2, 2, 2); r.Owners = b64(0, 0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0) }, "more than the key space"},
+		{"too many", func(r *MapRecord) {
+			r.Depths = b64(2, 3, 3, 2, 2, 2)
+			r.Owners = b64(0, 0, 0, 0, 0, 1, 0, 2, 0, 0, 0, 0)
+		}, "more than the key space"},
 		{"misaligned", func(r *MapRecord) { r.Depths = b64(3, 2, 3, 2, 2); r.Owners = b64(0, 0, 0, 0, 0, 1, 0, 2, 0, 0) }, "not a multiple"},
-		{"deeper than level", func(r *MapRecord) { r.Depths = b64(2, 4, 4, 3, 2, 2); r.Owners = b64(0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 0, 0) }, "deeper than the map's level"},
-		{"one depth listed", func(r *MapRecord) { r.Level = 2; r.Depths = b64(2, 2, 2, 2); r.Owners = b64(0, 0, 0, 0, 0, 1, 0, 2); r.Buckets = nil }, "lists no depths"},
+		{"deeper than level", func(r *MapRecord) {
+			r.Depths = b64(2, 4, 4, 3, 2, 2)
+			r.Owners = b64(0, 0, 0, 0, 0, 0, 0, 1, 0, 2, 0, 0)
+		}, "deeper than the map's level"},
+		{"one depth listed", func(r *MapRecord) {
+			r.Level = 2
+			r.Depths = b64(2, 2, 2, 2)
+			r.Owners = b64(0, 0, 0, 0, 0, 1, 0, 2)
+			r.Buckets = nil
+		}, "lists no depths"},
 		{"not deepest", func(r *MapRecord) {
 			r.Level = 3
 			r.Depths = b64(1, 2, 2)

@@ -238,8 +238,8 @@ func TestPlannerNoEightVersusSix(t *testing.T) {
 }
 
 func TestPlannerJoinTakesFromMostLoaded(t *testing.T) {
-	m := bump(mustNew(t, 4, []Node{node("a", 1), node("b", 1)})) // 8 / 8
-	if err := m.Assign(at(m, 0), "b", AssignOptions{}); err != nil {    // a 7, b 9
+	m := bump(mustNew(t, 4, []Node{node("a", 1), node("b", 1)}))     // 8 / 8
+	if err := m.Assign(at(m, 0), "b", AssignOptions{}); err != nil { // a 7, b 9
 		t.Fatal(err)
 	}
 	m = bump(m)

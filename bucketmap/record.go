@@ -34,18 +34,18 @@ const MapFormatMixed = 2
 // active are listed in buckets, and history is kept as bucket ranges so that
 // a split doubles bounds instead of duplicating entries.
 type MapRecord struct {
-	Version    int             `json:"version"`
-	MapVersion uint64          `json:"map_version"`
-	Level      int             `json:"level"`
-	UpdatedAt  time.Time       `json:"updated_at"`
-	Nodes      []NodeRecord    `json:"nodes"`
-	Owners     string          `json:"owners"`
+	Version    int          `json:"version"`
+	MapVersion uint64       `json:"map_version"`
+	Level      int          `json:"level"`
+	UpdatedAt  time.Time    `json:"updated_at"`
+	Nodes      []NodeRecord `json:"nodes"`
+	Owners     string       `json:"owners"`
 	// Depths (format version 2 only) is base64 of one byte per bucket,
 	// in key order: that bucket's depth. Owners then has one entry per
 	// bucket in the same order, not one per slot.
-	Depths  string         `json:"depths,omitempty"`
-	Buckets []BucketRecord `json:"buckets,omitempty"`
-	History    []HandoffRecord `json:"history,omitempty"`
+	Depths  string          `json:"depths,omitempty"`
+	Buckets []BucketRecord  `json:"buckets,omitempty"`
+	History []HandoffRecord `json:"history,omitempty"`
 }
 
 // NodeRecord is one db node in the registry. The DSN never carries a

@@ -65,7 +65,9 @@ func TestIntegrationSyncAfterChangeAndReconcile(t *testing.T) {
 		t.Fatalf("check of the unprepared n2: %+v %v, want mismatches", mism, err)
 	}
 
-	next, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, "n2", bucketmap.AssignOptions{NoCopy: true}) })
+	next, err := st.Update(ctx, func(m *bucketmap.Map) error {
+		return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, "n2", bucketmap.AssignOptions{NoCopy: true})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

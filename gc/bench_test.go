@@ -117,11 +117,17 @@ func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
 			c.exec(c.conns[y], `CHECKPOINT`)
 			c.exec(c.conns[y], `VACUUM ANALYZE app.events`)
 			if round == 0 {
-				m = c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{}) })
+				m = c.update(func(m *bucketmap.Map) error {
+					return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{})
+				})
 			} else {
 				// Put the history entry GC pruned back: same handoff again.
-				m = c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, x, bucketmap.AssignOptions{}) })
-				m = c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{}) })
+				m = c.update(func(m *bucketmap.Map) error {
+					return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, x, bucketmap.AssignOptions{})
+				})
+				m = c.update(func(m *bucketmap.Map) error {
+					return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{})
+				})
 			}
 			plainDelete := func(table string) time.Duration {
 				// The fence rejects the delete otherwise: the node does not own the range.

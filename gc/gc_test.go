@@ -126,7 +126,9 @@ func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
 	m = c.update(func(m *bucketmap.Map) error {
 		return m.Assign(bucketmap.Bucket{Prefix: 3, Depth: m.Level}, other(3), bucketmap.AssignOptions{NoCopy: true})
 	})
-	m = c.update(func(m *bucketmap.Map) error { return m.SetMoving(bucketmap.Bucket{Prefix: 2, Depth: m.Level}, c.ids[0], "mv-map") })
+	m = c.update(func(m *bucketmap.Map) error {
+		return m.SetMoving(bucketmap.Bucket{Prefix: 2, Depth: m.Level}, c.ids[0], "mv-map")
+	})
 	ctx := context.Background()
 	if err := c.s.CreateAll(ctx, c.st.Paths().Move("mv-rec")); err != nil {
 		t.Fatal(err)

@@ -76,7 +76,9 @@ CREATE TABLE app.pevents_p1 PARTITION OF app.pevents FOR VALUES WITH (MODULUS 2,
 			if err := tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
-			c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{}) })
+			c.update(func(m *bucketmap.Map) error {
+				return m.Assign(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, y, bucketmap.AssignOptions{})
+			})
 
 			g := c.gc(Options{Grace: -1, Order: order, Batch: 1000})
 			g.Tables = tables

@@ -176,7 +176,9 @@ func (c *cluster) move(m *bucketmap.Map, b uint32, to bucketmap.NodeID) *bucketm
 	if err := tx.Commit(ctx); err != nil {
 		c.t.Fatal(err)
 	}
-	return c.update(func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, bucketmap.AssignOptions{}) })
+	return c.update(func(m *bucketmap.Map) error {
+		return m.Assign(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, bucketmap.AssignOptions{})
+	})
 }
 
 // counts returns the rows per bucket (at level) on a node.

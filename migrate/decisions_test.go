@@ -123,7 +123,9 @@ func TestMoveRefusesASecondMoveOfABucket(t *testing.T) {
 	if m.Owner(1) == to {
 		to = "pg2"
 	}
-	c.update(t, func(m *bucketmap.Map) error { return m.SetMoving(bucketmap.Bucket{Prefix: 1, Depth: m.Level}, to, "b1-x") })
+	c.update(t, func(m *bucketmap.Map) error {
+		return m.SetMoving(bucketmap.Bucket{Prefix: 1, Depth: m.Level}, to, "b1-x")
+	})
 	if _, err := New(c.st, Options{}).Move(ctx, 1, to, false); err == nil || !strings.Contains(err.Error(), "already moving to "+string(to)+" (move b1-x)") {
 		t.Fatalf("move of a bucket marked moving: %v", err)
 	}

@@ -501,7 +501,9 @@ func TestWatchOrphansReportsFrozenBucketWhileNodesAreDown(t *testing.T) {
 		r.FreezeStartedAt = &frozeAt
 		r.Steps = append(r.Steps[:1], topo.MoveStep{State: topo.MoveCopy, At: frozeAt}, topo.MoveStep{State: topo.MoveFence, At: frozeAt})
 	})
-	c.update(t, func(m *bucketmap.Map) error { return m.SetMoving(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, bucketmap.NodeID(rec.Target), rec.ID) })
+	c.update(t, func(m *bucketmap.Map) error {
+		return m.SetMoving(bucketmap.Bucket{Prefix: 0, Depth: m.Level}, bucketmap.NodeID(rec.Target), rec.ID)
+	})
 	reg := prometheus.NewRegistry()
 	met := NewMetrics(reg)
 	mv := New(c.st, Options{Metrics: met})

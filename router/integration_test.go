@@ -157,7 +157,9 @@ func TestFollowsCompressedMap(t *testing.T) {
 	if r.Stats().MapRejected.Load() != 0 {
 		t.Fatalf("the compressed map was rejected: %v", *r.Stats().LastError.Load())
 	}
-	m, err = st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: 5, Depth: m.Level}, m.Owner(60), bucketmap.AssignOptions{}) })
+	m, err = st.Update(ctx, func(m *bucketmap.Map) error {
+		return m.Assign(bucketmap.Bucket{Prefix: 5, Depth: m.Level}, m.Owner(60), bucketmap.AssignOptions{})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +270,9 @@ func TestCutOffMarksAnswersThenRecovers(t *testing.T) {
 	if want.Node == to {
 		to = "pg2"
 	}
-	m, err := st.Update(context.Background(), func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: want.Bucket, Depth: want.Level}, to, bucketmap.AssignOptions{}) })
+	m, err := st.Update(context.Background(), func(m *bucketmap.Map) error {
+		return m.Assign(bucketmap.Bucket{Prefix: want.Bucket, Depth: want.Level}, to, bucketmap.AssignOptions{})
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +466,9 @@ func TestIntegrationDoDuringAMove(t *testing.T) {
 	if from == to {
 		to = "pg1"
 	}
-	m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.SetMoving(bucketmap.Bucket{Prefix: rt.Bucket, Depth: rt.Level}, to, "m1") })
+	m, err := st.Update(ctx, func(m *bucketmap.Map) error {
+		return m.SetMoving(bucketmap.Bucket{Prefix: rt.Bucket, Depth: rt.Level}, to, "m1")
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -488,7 +494,9 @@ func TestIntegrationDoDuringAMove(t *testing.T) {
 	flipped := make(chan error, 1)
 	go func() {
 		<-rejected
-		_, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.Assign(bucketmap.Bucket{Prefix: rt.Bucket, Depth: rt.Level}, to, bucketmap.AssignOptions{}) })
+		_, err := st.Update(ctx, func(m *bucketmap.Map) error {
+			return m.Assign(bucketmap.Bucket{Prefix: rt.Bucket, Depth: rt.Level}, to, bucketmap.AssignOptions{})
+		})
 		flipped <- err
 	}()
 	err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
