@@ -34,7 +34,7 @@ func examplesDir() string {
 }
 
 // The Python client, through the sidecar and from the map file, agrees
-// with the Go router on every user.
+// with the Go router on every user, at one depth and at mixed depths.
 func TestPythonClientAgreesWithGo(t *testing.T) {
 	py := python(t)
 	m, _ := bucketmap.New(7, clustertest.Nodes(5), t0)
@@ -42,6 +42,29 @@ func TestPythonClientAgreesWithGo(t *testing.T) {
 	if err := m.SetMoving(bucketmap.Bucket{Prefix: 3, Depth: m.Level}, m.Owner(100), "mv-3"); err != nil {
 		t.Fatal(err)
 	}
+	pythonAgrees(t, py, m)
+	// Mixed depths 3..9: buckets split at several depths, halves moved
+	// apart, and a half in a move's write pause.
+	mx, _ := bucketmap.New(3, clustertest.Nodes(5), t0)
+	mx = clustertest.Next(mx)
+	for _, b := range []bucketmap.Bucket{{0, 3}, {1, 4}, {3, 5}, {7, 6}, {15, 7}, {31, 8}, {5, 3}} {
+		if err := mx.SplitBucket(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := mx.Assign(bucketmap.Bucket{Prefix: 63, Depth: 9}, "pg5", bucketmap.AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mx.SetMoving(bucketmap.Bucket{Prefix: 10, Depth: 4}, "pg4", "mv-10"); err != nil {
+		t.Fatal(err)
+	}
+	if mx.Uniform() || mx.MinDepth() != 3 || mx.Level != 9 {
+		t.Fatalf("depths %d..%d", mx.MinDepth(), mx.Level)
+	}
+	pythonAgrees(t, py, mx)
+}
+
+func pythonAgrees(t *testing.T, py string, m *bucketmap.Map) {
 	dir := t.TempDir()
 	mapFile := clustertest.WriteMapFile(t, dir, m)
 	r, err := router.NewFromFile(mapFile, router.Options{})
@@ -51,7 +74,7 @@ func TestPythonClientAgreesWithGo(t *testing.T) {
 	srv := httptest.NewServer(Handler(r, HandlerOptions{}))
 	defer srv.Close()
 	uids := []string{"alice", "bob", "ünïcødé", "user-42@example.com"}
-	for i := range 60 {
+	for i := range 300 {
 		uids = append(uids, fmt.Sprintf("u%d", i))
 	}
 	script := filepath.Join(examplesDir(), "shardvisor_router.py")
@@ -71,10 +94,22 @@ func TestPythonClientAgreesWithGo(t *testing.T) {
 				t.Fatalf("%v: %q: %v", mode, line, err)
 			}
 			want, _ := r.Route(uids[i])
-			if got.UID != uids[i] || got.Node != string(want.Node) || got.Bucket != want.Bucket || got.MapVersion != want.MapVersion || got.State != string(want.State) {
+			if got.UID != uids[i] || got.Node != string(want.Node) || got.Bucket != want.Bucket || got.Level != want.Level || got.MapVersion != want.MapVersion || got.State != string(want.State) {
 				t.Fatalf("%v: %s -> %+v, Go says %+v", mode, uids[i], got, want)
 			}
 		}
+	}
+	if m.Uniform() {
+		return
+	}
+	// Every bucket of a mixed map is some user's, and every depth shows.
+	seen := map[int]bool{}
+	for _, u := range uids {
+		rt, _ := r.Route(u)
+		seen[rt.Level] = true
+	}
+	if len(seen) < 3 {
+		t.Fatalf("the users tested reach only depths %v", seen)
 	}
 	// Errors from the sidecar reach the Python caller as a clear message.
 	cmd := exec.Command(py, script, "--sidecar", srv.URL, strings.Repeat("x", MaxUIDLen+1))

@@ -120,24 +120,50 @@ class RouterClient:
 
 
 class LocalRouter:
-    """Routes from a map file, without talking to anything."""
+    """Routes from a map file, without talking to anything.
+
+    It reads bucket map format versions 1 (every bucket at the map's
+    level) and 2 (mixed depths: single-bucket splits). Either way it builds
+    a directory of 2**level slots, each naming its bucket's owner and depth,
+    so that a lookup is one index (docs/bucket-map.md, "Mixed depths"). A
+    newer format is refused, never guessed at.
+    """
+
+    FORMATS = (1, 2)
 
     def __init__(self, doc: dict):
         if doc.get("version") != 1:
             raise ValueError(f"map file format version {doc.get('version')!r} is not supported")
         m = doc["map"]
-        if m.get("version") != 1:
-            raise ValueError(f"bucket map format version {m.get('version')!r} is not supported")
+        if m.get("version") not in self.FORMATS:
+            raise ValueError(f"bucket map format version {m.get('version')!r} is not supported (this client reads {self.FORMATS})")
         self.cluster = doc["cluster"]
         self.keystream = keystream.Keystream(keystream.parse_seed(doc["seed"]))
         self.level = m["level"]
         self.map_version = m["map_version"]
         self.nodes = m["nodes"]
         raw = base64.b64decode(m["owners"])
-        if len(raw) != 2 << self.level:
-            raise ValueError(f"owners: {len(raw)} bytes for level {self.level}")
-        self.owners = [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
-        self.states = {b["bucket"]: b for b in m.get("buckets", [])}
+        owners = [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
+        slots = 1 << self.level
+        if m["version"] == 1:
+            if len(owners) != slots:
+                raise ValueError(f"owners: {len(raw)} bytes for level {self.level}")
+            self.owners, self.depths = owners, None
+        else:
+            depths = base64.b64decode(m["depths"])
+            if len(owners) != len(depths):
+                raise ValueError(f"owners: {len(owners)} for {len(depths)} buckets")
+            self.owners, self.depths = [], []
+            for o, d in zip(owners, depths):
+                if d > self.level or len(self.owners) % (1 << (self.level - d)):
+                    raise ValueError(f"depths: a bucket at depth {d} cannot start at slot {len(self.owners)}")
+                run = 1 << (self.level - d)
+                self.owners += [o] * run
+                self.depths += [d] * run
+            if len(self.owners) != slots:
+                raise ValueError(f"depths: the buckets cover {len(self.owners)} of {slots} slots")
+        # State by (bucket, depth): "level" is absent when it is the map's.
+        self.states = {(b["bucket"], b.get("level", self.level)): b for b in m.get("buckets", [])}
 
     @classmethod
     def from_file(cls, path: str) -> "LocalRouter":
@@ -152,13 +178,17 @@ class LocalRouter:
         return cls.from_file(path)
 
     def route(self, uid: str) -> dict:
-        bucket = self.keystream.bucket(uid, self.level)
-        node = self.nodes[self.owners[bucket]]
-        st = self.states.get(bucket, {})
+        slot = self.keystream.bucket(uid, self.level)
+        node = self.nodes[self.owners[slot]]
+        bucket, level = slot, self.level
+        if self.depths is not None:
+            level = self.depths[slot]
+            bucket = slot >> (self.level - level)
+        st = self.states.get((bucket, level), {})
         return {
             "uid": uid,
             "bucket": bucket,
-            "level": self.level,
+            "level": level,
             "node": node["id"],
             "dsn": node["dsn"],
             "map_version": self.map_version,

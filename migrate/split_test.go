@@ -1,0 +1,101 @@
+package migrate
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/gc"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/ownership"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// A single-bucket split under write load moves nothing and fails no write;
+// a move of one half then copies that half only, every acknowledged write
+// is on the node the map names, every node's fence agrees with the map,
+// and GC deletes from the old owner that half's rows and nothing else.
+func TestIntegrationSplitBucketThenMoveHalf(t *testing.T) {
+	f := newFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
+	base := f.seedRows("seed", 600)
+	ctx := context.Background()
+	whole := bucketmap.Bucket{Prefix: 0, Depth: 2}
+	h0, h1 := whole.Halves()
+	before := f.rowsIn("pg1", 2, 0)
+	if before == 0 || f.rowsIn("pg1", 3, 0) == 0 || f.rowsIn("pg1", 3, 1) == 0 {
+		t.Fatalf("the seed left bucket 0 or a half empty (%d rows)", before)
+	}
+	l := f.startLoad(4, 150)
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the split")
+	res, err := ownership.New(f.st, ownership.Options{}).SplitBucket(ctx, whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := res.Drift(); len(d) > 0 {
+		t.Fatalf("fences drifted on the split: %+v", d)
+	}
+	m := res.Map
+	if m.Buckets() != 5 || m.OwnerOf(h0) != "pg1" || m.OwnerOf(h1) != "pg1" {
+		t.Fatalf("after the split: %d buckets, halves on %s and %s", m.Buckets(), m.OwnerOf(h0), m.OwnerOf(h1))
+	}
+	testenv.WaitFor(t, 10*time.Second, func() bool { return f.r.Map().Version == m.Version }, "the router applies the split")
+	n := l.writes.Load()
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the split")
+	if l.failed.Load() > 0 {
+		t.Fatalf("%d writes failed across the split: %s", l.failed.Load(), *l.lastErr.Load())
+	}
+	rec, err := f.mover(Options{}).MoveBucket(ctx, h1, "pg2", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n = l.writes.Load()
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the move")
+	acked := l.finish()
+	if rec.State != topo.MoveDone || rec.Bucket != h1.Prefix || rec.Level != h1.Depth || !rec.Verify.OK {
+		t.Fatalf("move of %s: %s %+v, error %q", h1, rec.State, rec.Verify, rec.Error)
+	}
+	if l.failed.Load() > 0 {
+		t.Fatalf("%d writes failed: %s", l.failed.Load(), *l.lastErr.Load())
+	}
+	// Only that half was copied: the target has none of the other half.
+	if got := f.rowsIn("pg2", 3, 0); got != 0 {
+		t.Fatalf("the target got %d rows of the half that stayed", got)
+	}
+	moved := f.rowsIn("pg2", 3, 1)
+	if rec.Stats.RowsCopied == 0 || rec.Stats.RowsCopied > moved {
+		t.Fatalf("copied %d rows, the target holds %d of the half", rec.Stats.RowsCopied, moved)
+	}
+	withSeeded(acked, base)
+	f.checkAcked(acked, l.maybe)
+	m = f.mapNow()
+	if m.OwnerOf(h1) != "pg2" || m.OwnerOf(h0) != "pg1" {
+		t.Fatalf("owners after the move: %s %s", m.OwnerOf(h0), m.OwnerOf(h1))
+	}
+	crec, err := topo.ReadCluster(ctx, f.s, f.st.Paths())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range f.nodes {
+		mm, err := fence.CheckFence(ctx, f.conn(nd.ID), crec.Name, crec.Tables, m, nd.ID)
+		if err != nil || len(mm) > 0 {
+			t.Fatalf("node %s: fence against the map: %v %v", nd.ID, mm, err)
+		}
+	}
+	// GC deletes the moved half from pg1, and only it.
+	keep := f.rowsIn("pg1", 3, 0)
+	g, err := gc.New(ctx, f.st, gc.Options{Grace: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := g.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Deleted == 0 || f.rowsIn("pg1", 3, 1) != 0 || f.rowsIn("pg1", 3, 0) != keep || f.rowsIn("pg2", 3, 1) != moved {
+		t.Fatalf("gc deleted %d: pg1 half 0 %d (was %d), pg1 half 1 %d, pg2 half 1 %d (was %d); skipped %+v",
+			rep.Deleted, f.rowsIn("pg1", 3, 0), keep, f.rowsIn("pg1", 3, 1), f.rowsIn("pg2", 3, 1), moved, rep.Skipped)
+	}
+	f.checkAcked(acked, l.maybe)
+}
