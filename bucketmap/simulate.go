@@ -12,11 +12,19 @@ type SimEvent struct {
 	Kind   string // add, down, drain, up, remove, weight, split
 	Node   NodeID
 	Weight int
+	// Bucket is split's one bucket (split:BUCKET); nil splits them all.
+	Bucket *Bucket
 }
 
 func (e SimEvent) String() string {
 	switch e.Kind {
 	case "split":
+		if e.Bucket != nil {
+			if e.Bucket.Depth == AtLevel {
+				return fmt.Sprintf("split:%d", e.Bucket.Prefix)
+			}
+			return "split:" + e.Bucket.String()
+		}
 		return "split"
 	case "add", "weight":
 		return fmt.Sprintf("%s:%s=%d", e.Kind, e.Node, e.Weight)
@@ -25,10 +33,17 @@ func (e SimEvent) String() string {
 }
 
 // ParseSimEvent parses add:ID[=WEIGHT], down:ID, drain:ID, up:ID,
-// remove:ID, weight:ID=W and split.
+// remove:ID, weight:ID=W, split and split:BUCKET.
 func ParseSimEvent(s string) (SimEvent, error) {
 	if s == "split" {
 		return SimEvent{Kind: "split"}, nil
+	}
+	if b, ok := strings.CutPrefix(s, "split:"); ok {
+		bk, err := ParseBucket(b)
+		if err != nil {
+			return SimEvent{}, fmt.Errorf("event %q: %v", s, err)
+		}
+		return SimEvent{Kind: "split", Bucket: &bk}, nil
 	}
 	kind, arg, ok := strings.Cut(s, ":")
 	if !ok || arg == "" {
@@ -68,7 +83,9 @@ func SimNode(id NodeID, weight int) Node {
 type SimStep struct {
 	Event      string         `json:"event"`
 	Splits     int            `json:"splits"`
-	Level      int            `json:"level"`
+	Level      int            `json:"level"`     // the deepest bucket's depth
+	MinDepth   int            `json:"min_depth"` // Level at one depth
+	Buckets    int            `json:"buckets"`
 	Reassigned int            `json:"reassigned"`
 	Moves      int            `json:"moves"`
 	LowerBound int            `json:"lower_bound"`
@@ -102,7 +119,14 @@ func Simulate(m *Map, events []SimEvent, pol Policy) ([]SimStep, *Map, error) {
 		case "weight":
 			err = cur.SetWeight(e.Node, e.Weight)
 		case "split":
-			err = cur.Split()
+			if e.Bucket == nil {
+				err = cur.Split()
+				break
+			}
+			var b Bucket
+			if b, err = cur.Resolve(*e.Bucket); err == nil {
+				err = cur.SplitBucket(b)
+			}
 		}
 		if err != nil {
 			return steps, cur, fmt.Errorf("%s: %w", e, err)
@@ -116,7 +140,7 @@ func Simulate(m *Map, events []SimEvent, pol Policy) ([]SimStep, *Map, error) {
 		}
 		st.Splits, st.Moves, st.LowerBound = p.Splits, len(p.Moves), p.LowerBound
 		st.Reassigned += len(p.Reassign)
-		st.Level = cur.Level
+		st.Level, st.MinDepth, st.Buckets = cur.Level, cur.MinDepth(), cur.Buckets()
 		st.Counts = cur.Counts()
 		steps = append(steps, st)
 	}

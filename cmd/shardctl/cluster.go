@@ -231,20 +231,28 @@ func printPlan(ctx context.Context, c *cli.Context, st *bucketmap.Store) error {
 }
 
 func writePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.Plan, pol bucketmap.Policy) {
+	// Buckets at the plan's level (after its splits) of a map at one
+	// depth keep their bare numbers.
+	name := func(b bucketmap.Bucket) string {
+		if m.Uniform() && b.Depth == p.Level {
+			return fmt.Sprint(b.Prefix)
+		}
+		return b.String()
+	}
 	fmt.Fprintf(w, "plan for map version %d: ", p.MapVersion)
 	if p.Splits > 0 {
 		fmt.Fprintf(w, "split %d time(s) to level %d, then ", p.Splits, p.Level)
 	}
 	fmt.Fprintf(w, "%d reassignments without copy, %d moves (lower bound %d)\n", len(p.Reassign), len(p.Moves), p.LowerBound)
 	for _, mv := range p.Reassign {
-		fmt.Fprintf(w, "  reassign bucket %d: %s (down) -> %s\n", mv.Bucket, mv.From, mv.To)
+		fmt.Fprintf(w, "  reassign bucket %s: %s (down) -> %s\n", name(mv.Bucket), mv.From, mv.To)
 	}
 	for i, mv := range p.Moves {
 		if i == 50 {
 			fmt.Fprintf(w, "  ... %d more (see --json)\n", len(p.Moves)-50)
 			break
 		}
-		fmt.Fprintf(w, "  move bucket %d: %s -> %s\n", mv.Bucket, mv.From, mv.To)
+		fmt.Fprintf(w, "  move bucket %s: %s -> %s\n", name(mv.Bucket), mv.From, mv.To)
 	}
 	if len(p.Moves) > 0 {
 		fmt.Fprintf(w, "first wave at concurrency %d: %d move(s)\n", max(1, pol.Concurrency), len(bucketmap.Schedule(p.Moves, nil, pol.Concurrency)))
@@ -296,10 +304,14 @@ func runSimulate(c *cli.Context) error {
 		steps, final, err := bucketmap.Simulate(start, events, policy(c))
 		out := cliutil.NewPrinter(c)
 		if perr := out.Emit(map[string]any{"steps": steps, "final": final.Summarize()}, func(w io.Writer) {
-			fmt.Fprintf(w, "start: level %d, %d nodes\n", start.Level, len(start.Nodes()))
-			fmt.Fprintf(w, "%-20s %6s %6s %10s %6s %11s\n", "EVENT", "LEVEL", "SPLITS", "REASSIGNED", "MOVES", "LOWER-BOUND")
+			fmt.Fprintf(w, "start: %s (%d buckets), %d nodes\n", depths(start.MinDepth(), start.Level), start.Buckets(), len(start.Nodes()))
+			fmt.Fprintf(w, "%-20s %6s %8s %6s %10s %6s %11s\n", "EVENT", "LEVEL", "BUCKETS", "SPLITS", "REASSIGNED", "MOVES", "LOWER-BOUND")
 			for _, s := range steps {
-				fmt.Fprintf(w, "%-20s %6d %6d %10d %6d %11d\n", s.Event, s.Level, s.Splits, s.Reassigned, s.Moves, s.LowerBound)
+				lv := fmt.Sprint(s.Level)
+				if s.MinDepth != s.Level {
+					lv = fmt.Sprintf("%d..%d", s.MinDepth, s.Level)
+				}
+				fmt.Fprintf(w, "%-20s %6s %8d %6d %10d %6d %11d\n", s.Event, lv, s.Buckets, s.Splits, s.Reassigned, s.Moves, s.LowerBound)
 			}
 			fmt.Fprintln(w, "final balance:")
 			bucketmap.WriteSummary(w, final.Summarize())
@@ -335,4 +347,12 @@ func runSimulate(c *cli.Context) error {
 		return cliutil.Usagef("simulate: %v", err)
 	}
 	return run(m)
+}
+
+// depths names a map's depths for people: "level 4", or "depths 2..5".
+func depths(lo, hi int) string {
+	if lo == hi {
+		return fmt.Sprintf("level %d", hi)
+	}
+	return fmt.Sprintf("depths %d..%d", lo, hi)
 }

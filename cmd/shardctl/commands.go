@@ -178,7 +178,7 @@ func newApp() *cli.App {
 			{
 				Name:      "simulate",
 				Usage:     "try a sequence of changes offline and print each step's plan size and the final balance",
-				ArgsUsage: "EVENT... (add:ID[=W] down:ID drain:ID up:ID remove:ID weight:ID=W split)",
+				ArgsUsage: "EVENT... (add:ID[=W] down:ID drain:ID up:ID remove:ID weight:ID=W split split:BUCKET)",
 				Flags: append([]cli.Flag{
 					&cli.IntFlag{Name: "level", Value: 8, Usage: "starting level"},
 					&cli.StringFlag{Name: "nodes", Value: "n1,n2,n3", Usage: "starting nodes `ID[=W],...`"},

@@ -31,6 +31,7 @@ func runHash(c *cli.Context) error {
 		}
 	}
 	var seed keystream.Seed
+	var m *bucketmap.Map // the live map, when hash reads it
 	if c.IsSet("seed") {
 		if !c.IsSet("level") {
 			return cliutil.Usagef("hash: --level is required with --seed")
@@ -40,13 +41,14 @@ func runHash(c *cli.Context) error {
 			return cliutil.Usagef("hash: --seed: %v", err)
 		}
 	} else {
-		var mapLevel int
 		var err error
-		if seed, mapLevel, err = clusterSeed(c); err != nil {
+		if seed, m, err = clusterSeed(c); err != nil {
 			return err
 		}
 		if !c.IsSet("level") {
-			level = mapLevel
+			level = m.Level
+		} else {
+			m = nil // the level asked for, not the map's buckets
 		}
 	}
 	ks, err := keystream.New(seed)
@@ -61,42 +63,48 @@ func runHash(c *cli.Context) error {
 	for _, uid := range uids {
 		p := ks.Prefix64(uid)
 		l := hashLine{UID: uid, Level: level, Bucket: keystream.BucketOf(p, level), Prefix64: fmt.Sprintf("%016x", p), Key: keystream.Key(p)}
-		if err := out.Emit(l, func(w io.Writer) { fmt.Fprintf(w, "%s\t%d\t%s\n", l.UID, l.Bucket, l.Prefix64) }); err != nil {
+		name := fmt.Sprint(l.Bucket)
+		if m != nil && !m.Uniform() {
+			// At mixed depths the user's bucket is at its own depth.
+			b := m.BucketOfPrefix(p)
+			l.Level, l.Bucket, name = b.Depth, b.Prefix, b.String()
+		}
+		if err := out.Emit(l, func(w io.Writer) { fmt.Fprintf(w, "%s\t%s\t%s\n", l.UID, name, l.Prefix64) }); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// clusterSeed reads the cluster's seed and its map's level.
-func clusterSeed(c *cli.Context) (keystream.Seed, int, error) {
+// clusterSeed reads the cluster's seed and its map.
+func clusterSeed(c *cli.Context) (keystream.Seed, *bucketmap.Map, error) {
 	log, err := cliutil.Logger(c)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	// Mistakes in --zk-root or --cluster are reported plainly, as by every
 	// command; the session's errors say why hash needed one.
 	if _, err := cliutil.Paths(c); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	s, paths, err := cliutil.Connect(c, log)
 	if err != nil {
-		return nil, 0, fmt.Errorf("hash: no --seed given, so the cluster's seed is needed: %w", err)
+		return nil, nil, fmt.Errorf("hash: no --seed given, so the cluster's seed is needed: %w", err)
 	}
 	defer s.Close()
 	rec, err := topo.ReadCluster(c.Context, s, paths)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	seed, err := keystream.ParseSeed(rec.Seed)
 	if err != nil {
-		return nil, 0, fmt.Errorf("cluster record at %s: %w", paths.Cluster(), err)
+		return nil, nil, fmt.Errorf("cluster record at %s: %w", paths.Cluster(), err)
 	}
 	m, _, err := bucketmap.NewStore(s, paths).Load(c.Context)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
-	return seed, m.Level, nil
+	return seed, m, nil
 }
 
 // userIDs are the user ids hash and route answer for: the arguments, or

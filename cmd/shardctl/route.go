@@ -35,7 +35,8 @@ func runRoute(c *cli.Context) error {
 			}
 			v := sidecar.JSONRoute(uid, rt)
 			if err := out.Emit(v, func(w io.Writer) {
-				line := fmt.Sprintf("%s\tbucket %d\t%s\t%s\tmap v%d", uid, rt.Bucket, rt.Node, rt.State, rt.MapVersion)
+				b := bucketmap.Bucket{Prefix: rt.Bucket, Depth: rt.Level}
+				line := fmt.Sprintf("%s\tbucket %s\t%s\t%s\tmap v%d", uid, r.Map().Name(b), rt.Node, rt.State, rt.MapVersion)
 				if rt.Target != "" {
 					line += " -> " + string(rt.Target)
 				}
