@@ -143,11 +143,42 @@ func TestNewFromFileRejectsBadFiles(t *testing.T) {
 
 // BenchmarkRouteVsPrefix64 measures Route at 2^16 buckets against
 // keystream.Prefix64 alone, in one run, and reports the ratio.
+// BenchmarkRouteVsPrefix64 compares Route with the keystream hash alone
+// on 2^16 buckets over 100 nodes: at one depth (level 16), and at mixed
+// depths (one bucket at depth 15, one at 17, the rest at 16).
 func BenchmarkRouteVsPrefix64(b *testing.B) {
-	m, err := bucketmap.New(16, clustertest.Nodes(100), t0)
+	b.Run("one-depth", func(b *testing.B) {
+		m, err := bucketmap.New(16, clustertest.Nodes(100), t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchRoute(b, m)
+	})
+	b.Run("mixed-depths", func(b *testing.B) { benchRoute(b, mixedMap(b)) })
+}
+
+// mixedMap is 2^16 buckets at depths 15..17 over 100 nodes.
+func mixedMap(t testing.TB) *bucketmap.Map {
+	m, err := bucketmap.New(15, clustertest.Nodes(100), t0)
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
+	m = clustertest.Next(m)
+	for p := uint32(1); p < 1<<15; p++ {
+		if err := m.SplitBucket(bucketmap.Bucket{Prefix: p, Depth: 15}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.SplitBucket(bucketmap.Bucket{Prefix: 1<<16 - 1, Depth: 16}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Buckets() != 1<<16 || m.MinDepth() != 15 || m.Level != 17 {
+		t.Fatalf("%d buckets at depths %d..%d", m.Buckets(), m.MinDepth(), m.Level)
+	}
+	return m
+}
+
+func benchRoute(b *testing.B, m *bucketmap.Map) {
 	r := fileRouter(b, m)
 	seed, _ := keystream.ParseSeed(clustertest.Seed)
 	ks, _ := keystream.New(seed)
@@ -177,7 +208,7 @@ func BenchmarkRouteVsPrefix64(b *testing.B) {
 	b.ReportMetric(routeNS/float64(b.N), "route-ns/op")
 	b.ReportMetric(baseNS/float64(b.N), "prefix64-ns/op")
 	b.ReportMetric(routeNS/baseNS, "x-prefix64")
-	b.Logf("Route %.1f ns, Prefix64 %.1f ns: ratio %.3f (target <= 1.3)", routeNS/float64(b.N), baseNS/float64(b.N), routeNS/baseNS)
+	b.Logf("%d buckets at depths %d..%d: Route %.1f ns, Prefix64 %.1f ns: ratio %.3f (target <= 1.25)", m.Buckets(), m.MinDepth(), m.Level, routeNS/float64(b.N), baseNS/float64(b.N), routeNS/baseNS)
 }
 
 func TestRouteDoesNotAllocate(t *testing.T) {
@@ -187,11 +218,13 @@ func TestRouteDoesNotAllocate(t *testing.T) {
 	m, _ := bucketmap.New(16, clustertest.Nodes(100), t0)
 	m = clustertest.Next(m)
 	m.SetMoving(bucketmap.Bucket{Prefix: 1, Depth: m.Level}, m.Owner(9000), "mv")
-	r := fileRouter(t, m)
-	if a := testing.AllocsPerRun(1000, func() { r.Route("someone@example.com") }); a != 0 {
-		t.Fatalf("Route allocates %.1f times per call", a)
-	}
-	if a := testing.AllocsPerRun(1000, func() { r.RouteAt("someone@example.com", 1) }); a != 0 {
-		t.Fatalf("RouteAt allocates %.1f times per call", a)
+	for _, m := range []*bucketmap.Map{m, mixedMap(t)} {
+		r := fileRouter(t, m)
+		if a := testing.AllocsPerRun(1000, func() { r.Route("someone@example.com") }); a != 0 {
+			t.Fatalf("Route allocates %.1f times per call", a)
+		}
+		if a := testing.AllocsPerRun(1000, func() { r.RouteAt("someone@example.com", 1) }); a != 0 {
+			t.Fatalf("RouteAt allocates %.1f times per call", a)
+		}
 	}
 }
