@@ -55,7 +55,7 @@ func (b Bucket) Contains(c Bucket) bool {
 }
 
 func (b Bucket) valid() bool {
-	return b.Depth >= 0 && b.Depth <= MaxLevel && uint64(b.Prefix) < 1<<b.Depth
+	return b.Depth >= 0 && b.Depth <= MaxDepth && uint64(b.Prefix) < 1<<b.Depth
 }
 
 // Uniform reports whether every bucket is at the map's Level (the only
@@ -180,8 +180,8 @@ func ParseBucket(s string) (Bucket, error) {
 	b := Bucket{Prefix: uint32(p), Depth: AtLevel}
 	if slash {
 		d, err := strconv.Atoi(ds)
-		if err != nil || d < 0 || d > MaxLevel {
-			return Bucket{}, fmt.Errorf("bucket %q: depth %q is not a number in 0..%d", s, ds, MaxLevel)
+		if err != nil || d < 0 || d > MaxDepth {
+			return Bucket{}, fmt.Errorf("bucket %q: depth %q is not a number in 0..%d", s, ds, MaxDepth)
 		}
 		b.Depth = d
 		if !b.valid() {

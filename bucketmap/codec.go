@@ -38,8 +38,8 @@ func DecodeRecord(znode string, data []byte) (*Map, []byte, error) {
 }
 
 func fromRecord(r *MapRecord) (*Map, error) {
-	if r.Level < 0 || r.Level > MaxLevel {
-		return nil, fmt.Errorf("level %d out of range 0..%d", r.Level, MaxLevel)
+	if r.Level < 0 || r.Level > MaxDepth || (r.Depths == "" && r.Level > MaxLevel) {
+		return nil, fmt.Errorf("level %d out of range 0..%d (0..%d at mixed depths)", r.Level, MaxLevel, MaxDepth)
 	}
 	m := &Map{Version: r.MapVersion, Level: r.Level, UpdatedAt: r.UpdatedAt,
 		index: make(map[NodeID]int, len(r.Nodes)), meta: map[uint32]BucketMeta{}}

@@ -360,8 +360,11 @@ func (m *Map) ClearMoving(b Bucket) error {
 // stays on the same node and no data moves. On a map at one depth bucket
 // k becomes 2k and 2k+1. It refuses while a bucket is moving.
 func (m *Map) Split() error {
-	if m.Level >= MaxLevel {
+	if m.depth == nil && m.Level >= MaxLevel {
 		return fmt.Errorf("level %d is the maximum; cannot split", MaxLevel)
+	}
+	if m.Level >= MaxDepth {
+		return fmt.Errorf("the deepest bucket is at depth %d, the maximum; cannot split every bucket", MaxDepth)
 	}
 	for s, bm := range m.meta {
 		if bm.State == BucketMoving {
@@ -420,7 +423,7 @@ func (m *Map) deepen() {
 // SplitBucket splits bucket b alone into its two halves one level deeper
 // (Bucket.Halves), both on b's owner with b's flags and history, so that
 // no data moves and either half can then move on its own. Every other
-// bucket is unchanged. It refuses while b is moving, and at MaxLevel.
+// bucket is unchanged. It refuses while b is moving, and at MaxDepth.
 func (m *Map) SplitBucket(b Bucket) error {
 	lo, _, err := m.checkBucket(b)
 	if err != nil {
@@ -429,8 +432,8 @@ func (m *Map) SplitBucket(b Bucket) error {
 	if bm := m.meta[lo]; bm.State == BucketMoving {
 		return fmt.Errorf("bucket %s is moving to %s (move %s); finish or abort its move before splitting it", m.Name(b), bm.Target, bm.Move)
 	}
-	if b.Depth >= MaxLevel {
-		return fmt.Errorf("bucket %s is at depth %d, the maximum; cannot split it", m.Name(b), MaxLevel)
+	if b.Depth >= MaxDepth {
+		return fmt.Errorf("bucket %s is at depth %d, the maximum; cannot split it", m.Name(b), MaxDepth)
 	}
 	n := m.Buckets()
 	if b.Depth == m.Level {

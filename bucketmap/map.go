@@ -27,6 +27,12 @@ import (
 // registry and history.
 const MaxLevel = 17
 
+// MaxDepth is the deepest a single-bucket split goes (SplitBucket). A map
+// of mixed depths stores one owner per bucket, not per slot, so its record
+// stays small however deep one bucket is; what grows is each reader's
+// directory of 2^Level slots, 3 MiB at depth 20.
+const MaxDepth = 20
+
 // MaxNodes bounds the registry (owners are 16-bit indexes).
 const MaxNodes = 1 << 16
 
@@ -441,8 +447,8 @@ func (m *Map) Validate() error {
 	if m.Version < 1 {
 		return fmt.Errorf("map version %d: must be at least 1", m.Version)
 	}
-	if m.Level < 0 || m.Level > MaxLevel {
-		return fmt.Errorf("level %d out of range 0..%d", m.Level, MaxLevel)
+	if m.Level < 0 || m.Level > MaxDepth || (m.depth == nil && m.Level > MaxLevel) {
+		return fmt.Errorf("level %d out of range 0..%d (0..%d at mixed depths)", m.Level, MaxLevel, MaxDepth)
 	}
 	if len(m.nodes) == 0 {
 		return fmt.Errorf("no db nodes in the registry")

@@ -86,7 +86,7 @@ func TestParseBucket(t *testing.T) {
 		{"1", "name one with its depth"},
 		{"x", "not a bucket number"},
 		{"1/x", "depth \"x\" is not a number"},
-		{"1/99", "is not a number in 0..17"},
+		{"1/99", "is not a number in 0..20"},
 		{"0/2", "split further"},
 		{"8/3", "numbers are 0..7"},
 	} {
@@ -106,7 +106,7 @@ func randomMixed(t testing.TB, rng *rand.Rand, level, nnodes, splits int) *Map {
 	for range splits {
 		bs := m.BucketList()
 		b := bs[rng.IntN(len(bs))]
-		if b.Depth >= MaxLevel {
+		if b.Depth >= MaxDepth {
 			continue
 		}
 		if err := m.SplitBucket(b); err != nil {
@@ -160,7 +160,7 @@ func TestMixedDepthsProperties(t *testing.T) {
 			}
 			// The split of its bucket keeps the key's owner.
 			c := m.Clone()
-			if b.Depth < MaxLevel {
+			if b.Depth < MaxDepth {
 				if err := c.SplitBucket(b); err != nil {
 					t.Fatal(err)
 				}

@@ -42,6 +42,10 @@ type Move struct {
 	To   NodeID `json:"to"`
 }
 
+// String reads "BUCKET: FROM -> TO" (without it the embedded Bucket's
+// String would name the bucket alone).
+func (mv Move) String() string { return fmt.Sprintf("%s: %s -> %s", mv.Bucket, mv.From, mv.To) }
+
 // Plan is the planner's answer for one map version.
 type Plan struct {
 	MapVersion uint64 `json:"map_version"`
