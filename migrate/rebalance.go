@@ -13,6 +13,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/ownership"
+	"github.com/shardvisor/shardvisor/sizing"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -41,6 +42,10 @@ type Rebalancer struct {
 	Backoff time.Duration
 	// Progress, when set, receives a line per decision (Move is nil).
 	Progress func(Progress)
+	// BySize, when set, balances what the nodes hold (RunBySize) instead
+	// of bucket counts; Sizing tunes the measurements it takes.
+	BySize *bucketmap.SizePolicy
+	Sizing sizing.Options
 	// watcherRuns: RunForever's orphan watcher owns unfinished moves.
 	watcherRuns bool
 }
@@ -143,6 +148,11 @@ type Report struct {
 	Resumed    []string           `json:"resumed,omitempty"`
 	Moves      []*topo.MoveRecord `json:"moves"`
 	Balanced   bool               `json:"balanced"`
+	// By size only: the buckets split, the last plan's largest
+	// size/fair-share ratio, and why it stopped short of the tolerance.
+	SplitBuckets []bucketmap.Bucket `json:"split_buckets,omitempty"`
+	MaxOverFair  float64            `json:"max_over_fair,omitempty"`
+	Stuck        []string           `json:"stuck,omitempty"`
 }
 
 func (rb *Rebalancer) say(format string, args ...any) {
@@ -218,6 +228,9 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			return rep, err
 		}
 	}
+	if rb.BySize != nil {
+		return rep, rb.runBySize(ctx, rep, retry)
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return rep, err
@@ -279,58 +292,65 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			return rep, fmt.Errorf("%w: %d unfinished, %d planned", ErrWaitingForMoves, len(inFlight), len(p.Moves))
 		}
 		rb.say("%d moves left (lower bound %d); starting %d", len(p.Moves), p.LowerBound, len(batch))
-		var wg sync.WaitGroup
-		results := make([]*topo.MoveRecord, len(batch))
-		errs := make([]error, len(batch))
-		for i, mv := range batch {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				results[i], errs[i] = rb.mv.MoveBucket(ctx, mv.Bucket, mv.To, false)
-			}()
-		}
-		wg.Wait()
-		// Every move of the batch goes into the report before an error
-		// stops the run: a move left half done must show in it.
-		for _, rec := range results {
-			if rec != nil {
-				rep.Moves = append(rep.Moves, rec)
-				switch rec.State {
-				case topo.MoveDone:
-					rb.say("moved bucket %d %s -> %s: %d rows, copy %.0f ms, pause %.1f ms", rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS)
-				case topo.MoveReversible:
-					rb.say("moved bucket %d %s -> %s: %d rows, copy %.0f ms, pause %.1f ms; rollback window open (move %s)", rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS, rec.ID)
-				case topo.MoveRolledBack:
-					rb.say("move of bucket %d %s -> %s rolled back: %s", rec.Bucket, rec.Source, rec.Target, rec.Error)
-				}
-			}
-		}
-		for i, rec := range results {
-			if errs[i] == nil {
-				continue
-			}
-			// A move that aborted cleanly left nothing behind: try it
-			// again after a pause, a few times, before giving up.
-			if rec != nil && rec.State == topo.MoveAborted && !errors.Is(errs[i], ErrVerifyMismatch) {
-				b := retry[recBucket(rec)]
-				if b == nil {
-					b = backoff.New(rb.Backoff, rb.Backoff<<rb.Attempts)
-					retry[recBucket(rec)] = b
-				}
-				if failures := b.Attempts() + 1; failures < rb.Attempts {
-					wait := b.Next() // with jitter, like every retry
-					rb.say("move of bucket %d aborted (%v); retrying in %s (attempt %d of %d)", rec.Bucket, errs[i], wait.Round(time.Millisecond), failures+1, rb.Attempts)
-					select {
-					case <-ctx.Done():
-						return rep, ctx.Err()
-					case <-time.After(wait):
-					}
-					continue
-				}
-			}
-			return rep, fmt.Errorf("rebalancer stopped: %w", errs[i])
+		if err := rb.runBatch(ctx, rep, batch, retry); err != nil {
+			return rep, err
 		}
 	}
+}
+
+// runBatch runs a batch of moves at once and puts every one in the report
+// before an error stops the run (a move left half done must show in it).
+// A move that aborted cleanly left nothing behind: after a pause it is
+// planned again, up to Attempts times, before the run gives up.
+func (rb *Rebalancer) runBatch(ctx context.Context, rep *Report, batch []bucketmap.Move, retry map[bucketmap.Bucket]*backoff.Backoff) error {
+	var wg sync.WaitGroup
+	results := make([]*topo.MoveRecord, len(batch))
+	errs := make([]error, len(batch))
+	for i, mv := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = rb.mv.MoveBucket(ctx, mv.Bucket, mv.To, false)
+		}()
+	}
+	wg.Wait()
+	for _, rec := range results {
+		if rec != nil {
+			rep.Moves = append(rep.Moves, rec)
+			switch rec.State {
+			case topo.MoveDone:
+				rb.say("moved bucket %s %s -> %s: %d rows, copy %.0f ms, pause %.1f ms", recBucket(rec), rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS)
+			case topo.MoveReversible:
+				rb.say("moved bucket %s %s -> %s: %d rows, copy %.0f ms, pause %.1f ms; rollback window open (move %s)", recBucket(rec), rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS, rec.ID)
+			case topo.MoveRolledBack:
+				rb.say("move of bucket %s %s -> %s rolled back: %s", recBucket(rec), rec.Source, rec.Target, rec.Error)
+			}
+		}
+	}
+	for i, rec := range results {
+		if errs[i] == nil {
+			continue
+		}
+		if rec != nil && rec.State == topo.MoveAborted && !errors.Is(errs[i], ErrVerifyMismatch) {
+			b := retry[recBucket(rec)]
+			if b == nil {
+				b = backoff.New(rb.Backoff, rb.Backoff<<rb.Attempts)
+				retry[recBucket(rec)] = b
+			}
+			if failures := b.Attempts() + 1; failures < rb.Attempts {
+				wait := b.Next() // with jitter, like every retry
+				rb.say("move of bucket %s aborted (%v); retrying in %s (attempt %d of %d)", recBucket(rec), errs[i], wait.Round(time.Millisecond), failures+1, rb.Attempts)
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(wait):
+				}
+				continue
+			}
+		}
+		return fmt.Errorf("rebalancer stopped: %w", errs[i])
+	}
+	return nil
 }
 
 // RunForever is the automatic mode. It never returns before ctx ends (or

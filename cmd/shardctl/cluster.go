@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
+	"github.com/shardvisor/shardvisor/sizing"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -222,6 +223,27 @@ func printPlan(ctx context.Context, c *cli.Context, st *bucketmap.Store) error {
 	m, _, err := st.Load(ctx)
 	if err != nil {
 		return err
+	}
+	if sp, err := sizePolicy(c); err != nil {
+		return err
+	} else if sp != nil {
+		opt, err := sizingOptions(c)
+		if err != nil {
+			return err
+		}
+		crec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
+		if err != nil {
+			return err
+		}
+		rep, err := sizing.Measure(ctx, m, crec.Tables, opt)
+		if err != nil {
+			return err
+		}
+		p, err := bucketmap.PlanBySize(m, rep.Sizes, *sp)
+		if err != nil {
+			return err
+		}
+		return cliutil.NewPrinter(c).Emit(p, func(w io.Writer) { writeSizePlan(w, m, p) })
 	}
 	p, err := bucketmap.PlanFor(m, policy(c))
 	if err != nil {

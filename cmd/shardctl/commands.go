@@ -152,7 +152,28 @@ func newApp() *cli.App {
 					"See docs/bucket-map.md, \"Mixed depths\".",
 				Action: runSplit,
 			},
-			{Name: "plan", Usage: "print the moves that would balance the live map (changes nothing)", Flags: policyFlags(), Action: runPlan},
+			{
+				Name:  "plan",
+				Usage: "print the moves that would balance the live map (changes nothing)",
+				Description: "--by count (the default) balances bucket counts by weight from the map alone. --by size measures each\n" +
+					"bucket on its owner (as `shardctl buckets` does) and balances bytes by weight: it splits large buckets\n" +
+					"first, as far as balance needs, then moves. See docs/bucket-map.md, \"Balancing by size\".",
+				Flags:  append(append(policyFlags(), sizeFlags()...), measureFlags()...),
+				Action: runPlan,
+			},
+			{
+				Name:      "buckets",
+				Usage:     "measure every bucket on its owner (rows and bytes of the sharded tables) and list the largest",
+				ArgsUsage: " ",
+				Description: "Counts are exact on a table whose statistics say it has fewer than --exact-below rows, and estimated\n" +
+					"from a TABLESAMPLE SYSTEM sample of its pages otherwise (the method is shown per node and table).\n" +
+					"Bytes are the table's size on disk (heap, TOAST, indexes) shared out by each bucket's row sizes.\n" +
+					"Leftover rows, in buckets a node no longer owns (GC's to delete), are counted apart. Read-only.",
+				Flags: append([]cli.Flag{
+					&cli.IntFlag{Name: "top", Value: 20, EnvVars: []string{"SHARDVISOR_BUCKETS_TOP"}, Usage: "list the `N` largest buckets (0: all)"},
+				}, measureFlags()...),
+				Action: runBuckets,
+			},
 			{
 				Name:      "map-encoding",
 				Usage:     "show how the map record is stored in ZooKeeper, or switch it: plain or gzip",
@@ -243,7 +264,7 @@ func newApp() *cli.App {
 					&cli.BoolFlag{Name: "resume", EnvVars: []string{"SHARDVISOR_REBALANCE_RESUME"}, Usage: "clear a pause (after a verification mismatch was understood) and run"},
 					&cli.BoolFlag{Name: "pause", EnvVars: []string{"SHARDVISOR_REBALANCE_PAUSE"}, Usage: "pause the rebalancer (a running one stops after its current moves; moves whose mover died are still healed)"},
 					windowFlag(0, "SHARDVISOR_REBALANCE_WINDOW"),
-				}, policyFlags()...), moveFlags()...),
+				}, append(append(policyFlags(), sizeFlags()...), measureFlags()...)...), moveFlags()...),
 				Action: runRebalance,
 			},
 			{
@@ -355,6 +376,26 @@ func policyFlags() []cli.Flag {
 		&cli.IntFlag{Name: "concurrency", Value: 1, EnvVars: []string{"SHARDVISOR_MOVE_CONCURRENCY"}, Usage: "moves that may run at once (never two on one node)"},
 		&cli.BoolFlag{Name: "auto-split", EnvVars: []string{"SHARDVISOR_AUTO_SPLIT"}, Usage: "split first while an active node would own fewer than --min-buckets-per-node buckets"},
 		&cli.IntFlag{Name: "min-buckets-per-node", Value: 8, EnvVars: []string{"SHARDVISOR_MIN_BUCKETS_PER_NODE"}, Usage: "auto-split threshold"},
+	}
+}
+
+// sizeFlags choose what plan and rebalance balance, and tune the planner
+// by size (bucketmap.SizePolicy).
+func sizeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "by", Value: "count", EnvVars: []string{"SHARDVISOR_BALANCE_BY"}, Usage: "balance bucket `count`s (from the map), or the size of what the nodes hold: size (bytes) or rows"},
+		&cli.Float64Flag{Name: "tolerance", Value: 0.10, EnvVars: []string{"SHARDVISOR_BALANCE_TOLERANCE"}, Usage: "by size: a node is balanced at up to (1+`F`) times its fair share by weight"},
+		&cli.Float64Flag{Name: "improvement", Value: 0.01, EnvVars: []string{"SHARDVISOR_BALANCE_IMPROVEMENT"}, Usage: "by size: a move must lower the busier node's load by at least `F` of its fair share (smaller gains are not worth a copy)"},
+		&cli.IntFlag{Name: "max-depth", Value: bucketmap.MaxDepth, EnvVars: []string{"SHARDVISOR_BALANCE_MAX_DEPTH"}, Usage: "by size: never split a bucket deeper than `D`"},
+		&cli.Int64Flag{Name: "min-split-bytes", EnvVars: []string{"SHARDVISOR_BALANCE_MIN_SPLIT_BYTES"}, Usage: "by size: never split a bucket smaller than `BYTES`"},
+	}
+}
+
+// measureFlags tune the measurement of bucket sizes (sizing.Options).
+func measureFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.Int64Flag{Name: "exact-below", Value: 2_000_000, EnvVars: []string{"SHARDVISOR_SIZE_EXACT_BELOW"}, Usage: "count a table exactly when its statistics say it has fewer than `ROWS` rows, else sample it (-1: always exact)"},
+		&cli.Int64Flag{Name: "sample-rows", Value: 200_000, EnvVars: []string{"SHARDVISOR_SIZE_SAMPLE_ROWS"}, Usage: "about `ROWS` rows read per sampled table"},
 	}
 }
 

@@ -267,6 +267,19 @@ func runMoves(c *cli.Context) error {
 func runRebalance(c *cli.Context) error {
 	return withMover(c, func(ctx context.Context, mv *migrate.Mover, st *bucketmap.Store) error {
 		rb := migrate.NewRebalancer(mv, policy(c))
+		sp, err := sizePolicy(c)
+		if err != nil {
+			return err
+		}
+		if sp != nil {
+			if c.Bool("watch") {
+				return cliutil.Usagef("rebalance: --by %s measures every node on each run; it runs once, not with --watch (which balances by count)", c.String("by"))
+			}
+			if rb.Sizing, err = sizingOptions(c); err != nil {
+				return err
+			}
+			rb.BySize = sp
+		}
 		rb.Progress = func(prog migrate.Progress) {
 			msg := prog.Message
 			fmt.Fprintf(c.App.ErrWriter, "%s  rebalance: %s\n", time.Now().Format("15:04:05.000"), msg)
@@ -291,9 +304,16 @@ func runRebalance(c *cli.Context) error {
 		}
 		rep, err := rb.Run(ctx)
 		if perr := cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
-			fmt.Fprintf(w, "%d moves, %d splits, %d reassigned without copy; balanced: %v\n", len(rep.Moves), rep.Splits, rep.Reassigned, rep.Balanced)
+			if rb.BySize != nil {
+				fmt.Fprintf(w, "%d moves, %d buckets split; balanced by %s: %v (largest node at %.3f of its fair share)\n", len(rep.Moves), len(rep.SplitBuckets), rb.BySize.By, rep.Balanced, rep.MaxOverFair)
+				for _, s := range rep.Stuck {
+					fmt.Fprintf(w, "  cannot split %s\n", s)
+				}
+			} else {
+				fmt.Fprintf(w, "%d moves, %d splits, %d reassigned without copy; balanced: %v\n", len(rep.Moves), rep.Splits, rep.Reassigned, rep.Balanced)
+			}
 			for _, r := range rep.Moves {
-				fmt.Fprintf(w, "  bucket %5d %s -> %s  %-7s rows %7d  copy %6.0f ms  pause %6.1f ms\n", r.Bucket, r.Source, r.Target, r.State, r.Stats.RowsCopied, r.Stats.CopyMS, r.Stats.PauseMS)
+				fmt.Fprintf(w, "  bucket %7s %s -> %s  %-7s rows %7d  copy %6.0f ms  pause %6.1f ms\n", fmt.Sprintf("%d/%d", r.Bucket, r.Level), r.Source, r.Target, r.State, r.Stats.RowsCopied, r.Stats.CopyMS, r.Stats.PauseMS)
 			}
 		}); perr != nil {
 			return perr

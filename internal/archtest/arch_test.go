@@ -56,6 +56,8 @@ var layer = map[string]int{
 	"bucketmap":            3,
 	"dbnode":               4,
 	"fence":                5,
+	// What each bucket holds on its owner, for the planner by size.
+	"sizing": 5,
 	// What the members have applied, read from their records (topo), for
 	// the components that ask it.
 	"fleet": 5,
