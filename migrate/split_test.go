@@ -99,3 +99,88 @@ func TestIntegrationSplitBucketThenMoveHalf(t *testing.T) {
 	}
 	f.checkAcked(acked, l.maybe)
 }
+
+// The issue's case end to end: 3 nodes at level 2, one bucket holding
+// 40,000 of 49,000 rows. Split it, then rebalance by size under write
+// load, then GC: every node holds within 1.15 times the mean, every row
+// is on exactly one node (its owner), and no acknowledged write is lost.
+func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
+	f := newFixture(t, 2, 3)
+	ctx := context.Background()
+	m := f.mapNow()
+	for b, n := range []int{40000, 3000, 3000, 3000} {
+		bk := bucketmap.Bucket{Prefix: uint32(b), Depth: 2}
+		lo, hi := bk.Keys()
+		step := (uint64(hi) - uint64(lo)) / uint64(n+1)
+		if _, err := f.conn(m.OwnerOf(bk)).Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) SELECT $1::bigint + g * $2::bigint, 'seed-' || g, 0 FROM generate_series(1, $3) g`, lo, int64(step), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range f.nodes {
+		if _, err := f.conn(n.ID).Exec(ctx, `ANALYZE app.kv`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Balancing by count cannot help: every node owns its share of buckets.
+	if p, err := bucketmap.PlanFor(m, bucketmap.Policy{}); err != nil || len(p.Moves) != 0 {
+		t.Fatalf("plan by count: %+v %v", p, err)
+	}
+	if _, err := ownership.New(f.st, ownership.Options{}).SplitBucket(ctx, bucketmap.Bucket{Prefix: 0, Depth: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if m = f.mapNow(); m.Buckets() != 5 {
+		t.Fatalf("after split 0: %d buckets", m.Buckets())
+	}
+	l := f.startLoad(4, 100)
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the rebalance")
+	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})
+	rb.BySize = &bucketmap.SizePolicy{By: "rows"}
+	rep, err := rb.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := l.writes.Load()
+	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= n+20 }, "writes acknowledged after the rebalance")
+	acked := l.finish()
+	if !rep.Balanced || len(rep.Moves) == 0 || len(rep.SplitBuckets) == 0 {
+		t.Fatalf("rebalance by size: %+v", rep)
+	}
+	if l.failed.Load() > 0 {
+		t.Fatalf("%d writes failed: %s", l.failed.Load(), *l.lastErr.Load())
+	}
+	f.checkAcked(acked, l.maybe)
+	g, err := gc.New(ctx, f.st, gc.Options{Grace: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m = f.mapNow()
+	var total int64
+	rows := map[bucketmap.NodeID]int64{}
+	for _, nd := range f.nodes {
+		c := f.conn(nd.ID)
+		for _, b := range m.BucketList() {
+			lo, hi := b.Keys()
+			var k int64
+			if err := c.QueryRow(ctx, "SELECT count(*) FROM app.kv WHERE bkey BETWEEN $1 AND $2", lo, hi).Scan(&k); err != nil {
+				t.Fatal(err)
+			}
+			if k > 0 && m.OwnerOf(b) != nd.ID {
+				t.Fatalf("after GC, %s still holds %d rows of bucket %s, owned by %s", nd.ID, k, b, m.OwnerOf(b))
+			}
+			rows[nd.ID] += k
+			total += k
+		}
+	}
+	mean := float64(total) / 3
+	for id, k := range rows {
+		if float64(k) > 1.15*mean {
+			t.Fatalf("node %s holds %d rows, %.2f times the mean %.0f: %v", id, k, float64(k)/mean, mean, rows)
+		}
+	}
+	t.Logf("%d buckets split, %d moves: rows per node %v (mean %.0f); %d writes acknowledged during it",
+		len(rep.SplitBuckets), len(rep.Moves), rows, mean, len(acked))
+	f.checkAcked(acked, l.maybe)
+}
