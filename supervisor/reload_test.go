@@ -20,7 +20,9 @@ import (
 // by one that starts on the new map.
 
 // mapCluster writes a cluster record and map version 1; put(v) writes
-// version v of the same map.
+// version v of the same map, with bucket 0 split from version 3 on (a
+// single-bucket split: mixed depths, format version 2), so that workers
+// reload a map of mixed depths in place.
 func mapCluster(t *testing.T, e *zkEnv) (crec topo.ClusterRecord, put func(v uint64) string) {
 	t.Helper()
 	crec = topo.ClusterRecord{Version: topo.ClusterVersion, Name: e.paths.ClusterName(), Seed: "5eed0000000000000000000000000001", CreatedAt: time.Now().UTC()}
@@ -33,6 +35,11 @@ func mapCluster(t *testing.T, e *zkEnv) (crec topo.ClusterRecord, put func(v uin
 	put = func(v uint64) string {
 		m := bm.Clone()
 		m.Version = v
+		if v >= 3 {
+			if err := m.SplitBucket(bucketmap.Bucket{Prefix: 0, Depth: 2}); err != nil {
+				t.Fatal(err)
+			}
+		}
 		raw, err := bucketmap.Encode(m)
 		if err != nil {
 			t.Fatal(err)
