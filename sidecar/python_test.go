@@ -47,7 +47,7 @@ func TestPythonClientAgreesWithGo(t *testing.T) {
 	// apart, and a half in a move's write pause.
 	mx, _ := bucketmap.New(3, clustertest.Nodes(5), t0)
 	mx = clustertest.Next(mx)
-	for _, b := range []bucketmap.Bucket{{0, 3}, {1, 4}, {3, 5}, {7, 6}, {15, 7}, {31, 8}, {5, 3}} {
+	for _, b := range []bucketmap.Bucket{{Prefix: 0, Depth: 3}, {Prefix: 1, Depth: 4}, {Prefix: 3, Depth: 5}, {Prefix: 7, Depth: 6}, {Prefix: 15, Depth: 7}, {Prefix: 31, Depth: 8}, {Prefix: 5, Depth: 3}} {
 		if err := mx.SplitBucket(b); err != nil {
 			t.Fatal(err)
 		}

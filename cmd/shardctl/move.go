@@ -45,7 +45,7 @@ func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, s
 		}
 		opts.Progress = func(prog migrate.Progress) {
 			rec, msg := prog.Move, prog.Message
-			fmt.Fprintf(c.App.ErrWriter, "%s  move %s (bucket %d %s -> %s): %s\n", time.Now().Format("15:04:05.000"), rec.ID, rec.Bucket, rec.Source, rec.Target, msg)
+			fmt.Fprintf(c.App.ErrWriter, "%s  move %s (bucket %d/%d %s -> %s): %s\n", time.Now().Format("15:04:05.000"), rec.ID, rec.Bucket, rec.Level, rec.Source, rec.Target, msg)
 		}
 		ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 		defer stop()
@@ -257,7 +257,7 @@ func runMoves(c *cli.Context) error {
 			}
 			fmt.Fprintf(w, "%-28s %7s %-10s %-10s %-11s %8s %9s %9s  %-19s  %s\n", "ID", "BUCKET", "FROM", "TO", "STATE", "ROWS", "COPY", "PAUSE", "STARTED", "WINDOW")
 			for _, r := range list {
-				fmt.Fprintf(w, "%-28s %7d %-10s %-10s %-11s %8d %7.0fms %7.1fms  %s  %s\n", r.ID, r.Bucket, r.Source, r.Target, r.State,
+				fmt.Fprintf(w, "%-28s %7s %-10s %-10s %-11s %8d %7.0fms %7.1fms  %s  %s\n", r.ID, fmt.Sprintf("%d/%d", r.Bucket, r.Level), r.Source, r.Target, r.State,
 					r.Stats.RowsCopied, r.Stats.CopyMS, r.Stats.PauseMS, r.CreatedAt.Local().Format("2006-01-02 15:04:05"), windowNote(r))
 			}
 		})

@@ -228,8 +228,8 @@ func TestEmbeddedRouter(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := m.BucketOf(ks, uid)
-		if rt.Bucket != b || rt.Node != m.Owner(b) || rt.MapVersion != m.Version || rt.Stale || rt.Suspended {
-			t.Fatalf("route %s: %+v; want bucket %d on %s at map version %d", uid, rt, b, m.Owner(b), m.Version)
+		if rt.Bucket != b.Prefix || rt.Level != b.Depth || rt.Node != m.OwnerOf(b) || rt.MapVersion != m.Version || rt.Stale || rt.Suspended {
+			t.Fatalf("route %s: %+v; want bucket %s on %s at map version %d", uid, rt, b, m.OwnerOf(b), m.Version)
 		}
 		owners[rt.Node]++
 	}
