@@ -436,6 +436,11 @@ func (m *Map) SplitBucket(b Bucket) error {
 		return fmt.Errorf("bucket %s is at depth %d, the maximum; cannot split it", m.Name(b), MaxDepth)
 	}
 	n := m.Buckets()
+	if lvl := max(m.Level, b.Depth+1); lvl > MaxLevel && n+1 == 1<<lvl {
+		// Every bucket at one depth deeper than a map at one depth may
+		// be: that map could not be stored.
+		return fmt.Errorf("splitting bucket %s would leave every bucket at depth %d, deeper than the %d a map at one depth may have", m.Name(b), lvl, MaxLevel)
+	}
 	if b.Depth == m.Level {
 		m.deepen()
 	}

@@ -112,6 +112,10 @@ type SizePolicy struct {
 	MinSplitBytes int64
 	// By is what is balanced: "bytes" (default) or "rows".
 	By string
+	// Hold lists buckets the plan must neither split nor move: in a
+	// move's rollback window, or with a move still under way. They count
+	// on their owner.
+	Hold map[Bucket]bool `json:"-"`
 }
 
 func (p SizePolicy) withDefaults() SizePolicy {
@@ -212,7 +216,7 @@ func PlanBySize(m *Map, sz *Sizes, pol SizePolicy) (*SizePlan, error) {
 		if !ok {
 			unknown = append(unknown, b)
 		}
-		u := &sizeUnit{b: b, size: s, owner: int(m.owners[lo])}
+		u := &sizeUnit{b: b, size: s, owner: int(m.owners[lo]), moving: pol.Hold[b]}
 		if bm, ok := m.meta[lo]; ok && bm.State == BucketMoving {
 			u.owner, u.moving = m.index[bm.Target], true
 		}
@@ -246,22 +250,26 @@ func PlanBySize(m *Map, sz *Sizes, pol SizePolicy) (*SizePlan, error) {
 			p.Fair[nd.ID] = int64(fair[i])
 		}
 	}
+	byNode := make([][]*sizeUnit, n)
+	held := make([]int, n) // units that stay where they are
+	for _, u := range units {
+		if !u.moving {
+			byNode[u.owner] = append(byNode[u.owner], u)
+		} else {
+			held[u.owner]++
+		}
+	}
 	// ratio is a node's load over its fair share; a node with no share
-	// (draining, down) holding anything is over by any measure.
+	// (draining, down) is over by any measure while it owns any bucket,
+	// even an empty one: it must end with none.
 	ratio := func(i int, l int64) float64 {
 		if fair[i] == 0 {
-			if l == 0 {
+			if l == 0 && len(byNode[i]) == 0 && held[i] == 0 {
 				return 0
 			}
 			return 1e18
 		}
 		return float64(l) / fair[i]
-	}
-	byNode := make([][]*sizeUnit, n)
-	for _, u := range units {
-		if !u.moving {
-			byNode[u.owner] = append(byNode[u.owner], u)
-		}
 	}
 	// big is each node's load in buckets of at least Tolerance times the
 	// mean fair share.

@@ -242,3 +242,55 @@ func BenchmarkPlanBySize(b *testing.B) {
 	b.Logf("plan by size %.1f ms (%d splits, %d moves, max/fair %.3f), by count %.1f ms: ratio %.2f (goal: under 1 s)",
 		sizeNS/float64(b.N)/1e6, len(last.Split), len(last.Moves), last.MaxOverFair, countNS/float64(b.N)/1e6, sizeNS/countNS)
 }
+
+// A draining node gives away every bucket, empty ones too, and the plan
+// is not balanced while it keeps one; held buckets are neither split nor
+// moved.
+func TestPlanBySizeDrainsEmptyBucketsAndHolds(t *testing.T) {
+	m := bump(mustNew(t, 2, nodes(3))) // n1: 0, 1; n2: 2; n3: 3
+	if err := m.Assign(at(m, 2), "n3", AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Drain("n3"); err != nil {
+		t.Fatal(err)
+	}
+	var cells []Cell
+	for b, rows := range []int64{75, 75, 0, 150} {
+		cells = append(cells, uniformCells(Bucket{uint32(b), 2}, 4, rows)...)
+	}
+	sz := mustSizes(t, cells)
+	p, err := PlanBySize(m, sz, SizePolicy{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.Clone()
+	if err := c.ApplySizePlan(p); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Counts()["n3"]; n != 0 || !p.Balanced {
+		t.Fatalf("draining n3 keeps %d buckets after the plan (balanced %v): %v", n, p.Balanced, p.Moves)
+	}
+	// Holding n3's empty bucket: it stays, and the plan says so.
+	p, err = PlanBySize(m, sz, SizePolicy{Hold: map[Bucket]bool{{2, 2}: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mv := range p.Moves {
+		if mv.Bucket == (Bucket{2, 2}) {
+			t.Fatalf("a held bucket moved: %v", p.Moves)
+		}
+	}
+	if p.Balanced {
+		t.Fatal("balanced while a draining node keeps a held bucket")
+	}
+	// A held hot bucket is not split.
+	hot := bump(mustNew(t, 2, nodes(3)))
+	var hc []Cell
+	for b, rows := range []int64{40000, 3000, 3000, 3000} {
+		hc = append(hc, uniformCells(Bucket{uint32(b), 2}, 8, rows)...)
+	}
+	p, err = PlanBySize(hot, mustSizes(t, hc), SizePolicy{Hold: map[Bucket]bool{{0, 2}: true}})
+	if err != nil || len(p.Split) != 0 || p.Balanced {
+		t.Fatalf("held hot bucket: %+v %v", p, err)
+	}
+}

@@ -78,14 +78,15 @@ func (r *run) abortAfterFailure(ctx context.Context) (*AfterFailure, error) {
 	if err != nil {
 		return nil, err
 	}
-	bm := m.Meta(r.rec.Bucket)
-	if m.Level != r.rec.Level {
-		return nil, fmt.Errorf("move %s: the map was split since (level %d -> %d); compare the nodes by hand", id, r.rec.Level, m.Level)
+	b := recBucket(r.rec)
+	if err := m.Check(b); err != nil {
+		return nil, fmt.Errorf("move %s: the map was split since (%v); compare the nodes by hand", id, err)
 	}
+	bm := m.MetaOf(b)
 	if bm.State == bucketmap.BucketMoving {
-		return nil, fmt.Errorf("bucket %d is in another move (%s) now; finish that first", r.rec.Bucket, bm.Move)
+		return nil, fmt.Errorf("bucket %s is in another move (%s) now; finish that first", b, bm.Move)
 	}
-	owner := string(m.Owner(r.rec.Bucket))
+	owner := string(m.OwnerOf(b))
 	rep := &AfterFailure{Move: id, Owner: owner, MapVersion: m.Version}
 	switch owner {
 	case r.rec.Target:
@@ -93,7 +94,7 @@ func (r *run) abortAfterFailure(ctx context.Context) (*AfterFailure, error) {
 	case r.rec.Source:
 		rep.Other = r.rec.Target
 	default:
-		return nil, fmt.Errorf("bucket %d is owned by %s now, neither the move's source %s nor its target %s; compare the nodes by hand", r.rec.Bucket, owner, r.rec.Source, r.rec.Target)
+		return nil, fmt.Errorf("bucket %s is owned by %s now, neither the move's source %s nor its target %s; compare the nodes by hand", b, owner, r.rec.Source, r.rec.Target)
 	}
 	src, err := r.source(ctx)
 	if err != nil {

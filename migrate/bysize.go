@@ -3,10 +3,10 @@ package migrate
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/backoff"
+	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/sizing"
 	"github.com/shardvisor/shardvisor/topo"
@@ -26,6 +26,19 @@ func (rb *Rebalancer) planBySize(ctx context.Context, m *bucketmap.Map, pol buck
 	crec, err := topo.ReadCluster(ctx, rb.mv.s, rb.mv.p)
 	if err != nil {
 		return nil, nil, err
+	}
+	// A bucket with an unfinished move (copying, or in its rollback
+	// window) is neither split (its move would find it gone, or could not
+	// roll back) nor moved again: the plan works around it.
+	busy, err := unfinished(ctx, rb.mv.st, func(*topo.MoveRecord) bool { return true })
+	if err != nil {
+		return nil, nil, err
+	}
+	pol.Hold = map[bucketmap.Bucket]bool{}
+	for _, rec := range busy {
+		for _, b := range overlapping(m, recBucket(rec)) {
+			pol.Hold[b] = true
+		}
 	}
 	rep, err := sizing.Measure(ctx, m, crec.Tables, rb.Sizing)
 	if err != nil {
@@ -57,14 +70,7 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 			return err
 		}
 		rep.MaxOverFair, rep.Stuck = p.MaxOverFair, p.Stuck
-		held, err := rb.inWindow(ctx, m)
-		if err != nil {
-			return err
-		}
-		// A bucket in a move's rollback window is neither split (its
-		// rollback could not run) nor moved until that move ends.
-		splits := slices.DeleteFunc(slices.Clone(p.Split), func(b bucketmap.Bucket) bool { return held[b] })
-		if len(splits) > 0 {
+		if splits := p.Split; len(splits) > 0 {
 			rb.say("splitting %d bucket(s) before moving: %v", len(splits), splits)
 			if _, err := ownership.New(rb.mv.st, ownership.Options{Logger: rb.log}).Change(ctx, func(m *bucketmap.Map) error {
 				for _, b := range splits {
@@ -78,11 +84,6 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 			}
 			rep.SplitBuckets = append(rep.SplitBuckets, splits...)
 			continue
-		}
-		planned := len(p.Moves)
-		p.Moves = slices.DeleteFunc(p.Moves, func(mv bucketmap.Move) bool { return held[mv.Bucket] })
-		if len(p.Moves) == 0 && planned > 0 {
-			return fmt.Errorf("%w: %d planned moves wait for buckets in a move's rollback window (shardctl moves; shardctl move complete ID ends one)", ErrWaitingForMoves, planned)
 		}
 		if len(p.Moves) == 0 {
 			rep.Balanced = p.Balanced
@@ -108,6 +109,27 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 			return err
 		}
 	}
+}
+
+// overlapping lists m's buckets that share keys with b: b itself, the
+// buckets it was split into, or the one it is part of now.
+func overlapping(m *bucketmap.Map, b bucketmap.Bucket) []bucketmap.Bucket {
+	if b.Depth > m.Level {
+		lo, _ := b.Keys()
+		return []bucketmap.Bucket{m.BucketOfPrefix(keystream.PrefixFromKey(lo))}
+	}
+	var out []bucketmap.Bucket
+	lo, hi := m.SlotsOf(b)
+	for s := lo; s <= hi; {
+		c := m.BucketAt(s)
+		out = append(out, c)
+		_, last := m.SlotsOf(c)
+		s = last + 1
+		if last == ^uint32(0) {
+			break
+		}
+	}
+	return out
 }
 
 // maxRatio is the largest before/fair ratio of a plan's active nodes.

@@ -2058,7 +2058,21 @@ func (r *run) reached(state string) bool {
 
 // pause stops the rebalancer until an operator resumes it.
 func (mv *Mover) pause(ctx context.Context, reason, move string) error {
-	return topo.WriteRebalance(ctx, mv.s, mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: true, Reason: reason, Move: move, At: time.Now().UTC()})
+	by, err := balanceMode(ctx, mv)
+	if err != nil {
+		return err
+	}
+	return topo.WriteRebalance(ctx, mv.s, mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: true, Reason: reason, Move: move, At: time.Now().UTC(), By: by})
+}
+
+// balanceMode is the rebalance record's By ("" without a record), which
+// pause and resume carry over.
+func balanceMode(ctx context.Context, mv *Mover) (string, error) {
+	rec, err := topo.ReadRebalance(ctx, mv.s, mv.p)
+	if err != nil || rec == nil {
+		return "", err
+	}
+	return rec.By, nil
 }
 
 // waitMembers waits, up to Options.MemberWait, until every live router and

@@ -83,6 +83,10 @@ func (rb *Rebalancer) inWindow(ctx context.Context, m *bucketmap.Map) (map[bucke
 	return held, nil
 }
 
+// ErrBalanceMode: a rebalance by count was asked of a cluster that
+// balances by size.
+var ErrBalanceMode = errors.New("balance mode")
+
 // InWindow lists the moves in their rollback window (reversible or
 // completing). A split waits for them: the rollback of a bucket the map
 // has split cannot run.
@@ -170,7 +174,43 @@ func (rb *Rebalancer) State(ctx context.Context) (*topo.RebalanceRecord, error) 
 
 // Resume clears a pause.
 func (rb *Rebalancer) Resume(ctx context.Context) error {
-	return topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: false, At: time.Now().UTC()})
+	by, err := balanceMode(ctx, rb.mv)
+	if err != nil {
+		return err
+	}
+	return topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: false, At: time.Now().UTC(), By: by})
+}
+
+// BalanceMode is what the cluster balances ("count" when nothing was
+// chosen): see topo.RebalanceRecord.By.
+func (rb *Rebalancer) BalanceMode(ctx context.Context) (string, error) {
+	by, err := balanceMode(ctx, rb.mv)
+	if by == "" {
+		by = "count"
+	}
+	return by, err
+}
+
+// SetBalanceMode records what the cluster balances: "count", "bytes" or
+// "rows". A pause stays as it was.
+func (rb *Rebalancer) SetBalanceMode(ctx context.Context, by string) error {
+	switch by {
+	case "count", "bytes", "rows":
+	default:
+		return fmt.Errorf("balance mode %q is not count, bytes or rows", by)
+	}
+	rec, err := rb.State(ctx)
+	if err != nil {
+		return err
+	}
+	if rec == nil {
+		rec = &topo.RebalanceRecord{Version: topo.RebalanceVersion, At: time.Now().UTC()}
+	}
+	if rec.By == by || (rec.By == "" && by == "count") {
+		return nil
+	}
+	rec.By = by
+	return topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, *rec)
 }
 
 // Pause stops the rebalancer until Resume.
@@ -230,6 +270,17 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 	}
 	if rb.BySize != nil {
 		return rep, rb.runBySize(ctx, rep, retry)
+	}
+	// A cluster balanced by size is not rebalanced by count: that would
+	// undo it (a hot bucket's halves count like any bucket).
+	if by, err := rb.BalanceMode(ctx); err != nil {
+		return rep, err
+	} else if by != "count" {
+		if rb.watcherRuns {
+			rb.say("the cluster balances by %s (shardctl rebalance --by %s): the watcher heals moves but plans none by count", by, by)
+			return rep, nil
+		}
+		return rep, fmt.Errorf("%w: the cluster balances by %s; run `shardctl rebalance --by %s`, or `--by count` to balance bucket counts again", ErrBalanceMode, by, by)
 	}
 	for {
 		if err := ctx.Err(); err != nil {

@@ -424,7 +424,7 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 			return err
 		}
 		now := time.Now().UTC()
-		rrec := &topo.MoveRecord{Version: topo.MoveVersion, ID: moveID(r.rec.Bucket, m.Level, m.Version), Bucket: r.rec.Bucket,
+		rrec := &topo.MoveRecord{Version: topo.MoveVersion, ID: moveID(r.rec.Bucket, r.rec.Level, m.Version), Bucket: r.rec.Bucket,
 			Level: r.rec.Level, Lo: r.rec.Lo, Hi: r.rec.Hi, Source: r.rec.Target, Target: r.rec.Source, State: topo.MoveCatchup,
 			Tables: r.rec.Tables, Publication: rv.Publication, Subscription: rv.Subscription, Slot: rv.Slot,
 			RollbackOf: r.rec.ID, StartVersion: m.Version, CreatedAt: now, UpdatedAt: now,

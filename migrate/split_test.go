@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -135,6 +136,9 @@ func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the rebalance")
 	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})
 	rb.BySize = &bucketmap.SizePolicy{By: "rows"}
+	if err := rb.SetBalanceMode(ctx, "rows"); err != nil {
+		t.Fatal(err)
+	}
 	rep, err := rb.Run(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -149,6 +153,11 @@ func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 		t.Fatalf("%d writes failed: %s", l.failed.Load(), *l.lastErr.Load())
 	}
 	f.checkAcked(acked, l.maybe)
+	// A rebalancer by count does not undo it: the cluster now balances
+	// by rows, and says so.
+	if _, err := NewRebalancer(f.mover(Options{}), bucketmap.Policy{}).Run(ctx); !errors.Is(err, ErrBalanceMode) {
+		t.Fatalf("a rebalance by count after one by size: %v", err)
+	}
 	g, err := gc.New(ctx, f.st, gc.Options{Grace: -1})
 	if err != nil {
 		t.Fatal(err)

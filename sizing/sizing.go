@@ -202,7 +202,7 @@ func Measure(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, o
 		}
 		d := min(b.Depth+opt.RefineDepth, bucketmap.MaxDepth)
 		n, _ := m.Node(b.Owner)
-		finer, err := refine(ctx, n, tables, b.Bucket, d, opt)
+		finer, err := refine(ctx, n, tables, b.Bucket, b.Rows, d, opt)
 		if err != nil {
 			return nil, fmt.Errorf("measuring bucket %s on %s: %w", b.Name, b.Owner, err)
 		}
@@ -413,9 +413,13 @@ func measureRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, ti table
 	return out, TableReport{Table: t.Name, Method: methodName(pct), Rows: int64(float64(sumRows) * scale), Bytes: ti.diskSize}, nil
 }
 
-// refine measures bucket b on its owner n at depth d: one cell per
-// prefix at d, empty ones included.
-func refine(ctx context.Context, n bucketmap.Node, tables []topo.TableRecord, b bucketmap.Bucket, d int, opt Options) ([]bucketmap.Cell, error) {
+// refine measures bucket b (about rows rows) on its owner n at depth d:
+// one cell per prefix at d, empty ones included. The method depends on the
+// bucket's rows, not its table's: a bucket under ExactBelow is counted
+// exactly through the key index, a larger one sampled to about SampleRows
+// of its own rows, so that its fine cells are not left to a handful of
+// sampled rows each.
+func refine(ctx context.Context, n bucketmap.Node, tables []topo.TableRecord, b bucketmap.Bucket, rows int64, d int, opt Options) ([]bucketmap.Cell, error) {
 	c, err := opt.Connect(ctx, n)
 	if err != nil {
 		return nil, err
@@ -431,7 +435,7 @@ func refine(ctx context.Context, n bucketmap.Node, tables []topo.TableRecord, b 
 		if !ti.exists {
 			continue
 		}
-		per, _, err := measureRange(ctx, c, t, ti, method(ti, opt), d, &[2]int64{lo, hi})
+		per, _, err := measureRange(ctx, c, t, ti, method(tableInfo{estRows: rows}, opt), d, &[2]int64{lo, hi})
 		if err != nil {
 			return nil, fmt.Errorf("table %s: %w", t.Name, err)
 		}

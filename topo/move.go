@@ -254,6 +254,11 @@ type RebalanceRecord struct {
 	Reason  string    `json:"reason,omitempty"`
 	Move    string    `json:"move,omitempty"` // the move that caused the pause
 	At      time.Time `json:"at"`
+	// By is what the cluster balances: "" or "count" (bucket counts, the
+	// planner from the map alone), "bytes" or "rows" (measured sizes, set
+	// by `shardctl rebalance --by size|rows`). A rebalancer by count,
+	// --watch included, does not undo a balance by size.
+	By string `json:"by,omitempty"`
 }
 
 // DecodeRebalance decodes a rebalance record.

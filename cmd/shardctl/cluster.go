@@ -224,7 +224,11 @@ func printPlan(ctx context.Context, c *cli.Context, st *bucketmap.Store) error {
 	if err != nil {
 		return err
 	}
-	if sp, err := sizePolicy(c); err != nil {
+	by, err := recordedBy(ctx, c, st)
+	if err != nil {
+		return err
+	}
+	if sp, err := sizePolicyFor(c, by); err != nil {
 		return err
 	} else if sp != nil {
 		opt, err := sizingOptions(c)

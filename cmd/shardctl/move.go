@@ -267,14 +267,32 @@ func runMoves(c *cli.Context) error {
 func runRebalance(c *cli.Context) error {
 	return withMover(c, func(ctx context.Context, mv *migrate.Mover, st *bucketmap.Store) error {
 		rb := migrate.NewRebalancer(mv, policy(c))
-		sp, err := sizePolicy(c)
+		if _, err := sizePolicy(c); err != nil {
+			return err // a bad flag, before anything is recorded
+		}
+		if c.IsSet("by") && c.Bool("watch") && c.String("by") != "count" {
+			return cliutil.Usagef("rebalance: --by %s measures every node on each run; it runs once, not with --watch (a watcher of a cluster balanced by size heals moves and plans none by count)", c.String("by"))
+		}
+		by, err := recordedBy(ctx, c, st)
 		if err != nil {
 			return err
 		}
-		if sp != nil {
-			if c.Bool("watch") {
-				return cliutil.Usagef("rebalance: --by %s measures every node on each run; it runs once, not with --watch (which balances by count)", c.String("by"))
+		if c.IsSet("by") && !c.Bool("dry-run") {
+			// What the cluster balances from now on: a later plain
+			// `rebalance` (or a watcher) keeps to it.
+			mode := map[string]string{"size": "bytes"}[by]
+			if mode == "" {
+				mode = by
 			}
+			if err := rb.SetBalanceMode(ctx, mode); err != nil {
+				return err
+			}
+		}
+		sp, err := sizePolicyFor(c, by)
+		if err != nil {
+			return err
+		}
+		if sp != nil && !c.Bool("watch") {
 			if rb.Sizing, err = sizingOptions(c); err != nil {
 				return err
 			}

@@ -16,9 +16,26 @@ import (
 )
 
 // sizePolicy reads --by and the planner by size's flags: nil for --by
-// count.
+// count. Without --by, the cluster's recorded mode (the rebalance record's
+// by, which `rebalance --by` sets) is used when s is given.
 func sizePolicy(c *cli.Context) (*bucketmap.SizePolicy, error) {
-	switch by := c.String("by"); by {
+	return sizePolicyFor(c, c.String("by"))
+}
+
+// recordedBy is the cluster's balance mode when --by is not given.
+func recordedBy(ctx context.Context, c *cli.Context, st *bucketmap.Store) (string, error) {
+	if c.IsSet("by") {
+		return c.String("by"), nil
+	}
+	rec, err := topo.ReadRebalance(ctx, st.Session(), st.Paths())
+	if err != nil || rec == nil || rec.By == "" {
+		return "count", err
+	}
+	return rec.By, nil
+}
+
+func sizePolicyFor(c *cli.Context, by string) (*bucketmap.SizePolicy, error) {
+	switch by {
 	case "", "count":
 		return nil, nil
 	case "size", "bytes", "rows":

@@ -143,7 +143,11 @@ class LocalRouter:
         self.map_version = m["map_version"]
         self.nodes = m["nodes"]
         raw = base64.b64decode(m["owners"])
+        if len(raw) % 2:
+            raise ValueError(f"owners: {len(raw)} bytes, not 2 per bucket")
         owners = [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
+        if any(o >= len(self.nodes) for o in owners):
+            raise ValueError(f"owners: an index past the {len(self.nodes)} nodes")
         slots = 1 << self.level
         if m["version"] == 1:
             if len(owners) != slots:
