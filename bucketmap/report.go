@@ -103,9 +103,15 @@ func WriteSummary(w io.Writer, s Summary) {
 		}
 		fmt.Fprintf(w, "%-16s %-9s %6d %8d %6.1f%% %7s  %s\n", n.ID, n.State, n.Weight, n.Buckets, 100*n.Share, fair, n.DSN)
 	}
-	if s.Balanced {
+	switch {
+	case s.MinDepth != s.MaxDepth:
+		// Halves of a hot bucket count like whole buckets: the count
+		// says little about what the nodes hold.
+		fmt.Fprintf(w, "bucket counts %s; at mixed depths balance by what the nodes hold: `shardctl plan --by size`\n",
+			map[bool]string{true: "within one of each node's fair share", false: "uneven"}[s.Balanced])
+	case s.Balanced:
 		fmt.Fprintln(w, "balanced: every active node is within one bucket of its fair share")
-	} else {
+	default:
 		fmt.Fprintln(w, "NOT balanced: `shardctl plan` shows the moves that would fix it")
 	}
 	if len(s.Flagged) > 0 {

@@ -126,4 +126,54 @@ func TestIntegrationSplitOneBucket(t *testing.T) {
 	if m.Buckets != 5 {
 		t.Fatalf("after the move: %+v", m)
 	}
+	// Sizes: the 40 rows written above, measured on their owners.
+	var rep struct {
+		Buckets []struct {
+			Bucket uint32 `json:"bucket"`
+			Level  int    `json:"level"`
+			Name   string `json:"name"`
+			Rows   int64  `json:"rows"`
+		} `json:"buckets"`
+		Nodes []struct {
+			Owned struct{ Rows int64 } `json:"owned"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(mustData(t, cmd("buckets", "--top", "2", "--json")...)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	var owned int64
+	for _, n := range rep.Nodes {
+		owned += n.Owned.Rows
+	}
+	if len(rep.Buckets) != 2 || rep.Buckets[0].Rows < rep.Buckets[1].Rows || owned != 40 {
+		t.Fatalf("buckets --top 2: %+v (owned %d)", rep, owned)
+	}
+	if out := mustData(t, cmd("buckets")...); !strings.Contains(out, "exact") || !strings.Contains(out, "1/3") {
+		t.Fatalf("buckets: %s", out)
+	}
+	if out := mustData(t, cmd("plan", "--by", "rows")...); !strings.Contains(out, "plan by rows") || !strings.Contains(out, "AFTER/FAIR") {
+		t.Fatalf("plan --by rows: %s", out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"plan", "--by", "weight"}, "--by must be count, size (bytes) or rows"},
+		{[]string{"plan", "--by", "size", "--tolerance", "0"}, "--tolerance must be above 0"},
+		{[]string{"buckets", "--top", "-1"}, "--top must not be negative"},
+		{[]string{"rebalance", "--by", "size", "--watch"}, "runs once, not with --watch"},
+	} {
+		if r := runData(t, cmd(tc.args...)...); r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%v: exit %d %q, want 2 and %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	// rebalance --by rows records the mode; a later plan keeps to it.
+	mustData(t, cmd("rebalance", "--by", "rows", "--window", "0")...)
+	if out := mustData(t, cmd("plan")...); !strings.Contains(out, "plan by rows") {
+		t.Fatalf("plan after rebalance --by rows: %s", out)
+	}
+	mustData(t, cmd("rebalance", "--by", "count", "--window", "0")...)
+	if out := mustData(t, cmd("plan")...); strings.Contains(out, "plan by") {
+		t.Fatalf("plan after rebalance --by count: %s", out)
+	}
 }
