@@ -12,25 +12,19 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-// PlanBySize measures every bucket on its owner and returns the planner
-// by size's answer for the live map, with the measurement.
-func (rb *Rebalancer) PlanBySize(ctx context.Context, pol bucketmap.SizePolicy) (*bucketmap.SizePlan, *sizing.Report, error) {
-	m, _, err := rb.mv.st.Load(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	return rb.planBySize(ctx, m, pol)
-}
-
-func (rb *Rebalancer) planBySize(ctx context.Context, m *bucketmap.Map, pol bucketmap.SizePolicy) (*bucketmap.SizePlan, *sizing.Report, error) {
-	crec, err := topo.ReadCluster(ctx, rb.mv.s, rb.mv.p)
+// PlanBySize measures every bucket of m on its owner (opt) and returns
+// the planner by size's answer, holding the buckets of unfinished moves
+// (neither split nor moved), with the measurement: what `shardctl plan
+// --by size` shows and each round of `rebalance --by size` runs.
+func PlanBySize(ctx context.Context, st *bucketmap.Store, m *bucketmap.Map, pol bucketmap.SizePolicy, opt sizing.Options) (*bucketmap.SizePlan, *sizing.Report, error) {
+	crec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
 	if err != nil {
 		return nil, nil, err
 	}
 	// A bucket with an unfinished move (copying, or in its rollback
 	// window) is neither split (its move would find it gone, or could not
 	// roll back) nor moved again: the plan works around it.
-	busy, err := unfinished(ctx, rb.mv.st, func(*topo.MoveRecord) bool { return true })
+	busy, err := unfinished(ctx, st, func(*topo.MoveRecord) bool { return true })
 	if err != nil {
 		return nil, nil, err
 	}
@@ -40,7 +34,7 @@ func (rb *Rebalancer) planBySize(ctx context.Context, m *bucketmap.Map, pol buck
 			pol.Hold[b] = true
 		}
 	}
-	rep, err := sizing.Measure(ctx, m, crec.Tables, rb.Sizing)
+	rep, err := sizing.Measure(ctx, m, crec.Tables, opt)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -65,7 +59,7 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 		if err := rb.check(ctx, m); err != nil {
 			return err
 		}
-		p, _, err := rb.planBySize(ctx, m, pol)
+		p, _, err := PlanBySize(ctx, rb.mv.st, m, pol, rb.Sizing)
 		if err != nil {
 			return err
 		}

@@ -16,7 +16,6 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
-	"github.com/shardvisor/shardvisor/sizing"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -235,15 +234,7 @@ func printPlan(ctx context.Context, c *cli.Context, st *bucketmap.Store) error {
 		if err != nil {
 			return err
 		}
-		crec, err := topo.ReadCluster(ctx, st.Session(), st.Paths())
-		if err != nil {
-			return err
-		}
-		rep, err := sizing.Measure(ctx, m, crec.Tables, opt)
-		if err != nil {
-			return err
-		}
-		p, err := bucketmap.PlanBySize(m, rep.Sizes, *sp)
+		p, _, err := migrate.PlanBySize(ctx, st, m, *sp, opt)
 		if err != nil {
 			return err
 		}
