@@ -223,9 +223,6 @@ func (m *Map) notABucket(b Bucket) error {
 	if !b.valid() {
 		return fmt.Errorf("%w: bucket %s: at depth %d the numbers are 0..%d", ErrBucketRange, b, b.Depth, uint64(1)<<b.Depth-1)
 	}
-	if m.depth == nil {
-		return fmt.Errorf("%w: bucket %s: the map has %d buckets (0..%d) at level %d", ErrBucketRange, b, m.Buckets(), m.Buckets()-1, m.Level)
-	}
 	// The bucket that holds b's first keys says whether b is split
 	// further or is part of a larger bucket.
 	lo, _, _ := keystream.Range(b.Depth, b.Prefix)
