@@ -107,13 +107,16 @@ func TestFaultsWatcherHealsMoverKilledInEveryState(t *testing.T) {
 		// Killed as it starts rolling back (its pause cap too short for
 		// any barrier): the source was thawed first, the watcher
 		// finishes the rollback.
+		// 1ns, not 1ms: a target that has applied the freeze's marker
+		// within 0.8 ms of its commit (it happened, under CI) got
+		// through a barrier of 1 ms, and the mover never rolled back.
 		topo.MoveAborting: topo.MoveAborted,
 	}
 	b := uint32(0)
 	for _, state := range []string{topo.MovePrepare, topo.MoveCopy, crashCopied, crashCopyEnabled, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, crashFlipped, topo.MoveTeardown, topo.MoveReverse, topo.MoveVerify, topo.MoveReversible, topo.MoveCompleting, topo.MoveAborting} {
 		var args []string
 		if state == topo.MoveAborting {
-			args = []string{"--pause-cap", "1ms"}
+			args = []string{"--pause-cap", "1ns"}
 		}
 		id, dead := f.killMoverAt(state, b, "pg2", sessionTimeout, args...)
 		// Taken over: the runner lock is the watcher's, or the move is
