@@ -139,6 +139,7 @@ func (p SizePolicy) withDefaults() SizePolicy {
 type SizePlan struct {
 	MapVersion uint64   `json:"map_version"`
 	By         string   `json:"by"`
+	Tolerance  float64  `json:"tolerance"`
 	Split      []Bucket `json:"split"`
 	Moves      []Move   `json:"moves"`
 	// Load is every node's size before and after the plan, and its fair
@@ -239,7 +240,7 @@ func PlanBySize(m *Map, sz *Sizes, pol SizePolicy) (*SizePlan, error) {
 		return nil, ErrNoActiveNode
 	}
 	fair := make([]float64, n)
-	p := &SizePlan{MapVersion: m.Version, By: pol.By, Split: []Bucket{}, Moves: []Move{}, Before: map[NodeID]int64{}, After: map[NodeID]int64{}, Fair: map[NodeID]int64{}}
+	p := &SizePlan{MapVersion: m.Version, By: pol.By, Tolerance: pol.Tolerance, Split: []Bucket{}, Moves: []Move{}, Before: map[NodeID]int64{}, After: map[NodeID]int64{}, Fair: map[NodeID]int64{}}
 	for i, nd := range m.nodes {
 		if nd.State == NodeRemoved {
 			continue

@@ -82,7 +82,7 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 		if len(p.Moves) == 0 {
 			rep.Balanced = p.Balanced
 			if p.Balanced {
-				rb.say("balanced by %s: every node within %.0f%% of its fair share (largest at %.3f)", p.By, 100*pol.Tolerance, p.MaxOverFair)
+				rb.say("balanced by %s: every node within %.0f%% of its fair share (largest at %.3f)", p.By, 100*p.Tolerance, p.MaxOverFair)
 			} else {
 				rb.say("as balanced by %s as it can be made: largest at %.3f of its fair share; %v %v", p.By, p.MaxOverFair, p.Stuck, p.Unknown)
 			}

@@ -136,6 +136,7 @@ func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the rebalance")
 	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})
 	rb.BySize = &bucketmap.SizePolicy{By: "rows"}
+	rb.Progress = func(p Progress) { t.Logf("%s %s", time.Now().Format("05.000"), p.Message) }
 	if err := rb.SetBalanceMode(ctx, "rows"); err != nil {
 		t.Fatal(err)
 	}
