@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -174,3 +175,54 @@ func TestSlotExprMatchesKeystream(t *testing.T) {
 }
 
 func bk(p uint32, d int) bucketmap.Bucket { return bucketmap.Bucket{Prefix: p, Depth: d} }
+
+// BenchmarkMeasure: 2 nodes with 1,000,000 rows each at level 10, counted
+// exactly and sampled (ExactBelow 100,000: about 200,000 rows of each
+// table); the baseline is the
+// exact count. It prints the sampled estimate's largest error on the 10
+// largest buckets.
+func BenchmarkMeasure(b *testing.B) {
+	pg := testenv.StartPGNodes(b, 2)
+	var nodes []bucketmap.Node
+	for i, pn := range pg.Nodes[:2] {
+		nodes = append(nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("n%d", i+1)), DSN: pn.DSN, Password: "file:" + pn.PasswordFile, Weight: 1, State: bucketmap.NodeActive})
+		c := pn.Conn(b)
+		// Keys spread over the whole key space; each node keeps its half.
+		_, err := c.Exec(context.Background(), `CREATE SCHEMA app; CREATE TABLE app.kv (bkey bigint NOT NULL, id int NOT NULL, pad text, PRIMARY KEY (bkey, id));
+			INSERT INTO app.kv SELECT (random() * 1.8e19 - 9e18)::numeric::bigint, g, repeat('x', 80) FROM generate_series(1, 1000000) g; ANALYZE app.kv`)
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	m, err := bucketmap.New(10, nodes, time.Now())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var exactNS, sampleNS float64
+	var exact, sampled *Report
+	for b.Loop() {
+		t0 := time.Now()
+		if exact, err = Measure(context.Background(), m, tables, Options{ExactBelow: -1}); err != nil {
+			b.Fatal(err)
+		}
+		exactNS += float64(time.Since(t0).Nanoseconds())
+		t0 = time.Now()
+		if sampled, err = Measure(context.Background(), m, tables, Options{ExactBelow: 100_000}); err != nil {
+			b.Fatal(err)
+		}
+		sampleNS += float64(time.Since(t0).Nanoseconds())
+	}
+	got := map[bucketmap.Bucket]int64{}
+	for _, s := range sampled.Buckets {
+		got[s.Bucket] = s.Rows
+	}
+	worst := 0.0
+	for _, e := range exact.Buckets[:10] {
+		worst = max(worst, math.Abs(float64(got[e.Bucket]-e.Rows))/float64(e.Rows))
+	}
+	b.ReportMetric(exactNS/float64(b.N)/1e6, "exact-ms")
+	b.ReportMetric(sampleNS/float64(b.N)/1e6, "sampled-ms")
+	b.ReportMetric(sampleNS/exactNS, "x-exact")
+	b.Logf("2M rows over 2 nodes, 1,024 buckets: exact %.0f ms, sampled (%s) %.0f ms: ratio %.2f; sampled rows of the 10 largest buckets off by at most %.1f%%",
+		exactNS/float64(b.N)/1e6, sampled.Nodes[0].Tables[0].Method, sampleNS/float64(b.N)/1e6, sampleNS/exactNS, 100*worst)
+}
