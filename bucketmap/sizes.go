@@ -6,8 +6,6 @@ import (
 	"slices"
 	"sort"
 	"time"
-
-	"github.com/shardvisor/shardvisor/keystream"
 )
 
 // Size is how much of the sharded tables' data one key range holds.
@@ -490,9 +488,4 @@ func CellsOfSlots(level int, slots map[uint32]Size) []Cell {
 func Refine(cells []Cell, b Bucket, finer []Cell) []Cell {
 	out := slices.DeleteFunc(slices.Clone(cells), func(c Cell) bool { return b.Contains(c.Bucket) })
 	return append(out, finer...)
-}
-
-// SlotOfKey is the directory slot at level of a key (keystream.Key form).
-func SlotOfKey(level int, key int64) uint32 {
-	return keystream.BucketOf(keystream.PrefixFromKey(key), level)
 }

@@ -14,10 +14,10 @@
 package sizing
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -186,15 +186,7 @@ func Measure(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, o
 		bs = append(bs, BucketSize{Bucket: b, Name: m.Name(b), Owner: m.Owner(lo), Size: sz})
 		return true
 	})
-	slices.SortStableFunc(bs, func(a, b BucketSize) int {
-		switch {
-		case a.Bytes > b.Bytes:
-			return -1
-		case a.Bytes < b.Bytes:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(bs, func(a, b BucketSize) int { return cmp.Compare(b.Bytes, a.Bytes) })
 	out.Buckets = bs
 	for _, b := range bs[:min(opt.RefineTop, len(bs))] {
 		if b.Rows == 0 || b.Depth >= bucketmap.MaxDepth {
@@ -402,11 +394,11 @@ func measureRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, ti table
 	out := slotSizes{}
 	for s, r := range got {
 		sz := bucketmap.Size{Rows: int64(float64(r.rows) * scale)}
-		if sumCol > 0 {
-			sz.Bytes = int64(float64(ti.diskSize) * float64(r.colBytes) / float64(sumCol))
-		}
-		if within != nil {
+		switch {
+		case within != nil:
 			sz.Bytes = int64(float64(r.colBytes) * scale) // shared out later (scaleTo)
+		case sumCol > 0:
+			sz.Bytes = int64(float64(ti.diskSize) * float64(r.colBytes) / float64(sumCol))
 		}
 		out[s] = sz
 	}
@@ -454,8 +446,9 @@ func refine(ctx context.Context, n bucketmap.Node, tables []topo.TableRecord, b 
 	return out, nil
 }
 
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+// quoteIdent and qualified quote identifiers as gc does, with pgx's.
+func quoteIdent(s string) string { return pgx.Identifier{s}.Sanitize() }
 
 func qualified(t topo.TableRecord) string {
-	return quoteIdent(t.Schema()) + "." + quoteIdent(t.Table())
+	return pgx.Identifier{t.Schema(), t.Table()}.Sanitize()
 }

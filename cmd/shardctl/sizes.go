@@ -16,8 +16,7 @@ import (
 )
 
 // sizePolicy reads --by and the planner by size's flags: nil for --by
-// count. Without --by, the cluster's recorded mode (the rebalance record's
-// by, which `rebalance --by` sets) is used when s is given.
+// count (recordedBy gives the cluster's mode when --by is not given).
 func sizePolicy(c *cli.Context) (*bucketmap.SizePolicy, error) {
 	return sizePolicyFor(c, c.String("by"))
 }
