@@ -1000,8 +1000,67 @@ func (r *run) drive(ctx context.Context) error {
 	}
 }
 
+// prepare checks the move and readies the target, then enters its first
+// data state through the schema gate (topo.EnterMoveData): while a schema
+// change runs, the move waits here, and checks again once it is over, so
+// that a move never copies between nodes a change has reached one of.
 func (r *run) prepare(ctx context.Context) error {
 	r.crashHook(topo.MovePrepare) // the record exists, nothing else yet
+	for {
+		if err := r.waitSchema(ctx); err != nil {
+			return err
+		}
+		err := r.prepareOnce(ctx)
+		if !errors.Is(err, topo.ErrSchemaChanging) {
+			return err
+		}
+	}
+}
+
+// waitSchema waits while a schema change holds the schema lock.
+func (r *run) waitSchema(ctx context.Context) error {
+	var said time.Time
+	for {
+		holder, busy, err := topo.SchemaChanging(ctx, r.mv.s, r.mv.p)
+		if err != nil || !busy {
+			return err
+		}
+		if time.Since(said) >= 5*time.Second {
+			r.progress("waiting for the schema change of " + holder)
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// enterData is enter for the move's first data state, through the schema
+// gate: topo.ErrSchemaChanging, with nothing written, while a schema
+// change runs.
+func (r *run) enterData(ctx context.Context, state string) error {
+	prev, steps := r.rec.State, len(r.rec.Steps)
+	r.rec.State = state
+	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
+	r.rec.UpdatedAt = time.Now().UTC()
+	r.rec.Runner = r.mv.runner
+	ver, err := topo.EnterMoveData(ctx, r.mv.s, r.mv.p, r.rec, r.ver)
+	if err != nil {
+		r.rec.State, r.rec.Steps = prev, r.rec.Steps[:steps]
+		if errors.Is(err, topo.ErrSchemaChanging) {
+			return err
+		}
+		return fmt.Errorf("saving move %s: %w", r.rec.ID, err)
+	}
+	r.ver = ver
+	r.progress(state)
+	r.crashHook(state)
+	return nil
+}
+
+func (r *run) prepareOnce(ctx context.Context) error {
 	m, err := r.nodes(ctx)
 	if err != nil {
 		return err
@@ -1059,9 +1118,9 @@ func (r *run) prepare(ctx context.Context) error {
 		r.mv.log.Warn("removed leftover rows from the target range", zap.String("move", r.rec.ID), zap.Int64("rows", n))
 	}
 	if r.rec.NoCopy {
-		return r.enter(ctx, topo.MoveFence)
+		return r.enterData(ctx, topo.MoveFence)
 	}
-	return r.enter(ctx, topo.MoveCopy)
+	return r.enterData(ctx, topo.MoveCopy)
 }
 
 func (r *run) copy(ctx context.Context) error {

@@ -142,6 +142,61 @@ func newApp() *cli.App {
 				},
 			},
 			{
+				Name:  "schema",
+				Usage: "change the schema of every db node, recorded in ZooKeeper; show the history; find drift",
+				Subcommands: []*cli.Command{
+					{
+						Name:      "apply",
+						Usage:     "apply one change (a .sql file) to every db node: canary first, then the others; resumable",
+						ArgsUsage: "FILE.sql",
+						Description: "The change's id is the file's name without .sql, or the one a line \"-- shardvisor:id ID\" gives. It is recorded\n" +
+							"(SQL, sha256, who, when, state per node) before it runs anywhere. It runs on the canary alone, then on every other\n" +
+							"node not marked down, prepared or not, --parallel at a time; each node first gets the recorded changes it lacks.\n" +
+							"One transaction per node, with lock_timeout and retries; a change holding CREATE INDEX CONCURRENTLY (or another\n" +
+							"statement PostgreSQL runs only outside a transaction) runs statement by statement, resumably. Applying it again\n" +
+							"is a no-op where it is applied and resumes where it is not; an applied change's text cannot change.\n" +
+							"It waits for moves in flight first, and moves wait for it. Exit status 1 unless applied on every node.",
+						Flags: append([]cli.Flag{
+							&cli.StringFlag{Name: "canary", Usage: "node `ID` that gets the change first, alone (default: the active node owning the fewest buckets)"},
+							&cli.IntFlag{Name: "parallel", Value: 4, Usage: "nodes changed at once after the canary"},
+						}, schemaFlags()...),
+						Action: runSchemaApply,
+					},
+					{
+						Name:        "status",
+						Usage:       "the recorded schema history, each change's state, and the nodes a partial change misses",
+						Description: "Exit status 1 when a change is not applied on every node not marked down.",
+						Flags: []cli.Flag{
+							&cli.BoolFlag{Name: "sql", Usage: "include each change's SQL (with --json)"},
+						},
+						Action: runSchemaStatus,
+					},
+					{
+						Name:  "diff",
+						Usage: "compare every node's sharded tables (as moves do) and applied changes; exit 1 on drift",
+						Description: "Reads every node not marked down at once and compares each with the reference node: tables, columns, types,\n" +
+							"nullability, defaults, keys, indexes, constraints; and lists the recorded changes a node's own history lacks.\n" +
+							"The result is recorded for the status page and metrics.",
+						Flags: []cli.Flag{
+							&cli.StringFlag{Name: "reference", Usage: "node `ID` every other node is compared with (default: the first reachable by id)"},
+							&cli.DurationFlag{Name: "connect-timeout", Value: 10 * time.Second, Usage: "bound on connecting to a db node"},
+						},
+						Action: runSchemaDiff,
+					},
+					{
+						Name:  "adopt",
+						Usage: "start the history of an existing cluster: a node's schema (pg_dump --schema-only) becomes the baseline",
+						Description: "Records the schema of --from as change \"baseline\" and marks every node whose tables match it as having it.\n" +
+							"A node without tables gets it from `shardctl node prepare`, which replays the history. Refused once a history exists.",
+						Flags: append([]cli.Flag{
+							&cli.StringFlag{Name: "from", Usage: "node `ID` whose schema every node should have"},
+							&cli.StringFlag{Name: "pg-dump", Value: "", Usage: "pg_dump `PATH` (default: $PATH's, else /usr/lib/postgresql/15/bin/pg_dump)"},
+						}, schemaFlags()...),
+						Action: runSchemaAdopt,
+					},
+				},
+			},
+			{
 				Name:      "split",
 				Usage:     "split one bucket into its two halves, or, without BUCKET, every bucket (level n -> n+1); moves no data, one compare-and-swap write",
 				ArgsUsage: "[BUCKET]",

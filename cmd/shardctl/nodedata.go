@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/ownership"
+	"github.com/shardvisor/shardvisor/schema"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -76,12 +78,20 @@ func withNode(c *cli.Context, verb string, fn func(ctx context.Context, d *dataC
 
 func runPrepare(c *cli.Context) error {
 	return withNode(c, "prepare", func(ctx context.Context, d *dataContext, n bucketmap.Node, conn *pgx.Conn) error {
+		// The schema first: the fence goes on tables the node has.
+		caught, err := schema.CatchUp(ctx, d.st, n.ID, schemaOptions(c, d.log))
+		if err != nil {
+			return fmt.Errorf("node prepare %s: %w", n.ID, err)
+		}
 		res, err := fence.Prepare(ctx, conn, d.rec, d.m, n.ID)
 		if err != nil {
 			return fmt.Errorf("node prepare %s: %w", n.ID, err)
 		}
 		mism := res.Mismatches
 		d.log.Info("node prepare", zap.String("node", string(n.ID)), zap.Strings("actions", res.Actions), zap.Int("contract_mismatches", len(mism)))
+		if caught != nil && len(caught.Ran) > 0 {
+			res.Actions = append([]string{fmt.Sprintf("schema brought in step with the recorded history: ran %s", strings.Join(caught.Ran, ", "))}, res.Actions...)
+		}
 		if res.Actions == nil {
 			res.Actions = []string{}
 		}
@@ -104,6 +114,9 @@ func runPrepare(c *cli.Context) error {
 			return perr
 		}
 		if len(res.Problems)+len(mism) > 0 {
+			if caught == nil && slices.ContainsFunc(mism, func(x fence.Mismatch) bool { return x.Kind == fence.KindTableMissing }) {
+				return fmt.Errorf("node %s breaks the sharded-table contract (%d problems): it lacks sharded tables and no schema history is recorded to replay; run `shardctl schema adopt --from NODE` with a node that has the schema, then prepare again", n.ID, len(res.Problems)+len(mism))
+			}
 			return fmt.Errorf("node %s breaks the sharded-table contract (%d problems); fix them and run prepare again", n.ID, len(res.Problems)+len(mism))
 		}
 		return nil

@@ -65,6 +65,9 @@ var layer = map[string]int{
 	// (bucketmap), the fences (fence) and the records (topo), below the
 	// mover and the rebalancer (migrate) and the commands.
 	"ownership": 6,
+	// Schema changes on every db node, recorded (topo), compared with
+	// the fence's comparison (fence).
+	"schema": 6,
 	// The five components are peers: none imports another.
 	"router":     7,
 	"supervisor": 7,

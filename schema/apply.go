@@ -1,0 +1,620 @@
+package schema
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// Options tune Apply, CatchUp and Adopt. The zero value is the defaults.
+type Options struct {
+	// Canary is the node a new change runs on first, alone; "" picks the
+	// active node owning the fewest buckets (ties: the lowest id), where
+	// a bad change hurts the fewest users.
+	Canary string
+	// Parallel bounds the nodes changed at once after the canary (4).
+	Parallel int
+	// LockTimeout is each attempt's lock_timeout (250ms): an application
+	// write queued behind the change's lock request waits at most this
+	// long before the change gives way and tries again.
+	LockTimeout time.Duration
+	// Retries bounds the attempts after a lock timeout, per node (40,
+	// with a backoff from 50ms to 1s between them).
+	Retries int
+	// WaitMoves bounds the wait for moves past their start (10m).
+	WaitMoves time.Duration
+	// ConnectTimeout bounds connecting to a node (10s).
+	ConnectTimeout time.Duration
+	// By names who applies (user@host by default).
+	By       string
+	Log      *zap.Logger
+	Progress func(Event)
+}
+
+// Event is one step of Apply, CatchUp or Adopt, for progress output.
+type Event struct {
+	Node    string `json:"node,omitempty"`
+	Change  string `json:"change,omitempty"`
+	Message string `json:"message"`
+}
+
+func (o *Options) defaults() {
+	if o.Parallel <= 0 {
+		o.Parallel = 4
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = 250 * time.Millisecond
+	}
+	if o.Retries <= 0 {
+		o.Retries = 40
+	}
+	if o.WaitMoves <= 0 {
+		o.WaitMoves = 10 * time.Minute
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 10 * time.Second
+	}
+	if o.By == "" {
+		o.By = Who()
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+}
+
+func (o *Options) event(e Event) {
+	o.Log.Info("schema: "+e.Message, zap.String("node", e.Node), zap.String("change", e.Change))
+	if o.Progress != nil {
+		o.Progress(e)
+	}
+}
+
+// Who is user@host of this process.
+func Who() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return name + "@" + host
+}
+
+// Errors of Apply, CatchUp and Adopt, for errors.Is.
+var (
+	// ErrCanaryFailed: the change failed on its canary and no other node
+	// was touched.
+	ErrCanaryFailed = errors.New("the change failed on its canary node; no other node was touched")
+	// ErrPartial: the change is applied on some nodes and not others.
+	ErrPartial = errors.New("the change is not applied on every node")
+	// ErrEdited: a change applied somewhere was given a different text.
+	ErrEdited = errors.New("an applied change cannot be edited")
+	// ErrDuplicate: the same text is recorded under another id.
+	ErrDuplicate = errors.New("the same SQL is already recorded as another change")
+	// ErrMovesInFlight: moves past their start did not end in time.
+	ErrMovesInFlight = errors.New("moves are in flight")
+	// ErrUnknownNode: a node the command names is not in the registry
+	// (or is marked down).
+	ErrUnknownNode = errors.New("no such node")
+)
+
+// NodeResult is what one node did.
+type NodeResult struct {
+	Node string `json:"node"`
+	// State: applied (now or before), failed, unreachable, or skipped.
+	State string `json:"state"`
+	// Ran lists the changes run on the node now, in order: earlier
+	// changes it lacked come before the one applied.
+	Ran          []string `json:"ran"`
+	Error        string   `json:"error,omitempty"`
+	Attempts     int      `json:"attempts,omitempty"`
+	LockTimeouts int      `json:"lock_timeouts,omitempty"`
+	// BlockedMaxMS bounds how long an application write on this node
+	// waited behind the change (its longest attempt).
+	BlockedMaxMS float64 `json:"blocked_max_ms"`
+}
+
+// Result is what Apply or CatchUp did.
+type Result struct {
+	ID      string       `json:"id"`
+	Seq     int          `json:"seq"`
+	SHA256  string       `json:"sha256"`
+	Mode    string       `json:"mode"`
+	NoTx    string       `json:"outside_transaction,omitempty"`
+	New     bool         `json:"new"`
+	State   string       `json:"state"`
+	Canary  string       `json:"canary,omitempty"`
+	Missing []string     `json:"missing"`
+	Skipped []string     `json:"skipped_down"`
+	Nodes   []NodeResult `json:"nodes"`
+	// WaitedMS is how long the change waited for moves in flight.
+	WaitedMS float64 `json:"waited_for_moves_ms"`
+}
+
+// applier is one run of Apply or CatchUp, holding the schema lock.
+type applier struct {
+	s    *zksession.Session
+	p    topo.Paths
+	opt  *Options
+	m    *bucketmap.Map
+	hist []*topo.SchemaChange
+
+	mu       sync.Mutex // guards each record's Nodes and State, and vers
+	vers     map[string]int32
+	required []string // the nodes every change must reach (not marked down)
+}
+
+// begin takes the schema lock, waits for the moves involved to leave
+// their data states and reads the map and the history.
+func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func(*topo.MoveRecord) bool) (*applier, *zksession.Lock, time.Duration, error) {
+	opt.defaults()
+	s, p := st.Session(), st.Paths()
+	holder := []byte(fmt.Sprintf("%s pid %d", opt.By, os.Getpid()))
+	lock, err := topo.LockSchema(ctx, s, p, holder, func(le *zksession.LockedError) {
+		opt.event(Event{Message: fmt.Sprintf("waiting for the schema lock, held by %s", le.Holder)})
+	})
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("taking the schema lock: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = lock.Release(context.WithoutCancel(ctx))
+		}
+	}()
+	lctx, cancel := lock.Context(ctx)
+	defer cancel()
+	waited, err := waitMoves(lctx, s, p, opt, involved)
+	if err != nil {
+		return nil, nil, waited, err
+	}
+	a := &applier{s: s, p: p, opt: opt, vers: map[string]int32{}}
+	if a.m, _, err = st.Load(ctx); err != nil {
+		return nil, nil, waited, err
+	}
+	for _, n := range a.m.Nodes() {
+		if n.State != bucketmap.NodeDown {
+			a.required = append(a.required, string(n.ID))
+		}
+	}
+	slices.Sort(a.required)
+	if err := a.load(ctx); err != nil {
+		return nil, nil, waited, err
+	}
+	ok = true
+	return a, lock, waited, nil
+}
+
+// load reads the history with each record's znode version.
+func (a *applier) load(ctx context.Context) error {
+	hist, err := topo.ListSchemaChanges(ctx, a.s, a.p)
+	if err != nil {
+		return fmt.Errorf("reading the schema history: %w", err)
+	}
+	a.hist = a.hist[:0]
+	for _, c := range hist {
+		fresh, v, err := topo.ReadSchemaChange(ctx, a.s, a.p, c.ID)
+		if err != nil {
+			return err
+		}
+		if fresh.Nodes == nil {
+			fresh.Nodes = map[string]*topo.SchemaNodeStatus{}
+		}
+		a.hist = append(a.hist, fresh)
+		a.vers[c.ID] = v
+	}
+	return nil
+}
+
+// waitMoves waits until no move the change involves is past its start
+// (state prepare, or final, or failed: a failed move streams nothing).
+// Moves still in prepare wait at the gate (topo.EnterMoveData) for as
+// long as the lock is held.
+func waitMoves(ctx context.Context, s *zksession.Session, p topo.Paths, opt *Options, involved func(*topo.MoveRecord) bool) (time.Duration, error) {
+	start := time.Now()
+	var said time.Time
+	for {
+		busy, err := movesInFlight(ctx, s, p, involved)
+		if err != nil {
+			return time.Since(start), err
+		}
+		if len(busy) == 0 {
+			return time.Since(start), nil
+		}
+		waited := time.Since(start)
+		if waited >= opt.WaitMoves {
+			return waited, fmt.Errorf("%w after %s: %s (a move in its rollback window ends it early with `shardctl move complete ID`; then apply again)",
+				ErrMovesInFlight, waited.Round(time.Second), strings.Join(busy, "; "))
+		}
+		if time.Since(said) >= 5*time.Second {
+			opt.event(Event{Message: fmt.Sprintf("waiting for %d moves to finish before changing the schema: %s", len(busy), strings.Join(busy, "; "))})
+			said = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths, involved func(*topo.MoveRecord) bool) ([]string, error) {
+	ids, err := topo.ListMoves(ctx, s, p)
+	if err != nil {
+		return nil, err
+	}
+	var busy []string
+	for _, id := range ids {
+		rec, _, err := topo.ReadMove(ctx, s, p, id)
+		if errors.Is(err, zksession.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			busy = append(busy, fmt.Sprintf("move %s (record unreadable: %v)", id, err))
+			continue
+		}
+		if rec.Finished() || rec.State == topo.MovePrepare || rec.State == topo.MoveFailed {
+			continue
+		}
+		if involved != nil && !involved(rec) {
+			continue
+		}
+		busy = append(busy, fmt.Sprintf("move %s (%s -> %s, %s)", rec.ID, rec.Source, rec.Target, rec.State))
+	}
+	slices.Sort(busy)
+	return busy, nil
+}
+
+// find returns the recorded change with id, or nil.
+func (a *applier) find(id string) *topo.SchemaChange {
+	for _, c := range a.hist {
+		if c.ID == id {
+			return c
+		}
+	}
+	return nil
+}
+
+// record writes a node's status of change c, by compare-and-swap (under
+// the schema lock nobody else writes; a conflict re-reads and merges).
+func (a *applier) record(ctx context.Context, c *topo.SchemaChange, node string, st *topo.SchemaNodeStatus) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c.Nodes[node] = st
+	c.State, _ = topo.SchemaState(c, a.required)
+	c.UpdatedAt = time.Now().UTC()
+	for attempt := 0; ; attempt++ {
+		v, err := topo.UpdateSchemaChange(ctx, a.s, a.p, c, a.vers[c.ID])
+		if err == nil {
+			a.vers[c.ID] = v
+			return nil
+		}
+		if !errors.Is(err, zksession.ErrBadVersion) || attempt >= 3 {
+			return fmt.Errorf("recording change %s on node %s: %w", c.ID, node, err)
+		}
+		fresh, fv, rerr := topo.ReadSchemaChange(ctx, a.s, a.p, c.ID)
+		if rerr != nil {
+			return rerr
+		}
+		if fresh.Nodes == nil {
+			fresh.Nodes = map[string]*topo.SchemaNodeStatus{}
+		}
+		fresh.Nodes[node] = st
+		c.Nodes = fresh.Nodes
+		c.State, _ = topo.SchemaState(c, a.required)
+		a.vers[c.ID] = fv
+	}
+}
+
+func (a *applier) applied(c *topo.SchemaChange, node string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return c.Applied(node)
+}
+
+// bringUp runs on node every recorded change up to Seq upto that the node
+// lacks, in order, stopping at the first that fails. The node's own table
+// says what it has; the records are brought in line with it.
+func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeResult {
+	node := string(n.ID)
+	res := NodeResult{Node: node, State: topo.SchemaApplied, Ran: []string{}}
+	target := a.hist[len(a.hist)-1]
+	for _, c := range a.hist {
+		if c.Seq == upto {
+			target = c
+		}
+	}
+	fail := func(c *topo.SchemaChange, state string, err error) NodeResult {
+		res.State, res.Error = state, err.Error()
+		now := time.Now().UTC()
+		st := &topo.SchemaNodeStatus{State: state, At: &now, Error: err.Error(), Attempts: res.Attempts, LockTimeouts: res.LockTimeouts, BlockedMaxMS: res.BlockedMaxMS}
+		if rerr := a.record(ctx, c, node, st); rerr != nil {
+			res.Error += "; " + rerr.Error()
+		}
+		a.opt.event(Event{Node: node, Change: c.ID, Message: state + ": " + err.Error()})
+		return res
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.opt.ConnectTimeout)
+	conn, err := dbnode.Connect(cctx, n)
+	cancel()
+	if err != nil {
+		return fail(target, topo.SchemaUnreachable, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := ensureHistory(ctx, conn); err != nil {
+		return fail(target, stateOf(err), fmt.Errorf("creating shardvisor.schema_changes: %w", err))
+	}
+	rows, err := readRows(ctx, conn)
+	if err != nil {
+		return fail(target, stateOf(err), fmt.Errorf("reading shardvisor.schema_changes: %w", err))
+	}
+	for _, c := range a.hist {
+		if c.Seq > upto {
+			break
+		}
+		row, ok := rows[c.ID]
+		if ok && row.SHA256 != c.SHA256 {
+			return fail(c, topo.SchemaFailed, fmt.Errorf("the node's shardvisor.schema_changes has change %s with another text (sha256 %.12s, recorded %.12s); the node was changed by hand", c.ID, row.SHA256, c.SHA256))
+		}
+		if ok && row.Done {
+			if !a.applied(c, node) {
+				now := time.Now().UTC()
+				if err := a.record(ctx, c, node, &topo.SchemaNodeStatus{State: topo.SchemaApplied, At: &now, StatementsDone: c.Statements}); err != nil {
+					return fail(c, topo.SchemaUnreachable, err)
+				}
+			}
+			continue
+		}
+		if c.Baseline && !ok && a.applied(c, node) {
+			// Marked in step by adopt, but its row is gone: trust the
+			// record rather than replay a whole schema over itself.
+			continue
+		}
+		a.opt.event(Event{Node: node, Change: c.ID, Message: "applying"})
+		att, err := runChange(ctx, conn, node, c, row, a.opt)
+		res.Attempts += att.Attempts
+		res.LockTimeouts += att.LockTimeouts
+		res.BlockedMaxMS = max(res.BlockedMaxMS, ms(att.BlockedMax))
+		if err != nil {
+			return fail(c, stateOf(err), err)
+		}
+		res.Ran = append(res.Ran, c.ID)
+		now := time.Now().UTC()
+		if err := a.record(ctx, c, node, &topo.SchemaNodeStatus{State: topo.SchemaApplied, At: &now, Attempts: att.Attempts,
+			LockTimeouts: att.LockTimeouts, BlockedMaxMS: ms(att.BlockedMax), StatementsDone: att.StatementsDone}); err != nil {
+			return fail(c, topo.SchemaUnreachable, err)
+		}
+		a.opt.event(Event{Node: node, Change: c.ID, Message: fmt.Sprintf("applied (%d attempts, blocked at most %s)", att.Attempts, att.BlockedMax.Round(time.Millisecond))})
+		// A change may have set session state (pg_dump's search_path).
+		if _, err := conn.Exec(ctx, "RESET ALL"); err != nil {
+			return fail(c, stateOf(err), err)
+		}
+	}
+	return res
+}
+
+// stateOf is the node state an error leaves: failed when the node refused
+// the SQL, unreachable otherwise (trying again may work).
+func stateOf(err error) string {
+	if errors.Is(err, ErrStatement) || isStatementError(err) {
+		return topo.SchemaFailed
+	}
+	return topo.SchemaUnreachable
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Apply applies one change to every db node in the registry not marked
+// down, prepared or not: first to the canary alone, then to the others,
+// opt.Parallel at a time. Each node first gets the recorded changes it
+// lacks, in order. It holds the cluster's schema lock throughout, after
+// waiting for the moves past their start to finish; moves that start
+// meanwhile wait for the change.
+//
+// The change is recorded before it runs anywhere. Applying it again is a
+// no-op where it is applied and resumes where it is not. Errors:
+// ErrCanaryFailed (nothing else touched), ErrPartial (the Result names
+// the nodes that miss it), ErrEdited, ErrDuplicate, ErrMovesInFlight.
+func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*Result, error) {
+	a, lock, waited, err := begin(ctx, st, &opt, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Release(context.WithoutCancel(ctx))
+	ctx, cancel := lock.Context(ctx)
+	defer cancel()
+	res := &Result{ID: ch.ID, SHA256: ch.SHA256, Mode: ch.Mode, NoTx: ch.NoTx, WaitedMS: ms(waited), Nodes: []NodeResult{}, Missing: []string{}, Skipped: []string{}}
+	c, err := a.recordChange(ctx, ch, res)
+	if err != nil {
+		return res, err
+	}
+	res.Seq = c.Seq
+	for _, n := range a.m.Nodes() {
+		if n.State == bucketmap.NodeDown {
+			res.Skipped = append(res.Skipped, string(n.ID))
+		}
+	}
+	if len(a.required) == 0 {
+		return res, fmt.Errorf("%w: the registry has no node that is not marked down", ErrPartial)
+	}
+	canary, err := a.pickCanary(c)
+	if err != nil {
+		return res, err
+	}
+	others := slices.DeleteFunc(slices.Clone(a.required), func(id string) bool { return id == canary })
+	if canary != "" {
+		res.Canary = canary
+		a.mu.Lock()
+		c.Canary = canary
+		a.mu.Unlock()
+		a.opt.event(Event{Node: canary, Change: c.ID, Message: "canary first"})
+		n, _ := a.m.Node(bucketmap.NodeID(canary))
+		nr := a.bringUp(ctx, n, c.Seq)
+		res.Nodes = append(res.Nodes, nr)
+		if nr.State != topo.SchemaApplied {
+			res.State, res.Missing = topo.SchemaState(c, a.required)
+			if nr.State == topo.SchemaUnreachable {
+				return res, fmt.Errorf("canary node %s is unreachable, no other node was touched: %s (choose another with --canary NODE)", canary, nr.Error)
+			}
+			return res, fmt.Errorf("%w: %s", ErrCanaryFailed, nr.Error)
+		}
+	}
+	out := make([]NodeResult, len(others))
+	sem := make(chan struct{}, a.opt.Parallel)
+	var wg sync.WaitGroup
+	for i, id := range others {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			n, _ := a.m.Node(bucketmap.NodeID(id))
+			out[i] = a.bringUp(ctx, n, c.Seq)
+		}()
+	}
+	wg.Wait()
+	res.Nodes = append(res.Nodes, out...)
+	a.mu.Lock()
+	res.State, res.Missing = topo.SchemaState(c, a.required)
+	a.mu.Unlock()
+	if res.Missing == nil {
+		res.Missing = []string{}
+	}
+	if res.State != topo.SchemaApplied {
+		var why []string
+		for _, nr := range res.Nodes {
+			if nr.State != topo.SchemaApplied {
+				why = append(why, fmt.Sprintf("%s %s: %s", nr.Node, nr.State, nr.Error))
+			}
+		}
+		return res, fmt.Errorf("%w: change %s is %s, missing on %s (%s); run the same apply again once they are fixed or back",
+			ErrPartial, c.ID, res.State, strings.Join(res.Missing, ", "), strings.Join(why, "; "))
+	}
+	return res, nil
+}
+
+// recordChange finds or creates the change's record: the same id and text
+// resume it; a new text for an id applied nowhere replaces it.
+func (a *applier) recordChange(ctx context.Context, ch *Change, res *Result) (*topo.SchemaChange, error) {
+	for _, c := range a.hist {
+		if c.SHA256 == ch.SHA256 && c.ID != ch.ID {
+			return nil, fmt.Errorf("%w: %s (from %s, recorded %s by %s); give the change a new text or apply %s",
+				ErrDuplicate, c.ID, c.Source, c.CreatedAt.Format(time.RFC3339), c.By, c.ID)
+		}
+	}
+	now := time.Now().UTC()
+	if c := a.find(ch.ID); c != nil {
+		if c.SHA256 == ch.SHA256 {
+			return c, nil
+		}
+		var on []string
+		for n, st := range c.Nodes {
+			if st.State == topo.SchemaApplied {
+				on = append(on, n)
+			}
+		}
+		if len(on) > 0 {
+			slices.Sort(on)
+			return nil, fmt.Errorf("%w: change %s was recorded %s by %s from text sha256 %.12s and is applied on %s; %s now has sha256 %.12s. Write the new statements as a new change (a new file, or a new \"-- shardvisor:id\")",
+				ErrEdited, c.ID, c.CreatedAt.Format(time.RFC3339), c.By, c.SHA256, strings.Join(on, ", "), ch.Source, ch.SHA256)
+		}
+		a.opt.event(Event{Change: c.ID, Message: fmt.Sprintf("replacing the text of change %s, applied nowhere (sha256 %.12s -> %.12s)", c.ID, c.SHA256, ch.SHA256)})
+		a.mu.Lock()
+		c.Replaced = append(c.Replaced, c.SHA256)
+		c.SHA256, c.SQL, c.Mode, c.Statements, c.Source = ch.SHA256, ch.SQL, ch.Mode, ch.Statements, ch.Source
+		c.Nodes, c.Canary, c.State, c.UpdatedAt = map[string]*topo.SchemaNodeStatus{}, "", topo.SchemaPending, now
+		v, err := topo.UpdateSchemaChange(ctx, a.s, a.p, c, a.vers[c.ID])
+		if err == nil {
+			a.vers[c.ID] = v
+		}
+		a.mu.Unlock()
+		return c, err
+	}
+	seq := 1
+	if len(a.hist) > 0 {
+		seq = a.hist[len(a.hist)-1].Seq + 1
+	}
+	c := &topo.SchemaChange{Version: topo.SchemaChangeVersion, ID: ch.ID, Seq: seq, SHA256: ch.SHA256, SQL: ch.SQL, Mode: ch.Mode,
+		Statements: ch.Statements, Source: ch.Source, By: a.opt.By, CreatedAt: now, UpdatedAt: now, State: topo.SchemaPending,
+		Nodes: map[string]*topo.SchemaNodeStatus{}}
+	if _, err := topo.CreateSchemaChange(ctx, a.s, a.p, c); err != nil {
+		return nil, fmt.Errorf("recording change %s: %w", c.ID, err)
+	}
+	a.vers[c.ID] = 0
+	a.hist = append(a.hist, c)
+	res.New = true
+	a.opt.event(Event{Change: c.ID, Message: fmt.Sprintf("recorded as change %d (%s, %d statements)", seq, c.Mode, c.Statements)})
+	return c, nil
+}
+
+// pickCanary returns the canary, or "" when the change has already passed
+// one (it is applied somewhere: resuming needs no canary).
+func (a *applier) pickCanary(c *topo.SchemaChange) (string, error) {
+	if want := a.opt.Canary; want != "" {
+		if !slices.Contains(a.required, want) {
+			return "", fmt.Errorf("--canary %s: %w among the nodes not marked down (%s)", want, ErrUnknownNode, strings.Join(a.required, ", "))
+		}
+		if !c.Applied(want) {
+			return want, nil
+		}
+	}
+	for _, st := range c.Nodes {
+		if st.State == topo.SchemaApplied {
+			return "", nil
+		}
+	}
+	if a.opt.Canary != "" {
+		return a.opt.Canary, nil
+	}
+	counts := a.m.Counts()
+	best := ""
+	for _, id := range a.required {
+		if best == "" || counts[bucketmap.NodeID(id)] < counts[bucketmap.NodeID(best)] {
+			best = id
+		}
+	}
+	return best, nil
+}
+
+// CatchUp brings one node in step with the recorded history (`node
+// prepare` calls it before it installs the fence): every change the node
+// lacks, in order, under the schema lock, after the moves to or from the
+// node have left their data states. With no history it does nothing and
+// returns nil.
+func CatchUp(ctx context.Context, st *bucketmap.Store, node bucketmap.NodeID, opt Options) (*NodeResult, error) {
+	hist, err := topo.ListSchemaChanges(ctx, st.Session(), st.Paths())
+	if err != nil || len(hist) == 0 {
+		return nil, err
+	}
+	a, lock, _, err := begin(ctx, st, &opt, func(r *topo.MoveRecord) bool { return r.Source == string(node) || r.Target == string(node) })
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Release(context.WithoutCancel(ctx))
+	ctx, cancel := lock.Context(ctx)
+	defer cancel()
+	n, ok := a.m.Node(node)
+	if !ok {
+		return nil, fmt.Errorf("%w %q", ErrUnknownNode, node)
+	}
+	if len(a.hist) == 0 {
+		return nil, nil
+	}
+	nr := a.bringUp(ctx, n, a.hist[len(a.hist)-1].Seq)
+	if nr.State != topo.SchemaApplied {
+		return &nr, fmt.Errorf("bringing node %s in step with the schema history: %s: %s", node, nr.State, nr.Error)
+	}
+	return &nr, nil
+}
