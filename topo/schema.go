@@ -264,12 +264,12 @@ type SchemaDrift struct {
 	By      string    `json:"by"`
 	// Reference is the node every other node was compared with.
 	Reference string   `json:"reference"`
-	Nodes     []string `json:"nodes"`                 // the nodes compared
-	Skipped   []string `json:"skipped,omitempty"`     // not reachable
-	Count     int      `json:"differences"`           // every difference found
-	Blocking  int      `json:"blocking"`              // those that would refuse a move
-	Sample    []string `json:"sample,omitempty"`      // the first few, described
-	Tables    int      `json:"tables"`                // sharded tables compared
+	Nodes     []string `json:"nodes"`                // the nodes compared
+	Skipped   []string `json:"skipped,omitempty"`    // not reachable
+	Count     int      `json:"differences"`          // every difference found
+	Blocking  int      `json:"blocking"`             // those that would refuse a move
+	Sample    []string `json:"sample,omitempty"`     // the first few, described
+	Tables    int      `json:"tables"`               // sharded tables compared
 	ElapsedMS float64  `json:"elapsed_ms,omitempty"` // how long the comparison took
 }
 
