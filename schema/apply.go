@@ -449,12 +449,12 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 	if len(a.required) == 0 {
 		return res, fmt.Errorf("%w: the registry has no node that is not marked down", ErrPartial)
 	}
-	canary, err := a.pickCanary(c)
+	candidates, err := a.pickCanary(c)
 	if err != nil {
 		return res, err
 	}
-	others := slices.DeleteFunc(slices.Clone(a.required), func(id string) bool { return id == canary })
-	if canary != "" {
+	skip := map[string]bool{}
+	for _, canary := range candidates {
 		res.Canary = canary
 		a.mu.Lock()
 		c.Canary = canary
@@ -463,14 +463,23 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 		n, _ := a.m.Node(bucketmap.NodeID(canary))
 		nr := a.bringUp(ctx, n, c.Seq)
 		res.Nodes = append(res.Nodes, nr)
-		if nr.State != topo.SchemaApplied {
-			res.State, res.Missing = topo.SchemaState(c, a.required)
-			if nr.State == topo.SchemaUnreachable {
-				return res, fmt.Errorf("canary node %s is unreachable, no other node was touched: %s (choose another with --canary NODE)", canary, nr.Error)
-			}
+		skip[canary] = true
+		if nr.State == topo.SchemaApplied {
+			break
+		}
+		a.mu.Lock()
+		res.State, res.Missing = topo.SchemaState(c, a.required)
+		a.mu.Unlock()
+		if nr.State != topo.SchemaUnreachable {
 			return res, fmt.Errorf("%w: %s", ErrCanaryFailed, nr.Error)
 		}
+		if a.opt.Canary != "" || len(skip) == len(candidates) {
+			return res, fmt.Errorf("canary node %s is unreachable, no other node was touched: %s (choose another with --canary NODE)", canary, nr.Error)
+		}
+		a.opt.event(Event{Node: canary, Change: c.ID, Message: "the canary is unreachable: trying the next one"})
 	}
+	// An unreachable default canary is not tried twice.
+	others := slices.DeleteFunc(slices.Clone(a.required), func(id string) bool { return skip[id] })
 	out := make([]NodeResult, len(others))
 	sem := make(chan struct{}, a.opt.Parallel)
 	var wg sync.WaitGroup
@@ -559,33 +568,28 @@ func (a *applier) recordChange(ctx context.Context, ch *Change, res *Result) (*t
 	return c, nil
 }
 
-// pickCanary returns the canary, or "" when the change has already passed
-// one (it is applied somewhere: resuming needs no canary).
-func (a *applier) pickCanary(c *topo.SchemaChange) (string, error) {
+// pickCanary returns the canaries to try in order: --canary alone, or
+// the nodes by the buckets they own, fewest first (ties: lowest id), each
+// tried until one is reached. None when the change has already passed a
+// canary (it is applied somewhere: resuming needs none).
+func (a *applier) pickCanary(c *topo.SchemaChange) ([]string, error) {
 	if want := a.opt.Canary; want != "" {
 		if !slices.Contains(a.required, want) {
-			return "", fmt.Errorf("--canary %s: %w among the nodes not marked down (%s)", want, ErrUnknownNode, strings.Join(a.required, ", "))
+			return nil, fmt.Errorf("--canary %s: %w among the nodes not marked down (%s)", want, ErrUnknownNode, strings.Join(a.required, ", "))
 		}
 		if !c.Applied(want) {
-			return want, nil
+			return []string{want}, nil
 		}
 	}
 	for _, st := range c.Nodes {
 		if st.State == topo.SchemaApplied {
-			return "", nil
+			return nil, nil
 		}
-	}
-	if a.opt.Canary != "" {
-		return a.opt.Canary, nil
 	}
 	counts := a.m.Counts()
-	best := ""
-	for _, id := range a.required {
-		if best == "" || counts[bucketmap.NodeID(id)] < counts[bucketmap.NodeID(best)] {
-			best = id
-		}
-	}
-	return best, nil
+	out := slices.Clone(a.required)
+	slices.SortStableFunc(out, func(x, y string) int { return counts[bucketmap.NodeID(x)] - counts[bucketmap.NodeID(y)] })
+	return out, nil
 }
 
 // CatchUp brings one node in step with the recorded history (`node

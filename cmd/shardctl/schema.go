@@ -95,7 +95,7 @@ func writeApply(w io.Writer, r *schema.Result) {
 		news = "recorded"
 	}
 	fmt.Fprintf(w, "change %s (seq %d, %s, sha256 %.12s, %s): %s\n", r.ID, r.Seq, r.Mode, r.SHA256, news, r.State)
-	if r.WaitedMS > 0 {
+	if r.WaitedMS >= 500 {
 		fmt.Fprintf(w, "  waited %s for moves in flight\n", time.Duration(r.WaitedMS*float64(time.Millisecond)).Round(time.Millisecond))
 	}
 	for _, n := range r.Nodes {
@@ -115,7 +115,9 @@ func writeApply(w io.Writer, r *schema.Result) {
 	for _, id := range r.Skipped {
 		fmt.Fprintf(w, "  %-12s skipped: marked down; `shardctl node prepare %s` brings it in step once it is back\n", id, id)
 	}
-	if len(r.Missing) > 0 {
+	if r.State == topo.SchemaFailed {
+		fmt.Fprintln(w, "applied nowhere: fix the file and apply it again (a change applied nowhere may take a new text under the same id)")
+	} else if len(r.Missing) > 0 {
 		fmt.Fprintf(w, "missing on %s: run the same `shardctl schema apply` again once they are fixed or back\n", strings.Join(r.Missing, ", "))
 	}
 }
