@@ -158,3 +158,59 @@ INSERT INTO app.countries VALUES ('fr'), ('de');`
 		t.Fatalf("status after the diff:\n%s", out)
 	}
 }
+
+// A cluster made before its history was kept: adopt takes pg1's schema
+// (pg_dump, without the fence's objects) as the baseline and marks the
+// nodes that match it; a new empty node is prepared by replaying it.
+func TestIntegrationSchemaAdopt(t *testing.T) {
+	z := testenv.StartZK(t)
+	pg := testenv.StartPGNodes(t, 3)
+	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "adopt"}
+	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	pw := "file:" + pg.Nodes[0].PasswordFile
+	ddl := `CREATE SCHEMA app;
+CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, note text DEFAULT 'x', PRIMARY KEY (bkey, id));
+CREATE INDEX events_note ON app.events (bkey, note);
+CREATE TABLE app.countries (code text PRIMARY KEY);
+CREATE VIEW app.recent AS SELECT bkey, id FROM app.events WHERE id > 100;`
+	for i := range 2 {
+		if _, err := pg.Nodes[i].Conn(t).Exec(context.Background(), ddl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
+	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
+	mustData(t, cmd("node", "prepare", "pg1")...)
+	mustData(t, cmd("node", "prepare", "pg2")...)
+	// Without a history, an empty node cannot be prepared; the error says
+	// what to run.
+	mustData(t, cmd("node", "add", "--password", pw, "pg3", pg.Nodes[2].DSN)...)
+	if r := runData(t, cmd("node", "prepare", "pg3")...); r.code != 1 || !strings.Contains(r.stderr, "shardctl schema adopt --from NODE") {
+		t.Fatalf("prepare without a history: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r := runData(t, cmd("schema", "adopt", "--from", "pg1")...)
+	if r.code != 0 || !strings.Contains(r.stdout, "in step: pg1, pg2") || !strings.Contains(r.stdout, "node pg3 has no tables") {
+		t.Fatalf("adopt: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	out := mustData(t, cmd("node", "prepare", "pg3")...)
+	if !strings.Contains(out, "ran baseline") {
+		t.Fatalf("prepare after adopt:\n%s", out)
+	}
+	mustData(t, cmd("node", "check", "pg3")...)
+	if out := mustData(t, cmd("schema", "diff")...); !strings.Contains(out, "no drift") {
+		t.Fatalf("diff after the replay:\n%s", out)
+	}
+	var n int
+	if err := pg.Nodes[2].Conn(t).QueryRow(context.Background(), `SELECT count(*) FROM app.recent`).Scan(&n); err != nil {
+		t.Fatalf("the view did not come with the baseline: %v", err)
+	}
+	// A second adopt is refused once a change follows the baseline.
+	f := filepath.Join(t.TempDir(), "002-more.sql")
+	if err := os.WriteFile(f, []byte("ALTER TABLE app.countries ADD COLUMN name text;"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustData(t, cmd("schema", "apply", f)...)
+	if r := runData(t, cmd("schema", "adopt", "--from", "pg2")...); r.code != 1 || !strings.Contains(r.stderr, "already exists") {
+		t.Fatalf("adopt after a change: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
