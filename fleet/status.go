@@ -55,7 +55,39 @@ type View struct {
 	Members      []Member `json:"members"`
 	Pools        []Pool   `json:"pools"`
 	Moves        Moves    `json:"moves"`
+	Schema       Schema   `json:"schema"`
 }
+
+// Schema is the schema history as recorded (topo.SchemaChange): how many
+// changes are in each state, the newest ones, every change not applied
+// on every node with the nodes it misses, and the last drift check.
+type Schema struct {
+	Changes int `json:"changes"`
+	// ByState counts the changes by their recorded state (applied,
+	// partial, failed, pending).
+	ByState    map[string]int    `json:"by_state"`
+	Recent     []SchemaChange    `json:"recent"`
+	NotApplied []SchemaChange    `json:"not_applied"`
+	Drift      *topo.SchemaDrift `json:"drift"`
+	Error      string            `json:"error,omitempty"`
+}
+
+// SchemaChange is one change on the status page.
+type SchemaChange struct {
+	Seq       int       `json:"seq"`
+	ID        string    `json:"id"`
+	State     string    `json:"state"`
+	Source    string    `json:"source"`
+	By        string    `json:"by"`
+	CreatedAt time.Time `json:"created_at"`
+	Applied   []string  `json:"applied"`
+	// Missing names each node the change reached without applying it,
+	// with what happened there.
+	Missing map[string]string `json:"missing"`
+}
+
+// schemaRecent is how many changes the view lists.
+const schemaRecent = 10
 
 // Self is the router the view is seen from.
 type Self struct {
@@ -219,6 +251,7 @@ type fleetSnap struct {
 	members    []Member
 	pools      []Pool
 	moves      Moves
+	schema     Schema
 }
 
 // Status is a router's fleet status: it holds the last snapshot of the
@@ -269,7 +302,7 @@ func (c *Status) Reads() int64 { return c.reads.Load() }
 
 // Unavailable is a view with nothing to show, saying why.
 func Unavailable(self Self, cluster, reason string) *View {
-	return &View{Now: time.Now().UTC(), Members: []Member{}, Pools: []Pool{}, Moves: Moves{InFlight: []Move{}, Recent: []Move{}},
+	return &View{Now: time.Now().UTC(), Members: []Member{}, Pools: []Pool{}, Moves: Moves{InFlight: []Move{}, Recent: []Move{}}, Schema: emptySchema(),
 		Router: self, Cluster: cluster, Reason: reason}
 }
 
@@ -302,6 +335,7 @@ func (c *Status) View(ctx context.Context, self Self, connected bool, known []Kn
 	v.AgeSeconds = max(0, v.Now.Sub(snap.takenAt).Seconds())
 	v.Stale = !connected || err != nil
 	v.Moves = snap.moves
+	v.Schema = snap.schema
 	v.Members = make([]Member, len(snap.members))
 	perPool := map[string]int{}
 	for i, m := range snap.members {
@@ -441,6 +475,7 @@ func (c *Status) read(ctx context.Context) (*fleetSnap, error) {
 	if snap.moves, err = c.readMoves(ctx); err != nil {
 		return nil, err
 	}
+	snap.schema = readSchema(ctx, s, p)
 	return snap, nil
 }
 
@@ -611,4 +646,43 @@ func fleetMove(rec *topo.MoveRecord) Move {
 		}
 	}
 	return fm
+}
+
+// readSchema reads the schema history and the last drift check. A record
+// that cannot be read is said in Error, without failing the view.
+func readSchema(ctx context.Context, s *zksession.Session, p topo.Paths) Schema {
+	out := emptySchema()
+	hist, err := topo.ListSchemaChanges(ctx, s, p)
+	if err != nil {
+		out.Error = err.Error()
+		return out
+	}
+	out.Changes = len(hist)
+	for i := len(hist) - 1; i >= 0; i-- {
+		c := hist[i]
+		out.ByState[c.State]++
+		fc := SchemaChange{Seq: c.Seq, ID: c.ID, State: c.State, Source: c.Source, By: c.By, CreatedAt: c.CreatedAt, Applied: []string{}, Missing: map[string]string{}}
+		for n, st := range c.Nodes {
+			if st.State == topo.SchemaApplied {
+				fc.Applied = append(fc.Applied, n)
+			} else {
+				fc.Missing[n] = st.State + ": " + st.Error
+			}
+		}
+		slices.Sort(fc.Applied)
+		if len(out.Recent) < schemaRecent {
+			out.Recent = append(out.Recent, fc)
+		}
+		if c.State != topo.SchemaApplied {
+			out.NotApplied = append(out.NotApplied, fc)
+		}
+	}
+	if out.Drift, err = topo.ReadSchemaDrift(ctx, s, p); err != nil {
+		out.Error = err.Error()
+	}
+	return out
+}
+
+func emptySchema() Schema {
+	return Schema{ByState: map[string]int{}, Recent: []SchemaChange{}, NotApplied: []SchemaChange{}}
 }

@@ -1,8 +1,14 @@
 package fleet
 
 import (
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/zktest"
+	"github.com/shardvisor/shardvisor/topo"
 )
 
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
@@ -28,5 +34,42 @@ func TestBehindSince(t *testing.T) {
 		if !since.Equal(tc.since) || atLeast != tc.atLeast {
 			t.Errorf("behindSince(%d) = %s %v, want %s %v", tc.v, since, atLeast, tc.since, tc.atLeast)
 		}
+	}
+}
+
+// The view carries the schema history: states counted, the changes not
+// applied everywhere with why, the newest first, and the last drift
+// check; a record that does not decode is said, not fatal.
+func TestViewSchemaHistory(t *testing.T) {
+	ctx, _, s, p := zkCluster(t)
+	now := time.Now().UTC()
+	mk := func(seq int, id, state string, nodes map[string]*topo.SchemaNodeStatus) {
+		c := &topo.SchemaChange{Version: 1, ID: id, Seq: seq, SHA256: strings.Repeat("a", 63) + strconv.Itoa(seq), SQL: "SELECT 1", Mode: topo.ModeTransaction,
+			Statements: 1, By: "me@host", CreatedAt: now, UpdatedAt: now, State: state, Nodes: nodes}
+		if _, err := topo.CreateSchemaChange(ctx, s, p, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ok := &topo.SchemaNodeStatus{State: topo.SchemaApplied}
+	mk(1, "001-init", topo.SchemaApplied, map[string]*topo.SchemaNodeStatus{"pg1": ok, "pg2": ok})
+	mk(2, "002-more", topo.SchemaPartial, map[string]*topo.SchemaNodeStatus{"pg1": ok, "pg2": {State: topo.SchemaUnreachable, Error: "connection refused"}})
+	if err := topo.WriteSchemaDrift(ctx, s, p, &topo.SchemaDrift{Version: 1, At: now, By: "me", Reference: "pg1", Nodes: []string{"pg1", "pg2"}, Count: 3}); err != nil {
+		t.Fatal(err)
+	}
+	v := NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{}, true, nil)
+	sc := v.Schema
+	if sc.Changes != 2 || sc.ByState[topo.SchemaApplied] != 1 || sc.ByState[topo.SchemaPartial] != 1 || sc.Error != "" {
+		t.Fatalf("schema view: %+v", sc)
+	}
+	if len(sc.Recent) != 2 || sc.Recent[0].ID != "002-more" || len(sc.NotApplied) != 1 || sc.NotApplied[0].Missing["pg2"] != "unreachable: connection refused" ||
+		!slices.Equal(sc.NotApplied[0].Applied, []string{"pg1"}) {
+		t.Fatalf("schema view: recent %+v, not applied %+v", sc.Recent, sc.NotApplied)
+	}
+	if sc.Drift == nil || sc.Drift.Count != 3 {
+		t.Fatalf("drift: %+v", sc.Drift)
+	}
+	zktest.Put(t, s, p.SchemaChange("003-bad"), `{"version": 1, "id": "003-bad"}`)
+	if v := NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{}, true, nil); !strings.Contains(v.Schema.Error, "003-bad") || !v.Available {
+		t.Fatalf("a malformed change record: %+v", v.Schema)
 	}
 }

@@ -121,8 +121,8 @@ type NodeResult struct {
 	Error        string   `json:"error,omitempty"`
 	Attempts     int      `json:"attempts,omitempty"`
 	LockTimeouts int      `json:"lock_timeouts,omitempty"`
-	// BlockedMaxMS bounds how long an application write on this node
-	// waited behind the change (its longest attempt).
+	// BlockedMaxMS is the change's longest attempt on this node: about
+	// the longest an application write there queued behind it.
 	BlockedMaxMS float64 `json:"blocked_max_ms"`
 }
 

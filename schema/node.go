@@ -173,7 +173,7 @@ func runChange(ctx context.Context, conn *pgx.Conn, node string, ch *topo.Schema
 		}
 		if retryable(err) && a.LockTimeouts < opt.Retries {
 			a.LockTimeouts++
-			opt.event(Event{Node: node, Change: ch.ID, Message: fmt.Sprintf("lock not granted within %s (attempt %d): retrying", opt.LockTimeout, a.Attempts)})
+			opt.event(Event{Node: node, Change: ch.ID, Message: fmt.Sprintf("gave way (lock not granted within %s, or a deadlock; attempt %d): retrying", opt.LockTimeout, a.Attempts)})
 			if werr := b.Wait(ctx); werr != nil {
 				return a, werr
 			}
@@ -238,7 +238,7 @@ func runStatements(ctx context.Context, conn *pgx.Conn, node string, ch *topo.Sc
 		if err != nil {
 			if retryable(err) && a.LockTimeouts < opt.Retries {
 				a.LockTimeouts++
-				opt.event(Event{Node: node, Change: ch.ID, Message: fmt.Sprintf("statement at line %d: lock not granted within %s: retrying", st.Line, opt.LockTimeout)})
+				opt.event(Event{Node: node, Change: ch.ID, Message: fmt.Sprintf("statement at line %d gave way (lock not granted within %s, or a deadlock): retrying", st.Line, opt.LockTimeout)})
 				if werr := b.Wait(ctx); werr != nil {
 					return a, werr
 				}

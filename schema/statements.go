@@ -28,7 +28,8 @@ func Split(text string) ([]Statement, error) {
 		if s == "" || onlyComments(s) {
 			return
 		}
-		lead := len(raw) - len(strings.TrimLeft(raw, " \t\r\n"))
+		// The line of the statement's first word, after any comment.
+		lead := len(raw) - len(stripLeadingComments(raw))
 		out = append(out, Statement{SQL: s, Line: startLine + strings.Count(raw[:lead], "\n")})
 	}
 	i := 0
@@ -145,11 +146,11 @@ func onlyComments(s string) bool {
 				s = ""
 			}
 		case strings.HasPrefix(s, "/*"):
-			j := strings.Index(s, "*/")
+			j := blockEnd(s)
 			if j < 0 {
 				return false
 			}
-			s = s[j+2:]
+			s = s[j:]
 		default:
 			return s == ""
 		}
@@ -179,11 +180,11 @@ func stripLeadingComments(s string) string {
 			}
 			s = s[j+1:]
 		case strings.HasPrefix(s, "/*"):
-			j := strings.Index(s, "*/")
+			j := blockEnd(s)
 			if j < 0 {
 				return ""
 			}
-			s = s[j+2:]
+			s = s[j:]
 		default:
 			return s
 		}
@@ -270,4 +271,26 @@ func HeaderID(text string) string {
 		return ""
 	}
 	return m[1]
+}
+
+// blockEnd returns the index just after the block comment s starts with,
+// nested ones included, or -1 if it is never closed.
+func blockEnd(s string) int {
+	depth := 0
+	for i := 0; i < len(s); {
+		switch {
+		case strings.HasPrefix(s[i:], "/*"):
+			depth++
+			i += 2
+		case strings.HasPrefix(s[i:], "*/"):
+			depth--
+			i += 2
+			if depth == 0 {
+				return i
+			}
+		default:
+			i++
+		}
+	}
+	return -1
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -119,6 +120,10 @@ func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: ns + "map_rejected_total", Help: "Bucket maps refused (missing, malformed, older); the last good map stays in use."}, func() float64 { return float64(r.Stats().MapRejected.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: ns + "zk_state", Help: "ZooKeeper session state: 0 lost, 1 suspended, 2 connected, 3 closed."}, func() float64 { return float64(r.ZKState()) }),
 	)
+	if h.fleetStatus != nil {
+		reg.MustRegister(&schemaCollector{h: h, changes: prometheus.NewDesc(ns+"schema_changes", "Recorded schema changes by state (applied, partial, failed, pending), from the fleet view.", []string{"state"}, nil),
+			drift: prometheus.NewDesc(ns+"schema_drift_differences", "Differences the last `shardctl schema diff` found (sharded tables, and changes a node lacks); -1 before any.", nil, nil)})
+	}
 	// Every endpoint but /v1/route (whose POST is a batch lookup) only
 	// reads: other methods get 405 with Allow (they used to get 200).
 	h.mux.HandleFunc("/v1/route", h.route)
@@ -636,4 +641,31 @@ func (h *handler) fleetView(ctx context.Context) *fleet.View {
 		return fleet.Unavailable(self, cluster, "no fleet view: the sidecar was not given a fleet status")
 	}
 	return h.fleetStatus.View(ctx, self, r.ZKState() == zksession.StateConnected, known)
+}
+
+// schemaCollector exports the schema history's states and the last drift
+// check from the fleet view (cached by fleet.Status: a scrape does not
+// read ZooKeeper more often than the view's refresh allows).
+type schemaCollector struct {
+	h              *handler
+	changes, drift *prometheus.Desc
+}
+
+func (c *schemaCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.changes; ch <- c.drift }
+
+func (c *schemaCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v := c.h.fleetView(ctx)
+	if !v.Available {
+		return
+	}
+	for _, st := range []string{topo.SchemaApplied, topo.SchemaPartial, topo.SchemaFailed, topo.SchemaPending} {
+		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.GaugeValue, float64(v.Schema.ByState[st]), st)
+	}
+	d := -1.0
+	if v.Schema.Drift != nil {
+		d = float64(v.Schema.Drift.Count)
+	}
+	ch <- prometheus.MustNewConstMetric(c.drift, prometheus.GaugeValue, d)
 }

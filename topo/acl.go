@@ -387,3 +387,17 @@ func setACL(ctx context.Context, s *zksession.Session, r *ACLRule, p Paths, at s
 	}
 	return acl, s.SetACL(ctx, at, acl, zksession.AnyVersion)
 }
+
+// createDeleteOps are the two operations that create the znode at (with
+// the ACL of its kind, its parent made first) and delete it again: in a
+// zksession.Multi they assert that nothing is at, and change nothing.
+func createDeleteOps(ctx context.Context, s *zksession.Session, p Paths, at string) ([]zksession.Op, error) {
+	acl, err := aclFor(ctx, s, p, at)
+	if err != nil {
+		return nil, err
+	}
+	if err := createDir(ctx, s, p, path.Dir(at)); err != nil {
+		return nil, err
+	}
+	return []zksession.Op{zksession.CreateOp(at, nil, acl), zksession.DeleteOp(at, zksession.AnyVersion)}, nil
+}

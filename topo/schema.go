@@ -131,8 +131,9 @@ type SchemaNodeStatus struct {
 	Attempts     int `json:"attempts,omitempty"`
 	LockTimeouts int `json:"lock_timeouts,omitempty"`
 	// BlockedMaxMS is the longest attempt, from its first statement to
-	// its commit or rollback: no application write waited longer behind
-	// this change's locks on this node.
+	// its commit or rollback: how long the change held or queued for its
+	// locks on this node at most. An application write queued behind it
+	// waits about that long, plus its own time once the lock is free.
 	BlockedMaxMS float64 `json:"blocked_max_ms,omitempty"`
 	// StatementsDone counts the statements done, in ModeStatements.
 	StatementsDone int `json:"statements_done,omitempty"`
@@ -325,14 +326,11 @@ func EnterMoveData(ctx context.Context, s *zksession.Session, p Paths, rec *Move
 		return 0, err
 	}
 	at := p.SchemaLock()
-	acl, err := aclFor(ctx, s, p, at)
+	gate, err := createDeleteOps(ctx, s, p, at)
 	if err != nil {
 		return 0, err
 	}
-	if err := createDir(ctx, s, p, path.Dir(at)); err != nil {
-		return 0, err
-	}
-	sts, err := s.Multi(ctx, zksession.CreateOp(at, nil, acl), zksession.DeleteOp(at, zksession.AnyVersion), set)
+	sts, err := s.Multi(ctx, append(gate, set)...)
 	if errors.Is(err, zksession.ErrNodeExists) {
 		return 0, fmt.Errorf("%w (%s is held)", ErrSchemaChanging, at)
 	}
