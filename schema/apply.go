@@ -38,6 +38,10 @@ type Options struct {
 	WaitMoves time.Duration
 	// ConnectTimeout bounds connecting to a node (10s).
 	ConnectTimeout time.Duration
+	// BlockerWait bounds the wait, after a lock timeout, for the
+	// transactions that held the lock to end before the next attempt
+	// (30s); meanwhile the change queues nothing.
+	BlockerWait time.Duration
 	// By names who applies (user@host by default).
 	By       string
 	Log      *zap.Logger
@@ -66,6 +70,9 @@ func (o *Options) defaults() {
 	}
 	if o.ConnectTimeout <= 0 {
 		o.ConnectTimeout = 10 * time.Second
+	}
+	if o.BlockerWait <= 0 {
+		o.BlockerWait = 30 * time.Second
 	}
 	if o.By == "" {
 		o.By = Who()
@@ -124,6 +131,13 @@ type NodeResult struct {
 	// BlockedMaxMS is the change's longest attempt on this node: about
 	// the longest an application write there queued behind it.
 	BlockedMaxMS float64 `json:"blocked_max_ms"`
+	// AppWaitMaxMS is the longest an application statement was seen
+	// waiting behind the change (sampled every 20 ms from a second
+	// connection: a lower bound within that).
+	AppWaitMaxMS float64 `json:"app_wait_max_ms"`
+	// BlockerWaitMS is the time spent between attempts waiting for the
+	// transactions that held the lock to end.
+	BlockerWaitMS float64 `json:"blocker_wait_ms,omitempty"`
 }
 
 // Result is what Apply or CatchUp did.
@@ -339,7 +353,7 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 	fail := func(c *topo.SchemaChange, state string, err error) NodeResult {
 		res.State, res.Error = state, err.Error()
 		now := time.Now().UTC()
-		st := &topo.SchemaNodeStatus{State: state, At: &now, Error: err.Error(), Attempts: res.Attempts, LockTimeouts: res.LockTimeouts, BlockedMaxMS: res.BlockedMaxMS}
+		st := &topo.SchemaNodeStatus{State: state, At: &now, Error: err.Error(), Attempts: res.Attempts, LockTimeouts: res.LockTimeouts, BlockedMaxMS: res.BlockedMaxMS, AppWaitMaxMS: res.AppWaitMaxMS}
 		if rerr := a.record(ctx, c, node, st); rerr != nil {
 			res.Error += "; " + rerr.Error()
 		}
@@ -353,6 +367,17 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 		return fail(target, topo.SchemaUnreachable, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// A second connection watches each attempt (monitor.go); without
+	// it the change still runs, measuring less.
+	cctx, cancel = context.WithTimeout(ctx, a.opt.ConnectTimeout)
+	watcher, err := dbnode.Connect(cctx, n)
+	cancel()
+	if err != nil {
+		a.opt.event(Event{Node: node, Message: fmt.Sprintf("no second connection to watch the change's locks: %v", err)})
+		watcher = nil
+	} else {
+		defer watcher.Close(context.WithoutCancel(ctx))
+	}
 	if err := ensureHistory(ctx, conn); err != nil {
 		return fail(target, stateOf(err), fmt.Errorf("creating shardvisor.schema_changes: %w", err))
 	}
@@ -383,20 +408,23 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 			continue
 		}
 		a.opt.event(Event{Node: node, Change: c.ID, Message: "applying"})
-		att, err := runChange(ctx, conn, node, c, row, a.opt)
+		att, err := runChange(ctx, conn, watcher, node, c, row, a.opt)
 		res.Attempts += att.Attempts
 		res.LockTimeouts += att.LockTimeouts
 		res.BlockedMaxMS = max(res.BlockedMaxMS, ms(att.BlockedMax))
+		res.AppWaitMaxMS = max(res.AppWaitMaxMS, ms(att.AppWait))
+		res.BlockerWaitMS += ms(att.BlockerWait)
 		if err != nil {
 			return fail(c, stateOf(err), err)
 		}
 		res.Ran = append(res.Ran, c.ID)
 		now := time.Now().UTC()
 		if err := a.record(ctx, c, node, &topo.SchemaNodeStatus{State: topo.SchemaApplied, At: &now, Attempts: att.Attempts,
-			LockTimeouts: att.LockTimeouts, BlockedMaxMS: ms(att.BlockedMax), StatementsDone: att.StatementsDone}); err != nil {
+			LockTimeouts: att.LockTimeouts, BlockedMaxMS: ms(att.BlockedMax), AppWaitMaxMS: ms(att.AppWait), StatementsDone: att.StatementsDone}); err != nil {
 			return fail(c, topo.SchemaUnreachable, err)
 		}
-		a.opt.event(Event{Node: node, Change: c.ID, Message: fmt.Sprintf("applied (%d attempts, blocked at most %s)", att.Attempts, att.BlockedMax.Round(time.Millisecond))})
+		a.opt.event(Event{Node: node, Change: c.ID, Message: fmt.Sprintf("applied (%d attempts; longest attempt %s; application statements seen waiting at most %s)",
+			att.Attempts, att.BlockedMax.Round(time.Millisecond), att.AppWait.Round(time.Millisecond))})
 		// A change may have set session state (pg_dump's search_path).
 		if _, err := conn.Exec(ctx, "RESET ALL"); err != nil {
 			return fail(c, stateOf(err), err)

@@ -134,7 +134,13 @@ func retryable(err error) bool {
 type attempt struct {
 	Attempts, LockTimeouts int
 	BlockedMax             time.Duration
-	StatementsDone         int
+	// AppWait is the longest an application statement was seen waiting
+	// behind the change (sampled from a second connection).
+	AppWait time.Duration
+	// BlockerWait is the time spent waiting, between attempts, for the
+	// transactions that held the locks the change timed out on.
+	BlockerWait    time.Duration
+	StatementsDone int
 }
 
 func (a *attempt) took(d time.Duration) {
@@ -146,13 +152,14 @@ func (a *attempt) took(d time.Duration) {
 // in ModeStatements, each statement from where the node left off) with
 // lock_timeout, retried after a lock timeout up to opt.Retries times. The
 // node's history row is written with it.
-func runChange(ctx context.Context, conn *pgx.Conn, node string, ch *topo.SchemaChange, row nodeRow, opt *Options) (attempt, error) {
+func runChange(ctx context.Context, conn, watcher *pgx.Conn, node string, ch *topo.SchemaChange, row nodeRow, opt *Options) (attempt, error) {
 	var a attempt
 	if ch.Mode == topo.ModeStatements {
-		return runStatements(ctx, conn, node, ch, row, opt)
+		return runStatements(ctx, conn, watcher, node, ch, row, opt)
 	}
 	b := backoff.New(50*time.Millisecond, time.Second)
 	for {
+		mon := watch(ctx, watcher, conn.PgConn().PID())
 		start := time.Now()
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", opt.LockTimeout.Milliseconds())); err != nil {
@@ -167,14 +174,15 @@ func runChange(ctx context.Context, conn *pgx.Conn, node string, ch *topo.Schema
 			return err
 		})
 		a.took(time.Since(start))
+		wait, blockers := mon.end()
+		a.AppWait = max(a.AppWait, wait)
 		if err == nil {
 			a.StatementsDone = ch.Statements
 			return a, nil
 		}
 		if retryable(err) && a.LockTimeouts < opt.Retries {
 			a.LockTimeouts++
-			opt.event(Event{Node: node, Change: ch.ID, Message: fmt.Sprintf("gave way (lock not granted within %s, or a deadlock; attempt %d): retrying", opt.LockTimeout, a.Attempts)})
-			if werr := b.Wait(ctx); werr != nil {
+			if werr := giveWay(ctx, watcher, node, ch.ID, fmt.Sprintf("attempt %d", a.Attempts), blockers, b, &a, opt); werr != nil {
 				return a, werr
 			}
 			continue
@@ -206,7 +214,7 @@ func isStatementError(err error) bool {
 // recorded after it. A CREATE INDEX CONCURRENTLY whose index is there and
 // valid counts as done; an invalid one (a build that failed or was
 // killed) is dropped concurrently and built again.
-func runStatements(ctx context.Context, conn *pgx.Conn, node string, ch *topo.SchemaChange, row nodeRow, opt *Options) (attempt, error) {
+func runStatements(ctx context.Context, conn, watcher *pgx.Conn, node string, ch *topo.SchemaChange, row nodeRow, opt *Options) (attempt, error) {
 	var a attempt
 	stmts, err := Split(ch.SQL)
 	if err != nil {
@@ -221,6 +229,7 @@ func runStatements(ctx context.Context, conn *pgx.Conn, node string, ch *topo.Sc
 		if err != nil {
 			return a, fmt.Errorf("change %s on node %s, statement at line %d: %w", ch.ID, node, st.Line, err)
 		}
+		mon := watch(ctx, watcher, conn.PgConn().PID())
 		start := time.Now()
 		if !skip {
 			_, concurrent := outsideTransaction(st.SQL)
@@ -235,11 +244,12 @@ func runStatements(ctx context.Context, conn *pgx.Conn, node string, ch *topo.Sc
 			}
 		}
 		a.took(time.Since(start))
+		wait, blockers := mon.end()
+		a.AppWait = max(a.AppWait, wait)
 		if err != nil {
 			if retryable(err) && a.LockTimeouts < opt.Retries {
 				a.LockTimeouts++
-				opt.event(Event{Node: node, Change: ch.ID, Message: fmt.Sprintf("statement at line %d gave way (lock not granted within %s, or a deadlock): retrying", st.Line, opt.LockTimeout)})
-				if werr := b.Wait(ctx); werr != nil {
+				if werr := giveWay(ctx, watcher, node, ch.ID, fmt.Sprintf("statement at line %d", st.Line), blockers, b, &a, opt); werr != nil {
 					return a, werr
 				}
 				continue
@@ -280,4 +290,26 @@ func prepareConcurrentIndex(ctx context.Context, conn *pgx.Conn, stmt string) (s
 	}
 	_, err = conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+name)
 	return false, err
+}
+
+// giveWay is what the change does after an attempt gave way (a lock not
+// granted within lock_timeout, or a deadlock): wait, queueing nothing,
+// for the transactions that held the locks to end (up to
+// opt.BlockerWait), or, when none is known, back off.
+func giveWay(ctx context.Context, watcher *pgx.Conn, node, change, what string, blockers []blocker, b *backoff.Backoff, a *attempt, opt *Options) error {
+	if watcher == nil || len(blockers) == 0 {
+		opt.event(Event{Node: node, Change: change, Message: fmt.Sprintf("%s gave way (lock not granted within %s, or a deadlock): retrying", what, opt.LockTimeout)})
+		return b.Wait(ctx)
+	}
+	opt.event(Event{Node: node, Change: change, Message: fmt.Sprintf("%s gave way after %s: waiting for the transactions that held the lock to end: %s", what, opt.LockTimeout, describeBlockers(blockers))})
+	waited, open, err := awaitBlockers(ctx, watcher, blockers, opt.BlockerWait)
+	a.BlockerWait += waited
+	if err != nil {
+		return err
+	}
+	if len(open) > 0 {
+		opt.event(Event{Node: node, Change: change, Message: fmt.Sprintf("still open after %s: %s; trying again", waited.Round(time.Millisecond), describeBlockers(open))})
+		return b.Wait(ctx)
+	}
+	return nil
 }

@@ -135,6 +135,10 @@ type SchemaNodeStatus struct {
 	// locks on this node at most. An application write queued behind it
 	// waits about that long, plus its own time once the lock is free.
 	BlockedMaxMS float64 `json:"blocked_max_ms,omitempty"`
+	// AppWaitMaxMS is the longest an application statement was seen
+	// waiting behind the change on this node (sampled from a second
+	// connection every 20 ms).
+	AppWaitMaxMS float64 `json:"app_wait_max_ms,omitempty"`
 	// StatementsDone counts the statements done, in ModeStatements.
 	StatementsDone int `json:"statements_done,omitempty"`
 }

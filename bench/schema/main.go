@@ -248,12 +248,18 @@ func report(s *Summary) {
 		say("    schema.Apply:    %.1f ms, state %s, canary %s; attempts %d, lock timeouts %d, blocked at most %.1f ms (the change's record)%s",
 			v.ApplyMS, v.State, v.Canary, v.Attempts, v.LockTimeout, v.BlockedMax, optErr(v.ApplyError))
 		for _, n := range v.Nodes {
-			say("      %-4s %-8s attempts %2d  lock timeouts %2d  blocked max %7.1f ms  ran %v%s", n.Node, n.State, n.Attempts, n.LockTimeouts, n.BlockedMaxMS, n.Ran, optErr(n.Error))
+			say("      %-4s %-8s attempts %2d  lock timeouts %2d  longest attempt %7.1f ms  app statements seen waiting %7.1f ms  waiting for blockers %7.1f ms  ran %v%s",
+				n.Node, n.State, n.Attempts, n.LockTimeouts, n.BlockedMaxMS, n.AppWaitMaxMS, n.BlockerWaitMS, n.Ran, optErr(n.Error))
 		}
 		say("    column on nodes: %d/%d", v.ColumnOn, s.Nodes)
 		say("    write load:      %d writes in %.1f s (%.0f writes/s), %d failed (goal 0)%s", v.Writes, v.LoadSeconds, v.WritesPerSec, v.Failed, optErr(v.LastError))
 		say("    baseline window  (%6.0f ms before the change, no change): %s, %d failed", v.Baseline.LengthMS, msStat(v.Baseline.LatencyMS), v.Baseline.Failed)
 		say("    change window    (%6.0f ms from the apply's start):       %s, %d failed", v.During.LengthMS, msStat(v.During.LatencyMS), v.During.Failed)
+		if v.Baseline.LengthMS > 0 && v.During.LengthMS > 0 && v.Baseline.LatencyMS.N > 0 {
+			before := float64(v.Baseline.LatencyMS.N) / v.Baseline.LengthMS * 1000
+			during := float64(v.During.LatencyMS.N) / v.During.LengthMS * 1000
+			say("    throughput:      %.0f writes/s in the change window vs %.0f before: %s", during, before, ratioX(during/before))
+		}
 		say("    longest write: %.1f ms during the change vs %.1f ms before: %s; goal failed = 0 and longest write < %.0f ms: %s",
 			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, ratioX(v.MaxRatio), waitGoalMS, verdict(v.GoalMet))
 	}

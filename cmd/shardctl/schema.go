@@ -24,6 +24,7 @@ func schemaFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.DurationFlag{Name: "lock-timeout", Value: 250 * time.Millisecond, Usage: "each attempt's lock_timeout: the longest an application write queues behind the change before it gives way"},
 		&cli.IntFlag{Name: "lock-retries", Value: 40, Usage: "attempts after a lock timeout, per node, before the node is left partial"},
+		&cli.DurationFlag{Name: "blocker-wait", Value: 30 * time.Second, Usage: "after a lock timeout, how long to wait (queueing nothing) for the transactions that held the lock to end before trying again"},
 		&cli.DurationFlag{Name: "wait-moves", Value: 10 * time.Minute, Usage: "how long to wait for moves in flight to finish before giving up"},
 		&cli.DurationFlag{Name: "connect-timeout", Value: 10 * time.Second, Usage: "bound on connecting to a db node"},
 	}
@@ -31,7 +32,7 @@ func schemaFlags() []cli.Flag {
 
 func schemaOptions(c *cli.Context, log *zap.Logger) schema.Options {
 	return schema.Options{Canary: c.String("canary"), Parallel: c.Int("parallel"), LockTimeout: c.Duration("lock-timeout"),
-		Retries: c.Int("lock-retries"), WaitMoves: c.Duration("wait-moves"), ConnectTimeout: c.Duration("connect-timeout"), Log: log,
+		Retries: c.Int("lock-retries"), BlockerWait: c.Duration("blocker-wait"), WaitMoves: c.Duration("wait-moves"), ConnectTimeout: c.Duration("connect-timeout"), Log: log,
 		Progress: func(e schema.Event) {
 			where := ""
 			if e.Node != "" {
@@ -107,7 +108,8 @@ func writeApply(w io.Writer, r *schema.Result) {
 		if len(n.Ran) > 0 {
 			ran = "ran " + strings.Join(n.Ran, ", ")
 		}
-		fmt.Fprintf(w, "  %-12s %-11s %s; %d attempts, %d lock timeouts, writes blocked at most %.1f ms%s\n", n.Node, n.State, ran, n.Attempts, n.LockTimeouts, n.BlockedMaxMS, canary)
+		fmt.Fprintf(w, "  %-12s %-11s %s; %d attempts, %d lock timeouts, longest attempt %.1f ms, application statements seen waiting at most %.1f ms%s\n",
+			n.Node, n.State, ran, n.Attempts, n.LockTimeouts, n.BlockedMaxMS, n.AppWaitMaxMS, canary)
 		if n.Error != "" {
 			fmt.Fprintf(w, "  %-12s %s\n", "", n.Error)
 		}
