@@ -99,6 +99,9 @@ type Self struct {
 	// this router applied it.
 	MapUpdatedAt time.Time `json:"map_updated_at,omitzero"`
 	AppliedAt    time.Time `json:"applied_at,omitzero"`
+	// SchemaNodes are its map's nodes not marked down: the nodes every
+	// schema change must reach (nil: the recorded states are shown).
+	SchemaNodes []string `json:"-"`
 }
 
 // Member is one router or supervisor, from its ephemeral record.
@@ -251,7 +254,9 @@ type fleetSnap struct {
 	members    []Member
 	pools      []Pool
 	moves      Moves
-	schema     Schema
+	schema     []*topo.SchemaChange
+	drift      *topo.SchemaDrift
+	schemaErr  error
 }
 
 // Status is a router's fleet status: it holds the last snapshot of the
@@ -335,7 +340,7 @@ func (c *Status) View(ctx context.Context, self Self, connected bool, known []Kn
 	v.AgeSeconds = max(0, v.Now.Sub(snap.takenAt).Seconds())
 	v.Stale = !connected || err != nil
 	v.Moves = snap.moves
-	v.Schema = snap.schema
+	v.Schema = schemaView(snap.schema, snap.drift, snap.schemaErr, self.SchemaNodes)
 	v.Members = make([]Member, len(snap.members))
 	perPool := map[string]int{}
 	for i, m := range snap.members {
@@ -475,7 +480,7 @@ func (c *Status) read(ctx context.Context) (*fleetSnap, error) {
 	if snap.moves, err = c.readMoves(ctx); err != nil {
 		return nil, err
 	}
-	snap.schema = readSchema(ctx, s, p)
+	snap.schema, snap.drift, snap.schemaErr = readSchema(ctx, s, p)
 	return snap, nil
 }
 
@@ -649,36 +654,54 @@ func fleetMove(rec *topo.MoveRecord) Move {
 }
 
 // readSchema reads the schema history and the last drift check. A record
-// that cannot be read is said in Error, without failing the view.
-func readSchema(ctx context.Context, s *zksession.Session, p topo.Paths) Schema {
-	out := emptySchema()
+// that cannot be read is said in the view, without failing it.
+func readSchema(ctx context.Context, s *zksession.Session, p topo.Paths) ([]*topo.SchemaChange, *topo.SchemaDrift, error) {
 	hist, err := topo.ListSchemaChanges(ctx, s, p)
 	if err != nil {
+		return nil, nil, err
+	}
+	drift, err := topo.ReadSchemaDrift(ctx, s, p)
+	return hist, drift, err
+}
+
+// schemaView is the history as the status page shows it. Each change's
+// state is worked out against nodes, the map's nodes not marked down (a
+// node added since a change shows it missing there; a node removed no
+// longer counts); with nodes nil, the state recorded is shown.
+func schemaView(hist []*topo.SchemaChange, drift *topo.SchemaDrift, err error, nodes []string) Schema {
+	out := emptySchema()
+	out.Drift = drift
+	if err != nil {
 		out.Error = err.Error()
-		return out
 	}
 	out.Changes = len(hist)
 	for i := len(hist) - 1; i >= 0; i-- {
 		c := hist[i]
-		out.ByState[c.State]++
-		fc := SchemaChange{Seq: c.Seq, ID: c.ID, State: c.State, Source: c.Source, By: c.By, CreatedAt: c.CreatedAt, Applied: []string{}, Missing: map[string]string{}}
+		state, missing := c.State, []string(nil)
+		if nodes != nil {
+			state, missing = topo.SchemaState(c, nodes)
+		}
+		out.ByState[state]++
+		fc := SchemaChange{Seq: c.Seq, ID: c.ID, State: state, Source: c.Source, By: c.By, CreatedAt: c.CreatedAt, Applied: []string{}, Missing: map[string]string{}}
 		for n, st := range c.Nodes {
 			if st.State == topo.SchemaApplied {
 				fc.Applied = append(fc.Applied, n)
-			} else {
+			} else if nodes == nil || slices.Contains(nodes, n) {
 				fc.Missing[n] = st.State + ": " + st.Error
+			}
+		}
+		for _, n := range missing {
+			if _, ok := fc.Missing[n]; !ok {
+				fc.Missing[n] = "not run"
 			}
 		}
 		slices.Sort(fc.Applied)
 		if len(out.Recent) < schemaRecent {
 			out.Recent = append(out.Recent, fc)
 		}
-		if c.State != topo.SchemaApplied {
+		if state != topo.SchemaApplied {
 			out.NotApplied = append(out.NotApplied, fc)
 		}
-	}
-	if out.Drift, err = topo.ReadSchemaDrift(ctx, s, p); err != nil {
-		out.Error = err.Error()
 	}
 	return out
 }

@@ -68,6 +68,11 @@ func TestViewSchemaHistory(t *testing.T) {
 	if sc.Drift == nil || sc.Drift.Count != 3 {
 		t.Fatalf("drift: %+v", sc.Drift)
 	}
+	// Against the router's map: a node added since misses every change.
+	v = NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{SchemaNodes: []string{"pg1", "pg2", "pg3"}}, true, nil)
+	if v.Schema.ByState[topo.SchemaPartial] != 2 || v.Schema.Changes != 2 || v.Schema.Recent[1].Missing["pg3"] != "not run" {
+		t.Fatalf("against pg1..pg3: %+v", v.Schema)
+	}
 	zktest.Put(t, s, p.SchemaChange("003-bad"), `{"version": 1, "id": "003-bad"}`)
 	if v := NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{}, true, nil); !strings.Contains(v.Schema.Error, "003-bad") || !v.Available {
 		t.Fatalf("a malformed change record: %+v", v.Schema)

@@ -246,12 +246,15 @@ func (mv *Mover) members() *fleet.MemberView {
 
 // run is one move being driven by this process.
 type run struct {
-	mv       *Mover
-	rec      *topo.MoveRecord
-	ver      int32
-	src, dst bucketmap.Node
-	srcConn  *pgx.Conn
-	dstConn  *pgx.Conn
+	mv  *Mover
+	rec *topo.MoveRecord
+	ver int32
+	// schemaEpoch is the schema epoch read before prepare compared the
+	// schemas (topo.EnterMoveData checks it).
+	schemaEpoch int32
+	src, dst    bucketmap.Node
+	srcConn     *pgx.Conn
+	dstConn     *pgx.Conn
 	// dstSpare is a second target connection opened before the freeze, so
 	// that the write pause never waits for a connection (TCP + SCRAM).
 	dstSpare *pgx.Conn
@@ -1010,10 +1013,18 @@ func (r *run) prepare(ctx context.Context) error {
 		if err := r.waitSchema(ctx); err != nil {
 			return err
 		}
-		err := r.prepareOnce(ctx)
+		// Read before the schemas are compared: a change that begins
+		// after this fails the gate, and the move compares again.
+		epoch, err := topo.ReadSchemaEpoch(ctx, r.mv.s, r.mv.p)
+		if err != nil {
+			return err
+		}
+		r.schemaEpoch = epoch
+		err = r.prepareOnce(ctx)
 		if !errors.Is(err, topo.ErrSchemaChanging) {
 			return err
 		}
+		r.progress("a schema change ran during prepare: comparing the schemas again")
 	}
 }
 
@@ -1046,7 +1057,7 @@ func (r *run) enterData(ctx context.Context, state string) error {
 	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
 	r.rec.UpdatedAt = time.Now().UTC()
 	r.rec.Runner = r.mv.runner
-	ver, err := topo.EnterMoveData(ctx, r.mv.s, r.mv.p, r.rec, r.ver)
+	ver, err := topo.EnterMoveData(ctx, r.mv.s, r.mv.p, r.rec, r.ver, r.schemaEpoch)
 	if err != nil {
 		r.rec.State, r.rec.Steps = prev, r.rec.Steps[:steps]
 		if errors.Is(err, topo.ErrSchemaChanging) {

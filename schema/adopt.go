@@ -57,8 +57,9 @@ func PgDump() string {
 // Every node whose tables match from's (the same tables and columns, and
 // the same sharded tables by fence.CompareSchemas) is marked as having
 // it, without running it; a node without tables gets it from `node
-// prepare`, which replays the history. Run again, it marks the nodes that
-// have come in step since.
+// prepare`, which replays the history. Run again, even after changes
+// followed the baseline, it marks the nodes that match from (which must
+// have the whole history) with every change from has.
 func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tables []topo.TableRecord, pgDump string, opt Options) (*AdoptResult, error) {
 	a, lock, _, err := begin(ctx, st, &opt, nil)
 	if err != nil {
@@ -75,9 +76,6 @@ func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tabl
 	base := a.find(BaselineID)
 	if len(a.hist) > 0 && (base == nil || !base.Baseline) {
 		return nil, fmt.Errorf("%w: it begins with change %s (%s); adopt only starts a history. A node without the schema gets it from `shardctl node prepare NODE`", ErrHistoryExists, a.hist[0].ID, a.hist[0].Source)
-	}
-	if base != nil && len(a.hist) > 1 {
-		return nil, fmt.Errorf("%w: changes were applied after the baseline (%s is the newest); `shardctl node prepare NODE` brings a node in step", ErrHistoryExists, a.hist[len(a.hist)-1].ID)
 	}
 	if base == nil {
 		a.opt.event(Event{Node: string(from), Message: "dumping the schema with pg_dump --schema-only"})
@@ -106,6 +104,18 @@ func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tabl
 	if err != nil {
 		return nil, fmt.Errorf("reading node %s: %w", from, err)
 	}
+	// A node in step with from gets what from has: the baseline and, when
+	// changes followed it, those too (from must have them all).
+	var marks []*topo.SchemaChange
+	for _, c := range a.hist {
+		if FailedNowhere(c) {
+			continue
+		}
+		if !(c == base && res.New) && !a.applied(c, string(from)) {
+			return res, fmt.Errorf("--from %s lacks change %s: a node is marked in step by comparing it with a node that has the whole history; pick one (`shardctl schema status`)", from, c.ID)
+		}
+		marks = append(marks, c)
+	}
 	for _, id := range a.required {
 		n, _ := a.m.Node(bucketmap.NodeID(id))
 		p, err := fingerprintOf(ctx, n, tables, a.opt.ConnectTimeout)
@@ -121,21 +131,33 @@ func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tabl
 			res.Differ = append(res.Differ, NodeError{Node: id, Error: fmt.Sprintf("differs from %s: %s", from, why)})
 			continue
 		}
-		if err := markApplied(ctx, n, base, a.opt); err != nil {
+		if err := markApplied(ctx, n, marks, a.opt); err != nil {
 			res.Unreachable = append(res.Unreachable, NodeError{Node: id, Error: err.Error()})
 			continue
 		}
 		now := time.Now().UTC()
-		if err := a.record(ctx, base, id, &topo.SchemaNodeStatus{State: topo.SchemaApplied, At: &now, StatementsDone: base.Statements}); err != nil {
-			return res, err
+		for _, c := range marks {
+			if a.applied(c, id) {
+				continue
+			}
+			if err := a.record(ctx, c, id, &topo.SchemaNodeStatus{State: topo.SchemaApplied, At: &now, StatementsDone: c.Statements}); err != nil {
+				return res, err
+			}
 		}
 		res.InStep = append(res.InStep, id)
 	}
 	return res, nil
 }
 
-// markApplied writes a node's row of change c as done, without running it.
-func markApplied(ctx context.Context, n bucketmap.Node, c *topo.SchemaChange, opt *Options) error {
+// markRow is upsertRow that leaves a done row as it is.
+const markRow = `INSERT INTO shardvisor.schema_changes (id, seq, sha256, statements_done, done, applied_by)
+	VALUES ($1, $2, $3, $4, $5, $6)
+	ON CONFLICT (id) DO UPDATE SET statements_done = EXCLUDED.statements_done, done = true, applied_at = pg_catalog.now(), applied_by = EXCLUDED.applied_by
+	WHERE NOT shardvisor.schema_changes.done`
+
+// markApplied writes a node's rows of changes cs as done, without running
+// them, in one transaction.
+func markApplied(ctx context.Context, n bucketmap.Node, cs []*topo.SchemaChange, opt *Options) error {
 	cctx, cancel := context.WithTimeout(ctx, opt.ConnectTimeout)
 	conn, err := dbnode.Connect(cctx, n)
 	cancel()
@@ -146,13 +168,20 @@ func markApplied(ctx context.Context, n bucketmap.Node, c *topo.SchemaChange, op
 	if err := ensureHistory(ctx, conn); err != nil {
 		return err
 	}
-	_, err = conn.Exec(ctx, upsertRow, c.ID, c.Seq, c.SHA256, c.Statements, true, opt.By)
-	return err
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for _, c := range cs {
+			if _, err := tx.Exec(ctx, markRow, c.ID, c.Seq, c.SHA256, c.Statements, true, opt.By); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
-// fingerprint is what Adopt compares: every ordinary or partitioned
-// table outside the system schemas and shardvisor, with its columns and
-// their types, and the sharded tables' full comparison.
+// fingerprint is what Adopt compares, outside the system schemas and
+// shardvisor: every ordinary or partitioned table with its columns and
+// their types, every index by definition, view, sequence and function
+// (not an extension's) by name, and the sharded tables' full comparison.
 type fingerprint struct {
 	tables  []string
 	sharded []fence.TableSchema
@@ -196,6 +225,32 @@ func fingerprintOf(ctx context.Context, n bucketmap.Node, tables []topo.TableRec
 	if f.tables, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
 		return fingerprint{}, err
 	}
+	// Beside the tables: their indexes, the views, sequences and
+	// functions, by definition or signature.
+	rows, err = conn.Query(ctx, `SELECT * FROM (
+		SELECT pg_catalog.pg_get_indexdef(i.indexrelid) FROM pg_catalog.pg_index i
+			JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'shardvisor') AND n.nspname NOT LIKE 'pg\_%'
+		UNION ALL
+		SELECT pg_catalog.format('%s %I.%I', CASE c.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' ELSE 'sequence' END, n.nspname, c.relname)
+			FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE c.relkind IN ('v', 'm', 'S') AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'shardvisor') AND n.nspname NOT LIKE 'pg\_%'
+		UNION ALL
+		SELECT pg_catalog.format('function %I.%I(%s)', n.nspname, p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid))
+			FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'shardvisor') AND n.nspname NOT LIKE 'pg\_%'
+			AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d WHERE d.objid = p.oid AND d.deptype = 'e')
+	) o(def) ORDER BY 1`)
+	if err != nil {
+		return fingerprint{}, err
+	}
+	objects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fingerprint{}, err
+	}
+	if len(f.tables) > 0 {
+		f.tables = append(f.tables, objects...)
+	}
 	if len(tables) > 0 && len(f.tables) > 0 {
 		v := readNode(ctx, n, tables, timeout)
 		if v.err != nil {
@@ -218,7 +273,10 @@ func dumpSchema(ctx context.Context, n bucketmap.Node, pgDump string) (string, e
 	}
 	cmd := exec.CommandContext(ctx, pgDump, "--schema-only", "--no-owner", "--no-publications", "--no-subscriptions",
 		"--exclude-schema=shardvisor", "--dbname="+n.DSN)
-	cmd.Env = append(os.Environ(), "PGPASSWORD="+pw, "PGCONNECT_TIMEOUT=10")
+	cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=10")
+	if pw != "" {
+		cmd.Env = append(cmd.Env, "PGPASSWORD="+pw)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -1,9 +1,11 @@
 package schema
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/user"
 	"slices"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/sqlstate"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -22,8 +25,8 @@ import (
 // Options tune Apply, CatchUp and Adopt. The zero value is the defaults.
 type Options struct {
 	// Canary is the node a new change runs on first, alone; "" picks the
-	// active node owning the fewest buckets (ties: the lowest id), where
-	// a bad change hurts the fewest users.
+	// node owning the fewest buckets but at least one (ties: the lowest
+	// id), where a bad change hurts the fewest users and still meets data.
 	Canary string
 	// Parallel bounds the nodes changed at once after the canary (4).
 	Parallel int
@@ -132,7 +135,7 @@ type NodeResult struct {
 	// the longest an application write there queued behind it.
 	BlockedMaxMS float64 `json:"blocked_max_ms"`
 	// AppWaitMaxMS is the longest an application statement was seen
-	// waiting behind the change (sampled every 20 ms from a second
+	// waiting behind the change (sampled every 25 ms from a second
 	// connection: a lower bound within that).
 	AppWaitMaxMS float64 `json:"app_wait_max_ms"`
 	// BlockerWaitMS is the time spent between attempts waiting for the
@@ -193,6 +196,10 @@ func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func
 	waited, err := waitMoves(lctx, s, p, opt, involved)
 	if err != nil {
 		return nil, nil, waited, err
+	}
+	// Moves that compared schemas before this point compare again.
+	if err := topo.BumpSchemaEpoch(lctx, s, p); err != nil {
+		return nil, nil, waited, fmt.Errorf("marking the schema change: %w", err)
 	}
 	a := &applier{s: s, p: p, opt: opt, vers: map[string]int32{}}
 	if a.m, _, err = st.Load(ctx); err != nil {
@@ -309,27 +316,37 @@ func (a *applier) record(ctx context.Context, c *topo.SchemaChange, node string,
 	c.Nodes[node] = st
 	c.State, _ = topo.SchemaState(c, a.required)
 	c.UpdatedAt = time.Now().UTC()
-	for attempt := 0; ; attempt++ {
-		v, err := topo.UpdateSchemaChange(ctx, a.s, a.p, c, a.vers[c.ID])
-		if err == nil {
-			a.vers[c.ID] = v
-			return nil
-		}
-		if !errors.Is(err, zksession.ErrBadVersion) || attempt >= 3 {
-			return fmt.Errorf("recording change %s on node %s: %w", c.ID, node, err)
-		}
-		fresh, fv, rerr := topo.ReadSchemaChange(ctx, a.s, a.p, c.ID)
-		if rerr != nil {
-			return rerr
-		}
-		if fresh.Nodes == nil {
-			fresh.Nodes = map[string]*topo.SchemaNodeStatus{}
-		}
-		fresh.Nodes[node] = st
-		c.Nodes = fresh.Nodes
-		c.State, _ = topo.SchemaState(c, a.required)
-		a.vers[c.ID] = fv
+	v, err := topo.UpdateSchemaChange(ctx, a.s, a.p, c, a.vers[c.ID])
+	if err != nil {
+		// Under the schema lock nobody else writes the record: a
+		// conflict means the lock was lost to another run, whose record
+		// this one must not overwrite.
+		return fmt.Errorf("recording change %s on node %s: %w", c.ID, node, err)
 	}
+	a.vers[c.ID] = v
+	return nil
+}
+
+// failedNowhere reports whether c failed on its canary and is applied
+// (even in part) on no node.
+func (a *applier) failedNowhere(c *topo.SchemaChange) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return FailedNowhere(c)
+}
+
+// FailedNowhere reports whether change c failed on its canary and was
+// applied, even in part, on no node: later changes do not wait for it.
+func FailedNowhere(c *topo.SchemaChange) bool {
+	if c.State != topo.SchemaFailed {
+		return false
+	}
+	for _, st := range c.Nodes {
+		if st.State == topo.SchemaApplied || st.StatementsDone > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (a *applier) applied(c *topo.SchemaChange, node string) bool {
@@ -390,6 +407,11 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 			break
 		}
 		row, ok := rows[c.ID]
+		if c.Seq < upto && !ok && a.failedNowhere(c) {
+			// A change that failed on its canary and was applied
+			// nowhere does not hold back the ones after it.
+			continue
+		}
 		if ok && row.SHA256 != c.SHA256 {
 			return fail(c, topo.SchemaFailed, fmt.Errorf("the node's shardvisor.schema_changes has change %s with another text (sha256 %.12s, recorded %.12s); the node was changed by hand", c.ID, row.SHA256, c.SHA256))
 		}
@@ -402,11 +424,6 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 			}
 			continue
 		}
-		if c.Baseline && !ok && a.applied(c, node) {
-			// Marked in step by adopt, but its row is gone: trust the
-			// record rather than replay a whole schema over itself.
-			continue
-		}
 		a.opt.event(Event{Node: node, Change: c.ID, Message: "applying"})
 		att, err := runChange(ctx, conn, watcher, node, c, row, a.opt)
 		res.Attempts += att.Attempts
@@ -415,6 +432,9 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 		res.AppWaitMaxMS = max(res.AppWaitMaxMS, ms(att.AppWait))
 		res.BlockerWaitMS += ms(att.BlockerWait)
 		if err != nil {
+			if duplicateObject(err) {
+				err = fmt.Errorf("%w; the node has what the change creates, but its shardvisor.schema_changes does not record the change: if the node is in step, `shardctl schema adopt --from NODE` (a node with the whole history) records it", err)
+			}
 			return fail(c, stateOf(err), err)
 		}
 		res.Ran = append(res.Ran, c.ID)
@@ -558,8 +578,16 @@ func (a *applier) recordChange(ctx context.Context, ch *Change, res *Result) (*t
 		}
 		var on []string
 		for n, st := range c.Nodes {
-			if st.State == topo.SchemaApplied {
+			if st.State == topo.SchemaApplied || st.StatementsDone > 0 {
 				on = append(on, n)
+			}
+		}
+		if len(on) == 0 {
+			// The record may lag a node (a run killed between a node's
+			// commit and its record): ask the nodes themselves.
+			var err error
+			if on, err = a.nodesWith(ctx, c); err != nil {
+				return nil, fmt.Errorf("change %s has a new text (sha256 %.12s -> %.12s) and the nodes could not all be checked for the old one: %w", c.ID, c.SHA256, ch.SHA256, err)
 			}
 		}
 		if len(on) > 0 {
@@ -572,6 +600,12 @@ func (a *applier) recordChange(ctx context.Context, ch *Change, res *Result) (*t
 		c.Replaced = append(c.Replaced, c.SHA256)
 		c.SHA256, c.SQL, c.Mode, c.Statements, c.Source = ch.SHA256, ch.SQL, ch.Mode, ch.Statements, ch.Source
 		c.Nodes, c.Canary, c.State, c.UpdatedAt = map[string]*topo.SchemaNodeStatus{}, "", topo.SchemaPending, now
+		if last := a.hist[len(a.hist)-1]; last != c {
+			// Changes recorded since run before it everywhere: so it
+			// does on a node that replays the history.
+			c.Seq = last.Seq + 1
+			slices.SortFunc(a.hist, func(x, y *topo.SchemaChange) int { return x.Seq - y.Seq })
+		}
 		v, err := topo.UpdateSchemaChange(ctx, a.s, a.p, c, a.vers[c.ID])
 		if err == nil {
 			a.vers[c.ID] = v
@@ -596,9 +630,37 @@ func (a *applier) recordChange(ctx context.Context, ch *Change, res *Result) (*t
 	return c, nil
 }
 
+// nodesWith returns the nodes whose own table has a row of change c (done
+// or in part). A node that cannot be reached is an error when the record
+// says the change ran there or got to it.
+func (a *applier) nodesWith(ctx context.Context, c *topo.SchemaChange) ([]string, error) {
+	var on []string
+	for _, id := range a.required {
+		n, _ := a.m.Node(bucketmap.NodeID(id))
+		cctx, cancel := context.WithTimeout(ctx, a.opt.ConnectTimeout)
+		conn, err := dbnode.Connect(cctx, n)
+		cancel()
+		if err != nil {
+			if st := c.Nodes[id]; st != nil && (st.Attempts > 0 || st.State != topo.SchemaUnreachable) {
+				return nil, err
+			}
+			continue
+		}
+		rows, err := readRowsIfAny(ctx, conn)
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", id, err)
+		}
+		if _, ok := rows[c.ID]; ok {
+			on = append(on, id)
+		}
+	}
+	return on, nil
+}
+
 // pickCanary returns the canaries to try in order: --canary alone, or
-// the nodes by the buckets they own, fewest first (ties: lowest id), each
-// tried until one is reached. None when the change has already passed a
+// the nodes by the buckets they own, fewest first but those with none
+// last (ties: lowest id), each tried until one is reached. None when the change has already passed a
 // canary (it is applied somewhere: resuming needs none).
 func (a *applier) pickCanary(c *topo.SchemaChange) ([]string, error) {
 	if want := a.opt.Canary; want != "" {
@@ -614,9 +676,17 @@ func (a *applier) pickCanary(c *topo.SchemaChange) ([]string, error) {
 			return nil, nil
 		}
 	}
+	// A node with no bucket yet (just added) holds no data a change could
+	// trip over: it comes last, not first.
 	counts := a.m.Counts()
+	key := func(id string) int {
+		if c := counts[bucketmap.NodeID(id)]; c > 0 {
+			return c
+		}
+		return math.MaxInt
+	}
 	out := slices.Clone(a.required)
-	slices.SortStableFunc(out, func(x, y string) int { return counts[bucketmap.NodeID(x)] - counts[bucketmap.NodeID(y)] })
+	slices.SortStableFunc(out, func(x, y string) int { return cmp.Compare(key(x), key(y)) })
 	return out, nil
 }
 
@@ -649,4 +719,14 @@ func CatchUp(ctx context.Context, st *bucketmap.Store, node bucketmap.NodeID, op
 		return &nr, fmt.Errorf("bringing node %s in step with the schema history: %s: %s", node, nr.State, nr.Error)
 	}
 	return &nr, nil
+}
+
+// duplicateObject reports whether err is PostgreSQL refusing to create
+// something that exists (a table, schema, object, function, column).
+func duplicateObject(err error) bool {
+	switch sqlstate.Of(err) {
+	case "42P07", "42P06", "42710", "42723", "42701", "42P04":
+		return true
+	}
+	return false
 }

@@ -62,6 +62,9 @@ func Parse(file, text string) (*Change, error) {
 		if tc := transactionControl(st.SQL); tc != "" {
 			return nil, fmt.Errorf("%w: %s line %d: %s is not allowed: shardctl runs each change in its own transaction per node (remove it)", ErrBadChange, file, st.Line, tc)
 		}
+		if unnamedConcurrentIndex(st.SQL) {
+			return nil, fmt.Errorf("%w: %s line %d: CREATE INDEX CONCURRENTLY needs an index name: without one PostgreSQL picks a new name on each run, and a build that failed would leave an invalid index nobody drops", ErrBadChange, file, st.Line)
+		}
 		if why, ok := outsideTransaction(st.SQL); ok && c.NoTx == "" {
 			c.Mode, c.NoTx = topo.ModeStatements, fmt.Sprintf("%s at line %d", why, st.Line)
 		}

@@ -90,6 +90,9 @@ func Diff(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, hist
 		}
 		var behind []string
 		for _, c := range hist {
+			if FailedNowhere(c) {
+				continue
+			}
 			if r, ok := views[i].rows[c.ID]; !ok || !r.Done || r.SHA256 != c.SHA256 {
 				behind = append(behind, c.ID)
 			}

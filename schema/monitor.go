@@ -20,7 +20,7 @@ import (
 
 // monitorEvery is how often an attempt is sampled: the waits it reports
 // are lower bounds within this resolution.
-const monitorEvery = 20 * time.Millisecond
+const monitorEvery = 25 * time.Millisecond
 
 // blocker is a transaction that held a lock the change waited for: its
 // backend and when its transaction began (a pid is reused, a transaction
@@ -40,15 +40,21 @@ type monitor struct {
 	err     error
 }
 
-// sampleSQL returns the longest wait of a statement blocked by $1 (in
-// seconds) and the transactions $1 is blocked by.
-const sampleSQL = `SELECT
-	(SELECT coalesce(max(extract(epoch FROM pg_catalog.clock_timestamp() - a.query_start)), 0)::float8
-		FROM pg_catalog.pg_stat_activity a WHERE $1::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))),
-	(SELECT coalesce(pg_catalog.array_agg(a.pid), '{}') FROM pg_catalog.pg_stat_activity a
-		WHERE a.pid = ANY (pg_catalog.pg_blocking_pids($1::int4)) AND a.xact_start IS NOT NULL),
-	(SELECT coalesce(pg_catalog.array_agg(a.xact_start), '{}') FROM pg_catalog.pg_stat_activity a
-		WHERE a.pid = ANY (pg_catalog.pg_blocking_pids($1::int4)) AND a.xact_start IS NOT NULL)`
+// sampleSQL reads the lock table once: the longest wait (in seconds) of
+// a backend queued for a relation the change ($1) holds or asks for, and
+// whether the change itself is waiting. pg_blocking_pids, which takes the
+// lock manager's state exclusively, is called only then, and only for
+// the change (blockersSQL).
+const sampleSQL = `WITH l AS MATERIALIZED (
+		SELECT pid, relation, granted FROM pg_catalog.pg_locks
+		WHERE locktype = 'relation' AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())),
+	waiters AS (SELECT DISTINCT pid FROM l WHERE NOT granted AND pid <> $1::int4 AND relation IN (SELECT relation FROM l WHERE pid = $1::int4))
+	SELECT (SELECT coalesce(max(extract(epoch FROM pg_catalog.clock_timestamp() - a.query_start)), 0)::float8
+			FROM pg_catalog.pg_stat_activity a WHERE a.pid IN (SELECT pid FROM waiters)),
+		EXISTS (SELECT FROM l WHERE pid = $1::int4 AND NOT granted)`
+
+const blockersSQL = `SELECT coalesce(pg_catalog.array_agg(a.pid), '{}'), coalesce(pg_catalog.array_agg(a.xact_start), '{}')
+	FROM pg_catalog.pg_stat_activity a WHERE a.pid = ANY (pg_catalog.pg_blocking_pids($1::int4)) AND a.xact_start IS NOT NULL`
 
 // watch starts sampling the backend pid through conn (nil: a monitor
 // that measures nothing).
@@ -81,13 +87,21 @@ func (m *monitor) sample(ctx context.Context) {
 		return
 	}
 	var secs float64
-	var pids []int32
-	var starts []time.Time
-	if err := m.conn.QueryRow(ctx, sampleSQL, int32(m.pid)).Scan(&secs, &pids, &starts); err != nil {
+	var waiting bool
+	if err := m.conn.QueryRow(ctx, sampleSQL, int32(m.pid)).Scan(&secs, &waiting); err != nil {
 		m.err = err
 		return
 	}
 	m.wait = max(m.wait, time.Duration(secs*float64(time.Second)))
+	if !waiting {
+		return
+	}
+	var pids []int32
+	var starts []time.Time
+	if err := m.conn.QueryRow(ctx, blockersSQL, int32(m.pid)).Scan(&pids, &starts); err != nil {
+		m.err = err
+		return
+	}
 	for i, p := range pids {
 		b := blocker{PID: p, Start: starts[i]}
 		if !slices.Contains(m.blocked, b) {

@@ -205,8 +205,9 @@ func isStatementError(err error) bool {
 		return false
 	}
 	// Class 08 is a connection problem, 57 an operator intervention
-	// (shutdown, cancel): both may go away.
-	return !strings.HasPrefix(pe.Code, "08") && !strings.HasPrefix(pe.Code, "57")
+	// (shutdown, cancel): both may go away; and so may a lock timeout or
+	// a deadlock whose retries ran out.
+	return !strings.HasPrefix(pe.Code, "08") && !strings.HasPrefix(pe.Code, "57") && !retryable(err)
 }
 
 // runStatements runs a change of ModeStatements from the statement the
@@ -225,27 +226,49 @@ func runStatements(ctx context.Context, conn, watcher *pgx.Conn, node string, ch
 	b := backoff.New(50*time.Millisecond, time.Second)
 	for i := done; i < len(stmts); {
 		st := stmts[i]
-		skip, err := prepareConcurrentIndex(ctx, conn, st.SQL)
-		if err != nil {
-			return a, fmt.Errorf("change %s on node %s, statement at line %d: %w", ch.ID, node, st.Line, err)
+		record := func(q interface {
+			Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+		}) error {
+			_, err := q.Exec(ctx, upsertRow, ch.ID, ch.Seq, ch.SHA256, i+1, i+1 == len(stmts), opt.By)
+			return err
 		}
-		mon := watch(ctx, watcher, conn.PgConn().PID())
 		start := time.Now()
-		if !skip {
-			_, concurrent := outsideTransaction(st.SQL)
-			// A CONCURRENTLY statement waits for old transactions, not
-			// for a lock writers queue behind: no lock_timeout for it.
-			timeout := opt.LockTimeout.Milliseconds()
-			if concurrent {
-				timeout = 0
+		var wait time.Duration
+		var blockers []blocker
+		if _, bare := outsideTransaction(st.SQL); bare {
+			// Outside a transaction, as PostgreSQL wants; its progress is
+			// written after it, so it must be safe to run twice: a
+			// CREATE INDEX CONCURRENTLY whose valid index is there is
+			// skipped, an invalid one dropped first. It waits for old
+			// transactions, not for a lock writers queue behind: no
+			// lock_timeout, and no watching.
+			var skip bool
+			if skip, err = prepareConcurrentIndex(ctx, conn, st.SQL); err == nil && !skip {
+				if _, err = conn.Exec(ctx, "SET lock_timeout = 0"); err == nil {
+					_, err = conn.Exec(ctx, st.SQL)
+				}
 			}
-			if _, err = conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d", timeout)); err == nil {
-				_, err = conn.Exec(ctx, st.SQL)
+			a.took(time.Since(start))
+			if err == nil {
+				err = record(conn)
 			}
+		} else {
+			// Every other statement runs in a transaction with its
+			// progress, so a crash never leaves it done and unrecorded.
+			mon := watch(ctx, watcher, conn.PgConn().PID())
+			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", opt.LockTimeout.Milliseconds())); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, st.SQL); err != nil {
+					return err
+				}
+				return record(tx)
+			})
+			a.took(time.Since(start))
+			wait, blockers = mon.end()
+			a.AppWait = max(a.AppWait, wait)
 		}
-		a.took(time.Since(start))
-		wait, blockers := mon.end()
-		a.AppWait = max(a.AppWait, wait)
 		if err != nil {
 			if retryable(err) && a.LockTimeouts < opt.Retries {
 				a.LockTimeouts++
@@ -254,41 +277,55 @@ func runStatements(ctx context.Context, conn, watcher *pgx.Conn, node string, ch
 				}
 				continue
 			}
-			if isStatementError(err) && !retryable(err) {
+			if isStatementError(err) {
 				return a, &stmtError{node: node, change: ch.ID, line: lineOf(st.SQL, err, st.Line-1), err: err}
 			}
 			return a, err
 		}
 		i++
 		a.StatementsDone = i
-		if _, err := conn.Exec(ctx, upsertRow, ch.ID, ch.Seq, ch.SHA256, i, i == len(stmts), opt.By); err != nil {
-			return a, fmt.Errorf("change %s on node %s: recording statement %d of %d: %w", ch.ID, node, i, len(stmts), err)
-		}
 	}
 	_, err = conn.Exec(ctx, "RESET lock_timeout")
 	return a, err
 }
 
 // prepareConcurrentIndex looks at a CREATE INDEX CONCURRENTLY before it
-// runs: skip when its index exists and is valid (the statement ran, its
-// progress was not recorded); an invalid index of that name is dropped.
+// runs, finding its index by name in its table's schema (where
+// PostgreSQL puts it, whatever the search_path): skip when it exists and
+// is valid (the statement ran, its progress was not recorded); drop an
+// invalid one (a build that failed or was killed), unless a build of it
+// is running, which is an error naming the backend.
 func prepareConcurrentIndex(ctx context.Context, conn *pgx.Conn, stmt string) (skip bool, err error) {
-	name := concurrentIndex(stmt)
+	name, table := concurrentIndex(stmt)
 	if name == "" {
 		return false, nil
 	}
-	var valid *bool
-	err = conn.QueryRow(ctx, `SELECT i.indisvalid FROM pg_catalog.pg_index i WHERE i.indexrelid = pg_catalog.to_regclass($1)`, name).Scan(&valid)
+	var valid bool
+	var nsp string
+	var oid uint32
+	err = conn.QueryRow(ctx, `SELECT i.indisvalid, n.nspname, c.oid FROM pg_catalog.pg_index i
+		JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE i.indrelid = pg_catalog.to_regclass($1) AND c.relname = $2`, table, name).Scan(&valid, &nsp, &oid)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	if valid != nil && *valid {
+	if valid {
 		return true, nil
 	}
-	_, err = conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+name)
+	var builder *int32
+	if err := conn.QueryRow(ctx, `SELECT max(pid) FROM pg_catalog.pg_stat_progress_create_index WHERE index_relid = $1`, oid).Scan(&builder); err != nil {
+		return false, err
+	}
+	if builder != nil {
+		return false, fmt.Errorf("index %s.%s is being built by backend %d (an earlier run?); wait for it, or cancel it with SELECT pg_cancel_backend(%d), then apply again", nsp, name, *builder, *builder)
+	}
+	if _, err = conn.Exec(ctx, "SET lock_timeout = 0"); err != nil {
+		return false, err
+	}
+	_, err = conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+pgx.Identifier{nsp, name}.Sanitize())
 	return false, err
 }
 

@@ -22,6 +22,7 @@ type Statement struct {
 func Split(text string) ([]Statement, error) {
 	var out []Statement
 	start, line, startLine := 0, 1, 1
+	paren, atomic := 0, 0 // parentheses and BEGIN ATOMIC bodies open
 	emit := func(end int) {
 		raw := text[start:end]
 		s := strings.TrimSpace(raw)
@@ -111,10 +112,33 @@ func Split(text string) ([]Statement, error) {
 			body := text[i : i+len(tag)+end+len(tag)]
 			line += strings.Count(body, "\n")
 			i += len(body)
-		case c == ';':
+		case c == '(':
+			paren++
+			i++
+		case c == ')':
+			paren = max(0, paren-1)
+			i++
+		case c == ';' && paren == 0 && atomic == 0:
 			emit(i)
 			i++
 			start, startLine = i, line
+		case isIdentStart(c) && (i == 0 || !isIdent(text[i-1])):
+			// Words matter only for a SQL-standard body, BEGIN ATOMIC ...
+			// END, whose semicolons do not end the statement (nor do
+			// those of the CASE ... END inside it), as in psql.
+			j := i
+			for j < len(text) && isIdent(text[j]) {
+				j++
+			}
+			switch w := strings.ToUpper(text[i:j]); {
+			case w == "BEGIN" && strings.EqualFold(firstWord(text[j:]), "ATOMIC"):
+				atomic++
+			case atomic > 0 && w == "CASE":
+				atomic++
+			case atomic > 0 && w == "END":
+				atomic--
+			}
+			i = j
 		default:
 			i++
 		}
@@ -128,6 +152,20 @@ var dollarRE = regexp.MustCompile(`^\$([A-Za-z_][A-Za-z0-9_]*)?\$`)
 // dollarTag returns the opening dollar quote at the start of s ("$$",
 // "$fn$"), or "" if s does not start with one ($1 is a parameter).
 func dollarTag(s string) string { return dollarRE.FindString(s) }
+
+func isIdentStart(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
+}
+
+// firstWord returns the word s starts with after blanks and comments.
+func firstWord(s string) string {
+	s = stripLeadingComments(s)
+	j := 0
+	for j < len(s) && isIdent(s[j]) {
+		j++
+	}
+	return s[:j]
+}
 
 func isIdent(c byte) bool {
 	return c == '_' || c == '$' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
@@ -214,7 +252,7 @@ func transactionControl(stmt string) string {
 	return ""
 }
 
-var concurrentlyRE = regexp.MustCompile(`(?is)^\s*(CREATE\s+(UNIQUE\s+)?INDEX|DROP\s+INDEX|REINDEX\s+(\(.*?\)\s*)?(INDEX|TABLE|SCHEMA|DATABASE|SYSTEM))\s+CONCURRENTLY\b`)
+var concurrentlyRE = regexp.MustCompile(`(?is)^\s*(CREATE\s+(UNIQUE\s+)?INDEX|DROP\s+INDEX|REINDEX\s+(\(.*?\)\s*)?(INDEX|TABLE|SCHEMA|DATABASE|SYSTEM))\s+CONCURRENTLY\b|^\s*ALTER\s+TABLE\s.*\sDETACH\s+PARTITION\s.*\sCONCURRENTLY\s*$`)
 
 // outsideTransaction reports whether PostgreSQL refuses stmt inside a
 // transaction block, and why.
@@ -249,16 +287,33 @@ func outsideTransaction(stmt string) (string, bool) {
 	return "", false
 }
 
-var createIndexRE = regexp.MustCompile(`(?is)^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?((?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\.(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*))?)\s+ON\b`)
+var createIndexRE = regexp.MustCompile(`(?is)^\s*CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+(?:IF\s+NOT\s+EXISTS\s+)?(?:("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)\s+)?ON\s+(?:ONLY\s+)?((?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\.(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*))?)`)
 
 // concurrentIndex returns the index a CREATE INDEX CONCURRENTLY statement
-// builds, as written (possibly schema-qualified and quoted), or "".
-func concurrentIndex(stmt string) string {
+// builds, as PostgreSQL stores its name (unquoted, or folded to lower
+// case), and its table as written; "" if stmt is none, or names no index
+// (Parse refuses that: PostgreSQL would pick a new name on each run).
+func concurrentIndex(stmt string) (name, table string) {
 	m := createIndexRE.FindStringSubmatch(stripLeadingComments(stmt))
-	if m == nil {
-		return ""
+	if m == nil || m[1] == "" {
+		return "", ""
 	}
-	return m[1]
+	return identName(m[1]), m[2]
+}
+
+// unnamedConcurrentIndex reports a CREATE INDEX CONCURRENTLY without a
+// name.
+func unnamedConcurrentIndex(stmt string) bool {
+	m := createIndexRE.FindStringSubmatch(stripLeadingComments(stmt))
+	return m != nil && m[1] == ""
+}
+
+// identName is an identifier as PostgreSQL stores it.
+func identName(s string) string {
+	if strings.HasPrefix(s, `"`) {
+		return strings.ReplaceAll(s[1:len(s)-1], `""`, `"`)
+	}
+	return strings.ToLower(s)
 }
 
 var idHeaderRE = regexp.MustCompile(`(?m)^\s*--\s*shardvisor:id\s+(\S+)\s*$`)

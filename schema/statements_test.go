@@ -35,6 +35,11 @@ SELECT $1::int -- a parameter, not a dollar quote
 	if !strings.Contains(got[1].SQL, "$fn$ SELECT 1; $fn$") {
 		t.Errorf("the dollar-quoted body was cut: %q", got[1].SQL)
 	}
+	atomic, err := Split("CREATE FUNCTION f(x int) RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT CASE WHEN x > 0 THEN 1 ELSE 2 END; SELECT 3; END;\n" +
+		"CREATE RULE r AS ON INSERT TO a DO ALSO (INSERT INTO b VALUES (1); INSERT INTO b VALUES (2));\nSELECT 4")
+	if err != nil || len(atomic) != 3 || !strings.HasSuffix(atomic[0].SQL, "SELECT 3; END") || atomic[2].SQL != "SELECT 4" || atomic[2].Line != 3 {
+		t.Fatalf("BEGIN ATOMIC and a rule's actions: %v %+v", err, atomic)
+	}
 	for _, bad := range []string{"SELECT 'open", `SELECT "open`, "SELECT $x$ open", "/* open /* */"} {
 		if _, err := Split(bad); err == nil || !strings.Contains(err.Error(), "line 1") {
 			t.Errorf("Split(%q): %v, want an error naming line 1", bad, err)
@@ -51,8 +56,11 @@ func TestParse(t *testing.T) {
 	if err != nil || c.ID != "add-index" || c.Mode != topo.ModeStatements || !strings.Contains(c.NoTx, "line 2") {
 		t.Fatalf("Parse of a concurrent index: %+v %v", c, err)
 	}
-	if got := concurrentIndex("CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS \"Idx\" ON app.kv (v)"); got != `"Idx"` {
-		t.Errorf("concurrentIndex: %q", got)
+	if name, table := concurrentIndex("CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS \"Idx\" ON app.kv (v)"); name != "Idx" || table != "app.kv" {
+		t.Errorf("concurrentIndex: %q on %q", name, table)
+	}
+	if name, table := concurrentIndex("create index concurrently MyIdx on only \"A\".t using btree (v)"); name != "myidx" || table != `"A".t` {
+		t.Errorf("concurrentIndex: %q on %q", name, table)
 	}
 	for _, tc := range []struct{ file, text, want string }{
 		{"a.sql", "BEGIN; ALTER TABLE t ADD c int; COMMIT;", "BEGIN is not allowed"},
@@ -60,12 +68,13 @@ func TestParse(t *testing.T) {
 		{"a.sql", "-- nothing\n", "holds no SQL"},
 		{"bad name!.sql", "SELECT 1", "is invalid"},
 		{"a.sql", "SELECT 'x", "never closed"},
+		{"a.sql", "CREATE INDEX CONCURRENTLY ON app.kv (v);", "needs an index name"},
 	} {
 		if _, err := Parse(tc.file, tc.text); !errors.Is(err, ErrBadChange) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Parse(%q): %v, want %q", tc.text, err, tc.want)
 		}
 	}
-	for _, s := range []string{"VACUUM app.kv", "create database x", "DROP INDEX CONCURRENTLY i", "REINDEX (VERBOSE) TABLE CONCURRENTLY t", "ALTER SYSTEM SET x = 1"} {
+	for _, s := range []string{"VACUUM app.kv", "create database x", "DROP INDEX CONCURRENTLY i", "REINDEX (VERBOSE) TABLE CONCURRENTLY t", "ALTER SYSTEM SET x = 1", "ALTER TABLE p DETACH PARTITION p1 CONCURRENTLY"} {
 		if _, ok := outsideTransaction(s); !ok {
 			t.Errorf("%q should run outside a transaction", s)
 		}

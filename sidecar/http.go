@@ -632,6 +632,11 @@ func (h *handler) fleetView(ctx context.Context) *fleet.View {
 		cur := applied[n-1]
 		cluster = cur.Cluster
 		self.MapVersion, self.MapUpdatedAt, self.AppliedAt = cur.Map.Version, cur.Map.UpdatedAt.UTC(), cur.At.UTC()
+		for _, n := range cur.Map.Nodes() {
+			if n.State != bucketmap.NodeDown {
+				self.SchemaNodes = append(self.SchemaNodes, string(n.ID))
+			}
+		}
 	}
 	if r.Source() != router.SourceZooKeeper {
 		self.ZKState = ""

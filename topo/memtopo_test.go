@@ -820,3 +820,56 @@ func TestSyncOnMemory(t *testing.T) {
 		t.Fatal("sync on a closed session succeeded")
 	}
 }
+
+// The moves' schema gate: a move enters its data state only while no
+// schema change holds the lock and none began since the move read the
+// epoch; a refusal writes nothing.
+func TestEnterMoveDataGate(t *testing.T) {
+	z, s := zktest.NewMemoryTree(t)
+	ctx := context.Background()
+	p := MustPaths(z.Root, "g")
+	rec := &MoveRecord{Version: 1, ID: "m1", State: MovePrepare}
+	if err := CreateMove(ctx, s, p, rec); err != nil {
+		t.Fatal(err)
+	}
+	epoch, err := ReadSchemaEpoch(ctx, s, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A change began (and may have ended partial) after the read.
+	if err := BumpSchemaEpoch(ctx, s, p); err != nil {
+		t.Fatal(err)
+	}
+	rec.State = MoveCopy
+	if _, err := EnterMoveData(ctx, s, p, rec, 0, epoch); !errors.Is(err, ErrSchemaChanging) {
+		t.Fatalf("stale epoch: %v", err)
+	}
+	// A change running now.
+	if epoch, err = ReadSchemaEpoch(ctx, s, p); err != nil {
+		t.Fatal(err)
+	}
+	other := z.Session(t)
+	lock, err := LockSchema(ctx, other, p, []byte("someone"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnterMoveData(ctx, s, p, rec, 0, epoch); !errors.Is(err, ErrSchemaChanging) {
+		t.Fatalf("lock held: %v", err)
+	}
+	if got, _, _ := ReadMove(ctx, s, p, "m1"); got.State != MovePrepare {
+		t.Fatalf("a refused gate wrote the record: %s", got.State)
+	}
+	if err := lock.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v, err := EnterMoveData(ctx, s, p, rec, 0, epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, gv, _ := ReadMove(ctx, s, p, "m1"); got.State != MoveCopy || gv != v {
+		t.Fatalf("after the gate: %s version %d (returned %d)", got.State, gv, v)
+	}
+	if _, busy, err := SchemaChanging(ctx, s, p); busy || err != nil {
+		t.Fatalf("the gate left the lock node behind: %v %v", busy, err)
+	}
+}

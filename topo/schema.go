@@ -46,6 +46,11 @@ func (p Paths) SchemaChange(id string) string { return path.Join(p.SchemaChanges
 // SchemaDrift returns the record of the last drift check.
 func (p Paths) SchemaDrift() string { return path.Join(p.Schema(), "drift") }
 
+// SchemaEpoch returns the node whose data version counts the schema
+// changes begun (each Apply, CatchUp and Adopt sets it, under the lock,
+// before it touches a node).
+func (p Paths) SchemaEpoch() string { return path.Join(p.Schema(), "epoch") }
+
 // SchemaLock returns the ephemeral node held while a schema change runs.
 func (p Paths) SchemaLock() string { return p.Lock("schema") }
 
@@ -137,7 +142,7 @@ type SchemaNodeStatus struct {
 	BlockedMaxMS float64 `json:"blocked_max_ms,omitempty"`
 	// AppWaitMaxMS is the longest an application statement was seen
 	// waiting behind the change on this node (sampled from a second
-	// connection every 20 ms).
+	// connection every 25 ms).
 	AppWaitMaxMS float64 `json:"app_wait_max_ms,omitempty"`
 	// StatementsDone counts the statements done, in ModeStatements.
 	StatementsDone int `json:"statements_done,omitempty"`
@@ -242,6 +247,11 @@ func CreateSchemaChange(ctx context.Context, s *zksession.Session, p Paths, c *S
 	if err != nil {
 		return 0, err
 	}
+	// JSON escapes grow the text (a '<' is 6 bytes): keep room for every
+	// node's status as well.
+	if limit := zksession.MaxDataSize - 128<<10; len(data) > limit {
+		return 0, fmt.Errorf("change %s: its record would take %d bytes, more than the %d a znode keeps for it: split the change into smaller ones", c.ID, len(data), limit)
+	}
 	if err := createNode(ctx, s, p, p.SchemaChange(c.ID), data); err != nil {
 		return 0, err
 	}
@@ -319,12 +329,42 @@ func LockSchema(ctx context.Context, s *zksession.Session, p Paths, holder []byt
 // schema change holds the schema lock.
 var ErrSchemaChanging = errors.New("a schema change is running")
 
+// ReadSchemaEpoch returns the schema epoch's version, creating the node
+// (version 0) if it is missing. A move reads it before it compares the
+// source's and the target's schemas.
+func ReadSchemaEpoch(ctx context.Context, s *zksession.Session, p Paths) (int32, error) {
+	_, st, err := s.Get(ctx, p.SchemaEpoch())
+	if errors.Is(err, zksession.ErrNoNode) {
+		if err = createNode(ctx, s, p, p.SchemaEpoch(), nil); err != nil && !errors.Is(err, zksession.ErrNodeExists) {
+			return 0, err
+		}
+		_, st, err = s.Get(ctx, p.SchemaEpoch())
+	}
+	return st.Version, err
+}
+
+// BumpSchemaEpoch marks the start of a schema change: every move that
+// compared schemas before it must compare them again.
+func BumpSchemaEpoch(ctx context.Context, s *zksession.Session, p Paths) error {
+	_, err := s.Set(ctx, p.SchemaEpoch(), nil, zksession.AnyVersion)
+	if errors.Is(err, zksession.ErrNoNode) {
+		if err = createNode(ctx, s, p, p.SchemaEpoch(), nil); errors.Is(err, zksession.ErrNodeExists) {
+			_, err = s.Set(ctx, p.SchemaEpoch(), nil, zksession.AnyVersion)
+		}
+	}
+	return err
+}
+
 // EnterMoveData writes a move record (UpdateMove) in one transaction with
-// the creation and deletion of the schema lock's node, which fails, with
-// ErrSchemaChanging and nothing written, while a schema change holds the
-// lock. ZooKeeper orders the two: a change that takes the lock after this
-// transaction sees the move in its data state and waits for it.
-func EnterMoveData(ctx context.Context, s *zksession.Session, p Paths, rec *MoveRecord, version int32) (int32, error) {
+// two checks: that no schema change holds the schema lock (the lock's
+// node is created and deleted again, which fails while it is held), and
+// that the schema epoch is still at epoch (ReadSchemaEpoch, read before
+// the move compared the schemas: no change began since). Either failing
+// is ErrSchemaChanging, with nothing written: the move waits, compares
+// again and retries. ZooKeeper orders the transaction and the lock: a
+// change that takes the lock after it sees the move in its data state
+// and waits for it.
+func EnterMoveData(ctx context.Context, s *zksession.Session, p Paths, rec *MoveRecord, version, epoch int32) (int32, error) {
 	set, err := UpdateMoveOp(p, rec, version)
 	if err != nil {
 		return 0, err
@@ -334,14 +374,18 @@ func EnterMoveData(ctx context.Context, s *zksession.Session, p Paths, rec *Move
 	if err != nil {
 		return 0, err
 	}
-	sts, err := s.Multi(ctx, append(gate, set)...)
-	if errors.Is(err, zksession.ErrNodeExists) {
+	ops := append(gate, zksession.CheckOp(p.SchemaEpoch(), epoch), set)
+	sts, err := s.Multi(ctx, ops...)
+	var oe *zksession.OpError
+	switch {
+	case errors.Is(err, zksession.ErrNodeExists):
 		return 0, fmt.Errorf("%w (%s is held)", ErrSchemaChanging, at)
-	}
-	if err != nil {
+	case errors.As(err, &oe) && oe.Path == p.SchemaEpoch():
+		return 0, fmt.Errorf("%w (a schema change began since the move compared the schemas: %v)", ErrSchemaChanging, err)
+	case err != nil:
 		return 0, err
 	}
-	return sts[2].Version, nil
+	return sts[len(sts)-1].Version, nil
 }
 
 // SchemaChanging reports whether a schema change holds the schema lock,

@@ -173,7 +173,9 @@ func runSchemaStatus(c *cli.Context) error {
 				sc.SQL = h.SQL
 			}
 			out.Changes = append(out.Changes, sc)
-			if state != topo.SchemaApplied {
+			// A change that failed on its canary and was applied nowhere
+			// holds nothing back: shown, not an error.
+			if state != topo.SchemaApplied && !schema.FailedNowhere(h) {
 				out.Partial = append(out.Partial, h.ID)
 			}
 		}
@@ -207,7 +209,9 @@ func writeSchemaStatus(w io.Writer, s schemaStatus) {
 			base = " baseline"
 		}
 		fmt.Fprintf(w, "%3d  %-28s %-8s %-11s%s  %s by %s, from %s\n", ch.Seq, ch.ID, ch.State, ch.Mode, base, ch.CreatedAt.Format(time.RFC3339), ch.By, ch.Source)
-		if len(ch.Missing) > 0 {
+		if ch.State == topo.SchemaFailed {
+			fmt.Fprintf(w, "     failed on its canary and applied nowhere; later changes do not wait for it: fix the file and apply it again (same id), or leave it\n")
+		} else if len(ch.Missing) > 0 {
 			var why []string
 			for _, n := range ch.Missing {
 				st := ch.Nodes[n]
