@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,13 +106,21 @@ func TestIntegrationSchemaChangeDuringMove(t *testing.T) {
 		applied2 <- time.Now()
 	}()
 	<-started
-	rec2, err := f.mover(Options{}).MoveBucket(ctx, bucketmap.Bucket{Prefix: 2, Depth: 2}, "pg1", false)
+	var gated atomic.Bool
+	rec2, err := f.mover(Options{Progress: func(p Progress) {
+		if strings.HasPrefix(p.Message, "waiting for the schema change") {
+			gated.Store(true)
+		}
+	}}).MoveBucket(ctx, bucketmap.Bucket{Prefix: 2, Depth: 2}, "pg1", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	end := <-applied2
 	if rec2.State != topo.MoveDone {
 		t.Fatalf("second move: %s %s", rec2.State, rec2.Error)
+	}
+	if !gated.Load() {
+		t.Fatal("the move started during the change never waited at the gate")
 	}
 	if copyAt := stepAt(rec2, topo.MoveCopy); copyAt.Before(end.Add(-time.Second)) {
 		t.Fatalf("the move entered copy at %s, before the change ended at %s", copyAt, end)

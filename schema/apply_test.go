@@ -75,7 +75,7 @@ func TestIntegrationChangeWaitsForBlockers(t *testing.T) {
 			writes.Add(1)
 		}
 	}()
-	release := time.AfterFunc(1500*time.Millisecond, func() { _ = tx.Commit(ctx) })
+	release := time.AfterFunc(800*time.Millisecond, func() { _ = tx.Commit(ctx) })
 	defer release.Stop()
 	ch, err := Parse("add-c.sql", "ALTER TABLE app.t ADD COLUMN c int DEFAULT 0")
 	if err != nil {
@@ -89,7 +89,7 @@ func TestIntegrationChangeWaitsForBlockers(t *testing.T) {
 	}
 	n1 := res.Nodes[0]
 	if n1.Node != "pg1" || n1.LockTimeouts < 1 || n1.BlockerWaitMS <= 0 || n1.Attempts > 3 {
-		t.Fatalf("pg1: %+v (a change that waits for its blocker tries at most a few times, not once per 100 ms for 1.5 s)", n1)
+		t.Fatalf("pg1: %+v (a change that waits for its blocker tries at most a few times, not once per 100 ms for 0.8 s)", n1)
 	}
 	if n1.AppWaitMaxMS <= 0 {
 		t.Fatalf("no application statement was seen waiting behind the change on pg1: %+v", n1)
