@@ -46,9 +46,13 @@ type Options struct {
 	// (30s); meanwhile the change queues nothing.
 	BlockerWait time.Duration
 	// By names who applies (user@host by default).
-	By       string
-	Log      *zap.Logger
+	By  string
+	Log *zap.Logger
+	// Progress receives each step; calls never overlap, though nodes are
+	// changed at once.
 	Progress func(Event)
+
+	events *sync.Mutex // serializes Progress
 }
 
 // Event is one step of Apply, CatchUp or Adopt, for progress output.
@@ -59,6 +63,9 @@ type Event struct {
 }
 
 func (o *Options) defaults() {
+	if o.events == nil {
+		o.events = &sync.Mutex{}
+	}
 	if o.Parallel <= 0 {
 		o.Parallel = 4
 	}
@@ -88,6 +95,8 @@ func (o *Options) defaults() {
 func (o *Options) event(e Event) {
 	o.Log.Info("schema: "+e.Message, zap.String("node", e.Node), zap.String("change", e.Change))
 	if o.Progress != nil {
+		o.events.Lock()
+		defer o.events.Unlock()
 		o.Progress(e)
 	}
 }
