@@ -376,10 +376,12 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 			target = c
 		}
 	}
+	stmtsDone := 0 // of the change that failed, in ModeStatements: it is applied in part
 	fail := func(c *topo.SchemaChange, state string, err error) NodeResult {
 		res.State, res.Error = state, err.Error()
 		now := time.Now().UTC()
-		st := &topo.SchemaNodeStatus{State: state, At: &now, Error: err.Error(), Attempts: res.Attempts, LockTimeouts: res.LockTimeouts, BlockedMaxMS: res.BlockedMaxMS, AppWaitMaxMS: res.AppWaitMaxMS}
+		st := &topo.SchemaNodeStatus{State: state, At: &now, Error: err.Error(), Attempts: res.Attempts, LockTimeouts: res.LockTimeouts,
+			BlockedMaxMS: res.BlockedMaxMS, AppWaitMaxMS: res.AppWaitMaxMS, StatementsDone: stmtsDone}
 		if rerr := a.record(ctx, c, node, st); rerr != nil {
 			res.Error += "; " + rerr.Error()
 		}
@@ -441,6 +443,7 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 		res.AppWaitMaxMS = max(res.AppWaitMaxMS, ms(att.AppWait))
 		res.BlockerWaitMS += ms(att.BlockerWait)
 		if err != nil {
+			stmtsDone = att.StatementsDone
 			if duplicateObject(err) {
 				err = fmt.Errorf("%w; the node has what the change creates, but its shardvisor.schema_changes does not record the change: if the node is in step, `shardctl schema adopt --from NODE` (a node with the whole history) records it", err)
 			}
