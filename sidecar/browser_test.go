@@ -223,6 +223,12 @@ func TestFleetPageInBrowser(t *testing.T) {
 	}
 	mustContain(t, "recent moves", dom, "(newest 20 of 23)")
 
+	partial := element(t, dom, `<tr data-schema-change="002-note" class="failstatic">`, "</tr>")
+	mustContain(t, "the partial schema change", partial, "partial", "pg1, pg3", "pg2 (unreachable: connection refused)", "by ops@admin")
+	mustContain(t, "the applied schema change", element(t, dom, `<tr data-schema-change="001-init">`, "</tr>"), "applied", "pg1, pg2, pg3")
+	mustContain(t, "the schema summary", dom, "(2 recorded, 1 not applied everywhere)",
+		"2 differences (1 blocking moves) over 3 nodes: pg1 vs pg2: column body differs")
+
 	zk := element(t, dom, `<tr data-zk-member="web/sup-b" class="failstatic">`, "</tr>")
 	mustContain(t, "sup-b's ZooKeeper row", zk, "suspended", "since "+sc.fs.Since.UTC().Format(time.RFC3339Nano),
 		"until "+sc.fs.Until.UTC().Format(time.RFC3339Nano)+" (3m00s)", "2 peers agreed")
@@ -244,6 +250,9 @@ func TestFleetPageEscapesRecords(t *testing.T) {
 		"straggler error":  `<input autofocus onfocus="document.documentElement.dataset.pwned='focus'">`,
 		"router addr":      `<iframe srcdoc="<script>parent.document.documentElement.dataset.pwned='iframe'</script>"></iframe>`,
 		"router host":      `<details open ontoggle="document.documentElement.dataset.pwned='toggle'">web7</details>`,
+		"schema error":     `<img src=x onerror="document.documentElement.dataset.pwned='schema'">`,
+		"schema by":        `<svg onload="document.documentElement.dataset.pwned='schema-by'"></svg>`,
+		"drift sample":     `<script>document.documentElement.dataset.pwned='drift'</script>`,
 	}
 	used := map[string]bool{}
 	sc := newFleetScene(t, z, func(name, def string) string {

@@ -179,6 +179,23 @@ func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 		r.Error = text("move error", "verify: table notes differs")
 		r.Verify = &topo.MoveCheck{OK: false}
 	})
+	// The schema history: one change applied on pg1..pg3, one partial
+	// (pg2 unreachable), and a drift check.
+	for i, c := range []*topo.SchemaChange{
+		{ID: "001-init", State: topo.SchemaApplied, Nodes: map[string]*topo.SchemaNodeStatus{"pg1": {State: topo.SchemaApplied}, "pg2": {State: topo.SchemaApplied}, "pg3": {State: topo.SchemaApplied}}},
+		{ID: "002-note", State: topo.SchemaPartial, Nodes: map[string]*topo.SchemaNodeStatus{"pg1": {State: topo.SchemaApplied},
+			"pg2": {State: topo.SchemaUnreachable, Error: text("schema error", "connection refused")}, "pg3": {State: topo.SchemaApplied}}},
+	} {
+		c.Version, c.Seq, c.SHA256, c.SQL, c.Mode, c.Statements = 1, i+1, strings.Repeat("ab", 32), "SELECT 1", topo.ModeTransaction, 1
+		c.By, c.Source, c.CreatedAt, c.UpdatedAt = text("schema by", "ops@admin"), "x.sql", now.Add(-time.Hour), now
+		if _, err := topo.CreateSchemaChange(ctx, sc.s, sc.p, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := topo.WriteSchemaDrift(ctx, sc.s, sc.p, &topo.SchemaDrift{Version: 1, At: now, By: "ops@admin", Reference: "pg1", Nodes: []string{"pg1", "pg2", "pg3"},
+		Count: 2, Blocking: 1, Sample: []string{text("drift sample", "pg1 vs pg2: column body differs")}}); err != nil {
+		t.Fatal(err)
+	}
 	return sc
 }
 
