@@ -29,13 +29,17 @@
 // NOTES_BOOT_DELAY (a Go duration) delays listening and READY=1, to stand
 // in for an app with a slow boot.
 //
-// `notes schema` creates the table on every db node of the map.
+// `notes schema` creates the table on every db node of the map, by hand
+// and unrecorded; `shardctl schema apply examples/notes/schema/001-notes.sql`
+// is the way that records it, so that `shardctl node prepare` gives it to
+// a node added later.
 package main
 
 import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -58,18 +62,12 @@ import (
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
-// Schema is the notes table: the bucket key leads the primary key, as the
-// sharded-table contract requires (docs/data-contract.md).
-const Schema = `CREATE SCHEMA IF NOT EXISTS app;
-CREATE TABLE IF NOT EXISTS app.notes (
-	bkey       bigint NOT NULL,
-	uid        text NOT NULL,
-	id         bigint NOT NULL,
-	body       text NOT NULL,
-	version    bigint NOT NULL DEFAULT 1,
-	updated_at timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (bkey, uid, id)
-)`
+// Schema is the notes table (schema/001-notes.sql, the change the demo
+// applies with `shardctl schema apply`): the bucket key leads the primary
+// key, as the sharded-table contract requires (docs/data-contract.md).
+//
+//go:embed schema/001-notes.sql
+var Schema string
 
 type app struct {
 	r   *router.Router
