@@ -87,7 +87,7 @@ func TestIntegrationSchemaChangeDuringMove(t *testing.T) {
 	// 2. The change first: a move started while it holds the lock waits
 	// at the gate in prepare. The change sleeps inside its transaction so
 	// that the move surely starts during it.
-	ch2, err := schema.Parse("add-tag.sql", "SELECT pg_catalog.pg_sleep(1.5); ALTER TABLE app.kv ADD COLUMN tag int DEFAULT 7")
+	ch2, err := schema.Parse("add-tag.sql", "SELECT pg_catalog.pg_sleep(0.7); ALTER TABLE app.kv ADD COLUMN tag int DEFAULT 7")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestIntegrationSchemaChangeDuringMove(t *testing.T) {
 	if !gated.Load() {
 		t.Fatal("the move started during the change never waited at the gate")
 	}
-	if copyAt := stepAt(rec2, topo.MoveCopy); copyAt.Before(end.Add(-time.Second)) {
+	if copyAt := stepAt(rec2, topo.MoveCopy); copyAt.Before(end.Add(-300*time.Millisecond)) {
 		t.Fatalf("the move entered copy at %s, before the change ended at %s", copyAt, end)
 	}
 	acked := l.finish()
