@@ -122,7 +122,7 @@ func TestIntegrationSchemaChangeDuringMove(t *testing.T) {
 	if !gated.Load() {
 		t.Fatal("the move started during the change never waited at the gate")
 	}
-	if copyAt := stepAt(rec2, topo.MoveCopy); copyAt.Before(end.Add(-300*time.Millisecond)) {
+	if copyAt := stepAt(rec2, topo.MoveCopy); copyAt.Before(end.Add(-300 * time.Millisecond)) {
 		t.Fatalf("the move entered copy at %s, before the change ended at %s", copyAt, end)
 	}
 	acked := l.finish()
