@@ -158,9 +158,7 @@ const markRow = `INSERT INTO shardvisor.schema_changes (id, seq, sha256, stateme
 // markApplied writes a node's rows of changes cs as done, without running
 // them, in one transaction.
 func markApplied(ctx context.Context, n bucketmap.Node, cs []*topo.SchemaChange, opt *Options) error {
-	cctx, cancel := context.WithTimeout(ctx, opt.ConnectTimeout)
-	conn, err := dbnode.Connect(cctx, n)
-	cancel()
+	conn, err := connect(ctx, n, opt.ConnectTimeout)
 	if err != nil {
 		return err
 	}
@@ -205,9 +203,7 @@ func (f fingerprint) differs(g fingerprint) string {
 }
 
 func fingerprintOf(ctx context.Context, n bucketmap.Node, tables []topo.TableRecord, timeout time.Duration) (fingerprint, error) {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	conn, err := dbnode.Connect(cctx, n)
-	cancel()
+	conn, err := connect(ctx, n, timeout)
 	if err != nil {
 		return fingerprint{}, err
 	}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -388,18 +389,14 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 		a.opt.event(Event{Node: node, Change: c.ID, Message: state + ": " + err.Error()})
 		return res
 	}
-	cctx, cancel := context.WithTimeout(ctx, a.opt.ConnectTimeout)
-	conn, err := dbnode.Connect(cctx, n)
-	cancel()
+	conn, err := connect(ctx, n, a.opt.ConnectTimeout)
 	if err != nil {
 		return fail(target, topo.SchemaUnreachable, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	// A second connection watches each attempt (monitor.go); without
 	// it the change still runs, measuring less.
-	cctx, cancel = context.WithTimeout(ctx, a.opt.ConnectTimeout)
-	watcher, err := dbnode.Connect(cctx, n)
-	cancel()
+	watcher, err := connect(ctx, n, a.opt.ConnectTimeout)
 	if err != nil {
 		a.opt.event(Event{Node: node, Message: fmt.Sprintf("no second connection to watch the change's locks: %v", err)})
 		watcher = nil
@@ -649,9 +646,7 @@ func (a *applier) nodesWith(ctx context.Context, c *topo.SchemaChange) ([]string
 	var on []string
 	for _, id := range a.required {
 		n, _ := a.m.Node(bucketmap.NodeID(id))
-		cctx, cancel := context.WithTimeout(ctx, a.opt.ConnectTimeout)
-		conn, err := dbnode.Connect(cctx, n)
-		cancel()
+		conn, err := connect(ctx, n, a.opt.ConnectTimeout)
 		if err != nil {
 			if st := c.Nodes[id]; st != nil && (st.Attempts > 0 || st.State != topo.SchemaUnreachable) {
 				return nil, err
@@ -741,4 +736,12 @@ func duplicateObject(err error) bool {
 		return true
 	}
 	return false
+}
+
+// connect opens one connection to node n, the connecting bounded by
+// timeout (the connection itself is not).
+func connect(ctx context.Context, n bucketmap.Node, timeout time.Duration) (*pgx.Conn, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return dbnode.Connect(cctx, n)
 }

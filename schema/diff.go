@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -120,9 +119,7 @@ func Diff(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, hist
 }
 
 func readNode(ctx context.Context, n bucketmap.Node, tables []topo.TableRecord, timeout time.Duration) nodeView {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	conn, err := dbnode.Connect(cctx, n)
-	cancel()
+	conn, err := connect(ctx, n, timeout)
 	if err != nil {
 		return nodeView{err: err}
 	}

@@ -45,29 +45,12 @@ func Split(text string) ([]Statement, error) {
 				i++
 			}
 		case c == '/' && strings.HasPrefix(text[i:], "/*"):
-			from := line
-			depth := 0
-			for i < len(text) {
-				switch {
-				case strings.HasPrefix(text[i:], "/*"):
-					depth++
-					i += 2
-				case strings.HasPrefix(text[i:], "*/"):
-					depth--
-					i += 2
-				default:
-					if text[i] == '\n' {
-						line++
-					}
-					i++
-				}
-				if depth == 0 {
-					break
-				}
+			n := blockEnd(text[i:])
+			if n < 0 {
+				return nil, fmt.Errorf("line %d: a /* comment is never closed", line)
 			}
-			if depth != 0 {
-				return nil, fmt.Errorf("line %d: a /* comment is never closed", from)
-			}
+			line += strings.Count(text[i:i+n], "\n")
+			i += n
 		case c == '\'' || c == '"':
 			from := line
 			// E'...' strings take backslash escapes; standard strings and
