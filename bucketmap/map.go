@@ -213,6 +213,18 @@ func (m *Map) Meta(s uint32) BucketMeta {
 // Nodes returns the registry in its stored order. Do not modify it.
 func (m *Map) Nodes() []Node { return m.nodes }
 
+// LiveNodes returns the registry's nodes that are not marked down, in
+// registry order: the nodes every schema change must reach.
+func (m *Map) LiveNodes() []Node {
+	var out []Node
+	for _, n := range m.nodes {
+		if n.State != NodeDown {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // Node returns a node by id.
 func (m *Map) Node(id NodeID) (Node, bool) {
 	i, ok := m.index[id]

@@ -46,7 +46,7 @@ func TestViewSchemaHistory(t *testing.T) {
 	mk := func(seq int, id, state string, nodes map[string]*topo.SchemaNodeStatus) {
 		c := &topo.SchemaChange{Version: 1, ID: id, Seq: seq, SHA256: strings.Repeat("a", 63) + strconv.Itoa(seq), SQL: "SELECT 1", Mode: topo.ModeTransaction,
 			Statements: 1, By: "me@host", CreatedAt: now, UpdatedAt: now, State: state, Nodes: nodes}
-		if _, err := topo.CreateSchemaChange(ctx, s, p, c); err != nil {
+		if err := topo.CreateSchemaChange(ctx, s, p, c); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -92,7 +92,7 @@ func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tabl
 		base = &topo.SchemaChange{Version: topo.SchemaChangeVersion, ID: BaselineID, Seq: 1, SHA256: ch.SHA256, SQL: ch.SQL, Mode: ch.Mode,
 			Statements: ch.Statements, Source: ch.Source, Baseline: true, By: a.opt.By, CreatedAt: now, UpdatedAt: now,
 			State: topo.SchemaPending, Nodes: map[string]*topo.SchemaNodeStatus{}}
-		if _, err := topo.CreateSchemaChange(ctx, a.s, a.p, base); err != nil {
+		if err := topo.CreateSchemaChange(ctx, a.s, a.p, base); err != nil {
 			return nil, fmt.Errorf("recording the baseline: %w", err)
 		}
 		a.vers[base.ID] = 0

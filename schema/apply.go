@@ -211,16 +211,11 @@ func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func
 	if err := topo.BumpSchemaEpoch(lctx, s, p); err != nil {
 		return nil, nil, waited, fmt.Errorf("marking the schema change: %w", err)
 	}
-	a := &applier{s: s, p: p, opt: opt, vers: map[string]int32{}}
+	a := &applier{s: s, p: p, opt: opt}
 	if a.m, _, err = st.Load(ctx); err != nil {
 		return nil, nil, waited, err
 	}
-	for _, n := range a.m.Nodes() {
-		if n.State != bucketmap.NodeDown {
-			a.required = append(a.required, string(n.ID))
-		}
-	}
-	slices.Sort(a.required)
+	a.required = Required(a.m)
 	if err := a.load(ctx); err != nil {
 		return nil, nil, waited, err
 	}
@@ -230,22 +225,11 @@ func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func
 
 // load reads the history with each record's znode version.
 func (a *applier) load(ctx context.Context) error {
-	hist, err := topo.ListSchemaChanges(ctx, a.s, a.p)
+	hist, vers, err := topo.ReadSchemaHistory(ctx, a.s, a.p)
 	if err != nil {
 		return fmt.Errorf("reading the schema history: %w", err)
 	}
-	a.hist = a.hist[:0]
-	for _, c := range hist {
-		fresh, v, err := topo.ReadSchemaChange(ctx, a.s, a.p, c.ID)
-		if err != nil {
-			return err
-		}
-		if fresh.Nodes == nil {
-			fresh.Nodes = map[string]*topo.SchemaNodeStatus{}
-		}
-		a.hist = append(a.hist, fresh)
-		a.vers[c.ID] = v
-	}
+	a.hist, a.vers = hist, vers
 	return nil
 }
 
@@ -629,7 +613,7 @@ func (a *applier) recordChange(ctx context.Context, ch *Change, res *Result) (*t
 	c := &topo.SchemaChange{Version: topo.SchemaChangeVersion, ID: ch.ID, Seq: seq, SHA256: ch.SHA256, SQL: ch.SQL, Mode: ch.Mode,
 		Statements: ch.Statements, Source: ch.Source, By: a.opt.By, CreatedAt: now, UpdatedAt: now, State: topo.SchemaPending,
 		Nodes: map[string]*topo.SchemaNodeStatus{}}
-	if _, err := topo.CreateSchemaChange(ctx, a.s, a.p, c); err != nil {
+	if err := topo.CreateSchemaChange(ctx, a.s, a.p, c); err != nil {
 		return nil, fmt.Errorf("recording change %s: %w", c.ID, err)
 	}
 	a.vers[c.ID] = 0
@@ -736,6 +720,17 @@ func duplicateObject(err error) bool {
 		return true
 	}
 	return false
+}
+
+// Required returns the ids of the nodes every change must reach
+// (bucketmap.Map.LiveNodes), sorted.
+func Required(m *bucketmap.Map) []string {
+	var out []string
+	for _, n := range m.LiveNodes() {
+		out = append(out, string(n.ID))
+	}
+	slices.Sort(out)
+	return out
 }
 
 // connect opens one connection to node n, the connecting bounded by

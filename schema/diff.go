@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -56,13 +57,8 @@ func Diff(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, hist
 	if connectTimeout <= 0 {
 		connectTimeout = 10 * time.Second
 	}
-	var nodes []bucketmap.Node
-	for _, n := range m.Nodes() {
-		if n.State != bucketmap.NodeDown {
-			nodes = append(nodes, n)
-		}
-	}
-	slices.SortFunc(nodes, func(a, b bucketmap.Node) int { return cmpStr(string(a.ID), string(b.ID)) })
+	nodes := m.LiveNodes()
+	slices.SortFunc(nodes, func(a, b bucketmap.Node) int { return strings.Compare(string(a.ID), string(b.ID)) })
 	if reference != "" && !slices.ContainsFunc(nodes, func(n bucketmap.Node) bool { return string(n.ID) == reference }) {
 		return nil, fmt.Errorf("--reference %s: %w among the nodes not marked down", reference, ErrUnknownNode)
 	}
@@ -134,24 +130,10 @@ func readNode(ctx context.Context, n bucketmap.Node, tables []topo.TableRecord, 
 
 // readRowsIfAny reads a node's change rows; none if it has no table yet.
 func readRowsIfAny(ctx context.Context, conn *pgx.Conn) (map[string]nodeRow, error) {
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_catalog.to_regclass('shardvisor.schema_changes') IS NOT NULL`).Scan(&ok); err != nil {
-		return nil, err
-	}
-	if !ok {
-		return map[string]nodeRow{}, nil
+	if ok, err := historyExists(ctx, conn); !ok || err != nil {
+		return map[string]nodeRow{}, err
 	}
 	return readRows(ctx, conn)
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // DriftRecord is the record of a diff for the status page and metrics.

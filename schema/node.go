@@ -43,14 +43,17 @@ type nodeRow struct {
 	Done           bool
 }
 
+// historyExists reports whether the node has shardvisor.schema_changes.
+func historyExists(ctx context.Context, c *pgx.Conn) (bool, error) {
+	var ok bool
+	err := c.QueryRow(ctx, `SELECT pg_catalog.to_regclass('shardvisor.schema_changes') IS NOT NULL`).Scan(&ok)
+	return ok, err
+}
+
 func ensureHistory(ctx context.Context, c *pgx.Conn) error {
 	// Skip the DDL (and its locks) when the table is there.
-	var ok bool
-	if err := c.QueryRow(ctx, `SELECT pg_catalog.to_regclass('shardvisor.schema_changes') IS NOT NULL`).Scan(&ok); err != nil {
+	if ok, err := historyExists(ctx, c); ok || err != nil {
 		return err
-	}
-	if ok {
-		return nil
 	}
 	_, err := c.Exec(ctx, historyDDL)
 	return err

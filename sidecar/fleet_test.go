@@ -188,7 +188,7 @@ func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 	} {
 		c.Version, c.Seq, c.SHA256, c.SQL, c.Mode, c.Statements = 1, i+1, strings.Repeat("ab", 32), "SELECT 1", topo.ModeTransaction, 1
 		c.By, c.Source, c.CreatedAt, c.UpdatedAt = text("schema by", "ops@admin"), "x.sql", now.Add(-time.Hour), now
-		if _, err := topo.CreateSchemaChange(ctx, sc.s, sc.p, c); err != nil {
+		if err := topo.CreateSchemaChange(ctx, sc.s, sc.p, c); err != nil {
 			t.Fatal(err)
 		}
 	}

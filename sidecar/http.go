@@ -26,6 +26,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/schema"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -632,11 +633,7 @@ func (h *handler) fleetView(ctx context.Context) *fleet.View {
 		cur := applied[n-1]
 		cluster = cur.Cluster
 		self.MapVersion, self.MapUpdatedAt, self.AppliedAt = cur.Map.Version, cur.Map.UpdatedAt.UTC(), cur.At.UTC()
-		for _, n := range cur.Map.Nodes() {
-			if n.State != bucketmap.NodeDown {
-				self.SchemaNodes = append(self.SchemaNodes, string(n.ID))
-			}
-		}
+		self.SchemaNodes = schema.Required(cur.Map)
 	}
 	if r.Source() != router.SourceZooKeeper {
 		self.ZKState = ""

@@ -217,45 +217,54 @@ func ReadSchemaChange(ctx context.Context, s *zksession.Session, p Paths, id str
 // that does not decode fails the list, naming it: replaying a history
 // with a hole in it would apply the later changes out of order.
 func ListSchemaChanges(ctx context.Context, s *zksession.Session, p Paths) ([]*SchemaChange, error) {
+	out, _, err := ReadSchemaHistory(ctx, s, p)
+	return out, err
+}
+
+// ReadSchemaHistory is ListSchemaChanges with each record's znode
+// version, by id, for UpdateSchemaChange.
+func ReadSchemaHistory(ctx context.Context, s *zksession.Session, p Paths) ([]*SchemaChange, map[string]int32, error) {
 	ids, _, err := s.Children(ctx, p.SchemaChanges())
 	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, nil
+		return nil, map[string]int32{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out := make([]*SchemaChange, 0, len(ids))
+	vers := make(map[string]int32, len(ids))
 	for _, id := range ids {
-		c, _, err := ReadSchemaChange(ctx, s, p, id)
+		c, v, err := ReadSchemaChange(ctx, s, p, id)
 		if errors.Is(err, zksession.ErrNoNode) {
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if c.Nodes == nil {
+			c.Nodes = map[string]*SchemaNodeStatus{}
 		}
 		out = append(out, c)
+		vers[c.ID] = v
 	}
 	slices.SortFunc(out, func(a, b *SchemaChange) int { return a.Seq - b.Seq })
-	return out, nil
+	return out, vers, nil
 }
 
-// CreateSchemaChange creates a change record (the caller holds the schema
-// lock, which makes its Seq unique). It fails with zksession.ErrNodeExists
-// if the id is taken.
-func CreateSchemaChange(ctx context.Context, s *zksession.Session, p Paths, c *SchemaChange) (int32, error) {
+// CreateSchemaChange creates a change record, at znode version 0 (the
+// caller holds the schema lock, which makes its Seq unique). It fails
+// with zksession.ErrNodeExists if the id is taken.
+func CreateSchemaChange(ctx context.Context, s *zksession.Session, p Paths, c *SchemaChange) error {
 	data, err := EncodeCompact(c)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	// JSON escapes grow the text (a '<' is 6 bytes): keep room for every
 	// node's status as well.
 	if limit := zksession.MaxDataSize - 128<<10; len(data) > limit {
-		return 0, fmt.Errorf("change %s: its record would take %d bytes, more than the %d a znode keeps for it: split the change into smaller ones", c.ID, len(data), limit)
+		return fmt.Errorf("change %s: its record would take %d bytes, more than the %d a znode keeps for it: split the change into smaller ones", c.ID, len(data), limit)
 	}
-	if err := createNode(ctx, s, p, p.SchemaChange(c.ID), data); err != nil {
-		return 0, err
-	}
-	return 0, nil
+	return createNode(ctx, s, p, p.SchemaChange(c.ID), data)
 }
 
 // UpdateSchemaChange writes c by compare-and-swap on version and returns

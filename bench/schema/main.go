@@ -470,6 +470,28 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 	if b.ks, err = keystream.New(seed); err != nil {
 		return nil, err
 	}
+	if err := b.eachNode(ctx, func(_ int, n bucketmap.Node, c *pgx.Conn) error {
+		for _, q := range ddl {
+			if _, err := c.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		if _, err := fence.Install(ctx, c, clusterNm, n.ID, rec.Tables); err != nil {
+			return err
+		}
+		_, err := fence.Sync(ctx, c, m, n.ID)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
+		clusterNm, b.root, *level, m.Buckets(), len(b.nodes), *tablesN)
+	return m, nil
+}
+
+// eachNode runs fn on every node at once, each with its own connection,
+// and joins their errors, each named by its node.
+func (b *bench) eachNode(ctx context.Context, fn func(i int, n bucketmap.Node, c *pgx.Conn) error) error {
 	errs := make([]error, len(b.nodes))
 	var wg sync.WaitGroup
 	for i, n := range b.nodes {
@@ -477,21 +499,9 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 		go func() {
 			defer wg.Done()
 			c, err := dbnode.Connect(ctx, n)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer c.Close(context.Background())
-			for _, q := range ddl {
-				if _, err = c.Exec(ctx, q); err != nil {
-					break
-				}
-			}
 			if err == nil {
-				_, err = fence.Install(ctx, c, clusterNm, n.ID, rec.Tables)
-			}
-			if err == nil {
-				_, err = fence.Sync(ctx, c, m, n.ID)
+				err = fn(i, n, c)
+				c.Close(context.Background())
 			}
 			if err != nil {
 				errs[i] = fmt.Errorf("%s: %w", n.ID, err)
@@ -499,12 +509,7 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
-	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
-		clusterNm, b.root, *level, m.Buckets(), len(b.nodes), *tablesN)
-	return m, nil
+	return errors.Join(errs...)
 }
 
 func uidOf(i int) string { return fmt.Sprintf("u%08d", i) }
@@ -526,38 +531,20 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	}
 	b.users = *rowsN
 	var total atomic.Int64
-	errs := make([]error, len(b.nodes))
-	var wg sync.WaitGroup
-	for i, n := range b.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := dbnode.Connect(ctx, n)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer c.Close(context.Background())
-			if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
-				errs[i] = err
-				return
-			}
-			got, err := c.CopyFrom(ctx, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, pgx.CopyFromRows(per[i]))
-			if err == nil {
-				_, err = c.Exec(ctx, "RESET session_replication_role")
-			}
-			if err == nil {
-				_, err = c.Exec(ctx, "VACUUM (ANALYZE) app.kv")
-			}
-			if err != nil {
-				errs[i] = fmt.Errorf("%s: %w", n.ID, err)
-				return
-			}
-			total.Add(got)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := b.eachNode(ctx, func(i int, _ bucketmap.Node, c *pgx.Conn) error {
+		if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
+			return err
+		}
+		got, err := c.CopyFrom(ctx, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, pgx.CopyFromRows(per[i]))
+		if err == nil {
+			_, err = c.Exec(ctx, "RESET session_replication_role")
+		}
+		if err == nil {
+			_, err = c.Exec(ctx, "VACUUM (ANALYZE) app.kv")
+		}
+		total.Add(got)
+		return err
+	}); err != nil {
 		return 0, err
 	}
 	say("loaded %d users into app.kv in %.1f s", total.Load(), time.Since(start).Seconds())

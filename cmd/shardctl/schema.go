@@ -160,7 +160,7 @@ func runSchemaStatus(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
-		req := requiredNodes(m)
+		req := schema.Required(m)
 		out := schemaStatus{Changes: []schemaStatusChange{}, Partial: []string{}, Drift: drift}
 		for _, h := range hist {
 			state, missing := topo.SchemaState(h, req)
@@ -187,16 +187,6 @@ func runSchemaStatus(c *cli.Context) error {
 		}
 		return nil
 	})
-}
-
-func requiredNodes(m *bucketmap.Map) []string {
-	var req []string
-	for _, n := range m.Nodes() {
-		if n.State != bucketmap.NodeDown {
-			req = append(req, string(n.ID))
-		}
-	}
-	return req
 }
 
 func writeSchemaStatus(w io.Writer, s schemaStatus) {
