@@ -213,12 +213,13 @@ func (m *Map) Meta(s uint32) BucketMeta {
 // Nodes returns the registry in its stored order. Do not modify it.
 func (m *Map) Nodes() []Node { return m.nodes }
 
-// LiveNodes returns the registry's nodes that are not marked down, in
-// registry order: the nodes every schema change must reach.
+// LiveNodes returns the registry's nodes that are neither marked down nor
+// removed (a removed node stays in the registry while the history names
+// it), in registry order: the nodes every schema change must reach.
 func (m *Map) LiveNodes() []Node {
 	var out []Node
 	for _, n := range m.nodes {
-		if n.State != NodeDown {
+		if n.State != NodeDown && n.State != NodeRemoved {
 			out = append(out, n)
 		}
 	}

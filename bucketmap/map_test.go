@@ -508,9 +508,17 @@ func TestRemoveNodeCompactsOnlyWhenUnreferenced(t *testing.T) {
 	if err := m.RemoveNode("n1"); err != nil {
 		t.Fatal(err)
 	}
-	// History still names n1, so it stays, as removed.
+	// History still names n1, so it stays, as removed; it is not a live
+	// node (schema changes do not wait for it), nor is one marked down.
 	if n, ok := m.Node("n1"); !ok || n.State != NodeRemoved {
 		t.Fatalf("n1 after removal: %+v %v", n, ok)
+	}
+	down := m.Clone()
+	if _, err := down.MarkDown("n3"); err != nil {
+		t.Fatal(err)
+	}
+	if live := down.LiveNodes(); len(live) != 1 || live[0].ID != "n2" {
+		t.Fatalf("live nodes: %+v", live)
 	}
 	if err := m.Validate(); err != nil {
 		t.Fatal(err)

@@ -99,7 +99,7 @@ type Self struct {
 	// this router applied it.
 	MapUpdatedAt time.Time `json:"map_updated_at,omitzero"`
 	AppliedAt    time.Time `json:"applied_at,omitzero"`
-	// SchemaNodes are its map's nodes not marked down: the nodes every
+	// SchemaNodes are its map's nodes not marked down or removed: the nodes every
 	// schema change must reach (nil: the recorded states are shown).
 	SchemaNodes []string `json:"-"`
 }
@@ -665,7 +665,7 @@ func readSchema(ctx context.Context, s *zksession.Session, p topo.Paths) ([]*top
 }
 
 // schemaView is the history as the status page shows it. Each change's
-// state is worked out against nodes, the map's nodes not marked down (a
+// state is worked out against nodes, the map's nodes not marked down or removed (a
 // node added since a change shows it missing there; a node removed no
 // longer counts); with nodes nil, the state recorded is shown.
 func schemaView(hist []*topo.SchemaChange, drift *topo.SchemaDrift, err error, nodes []string) Schema {

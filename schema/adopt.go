@@ -69,8 +69,8 @@ func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tabl
 	ctx, cancel := lock.Context(ctx)
 	defer cancel()
 	src, ok := a.m.Node(from)
-	if !ok || src.State == bucketmap.NodeDown {
-		return nil, fmt.Errorf("--from %s: %w among the nodes not marked down", from, ErrUnknownNode)
+	if !ok || src.State == bucketmap.NodeDown || src.State == bucketmap.NodeRemoved {
+		return nil, fmt.Errorf("--from %s: %w among the nodes not marked down or removed", from, ErrUnknownNode)
 	}
 	res := &AdoptResult{From: string(from), InStep: []string{}, Empty: []string{}, Differ: []NodeError{}, Unreachable: []NodeError{}}
 	base := a.find(BaselineID)

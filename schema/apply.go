@@ -180,7 +180,7 @@ type applier struct {
 
 	mu       sync.Mutex // guards each record's Nodes and State, and vers
 	vers     map[string]int32
-	required []string // the nodes every change must reach (not marked down)
+	required []string // the nodes every change must reach (not marked down or removed)
 }
 
 // begin takes the schema lock, waits for the moves involved to leave
@@ -488,7 +488,7 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 		}
 	}
 	if len(a.required) == 0 {
-		return res, fmt.Errorf("%w: the registry has no node that is not marked down", ErrPartial)
+		return res, fmt.Errorf("%w: the registry has no node that is not marked down or removed", ErrPartial)
 	}
 	candidates, err := a.pickCanary(c)
 	if err != nil {
@@ -656,7 +656,7 @@ func (a *applier) nodesWith(ctx context.Context, c *topo.SchemaChange) ([]string
 func (a *applier) pickCanary(c *topo.SchemaChange) ([]string, error) {
 	if want := a.opt.Canary; want != "" {
 		if !slices.Contains(a.required, want) {
-			return nil, fmt.Errorf("--canary %s: %w among the nodes not marked down (%s)", want, ErrUnknownNode, strings.Join(a.required, ", "))
+			return nil, fmt.Errorf("--canary %s: %w among the nodes not marked down or removed (%s)", want, ErrUnknownNode, strings.Join(a.required, ", "))
 		}
 		if !c.Applied(want) {
 			return []string{want}, nil

@@ -50,7 +50,7 @@ type nodeView struct {
 	err     error
 }
 
-// Diff reads every node not marked down, all at once, and compares each
+// Diff reads every node not marked down or removed, all at once, and compares each
 // with reference ("" picks the first reachable node by id).
 func Diff(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, hist []*topo.SchemaChange, reference string, connectTimeout time.Duration) (*DiffResult, error) {
 	start := time.Now()
@@ -60,7 +60,7 @@ func Diff(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, hist
 	nodes := m.LiveNodes()
 	slices.SortFunc(nodes, func(a, b bucketmap.Node) int { return strings.Compare(string(a.ID), string(b.ID)) })
 	if reference != "" && !slices.ContainsFunc(nodes, func(n bucketmap.Node) bool { return string(n.ID) == reference }) {
-		return nil, fmt.Errorf("--reference %s: %w among the nodes not marked down", reference, ErrUnknownNode)
+		return nil, fmt.Errorf("--reference %s: %w among the nodes not marked down or removed", reference, ErrUnknownNode)
 	}
 	views := make([]nodeView, len(nodes))
 	var wg sync.WaitGroup

@@ -69,7 +69,7 @@ func ValidChangeID(id string) error {
 const (
 	// SchemaPending: not applied yet (a change: on no node yet).
 	SchemaPending = "pending"
-	// SchemaApplied: applied (a change: on every node not marked down).
+	// SchemaApplied: applied (a change: on every node not marked down or removed).
 	SchemaApplied = "applied"
 	// SchemaPartial: a change applied on some nodes, not yet on others.
 	SchemaPartial = "partial"
@@ -155,7 +155,7 @@ func (c *SchemaChange) Applied(node string) bool {
 }
 
 // SchemaState is a change's state against the nodes that must have it
-// (the registry's nodes not marked down): applied when each has it, failed
+// (the registry's nodes not marked down or removed): applied when each has it, failed
 // when none has it and the canary failed, pending when none has it
 // otherwise, partial in between. It also returns the nodes missing it.
 func SchemaState(c *SchemaChange, nodes []string) (string, []string) {

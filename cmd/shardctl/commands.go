@@ -151,7 +151,7 @@ func newApp() *cli.App {
 						ArgsUsage: "FILE.sql",
 						Description: "The change's id is the file's name without .sql, or the one a line \"-- shardvisor:id ID\" gives. It is recorded\n" +
 							"(SQL, sha256, who, when, state per node) before it runs anywhere. It runs on the canary alone, then on every other\n" +
-							"node not marked down, prepared or not, --parallel at a time; each node first gets the recorded changes it lacks.\n" +
+							"node not marked down or removed, prepared or not, --parallel at a time; each node first gets the recorded changes it lacks.\n" +
 							"One transaction per node, with lock_timeout and retries; a change holding CREATE INDEX CONCURRENTLY (or another\n" +
 							"statement PostgreSQL runs only outside a transaction) runs statement by statement, resumably. Applying it again\n" +
 							"is a no-op where it is applied and resumes where it is not; an applied change's text cannot change.\n" +
@@ -165,7 +165,7 @@ func newApp() *cli.App {
 					{
 						Name:        "status",
 						Usage:       "the recorded schema history, each change's state, and the nodes a partial change misses",
-						Description: "Exit status 1 when a change is not applied on every node not marked down.",
+						Description: "Exit status 1 when a change is not applied on every node not marked down or removed.",
 						Flags: []cli.Flag{
 							&cli.BoolFlag{Name: "sql", Usage: "include each change's SQL (with --json)"},
 						},
@@ -174,7 +174,7 @@ func newApp() *cli.App {
 					{
 						Name:  "diff",
 						Usage: "compare every node's sharded tables (as moves do) and applied changes; exit 1 on drift",
-						Description: "Reads every node not marked down at once and compares each with the reference node: tables, columns, types,\n" +
+						Description: "Reads every node not marked down or removed at once and compares each with the reference node: tables, columns, types,\n" +
 							"nullability, defaults, keys, indexes, constraints; and lists the recorded changes a node's own history lacks.\n" +
 							"The result is recorded for the status page and metrics.",
 						Flags: []cli.Flag{
