@@ -357,6 +357,14 @@ func securedCluster(t *testing.T, ctx context.Context, z *testenv.ZK) (p Paths, 
 	_, err = LockRebalance(ctx, as, p, []byte("host-1"), nil)
 	must("rebalance lock", err)
 	must("rebalance record", WriteRebalance(ctx, as, p, RebalanceRecord{Version: RebalanceVersion, At: time.Now().UTC()}))
+	// The schema records and lock: a reader or anyone else who could
+	// write a change record would have its SQL run on every db node.
+	must("schema change record", CreateSchemaChange(ctx, as, p, &SchemaChange{Version: SchemaChangeVersion, ID: "c1", Seq: 1,
+		SHA256: strings.Repeat("0", 64), SQL: "SELECT 1", Mode: ModeTransaction, State: SchemaPending}))
+	must("schema drift record", WriteSchemaDrift(ctx, as, p, &SchemaDrift{Version: SchemaDriftVersion}))
+	must("schema epoch", BumpSchemaEpoch(ctx, as, p))
+	_, err = LockSchema(ctx, as, p, []byte("admin pid 1"), nil)
+	must("schema lock", err)
 	return p, as, rs
 }
 
@@ -451,7 +459,8 @@ func TestIntegrationACLAttacks(t *testing.T) {
 	}
 	for _, want := range []string{"", "map", "acl", "rebalance", "pools", "pools/web", "pools/web/config", "pools/web/status",
 		"pools/web/members", "pools/web/members/sv1", "routers", "routers/r1", "moves", "moves/m1", "moves/m1/runner",
-		"locks", "locks/gc", "locks/gc/holder", "locks/rebalance"} {
+		"locks", "locks/gc", "locks/gc/holder", "locks/rebalance", "locks/schema",
+		"schema", "schema/changes", "schema/changes/c1", "schema/drift", "schema/epoch"} {
 		if !contains(names, want) {
 			t.Fatalf("the fixture has no %q; the walk would miss a kind of znode (have %q)", want, names)
 		}
