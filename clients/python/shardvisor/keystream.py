@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Reference implementation of the shardvisor keystream routing contract (v1).
 
 This file is the readable specification that ports to other languages
@@ -6,6 +5,8 @@ follow. It uses only the Python standard library (hmac, hashlib) and runs on
 Python 3.9 or later. The Go package github.com/shardvisor/shardvisor/keystream
 implements the same contract; keystream/testdata/vectors.json holds test
 vectors that every port must reproduce bit for bit.
+
+Run it as ``python3 -m shardvisor.keystream``.
 
 The contract
 ------------
@@ -38,13 +39,13 @@ Command line
 ------------
 ::
 
-    shardvisor_keystream.py --seed HEX --level N UID...
+    python3 -m shardvisor.keystream --seed HEX --level N UID...
 
 prints one line per user id: ``UID<TAB>BUCKET<TAB>PREFIX64``, with BUCKET in
 decimal and PREFIX64 as 16 lowercase hex digits (user ids containing tabs or
 newlines make that output ambiguous). ::
 
-    shardvisor_keystream.py --vectors FILE
+    python3 -m shardvisor.keystream --vectors FILE
 
 reads a vectors file (the format of keystream/testdata/vectors.json),
 recomputes every derived field from each vector's seed and uid and from each
@@ -148,8 +149,12 @@ class Keystream:
         return hkdf_expand(self._prk, uid.encode("utf-8"), n)
 
     def prefix64(self, uid: str) -> int:
-        """The first 8 stream bytes as an unsigned big-endian integer."""
-        return int.from_bytes(self.stream(uid, 8), "big")
+        """The first 8 stream bytes as an unsigned big-endian integer.
+
+        Only T(1) is needed (see the contract above): one HMAC, computed by
+        OpenSSL through hmac.digest, not the generic expand loop.
+        """
+        return int.from_bytes(hmac.digest(self._prk, uid.encode("utf-8") + b"\x01", "sha256")[:8], "big")
 
     def bucket(self, uid: str, level: int) -> int:
         """The user's bucket at `level`, in [0, 2**level)."""

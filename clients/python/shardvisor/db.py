@@ -1,0 +1,444 @@
+"""Connections to the right db node: one pool per node, and run(), which
+runs a transaction on a user's node and retries what a move held back.
+
+    from shardvisor import Router
+    from shardvisor.db import Pools
+
+    pools = Pools(Router.from_env())           # psycopg 3 if installed, else psycopg2
+
+    def add_note(conn):
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO app.notes (bkey, uid, id, body) VALUES (%s, %s, %s, %s)",
+                        (pools.router.key("alice"), "alice", 1, "hi"))
+
+    pools.run("alice", add_note)
+
+What run() retries, and what it never does: it retries an attempt that
+certainly did not commit, re-reading the route each time: no connection
+to the node could be made (nothing was sent; a Patroni group between
+primaries), or the node's fence refused a statement with SQLSTATE SV001
+(the bucket is in a move's write pause, or has moved: PostgreSQL rolled
+the transaction back). Anything else is raised at once. A connection lost
+while fn ran or during COMMIT is retried only when the caller says
+idempotent=True: a loss during COMMIT leaves the outcome unknown
+(OutcomeUnknown), and run() cannot know what fn did. fn must not commit
+or roll back itself; it may run more than once, so what it does outside
+the transaction must be safe to repeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+import urllib.parse
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
+
+from .routing import MapError, Node, Route, Router, RoutingTable
+
+T = TypeVar("T")
+
+FENCE_SQLSTATE = "SV001"
+DEFAULT_RETRY_FOR = 10.0  # seconds, as router.DefaultRetryFor: a pause lasts well under a second
+IDLE_PING_AFTER = 1.0  # seconds idle after which a pooled connection is pinged before use
+
+
+class Error(Exception):
+    """Base of the errors shardvisor.db raises itself."""
+
+
+class GaveUp(Error):
+    """run() retried until its bound and the last attempt still failed."""
+
+    def __init__(self, uid: str, attempts: int, route: Optional[Route], cause: BaseException, why: str = ""):
+        self.uid, self.attempts, self.route, self.cause = uid, attempts, route, cause
+        where = f" on db node {route.node}" if route else ""
+        super().__init__(f"shardvisor: gave up on {uid!r} after {attempts} attempts{where}{why}: {cause}")
+
+
+class NoPrimary(GaveUp):
+    """No server of the user's node accepted a read-write connection until
+    the bound: a plain node that is down, or a Patroni group whose standby
+    was not promoted in time."""
+
+
+class OutcomeUnknown(Error):
+    """The connection was lost during COMMIT: the transaction may have
+    committed or not. run() retries it only with idempotent=True."""
+
+
+class TransactionAborted(Error):
+    """fn returned with its transaction aborted by an error it caught:
+    nothing was committed (a COMMIT would have rolled it back silently)."""
+
+
+class _Driver:
+    """What run() needs of a DB-API driver: psycopg 3 or psycopg2."""
+
+    def __init__(self, name: str):
+        self.name = name
+        if name == "psycopg":
+            import psycopg  # noqa: F401
+
+            self.mod = psycopg
+        elif name == "psycopg2":
+            import psycopg2
+            import psycopg2.extensions
+
+            self.mod = psycopg2
+        else:
+            raise ValueError(f"driver must be psycopg or psycopg2, not {name!r}")
+
+    def connect(self, dsn: str, password: Optional[str], connect_timeout: float):
+        kw = {}
+        if password is not None:
+            kw["password"] = password
+        if "connect_timeout" not in dsn:
+            kw["connect_timeout"] = max(1, int(connect_timeout))
+        return self.mod.connect(dsn, **kw)
+
+    def sqlstate(self, e: BaseException) -> Optional[str]:
+        if self.name == "psycopg":
+            return getattr(e, "sqlstate", None)
+        return getattr(e, "pgcode", None)
+
+    def is_error(self, e: BaseException) -> bool:
+        return isinstance(e, self.mod.Error)
+
+    def broken(self, conn) -> bool:
+        if self.name == "psycopg":
+            return conn.closed or conn.broken
+        return conn.closed != 0
+
+    def in_error(self, conn) -> bool:
+        """The transaction was aborted by an error that fn caught: COMMIT
+        would only roll it back, silently."""
+        st = conn.info.transaction_status
+        if self.name == "psycopg":
+            from psycopg.pq import TransactionStatus
+
+            return st == TransactionStatus.INERROR
+        import psycopg2.extensions as ext
+
+        return st == ext.TRANSACTION_STATUS_INERROR
+
+
+def default_driver() -> str:
+    """psycopg (3) when it can be imported, else psycopg2."""
+    try:
+        import psycopg  # noqa: F401
+
+        return "psycopg"
+    except ImportError:
+        import psycopg2  # noqa: F401
+
+        return "psycopg2"
+
+
+class NodePool:
+    """Connections to one db node: idle ones reused last-in first-out, at
+    most max_size open. A connection idle for over a second is pinged
+    before it is handed out, so one left broken by a failover or a server
+    restart is replaced before fn sends anything on it."""
+
+    def __init__(self, node: Node, driver: _Driver, max_size: int = 10, connect_timeout: float = 5.0,
+                 checkout_timeout: float = 30.0):
+        self.node = node
+        self.driver = driver
+        self.max_size = max_size
+        self.connect_timeout = connect_timeout
+        self.checkout_timeout = checkout_timeout
+        self._idle: List[Tuple[object, float]] = []
+        self._slots = threading.BoundedSemaphore(max_size)
+        self._lock = threading.Lock()
+        self.closed = False
+        self.connects = 0  # connections made, for tests and metrics
+
+    def get(self):
+        """A connection in a fresh transaction state. Raises the driver's
+        error when none can be made (nothing was sent)."""
+        if not self._slots.acquire(timeout=self.checkout_timeout):
+            raise Error(f"db node {self.node.id}: no connection free after {self.checkout_timeout} s (max_size {self.max_size})")
+        try:
+            while True:
+                with self._lock:
+                    if self.closed:
+                        raise Error(f"db node {self.node.id} is no longer in the map")
+                    item = self._idle.pop() if self._idle else None
+                if item is None:
+                    conn = self.driver.connect(self.node.dsn, self.node.resolve_password(), self.connect_timeout)
+                    self.connects += 1
+                    return conn
+                conn, since = item
+                if self.driver.broken(conn):
+                    self._close(conn)
+                    continue
+                if time.monotonic() - since > IDLE_PING_AFTER:
+                    try:
+                        with conn.cursor() as cur:
+                            cur.execute("SELECT 1")
+                        conn.rollback()
+                    except self.driver.mod.Error:
+                        self._close(conn)
+                        continue
+                return conn
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def put(self, conn, discard: bool = False) -> None:
+        try:
+            if discard or self.closed or self.driver.broken(conn):
+                self._close(conn)
+                return
+            with self._lock:
+                if not self.closed:
+                    self._idle.append((conn, time.monotonic()))
+                    return
+            self._close(conn)
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        """Closes the idle connections; those in use close when returned."""
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            self._close(conn)
+
+    @staticmethod
+    def _close(conn) -> None:
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+class Pools:
+    """One NodePool per db node of the router's map, opened on first use.
+
+    It follows the router: when a map removes a node, or changes its DSN or
+    password reference, that node's pool is closed (connections in use close
+    when returned) and the next use opens a new one. A Patroni group's DSN
+    names every member with target_session_attrs=read-write, so a new
+    connection reaches the current primary; connections to a primary that
+    failed are found broken and replaced.
+    """
+
+    def __init__(self, router: Router, driver: Optional[str] = None, max_size: int = 10,
+                 connect_timeout: float = 5.0, retry_for: float = DEFAULT_RETRY_FOR):
+        self.router = router
+        self.driver = _Driver(driver or default_driver())
+        self.max_size = max_size
+        self.connect_timeout = connect_timeout
+        self.retry_for = retry_for
+        self._pools: Dict[str, NodePool] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        # Counts of run()'s retries by cause: "fence" (SV001), "connect"
+        # (no connection), "lost" (a lost connection, idempotent work).
+        self.retries: Dict[str, int] = {"fence": 0, "connect": 0, "lost": 0}
+        router.on_change(self._on_map)
+
+    def pool(self, node_id: str) -> NodePool:
+        with self._lock:
+            if self._closed:
+                raise Error("pools are closed")
+            p = self._pools.get(node_id)
+            if p is None:
+                p = NodePool(self.router.node(node_id), self.driver, self.max_size, self.connect_timeout)
+                self._pools[node_id] = p
+            return p
+
+    def open_nodes(self) -> List[str]:
+        with self._lock:
+            return sorted(self._pools)
+
+    def _on_map(self, old: RoutingTable, new: RoutingTable) -> None:
+        gone = []
+        with self._lock:
+            for nid, p in list(self._pools.items()):
+                n = new.nodes.get(nid)
+                if n is None or n.state == "removed" or (n.dsn, n.password) != (p.node.dsn, p.node.password):
+                    gone.append(self._pools.pop(nid))
+        for p in gone:
+            p.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pools, self._pools = list(self._pools.values()), {}
+        for p in pools:
+            p.close()
+
+    @contextlib.contextmanager
+    def connection(self, uid: str) -> Iterator[Tuple[object, Route]]:
+        """(conn, route) for uid's node, without retries: commits when the
+        block ends, rolls back on an exception."""
+        rt = self.router.route(uid)
+        p = self.pool(rt.node)
+        conn = p.get()
+        broken = False
+        try:
+            yield conn, rt
+            conn.commit()
+        except BaseException:
+            broken = self._rollback(conn)
+            raise
+        finally:
+            p.put(conn, discard=broken)
+
+    def _count(self, why: str) -> None:
+        with self._lock:
+            self.retries[why] += 1
+
+    def _rollback(self, conn) -> bool:
+        """Rolls back; True when the connection is no longer usable."""
+        try:
+            conn.rollback()
+        except Exception:
+            return True
+        return self.driver.broken(conn)
+
+    def run(self, uid: str, fn: Callable[[object], T], idempotent: bool = False,
+            retry_for: Optional[float] = None) -> T:
+        """Runs fn(conn) in a transaction on uid's node and commits it.
+
+        Retries (after a jittered wait of 2 ms doubling up to 100 ms, and
+        re-reading the route) while the attempt certainly did not commit:
+        no connection could be made, or the fence refused it (SV001). While
+        the bucket's map state is moving, the route is re-read every 2 ms
+        and the write is tried again as soon as the map names the new owner.
+        With idempotent=True a connection lost during fn or COMMIT is
+        retried too. Gives up after retry_for seconds (default 10) with
+        GaveUp (NoPrimary when no connection could be made), which names the
+        user, the node, the attempts and the last error.
+        """
+        bound = self.retry_for if retry_for is None else retry_for
+        return retrying(uid, self.router.route, lambda rt: self._attempt(uid, rt, fn, idempotent), bound)
+
+    def _attempt(self, uid: str, rt: Route, fn, idempotent: bool):
+        """One try. Returns ((result,), False) on success, or (error,
+        connect_failed) for an error worth retrying; raises the others."""
+        p = self.pool(rt.node)
+        try:
+            conn = p.get()
+        except Exception as e:
+            if self.driver.is_error(e):
+                self._count("connect")
+                return e, True  # nothing was sent
+            raise
+        broken = False
+        committing = False
+        try:
+            result = fn(conn)
+            if self.driver.in_error(conn):
+                raise TransactionAborted(
+                    f"shardvisor: fn for {uid!r} returned with its transaction aborted by an error it caught "
+                    f"(db node {rt.node}): nothing was committed")
+            committing = True
+            conn.commit()
+            return (result,), False
+        except BaseException as e:
+            broken = self._rollback(conn)
+            if not self.driver.is_error(e):
+                raise
+            if self.driver.sqlstate(e) == FENCE_SQLSTATE:
+                self._count("fence")
+                return e, False  # rolled back by the fence
+            lost = broken or self.driver.broken(conn)
+            if lost and idempotent:
+                self._count("lost")
+                return e, False
+            if lost and committing:
+                raise OutcomeUnknown(
+                    f"shardvisor: the connection to db node {rt.node} was lost during COMMIT of {uid!r}'s transaction: "
+                    f"it may have committed (pass idempotent=True to retry such work): {e}") from e
+            raise
+        finally:
+            p.put(conn, discard=broken)
+
+def retrying(uid: str, route: Callable[[str], Route], attempt: Callable[[Route], tuple], retry_for: float):
+    """The retry loop of run() (and of shardvisor.django.run): attempt(rt)
+    returns ((result,), False) on success or (error, connect_failed) for an
+    error that certainly did not commit, and raises anything else."""
+    deadline = time.monotonic() + retry_for
+    delay = 0.002
+    n = 0
+    while True:
+        n += 1
+        rt = route(uid)
+        out, connect_failed = attempt(rt)
+        if not isinstance(out, BaseException):
+            return out[0]
+        wait = delay * (0.5 + random.random() / 2)  # jitter: writers held by one pause do not return together
+        delay = min(delay * 2, 0.1)
+        if time.monotonic() + wait > deadline:
+            why = f" (bucket {rt.bucket} is still moving to {rt.target})" if rt.state == "moving" and rt.target else ""
+            cls = NoPrimary if connect_failed else GaveUp
+            raise cls(uid, n, rt, out, why) from out
+        if rt.state != "moving":
+            time.sleep(wait)
+            continue
+        # The route changes the moment the map flips, and route() is in
+        # memory: watch it closely rather than sleep the whole backoff.
+        end = time.monotonic() + wait
+        while time.monotonic() < end:
+            time.sleep(0.002)
+            now = route(uid)
+            if now.node != rt.node or now.state != rt.state:
+                break
+
+
+_default: Optional[Pools] = None
+_default_lock = threading.Lock()
+
+
+def default_pools() -> Pools:
+    """The process's Pools on Router.from_env(), made on first use."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Pools(Router.from_env())
+        return _default
+
+
+def run(uid: str, fn: Callable[[object], T], idempotent: bool = False, retry_for: Optional[float] = None) -> T:
+    """default_pools().run(...): for a worker of the supervisor."""
+    return default_pools().run(uid, fn, idempotent=idempotent, retry_for=retry_for)
+
+
+def connection_kwargs(node: Node) -> dict:
+    """libpq keywords for a node (host, port, dbname, user, password and
+    the URL's parameters), for frameworks that want them apart rather than
+    a URL: Django's DATABASES, SQLAlchemy's creator. A multi-host DSN gives
+    comma-separated host and port lists, which libpq reads the same way."""
+    u = urllib.parse.urlsplit(node.dsn)
+    if u.scheme not in ("postgres", "postgresql"):
+        raise MapError(f"db node {node.id}: dsn is not a postgres:// URL")
+    netloc = u.netloc
+    user = ""
+    if "@" in netloc:
+        user, netloc = netloc.rsplit("@", 1)
+        if ":" in user:
+            user = user.split(":", 1)[0]
+    hosts, ports = [], []
+    for hp in netloc.split(","):
+        if hp.startswith("["):
+            h, _, rest = hp[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ""
+        else:
+            h, _, port = hp.partition(":")
+        hosts.append(urllib.parse.unquote(h))
+        ports.append(port or "5432")
+    kw = {"host": ",".join(hosts), "port": ",".join(ports), "dbname": urllib.parse.unquote(u.path.lstrip("/")) or "postgres"}
+    if user:
+        kw["user"] = urllib.parse.unquote(user)
+    for k, v in urllib.parse.parse_qsl(u.query):
+        kw[k] = v
+    pw = node.resolve_password()
+    if pw is not None:
+        kw["password"] = pw
+    return kw

@@ -1,0 +1,402 @@
+"""Routing from a map file: which db node holds a user.
+
+A map file is what the supervisor hands its workers (SHARDVISOR_MAP_FILE)
+and what the router sidecar serves at GET /v1/map: the cluster's seed and
+its bucket map exactly as stored in ZooKeeper (docs/bucket-map.md). With
+it a user id is routed with no network at all: one HMAC-SHA256 of the id
+(the keystream), a shift, one list index.
+
+Map formats 1 (every bucket at the map's level) and 2 (mixed depths: single
+buckets split deeper) are read. Either way the map is flattened into a
+directory of 2**level slots, each naming its bucket's owner, so a lookup
+costs the same at any depth. A newer format is refused, never guessed at.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import os
+import sys
+import threading
+import weakref
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+
+from . import keystream
+from .notify import sd_notify
+
+MAP_FILE_FORMATS = (1,)
+MAP_FORMATS = (1, 2)
+
+ENV_MAP_FILE = "SHARDVISOR_MAP_FILE"
+ENV_MAP_DELIVERY = "SHARDVISOR_MAP_DELIVERY"
+
+
+class MapError(ValueError):
+    """A map file or map document that cannot be used, with what is wrong."""
+
+
+class Node(NamedTuple):
+    """A db node of the map's registry."""
+
+    id: str
+    dsn: str  # a postgres:// URL without a password; multi-host for a Patroni group
+    password: str  # "env:NAME", "file:/path" or "" (libpq's own sources)
+    state: str  # active, draining, down, removed
+    weight: int
+    patroni: Optional[dict]  # {"namespace", "scope"} for a Patroni group
+
+    def resolve_password(self) -> Optional[str]:
+        """The password the node's reference names; None when it names none.
+
+        Raises MapError naming the node and the reference when the variable
+        is unset or the file cannot be read.
+        """
+        ref = self.password
+        if not ref:
+            return None
+        if ref.startswith("env:"):
+            try:
+                return os.environ[ref[4:]]
+            except KeyError:
+                raise MapError(f"db node {self.id}: password reference {ref}: environment variable {ref[4:]} is not set") from None
+        if ref.startswith("file:"):
+            try:
+                with open(ref[5:], encoding="utf-8") as f:
+                    line = f.readline()
+            except OSError as e:
+                raise MapError(f"db node {self.id}: password reference {ref}: {e}") from None
+            return line.rstrip("\n").rstrip("\r")
+        raise MapError(f"db node {self.id}: password reference must be env:NAME or file:/path, not {ref!r}")
+
+
+class Route(NamedTuple):
+    """Where one user lives, as `shardctl route --json` says it."""
+
+    uid: str
+    bucket: int  # the bucket's number at its depth
+    level: int  # the bucket's depth
+    node: str
+    dsn: str
+    map_version: int
+    state: str  # active, moving (a move of the bucket is under way), ...
+    target: str  # the move's target while state is moving, else ""
+    data_lost: bool  # the bucket's rows were lost with a node (shardctl node lost)
+    group: str  # the node's Patroni scope when it is a group, else ""
+    key: int  # the storage key (the bkey column), signed 64-bit
+
+    def as_dict(self) -> dict:
+        return self._asdict()
+
+
+class RoutingTable:
+    """One decoded map file: immutable, safe to share between threads."""
+
+    def __init__(self, doc: dict, source: str = "map file"):
+        try:
+            self._load(doc)
+        except MapError as e:
+            raise MapError(f"{source}: {e}") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise MapError(f"{source}: malformed: {type(e).__name__}: {e}") from None
+
+    def _load(self, doc: dict) -> None:
+        if not isinstance(doc, dict):
+            raise MapError(f"not a JSON object but {type(doc).__name__}")
+        if doc.get("version") not in MAP_FILE_FORMATS:
+            raise MapError(f"map file format version {doc.get('version')!r} is not supported (this client reads {MAP_FILE_FORMATS})")
+        m = doc["map"]
+        if m.get("version") not in MAP_FORMATS:
+            raise MapError(f"bucket map format version {m.get('version')!r} is not supported (this client reads {MAP_FORMATS})")
+        self.cluster: str = doc["cluster"]
+        self.seed: bytes = keystream.parse_seed(doc["seed"])
+        self._prk = keystream.hkdf_extract(keystream.SALT, self.seed)
+        level = m["level"]
+        if not isinstance(level, int) or not 0 <= level <= keystream.MAX_LEVEL:
+            raise MapError(f"level {level!r} out of range [0, {keystream.MAX_LEVEL}]")
+        self.level: int = level
+        self._shift = 64 - level
+        self.map_version: int = m["map_version"]
+        if not isinstance(self.map_version, int) or self.map_version < 1:
+            raise MapError(f"map_version {self.map_version!r} is not a positive integer")
+        nodes = []
+        for n in m["nodes"]:
+            nodes.append(Node(n["id"], n.get("dsn", ""), n.get("password", ""), n.get("state", "active"),
+                              n.get("weight", 1), n.get("patroni")))
+        if len({n.id for n in nodes}) != len(nodes):
+            raise MapError("nodes: a node id appears twice")
+        self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
+        raw = base64.b64decode(m["owners"], validate=True)
+        if len(raw) % 2:
+            raise MapError(f"owners: {len(raw)} bytes, not 2 per bucket")
+        owners = [int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2)]
+        if any(o >= len(nodes) for o in owners):
+            raise MapError(f"owners: an index past the {len(nodes)} nodes")
+        slots = 1 << level
+        if m["version"] == 1:
+            if len(owners) != slots:
+                raise MapError(f"owners: {len(owners)} buckets for level {level} (want {slots})")
+            depths = None
+        else:
+            bdepths = base64.b64decode(m["depths"], validate=True)
+            if len(owners) != len(bdepths):
+                raise MapError(f"owners: {len(owners)} for {len(bdepths)} buckets")
+            flat: List[int] = []
+            depths = []
+            for o, d in zip(owners, bdepths):
+                if d > level or len(flat) % (1 << (level - d)):
+                    raise MapError(f"depths: a bucket at depth {d} cannot start at slot {len(flat)}")
+                run = 1 << (level - d)
+                flat += [o] * run
+                depths += [d] * run
+            if len(flat) != slots:
+                raise MapError(f"depths: the buckets cover {len(flat)} of {slots} slots")
+            owners = flat
+        self._depths: Optional[List[int]] = depths
+        # One node id per slot (shared string references): node_for is
+        # one index after the hash.
+        ids = [n.id for n in nodes]
+        self._slot_node: List[str] = [ids[o] for o in owners]
+        # State by (bucket, depth); "level" is absent when it is the map's.
+        self._states: Dict[Tuple[int, int], dict] = {(b["bucket"], b.get("level", level)): b for b in m.get("buckets") or []}
+
+    @classmethod
+    def from_bytes(cls, data: bytes, source: str = "map file") -> "RoutingTable":
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise MapError(f"{source}: not JSON: {e}") from None
+        return cls(doc, source)
+
+    @classmethod
+    def from_file(cls, path: str) -> "RoutingTable":
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise MapError(f"map file {path}: {e}") from None
+        return cls.from_bytes(data, f"map file {path}")
+
+    def node_for(self, uid: str) -> str:
+        """The id of the db node that holds uid."""
+        return self._slot_node[int.from_bytes(hmac.digest(self._prk, uid.encode("utf-8") + b"\x01", "sha256")[:8], "big") >> self._shift]
+
+    def key(self, uid: str) -> int:
+        """uid's storage key (the value of a sharded table's key column)."""
+        return keystream.key(int.from_bytes(hmac.digest(self._prk, uid.encode("utf-8") + b"\x01", "sha256")[:8], "big"))
+
+    def route(self, uid: str) -> Route:
+        """Bucket, node, DSN and state of uid's bucket."""
+        prefix = int.from_bytes(hmac.digest(self._prk, uid.encode("utf-8") + b"\x01", "sha256")[:8], "big")
+        slot = prefix >> self._shift
+        node = self.nodes[self._slot_node[slot]]
+        bucket, level = slot, self.level
+        if self._depths is not None:
+            level = self._depths[slot]
+            bucket = slot >> (self.level - level)
+        st = self._states.get((bucket, level)) or {}
+        return Route(uid, bucket, level, node.id, node.dsn, self.map_version, st.get("state", "active"),
+                     st.get("target", ""), bool(st.get("data_lost")), (node.patroni or {}).get("scope", ""),
+                     keystream.key(prefix))
+
+    def live_nodes(self) -> List[Node]:
+        """Nodes neither down nor removed."""
+        return [n for n in self.nodes.values() if n.state not in ("down", "removed")]
+
+    def owning_nodes(self) -> List[str]:
+        """Ids of the nodes that own at least one bucket, in registry order."""
+        owning = set(self._slot_node)
+        return [i for i in self.nodes if i in owning]
+
+
+class Router:
+    """Answers "which db node holds this user", from a map file.
+
+        r = Router.from_map_file("/path/map.json")   # or a saved GET /v1/map
+        r.node_for("alice")                           # "pg2"
+        r.route("alice")                              # Route(bucket=.., node="pg2", dsn=.., ...)
+
+    Under the supervisor use Router.from_env(). In reload mode
+    (SHARDVISOR_MAP_DELIVERY=reload) it follows the map file in place: a
+    daemon thread stats it every 0.1 s, loads each new map, swaps it in with
+    one reference assignment (a lookup sees the old map or the new, never a
+    mix) and acknowledges it with MAPVERSION=N on NOTIFY_SOCKET, so the
+    worker is never restarted for a map change. A file that does not load
+    (or carries an older version) is reported to on_error and the map in use
+    is kept. A process that forks (gunicorn --preload's arbiter) stops
+    following and acknowledging; each child follows on its own thread, so
+    the MAPVERSION the supervisor hears comes from a process that routes.
+    (subprocess does not count: it runs no fork hooks.)
+    """
+
+    POLL = 0.1  # seconds; workerproto.MapPollInterval
+
+    def __init__(self, table: RoutingTable, path: Optional[str] = None, follow: bool = False,
+                 ack: bool = False, on_error: Optional[Callable[[Exception], None]] = None):
+        self._table = table
+        self.path = path
+        self._ack = ack
+        self._listeners: List[Callable[[RoutingTable, RoutingTable], None]] = []
+        self._lock = threading.Lock()
+        self.on_error = on_error or (lambda e: print(f"shardvisor: {e}", file=sys.stderr))
+        self._stop: Optional[threading.Event] = None
+        self._closed = False
+        self._ack_parent = ack
+        self._stamp = None
+        if ack:
+            self._notify(table.map_version)
+        if follow:
+            if not path:
+                raise ValueError("follow needs a map file path")
+            self._start()
+            if hasattr(os, "register_at_fork"):
+                # Hooks cannot be unregistered: hold the router weakly, and
+                # a closed one does nothing.
+                ref = weakref.ref(self)
+
+                def hook(name):
+                    def call():
+                        r = ref()
+                        if r is not None and not r._closed:
+                            getattr(r, name)()
+                    return call
+
+                os.register_at_fork(before=hook("_before_fork"), after_in_parent=hook("_after_fork_parent"),
+                                    after_in_child=hook("_after_fork_child"))
+
+    # -- construction
+
+    @classmethod
+    def from_map_file(cls, path: str, follow: bool = False, ack: bool = False, on_error=None) -> "Router":
+        """A router on one map file; follow=True re-reads it when it changes."""
+        return cls(RoutingTable.from_file(path), path=path, follow=follow, ack=ack, on_error=on_error)
+
+    @classmethod
+    def from_map(cls, doc, source: str = "map document") -> "Router":
+        """A router on a map document: a dict, or the bytes of GET /v1/map."""
+        if isinstance(doc, (bytes, bytearray, str)):
+            return cls(RoutingTable.from_bytes(doc, source))
+        return cls(RoutingTable(doc, source))
+
+    @classmethod
+    def from_env(cls, on_error=None) -> "Router":
+        """The router of a supervisor's worker: the map file named by
+        SHARDVISOR_MAP_FILE, followed and acknowledged in reload mode."""
+        path = os.environ.get(ENV_MAP_FILE)
+        if not path:
+            raise MapError(f"{ENV_MAP_FILE} is not set: this process was not started by a supervisor whose cluster has a map "
+                           "(use Router.from_map_file or SidecarClient instead)")
+        reload = os.environ.get(ENV_MAP_DELIVERY) == "reload"
+        return cls.from_map_file(path, follow=reload, ack=reload, on_error=on_error)
+
+    # -- lookups
+
+    @property
+    def table(self) -> RoutingTable:
+        return self._table
+
+    @property
+    def map_version(self) -> int:
+        return self._table.map_version
+
+    @property
+    def nodes(self) -> Dict[str, Node]:
+        return self._table.nodes
+
+    def node_for(self, uid: str) -> str:
+        return self._table.node_for(uid)
+
+    def route(self, uid: str) -> Route:
+        return self._table.route(uid)
+
+    def key(self, uid: str) -> int:
+        return self._table.key(uid)
+
+    def node(self, node_id: str) -> Node:
+        try:
+            return self._table.nodes[node_id]
+        except KeyError:
+            raise MapError(f"db node {node_id!r} is not in map version {self._table.map_version}") from None
+
+    # -- following
+
+    def on_change(self, fn: Callable[[RoutingTable, RoutingTable], None]) -> None:
+        """Calls fn(old, new) on the following thread after each new map."""
+        with self._lock:
+            self._listeners.append(fn)
+
+    def update(self, table: RoutingTable) -> bool:
+        """Swaps in a newer map (older or equal versions are ignored) and
+        tells the listeners; True if it was taken."""
+        with self._lock:
+            old = self._table
+            if table.map_version <= old.map_version:
+                return False
+            self._table = table
+            listeners = list(self._listeners)
+        for fn in listeners:
+            try:
+                fn(old, table)
+            except Exception as e:  # a listener's bug must not stop the following
+                self.on_error(e)
+        if self._ack:
+            self._notify(table.map_version)
+        return True
+
+    def reload(self) -> bool:
+        """Re-reads the map file now; True if a newer map was taken."""
+        st = os.stat(self.path)
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if stamp == self._stamp:
+            return False
+        nxt = RoutingTable.from_file(self.path)
+        self._stamp = stamp
+        if nxt.map_version < self._table.map_version:
+            raise MapError(f"map file {self.path}: version {nxt.map_version} is older than the applied {self._table.map_version}")
+        return self.update(nxt)
+
+    def close(self) -> None:
+        """Stops following."""
+        self._closed = True
+        if self._stop is not None:
+            self._stop.set()
+
+    def _notify(self, version: int) -> None:
+        try:
+            sd_notify(f"MAPVERSION={version}")
+        except OSError as e:
+            self.on_error(e)
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        t = threading.Thread(target=self._run, args=(self._stop,), name="shardvisor-map", daemon=True)
+        t.start()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.POLL):
+            try:
+                self.reload()
+            except (OSError, MapError) as e:
+                self.on_error(e)
+
+    def _before_fork(self) -> None:
+        # The forking process (a pre-forking server's arbiter) serves no
+        # requests: it stops following and acknowledging, or the supervisor
+        # would hear MAPVERSION from a process that does not route.
+        if self._stop is not None:
+            self._stop.set()
+        self._ack_parent, self._ack = self._ack, False
+        self._lock.acquire()  # no listener list or map swap half done in the child
+
+    def _after_fork_parent(self) -> None:
+        self._lock.release()
+
+    def _after_fork_child(self) -> None:
+        self._lock = threading.Lock()
+        self._ack = self._ack_parent
+        self._stamp = None
+        if self._stop is not None:
+            self._start()
+        if self._ack:
+            self._notify(self._table.map_version)

@@ -1,0 +1,167 @@
+"""Fixtures: the package from this checkout, the devenv's PostgreSQL and
+ZooKeeper (scripts/devenv), and the Go binaries.
+
+Tests that need servers skip when they are not up, except under CI=true,
+where a skip would hide a missing piece: there they fail.
+"""
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(PKG))
+sys.path.insert(0, PKG)
+
+DEVENV = os.environ.get("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-devenv")
+PG_BASE = int(os.environ.get("SHARDVISOR_PG_PORT_BASE", "25432"))
+ZK_BASE = int(os.environ.get("SHARDVISOR_ZK_PORT_BASE", "21811"))
+SEED = "000102030405060708090a0b0c0d0e0f"
+
+
+def need(what: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} (required when CI=true)")
+    pytest.skip(what)
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+class PG:
+    """The devenv's plain PostgreSQL nodes (pg1 on PG_BASE, pg2 on PG_BASE+1)."""
+
+    def __init__(self):
+        self.password_file = os.path.join(DEVENV, "pg", "password")
+        with open(self.password_file) as f:
+            self.password = f.readline().strip()
+        self.ports = [PG_BASE, PG_BASE + 1]
+
+    def dsn(self, i: int, db: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.ports[i]}/{db}?sslmode=disable"
+
+    def admin(self, i: int, db: str = "postgres"):
+        import psycopg2
+
+        c = psycopg2.connect(self.dsn(i, db), password=self.password)
+        c.autocommit = True
+        return c
+
+    def exec(self, i: int, db: str, sql: str, args=()):
+        """Runs sql in autocommit on node i's database db; rows or None."""
+        c = self.admin(i, db)
+        try:
+            with c.cursor() as cur:
+                cur.execute(sql, args)
+                return cur.fetchall() if cur.description else None
+        finally:
+            c.close()
+
+    def create_db(self, i: int, name: str) -> None:
+        self.exec(i, "postgres", f'CREATE DATABASE "{name}"')
+
+    def drop_db(self, i: int, name: str) -> None:
+        self.exec(i, "postgres", f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg():
+    if not os.path.exists(os.path.join(DEVENV, "pg", "password")) or not _listening(PG_BASE) or not _listening(PG_BASE + 1):
+        need("PostgreSQL of scripts/devenv is not up (scripts/devenv up)")
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        need("psycopg2 is not installed (python3-psycopg2)")
+    return PG()
+
+
+@pytest.fixture(scope="module")
+def node_dbs(pg):
+    """Two fresh databases, one on pg1 and one on pg2: two db nodes."""
+    name = "svpy_" + uuid.uuid4().hex[:10]
+    pg.create_db(0, name)
+    pg.create_db(1, name)
+    yield name
+    pg.drop_db(0, name)
+    pg.drop_db(1, name)
+
+
+def map_doc(nodes, owners, level, version=1, buckets=None, seed=SEED):
+    """A map file document (format 1, map format 1) for tests: nodes is a
+    list of (id, dsn, password ref), owners one node index per bucket."""
+    raw = b"".join(o.to_bytes(2, "big") for o in owners)
+    return {
+        "version": 1,
+        "cluster": "pytest",
+        "seed": seed,
+        "map": {
+            "version": 1,
+            "map_version": version,
+            "level": level,
+            "updated_at": "2026-11-27T00:00:00Z",
+            "nodes": [{"id": i, "dsn": d, "password": p, "weight": 1, "state": "active"} for i, d, p in nodes],
+            "owners": base64.b64encode(raw).decode(),
+            "buckets": buckets or [],
+        },
+    }
+
+
+def write_json(path: str, doc) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)  # as the supervisor does: a reader sees the old file or the new
+
+
+@pytest.fixture(scope="session")
+def zk():
+    hosts = os.environ.get("SHARDVISOR_TEST_ZK") or ",".join(f"127.0.0.1:{ZK_BASE + i}" for i in range(3))
+    if not any(_listening(int(h.rsplit(":", 1)[1])) for h in hosts.split(",")):
+        need("ZooKeeper of scripts/devenv is not up (scripts/devenv up)")
+    return hosts
+
+
+@pytest.fixture(scope="session")
+def bins():
+    """The Go binaries: SHARDVISOR_BIN_DIR (the Go test that runs this
+    suite builds them there), else built from this checkout."""
+    d = os.environ.get("SHARDVISOR_BIN_DIR")
+    if d:
+        return d
+    if not shutil.which("go"):
+        need("go is not installed and SHARDVISOR_BIN_DIR is not set")
+    d = tempfile.mkdtemp(prefix="svpy-bin-")
+    subprocess.run(["go", "build", "-o", d + "/", "./cmd/shardctl", "./cmd/supervisor", "./cmd/router"], cwd=REPO, check=True)
+    return d
+
+
+def wait_for(cond, timeout: float, what: str, every: float = 0.05):
+    end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,233 @@
+"""shardvisor.db against real PostgreSQL (two databases of the devenv as two
+db nodes), with psycopg2 and psycopg 3: what run() retries, and what it
+never retries. The fence's refusal is played by a trigger raising SQLSTATE
+SV001, as the fence does; test_move.py runs a real move."""
+
+import threading
+import time
+
+import pytest
+
+from conftest import map_doc, wait_for
+from shardvisor import Router, RoutingTable
+from shardvisor import db as svdb
+
+DRIVERS = ["psycopg2", "psycopg"]
+
+SCHEMA = """
+CREATE SCHEMA app;
+CREATE TABLE app.notes (bkey bigint NOT NULL, uid text NOT NULL, id bigint NOT NULL, body text NOT NULL,
+                        PRIMARY KEY (bkey, uid, id));
+CREATE TABLE app.frozen (on_ boolean);
+CREATE FUNCTION app.fence() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT FROM app.frozen) THEN
+    RAISE EXCEPTION 'bucket frozen (test fence)' USING ERRCODE = 'SV001';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER fence BEFORE INSERT OR UPDATE ON app.notes FOR EACH ROW EXECUTE FUNCTION app.fence();
+-- A COMMIT that takes a while, for the outcome-unknown test.
+CREATE TABLE app.slow_commit (x int);
+CREATE FUNCTION app.slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON app.slow_commit DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION app.slow();
+"""
+
+
+@pytest.fixture(scope="module")
+def nodes(pg, node_dbs):
+    for i in (0, 1):
+        pg.exec(i, node_dbs, SCHEMA)
+    return node_dbs
+
+
+class Cluster:
+    def __init__(self, pg, db, driver):
+        self.pg, self.db = pg, db
+        self.specs = [("pg1", pg.dsn(0, db), f"file:{pg.password_file}"), ("pg2", pg.dsn(1, db), f"file:{pg.password_file}")]
+        self.version = 1
+        self.router = Router.from_map(map_doc(self.specs, [0], level=0))  # one bucket, on pg1
+        self.pools = svdb.Pools(self.router, driver=driver, retry_for=5)
+
+    def move_to(self, owner: int, specs=None):
+        self.version += 1
+        self.router.update(RoutingTable(map_doc(specs or self.specs, [owner], level=0, version=self.version)))
+
+    def sql(self, i, q, args=()):
+        return self.pg.exec(i, self.db, q, args)
+
+    def count(self, i, where="true"):
+        return self.sql(i, f"SELECT count(*) FROM app.notes WHERE {where}")[0][0]
+
+    def freeze(self, i, on=True):
+        self.sql(i, "INSERT INTO app.frozen VALUES (true)" if on else "DELETE FROM app.frozen")
+
+    def insert(self, uid, nid, body="x", calls=None):
+        def fn(conn):
+            if calls is not None:
+                calls.append(1)
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO app.notes VALUES (%s, %s, %s, %s)", (self.router.key(uid), uid, nid, body))
+            return nid
+        return fn
+
+
+@pytest.fixture(params=DRIVERS)
+def cluster(request, pg, nodes):
+    if request.param == "psycopg":
+        pytest.importorskip("psycopg")
+    for i in (0, 1):
+        pg.exec(i, nodes, "TRUNCATE app.notes, app.frozen, app.slow_commit")
+    c = Cluster(pg, nodes, request.param)
+    yield c
+    c.pools.close()
+
+
+def test_run_commits_on_the_users_node(cluster):
+    for i in range(10):
+        assert cluster.pools.run(f"u{i}", cluster.insert(f"u{i}", i)) == i
+    assert cluster.count(0) == 10 and cluster.count(1) == 0
+    cluster.move_to(1)
+    cluster.pools.run("u0", cluster.insert("u0", 100))
+    assert cluster.count(1) == 1
+    assert cluster.pools.retries == {"fence": 0, "connect": 0, "lost": 0}
+
+
+def test_a_fenced_write_waits_and_follows_the_map_to_the_new_owner(cluster):
+    """A move's pause: the old owner refuses (SV001) until the map names the
+    new owner; the write lands there once, after retries."""
+    cluster.freeze(0)
+    out = {}
+
+    def write():
+        out["id"] = cluster.pools.run("alice", cluster.insert("alice", 1))
+
+    t = threading.Thread(target=write)
+    t.start()
+    wait_for(lambda: cluster.pools.retries["fence"] >= 3, 5, "refused attempts")
+    cluster.move_to(1)
+    t.join(5)
+    assert out == {"id": 1}
+    assert cluster.count(0) == 0 and cluster.count(1) == 1
+
+
+def test_a_pause_that_ends_on_the_same_node(cluster):
+    """A move aborted in its pause: the source thaws; the write lands there."""
+    cluster.freeze(0)
+    threading.Timer(0.3, cluster.freeze, (0, False)).start()
+    cluster.pools.run("bob", cluster.insert("bob", 1))
+    assert cluster.count(0) == 1 and cluster.pools.retries["fence"] >= 1
+
+
+def test_gives_up_at_the_bound_naming_user_node_and_cause(cluster):
+    cluster.freeze(0)
+    t0 = time.monotonic()
+    with pytest.raises(svdb.GaveUp) as e:
+        cluster.pools.run("carol", cluster.insert("carol", 1), retry_for=0.4)
+    assert time.monotonic() - t0 < 2
+    msg = str(e.value)
+    assert "gave up on 'carol'" in msg and "db node pg1" in msg and "bucket frozen" in msg
+    assert e.value.attempts > 2 and not isinstance(e.value, svdb.NoPrimary)
+    assert cluster.count(0) == 0
+
+
+def test_other_errors_are_raised_at_once(cluster):
+    cluster.pools.run("dave", cluster.insert("dave", 1))
+    calls = []
+    with pytest.raises(Exception) as e:
+        cluster.pools.run("dave", cluster.insert("dave", 1, calls=calls))  # a duplicate key
+    assert "duplicate key" in str(e.value) and len(calls) == 1
+    assert cluster.count(0) == 1
+
+
+def _backend_pid(conn):
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        return cur.fetchone()[0]
+
+
+def test_a_lost_connection_is_not_retried_unless_idempotent(cluster):
+    calls = []
+
+    def fn(conn):
+        calls.append(1)
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO app.notes VALUES (%s, 'erin', %s, 'x')", (cluster.router.key("erin"), len(calls)))
+        if len(calls) == 1:
+            cluster.sql(0, "SELECT pg_terminate_backend(%s)", (_backend_pid(conn),))
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1")
+
+    with pytest.raises(Exception) as e:
+        cluster.pools.run("erin", fn)
+    assert not isinstance(e.value, svdb.Error) and len(calls) == 1
+    assert cluster.count(0) == 0
+    calls.clear()
+    cluster.pools.run("erin", fn, idempotent=True)
+    assert len(calls) == 2 and cluster.count(0) == 1 and cluster.pools.retries["lost"] == 1
+
+
+def test_a_connection_lost_in_commit_is_outcome_unknown(cluster):
+    def fn(conn):
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO app.slow_commit VALUES (1)")  # its deferred trigger sleeps at COMMIT
+
+    def kill_in_commit():
+        pids = wait_for(lambda: cluster.sql(0, "SELECT pid FROM pg_stat_activity WHERE query LIKE 'COMMIT%%' AND wait_event = 'PgSleep'"), 10, "the COMMIT to run")
+        cluster.sql(0, "SELECT pg_terminate_backend(%s)", (pids[0][0],))
+
+    t = threading.Thread(target=kill_in_commit)
+    t.start()
+    with pytest.raises(svdb.OutcomeUnknown, match="lost during COMMIT of 'frank'.*may have committed"):
+        cluster.pools.run("frank", fn)
+    t.join()
+
+
+def test_an_error_caught_by_fn_aborts_the_transaction(cluster):
+    def fn(conn):
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO app.notes VALUES (%s, 'gus', 1, 'x')", (cluster.router.key("gus"),))
+            try:
+                cur.execute("SELECT 1/0")
+            except Exception:
+                pass
+
+    with pytest.raises(svdb.TransactionAborted, match="aborted by an error it caught"):
+        cluster.pools.run("gus", fn)
+    assert cluster.count(0) == 0
+
+
+def test_no_primary_after_the_bound(cluster):
+    specs = [("pg1", "postgres://postgres@127.0.0.1:1/x?sslmode=disable", ""), cluster.specs[1]]
+    cluster.move_to(0, specs)
+    with pytest.raises(svdb.NoPrimary) as e:
+        cluster.pools.run("hank", cluster.insert("hank", 1), retry_for=0.3)
+    assert "db node pg1" in str(e.value) and cluster.pools.retries["connect"] >= 2
+
+
+def test_pools_follow_the_map(cluster, monkeypatch):
+    cluster.pools.run("ivy", cluster.insert("ivy", 1))
+    p1 = cluster.pools.pool("pg1")
+    assert cluster.pools.open_nodes() == ["pg1"]
+    # A new DSN for pg1 (a server moved): its pool is closed, the next use opens one.
+    specs = [("pg1", cluster.specs[0][1] + "&application_name=moved", cluster.specs[0][2]), cluster.specs[1]]
+    cluster.move_to(0, specs)
+    assert p1.closed and cluster.pools.open_nodes() == []
+    cluster.pools.run("ivy", cluster.insert("ivy", 2))
+    assert cluster.sql(0, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'moved'")[0][0] == 1
+    # An idle connection killed under the pool (a failover, a restart) is
+    # found by the ping and replaced before fn runs.
+    monkeypatch.setattr(svdb, "IDLE_PING_AFTER", 0.0)
+    cluster.sql(0, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'moved'")
+    before = cluster.pools.pool("pg1").connects
+    cluster.pools.run("ivy", cluster.insert("ivy", 3))
+    assert cluster.pools.pool("pg1").connects == before + 1 and cluster.count(0) == 3
+
+
+def test_connection_kwargs_of_a_group_dsn():
+    from shardvisor.routing import Node
+
+    n = Node("pg5", "postgres://app@10.0.0.1:5432,10.0.0.2:5433/app?target_session_attrs=read-write&connect_timeout=2", "", "active", 1, None)
+    assert svdb.connection_kwargs(n) == {"host": "10.0.0.1,10.0.0.2", "port": "5432,5433", "dbname": "app", "user": "app",
+                                         "target_session_attrs": "read-write", "connect_timeout": "2"}

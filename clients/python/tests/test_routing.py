@@ -1,0 +1,193 @@
+"""Map files: clear errors for bad ones, password references, and following
+a map file in reload mode with MAPVERSION acknowledgements."""
+
+import base64
+import copy
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import map_doc, wait_for, write_json
+from shardvisor import MapError, Router, RoutingTable
+from shardvisor.routing import Node
+
+NODES = [("pg1", "postgres://app@db1:5432/app", ""), ("pg2", "postgres://app@db2:5432/app", "")]
+
+
+def doc(version=1, owners=(0, 1, 0, 1)):
+    return map_doc(NODES, list(owners), level=2, version=version)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(version=2), "map file format version 2 is not supported"),
+    (lambda d: d["map"].update(version=3), "bucket map format version 3 is not supported"),
+    (lambda d: d.update(seed="abcd"), "seed is 2 bytes, want at least 16"),
+    (lambda d: d.update(seed="zz" * 16), "seed is not valid hex"),
+    (lambda d: d["map"].update(owners=base64.b64encode(b"\x00\x00\x00\x05\x00\x00\x00\x01").decode()), "an index past the 2 nodes"),
+    (lambda d: d["map"].update(owners=base64.b64encode(b"\x00\x00").decode()), "owners: 1 buckets for level 2"),
+    (lambda d: d["map"].update(owners="not base64!"), "malformed"),
+    (lambda d: d["map"].update(level=40), "level 40 out of range"),
+    (lambda d: d["map"].update(map_version=0), "map_version 0 is not a positive integer"),
+    (lambda d: d["map"].pop("nodes"), "malformed: KeyError: 'nodes'"),
+    (lambda d: d["map"]["nodes"].append(dict(d["map"]["nodes"][0])), "a node id appears twice"),
+])
+def test_bad_maps_are_refused_with_what_is_wrong(edit, message):
+    d = doc()
+    edit(d)
+    with pytest.raises(MapError) as e:
+        Router.from_map(d, "map file /x.json")
+    assert message in str(e.value)
+    assert str(e.value).startswith("map file /x.json: ")
+
+
+def test_mixed_depths_that_do_not_tile_are_refused():
+    d = doc()
+    d["map"].update(version=2, level=2, owners=base64.b64encode(b"\x00\x00\x00\x01\x00\x00").decode(),
+                    depths=base64.b64encode(bytes([2, 1, 2])).decode())
+    with pytest.raises(MapError, match="a bucket at depth 1 cannot start at slot 1"):
+        Router.from_map(d)
+
+
+def test_not_json_and_missing_file(tmp_path):
+    with pytest.raises(MapError, match="not JSON"):
+        Router.from_map(b"{")
+    with pytest.raises(MapError, match="No such file"):
+        Router.from_map_file(str(tmp_path / "nope.json"))
+
+
+def test_from_env_without_a_supervisor(monkeypatch):
+    monkeypatch.delenv("SHARDVISOR_MAP_FILE", raising=False)
+    with pytest.raises(MapError, match="SHARDVISOR_MAP_FILE is not set"):
+        Router.from_env()
+
+
+def test_password_references(tmp_path, monkeypatch):
+    f = tmp_path / "pw"
+    f.write_text("s3cret\r\nsecond line\n")
+    monkeypatch.setenv("SV_PW", "from-env")
+    assert Node("n", "", f"file:{f}", "active", 1, None).resolve_password() == "s3cret"
+    assert Node("n", "", "env:SV_PW", "active", 1, None).resolve_password() == "from-env"
+    assert Node("n", "", "", "active", 1, None).resolve_password() is None
+    with pytest.raises(MapError, match="environment variable SV_NOPE is not set"):
+        Node("n", "", "env:SV_NOPE", "active", 1, None).resolve_password()
+    with pytest.raises(MapError, match="db node n: password reference file:/nonexistent"):
+        Node("n", "", "file:/nonexistent", "active", 1, None).resolve_password()
+    with pytest.raises(MapError, match="must be env:NAME or file:/path"):
+        Node("n", "", "plain", "active", 1, None).resolve_password()
+
+
+def test_update_takes_only_newer_maps():
+    r = Router.from_map(doc(version=5))
+    seen = []
+    r.on_change(lambda old, new: seen.append((old.map_version, new.map_version)))
+    assert not r.update(RoutingTable(doc(version=4)))
+    assert not r.update(RoutingTable(doc(version=5)))
+    assert r.update(RoutingTable(doc(version=6, owners=(1, 1, 1, 1))))
+    assert seen == [(5, 6)] and r.map_version == 6
+    assert {r.node_for(f"u{i}") for i in range(50)} == {"pg2"}
+    with pytest.raises(MapError, match="'pg9' is not in map version 6"):
+        r.node("pg9")
+
+
+class NotifySocket:
+    """A NOTIFY_SOCKET the test reads, as the supervisor's."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.05)
+        self.got = []
+
+    def read(self):
+        while True:
+            try:
+                self.got.append(self.sock.recv(4096).decode())
+            except (socket.timeout, BlockingIOError):
+                return self.got
+
+    def close(self):
+        self.sock.close()
+
+
+def test_following_acknowledges_each_map(tmp_path, monkeypatch):
+    ns = NotifySocket(tmp_path / "notify.sock")
+    path = str(tmp_path / "live-map.json")
+    write_json(path, doc(version=1))
+    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    monkeypatch.setenv("SHARDVISOR_MAP_FILE", path)
+    monkeypatch.setenv("SHARDVISOR_MAP_DELIVERY", "reload")
+    errors = []
+    r = Router.from_env(on_error=errors.append)
+    try:
+        wait_for(lambda: "MAPVERSION=1" in ns.read(), 2, "MAPVERSION=1")
+        write_json(path, doc(version=2, owners=(1, 1, 1, 1)))
+        wait_for(lambda: "MAPVERSION=2" in ns.read(), 2, "MAPVERSION=2")
+        assert r.map_version == 2 and r.node_for("alice") == "pg2"
+        # A file that does not load: reported, and the map in use kept.
+        with open(path + ".tmp", "w") as f:
+            f.write("{not json")
+        os.replace(path + ".tmp", path)
+        wait_for(lambda: errors, 2, "the error to be reported")
+        assert "not JSON" in str(errors[0]) and r.map_version == 2
+        # An older map is refused too.
+        write_json(path, doc(version=1))
+        wait_for(lambda: any("older than the applied 2" in str(e) for e in errors), 2, "the older map to be refused")
+        write_json(path, doc(version=3))
+        wait_for(lambda: "MAPVERSION=3" in ns.read(), 2, "MAPVERSION=3")
+        assert not any(m in ns.read() for m in ("MAPVERSION=4",))
+    finally:
+        r.close()
+        ns.close()
+
+
+def test_swap_mode_neither_follows_nor_acknowledges(tmp_path, monkeypatch):
+    ns = NotifySocket(tmp_path / "notify.sock")
+    path = str(tmp_path / "map-1.json")
+    write_json(path, doc(version=1))
+    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    monkeypatch.setenv("SHARDVISOR_MAP_FILE", path)
+    monkeypatch.setenv("SHARDVISOR_MAP_DELIVERY", "swap")
+    r = Router.from_env()
+    write_json(path, doc(version=2))
+    time.sleep(0.3)  # deliberate: three poll periods in which nothing may happen
+    assert r.map_version == 1 and ns.read() == []
+    ns.close()
+
+
+def test_a_forked_child_follows_and_the_parent_stops(tmp_path, monkeypatch):
+    """gunicorn --preload: the arbiter loads the app (and the router) and
+    forks; the child routes, so the child must acknowledge, not the parent."""
+    ns = NotifySocket(tmp_path / "notify.sock")
+    path = str(tmp_path / "live-map.json")
+    write_json(path, doc(version=1))
+    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    r = Router.from_map_file(path, follow=True, ack=True)
+    wait_for(lambda: "MAPVERSION=1" in ns.read(), 2, "the parent's MAPVERSION=1")
+    ns.got.clear()
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: wait for map 2, report what it routes by
+        os.close(rd)
+        try:
+            deadline = time.monotonic() + 5
+            while r.map_version < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.2)  # deliberate: the follower acknowledges just after the swap this thread saw
+            os.write(wr, str(r.map_version).encode())
+        finally:
+            os._exit(0)
+    os.close(wr)
+    write_json(path, doc(version=2))
+    child_version = os.read(rd, 16).decode()
+    os.waitpid(pid, 0)
+    got = wait_for(lambda: [m for m in ns.read() if m.startswith("MAPVERSION=2")], 2, "the child's MAPVERSION=2")
+    assert child_version == "2"
+    time.sleep(0.3)  # deliberate: the parent's follower would have read map 2 by now
+    assert r.map_version == 1, "the forking parent kept following"
+    assert len(got) == 1
+    ns.close()
