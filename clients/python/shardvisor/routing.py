@@ -242,7 +242,8 @@ class Router:
         self.on_error = on_error or (lambda e: print(f"shardvisor: {e}", file=sys.stderr))
         self._stop: Optional[threading.Event] = None
         self._closed = False
-        self._ack_parent = ack
+        self._follow = follow
+        self._forked = False  # this process forked: it no longer follows or acknowledges
         self._stamp = None
         if ack:
             self._notify(table.map_version)
@@ -340,7 +341,7 @@ class Router:
                 fn(old, table)
             except Exception as e:  # a listener's bug must not stop the following
                 self.on_error(e)
-        if self._ack:
+        if self._ack and not self._forked:
             self._notify(table.map_version)
         return True
 
@@ -383,10 +384,11 @@ class Router:
     def _before_fork(self) -> None:
         # The forking process (a pre-forking server's arbiter) serves no
         # requests: it stops following and acknowledging, or the supervisor
-        # would hear MAPVERSION from a process that does not route.
+        # would hear MAPVERSION from a process that does not route. Every
+        # child (the first, or one forked to replace it) follows afresh.
         if self._stop is not None:
             self._stop.set()
-        self._ack_parent, self._ack = self._ack, False
+        self._forked = True
         self._lock.acquire()  # no listener list or map swap half done in the child
 
     def _after_fork_parent(self) -> None:
@@ -394,9 +396,9 @@ class Router:
 
     def _after_fork_child(self) -> None:
         self._lock = threading.Lock()
-        self._ack = self._ack_parent
+        self._forked = False
         self._stamp = None
-        if self._stop is not None:
+        if self._follow:
             self._start()
         if self._ack:
             self._notify(self._table.map_version)

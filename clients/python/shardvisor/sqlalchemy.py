@@ -103,8 +103,8 @@ class Choosers:
         """2.0's name and signature for id_chooser."""
         return self._ident_nodes(mapper, primary_key)
 
-    def _statement_nodes(self, statement) -> List[str]:
-        uids = self._uids_in(statement)
+    def _statement_nodes(self, statement, params=None) -> List[str]:
+        uids = self._uids_in(statement, params or {})
         if uids:
             return sorted({self.router.node_for(u) for u in uids})
         return self._current() or self._all()
@@ -115,25 +115,37 @@ class Choosers:
 
     def execute_chooser(self, context) -> List[str]:
         """1.4 and 2.0: (ORMExecuteState) -> the nodes to run it on."""
-        return self._statement_nodes(context.statement)
+        params = context.parameters if isinstance(getattr(context, "parameters", None), dict) else {}
+        return self._statement_nodes(context.statement, params)
 
-    def _uids_in(self, statement) -> List[str]:
-        """The user ids a WHERE pins with uid == X or uid IN (...)."""
+    def _uids_in(self, statement, params: dict) -> List[str]:
+        """The user ids a WHERE pins with uid == X or uid IN (...); the
+        value of a bound parameter given at execution (a get() by primary
+        key) comes from params."""
         found: List[str] = []
         where = getattr(statement, "whereclause", None)
         if where is None:
             return found
 
+        def value(bind):
+            v = getattr(bind, "effective_value", None)
+            if v is None and getattr(bind, "key", None) in params:
+                v = params[bind.key]
+            return v
+
         def visit_binary(b):
             col, val = b.left, b.right
             if getattr(col, "key", None) != self.uid_attr:
                 col, val = b.right, b.left
-            if getattr(col, "key", None) != self.uid_attr:
+            if getattr(col, "key", None) != self.uid_attr or not hasattr(val, "effective_value"):
                 return
-            if b.operator == operators.eq and hasattr(val, "effective_value"):
-                found.append(str(val.effective_value))
-            elif b.operator == operators.in_op and hasattr(val, "effective_value"):
-                found.extend(str(v) for v in val.effective_value or ())
+            v = value(val)
+            if v is None:
+                return
+            if b.operator == operators.eq:
+                found.append(str(v))
+            elif b.operator == operators.in_op:
+                found.extend(str(x) for x in v)
 
         visitors.traverse(where, {}, {"binary": visit_binary})
         return found

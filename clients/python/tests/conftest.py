@@ -165,3 +165,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ZKCluster:
+    """A cluster of the devenv's ZooKeeper made with the real shardctl: two
+    db nodes (a fresh database on pg1 and one on pg2), the notes schema
+    recorded and applied, app.notes sharded and fenced on both."""
+
+    def __init__(self, bins, zk, pg, db, level=2):
+        self.bins, self.zk, self.pg, self.db = bins, zk, pg, db
+        self.name = "py" + uuid.uuid4().hex[:8]
+        pw = f"file:{pg.password_file}"
+        self.ctl("init", "--level", str(level), "--seed", SEED, "--password", pw,
+                 "--node", f"pg1={pg.dsn(0, db)}", "--node", f"pg2={pg.dsn(1, db)}")
+        self.ctl("schema", "apply", os.path.join(REPO, "examples", "notes", "schema", "001-notes.sql"))
+        self.ctl("table", "add", "app.notes", "--key", "bkey")
+        for n in ("pg1", "pg2"):
+            self.ctl("node", "prepare", n)
+
+    def ctl(self, *args, timeout=60):
+        p = subprocess.run([os.path.join(self.bins, "shardctl"), "--zk", self.zk, "--cluster", self.name, *args],
+                           capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            raise AssertionError(f"shardctl {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+        return p.stdout
+
+    def ctl_json(self, *args):
+        return json.loads(self.ctl("--json", *args))
+
+
+@pytest.fixture(scope="module")
+def zk_cluster(bins, zk, pg, node_dbs):
+    return ZKCluster(bins, zk, pg, node_dbs)

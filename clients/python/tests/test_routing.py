@@ -159,35 +159,45 @@ def test_swap_mode_neither_follows_nor_acknowledges(tmp_path, monkeypatch):
     ns.close()
 
 
-def test_a_forked_child_follows_and_the_parent_stops(tmp_path, monkeypatch):
-    """gunicorn --preload: the arbiter loads the app (and the router) and
-    forks; the child routes, so the child must acknowledge, not the parent."""
-    ns = NotifySocket(tmp_path / "notify.sock")
-    path = str(tmp_path / "live-map.json")
-    write_json(path, doc(version=1))
-    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
-    r = Router.from_map_file(path, follow=True, ack=True)
-    wait_for(lambda: "MAPVERSION=1" in ns.read(), 2, "the parent's MAPVERSION=1")
-    ns.got.clear()
+def _child_waits_for(r, version):
+    """Forks a child that waits (up to 5 s) for r to reach version; returns
+    (pid, read end of a pipe that gets the version it saw)."""
     rd, wr = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: wait for map 2, report what it routes by
+    if pid == 0:
         os.close(rd)
         try:
             deadline = time.monotonic() + 5
-            while r.map_version < 2 and time.monotonic() < deadline:
+            while r.map_version < version and time.monotonic() < deadline:
                 time.sleep(0.02)
             time.sleep(0.2)  # deliberate: the follower acknowledges just after the swap this thread saw
             os.write(wr, str(r.map_version).encode())
         finally:
             os._exit(0)
     os.close(wr)
-    write_json(path, doc(version=2))
-    child_version = os.read(rd, 16).decode()
-    os.waitpid(pid, 0)
-    got = wait_for(lambda: [m for m in ns.read() if m.startswith("MAPVERSION=2")], 2, "the child's MAPVERSION=2")
-    assert child_version == "2"
-    time.sleep(0.3)  # deliberate: the parent's follower would have read map 2 by now
-    assert r.map_version == 1, "the forking parent kept following"
-    assert len(got) == 1
+    return pid, rd
+
+
+def test_forked_children_follow_and_the_parent_stops(tmp_path, monkeypatch):
+    """gunicorn --preload: the arbiter loads the app (and the router) and
+    forks; the child routes, so the child must acknowledge, not the parent;
+    and so must a child forked later to replace it."""
+    ns = NotifySocket(tmp_path / "notify.sock")
+    path = str(tmp_path / "live-map.json")
+    write_json(path, doc(version=1))
+    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    r = Router.from_map_file(path, follow=True, ack=True)
+    wait_for(lambda: "MAPVERSION=1" in ns.read(), 2, "the parent's MAPVERSION=1")
+    for v in (2, 3):
+        ns.got.clear()
+        pid, rd = _child_waits_for(r, v)
+        write_json(path, doc(version=v))
+        seen = os.read(rd, 16).decode()
+        os.close(rd)
+        os.waitpid(pid, 0)
+        assert seen == str(v)
+        got = wait_for(lambda: [m for m in ns.read() if m == f"MAPVERSION={v}"], 2, f"the child's MAPVERSION={v}")
+        assert len(got) == 1, ns.got
+        time.sleep(0.3)  # deliberate: the parent's follower would have read the map by now
+        assert r.map_version == 1, "the forking parent kept following"
     ns.close()

@@ -1,0 +1,170 @@
+"""shardvisor.django with a real database per node: the example app's
+models and views (examples/python/django_notes), the router, the
+middleware, for_user, a node added at run time, and run() through a
+fenced pause. test_supervisor.py runs the same app under the supervisor."""
+
+import json
+import os
+import sys
+import threading
+
+import pytest
+
+from conftest import REPO, map_doc
+from shardvisor import Router, RoutingTable
+
+django = pytest.importorskip("django")
+
+SCHEMA = open(os.path.join(REPO, "examples", "notes", "schema", "001-notes.sql")).read() + """
+CREATE TABLE app.frozen (on_ boolean);
+CREATE FUNCTION app.fence() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT FROM app.frozen) THEN
+    RAISE EXCEPTION 'bucket frozen (test fence)' USING ERRCODE = 'SV001';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER fence BEFORE INSERT OR UPDATE ON app.notes FOR EACH ROW EXECUTE FUNCTION app.fence();
+"""
+
+
+class Env:
+    pass
+
+
+@pytest.fixture(scope="module")
+def env(pg, node_dbs):
+    from django.conf import settings
+
+    if settings.configured:
+        pytest.fail("Django settings were configured before this module (only test_django configures them)")
+    for i in (0, 1):
+        pg.exec(i, node_dbs, SCHEMA)
+    third = node_dbs + "_3"
+    pg.create_db(1, third)
+    pg.exec(1, third, SCHEMA)
+    e = Env()
+    e.pg, e.db, e.third = pg, node_dbs, third
+    pw = f"file:{pg.password_file}"
+    e.specs = [("pg1", pg.dsn(0, node_dbs), pw), ("pg2", pg.dsn(1, node_dbs), pw)]
+    e.router = Router.from_map(map_doc(e.specs, [0, 1], level=1))
+    sys.path.insert(0, os.path.join(REPO, "examples", "python", "django_notes"))
+    import shardvisor.django as svdj
+
+    settings.configure(
+        SECRET_KEY="test", DEBUG=False, ALLOWED_HOSTS=["*"], USE_TZ=True, ROOT_URLCONF="notesproject.urls",
+        INSTALLED_APPS=["notes"], MIDDLEWARE=["shardvisor.django.UserMiddleware"],
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+                   **svdj.databases(router=e.router)},
+        DATABASE_ROUTERS=["shardvisor.django.Router"], SHARDVISOR_SHARDED_APPS=["notes"],
+        SHARDVISOR_USER_ID="notes.views.user_from_path")
+    django.setup()
+    e.svdj = svdj
+    yield e
+    from django.db import connections
+
+    connections.close_all()
+    pg.drop_db(1, third)
+
+
+def rows(env, i, db=None):
+    return env.pg.exec(i, db or env.db, "SELECT uid, body FROM app.notes ORDER BY uid, body")
+
+
+def users_on(env, node, n=2, prefix="dj"):
+    out, i = [], 0
+    while len(out) < n:
+        u = f"{prefix}{i}"
+        if env.router.node_for(u) == node:
+            out.append(u)
+        i += 1
+    return out
+
+
+def test_models_go_to_the_current_users_node(env):
+    from notes.models import Note
+
+    a, b = users_on(env, "pg1", 1)[0], users_on(env, "pg2", 1)[0]
+    for u in (a, b):
+        with env.svdj.for_user(u):
+            Note.objects.create(bkey=env.router.key(u), uid=u, id=1, body=f"hello {u}")
+    assert rows(env, 0) == [(a, f"hello {a}")]
+    assert rows(env, 1) == [(b, f"hello {b}")]
+    with env.svdj.for_user(b):
+        assert [n.body for n in Note.objects.filter(uid=b)] == [f"hello {b}"]
+        n = Note.objects.get(uid=b, id=1)
+        n.body = "changed"
+        n.save()  # stays on the node it came from
+        assert n._state.db == "pg2"
+    assert rows(env, 1) == [(b, "changed")]
+
+
+def test_no_current_user_is_a_clear_error(env):
+    from notes.models import Note
+
+    with pytest.raises(env.svdj.NoCurrentUser, match="notes.Note is in a sharded app .* no current user"):
+        list(Note.objects.all())
+
+
+def test_requests_through_the_middleware_and_views(env):
+    from django.test import Client
+
+    c = Client()
+    u = users_on(env, "pg2", 1, "http")[0]
+    r = c.post(f"/v1/users/{u}/notes", data=json.dumps({"body": "via http"}), content_type="application/json",
+               HTTP_IDEMPOTENCY_KEY="k1")
+    assert r.status_code == 201 and r["X-Shardvisor-Node"] == "pg2"
+    # The same key again: no second note.
+    r2 = c.post(f"/v1/users/{u}/notes", data=json.dumps({"body": "via http"}), content_type="application/json",
+                HTTP_IDEMPOTENCY_KEY="k1")
+    assert r2.status_code == 201 and r2.json()["id"] == r.json()["id"]
+    got = c.get(f"/v1/users/{u}/notes")
+    assert got.status_code == 200 and [n["body"] for n in got.json()] == ["via http"]
+    assert (u, "via http") in rows(env, 1) and all(row[0] != u for row in rows(env, 0))
+
+
+def test_migrations_only_where_the_app_lives(env):
+    from django.db import router
+
+    assert router.allow_migrate("pg1", "notes") and router.allow_migrate("pg2", "notes")
+    assert not router.allow_migrate("default", "notes")
+    assert router.allow_migrate("default", "auth") and not router.allow_migrate("pg1", "auth")
+
+
+def test_a_node_added_later_gets_an_alias_at_run_time(env):
+    from django.db import connections
+    from notes.models import Note
+
+    specs = env.specs + [("pg3", env.pg.dsn(1, env.third), f"file:{env.pg.password_file}")]
+    env.router.update(RoutingTable(map_doc(specs, [0, 2], level=1, version=2)))
+    u = users_on(env, "pg3", 1, "late")[0]
+    assert "pg3" not in connections.databases
+    with env.svdj.for_user(u):
+        Note.objects.create(bkey=env.router.key(u), uid=u, id=7, body="on the new node")
+    assert "pg3" in connections.databases
+    assert rows(env, 1, env.third) == [(u, "on the new node")]
+
+
+def test_run_retries_through_a_fenced_pause(env):
+    from notes.models import Note
+
+    u = users_on(env, "pg1", 1, "paused")[0]
+    env.pg.exec(0, env.db, "INSERT INTO app.frozen VALUES (true)")
+    out = {}
+
+    def write():
+        out["note"] = env.svdj.run(u, lambda: Note.objects.create(bkey=env.router.key(u), uid=u, id=9, body="paused"))
+
+    t = threading.Thread(target=write)
+    t.start()
+    # The old owner was frozen before the first attempt, so every attempt
+    # until the flip is refused; without retries run() would raise.
+    threading.Event().wait(0.3)  # deliberate: a pause of some length
+    # The flip: the map names the new owner (bucket 0 to pg2), the old owner stays frozen.
+    v = env.router.map_version + 1
+    specs = env.specs + [("pg3", env.pg.dsn(1, env.third), f"file:{env.pg.password_file}")]
+    env.router.update(RoutingTable(map_doc(specs, [1, 2], level=1, version=v)))
+    t.join(10)
+    env.pg.exec(0, env.db, "DELETE FROM app.frozen")
+    assert out["note"].body == "paused"
+    assert (u, "paused") in rows(env, 1) and (u, "paused") not in rows(env, 0)
