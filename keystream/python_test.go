@@ -15,14 +15,18 @@ import (
 	"unicode/utf8"
 )
 
-// pythonScript is the Python reference, relative to this package.
-const pythonScript = "../examples/python/shardvisor_keystream.py"
+// pythonPackage is the directory of the Python package, whose module
+// shardvisor.keystream is the reference, relative to this package.
+const pythonPackage = "../clients/python"
 
-// python returns the python3 interpreter, skipping the test if there is
-// none, except under CI=true, where a missing interpreter would silently
-// drop the cross-language check.
+// python returns the python3 interpreter (Debian's, when there is one),
+// skipping the test if there is none, except under CI=true, where a
+// missing interpreter would silently drop the cross-language check.
 func python(t *testing.T) string {
 	t.Helper()
+	if _, err := os.Stat("/usr/bin/python3"); err == nil {
+		return "/usr/bin/python3"
+	}
 	p, err := exec.LookPath("python3")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -36,14 +40,14 @@ func python(t *testing.T) string {
 // runPython runs the reference with args and returns its stdout.
 func runPython(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
-	cmd := exec.Command(python(t), append([]string{pythonScript}, args...)...)
+	cmd := exec.Command(python(t), append([]string{"-m", "shardvisor.keystream"}, args...)...)
 	// UTF-8 stdout whatever the locale, and no stray .pyc files.
-	cmd.Env = append(os.Environ(), "PYTHONUTF8=1", "PYTHONIOENCODING=utf-8", "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+pythonPackage, "PYTHONUTF8=1", "PYTHONIOENCODING=utf-8", "PYTHONDONTWRITEBYTECODE=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("python3 %s %s: %w\nstderr:\n%s", pythonScript, strings.Join(args, " "), err, stderr.String())
+		return out, fmt.Errorf("python3 -m shardvisor.keystream %s: %w\nstderr:\n%s", strings.Join(args, " "), err, stderr.String())
 	}
 	return out, nil
 }

@@ -18,6 +18,9 @@ import (
 )
 
 func python(t *testing.T) string {
+	if _, err := os.Stat("/usr/bin/python3"); err == nil {
+		return "/usr/bin/python3" // Debian's, with its packages; not a pyenv shim
+	}
 	p, err := exec.LookPath("python3")
 	if err != nil {
 		if os.Getenv("CI") == "true" {
@@ -28,9 +31,17 @@ func python(t *testing.T) string {
 	return p
 }
 
-func examplesDir() string {
+// pythonPackage is the directory of the Python package (clients/python).
+func pythonPackage() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "examples", "python")
+	return filepath.Join(filepath.Dir(file), "..", "clients", "python")
+}
+
+// pyCommand runs `python3 -m shardvisor ARGS...` from the checkout.
+func pyCommand(py string, args ...string) *exec.Cmd {
+	cmd := exec.Command(py, append([]string{"-m", "shardvisor"}, args...)...)
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+pythonPackage(), "PYTHONDONTWRITEBYTECODE=1", "PYTHONUTF8=1")
+	return cmd
 }
 
 // The Python client, through the sidecar and from the map file, agrees
@@ -77,9 +88,8 @@ func pythonAgrees(t *testing.T, py string, m *bucketmap.Map) {
 	for i := range 300 {
 		uids = append(uids, fmt.Sprintf("u%d", i))
 	}
-	script := filepath.Join(examplesDir(), "shardvisor_router.py")
 	for _, mode := range [][]string{{"--sidecar", srv.URL}, {"--sidecar", srv.URL, "--batch"}, {"--map-file", mapFile}} {
-		cmd := exec.Command(py, append(append([]string{script}, mode...), uids...)...)
+		cmd := pyCommand(py, append(append([]string{"route"}, mode...), uids...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", mode, err, out)
@@ -112,12 +122,12 @@ func pythonAgrees(t *testing.T, py string, m *bucketmap.Map) {
 		t.Fatalf("the users tested reach only depths %v", seen)
 	}
 	// Errors from the sidecar reach the Python caller as a clear message.
-	cmd := exec.Command(py, script, "--sidecar", srv.URL, strings.Repeat("x", MaxUIDLen+1))
+	cmd := pyCommand(py, "route", "--sidecar", srv.URL, strings.Repeat("x", MaxUIDLen+1))
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "400") || !strings.Contains(string(out), "1025 bytes") {
 		t.Fatalf("too-long uid through Python: %v %s", err, out)
 	}
-	cmd = exec.Command(py, script, "--sidecar", "http://127.0.0.1:1", "a")
+	cmd = pyCommand(py, "route", "--sidecar", "http://127.0.0.1:1", "a")
 	cmd.WaitDelay = 5 * time.Second
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "cannot reach") {
 		t.Fatalf("unreachable sidecar: %v %s", err, out)

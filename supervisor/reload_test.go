@@ -180,7 +180,7 @@ func TestReloadModeReplacesWorkersThatDoNotAcknowledge(t *testing.T) {
 }
 
 // gunicorn (Debian's, unmodified) running examples/python/wsgi_app.py,
-// which follows the map file with shardvisor_router.FollowingRouter: with
+// which follows the map file with the shardvisor package's Router: with
 // --preload the arbiter imports the app and forks its worker, and it is
 // the forked worker that acknowledges each map.
 func TestGunicornReloadMode(t *testing.T) {

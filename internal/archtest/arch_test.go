@@ -120,7 +120,7 @@ func (p *pkg) rel() string { return strings.TrimPrefix(strings.TrimPrefix(p.Impo
 
 func (p *pkg) layer() (int, bool) {
 	r := p.rel()
-	for _, top := range []string{"cmd/", "examples/", "bench/", "e2e"} {
+	for _, top := range []string{"cmd/", "examples/", "bench/", "e2e", "clients/"} {
 		if strings.HasPrefix(r, top) {
 			return layerTop, true
 		}
@@ -132,7 +132,7 @@ func (p *pkg) layer() (int, bool) {
 func (p *pkg) public() bool {
 	r := p.rel()
 	return p.Name != "main" && !strings.HasPrefix(r, "internal/") && !strings.HasPrefix(r, "cmd/") &&
-		!strings.HasPrefix(r, "bench/") && !strings.HasPrefix(r, "examples/") && r != "e2e"
+		!strings.HasPrefix(r, "bench/") && !strings.HasPrefix(r, "examples/") && !strings.HasPrefix(r, "clients/") && r != "e2e"
 }
 
 // load lists the module's packages and the export data of everything they

@@ -26,6 +26,11 @@ sys.path.insert(0, PKG)
 DEVENV = os.environ.get("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-devenv")
 PG_BASE = int(os.environ.get("SHARDVISOR_PG_PORT_BASE", "25432"))
 ZK_BASE = int(os.environ.get("SHARDVISOR_ZK_PORT_BASE", "21811"))
+# The Go test that runs this suite (clients/python/pytest_test.go) passes
+# the servers internal/testenv gave it; by hand the devenv's defaults hold.
+PG_PORTS = [int(p) for p in os.environ.get("SHARDVISOR_PY_PG_PORTS", f"{PG_BASE},{PG_BASE + 1}").split(",")]
+PG_PASSWORD_FILE = os.environ.get("SHARDVISOR_PY_PG_PASSWORD_FILE", os.path.join(DEVENV, "pg", "password"))
+ZK_ROOT = os.environ.get("SHARDVISOR_PY_ZK_ROOT", "/shardvisor")
 SEED = "000102030405060708090a0b0c0d0e0f"
 
 
@@ -47,10 +52,10 @@ class PG:
     """The devenv's plain PostgreSQL nodes (pg1 on PG_BASE, pg2 on PG_BASE+1)."""
 
     def __init__(self):
-        self.password_file = os.path.join(DEVENV, "pg", "password")
+        self.password_file = PG_PASSWORD_FILE
         with open(self.password_file) as f:
             self.password = f.readline().strip()
-        self.ports = [PG_BASE, PG_BASE + 1]
+        self.ports = PG_PORTS
 
     def dsn(self, i: int, db: str) -> str:
         return f"postgres://postgres@127.0.0.1:{self.ports[i]}/{db}?sslmode=disable"
@@ -81,7 +86,7 @@ class PG:
 
 @pytest.fixture(scope="session")
 def pg():
-    if not os.path.exists(os.path.join(DEVENV, "pg", "password")) or not _listening(PG_BASE) or not _listening(PG_BASE + 1):
+    if len(PG_PORTS) < 2 or not os.path.exists(PG_PASSWORD_FILE) or not all(_listening(p) for p in PG_PORTS[:2]):
         need("PostgreSQL of scripts/devenv is not up (scripts/devenv up)")
     try:
         import psycopg2  # noqa: F401
@@ -175,6 +180,7 @@ class ZKCluster:
     def __init__(self, bins, zk, pg, db, level=2):
         self.bins, self.zk, self.pg, self.db = bins, zk, pg, db
         self.name = "py" + uuid.uuid4().hex[:8]
+        self.flags = ["--zk", zk, "--zk-root", ZK_ROOT, "--cluster", self.name]  # for shardctl, supervisor and router
         pw = f"file:{pg.password_file}"
         self.ctl("init", "--level", str(level), "--seed", SEED, "--password", pw,
                  "--node", f"pg1={pg.dsn(0, db)}", "--node", f"pg2={pg.dsn(1, db)}")
@@ -184,7 +190,7 @@ class ZKCluster:
             self.ctl("node", "prepare", n)
 
     def ctl(self, *args, timeout=60):
-        p = subprocess.run([os.path.join(self.bins, "shardctl"), "--zk", self.zk, "--cluster", self.name, *args],
+        p = subprocess.run([os.path.join(self.bins, "shardctl"), *self.flags, *args],
                            capture_output=True, text=True, timeout=timeout)
         if p.returncode != 0:
             raise AssertionError(f"shardctl {' '.join(args)}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")

@@ -19,7 +19,7 @@ from shardvisor import db as svdb
 def test_run_through_a_real_moves_pause(zk_cluster, bins, driver):
     c = zk_cluster
     port = free_port()
-    sidecar = subprocess.Popen([os.path.join(bins, "router"), "--zk", c.zk, "--cluster", c.name, "--listen", f"127.0.0.1:{port}",
+    sidecar = subprocess.Popen([os.path.join(bins, "router"), *c.flags, "--listen", f"127.0.0.1:{port}",
                                 "--log-level", "warn"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         client = SidecarClient(f"http://127.0.0.1:{port}")

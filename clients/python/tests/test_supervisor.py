@@ -45,7 +45,7 @@ def test_django_app_under_the_supervisor_follows_the_map(zk_cluster, bins, tmp_p
     (tmp_path / "pool.json").write_text(json.dumps(pool))
     c.ctl("pool", "set", "web", "--file", str(tmp_path / "pool.json"))
     log = open(tmp_path / "supervisor.log", "w")
-    sv = subprocess.Popen([os.path.join(bins, "supervisor"), "--zk", c.zk, "--cluster", c.name, "--pool", "web",
+    sv = subprocess.Popen([os.path.join(bins, "supervisor"), *c.flags, "--pool", "web",
                            "--member", "py1", "--admin", f"127.0.0.1:{admin}", "--state-dir", str(tmp_path / "state")],
                           stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

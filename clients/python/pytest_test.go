@@ -1,0 +1,74 @@
+// Package python_test runs the Python package's test suite (pytest, from
+// Debian's python3-pytest) inside `go test`, so that `make test` runs it
+// beside the Go packages, on the servers internal/testenv provides.
+package python_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
+)
+
+// python is Debian's interpreter, which has the Debian packages the suite
+// needs (a pyenv shim first on PATH would not).
+func python(t *testing.T) string {
+	for _, p := range []string{"/usr/bin/python3"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		need(t, "python3 is not installed")
+	}
+	return p
+}
+
+func need(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (required when CI=true; scripts/install-deps installs it)", why)
+	}
+	t.Skip(why)
+}
+
+func TestPythonPackage(t *testing.T) {
+	py := python(t)
+	if out, err := exec.Command(py, "-c", "import pytest, psycopg2, django, sqlalchemy").CombinedOutput(); err != nil {
+		need(t, "the Python suite needs python3-pytest, python3-psycopg2, python3-django and python3-sqlalchemy: "+strings.TrimSpace(string(out)))
+	}
+	zk := testenv.StartZK(t)
+	pg := testenv.StartPGNodes(t, 2)
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/shardctl", "./cmd/supervisor", "./cmd/router")
+	build.Dir = filepath.Join("..", "..")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	var ports []string
+	for _, n := range pg.Nodes {
+		ports = append(ports, strconv.Itoa(n.Port))
+	}
+	cmd := exec.Command(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", "tests")
+	cmd.Env = append(os.Environ(),
+		"SHARDVISOR_BIN_DIR="+bin,
+		"SHARDVISOR_TEST_ZK="+strings.Join(zk.Servers, ","),
+		"SHARDVISOR_PY_ZK_ROOT="+zk.Root,
+		"SHARDVISOR_PY_PG_PORTS="+strings.Join(ports, ","),
+		"SHARDVISOR_PY_PG_PASSWORD_FILE="+pg.Nodes[0].PasswordFile,
+		"PYTHONDONTWRITEBYTECODE=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if err != nil {
+		t.Fatalf("pytest: %v\n%s", err, out.String())
+	}
+	t.Log(lines[len(lines)-1])
+}
