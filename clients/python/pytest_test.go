@@ -55,20 +55,51 @@ func TestPythonPackage(t *testing.T) {
 	for _, n := range pg.Nodes {
 		ports = append(ports, strconv.Itoa(n.Port))
 	}
-	cmd := exec.Command(py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings", "tests")
-	cmd.Env = append(os.Environ(),
+	env := append(os.Environ(),
 		"SHARDVISOR_BIN_DIR="+bin,
 		"SHARDVISOR_TEST_ZK="+strings.Join(zk.Servers, ","),
 		"SHARDVISOR_PY_ZK_ROOT="+zk.Root,
 		"SHARDVISOR_PY_PG_PORTS="+strings.Join(ports, ","),
 		"SHARDVISOR_PY_PG_PASSWORD_FILE="+pg.Nodes[0].PasswordFile,
 		"PYTHONDONTWRITEBYTECODE=1")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-	if err != nil {
-		t.Fatalf("pytest: %v\n%s", err, out.String())
+	// Four pytest processes at once: most of the suite waits on servers
+	// (a supervisor's boot, a move), not on the CPU, and make test's
+	// budget is shared. Every test file is in exactly one group.
+	groups := [][]string{
+		{"test_supervisor.py", "test_sqlalchemy.py"},
+		{"test_move.py", "test_django.py", "test_install.py"},
+		{"test_db.py"},
+		{"test_routing_vectors.py", "test_routing.py", "test_sidecar.py"},
 	}
-	t.Log(lines[len(lines)-1])
+	files, _ := filepath.Glob("tests/test_*.py")
+	grouped := map[string]bool{}
+	for _, g := range groups {
+		for _, f := range g {
+			grouped[f] = true
+		}
+	}
+	for _, f := range files {
+		if !grouped[filepath.Base(f)] {
+			t.Fatalf("%s is in no group of TestPythonPackage: add it to one", f)
+		}
+	}
+	for i, g := range groups {
+		t.Run(strconv.Itoa(i+1), func(t *testing.T) {
+			t.Parallel()
+			args := []string{"-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings"}
+			for _, f := range g {
+				args = append(args, filepath.Join("tests", f))
+			}
+			cmd := exec.Command(py, args...)
+			cmd.Env = env
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			err := cmd.Run()
+			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+			if err != nil {
+				t.Fatalf("pytest %s: %v\n%s", strings.Join(g, " "), err, out.String())
+			}
+			t.Logf("%s: %s", strings.Join(g, " "), lines[len(lines)-1])
+		})
+	}
 }

@@ -86,13 +86,13 @@ def test_django_app_under_the_supervisor_follows_the_map(zk_cluster, bins, tmp_p
                 return len(ws) == 2 and all(w.get("map_version") == v for w in ws) and {w["pid"] for w in ws}
             return check
 
-        sv_pids = wait_for(on_map(v1), 30, f"both workers ready on map {v1}")
+        sv_pids = wait_for(on_map(v1), 30, f"both workers ready on map {v1}", every=0.2)
         pids = {get(base + "/healthz")[2]["pid"] for _ in range(20)}
         # Two map changes: each followed in place and acknowledged.
         for w in (2, 3):
             c.ctl("node", "set-weight", "pg2", str(w))
         want = v1 + 2
-        assert wait_for(on_map(want), 20, f"both workers to acknowledge map {want}") == sv_pids, "a worker was replaced"
+        assert wait_for(on_map(want), 20, f"both workers to acknowledge map {want}", every=0.2) == sv_pids, "a worker was replaced"
         for _ in range(10):
             h = get(base + "/healthz")[2]
             assert h["map_version"] == want, f"worker {h['pid']} answered map {h['map_version']}, not {want}; " \
