@@ -1,7 +1,7 @@
 // Package keystream derives shardvisor's per-user routing keys from a cluster
 // seed. It is the routing contract: every client, in every language, must
 // reproduce it bit for bit, or rows end up on the wrong shard. The Python
-// reference in examples/python/shardvisor_keystream.py and the vectors in
+// reference in clients/python/shardvisor/keystream.py and the vectors in
 // testdata/vectors.json exist so that ports can check themselves against it.
 //
 // # Contract (version 1)
