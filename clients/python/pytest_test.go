@@ -38,11 +38,35 @@ func need(t *testing.T, why string) {
 	t.Skip(why)
 }
 
-func TestPythonPackage(t *testing.T) {
+func pythonWithDeps(t *testing.T) string {
 	py := python(t)
 	if out, err := exec.Command(py, "-c", "import pytest, psycopg2, django, sqlalchemy").CombinedOutput(); err != nil {
 		need(t, "the Python suite needs python3-pytest, python3-psycopg2, python3-django and python3-sqlalchemy: "+strings.TrimSpace(string(out)))
 	}
+	return py
+}
+
+// pytest runs pytest on files (relative to tests/) with env, and fails
+// the test with its output when it fails.
+func pytest(t *testing.T, py string, env []string, files ...string) {
+	t.Helper()
+	args := []string{"-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:warnings"}
+	for _, f := range files {
+		args = append(args, filepath.Join("tests", f))
+	}
+	cmd := exec.Command(py, args...)
+	cmd.Env = env
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil {
+		t.Fatalf("pytest %s: %v\n%s", strings.Join(files, " "), err, out.String())
+	}
+	t.Logf("%s:\n%s", strings.Join(files, " "), strings.TrimSpace(out.String()))
+}
+
+func TestPythonPackage(t *testing.T) {
+	py := pythonWithDeps(t)
 	zk := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
 	bin := t.TempDir()
@@ -86,20 +110,25 @@ func TestPythonPackage(t *testing.T) {
 	for i, g := range groups {
 		t.Run(strconv.Itoa(i+1), func(t *testing.T) {
 			t.Parallel()
-			args := []string{"-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:warnings"}
-			for _, f := range g {
-				args = append(args, filepath.Join("tests", f))
-			}
-			cmd := exec.Command(py, args...)
-			cmd.Env = env
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			err := cmd.Run()
-			lines := strings.Split(strings.TrimSpace(out.String()), "\n")
-			if err != nil {
-				t.Fatalf("pytest %s: %v\n%s", strings.Join(g, " "), err, out.String())
-			}
-			t.Logf("%s: %s", strings.Join(g, " "), lines[len(lines)-1])
+			pytest(t, py, env, g...)
 		})
 	}
+}
+
+// TestFaultsPythonPoolsFollowFailover runs tests/faults/test_failover.py:
+// shardvisor.db's writers on a Patroni group whose primary host is
+// SIGKILLed.
+func TestFaultsPythonPoolsFollowFailover(t *testing.T) {
+	testenv.Faults(t)
+	py := pythonWithDeps(t)
+	testenv.Exclusive(t)
+	g := testenv.StartPGGroups(t, 1).Nodes[0]
+	num := strings.TrimPrefix(g.Name, "pg")
+	env := append(os.Environ(),
+		"SHARDVISOR_PY_GROUP_DSN="+g.DSN,
+		"SHARDVISOR_PY_GROUP_NUM="+num,
+		"SHARDVISOR_PY_GROUP_PASSWORD_FILE="+g.PasswordFile,
+		"PYTHONDONTWRITEBYTECODE=1")
+	pytest(t, py, env, "faults/test_failover.py")
+	g.StartMembers(t)
 }

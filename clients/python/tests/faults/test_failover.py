@@ -1,0 +1,73 @@
+"""shardvisor.db through a Patroni failover (make test-faults: the Go test
+TestFaultsPythonPoolsFollowFailover sets the group up and holds the
+environment exclusively). Writers run on a node that is a Patroni group
+(a multi-host DSN with target_session_attrs=read-write); its primary host
+is SIGKILLed; run() rides out the failover on the promoted standby, and
+every acknowledged write is there (synchronous replication)."""
+
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import REPO, map_doc, wait_for
+from shardvisor import Router
+from shardvisor import db as svdb
+
+DSN = os.environ.get("SHARDVISOR_PY_GROUP_DSN")
+NUM = os.environ.get("SHARDVISOR_PY_GROUP_NUM")
+PWFILE = os.environ.get("SHARDVISOR_PY_GROUP_PASSWORD_FILE")
+
+
+@pytest.mark.skipif(not DSN, reason="run by the Go test TestFaultsPythonPoolsFollowFailover (make test-faults)")
+def test_run_follows_the_groups_new_primary():
+    router = Router.from_map(map_doc([("g1", DSN, f"file:{PWFILE}")], [0], level=0))
+    pools = svdb.Pools(router, retry_for=60)
+    pools.run("setup", lambda c: c.cursor().execute(
+        "CREATE TABLE IF NOT EXISTS pywrites (uid text, id bigint, PRIMARY KEY (uid, id))"))
+    acked, failed, stop = [], [], threading.Event()
+    lock = threading.Lock()
+    stamps = []
+
+    def writer(k):
+        n = 0
+        while not stop.is_set():
+            n += 1
+            key = (f"w{k}", n)
+
+            def fn(conn, key=key):
+                with conn.cursor() as cur:
+                    # Idempotent by its key: a retry after a lost connection adds nothing.
+                    cur.execute("INSERT INTO pywrites VALUES (%s, %s) ON CONFLICT DO NOTHING", key)
+            try:
+                pools.run(key[0], fn, idempotent=True)
+                with lock:
+                    acked.append(key)
+                    stamps.append(time.monotonic())
+            except Exception as e:
+                with lock:
+                    failed.append(repr(e))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(acked) > 200, 20, "writes before the failover")
+    out = subprocess.run([os.path.join(REPO, "scripts", "devenv"), "pg-kill", NUM], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    killed_at, n_at_kill = time.monotonic(), len(acked)
+    wait_for(lambda: len(acked) > n_at_kill + 200, 90, "writes on the new primary", every=0.2)
+    stop.set()
+    for t in threads:
+        t.join(70)
+    assert failed == []
+    got = set(pools.run("check", lambda c: (lambda cur: (cur.execute("SELECT uid, id FROM pywrites"), cur.fetchall())[1])(c.cursor())))
+    missing = set(acked) - got
+    assert not missing, f"{len(missing)} acknowledged writes missing after the failover"
+    gap = max(b - a for a, b in zip(stamps, stamps[1:]))
+    first_after = next(s for s in stamps if s > killed_at)
+    print(f"failover: {out.stdout.strip()}; writes stopped {first_after - killed_at:.1f} s; longest gap {gap:.1f} s; "
+          f"{len(acked)} acknowledged, 0 lost, 0 failed; retries {pools.retries}")
+    assert pools.retries["connect"] + pools.retries["lost"] >= 1
+    pools.close()
