@@ -139,12 +139,19 @@ def _settings_router() -> MapRouter:
         return _router
 
 
+_known: Dict[str, tuple] = {}  # alias -> (dsn, password ref) its settings were built from
+
+
 def _ensure_alias(node_id: str) -> str:
     """The alias of a node, added to Django's connections at run time when
     the map gained the node after start (reload mode), and refreshed when
-    its DSN or password reference changed."""
+    its DSN or password reference changed. Called on every query: the
+    settings are built (a URL parse, a password file read) only when the
+    node's connection changed."""
     alias = alias_for(node_id)
     node = map_router().node(node_id)
+    if _known.get(alias) == (node.dsn, node.password) and alias in connections.databases:
+        return alias
     want = database_settings(node, getattr(settings, "SHARDVISOR_DATABASE_BASE", None))
     dbs = connections.databases
     have = dbs.get(alias)
@@ -154,8 +161,9 @@ def _ensure_alias(node_id: str) -> str:
                 dbs[alias] = want
                 connections.ensure_defaults(alias)
                 connections.prepare_test_settings(alias)
-    elif any(have.get(k) != want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT")):
+    elif any(have.get(k) != want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")):
         have.update({k: want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")})  # next connection
+    _known[alias] = (node.dsn, node.password)
     return alias
 
 
