@@ -56,19 +56,7 @@ func TestPythonClientAgreesWithGo(t *testing.T) {
 	pythonAgrees(t, py, m)
 	// Mixed depths 3..9: buckets split at several depths, halves moved
 	// apart, and a half in a move's write pause.
-	mx, _ := bucketmap.New(3, clustertest.Nodes(5), t0)
-	mx = clustertest.Next(mx)
-	for _, b := range []bucketmap.Bucket{{Prefix: 0, Depth: 3}, {Prefix: 1, Depth: 4}, {Prefix: 3, Depth: 5}, {Prefix: 7, Depth: 6}, {Prefix: 15, Depth: 7}, {Prefix: 31, Depth: 8}, {Prefix: 5, Depth: 3}} {
-		if err := mx.SplitBucket(b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := mx.Assign(bucketmap.Bucket{Prefix: 63, Depth: 9}, "pg5", bucketmap.AssignOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := mx.SetMoving(bucketmap.Bucket{Prefix: 10, Depth: 4}, "pg4", "mv-10"); err != nil {
-		t.Fatal(err)
-	}
+	mx := mixedMap(t, clustertest.Nodes(5))
 	if mx.Uniform() || mx.MinDepth() != 3 || mx.Level != 9 {
 		t.Fatalf("depths %d..%d", mx.MinDepth(), mx.Level)
 	}

@@ -164,21 +164,7 @@ func buildRoutingVectors(t *testing.T) routingVectors {
 		}
 		add(fmt.Sprintf("level %d", level), m)
 	}
-	// Mixed depths 3..9: buckets split at several depths, halves moved
-	// apart, a half in a move.
-	mx, _ := bucketmap.New(3, nodes, t0)
-	mx = clustertest.Next(mx)
-	for _, b := range []bucketmap.Bucket{{Prefix: 0, Depth: 3}, {Prefix: 1, Depth: 4}, {Prefix: 3, Depth: 5}, {Prefix: 7, Depth: 6}, {Prefix: 15, Depth: 7}, {Prefix: 31, Depth: 8}, {Prefix: 5, Depth: 3}} {
-		if err := mx.SplitBucket(b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := mx.Assign(bucketmap.Bucket{Prefix: 63, Depth: 9}, "pg4", bucketmap.AssignOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := mx.SetMoving(bucketmap.Bucket{Prefix: 10, Depth: 4}, otherNode(mx, 10<<(mx.Level-4)), "mv-10"); err != nil {
-		t.Fatal(err)
-	}
+	mx := mixedMap(t, nodes)
 	add("mixed depths 3..9", mx)
 	// Mixed depths 2..16: bucket 0 split down to depth 16, each half at
 	// its depth on a node of its own.
@@ -198,6 +184,27 @@ func buildRoutingVectors(t *testing.T) routingVectors {
 	}
 	add("mixed depths 2..16", deep)
 	return out
+}
+
+// mixedMap is a map of depths 3..9 over nodes: buckets split at several
+// depths, halves moved apart, a half in a move.
+func mixedMap(t *testing.T, nodes []bucketmap.Node) *bucketmap.Map {
+	t.Helper()
+	mx, _ := bucketmap.New(3, nodes, t0)
+	mx = clustertest.Next(mx)
+	for _, b := range []bucketmap.Bucket{{Prefix: 0, Depth: 3}, {Prefix: 1, Depth: 4}, {Prefix: 3, Depth: 5}, {Prefix: 7, Depth: 6}, {Prefix: 15, Depth: 7}, {Prefix: 31, Depth: 8}, {Prefix: 5, Depth: 3}} {
+		if err := mx.SplitBucket(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := nodes[len(nodes)-1].ID
+	if err := mx.Assign(bucketmap.Bucket{Prefix: 63, Depth: 9}, last, bucketmap.AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := mx.SetMoving(bucketmap.Bucket{Prefix: 10, Depth: 4}, otherNode(mx, 10<<(mx.Level-4)), "mv-10"); err != nil {
+		t.Fatal(err)
+	}
+	return mx
 }
 
 func otherNode(m *bucketmap.Map, slot uint32) bucketmap.NodeID {

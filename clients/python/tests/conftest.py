@@ -106,6 +106,21 @@ def node_dbs(pg):
     pg.drop_db(1, name)
 
 
+# The fence's refusal as a test plays it: SQLSTATE SV001 from every write
+# to app.notes while app.frozen has a row (a move's write pause).
+TEST_FENCE = """
+CREATE TABLE app.frozen (on_ boolean);
+CREATE FUNCTION app.fence() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT FROM app.frozen) THEN
+    RAISE EXCEPTION 'bucket frozen (test fence)' USING ERRCODE = 'SV001';
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER fence BEFORE INSERT OR UPDATE ON app.notes FOR EACH ROW EXECUTE FUNCTION app.fence();
+"""
+
+
 def map_doc(nodes, owners, level, version=1, buckets=None, seed=SEED):
     """A map file document (format 1, map format 1) for tests: nodes is a
     list of (id, dsn, password ref), owners one node index per bucket."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import map_doc, wait_for
+from conftest import TEST_FENCE, map_doc, wait_for
 from shardvisor import Router, RoutingTable
 from shardvisor import db as svdb
 
@@ -18,16 +18,7 @@ SCHEMA = """
 CREATE SCHEMA app;
 CREATE TABLE app.notes (bkey bigint NOT NULL, uid text NOT NULL, id bigint NOT NULL, body text NOT NULL,
                         PRIMARY KEY (bkey, uid, id));
-CREATE TABLE app.frozen (on_ boolean);
-CREATE FUNCTION app.fence() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT FROM app.frozen) THEN
-    RAISE EXCEPTION 'bucket frozen (test fence)' USING ERRCODE = 'SV001';
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER fence BEFORE INSERT OR UPDATE ON app.notes FOR EACH ROW EXECUTE FUNCTION app.fence();
--- A COMMIT that takes a while, for the outcome-unknown test.
+""" + TEST_FENCE + """-- A COMMIT that takes a while, for the outcome-unknown test.
 CREATE TABLE app.slow_commit (x int);
 CREATE FUNCTION app.slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
 CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON app.slow_commit DEFERRABLE INITIALLY DEFERRED

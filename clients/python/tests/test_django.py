@@ -10,22 +10,12 @@ import threading
 
 import pytest
 
-from conftest import REPO, map_doc
+from conftest import REPO, TEST_FENCE, map_doc
 from shardvisor import Router, RoutingTable
 
 django = pytest.importorskip("django")
 
-SCHEMA = open(os.path.join(REPO, "examples", "notes", "schema", "001-notes.sql")).read() + """
-CREATE TABLE app.frozen (on_ boolean);
-CREATE FUNCTION app.fence() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT FROM app.frozen) THEN
-    RAISE EXCEPTION 'bucket frozen (test fence)' USING ERRCODE = 'SV001';
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER fence BEFORE INSERT OR UPDATE ON app.notes FOR EACH ROW EXECUTE FUNCTION app.fence();
-"""
+SCHEMA = open(os.path.join(REPO, "examples", "notes", "schema", "001-notes.sql")).read() + TEST_FENCE
 
 
 class Env:
