@@ -3,6 +3,7 @@ writers run flat out on the moved bucket's users, `shardctl move` moves
 the bucket between two real PostgreSQL nodes with its write pause, and
 every acknowledged write is on the new owner exactly once."""
 
+import json
 import os
 import subprocess
 import threading
@@ -88,6 +89,15 @@ def test_run_through_a_real_moves_pause(zk_cluster, bins, driver):
         print(f"move of bucket {bucket} in {moved_in:.2f} s: {len(acked)} writes acknowledged, 0 lost, 0 duplicated; "
               f"retries {pools.retries}")
         assert pools.retries["fence"] >= 1, "no write met the move's pause"
+        # And node_for agrees with shardctl route on the live map, after the move.
+        uids = users + ["alice", "ünïcødé", "用户-7", "😀", "e\u0301"] + [f"r{i}" for i in range(100)]
+        lines = c.ctl("--json", "route", *uids).strip().splitlines()
+        assert len(lines) == len(uids)
+        for uid, line in zip(uids, lines):
+            want = json.loads(line)
+            got = router.route(uid)
+            assert (want["uid"], want["node"], want["bucket"], want["level"], want["map_version"]) == \
+                (uid, router.node_for(uid), got.bucket, got.level, router.map_version), uid
         pools.close()
         router.close()
     finally:
