@@ -18,6 +18,7 @@ import base64
 import hashlib
 import json
 import os
+import signal
 import sys
 import threading
 import weakref
@@ -28,9 +29,14 @@ from .notify import sd_notify
 
 MAP_FILE_FORMATS = (1,)
 MAP_FORMATS = (1, 2)
+MAX_LEVEL = 17  # bucketmap.MaxLevel: a map at one depth
+MAX_DEPTH = 20  # bucketmap.MaxDepth: the deepest bucket of a mixed map
+NODE_STATES = ("active", "draining", "down", "removed")
+BUCKET_STATES = ("active", "moving")
 
 ENV_MAP_FILE = "SHARDVISOR_MAP_FILE"
 ENV_MAP_DELIVERY = "SHARDVISOR_MAP_DELIVERY"
+ENV_MAP_SIGNAL = "SHARDVISOR_MAP_SIGNAL"
 
 
 class MapError(ValueError):
@@ -119,8 +125,9 @@ class RoutingTable:
         self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
         self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
         level = m["level"]
-        if not isinstance(level, int) or not 0 <= level <= keystream.MAX_LEVEL:
-            raise MapError(f"level {level!r} out of range [0, {keystream.MAX_LEVEL}]")
+        limit = MAX_DEPTH if m["version"] == 2 else MAX_LEVEL
+        if not isinstance(level, int) or not 0 <= level <= limit:
+            raise MapError(f"level {level!r} out of range [0, {limit}] (format {m['version']})")
         self.level: int = level
         self._shift = 64 - level
         self.map_version: int = m["map_version"]
@@ -132,6 +139,9 @@ class RoutingTable:
                               n.get("weight", 1), n.get("patroni")))
         if len({n.id for n in nodes}) != len(nodes):
             raise MapError("nodes: a node id appears twice")
+        for n in nodes:
+            if n.state not in NODE_STATES:
+                raise MapError(f"node {n.id}: state {n.state!r} is not one of {', '.join(NODE_STATES)}")
         self.nodes: Dict[str, Node] = {n.id: n for n in nodes}
         raw = base64.b64decode(m["owners"], validate=True)
         if len(raw) % 2:
@@ -141,6 +151,8 @@ class RoutingTable:
             raise MapError(f"owners: an index past the {len(nodes)} nodes")
         slots = 1 << level
         if m["version"] == 1:
+            if "depths" in m:
+                raise MapError("format version 1 lists depths (a map of mixed depths is format version 2)")
             if len(owners) != slots:
                 raise MapError(f"owners: {len(owners)} buckets for level {level} (want {slots})")
             depths = None
@@ -164,8 +176,25 @@ class RoutingTable:
         # one index after the hash.
         ids = [n.id for n in nodes]
         self._slot_node: List[str] = [ids[o] for o in owners]
+        owning = set(owners)
+        for i, n in enumerate(nodes):
+            if n.state == "removed" and i in owning:
+                raise MapError(f"node {n.id} is removed but owns buckets")
         # State by (bucket, depth); "level" is absent when it is the map's.
-        self._states: Dict[Tuple[int, int], dict] = {(b["bucket"], b.get("level", level)): b for b in m.get("buckets") or []}
+        self._states: Dict[Tuple[int, int], dict] = {}
+        for b in m.get("buckets") or []:
+            d = b.get("level", level)
+            if not isinstance(d, int) or not 0 <= d <= level or not 0 <= b["bucket"] < (1 << d):
+                raise MapError(f"buckets: bucket {b['bucket']!r} at depth {d!r} does not exist at level {level}")
+            start = b["bucket"] << (level - d)
+            if (depths[start] if depths is not None else level) != d:
+                raise MapError(f"buckets: bucket {b['bucket']} at depth {d} is not a bucket of this map")
+            st = b.get("state") or "active"  # Go writes "" for a data-lost bucket: it is active
+            if st not in BUCKET_STATES:
+                raise MapError(f"buckets: bucket {b['bucket']}: state {st!r} is not one of {', '.join(BUCKET_STATES)}")
+            if st == "moving" and b.get("target") not in self.nodes:
+                raise MapError(f"buckets: bucket {b['bucket']} is moving to {b.get('target')!r}, which is not a node")
+            self._states[(b["bucket"], d)] = b
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "map file") -> "RoutingTable":
@@ -214,7 +243,7 @@ class RoutingTable:
             level = self._depths[slot]
             bucket = slot >> (self.level - level)
         st = self._states.get((bucket, level)) or {}
-        return Route(uid, bucket, level, node.id, node.dsn, self.map_version, st.get("state", "active"),
+        return Route(uid, bucket, level, node.id, node.dsn, self.map_version, st.get("state") or "active",
                      st.get("target", ""), bool(st.get("data_lost")), (node.patroni or {}).get("scope", ""),
                      keystream.key(prefix))
 
@@ -228,6 +257,10 @@ class RoutingTable:
         return [i for i in self.nodes if i in owning]
 
 
+_env_routers: Dict[Tuple[str, bool], "Router"] = {}
+_env_lock = threading.Lock()
+
+
 class Router:
     """Answers "which db node holds this user", from a map file.
 
@@ -235,33 +268,43 @@ class Router:
         r.node_for("alice")                           # "pg2"
         r.route("alice")                              # Route(bucket=.., node="pg2", dsn=.., ...)
 
-    Under the supervisor use Router.from_env(). In reload mode
-    (SHARDVISOR_MAP_DELIVERY=reload) it follows the map file in place: a
-    daemon thread stats it every 0.1 s, loads each new map, swaps it in with
-    one reference assignment (a lookup sees the old map or the new, never a
-    mix) and acknowledges it with MAPVERSION=N on NOTIFY_SOCKET, so the
-    worker is never restarted for a map change. A file that does not load
-    (or carries an older version) is reported to on_error and the map in use
-    is kept. A process that forks (gunicorn --preload's arbiter) stops
-    following and acknowledging; each child follows on its own thread, so
-    the MAPVERSION the supervisor hears comes from a process that routes.
-    (subprocess does not count: it runs no fork hooks.)
+    Under the supervisor use Router.from_env(), one per process. In reload
+    mode (SHARDVISOR_MAP_DELIVERY=reload) it follows the map file in place:
+    a daemon thread stats it every 0.1 s (at once on SHARDVISOR_MAP_SIGNAL,
+    when the process has no handler of its own for it), loads each new map,
+    swaps it in with one reference assignment (a lookup sees the old map or
+    the new, never a mix) and then acknowledges it with MAPVERSION=N on
+    NOTIFY_SOCKET, so the worker is never restarted for a map change. A
+    file that does not load (or carries an older version) is reported to
+    on_error once, and the map in use is kept until the file changes.
+
+    Forks. Every process forked from a following router follows on its own
+    thread and acknowledges what it loads. A pre-forking server's parent
+    (gunicorn's or uWSGI's arbiter: forks_workers, by default whether
+    either is imported) serves no requests: after its first fork it keeps
+    following, so a worker it forks later starts on the current map, but
+    no longer acknowledges, so the supervisor hears MAPVERSION only from
+    processes that route.
     """
 
     POLL = 0.1  # seconds; workerproto.MapPollInterval
 
     def __init__(self, table: RoutingTable, path: Optional[str] = None, follow: bool = False,
-                 ack: bool = False, on_error: Optional[Callable[[Exception], None]] = None):
+                 ack: bool = False, on_error: Optional[Callable[[Exception], None]] = None,
+                 forks_workers: Optional[bool] = None):
         self._table = table
         self.path = path
         self._ack = ack
+        self._acks_here = True  # False in a pre-forking server's parent after its first fork
+        self._forks_workers = forks_workers
         self._listeners: List[Callable[[RoutingTable, RoutingTable], None]] = []
         self._lock = threading.Lock()
+        self._fork_locked = False
         self.on_error = on_error or (lambda e: print(f"shardvisor: {e}", file=sys.stderr))
         self._stop: Optional[threading.Event] = None
+        self._wake = threading.Event()
         self._closed = False
         self._follow = follow
-        self._forked = False  # this process forked: it no longer follows or acknowledges
         self._stamp = None
         if ack:
             self._notify(table.map_version)
@@ -270,14 +313,13 @@ class Router:
                 raise ValueError("follow needs a map file path")
             self._start()
             if hasattr(os, "register_at_fork"):
-                # Hooks cannot be unregistered: hold the router weakly, and
-                # a closed one does nothing.
+                # Hooks cannot be unregistered: hold the router weakly.
                 ref = weakref.ref(self)
 
                 def hook(name):
                     def call():
                         r = ref()
-                        if r is not None and not r._closed:
+                        if r is not None:
                             getattr(r, name)()
                     return call
 
@@ -287,9 +329,11 @@ class Router:
     # -- construction
 
     @classmethod
-    def from_map_file(cls, path: str, follow: bool = False, ack: bool = False, on_error=None) -> "Router":
+    def from_map_file(cls, path: str, follow: bool = False, ack: bool = False, on_error=None,
+                      forks_workers: Optional[bool] = None) -> "Router":
         """A router on one map file; follow=True re-reads it when it changes."""
-        return cls(RoutingTable.from_file(path), path=path, follow=follow, ack=ack, on_error=on_error)
+        return cls(RoutingTable.from_file(path), path=path, follow=follow, ack=ack, on_error=on_error,
+                   forks_workers=forks_workers)
 
     @classmethod
     def from_map(cls, doc, source: str = "map document") -> "Router":
@@ -301,13 +345,24 @@ class Router:
     @classmethod
     def from_env(cls, on_error=None) -> "Router":
         """The router of a supervisor's worker: the map file named by
-        SHARDVISOR_MAP_FILE, followed and acknowledged in reload mode."""
+        SHARDVISOR_MAP_FILE, followed and acknowledged in reload mode.
+
+        One per process: every call returns the same router (the Django
+        integration, shardvisor.db.run and the app share it), so the
+        process acknowledges a map only once all of it routes by it."""
         path = os.environ.get(ENV_MAP_FILE)
         if not path:
             raise MapError(f"{ENV_MAP_FILE} is not set: this process was not started by a supervisor whose cluster has a map "
                            "(use Router.from_map_file or SidecarClient instead)")
         reload = os.environ.get(ENV_MAP_DELIVERY) == "reload"
-        return cls.from_map_file(path, follow=reload, ack=reload, on_error=on_error)
+        with _env_lock:
+            r = _env_routers.get((path, reload))
+            if r is None or r._closed:
+                r = cls.from_map_file(path, follow=reload, ack=reload, on_error=on_error)
+                if reload:
+                    r._handle_map_signal(os.environ.get(ENV_MAP_SIGNAL, ""))
+                _env_routers[(path, reload)] = r
+            return r
 
     # -- lookups
 
@@ -341,13 +396,18 @@ class Router:
     # -- following
 
     def on_change(self, fn: Callable[[RoutingTable, RoutingTable], None]) -> None:
-        """Calls fn(old, new) on the following thread after each new map."""
+        """Calls fn(old, new) after each new map, before it is acknowledged."""
         with self._lock:
             self._listeners.append(fn)
 
+    def remove_listener(self, fn) -> None:
+        with self._lock:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
     def update(self, table: RoutingTable) -> bool:
-        """Swaps in a newer map (older or equal versions are ignored) and
-        tells the listeners; True if it was taken."""
+        """Swaps in a newer map (older or equal versions are ignored), tells
+        the listeners, then acknowledges it; True if it was taken."""
         with self._lock:
             old = self._table
             if table.map_version <= old.map_version:
@@ -359,18 +419,19 @@ class Router:
                 fn(old, table)
             except Exception as e:  # a listener's bug must not stop the following
                 self.on_error(e)
-        if self._ack and not self._forked:
+        if self._ack and self._acks_here:
             self._notify(table.map_version)
         return True
 
     def reload(self) -> bool:
-        """Re-reads the map file now; True if a newer map was taken."""
+        """Re-reads the map file if it changed; True if a newer map was taken.
+        A file that does not load is reported once, until it changes."""
         st = os.stat(self.path)
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         if stamp == self._stamp:
             return False
-        nxt = RoutingTable.from_file(self.path)
         self._stamp = stamp
+        nxt = RoutingTable.from_file(self.path)
         if nxt.map_version < self._table.map_version:
             raise MapError(f"map file {self.path}: version {nxt.map_version} is older than the applied {self._table.map_version}")
         return self.update(nxt)
@@ -380,6 +441,21 @@ class Router:
         self._closed = True
         if self._stop is not None:
             self._stop.set()
+            self._wake.set()
+
+    def _handle_map_signal(self, name: str) -> None:
+        """With map_delivery.signal set, a new map is announced by a signal
+        whose default action ends the process: wake the follower instead,
+        unless the process handles the signal itself (gunicorn does: leave
+        map_delivery.signal empty for it) or this is not the main thread."""
+        if not name:
+            return
+        try:
+            sig = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, lambda *_: self._wake.set())
+        except (AttributeError, ValueError) as e:  # an unknown name; not the main thread
+            self.on_error(MapError(f"{ENV_MAP_SIGNAL}={name}: not handled ({e}); the map file is still polled"))
 
     def _notify(self, version: int) -> None:
         try:
@@ -393,29 +469,44 @@ class Router:
         t.start()
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.POLL):
+        while not stop.is_set():
+            self._wake.wait(self.POLL)
+            self._wake.clear()
+            if stop.is_set():
+                return
             try:
                 self.reload()
             except (OSError, MapError) as e:
                 self.on_error(e)
+            except Exception as e:  # a bug must not end the following silently
+                self.on_error(e)
+
+    def _pre_forking_server(self) -> bool:
+        if self._forks_workers is not None:
+            return self._forks_workers
+        return "gunicorn" in sys.modules or "uwsgi" in sys.modules
 
     def _before_fork(self) -> None:
-        # The forking process (a pre-forking server's arbiter) serves no
-        # requests: it stops following and acknowledging, or the supervisor
-        # would hear MAPVERSION from a process that does not route. Every
-        # child (the first, or one forked to replace it) follows afresh.
-        if self._stop is not None:
-            self._stop.set()
-        self._forked = True
+        if self._closed:
+            return
         self._lock.acquire()  # no listener list or map swap half done in the child
+        self._fork_locked = True
 
     def _after_fork_parent(self) -> None:
-        self._lock.release()
+        if self._fork_locked:
+            self._fork_locked = False
+            self._lock.release()
+            if self._pre_forking_server():
+                self._acks_here = False  # its forked workers route and acknowledge
 
     def _after_fork_child(self) -> None:
+        if not self._fork_locked:
+            return
         self._lock = threading.Lock()
-        self._forked = False
+        self._fork_locked = False
+        self._acks_here = True
         self._stamp = None
+        self._wake = threading.Event()
         if self._follow:
             self._start()
         if self._ack:

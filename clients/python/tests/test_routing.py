@@ -5,7 +5,9 @@ import base64
 import copy
 import json
 import os
+import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -34,6 +36,13 @@ def doc(version=1, owners=(0, 1, 0, 1)):
     (lambda d: d["map"].update(map_version=0), "map_version 0 is not a positive integer"),
     (lambda d: d["map"].pop("nodes"), "malformed: KeyError: 'nodes'"),
     (lambda d: d["map"]["nodes"].append(dict(d["map"]["nodes"][0])), "a node id appears twice"),
+    (lambda d: d["map"].update(level=18), "level 18 out of range [0, 17] (format 1)"),
+    (lambda d: d["map"].update(depths="AgI="), "format version 1 lists depths"),
+    (lambda d: d["map"]["nodes"][1].update(state="removed"), "node pg2 is removed but owns buckets"),
+    (lambda d: d["map"]["nodes"][1].update(state="sleepy"), "state 'sleepy' is not one of"),
+    (lambda d: d["map"].update(buckets=[{"bucket": 9, "state": "moving", "target": "pg2"}]), "bucket 9 at depth 2 does not exist"),
+    (lambda d: d["map"].update(buckets=[{"bucket": 1, "state": "frozen"}]), "state 'frozen' is not one of"),
+    (lambda d: d["map"].update(buckets=[{"bucket": 1, "state": "moving", "target": "pg9"}]), "moving to 'pg9', which is not a node"),
 ])
 def test_bad_maps_are_refused_with_what_is_wrong(edit, message):
     d = doc()
@@ -42,6 +51,14 @@ def test_bad_maps_are_refused_with_what_is_wrong(edit, message):
         Router.from_map(d, "map file /x.json")
     assert message in str(e.value)
     assert str(e.value).startswith("map file /x.json: ")
+
+
+def test_a_data_lost_bucket_is_active_as_in_go():
+    d = doc()
+    d["map"]["buckets"] = [{"bucket": 0, "state": "", "data_lost": True}]
+    r = Router.from_map(d)
+    u = next(f"u{i}" for i in range(100) if r.route(f"u{i}").bucket == 0)
+    assert r.route(u).state == "active" and r.route(u).data_lost
 
 
 def test_mixed_depths_that_do_not_tile_are_refused():
@@ -178,15 +195,16 @@ def _child_waits_for(r, version):
     return pid, rd
 
 
-def test_forked_children_follow_and_the_parent_stops(tmp_path, monkeypatch):
+def test_a_pre_forking_parent_follows_and_only_its_children_acknowledge(tmp_path, monkeypatch):
     """gunicorn --preload: the arbiter loads the app (and the router) and
-    forks; the child routes, so the child must acknowledge, not the parent;
-    and so must a child forked later to replace it."""
+    forks; the children route, so only they acknowledge; the arbiter keeps
+    following, so a child forked later to replace one starts on the
+    current map, not on the one the arbiter had at its first fork."""
     ns = NotifySocket(tmp_path / "notify.sock")
     path = str(tmp_path / "live-map.json")
     write_json(path, doc(version=1))
     monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
-    r = Router.from_map_file(path, follow=True, ack=True)
+    r = Router.from_map_file(path, follow=True, ack=True, forks_workers=True)
     wait_for(lambda: "MAPVERSION=1" in ns.read(), 2, "the parent's MAPVERSION=1")
     for v in (2, 3):
         ns.got.clear()
@@ -197,7 +215,75 @@ def test_forked_children_follow_and_the_parent_stops(tmp_path, monkeypatch):
         os.waitpid(pid, 0)
         assert seen == str(v)
         got = wait_for(lambda: [m for m in ns.read() if m == f"MAPVERSION={v}"], 2, f"the child's MAPVERSION={v}")
-        assert len(got) == 1, ns.got
-        time.sleep(0.3)  # deliberate: the parent's follower would have read the map by now
-        assert r.map_version == 1, "the forking parent kept following"
+        wait_for(lambda: r.map_version == v, 2, f"the parent to follow to map {v}")
+        time.sleep(0.3)  # deliberate: an acknowledgement by the parent would have come by now
+        assert len(got) == 1, ns.got  # the child's, not the parent's
+        # The child acknowledged first what it started on: the map current
+        # at its fork (v-1), never an older one.
+        assert ns.got[0] == f"MAPVERSION={v - 1}", ns.got
     ns.close()
+    r.close()
+
+
+def test_a_process_that_forks_for_other_reasons_keeps_acknowledging(tmp_path, monkeypatch):
+    """multiprocessing, subprocess's preexec_fn: not a pre-forking server."""
+    ns = NotifySocket(tmp_path / "notify.sock")
+    path = str(tmp_path / "live-map.json")
+    write_json(path, doc(version=1))
+    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    r = Router.from_map_file(path, follow=True, ack=True, forks_workers=False)
+    subprocess.run(["true"], preexec_fn=lambda: None, check=True)  # runs the fork hooks
+    ns.read()
+    ns.got.clear()
+    write_json(path, doc(version=2))
+    wait_for(lambda: "MAPVERSION=2" in ns.read(), 2, "the parent's MAPVERSION=2")
+    assert r.map_version == 2
+    r.close()
+    ns.close()
+
+
+def test_a_bad_file_is_reported_once_until_it_changes(tmp_path):
+    path = str(tmp_path / "live-map.json")
+    write_json(path, doc(version=1))
+    errors = []
+    r = Router.from_map_file(path, follow=True, on_error=errors.append)
+    with open(path + ".tmp", "w") as f:
+        f.write("{broken")
+    os.replace(path + ".tmp", path)
+    wait_for(lambda: errors, 2, "the error")
+    time.sleep(0.5)  # deliberate: five polls of the same bad file
+    assert len(errors) == 1
+    write_json(path, doc(version=2))
+    wait_for(lambda: r.map_version == 2, 2, "map 2")
+    r.close()
+
+
+def test_from_env_is_one_router_per_process(tmp_path, monkeypatch):
+    path = str(tmp_path / "map.json")
+    write_json(path, doc(version=1))
+    monkeypatch.setenv("SHARDVISOR_MAP_FILE", path)
+    monkeypatch.setenv("SHARDVISOR_MAP_DELIVERY", "swap")
+    assert Router.from_env() is Router.from_env()
+
+
+def test_the_map_signal_wakes_the_follower(tmp_path, monkeypatch):
+    ns = NotifySocket(tmp_path / "notify.sock")
+    path = str(tmp_path / "live-map.json")
+    write_json(path, doc(version=1))
+    for k, v in {"NOTIFY_SOCKET": ns.path, "SHARDVISOR_MAP_FILE": path, "SHARDVISOR_MAP_DELIVERY": "reload",
+                 "SHARDVISOR_MAP_SIGNAL": "SIGUSR2"}.items():
+        monkeypatch.setenv(k, v)
+    old = signal.getsignal(signal.SIGUSR2)
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        r = Router.from_env()
+        assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL  # the default would end the process
+        r.POLL = 30  # only the signal can wake it now
+        time.sleep(0.2)  # deliberate: the follower is in its 0.1 s wait, then in the 30 s one
+        write_json(path, doc(version=2))
+        os.kill(os.getpid(), signal.SIGUSR2)
+        wait_for(lambda: r.map_version == 2, 2, "map 2 on the signal")
+        r.close()
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+        ns.close()
