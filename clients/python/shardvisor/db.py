@@ -29,8 +29,12 @@ the transaction must be safe to repeat.
 from __future__ import annotations
 
 import contextlib
+import getpass
+import os
 import random
+import select
 import threading
+import weakref
 import time
 import urllib.parse
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
@@ -60,12 +64,19 @@ class GaveUp(Error):
 class NoPrimary(GaveUp):
     """No server of the user's node accepted a read-write connection until
     the bound: a plain node that is down, or a Patroni group whose standby
-    was not promoted in time."""
+    was not promoted in time. (A server's own refusal, a wrong password, a
+    missing database, too many connections, is raised at once, unretried.)"""
 
 
 class OutcomeUnknown(Error):
     """The connection was lost during COMMIT: the transaction may have
     committed or not. run() retries it only with idempotent=True."""
+
+
+class PoolClosed(Error):
+    """The node's pool was closed by a new map (the node was removed, or its
+    DSN or password reference changed) between the route and the checkout:
+    nothing was sent, and run() retries on the new map."""
 
 
 class TransactionAborted(Error):
@@ -105,6 +116,21 @@ class _Driver:
 
     def is_error(self, e: BaseException) -> bool:
         return isinstance(e, self.mod.Error)
+
+    # A server that answered a connection with a refusal of its own is not a
+    # failover: retrying a wrong password, a missing database or "too many
+    # connections" a hundred times only makes it worse (router.noPrimary).
+    REFUSED_STATES = ("28000", "28P01", "3D000", "53300", "42501")
+    REFUSED_TEXT = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
+                    "too many clients", "too many connections", "permission denied", "role \"")
+
+    def refused(self, e: BaseException) -> bool:
+        """A connect error that is the server's own refusal."""
+        code = self.sqlstate(e)
+        if code:
+            return code in self.REFUSED_STATES
+        msg = str(e)
+        return any(t in msg for t in self.REFUSED_TEXT)
 
     def broken(self, conn) -> bool:
         if self.name == "psycopg":
@@ -154,6 +180,7 @@ class NodePool:
         self._lock = threading.Lock()
         self.closed = False
         self.connects = 0  # connections made, for tests and metrics
+        self._in_use: set = set()  # connections handed out and not returned (for a fork)
 
     def get(self):
         """A connection in a fresh transaction state. Raises the driver's
@@ -164,17 +191,22 @@ class NodePool:
             while True:
                 with self._lock:
                     if self.closed:
-                        raise Error(f"db node {self.node.id} is no longer in the map")
+                        raise PoolClosed(f"db node {self.node.id}: its pool was closed by a new map")
                     item = self._idle.pop() if self._idle else None
                 if item is None:
                     conn = self.driver.connect(self.node.dsn, self.node.resolve_password(), self.connect_timeout)
                     self.connects += 1
+                    with self._lock:
+                        self._in_use.add(conn)
                     return conn
                 conn, since = item
                 if self.driver.broken(conn):
                     self._close(conn)
                     continue
-                if time.monotonic() - since > IDLE_PING_AFTER:
+                # Idle a while, or the server already sent something (an
+                # idle session gets nothing but its end: a terminated
+                # backend, a restart): ping before fn sends anything.
+                if time.monotonic() - since > IDLE_PING_AFTER or _readable(conn):
                     try:
                         with conn.cursor() as cur:
                             cur.execute("SELECT 1")
@@ -182,12 +214,16 @@ class NodePool:
                     except self.driver.mod.Error:
                         self._close(conn)
                         continue
+                with self._lock:
+                    self._in_use.add(conn)
                 return conn
         except BaseException:
             self._slots.release()
             raise
 
     def put(self, conn, discard: bool = False) -> None:
+        with self._lock:
+            self._in_use.discard(conn)
         try:
             if discard or self.closed or self.driver.broken(conn):
                 self._close(conn)
@@ -216,6 +252,20 @@ class NodePool:
             pass
 
 
+def _readable(conn) -> bool:
+    try:
+        return bool(select.select([conn.fileno()], [], [], 0)[0])
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
+# Connections a forked child inherited: its parent's sessions. The child
+# must never use them (two processes' statements on one session) nor close
+# them (closing sends the server a Terminate: it would end the parent's
+# session too), so it keeps them, unused, for its life.
+_inherited: List[object] = []
+
+
 class Pools:
     """One NodePool per db node of the router's map, opened on first use.
 
@@ -241,6 +291,19 @@ class Pools:
         # (no connection), "lost" (a lost connection, idempotent work).
         self.retries: Dict[str, int] = {"fence": 0, "connect": 0, "lost": 0}
         router.on_change(self._on_map)
+        if hasattr(os, "register_at_fork"):
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: ref() is not None and ref()._after_fork_child())
+
+    def _after_fork_child(self) -> None:
+        """A forked child (a pre-forking server's worker) starts with no
+        connections: the parent's stay the parent's."""
+        self._lock = threading.Lock()
+        for p in self._pools.values():
+            _inherited.extend(conn for conn, _ in p._idle)
+            _inherited.extend(p._in_use)  # other threads' connections: their threads are gone
+            p._idle, p._in_use = [], set()
+        self._pools = {}
 
     def pool(self, node_id: str) -> NodePool:
         with self._lock:
@@ -267,6 +330,7 @@ class Pools:
             p.close()
 
     def close(self) -> None:
+        self.router.remove_listener(self._on_map)
         with self._lock:
             self._closed = True
             pools, self._pools = list(self._pools.values()), {}
@@ -325,8 +389,10 @@ class Pools:
         p = self.pool(rt.node)
         try:
             conn = p.get()
+        except PoolClosed as e:
+            return e, False  # nothing was sent; the next attempt routes on the new map
         except Exception as e:
-            if self.driver.is_error(e):
+            if self.driver.is_error(e) and not self.driver.refused(e):
                 self._count("connect")
                 return e, True  # nothing was sent
             raise
@@ -433,9 +499,10 @@ def connection_kwargs(node: Node) -> dict:
             h, _, port = hp.partition(":")
         hosts.append(urllib.parse.unquote(h))
         ports.append(port or "5432")
-    kw = {"host": ",".join(hosts), "port": ",".join(ports), "dbname": urllib.parse.unquote(u.path.lstrip("/")) or "postgres"}
-    if user:
-        kw["user"] = urllib.parse.unquote(user)
+    user = urllib.parse.unquote(user) or os.environ.get("PGUSER") or getpass.getuser()
+    # As libpq: no database in the URL means PGDATABASE, else the user's name.
+    dbname = urllib.parse.unquote(u.path.lstrip("/")) or os.environ.get("PGDATABASE") or user
+    kw = {"host": ",".join(hosts), "port": ",".join(ports), "dbname": dbname, "user": user}
     for k, v in urllib.parse.parse_qsl(u.query):
         kw[k] = v
     pw = node.resolve_password()

@@ -34,6 +34,7 @@ node whose DSN changed gets the new settings for its next connection.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import threading
 from typing import Callable, Dict, Optional, TypeVar
@@ -157,8 +158,12 @@ def _ensure_alias(node_id: str) -> str:
     have = dbs.get(alias)
     if have is None:
         with _router_lock:
-            if alias not in dbs:
-                dbs[alias] = want
+            if alias not in connections.databases:
+                # A new dict, swapped in: another thread may be iterating
+                # the old one (close_old_connections at a request's end).
+                new = dict(connections.databases)
+                new[alias] = want
+                connections.settings = new  # ConnectionHandler.databases reads .settings
                 connections.ensure_defaults(alias)
                 connections.prepare_test_settings(alias)
     elif any(have.get(k) != want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")):
@@ -171,8 +176,17 @@ def _sharded(model) -> bool:
     return model._meta.app_label in getattr(settings, "SHARDVISOR_SHARDED_APPS", ())
 
 
+# run()'s attempt pins its user's alias: a map that changes while fn runs
+# must not send the rest of fn's queries to another node, outside the
+# transaction.
+_pinned: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("shardvisor_django_pin", default=None)
+
+
 def _user_alias(model) -> str:
     uid = current_user()
+    pin = _pinned.get()
+    if pin is not None and pin[0] == uid:
+        return pin[1]
     if uid is None:
         raise NoCurrentUser(
             f"shardvisor.django: {model._meta.label} is in a sharded app ({model._meta.app_label}) and there is no current "
@@ -196,6 +210,9 @@ class Router:
     def db_for_write(self, model, **hints):
         if not _sharded(model):
             return None
+        inst = hints.get("instance")
+        if inst is not None and inst._state.db:
+            return inst._state.db  # a row is saved or deleted where it was read
         return _user_alias(model)
 
     def allow_relation(self, obj1, obj2, **hints):
@@ -248,11 +265,15 @@ def _fence_refused(e: BaseException) -> bool:
 
 def run(uid, fn: Callable[[], T], idempotent: bool = False, retry_for: float = _db.DEFAULT_RETRY_FOR) -> T:
     """Runs fn() for user uid in one transaction (transaction.atomic) on
-    the user's node, with the retries of shardvisor.db: while no
-    connection can be made, and on the fence's refusal (SQLSTATE SV001, a
-    move's write pause), re-routing each time, up to retry_for seconds.
-    A connection lost during the transaction or its COMMIT is retried only
-    with idempotent=True."""
+    the user's node, with the rules of shardvisor.db's run(): retried while
+    no connection can be made and on the fence's refusal (SQLSTATE SV001,
+    a move's write pause), re-routed each time, up to retry_for seconds.
+    fn's queries all go to the node the attempt started on, whatever the
+    map does meanwhile. A connection lost during fn is retried only with
+    idempotent=True, one lost during COMMIT raises OutcomeUnknown (or is
+    retried with idempotent=True), and fn returning with its transaction
+    marked for rollback (it caught a database error) raises
+    TransactionAborted: nothing was committed."""
     uid = str(uid)
     r = map_router()
 
@@ -260,22 +281,47 @@ def run(uid, fn: Callable[[], T], idempotent: bool = False, retry_for: float = _
         alias = _ensure_alias(rt.node)
         conn = connections[alias]
         with for_user(uid):
+            token = _pinned.set((uid, alias))
             try:
-                conn.ensure_connection()
-            except DatabaseError as e:
-                return e, True  # nothing was sent
-            try:
-                with transaction.atomic(using=alias):
-                    result = fn()
-                return (result,), False
-            except DatabaseError as e:
-                if _fence_refused(e):
-                    return e, False
-                lost = conn.connection is None or getattr(conn.connection, "closed", 0) != 0
-                if lost:
-                    conn.close()
-                    if idempotent:
+                try:
+                    conn.ensure_connection()
+                except DatabaseError as e:
+                    if _refused(e):
+                        raise
+                    return e, True  # nothing was sent
+                done = False
+                try:
+                    with transaction.atomic(using=alias):
+                        result = fn()
+                        done = True
+                        aborted = transaction.get_rollback(using=alias)
+                    if aborted:
+                        raise _db.TransactionAborted(
+                            f"shardvisor: fn for {uid!r} returned with its transaction marked for rollback by an error it "
+                            f"caught (db node {rt.node}): nothing was committed")
+                    return (result,), False
+                except DatabaseError as e:
+                    if _fence_refused(e):
                         return e, False
-                raise
+                    lost = conn.connection is None or getattr(conn.connection, "closed", 0) != 0
+                    if lost:
+                        conn.close()
+                        if idempotent:
+                            return e, False
+                        if done:
+                            raise _db.OutcomeUnknown(
+                                f"shardvisor: the connection to db node {rt.node} was lost during COMMIT of {uid!r}'s "
+                                f"transaction: it may have committed (pass idempotent=True to retry such work): {e}") from e
+                    raise
+            finally:
+                _pinned.reset(token)
 
     return _db.retrying(uid, r.route, attempt, retry_for)
+
+
+def _refused(e: BaseException) -> bool:
+    c = e.__cause__ or e.__context__ or e
+    code = getattr(c, "pgcode", None) or getattr(c, "sqlstate", None)
+    if code:
+        return code in _db._Driver.REFUSED_STATES
+    return any(t in str(c) for t in _db._Driver.REFUSED_TEXT)

@@ -14,15 +14,15 @@ carry "stale" (the sidecar lost ZooKeeper; the map may be out of date) and
 
 from __future__ import annotations
 
+import http.client
 import json
-import sys
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Dict, List, Optional
 
-from .routing import MapError, Router, RoutingTable
+from .routing import Router, RoutingTable
 
 
 class SidecarError(Exception):
@@ -59,6 +59,8 @@ class SidecarClient:
             raise SidecarError(e.code, msg) from None
         except (urllib.error.URLError, OSError) as e:
             raise SidecarError(0, f"cannot reach {self.base_url}: {getattr(e, 'reason', e)}") from None
+        except http.client.HTTPException as e:  # a cut or malformed answer (IncompleteRead, BadStatusLine)
+            raise SidecarError(0, f"{self.base_url}{path}: broken answer: {type(e).__name__}: {e}") from None
 
     def route(self, uid: str, map_version: int = 0) -> dict:
         """The answer for one user id (GET /v1/route)."""
@@ -107,12 +109,9 @@ class SidecarClient:
                         if self._map_etag != last or last is None:
                             last = self._map_etag
                             r.update(RoutingTable.from_bytes(data, f"GET {self.base_url}/v1/map"))
-                    except (SidecarError, MapError) as e:
+                    except Exception as e:  # whatever it is, report it and keep following
                         r.on_error(e)
 
             threading.Thread(target=run, name="shardvisor-sidecar-map", daemon=True).start()
         return r
 
-
-def _print_err(e: Exception) -> None:
-    print(f"shardvisor: {e}", file=sys.stderr)

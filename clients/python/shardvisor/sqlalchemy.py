@@ -32,7 +32,8 @@ from typing import Dict, List, Optional
 
 import sqlalchemy
 from sqlalchemy import create_engine
-from sqlalchemy.sql import operators, visitors
+from sqlalchemy.sql import operators
+from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList, Grouping
 
 from . import db as _db
 from .context import current_user
@@ -119,36 +120,42 @@ class Choosers:
         return self._statement_nodes(context.statement, params)
 
     def _uids_in(self, statement, params: dict) -> List[str]:
-        """The user ids a WHERE pins with uid == X or uid IN (...); the
-        value of a bound parameter given at execution (a get() by primary
-        key) comes from params."""
-        found: List[str] = []
+        """The user ids the WHERE clause pins: uid == X or uid IN (...), as
+        the clause itself or as a term of its top-level AND. Under an OR or
+        a NOT a comparison pins nothing (uid == X OR public matches rows of
+        every node). The value of a parameter bound at execution (a get()
+        by primary key) comes from params."""
         where = getattr(statement, "whereclause", None)
-        if where is None:
-            return found
+        return (self._pins(where, params) or []) if where is not None else []
 
-        def value(bind):
-            v = getattr(bind, "effective_value", None)
-            if v is None and getattr(bind, "key", None) in params:
-                v = params[bind.key]
-            return v
-
-        def visit_binary(b):
-            col, val = b.left, b.right
-            if getattr(col, "key", None) != self.uid_attr:
-                col, val = b.right, b.left
-            if getattr(col, "key", None) != self.uid_attr or not hasattr(val, "effective_value"):
-                return
-            v = value(val)
-            if v is None:
-                return
-            if b.operator == operators.eq:
-                found.append(str(v))
-            elif b.operator == operators.in_op:
-                found.extend(str(x) for x in v)
-
-        visitors.traverse(where, {}, {"binary": visit_binary})
-        return found
+    def _pins(self, c, params: dict) -> Optional[List[str]]:
+        if isinstance(c, Grouping):
+            return self._pins(c.element, params)
+        if isinstance(c, BooleanClauseList):
+            if c.operator is not operators.and_:
+                return None
+            for term in c.clauses:
+                got = self._pins(term, params)
+                if got is not None:
+                    return got  # rows must match this term: its users' nodes hold them all
+            return None
+        if not isinstance(c, BinaryExpression):
+            return None
+        col, val = c.left, c.right
+        if getattr(col, "key", None) != self.uid_attr:
+            col, val = c.right, c.left
+        if getattr(col, "key", None) != self.uid_attr or not hasattr(val, "effective_value"):
+            return None
+        v = val.effective_value
+        if v is None and getattr(val, "key", None) in params:
+            v = params[val.key]
+        if v is None:
+            return None
+        if c.operator is operators.eq:
+            return [str(v)]
+        if c.operator is operators.in_op:
+            return [str(x) for x in v]
+        return None
 
     def session_kwargs(self) -> dict:
         """The chooser keyword arguments ShardedSession takes in the

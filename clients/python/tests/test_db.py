@@ -3,6 +3,7 @@ db nodes), with psycopg2 and psycopg 3: what run() retries, and what it
 never retries. The fence's refusal is played by a trigger raising SQLSTATE
 SV001, as the fence does; test_move.py runs a real move."""
 
+import os
 import threading
 import time
 
@@ -222,3 +223,52 @@ def test_connection_kwargs_of_a_group_dsn():
     n = Node("pg5", "postgres://app@10.0.0.1:5432,10.0.0.2:5433/app?target_session_attrs=read-write&connect_timeout=2", "", "active", 1, None)
     assert svdb.connection_kwargs(n) == {"host": "10.0.0.1,10.0.0.2", "port": "5432,5433", "dbname": "app", "user": "app",
                                          "target_session_attrs": "read-write", "connect_timeout": "2"}
+
+
+def test_a_forked_child_never_uses_or_ends_its_parents_connections(cluster):
+    """gunicorn --preload with a pool used in the arbiter: each worker gets
+    connections of its own, and the arbiter's session survives them."""
+    cluster.pools.run("kim", cluster.insert("kim", 1))
+    with cluster.pools.connection("kim") as (conn, _):
+        parent_backend = _backend_pid(conn)
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rd)
+        code = 1
+        try:
+            with cluster.pools.connection("kim") as (conn, _):
+                os.write(wr, str(_backend_pid(conn)).encode())
+            cluster.pools.run("kim", cluster.insert("kim", 2))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wr)
+    child_backend = int(os.read(rd, 32) or b"0")
+    os.close(rd)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert child_backend and child_backend != parent_backend
+    with cluster.pools.connection("kim") as (conn, _):  # the parent's session is alive and its own
+        assert _backend_pid(conn) == parent_backend
+    assert cluster.count(0) == 2
+
+
+def test_a_servers_refusal_is_not_retried(cluster):
+    specs = [("pg1", cluster.specs[0][1].replace(cluster.db, "no_such_db"), cluster.specs[0][2]), cluster.specs[1]]
+    cluster.move_to(0, specs)
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as e:
+        cluster.pools.run("lou", cluster.insert("lou", 1), retry_for=5)
+    assert "does not exist" in str(e.value) and not isinstance(e.value, svdb.GaveUp)
+    assert time.monotonic() - t0 < 2 and cluster.pools.retries["connect"] == 0
+
+
+def test_a_connection_ended_a_moment_ago_is_replaced_before_use(cluster):
+    cluster.pools.run("max", cluster.insert("max", 1))
+    with cluster.pools.connection("max") as (conn, _):
+        backend = _backend_pid(conn)
+    cluster.sql(0, "SELECT pg_terminate_backend(%s)", (backend,))
+    wait_for(lambda: not cluster.sql(0, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)), 5, "the backend to end")
+    cluster.pools.run("max", cluster.insert("max", 2))  # well within IDLE_PING_AFTER
+    assert cluster.count(0) == 2

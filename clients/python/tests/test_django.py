@@ -61,9 +61,18 @@ def rows(env, i, db=None):
     return env.pg.exec(i, db or env.db, "SELECT uid, body FROM app.notes ORDER BY uid, body")
 
 
+@pytest.fixture(autouse=True)
+def two_nodes(env):
+    """Each test starts on the map of two nodes (bucket 0 on pg1, 1 on pg2),
+    whatever an earlier one made of it."""
+    if env.router.table.owning_nodes() != ["pg1", "pg2"] or env.router.node("pg1").dsn != env.specs[0][1]:
+        env.router.update(RoutingTable(map_doc(env.specs, [0, 1], level=1, version=env.router.map_version + 1)))
+
+
 def users_on(env, node, n=2, prefix="dj"):
     out, i = [], 0
     while len(out) < n:
+        assert i < 10000, f"no user of {node} in the map"
         u = f"{prefix}{i}"
         if env.router.node_for(u) == node:
             out.append(u)
@@ -158,3 +167,60 @@ def test_run_retries_through_a_fenced_pause(env):
     env.pg.exec(0, env.db, "DELETE FROM app.frozen")
     assert out["note"].body == "paused"
     assert (u, "paused") in rows(env, 1) and (u, "paused") not in rows(env, 0)
+
+
+def test_a_row_is_saved_and_deleted_where_it_was_read(env):
+    from notes.models import Note
+
+    a = users_on(env, "pg1", 1, "keep")[0]
+    b = users_on(env, "pg2", 1, "other")[0]
+    with env.svdj.for_user(a):
+        Note.objects.create(bkey=env.router.key(a), uid=a, id=11, body="v1")
+        n = Note.objects.get(uid=a, id=11)
+    with env.svdj.for_user(b):  # another user's request holds the row
+        n.body = "v2"
+        n.save()
+    assert (a, "v2") in rows(env, 0) and all(r[0] != a for r in rows(env, 1))
+    n.delete()  # no current user at all: the row knows its node
+    assert all(r[0] != a for r in rows(env, 0))
+
+
+def test_run_refuses_a_swallowed_error(env):
+    from django.db import DatabaseError
+    from notes.models import Note
+
+    u = users_on(env, "pg1", 1, "swallow")[0]
+
+    def fn():
+        Note.objects.create(bkey=env.router.key(u), uid=u, id=1, body="first")
+        try:
+            Note.objects.create(bkey=env.router.key(u), uid=u, id=1, body="duplicate")
+        except DatabaseError:
+            pass  # the transaction is now marked for rollback
+
+    with pytest.raises(Exception) as e:
+        env.svdj.run(u, fn)
+    assert "marked for rollback" in str(e.value) and type(e.value).__name__ == "TransactionAborted"
+    assert all(r[0] != u for r in rows(env, 0))
+
+
+def test_run_keeps_fn_on_the_node_it_started_on(env):
+    """The map flips while fn runs: fn's later queries stay in its
+    transaction on the first node (the fence, not the map, decides)."""
+    from notes.models import Note
+
+    u = users_on(env, "pg1", 1, "pin")[0]
+    before = env.router.table
+
+    def fn():
+        Note.objects.create(bkey=env.router.key(u), uid=u, id=1, body="part 1")
+        specs = env.specs + [("pg3", env.pg.dsn(1, env.third), f"file:{env.pg.password_file}")]
+        env.router.update(RoutingTable(map_doc(specs, [1, 2], level=1, version=env.router.map_version + 1)))
+        Note.objects.create(bkey=env.router.key(u), uid=u, id=2, body="part 2")
+
+    env.svdj.run(u, fn)
+    assert {r for r in rows(env, 0) if r[0] == u} == {(u, "part 1"), (u, "part 2")}
+    assert all(r[0] != u for r in rows(env, 1))
+    # Later queries follow the new map.
+    with env.svdj.for_user(u):
+        assert env.router.node_for(u) == "pg2" and before.node_for(u) == "pg1"

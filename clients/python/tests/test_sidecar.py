@@ -20,6 +20,7 @@ class Fake:
         self.doc = map_doc(NODES, [0, 1, 0, 1], level=2, version=1)
         self.map_gets = 0
         self.not_modified = 0
+        self.truncate = 0  # answers of GET /v1/map to cut short
         fake = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -32,6 +33,13 @@ class Fake:
                     body = json.dumps(fake.doc).encode()
                     etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
                     fake.map_gets += 1
+                    if fake.truncate:
+                        fake.truncate -= 1
+                        self.send_response(200)
+                        self.send_header("Content-Length", str(len(body) + 100))
+                        self.end_headers()
+                        self.wfile.write(body[:10])
+                        return
                     if self.headers.get("If-None-Match") == etag:
                         fake.not_modified += 1
                         self.send_response(304)
@@ -95,5 +103,18 @@ def test_router_follows_the_sidecars_map(fake):
         fake.close()  # the sidecar goes away: the map in use is kept
         wait_for(lambda: errors, 2, "the error to be reported")
         assert r.map_version == 2 and isinstance(errors[0], SidecarError)
+    finally:
+        r.close()
+
+
+def test_a_broken_answer_is_reported_and_following_goes_on(fake):
+    errors = []
+    r = SidecarClient(fake.url).router(follow=True, every=0.02, on_error=errors.append)
+    try:
+        fake.truncate = 2
+        wait_for(lambda: len(errors) >= 2, 5, "the broken answers to be reported")
+        assert all(isinstance(e, SidecarError) and "broken answer" in str(e) for e in errors), errors
+        fake.doc = map_doc(NODES, [1, 1, 1, 1], level=2, version=2)
+        wait_for(lambda: r.map_version == 2, 5, "map 2 after the broken answers")
     finally:
         r.close()

@@ -81,6 +81,19 @@ def test_rows_go_to_their_users_nodes_and_queries_follow(env):
         assert ch.query_chooser(session(env).query(Note)) == ["pg2"]
 
 
+def test_or_and_not_pin_no_node(env):
+    from sqlalchemy import and_, not_, or_
+
+    _, _, router, _, ch, _ = env
+    s = session(env)
+    everywhere = router.table.owning_nodes()
+    assert ch.query_chooser(s.query(Note).filter(or_(Note.uid == "a", Note.body == "public"))) == everywhere
+    assert ch.query_chooser(s.query(Note).filter(not_(and_(Note.uid == "a", Note.body == "x")))) == everywhere
+    assert ch.query_chooser(s.query(Note).filter(Note.uid != "a")) == everywhere
+    pinned = ch.query_chooser(s.query(Note).filter(Note.body == "x", or_(Note.id == 1, Note.id == 2), Note.uid == "a"))
+    assert pinned == [router.node_for("a")]
+
+
 def test_a_row_without_user_and_no_current_user_is_refused(env):
     s = session(env)
     s.add(Note(bkey=1, uid=None, id=1, body="x"))
