@@ -242,8 +242,10 @@ func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
 	goBuild(t, "./examples/hello", hello)
 	port, adminPort := testenv.FreePort(t), testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
+	off := topo.Duration(0) // HUP's swap completes at readiness: the window is stability_test.go's
 	c := &topo.PoolConfig{Version: 1, Command: hello, Workers: 2, Env: map[string]string{"GREETING": "hi"},
-		Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}}
+		Listen:    []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}},
+		Stability: topo.Stability{Window: &off, RollbackWithin: &off}}
 	writeConfig(t, file, c)
 	logf, _ := os.Create(filepath.Join(dir, "sv.log"))
 	cmd := execCommand(sv, "--config", file, "--config-poll", "100ms", "--admin", fmt.Sprintf("127.0.0.1:%d", adminPort),
@@ -651,6 +653,11 @@ func swapsUnderLoad(t *testing.T, c *topo.PoolConfig) *harness {
 	c.Listen = []topo.Listen{{Name: "http", Addr: "tcp://" + addr}}
 	c.GracefulTimeout = topo.Duration(10 * time.Second)
 	c.Readiness = topo.Readiness{Timeout: topo.Duration(60 * time.Second)}
+	// A swap completes at readiness, as cfgFor's do: what these tests
+	// check is the handover under load, not the stability window
+	// (stability_test.go), which would add 10 s to each.
+	off := topo.Duration(0)
+	c.Stability = topo.Stability{Window: &off, RollbackWithin: &off}
 	writeConfig(t, file, c)
 	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
 	h.waitFor(60*time.Second, c.Command+" generation 1", serving(1, 2))
