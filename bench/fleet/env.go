@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -31,6 +32,9 @@ type env struct {
 	pgAddrs  []string
 	pwFile   string
 	password string
+	// notesDDL is the notes table, from the file examples/notes embeds
+	// (a package main there, so not importable).
+	notesDDL string
 }
 
 func newEnv(root string) (*env, error) {
@@ -46,6 +50,11 @@ func newEnv(root string) (*env, error) {
 		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
 	}
 	e.password = pw
+	ddl, err := os.ReadFile(filepath.Join(root, "examples", "notes", "schema", "001-notes.sql"))
+	if err != nil {
+		return nil, err
+	}
+	e.notesDDL = string(ddl)
 	return e, nil
 }
 
@@ -87,18 +96,6 @@ func (e *env) dropDB(ctx context.Context, i int, db string) error {
 	}
 	return testenv.DropDatabase(ctx, e.adminDSN(i), db)
 }
-
-// notesDDL is examples/notes' Schema (package main there, so copied).
-const notesDDL = `CREATE SCHEMA IF NOT EXISTS app;
-CREATE TABLE IF NOT EXISTS app.notes (
-	bkey       bigint NOT NULL,
-	uid        text NOT NULL,
-	id         bigint NOT NULL,
-	body       text NOT NULL,
-	version    bigint NOT NULL DEFAULT 1,
-	updated_at timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (bkey, uid, id)
-)`
 
 var notesTable = topo.TableRecord{Name: "app.notes", KeyColumn: "bkey"}
 
@@ -156,7 +153,7 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 		if err != nil {
 			return nil, err
 		}
-		_, err = conn.Exec(ctx, notesDDL)
+		_, err = conn.Exec(ctx, b.env.notesDDL)
 		if err == nil {
 			_, err = fence.Install(ctx, conn, name, n.ID, rec.Tables)
 		}

@@ -39,7 +39,7 @@ def main():
     n = len(uids)
     print(f"python {sys.version.split()[0]}; {a.calls} calls, best of {a.repeat}")
     r16 = shardvisor.Router.from_map(maps["level 16"])
-    prk = r16.table._prk
+    prk = r16.table.keystream._prk
     encoded = [(u.encode("utf-8") + b"\x01") for u in uids]
     i = iter(range(10**12))
     base = best(lambda: hmac.digest(prk, encoded[next(i) % n], "sha256"), a.calls, a.repeat)

@@ -109,28 +109,8 @@ class _Driver:
             kw["connect_timeout"] = max(1, int(connect_timeout))
         return self.mod.connect(dsn, **kw)
 
-    def sqlstate(self, e: BaseException) -> Optional[str]:
-        if self.name == "psycopg":
-            return getattr(e, "sqlstate", None)
-        return getattr(e, "pgcode", None)
-
     def is_error(self, e: BaseException) -> bool:
         return isinstance(e, self.mod.Error)
-
-    # A server that answered a connection with a refusal of its own is not a
-    # failover: retrying a wrong password, a missing database or "too many
-    # connections" a hundred times only makes it worse (router.noPrimary).
-    REFUSED_STATES = ("28000", "28P01", "3D000", "53300", "42501")
-    REFUSED_TEXT = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
-                    "too many clients", "too many connections", "permission denied", "role \"")
-
-    def refused(self, e: BaseException) -> bool:
-        """A connect error that is the server's own refusal."""
-        code = self.sqlstate(e)
-        if code:
-            return code in self.REFUSED_STATES
-        msg = str(e)
-        return any(t in msg for t in self.REFUSED_TEXT)
 
     def broken(self, conn) -> bool:
         if self.name == "psycopg":
@@ -150,6 +130,28 @@ class _Driver:
         return st == ext.TRANSACTION_STATUS_INERROR
 
 
+def sqlstate(e: BaseException) -> Optional[str]:
+    """The SQLSTATE of a driver's error: psycopg 3's sqlstate, psycopg2's pgcode."""
+    return getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
+
+
+# A server that answered a connection with a refusal of its own is not a
+# failover: retrying a wrong password, a missing database or "too many
+# connections" a hundred times only makes it worse (router.noPrimary).
+REFUSED_STATES = ("28000", "28P01", "3D000", "53300", "42501")
+REFUSED_TEXT = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
+                "too many clients", "too many connections", "permission denied", 'role "')
+
+
+def refused(e: BaseException) -> bool:
+    """Whether a connect error is the server's own refusal. A connection
+    refused before any SQLSTATE exists is known by its message only."""
+    code = sqlstate(e)
+    if code:
+        return code in REFUSED_STATES
+    return any(t in str(e) for t in REFUSED_TEXT)
+
+
 def default_driver() -> str:
     """psycopg (3) when it can be imported, else psycopg2."""
     try:
@@ -164,9 +166,10 @@ def default_driver() -> str:
 
 class NodePool:
     """Connections to one db node: idle ones reused last-in first-out, at
-    most max_size open. A connection idle for over a second is pinged
-    before it is handed out, so one left broken by a failover or a server
-    restart is replaced before fn sends anything on it."""
+    most max_size open. A connection idle for over a second, or whose
+    socket is readable, is pinged before it is handed out, so one left
+    broken by a failover or a server restart is replaced before fn sends
+    anything on it."""
 
     def __init__(self, node: Node, driver: _Driver, max_size: int = 10, connect_timeout: float = 5.0,
                  checkout_timeout: float = 30.0):
@@ -195,8 +198,8 @@ class NodePool:
                     item = self._idle.pop() if self._idle else None
                 if item is None:
                     conn = self.driver.connect(self.node.dsn, self.node.resolve_password(), self.connect_timeout)
-                    self.connects += 1
                     with self._lock:
+                        self.connects += 1
                         self._in_use.add(conn)
                     return conn
                 conn, since = item
@@ -392,7 +395,7 @@ class Pools:
         except PoolClosed as e:
             return e, False  # nothing was sent; the next attempt routes on the new map
         except Exception as e:
-            if self.driver.is_error(e) and not self.driver.refused(e):
+            if self.driver.is_error(e) and not refused(e):
                 self._count("connect")
                 return e, True  # nothing was sent
             raise
@@ -411,7 +414,7 @@ class Pools:
             broken = self._rollback(conn)
             if not self.driver.is_error(e):
                 raise
-            if self.driver.sqlstate(e) == FENCE_SQLSTATE:
+            if sqlstate(e) == FENCE_SQLSTATE:
                 self._count("fence")
                 return e, False  # rolled back by the fence
             lost = broken or self.driver.broken(conn)

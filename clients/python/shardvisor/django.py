@@ -166,8 +166,8 @@ def _ensure_alias(node_id: str) -> str:
                 connections.settings = new  # ConnectionHandler.databases reads .settings
                 connections.ensure_defaults(alias)
                 connections.prepare_test_settings(alias)
-    elif any(have.get(k) != want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")):
-        have.update({k: want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")})  # next connection
+    else:
+        have.update({k: want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")})  # for its next connection
     _known[alias] = (node.dsn, node.password)
     return alias
 
@@ -258,9 +258,13 @@ class UserMiddleware:
             reset_user(token)
 
 
+def _driver_error(e: BaseException) -> BaseException:
+    """The driver's error a Django DatabaseError wraps."""
+    return e.__cause__ or e.__context__ or e
+
+
 def _fence_refused(e: BaseException) -> bool:
-    c = e.__cause__ or e.__context__
-    return getattr(c, "pgcode", None) == _db.FENCE_SQLSTATE or getattr(c, "sqlstate", None) == _db.FENCE_SQLSTATE
+    return _db.sqlstate(_driver_error(e)) == _db.FENCE_SQLSTATE
 
 
 def run(uid, fn: Callable[[], T], idempotent: bool = False, retry_for: float = _db.DEFAULT_RETRY_FOR) -> T:
@@ -286,7 +290,7 @@ def run(uid, fn: Callable[[], T], idempotent: bool = False, retry_for: float = _
                 try:
                     conn.ensure_connection()
                 except DatabaseError as e:
-                    if _refused(e):
+                    if _db.refused(_driver_error(e)):
                         raise
                     return e, True  # nothing was sent
                 done = False
@@ -318,10 +322,3 @@ def run(uid, fn: Callable[[], T], idempotent: bool = False, retry_for: float = _
 
     return _db.retrying(uid, r.route, attempt, retry_for)
 
-
-def _refused(e: BaseException) -> bool:
-    c = e.__cause__ or e.__context__ or e
-    code = getattr(c, "pgcode", None) or getattr(c, "sqlstate", None)
-    if code:
-        return code in _db._Driver.REFUSED_STATES
-    return any(t in str(c) for t in _db._Driver.REFUSED_TEXT)

@@ -15,7 +15,6 @@ costs the same at any depth. A newer format is refused, never guessed at.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import signal
@@ -117,13 +116,7 @@ class RoutingTable:
             raise MapError(f"bucket map format version {m.get('version')!r} is not supported (this client reads {MAP_FORMATS})")
         self.cluster: str = doc["cluster"]
         self.seed: bytes = keystream.parse_seed(doc["seed"])
-        self._prk = keystream.hkdf_extract(keystream.SALT, self.seed)
-        # HMAC-SHA256 under the PRK with its inner and outer key blocks
-        # hashed once: a lookup copies two states (2.4x faster than
-        # hmac.digest, which re-keys every call).
-        block = self._prk + bytes(64 - len(self._prk))
-        self._inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
-        self._outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+        self.keystream = keystream.Keystream(self.seed)
         level = m["level"]
         limit = MAX_DEPTH if m["version"] == 2 else MAX_LEVEL
         if not isinstance(level, int) or not 0 <= level <= limit:
@@ -180,6 +173,7 @@ class RoutingTable:
         for i, n in enumerate(nodes):
             if n.state == "removed" and i in owning:
                 raise MapError(f"node {n.id} is removed but owns buckets")
+        self._owning: List[str] = [n.id for i, n in enumerate(nodes) if i in owning]
         # State by (bucket, depth); "level" is absent when it is the map's.
         self._states: Dict[Tuple[int, int], dict] = {}
         for b in m.get("buckets") or []:
@@ -214,18 +208,15 @@ class RoutingTable:
         return cls.from_bytes(data, f"map file {path}")
 
     def prefix64(self, uid: str) -> int:
-        """The first 64 bits of uid's keystream: T(1) = HMAC(PRK, uid | 0x01)."""
-        i = self._inner.copy()
-        i.update(uid.encode("utf-8") + b"\x01")
-        o = self._outer.copy()
-        o.update(i.digest())
-        return int.from_bytes(o.digest()[:8], "big")
+        """The first 64 bits of uid's keystream."""
+        return self.keystream.prefix64(uid)
 
     def node_for(self, uid: str) -> str:
         """The id of the db node that holds uid."""
-        i = self._inner.copy()  # prefix64, inlined: this is the hot path
+        ks = self.keystream  # Keystream.prefix64, inlined: this is the hot path
+        i = ks.inner.copy()
         i.update(uid.encode("utf-8") + b"\x01")
-        o = self._outer.copy()
+        o = ks.outer.copy()
         o.update(i.digest())
         return self._slot_node[int.from_bytes(o.digest()[:8], "big") >> self._shift]
 
@@ -247,14 +238,9 @@ class RoutingTable:
                      st.get("target", ""), bool(st.get("data_lost")), (node.patroni or {}).get("scope", ""),
                      keystream.key(prefix))
 
-    def live_nodes(self) -> List[Node]:
-        """Nodes neither down nor removed."""
-        return [n for n in self.nodes.values() if n.state not in ("down", "removed")]
-
     def owning_nodes(self) -> List[str]:
         """Ids of the nodes that own at least one bucket, in registry order."""
-        owning = set(self._slot_node)
-        return [i for i in self.nodes if i in owning]
+        return list(self._owning)
 
 
 _env_routers: Dict[Tuple[str, bool], "Router"] = {}

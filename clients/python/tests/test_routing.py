@@ -131,11 +131,17 @@ class NotifySocket:
         self.sock.close()
 
 
-def test_following_acknowledges_each_map(tmp_path, monkeypatch):
+def live_map(tmp_path, monkeypatch):
+    """A NOTIFY_SOCKET the test reads, and a map file at version 1."""
     ns = NotifySocket(tmp_path / "notify.sock")
     path = str(tmp_path / "live-map.json")
     write_json(path, doc(version=1))
     monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    return ns, path
+
+
+def test_following_acknowledges_each_map(tmp_path, monkeypatch):
+    ns, path = live_map(tmp_path, monkeypatch)
     monkeypatch.setenv("SHARDVISOR_MAP_FILE", path)
     monkeypatch.setenv("SHARDVISOR_MAP_DELIVERY", "reload")
     errors = []
@@ -163,10 +169,7 @@ def test_following_acknowledges_each_map(tmp_path, monkeypatch):
 
 
 def test_swap_mode_neither_follows_nor_acknowledges(tmp_path, monkeypatch):
-    ns = NotifySocket(tmp_path / "notify.sock")
-    path = str(tmp_path / "map-1.json")
-    write_json(path, doc(version=1))
-    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    ns, path = live_map(tmp_path, monkeypatch)
     monkeypatch.setenv("SHARDVISOR_MAP_FILE", path)
     monkeypatch.setenv("SHARDVISOR_MAP_DELIVERY", "swap")
     r = Router.from_env()
@@ -200,10 +203,7 @@ def test_a_pre_forking_parent_follows_and_only_its_children_acknowledge(tmp_path
     forks; the children route, so only they acknowledge; the arbiter keeps
     following, so a child forked later to replace one starts on the
     current map, not on the one the arbiter had at its first fork."""
-    ns = NotifySocket(tmp_path / "notify.sock")
-    path = str(tmp_path / "live-map.json")
-    write_json(path, doc(version=1))
-    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    ns, path = live_map(tmp_path, monkeypatch)
     r = Router.from_map_file(path, follow=True, ack=True, forks_workers=True)
     wait_for(lambda: "MAPVERSION=1" in ns.read(), 2, "the parent's MAPVERSION=1")
     for v in (2, 3):
@@ -227,10 +227,7 @@ def test_a_pre_forking_parent_follows_and_only_its_children_acknowledge(tmp_path
 
 def test_a_process_that_forks_for_other_reasons_keeps_acknowledging(tmp_path, monkeypatch):
     """multiprocessing, subprocess's preexec_fn: not a pre-forking server."""
-    ns = NotifySocket(tmp_path / "notify.sock")
-    path = str(tmp_path / "live-map.json")
-    write_json(path, doc(version=1))
-    monkeypatch.setenv("NOTIFY_SOCKET", ns.path)
+    ns, path = live_map(tmp_path, monkeypatch)
     r = Router.from_map_file(path, follow=True, ack=True, forks_workers=False)
     subprocess.run(["true"], preexec_fn=lambda: None, check=True)  # runs the fork hooks
     ns.read()
@@ -267,11 +264,8 @@ def test_from_env_is_one_router_per_process(tmp_path, monkeypatch):
 
 
 def test_the_map_signal_wakes_the_follower(tmp_path, monkeypatch):
-    ns = NotifySocket(tmp_path / "notify.sock")
-    path = str(tmp_path / "live-map.json")
-    write_json(path, doc(version=1))
-    for k, v in {"NOTIFY_SOCKET": ns.path, "SHARDVISOR_MAP_FILE": path, "SHARDVISOR_MAP_DELIVERY": "reload",
-                 "SHARDVISOR_MAP_SIGNAL": "SIGUSR2"}.items():
+    ns, path = live_map(tmp_path, monkeypatch)
+    for k, v in {"SHARDVISOR_MAP_FILE": path, "SHARDVISOR_MAP_DELIVERY": "reload", "SHARDVISOR_MAP_SIGNAL": "SIGUSR2"}.items():
         monkeypatch.setenv(k, v)
     old = signal.getsignal(signal.SIGUSR2)
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)
