@@ -389,7 +389,10 @@ class Pools:
     def _attempt(self, uid: str, rt: Route, fn, idempotent: bool):
         """One try. Returns ((result,), False) on success, or (error,
         connect_failed) for an error worth retrying; raises the others."""
-        p = self.pool(rt.node)
+        try:
+            p = self.pool(rt.node)
+        except MapError as e:
+            return e, False  # a map without the node came in after the route: nothing was sent
         try:
             conn = p.get()
         except PoolClosed as e:

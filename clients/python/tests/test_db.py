@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import TEST_FENCE, map_doc, wait_for
-from shardvisor import Router, RoutingTable
+from shardvisor import MapError, Router, RoutingTable
 from shardvisor import db as svdb
 
 DRIVERS = ["psycopg2", "psycopg"]
@@ -272,3 +272,13 @@ def test_a_connection_ended_a_moment_ago_is_replaced_before_use(cluster):
     wait_for(lambda: not cluster.sql(0, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)), 5, "the backend to end")
     cluster.pools.run("max", cluster.insert("max", 2))  # well within IDLE_PING_AFTER
     assert cluster.count(0) == 2
+
+
+def test_a_route_to_a_node_a_new_map_removed_is_retried():
+    """The route was read, then a map without its node was applied before
+    the pool was opened: nothing was sent, so the attempt is retried."""
+    r = Router.from_map(map_doc([("pg1", "postgres://x@127.0.0.1:1/x", "")], [0], level=0))
+    pools = svdb.Pools(r, driver="psycopg2")
+    gone = r.route("ann")._replace(node="pg9")
+    err, connect_failed = pools._attempt("ann", gone, lambda conn: None, False)
+    assert isinstance(err, MapError) and "pg9" in str(err) and not connect_failed
