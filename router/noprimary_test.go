@@ -98,3 +98,37 @@ type wrappedConnect struct {
 func (w wrappedConnect) Unwrap() []error { return []error{w.ConnectError, w.inner} }
 
 func connectErr(ce *pgconn.ConnectError, inner error) error { return wrappedConnect{ce, inner} }
+
+// The context ends inside an attempt (pgxpool's acquire or connect then
+// returns the context's error, which is not retryable): Do still says
+// what the attempts before met, no primary, instead of a bare "context
+// deadline exceeded". CI met it once in TestDoRetriesAGroupWithoutPrimaryAndSaysSo
+// on a loaded machine; here the second attempt ends the context itself.
+func TestDoSaysNoPrimaryWhenTheContextEndsInsideAnAttempt(t *testing.T) {
+	ns := clustertest.Nodes(1)
+	ns[0].DSN = fmt.Sprintf("postgres://app@127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write&connect_timeout=1", closedPort(t))
+	m, err := bucketmap.New(0, ns, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := NewFromFile(clustertest.WriteMapFile(t, t.TempDir(), m), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	calls := 0
+	err = r.Do(ctx, "alice", func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
+		calls++
+		if calls == 1 {
+			_, err := pool.Exec(ctx, "SELECT 1") // refused: no primary
+			return err
+		}
+		cancel()
+		return ctx.Err()
+	})
+	if calls != 2 || !errors.Is(err, ErrNoPrimary) || !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "db node pg1") {
+		t.Fatalf("%d calls: %v", calls, err)
+	}
+}
