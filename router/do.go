@@ -86,6 +86,7 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 	// Jittered, so that the writers a pause held back do not all come back
 	// in the same millisecond.
 	b := backoff.New(2*time.Millisecond, 100*time.Millisecond)
+	var last error // the previous attempt's retryable error
 	for attempt := 1; ; attempt++ {
 		rt, err := r.Route(uid)
 		if err != nil {
@@ -96,9 +97,15 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 			return perr
 		}
 		err = fn(ctx, pool, rt)
+		if err != nil && last != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			// ctx ended inside this attempt (pgxpool's acquire or connect
+			// then returns ctx's error): say what the attempts met.
+			return ctxEnded(uid, ctx.Err(), rt, last)
+		}
 		if err == nil || !Retryable(err) {
 			return err
 		}
+		last = err
 		delay := b.Next()
 		if time.Now().Add(delay).After(deadline) {
 			if rt.State == bucketmap.BucketMoving {
@@ -128,10 +135,7 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 				if ticker != nil {
 					ticker.Stop()
 				}
-				if noPrimary(err) {
-					return fmt.Errorf("router: %q: %w (last attempt: db node %s: %w: %w)", uid, ctx.Err(), rt.Node, ErrNoPrimary, err)
-				}
-				return fmt.Errorf("router: %q: %w (last attempt: %v)", uid, ctx.Err(), err)
+				return ctxEnded(uid, ctx.Err(), rt, err)
 			case <-wait.C:
 				break waiting
 			case <-poll:
@@ -145,4 +149,13 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 			ticker.Stop()
 		}
 	}
+}
+
+// ctxEnded is Do's error when ctx ends while it retries: ctx's error, and
+// what the last attempt on rt's node met.
+func ctxEnded(uid string, ctxErr error, rt Route, last error) error {
+	if noPrimary(last) {
+		return fmt.Errorf("router: %q: %w (last attempt: db node %s: %w: %w)", uid, ctxErr, rt.Node, ErrNoPrimary, last)
+	}
+	return fmt.Errorf("router: %q: %w (last attempt: %v)", uid, ctxErr, last)
 }
