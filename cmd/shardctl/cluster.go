@@ -61,21 +61,9 @@ func runInit(c *cli.Context) error {
 	default:
 		return cliutil.Usagef("init: --seed HEX or --random-seed is required")
 	}
-	specs := c.StringSlice("node")
-	if len(specs) == 0 {
-		return cliutil.Usagef("init: at least one --node ID=DSN is required")
-	}
-	var nodes []bucketmap.Node
-	for _, spec := range specs {
-		id, dsn, ok := strings.Cut(spec, "=")
-		if !ok {
-			return cliutil.Usagef("init: --node %q: want ID=DSN", spec)
-		}
-		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive}
-		if err := bucketmap.ValidateNode(n); err != nil {
-			return cliutil.Usagef("init: --node: %v", err)
-		}
-		nodes = append(nodes, n)
+	nodes, err := initNodes(c)
+	if err != nil {
+		return err
 	}
 	m, err := bucketmap.New(level, nodes, time.Now().UTC())
 	if err != nil {
@@ -364,6 +352,28 @@ func runSimulate(c *cli.Context) error {
 		return cliutil.Usagef("simulate: %v", err)
 	}
 	return run(m)
+}
+
+// initNodes reads init's --node values (or SHARDVISOR_NODES): one node
+// per ID=DSN, a DSN's own commas (a multi-host DSN) kept in it.
+func initNodes(c *cli.Context) ([]bucketmap.Node, error) {
+	specs := cliutil.SplitNodes(c.StringSlice("node"))
+	if len(specs) == 0 {
+		return nil, cliutil.Usagef("init: at least one --node ID=DSN is required")
+	}
+	var nodes []bucketmap.Node
+	for _, spec := range specs {
+		id, dsn, ok := strings.Cut(spec, "=")
+		if !ok {
+			return nil, cliutil.Usagef("init: --node %q: want ID=DSN", spec)
+		}
+		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive}
+		if err := bucketmap.ValidateNode(n); err != nil {
+			return nil, cliutil.Usagef("init: --node: %v", err)
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
 }
 
 // depths names a map's depths for people: "level 4", or "depths 2..5".

@@ -368,12 +368,14 @@ type T interface {
 
 // CheckEnv is each binary's environment test: every flag of every command
 // of app can be set from the environment (EnvAll), each with its own
-// variable (except flags meaning the same on several commands), and the
+// variable (except flags meaning the same on several commands), the
 // names, which the docs and operators' scripts use, stay as listed in the
-// file golden (the binary's testdata/env.txt).
+// file golden (the binary's testdata/env.txt), and no repeated flag's
+// values are cut at commas (lists.go).
 func CheckEnv(t T, app *cli.App, golden string) {
 	t.Helper()
 	list, problems := Env(EnvAll(app))
+	problems = append(problems, sliceProblems(app)...)
 	for _, problem := range problems {
 		t.Errorf("%s", problem)
 	}
