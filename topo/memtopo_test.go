@@ -554,18 +554,9 @@ func TestUpdateMoveOpAllOrNoneOnStaleMap(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
 	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{"v":1}`)
-	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MoveBarrier}
-	if err := CreateMove(ctx, s1, p, rec); err != nil {
-		t.Fatal(err)
-	}
-	_, mv, _ := ReadMove(ctx, s1, p, "m1")
+	op, mv := flipOp(t, ctx, s1, p, MoveBarrier)
 	_, v0, _ := ReadMapData(ctx, s1, p)
 	v1, _, err := WriteMapData(ctx, s2, p, []byte(`{"v":"other"}`), v0) // another writer
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.State = MoveFlip
-	op, err := UpdateMoveOp(p, rec, mv)
 	if err != nil {
 		t.Fatal(err)
 	}
