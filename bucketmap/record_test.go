@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shardvisor/shardvisor/internal/recordtest"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -82,7 +82,7 @@ func TestMapRecordCorruptCompressed(t *testing.T) {
 	badCRC := bytes.Clone(good)
 	badCRC[len(badCRC)-8] ^= 0xff
 	bomb := gz(t, make([]byte, MaxMapJSON+1))
-	cases := []recordtest.Malformed{
+	cases := []testkit.Malformed{
 		{string(good[:len(good)-4]), "truncated"},
 		{string(good[:5]), "gzip-compressed record: truncated (5 bytes stored)"},
 		{string(append([]byte{0x1f, 0x8b, 99}, good[3:]...)), "corrupt: gzip: invalid header"},
@@ -101,8 +101,8 @@ func TestMapRecordCorruptCompressed(t *testing.T) {
 		}
 		return js, err
 	}
-	recordtest.WantMalformed(t, topo.ErrMalformed, "UnpackMapRecord", unpack, "bucket map", "/shardvisor/c1/map", cases)
-	recordtest.WantMalformed(t, topo.ErrMalformed, "DecodeMapRecord", DecodeMapRecord, "bucket map", "/shardvisor/c1/map", cases)
+	testkit.WantMalformed(t, topo.ErrMalformed, "UnpackMapRecord", unpack, "bucket map", "/shardvisor/c1/map", cases)
+	testkit.WantMalformed(t, topo.ErrMalformed, "DecodeMapRecord", DecodeMapRecord, "bucket map", "/shardvisor/c1/map", cases)
 	// Not a gzip stream at all is a JSON error, as before compression.
 	if _, err := DecodeMapRecord("/m", []byte{0x1f, 'x'}); err == nil || !strings.Contains(err.Error(), "not JSON") || !errors.Is(err, topo.ErrMalformed) {
 		t.Fatalf("half a magic: %v", err)

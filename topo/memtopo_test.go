@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -22,17 +23,7 @@ const memWait = 10 * time.Second
 // intermediate versions, never the latest) and returns it.
 func awaitNode(t *testing.T, w *zksession.Watch, what string, pred func(zksession.Node) bool) zksession.Node {
 	t.Helper()
-	deadline := time.After(memWait)
-	for {
-		select {
-		case n := <-w.C:
-			if pred(n) {
-				return n
-			}
-		case <-deadline:
-			t.Fatalf("timed out after %v waiting for %s", memWait, what)
-		}
-	}
+	return testkit.Await(t, w.C, memWait, what, pred)
 }
 
 // expireSession ends s's current session as the ensemble does after its

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardvisor/shardvisor/internal/recordtest"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 )
 
 func TestPaths(t *testing.T) {
@@ -48,7 +48,7 @@ func TestDecodeStrict(t *testing.T) {
 	if r.Name != "c1" || r.Seed != "00ff" || !r.CreatedAt.Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Fatalf("decoded %+v", r)
 	}
-	recordtest.WantMalformed(t, ErrMalformed, "DecodeCluster", DecodeCluster, "cluster record", "/shardvisor/c1", []recordtest.Malformed{
+	testkit.WantMalformed(t, ErrMalformed, "DecodeCluster", DecodeCluster, "cluster record", "/shardvisor/c1", []testkit.Malformed{
 		{"", "empty"},
 		{"[1]", "not a JSON object"},
 		{`{"name":"c1"}`, `no "version"`},

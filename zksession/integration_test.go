@@ -22,6 +22,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	. "github.com/shardvisor/shardvisor/zksession"
 )
@@ -341,17 +342,7 @@ func next(t *testing.T, w *Watch) Node {
 // until reads the watch until pred holds.
 func until(t *testing.T, w *Watch, what string, pred func(Node) bool) Node {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case n := <-w.C:
-			if pred(n) {
-				return n
-			}
-		case <-deadline:
-			t.Fatalf("watch never delivered %s", what)
-		}
-	}
+	return testkit.Await(t, w.C, 30*time.Second, "the watch to deliver "+what, pred)
 }
 
 func TestIntegrationWatch(t *testing.T) {

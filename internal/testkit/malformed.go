@@ -1,9 +1,4 @@
-// Package recordtest checks, for the tests of topo's and bucketmap's
-// decoders, that a malformed record is refused in the one way the records
-// promise: an error that says what is wrong, wraps the malformed-record
-// sentinel (topo.ErrMalformed) and names the record and its path. It takes
-// the sentinel as an argument, so that topo's own tests can use it.
-package recordtest
+package testkit
 
 import (
 	"errors"
@@ -15,10 +10,12 @@ import (
 // with an error containing the second: {data, errHas}.
 type Malformed [2]string
 
-// WantMalformed decodes each case as the record at path with decode
-// (called name in messages) and wants an error that contains the case's
-// errHas, wraps sentinel and names the record and path ("<record> at
-// <path>").
+// WantMalformed checks, for the tests of topo's and bucketmap's decoders,
+// that malformed records are refused in the one way records promise: it
+// decodes each case as the record at path with decode (called name in
+// messages) and wants an error that contains the case's errHas, wraps
+// sentinel (topo.ErrMalformed: an argument, so that topo's own tests can
+// use it) and names the record and path ("<record> at <path>").
 func WantMalformed[T any](t testing.TB, sentinel error, name string, decode func(string, []byte) (T, error), record, path string, cases []Malformed) {
 	t.Helper()
 	for _, tc := range cases {
