@@ -2,14 +2,13 @@ package worker
 
 import (
 	"context"
-	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
@@ -30,21 +29,15 @@ func TestListenerFallback(t *testing.T) {
 // false if none came.
 func notifySocket(t *testing.T) func(wait time.Duration) (workerproto.Message, bool) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "notify.sock")
-	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	sock, msgs := testkit.NotifySocket(t)
 	t.Setenv(workerproto.EnvNotifySocket, sock)
 	return func(wait time.Duration) (workerproto.Message, bool) {
-		buf := make([]byte, 256)
-		_ = c.SetReadDeadline(time.Now().Add(wait))
-		n, _, err := c.ReadFromUnix(buf)
-		if err != nil {
+		select {
+		case m := <-msgs:
+			return workerproto.ParseMessage([]byte(m)), true
+		case <-time.After(wait):
 			return workerproto.Message{}, false
 		}
-		return workerproto.ParseMessage(buf[:n]), true
 	}
 }
 
