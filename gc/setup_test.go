@@ -116,6 +116,16 @@ func (c *cluster) load() *bucketmap.Map {
 	return m
 }
 
+// filled loads the map and writes n rows into each of its buckets (insert).
+func (c *cluster) filled(r *rand.Rand, n int) *bucketmap.Map {
+	c.t.Helper()
+	m := c.load()
+	for b := range uint32(m.Buckets()) {
+		c.insert(r, m, b, n)
+	}
+	return m
+}
+
 // update changes the map and brings every fence in step.
 func (c *cluster) update(edit func(m *bucketmap.Map) error) *bucketmap.Map {
 	c.t.Helper()

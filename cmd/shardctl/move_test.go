@@ -52,19 +52,7 @@ func TestServeMoveMetrics(t *testing.T) {
 func TestIntegrationMoveStragglers(t *testing.T) {
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "mvs"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
-	for _, n := range pg.Nodes[:2] {
-		if _, err := n.Conn(t).Exec(context.Background(), `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
-	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
-	mustData(t, cmd("node", "prepare", "pg1")...)
-	mustData(t, cmd("node", "prepare", "pg2")...)
+	cmd := dataCluster(t, z, pg, "mvs", 2, 2)
 
 	// The stuck member: a router record at the map version of now, from a
 	// session of its own (its process hangs).

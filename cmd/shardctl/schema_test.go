@@ -22,8 +22,7 @@ import (
 func TestIntegrationSchemaCommands(t *testing.T) {
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 4)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "sch"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := clusterCmd(z, "sch")
 	pw := "file:" + pg.Nodes[0].PasswordFile
 	conns := []*pgx.Conn{pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t), pg.Nodes[2].Conn(t), pg.Nodes[3].Conn(t)}
 	dir := t.TempDir()
@@ -165,8 +164,7 @@ INSERT INTO app.countries VALUES ('fr'), ('de');`
 func TestIntegrationSchemaAdopt(t *testing.T) {
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "adopt"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := clusterCmd(z, "adopt")
 	pw := "file:" + pg.Nodes[0].PasswordFile
 	ddl := `CREATE SCHEMA app;
 CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, note text DEFAULT 'x', PRIMARY KEY (bkey, id));

@@ -47,6 +47,7 @@ var layer = map[string]int{
 	"internal/sqlstate":    0,
 	"internal/faultproxy":  1,
 	"internal/testenv":     0,
+	"internal/testkit":     0,
 	"internal/clustertest": 4,
 	"internal/archtest":    0,
 	"zksession":            1,
@@ -86,7 +87,7 @@ const layerTop = 100
 // one (they may import each other).
 var testSupport = map[string]bool{
 	"internal/testenv": true, "internal/faultproxy": true, "internal/zktest": true,
-	"internal/clustertest": true, "zksession/memzk": true,
+	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true,
 }
 
 // The session's data methods: only the record owner (topo) and the session
