@@ -21,6 +21,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
@@ -138,7 +139,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if err != nil {
 		return fmt.Errorf("adding %s: %w", dst.ID, err)
 	}
-	if err := b.syncFence(ctx, dst, m); err != nil {
+	if err := clustertest.SyncFence(ctx, dst, m); err != nil {
 		return err
 	}
 

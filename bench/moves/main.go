@@ -49,13 +49,10 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"net"
-	"net/url"
 	"os"
 	"runtime"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,9 +63,8 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
-	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/router"
@@ -87,14 +83,9 @@ var (
 	retries       = flag.Int("retries", 3, "times to run the rebalancer again after it stopped on an aborted move")
 	baselineN     = flag.Int("baseline", 3, "moved buckets to copy again with plain COPY for the baseline")
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
-	zkConnect     = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
-	keep          = flag.Bool("keep", false, "keep the databases and the ZooKeeper tree (printed at the end)")
 	jsonOut       = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	verbose       = flag.Bool("v", false, "print every step of every move")
-	noLock        = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
-	devenvDir     = flag.String("devenv-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", benchkit.DefaultDevenvDir), "scripts/devenv state directory (password file, lock)")
-	pgHost        = flag.String("pg-host", "127.0.0.1", "PostgreSQL host")
-	pgPortBase    = flag.Int("pg-port-base", benchkit.EnvInt("SHARDVISOR_PG_PORT_BASE", 25432), "port of the first PostgreSQL node; node i listens on base+i-1")
+	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
 )
 
 const (
@@ -373,7 +364,6 @@ type bench struct {
 	st    *bucketmap.Store
 	ks    *keystream.Keystream
 	nodes []bucketmap.Node // all four; the first three start the cluster
-	admin []string         // admin DSNs (postgres database, with password)
 	db    string
 	root  string
 	r     *router.Router
@@ -388,69 +378,17 @@ func run(ctx context.Context) (*Summary, error) {
 	b.db = fmt.Sprintf("svbench_%d", now)
 	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", now)
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *level, Buckets: 1 << *level, RowsPerBucket: *rowsPerBucket,
-		Writers: *writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *keep}
+		Writers: *writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
-	if !*noLock {
-		// testenv's lock lives in its state directory: this run's.
-		os.Setenv("SHARDVISOR_DEVENV_DIR", *devenvDir)
-		release, err := testenv.Share()
-		if err != nil {
-			return nil, fmt.Errorf("test environment lock: %w", err)
-		}
-		defer release()
-	}
-	pwFile := benchkit.PasswordFile(*devenvDir)
-	password, err := benchkit.ReadPassword(pwFile)
-	if err != nil {
-		return nil, fmt.Errorf("PostgreSQL password (scripts/devenv up): %w", err)
-	}
-	for i := range startNodes + 1 {
-		host := net.JoinHostPort(*pgHost, strconv.Itoa(*pgPortBase+i))
-		dsn := (&url.URL{Scheme: "postgres", User: url.User("postgres"), Host: host, Path: "/" + b.db, RawQuery: "sslmode=disable"}).String()
-		b.nodes = append(b.nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: dsn, Password: "file:" + pwFile, Weight: 1, State: bucketmap.NodeActive})
-		b.admin = append(b.admin, benchkit.AdminDSN(host, password))
-	}
-
-	// Databases.
-	say("creating database %s on %d nodes", b.db, len(b.nodes))
-	dropDBs := func() {
-		if *keep {
-			return
-		}
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		b.dropDatabases(cctx)
-	}
-	for i := range b.nodes {
-		if err := testenv.Exec(ctx, b.admin[i], "CREATE DATABASE "+pgx.Identifier{b.db}.Sanitize()); err != nil {
-			dropDBs()
-			return nil, fmt.Errorf("%s: %w (is it up? SHARDVISOR_PG_NODES=4 scripts/devenv up)", b.nodes[i].ID, err)
-		}
-	}
-	defer dropDBs()
-
-	// ZooKeeper.
-	b.sess, err = zksession.Open(zksession.Config{Connect: *zkConnect})
+	say("creating database %s on %d nodes", b.db, startNodes+1)
+	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
+		Nodes: startNodes + 1, DB: b.db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}
-	defer b.sess.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = b.sess.WaitConnected(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", *zkConnect, err)
-	}
-	defer func() {
-		if *keep {
-			return
-		}
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := topo.DeleteRoot(cctx, b.sess, topo.MustPaths(b.root, clusterNm)); err != nil {
-			say("cleanup: ZooKeeper %s: %v", b.root, err)
-		}
-	}()
+	defer dev.Close()
+	dev.DeleteAtClose(topo.MustPaths(b.root, clusterNm))
+	b.sess, b.nodes = dev.Session, dev.Nodes
 
 	if err := b.setup(ctx); err != nil {
 		return nil, err
@@ -472,7 +410,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}})
 	defer b.r.Close()
 	b.r.OnUpdate(func(uint64) { b.trk.observe(b.r.Map(), time.Now()) })
-	wctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = b.r.WaitReady(wctx)
 	cancel()
 	if err != nil {
@@ -503,7 +441,7 @@ func run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adding %s: %w", pg4.ID, err)
 	}
-	if err := b.syncFence(ctx, pg4, m); err != nil {
+	if err := clustertest.SyncFence(ctx, pg4, m); err != nil {
 		return nil, err
 	}
 	say("added %s (map version %d); rebalancing with concurrency %d", pg4.ID, m.Version, *concurrency)
@@ -727,68 +665,18 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 // ---------------------------------------------------------------- setup
 
 func (b *bench) setup(ctx context.Context) error {
-	b.st = bucketmap.NewStore(b.sess, topo.MustPaths(b.root, clusterNm))
-	m, err := bucketmap.New(*level, b.nodes[:startNodes], time.Now())
+	ddl := []string{kvDDL}
+	if *bigRows > 0 {
+		ddl = append(ddl, blobDDL)
+	}
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
+		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{kvTable}, DDL: ddl})
 	if err != nil {
 		return err
 	}
-	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: clusterNm, Seed: seedHex, CreatedAt: time.Now().UTC(), Tables: []topo.TableRecord{kvTable}}
-	if err := b.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
-		return err
-	}
-	seed, err := keystream.ParseSeed(seedHex)
-	if err != nil {
-		return err
-	}
-	if b.ks, err = keystream.New(seed); err != nil {
-		return err
-	}
-	for i, n := range b.nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return err
-		}
-		_, err = c.Exec(ctx, kvDDL)
-		if err == nil && *bigRows > 0 {
-			_, err = c.Exec(ctx, blobDDL)
-		}
-		if err == nil {
-			_, err = fence.Install(ctx, c, clusterNm, n.ID, rec.Tables)
-		}
-		if err == nil && i < startNodes {
-			_, err = fence.Sync(ctx, c, m, n.ID)
-		}
-		c.Close(context.Background())
-		if err != nil {
-			return fmt.Errorf("%s: %w", n.ID, err)
-		}
-	}
-	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *level, m.Buckets(), startNodes, len(b.nodes))
+	b.st, b.ks = c.Store, c.Keystream
+	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *level, c.Map.Buckets(), startNodes, len(b.nodes))
 	return nil
-}
-
-func (b *bench) syncFence(ctx context.Context, n bucketmap.Node, m *bucketmap.Map) error {
-	c, err := dbnode.Connect(ctx, n)
-	if err != nil {
-		return err
-	}
-	defer c.Close(context.Background())
-	if _, err := fence.Sync(ctx, c, m, n.ID); err != nil {
-		return fmt.Errorf("%s: fence sync: %w", n.ID, err)
-	}
-	return nil
-}
-
-// uidOf names loaded user i: "u00000042".
-func uidOf(i uint32) string {
-	var d [10]byte
-	s := strconv.AppendUint(d[:0], uint64(i), 10)
-	buf := make([]byte, 0, 1+max(8, len(s)))
-	buf = append(buf, 'u')
-	for range 8 - len(s) {
-		buf = append(buf, '0')
-	}
-	return string(append(buf, s...))
 }
 
 type loadRow struct {
@@ -813,7 +701,7 @@ func (s *rowSource) Next() bool {
 
 func (s *rowSource) Values() ([]any, error) {
 	r := s.rows[s.i-1]
-	return []any{r.key, uidOf(r.idx), int64(0)}, nil
+	return []any{r.key, benchkit.UserID(r.idx), int64(0)}, nil
 }
 
 func (s *rowSource) Err() error { return nil }
@@ -858,7 +746,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 			go func() {
 				defer wg.Done()
 				for j := p * per; j < min(chunk, (p+1)*per); j++ {
-					prefixes[j] = b.ks.Prefix64(uidOf(idx + uint32(j)))
+					prefixes[j] = b.ks.Prefix64(benchkit.UserID(idx + uint32(j)))
 				}
 			}()
 		}
@@ -1001,7 +889,7 @@ func (b *bench) startLoad(maxIdx uint32) *load {
 					fresh++
 					uid = fmt.Sprintf("n%02d-%d", w, fresh)
 				} else {
-					uid = uidOf(uint32(rng.IntN(usersPer)*nw + w))
+					uid = benchkit.UserID(uint32(rng.IntN(usersPer)*nw + w))
 				}
 				seq++
 				v := seq
@@ -1317,44 +1205,6 @@ func (b *bench) leftovers(ctx context.Context) []string {
 	}
 	sort.Strings(outl)
 	return outl
-}
-
-// ---------------------------------------------------------------- cleanup
-
-// dropDatabases removes the bench's database from every node: first its
-// subscriptions (their workers hold slots on other nodes), then the slots
-// of it, then the database.
-func (b *bench) dropDatabases(ctx context.Context) {
-	for _, n := range b.nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			continue // not created
-		}
-		rows, err := c.Query(ctx, `SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
-		if err == nil {
-			subs, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-			for _, s := range subs {
-				id := pgx.Identifier{s}.Sanitize()
-				for _, q := range []string{"ALTER SUBSCRIPTION " + id + " DISABLE", "ALTER SUBSCRIPTION " + id + " SET (slot_name = NONE)", "DROP SUBSCRIPTION " + id} {
-					if _, err := c.Exec(ctx, q); err != nil {
-						say("cleanup: %s: %s: %v", n.ID, q, err)
-					}
-				}
-			}
-		}
-		c.Close(context.Background())
-	}
-	var wg sync.WaitGroup
-	for i, n := range b.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := testenv.DropDatabase(ctx, b.admin[i], b.db); err != nil {
-				say("cleanup: %s: dropping %s: %v", n.ID, b.db, err)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 // ---------------------------------------------------------------- probes

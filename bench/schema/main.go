@@ -39,14 +39,10 @@ import (
 	"fmt"
 	"math"
 	mrand "math/rand/v2"
-	"net"
-	"net/url"
 	"os"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,7 +54,7 @@ import (
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
-	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/schema"
@@ -78,14 +74,9 @@ var (
 	holdNode   = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
 	tablesN    = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
 	diffRuns   = flag.Int("diff-runs", 5, "schema.Diff runs")
-	zkConnect  = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
-	keep       = flag.Bool("keep", false, "keep the databases and the ZooKeeper tree (printed at the end)")
 	jsonOut    = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	verbose    = flag.Bool("v", false, "print schema.Apply's progress events")
-	noLock     = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
-	devenvDir  = flag.String("devenv-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", benchkit.DefaultDevenvDir), "scripts/devenv state directory (password file, lock)")
-	pgHost     = flag.String("pg-host", "127.0.0.1", "PostgreSQL host")
-	pgPortBase = flag.Int("pg-port-base", benchkit.EnvInt("SHARDVISOR_PG_PORT_BASE", 25432), "port of the first PostgreSQL node; node i listens on base+i-1")
+	devf       = benchkit.NewDevFlags(cliutil.LocalZK)
 )
 
 const (
@@ -302,7 +293,6 @@ type bench struct {
 	st     *bucketmap.Store
 	ks     *keystream.Keystream
 	nodes  []bucketmap.Node
-	admin  []string
 	db     string
 	root   string
 	r      *router.Router
@@ -322,71 +312,17 @@ func run(ctx context.Context) (*Summary, error) {
 	b.db = "svbench_schema_" + tag
 	b.root = "/shardvisor-bench/schema-" + strings.ReplaceAll(tag, "_", "-")
 	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *level, Buckets: 1 << *level, Nodes: nodesN,
-		Writers: *writers, Database: b.db, ZKRoot: b.root, Kept: *keep}
+		Writers: *writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
-	if !*noLock {
-		os.Setenv("SHARDVISOR_DEVENV_DIR", *devenvDir)
-		release, err := testenv.Share()
-		if err != nil {
-			return nil, fmt.Errorf("test environment lock: %w", err)
-		}
-		defer release()
-	}
-	pwFile := benchkit.PasswordFile(*devenvDir)
-	password, err := benchkit.ReadPassword(pwFile)
-	if err != nil {
-		return nil, fmt.Errorf("PostgreSQL password (scripts/devenv up): %w", err)
-	}
-	for i := range nodesN {
-		host := net.JoinHostPort(*pgHost, strconv.Itoa(*pgPortBase+i))
-		dsn := (&url.URL{Scheme: "postgres", User: url.User("postgres"), Host: host, Path: "/" + b.db, RawQuery: "sslmode=disable"}).String()
-		b.nodes = append(b.nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: dsn, Password: "file:" + pwFile, Weight: 1, State: bucketmap.NodeActive})
-		b.admin = append(b.admin, benchkit.AdminDSN(host, password))
-	}
-
-	say("creating database %s on %d nodes", b.db, len(b.nodes))
-	created := 0
-	dropDBs := func() {
-		if *keep {
-			return
-		}
-		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		for i := range created {
-			if err := testenv.DropDatabase(cctx, b.admin[i], b.db); err != nil {
-				say("cleanup: %s: dropping %s: %v", b.nodes[i].ID, b.db, err)
-			}
-		}
-	}
-	defer dropDBs()
-	for i := range b.nodes {
-		if err := testenv.Exec(ctx, b.admin[i], "CREATE DATABASE "+pgx.Identifier{b.db}.Sanitize()); err != nil {
-			return nil, fmt.Errorf("%s: %w (is it up? SHARDVISOR_PG_NODES=4 scripts/devenv up)", b.nodes[i].ID, err)
-		}
-		created++
-	}
-
-	b.sess, err = zksession.Open(zksession.Config{Connect: *zkConnect})
+	say("creating database %s on %d nodes", b.db, nodesN)
+	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
+		Nodes: nodesN, DB: b.db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}
-	defer b.sess.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = b.sess.WaitConnected(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", *zkConnect, err)
-	}
-	defer func() {
-		if *keep {
-			return
-		}
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := topo.DeleteRoot(cctx, b.sess, topo.MustPaths(b.root, clusterNm)); err != nil {
-			say("cleanup: ZooKeeper %s: %v", b.root, err)
-		}
-	}()
+	defer dev.Close()
+	dev.DeleteAtClose(topo.MustPaths(b.root, clusterNm))
+	b.sess, b.nodes = dev.Session, dev.Nodes
 
 	m, err := b.setup(ctx)
 	if err != nil {
@@ -406,7 +342,7 @@ func run(ctx context.Context) (*Summary, error) {
 		c.MaxConns = int32(*writers)
 	}})
 	defer b.r.Close()
-	wctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err = b.r.WaitReady(wctx)
 	cancel()
 	if err != nil {
@@ -446,11 +382,6 @@ func run(ctx context.Context) (*Summary, error) {
 // ---------------------------------------------------------------- setup
 
 func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
-	b.st = bucketmap.NewStore(b.sess, topo.MustPaths(b.root, clusterNm))
-	m, err := bucketmap.New(*level, b.nodes, time.Now())
-	if err != nil {
-		return nil, err
-	}
 	tables := []topo.TableRecord{{Name: "app.kv", KeyColumn: "bkey"}}
 	ddl := []string{kvDDL}
 	for i := 1; i <= *tablesN; i++ {
@@ -459,60 +390,16 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 		b.tables = append(b.tables, t)
 		ddl = append(ddl, tableDDL(i))
 	}
-	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: clusterNm, Seed: seedHex, CreatedAt: time.Now().UTC(), Tables: tables}
-	if err := b.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
-		return nil, err
-	}
-	seed, err := keystream.ParseSeed(seedHex)
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
+		Nodes: b.nodes, Tables: tables, DDL: ddl, Parallel: true})
 	if err != nil {
 		return nil, err
 	}
-	if b.ks, err = keystream.New(seed); err != nil {
-		return nil, err
-	}
-	if err := b.eachNode(ctx, func(_ int, n bucketmap.Node, c *pgx.Conn) error {
-		for _, q := range ddl {
-			if _, err := c.Exec(ctx, q); err != nil {
-				return err
-			}
-		}
-		if _, err := fence.Install(ctx, c, clusterNm, n.ID, rec.Tables); err != nil {
-			return err
-		}
-		_, err := fence.Sync(ctx, c, m, n.ID)
-		return err
-	}); err != nil {
-		return nil, err
-	}
+	b.st, b.ks = c.Store, c.Keystream
 	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
-		clusterNm, b.root, *level, m.Buckets(), len(b.nodes), *tablesN)
-	return m, nil
+		clusterNm, b.root, *level, c.Map.Buckets(), len(b.nodes), *tablesN)
+	return c.Map, nil
 }
-
-// eachNode runs fn on every node at once, each with its own connection,
-// and joins their errors, each named by its node.
-func (b *bench) eachNode(ctx context.Context, fn func(i int, n bucketmap.Node, c *pgx.Conn) error) error {
-	errs := make([]error, len(b.nodes))
-	var wg sync.WaitGroup
-	for i, n := range b.nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := dbnode.Connect(ctx, n)
-			if err == nil {
-				err = fn(i, n, c)
-				c.Close(context.Background())
-			}
-			if err != nil {
-				errs[i] = fmt.Errorf("%s: %w", n.ID, err)
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-func uidOf(i int) string { return fmt.Sprintf("u%08d", i) }
 
 // load COPYs --rows users into app.kv on their owners (bypassing the
 // fence, as replication does).
@@ -524,14 +411,14 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 		idx[n.ID] = i
 	}
 	for i := range *rowsN {
-		uid := uidOf(i)
+		uid := benchkit.UserID(uint32(i))
 		p := b.ks.Prefix64(uid)
 		o := idx[m.Owner(keystream.BucketOf(p, m.Level))]
 		per[o] = append(per[o], []any{keystream.Key(p), uid, int64(0)})
 	}
 	b.users = *rowsN
 	var total atomic.Int64
-	if err := b.eachNode(ctx, func(i int, _ bucketmap.Node, c *pgx.Conn) error {
+	if err := clustertest.EachNode(ctx, b.nodes, func(i int, _ bucketmap.Node, c *pgx.Conn) error {
 		if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
 			return err
 		}
@@ -585,7 +472,7 @@ func (b *bench) startLoad() *load {
 					fresh++
 					uid = fmt.Sprintf("n%d-%02d-%d", run, w, fresh)
 				} else {
-					uid = uidOf(rng.IntN(usersPer)*nw + w)
+					uid = benchkit.UserID(uint32(rng.IntN(usersPer)*nw + w))
 				}
 				seq++
 				key := keystream.Key(b.ks.Prefix64(uid))

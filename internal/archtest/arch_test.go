@@ -47,7 +47,7 @@ var layer = map[string]int{
 	"internal/sqlstate":    0,
 	"internal/faultproxy":  1,
 	"internal/testenv":     0,
-	"internal/clustertest": 4,
+	"internal/clustertest": 6,
 	"internal/archtest":    0,
 	"zksession":            1,
 	"topo":                 2,

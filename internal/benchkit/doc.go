@@ -3,8 +3,9 @@
 // prints its figures:
 //
 //   - env: flag defaults from the environment (EnvOr, EnvInt,
-//     EnvDuration), the scripts/devenv state directory and the PostgreSQL
-//     password and admin DSNs it leaves there;
+//     EnvDuration), the scripts/devenv state directory and the flags of
+//     a run on its servers (DevFlags; the servers themselves are
+//     internal/clustertest's Dev);
 //   - load: the pieces of a load loop (Stopper, Pacer, Sleep,
 //     IdempotencyKey);
 //   - report: the one percentile summary (Stat, Of: p50/p99/max mean the

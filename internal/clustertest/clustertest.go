@@ -1,7 +1,11 @@
 // Package clustertest holds the cluster fixtures that tests of several
-// packages share (router, sidecar): a seed, db nodes that are never
-// dialled, a cluster created in a ZooKeeper tree, map files. Test support
-// only: no library package imports it.
+// packages and the benchmarks share: the one cluster on real db nodes
+// (Build: record and map in ZooKeeper, DDL, fence installed and synced;
+// it returns errors, MustBuild is the tests' form), a benchmark's
+// databases on scripts/devenv's servers (Dev), and for routing tests a
+// seed, db nodes that are never dialled, a cluster created in a ZooKeeper
+// tree, map files. Test and benchmark support only: no library package
+// imports it.
 package clustertest
 
 import (
