@@ -44,7 +44,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -61,6 +60,7 @@ import (
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 )
 
 var (

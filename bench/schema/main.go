@@ -37,11 +37,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
 	mrand "math/rand/v2"
 	"os"
 	"runtime"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -50,14 +48,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/dbnode"
-	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
-	"github.com/shardvisor/shardvisor/schema"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -128,165 +123,6 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-// ---------------------------------------------------------------- summary
-
-// Stat is a distribution's nearest-rank percentiles, in ms.
-type Stat = benchkit.Stat
-
-// Window is the writes that overlapped a span of time.
-type Window struct {
-	FromMS    float64 `json:"from_ms"` // since the variant's load started
-	LengthMS  float64 `json:"length_ms"`
-	Writes    int     `json:"writes"`
-	Failed    int     `json:"failed"`
-	LatencyMS Stat    `json:"latency_ms"`
-}
-
-// Variant is one schema change applied under the write load.
-type Variant struct {
-	Name        string  `json:"name"`
-	ChangeID    string  `json:"change_id"`
-	SQL         string  `json:"sql"`
-	HoldNode    string  `json:"hold_node,omitempty"`
-	HoldMS      float64 `json:"hold_ms,omitempty"`
-	HoldError   string  `json:"hold_error,omitempty"`
-	ApplyMS     float64 `json:"apply_ms"`
-	ApplyError  string  `json:"apply_error,omitempty"`
-	Canary      string  `json:"canary"`
-	State       string  `json:"state"`
-	Attempts    int     `json:"attempts"`
-	LockTimeout int     `json:"lock_timeouts"`
-	BlockedMax  float64 `json:"blocked_max_ms"`
-	// Nodes is schema.Apply's per-node result.
-	Nodes []schema.NodeResult `json:"nodes"`
-	// ColumnOn counts the nodes where the new column is there afterwards.
-	ColumnOn int `json:"column_on_nodes"`
-
-	LoadSeconds  float64 `json:"load_seconds"`
-	WritesPerSec float64 `json:"writes_per_s"`
-	Writes       int     `json:"writes"`
-	Failed       int     `json:"failed"`
-	LastError    string  `json:"last_write_error,omitempty"`
-	Baseline     Window  `json:"baseline_window"`
-	During       Window  `json:"change_window"`
-	// MaxRatio is the longest write during the change over the longest
-	// write in the baseline window.
-	MaxRatio float64 `json:"max_ratio_during_over_baseline"`
-	GoalMet  bool    `json:"goal_met"`
-}
-
-// DiffRun is the diff part's figures.
-type DiffRun struct {
-	Tables       int       `json:"tables"`
-	Nodes        int       `json:"nodes"`
-	Runs         []float64 `json:"runs_ms"`
-	MS           Stat      `json:"diff_ms"`
-	MinMS        float64   `json:"diff_min_ms"`
-	Differences  int       `json:"differences"`
-	Unreachable  int       `json:"unreachable"`
-	ElapsedMS    Stat      `json:"diff_elapsed_ms_own"`
-	OneNodeMS    Stat      `json:"one_node_connect_read_ms"`
-	OneNodeRead  Stat      `json:"one_node_read_ms"`
-	OneNodeMinMS float64   `json:"one_node_connect_read_min_ms"`
-	Ratio        float64   `json:"ratio_diff_over_one_node"`
-	GoalMet      bool      `json:"goal_met"`
-}
-
-// Summary is everything the run found.
-type Summary struct {
-	Cores       int            `json:"cores"`
-	LoadAvg     string         `json:"load_avg"`
-	Level       int            `json:"level"`
-	Buckets     int            `json:"buckets"`
-	Nodes       int            `json:"nodes"`
-	Writers     int            `json:"writers"`
-	RowsLoaded  int64          `json:"rows_loaded"`
-	Database    string         `json:"database"`
-	ZKRoot      string         `json:"zk_root"`
-	Kept        bool           `json:"kept"`
-	Variants    []Variant      `json:"variants"`
-	Diff        *DiffRun       `json:"diff,omitempty"`
-	GoalsMet    bool           `json:"goals_met"`
-	Error       string         `json:"error,omitempty"`
-	BucketCount map[string]int `json:"bucket_counts"`
-}
-
-func msStat(st Stat) string {
-	if st.N == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("p50 %7.1f  p99 %7.1f  max %7.1f ms  (n=%d)", st.P50, st.P99, st.Max, st.N)
-}
-
-func verdict(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "NOT MET"
-}
-
-func report(s *Summary) {
-	say("")
-	say("schema benchmark (issue 27): %d PostgreSQL nodes, level %d (%d buckets: %v), %d rows in app.kv, %d writers (closed loop), %d cores, load average %s",
-		s.Nodes, s.Level, s.Buckets, s.BucketCount, s.RowsLoaded, s.Writers, s.Cores, s.LoadAvg)
-	for _, v := range s.Variants {
-		say("")
-		say("  %s: %s", v.Name, strings.TrimSpace(v.SQL))
-		if v.HoldNode != "" {
-			say("    long transaction on %s: row lock held %.0f ms (BEGIN; UPDATE one row; pg_sleep; COMMIT)%s", v.HoldNode, v.HoldMS, optErr(v.HoldError))
-		}
-		say("    schema.Apply:    %.1f ms, state %s, canary %s; attempts %d, lock timeouts %d, blocked at most %.1f ms (the change's record)%s",
-			v.ApplyMS, v.State, v.Canary, v.Attempts, v.LockTimeout, v.BlockedMax, optErr(v.ApplyError))
-		for _, n := range v.Nodes {
-			say("      %-4s %-8s attempts %2d  lock timeouts %2d  longest attempt %7.1f ms  app statements seen waiting %7.1f ms  waiting for blockers %7.1f ms  ran %v%s",
-				n.Node, n.State, n.Attempts, n.LockTimeouts, n.BlockedMaxMS, n.AppWaitMaxMS, n.BlockerWaitMS, n.Ran, optErr(n.Error))
-		}
-		say("    column on nodes: %d/%d", v.ColumnOn, s.Nodes)
-		say("    write load:      %d writes in %.1f s (%.0f writes/s), %d failed (goal 0)%s", v.Writes, v.LoadSeconds, v.WritesPerSec, v.Failed, optErr(v.LastError))
-		say("    baseline window  (%6.0f ms before the change, no change): %s, %d failed", v.Baseline.LengthMS, msStat(v.Baseline.LatencyMS), v.Baseline.Failed)
-		say("    change window    (%6.0f ms from the apply's start):       %s, %d failed", v.During.LengthMS, msStat(v.During.LatencyMS), v.During.Failed)
-		if v.Baseline.LengthMS > 0 && v.During.LengthMS > 0 && v.Baseline.LatencyMS.N > 0 {
-			before := float64(v.Baseline.LatencyMS.N) / v.Baseline.LengthMS * 1000
-			during := float64(v.During.LatencyMS.N) / v.During.LengthMS * 1000
-			say("    throughput:      %.0f writes/s in the change window vs %.0f before: %s", during, before, ratioX(during/before))
-		}
-		say("    longest write: %.1f ms during the change vs %.1f ms before: %s; goal failed = 0 and longest write < %.0f ms: %s",
-			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, ratioX(v.MaxRatio), waitGoalMS, verdict(v.GoalMet))
-	}
-	if d := s.Diff; d != nil {
-		say("")
-		say("  schema diff: %d sharded tables on %d nodes, %d runs of schema.Diff (connect + read every node at once + compare)", d.Tables, d.Nodes, len(d.Runs))
-		say("    schema.Diff:       min %7.1f  median %7.1f  max %7.1f ms   (its own elapsed_ms: median %.1f)   goal < %.0f ms: %s",
-			d.MinMS, d.MS.P50, d.MS.Max, d.ElapsedMS.P50, diffGoalMS, verdict(d.GoalMet))
-		say("    one node:          connect + fence.ReadSchemas median %7.1f ms (min %.1f); ReadSchemas alone median %.1f ms", d.OneNodeMS.P50, d.OneNodeMinMS, d.OneNodeRead.P50)
-		say("    ratio diff / one node (medians): %s; differences found %d, unreachable %d", ratioX(d.Ratio), d.Differences, d.Unreachable)
-	}
-	say("")
-	say("  goals: %s", verdict(s.GoalsMet))
-	if s.Kept {
-		say("  kept: database %s on every node, ZooKeeper %s", s.Database, s.ZKRoot)
-	}
-	if s.Error != "" {
-		say("  ERROR: %s", s.Error)
-	}
-}
-
-func optErr(e string) string {
-	if e == "" {
-		return ""
-	}
-	return "; error: " + e
-}
-
-func ratioX(r float64) string {
-	if math.IsNaN(r) || math.IsInf(r, 0) {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2fx", r)
-}
-
-// ---------------------------------------------------------------- run
 
 type bench struct {
 	sess   *zksession.Session
@@ -379,8 +215,6 @@ func run(ctx context.Context) (*Summary, error) {
 	return sum, errors.Join(errs...)
 }
 
-// ---------------------------------------------------------------- setup
-
 func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 	tables := []topo.TableRecord{{Name: "app.kv", KeyColumn: "bkey"}}
 	ddl := []string{kvDDL}
@@ -437,8 +271,6 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	say("loaded %d users into app.kv in %.1f s", total.Load(), time.Since(start).Seconds())
 	return total.Load(), nil
 }
-
-// ---------------------------------------------------------------- load
 
 type write struct {
 	at, end time.Time
@@ -513,240 +345,4 @@ func (l *load) window(lo, hi time.Time) Window {
 	}
 	w.LatencyMS = benchkit.Of(lat)
 	return w
-}
-
-// ---------------------------------------------------------------- variants
-
-// variant applies one change under the write load; with holdFor > 0, a
-// long transaction holds a row lock on app.kv on one node meanwhile.
-func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, column string, holdFor time.Duration) (Variant, error) {
-	v := Variant{Name: name, SQL: sql}
-	ch, err := schema.Parse(file, sql)
-	if err != nil {
-		return v, err
-	}
-	v.ChangeID = ch.ID
-	say("")
-	say("%s: %d writers, warming up %s", name, *writers, *warmup)
-
-	// The long transaction's node and row (a user owned by that node that
-	// no writer touches).
-	var holdConn *pgx.Conn
-	var holdKey int64
-	var holdUID string
-	if holdFor > 0 {
-		node := b.holdNode(m)
-		v.HoldNode = string(node.ID)
-		for i := 0; ; i++ {
-			holdUID = fmt.Sprintf("hold-%d", i)
-			p := b.ks.Prefix64(holdUID)
-			if m.Owner(keystream.BucketOf(p, m.Level)) == node.ID {
-				holdKey = keystream.Key(p)
-				break
-			}
-		}
-		if holdConn, err = dbnode.Connect(ctx, node); err != nil {
-			return v, err
-		}
-		defer holdConn.Close(context.Background())
-		if _, err := holdConn.Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING`, holdKey, holdUID); err != nil {
-			return v, fmt.Errorf("%s: the long transaction's row: %w", node.ID, err)
-		}
-	}
-
-	l := b.startLoad()
-	stopped := false
-	stopLoad := func() {
-		if !stopped {
-			stopped = true
-			l.stop.Stop()
-		}
-	}
-	defer stopLoad()
-	if err := benchkit.Sleep(ctx, *warmup); err != nil {
-		return v, err
-	}
-	phase := time.Now() // the change phase begins: the baseline window ends here
-
-	// The long transaction: BEGIN; UPDATE the row (its lock held from
-	// here); pg_sleep; COMMIT, in the background.
-	holdDone := make(chan error, 1)
-	if holdConn != nil {
-		tx, err := holdConn.Begin(ctx)
-		if err != nil {
-			return v, err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE app.kv SET v = v + 1 WHERE bkey = $1 AND uid = $2`, holdKey, holdUID); err != nil {
-			_ = tx.Rollback(context.Background())
-			return v, fmt.Errorf("long transaction: %w", err)
-		}
-		holdStart := time.Now()
-		go func() {
-			_, err := tx.Exec(ctx, fmt.Sprintf("SELECT pg_sleep(%f)", holdFor.Seconds()))
-			if err == nil {
-				err = tx.Commit(ctx)
-			} else {
-				_ = tx.Rollback(context.Background())
-			}
-			v.HoldMS = benchkit.MS(time.Since(holdStart))
-			holdDone <- err
-		}()
-		say("  long transaction on %s holds a row lock on app.kv for %s", v.HoldNode, holdFor)
-		_ = benchkit.Sleep(ctx, 100*time.Millisecond)
-	} else {
-		holdDone <- nil
-	}
-
-	opt := schema.Options{}
-	if *verbose {
-		opt.Progress = func(e schema.Event) { say("    schema: %s %s: %s", e.Node, e.Change, e.Message) }
-	}
-	applyStart := time.Now()
-	res, applyErr := schema.Apply(ctx, b.st, ch, opt)
-	applyEnd := time.Now()
-	v.ApplyMS = benchkit.MS(applyEnd.Sub(applyStart))
-	if applyErr != nil {
-		v.ApplyError = applyErr.Error()
-	}
-	if res != nil {
-		v.Canary, v.State, v.Nodes = res.Canary, res.State, res.Nodes
-		for _, n := range res.Nodes {
-			v.Attempts += n.Attempts
-			v.LockTimeout += n.LockTimeouts
-			v.BlockedMax = max(v.BlockedMax, n.BlockedMaxMS)
-		}
-	}
-	say("  applied %s in %.1f ms (state %s, %d attempts, %d lock timeouts); load goes on for %s", ch.ID, v.ApplyMS, v.State, v.Attempts, v.LockTimeout, *tail)
-	if err := benchkit.Sleep(ctx, *tail); err != nil {
-		return v, err
-	}
-	if herr := <-holdDone; herr != nil {
-		v.HoldError = herr.Error()
-	}
-	stopLoad()
-	end := time.Now()
-
-	// The windows: the change window from the apply's start, as long as
-	// the apply (at least --min-window); the baseline window as long,
-	// ending where the change phase began (clipped to the load's first
-	// half second, when the pools fill).
-	length := max(applyEnd.Sub(applyStart), *minWindow)
-	v.During = l.window(applyStart, applyStart.Add(length))
-	blo := max(phase.Add(-length).Sub(l.started), 500*time.Millisecond)
-	v.Baseline = l.window(l.started.Add(blo), phase)
-	for _, ws := range l.res {
-		for _, x := range ws {
-			v.Writes++
-			if !x.ok {
-				v.Failed++
-			}
-		}
-	}
-	v.LoadSeconds = end.Sub(l.started).Seconds()
-	v.WritesPerSec = float64(v.Writes) / v.LoadSeconds
-	if p := l.lastErr.Load(); p != nil {
-		v.LastError = *p
-	}
-	v.MaxRatio = benchkit.Ratio(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max)
-
-	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	v.ColumnOn, err = b.columnOn(cctx, column)
-	v.GoalMet = applyErr == nil && v.Failed == 0 && v.During.LatencyMS.Max < waitGoalMS && v.ColumnOn == len(b.nodes)
-	if holdFor > 0 {
-		v.GoalMet = v.GoalMet && v.HoldError == ""
-	}
-	if err == nil {
-		err = applyErr
-	}
-	return v, err
-}
-
-// holdNode is --hold-node, or the node owning the most buckets, ties to
-// the lowest id (the default canary owns the fewest, ties to the lowest id
-// too: with a balanced map both are the first node).
-func (b *bench) holdNode(m *bucketmap.Map) bucketmap.Node {
-	if *holdNode != "" {
-		if n, ok := m.Node(bucketmap.NodeID(*holdNode)); ok {
-			return n
-		}
-	}
-	counts := m.Counts()
-	nodes := slices.Clone(b.nodes)
-	slices.SortStableFunc(nodes, func(x, y bucketmap.Node) int { return counts[y.ID] - counts[x.ID] })
-	return nodes[0]
-}
-
-func (b *bench) columnOn(ctx context.Context, column string) (int, error) {
-	on := 0
-	for _, n := range b.nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return on, err
-		}
-		var ok bool
-		err = c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'app.kv'::regclass AND attname = $1 AND NOT attisdropped)`, column).Scan(&ok)
-		c.Close(context.Background())
-		if err != nil {
-			return on, err
-		}
-		if ok {
-			on++
-		}
-	}
-	return on, nil
-}
-
-// ---------------------------------------------------------------- diff
-
-func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
-	d := &DiffRun{Tables: len(b.tables), Nodes: len(b.nodes)}
-	say("")
-	say("schema diff: %d runs over %d tables on %d nodes", *diffRuns, len(b.tables), len(b.nodes))
-	var own []float64
-	for i := range *diffRuns {
-		start := time.Now()
-		res, err := schema.Diff(ctx, m, b.tables, nil, "", 0)
-		el := benchkit.MS(time.Since(start))
-		if err != nil {
-			return d, err
-		}
-		d.Runs = append(d.Runs, el)
-		own = append(own, res.ElapsedMS)
-		d.Differences, d.Unreachable = len(res.Diffs), len(res.Unreachable)
-		if res.Tables != len(b.tables) || len(res.Nodes) != len(b.nodes) {
-			return d, fmt.Errorf("schema.Diff compared %d tables on %d nodes, want %d on %d", res.Tables, len(res.Nodes), len(b.tables), len(b.nodes))
-		}
-		say("  run %d: %.1f ms (%d differences, %d unreachable, reference %s)", i+1, el, len(res.Diffs), len(res.Unreachable), res.Reference)
-	}
-	d.MS, d.ElapsedMS = benchkit.Of(d.Runs), benchkit.Of(own)
-	d.MinMS = slices.Min(d.Runs)
-
-	// The baseline: one node, connect + fence.ReadSchemas of the same
-	// tables (what Diff does on each node, in parallel).
-	var one, read []float64
-	for range *diffRuns {
-		start := time.Now()
-		c, err := dbnode.Connect(ctx, b.nodes[0])
-		if err != nil {
-			return d, err
-		}
-		rs := time.Now()
-		ts, err := fence.ReadSchemas(ctx, c, b.tables)
-		now := time.Now()
-		c.Close(context.Background())
-		if err != nil {
-			return d, err
-		}
-		if len(ts) != len(b.tables) {
-			return d, fmt.Errorf("fence.ReadSchemas read %d tables, want %d", len(ts), len(b.tables))
-		}
-		one = append(one, benchkit.MS(now.Sub(start)))
-		read = append(read, benchkit.MS(now.Sub(rs)))
-	}
-	d.OneNodeMS, d.OneNodeRead = benchkit.Of(one), benchkit.Of(read)
-	d.OneNodeMinMS = slices.Min(one)
-	d.Ratio = benchkit.Ratio(d.MS.P50, d.OneNodeMS.P50)
-	d.GoalMet = d.MS.Max < diffGoalMS && d.Unreachable == 0 && d.Differences == 0
-	return d, nil
 }
