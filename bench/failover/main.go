@@ -509,13 +509,7 @@ func windows(led *ledger, kill, first time.Time) (b, d, a []time.Duration) {
 
 // p99 is the latencies' 99th percentile in ms, benchkit's (nearest rank);
 // 0 when there are none.
-func p99(ds []time.Duration) float64 {
-	ms := make([]float64, len(ds))
-	for i, d := range ds {
-		ms[i] = benchkit.MS(d)
-	}
-	return benchkit.Of(ms).P99
-}
+func p99(ds []time.Duration) float64 { return benchkit.OfDurations(ds).P99 }
 
 func lostWrites(ctx context.Context, r *router.Router, led *ledger) (int64, error) {
 	pool, err := r.NodePool(ctx, "g1")

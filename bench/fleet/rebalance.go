@@ -14,7 +14,6 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-
 // StepStat is one move step's duration over the moves.
 type StepStat struct {
 	Step string `json:"step"`

@@ -9,7 +9,6 @@ import (
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 )
 
-
 type results struct {
 	Config        string             `json:"config"`
 	Rebalances    []*RebalanceResult `json:"rebalances"`

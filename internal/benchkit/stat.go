@@ -3,6 +3,7 @@ package benchkit
 import (
 	"math"
 	"slices"
+	"time"
 )
 
 // Stat is a distribution's nearest-rank percentiles.
@@ -25,4 +26,13 @@ func Of(xs []float64) Stat {
 		return s[max(0, min(i, len(s)-1))]
 	}
 	return Stat{N: len(s), P50: rank(0.50), P99: rank(0.99), Max: s[len(s)-1]}
+}
+
+// OfDurations summarizes ds in milliseconds (MS), as Of.
+func OfDurations(ds []time.Duration) Stat {
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = MS(d)
+	}
+	return Of(ms)
 }
