@@ -26,10 +26,9 @@ import (
 
 const seedHex = clustertest.Seed
 
-var kvTable = topo.TableRecord{Name: "app.kv", KeyColumn: "bkey"}
+var kvTable = clustertest.KV
 
-const kvDDL = `CREATE SCHEMA IF NOT EXISTS app;
-CREATE TABLE IF NOT EXISTS app.kv (bkey bigint NOT NULL, uid text NOT NULL, v bigint NOT NULL, PRIMARY KEY (bkey, uid))`
+const kvDDL = clustertest.KVDDL
 
 // fixture is a cluster of real PostgreSQL nodes with the fence installed,
 // a map in ZooKeeper, and a router following it.
@@ -139,7 +138,7 @@ func (f *fixture) seedRows(prefix string, n int) map[string]int64 {
 func (f *fixture) write(ctx context.Context, uid string, v int64) error {
 	key := keystream.Key(f.ks.Prefix64(uid))
 	return f.r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
-		_, err := pool.Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, $3) ON CONFLICT (bkey, uid) DO UPDATE SET v = EXCLUDED.v`, key, uid, v)
+		_, err := pool.Exec(ctx, clustertest.KVUpsert, key, uid, v)
 		return err
 	})
 }

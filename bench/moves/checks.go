@@ -8,6 +8,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 )
@@ -16,18 +17,18 @@ import (
 // owner of its bucket in the final map; its value must be the last
 // acknowledged one (or that of a later write whose outcome the client did
 // not learn).
-func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *writerResult, s *Summary) error {
+func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Result, s *Summary) error {
 	type item struct {
 		uid string
 		key int64
 	}
 	by := map[bucketmap.NodeID][]item{}
-	for uid := range w.acked {
+	for uid := range w.Acked {
 		p := b.ks.Prefix64(uid)
 		o := m.Owner(keystream.BucketOf(p, m.Level))
 		by[o] = append(by[o], item{uid, keystream.Key(p)})
 	}
-	s.UsersChecked = len(w.acked)
+	s.UsersChecked = len(w.Acked)
 	for _, n := range m.Nodes() {
 		items := by[n.ID]
 		if len(items) == 0 {
@@ -57,10 +58,10 @@ func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *writerResul
 					c.Close(context.Background())
 					return err
 				}
-				want := w.acked[uid]
+				want := w.Acked[uid]
 				switch {
 				case v != nil && *v == want:
-				case v != nil && slices.Contains(w.uncertain[uid], *v):
+				case v != nil && slices.Contains(w.Uncertain[uid], *v):
 					s.NewerThanAcked++
 				default:
 					s.Missing++

@@ -1,118 +1,18 @@
 package main
 
 import (
-	"context"
-	"fmt"
-	"math"
-	"math/rand/v2"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/benchkit"
-	"github.com/shardvisor/shardvisor/keystream"
-	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 )
 
-type write struct {
-	atUS   int64 // start, µs since the bench started
-	durUS  int32
-	bucket uint32
-	ok     bool
-}
-
-type writerResult struct {
-	acked     map[string]int64
-	uncertain map[string][]int64 // values of failed writes after the last acknowledged one
-	writes    []write
-}
-
-type load struct {
-	stop    *benchkit.Stopper
-	started time.Time
-	acks    atomic.Int64
-	failed  atomic.Int64
-	gaveUp  atomic.Int64
-	lastErr atomic.Pointer[string]
-	res     []*writerResult
-}
-
-func (b *bench) startLoad(maxIdx uint32) *load {
-	l := &load{stop: benchkit.NewStopper(), started: time.Now(), res: make([]*writerResult, *writers)}
-	nw := *writers
-	var interval time.Duration
-	if *rate > 0 {
-		interval = time.Duration(float64(time.Second) * float64(nw) / float64(*rate))
-	}
-	usersPer := int(maxIdx) / nw
-	for w := range nw {
-		res := &writerResult{acked: map[string]int64{}, uncertain: map[string][]int64{}}
-		l.res[w] = res
-		l.stop.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			var seq, fresh int64
-			pace := benchkit.NewPacer(interval)
-			for pace.Wait(l.stop.C) {
-				var uid string
-				if rng.Float64() < *insertFrac {
-					fresh++
-					uid = fmt.Sprintf("n%02d-%d", w, fresh)
-				} else {
-					uid = benchkit.UserID(uint32(rng.IntN(usersPer)*nw + w))
-				}
-				seq++
-				v := seq
-				prefix := b.ks.Prefix64(uid)
-				key := keystream.Key(prefix)
-				wctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-				start := time.Now()
-				err := b.r.Do(wctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
-					_, err := pool.Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, $3) ON CONFLICT (bkey, uid) DO UPDATE SET v = EXCLUDED.v`, key, uid, v)
-					return err
-				})
-				dur := time.Since(start)
-				cancel()
-				res.writes = append(res.writes, write{atUS: start.Sub(b.start).Microseconds(), durUS: int32(min(dur.Microseconds(), math.MaxInt32)),
-					bucket: keystream.BucketOf(prefix, *level), ok: err == nil})
-				if err != nil {
-					l.failed.Add(1)
-					if strings.Contains(err.Error(), "gave up") {
-						l.gaveUp.Add(1)
-					}
-					msg := err.Error()
-					l.lastErr.Store(&msg)
-					res.uncertain[uid] = append(res.uncertain[uid], v)
-					continue
-				}
-				l.acks.Add(1)
-				res.acked[uid] = v
-				delete(res.uncertain, uid)
-			}
-		})
-	}
-	return l
-}
-
-func (l *load) finish() { l.stop.Stop() }
-
-// result merges the writers' records (after finish). Writers own disjoint
-// users, so the maps do not overlap.
-func (l *load) result() *writerResult {
-	all := &writerResult{acked: map[string]int64{}, uncertain: map[string][]int64{}}
-	for _, r := range l.res {
-		for k, v := range r.acked {
-			all.acked[k] = v
-		}
-		for k, v := range r.uncertain {
-			all.uncertain[k] = v
-		}
-		all.writes = append(all.writes, r.writes...)
-	}
-	return all
+// startLoad starts the write load over the loaded users (indexes below
+// maxIdx).
+func (b *bench) startLoad(maxIdx uint32) *kvload.Load {
+	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *level, Writers: *writers, Rate: *rate, InsertFrac: *insertFrac,
+		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
 }
 
 // tracker records, from the router's applied maps, when each bucket was
@@ -171,7 +71,7 @@ func (t *tracker) pause(bucket bucketmap.Bucket, after time.Time) (time.Duration
 // clientStalls sets each move's longest write to its bucket that started
 // while the router's map said moving (or, not seen, between the fence and
 // the teardown steps): those writes waited for the pause.
-func (b *bench) clientStalls(moves []MoveRow, writes []write) {
+func (b *bench) clientStalls(moves []MoveRow, writes []kvload.Write) {
 	for i := range moves {
 		mr := &moves[i]
 		lo, hi := mr.fenceAt, mr.teardownAt
@@ -183,8 +83,8 @@ func (b *bench) clientStalls(moves []MoveRow, writes []write) {
 		}
 		loUS, hiUS := lo.Sub(b.start).Microseconds(), hi.Sub(b.start).Microseconds()
 		for _, w := range writes {
-			if w.bucket == mr.Bucket && w.atUS >= loUS && w.atUS <= hiUS {
-				mr.ClientMS = max(mr.ClientMS, float64(w.durUS)/1000)
+			if w.Bucket == mr.Bucket && w.AtUS >= loUS && w.AtUS <= hiUS {
+				mr.ClientMS = max(mr.ClientMS, float64(w.DurUS)/1000)
 			}
 		}
 	}

@@ -84,11 +84,7 @@ const (
 	startNodes = 3
 	clusterNm  = "moves"
 	seedHex    = "6d6f7665732d62656e63682d69737375652d37" // "moves-bench-issue-7"
-	kvDDL      = `CREATE SCHEMA IF NOT EXISTS app;
-CREATE TABLE IF NOT EXISTS app.kv (bkey bigint NOT NULL, uid text NOT NULL, v bigint NOT NULL, PRIMARY KEY (bkey, uid))`
 )
-
-var kvTable = topo.TableRecord{Name: "app.kv", KeyColumn: "bkey"}
 
 // printer prints the report: on stdout, or stderr with --json.
 var printer = &benchkit.Printer{W: os.Stdout}
@@ -182,7 +178,7 @@ func run(ctx context.Context) (*Summary, error) {
 	stopLoad := func() {
 		if !loadStopped {
 			loadStopped = true
-			l.finish()
+			l.Stop()
 		}
 	}
 	defer stopLoad()
@@ -191,7 +187,7 @@ func run(ctx context.Context) (*Summary, error) {
 		return nil, ctx.Err()
 	case <-time.After(*warmup):
 	}
-	sum.WritesPerSecBefore = float64(l.acks.Load()) / time.Since(l.started).Seconds()
+	sum.WritesPerSecBefore = float64(l.Acks.Load()) / time.Since(l.Started).Seconds()
 
 	// Add the fourth node and rebalance.
 	pg4 := b.nodes[startNodes]
@@ -204,7 +200,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	say("added %s (map version %d); rebalancing with concurrency %d", pg4.ID, m.Version, *concurrency)
 	b.prb = b.startProbe(ctx)
-	acksBefore, rbStart := l.acks.Load(), time.Now()
+	acksBefore, rbStart := l.Acks.Load(), time.Now()
 	var done atomic.Int32
 	mv := migrate.New(b.st, migrate.Options{Progress: func(prog migrate.Progress) {
 		rec, msg := prog.Move, prog.Message
@@ -254,7 +250,7 @@ func run(ctx context.Context) (*Summary, error) {
 	sum.RebalanceSecs = time.Since(rbStart).Seconds()
 	b.prb.finish()
 	sum.PGProbeMS, sum.ZKReadMS, sum.ZKWriteMS, sum.PGConnectMS = stat(b.prb.pgRTT), stat(b.prb.zkRTT), stat(b.prb.zkWrite), stat(b.prb.pgConnect)
-	sum.WritesPerSecDuring = float64(l.acks.Load()-acksBefore) / sum.RebalanceSecs
+	sum.WritesPerSecDuring = float64(l.Acks.Load()-acksBefore) / sum.RebalanceSecs
 
 	// Rollbacks, under the same load: each bucket goes back to its old
 	// owner with a window, and that move is rolled back at once (so the
@@ -273,17 +269,17 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 
 	stopLoad()
-	w := l.result()
-	sum.WritesAcked, sum.WritesFailed, sum.WritesGaveUp = l.acks.Load(), l.failed.Load(), l.gaveUp.Load()
-	if p := l.lastErr.Load(); p != nil {
+	w := l.Result()
+	sum.WritesAcked, sum.WritesFailed, sum.WritesGaveUp = l.Acks.Load(), l.Failed.Load(), l.GaveUp.Load()
+	if p := l.LastErr.Load(); p != nil {
 		sum.LastWriteError = *p
 	}
 	var lat []float64
-	for _, wr := range w.writes {
-		lat = append(lat, float64(wr.durUS)/1000)
+	for _, wr := range w.Writes {
+		lat = append(lat, float64(wr.DurUS)/1000)
 	}
 	sum.WriteLatencyMS = stat(lat)
-	b.clientStalls(sum.Moves, w.writes)
+	b.clientStalls(sum.Moves, w.Writes)
 
 	// Every acknowledged write, on its owner in the final map.
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -296,7 +292,7 @@ func run(ctx context.Context) (*Summary, error) {
 	for id, c := range final.Counts() {
 		sum.FinalCounts[string(id)] = c
 	}
-	say("checking %d acknowledged users on their owners", len(w.acked))
+	say("checking %d acknowledged users on their owners", len(w.Acked))
 	if err := b.checkAcked(cctx, final, w, sum); err != nil {
 		return sum, err
 	}

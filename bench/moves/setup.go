@@ -21,12 +21,12 @@ import (
 )
 
 func (b *bench) setup(ctx context.Context) error {
-	ddl := []string{kvDDL}
+	ddl := []string{clustertest.KVDDL}
 	if *bigRows > 0 {
 		ddl = append(ddl, blobDDL)
 	}
 	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
-		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{kvTable}, DDL: ddl})
+		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{clustertest.KV}, DDL: ddl})
 	if err != nil {
 		return err
 	}

@@ -37,7 +37,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	mrand "math/rand/v2"
 	"os"
 	"runtime"
 	"strings"
@@ -49,6 +48,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -75,11 +75,9 @@ var (
 )
 
 const (
-	nodesN    = 4
-	clusterNm = "schemabench"
-	seedHex   = "736368656d612d62656e63682d69737375652d3237" // "schema-bench-issue-27"
-	kvDDL     = `CREATE SCHEMA IF NOT EXISTS app;
-CREATE TABLE IF NOT EXISTS app.kv (bkey bigint NOT NULL, uid text NOT NULL, v bigint NOT NULL, PRIMARY KEY (bkey, uid))`
+	nodesN     = 4
+	clusterNm  = "schemabench"
+	seedHex    = "736368656d612d62656e63682d69737375652d3237" // "schema-bench-issue-27"
 	changeSQL  = "ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT 'none';\n"
 	change2SQL = "ALTER TABLE app.kv ADD COLUMN note2 text NOT NULL DEFAULT 'none';\n"
 	// Goals (issue 27).
@@ -216,8 +214,8 @@ func run(ctx context.Context) (*Summary, error) {
 }
 
 func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
-	tables := []topo.TableRecord{{Name: "app.kv", KeyColumn: "bkey"}}
-	ddl := []string{kvDDL}
+	tables := []topo.TableRecord{clustertest.KV}
+	ddl := []string{clustertest.KVDDL}
 	for i := 1; i <= *tablesN; i++ {
 		t := topo.TableRecord{Name: fmt.Sprintf("app.t%02d", i), KeyColumn: "bkey"}
 		tables = append(tables, t)
@@ -272,76 +270,28 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	return total.Load(), nil
 }
 
-type write struct {
-	at, end time.Time
-	ok      bool
-}
-
-type load struct {
-	stop    *benchkit.Stopper
-	started time.Time
-	lastErr atomic.Pointer[string]
-	res     [][]write
-}
-
-func (b *bench) startLoad() *load {
-	nw := *writers
-	l := &load{stop: benchkit.NewStopper(), started: time.Now(), res: make([][]write, nw)}
-	usersPer := max(b.users/nw, 1)
+// startLoad starts the write load: --writers closed-loop writers, their
+// new users named after this load.
+func (b *bench) startLoad() *kvload.Load {
 	run := time.Now().UnixNano()
-	for w := range nw {
-		l.stop.Go(func() {
-			rng := mrand.New(mrand.NewPCG(uint64(w), uint64(run)))
-			var seq, fresh int64
-			for {
-				select {
-				case <-l.stop.C:
-					return
-				default:
-				}
-				var uid string
-				if rng.Float64() < *insertFrac {
-					fresh++
-					uid = fmt.Sprintf("n%d-%02d-%d", run, w, fresh)
-				} else {
-					uid = benchkit.UserID(uint32(rng.IntN(usersPer)*nw + w))
-				}
-				seq++
-				key := keystream.Key(b.ks.Prefix64(uid))
-				wctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-				start := time.Now()
-				err := b.r.Do(wctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
-					_, err := pool.Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, $3) ON CONFLICT (bkey, uid) DO UPDATE SET v = EXCLUDED.v`, key, uid, seq)
-					return err
-				})
-				end := time.Now()
-				cancel()
-				l.res[w] = append(l.res[w], write{at: start, end: end, ok: err == nil})
-				if err != nil {
-					msg := err.Error()
-					l.lastErr.Store(&msg)
-				}
-			}
-		})
-	}
-	return l
+	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *level, Writers: *writers, InsertFrac: *insertFrac,
+		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
 }
 
 // window summarizes the writes that overlapped [lo, hi].
-func (l *load) window(lo, hi time.Time) Window {
-	w := Window{FromMS: benchkit.MS(lo.Sub(l.started)), LengthMS: benchkit.MS(hi.Sub(lo))}
+func window(l *kvload.Load, writes []kvload.Write, lo, hi time.Time) Window {
+	w := Window{FromMS: benchkit.MS(lo.Sub(l.Started)), LengthMS: benchkit.MS(hi.Sub(lo))}
+	loUS, hiUS := lo.Sub(l.Started).Microseconds(), hi.Sub(l.Started).Microseconds()
 	var lat []float64
-	for _, ws := range l.res {
-		for _, x := range ws {
-			if x.at.After(hi) || x.end.Before(lo) {
-				continue
-			}
-			w.Writes++
-			if !x.ok {
-				w.Failed++
-			}
-			lat = append(lat, benchkit.MS(x.end.Sub(x.at)))
+	for _, x := range writes {
+		if x.AtUS > hiUS || x.AtUS+int64(x.DurUS) < loUS {
+			continue
 		}
+		w.Writes++
+		if !x.OK {
+			w.Failed++
+		}
+		lat = append(lat, float64(x.DurUS)/1000)
 	}
 	w.LatencyMS = benchkit.Of(lat)
 	return w

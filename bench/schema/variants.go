@@ -58,7 +58,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 	stopLoad := func() {
 		if !stopped {
 			stopped = true
-			l.stop.Stop()
+			l.Stop()
 		}
 	}
 	defer stopLoad()
@@ -130,20 +130,19 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 	// ending where the change phase began (clipped to the load's first
 	// half second, when the pools fill).
 	length := max(applyEnd.Sub(applyStart), *minWindow)
-	v.During = l.window(applyStart, applyStart.Add(length))
-	blo := max(phase.Add(-length).Sub(l.started), 500*time.Millisecond)
-	v.Baseline = l.window(l.started.Add(blo), phase)
-	for _, ws := range l.res {
-		for _, x := range ws {
-			v.Writes++
-			if !x.ok {
-				v.Failed++
-			}
+	writes := l.Result().Writes
+	v.During = window(l, writes, applyStart, applyStart.Add(length))
+	blo := max(phase.Add(-length).Sub(l.Started), 500*time.Millisecond)
+	v.Baseline = window(l, writes, l.Started.Add(blo), phase)
+	for _, x := range writes {
+		v.Writes++
+		if !x.OK {
+			v.Failed++
 		}
 	}
-	v.LoadSeconds = end.Sub(l.started).Seconds()
+	v.LoadSeconds = end.Sub(l.Started).Seconds()
 	v.WritesPerSec = float64(v.Writes) / v.LoadSeconds
-	if p := l.lastErr.Load(); p != nil {
+	if p := l.LastErr.Load(); p != nil {
 		v.LastError = *p
 	}
 	v.MaxRatio = benchkit.Ratio(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max)

@@ -78,6 +78,8 @@ var layer = map[string]int{
 	"sidecar": 8,
 	// Flag and output plumbing shared by the commands only.
 	"internal/cliutil": 9,
+	// The benchmarks' write load on app.kv, through the router.
+	"internal/benchkit/kvload": 8,
 }
 
 const layerTop = 100
@@ -86,7 +88,7 @@ const layerTop = 100
 // one (they may import each other).
 var testSupport = map[string]bool{
 	"internal/testenv": true, "internal/faultproxy": true, "internal/zktest": true,
-	"internal/clustertest": true, "zksession/memzk": true,
+	"internal/clustertest": true, "zksession/memzk": true, "internal/benchkit/kvload": true,
 }
 
 // The session's data methods: only the record owner (topo) and the session
