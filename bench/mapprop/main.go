@@ -602,12 +602,7 @@ func sizes(sides []*Side) string {
 // ---------------------------------------------------------------- report
 
 func report(s *Summary) {
-	msStat := func(st Stat) string {
-		if st.N == 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("p50 %7.1f  p99 %7.1f  max %7.1f ms  (n=%d)", st.P50, st.P99, st.Max, st.N)
-	}
+	msStat := Stat.MS
 	say("")
 	say("map propagation benchmark: level %d (%d buckets), %d nodes (layout %s), %d watchers on their own sessions in one process (member records: %v), %d changes per encoding (moves alternating between encodings), %d cores",
 		s.Level, s.Buckets, s.Nodes, s.Layout, s.Watchers, s.Members, s.ChangesPerEnc, s.Cores)

@@ -259,15 +259,7 @@ func reportBig(s *Summary) {
 	say("  verification %.2f s of the move's %.2f s: %.0f%% (issue 25's goal: at most 25%%)", g.VerifyS, g.MoveTotalS, 100*g.VerifyShare)
 	say("  the check alone, both nodes at once: JSON + md5 %.2f s vs the row hash moves use %.2f s: %.2f×", g.CheckJSONS, g.CheckHashS, g.CheckRatio)
 	say("  (the same pipe in 64 KB batches: %.2f s: %.2f×)", g.BatchedPipeS, g.BatchedRatio)
-	if len(s.Leftovers) > 0 {
-		say("  replication objects left behind: %v", s.Leftovers)
-	}
-	if s.Kept {
-		say("  kept: database %s on every node, ZooKeeper %s", s.Database, s.ZKRoot)
-	}
-	if s.Error != "" {
-		say("  ERROR: %s", s.Error)
-	}
+	reportEnd(s)
 }
 
 // migrateStreams is the copy's stream count as the mover will read it

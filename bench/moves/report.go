@@ -145,12 +145,7 @@ func report(s *Summary) {
 		reportBig(s)
 		return
 	}
-	ms := func(st Stat) string {
-		if st.N == 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("p50 %7.1f  p99 %7.1f  max %7.1f ms  (n=%d)", st.P50, st.P99, st.Max, st.N)
-	}
+	ms := Stat.MS
 	say("")
 	say("move benchmark (issue 7): %d -> %d PostgreSQL nodes, level %d (%d buckets), %d rows/bucket (%s rows loaded in %.0f s), %d writers%s, concurrency %d, %d cores",
 		startNodes, startNodes+1, s.Level, s.Buckets, s.RowsPerBucket, human(float64(s.RowsLoaded)), s.LoadSeconds, s.Writers,
@@ -217,6 +212,11 @@ func report(s *Summary) {
 	if s.NewerThanAcked > 0 {
 		say("  (%d users hold a newer value from a write that failed on the client side: not lost)", s.NewerThanAcked)
 	}
+	reportEnd(s)
+}
+
+// reportEnd ends both reports: what the run left behind, and its error.
+func reportEnd(s *Summary) {
 	if len(s.Leftovers) > 0 {
 		say("  replication objects left behind: %v", s.Leftovers)
 	}

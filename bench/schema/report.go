@@ -90,12 +90,7 @@ type Summary struct {
 	BucketCount map[string]int `json:"bucket_counts"`
 }
 
-func msStat(st Stat) string {
-	if st.N == 0 {
-		return "n/a"
-	}
-	return fmt.Sprintf("p50 %7.1f  p99 %7.1f  max %7.1f ms  (n=%d)", st.P50, st.P99, st.Max, st.N)
-}
+func msStat(st Stat) string { return st.MS() }
 
 func verdict(ok bool) string {
 	if ok {

@@ -1,6 +1,7 @@
 package benchkit
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"time"
@@ -35,4 +36,12 @@ func OfDurations(ds []time.Duration) Stat {
 		ms[i] = MS(d)
 	}
 	return Of(ms)
+}
+
+// MS is s as a report's line of milliseconds; "n/a" when s is empty.
+func (s Stat) MS() string {
+	if s.N == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("p50 %7.1f  p99 %7.1f  max %7.1f ms  (n=%d)", s.P50, s.P99, s.Max, s.N)
 }
