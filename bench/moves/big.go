@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -25,13 +24,6 @@ import (
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
-)
-
-var (
-	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
-	bigToastEvery = flag.Int("big-toast-every", 200, "big-bucket mode: every Nth row gets a 4 KB incompressible value (stored out of line: TOASTed)")
-	bigOthers     = flag.Int("big-others", 2000, "big-bucket mode: rows loaded into every other bucket")
-	bigSorted     = flag.Bool("big-sorted", false, "big-bucket mode: store the bucket's rows in key order (default: in random key order, as users' rows arrive)")
 )
 
 // blobDDL is the big mode's extra column: NULL but in every Nth row.

@@ -78,6 +78,11 @@ var (
 	jsonOut       = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	verbose       = flag.Bool("v", false, "print every step of every move")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
+	// The big-bucket mode (big.go).
+	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
+	bigToastEvery = flag.Int("big-toast-every", 200, "big-bucket mode: every Nth row gets a 4 KB incompressible value (stored out of line: TOASTed)")
+	bigOthers     = flag.Int("big-others", 2000, "big-bucket mode: rows loaded into every other bucket")
+	bigSorted     = flag.Bool("big-sorted", false, "big-bucket mode: store the bucket's rows in key order (default: in random key order, as users' rows arrive)")
 )
 
 const (
