@@ -150,12 +150,9 @@ func (c *cluster) preload(ctx context.Context, i int, conn *pgx.Conn, m *bucketm
 		left--
 		rows = append(rows, []any{keystream.Key(p), uid, int64(u), "preloaded " + uid})
 	}
-	if _, err := conn.Exec(ctx, "SET session_replication_role = replica"); err != nil {
-		return err
-	}
-	_, err := conn.CopyFrom(ctx, pgx.Identifier{"app", "notes"}, []string{"bkey", "uid", "id", "body"}, pgx.CopyFromRows(rows))
+	_, err := clustertest.CopyAsReplica(ctx, conn, pgx.Identifier{"app", "notes"}, []string{"bkey", "uid", "id", "body"}, pgx.CopyFromRows(rows))
 	if err == nil {
-		_, err = conn.Exec(ctx, "RESET session_replication_role; ANALYZE app.notes")
+		_, err = conn.Exec(ctx, "ANALYZE app.notes")
 	}
 	return err
 }

@@ -186,10 +186,7 @@ func (b *bench) copyIn(ctx context.Context, n bucketmap.Node, rows []loadRow, do
 		return err
 	}
 	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
-		return err
-	}
-	got, err := c.CopyFrom(ctx, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: rows, done: done})
+	got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: rows, done: done})
 	if err != nil {
 		return fmt.Errorf("%s: %w", n.ID, err)
 	}

@@ -251,13 +251,7 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	b.users = *rowsN
 	var total atomic.Int64
 	if err := clustertest.EachNode(ctx, b.nodes, func(i int, _ bucketmap.Node, c *pgx.Conn) error {
-		if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
-			return err
-		}
-		got, err := c.CopyFrom(ctx, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, pgx.CopyFromRows(per[i]))
-		if err == nil {
-			_, err = c.Exec(ctx, "RESET session_replication_role")
-		}
+		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, pgx.CopyFromRows(per[i]))
 		if err == nil {
 			_, err = c.Exec(ctx, "VACUUM (ANALYZE) app.kv")
 		}

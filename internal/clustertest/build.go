@@ -193,3 +193,17 @@ func NodesOf(pg *testenv.PG, prefix string) []bucketmap.Node {
 	}
 	return out
 }
+
+// CopyAsReplica COPYs rows into table on c as replication does (the
+// session's replication role is replica, so the fence lets them in): to
+// load a benchmark's rows straight into their owners.
+func CopyAsReplica(ctx context.Context, c *pgx.Conn, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
+		return 0, err
+	}
+	n, err := c.CopyFrom(ctx, table, cols, src)
+	if err == nil {
+		_, err = c.Exec(ctx, "RESET session_replication_role")
+	}
+	return n, err
+}
