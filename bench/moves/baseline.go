@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -56,7 +57,7 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 			src.Close(context.Background())
 			return runs, err
 		}
-		run, err := copyPipe(ctx, src, dst, lo, hi)
+		run, _, err := copyPipeCols(ctx, src, dst, lo, hi, "bkey, uid, v", false)
 		src.Close(context.Background())
 		dst.Close(context.Background())
 		if err != nil {
@@ -74,32 +75,81 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 	return runs, nil
 }
 
-func copyPipe(ctx context.Context, src, dst *pgx.Conn, lo, hi int64) (BaselineRun, error) {
+// copyPipeCols copies cols of the range from src into app.kv_baseline (the
+// table's columns, indexes and primary key, without its constraints) on
+// dst through one binary COPY pipe: an io.Pipe, or batches
+// of 64 KB. It returns the run and the bytes of the COPY stream.
+func copyPipeCols(ctx context.Context, src, dst *pgx.Conn, lo, hi int64, cols string, batched bool) (BaselineRun, int64, error) {
 	var run BaselineRun
 	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
-		return run, err
+		return run, 0, err
 	}
 	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
-		return run, err
+		return run, 0, err
 	}
+	var bytes atomic.Int64
 	pr, pw := io.Pipe()
+	var w io.Writer = counter{pw, &bytes}
+	var bw *batcher
+	if batched {
+		bw = &batcher{w: w}
+		w = bw
+	}
 	errc := make(chan error, 1)
 	start := time.Now()
 	go func() {
-		_, err := src.PgConn().CopyTo(ctx, pw, fmt.Sprintf("COPY (SELECT bkey, uid, v FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", lo, hi))
+		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
+		if err == nil && bw != nil {
+			err = bw.flush()
+		}
 		pw.CloseWithError(err)
 		errc <- err
 	}()
-	tag, err := dst.PgConn().CopyFrom(ctx, pr, "COPY app.kv_baseline (bkey, uid, v) FROM STDIN (FORMAT binary)")
+	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY app.kv_baseline (%s) FROM STDIN (FORMAT binary)", cols))
 	pr.CloseWithError(err)
 	if serr := <-errc; serr != nil {
-		return run, fmt.Errorf("COPY TO: %w", serr)
+		return run, 0, fmt.Errorf("COPY TO: %w", serr)
 	}
 	if err != nil {
-		return run, fmt.Errorf("COPY FROM: %w", err)
+		return run, 0, fmt.Errorf("COPY FROM: %w", err)
 	}
 	el := time.Since(start)
 	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
 	run.RowsPS = float64(run.Rows) / el.Seconds()
-	return run, nil
+	return run, bytes.Load(), nil
+}
+
+type counter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c counter) Write(b []byte) (int, error) {
+	c.n.Add(int64(len(b)))
+	return c.w.Write(b)
+}
+
+// batcher gathers writes into 64 KB before passing them on.
+type batcher struct {
+	w   io.Writer
+	buf []byte
+}
+
+func (b *batcher) Write(p []byte) (int, error) {
+	b.buf = append(b.buf, p...)
+	if len(b.buf) >= 64<<10 {
+		if err := b.flush(); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (b *batcher) flush() error {
+	if len(b.buf) == 0 {
+		return nil
+	}
+	_, err := b.w.Write(b.buf)
+	b.buf = b.buf[:0]
+	return err
 }

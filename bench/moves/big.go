@@ -9,14 +9,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
@@ -275,85 +271,6 @@ func checkpoint(ctx context.Context, nodes ...bucketmap.Node) error {
 		}
 	}
 	return nil
-}
-
-// copyPipeCols copies cols of the range from src into app.kv_baseline (the
-// table's columns, indexes and primary key, without its constraints) on
-// dst through one binary COPY pipe: an io.Pipe, as copyPipe, or batches
-// of 64 KB. It returns the run and the bytes of the COPY stream.
-func copyPipeCols(ctx context.Context, src, dst *pgx.Conn, lo, hi int64, cols string, batched bool) (BaselineRun, int64, error) {
-	var run BaselineRun
-	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
-		return run, 0, err
-	}
-	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
-		return run, 0, err
-	}
-	var bytes atomic.Int64
-	pr, pw := io.Pipe()
-	var w io.Writer = counter{pw, &bytes}
-	var bw *batcher
-	if batched {
-		bw = &batcher{w: w}
-		w = bw
-	}
-	errc := make(chan error, 1)
-	start := time.Now()
-	go func() {
-		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
-		if err == nil && bw != nil {
-			err = bw.flush()
-		}
-		pw.CloseWithError(err)
-		errc <- err
-	}()
-	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY app.kv_baseline (%s) FROM STDIN (FORMAT binary)", cols))
-	pr.CloseWithError(err)
-	if serr := <-errc; serr != nil {
-		return run, 0, fmt.Errorf("COPY TO: %w", serr)
-	}
-	if err != nil {
-		return run, 0, fmt.Errorf("COPY FROM: %w", err)
-	}
-	el := time.Since(start)
-	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
-	run.RowsPS = float64(run.Rows) / el.Seconds()
-	return run, bytes.Load(), nil
-}
-
-type counter struct {
-	w io.Writer
-	n *atomic.Int64
-}
-
-func (c counter) Write(b []byte) (int, error) {
-	c.n.Add(int64(len(b)))
-	return c.w.Write(b)
-}
-
-// batcher gathers writes into 64 KB before passing them on.
-type batcher struct {
-	w   io.Writer
-	buf []byte
-}
-
-func (b *batcher) Write(p []byte) (int, error) {
-	b.buf = append(b.buf, p...)
-	if len(b.buf) >= 64<<10 {
-		if err := b.flush(); err != nil {
-			return 0, err
-		}
-	}
-	return len(p), nil
-}
-
-func (b *batcher) flush() error {
-	if len(b.buf) == 0 {
-		return nil
-	}
-	_, err := b.w.Write(b.buf)
-	b.buf = b.buf[:0]
-	return err
 }
 
 // checkBoth counts and sums the range on both nodes at once with a row
