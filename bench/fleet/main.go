@@ -44,6 +44,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -204,14 +205,8 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		*supervisors, *workers, *routers, pgNodes, *rate, *clients, min(*loadSample, *supervisors), *level, 1<<*level, *rowsPerBucket, sessionTimeout, runtime.NumCPU())
 	say("fleet benchmark: %s", b.res.Config)
 	say("logs in %s; ZooKeeper %s (throwaway ensemble), PostgreSQL %s", b.runDir, b.env.zkConnect(), strings.Join(b.env.pgAddrs, ","))
-	if b.sess, err = zksession.Open(zksession.Config{Connect: b.env.zkConnect()}); err != nil {
+	if b.sess, err = clustertest.OpenSession(ctx, b.env.zkConnect(), "bench/fleet/run starts it"); err != nil {
 		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = b.sess.WaitConnected(wctx)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("ZooKeeper at %s (bench/fleet/run starts it): %w", b.env.zkConnect(), err)
 	}
 	b.purgeLeftovers(ctx)
 	b.cleanups = append(b.cleanups, func(ctx context.Context) {

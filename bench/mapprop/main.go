@@ -57,6 +57,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
@@ -437,17 +438,11 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	}
 	say("map propagation: level %d (%d buckets), %d nodes, layout %s; record %s", *level, m.Buckets(), *nodeCount, *layout, sizes(sum.Sides))
 
-	admin, err := zksession.Open(zksession.Config{Connect: *zkConnect})
+	admin, err := clustertest.OpenSession(ctx, *zkConnect, "scripts/devenv up")
 	if err != nil {
 		return nil, err
 	}
 	defer admin.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = admin.WaitConnected(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", *zkConnect, err)
-	}
 	p := topo.MustPaths(root, clusterNm)
 	st := bucketmap.NewStore(admin, p)
 	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: clusterNm, Seed: seedHex, CreatedAt: time.Now().UTC()}

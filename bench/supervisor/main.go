@@ -49,8 +49,8 @@ import (
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/topo"
-	"github.com/shardvisor/shardvisor/zksession"
 )
 
 var (
@@ -157,16 +157,11 @@ func run() error {
 			return fmt.Errorf("go build %s: %w", pkg, err)
 		}
 	}
-	sess, err := zksession.Open(zksession.Config{Connect: *zkConnect})
+	sess, err := clustertest.OpenSession(context.Background(), *zkConnect, "scripts/devenv up")
 	if err != nil {
 		return err
 	}
 	defer sess.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := sess.WaitConnected(ctx); err != nil {
-		return fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", *zkConnect, err)
-	}
 	benchRoot := fmt.Sprintf("/shardvisor-bench-%d", os.Getpid())
 	paths := topo.MustPaths(benchRoot, "bench")
 	defer func() {

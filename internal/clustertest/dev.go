@@ -90,7 +90,7 @@ func OpenDev(ctx context.Context, sp DevSpec) (d *Dev, err error) {
 		}
 		d.created++
 	}
-	if d.Session, err = OpenSession(ctx, sp.ZK); err != nil {
+	if d.Session, err = OpenSession(ctx, sp.ZK, "scripts/devenv up"); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -153,8 +153,8 @@ func DevNodes(addrs []string, db, pwFile string) []bucketmap.Node {
 }
 
 // OpenSession opens a ZooKeeper session on connect and waits up to 30 s
-// for it to connect.
-func OpenSession(ctx context.Context, connect string) (*zksession.Session, error) {
+// for it to connect; an error names how to start the ensemble (start).
+func OpenSession(ctx context.Context, connect, start string) (*zksession.Session, error) {
 	s, err := zksession.Open(zksession.Config{Connect: connect})
 	if err != nil {
 		return nil, err
@@ -163,7 +163,7 @@ func OpenSession(ctx context.Context, connect string) (*zksession.Session, error
 	defer cancel()
 	if err := s.WaitConnected(wctx); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", connect, err)
+		return nil, fmt.Errorf("ZooKeeper at %s (%s): %w", connect, start, err)
 	}
 	return s, nil
 }
