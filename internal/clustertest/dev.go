@@ -60,8 +60,8 @@ type Dev struct {
 
 // OpenDev takes the lock, creates the databases and opens the session.
 // On an error it has released what it took.
-func OpenDev(ctx context.Context, sp DevSpec) (d *Dev, err error) {
-	d = &Dev{sp: sp, PWFile: PasswordFile(sp.Dir)}
+func OpenDev(ctx context.Context, sp DevSpec) (_ *Dev, err error) {
+	d := &Dev{sp: sp, PWFile: PasswordFile(sp.Dir)}
 	defer func() {
 		if err != nil {
 			d.Close()
