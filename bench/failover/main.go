@@ -37,7 +37,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +48,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -176,30 +174,18 @@ func run(p *benchkit.Printer, sum *Summary) error {
 	}
 	g := bucketmap.Node{ID: "g1", DSN: dsn, Password: "file:" + e.pwFile, Weight: 1, State: bucketmap.NodeActive,
 		Patroni: bucketmap.Patroni{Namespace: e.ns, Scope: e.scope}}
-	st := bucketmap.NewStore(s, topo.MustPaths(root, "fo"))
-	m, err := bucketmap.New(2, []bucketmap.Node{g}, time.Now())
+	c, err := clustertest.Build(ctx, s, clustertest.Spec{Root: root, Name: "fo", Level: 2, Nodes: []bucketmap.Node{g}, NoFence: true,
+		DDL: []string{`DROP TABLE IF EXISTS bench_failover; CREATE TABLE bench_failover (bkey bigint NOT NULL, id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (bkey, id))`}})
+	defer topo.DeleteRoot(context.Background(), s, topo.MustPaths(root, "fo"))
 	if err != nil {
 		return err
 	}
-	if err := st.Create(ctx, topo.ClusterRecord{Version: topo.ClusterVersion, Name: "fo", Seed: clustertest.Seed, CreatedAt: time.Now().UTC()}, m, bucketmap.CreateOptions{}); err != nil {
-		return err
-	}
-	defer topo.DeleteRoot(context.Background(), s, st.Paths())
-	admin, err := dbnode.Connect(ctx, g)
-	if err != nil {
-		return err
-	}
-	if _, err := admin.Exec(ctx, `DROP TABLE IF EXISTS bench_failover; CREATE TABLE bench_failover (bkey bigint NOT NULL, id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (bkey, id))`); err != nil {
-		return err
-	}
-	admin.Close(ctx)
+	st, ks := c.Store, c.Keystream
 	r := router.New(s, st.Paths(), router.Options{MemberID: "failover-bench", TunePool: func(c *pgxpool.Config) { c.MaxConns = int32(*writers) }})
 	defer r.Close()
 	if err := r.WaitReady(ctx); err != nil {
 		return err
 	}
-	seed, _ := keystream.ParseSeed(clustertest.Seed)
-	ks, _ := keystream.New(seed)
 
 	for _, name := range strings.Split(*modes, ",") {
 		mode := &Mode{Name: name}
@@ -521,13 +507,9 @@ func windows(led *ledger, kill, first time.Time) (b, d, a []time.Duration) {
 	return b, d, a
 }
 
-func p99(ds []time.Duration) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return benchkit.MS(ds[(len(ds)*99)/100])
-}
+// p99 is the latencies' 99th percentile in ms, benchkit's (nearest rank);
+// 0 when there are none.
+func p99(ds []time.Duration) float64 { return benchkit.OfDurations(ds).P99 }
 
 func lostWrites(ctx context.Context, r *router.Router, led *ledger) (int64, error) {
 	pool, err := r.NodePool(ctx, "g1")

@@ -48,7 +48,7 @@ var layer = map[string]int{
 	"internal/faultproxy":  1,
 	"internal/testenv":     0,
 	"internal/testkit":     0,
-	"internal/clustertest": 4,
+	"internal/clustertest": 6,
 	"internal/archtest":    0,
 	"zksession":            1,
 	"topo":                 2,
@@ -79,6 +79,8 @@ var layer = map[string]int{
 	"sidecar": 8,
 	// Flag and output plumbing shared by the commands only.
 	"internal/cliutil": 9,
+	// The benchmarks' write load on app.kv, through the router.
+	"internal/benchkit/kvload": 8,
 }
 
 const layerTop = 100
@@ -88,6 +90,7 @@ const layerTop = 100
 var testSupport = map[string]bool{
 	"internal/testenv": true, "internal/faultproxy": true, "internal/zktest": true,
 	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true,
+	"internal/benchkit/kvload": true,
 }
 
 // The session's data methods: only the record owner (topo) and the session
