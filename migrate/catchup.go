@@ -76,14 +76,14 @@ func (r *run) probe(ctx context.Context, timeout time.Duration) (time.Duration, 
 	if err != nil {
 		return 0, err
 	}
-	r.seq++
+	r.markerSeq++
 	start := time.Now()
-	if _, err := insertMarker(ctx, src, r.markerID(), r.seq); err != nil {
+	if _, err := insertMarker(ctx, src, r.markerID(), r.markerSeq); err != nil {
 		return 0, fmt.Errorf("source: marker: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := waitMarker(wctx, dst, r.markerID(), r.seq, 2*time.Millisecond); err != nil {
+	if err := waitMarker(wctx, dst, r.markerID(), r.markerSeq, 2*time.Millisecond); err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			// A marker that does not arrive: an apply error may have
 			// disabled the subscription, which no wait would mend.

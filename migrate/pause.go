@@ -97,13 +97,13 @@ func (r *run) fence(ctx context.Context) error {
 	// in commit order). No round trip of its own inside the pause.
 	var also []fence.Stmt
 	if !r.rec.NoCopy {
-		r.seq++
+		r.markerSeq++
 		// Flushed at commit even where synchronous_commit is off: a
 		// walsender sends only flushed WAL, and the WAL writer would
 		// otherwise take up to wal_writer_delay (200 ms) to get to it.
 		// "on", not "local": with synchronous standbys, the freeze must
 		// survive a failover of the source.
-		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.markerID(), r.seq))
+		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.markerID(), r.markerSeq))
 	}
 	// The freeze's start is saved before the freeze, outside the pause: a
 	// mover that dies inside the pause leaves it in the record, and the
@@ -190,7 +190,7 @@ func (r *run) barrier(ctx context.Context) error {
 		}
 		return fmt.Errorf("target: %s: %w", what, err)
 	}
-	if err := waitMarker(wctx, dst, r.markerID(), r.seq, time.Millisecond); err != nil {
+	if err := waitMarker(wctx, dst, r.markerID(), r.markerSeq, time.Millisecond); err != nil {
 		return overCap(err, "marker")
 	}
 	// The source writes the bucket no more: its sequences have handed out
@@ -244,93 +244,132 @@ func (r *run) flip(ctx context.Context) error {
 		after = topo.MoveDone
 	}
 	if r.rec.FlipVersion == 0 {
-		pending := r.pendingOwn
-		r.pendingOwn = nil
-		if pending == nil {
-			// Resumed in flip (a record written by an older mover): no
-			// pause to keep short any more.
-			m, _, err := r.mv.st.Load(ctx)
-			if err != nil {
-				return err
-			}
-			dst, err := r.target(ctx)
-			if err != nil {
-				return err
-			}
-			if pending, err = fence.PrepareOwn(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version+1); err != nil {
-				return fmt.Errorf("target fence: %w", err)
-			}
-		}
-		// The map and the move record change in one ZooKeeper
-		// transaction: the record says the flip happened (FlipVersion)
-		// exactly when the map does, whatever instant the mover dies at.
-		// The map half of the flip goes through ownership; its fence half
-		// is settleFences, after it.
-		var rec topo.MoveRecord
-		flip := ownership.Flip{Move: r.rec.ID, Bucket: recBucket(r.rec), Target: bucketmap.NodeID(r.rec.Target), NoCopy: r.rec.NoCopy}
-		next, _, stats, err := ownership.FlipMap(ctx, r.mv.st, r.fenceMap, r.fenceZV, flip, func(next *bucketmap.Map) ([]zksession.Op, error) {
-			rec = *r.rec
-			rec.FlipVersion = next.Version
-			rec.State = topo.MoveFlip
-			rec.UpdatedAt = time.Now().UTC()
-			rec.Runner = r.mv.runner
-			if rec.Reverse != nil && r.reverseLSN != "" {
-				rv := *rec.Reverse
-				rv.StartLSN = r.reverseLSN
-				rec.Reverse = &rv
-			}
-			op, err := topo.UpdateMoveOp(r.mv.p, &rec, r.ver)
-			if err != nil || r.undo == nil {
-				return []zksession.Op{op}, err
-			}
-			// A rollback's flip ends the move it rolls back, in the same
-			// transaction.
-			undo, err := r.rolledBackOp(rec.UpdatedAt)
-			return []zksession.Op{op, undo}, err
-		})
+		pending, err := r.flipPending(ctx)
 		if err != nil {
-			// Not flipped, or not known to be (ZooKeeper did not answer
-			// the transaction): then drive waits for ZooKeeper to tell
-			// before anything is undone (awaitFlip).
-			pending.Rollback(context.WithoutCancel(ctx))
-			r.flipUnknown = flipOutcomeUnknown(err)
 			return err
 		}
-		*r.rec, r.ver = rec, stats[0].Version
+		next, err := r.flipMap(ctx, pending)
+		if err != nil {
+			return err
+		}
 		r.crashHook(crashFlipped)
-		committed := pending.Commit(ctx)
-		if r.verifyTx != nil {
-			// The first target connection holds the verification
-			// snapshot until verify; the spare, free again, serves the
-			// rest of the move.
-			r.dstConn, r.dstSpare = r.dstSpare, r.dstConn
-		}
-		if !r.frozenAt.IsZero() {
-			r.rec.Stats.PauseMS = float64(time.Since(r.frozenAt).Microseconds()) / 1000
-		}
-		if committed == nil && next.Version == pending.Change.ToVersion {
-			r.targetOwned = true
-		} else if committed != nil {
-			r.mv.log.Warn("target fence: committing its ownership failed; owning it again", zap.String("move", r.rec.ID), zap.Error(committed))
-		}
+		r.ownAfterFlip(ctx, pending, next)
 	}
-	// Resumed past the flip (its mover died right after it): the pause
-	// ended when the target came to own the range. If it owns it already,
-	// the dead mover committed that right after the flip, whose time the
-	// record keeps (the flip wrote it, nothing since); else this resume
-	// ends the pause now.
-	var pauseEnd time.Time
-	if r.rec.Stats.PauseMS == 0 && r.rec.FreezeStartedAt != nil && !r.targetOwned {
-		if dst, err := r.target(ctx); err == nil {
-			if f, err := fence.Read(ctx, dst); err == nil && ownsAll(f, r.rec.Lo, r.rec.Hi) && f.MapVersion >= r.rec.FlipVersion &&
-				r.rec.UpdatedAt.After(*r.rec.FreezeStartedAt) {
-				pauseEnd = r.rec.UpdatedAt
-			}
-		}
-	}
+	pauseEnd := r.flippedPauseEnd(ctx)
 	if err := r.settleFences(ctx); err != nil {
 		return err
 	}
+	r.recordFlipPause(pauseEnd)
+	return r.enter(ctx, after)
+}
+
+// flipPending is the target's ownership for the flip to commit: the one
+// the fence step prepared, or, for a move resumed in flip (a record
+// written by an older mover), one prepared now: no pause to keep short any
+// more.
+func (r *run) flipPending(ctx context.Context) (*fence.Pending, error) {
+	pending := r.pendingOwn
+	r.pendingOwn = nil
+	if pending != nil {
+		return pending, nil
+	}
+	m, _, err := r.mv.st.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := r.target(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if pending, err = fence.PrepareOwn(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version+1); err != nil {
+		return nil, fmt.Errorf("target fence: %w", err)
+	}
+	return pending, nil
+}
+
+// flipMap is the flip's ZooKeeper transaction: the map and the move record
+// change in one, so the record says the flip happened (FlipVersion)
+// exactly when the map does, whatever instant the mover dies at. The map
+// half of the flip goes through ownership; its fence half is
+// settleFences, after it. On success r.rec is the record as written.
+func (r *run) flipMap(ctx context.Context, pending *fence.Pending) (*bucketmap.Map, error) {
+	var rec topo.MoveRecord
+	flip := ownership.Flip{Move: r.rec.ID, Bucket: recBucket(r.rec), Target: bucketmap.NodeID(r.rec.Target), NoCopy: r.rec.NoCopy}
+	next, _, stats, err := ownership.FlipMap(ctx, r.mv.st, r.fenceMap, r.fenceZV, flip, func(next *bucketmap.Map) ([]zksession.Op, error) {
+		rec = *r.rec
+		rec.FlipVersion = next.Version
+		rec.State = topo.MoveFlip
+		rec.UpdatedAt = time.Now().UTC()
+		rec.Runner = r.mv.runner
+		if rec.Reverse != nil && r.reverseLSN != "" {
+			rv := *rec.Reverse
+			rv.StartLSN = r.reverseLSN
+			rec.Reverse = &rv
+		}
+		op, err := topo.UpdateMoveOp(r.mv.p, &rec, r.ver)
+		if err != nil || r.undo == nil {
+			return []zksession.Op{op}, err
+		}
+		// A rollback's flip ends the move it rolls back, in the same
+		// transaction.
+		undo, err := r.rolledBackOp(rec.UpdatedAt)
+		return []zksession.Op{op, undo}, err
+	})
+	if err != nil {
+		// Not flipped, or not known to be (ZooKeeper did not answer
+		// the transaction): then drive waits for ZooKeeper to tell
+		// before anything is undone (awaitFlip).
+		pending.Rollback(context.WithoutCancel(ctx))
+		r.flipUnknown = flipOutcomeUnknown(err)
+		return nil, err
+	}
+	*r.rec, r.ver = rec, stats[0].Version
+	return next, nil
+}
+
+// ownAfterFlip commits the target's prepared ownership right after the
+// flip (the end of the pause this process measured) and hands the rest of
+// the move the spare target connection.
+func (r *run) ownAfterFlip(ctx context.Context, pending *fence.Pending, next *bucketmap.Map) {
+	committed := pending.Commit(ctx)
+	if r.verifyTx != nil {
+		// The first target connection holds the verification
+		// snapshot until verify; the spare, free again, serves the
+		// rest of the move.
+		r.dstConn, r.dstSpare = r.dstSpare, r.dstConn
+	}
+	if !r.frozenAt.IsZero() {
+		r.rec.Stats.PauseMS = float64(time.Since(r.frozenAt).Microseconds()) / 1000
+	}
+	if committed == nil && next.Version == pending.Change.ToVersion {
+		r.targetOwned = true
+	} else if committed != nil {
+		r.mv.log.Warn("target fence: committing its ownership failed; owning it again", zap.String("move", r.rec.ID), zap.Error(committed))
+	}
+}
+
+// flippedPauseEnd is, for a move resumed past the flip (its mover died
+// right after it), when its pause ended: when the target came to own the
+// range. If it owns it already, the dead mover committed that right after
+// the flip, whose time the record keeps (the flip wrote it, nothing
+// since); else (zero) this resume ends the pause now.
+func (r *run) flippedPauseEnd(ctx context.Context) time.Time {
+	if r.rec.Stats.PauseMS != 0 || r.rec.FreezeStartedAt == nil || r.targetOwned {
+		return time.Time{}
+	}
+	if dst, err := r.target(ctx); err == nil {
+		if f, err := fence.Read(ctx, dst); err == nil && ownsAll(f, r.rec.Lo, r.rec.Hi) && f.MapVersion >= r.rec.FlipVersion &&
+			r.rec.UpdatedAt.After(*r.rec.FreezeStartedAt) {
+			return r.rec.UpdatedAt
+		}
+	}
+	return time.Time{}
+}
+
+// recordFlipPause records, if this process did not measure it, the pause
+// from the freeze's recorded start to pauseEnd (now if zero), and reports
+// it.
+func (r *run) recordFlipPause(pauseEnd time.Time) {
 	if r.rec.Stats.PauseMS == 0 && r.rec.FreezeStartedAt != nil {
 		if pauseEnd.IsZero() {
 			pauseEnd = time.Now()
@@ -340,7 +379,6 @@ func (r *run) flip(ctx context.Context) error {
 	if r.rec.Stats.PauseMS > 0 {
 		r.progress(fmt.Sprintf("flipped: write pause %.1f ms", r.rec.Stats.PauseMS))
 	}
-	return r.enter(ctx, after)
 }
 
 // settleFences brings both fences to the flip's map version

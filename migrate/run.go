@@ -26,24 +26,51 @@ import (
 type run struct {
 	mv  *Mover
 	rec *topo.MoveRecord
-	ver int32
-	// schemaEpoch is the schema epoch read before prepare compared the
-	// schemas (topo.EnterMoveData checks it).
-	schemaEpoch int32
-	src, dst    bucketmap.Node
-	srcConn     *pgx.Conn
-	dstConn     *pgx.Conn
+	ver int32 // the record's znode version, for save's compare-and-swap
+	// lock is the move's runner lock; unlock stops following it.
+	lock   *zksession.Lock
+	unlock context.CancelFunc
+
+	runConns
+	runPrepare
+	runCopy
+	runPause
+	runVerify
+	runWindow
+
+	// cleaning: an abort runs, on whatever primaries the nodes have now.
+	cleaning bool
+}
+
+// runConns are the run's nodes and its connections to them.
+type runConns struct {
+	src, dst bucketmap.Node
+	srcConn  *pgx.Conn
+	dstConn  *pgx.Conn
 	// dstSpare is a second target connection opened before the freeze, so
 	// that the write pause never waits for a connection (TCP + SCRAM).
 	dstSpare *pgx.Conn
-	// seqs are the ascending sequences the move's tables draw from
-	// (sequences.go); nil until listed.
+}
+
+// runPrepare is what the prepare step leaves for the schema gate.
+type runPrepare struct {
+	// schemaEpoch is the schema epoch read before prepare compared the
+	// schemas (topo.EnterMoveData checks it).
+	schemaEpoch int32
+}
+
+// runCopy is the forward stream's state: its markers and sequences.
+type runCopy struct {
+	// markerSeq numbers the run's markers (the lag probes' and the
+	// barrier's); it starts at the time the run opened the move.
+	markerSeq int64
+	// seqs are the ascending PostgreSQL sequences the move's tables draw
+	// from (sequences.go); nil until listed.
 	seqs []string
-	// verifyTx holds a snapshot of the target taken right after the
-	// barrier, before the target accepts writes, so that verification
-	// after the flip compares like with like. It exists only in the
-	// process that passed the barrier.
-	verifyTx pgx.Tx
+}
+
+// runPause is the write pause's state (pause.go): fence, barrier, flip.
+type runPause struct {
 	frozenAt time.Time // zero if the freeze did not happen in this process
 	// fenceMap is the map that set the bucket moving, with its znode
 	// version: the flip's compare-and-swap starts from it instead of
@@ -55,11 +82,6 @@ type run struct {
 	pendingOwn *fence.Pending
 	// targetOwned: the target's fence owns the range at the flip's version.
 	targetOwned bool
-	seq         int64
-	// cleaning: an abort runs, on whatever primaries the nodes have now.
-	cleaning bool
-	// verifyLost: the verification snapshot failed (its connection died).
-	verifyLost bool
 	// flipUnknown: the flip's ZooKeeper transaction was sent and no answer
 	// says whether it was applied: the source must stay frozen until
 	// ZooKeeper tells (awaitFlip).
@@ -67,23 +89,36 @@ type run struct {
 	// thawedAt: this process ended the write pause without the flip
 	// (thawInPause): the source owns the range again.
 	thawedAt time.Time
+	// reverseLSN is the target's WAL insert position read inside the
+	// pause, for the flip to record (ReverseStream.StartLSN).
+	reverseLSN string
+	// undo is, in a rollback's run, the move it rolls back, read in the
+	// fence step (with its znode version) for the flip's transaction.
+	undo    *topo.MoveRecord
+	undoVer int32
+}
+
+// runVerify holds the snapshots verification compares.
+type runVerify struct {
+	// verifyTx holds a snapshot of the target taken right after the
+	// barrier, before the target accepts writes, so that verification
+	// after the flip compares like with like. It exists only in the
+	// process that passed the barrier.
+	verifyTx pgx.Tx
+	// verifyLost: the verification snapshot failed (its connection died).
+	verifyLost bool
 	// srcVerifyTx holds a snapshot of the source taken before the
 	// reverse stream starts changing its range (on a connection of its
 	// own, srcVerifyConn): verification compares it with verifyTx.
 	srcVerifyConn *pgx.Conn
 	srcVerifyTx   pgx.Tx
-	// reverseLSN is the target's WAL insert position read inside the
-	// pause, for the flip to record (ReverseStream.StartLSN).
-	reverseLSN string
+}
+
+// runWindow is what the caller asked of the rollback window.
+type runWindow struct {
 	// completeNow: `move complete` ends the window at once; holdWindow:
 	// `move rollback` drives a move to its window and keeps it there.
 	completeNow, holdWindow bool
-	// undo is, in a rollback's run, the move it rolls back, read in the
-	// fence step (with its znode version) for the flip's transaction.
-	undo    *topo.MoveRecord
-	undoVer int32
-	lock    *zksession.Lock
-	unlock  context.CancelFunc // stops following the lock
 }
 
 // pastFlip reports whether the map already gives the move's bucket to its
@@ -114,7 +149,7 @@ func (mv *Mover) open(ctx context.Context, id string) (*run, context.Context, er
 		}
 		return nil, nil, err
 	}
-	r := &run{mv: mv, rec: rec, ver: ver, seq: time.Now().UnixNano()}
+	r := &run{mv: mv, rec: rec, ver: ver, runCopy: runCopy{markerSeq: time.Now().UnixNano()}}
 	if rec.Finished() {
 		return r, ctx, nil
 	}
