@@ -121,11 +121,9 @@ func (r *run) fence(ctx context.Context) error {
 	}
 	r.frozenAt = time.Now()
 	if r.rec.NoCopy {
-		r.step(topo.MoveFlip)
-		return nil
+		return r.step(topo.MoveFlip)
 	}
-	r.step(topo.MoveBarrier)
-	return nil
+	return r.step(topo.MoveBarrier)
 }
 
 // waitMembers waits, up to Options.MemberWait, until every live router and
@@ -234,8 +232,7 @@ func (r *run) barrier(ctx context.Context) error {
 		}
 		r.verifyTx = tx
 	}
-	r.step(topo.MoveFlip)
-	return nil
+	return r.step(topo.MoveFlip)
 }
 
 func (r *run) flip(ctx context.Context) error {

@@ -65,6 +65,9 @@ func (r *run) waitSchema(ctx context.Context) error {
 // gate: topo.ErrSchemaChanging, with nothing written, while a schema
 // change runs.
 func (r *run) enterData(ctx context.Context, state string) error {
+	if err := checkTransition(r.rec, state); err != nil {
+		return err
+	}
 	prev, steps := r.rec.State, len(r.rec.Steps)
 	r.rec.State = state
 	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})

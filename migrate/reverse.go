@@ -491,6 +491,9 @@ func (r *run) readRolledBack(ctx context.Context) error {
 // rolls back.
 func (r *run) rolledBackOp(at time.Time) (zksession.Op, error) {
 	rec := *r.undo
+	if err := checkTransition(&rec, topo.MoveRolledBack); err != nil {
+		return zksession.Op{}, err
+	}
 	rec.State = topo.MoveRolledBack
 	rec.Steps = append(append([]topo.MoveStep(nil), rec.Steps...), topo.MoveStep{State: topo.MoveRolledBack, At: at})
 	rec.UpdatedAt = at

@@ -233,7 +233,12 @@ func (r *run) save(ctx context.Context) error {
 	return nil
 }
 
+// enter moves the record to state and saves it; a change the state table
+// (topo.MoveTransitions) does not allow is refused, with nothing written.
 func (r *run) enter(ctx context.Context, state string) error {
+	if err := checkTransition(r.rec, state); err != nil {
+		return err
+	}
 	r.rec.State = state
 	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
 	if err := r.save(ctx); err != nil {
@@ -250,12 +255,36 @@ func (r *run) enter(ctx context.Context, state string) error {
 // dies in between resumes in fence, finds the bucket moving, and rolls
 // back (the pause could not be bounded), which is also what the barrier
 // would do.
-func (r *run) step(state string) {
+func (r *run) step(state string) error {
+	if err := checkTransition(r.rec, state); err != nil {
+		return err
+	}
 	r.rec.State = state
 	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
 	r.progress(state)
 	r.crashHook(state)
+	return nil
 }
+
+// checkTransition refuses a change of rec's state to state that the state
+// table (topo.MoveTransitions) does not allow: a *topo.MoveTransitionError
+// naming the move.
+func checkTransition(rec *topo.MoveRecord, state string) error {
+	err := topo.CheckMoveTransition(rec.State, state)
+	if err == nil {
+		return nil
+	}
+	if refusedTransition != nil {
+		refusedTransition(rec.ID, err)
+	}
+	return fmt.Errorf("move %s: %w", rec.ID, err)
+}
+
+// refusedTransition, when set (by this package's tests, before they run),
+// hears of every transition checkTransition refuses: a test run that
+// drives moves through their paths then shows that the table allows
+// every transition the mover takes.
+var refusedTransition func(move string, err error)
 
 // Failpoints (package internal/failpoint, in builds with -tags
 // failpoints): "move:<state>" on entering each state, and crashFlipped
