@@ -156,8 +156,8 @@ func (r *run) startReverse(ctx context.Context) error {
 		}
 		r.srcVerifyTx = tx
 	}
-	var have bool
-	if err := dst.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot).Scan(&have); err != nil {
+	have, err := slotExists(ctx, dst, rv.Slot)
+	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
 	if !have {
