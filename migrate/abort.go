@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -57,7 +58,8 @@ func (r *run) abort(ctx context.Context, cause error) error {
 		// within its ttl): wait for it as for a node that answers.
 		if (unreachable && !r.groupInvolved()) || ctx.Err() != nil || time.Now().After(deadline) {
 			_ = r.save(ctx)
-			return fmt.Errorf("move %s: aborting after %v, but the cleanup is incomplete (run `shardctl move resume %s` when the nodes answer): %s", r.rec.ID, cause, r.rec.ID, strings.Join(problems, "; "))
+			return hint.New(fmt.Errorf("move %s: aborting after %v, but the cleanup is incomplete: %s", r.rec.ID, cause, strings.Join(problems, "; ")),
+				fmt.Sprintf("run `shardctl move resume %s` when the nodes answer", r.rec.ID))
 		}
 		wait := b.Next()
 		r.mv.log.Warn("abort cleanup incomplete; trying again", zap.String("move", r.rec.ID), zap.Duration("in", wait), zap.Strings("problems", problems))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -246,9 +247,11 @@ func (mv *Mover) move(ctx context.Context, b bucketmap.Bucket, target bucketmap.
 		// from or into since (its record would not match the map).
 		if rb := recBucket(r); !r.Finished() && (rb.Contains(b) || b.Contains(rb)) {
 			if r.State == topo.MoveReversible {
-				return nil, fmt.Errorf("bucket %s's move %s is in its rollback window; end it first: shardctl move complete %s (or shardctl move rollback %s)", bname, r.ID, r.ID, r.ID)
+				return nil, hint.New(fmt.Errorf("bucket %s's move %s is in its rollback window; end it first", bname, r.ID),
+					fmt.Sprintf("shardctl move complete %s (or shardctl move rollback %s)", r.ID, r.ID))
 			}
-			return nil, fmt.Errorf("bucket %s already has an unfinished move %s (%s); resume or abort it first", bname, r.ID, r.State)
+			return nil, hint.New(fmt.Errorf("bucket %s already has an unfinished move %s (%s); resume or abort it first", bname, r.ID, r.State),
+				fmt.Sprintf("shardctl move resume %s (or shardctl move abort %s)", r.ID, r.ID))
 		}
 	}
 	crec, err := topo.ReadCluster(ctx, mv.s, mv.p)
@@ -256,7 +259,7 @@ func (mv *Mover) move(ctx context.Context, b bucketmap.Bucket, target bucketmap.
 		return nil, err
 	}
 	if len(crec.Tables) == 0 && !noCopy {
-		return nil, errors.New("the cluster has no sharded tables (shardctl table add); nothing to copy, use --no-copy")
+		return nil, hint.New(errors.New("the cluster has no sharded tables; nothing to copy, use --no-copy"), "shardctl table add")
 	}
 	lo, hi := b.Keys()
 	id := moveID(bucket, b.Depth, m.Version)
@@ -293,13 +296,15 @@ func (mv *Mover) Resume(ctx context.Context, id string) (*topo.MoveRecord, error
 func (mv *Mover) Abort(ctx context.Context, id, reason string) (*topo.MoveRecord, error) {
 	return mv.withRun(ctx, id, func(ctx context.Context, r *run) error {
 		if r.rec.State == topo.MoveFailed {
-			return fmt.Errorf("move %s failed after its flip (%s); `shardctl move resume` would only repeat that: `shardctl move abort %s --after-failure` checks which node holds the bucket's rows, makes the map, the fences and the record agree, and releases GC", id, r.rec.Error, id)
+			return hint.New(fmt.Errorf("move %s failed after its flip (%s); resuming it would only repeat that", id, r.rec.Error),
+				fmt.Sprintf("`shardctl move abort %s --after-failure` checks which node holds the bucket's rows, makes the map, the fences and the record agree, and releases GC", id))
 		}
 		if pastFlip(r.rec) {
 			if canRollBackLater(r.rec) && r.rec.State != topo.MoveCompleting {
-				return fmt.Errorf("move %s is past its flip (%s): the bucket is on %s. To give it back to %s with the writes made since: shardctl move rollback %s", id, r.rec.State, r.rec.Target, r.rec.Source, id)
+				return hint.New(fmt.Errorf("move %s is past its flip (%s): the bucket is on %s", id, r.rec.State, r.rec.Target),
+					fmt.Sprintf("to give it back to %s with the writes made since: shardctl move rollback %s", r.rec.Source, id))
 			}
-			return fmt.Errorf("move %s is past its flip (%s); it can only be finished: shardctl move resume %s", id, r.rec.State, id)
+			return hint.New(fmt.Errorf("move %s is past its flip (%s); it can only be finished", id, r.rec.State), "shardctl move resume "+id)
 		}
 		return r.stopped(ctx, r.abort(ctx, errors.New(reason)))
 	})

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -116,7 +117,7 @@ func (r *run) drive(ctx context.Context) error {
 			// Record the error and leave the rest for `move resume`.
 			r.rec.Error = err.Error()
 			_ = r.save(ctx)
-			return fmt.Errorf("move %s stopped in %s (the bucket is already on %s; finish with `shardctl move resume %s`): %w", id, r.rec.State, r.rec.Target, id, err)
+			return hint.New(fmt.Errorf("move %s stopped in %s (the bucket is already on %s): %w", id, r.rec.State, r.rec.Target, err), "finish it: shardctl move resume "+id)
 		}
 		return r.stopped(ctx, r.abort(ctx, err))
 	}

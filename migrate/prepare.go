@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -121,7 +122,7 @@ func (r *run) prepareOnce(ctx context.Context) error {
 			return fmt.Errorf("target: %w", err)
 		}
 		if len(mism) > 0 {
-			return fmt.Errorf("target %s does not match the sharded-table contract: %s (see shardctl node check %s)", r.rec.Target, mism[0].Message, r.rec.Target)
+			return hint.New(fmt.Errorf("target %s does not match the sharded-table contract: %s", r.rec.Target, mism[0].Message), "shardctl node check "+r.rec.Target)
 		}
 		// Before the target's range is marked incoming and cleared, and
 		// long before any row is copied or the source frozen.
@@ -150,6 +151,10 @@ func (r *run) prepareOnce(ctx context.Context) error {
 	return r.enterData(ctx, topo.MoveCopy)
 }
 
+// ignoreSlotsHint, with the node's name, says how to keep a group's
+// logical slots.
+const ignoreSlotsHint = "add ignore_slots: [{type: logical, plugin: pgoutput}] to the group's configuration; see shardctl node check "
+
 // checkGroups refuses a move that a Patroni group's configuration would
 // break, before anything is created: a source group that drops unknown
 // logical slots (no ignore_slots for them) would drop the move's within
@@ -163,7 +168,8 @@ func (r *run) checkGroups(ctx context.Context) error {
 			return fmt.Errorf("source %s: %w", r.rec.Source, err)
 		}
 		if g.Config == nil || !topo.PatroniKeepsLogicalSlots(g.Config.IgnoreSlots) {
-			return fmt.Errorf("source %s is a Patroni group whose ignore_slots does not keep logical pgoutput slots: Patroni would drop the move's slot (add ignore_slots: [{type: logical, plugin: pgoutput}]; see shardctl node check %s)", r.rec.Source, r.rec.Source)
+			return hint.New(fmt.Errorf("source %s is a Patroni group whose ignore_slots does not keep logical pgoutput slots: Patroni would drop the move's slot", r.rec.Source),
+				ignoreSlotsHint+r.rec.Source)
 		}
 	}
 	if p := r.dst.Patroni; !p.IsZero() {
@@ -172,10 +178,12 @@ func (r *run) checkGroups(ctx context.Context) error {
 			return fmt.Errorf("target %s: %w", r.rec.Target, err)
 		}
 		if r.rec.Reverse != nil && (g.Config == nil || !topo.PatroniKeepsLogicalSlots(g.Config.IgnoreSlots)) {
-			return fmt.Errorf("target %s is a Patroni group whose ignore_slots does not keep logical pgoutput slots: Patroni would drop the move's reverse slot, and with it the way back (add ignore_slots: [{type: logical, plugin: pgoutput}]; see shardctl node check %s)", r.rec.Target, r.rec.Target)
+			return hint.New(fmt.Errorf("target %s is a Patroni group whose ignore_slots does not keep logical pgoutput slots: Patroni would drop the move's reverse slot, and with it the way back", r.rec.Target),
+				ignoreSlotsHint+r.rec.Target)
 		}
 		if g.Config == nil || !g.Config.SynchronousMode {
-			return fmt.Errorf("target %s is a Patroni group not in synchronous_mode: a failover right after the flip could lose copied rows (set synchronous_mode: true; see shardctl node check %s)", r.rec.Target, r.rec.Target)
+			return hint.New(fmt.Errorf("target %s is a Patroni group not in synchronous_mode: a failover right after the flip could lose copied rows", r.rec.Target),
+				"set synchronous_mode: true in the group's configuration; see shardctl node check "+r.rec.Target)
 		}
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -173,7 +174,7 @@ func (mv *Mover) open(ctx context.Context, id string) (*run, context.Context, er
 // so: nothing was rolled back, the move stays as its record says.
 func (r *run) stopped(ctx context.Context, err error) error {
 	if cause := context.Cause(ctx); err != nil && errors.Is(cause, zksession.ErrLockLost) {
-		return fmt.Errorf("move %s stopped in %s: %w (resume it with `shardctl move resume %s`)", r.rec.ID, r.rec.State, cause, r.rec.ID)
+		return hint.New(fmt.Errorf("move %s stopped in %s: %w", r.rec.ID, r.rec.State, cause), "resume it: shardctl move resume "+r.rec.ID)
 	}
 	return err
 }
