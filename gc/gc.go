@@ -46,6 +46,7 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/fleet"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -264,7 +265,7 @@ type GC struct {
 }
 
 // ErrNoTables means the cluster has no sharded tables, so nothing for GC.
-var ErrNoTables = errors.New("gc: the cluster has no sharded tables (shardctl table add)")
+var ErrNoTables = hint.New(errors.New("gc: the cluster has no sharded tables"), "shardctl table add")
 
 // New returns the GC of the cluster of st with the cluster's sharded
 // tables, refusing a cluster without any (ErrNoTables) and an opt.Node

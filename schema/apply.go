@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/sqlstate"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -250,8 +251,8 @@ func waitMoves(ctx context.Context, s *zksession.Session, p topo.Paths, opt *Opt
 		}
 		waited := time.Since(start)
 		if waited >= opt.WaitMoves {
-			return waited, fmt.Errorf("%w after %s: %s (a move in its rollback window ends it early with `shardctl move complete ID`; then apply again)",
-				ErrMovesInFlight, waited.Round(time.Second), strings.Join(busy, "; "))
+			return waited, hint.New(fmt.Errorf("%w after %s: %s", ErrMovesInFlight, waited.Round(time.Second), strings.Join(busy, "; ")),
+				"a move in its rollback window ends it early with `shardctl move complete ID`; then apply again")
 		}
 		if time.Since(said) >= 5*time.Second {
 			opt.event(Event{Message: fmt.Sprintf("waiting for %d moves to finish before changing the schema: %s", len(busy), strings.Join(busy, "; "))})
@@ -426,7 +427,8 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 		if err != nil {
 			stmtsDone = att.StatementsDone
 			if duplicateObject(err) {
-				err = fmt.Errorf("%w; the node has what the change creates, but its shardvisor.schema_changes does not record the change: if the node is in step, `shardctl schema adopt --from NODE` (a node with the whole history) records it", err)
+				err = hint.New(fmt.Errorf("%w; the node has what the change creates, but its shardvisor.schema_changes does not record the change", err),
+					"if the node is in step, `shardctl schema adopt --from NODE` (a node with the whole history) records it")
 			}
 			return fail(c, stateOf(err), err)
 		}
@@ -549,8 +551,8 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 				why = append(why, fmt.Sprintf("%s %s: %s", nr.Node, nr.State, nr.Error))
 			}
 		}
-		return res, fmt.Errorf("%w: change %s is %s, missing on %s (%s); run the same apply again once they are fixed or back",
-			ErrPartial, c.ID, res.State, strings.Join(res.Missing, ", "), strings.Join(why, "; "))
+		return res, hint.New(fmt.Errorf("%w: change %s is %s, missing on %s (%s)", ErrPartial, c.ID, res.State, strings.Join(res.Missing, ", "), strings.Join(why, "; ")),
+			"run the same apply again once they are fixed or back")
 	}
 	return res, nil
 }
