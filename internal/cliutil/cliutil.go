@@ -478,11 +478,12 @@ func Exec(ctx context.Context, app *cli.App, args []string) int {
 		return ExitUsage
 	case asJSON:
 		// One JSON object, the hint a field of its own, for scripts.
-		b, _ := json.Marshal(struct {
+		enc := json.NewEncoder(app.ErrWriter)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(struct {
 			Error string `json:"error"`
 			Hint  string `json:"hint,omitempty"`
 		}{err.Error(), hint.Of(err)})
-		fmt.Fprintf(app.ErrWriter, "%s\n", b)
 		return ExitFailure
 	}
 	fmt.Fprintf(app.ErrWriter, "%s: error: %v\n", app.Name, err)

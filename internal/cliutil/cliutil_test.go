@@ -64,6 +64,7 @@ func TestExecExitStatus(t *testing.T) {
 					return nil
 				}},
 				{Name: "fail", Action: func(*cli.Context) error { return errors.New("it broke") }},
+				{Name: "quoted", Action: func(*cli.Context) error { return errors.New(`"a" <b> & c`) }},
 				{Name: "hinted", Action: func(*cli.Context) error {
 					return fmt.Errorf("rebalance: %w", hint.New(errors.New("move m1 stopped"), "shardctl move resume m1"))
 				}},
@@ -85,6 +86,7 @@ func TestExecExitStatus(t *testing.T) {
 		{[]string{"ok", "a", "--n", "3", "--zk", "h:1"}, 0, "h:1 a 3", ""},
 		{[]string{"fail"}, 1, "", "x: error: it broke\n"},
 		{[]string{"fail", "--json"}, 1, "", `{"error":"it broke"}` + "\n"},
+		{[]string{"quoted", "--json"}, 1, "", `{"error":"\"a\" <b> & c"}` + "\n"},
 		{[]string{"hinted"}, 1, "", "x: error: rebalance: move m1 stopped\nhint: shardctl move resume m1\n"},
 		{[]string{"hinted", "--json"}, 1, "", `{"error":"rebalance: move m1 stopped","hint":"shardctl move resume m1"}` + "\n"},
 		{[]string{"misuse"}, 2, "", "x: usage error: misuse: want X\n"},
