@@ -140,6 +140,7 @@ type NodeResult struct {
 	// changes it lacked come before the one applied.
 	Ran          []string `json:"ran"`
 	Error        string   `json:"error,omitempty"`
+	Hint         string   `json:"hint,omitempty"` // what to run about Error (package hint)
 	Attempts     int      `json:"attempts,omitempty"`
 	LockTimeouts int      `json:"lock_timeouts,omitempty"`
 	// BlockedMaxMS is the change's longest attempt on this node: about
@@ -364,7 +365,7 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 	}
 	stmtsDone := 0 // of the change that failed, in ModeStatements: it is applied in part
 	fail := func(c *topo.SchemaChange, state string, err error) NodeResult {
-		res.State, res.Error = state, err.Error()
+		res.State, res.Error, res.Hint = state, err.Error(), hint.Of(err)
 		now := time.Now().UTC()
 		st := &topo.SchemaNodeStatus{State: state, At: &now, Error: err.Error(), Attempts: res.Attempts, LockTimeouts: res.LockTimeouts,
 			BlockedMaxMS: res.BlockedMaxMS, AppWaitMaxMS: res.AppWaitMaxMS, StatementsDone: stmtsDone}
@@ -514,7 +515,7 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 		res.State, res.Missing = topo.SchemaState(c, a.required)
 		a.mu.Unlock()
 		if nr.State != topo.SchemaUnreachable {
-			return res, fmt.Errorf("%w: %s", ErrCanaryFailed, nr.Error)
+			return res, hint.New(fmt.Errorf("%w: %s", ErrCanaryFailed, nr.Error), nr.Hint)
 		}
 		if a.opt.Canary != "" || len(skip) == len(candidates) {
 			return res, fmt.Errorf("canary node %s is unreachable, no other node was touched: %s (choose another with --canary NODE)", canary, nr.Error)
@@ -709,7 +710,7 @@ func CatchUp(ctx context.Context, st *bucketmap.Store, node bucketmap.NodeID, op
 	}
 	nr := a.bringUp(ctx, n, a.hist[len(a.hist)-1].Seq)
 	if nr.State != topo.SchemaApplied {
-		return &nr, fmt.Errorf("bringing node %s in step with the schema history: %s: %s", node, nr.State, nr.Error)
+		return &nr, hint.New(fmt.Errorf("bringing node %s in step with the schema history: %s: %s", node, nr.State, nr.Error), nr.Hint)
 	}
 	return &nr, nil
 }
