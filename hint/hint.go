@@ -29,6 +29,15 @@ func New(err error, hint string) error {
 	return &Error{Err: err, Hint: hint}
 }
 
+// Text is err's message followed by its hint, if it has one, for where
+// only text is kept (a record's error field): "message (hint: ...)".
+func Text(err error) string {
+	if h := Of(err); h != "" {
+		return err.Error() + " (hint: " + h + ")"
+	}
+	return err.Error()
+}
+
 // Of returns the first hint in err's chain, or "".
 func Of(err error) string {
 	var e *Error

@@ -27,6 +27,12 @@ func TestHint(t *testing.T) {
 	if got := Of(joined); got != "shardctl move resume m1" {
 		t.Errorf("Of(joined) = %q", got)
 	}
+	if got := Text(wrapped); got != "rebalance: move m1 stopped in copy (hint: shardctl move resume m1)" {
+		t.Errorf("Text = %q", got)
+	}
+	if Text(base) != base.Error() {
+		t.Errorf("Text without a hint = %q", Text(base))
+	}
 	if Of(base) != "" || Of(nil) != "" {
 		t.Error("a hint where there is none")
 	}

@@ -30,7 +30,7 @@ func (r *run) abort(ctx context.Context, cause error) error {
 	// The cleanup acts on the nodes' primaries as they are now.
 	r.cleaning = true
 	if r.rec.State != topo.MoveAborting {
-		r.rec.Error = cause.Error()
+		r.rec.Error = hint.Text(cause) // the record keeps what to run, too
 		if err := r.enter(ctx, topo.MoveAborting); err != nil {
 			return err
 		}

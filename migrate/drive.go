@@ -115,7 +115,7 @@ func (r *run) drive(ctx context.Context) error {
 		if pastFlip(r.rec) {
 			// Past the flip the target owns the bucket: never roll back.
 			// Record the error and leave the rest for `move resume`.
-			r.rec.Error = err.Error()
+			r.rec.Error = hint.Text(err)
 			_ = r.save(ctx)
 			return hint.New(fmt.Errorf("move %s stopped in %s (the bucket is already on %s): %w", id, r.rec.State, r.rec.Target, err), "finish it: shardctl move resume "+id)
 		}
