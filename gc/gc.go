@@ -43,6 +43,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fleet"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -261,7 +262,7 @@ type GC struct {
 }
 
 // ErrNoTables means the cluster has no sharded tables, so nothing for GC.
-var ErrNoTables = errors.New("gc: the cluster has no sharded tables (shardctl table add)")
+var ErrNoTables = hint.New(errors.New("gc: the cluster has no sharded tables"), "shardctl table add")
 
 // New returns the GC of the cluster of st with the cluster's sharded
 // tables, refusing a cluster without any (ErrNoTables) and an opt.Node

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
@@ -138,7 +139,8 @@ func runSplit(c *cli.Context) error {
 		if held, err := migrate.InWindow(ctx, st); err != nil {
 			return err
 		} else if len(held) > 0 {
-			return fmt.Errorf("move %s (bucket %d/%d) is in its rollback window; a split waits until it ends: shardctl move complete %s (or shardctl move rollback %s)", held[0].ID, held[0].Bucket, held[0].Level, held[0].ID, held[0].ID)
+			return hint.New(fmt.Errorf("move %s (bucket %d/%d) is in its rollback window; a split waits until it ends", held[0].ID, held[0].Bucket, held[0].Level),
+				fmt.Sprintf("shardctl move complete %s (or shardctl move rollback %s)", held[0].ID, held[0].ID))
 		}
 		res, err := owners(c, st).Split(ctx, 1)
 		if err != nil {
@@ -180,7 +182,8 @@ func runSplitBucket(c *cli.Context) error {
 		}
 		if len(busy) > 0 {
 			mv := busy[0]
-			return fmt.Errorf("bucket %s has an unfinished move %s (%s); a split of it waits until the move ends: shardctl move status %s (in its rollback window: shardctl move complete %s)", m.Name(r), mv.ID, mv.State, mv.ID, mv.ID)
+			return hint.New(fmt.Errorf("bucket %s has an unfinished move %s (%s); a split of it waits until the move ends", m.Name(r), mv.ID, mv.State),
+				fmt.Sprintf("shardctl move status %s (in its rollback window: shardctl move complete %s)", mv.ID, mv.ID))
 		}
 		res, err := owners(c, st).SplitBucket(ctx, r)
 		if err != nil {

@@ -100,10 +100,10 @@ func TestIntegrationMoveStragglers(t *testing.T) {
 		t.Fatalf("moves in the window:\n%s", out)
 	}
 	// In the window the map does not split, and the old owner stays.
-	if r := runData(t, cmd("split")...); r.code != 1 || !strings.Contains(r.stderr, "rollback window") {
+	if r := runData(t, cmd("split")...); r.code != 1 || !strings.Contains(r.stderr, "rollback window") || !strings.Contains(r.stderr, "\nhint: shardctl move complete "+id) {
 		t.Fatalf("split in a move's window: exit %d, %q", r.code, r.stderr)
 	}
-	if r := runData(t, cmd("node", "remove", "pg1")...); r.code != 1 || !strings.Contains(r.stderr, "still needs it") {
+	if r := runData(t, cmd("node", "remove", "pg1")...); r.code != 1 || !strings.Contains(r.stderr, "still needs it") || !strings.Contains(r.stderr, "\nhint: shardctl move resume "+id) {
 		t.Fatalf("node remove of a move's old owner in its window: exit %d, %q", r.code, r.stderr)
 	}
 	// Rolled back (a move of its own, over the reverse stream), then

@@ -41,6 +41,7 @@ const module = "github.com/shardvisor/shardvisor"
 var layer = map[string]int{
 	"keystream":            0,
 	"workerproto":          0,
+	"hint":                 0,
 	"internal/backoff":     0,
 	"internal/benchkit":    0,
 	"internal/failpoint":   0,
