@@ -30,6 +30,14 @@ func (mv *Mover) drive(ctx context.Context, id string) (*topo.MoveRecord, error)
 func (r *run) drive(ctx context.Context) error {
 	id := r.rec.ID
 	if _, err := r.nodes(ctx); err != nil {
+		if pastFlip(r.rec) {
+			// The target owns the bucket: an abort would take it back
+			// from the map's owner (topo.MoveTransitions refuses it).
+			r.rec.Error = hint.Text(err)
+			_ = r.save(ctx)
+			return hint.New(fmt.Errorf("move %s stopped in %s (the bucket is already on %s): %w", id, r.rec.State, r.rec.Target, err),
+				"add the node back (shardctl node add), then finish the move: shardctl move resume "+id)
+		}
 		return r.stopped(ctx, r.abort(ctx, err))
 	}
 	// Each state's step; a step that succeeds has saved the next state.

@@ -609,3 +609,22 @@ func TestPauseIsSharedAcrossSessions(t *testing.T) {
 		t.Fatalf("state after resume: %+v %v", st, err)
 	}
 }
+
+// A move past its flip whose node is gone from the registry is never
+// aborted (the target owns the bucket; topo.MoveTransitions has no way
+// back): it stops where it is, records why and says how to finish it.
+func TestPastFlipMoveWithoutItsNodeStops(t *testing.T) {
+	c := newMemCluster(t, 1, 2, kvTable)
+	c.record(t, "b0-gone", 0, topo.MoveTeardown, func(r *topo.MoveRecord) { r.Target = "pg9" })
+	_, err := New(c.st, Options{}).Resume(context.Background(), "b0-gone")
+	if err == nil || !strings.Contains(err.Error(), "target node pg9 is no longer in the registry") {
+		t.Fatalf("resume past the flip without its target: %v", err)
+	}
+	if want := "add the node back (shardctl node add), then finish the move: shardctl move resume b0-gone"; hint.Of(err) != want {
+		t.Errorf("hint %q, want %q", hint.Of(err), want)
+	}
+	got := c.mustGet(t, "b0-gone")
+	if got.State != topo.MoveTeardown || !strings.Contains(got.Error, "pg9") {
+		t.Fatalf("record: state %s, error %q", got.State, got.Error)
+	}
+}
