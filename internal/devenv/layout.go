@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -166,7 +167,8 @@ func (c Config) withDefaults() Config {
 // Its methods may be called from several goroutines and processes: those
 // that change state take the environment's lock (lock.go).
 type Env struct {
-	c Config
+	c     Config
+	logMu sync.Mutex // one progress line at a time, from parallel launches
 }
 
 // New returns the environment c describes; nothing is started.
@@ -180,6 +182,8 @@ func (e *Env) Dir() string { return e.c.Dir }
 
 // logf writes a progress line as scripts/devenv did: "devenv: ...".
 func (e *Env) logf(format string, args ...any) {
+	e.logMu.Lock()
+	defer e.logMu.Unlock()
 	fmt.Fprintf(e.c.Log, "devenv: "+format+"\n", args...)
 }
 
