@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -27,7 +27,7 @@ import (
 // (scripts/devenv with its own state directory and ports).
 type env struct {
 	dir      string
-	script   string
+	dev      *devenv.Env // that environment, driven in this process
 	zkAddrs  []string
 	pgAddrs  []string
 	pwFile   string
@@ -38,7 +38,8 @@ type env struct {
 }
 
 func newEnv(root string) (*env, error) {
-	e := &env{dir: *envDir, script: filepath.Join(root, "scripts", "devenv"), pwFile: benchkit.PasswordFile(*envDir)}
+	e := &env{dir: *envDir, pwFile: benchkit.PasswordFile(*envDir),
+		dev: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
 	for i := range 3 {
 		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(*zkPortBase+i))
 	}
@@ -59,18 +60,6 @@ func newEnv(root string) (*env, error) {
 }
 
 func (e *env) zkConnect() string { return strings.Join(e.zkAddrs, ",") }
-
-// devenv runs scripts/devenv on this environment.
-func (e *env) devenv(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, e.script, args...)
-	cmd.Env = childEnv("SHARDVISOR_DEVENV_DIR="+e.dir, "SHARDVISOR_ZK_PORT_BASE="+strconv.Itoa(*zkPortBase),
-		"SHARDVISOR_PG_PORT_BASE="+strconv.Itoa(*pgPortBase), "SHARDVISOR_PG_NODES="+strconv.Itoa(pgNodes))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("scripts/devenv %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
-}
 
 func (e *env) adminDSN(i int) string {
 	return benchkit.AdminDSN(e.pgAddrs[i], e.password)
