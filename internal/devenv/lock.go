@@ -38,3 +38,13 @@ func (e *Env) lock() (unlock func(), err error) {
 	}
 	return func() { f.Close() }, nil
 }
+
+// locked runs f under the environment's lock.
+func (e *Env) locked(f func() error) error {
+	unlock, err := e.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return f()
+}

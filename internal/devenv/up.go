@@ -41,7 +41,8 @@ func (e *Env) Up() error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Join(e.c.Dir, "zk"), 0o755); err != nil {
+	// Before the parallel launches, which would each create it.
+	if _, err := e.ensureSuper(); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(e.c.Timeout)
@@ -261,15 +262,12 @@ func (e *Env) PGStart(i int) error {
 
 // PGStop stops node i (every member of a group).
 func (e *Env) PGStop(i int) error {
-	unlock, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if e.IsGroup(i) {
-		e.groupStop(i)
-	} else {
-		e.pgStop(i)
-	}
-	return nil
+	return e.locked(func() error {
+		if e.IsGroup(i) {
+			e.groupStop(i)
+		} else {
+			e.pgStop(i)
+		}
+		return nil
+	})
 }

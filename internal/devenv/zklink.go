@@ -81,14 +81,11 @@ func (e *Env) ZKCut(i, m int) error {
 	if err := e.memberArg(i, m); err != nil {
 		return err
 	}
-	unlock, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	e.zkLinkStop(i, m)
-	e.logf("pg%d.m%d: cut off from ZooKeeper (its PostgreSQL and REST API still answer)", i, m)
-	return nil
+	return e.locked(func() error {
+		e.zkLinkStop(i, m)
+		e.logf("pg%d.m%d: cut off from ZooKeeper (its PostgreSQL and REST API still answer)", i, m)
+		return nil
+	})
 }
 
 // ZKHeal lets member m of group i reach ZooKeeper again.
@@ -96,14 +93,11 @@ func (e *Env) ZKHeal(i, m int) error {
 	if err := e.memberArg(i, m); err != nil {
 		return err
 	}
-	unlock, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if err := e.zkLinkStart(i, m); err != nil {
-		return err
-	}
-	e.logf("pg%d.m%d: reaches ZooKeeper again", i, m)
-	return nil
+	return e.locked(func() error {
+		if err := e.zkLinkStart(i, m); err != nil {
+			return err
+		}
+		e.logf("pg%d.m%d: reaches ZooKeeper again", i, m)
+		return nil
+	})
 }

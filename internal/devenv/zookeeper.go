@@ -50,14 +50,15 @@ func (e *Env) zkPid(i int) int {
 func (e *Env) ZKPid(i int) int { return e.zkPid(i) }
 
 // FourLetterWord sends a four-letter word (zoo.cfg whitelists srvr, mntr,
-// stat, conf, ruok, cons and wchs) to addr and returns the answer.
-func FourLetterWord(addr, word string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+// stat, conf, ruok, cons and wchs) to addr and returns the answer, within
+// timeout (a frozen server accepts the connection and answers nothing).
+func FourLetterWord(addr, word string, timeout time.Duration) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, timeout)
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(timeout))
 	if _, err := io.WriteString(c, word); err != nil {
 		return "", err
 	}
@@ -68,16 +69,26 @@ func FourLetterWord(addr, word string) (string, error) {
 // ZKMode is server i's role: leader, follower, observer, not-serving (up,
 // without a quorum) or down (not answering).
 func (e *Env) ZKMode(i int) string {
-	out, err := FourLetterWord(fmt.Sprintf("127.0.0.1:%d", e.ZKPort(i)), "srvr")
-	if err != nil && out == "" {
+	mode, err := ZKModeAt(fmt.Sprintf("127.0.0.1:%d", e.ZKPort(i)), 3*time.Second)
+	if err != nil {
 		return "down"
+	}
+	return mode
+}
+
+// ZKModeAt is the Mode srvr reports at addr (leader, follower...), or
+// not-serving when the server answers without one (no quorum).
+func ZKModeAt(addr string, timeout time.Duration) (string, error) {
+	out, err := FourLetterWord(addr, "srvr", timeout)
+	if err != nil {
+		return "", err
 	}
 	for _, line := range strings.Split(out, "\n") {
 		if m, ok := strings.CutPrefix(line, "Mode: "); ok {
-			return strings.TrimSpace(m)
+			return strings.TrimSpace(m), nil
 		}
 	}
-	return "not-serving"
+	return "not-serving", nil
 }
 
 // zkConfigStale reports whether server i runs with another zoo.cfg than
@@ -215,13 +226,7 @@ func (e *Env) ZKStop(i int) error {
 	if err := zkArg(i); err != nil {
 		return err
 	}
-	unlock, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	e.zkStop(i)
-	return nil
+	return e.locked(func() error { e.zkStop(i); return nil })
 }
 
 // ZKKill SIGKILLs server i and returns once it is dead.
@@ -229,18 +234,15 @@ func (e *Env) ZKKill(i int) error {
 	if err := zkArg(i); err != nil {
 		return err
 	}
-	unlock, err := e.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if pid := e.zkPid(i); pid != 0 {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		waitGone(pid)
-		e.logf("zk%d: killed (pid %d)", i, pid)
-	}
-	_ = os.Remove(filepath.Join(e.ZKDir(i), "zk.pid"))
-	return nil
+	return e.locked(func() error {
+		if pid := e.zkPid(i); pid != 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			waitGone(pid)
+			e.logf("zk%d: killed (pid %d)", i, pid)
+		}
+		_ = os.Remove(filepath.Join(e.ZKDir(i), "zk.pid"))
+		return nil
+	})
 }
 
 // ZKFreeze stops server i with SIGSTOP: its process and sockets stay and it

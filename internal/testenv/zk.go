@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path"
@@ -176,35 +175,9 @@ func deleteRecursive(conn *zk.Conn, p string) error {
 	return err
 }
 
-// fourLetterWord sends a ZooKeeper four-letter command and returns the reply.
-func fourLetterWord(addr, cmd string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, cmd); err != nil {
-		return "", err
-	}
-	b, err := io.ReadAll(c)
-	return string(b), err
-}
-
 // zkMode returns the server's Mode from `srvr` ("leader", "follower", ...),
 // or "not-serving" when it answers but has no quorum.
-func zkMode(addr string) (string, error) {
-	out, err := fourLetterWord(addr, "srvr")
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if m, ok := strings.CutPrefix(line, "Mode: "); ok {
-			return strings.TrimSpace(m), nil
-		}
-	}
-	return "not-serving", nil
-}
+func zkMode(addr string) (string, error) { return devenv.ZKModeAt(addr, 2*time.Second) }
 
 // FourLetterWord sends a four-letter command (srvr, mntr, stat, conf, ruok,
 // cons, wchs are enabled) to server i and returns the reply.
@@ -212,7 +185,7 @@ func (z *ZK) FourLetterWord(i int, cmd string) (string, error) {
 	if i < 0 || i >= len(z.Servers) {
 		return "", fmt.Errorf("testenv: no ZooKeeper server %d", i)
 	}
-	return fourLetterWord(z.Servers[i], cmd)
+	return devenv.FourLetterWord(z.Servers[i], cmd, 2*time.Second)
 }
 
 // Mode returns server i's role: "leader", "follower", "not-serving" (up but
