@@ -16,7 +16,7 @@
 //     CONFLICT DO NOTHING): a retry that finds the row counts a
 //     "duplicate", a commit whose acknowledgement was lost;
 //  3. after a steady period, the primary's postmaster, its children and
-//     its Patroni are SIGKILLed at once (scripts/devenv pg-kill);
+//     its Patroni are SIGKILLed at once (devenv's PGKill, in-process);
 //  4. it measures the kill to Patroni's new leader key (watched in
 //     ZooKeeper), to the first acknowledged write, and from the election
 //     to that write; and write latency p99 before, during (kill to first
@@ -36,7 +36,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +49,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
@@ -106,7 +106,7 @@ type Summary struct {
 type env struct {
 	zk, dsn, pwFile, scope, ns string
 	apiPorts                   []int
-	devenv                     string
+	devenv                     *devenv.Env // the environment bench/failover/run started, in this process
 }
 
 func main() {
@@ -121,7 +121,12 @@ func main() {
 }
 
 func readEnv() (*env, error) {
-	e := &env{zk: os.Getenv("SHARDVISOR_ZK"), pwFile: os.Getenv("SHARDVISOR_PG_PASSWORD_FILE"), devenv: benchkit.EnvOr("SHARDVISOR_DEVENV", "scripts/devenv")}
+	cfg, err := devenv.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Log = nil // its errors carry the servers' log tails
+	e := &env{zk: os.Getenv("SHARDVISOR_ZK"), pwFile: os.Getenv("SHARDVISOR_PG_PASSWORD_FILE"), devenv: devenv.New(cfg)}
 	n := strconv.Itoa(*node)
 	e.dsn = os.Getenv("SHARDVISOR_PG" + n + "_DSN")
 	e.scope = os.Getenv("SHARDVISOR_PG" + n + "_PATRONI_SCOPE")
@@ -316,13 +321,13 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		if *zkOutage > 0 {
 			p.Say("%s kill %d/%d: the whole ZooKeeper ensemble down for %s first", mode.Name, k, *kills, *zkOutage)
 			for z := 1; z <= 3; z++ {
-				if out, err := exec.CommandContext(ctx, e.devenv, "zk-kill", strconv.Itoa(z)).CombinedOutput(); err != nil {
-					return fmt.Errorf("zk-kill: %v: %s", err, out)
+				if err := e.devenv.ZKKill(z); err != nil {
+					return fmt.Errorf("zk-kill: %v", err)
 				}
 			}
 			time.Sleep(*zkOutage)
-			if out, err := exec.CommandContext(ctx, e.devenv, "up").CombinedOutput(); err != nil {
-				return fmt.Errorf("devenv up after the outage: %v: %s", err, out)
+			if err := e.devenv.Up(); err != nil {
+				return fmt.Errorf("devenv up after the outage: %v", err)
 			}
 			if g, err = waitWhole(ctx, e, s, mode.Name == "sync", 2*time.Minute); err != nil {
 				return err
@@ -333,10 +338,10 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		steadyWrites += ackedCount(led) - n0
 		steadyTime += time.Since(t0)
 		failed0 := led.failed.Load()
-		out, err := exec.CommandContext(ctx, e.devenv, "pg-kill", strconv.Itoa(*node)).CombinedOutput()
+		_, err = e.devenv.PGKill(*node)
 		kill := time.Now()
 		if err != nil {
-			return fmt.Errorf("pg-kill: %v: %s", err, out)
+			return fmt.Errorf("pg-kill: %v", err)
 		}
 		fo := Failover{Killed: g.Leader}
 		// The new leader key, polled every 2 ms (one read each): the old
@@ -365,8 +370,8 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		b, d, a := windows(led, kill, first)
 		befores, durings, afters = append(befores, b...), append(durings, d...), append(afters, a...)
 		rs := time.Now()
-		if out, err := exec.CommandContext(ctx, e.devenv, "pg-start", strconv.Itoa(*node)).CombinedOutput(); err != nil {
-			return fmt.Errorf("pg-start: %v: %s", err, out)
+		if err := e.devenv.PGStart(*node); err != nil {
+			return fmt.Errorf("pg-start: %v", err)
 		}
 		if _, err := waitWhole(ctx, e, s, mode.Name == "sync", *rejoinTO); err != nil {
 			return fmt.Errorf("the killed member did not rejoin: %w", err)

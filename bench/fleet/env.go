@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -24,7 +24,7 @@ import (
 // (scripts/devenv with its own state directory and ports).
 type env struct {
 	dir      string
-	script   string
+	dev      *devenv.Env // that environment, driven in this process
 	zkAddrs  []string
 	pgAddrs  []string
 	pwFile   string
@@ -35,7 +35,8 @@ type env struct {
 }
 
 func newEnv(root string) (*env, error) {
-	e := &env{dir: *envDir, script: filepath.Join(root, "scripts", "devenv"), pwFile: clustertest.PasswordFile(*envDir)}
+	e := &env{dir: *envDir, pwFile: clustertest.PasswordFile(*envDir),
+		dev: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
 	for i := range 3 {
 		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(*zkPortBase+i))
 	}
@@ -56,18 +57,6 @@ func newEnv(root string) (*env, error) {
 }
 
 func (e *env) zkConnect() string { return strings.Join(e.zkAddrs, ",") }
-
-// devenv runs scripts/devenv on this environment.
-func (e *env) devenv(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, e.script, args...)
-	cmd.Env = childEnv("SHARDVISOR_DEVENV_DIR="+e.dir, "SHARDVISOR_ZK_PORT_BASE="+strconv.Itoa(*zkPortBase),
-		"SHARDVISOR_PG_PORT_BASE="+strconv.Itoa(*pgPortBase), "SHARDVISOR_PG_NODES="+strconv.Itoa(pgNodes))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("scripts/devenv %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
-}
 
 func (e *env) adminDSN(i int) string {
 	return clustertest.AdminDSN(e.pgAddrs[i], e.password)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -196,17 +195,15 @@ func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
 		restarted = true
 		res.DownS = time.Since(t0).Seconds()
 		say("outage: restarting the ensemble after %.1f s down", res.DownS)
-		rctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
 		tRestart = time.Now()
-		_, err := b.env.devenv(rctx, "up")
+		err := b.env.dev.Up()
 		res.RestartS = time.Since(tRestart).Seconds()
 		return err
 	}
 	// However this ends, the ensemble comes back.
 	defer func() { err = errors.Join(err, restart()) }()
 	for i := 1; i <= 3; i++ {
-		if _, err := b.env.devenv(ctx, "zk-kill", strconv.Itoa(i)); err != nil {
+		if err := b.env.dev.ZKKill(i); err != nil {
 			return err
 		}
 	}

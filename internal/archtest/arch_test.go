@@ -47,7 +47,8 @@ var layer = map[string]int{
 	"internal/failpoint":   0,
 	"internal/sqlstate":    0,
 	"internal/faultproxy":  1,
-	"internal/testenv":     0,
+	"internal/devenv":      0,
+	"internal/testenv":     1,
 	"internal/testkit":     0,
 	"internal/clustertest": 6,
 	"internal/archtest":    0,
@@ -89,7 +90,7 @@ const layerTop = 100
 // testSupport are the packages for tests: a library package never imports
 // one (they may import each other).
 var testSupport = map[string]bool{
-	"internal/testenv": true, "internal/faultproxy": true, "internal/zktest": true,
+	"internal/testenv": true, "internal/devenv": true, "internal/faultproxy": true, "internal/zktest": true,
 	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true,
 	"internal/benchkit/kvload": true,
 }
