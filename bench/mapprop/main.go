@@ -45,7 +45,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -59,6 +58,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -273,18 +273,6 @@ func cpu(n int, f func() error) (float64, error) {
 
 // ---------------------------------------------------------------- watchers
 
-// countingConn counts the bytes the server sends on one connection.
-type countingConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
 type applied struct {
 	w  int
 	v  uint64
@@ -316,13 +304,8 @@ func startFleet(ctx context.Context, p topo.Paths) (*fleet, error) {
 	f := &fleet{evs: make(chan applied, 4**watchers)}
 	for range *watchers {
 		w := &watcher{}
-		s, err := zksession.Open(zksession.Config{Connect: *zkConnect, Dial: func(network, addr string, timeout time.Duration) (net.Conn, error) {
-			c, err := net.DialTimeout(network, addr, timeout)
-			if err != nil {
-				return nil, err
-			}
-			return countingConn{c, &w.read}, nil
-		}})
+		// Every byte the servers send this watcher.
+		s, err := zksession.Open(zksession.Config{Connect: *zkConnect, Dial: testkit.CountingDial(&w.read)})
 		if err != nil {
 			f.close()
 			return nil, err
