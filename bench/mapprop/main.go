@@ -74,7 +74,6 @@ var (
 	members   = flag.Bool("members", true, "watchers register router member records and update them on every change, as sidecars do")
 	timeout   = flag.Duration("timeout", 30*time.Second, "how long to wait for every watcher to apply one change")
 	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
-	jsonOut   = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	noLock    = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
 	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the changes (watchers and writer) to `file`")
 	devenvDir = flag.String("devenv-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", benchkit.DefaultDevenvDir), "scripts/devenv state directory (its lock)")
@@ -86,16 +85,13 @@ const (
 	target    = 1000.0                                       // ms: every watcher applies a change within 1 s, p99
 )
 
-// printer prints the report: on stdout, or stderr with --json.
-var printer = &benchkit.Printer{W: os.Stdout}
+// out prints the report: on stdout, or stderr with --json.
+var out = benchkit.NewOut()
 
-func say(format string, args ...any) { printer.Say(format, args...) }
+func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
-	flag.Parse()
-	if *jsonOut {
-		printer.W = os.Stderr
-	}
+	out.Parse()
 	if *level < 1 || *level > bucketmap.MaxLevel || *nodeCount < 2 || *watchers < 1 || *changes < 1 {
 		fmt.Fprintf(os.Stderr, "mapprop-bench: --level 1..%d, --nodes >= 2, --watchers and --changes >= 1\n", bucketmap.MaxLevel)
 		os.Exit(2)
@@ -113,7 +109,7 @@ func main() {
 	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx, encs)
-	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
+	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 }
 
 // ---------------------------------------------------------------- figures

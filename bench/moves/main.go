@@ -75,7 +75,6 @@ var (
 	retries       = flag.Int("retries", 3, "times to run the rebalancer again after it stopped on an aborted move")
 	baselineN     = flag.Int("baseline", 3, "moved buckets to copy again with plain COPY for the baseline")
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
-	jsonOut       = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	verbose       = flag.Bool("v", false, "print every step of every move")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
 	// The big-bucket mode (big.go).
@@ -91,16 +90,13 @@ const (
 	seedHex    = "6d6f7665732d62656e63682d69737375652d37" // "moves-bench-issue-7"
 )
 
-// printer prints the report: on stdout, or stderr with --json.
-var printer = &benchkit.Printer{W: os.Stdout}
+// out prints the report: on stdout, or stderr with --json.
+var out = benchkit.NewOut()
 
-func say(format string, args ...any) { printer.Say(format, args...) }
+func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
-	flag.Parse()
-	if *jsonOut {
-		printer.W = os.Stderr
-	}
+	out.Parse()
 	if *level < 1 || *level > 12 || *rowsPerBucket < 1 || *writers < 1 || *concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 		os.Exit(2)
@@ -112,7 +108,7 @@ func main() {
 	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx)
-	benchkit.Finish("moves-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
+	benchkit.Finish("moves-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 	if sum.Missing > 0 {
 		os.Exit(1)
 	}

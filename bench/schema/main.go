@@ -69,7 +69,6 @@ var (
 	holdNode   = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
 	tablesN    = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
 	diffRuns   = flag.Int("diff-runs", 5, "schema.Diff runs")
-	jsonOut    = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	verbose    = flag.Bool("v", false, "print schema.Apply's progress events")
 	devf       = benchkit.NewDevFlags(cliutil.LocalZK)
 )
@@ -101,22 +100,20 @@ func tableDDL(i int) string {
 CREATE INDEX IF NOT EXISTS %[2]s_created_idx ON %[1]s (bkey, created)`, t, n)
 }
 
-var printer = &benchkit.Printer{W: os.Stdout}
+// out prints the report: on stdout, or stderr with --json.
+var out = benchkit.NewOut()
 
-func say(format string, args ...any) { printer.Say(format, args...) }
+func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
-	flag.Parse()
-	if *jsonOut {
-		printer.W = os.Stderr
-	}
+	out.Parse()
 	if *level < 2 || *level > 12 || *rowsN < 1 || *writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
 		benchkit.Fatalf(2, "schema-bench", "--level 2..12; --rows, --writers, --tables, --diff-runs >= 1; --min-window > 0")
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx)
-	benchkit.Finish("schema-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
+	benchkit.Finish("schema-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 	if sum != nil && !sum.GoalsMet {
 		os.Exit(1)
 	}
