@@ -65,7 +65,7 @@ import (
 )
 
 var (
-	level     = flag.Int("level", 16, "map level: 2^level buckets")
+	level     = benchkit.LevelFlag(16, "")
 	nodeCount = flag.Int("nodes", 100, "db nodes in the map")
 	watchers  = flag.Int("watchers", 100, "routers following the map, each on its own ZooKeeper session")
 	changes   = flag.Int("changes", 20, "map changes per encoding (rounded up to even: a move is two changes)")

@@ -55,6 +55,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -65,11 +66,10 @@ import (
 )
 
 var (
-	level         = flag.Int("level", 7, "map level: 2^level buckets (level 7: adding a 4th node to 3 moves 32 buckets)")
+	level         = benchkit.LevelFlag(7, "level 7: adding a 4th node to 3 moves 32 buckets")
 	rowsPerBucket = flag.Int("rows-per-bucket", 50000, "rows loaded into every bucket")
-	writers       = flag.Int("writers", 32, "write-load goroutines")
+	load          = kvload.NewFlags(32, "")
 	rate          = flag.Int("rate", 0, "total writes/s offered by the load (0: as fast as the writers go)")
-	insertFrac    = flag.Float64("insert-frac", 0.25, "fraction of writes that insert a new user (the rest update a loaded one)")
 	concurrency   = flag.Int("concurrency", 1, "moves at once (rebalancer policy)")
 	rollbacks     = flag.Int("rollbacks", 8, "after the rebalance, move this many of the new node's buckets back with a rollback window and roll each move back, under the same load (issue 25): the rollbacks' write pauses (0: none)")
 	retries       = flag.Int("retries", 3, "times to run the rebalancer again after it stopped on an aborted move")
@@ -97,7 +97,7 @@ func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
 	out.Parse()
-	if *level < 1 || *level > 12 || *rowsPerBucket < 1 || *writers < 1 || *concurrency < 1 {
+	if *level < 1 || *level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 		os.Exit(2)
 	}
@@ -133,7 +133,7 @@ func run(ctx context.Context) (*Summary, error) {
 	b.db = fmt.Sprintf("svbench_%d", now)
 	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", now)
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *level, Buckets: 1 << *level, RowsPerBucket: *rowsPerBucket,
-		Writers: *writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
 	say("creating database %s on %d nodes", b.db, startNodes+1)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
@@ -161,7 +161,7 @@ func run(ctx context.Context) (*Summary, error) {
 	// The router, registered as a member so that every move waits for it.
 	b.trk = &tracker{since: map[bucketmap.Bucket]time.Time{}}
 	b.r = router.New(b.sess, b.st.Paths(), router.Options{MemberID: "moves-bench", TunePool: func(c *pgxpool.Config) {
-		c.MaxConns = int32(*writers)
+		c.MaxConns = int32(*load.Writers)
 	}})
 	defer b.r.Close()
 	b.r.OnUpdate(func(uint64) { b.trk.observe(b.r.Map(), time.Now()) })
@@ -173,7 +173,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 
 	// The write load.
-	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *writers, 100**insertFrac, *warmup)
+	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *load.Writers, 100**load.InsertFrac, *warmup)
 	l := b.startLoad(maxIdx)
 	loadStopped := false
 	stopLoad := func() {

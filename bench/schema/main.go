@@ -58,19 +58,18 @@ import (
 )
 
 var (
-	level      = flag.Int("level", 6, "map level: 2^level buckets")
-	rowsN      = flag.Int("rows", 50000, "users loaded into app.kv before the load starts")
-	writers    = flag.Int("writers", 8, "write-load goroutines (closed loop: as fast as they go)")
-	insertFrac = flag.Float64("insert-frac", 0.25, "fraction of writes that insert a new user (the rest update a loaded one)")
-	warmup     = flag.Duration("warmup", 3*time.Second, "write load before each change (the baseline window is taken from its end)")
-	tail       = flag.Duration("tail", 2*time.Second, "write load after each change")
-	minWindow  = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
-	hold       = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
-	holdNode   = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
-	tablesN    = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
-	diffRuns   = flag.Int("diff-runs", 5, "schema.Diff runs")
-	verbose    = flag.Bool("v", false, "print schema.Apply's progress events")
-	devf       = benchkit.NewDevFlags(cliutil.LocalZK)
+	level     = benchkit.LevelFlag(6, "")
+	rowsN     = flag.Int("rows", 50000, "users loaded into app.kv before the load starts")
+	load      = kvload.NewFlags(8, "closed loop: as fast as they go")
+	warmup    = flag.Duration("warmup", 3*time.Second, "write load before each change (the baseline window is taken from its end)")
+	tail      = flag.Duration("tail", 2*time.Second, "write load after each change")
+	minWindow = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
+	hold      = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
+	holdNode  = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
+	tablesN   = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
+	diffRuns  = flag.Int("diff-runs", 5, "schema.Diff runs")
+	verbose   = flag.Bool("v", false, "print schema.Apply's progress events")
+	devf      = benchkit.NewDevFlags(cliutil.LocalZK)
 )
 
 const (
@@ -107,7 +106,7 @@ func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
 	out.Parse()
-	if *level < 2 || *level > 12 || *rowsN < 1 || *writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
+	if *level < 2 || *level > 12 || *rowsN < 1 || *load.Writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
 		benchkit.Fatalf(2, "schema-bench", "--level 2..12; --rows, --writers, --tables, --diff-runs >= 1; --min-window > 0")
 	}
 	ctx, stop := benchkit.Context()
@@ -143,7 +142,7 @@ func run(ctx context.Context) (*Summary, error) {
 	b.db = "svbench_schema_" + tag
 	b.root = "/shardvisor-bench/schema-" + strings.ReplaceAll(tag, "_", "-")
 	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *level, Buckets: 1 << *level, Nodes: nodesN,
-		Writers: *writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+		Writers: *load.Writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
 	say("creating database %s on %d nodes", b.db, nodesN)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
@@ -170,7 +169,7 @@ func run(ctx context.Context) (*Summary, error) {
 	sum.RowsLoaded = n
 
 	b.r = router.New(b.sess, b.st.Paths(), router.Options{MemberID: "schema-bench", TunePool: func(c *pgxpool.Config) {
-		c.MaxConns = int32(*writers)
+		c.MaxConns = int32(*load.Writers)
 	}})
 	defer b.r.Close()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -265,7 +264,7 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 // new users named after this load.
 func (b *bench) startLoad() *kvload.Load {
 	run := time.Now().UnixNano()
-	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *level, Writers: *writers, InsertFrac: *insertFrac,
+	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
 		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
 }
 
