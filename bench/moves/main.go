@@ -51,8 +51,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
@@ -160,17 +158,11 @@ func run(ctx context.Context) (*Summary, error) {
 
 	// The router, registered as a member so that every move waits for it.
 	b.trk = &tracker{since: map[bucketmap.Bucket]time.Time{}}
-	b.r = router.New(b.sess, b.st.Paths(), router.Options{MemberID: "moves-bench", TunePool: func(c *pgxpool.Config) {
-		c.MaxConns = int32(*load.Writers)
-	}})
-	defer b.r.Close()
-	b.r.OnUpdate(func(uint64) { b.trk.observe(b.r.Map(), time.Now()) })
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = b.r.WaitReady(wctx)
-	cancel()
+	b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) })
 	if err != nil {
-		return nil, fmt.Errorf("router: %w", err)
+		return nil, err
 	}
+	defer b.r.Close()
 
 	// The write load.
 	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *load.Writers, 100**load.InsertFrac, *warmup)

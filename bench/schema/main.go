@@ -44,7 +44,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
@@ -168,16 +167,10 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.RowsLoaded = n
 
-	b.r = router.New(b.sess, b.st.Paths(), router.Options{MemberID: "schema-bench", TunePool: func(c *pgxpool.Config) {
-		c.MaxConns = int32(*load.Writers)
-	}})
-	defer b.r.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = b.r.WaitReady(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("router: %w", err)
+	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "schema-bench", *load.Writers, nil); err != nil {
+		return nil, err
 	}
+	defer b.r.Close()
 
 	var errs []error
 	v, err := b.variant(ctx, m, "ADD COLUMN under full write load", "add-note.sql", changeSQL, "note", 0)
