@@ -8,13 +8,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -120,14 +119,7 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 				ratios = append(ratios, sr/dr)
 			}
 		}
-		med := func(v []float64) float64 {
-			if len(v) == 0 {
-				return 0
-			}
-			v = slices.Clone(v)
-			sort.Float64s(v)
-			return v[len(v)/2]
-		}
+		med := func(v []float64) float64 { return benchkit.Of(v).P50 }
 		row := directRow{name: name, direct: med(ds), underSV: med(ss), ratio: med(ratios), ratios: ratios, directP99: dp, svP99: sp,
 			cpuDirect: med(dc), cpuSV: med(sc)}
 		rows = append(rows, row)
