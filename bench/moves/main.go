@@ -64,9 +64,8 @@ import (
 )
 
 var (
-	level         = benchkit.LevelFlag(7, "level 7: adding a 4th node to 3 moves 32 buckets")
+	load          = kvload.NewFlags(7, "level 7: adding a 4th node to 3 moves 32 buckets", 32, "")
 	rowsPerBucket = flag.Int("rows-per-bucket", 50000, "rows loaded into every bucket")
-	load          = kvload.NewFlags(32, "")
 	rate          = flag.Int("rate", 0, "total writes/s offered by the load (0: as fast as the writers go)")
 	concurrency   = flag.Int("concurrency", 1, "moves at once (rebalancer policy)")
 	rollbacks     = flag.Int("rollbacks", 8, "after the rebalance, move this many of the new node's buckets back with a rollback window and roll each move back, under the same load (issue 25): the rollbacks' write pauses (0: none)")
@@ -95,7 +94,7 @@ func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
 	out.Parse()
-	if *level < 1 || *level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 {
+	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 		os.Exit(2)
 	}
@@ -130,7 +129,7 @@ func run(ctx context.Context) (*Summary, error) {
 	now := time.Now().Unix()
 	b.db = fmt.Sprintf("svbench_%d", now)
 	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", now)
-	sum := &Summary{Cores: runtime.NumCPU(), Level: *level, Buckets: 1 << *level, RowsPerBucket: *rowsPerBucket,
+	sum := &Summary{Cores: runtime.NumCPU(), Level: *load.Level, Buckets: 1 << *load.Level, RowsPerBucket: *rowsPerBucket,
 		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
 	say("creating database %s on %d nodes", b.db, startNodes+1)

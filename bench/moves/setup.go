@@ -24,13 +24,13 @@ func (b *bench) setup(ctx context.Context) error {
 	if *bigRows > 0 {
 		ddl = append(ddl, blobDDL)
 	}
-	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
 		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{clustertest.KV}, DDL: ddl})
 	if err != nil {
 		return err
 	}
 	b.st, b.ks = c.Store, c.Keystream
-	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *level, c.Map.Buckets(), startNodes, len(b.nodes))
+	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *load.Level, c.Map.Buckets(), startNodes, len(b.nodes))
 	return nil
 }
 
@@ -107,7 +107,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 		}
 		wg.Wait()
 		for j := 0; j < chunk && left > 0; j++ {
-			bk := keystream.BucketOf(prefixes[j], *level)
+			bk := keystream.BucketOf(prefixes[j], *load.Level)
 			if counts[bk] >= need {
 				continue
 			}

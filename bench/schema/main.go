@@ -57,9 +57,8 @@ import (
 )
 
 var (
-	level     = benchkit.LevelFlag(6, "")
+	load      = kvload.NewFlags(6, "", 8, "closed loop: as fast as they go")
 	rowsN     = flag.Int("rows", 50000, "users loaded into app.kv before the load starts")
-	load      = kvload.NewFlags(8, "closed loop: as fast as they go")
 	warmup    = flag.Duration("warmup", 3*time.Second, "write load before each change (the baseline window is taken from its end)")
 	tail      = flag.Duration("tail", 2*time.Second, "write load after each change")
 	minWindow = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
@@ -105,7 +104,7 @@ func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
 	out.Parse()
-	if *level < 2 || *level > 12 || *rowsN < 1 || *load.Writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
+	if *load.Level < 2 || *load.Level > 12 || *rowsN < 1 || *load.Writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
 		benchkit.Fatalf(2, "schema-bench", "--level 2..12; --rows, --writers, --tables, --diff-runs >= 1; --min-window > 0")
 	}
 	ctx, stop := benchkit.Context()
@@ -140,7 +139,7 @@ func run(ctx context.Context) (*Summary, error) {
 	tag := fmt.Sprintf("%d_%s", time.Now().Unix(), randHex(3))
 	b.db = "svbench_schema_" + tag
 	b.root = "/shardvisor-bench/schema-" + strings.ReplaceAll(tag, "_", "-")
-	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *level, Buckets: 1 << *level, Nodes: nodesN,
+	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *load.Level, Buckets: 1 << *load.Level, Nodes: nodesN,
 		Writers: *load.Writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
 	say("creating database %s on %d nodes", b.db, nodesN)
@@ -211,14 +210,14 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 		b.tables = append(b.tables, t)
 		ddl = append(ddl, tableDDL(i))
 	}
-	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
 		Nodes: b.nodes, Tables: tables, DDL: ddl, Parallel: true})
 	if err != nil {
 		return nil, err
 	}
 	b.st, b.ks = c.Store, c.Keystream
 	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
-		clusterNm, b.root, *level, c.Map.Buckets(), len(b.nodes), *tablesN)
+		clusterNm, b.root, *load.Level, c.Map.Buckets(), len(b.nodes), *tablesN)
 	return c.Map, nil
 }
 
@@ -257,7 +256,7 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 // new users named after this load.
 func (b *bench) startLoad() *kvload.Load {
 	run := time.Now().UnixNano()
-	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
+	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
 		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
 }
 
