@@ -583,17 +583,11 @@ func report(s *Summary) {
 	say("  load average (1 min) at the start and the end of the changes: %s", strings.Join(s.LoadAvg, ", "))
 	say("  idle: the fleet reads %.0f B/s from ZooKeeper when nothing changes (heartbeats, pings); included below", s.IdleBytesPerS)
 	for _, side := range s.Sides {
-		verdict := func(met bool) string {
-			if met {
-				return "met"
-			}
-			return "NOT MET"
-		}
 		say("  %s: record %d B (plain JSON %d B); one encode %.2f ms, one decode %.2f ms (one goroutine, before the watchers start)",
 			side.Encoding, side.RecordBytes, side.PlainBytes, side.EncodeMS, side.DecodeMS)
 		say("      ZooKeeper bytes read per change, all watchers (wire, median): %.0f B (%.0f B per watcher)", side.BytesPerChg, side.PerWatcher)
-		say("      every watcher applied, per change, from the write's return: %s   target p99 <= %.0f ms: %s", msStat(side.AllAppliedMS), target, verdict(side.TargetMet))
-		say("                              the same from the write's start: %s   target p99 <= %.0f ms: %s", msStat(side.FromStartMS), target, verdict(side.TargetMetAll))
+		say("      every watcher applied, per change, from the write's return: %s   target p99 <= %.0f ms: %s", msStat(side.AllAppliedMS), target, benchkit.Verdict(side.TargetMet))
+		say("                              the same from the write's start: %s   target p99 <= %.0f ms: %s", msStat(side.FromStartMS), target, benchkit.Verdict(side.TargetMetAll))
 		say("      each watcher's apply, from the write's return:               %s", msStat(side.WatcherMS))
 		say("      the write (CAS, encode included):                            %s", msStat(side.WriteMS))
 		if side.Early > 0 {

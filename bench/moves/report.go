@@ -160,12 +160,8 @@ func report(s *Summary) {
 			say("                    move %s (bucket %d %s -> %s) %s: %s", m.ID, m.Bucket, m.From, m.To, m.State, m.Error)
 		}
 	}
-	verdict := "NOT MET"
-	if s.PauseTargetMet {
-		verdict = "met"
-	}
 	say("  write pause per move (mover record: source frozen -> map flipped, ZooKeeper CAS included)")
-	say("                    %s   target p99 < %.0f ms: %s", ms(s.PauseMS), pauseTarget, verdict)
+	say("                    %s   target p99 < %.0f ms: %s", ms(s.PauseMS), pauseTarget, benchkit.Verdict(s.PauseTargetMet))
 	say("    steps:  fence (map moving, routers caught up, freeze)  %s", ms(s.FenceStepMS))
 	say("            barrier (marker applied on target, snapshot)    %s", ms(s.BarrierStepMS))
 	say("            flip (map + move record: one ZooKeeper CAS)     %s", ms(s.FlipStepMS))

@@ -37,6 +37,14 @@ func (p *Printer) Say(format string, args ...any) {
 	fmt.Fprintf(w, format+"\n", args...)
 }
 
+// Verdict is a goal's line: "met", or "NOT MET" to stand out.
+func Verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "NOT MET"
+}
+
 // Out is a benchmark's report as it runs and its -json flag: with -json
 // the lines go to stderr, so that stdout holds only the JSON summary
 // (Finish writes it).
