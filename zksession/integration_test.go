@@ -161,18 +161,6 @@ func TestIntegrationCRUDCASAndChroot(t *testing.T) {
 	}
 }
 
-// countingConn counts the bytes read from a server.
-type countingConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
 // Config.Dial opens every connection, so a caller sees all the session's
 // bytes; the session still works (and still learns its timeout) through
 // the wrapped connection.
@@ -182,11 +170,7 @@ func TestIntegrationDialHook(t *testing.T) {
 	var dials, read atomic.Int64
 	s := openT(t, Config{Connect: connect, SessionTimeout: 6 * time.Second, Dial: func(network, addr string, timeout time.Duration) (net.Conn, error) {
 		dials.Add(1)
-		c, err := net.DialTimeout(network, addr, timeout)
-		if err != nil {
-			return nil, err
-		}
-		return countingConn{c, &read}, nil
+		return testkit.CountingDial(&read)(network, addr, timeout)
 	}})
 	if err := s.Create(ctx, "/big", make([]byte, 100_000)); err != nil {
 		t.Fatal(err)

@@ -63,7 +63,7 @@ var (
 	steady    = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
 	modes     = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
 	node      = flag.Int("node", 1, "the scripts/devenv node number of the group")
-	jsonOut   = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
+	out       = benchkit.NewOut()
 	rejoinTO  = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
 	returning = flag.Bool("returning", false, "write with INSERT ... RETURNING read through QueryRow (as the notes app does) instead of Exec")
 	zkOutage  = flag.Duration("zk-outage", 0, "before each kill, stop the whole ZooKeeper ensemble this long (Patroni's failsafe mode keeps the primary)")
@@ -110,14 +110,11 @@ type env struct {
 }
 
 func main() {
-	flag.Parse()
-	p := &benchkit.Printer{Stamp: true}
-	if *jsonOut {
-		p.W = os.Stderr
-	}
-	sum := &Summary{}
+	out.Parse()
+	out.Stamp = true
+	p, sum := &out.Printer, &Summary{}
 	err := run(p, sum)
-	benchkit.Finish("failover-bench", sum, err, func(s *Summary, e string) { s.Error = e }, func(s *Summary) { report(p, s) }, *jsonOut)
+	benchkit.Finish("failover-bench", sum, err, func(s *Summary, e string) { s.Error = e }, func(s *Summary) { report(p, s) }, *out.JSON)
 }
 
 func readEnv() (*env, error) {

@@ -58,7 +58,7 @@ var (
 	rate            = flag.Int("rate", benchkit.EnvInt("FLEET_RATE", 200), "requests/s offered in total")
 	clients         = flag.Int("clients", 16, "concurrent clients of the load")
 	users           = flag.Int("users", 400, "users of the load (per scenario)")
-	level           = flag.Int("level", 7, "map level: 2^level buckets (level 7: adding a 4th node to 3 moves 32 buckets)")
+	level           = benchkit.LevelFlag(7, "level 7: adding a 4th node to 3 moves 32 buckets")
 	rowsPerBucket   = flag.Int("rows-per-bucket", 200, "notes preloaded into every bucket")
 	sessionTimeoutF = flag.Duration("session-timeout", 10*time.Second, "ZooKeeper session timeout the supervisors and routers ask for")
 	memberWait      = flag.Duration("member-wait", 10*time.Second, "the mover's --member-wait")

@@ -45,7 +45,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -59,13 +58,14 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
 var (
-	level     = flag.Int("level", 16, "map level: 2^level buckets")
+	level     = benchkit.LevelFlag(16, "")
 	nodeCount = flag.Int("nodes", 100, "db nodes in the map")
 	watchers  = flag.Int("watchers", 100, "routers following the map, each on its own ZooKeeper session")
 	changes   = flag.Int("changes", 20, "map changes per encoding (rounded up to even: a move is two changes)")
@@ -74,7 +74,6 @@ var (
 	members   = flag.Bool("members", true, "watchers register router member records and update them on every change, as sidecars do")
 	timeout   = flag.Duration("timeout", 30*time.Second, "how long to wait for every watcher to apply one change")
 	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
-	jsonOut   = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	noLock    = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
 	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the changes (watchers and writer) to `file`")
 	devenvDir = flag.String("devenv-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", benchkit.DefaultDevenvDir), "scripts/devenv state directory (its lock)")
@@ -86,16 +85,13 @@ const (
 	target    = 1000.0                                       // ms: every watcher applies a change within 1 s, p99
 )
 
-// printer prints the report: on stdout, or stderr with --json.
-var printer = &benchkit.Printer{W: os.Stdout}
+// out prints the report: on stdout, or stderr with --json.
+var out = benchkit.NewOut()
 
-func say(format string, args ...any) { printer.Say(format, args...) }
+func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
-	flag.Parse()
-	if *jsonOut {
-		printer.W = os.Stderr
-	}
+	out.Parse()
 	if *level < 1 || *level > bucketmap.MaxLevel || *nodeCount < 2 || *watchers < 1 || *changes < 1 {
 		fmt.Fprintf(os.Stderr, "mapprop-bench: --level 1..%d, --nodes >= 2, --watchers and --changes >= 1\n", bucketmap.MaxLevel)
 		os.Exit(2)
@@ -113,7 +109,7 @@ func main() {
 	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx, encs)
-	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
+	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 }
 
 // ---------------------------------------------------------------- figures
@@ -273,18 +269,6 @@ func cpu(n int, f func() error) (float64, error) {
 
 // ---------------------------------------------------------------- watchers
 
-// countingConn counts the bytes the server sends on one connection.
-type countingConn struct {
-	net.Conn
-	n *atomic.Int64
-}
-
-func (c countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.n.Add(int64(n))
-	return n, err
-}
-
 type applied struct {
 	w  int
 	v  uint64
@@ -316,13 +300,8 @@ func startFleet(ctx context.Context, p topo.Paths) (*fleet, error) {
 	f := &fleet{evs: make(chan applied, 4**watchers)}
 	for range *watchers {
 		w := &watcher{}
-		s, err := zksession.Open(zksession.Config{Connect: *zkConnect, Dial: func(network, addr string, timeout time.Duration) (net.Conn, error) {
-			c, err := net.DialTimeout(network, addr, timeout)
-			if err != nil {
-				return nil, err
-			}
-			return countingConn{c, &w.read}, nil
-		}})
+		// Every byte the servers send this watcher.
+		s, err := zksession.Open(zksession.Config{Connect: *zkConnect, Dial: testkit.CountingDial(&w.read)})
 		if err != nil {
 			f.close()
 			return nil, err
@@ -604,17 +583,11 @@ func report(s *Summary) {
 	say("  load average (1 min) at the start and the end of the changes: %s", strings.Join(s.LoadAvg, ", "))
 	say("  idle: the fleet reads %.0f B/s from ZooKeeper when nothing changes (heartbeats, pings); included below", s.IdleBytesPerS)
 	for _, side := range s.Sides {
-		verdict := func(met bool) string {
-			if met {
-				return "met"
-			}
-			return "NOT MET"
-		}
 		say("  %s: record %d B (plain JSON %d B); one encode %.2f ms, one decode %.2f ms (one goroutine, before the watchers start)",
 			side.Encoding, side.RecordBytes, side.PlainBytes, side.EncodeMS, side.DecodeMS)
 		say("      ZooKeeper bytes read per change, all watchers (wire, median): %.0f B (%.0f B per watcher)", side.BytesPerChg, side.PerWatcher)
-		say("      every watcher applied, per change, from the write's return: %s   target p99 <= %.0f ms: %s", msStat(side.AllAppliedMS), target, verdict(side.TargetMet))
-		say("                              the same from the write's start: %s   target p99 <= %.0f ms: %s", msStat(side.FromStartMS), target, verdict(side.TargetMetAll))
+		say("      every watcher applied, per change, from the write's return: %s   target p99 <= %.0f ms: %s", msStat(side.AllAppliedMS), target, benchkit.Verdict(side.TargetMet))
+		say("                              the same from the write's start: %s   target p99 <= %.0f ms: %s", msStat(side.FromStartMS), target, benchkit.Verdict(side.TargetMetAll))
 		say("      each watcher's apply, from the write's return:               %s", msStat(side.WatcherMS))
 		say("      the write (CAS, encode included):                            %s", msStat(side.WriteMS))
 		if side.Early > 0 {

@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -44,22 +42,11 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 	say("copy baseline: plain COPY of %d moved buckets' ranges, source -> target, into app.kv_baseline", len(pick))
 	var runs []BaselineRun
 	for _, mv := range pick {
-		lo, hi, err := keystream.Range(*level, mv.Bucket)
+		lo, hi, err := keystream.Range(*load.Level, mv.Bucket)
 		if err != nil {
 			return runs, err
 		}
-		src, err := dbnode.Connect(ctx, node(mv.From))
-		if err != nil {
-			return runs, err
-		}
-		dst, err := dbnode.Connect(ctx, node(mv.To))
-		if err != nil {
-			src.Close(context.Background())
-			return runs, err
-		}
-		run, _, err := copyPipeCols(ctx, src, dst, lo, hi, "bkey, uid, v", false)
-		src.Close(context.Background())
-		dst.Close(context.Background())
+		run, _, err := copyPipeCols(ctx, node(mv.From), node(mv.To), lo, hi, "bkey, uid, v", false)
 		if err != nil {
 			return runs, err
 		}
@@ -75,12 +62,23 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 	return runs, nil
 }
 
-// copyPipeCols copies cols of the range from src into app.kv_baseline (the
-// table's columns, indexes and primary key, without its constraints) on
-// dst through one binary COPY pipe: an io.Pipe, or batches
-// of 64 KB. It returns the run and the bytes of the COPY stream.
-func copyPipeCols(ctx context.Context, src, dst *pgx.Conn, lo, hi int64, cols string, batched bool) (BaselineRun, int64, error) {
+// copyPipeCols copies cols of the range from node from into
+// app.kv_baseline (the table's columns, indexes and primary key, without
+// its constraints) on node to through one binary COPY pipe: an io.Pipe, or
+// batches of 64 KB, each node on a connection of its own. It returns the
+// run and the bytes of the COPY stream.
+func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, cols string, batched bool) (BaselineRun, int64, error) {
 	var run BaselineRun
+	src, err := dbnode.Connect(ctx, from)
+	if err != nil {
+		return run, 0, err
+	}
+	defer src.Close(context.Background())
+	dst, err := dbnode.Connect(ctx, to)
+	if err != nil {
+		return run, 0, err
+	}
+	defer dst.Close(context.Background())
 	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
 		return run, 0, err
 	}

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
@@ -77,7 +79,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	}
 	src, dst := b.nodes[0], b.nodes[startNodes]
 	big.From, big.To = string(src.ID), string(dst.ID)
-	lo, hi, err := keystream.Range(*level, big.Bucket)
+	lo, hi, err := keystream.Range(*load.Level, big.Bucket)
 	if err != nil {
 		return err
 	}
@@ -135,17 +137,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		if err := checkpoint(ctx, src, dst); err != nil {
 			return 0, err
 		}
-		s, err := dbnode.Connect(ctx, src)
-		if err != nil {
-			return 0, err
-		}
-		defer s.Close(context.Background())
-		d, err := dbnode.Connect(ctx, dst)
-		if err != nil {
-			return 0, err
-		}
-		defer d.Close(context.Background())
-		run, bytes, err := copyPipeCols(ctx, s, d, lo, hi, "bkey, uid, v, blob", batched)
+		run, bytes, err := copyPipeCols(ctx, src, dst, lo, hi, "bkey, uid, v, blob", batched)
 		if err != nil {
 			return 0, err
 		}
@@ -280,29 +272,10 @@ func checkpoint(ctx context.Context, nodes ...bucketmap.Node) error {
 func checkBoth(ctx context.Context, a, b bucketmap.Node, lo, hi int64, hash string) (float64, error) {
 	q := fmt.Sprintf(`SELECT count(*), coalesce(sum(%s), 0)::text FROM app.kv t WHERE bkey BETWEEN $1 AND $2`, hash)
 	start := time.Now()
-	errs := make(chan error, 2)
-	for _, n := range []bucketmap.Node{a, b} {
-		go func() {
-			c, err := dbnode.Connect(ctx, n)
-			if err != nil {
-				errs <- err
-				return
-			}
-			defer c.Close(context.Background())
-			rows, err := c.Query(ctx, q, lo, hi)
-			if err == nil {
-				for rows.Next() {
-				}
-				rows.Close()
-				err = rows.Err()
-			}
-			errs <- err
-		}()
-	}
-	for range 2 {
-		if err := <-errs; err != nil {
-			return 0, err
-		}
-	}
-	return time.Since(start).Seconds(), nil
+	err := clustertest.EachNode(ctx, []bucketmap.Node{a, b}, func(_ int, _ bucketmap.Node, c *pgx.Conn) error {
+		var n int64
+		var sum string
+		return c.QueryRow(ctx, q, lo, hi).Scan(&n, &sum)
+	})
+	return time.Since(start).Seconds(), err
 }

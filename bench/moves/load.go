@@ -11,7 +11,7 @@ import (
 // startLoad starts the write load over the loaded users (indexes below
 // maxIdx).
 func (b *bench) startLoad(maxIdx uint32) *kvload.Load {
-	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *level, Writers: *writers, Rate: *rate, InsertFrac: *insertFrac,
+	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, Rate: *rate, InsertFrac: *load.InsertFrac,
 		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
 }
 

@@ -51,10 +51,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -65,17 +64,14 @@ import (
 )
 
 var (
-	level         = flag.Int("level", 7, "map level: 2^level buckets (level 7: adding a 4th node to 3 moves 32 buckets)")
+	load          = kvload.NewFlags(7, "level 7: adding a 4th node to 3 moves 32 buckets", 32, "")
 	rowsPerBucket = flag.Int("rows-per-bucket", 50000, "rows loaded into every bucket")
-	writers       = flag.Int("writers", 32, "write-load goroutines")
 	rate          = flag.Int("rate", 0, "total writes/s offered by the load (0: as fast as the writers go)")
-	insertFrac    = flag.Float64("insert-frac", 0.25, "fraction of writes that insert a new user (the rest update a loaded one)")
 	concurrency   = flag.Int("concurrency", 1, "moves at once (rebalancer policy)")
 	rollbacks     = flag.Int("rollbacks", 8, "after the rebalance, move this many of the new node's buckets back with a rollback window and roll each move back, under the same load (issue 25): the rollbacks' write pauses (0: none)")
 	retries       = flag.Int("retries", 3, "times to run the rebalancer again after it stopped on an aborted move")
 	baselineN     = flag.Int("baseline", 3, "moved buckets to copy again with plain COPY for the baseline")
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
-	jsonOut       = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
 	verbose       = flag.Bool("v", false, "print every step of every move")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
 	// The big-bucket mode (big.go).
@@ -91,17 +87,14 @@ const (
 	seedHex    = "6d6f7665732d62656e63682d69737375652d37" // "moves-bench-issue-7"
 )
 
-// printer prints the report: on stdout, or stderr with --json.
-var printer = &benchkit.Printer{W: os.Stdout}
+// out prints the report: on stdout, or stderr with --json.
+var out = benchkit.NewOut()
 
-func say(format string, args ...any) { printer.Say(format, args...) }
+func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
-	flag.Parse()
-	if *jsonOut {
-		printer.W = os.Stderr
-	}
-	if *level < 1 || *level > 12 || *rowsPerBucket < 1 || *writers < 1 || *concurrency < 1 {
+	out.Parse()
+	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 		os.Exit(2)
 	}
@@ -112,7 +105,7 @@ func main() {
 	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx)
-	benchkit.Finish("moves-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
+	benchkit.Finish("moves-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 	if sum.Missing > 0 {
 		os.Exit(1)
 	}
@@ -136,8 +129,8 @@ func run(ctx context.Context) (*Summary, error) {
 	now := time.Now().Unix()
 	b.db = fmt.Sprintf("svbench_%d", now)
 	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", now)
-	sum := &Summary{Cores: runtime.NumCPU(), Level: *level, Buckets: 1 << *level, RowsPerBucket: *rowsPerBucket,
-		Writers: *writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+	sum := &Summary{Cores: runtime.NumCPU(), Level: *load.Level, Buckets: 1 << *load.Level, RowsPerBucket: *rowsPerBucket,
+		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
 	say("creating database %s on %d nodes", b.db, startNodes+1)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
@@ -164,20 +157,14 @@ func run(ctx context.Context) (*Summary, error) {
 
 	// The router, registered as a member so that every move waits for it.
 	b.trk = &tracker{since: map[bucketmap.Bucket]time.Time{}}
-	b.r = router.New(b.sess, b.st.Paths(), router.Options{MemberID: "moves-bench", TunePool: func(c *pgxpool.Config) {
-		c.MaxConns = int32(*writers)
-	}})
-	defer b.r.Close()
-	b.r.OnUpdate(func(uint64) { b.trk.observe(b.r.Map(), time.Now()) })
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = b.r.WaitReady(wctx)
-	cancel()
+	b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) })
 	if err != nil {
-		return nil, fmt.Errorf("router: %w", err)
+		return nil, err
 	}
+	defer b.r.Close()
 
 	// The write load.
-	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *writers, 100**insertFrac, *warmup)
+	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *load.Writers, 100**load.InsertFrac, *warmup)
 	l := b.startLoad(maxIdx)
 	loadStopped := false
 	stopLoad := func() {

@@ -160,12 +160,8 @@ func report(s *Summary) {
 			say("                    move %s (bucket %d %s -> %s) %s: %s", m.ID, m.Bucket, m.From, m.To, m.State, m.Error)
 		}
 	}
-	verdict := "NOT MET"
-	if s.PauseTargetMet {
-		verdict = "met"
-	}
 	say("  write pause per move (mover record: source frozen -> map flipped, ZooKeeper CAS included)")
-	say("                    %s   target p99 < %.0f ms: %s", ms(s.PauseMS), pauseTarget, verdict)
+	say("                    %s   target p99 < %.0f ms: %s", ms(s.PauseMS), pauseTarget, benchkit.Verdict(s.PauseTargetMet))
 	say("    steps:  fence (map moving, routers caught up, freeze)  %s", ms(s.FenceStepMS))
 	say("            barrier (marker applied on target, snapshot)    %s", ms(s.BarrierStepMS))
 	say("            flip (map + move record: one ZooKeeper CAS)     %s", ms(s.FlipStepMS))
@@ -254,53 +250,51 @@ func optMS(d time.Duration, ok bool) string {
 }
 
 func (b *bench) summarize(s *Summary) {
-	var pause, fenceS, barrierS, flipS, lag, routerP, client, total, copyMS, rps, base []float64
-	var slot, launch, start, data, handover, dataRPS []float64
-	add := func(xs *[]float64, x float64) {
-		if x >= 0 {
-			*xs = append(*xs, x)
-		}
-	}
 	for _, m := range s.Moves {
 		switch m.State {
 		case topo.MoveDone:
 			s.MovesDone++
+			s.RowsMoved += m.Rows
 		case topo.MoveAborted:
 			s.MovesAborted++
 		}
 		if m.VerifyOK {
 			s.VerifyOK++
 		}
-		if m.State != topo.MoveDone {
-			continue
-		}
-		s.RowsMoved += m.Rows
-		pause = append(pause, m.PauseMS)
-		fenceS = append(fenceS, m.FenceMS)
-		barrierS = append(barrierS, m.BarrierMS)
-		flipS = append(flipS, m.FlipMS)
-		lag = append(lag, m.LagMS)
-		total = append(total, m.TotalMS)
-		copyMS = append(copyMS, m.CopyMS)
-		rps = append(rps, m.RowsPS)
-		add(&routerP, m.RouterMS)
-		add(&client, m.ClientMS)
-		add(&slot, m.SlotMS)
-		add(&launch, m.LaunchMS)
-		add(&start, m.StartMS)
-		add(&data, m.DataMS)
-		add(&handover, m.HandoverMS)
-		if m.DataRowsPS > 0 {
-			dataRPS = append(dataRPS, m.DataRowsPS)
-		}
 	}
+	// of summarizes one figure of the moves done, those it keeps: every
+	// one (all), those seen (known: -1 is not) or those above 0.
+	all, known, positive := func(float64) bool { return true }, func(x float64) bool { return x >= 0 }, func(x float64) bool { return x > 0 }
+	of := func(f func(m *MoveRow) float64, keep func(float64) bool) Stat {
+		var xs []float64
+		for i := range s.Moves {
+			if x := f(&s.Moves[i]); s.Moves[i].State == topo.MoveDone && keep(x) {
+				xs = append(xs, x)
+			}
+		}
+		return stat(xs)
+	}
+	s.PauseMS = of(func(m *MoveRow) float64 { return m.PauseMS }, all)
+	s.FenceStepMS = of(func(m *MoveRow) float64 { return m.FenceMS }, all)
+	s.BarrierStepMS = of(func(m *MoveRow) float64 { return m.BarrierMS }, all)
+	s.FlipStepMS = of(func(m *MoveRow) float64 { return m.FlipMS }, all)
+	s.LagAtFenceMS = of(func(m *MoveRow) float64 { return m.LagMS }, all)
+	s.MoveTotalMS = of(func(m *MoveRow) float64 { return m.TotalMS }, all)
+	s.CopyMS = of(func(m *MoveRow) float64 { return m.CopyMS }, all)
+	s.MoverRowsPS = of(func(m *MoveRow) float64 { return m.RowsPS }, all)
+	s.RouterPauseMS = of(func(m *MoveRow) float64 { return m.RouterMS }, known)
+	s.ClientStallMS = of(func(m *MoveRow) float64 { return m.ClientMS }, known)
+	s.SlotMS = of(func(m *MoveRow) float64 { return m.SlotMS }, known)
+	s.LaunchMS = of(func(m *MoveRow) float64 { return m.LaunchMS }, known)
+	s.StartMS = of(func(m *MoveRow) float64 { return m.StartMS }, known)
+	s.DataMS = of(func(m *MoveRow) float64 { return m.DataMS }, known)
+	s.HandoverMS = of(func(m *MoveRow) float64 { return m.HandoverMS }, known)
+	s.DataRowsPS = of(func(m *MoveRow) float64 { return m.DataRowsPS }, positive)
+	var base []float64
 	for _, r := range s.Baseline {
 		base = append(base, r.RowsPS)
 	}
-	s.PauseMS, s.FenceStepMS, s.BarrierStepMS, s.FlipStepMS = stat(pause), stat(fenceS), stat(barrierS), stat(flipS)
-	s.LagAtFenceMS, s.RouterPauseMS, s.ClientStallMS, s.MoveTotalMS = stat(lag), stat(routerP), stat(client), stat(total)
-	s.CopyMS, s.MoverRowsPS, s.BaselineRowsPS = stat(copyMS), stat(rps), stat(base)
-	s.SlotMS, s.LaunchMS, s.StartMS, s.DataMS, s.HandoverMS, s.DataRowsPS = stat(slot), stat(launch), stat(start), stat(data), stat(handover), stat(dataRPS)
+	s.BaselineRowsPS = stat(base)
 	if s.BaselineRowsPS.P50 > 0 {
 		s.CopyRatio = s.MoverRowsPS.P50 / s.BaselineRowsPS.P50
 		s.DataRatio = s.DataRowsPS.P50 / s.BaselineRowsPS.P50

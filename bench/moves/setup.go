@@ -1,8 +1,8 @@
 package main
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -25,13 +24,13 @@ func (b *bench) setup(ctx context.Context) error {
 	if *bigRows > 0 {
 		ddl = append(ddl, blobDDL)
 	}
-	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
 		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{clustertest.KV}, DDL: ddl})
 	if err != nil {
 		return err
 	}
 	b.st, b.ks = c.Store, c.Keystream
-	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *level, c.Map.Buckets(), startNodes, len(b.nodes))
+	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *load.Level, c.Map.Buckets(), startNodes, len(b.nodes))
 	return nil
 }
 
@@ -108,7 +107,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 		}
 		wg.Wait()
 		for j := 0; j < chunk && left > 0; j++ {
-			bk := keystream.BucketOf(prefixes[j], *level)
+			bk := keystream.BucketOf(prefixes[j], *load.Level)
 			if counts[bk] >= need {
 				continue
 			}
@@ -120,14 +119,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 		idx += chunk
 	}
 	for i := range perNode {
-		slices.SortFunc(perNode[i], func(x, y loadRow) int {
-			if x.key < y.key {
-				return -1
-			} else if x.key > y.key {
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(perNode[i], func(x, y loadRow) int { return cmp.Compare(x.key, y.key) })
 	}
 	var done atomic.Int64
 	start := time.Now()
@@ -145,53 +137,23 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 			}
 		}
 	}()
-	errs := make([]error, startNodes)
-	var wg sync.WaitGroup
-	for i := range startNodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = b.copyIn(ctx, b.nodes[i], perNode[i], &done)
-		}()
-	}
-	wg.Wait()
+	err = clustertest.EachNode(ctx, b.nodes[:startNodes], func(i int, _ bucketmap.Node, c *pgx.Conn) error {
+		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: perNode[i], done: &done})
+		if err == nil && got != int64(len(perNode[i])) {
+			err = fmt.Errorf("copied %d rows of %d", got, len(perNode[i]))
+		}
+		return err
+	})
 	close(stopProgress)
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return 0, 0, fmt.Errorf("loading: %w", err)
 	}
 	say("  loaded %s rows in %.1f s (%s rows/s); VACUUM ANALYZE", human(float64(done.Load())), time.Since(start).Seconds(), human(float64(done.Load())/time.Since(start).Seconds()))
-	for i := range startNodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := dbnode.Connect(ctx, b.nodes[i])
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			defer c.Close(context.Background())
-			_, errs[i] = c.Exec(ctx, "VACUUM (ANALYZE) app.kv")
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := clustertest.EachNode(ctx, b.nodes[:startNodes], func(_ int, _ bucketmap.Node, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "VACUUM (ANALYZE) app.kv")
+		return err
+	}); err != nil {
 		return 0, 0, err
 	}
 	return done.Load(), idx, nil
-}
-
-func (b *bench) copyIn(ctx context.Context, n bucketmap.Node, rows []loadRow, done *atomic.Int64) error {
-	c, err := dbnode.Connect(ctx, n)
-	if err != nil {
-		return err
-	}
-	defer c.Close(context.Background())
-	got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: rows, done: done})
-	if err != nil {
-		return fmt.Errorf("%s: %w", n.ID, err)
-	}
-	if got != int64(len(rows)) {
-		return fmt.Errorf("%s: copied %d rows of %d", n.ID, got, len(rows))
-	}
-	return nil
 }

@@ -44,7 +44,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
@@ -58,20 +57,17 @@ import (
 )
 
 var (
-	level      = flag.Int("level", 6, "map level: 2^level buckets")
-	rowsN      = flag.Int("rows", 50000, "users loaded into app.kv before the load starts")
-	writers    = flag.Int("writers", 8, "write-load goroutines (closed loop: as fast as they go)")
-	insertFrac = flag.Float64("insert-frac", 0.25, "fraction of writes that insert a new user (the rest update a loaded one)")
-	warmup     = flag.Duration("warmup", 3*time.Second, "write load before each change (the baseline window is taken from its end)")
-	tail       = flag.Duration("tail", 2*time.Second, "write load after each change")
-	minWindow  = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
-	hold       = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
-	holdNode   = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
-	tablesN    = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
-	diffRuns   = flag.Int("diff-runs", 5, "schema.Diff runs")
-	jsonOut    = flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")
-	verbose    = flag.Bool("v", false, "print schema.Apply's progress events")
-	devf       = benchkit.NewDevFlags(cliutil.LocalZK)
+	load      = kvload.NewFlags(6, "", 8, "closed loop: as fast as they go")
+	rowsN     = flag.Int("rows", 50000, "users loaded into app.kv before the load starts")
+	warmup    = flag.Duration("warmup", 3*time.Second, "write load before each change (the baseline window is taken from its end)")
+	tail      = flag.Duration("tail", 2*time.Second, "write load after each change")
+	minWindow = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
+	hold      = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
+	holdNode  = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
+	tablesN   = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
+	diffRuns  = flag.Int("diff-runs", 5, "schema.Diff runs")
+	verbose   = flag.Bool("v", false, "print schema.Apply's progress events")
+	devf      = benchkit.NewDevFlags(cliutil.LocalZK)
 )
 
 const (
@@ -101,22 +97,20 @@ func tableDDL(i int) string {
 CREATE INDEX IF NOT EXISTS %[2]s_created_idx ON %[1]s (bkey, created)`, t, n)
 }
 
-var printer = &benchkit.Printer{W: os.Stdout}
+// out prints the report: on stdout, or stderr with --json.
+var out = benchkit.NewOut()
 
-func say(format string, args ...any) { printer.Say(format, args...) }
+func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
-	flag.Parse()
-	if *jsonOut {
-		printer.W = os.Stderr
-	}
-	if *level < 2 || *level > 12 || *rowsN < 1 || *writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
+	out.Parse()
+	if *load.Level < 2 || *load.Level > 12 || *rowsN < 1 || *load.Writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
 		benchkit.Fatalf(2, "schema-bench", "--level 2..12; --rows, --writers, --tables, --diff-runs >= 1; --min-window > 0")
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
 	sum, err := run(ctx)
-	benchkit.Finish("schema-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *jsonOut)
+	benchkit.Finish("schema-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 	if sum != nil && !sum.GoalsMet {
 		os.Exit(1)
 	}
@@ -145,8 +139,8 @@ func run(ctx context.Context) (*Summary, error) {
 	tag := fmt.Sprintf("%d_%s", time.Now().Unix(), randHex(3))
 	b.db = "svbench_schema_" + tag
 	b.root = "/shardvisor-bench/schema-" + strings.ReplaceAll(tag, "_", "-")
-	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *level, Buckets: 1 << *level, Nodes: nodesN,
-		Writers: *writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *load.Level, Buckets: 1 << *load.Level, Nodes: nodesN,
+		Writers: *load.Writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
 
 	say("creating database %s on %d nodes", b.db, nodesN)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
@@ -172,16 +166,10 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.RowsLoaded = n
 
-	b.r = router.New(b.sess, b.st.Paths(), router.Options{MemberID: "schema-bench", TunePool: func(c *pgxpool.Config) {
-		c.MaxConns = int32(*writers)
-	}})
-	defer b.r.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = b.r.WaitReady(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("router: %w", err)
+	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "schema-bench", *load.Writers, nil); err != nil {
+		return nil, err
 	}
+	defer b.r.Close()
 
 	var errs []error
 	v, err := b.variant(ctx, m, "ADD COLUMN under full write load", "add-note.sql", changeSQL, "note", 0)
@@ -222,14 +210,14 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 		b.tables = append(b.tables, t)
 		ddl = append(ddl, tableDDL(i))
 	}
-	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
 		Nodes: b.nodes, Tables: tables, DDL: ddl, Parallel: true})
 	if err != nil {
 		return nil, err
 	}
 	b.st, b.ks = c.Store, c.Keystream
 	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
-		clusterNm, b.root, *level, c.Map.Buckets(), len(b.nodes), *tablesN)
+		clusterNm, b.root, *load.Level, c.Map.Buckets(), len(b.nodes), *tablesN)
 	return c.Map, nil
 }
 
@@ -268,7 +256,7 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 // new users named after this load.
 func (b *bench) startLoad() *kvload.Load {
 	run := time.Now().UnixNano()
-	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *level, Writers: *writers, InsertFrac: *insertFrac,
+	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
 		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
 }
 

@@ -92,13 +92,6 @@ type Summary struct {
 
 func msStat(st Stat) string { return st.MS() }
 
-func verdict(ok bool) string {
-	if ok {
-		return "met"
-	}
-	return "NOT MET"
-}
-
 func report(s *Summary) {
 	say("")
 	say("schema benchmark (issue 27): %d PostgreSQL nodes, level %d (%d buckets: %v), %d rows in app.kv, %d writers (closed loop), %d cores, load average %s",
@@ -125,18 +118,18 @@ func report(s *Summary) {
 			say("    throughput:      %.0f writes/s in the change window vs %.0f before: %s", during, before, ratioX(during/before))
 		}
 		say("    longest write: %.1f ms during the change vs %.1f ms before: %s; goal failed = 0 and longest write < %.0f ms: %s",
-			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, ratioX(v.MaxRatio), waitGoalMS, verdict(v.GoalMet))
+			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, ratioX(v.MaxRatio), waitGoalMS, benchkit.Verdict(v.GoalMet))
 	}
 	if d := s.Diff; d != nil {
 		say("")
 		say("  schema diff: %d sharded tables on %d nodes, %d runs of schema.Diff (connect + read every node at once + compare)", d.Tables, d.Nodes, len(d.Runs))
 		say("    schema.Diff:       min %7.1f  median %7.1f  max %7.1f ms   (its own elapsed_ms: median %.1f)   goal < %.0f ms: %s",
-			d.MinMS, d.MS.P50, d.MS.Max, d.ElapsedMS.P50, diffGoalMS, verdict(d.GoalMet))
+			d.MinMS, d.MS.P50, d.MS.Max, d.ElapsedMS.P50, diffGoalMS, benchkit.Verdict(d.GoalMet))
 		say("    one node:          connect + fence.ReadSchemas median %7.1f ms (min %.1f); ReadSchemas alone median %.1f ms", d.OneNodeMS.P50, d.OneNodeMinMS, d.OneNodeRead.P50)
 		say("    ratio diff / one node (medians): %s; differences found %d, unreachable %d", ratioX(d.Ratio), d.Differences, d.Unreachable)
 	}
 	say("")
-	say("  goals: %s", verdict(s.GoalsMet))
+	say("  goals: %s", benchkit.Verdict(s.GoalsMet))
 	if s.Kept {
 		say("  kept: database %s on every node, ZooKeeper %s", s.Database, s.ZKRoot)
 	}

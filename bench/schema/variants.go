@@ -26,7 +26,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 	}
 	v.ChangeID = ch.ID
 	say("")
-	say("%s: %d writers, warming up %s", name, *writers, *warmup)
+	say("%s: %d writers, warming up %s", name, *load.Writers, *warmup)
 
 	// The long transaction's node and row (a user owned by that node that
 	// no writer touches).

@@ -8,23 +8,27 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
+// directRow is one worker's figures, bound directly and under the
+// supervisor; the JSON results hold all but the p99s.
 type directRow struct {
-	name             string
-	direct, underSV  float64 // medians, req/s
-	ratio            float64 // median of the rounds' supervisor/direct ratios
-	cpuDirect, cpuSV float64 // medians: server process tree CPU per request, µs
-	ratios           []float64
-	directP99, svP99 string
+	Name      string    `json:"name"`
+	Direct    float64   `json:"direct_rps"`     // median, req/s
+	UnderSV   float64   `json:"supervisor_rps"` // median, req/s
+	Ratio     float64   `json:"ratio"`          // median of the rounds' supervisor/direct ratios
+	CPUDirect float64   `json:"cpu_per_request_direct_us"`
+	CPUSV     float64   `json:"cpu_per_request_supervisor_us"` // medians: server process tree CPU per request, µs
+	Ratios    []float64 `json:"round_ratios"`
+	directP99 string
+	svP99     string
 }
 
 // directComparison measures steady throughput with wrk: gunicorn bound
@@ -120,19 +124,12 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 				ratios = append(ratios, sr/dr)
 			}
 		}
-		med := func(v []float64) float64 {
-			if len(v) == 0 {
-				return 0
-			}
-			v = slices.Clone(v)
-			sort.Float64s(v)
-			return v[len(v)/2]
-		}
-		row := directRow{name: name, direct: med(ds), underSV: med(ss), ratio: med(ratios), ratios: ratios, directP99: dp, svP99: sp,
-			cpuDirect: med(dc), cpuSV: med(sc)}
+		med := func(v []float64) float64 { return benchkit.Of(v).P50 }
+		row := directRow{Name: name, Direct: med(ds), UnderSV: med(ss), Ratio: med(ratios), Ratios: ratios, directP99: dp, svP99: sp,
+			CPUDirect: med(dc), CPUSV: med(sc)}
 		rows = append(rows, row)
 		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (medians of %d rounds); per-round ratios %s -> median %.1f%%; server CPU per request %.1f vs %.1f us (%.3fx)\n",
-			name, row.direct, row.underSV, *rounds, fmtRatios(ratios), 100*row.ratio, row.cpuDirect, row.cpuSV, row.cpuSV/max(row.cpuDirect, 1e-9))
+			name, row.Direct, row.UnderSV, *rounds, fmtRatios(ratios), 100*row.Ratio, row.CPUDirect, row.CPUSV, row.CPUSV/max(row.CPUDirect, 1e-9))
 	}
 	env := func(kv ...string) []string { return append(os.Environ(), kv...) }
 	svCmd := func(name string, cfg topo.PoolConfig) *exec.Cmd {

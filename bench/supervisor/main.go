@@ -299,30 +299,17 @@ func run() error {
 			Conditions string         `json:"conditions"`
 			Baseline   string         `json:"baseline"`
 			Scenarios  []scenario     `json:"scenarios"`
-			Direct     []directJSON   `json:"direct"`
+			Direct     []directRow    `json:"direct"`
 			Settings   map[string]any `json:"settings"`
-		}{commandLine(), conditions, "gunicorn alone", rows, nil, map[string]any{
+		}{commandLine(), conditions, "gunicorn alone", rows, direct, map[string]any{
 			"workers": *workers, "rate": *rate, "startup": startup.String(), "reloads": *reloads, "spacing": spacing.String(),
 			"storm": stormFor.String(), "storm_every": stormEvery.String(), "rounds": *rounds, "pin": *pinCPUs}}
-		for _, d := range direct {
-			out.Direct = append(out.Direct, directJSON{d.name, d.direct, d.underSV, d.ratio, d.cpuDirect, d.cpuSV, d.ratios})
-		}
 		b, _ := json.MarshalIndent(out, "", "  ")
 		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-type directJSON struct {
-	Name        string    `json:"name"`
-	DirectRPS   float64   `json:"direct_rps"`
-	UnderSVRPS  float64   `json:"supervisor_rps"`
-	Ratio       float64   `json:"ratio"`
-	CPUDirectUS float64   `json:"cpu_per_request_direct_us"`
-	CPUSVUS     float64   `json:"cpu_per_request_supervisor_us"`
-	Ratios      []float64 `json:"round_ratios"`
 }
 
 func commandLine() string {

@@ -118,8 +118,8 @@ func printTable(rows []scenario, direct []directRow, conditions string) {
 		fmt.Println()
 		fmt.Printf("%-26s %14s %14s %8s   %-26s %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor", "server CPU/request direct / supervisor")
 		for _, d := range direct {
-			fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %-26s %.1f / %.1f us (%.3fx)\n", d.name, d.direct, d.underSV, 100*d.ratio, d.directP99+" / "+d.svP99,
-				d.cpuDirect, d.cpuSV, d.cpuSV/max(d.cpuDirect, 1e-9))
+			fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %-26s %.1f / %.1f us (%.3fx)\n", d.Name, d.Direct, d.UnderSV, 100*d.Ratio, d.directP99+" / "+d.svP99,
+				d.CPUDirect, d.CPUSV, d.CPUSV/max(d.CPUDirect, 1e-9))
 		}
 	}
 	fmt.Println()
@@ -150,15 +150,15 @@ func printTable(rows []scenario, direct []directRow, conditions string) {
 	}
 	for _, d := range direct {
 		verdict := "MET"
-		if d.ratio < 0.95 {
+		if d.Ratio < 0.95 {
 			verdict = "MISSED"
 		}
-		fmt.Printf("  %-32s %s (%.1f%%, median of %d paired rounds)\n", d.name+" throughput", verdict, 100*d.ratio, len(d.ratios))
+		fmt.Printf("  %-32s %s (%.1f%%, median of %d paired rounds)\n", d.Name+" throughput", verdict, 100*d.Ratio, len(d.Ratios))
 		verdict = "MET"
-		if d.cpuDirect == 0 || d.cpuSV > 1.05*d.cpuDirect {
+		if d.CPUDirect == 0 || d.CPUSV > 1.05*d.CPUDirect {
 			verdict = "MISSED"
 		}
-		fmt.Printf("  %-32s %s (%.3fx the CPU per request of the same worker bound directly)\n", d.name+" CPU cost", verdict, d.cpuSV/max(d.cpuDirect, 1e-9))
+		fmt.Printf("  %-32s %s (%.3fx the CPU per request of the same worker bound directly)\n", d.Name+" CPU cost", verdict, d.CPUSV/max(d.CPUDirect, 1e-9))
 	}
 }
 

@@ -11,8 +11,12 @@
 //     the write load on app.kv through the router is kvload's;
 //   - report: the one percentile summary (Stat, Of, OfDurations:
 //     nearest rank, so p50/p99/max mean the same thing in every harness,
-//     and Stat.MS, its line), a serialized line printer (Printer),
-//     millisecond figures, ratios, the load average and the JSON summary.
+//     and Stat.MS, its line), a serialized line printer (Printer) and
+//     the -json flag that moves it to stderr (Out), millisecond figures,
+//     ratios, a goal's verdict (Verdict), the load average and the JSON
+//     summary;
+//   - flags: -level (LevelFlag), as every benchmark that builds a map
+//     names it.
 //
 // It is a library of the benchmarks only: it imports no package of the
 // module and nothing but bench/ imports it.

@@ -2,6 +2,7 @@ package benchkit
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -34,6 +35,36 @@ func (p *Printer) Say(format string, args ...any) {
 		args = append([]any{time.Now().Format("15:04:05")}, args...)
 	}
 	fmt.Fprintf(w, format+"\n", args...)
+}
+
+// Verdict is a goal's line: "met", or "NOT MET" to stand out.
+func Verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "NOT MET"
+}
+
+// Out is a benchmark's report as it runs and its -json flag: with -json
+// the lines go to stderr, so that stdout holds only the JSON summary
+// (Finish writes it).
+type Out struct {
+	Printer
+	JSON *bool
+}
+
+// NewOut declares -json; the benchmark calls Parse, not flag.Parse.
+func NewOut() *Out {
+	return &Out{JSON: flag.Bool("json", false, "print the summary as JSON on stdout (the report goes to stderr)")}
+}
+
+// Parse parses the command line and, under -json, sends the lines to
+// stderr.
+func (o *Out) Parse() {
+	flag.Parse()
+	if *o.JSON {
+		o.W = os.Stderr
+	}
 }
 
 // MS is d in milliseconds, to the microsecond.

@@ -3,7 +3,8 @@
 // users upsert them, updating users the benchmark loaded
 // (benchkit.UserID) or inserting new ones, and record every write and
 // every acknowledged value, so that a benchmark can time the writes and
-// check the acknowledged ones on their owners afterwards.
+// check the acknowledged ones on their owners afterwards. Its flags
+// (NewFlags) and its router (NewRouter) are the same in both.
 package kvload
 
 import (
@@ -21,6 +22,8 @@ import (
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // Options is a load.
@@ -150,4 +153,23 @@ func (l *Load) Result() *Result {
 		all.Writes = append(all.Writes, r.Writes...)
 	}
 	return all
+}
+
+// NewRouter opens the load's router on the cluster at p: registered as
+// the member member (every move and schema change waits for it), with a
+// pool connection per writer, and onUpdate (when not nil) called with
+// every map it applies, its first included. It returns once the router has
+// the map; the caller closes it.
+func NewRouter(ctx context.Context, s *zksession.Session, p topo.Paths, member string, writers int, onUpdate func(*router.Router)) (*router.Router, error) {
+	r := router.New(s, p, router.Options{MemberID: member, TunePool: func(c *pgxpool.Config) { c.MaxConns = int32(writers) }})
+	if onUpdate != nil {
+		r.OnUpdate(func(uint64) { onUpdate(r) })
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := r.WaitReady(wctx); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	return r, nil
 }
