@@ -512,11 +512,13 @@ func (c hintCore) With(fields []zapcore.Field) zapcore.Core {
 	return hintCore{c.Core.With(withHints(fields))}
 }
 
+// Check asks the wrapped core (the level, and the JSON format's sampler,
+// which counts entries here), and has the entry written through this one.
 func (c hintCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
-	if c.Enabled(e.Level) {
-		return ce.AddCore(e, c)
+	if c.Core.Check(e, nil) == nil {
+		return ce
 	}
-	return ce
+	return ce.AddCore(e, c)
 }
 
 func (c hintCore) Write(e zapcore.Entry, fields []zapcore.Field) error {

@@ -116,3 +116,21 @@ func TestLoggerWritesAnErrorsHint(t *testing.T) {
 		}
 	}
 }
+
+// The hint field leaves the JSON format's sampling as zap's production
+// config has it (the first 100 of an entry a second, then every 100th):
+// a log storm during an outage stays bounded.
+func TestLoggerKeepsSampling(t *testing.T) {
+	registerSink(t)
+	log, err := newLogger("debug", "json", "memlog://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink.take()
+	for range 300 {
+		log.Warn("the same warning", zap.Error(hint.New(errors.New("x"), "y")))
+	}
+	if n := strings.Count(sink.take(), "\n"); n >= 300 {
+		t.Errorf("%d of 300 entries logged in one second: not sampled", n)
+	}
+}
