@@ -628,3 +628,29 @@ func TestPastFlipMoveWithoutItsNodeStops(t *testing.T) {
 		t.Fatalf("record: state %s, error %q", got.State, got.Error)
 	}
 }
+
+// rebalance --watch says why it stopped, once, with what to run: the
+// hint of a paused rebalancer (it was in the message before hints).
+func TestRunForeverSaysWhatToRunWhenItStops(t *testing.T) {
+	c := newMemCluster(t, 1, 2, kvTable)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rb := NewRebalancer(New(c.st, Options{}), bucketmap.Policy{})
+	if err := rb.Pause(ctx, "investigating move b3"); err != nil {
+		t.Fatal(err)
+	}
+	stops := make(chan string, 16)
+	rb.Progress = func(p Progress) {
+		if strings.HasPrefix(p.Message, "stopped: ") {
+			stops <- p.Message
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- rb.RunForever(ctx) }()
+	msg := testenv.Receive(t, stops, 10*time.Second, "the watcher's stop")
+	if !strings.Contains(msg, "investigating move b3") || !strings.Contains(msg, "shardctl rebalance --resume") {
+		t.Errorf("stop message %q: want the reason and what to run", msg)
+	}
+	cancel()
+	<-done
+}

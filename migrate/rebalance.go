@@ -502,8 +502,9 @@ func (rb *Rebalancer) lead(ctx context.Context) error {
 		}
 		if err != nil {
 			again = time.After(retry.Next())
-			// Said once per reason, not once per retry.
-			if msg := err.Error(); msg != lastStop {
+			// Said once per reason, not once per retry, with what to
+			// run (the hint).
+			if msg := hint.Text(err); msg != lastStop {
 				lastStop = msg
 				if errors.Is(err, ErrWaitingForMoves) {
 					rb.log.Info("rebalancer waiting for unfinished moves", zap.Error(err))

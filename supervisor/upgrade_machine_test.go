@@ -168,3 +168,20 @@ func TestMachineUpgradeNewSupervisorTakesOverOnceServing(t *testing.T) {
 	s.expect("once", s.tick())
 	s.startUpgrade(newPid)
 }
+
+// A stop during an upgrade: a new supervisor that becomes ready while this
+// one drains still gets the handover (no second stop: beginStop once), and
+// is not stopped with this one; as the executor did before the machine
+// decided upgrades.
+func TestMachineUpgradeReadyWhileStopping(t *testing.T) {
+	s, _ := upgradeSim(t, 0)
+	s.serving(2)
+	s.startUpgrade(newPid)
+	s.expect("TERM", s.send(evSignal{syscall.SIGTERM}), "notify STOPPING=1", "close-sockets all", "term w1 shutdown", "term w2 shutdown")
+	s.expect("first worker gone", s.exit(1, "exit status 0"))
+	s.expect("ready while draining", s.send(evUpgradeReady{pid: newPid}), "hand-over p5000")
+	s.expect("last worker gone", s.exit(2, "exit status 0"))
+	if !s.mc.stopDone || !s.mc.sharesState() {
+		t.Fatalf("stop done %v, shares state %v", s.mc.stopDone, s.mc.sharesState())
+	}
+}

@@ -19,7 +19,9 @@ func newApp() *cli.App {
 		Name:  "shardctl",
 		Usage: "administer a shardvisor cluster: bucket map, db nodes, pools, moves",
 		Description: "Every command reads --zk, --zk-root and --cluster (or SHARDVISOR_ZK, SHARDVISOR_ZK_ROOT, SHARDVISOR_CLUSTER).\n" +
-			"Output is text for people; --json prints JSON for scripts. Exit status: 0 ok, 1 failure, 2 usage error.",
+			"Output is text for people; --json prints JSON for scripts. Exit status: 0 ok, 1 failure, 2 usage error.\n" +
+			"A failure prints the error on stderr and, when there is something to run, a line \"hint: ...\" after it;\n" +
+			"under --json it is one JSON object on stderr instead: {\"error\": ..., \"hint\": ...} (hint omitted when there is none).",
 		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
 		// A --node value's DSN may hold commas (a multi-host DSN): urfave/cli
 		// must not cut it there; initNodes splits lists (cliutil.SplitNodes).

@@ -59,6 +59,23 @@ func TestInitNodeTakesAMultiHostDSN(t *testing.T) {
 	if _, code, stderr := parseInit(t, "--node", "pg1=postgres://app@h1/app,PG2=postgres://h2/app"); code != cliutil.ExitUsage || !strings.Contains(stderr, `node name "PG2" is invalid`) {
 		t.Errorf("an invalid name after a comma: exit %d: %s", code, stderr)
 	}
+	// What urfave/cli's cut at every comma refused stays refused: a list
+	// whose next entry is no ID=postgres:// (a typo in its name, another
+	// scheme) or is empty (a trailing comma) must not become part of the
+	// previous DSN's database name, which validation cannot tell apart.
+	for _, tc := range []struct{ name, env, want string }{
+		{"a trailing comma", plain + ",", `want ID=DSN`},
+		{"an empty entry", plain + ",," + group, `want ID=DSN`},
+		{"a space in a name", plain + ", pg 3=postgres://h4/app", `node name "pg 3" is invalid`},
+		{"another scheme", plain + ",pg3=mysql://h4/app", `must be a postgres:// URL`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("SHARDVISOR_NODES", tc.env)
+			if nodes, code, stderr := parseInit(t); code != cliutil.ExitUsage || !strings.Contains(stderr, tc.want) {
+				t.Errorf("SHARDVISOR_NODES=%q: exit %d, nodes %v: %s", tc.env, code, nodes, stderr)
+			}
+		})
+	}
 }
 
 // parseInit runs `shardctl init --seed ... ARGS` with an action that only

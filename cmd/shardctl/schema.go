@@ -113,6 +113,9 @@ func writeApply(w io.Writer, r *schema.Result) {
 		if n.Error != "" {
 			fmt.Fprintf(w, "  %-12s %s\n", "", n.Error)
 		}
+		if n.Hint != "" {
+			fmt.Fprintf(w, "  %-12s hint: %s\n", "", n.Hint)
+		}
 	}
 	for _, id := range r.Skipped {
 		fmt.Fprintf(w, "  %-12s skipped: marked down; `shardctl node prepare %s` brings it in step once it is back\n", id, id)

@@ -97,7 +97,8 @@ func Logger(c *cli.Context) (*zap.Logger, error) {
 // come only at DPanic and above, in either format: an error log is an
 // operational state an operator reads (ZooKeeper unreachable, a bad config
 // refused), not a bug, and zap's production config (--log-format json) put
-// a 30-line Go stack under every one of them.
+// a 30-line Go stack under every one of them. A logged error's hint is a
+// field of its own (hintCore).
 func newLogger(level, format string, outputs ...string) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
@@ -117,7 +118,8 @@ func newLogger(level, format string, outputs ...string) (*zap.Logger, error) {
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.OutputPaths = outputs
 	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	return cfg.Build(zap.AddStacktrace(zapcore.DPanicLevel))
+	return cfg.Build(zap.AddStacktrace(zapcore.DPanicLevel),
+		zap.WrapCore(func(c zapcore.Core) zapcore.Core { return hintCore{c} }))
 }
 
 // Paths returns the cluster's paths from --zk-root and --cluster.
@@ -499,4 +501,55 @@ func printHint(w io.Writer, err error) {
 	if h := hint.Of(err); h != "" {
 		fmt.Fprintf(w, "hint: %s\n", h)
 	}
+}
+
+// hintCore adds, to an entry that logs an error with a hint (package
+// hint), the hint as a field of its own: a daemon's log says what to run,
+// as the error's message did before the hints left it.
+type hintCore struct{ zapcore.Core }
+
+func (c hintCore) With(fields []zapcore.Field) zapcore.Core {
+	return hintCore{c.Core.With(withHints(fields))}
+}
+
+// Check asks the wrapped core (the level, and the JSON format's sampler,
+// which counts entries here), and has the entry written through this one.
+func (c hintCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.Core.Check(e, nil) == nil {
+		return ce
+	}
+	return ce.AddCore(e, c)
+}
+
+func (c hintCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	return c.Core.Write(e, withHints(fields))
+}
+
+// withHints is fields with a "hint" field after each error field whose
+// error has a hint.
+func withHints(fields []zapcore.Field) []zapcore.Field {
+	var out []zapcore.Field
+	for i, f := range fields {
+		h := ""
+		if err, ok := f.Interface.(error); ok && f.Type == zapcore.ErrorType {
+			h = hint.Of(err)
+		}
+		if h != "" && out == nil {
+			out = append(make([]zapcore.Field, 0, len(fields)+1), fields[:i]...)
+		}
+		if out != nil {
+			out = append(out, f)
+		}
+		if h != "" {
+			key := "hint"
+			if f.Key != "error" {
+				key = f.Key + "_hint"
+			}
+			out = append(out, zap.String(key, h))
+		}
+	}
+	if out == nil {
+		return fields
+	}
+	return out
 }

@@ -28,6 +28,13 @@ var nodeStart = regexp.MustCompile(`,\s*[A-Za-z0-9_.-]+=(?i:postgres(?:ql)?://)`
 // form of the flag's environment variable), and a comma splits only before
 // the next ID=postgres:// (or postgresql://), so a multi-host DSN stays
 // whole. Spaces around a value are dropped, as urfave/cli drops them.
+//
+// A DSN's own commas are in its host list or its query, never in its
+// database name: a comma there, or at the end of a value, also splits, so
+// that a list whose next entry is empty or not ID=postgres:// (a trailing
+// comma, a typo in a name) is refused by validation, as it was when
+// urfave/cli cut every comma, instead of ending up in the previous
+// DSN's database name.
 func SplitNodes(values []string) []string {
 	var out []string
 	for _, v := range values {
@@ -36,12 +43,41 @@ func SplitNodes(values []string) []string {
 			if loc == nil {
 				break
 			}
-			out = append(out, strings.TrimSpace(v[:loc[0]]))
+			out = append(out, cutDSNs(v[:loc[0]])...)
 			v = v[loc[0]+1:]
 		}
-		out = append(out, strings.TrimSpace(v))
+		out = append(out, cutDSNs(v)...)
 	}
 	return out
+}
+
+// cutDSNs splits one ID=DSN value at a comma that no DSN holds: one in the
+// URL's path (the database name), or one with only spaces after it. A
+// value that is not a URL is cut at every comma.
+func cutDSNs(v string) []string {
+	var out []string
+	for {
+		v = strings.TrimSpace(v)
+		cut := -1
+		if i := strings.Index(v, "://"); i < 0 {
+			cut = strings.IndexByte(v, ',')
+		} else if rest := v[i+3:]; strings.HasSuffix(rest, ",") {
+			cut = len(v) - 1
+		} else if j := strings.IndexAny(rest, "/?#"); j >= 0 && rest[j] == '/' {
+			path := rest[j:]
+			if k := strings.IndexAny(path, "?#"); k >= 0 {
+				path = path[:k]
+			}
+			if c := strings.IndexByte(path, ','); c >= 0 {
+				cut = i + 3 + j + c
+			}
+		}
+		if cut < 0 {
+			return append(out, v)
+		}
+		out = append(out, strings.TrimSpace(v[:cut]))
+		v = v[cut+1:]
+	}
 }
 
 // sliceProblems reports the string slice flags of an app that splits

@@ -18,8 +18,18 @@ func TestSplitNodes(t *testing.T) {
 			[]string{"pg1=postgres://h1/app", "pg2=postgres://h2/app", "pg3=postgres://h3/app"}},
 		{[]string{"a=postgres://h1,h2/app, b_2=POSTGRESQL://h3,[::1]:5/app?x=1,2,c.d=postgres://h4/app"},
 			[]string{"a=postgres://h1,h2/app", "b_2=POSTGRESQL://h3,[::1]:5/app?x=1,2", "c.d=postgres://h4/app"}},
-		// Not a node's start: stays in the value, for validation to refuse.
-		{[]string{"pg1=postgres://h1/app,h2=mysql://h2/app"}, []string{"pg1=postgres://h1/app,h2=mysql://h2/app"}},
+		// Not a node's start, but no DSN holds a comma in its database
+		// name: cut there, for validation to refuse the rest (kept in the
+		// DSN, it passed validation as part of the database name).
+		{[]string{"pg1=postgres://h1/app,h2=mysql://h2/app"}, []string{"pg1=postgres://h1/app", "h2=mysql://h2/app"}},
+		{[]string{"pg1=postgres://h1/app, pg 2=postgres://h2/app"}, []string{"pg1=postgres://h1/app", "pg 2=postgres://h2/app"}},
+		// Empty entries stay, for validation to refuse, as when urfave/cli
+		// cut every comma.
+		{[]string{"pg1=postgres://h1/app,"}, []string{"pg1=postgres://h1/app", ""}},
+		{[]string{"pg1=postgres://h1,h2/app?x=1,2 , "}, []string{"pg1=postgres://h1,h2/app?x=1,2", ""}},
+		{[]string{"pg1=postgres://h1/app,,pg2=postgres://h2/app"}, []string{"pg1=postgres://h1/app", "", "pg2=postgres://h2/app"}},
+		// Not a URL at all: cut at every comma, as before.
+		{[]string{"pg1=host=h1,pg2=host=h2"}, []string{"pg1=host=h1", "pg2=host=h2"}},
 	} {
 		if got := SplitNodes(tc.in); !slices.Equal(got, tc.want) {
 			t.Errorf("SplitNodes(%q) = %q, want %q", tc.in, got, tc.want)
