@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,9 +32,16 @@ func runData(t *testing.T, args ...string) result {
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	cliMu.Lock()
+	defer cliMu.Unlock()
 	code := cliutil.Exec(ctx, dataApp(&out, &errb), append([]string{"shardctl"}, args...))
 	return result{out.String(), errb.String(), code}
 }
+
+// cliMu runs one in-process command line at a time: urfave/cli writes its
+// package variables (HelpFlag, the help command) on every Run, so parallel
+// tests take turns there and overlap in the rest.
+var cliMu sync.Mutex
 
 func mustData(t *testing.T, args ...string) string {
 	t.Helper()
@@ -53,9 +61,10 @@ func keyOf(level int, b uint32) int64 {
 // the fence following split and assign through the hook, drift repaired,
 // an unreachable node reported without failing the map change, and GC.
 func TestIntegrationDataSideCommands(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "data"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
 	conns := []*pgx.Conn{pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t)}

@@ -21,7 +21,7 @@ import (
 // the fence prepared on pg1 and pg2. It returns the command prefix.
 func dataCluster(t *testing.T, z *testenv.ZK, pg *testenv.PG) func(args ...string) []string {
 	t.Helper()
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "heal"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
 	for _, n := range pg.Nodes {
@@ -42,6 +42,7 @@ func dataCluster(t *testing.T, z *testenv.ZK, pg *testenv.PG) func(args ...strin
 // fence-map-version); every real drift is still caught and named, and
 // `node reconcile` exits non-zero for a fence ahead of the map.
 func TestIntegrationNodeCheckNoFalseAlarms(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
 	cmd := dataCluster(t, z, pg)

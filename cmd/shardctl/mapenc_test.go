@@ -11,6 +11,7 @@ import (
 // map-encoding shows the form, switches it, writes nothing when it is
 // already in place, and every other command reads the compressed map.
 func TestIntegrationMapEncoding(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "enc"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }

@@ -52,7 +52,7 @@ func TestServeMoveMetrics(t *testing.T) {
 func TestIntegrationMoveStragglers(t *testing.T) {
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "mvs"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
 	for _, n := range pg.Nodes[:2] {

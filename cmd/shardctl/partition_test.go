@@ -17,9 +17,10 @@ import (
 // misplaced write into a partition refused by the fence, a move of a
 // bucket with rows in it, and GC of the old copy.
 func TestIntegrationPartitionedTable(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "part"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
 	ctx := context.Background()

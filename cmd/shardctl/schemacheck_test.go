@@ -16,9 +16,10 @@ import (
 // passed the contract checks on both ("ok"); now each node's check names
 // the table, the column and both types, and exits 1.
 func TestIntegrationNodeCheckComparesSchemasAcrossNodes(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "sch"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
 	for i, typ := range []string{"timestamp", "timestamptz"} {
@@ -63,9 +64,10 @@ func TestIntegrationNodeCheckComparesSchemasAcrossNodes(t *testing.T) {
 // index only pg1 has; a CHECK validated on one node only is reported as
 // not blocking moves.
 func TestIntegrationNodeCheckComparesConstraints(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "con"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
 	ctx := context.Background()

@@ -19,9 +19,10 @@ import (
 // check); every user's route names the node whose fence accepts its
 // write; and a half moves with NUMBER/DEPTH.
 func TestIntegrationSplitOneBucket(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "hot"}
 	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
 	var conns []*pgx.Conn
