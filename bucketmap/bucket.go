@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/keystream"
 )
 
@@ -198,8 +199,8 @@ func (m *Map) Resolve(b Bucket) (Bucket, error) {
 	if b.Depth == AtLevel {
 		if m.depth != nil {
 			slot := b.Prefix % uint32(m.Slots())
-			return Bucket{}, fmt.Errorf("%w: bucket %d: the map has buckets at depths %d..%d, so name one with its depth, NUMBER/DEPTH (slot %d at depth %d is in bucket %s; shardctl buckets lists them)",
-				ErrBucketRange, b.Prefix, m.MinDepth(), m.Level, slot, m.Level, m.BucketAt(slot))
+			return Bucket{}, hint.New(fmt.Errorf("%w: bucket %d: the map has buckets at depths %d..%d, so name one with its depth, NUMBER/DEPTH (slot %d at depth %d is in bucket %s)",
+				ErrBucketRange, b.Prefix, m.MinDepth(), m.Level, slot, m.Level, m.BucketAt(slot)), "shardctl buckets lists them")
 		}
 		b.Depth = m.Level
 	}

@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/shardvisor/shardvisor/hint"
 )
 
 // Edits change a Map in place; call them on a Clone (Store.Update hands its
@@ -200,7 +202,7 @@ func (m *Map) RemoveNode(id NodeID) error {
 		return err
 	}
 	if owned := m.Counts()[id]; owned > 0 {
-		return fmt.Errorf("node %s still owns %d buckets; drain it first (shardctl node drain, then rebalance)", id, owned)
+		return hint.New(fmt.Errorf("node %s still owns %d buckets; drain it first", id, owned), fmt.Sprintf("shardctl node drain %s, then shardctl rebalance", id))
 	}
 	for s, bm := range m.meta {
 		if bm.State == BucketMoving && bm.Target == id {

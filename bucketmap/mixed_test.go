@@ -169,16 +169,7 @@ func TestMixedDepthsProperties(t *testing.T) {
 				}
 			}
 		}
-		for _, enc := range []MapEncoding{MapPlain, MapGzip} {
-			m.Encoding = enc
-			data, err := Encode(m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			back, err := Decode("/m", data)
-			if err != nil {
-				t.Fatalf("trial %d: %v", trial, err)
-			}
+		eachEncoding(t, fmt.Sprintf("trial %d", trial), m, func(enc MapEncoding, data []byte, back *Map) {
 			again, _ := Encode(back)
 			if string(again) != string(data) || fmt.Sprint(back.BucketList()) != fmt.Sprint(bs) || back.Uniform() != m.Uniform() {
 				t.Fatalf("trial %d: round trip changed the map", trial)
@@ -189,7 +180,7 @@ func TestMixedDepthsProperties(t *testing.T) {
 			if want := map[bool]int{true: 1, false: 2}[m.Uniform()]; r.Version != want {
 				t.Fatalf("trial %d: uniform=%v stored as format version %d", trial, m.Uniform(), r.Version)
 			}
-		}
+		})
 		// A whole-map split doubles every bucket, keeping every owner.
 		c := m.Clone()
 		if c.Level < MaxLevel {

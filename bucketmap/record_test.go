@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -81,7 +82,7 @@ func TestMapRecordCorruptCompressed(t *testing.T) {
 	badCRC := bytes.Clone(good)
 	badCRC[len(badCRC)-8] ^= 0xff
 	bomb := gz(t, make([]byte, MaxMapJSON+1))
-	cases := []malformed{
+	cases := []testkit.Malformed{
 		{string(good[:len(good)-4]), "truncated"},
 		{string(good[:5]), "gzip-compressed record: truncated (5 bytes stored)"},
 		{string(append([]byte{0x1f, 0x8b, 99}, good[3:]...)), "corrupt: gzip: invalid header"},
@@ -100,8 +101,8 @@ func TestMapRecordCorruptCompressed(t *testing.T) {
 		}
 		return js, err
 	}
-	wantMalformed(t, "UnpackMapRecord", unpack, "bucket map", "/shardvisor/c1/map", cases)
-	wantMalformed(t, "DecodeMapRecord", DecodeMapRecord, "bucket map", "/shardvisor/c1/map", cases)
+	testkit.WantMalformed(t, topo.ErrMalformed, "UnpackMapRecord", unpack, "bucket map", "/shardvisor/c1/map", cases)
+	testkit.WantMalformed(t, topo.ErrMalformed, "DecodeMapRecord", DecodeMapRecord, "bucket map", "/shardvisor/c1/map", cases)
 	// Not a gzip stream at all is a JSON error, as before compression.
 	if _, err := DecodeMapRecord("/m", []byte{0x1f, 'x'}); err == nil || !strings.Contains(err.Error(), "not JSON") || !errors.Is(err, topo.ErrMalformed) {
 		t.Fatalf("half a magic: %v", err)
@@ -147,23 +148,4 @@ func FuzzDecodeMapRecordAgrees(f *testing.F) {
 			t.Fatalf("DecodeMapRecord gave %+v, the generic decoder %+v", got, want)
 		}
 	})
-}
-
-type malformed struct{ data, errHas string }
-
-// wantMalformed decodes each case as the record at path with decode
-// (called name in messages) and wants an error that contains the case's
-// errHas, wraps topo.ErrMalformed and names the record and path.
-func wantMalformed[T any](t *testing.T, name string, decode func(string, []byte) (T, error), record, path string, cases []malformed) {
-	t.Helper()
-	for _, tc := range cases {
-		_, err := decode(path, []byte(tc.data))
-		if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-			t.Errorf("%s(%s) = %v, want error containing %q", name, tc.data, err, tc.errHas)
-			continue
-		}
-		if !errors.Is(err, topo.ErrMalformed) || !strings.Contains(err.Error(), record+" at "+path) {
-			t.Errorf("error %q should wrap ErrMalformed and name the record and path", err)
-		}
-	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -76,11 +77,7 @@ func BenchmarkFencedInsert(b *testing.B) {
 		plain += t1.Sub(t0)
 		fenced += t2.Sub(t1)
 	}
-	b.StopTimer()
-	ratio := float64(fenced) / float64(max(plain, 1))
-	b.ReportMetric(ratio, "x-unfenced")
-	b.ReportMetric(float64(plain.Nanoseconds())/float64(b.N), "plain-ns/insert")
-	b.ReportMetric(float64(fenced.Nanoseconds())/float64(b.N), "fenced-ns/insert")
+	ratio := testkit.ReportRatio(b, plain, fenced, "x-unfenced", "plain-ns/insert", "fenced-ns/insert")
 	if b.N >= 1000 {
 		b.Logf("N=%d, %d ownership rows: plain %.1f µs/insert, fenced %.1f µs/insert, ratio %.2fx",
 			b.N, len(owned), float64(plain.Microseconds())/float64(b.N), float64(fenced.Microseconds())/float64(b.N), ratio)

@@ -8,17 +8,6 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-// diffsOf returns the differences of kind, in order.
-func diffsOf(diffs []SchemaDiff, kind string) []SchemaDiff {
-	var out []SchemaDiff
-	for _, d := range diffs {
-		if d.Kind == kind {
-			out = append(out, d)
-		}
-	}
-	return out
-}
-
 // Constraints are matched by definition, whatever their names; what is
 // left is paired by name or is on one node only. Every difference in a
 // definition blocks a move; a constraint validated on one node only does
@@ -183,8 +172,8 @@ CREATE TABLE app.c (bkey bigint NOT NULL, id int NOT NULL, parent_id int, v int,
 		{KindSchemaUniqueIndex, "app.c: the unique index c_id is UNIQUE USING btree (id, v) on source a, missing on target b", true},
 	} {
 		found := false
-		for _, d := range diffsOf(diffs, w.kind) {
-			if d.Message == w.msg {
+		for _, d := range diffs {
+			if d.Kind == w.kind && d.Message == w.msg {
 				found = true
 				if d.Blocking != w.blocking {
 					t.Errorf("%q: blocking %v", w.msg, d.Blocking)

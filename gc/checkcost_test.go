@@ -68,10 +68,7 @@ func TestIntegrationGCChecksPerNodeDoNotGrowWithRanges(t *testing.T) {
 	t.Parallel()
 	r := rand.New(rand.NewPCG(16, 7))
 	c := newCluster(t, 4, 2)
-	m := c.load()
-	for b := range uint32(m.Buckets()) {
-		c.insert(r, m, b, 30)
-	}
+	m := c.filled(r, 30)
 	moveEvery := func(buckets []uint32) {
 		for _, b := range buckets {
 			to := c.ids[0]

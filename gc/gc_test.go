@@ -107,10 +107,7 @@ func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 3, 3)
 	r := rand.New(rand.NewPCG(5, 6))
-	m := c.load()
-	for b := range uint32(m.Buckets()) {
-		c.insert(r, m, b, 30)
-	}
+	m := c.filled(r, 30)
 	owners := func(b uint32) bucketmap.NodeID { return m.Owner(b) }
 	other := func(b uint32) bucketmap.NodeID {
 		for _, id := range c.ids {

@@ -17,10 +17,7 @@ func TestIntegrationGCWaitsForStragglers(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, 2, 2)
 	r := rand.New(rand.NewPCG(7, 8))
-	m := c.load()
-	for b := range uint32(m.Buckets()) {
-		c.insert(r, m, b, 20)
-	}
+	m := c.filled(r, 20)
 	before := m.Version
 	from := m.Owner(0)
 	to := c.ids[0]

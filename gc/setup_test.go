@@ -50,37 +50,18 @@ func newClusterOn(t testing.TB, level int, pg *testenv.PG) *cluster {
 	t.Helper()
 	c := &cluster{t: t, z: testenv.StartZK(t), pg: pg, conns: map[bucketmap.NodeID]*pgx.Conn{},
 		clock: time.Now().Add(-48 * time.Hour)}
-	ctx := context.Background()
 	c.s = zktest.Session(t, zksession.Config{Connect: c.z.ConnectString})
-	c.st = bucketmap.NewStore(c.s, topo.MustPaths(c.z.Root, "c1"))
+	nodes := clustertest.NodesOf(c.pg, "n")
+	for _, n := range nodes {
+		c.ids = append(c.ids, n.ID)
+	}
+	cl := clustertest.MustBuild(t, c.s, clustertest.Spec{Root: c.z.Root, Name: "c1", Seed: strings.Repeat("ab", 16), Level: level, Nodes: nodes,
+		Tables: []topo.TableRecord{events}, DDL: []string{eventsDDL}, Now: c.clock})
+	c.st = cl.Store
 	c.st.Now = func() time.Time { return c.clock }
-	var nodes []bucketmap.Node
 	for i, pn := range c.pg.Nodes {
-		id := bucketmap.NodeID(fmt.Sprintf("n%d", i+1))
-		c.ids = append(c.ids, id)
-		node := bucketmap.Node{ID: id, DSN: pn.DSN, Password: "file:" + pn.PasswordFile, Weight: 1, State: bucketmap.NodeActive}
-		if pn.PatroniScope != "" {
-			node.Patroni = bucketmap.Patroni{Namespace: pn.PatroniNamespace, Scope: pn.PatroniScope}
-		}
-		nodes = append(nodes, node)
+		c.conns[c.ids[i]] = pn.Conn(t)
 	}
-	m, err := bucketmap.New(level, nodes, c.clock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: "c1", Seed: strings.Repeat("ab", 16), CreatedAt: c.clock, Tables: []topo.TableRecord{events}}
-	if err := c.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for i, pn := range c.pg.Nodes {
-		conn := pn.Conn(t)
-		c.conns[c.ids[i]] = conn
-		c.exec(conn, eventsDDL)
-		if _, err := fence.Install(ctx, conn, "c1", c.ids[i], []topo.TableRecord{events}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c.syncAll(m)
 	return c
 }
 
@@ -112,6 +93,16 @@ func (c *cluster) load() *bucketmap.Map {
 	m, _, err := c.st.Load(context.Background())
 	if err != nil {
 		c.t.Fatal(err)
+	}
+	return m
+}
+
+// filled loads the map and writes n rows into each of its buckets (insert).
+func (c *cluster) filled(r *rand.Rand, n int) *bucketmap.Map {
+	c.t.Helper()
+	m := c.load()
+	for b := range uint32(m.Buckets()) {
+		c.insert(r, m, b, n)
 	}
 	return m
 }

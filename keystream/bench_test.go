@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"testing"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testkit"
 )
 
 // benchUID is a typical user id: short enough that both SHA-256 and the
@@ -86,11 +88,7 @@ func BenchmarkPrefix64VsSHA256(b *testing.B) {
 		base += t1.Sub(t0)
 		fast += t2.Sub(t1)
 	}
-	b.StopTimer()
-	ratio := float64(fast) / float64(max(base, 1))
-	b.ReportMetric(ratio, "x-sha256")
-	b.ReportMetric(float64(base.Nanoseconds())/float64(b.N), "sha256-ns/op")
-	b.ReportMetric(float64(fast.Nanoseconds())/float64(b.N), "prefix64-ns/op")
+	ratio := testkit.ReportRatio(b, base, fast, "x-sha256", "sha256-ns/op", "prefix64-ns/op")
 	if b.N > 1000 {
 		b.Logf("N=%d: sha256.Sum256 %.1f ns/op, Prefix64 %.1f ns/op, ratio %.2fx",
 			b.N, float64(base.Nanoseconds())/float64(b.N), float64(fast.Nanoseconds())/float64(b.N), ratio)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -72,7 +73,8 @@ func (mv *Mover) AbortAfterFailure(ctx context.Context, id string) (*topo.MoveRe
 func (r *run) abortAfterFailure(ctx context.Context) (*AfterFailure, error) {
 	id := r.rec.ID
 	if r.rec.State != topo.MoveFailed {
-		return nil, fmt.Errorf("move %s is %s, not failed: --after-failure is only for a failed move (a move before its flip: `shardctl move abort %s`; past it and not failed: `shardctl move resume %s`)", id, r.rec.State, id, id)
+		return nil, hint.New(fmt.Errorf("move %s is %s, not failed: --after-failure is only for a failed move", id, r.rec.State),
+			fmt.Sprintf("a move before its flip: `shardctl move abort %s`; past it and not failed: `shardctl move resume %s`", id, id))
 	}
 	m, err := r.nodes(ctx)
 	if err != nil {
@@ -147,8 +149,9 @@ func (r *run) abortAfterFailure(ctx context.Context) (*AfterFailure, error) {
 	}
 	if len(fewer) > 0 {
 		r.mv.log.Warn("abort after failure refused: the owner holds fewer rows", zap.String("move", id), zap.Strings("tables", fewer))
-		return rep, fmt.Errorf("%w (%s); the move stays failed. Rows may exist only on %s: copy those the application still needs to %s (or delete them from %s if they were meant to go), then run `shardctl move abort %s --after-failure` again",
-			ErrOwnerHasFewerRows, strings.Join(fewer, "; "), rep.Other, owner, rep.Other, id)
+		return rep, hint.New(fmt.Errorf("%w (%s); the move stays failed. Rows may exist only on %s", ErrOwnerHasFewerRows, strings.Join(fewer, "; "), rep.Other),
+			fmt.Sprintf("copy the rows the application still needs from %s to %s (or delete them from %s if they were meant to go), then run `shardctl move abort %s --after-failure` again",
+				rep.Other, owner, rep.Other, id))
 	}
 	// 5. Fences: the owner owns the range, the other node does not.
 	ownerConn, otherConn := dst, src

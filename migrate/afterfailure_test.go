@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -44,8 +45,8 @@ func TestIntegrationAbortAfterFailure(t *testing.T) {
 	if _, err := mv.Resume(ctx, rec.ID); err == nil {
 		t.Fatal("resume of a failed move succeeded")
 	}
-	if _, err := mv.Abort(ctx, rec.ID, "operator"); err == nil || !strings.Contains(err.Error(), "--after-failure") {
-		t.Fatalf("abort of a failed move: %v", err)
+	if _, err := mv.Abort(ctx, rec.ID, "operator"); err == nil || !strings.Contains(err.Error(), "failed after its flip") || !strings.Contains(hint.Of(err), "--after-failure") {
+		t.Fatalf("abort of a failed move: %v (hint %q)", err, hint.Of(err))
 	}
 	if got, _ := mv.Get(ctx, rec.ID); got.Finished() {
 		t.Fatalf("a failed move is %s after a plain abort", got.State)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/topo"
@@ -93,8 +94,8 @@ func TestMoveRefusesBadRequests(t *testing.T) {
 func TestMoveWithoutTablesNeedsNoCopy(t *testing.T) {
 	c := newMemCluster(t, 1, 2)
 	_, err := New(c.st, Options{}).Move(context.Background(), 0, "pg2", false)
-	if err == nil || !strings.Contains(err.Error(), "use --no-copy") {
-		t.Fatalf("move without tables: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "use --no-copy") || hint.Of(err) != "shardctl table add" {
+		t.Fatalf("move without tables: %v (hint %q)", err, hint.Of(err))
 	}
 }
 
@@ -115,8 +116,8 @@ func TestMoveRefusesASecondMoveOfABucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := New(c.st, Options{}).Move(ctx, 0, other, false)
-	if err == nil || !strings.Contains(err.Error(), "unfinished move b0-old") {
-		t.Fatalf("second move of bucket 0: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "unfinished move b0-old") || !strings.Contains(hint.Of(err), "shardctl move resume b0-old") {
+		t.Fatalf("second move of bucket 0: %v (hint %q)", err, hint.Of(err))
 	}
 	// Bucket 1 marked moving (by a mover that created no record yet).
 	to := bucketmap.NodeID("pg1")
@@ -150,8 +151,8 @@ func TestRebalancerRefusals(t *testing.T) {
 	if st, err := rb.State(ctx); err != nil || st == nil || !st.Paused || st.Reason != "checking a mismatch" {
 		t.Fatalf("state after pause: %+v %v", st, err)
 	}
-	if _, err := rb.Run(ctx); !errors.Is(err, ErrPaused) || !strings.Contains(err.Error(), "rebalance --resume") {
-		t.Fatalf("run while paused: %v", err)
+	if _, err := rb.Run(ctx); !errors.Is(err, ErrPaused) || !strings.Contains(hint.Of(err), "shardctl rebalance --resume") {
+		t.Fatalf("run while paused: %v (hint %q)", err, hint.Of(err))
 	}
 	if err := rb.Resume(ctx); err != nil {
 		t.Fatal(err)
@@ -178,8 +179,8 @@ func TestRebalancerRefusals(t *testing.T) {
 	// Last: a node marked down leaves its buckets with the others, so the
 	// map is no longer balanced once it comes back.
 	c.update(t, func(m *bucketmap.Map) error { _, err := m.MarkDown("pg2"); return err })
-	if _, err := rb.Run(ctx); !errors.Is(err, ErrNodeDown) || !strings.Contains(err.Error(), "shardctl node up pg2") {
-		t.Fatalf("run with a node down: %v", err)
+	if _, err := rb.Run(ctx); !errors.Is(err, ErrNodeDown) || !strings.Contains(err.Error(), "pg2") || !strings.Contains(hint.Of(err), "shardctl node up pg2") {
+		t.Fatalf("run with a node down: %v (hint %q)", err, hint.Of(err))
 	}
 }
 

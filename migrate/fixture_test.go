@@ -15,7 +15,6 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
-	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
@@ -27,10 +26,9 @@ import (
 
 const seedHex = clustertest.Seed
 
-var kvTable = topo.TableRecord{Name: "app.kv", KeyColumn: "bkey"}
+var kvTable = clustertest.KV
 
-const kvDDL = `CREATE SCHEMA IF NOT EXISTS app;
-CREATE TABLE IF NOT EXISTS app.kv (bkey bigint NOT NULL, uid text NOT NULL, v bigint NOT NULL, PRIMARY KEY (bkey, uid))`
+const kvDDL = clustertest.KVDDL
 
 // fixture is a cluster of real PostgreSQL nodes with the fence installed,
 // a map in ZooKeeper, and a router following it.
@@ -67,37 +65,9 @@ func newFixtureWith(t *testing.T, level int, pg *testenv.PG, tables []topo.Table
 	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString, SessionTimeout: 4 * time.Second})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	f := &fixture{t: t, z: z, pg: pg, s: s}
-	for i, n := range pg.Nodes {
-		node := bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: n.DSN, Password: "file:" + n.PasswordFile, Weight: 1, State: bucketmap.NodeActive}
-		if n.PatroniScope != "" {
-			node.Patroni = bucketmap.Patroni{Namespace: n.PatroniNamespace, Scope: n.PatroniScope}
-		}
-		f.nodes = append(f.nodes, node)
-	}
-	f.st = bucketmap.NewStore(s, topo.MustPaths(z.Root, "mv"))
-	m, err := bucketmap.New(level, f.nodes, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: "mv", Seed: seedHex, CreatedAt: time.Now().UTC(), Tables: tables}
-	if err := f.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range f.nodes {
-		c := f.conn(n.ID)
-		if _, err := c.Exec(ctx, ddl); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := fence.Install(ctx, c, "mv", n.ID, rec.Tables); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := fence.Sync(ctx, c, m, n.ID); err != nil {
-			t.Fatal(err)
-		}
-	}
-	seed, _ := keystream.ParseSeed(seedHex)
-	f.ks, _ = keystream.New(seed)
+	f := &fixture{t: t, z: z, pg: pg, s: s, nodes: clustertest.NodesOf(pg, "pg")}
+	c := clustertest.MustBuild(t, s, clustertest.Spec{Root: z.Root, Name: "mv", Seed: seedHex, Level: level, Nodes: f.nodes, Tables: tables, DDL: []string{ddl}})
+	f.st, f.ks = c.Store, c.Keystream
 	f.r = router.New(s, f.st.Paths(), router.Options{MemberID: "test-router", TunePool: func(c *pgxpool.Config) { c.MaxConns = 8 }})
 	t.Cleanup(f.r.Close)
 	if err := f.r.WaitReady(wctx); err != nil {
@@ -168,7 +138,7 @@ func (f *fixture) seedRows(prefix string, n int) map[string]int64 {
 func (f *fixture) write(ctx context.Context, uid string, v int64) error {
 	key := keystream.Key(f.ks.Prefix64(uid))
 	return f.r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
-		_, err := pool.Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, $3) ON CONFLICT (bkey, uid) DO UPDATE SET v = EXCLUDED.v`, key, uid, v)
+		_, err := pool.Exec(ctx, clustertest.KVUpsert, key, uid, v)
 		return err
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/keystream"
@@ -282,14 +283,15 @@ func TestAbortAndResumeRefusals(t *testing.T) {
 		id   string
 		call func(id string) error
 		has  []string
+		hint string // in the error's hint (what to run)
 	}{
-		{"b0-failed", abort, []string{"shardctl move abort b0-failed --after-failure", "verification mismatch"}},
-		{"b0-failed", resume, []string{"move b0-failed failed: verification mismatch: app.kv"}},
-		{"b1-flipped", abort, []string{"past its flip (flip)", "shardctl move resume b1-flipped"}},
-		{"b2-teardown", abort, []string{"past its flip (teardown)"}},
-		{"b3-copy", afterFailure, []string{"is copy, not failed", "shardctl move abort b3-copy"}},
-		{"b2-oldlevel", afterFailure, []string{"the map was split since", "bucket 1/1 is split further"}},
-		{"b3-elsewhere", afterFailure, []string{"owned by " + string(m.Owner(3)) + " now, neither"}},
+		{"b0-failed", abort, []string{"failed after its flip", "verification mismatch"}, "shardctl move abort b0-failed --after-failure"},
+		{"b0-failed", resume, []string{"move b0-failed failed: verification mismatch: app.kv"}, ""},
+		{"b1-flipped", abort, []string{"past its flip (flip)"}, "shardctl move resume b1-flipped"},
+		{"b2-teardown", abort, []string{"past its flip (teardown)"}, ""},
+		{"b3-copy", afterFailure, []string{"is copy, not failed"}, "shardctl move abort b3-copy"},
+		{"b2-oldlevel", afterFailure, []string{"the map was split since", "bucket 1/1 is split further"}, ""},
+		{"b3-elsewhere", afterFailure, []string{"owned by " + string(m.Owner(3)) + " now, neither"}, ""},
 	} {
 		before := c.stored(t, tc.id)
 		err := tc.call(tc.id)
@@ -297,6 +299,9 @@ func TestAbortAndResumeRefusals(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), s) {
 				t.Errorf("%s: %v, want %q", tc.id, err, s)
 			}
+		}
+		if h := hint.Of(err); !strings.Contains(h, tc.hint) || strings.Contains(err.Error(), "shardctl") {
+			t.Errorf("%s: hint %q, want %q (and none in the message: %v)", tc.id, h, tc.hint, err)
 		}
 		if after := c.stored(t, tc.id); after != before {
 			t.Errorf("%s: record changed:\n%s\n%s", tc.id, before, after)
@@ -338,10 +343,13 @@ func TestMoveToUnreachableTargetStaysAborting(t *testing.T) {
 		t.Fatalf("no record: %v", err)
 	}
 	id := rec.ID
-	for _, s := range []string{"target unreachable", "db node " + string(to), "run `shardctl move resume " + id + "` when the nodes answer"} {
+	for _, s := range []string{"target unreachable", "db node " + string(to), "the cleanup is incomplete"} {
 		if err == nil || !strings.Contains(err.Error(), s) {
 			t.Errorf("move error %v, want %q", err, s)
 		}
+	}
+	if want := "run `shardctl move resume " + id + "` when the nodes answer"; hint.Of(err) != want {
+		t.Errorf("move error's hint %q, want %q", hint.Of(err), want)
 	}
 	got := c.mustGet(t, id)
 	if got.State != topo.MoveAborting || !strings.HasPrefix(got.Error, "target: db node "+string(to)) || got.FenceVersion != 0 {
@@ -373,8 +381,8 @@ func TestRebalancerResumesUnfinishedMovesFirst(t *testing.T) {
 	c.update(t, func(m *bucketmap.Map) error { return m.Drain("pg3") })
 	rb := NewRebalancer(New(c.st, Options{}), bucketmap.Policy{})
 	rep, err := rb.Run(ctx)
-	if err == nil || !strings.Contains(err.Error(), "shardctl move resume b0-aborting") {
-		t.Fatalf("run with an aborting move it cannot finish: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "b0-aborting") || !strings.Contains(hint.Of(err), "shardctl move resume b0-aborting") {
+		t.Fatalf("run with an aborting move it cannot finish: %v (hint %q)", err, hint.Of(err))
 	}
 	if !slices.Equal(rep.Resumed, []string{"b0-aborting"}) || len(rep.Moves) != 0 || rep.Balanced {
 		t.Fatalf("report: %+v", rep)
@@ -602,5 +610,24 @@ func TestPauseIsSharedAcrossSessions(t *testing.T) {
 	}
 	if st, err := rb.State(ctx); err != nil || st == nil || st.Paused {
 		t.Fatalf("state after resume: %+v %v", st, err)
+	}
+}
+
+// A move past its flip whose node is gone from the registry is never
+// aborted (the target owns the bucket; topo.MoveTransitions has no way
+// back): it stops where it is, records why and says how to finish it.
+func TestPastFlipMoveWithoutItsNodeStops(t *testing.T) {
+	c := newMemCluster(t, 1, 2, kvTable)
+	c.record(t, "b0-gone", 0, topo.MoveTeardown, func(r *topo.MoveRecord) { r.Target = "pg9" })
+	_, err := New(c.st, Options{}).Resume(context.Background(), "b0-gone")
+	if err == nil || !strings.Contains(err.Error(), "target node pg9 is no longer in the registry") {
+		t.Fatalf("resume past the flip without its target: %v", err)
+	}
+	if want := "add the node back (shardctl node add), then finish the move: shardctl move resume b0-gone"; hint.Of(err) != want {
+		t.Errorf("hint %q, want %q", hint.Of(err), want)
+	}
+	got := c.mustGet(t, "b0-gone")
+	if got.State != topo.MoveTeardown || !strings.Contains(got.Error, "pg9") {
+		t.Fatalf("record: state %s, error %q", got.State, got.Error)
 	}
 }

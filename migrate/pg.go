@@ -67,12 +67,8 @@ func clearRange(ctx context.Context, c *pgx.Conn, tables []topo.TableRecord, lo,
 // through the target's parent and land in whichever of its partitions
 // holds the key; it changes nothing for plain tables.
 func createPublication(ctx context.Context, c *pgx.Conn, name, moveID string, tables []topo.TableRecord, lo, hi int64) error {
-	var exists bool
-	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name).Scan(&exists); err != nil {
+	if exists, err := publicationExists(ctx, c, name); err != nil || exists {
 		return err
-	}
-	if exists {
-		return nil
 	}
 	var parts []string
 	for _, t := range tables {
@@ -93,12 +89,8 @@ func createPublication(ctx context.Context, c *pgx.Conn, name, moveID string, ta
 // with it. It cannot run in a transaction, and pgx sends a statement
 // without arguments in the simple protocol.
 func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publication, conninfo string, extra ...string) error {
-	var exists bool
-	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil {
+	if exists, err := subscriptionExists(ctx, c, name); err != nil || exists {
 		return err
-	}
-	if exists {
-		return nil
 	}
 	_, err := c.Exec(ctx, fmt.Sprintf(`CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s
 		WITH (enabled = false, copy_data = false, create_slot = false, slot_name = %s, binary = true, disable_on_error = true%s)`,
@@ -113,8 +105,7 @@ func createSubscription(ctx context.Context, c *pgx.Conn, name, slot, publicatio
 // disableSubscription stops the subscription's apply worker, if there is
 // such a subscription.
 func disableSubscription(ctx context.Context, c *pgx.Conn, name string) error {
-	var exists bool
-	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil || !exists {
+	if exists, err := subscriptionExists(ctx, c, name); err != nil || !exists {
 		return err
 	}
 	_, err := c.Exec(ctx, fmt.Sprintf("ALTER SUBSCRIPTION %s DISABLE", ident(name)))
@@ -189,12 +180,8 @@ func waitMarker(ctx context.Context, c *pgx.Conn, moveID string, seq int64, poll
 // so that the drop does not need it; the caller then owes the source a
 // dropSlot.
 func dropSubscription(ctx context.Context, c *pgx.Conn, name string, sourceReachable bool) error {
-	var exists bool
-	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name).Scan(&exists); err != nil {
+	if exists, err := subscriptionExists(ctx, c, name); err != nil || !exists {
 		return err
-	}
-	if !exists {
-		return nil
 	}
 	if !sourceReachable {
 		for _, q := range []string{"ALTER SUBSCRIPTION %s DISABLE", "ALTER SUBSCRIPTION %s SET (slot_name = NONE)"} {
@@ -264,10 +251,28 @@ func dropSlotNow(ctx context.Context, c *pgx.Conn, slot string) error {
 	return dropSlot(ctx, c, slot)
 }
 
+// The catalog's existence checks for a move's replication objects: every
+// caller asks through these, so that each question has one query.
+
 // slotExists reports whether a replication slot exists on a node.
 func slotExists(ctx context.Context, c *pgx.Conn, slot string) (bool, error) {
+	return catalogHas(ctx, c, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot)
+}
+
+// publicationExists reports whether a publication exists in c's database.
+func publicationExists(ctx context.Context, c *pgx.Conn, name string) (bool, error) {
+	return catalogHas(ctx, c, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", name)
+}
+
+// subscriptionExists reports whether a subscription of that name exists on
+// c's server.
+func subscriptionExists(ctx context.Context, c *pgx.Conn, name string) (bool, error) {
+	return catalogHas(ctx, c, "SELECT EXISTS (SELECT 1 FROM pg_subscription WHERE subname = $1)", name)
+}
+
+func catalogHas(ctx context.Context, c *pgx.Conn, query, name string) (bool, error) {
 	var ok bool
-	err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot).Scan(&ok)
+	err := c.QueryRow(ctx, query, name).Scan(&ok)
 	return ok, err
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/backoff"
 	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/sizing"
@@ -49,6 +50,9 @@ type Rebalancer struct {
 	// watcherRuns: RunForever's orphan watcher owns unfinished moves.
 	watcherRuns bool
 }
+
+// windowHint says how to end the rollback windows a rebalance waits for.
+const windowHint = "shardctl moves lists them; shardctl move complete ID ends one"
 
 // unfinished returns the moves not finished (failed ones included: their
 // nodes and bucket need a person first) at m's level, as in-flight moves
@@ -226,11 +230,12 @@ func (rb *Rebalancer) check(ctx context.Context, m *bucketmap.Map) error {
 	if rec, err := rb.State(ctx); err != nil {
 		return err
 	} else if rec != nil && rec.Paused {
-		return fmt.Errorf("%w since %s: %s (shardctl rebalance --resume once it is understood)", ErrPaused, rec.At.Format(time.RFC3339), rec.Reason)
+		return hint.New(fmt.Errorf("%w since %s: %s", ErrPaused, rec.At.Format(time.RFC3339), rec.Reason), "shardctl rebalance --resume, once it is understood")
 	}
 	for _, n := range m.Nodes() {
 		if n.State == bucketmap.NodeDown {
-			return fmt.Errorf("%w: %s (bring it back with `shardctl node up %s` or retire it with `shardctl node remove %s`)", ErrNodeDown, n.ID, n.ID, n.ID)
+			return hint.New(fmt.Errorf("%w: %s", ErrNodeDown, n.ID),
+				fmt.Sprintf("bring it back with `shardctl node up %s` or retire it with `shardctl node remove %s`", n.ID, n.ID))
 		}
 	}
 	return nil
@@ -280,7 +285,8 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			rb.say("the cluster balances by %s (shardctl rebalance --by %s): the watcher heals moves but plans none by count", by, by)
 			return rep, nil
 		}
-		return rep, fmt.Errorf("%w: the cluster balances by %s; run `shardctl rebalance --by %s`, or `--by count` to balance bucket counts again", ErrBalanceMode, by, by)
+		return rep, hint.New(fmt.Errorf("%w: the cluster balances by %s", ErrBalanceMode, by),
+			fmt.Sprintf("shardctl rebalance --by %s, or --by count to balance bucket counts again", by))
 	}
 	for {
 		if err := ctx.Err(); err != nil {
@@ -306,7 +312,7 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			return rep, err
 		}
 		if p.Splits > 0 && len(held) > 0 {
-			return rep, fmt.Errorf("%w: a split to level %d waits for %d moves in their rollback window (shardctl moves; shardctl move complete ID ends one)", ErrWaitingForMoves, p.Level, len(held))
+			return rep, hint.New(fmt.Errorf("%w: a split to level %d waits for %d moves in their rollback window", ErrWaitingForMoves, p.Level, len(held)), windowHint)
 		}
 		if p.Splits > 0 {
 			rb.say("splitting %d time(s) to level %d before moving", p.Splits, p.Level)
@@ -322,7 +328,7 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 		planned := len(p.Moves)
 		p.Moves = slices.DeleteFunc(p.Moves, func(mv bucketmap.Move) bool { return held[mv.Bucket] })
 		if len(p.Moves) == 0 && planned > 0 {
-			return rep, fmt.Errorf("%w: %d planned moves wait for buckets in a move's rollback window (shardctl moves; shardctl move complete ID ends one)", ErrWaitingForMoves, planned)
+			return rep, hint.New(fmt.Errorf("%w: %d planned moves wait for buckets in a move's rollback window", ErrWaitingForMoves, planned), windowHint)
 		}
 		// p.Reassign is empty here: it lists buckets of down nodes, and
 		// check refused to go on while a node is down (see

@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -156,8 +157,8 @@ func (r *run) startReverse(ctx context.Context) error {
 		}
 		r.srcVerifyTx = tx
 	}
-	var have bool
-	if err := dst.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot).Scan(&have); err != nil {
+	have, err := slotExists(ctx, dst, rv.Slot)
+	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
 	if !have {
@@ -299,15 +300,16 @@ func (mv *Mover) Complete(ctx context.Context, id string) (*topo.MoveRecord, err
 	return mv.withRun(ctx, id, func(ctx context.Context, r *run) error {
 		switch {
 		case r.rec.State == topo.MoveFailed:
-			return fmt.Errorf("move %s failed (%s): see `shardctl move abort %s --after-failure`", id, r.rec.Error, id)
+			return hint.New(fmt.Errorf("move %s failed (%s)", id, r.rec.Error), fmt.Sprintf("shardctl move abort %s --after-failure", id))
 		case !pastFlip(r.rec):
-			return fmt.Errorf("move %s has not flipped yet (%s): nothing to complete; `shardctl move resume %s` runs it", id, r.rec.State, id)
+			return hint.New(fmt.Errorf("move %s has not flipped yet (%s): nothing to complete", id, r.rec.State), "run it: shardctl move resume "+id)
 		case r.rec.Verify != nil && !r.rec.Verify.OK:
-			return fmt.Errorf("move %s: its verification found a difference, so the target's copy is never kept: it is rolled back (`shardctl move rollback %s`)", id, id)
+			return hint.New(fmt.Errorf("move %s: its verification found a difference, so the target's copy is never kept: it is rolled back", id), "shardctl move rollback "+id)
 		}
 		if rv := r.rec.Reverse; rv != nil && rv.Rollback != "" {
 			if rrec, _, err := topo.ReadMove(ctx, r.mv.s, r.mv.p, rv.Rollback); err == nil && !rrec.Finished() {
-				return fmt.Errorf("move %s is being rolled back (move %s, %s): a rollback in flight is finished, never overtaken; `shardctl move resume %s` finishes it", id, rrec.ID, rrec.State, rrec.ID)
+				return hint.New(fmt.Errorf("move %s is being rolled back (move %s, %s): a rollback in flight is finished, never overtaken", id, rrec.ID, rrec.State),
+					"finish it: shardctl move resume "+rrec.ID)
 			}
 		}
 		r.completeNow = true
@@ -417,7 +419,8 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 			if err := r.save(ctx); err != nil {
 				return err
 			}
-			return fmt.Errorf("%w: move %s: %s; the bucket stays on %s and the window stays open (shardctl move rollback %s tries again)", ErrNoRollback, r.rec.ID, why, r.rec.Target, r.rec.ID)
+			return hint.New(fmt.Errorf("%w: move %s: %s; the bucket stays on %s and the window stays open", ErrNoRollback, r.rec.ID, why, r.rec.Target),
+				"try again: shardctl move rollback "+r.rec.ID)
 		}
 		m, _, err := r.mv.st.Load(ctx)
 		if err != nil {
@@ -459,7 +462,8 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 	if err == nil {
 		err = fmt.Errorf("it ended %s", state)
 	}
-	return fmt.Errorf("rollback %s of move %s: %w; the bucket stays on %s and the window stays open (try again: shardctl move rollback %s)", rid, r.rec.ID, err, r.rec.Target, r.rec.ID)
+	return hint.New(fmt.Errorf("rollback %s of move %s: %w; the bucket stays on %s and the window stays open", rid, r.rec.ID, err, r.rec.Target),
+		"try again: shardctl move rollback "+r.rec.ID)
 }
 
 // reload reads the run's record again: a rollback's flip changed it.
@@ -491,6 +495,9 @@ func (r *run) readRolledBack(ctx context.Context) error {
 // rolls back.
 func (r *run) rolledBackOp(at time.Time) (zksession.Op, error) {
 	rec := *r.undo
+	if err := checkTransition(&rec, topo.MoveRolledBack); err != nil {
+		return zksession.Op{}, err
+	}
 	rec.State = topo.MoveRolledBack
 	rec.Steps = append(append([]topo.MoveStep(nil), rec.Steps...), topo.MoveStep{State: topo.MoveRolledBack, At: at})
 	rec.UpdatedAt = at

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -53,7 +54,7 @@ func (r *run) compareSchemas(ctx context.Context, src, dst *pgx.Conn) error {
 				zap.String("kind", d.Kind), zap.String("table", d.Table), zap.String("column", d.Column), zap.String("constraint", d.Constraint),
 				zap.String("source", d.Values[0]), zap.String("target", d.Values[1]))
 		}
-		return fmt.Errorf("%w (nothing was copied; make them equal, see `shardctl node check %s`): %s", ErrSchemaDiff, r.rec.Target, fence.DescribeDiffs(b))
+		return hint.New(fmt.Errorf("%w (nothing was copied): %s", ErrSchemaDiff, fence.DescribeDiffs(b)), "make them equal; see shardctl node check "+r.rec.Target)
 	}
 	return nil
 }
@@ -107,9 +108,10 @@ func checkForeignKeys(ctx context.Context, dst *pgx.Conn, tables []topo.TableRec
 			if len(ts.PrimaryKey) > 0 {
 				key = rowKey(row, ts.PrimaryKey)
 			}
-			return fmt.Errorf("%w: table %s, foreign key %s (%s): row %s references %s %s, which the target does not have; %s "+
-				"(logical replication does not check foreign keys: give the target's %s the rows the source's has, then move again)",
-				ErrForeignKey, t.Name, fk.Name, fk.Def, key, fk.RefTable, rowKeyAs(row, fk.Columns, fk.RefColumns), count, fk.RefTable)
+			return hint.New(fmt.Errorf("%w: table %s, foreign key %s (%s): row %s references %s %s, which the target does not have; %s "+
+				"(logical replication does not check foreign keys)",
+				ErrForeignKey, t.Name, fk.Name, fk.Def, key, fk.RefTable, rowKeyAs(row, fk.Columns, fk.RefColumns), count),
+				fmt.Sprintf("give the target's %s the rows the source's has, then move again", fk.RefTable))
 		}
 	}
 	return nil

@@ -1,7 +1,7 @@
 package router
 
 import (
-	"net"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +12,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
@@ -21,23 +22,7 @@ import (
 // and refuses a file that would take it back to an older map.
 func TestFromWorkerEnvFollowsTheMapFileInReloadMode(t *testing.T) {
 	dir := t.TempDir()
-	sock := filepath.Join(dir, "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	acks := make(chan string, 64)
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, err := conn.Read(buf)
-			if err != nil {
-				return
-			}
-			acks <- string(buf[:n])
-		}
-	}()
+	sock, acks := testkit.NotifySocket(t)
 	m1, _ := bucketmap.New(4, clustertest.Nodes(2), t0)
 	live := filepath.Join(dir, "live-map.json")
 	replace := func(m *bucketmap.Map) {
@@ -59,17 +44,7 @@ func TestFromWorkerEnvFollowsTheMapFileInReloadMode(t *testing.T) {
 	defer r.Close()
 	waitAck := func(want string) {
 		t.Helper()
-		deadline := time.After(10 * time.Second)
-		for {
-			select {
-			case a := <-acks:
-				if a == want {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("no %q on NOTIFY_SOCKET", want)
-			}
-		}
+		testkit.Await(t, acks, 10*time.Second, fmt.Sprintf("%q on NOTIFY_SOCKET", want), func(a string) bool { return a == want })
 	}
 	waitAck("MAPVERSION=1")
 

@@ -30,28 +30,31 @@ func closedPort(t *testing.T) int {
 	return port
 }
 
+// oneNodeRouter routes every user to pg1 at dsn, a member of the Patroni
+// group patroni if that is set.
+func oneNodeRouter(t *testing.T, dsn string, patroni bucketmap.Patroni) *Router {
+	t.Helper()
+	ns := clustertest.Nodes(1)
+	ns[0].DSN, ns[0].Patroni = dsn, patroni
+	m, err := bucketmap.New(0, ns, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fileRouter(t, m)
+}
+
 // A group with no server accepting read-write connections (its primary
 // dead, no standby promoted yet): Do retries the connection, since
 // nothing of fn's was sent, and gives up fast with an error that says so
 // (ErrNoPrimary), not a hang. A statement error is never retried.
 func TestDoRetriesAGroupWithoutPrimaryAndSaysSo(t *testing.T) {
-	ns := clustertest.Nodes(1)
-	ns[0].DSN = fmt.Sprintf("postgres://app@127.0.0.1:%d,127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write&connect_timeout=1", closedPort(t), closedPort(t))
-	ns[0].Patroni = bucketmap.Patroni{Namespace: "/service/", Scope: "g1"}
-	m, err := bucketmap.New(0, ns, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewFromFile(clustertest.WriteMapFile(t, t.TempDir(), m), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := oneNodeRouter(t, fmt.Sprintf("postgres://app@127.0.0.1:%d,127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write&connect_timeout=1", closedPort(t), closedPort(t)),
+		bucketmap.Patroni{Namespace: "/service/", Scope: "g1"})
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	calls := 0
 	start := time.Now()
-	err = r.Do(ctx, "alice", func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
+	err := r.Do(ctx, "alice", func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
 		calls++
 		_, err := pool.Exec(ctx, "INSERT INTO t VALUES (1)")
 		return err
@@ -105,21 +108,11 @@ func connectErr(ce *pgconn.ConnectError, inner error) error { return wrappedConn
 // deadline exceeded". CI met it once in TestDoRetriesAGroupWithoutPrimaryAndSaysSo
 // on a loaded machine; here the second attempt ends the context itself.
 func TestDoSaysNoPrimaryWhenTheContextEndsInsideAnAttempt(t *testing.T) {
-	ns := clustertest.Nodes(1)
-	ns[0].DSN = fmt.Sprintf("postgres://app@127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write&connect_timeout=1", closedPort(t))
-	m, err := bucketmap.New(0, ns, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := NewFromFile(clustertest.WriteMapFile(t, t.TempDir(), m), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
+	r := oneNodeRouter(t, fmt.Sprintf("postgres://app@127.0.0.1:%d/app?sslmode=disable&target_session_attrs=read-write&connect_timeout=1", closedPort(t)), bucketmap.Patroni{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	calls := 0
-	err = r.Do(ctx, "alice", func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
+	err := r.Do(ctx, "alice", func(ctx context.Context, pool *pgxpool.Pool, rt Route) error {
 		calls++
 		if calls == 1 {
 			_, err := pool.Exec(ctx, "SELECT 1") // refused: no primary

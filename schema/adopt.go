@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -75,7 +76,8 @@ func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tabl
 	res := &AdoptResult{From: string(from), InStep: []string{}, Empty: []string{}, Differ: []NodeError{}, Unreachable: []NodeError{}}
 	base := a.find(BaselineID)
 	if len(a.hist) > 0 && (base == nil || !base.Baseline) {
-		return nil, fmt.Errorf("%w: it begins with change %s (%s); adopt only starts a history. A node without the schema gets it from `shardctl node prepare NODE`", ErrHistoryExists, a.hist[0].ID, a.hist[0].Source)
+		return nil, hint.New(fmt.Errorf("%w: it begins with change %s (%s); adopt only starts a history", ErrHistoryExists, a.hist[0].ID, a.hist[0].Source),
+			"a node without the schema gets it from `shardctl node prepare NODE`")
 	}
 	if base == nil {
 		a.opt.event(Event{Node: string(from), Message: "dumping the schema with pg_dump --schema-only"})
@@ -112,7 +114,8 @@ func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tabl
 			continue
 		}
 		if !(c == base && res.New) && !a.applied(c, string(from)) {
-			return res, fmt.Errorf("--from %s lacks change %s: a node is marked in step by comparing it with a node that has the whole history; pick one (`shardctl schema status`)", from, c.ID)
+			return res, hint.New(fmt.Errorf("--from %s lacks change %s: a node is marked in step by comparing it with a node that has the whole history", from, c.ID),
+				"pick one: `shardctl schema status`")
 		}
 		marks = append(marks, c)
 	}

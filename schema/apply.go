@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/sqlstate"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -139,6 +140,7 @@ type NodeResult struct {
 	// changes it lacked come before the one applied.
 	Ran          []string `json:"ran"`
 	Error        string   `json:"error,omitempty"`
+	Hint         string   `json:"hint,omitempty"` // what to run about Error (package hint)
 	Attempts     int      `json:"attempts,omitempty"`
 	LockTimeouts int      `json:"lock_timeouts,omitempty"`
 	// BlockedMaxMS is the change's longest attempt on this node: about
@@ -250,8 +252,8 @@ func waitMoves(ctx context.Context, s *zksession.Session, p topo.Paths, opt *Opt
 		}
 		waited := time.Since(start)
 		if waited >= opt.WaitMoves {
-			return waited, fmt.Errorf("%w after %s: %s (a move in its rollback window ends it early with `shardctl move complete ID`; then apply again)",
-				ErrMovesInFlight, waited.Round(time.Second), strings.Join(busy, "; "))
+			return waited, hint.New(fmt.Errorf("%w after %s: %s", ErrMovesInFlight, waited.Round(time.Second), strings.Join(busy, "; ")),
+				"a move in its rollback window ends it early with `shardctl move complete ID`; then apply again")
 		}
 		if time.Since(said) >= 5*time.Second {
 			opt.event(Event{Message: fmt.Sprintf("waiting for %d moves to finish before changing the schema: %s", len(busy), strings.Join(busy, "; "))})
@@ -363,7 +365,7 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 	}
 	stmtsDone := 0 // of the change that failed, in ModeStatements: it is applied in part
 	fail := func(c *topo.SchemaChange, state string, err error) NodeResult {
-		res.State, res.Error = state, err.Error()
+		res.State, res.Error, res.Hint = state, err.Error(), hint.Of(err)
 		now := time.Now().UTC()
 		st := &topo.SchemaNodeStatus{State: state, At: &now, Error: err.Error(), Attempts: res.Attempts, LockTimeouts: res.LockTimeouts,
 			BlockedMaxMS: res.BlockedMaxMS, AppWaitMaxMS: res.AppWaitMaxMS, StatementsDone: stmtsDone}
@@ -426,7 +428,8 @@ func (a *applier) bringUp(ctx context.Context, n bucketmap.Node, upto int) NodeR
 		if err != nil {
 			stmtsDone = att.StatementsDone
 			if duplicateObject(err) {
-				err = fmt.Errorf("%w; the node has what the change creates, but its shardvisor.schema_changes does not record the change: if the node is in step, `shardctl schema adopt --from NODE` (a node with the whole history) records it", err)
+				err = hint.New(fmt.Errorf("%w; the node has what the change creates, but its shardvisor.schema_changes does not record the change", err),
+					"if the node is in step, `shardctl schema adopt --from NODE` (a node with the whole history) records it")
 			}
 			return fail(c, stateOf(err), err)
 		}
@@ -512,7 +515,7 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 		res.State, res.Missing = topo.SchemaState(c, a.required)
 		a.mu.Unlock()
 		if nr.State != topo.SchemaUnreachable {
-			return res, fmt.Errorf("%w: %s", ErrCanaryFailed, nr.Error)
+			return res, hint.New(fmt.Errorf("%w: %s", ErrCanaryFailed, nr.Error), nr.Hint)
 		}
 		if a.opt.Canary != "" || len(skip) == len(candidates) {
 			return res, fmt.Errorf("canary node %s is unreachable, no other node was touched: %s (choose another with --canary NODE)", canary, nr.Error)
@@ -549,8 +552,8 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 				why = append(why, fmt.Sprintf("%s %s: %s", nr.Node, nr.State, nr.Error))
 			}
 		}
-		return res, fmt.Errorf("%w: change %s is %s, missing on %s (%s); run the same apply again once they are fixed or back",
-			ErrPartial, c.ID, res.State, strings.Join(res.Missing, ", "), strings.Join(why, "; "))
+		return res, hint.New(fmt.Errorf("%w: change %s is %s, missing on %s (%s)", ErrPartial, c.ID, res.State, strings.Join(res.Missing, ", "), strings.Join(why, "; ")),
+			"run the same apply again once they are fixed or back")
 	}
 	return res, nil
 }
@@ -707,7 +710,7 @@ func CatchUp(ctx context.Context, st *bucketmap.Store, node bucketmap.NodeID, op
 	}
 	nr := a.bringUp(ctx, n, a.hist[len(a.hist)-1].Seq)
 	if nr.State != topo.SchemaApplied {
-		return &nr, fmt.Errorf("bringing node %s in step with the schema history: %s: %s", node, nr.State, nr.Error)
+		return &nr, hint.New(fmt.Errorf("bringing node %s in step with the schema history: %s: %s", node, nr.State, nr.Error), nr.Hint)
 	}
 	return &nr, nil
 }

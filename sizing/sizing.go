@@ -25,6 +25,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -127,7 +128,7 @@ type slotSizes map[uint32]bucketmap.Size
 func Measure(ctx context.Context, m *bucketmap.Map, tables []topo.TableRecord, opt Options) (*Report, error) {
 	opt = opt.withDefaults()
 	if len(tables) == 0 {
-		return nil, fmt.Errorf("the cluster has no sharded tables (shardctl table add): there is nothing to measure")
+		return nil, hint.New(fmt.Errorf("the cluster has no sharded tables: there is nothing to measure"), "shardctl table add")
 	}
 	start := opt.Now()
 	owners := map[bucketmap.NodeID]bool{}

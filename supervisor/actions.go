@@ -66,6 +66,27 @@ type (
 		sig     string
 		version uint64
 	}
+	// actStartUpgrade starts the new binary with the handover (SIGUSR2,
+	// upgrade.go). On success the executor reports the new supervisor's
+	// pid (machine.upgradeStarted); it reports its readiness, failure
+	// and exit as events.
+	actStartUpgrade struct{}
+	// actStopUpgrade stops the new supervisor of a failed upgrade
+	// (SIGTERM, SIGKILL after the upgrade timeout), or withThis, one that
+	// has not taken over when this one stops (SIGTERM).
+	actStopUpgrade struct {
+		pid      int
+		withThis bool
+	}
+	// actHandOver makes this, the old supervisor, give way to the new
+	// one, which is serving: no more word to systemd, the unix socket
+	// files are the new one's, and the admin address is served by the
+	// new one alone. The machine's graceful stop follows.
+	actHandOver struct{ pid int }
+	// actTakeOver makes this, the new supervisor of an upgrade, take
+	// over once generation gen is established: it serves the admin
+	// address, tells systemd, and tells the old one to drain.
+	actTakeOver struct{ gen int64 }
 )
 
 func (a actPrepare) String() string  { return fmt.Sprintf("prepare g%d", a.g.id) }
@@ -98,6 +119,16 @@ func (actCheckPeers) String() string { return "check-peers" }
 func (a actWriteLiveMap) String() string {
 	return fmt.Sprintf("write-live-map m%d", a.mp.version)
 }
+
+func (actStartUpgrade) String() string { return "upgrade-start" }
+func (a actStopUpgrade) String() string {
+	if a.withThis {
+		return fmt.Sprintf("upgrade-stop p%d with-this", a.pid)
+	}
+	return fmt.Sprintf("upgrade-stop p%d", a.pid)
+}
+func (a actHandOver) String() string { return fmt.Sprintf("hand-over p%d", a.pid) }
+func (a actTakeOver) String() string { return fmt.Sprintf("take-over g%d", a.gen) }
 
 // signal is the named signal (0 for a name topo's validation let through
 // but workerproto cannot send, which TestMapSignalsCoverTheConfigsChoices

@@ -43,6 +43,14 @@ func (m *machine) handle(ev any, now time.Time) []action {
 		m.onProcState(ev, now)
 	case evMemory:
 		m.onMemory(ev, now)
+	case evUpgrade:
+		m.onUpgrade()
+	case evUpgradeReady:
+		m.onUpgradeReady(ev, now)
+	case evUpgradeFailed:
+		m.onUpgradeFailed(ev)
+	case evUpgradeExited:
+		m.onUpgradeExited(ev)
 	}
 	return m.take()
 }

@@ -98,6 +98,9 @@ type machine struct {
 	// lostFrom is the config that served when the session was lost: the
 	// rollback target of the first generation after it (stability.go).
 	lostFrom *spec
+	// up is this supervisor's part in upgrades of its binary
+	// (upgrade_machine.go).
+	up upgradeState
 
 	out []action // actions decided by the current call
 }
@@ -119,6 +122,11 @@ type machineConfig struct {
 	// stoppedWarn, stoppedReplace: the stopped-worker check (liveness.go);
 	// zero takes the defaults.
 	stoppedWarn, stoppedReplace time.Duration
+	// takeOverFrom: this is the new supervisor of an upgrade, taking
+	// over from that pid; upgradeExec is the binary a SIGUSR2 starts
+	// (for messages).
+	takeOverFrom int
+	upgradeExec  string
 }
 
 func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
@@ -128,7 +136,8 @@ func newMachine(cfg machineConfig, log *zap.Logger, m *metrics) *machine {
 	if cfg.stoppedReplace <= 0 {
 		cfg.stoppedReplace = stoppedReplaceAfter
 	}
-	mc := &machine{cfg: cfg, log: log, m: m, randN: rand.Int64N, bound: map[string]bool{}, held: map[string]bool{}}
+	mc := &machine{cfg: cfg, log: log, m: m, randN: rand.Int64N, bound: map[string]bool{}, held: map[string]bool{},
+		up: upgradeState{from: cfg.takeOverFrom}}
 	if !cfg.zk {
 		mc.mapKnown = true
 	}
@@ -506,6 +515,9 @@ func (m *machine) closeUnusedSockets() {
 // cleanMapFiles removes the map files no worker, generation or pending
 // change uses.
 func (m *machine) cleanMapFiles() {
+	if m.sharesState() {
+		return // the other supervisor's workers may use them
+	}
 	keep := map[uint64]bool{}
 	for _, w := range m.workers {
 		if w.gen.spec.mp != nil {

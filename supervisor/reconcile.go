@@ -19,8 +19,9 @@ func (m *machine) reconcile(now time.Time) []action {
 	m.reconcileWorkers(now)
 	switch m.mode {
 	case modeStopping:
-		if len(m.workers) == 0 {
+		if len(m.workers) == 0 && !m.stopDone {
 			m.stopDone = true
+			m.upgradeStopDone()
 		}
 		return m.take()
 	case modeLost:
@@ -517,5 +518,6 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 		m.notifiedUp = true
 		m.do(actNotify{"READY=1"})
 	}
+	m.upgradeTakeOver(accepting)
 	return mem, h, m.take()
 }

@@ -249,7 +249,10 @@ func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,
 		debounce: opts.Debounce, holddown: opts.Holddown, jitter: 0.2, failStatic: opts.Session != nil && !opts.NoFailStatic,
-		stoppedWarn: stoppedWarnAfter, stoppedReplace: stoppedReplaceAfter}
+		stoppedWarn: stoppedWarnAfter, stoppedReplace: stoppedReplaceAfter, upgradeExec: opts.UpgradeExec}
+	if up.ready != nil {
+		mcfg.takeOverFrom = up.parent
+	}
 	if opts.Session != nil {
 		mcfg.configWhere, mcfg.mapWhere = opts.Paths.PoolConfig(opts.Pool), opts.Paths.Map()
 	}
@@ -301,7 +304,7 @@ func (s *Supervisor) post(ev any) { s.events <- ev }
 // TTIN/TTOU one worker more/less, USR2 upgrade to a new binary (upgrade.go).
 func (s *Supervisor) Signal(sig os.Signal) {
 	if sig == syscall.SIGUSR2 {
-		s.post(evUpgrade{}) // the executor's business, not the machine's
+		s.post(evUpgrade{}) // refused before the loop runs (member.go's claimWait)
 		return
 	}
 	s.post(evSignal{sig})
@@ -401,7 +404,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.loopAt.Store(now.UnixNano())
 		s.apply(s.mc.reconcile(now), now)
 		s.publishSnapshot(now)
-		s.upgradeTick()
 		if s.mc.stopDone {
 			s.finish()
 			if err := s.takenOver.Load(); err != nil {
@@ -430,7 +432,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			if ex, ok := ev.(evExit); ok {
 				s.reap(ex.w)
 			}
-			s.onUpgradeEvent(ev)
 			s.apply(s.mc.handle(ev, now), now)
 		case <-timer.C:
 		case <-ctxDone:
@@ -501,9 +502,6 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 				}
 			}
 		case actCleanMapFiles:
-			if s.sharesState() {
-				continue // the other supervisor's workers may use them
-			}
 			for _, name := range removeMapFiles(s.opts.StateDir, a.keep) {
 				s.log.Debug("removed map file no worker uses", zap.String("file", name))
 			}
@@ -529,6 +527,14 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			if p, sig := s.procs[a.w], a.signal(); p != nil && sig != 0 {
 				p.signal(sig)
 			}
+		case actStartUpgrade:
+			s.startUpgrade()
+		case actStopUpgrade:
+			s.stopUpgrade(a)
+		case actHandOver:
+			s.handOver()
+		case actTakeOver:
+			s.takeOver(a.gen)
 		}
 	}
 }
@@ -671,7 +677,7 @@ func workerEnv(base []string, extra map[string]string) []string {
 // finish removes every map file and closes the sockets, after the last
 // worker is gone.
 func (s *Supervisor) finish() {
-	if !s.sharesState() {
+	if !s.mc.sharesState() {
 		removeMapFiles(s.opts.StateDir, nil)
 		_ = os.Remove(liveMapName(s.opts.StateDir))
 	}

@@ -79,19 +79,19 @@ type upgrade struct {
 	adminLn net.Listener // the admin listener, own or inherited
 	served  bool         // adminLn is served
 
-	// As the old supervisor.
-	child      *upgradeChild // the upgrade under way (nil: none)
-	handedOver bool          // a new supervisor took over: draining
+	// As the old supervisor: the new supervisor last started (nil:
+	// none). The machine decides what becomes of it (upgrade_machine.go).
+	child *upgradeChild
 }
 
 type upgradeChild struct {
-	pid     int
-	decided bool // ready or failed
-	exited  chan struct{}
-	status  chan string // its exit status, once
+	pid    int
+	exited chan struct{}
+	status chan string // its exit status, once
 }
 
-// Events of an upgrade, posted to the loop.
+// Events of an upgrade, posted to the loop; the machine decides on them
+// (upgrade_machine.go).
 type (
 	evUpgrade       struct{} // SIGUSR2
 	evUpgradeReady  struct{ pid int }
@@ -426,80 +426,18 @@ func (s *Supervisor) adminListener() (net.Listener, error) {
 	return ln, nil
 }
 
-// sharesState reports whether another supervisor of this pool runs on the
-// same state directory: the old or new one of an upgrade. Its workers use
-// the map files and the unix socket paths too, so neither is removed.
-func (s *Supervisor) sharesState() bool {
-	return s.up.ready != nil || s.up.handedOver || s.up.child != nil
-}
-
 // closeSocket closes a listen socket; its unix socket file stays while the
 // other supervisor of an upgrade may serve on it.
 func (s *Supervisor) closeSocket(b *boundSocket) {
-	if s.sharesState() {
+	if s.mc.sharesState() {
 		b.unixPath = ""
 	}
 	b.close()
 }
 
-// onUpgradeEvent handles the upgrade's events on the loop (the machine
-// ignores them).
-func (s *Supervisor) onUpgradeEvent(ev any) {
-	switch ev := ev.(type) {
-	case evUpgrade:
-		s.startUpgrade()
-	case evUpgradeReady:
-		c := s.up.child
-		if c == nil || c.pid != ev.pid || c.decided {
-			return
-		}
-		c.decided = true
-		s.handOver(c)
-	case evUpgradeFailed:
-		c := s.up.child
-		if c == nil || c.pid != ev.pid || c.decided {
-			return
-		}
-		c.decided = true
-		s.upgradeFailed(c, ev.why)
-	case evUpgradeExited:
-		c := s.up.child
-		if c == nil || c.pid != ev.pid {
-			return
-		}
-		if s.up.handedOver {
-			s.log.Error("upgrade: the new supervisor exited while this one drains", zap.Int("new_pid", c.pid), zap.String("status", ev.status))
-			return
-		}
-		if !c.decided {
-			c.decided = true
-			s.upgradeFailed(c, "it exited before it was ready: "+ev.status)
-		}
-		s.log.Info("upgrade: the failed new supervisor is gone; a new SIGUSR2 may try again", zap.Int("new_pid", c.pid), zap.String("status", ev.status))
-		s.up.child = nil
-	}
-}
-
-// startUpgrade starts the new binary with the handover (SIGUSR2).
+// startUpgrade starts the new binary with the handover (actStartUpgrade)
+// and reports its pid to the machine.
 func (s *Supervisor) startUpgrade() {
-	refuse := func(why string) { s.log.Warn("upgrade refused: "+why, zap.Int("pid", os.Getpid())) }
-	switch {
-	case s.up.child != nil && !s.up.child.decided:
-		refuse(fmt.Sprintf("an upgrade is already under way (new supervisor pid %d)", s.up.child.pid))
-		return
-	case s.up.child != nil && s.up.handedOver:
-		refuse(fmt.Sprintf("this supervisor already handed over to pid %d and is draining", s.up.child.pid))
-		return
-	case s.up.child != nil:
-		refuse(fmt.Sprintf("the new supervisor of the failed upgrade (pid %d) is still stopping", s.up.child.pid))
-		return
-	case s.up.ready != nil:
-		refuse(fmt.Sprintf("this supervisor is still taking over from pid %d", s.up.parent))
-		return
-	case s.mc.mode == modeStopping:
-		refuse("this supervisor is stopping")
-		return
-	}
 	exe := s.opts.UpgradeExec
 	log := s.log.With(zap.String("exec", exe), zap.Int("seq", s.up.seq+1))
 	log.Info("upgrade: starting the new supervisor", zap.Strings("args", s.opts.UpgradeArgs))
@@ -538,6 +476,7 @@ func (s *Supervisor) startUpgrade() {
 	}
 	c := &upgradeChild{pid: pid, exited: make(chan struct{}), status: make(chan string, 1)}
 	s.up.child = c
+	s.mc.upgradeStarted(pid)
 	log.Info("upgrade: new supervisor started; waiting for its first generation", zap.Int("new_pid", pid),
 		zap.Duration("timeout", s.opts.UpgradeTimeout), zap.Strings("sockets", slices.Sorted(maps.Keys(socks))))
 	go func() {
@@ -615,13 +554,22 @@ func dupListener(ln net.Listener) (int, error) {
 	return nfd, dupErr
 }
 
-func (s *Supervisor) upgradeFailed(c *upgradeChild, why string) {
-	s.log.Error("upgrade failed; this supervisor keeps serving, and a new SIGUSR2 may try again once the new one is gone",
-		zap.Int("new_pid", c.pid), zap.String("why", why), zap.String("exec", s.opts.UpgradeExec))
+// stopUpgrade stops the new supervisor of an upgrade (actStopUpgrade), if
+// it has not exited yet.
+func (s *Supervisor) stopUpgrade(a actStopUpgrade) {
+	c := s.up.child
+	if c == nil || c.pid != a.pid {
+		return
+	}
 	select {
 	case <-c.exited:
 		return
 	default:
+	}
+	if a.withThis {
+		s.log.Warn("upgrade: stopping the new supervisor, which has not taken over, with this one", zap.Int("new_pid", c.pid))
+		_ = syscall.Kill(c.pid, syscall.SIGTERM)
+		return
 	}
 	// A graceful stop: its workers may already serve connections.
 	_ = syscall.Kill(c.pid, syscall.SIGTERM)
@@ -637,12 +585,11 @@ func (s *Supervisor) upgradeFailed(c *upgradeChild, why string) {
 }
 
 // handOver makes this, the old supervisor, give way to the new one, which
-// is serving: no more word to systemd (the service goes on), the unix
-// socket files and map files are the new one's, and the admin address is
-// served by the new one alone. Then a graceful stop.
-func (s *Supervisor) handOver(c *upgradeChild) {
-	s.up.handedOver = true
-	s.log.Info("upgrade: the new supervisor is serving; draining this one", zap.Int("new_pid", c.pid), zap.Int("pid", os.Getpid()))
+// is serving (actHandOver): no more word to systemd (the service goes on),
+// the unix socket files and map files are the new one's, and the admin
+// address is served by the new one alone. The machine's graceful stop
+// follows.
+func (s *Supervisor) handOver() {
 	_ = s.env.unsetenv(workerproto.EnvNotifySocket)
 	for _, b := range s.sockets {
 		b.unixPath = ""
@@ -651,20 +598,12 @@ func (s *Supervisor) handOver(c *upgradeChild) {
 	// reports cannot turn to "stopping" (503) for a check it has already
 	// accepted. Its last requests take milliseconds; at most 2s.
 	s.stopAdmin()
-	now := time.Now()
-	s.apply(s.mc.handle(evStop{}, now), now)
 }
 
-// upgradeTick is called on every turn of the loop: the new supervisor of
-// an upgrade takes over once its first generation is established.
-func (s *Supervisor) upgradeTick() {
+// takeOver makes the new supervisor of an upgrade take over once its
+// first generation, gen, is established (actTakeOver).
+func (s *Supervisor) takeOver(gen int64) {
 	if s.up.ready == nil {
-		return
-	}
-	s.snapMu.Lock()
-	gen, ok := s.snap.Generation, s.health.accepting
-	s.snapMu.Unlock()
-	if gen == 0 || !ok {
 		return
 	}
 	for addr, f := range s.up.inherited {
@@ -696,17 +635,10 @@ func (s *Supervisor) upgradeTick() {
 }
 
 // releaseUpgrade is the end of Run: the pool lock is closed, never
-// unlocked (a new supervisor may hold it through its own copy), and a new
-// supervisor that has not taken over is stopped with this one.
+// unlocked (a new supervisor may hold it through its own copy). (A new
+// supervisor that has not taken over was stopped with this one when its
+// last worker was gone: machine.upgradeStopDone.)
 func (s *Supervisor) releaseUpgrade() {
-	if c := s.up.child; c != nil && !s.up.handedOver {
-		select {
-		case <-c.exited:
-		default:
-			s.log.Warn("upgrade: stopping the new supervisor, which has not taken over, with this one", zap.Int("new_pid", c.pid))
-			_ = syscall.Kill(c.pid, syscall.SIGTERM)
-		}
-	}
 	for _, f := range s.up.inherited {
 		f.Close()
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -184,7 +185,7 @@ func (r *ACLRule) ACL(k NodeKind) ([]zk.ACL, error) {
 	}
 	if k == KindReaderRecord {
 		if r.readerRecs == nil {
-			return nil, fmt.Errorf("%w (it was created by an older shardctl): run `shardctl acl repair` as the admin", ErrNoACLRecord)
+			return nil, hint.New(fmt.Errorf("%w (it was created by an older shardctl)", ErrNoACLRecord), "run `shardctl acl repair` as the admin")
 		}
 		return slices.Clone(r.readerRecs), nil
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -154,11 +155,12 @@ func TestIntegrationACLReaderNeedsAdminSetup(t *testing.T) {
 	}
 	member := PoolMember{Version: PoolMemberVersion, Member: "sv1", State: "starting"}
 	_, err := RegisterPoolMember(ctx, rs, p, "web", member)
-	if !errors.Is(err, ErrNeedsAdmin) || !strings.Contains(err.Error(), "create it with `shardctl pool set web --file CONFIG.json`") {
+	if !errors.Is(err, ErrNeedsAdmin) || !strings.Contains(err.Error(), "pool web is not set up") ||
+		hint.Of(err) != "create it with `shardctl pool set web --file CONFIG.json` as the cluster's admin" {
 		t.Fatalf("member of a pool never set: %v", err)
 	}
 	err = WritePoolStatus(ctx, rs, p, "web", PoolStatus{Version: PoolStatusVersion, Member: "sv1", Result: SwapOK})
-	if !errors.Is(err, ErrNeedsAdmin) || !strings.Contains(err.Error(), "shardctl pool set web") {
+	if !errors.Is(err, ErrNeedsAdmin) || !strings.Contains(hint.Of(err), "shardctl pool set web") {
 		t.Fatalf("status of a pool never set: %v", err)
 	}
 	if ok, _, _ := as.Exists(ctx, p.Pool("web")); ok {
@@ -187,7 +189,7 @@ func TestIntegrationACLReaderNeedsAdminSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	fresh := zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{testReader}})
-	if _, err := RegisterRouter(ctx, fresh, p, RouterMember{Version: RouterMemberVersion, ID: "r1"}); !errors.Is(err, ErrNoACLRecord) || !strings.Contains(err.Error(), "shardctl acl repair") {
+	if _, err := RegisterRouter(ctx, fresh, p, RouterMember{Version: RouterMemberVersion, ID: "r1"}); !errors.Is(err, ErrNoACLRecord) || !strings.Contains(err.Error(), "older shardctl") || !strings.Contains(hint.Of(err), "shardctl acl repair") {
 		t.Fatalf("router on a cluster without ACL record: %v", err)
 	}
 	rep, err := RepairACLs(ctx, as, p)

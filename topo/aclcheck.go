@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -159,7 +160,7 @@ func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (
 	if ok, _, err := s.Exists(ctx, p.Cluster()); err != nil {
 		return nil, err
 	} else if !ok {
-		return nil, fmt.Errorf("%w: no record at %s (create it with `shardctl init`)", ErrNoCluster, p.Cluster())
+		return nil, hint.New(fmt.Errorf("%w: no record at %s", ErrNoCluster, p.Cluster()), "create it with `shardctl init`")
 	}
 	r, err := ReadACLRule(ctx, s, p)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -91,7 +92,7 @@ func DeleteRoot(ctx context.Context, s *zksession.Session, p Paths) error {
 func ReadMapData(ctx context.Context, s *zksession.Session, p Paths) ([]byte, int32, error) {
 	data, st, err := s.Get(ctx, p.Map())
 	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, 0, fmt.Errorf("%w: no bucket map at %s (create the cluster with `shardctl init`)", ErrNoCluster, p.Map())
+		return nil, 0, hint.New(fmt.Errorf("%w: no bucket map at %s", ErrNoCluster, p.Map()), "create the cluster with `shardctl init`")
 	}
 	if err != nil {
 		return nil, 0, err

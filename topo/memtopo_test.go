@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -22,17 +23,7 @@ const memWait = 10 * time.Second
 // intermediate versions, never the latest) and returns it.
 func awaitNode(t *testing.T, w *zksession.Watch, what string, pred func(zksession.Node) bool) zksession.Node {
 	t.Helper()
-	deadline := time.After(memWait)
-	for {
-		select {
-		case n := <-w.C:
-			if pred(n) {
-				return n
-			}
-		case <-deadline:
-			t.Fatalf("timed out after %v waiting for %s", memWait, what)
-		}
-	}
+	return testkit.Await(t, w.C, memWait, what, pred)
 }
 
 // expireSession ends s's current session as the ensemble does after its
@@ -554,18 +545,9 @@ func TestUpdateMoveOpAllOrNoneOnStaleMap(t *testing.T) {
 	ctx, z, s1, p := zkCluster(t)
 	s2 := z.Session(t)
 	mustCreateCluster(t, ctx, s1, p, `{"v":1}`)
-	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MoveBarrier}
-	if err := CreateMove(ctx, s1, p, rec); err != nil {
-		t.Fatal(err)
-	}
-	_, mv, _ := ReadMove(ctx, s1, p, "m1")
+	op, mv := flipOp(t, ctx, s1, p, MoveBarrier)
 	_, v0, _ := ReadMapData(ctx, s1, p)
 	v1, _, err := WriteMapData(ctx, s2, p, []byte(`{"v":"other"}`), v0) // another writer
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.State = MoveFlip
-	op, err := UpdateMoveOp(p, rec, mv)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package topo
 
 import (
 	"path"
+	"slices"
 	"time"
 )
 
@@ -38,6 +39,62 @@ const (
 	MoveRolledBack = "rolled_back"
 	MoveFailed     = "failed"
 )
+
+// MoveStates are the move states, in order.
+var MoveStates = []string{MovePrepare, MoveCopy, MoveCatchup, MoveFence, MoveBarrier, MoveFlip, MoveTeardown, MoveReverse,
+	MoveVerify, MoveReversible, MoveCompleting, MoveDone, MoveAborting, MoveAborted, MoveRolledBack, MoveFailed}
+
+// MoveStarts are the states a move record is created in: prepare for a
+// move, catchup for a rollback move (it runs over the reverse stream of
+// the move it rolls back, so it has nothing to prepare or copy).
+var MoveStarts = []string{MovePrepare, MoveCatchup}
+
+// MoveTransitions is every legal change of a move's state, from each state
+// to the states it may enter next; a state not listed is final. The mover
+// refuses any other change (CheckMoveTransition).
+//
+// Before the flip a move may abort (aborting); fence, barrier and flip
+// are the write pause, in which barrier and flip are entered without a
+// save and the flip's ZooKeeper transaction writes flip with the map.
+// A move without a copy goes from prepare to fence and from fence to
+// flip, and is done at its flip. After the flip it never rolls back: a
+// move with a reverse stream ends rolled_back only by a rollback move's
+// flip, from its window.
+var MoveTransitions = map[string][]string{
+	MovePrepare:    {MoveCopy, MoveFence, MoveAborting},
+	MoveCopy:       {MoveCatchup, MoveAborting},
+	MoveCatchup:    {MoveFence, MoveAborting},
+	MoveFence:      {MoveBarrier, MoveFlip, MoveAborting},
+	MoveBarrier:    {MoveFlip, MoveAborting},
+	MoveFlip:       {MoveTeardown, MoveDone, MoveAborting},
+	MoveTeardown:   {MoveReverse, MoveVerify},
+	MoveReverse:    {MoveVerify},
+	MoveVerify:     {MoveReversible, MoveDone, MoveFailed},
+	MoveReversible: {MoveCompleting, MoveRolledBack, MoveDone, MoveFailed},
+	MoveCompleting: {MoveDone},
+	MoveAborting:   {MoveAborted},
+	// `move abort --after-failure`.
+	MoveFailed: {MoveAborted},
+}
+
+// MoveTransitionError is a change of a move's state that MoveTransitions
+// does not allow.
+type MoveTransitionError struct {
+	From, To string
+}
+
+func (e *MoveTransitionError) Error() string {
+	return "illegal move transition from " + e.From + " to " + e.To
+}
+
+// CheckMoveTransition returns a *MoveTransitionError unless a move in
+// state from may enter state to.
+func CheckMoveTransition(from, to string) error {
+	if slices.Contains(MoveTransitions[from], to) {
+		return nil
+	}
+	return &MoveTransitionError{From: from, To: to}
+}
 
 // MoveRecord is one bucket move's crash-safe state at Paths.Move(id). The
 // mover writes it by compare-and-swap before each step, naming every

@@ -469,20 +469,17 @@ func (c PoolConfig) Effective() PoolConfig {
 	if c.MapDelivery.Reload() {
 		def(&c.MapDelivery.AckTimeout, DefaultMapAckTimeout)
 	}
-	if c.Stability.Window == nil {
-		d := Duration(DefaultStabilityWindow)
-		c.Stability.Window = &d
-	} else {
-		d := *c.Stability.Window
-		c.Stability.Window = &d
+	// A pointer field gets a value of its own, so that the result shares
+	// nothing with the caller's config: a copy, or the default if unset.
+	own := func(d **Duration, v time.Duration) {
+		x := Duration(v)
+		if *d != nil {
+			x = **d
+		}
+		*d = &x
 	}
-	if c.Stability.RollbackWithin == nil {
-		d := Duration(DefaultRollbackWithin)
-		c.Stability.RollbackWithin = &d
-	} else {
-		d := *c.Stability.RollbackWithin
-		c.Stability.RollbackWithin = &d
-	}
+	own(&c.Stability.Window, DefaultStabilityWindow)
+	own(&c.Stability.RollbackWithin, DefaultRollbackWithin)
 	if c.Probe != nil {
 		p := *c.Probe
 		def(&p.Interval, DefaultProbeInterval)

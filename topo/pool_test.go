@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testkit"
 )
 
 func TestPoolConfigDecode(t *testing.T) {
@@ -59,7 +61,7 @@ func TestPoolConfigDecode(t *testing.T) {
 		t.Fatalf("default map delivery %+v", e.MapDelivery)
 	}
 
-	wantMalformed(t, "DecodePoolConfig", DecodePoolConfig, "pool config", "/x/pools/web/config", []malformed{
+	testkit.WantMalformed(t, ErrMalformed, "DecodePoolConfig", DecodePoolConfig, "pool config", "/x/pools/web/config", []testkit.Malformed{
 		{`{"version":1,"command":"app","workers":1,"map_delivery":{"mode":"push"}}`, `map_delivery.mode: "push"`},
 		{`{"version":1,"command":"app","workers":1,"map_delivery":{"mode":"reload","signal":"SIGTERM"}}`, `map_delivery.signal: "SIGTERM" is not one of`},
 		{`{"version":1,"command":"app","workers":1,"map_delivery":{"mode":"reload","ack_timeout":"1ms"}}`, `map_delivery.ack_timeout: 1ms must be at least 100ms`},

@@ -7,6 +7,7 @@ import (
 	"path"
 	"sort"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -108,7 +109,8 @@ func createPoolNodes(ctx context.Context, s *zksession.Session, p Paths, pool st
 // pool's znodes that only the admin creates: the pool was never set up.
 func poolNodeMissing(pool string, err error) error {
 	if errors.Is(err, ErrNeedsAdmin) {
-		return fmt.Errorf("pool %s is not set up in ZooKeeper: create it with `shardctl pool set %s --file CONFIG.json` as the cluster's admin (%w)", pool, pool, err)
+		return hint.New(fmt.Errorf("pool %s is not set up in ZooKeeper (%w)", pool, err),
+			fmt.Sprintf("create it with `shardctl pool set %s --file CONFIG.json` as the cluster's admin", pool))
 	}
 	return err
 }

@@ -33,6 +33,27 @@ func clusterNode(t *testing.T, ctx context.Context, s *zksession.Session, p Path
 	}
 }
 
+// flipOp creates the move record m1 in state from and returns the
+// operation that sets it to MoveFlip (a flip's half of its transaction
+// with the map) and the version it was created with.
+func flipOp(t *testing.T, ctx context.Context, s *zksession.Session, p Paths, from string) (zksession.Op, int32) {
+	t.Helper()
+	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: from}
+	if err := CreateMove(ctx, s, p, rec); err != nil {
+		t.Fatal(err)
+	}
+	_, mv, err := ReadMove(ctx, s, p, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State = MoveFlip
+	op, err := UpdateMoveOp(p, rec, mv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op, mv
+}
+
 func testCluster(name string) ClusterRecord {
 	return ClusterRecord{Version: ClusterVersion, Name: name, Seed: strings.Repeat("ab", 16), CreatedAt: time.Unix(1700000000, 0).UTC()}
 }
@@ -76,19 +97,7 @@ func TestClusterAndMapRecords(t *testing.T) {
 	}
 
 	// With a move record in the same transaction.
-	rec := &MoveRecord{Version: MoveVersion, ID: "m1", State: MovePrepare}
-	if err := CreateMove(ctx, s, p, rec); err != nil {
-		t.Fatal(err)
-	}
-	_, mv, err := ReadMove(ctx, s, p, "m1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.State = MoveFlip
-	op, err := UpdateMoveOp(p, rec, mv)
-	if err != nil {
-		t.Fatal(err)
-	}
+	op, mv := flipOp(t, ctx, s, p, MovePrepare)
 	v2, stats, err := WriteMapData(ctx, s, p, []byte(`{"v":3}`), v1, op)
 	if err != nil || v2 != v1+1 || len(stats) != 1 || stats[0].Version != mv+1 {
 		t.Fatalf("write with a move: version %d, stats %+v, %v", v2, stats, err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
@@ -39,7 +40,7 @@ func ReadCluster(ctx context.Context, s *zksession.Session, p Paths) (*ClusterRe
 func readCluster(ctx context.Context, s *zksession.Session, p Paths) (*ClusterRecord, int32, error) {
 	r, ver, err := readAs(ctx, s, p.Cluster(), DecodeCluster)
 	if errors.Is(err, zksession.ErrNoNode) {
-		return nil, 0, fmt.Errorf("%w: no record at %s (create it with `shardctl init`)", ErrNoCluster, p.Cluster())
+		return nil, 0, hint.New(fmt.Errorf("%w: no record at %s", ErrNoCluster, p.Cluster()), "create it with `shardctl init`")
 	}
 	return r, ver, err
 }

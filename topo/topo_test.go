@@ -1,11 +1,12 @@
 package topo
 
 import (
-	"errors"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testkit"
 )
 
 func TestPaths(t *testing.T) {
@@ -47,7 +48,7 @@ func TestDecodeStrict(t *testing.T) {
 	if r.Name != "c1" || r.Seed != "00ff" || !r.CreatedAt.Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)) {
 		t.Fatalf("decoded %+v", r)
 	}
-	wantMalformed(t, "DecodeCluster", DecodeCluster, "cluster record", "/shardvisor/c1", []malformed{
+	testkit.WantMalformed(t, ErrMalformed, "DecodeCluster", DecodeCluster, "cluster record", "/shardvisor/c1", []testkit.Malformed{
 		{"", "empty"},
 		{"[1]", "not a JSON object"},
 		{`{"name":"c1"}`, `no "version"`},
@@ -65,28 +66,6 @@ func TestDecodeStrict(t *testing.T) {
 		{`{"version":1,"name":"c1","seed":"zz"}`, "not hex"},
 		{`{"version":1,"name":"c1","seed":""}`, "not hex"},
 	})
-}
-
-// malformed is a record that its decoder must refuse with an error
-// containing errHas.
-type malformed struct{ data, errHas string }
-
-// wantMalformed decodes each case as the record at path with decode
-// (called name in messages) and wants an error that contains the case's
-// errHas, wraps ErrMalformed and names the record and path ("<record> at
-// <path>").
-func wantMalformed[T any](t *testing.T, name string, decode func(string, []byte) (T, error), record, path string, cases []malformed) {
-	t.Helper()
-	for _, tc := range cases {
-		_, err := decode(path, []byte(tc.data))
-		if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-			t.Errorf("%s(%s) = %v, want error containing %q", name, tc.data, err, tc.errHas)
-			continue
-		}
-		if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), record+" at "+path) {
-			t.Errorf("error %q should wrap ErrMalformed and name the record and path", err)
-		}
-	}
 }
 
 func TestEncodeRoundTrip(t *testing.T) {

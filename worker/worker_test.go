@@ -2,14 +2,13 @@ package worker
 
 import (
 	"context"
-	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
@@ -25,37 +24,39 @@ func TestListenerFallback(t *testing.T) {
 	}
 }
 
+// notifySocket listens on a NOTIFY_SOCKET of the test's own (set in the
+// environment) and returns its reader: the next message within wait, or
+// false if none came.
+func notifySocket(t *testing.T) func(wait time.Duration) (workerproto.Message, bool) {
+	t.Helper()
+	sock, msgs := testkit.NotifySocket(t)
+	t.Setenv(workerproto.EnvNotifySocket, sock)
+	return func(wait time.Duration) (workerproto.Message, bool) {
+		select {
+		case m := <-msgs:
+			return workerproto.ParseMessage([]byte(m)), true
+		case <-time.After(wait):
+			return workerproto.Message{}, false
+		}
+	}
+}
+
 // Notify and the watchdog speak workerproto's sd_notify.
 func TestNotifyAndWatchdog(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "notify.sock")
-	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	t.Setenv(workerproto.EnvNotifySocket, sock)
+	read := notifySocket(t)
 	t.Setenv(workerproto.EnvWatchdogUSec, "20000")
 	t.Setenv(workerproto.EnvWatchdogPID, strconv.Itoa(os.Getpid()))
-	read := func() workerproto.Message {
-		buf := make([]byte, 256)
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, _, err := c.ReadFromUnix(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return workerproto.ParseMessage(buf[:n])
-	}
 	if err := Notify(workerproto.Ready); err != nil {
 		t.Fatal(err)
 	}
-	if m := read(); !m.Ready {
-		t.Fatalf("got %+v, want READY=1", m)
+	if m, ok := read(5 * time.Second); !ok || !m.Ready {
+		t.Fatalf("got %+v (%v), want READY=1", m, ok)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { watchdog(ctx); close(done) }()
-	if m := read(); !m.Watchdog {
-		t.Fatalf("got %+v, want WATCHDOG=1", m)
+	if m, ok := read(5 * time.Second); !ok || !m.Watchdog {
+		t.Fatalf("got %+v (%v), want WATCHDOG=1", m, ok)
 	}
 	cancel()
 	<-done
@@ -64,22 +65,7 @@ func TestNotifyAndWatchdog(t *testing.T) {
 // The request count goes to the supervisor as REQUESTS=N, cumulative,
 // only when it changed, at most once per interval.
 func TestReportRequests(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "notify.sock")
-	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	t.Setenv(workerproto.EnvNotifySocket, sock)
-	read := func(wait time.Duration) (workerproto.Message, bool) {
-		buf := make([]byte, 256)
-		_ = c.SetReadDeadline(time.Now().Add(wait))
-		n, _, err := c.ReadFromUnix(buf)
-		if err != nil {
-			return workerproto.Message{}, false
-		}
-		return workerproto.ParseMessage(buf[:n]), true
-	}
+	read := notifySocket(t)
 	var n atomic.Uint64
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	. "github.com/shardvisor/shardvisor/zksession"
 )
@@ -341,17 +342,7 @@ func next(t *testing.T, w *Watch) Node {
 // until reads the watch until pred holds.
 func until(t *testing.T, w *Watch, what string, pred func(Node) bool) Node {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case n := <-w.C:
-			if pred(n) {
-				return n
-			}
-		case <-deadline:
-			t.Fatalf("watch never delivered %s", what)
-		}
-	}
+	return testkit.Await(t, w.C, 30*time.Second, "the watch to deliver "+what, pred)
 }
 
 func TestIntegrationWatch(t *testing.T) {
@@ -739,13 +730,13 @@ func TestIntegrationPartitionLostAndHeal(t *testing.T) {
 	}
 }
 
-// The "disconnected from X" reason names the server the session was lost
-// on, not the next one the library tries (issue 15).
-func TestIntegrationDisconnectNamesTheLostServer(t *testing.T) {
-	z, _ := chrooted(t)
+// proxied puts a fault proxy in front of each of servers, closed when the
+// test ends, and returns their addresses and the proxy at an address (a
+// session's Server()), failing the test if none is there.
+func proxied(t *testing.T, servers []string) (addrs []string, byAddr func(addr string) *faultproxy.Proxy) {
+	t.Helper()
 	var proxies []*faultproxy.Proxy
-	var addrs []string
-	for _, srv := range z.Servers[:2] {
+	for _, srv := range servers {
 		p, err := faultproxy.New(srv)
 		if err != nil {
 			t.Fatal(err)
@@ -754,20 +745,29 @@ func TestIntegrationDisconnectNamesTheLostServer(t *testing.T) {
 		proxies = append(proxies, p)
 		addrs = append(addrs, p.Addr())
 	}
+	return addrs, func(a string) *faultproxy.Proxy {
+		t.Helper()
+		for _, p := range proxies {
+			if p.Addr() == a {
+				return p
+			}
+		}
+		t.Fatalf("session on %q, none of the proxies %v", a, addrs)
+		return nil
+	}
+}
+
+// The "disconnected from X" reason names the server the session was lost
+// on, not the next one the library tries (issue 15).
+func TestIntegrationDisconnectNamesTheLostServer(t *testing.T) {
+	z, _ := chrooted(t)
+	addrs, byAddr := proxied(t, z.Servers[:2])
 	s := openT(t, Config{Connect: strings.Join(addrs, ",") + z.Root, SessionTimeout: 4 * time.Second})
 	if _, _, err := s.Exists(ctxT(t), "/"); err != nil {
 		t.Fatal(err)
 	}
 	on := s.Server()
-	var lost *faultproxy.Proxy
-	for _, p := range proxies {
-		if p.Addr() == on {
-			lost = p
-		}
-	}
-	if lost == nil {
-		t.Fatalf("connected to %q, none of the proxies %v", on, addrs)
-	}
+	lost := byAddr(on)
 	c := collect(s)
 	lost.SetMode(faultproxy.Reset)
 	ch := c.waitFor(t, 10*time.Second, func(ch StateChange) bool { return ch.To == StateSuspended }, "to suspended")
@@ -787,26 +787,7 @@ func TestFaultsFrozenServerPartition(t *testing.T) {
 	testenv.Faults(t)
 	skipUnderRace(t)
 	z, _ := chrooted(t)
-	var proxies []*faultproxy.Proxy
-	var addrs []string
-	for _, srv := range z.Servers {
-		p, err := faultproxy.New(srv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { p.Close() })
-		proxies = append(proxies, p)
-		addrs = append(addrs, p.Addr())
-	}
-	byAddr := func(a string) *faultproxy.Proxy {
-		for _, p := range proxies {
-			if p.Addr() == a {
-				return p
-			}
-		}
-		t.Fatalf("session on %q, none of the proxies %v", a, addrs)
-		return nil
-	}
+	addrs, byAddr := proxied(t, z.Servers)
 	const timeout = 4 * time.Second
 	s := openT(t, Config{Connect: strings.Join(addrs, ",") + z.Root, SessionTimeout: timeout})
 	ctx := ctxT(t)

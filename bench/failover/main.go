@@ -16,7 +16,7 @@
 //     CONFLICT DO NOTHING): a retry that finds the row counts a
 //     "duplicate", a commit whose acknowledgement was lost;
 //  3. after a steady period, the primary's postmaster, its children and
-//     its Patroni are SIGKILLed at once (scripts/devenv pg-kill);
+//     its Patroni are SIGKILLed at once (devenv's PGKill, in-process);
 //  4. it measures the kill to Patroni's new leader key (watched in
 //     ZooKeeper), to the first acknowledged write, and from the election
 //     to that write; and write latency p99 before, during (kill to first
@@ -36,8 +36,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,9 +47,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
@@ -108,7 +106,7 @@ type Summary struct {
 type env struct {
 	zk, dsn, pwFile, scope, ns string
 	apiPorts                   []int
-	devenv                     string
+	devenv                     *devenv.Env // the environment bench/failover/run started, in this process
 }
 
 func main() {
@@ -123,7 +121,12 @@ func main() {
 }
 
 func readEnv() (*env, error) {
-	e := &env{zk: os.Getenv("SHARDVISOR_ZK"), pwFile: os.Getenv("SHARDVISOR_PG_PASSWORD_FILE"), devenv: benchkit.EnvOr("SHARDVISOR_DEVENV", "scripts/devenv")}
+	cfg, err := devenv.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Log = nil // its errors carry the servers' log tails
+	e := &env{zk: os.Getenv("SHARDVISOR_ZK"), pwFile: os.Getenv("SHARDVISOR_PG_PASSWORD_FILE"), devenv: devenv.New(cfg)}
 	n := strconv.Itoa(*node)
 	e.dsn = os.Getenv("SHARDVISOR_PG" + n + "_DSN")
 	e.scope = os.Getenv("SHARDVISOR_PG" + n + "_PATRONI_SCOPE")
@@ -176,30 +179,18 @@ func run(p *benchkit.Printer, sum *Summary) error {
 	}
 	g := bucketmap.Node{ID: "g1", DSN: dsn, Password: "file:" + e.pwFile, Weight: 1, State: bucketmap.NodeActive,
 		Patroni: bucketmap.Patroni{Namespace: e.ns, Scope: e.scope}}
-	st := bucketmap.NewStore(s, topo.MustPaths(root, "fo"))
-	m, err := bucketmap.New(2, []bucketmap.Node{g}, time.Now())
+	c, err := clustertest.Build(ctx, s, clustertest.Spec{Root: root, Name: "fo", Level: 2, Nodes: []bucketmap.Node{g}, NoFence: true,
+		DDL: []string{`DROP TABLE IF EXISTS bench_failover; CREATE TABLE bench_failover (bkey bigint NOT NULL, id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (bkey, id))`}})
+	defer topo.DeleteRoot(context.Background(), s, topo.MustPaths(root, "fo"))
 	if err != nil {
 		return err
 	}
-	if err := st.Create(ctx, topo.ClusterRecord{Version: topo.ClusterVersion, Name: "fo", Seed: clustertest.Seed, CreatedAt: time.Now().UTC()}, m, bucketmap.CreateOptions{}); err != nil {
-		return err
-	}
-	defer topo.DeleteRoot(context.Background(), s, st.Paths())
-	admin, err := dbnode.Connect(ctx, g)
-	if err != nil {
-		return err
-	}
-	if _, err := admin.Exec(ctx, `DROP TABLE IF EXISTS bench_failover; CREATE TABLE bench_failover (bkey bigint NOT NULL, id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (bkey, id))`); err != nil {
-		return err
-	}
-	admin.Close(ctx)
+	st, ks := c.Store, c.Keystream
 	r := router.New(s, st.Paths(), router.Options{MemberID: "failover-bench", TunePool: func(c *pgxpool.Config) { c.MaxConns = int32(*writers) }})
 	defer r.Close()
 	if err := r.WaitReady(ctx); err != nil {
 		return err
 	}
-	seed, _ := keystream.ParseSeed(clustertest.Seed)
-	ks, _ := keystream.New(seed)
 
 	for _, name := range strings.Split(*modes, ",") {
 		mode := &Mode{Name: name}
@@ -330,13 +321,13 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		if *zkOutage > 0 {
 			p.Say("%s kill %d/%d: the whole ZooKeeper ensemble down for %s first", mode.Name, k, *kills, *zkOutage)
 			for z := 1; z <= 3; z++ {
-				if out, err := exec.CommandContext(ctx, e.devenv, "zk-kill", strconv.Itoa(z)).CombinedOutput(); err != nil {
-					return fmt.Errorf("zk-kill: %v: %s", err, out)
+				if err := e.devenv.ZKKill(z); err != nil {
+					return fmt.Errorf("zk-kill: %v", err)
 				}
 			}
 			time.Sleep(*zkOutage)
-			if out, err := exec.CommandContext(ctx, e.devenv, "up").CombinedOutput(); err != nil {
-				return fmt.Errorf("devenv up after the outage: %v: %s", err, out)
+			if err := e.devenv.Up(); err != nil {
+				return fmt.Errorf("devenv up after the outage: %v", err)
 			}
 			if g, err = waitWhole(ctx, e, s, mode.Name == "sync", 2*time.Minute); err != nil {
 				return err
@@ -347,10 +338,10 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		steadyWrites += ackedCount(led) - n0
 		steadyTime += time.Since(t0)
 		failed0 := led.failed.Load()
-		out, err := exec.CommandContext(ctx, e.devenv, "pg-kill", strconv.Itoa(*node)).CombinedOutput()
+		_, err = e.devenv.PGKill(*node)
 		kill := time.Now()
 		if err != nil {
-			return fmt.Errorf("pg-kill: %v: %s", err, out)
+			return fmt.Errorf("pg-kill: %v", err)
 		}
 		fo := Failover{Killed: g.Leader}
 		// The new leader key, polled every 2 ms (one read each): the old
@@ -379,8 +370,8 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		b, d, a := windows(led, kill, first)
 		befores, durings, afters = append(befores, b...), append(durings, d...), append(afters, a...)
 		rs := time.Now()
-		if out, err := exec.CommandContext(ctx, e.devenv, "pg-start", strconv.Itoa(*node)).CombinedOutput(); err != nil {
-			return fmt.Errorf("pg-start: %v: %s", err, out)
+		if err := e.devenv.PGStart(*node); err != nil {
+			return fmt.Errorf("pg-start: %v", err)
 		}
 		if _, err := waitWhole(ctx, e, s, mode.Name == "sync", *rejoinTO); err != nil {
 			return fmt.Errorf("the killed member did not rejoin: %w", err)
@@ -521,13 +512,9 @@ func windows(led *ledger, kill, first time.Time) (b, d, a []time.Duration) {
 	return b, d, a
 }
 
-func p99(ds []time.Duration) float64 {
-	if len(ds) == 0 {
-		return 0
-	}
-	slices.Sort(ds)
-	return benchkit.MS(ds[(len(ds)*99)/100])
-}
+// p99 is the latencies' 99th percentile in ms, benchkit's (nearest rank);
+// 0 when there are none.
+func p99(ds []time.Duration) float64 { return benchkit.OfDurations(ds).P99 }
 
 func lostWrites(ctx context.Context, r *router.Router, led *ledger) (int64, error) {
 	pool, err := r.NodePool(ctx, "g1")

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,9 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/dbnode"
-	"github.com/shardvisor/shardvisor/fence"
-	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
@@ -27,7 +24,7 @@ import (
 // (scripts/devenv with its own state directory and ports).
 type env struct {
 	dir      string
-	script   string
+	dev      *devenv.Env // that environment, driven in this process
 	zkAddrs  []string
 	pgAddrs  []string
 	pwFile   string
@@ -38,14 +35,15 @@ type env struct {
 }
 
 func newEnv(root string) (*env, error) {
-	e := &env{dir: *envDir, script: filepath.Join(root, "scripts", "devenv"), pwFile: benchkit.PasswordFile(*envDir)}
+	e := &env{dir: *envDir, pwFile: clustertest.PasswordFile(*envDir),
+		dev: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
 	for i := range 3 {
 		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(*zkPortBase+i))
 	}
 	for i := range pgNodes {
 		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(*pgPortBase+i))
 	}
-	pw, err := benchkit.ReadPassword(e.pwFile)
+	pw, err := clustertest.ReadPassword(e.pwFile)
 	if err != nil {
 		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
 	}
@@ -60,41 +58,14 @@ func newEnv(root string) (*env, error) {
 
 func (e *env) zkConnect() string { return strings.Join(e.zkAddrs, ",") }
 
-// devenv runs scripts/devenv on this environment.
-func (e *env) devenv(ctx context.Context, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, e.script, args...)
-	cmd.Env = childEnv("SHARDVISOR_DEVENV_DIR="+e.dir, "SHARDVISOR_ZK_PORT_BASE="+strconv.Itoa(*zkPortBase),
-		"SHARDVISOR_PG_PORT_BASE="+strconv.Itoa(*pgPortBase), "SHARDVISOR_PG_NODES="+strconv.Itoa(pgNodes))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("scripts/devenv %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
-}
-
 func (e *env) adminDSN(i int) string {
-	return benchkit.AdminDSN(e.pgAddrs[i], e.password)
+	return clustertest.AdminDSN(e.pgAddrs[i], e.password)
 }
 
 // dropDB drops database db of node i, with the subscriptions a move cut
 // short left in it (they block DROP DATABASE) and its slots.
 func (e *env) dropDB(ctx context.Context, i int, db string) error {
-	u, _ := url.Parse(e.adminDSN(i))
-	u.Path = "/" + db
-	if conn, err := pgx.Connect(ctx, u.String()); err == nil {
-		rows, _ := conn.Query(ctx, `SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
-		subs, _ := pgx.CollectRows(rows, pgx.RowTo[string])
-		for _, s := range subs {
-			id := pgx.Identifier{s}.Sanitize()
-			for _, q := range []string{"ALTER SUBSCRIPTION " + id + " DISABLE", "ALTER SUBSCRIPTION " + id + " SET (slot_name = NONE)", "DROP SUBSCRIPTION " + id} {
-				if _, err := conn.Exec(ctx, q); err != nil {
-					say("cleanup: pg%d %s: %v", i+1, q, err)
-				}
-			}
-		}
-		conn.Close(context.Background())
-	}
-	return testenv.DropDatabase(ctx, e.adminDSN(i), db)
+	return clustertest.DropDatabase(ctx, e.adminDSN(i), db, say)
 }
 
 var notesTable = topo.TableRecord{Name: "app.notes", KeyColumn: "bkey"}
@@ -119,10 +90,8 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 	if c.paths, err = topo.NewPaths(b.root, name); err != nil {
 		return nil, err
 	}
-	c.st = bucketmap.NewStore(b.sess, c.paths)
-	for i, addr := range b.env.pgAddrs {
-		dsn := (&url.URL{Scheme: "postgres", User: url.User("postgres"), Host: addr, Path: "/" + c.db, RawQuery: "sslmode=disable"}).String()
-		c.nodes = append(c.nodes, bucketmap.Node{ID: bucketmap.NodeID(fmt.Sprintf("pg%d", i+1)), DSN: dsn, Password: "file:" + b.env.pwFile, Weight: 1, State: bucketmap.NodeActive})
+	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.pwFile)
+	for i := range c.nodes {
 		if err := testenv.Exec(ctx, b.env.adminDSN(i), "CREATE DATABASE "+pgx.Identifier{c.db}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("pg%d: %w", i+1, err)
 		}
@@ -132,49 +101,20 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 			}
 		})
 	}
-	m, err := bucketmap.New(*level, c.nodes[:startNodes], time.Now())
+	cl, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: name, Seed: fmt.Sprintf("%x", "fleet-bench-"+name), Level: *level,
+		Nodes: c.nodes, Mapped: startNodes, Tables: []topo.TableRecord{notesTable}, DDL: []string{b.env.notesDDL},
+		Prepare: c.preload})
 	if err != nil {
 		return nil, err
 	}
-	seedHex := fmt.Sprintf("%x", "fleet-bench-"+name)
-	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: name, Seed: seedHex, CreatedAt: time.Now().UTC(), Tables: []topo.TableRecord{notesTable}}
-	if err := c.st.Create(ctx, rec, m, bucketmap.CreateOptions{}); err != nil {
-		return nil, err
-	}
-	seed, err := keystream.ParseSeed(seedHex)
-	if err != nil {
-		return nil, err
-	}
-	if c.ks, err = keystream.New(seed); err != nil {
-		return nil, err
-	}
-	for i, n := range c.nodes {
-		conn, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return nil, err
-		}
-		_, err = conn.Exec(ctx, b.env.notesDDL)
-		if err == nil {
-			_, err = fence.Install(ctx, conn, name, n.ID, rec.Tables)
-		}
-		if err == nil && i < startNodes {
-			_, err = fence.Sync(ctx, conn, m, n.ID)
-		}
-		if err == nil && i < startNodes {
-			err = c.preload(ctx, conn, m, i)
-		}
-		conn.Close(context.Background())
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", n.ID, err)
-		}
-	}
+	c.st, c.ks = cl.Store, cl.Keystream
 	return c, nil
 }
 
 // preload COPYs rows-per-bucket notes of users "pre-N" into every bucket
 // node i owns, bypassing the fence (as replication does), so that every
 // move copies something.
-func (c *cluster) preload(ctx context.Context, conn *pgx.Conn, m *bucketmap.Map, i int) error {
+func (c *cluster) preload(ctx context.Context, i int, conn *pgx.Conn, m *bucketmap.Map) error {
 	if *rowsPerBucket <= 0 {
 		return nil
 	}
@@ -199,12 +139,9 @@ func (c *cluster) preload(ctx context.Context, conn *pgx.Conn, m *bucketmap.Map,
 		left--
 		rows = append(rows, []any{keystream.Key(p), uid, int64(u), "preloaded " + uid})
 	}
-	if _, err := conn.Exec(ctx, "SET session_replication_role = replica"); err != nil {
-		return err
-	}
-	_, err := conn.CopyFrom(ctx, pgx.Identifier{"app", "notes"}, []string{"bkey", "uid", "id", "body"}, pgx.CopyFromRows(rows))
+	_, err := clustertest.CopyAsReplica(ctx, conn, pgx.Identifier{"app", "notes"}, []string{"bkey", "uid", "id", "body"}, pgx.CopyFromRows(rows))
 	if err == nil {
-		_, err = conn.Exec(ctx, "RESET session_replication_role; ANALYZE app.notes")
+		_, err = conn.Exec(ctx, "ANALYZE app.notes")
 	}
 	return err
 }
@@ -217,15 +154,7 @@ func (c *cluster) addFourth(ctx context.Context) (*bucketmap.Map, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adding %s: %w", n.ID, err)
 	}
-	conn, err := dbnode.Connect(ctx, n)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Close(context.Background())
-	if _, err := fence.Sync(ctx, conn, m, n.ID); err != nil {
-		return nil, fmt.Errorf("%s: fence sync: %w", n.ID, err)
-	}
-	return m, nil
+	return m, clustertest.SyncFence(ctx, n, m)
 }
 
 // poolConfig is the fleet's one pool: every supervisor binds 127.0.0.1:0,

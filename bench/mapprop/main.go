@@ -44,7 +44,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -56,7 +55,9 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
@@ -437,17 +438,11 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	}
 	say("map propagation: level %d (%d buckets), %d nodes, layout %s; record %s", *level, m.Buckets(), *nodeCount, *layout, sizes(sum.Sides))
 
-	admin, err := zksession.Open(zksession.Config{Connect: *zkConnect})
+	admin, err := clustertest.OpenSession(ctx, *zkConnect, "scripts/devenv up")
 	if err != nil {
 		return nil, err
 	}
 	defer admin.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = admin.WaitConnected(wctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("ZooKeeper at %s (scripts/devenv up): %w", *zkConnect, err)
-	}
 	p := topo.MustPaths(root, clusterNm)
 	st := bucketmap.NewStore(admin, p)
 	rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: clusterNm, Seed: seedHex, CreatedAt: time.Now().UTC()}
@@ -602,12 +597,7 @@ func sizes(sides []*Side) string {
 // ---------------------------------------------------------------- report
 
 func report(s *Summary) {
-	msStat := func(st Stat) string {
-		if st.N == 0 {
-			return "n/a"
-		}
-		return fmt.Sprintf("p50 %7.1f  p99 %7.1f  max %7.1f ms  (n=%d)", st.P50, st.P99, st.Max, st.N)
-	}
+	msStat := Stat.MS
 	say("")
 	say("map propagation benchmark: level %d (%d buckets), %d nodes (layout %s), %d watchers on their own sessions in one process (member records: %v), %d changes per encoding (moves alternating between encodings), %d cores",
 		s.Level, s.Buckets, s.Nodes, s.Layout, s.Watchers, s.Members, s.ChangesPerEnc, s.Cores)

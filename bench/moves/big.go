@@ -8,29 +8,18 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
-)
-
-var (
-	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
-	bigToastEvery = flag.Int("big-toast-every", 200, "big-bucket mode: every Nth row gets a 4 KB incompressible value (stored out of line: TOASTed)")
-	bigOthers     = flag.Int("big-others", 2000, "big-bucket mode: rows loaded into every other bucket")
-	bigSorted     = flag.Bool("big-sorted", false, "big-bucket mode: store the bucket's rows in key order (default: in random key order, as users' rows arrive)")
 )
 
 // blobDDL is the big mode's extra column: NULL but in every Nth row.
@@ -138,7 +127,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if err != nil {
 		return fmt.Errorf("adding %s: %w", dst.ID, err)
 	}
-	if err := b.syncFence(ctx, dst, m); err != nil {
+	if err := clustertest.SyncFence(ctx, dst, m); err != nil {
 		return err
 	}
 
@@ -258,15 +247,7 @@ func reportBig(s *Summary) {
 	say("  verification %.2f s of the move's %.2f s: %.0f%% (issue 25's goal: at most 25%%)", g.VerifyS, g.MoveTotalS, 100*g.VerifyShare)
 	say("  the check alone, both nodes at once: JSON + md5 %.2f s vs the row hash moves use %.2f s: %.2f×", g.CheckJSONS, g.CheckHashS, g.CheckRatio)
 	say("  (the same pipe in 64 KB batches: %.2f s: %.2f×)", g.BatchedPipeS, g.BatchedRatio)
-	if len(s.Leftovers) > 0 {
-		say("  replication objects left behind: %v", s.Leftovers)
-	}
-	if s.Kept {
-		say("  kept: database %s on every node, ZooKeeper %s", s.Database, s.ZKRoot)
-	}
-	if s.Error != "" {
-		say("  ERROR: %s", s.Error)
-	}
+	reportEnd(s)
 }
 
 // migrateStreams is the copy's stream count as the mover will read it
@@ -290,85 +271,6 @@ func checkpoint(ctx context.Context, nodes ...bucketmap.Node) error {
 		}
 	}
 	return nil
-}
-
-// copyPipeCols copies cols of the range from src into app.kv_baseline (the
-// table's columns, indexes and primary key, without its constraints) on
-// dst through one binary COPY pipe: an io.Pipe, as copyPipe, or batches
-// of 64 KB. It returns the run and the bytes of the COPY stream.
-func copyPipeCols(ctx context.Context, src, dst *pgx.Conn, lo, hi int64, cols string, batched bool) (BaselineRun, int64, error) {
-	var run BaselineRun
-	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
-		return run, 0, err
-	}
-	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
-		return run, 0, err
-	}
-	var bytes atomic.Int64
-	pr, pw := io.Pipe()
-	var w io.Writer = counter{pw, &bytes}
-	var bw *batcher
-	if batched {
-		bw = &batcher{w: w}
-		w = bw
-	}
-	errc := make(chan error, 1)
-	start := time.Now()
-	go func() {
-		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
-		if err == nil && bw != nil {
-			err = bw.flush()
-		}
-		pw.CloseWithError(err)
-		errc <- err
-	}()
-	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY app.kv_baseline (%s) FROM STDIN (FORMAT binary)", cols))
-	pr.CloseWithError(err)
-	if serr := <-errc; serr != nil {
-		return run, 0, fmt.Errorf("COPY TO: %w", serr)
-	}
-	if err != nil {
-		return run, 0, fmt.Errorf("COPY FROM: %w", err)
-	}
-	el := time.Since(start)
-	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
-	run.RowsPS = float64(run.Rows) / el.Seconds()
-	return run, bytes.Load(), nil
-}
-
-type counter struct {
-	w io.Writer
-	n *atomic.Int64
-}
-
-func (c counter) Write(b []byte) (int, error) {
-	c.n.Add(int64(len(b)))
-	return c.w.Write(b)
-}
-
-// batcher gathers writes into 64 KB before passing them on.
-type batcher struct {
-	w   io.Writer
-	buf []byte
-}
-
-func (b *batcher) Write(p []byte) (int, error) {
-	b.buf = append(b.buf, p...)
-	if len(b.buf) >= 64<<10 {
-		if err := b.flush(); err != nil {
-			return 0, err
-		}
-	}
-	return len(p), nil
-}
-
-func (b *batcher) flush() error {
-	if len(b.buf) == 0 {
-		return nil
-	}
-	_, err := b.w.Write(b.buf)
-	b.buf = b.buf[:0]
-	return err
 }
 
 // checkBoth counts and sums the range on both nodes at once with a row

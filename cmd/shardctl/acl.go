@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -44,7 +45,7 @@ func runACL(c *cli.Context, verb string) error {
 			return err
 		}
 		if verb == "check" && len(rep.Diffs) > 0 {
-			return fmt.Errorf("acl check: %d znode(s) of cluster %s differ from the ACL rule; `shardctl acl repair` sets them right", len(rep.Diffs), rep.Cluster)
+			return hint.New(fmt.Errorf("acl check: %d znode(s) of cluster %s differ from the ACL rule", len(rep.Diffs), rep.Cluster), "`shardctl acl repair` sets them right")
 		}
 		return nil
 	})

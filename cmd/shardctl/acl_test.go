@@ -46,7 +46,7 @@ func TestIntegrationACLCheckRepair(t *testing.T) {
 
 	r := run(t, "", append(admin, "acl", "check")...)
 	if r.code != 1 || !strings.Contains(r.stdout, "1 differ from the ACL rule") || !strings.Contains(r.stdout, "pools/web/config") ||
-		!strings.Contains(r.stdout, "world:anyone:cdrwa") || !strings.Contains(r.stderr, "`shardctl acl repair` sets them right") {
+		!strings.Contains(r.stdout, "world:anyone:cdrwa") || !strings.Contains(r.stderr, "differ from the ACL rule\nhint: `shardctl acl repair` sets them right\n") {
 		t.Fatalf("check of a loosened znode: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r = run(t, "", append(admin, "acl", "check", "--json")...)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
@@ -61,21 +62,9 @@ func runInit(c *cli.Context) error {
 	default:
 		return cliutil.Usagef("init: --seed HEX or --random-seed is required")
 	}
-	specs := c.StringSlice("node")
-	if len(specs) == 0 {
-		return cliutil.Usagef("init: at least one --node ID=DSN is required")
-	}
-	var nodes []bucketmap.Node
-	for _, spec := range specs {
-		id, dsn, ok := strings.Cut(spec, "=")
-		if !ok {
-			return cliutil.Usagef("init: --node %q: want ID=DSN", spec)
-		}
-		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive}
-		if err := bucketmap.ValidateNode(n); err != nil {
-			return cliutil.Usagef("init: --node: %v", err)
-		}
-		nodes = append(nodes, n)
+	nodes, err := initNodes(c)
+	if err != nil {
+		return err
 	}
 	m, err := bucketmap.New(level, nodes, time.Now().UTC())
 	if err != nil {
@@ -150,7 +139,8 @@ func runSplit(c *cli.Context) error {
 		if held, err := migrate.InWindow(ctx, st); err != nil {
 			return err
 		} else if len(held) > 0 {
-			return fmt.Errorf("move %s (bucket %d/%d) is in its rollback window; a split waits until it ends: shardctl move complete %s (or shardctl move rollback %s)", held[0].ID, held[0].Bucket, held[0].Level, held[0].ID, held[0].ID)
+			return hint.New(fmt.Errorf("move %s (bucket %d/%d) is in its rollback window; a split waits until it ends", held[0].ID, held[0].Bucket, held[0].Level),
+				fmt.Sprintf("shardctl move complete %s (or shardctl move rollback %s)", held[0].ID, held[0].ID))
 		}
 		res, err := owners(c, st).Split(ctx, 1)
 		if err != nil {
@@ -192,7 +182,8 @@ func runSplitBucket(c *cli.Context) error {
 		}
 		if len(busy) > 0 {
 			mv := busy[0]
-			return fmt.Errorf("bucket %s has an unfinished move %s (%s); a split of it waits until the move ends: shardctl move status %s (in its rollback window: shardctl move complete %s)", m.Name(r), mv.ID, mv.State, mv.ID, mv.ID)
+			return hint.New(fmt.Errorf("bucket %s has an unfinished move %s (%s); a split of it waits until the move ends", m.Name(r), mv.ID, mv.State),
+				fmt.Sprintf("shardctl move status %s (in its rollback window: shardctl move complete %s)", mv.ID, mv.ID))
 		}
 		res, err := owners(c, st).SplitBucket(ctx, r)
 		if err != nil {
@@ -364,6 +355,28 @@ func runSimulate(c *cli.Context) error {
 		return cliutil.Usagef("simulate: %v", err)
 	}
 	return run(m)
+}
+
+// initNodes reads init's --node values (or SHARDVISOR_NODES): one node
+// per ID=DSN, a DSN's own commas (a multi-host DSN) kept in it.
+func initNodes(c *cli.Context) ([]bucketmap.Node, error) {
+	specs := cliutil.SplitNodes(c.StringSlice("node"))
+	if len(specs) == 0 {
+		return nil, cliutil.Usagef("init: at least one --node ID=DSN is required")
+	}
+	var nodes []bucketmap.Node
+	for _, spec := range specs {
+		id, dsn, ok := strings.Cut(spec, "=")
+		if !ok {
+			return nil, cliutil.Usagef("init: --node %q: want ID=DSN", spec)
+		}
+		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive}
+		if err := bucketmap.ValidateNode(n); err != nil {
+			return nil, cliutil.Usagef("init: --node: %v", err)
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
 }
 
 // depths names a map's depths for people: "level 4", or "depths 2..5".

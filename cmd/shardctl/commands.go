@@ -21,6 +21,9 @@ func newApp() *cli.App {
 		Description: "Every command reads --zk, --zk-root and --cluster (or SHARDVISOR_ZK, SHARDVISOR_ZK_ROOT, SHARDVISOR_CLUSTER).\n" +
 			"Output is text for people; --json prints JSON for scripts. Exit status: 0 ok, 1 failure, 2 usage error.",
 		Flags: append(cliutil.ZKFlags(), cliutil.OutputFlags("warn")...),
+		// A --node value's DSN may hold commas (a multi-host DSN): urfave/cli
+		// must not cut it there; initNodes splits lists (cliutil.SplitNodes).
+		DisableSliceFlagSeparator: true,
 		Commands: []*cli.Command{
 			{
 				Name:  "init",
@@ -32,7 +35,8 @@ func newApp() *cli.App {
 					&cli.IntFlag{Name: "level", Value: 8, EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: fmt.Sprintf("bucket level `N` (2^N buckets, 0..%d)", bucketmap.MaxLevel)},
 					&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (at least 16 bytes)"},
 					&cli.BoolFlag{Name: "random-seed", Usage: "generate a random 32-byte seed"},
-					&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}, Usage: "db node `ID=DSN` (postgres:// URL without password); repeat"},
+					&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}, Usage: "db node `ID=DSN` (postgres:// URL without password); repeat, or list several separated by commas " +
+						"(as in the variable: pg1=postgres://h1/app,pg2=postgres://h2/app); a multi-host DSN's commas stay in it"},
 					&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF` for every node: env:NAME or file:/path"},
 					&cli.StringFlag{Name: "reader-auth", EnvVars: []string{"SHARDVISOR_READER_AUTH"}, Usage: "reader identity `user:password` allowed to read the cluster"},
 					&cli.StringFlag{Name: "reader-auth-file", EnvVars: []string{"SHARDVISOR_READER_AUTH_FILE"}, Usage: "`file` with the reader identity"},

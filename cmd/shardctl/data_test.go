@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -52,6 +54,58 @@ func mustData(t *testing.T, args ...string) string {
 	return r.stdout
 }
 
+// clusterCmd returns the command-line prefix of the cluster name on z: a
+// command line is cmd("status") and so on.
+func clusterCmd(z *testenv.ZK, name string) func(args ...string) []string {
+	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", name}
+	return func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+}
+
+// eventsDDL creates the sharded table most tests use.
+const eventsDDL = `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`
+
+// initCluster sets PGPASSFILE (usePGPass), runs ddl(i) on every node i
+// of pg, and inits the cluster name at level with pg's first members nodes
+// as pg1, pg2, ... (the buckets split evenly in that order: at level 3 with two,
+// pg1 holds 0..3 and pg2 4..7), their password from the first node's
+// file. It returns the command prefix.
+func initCluster(t *testing.T, z *testenv.ZK, pg *testenv.PG, name string, level, members int, ddl func(i int) string) func(args ...string) []string {
+	t.Helper()
+	usePGPass(t, pg)
+	cmd := clusterCmd(z, name)
+	for i, n := range pg.Nodes {
+		if _, err := n.Conn(t).Exec(context.Background(), ddl(i)); err != nil {
+			t.Fatalf("%s on %s: %v", ddl(i), n.Name, err)
+		}
+	}
+	args := []string{"init", "--level", strconv.Itoa(level), "--seed", seed, "--password", "file:" + pg.Nodes[0].PasswordFile}
+	for i, n := range pg.Nodes[:members] {
+		args = append(args, "--node", fmt.Sprintf("pg%d=%s", i+1, n.DSN))
+	}
+	mustData(t, cmd(args...)...)
+	return cmd
+}
+
+// prepareTable declares table sharded by bkey and prepares the fence on
+// pg1 ... pg<members>.
+func prepareTable(t *testing.T, cmd func(args ...string) []string, table string, members int) {
+	t.Helper()
+	mustData(t, cmd("table", "add", table, "--key", "bkey")...)
+	for i := range members {
+		mustData(t, cmd("node", "prepare", fmt.Sprintf("pg%d", i+1))...)
+	}
+}
+
+// dataCluster sets up the cluster name at level with pg's first members
+// nodes (as initCluster), the sharded table app.events on every node of pg,
+// and the fence prepared on the members. It returns the command prefix.
+func dataCluster(t *testing.T, z *testenv.ZK, pg *testenv.PG, name string, level, members int) func(args ...string) []string {
+	t.Helper()
+	cmd := initCluster(t, z, pg, name, level, members, func(int) string { return eventsDDL })
+	prepareTable(t, cmd, "app.events", members)
+	return cmd
+}
+
 func keyOf(level int, b uint32) int64 {
 	lo, hi, _ := keystream.Range(level, b)
 	return lo + (hi-lo)/3
@@ -64,9 +118,7 @@ func TestIntegrationDataSideCommands(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	usePGPass(t, pg)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "data"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := initCluster(t, z, pg, "data", 3, 2, func(int) string { return eventsDDL })
 	conns := []*pgx.Conn{pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t)}
 	exec := func(c *pgx.Conn, sql string, args ...any) {
 		t.Helper()
@@ -74,11 +126,6 @@ func TestIntegrationDataSideCommands(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	for _, c := range conns {
-		exec(c, `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`)
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "3", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
 
 	// Tables.
 	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)

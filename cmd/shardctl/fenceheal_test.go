@@ -16,27 +16,6 @@ import (
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
-// dataCluster sets up a cluster "heal" at level 3 with pg1 (buckets 0..3)
-// and pg2 (4..7), the sharded table app.events on every node given, and
-// the fence prepared on pg1 and pg2. It returns the command prefix.
-func dataCluster(t *testing.T, z *testenv.ZK, pg *testenv.PG) func(args ...string) []string {
-	t.Helper()
-	usePGPass(t, pg)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "heal"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
-	for _, n := range pg.Nodes {
-		if _, err := n.Conn(t).Exec(context.Background(), `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "3", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
-	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
-	mustData(t, cmd("node", "prepare", "pg1")...)
-	mustData(t, cmd("node", "prepare", "pg2")...)
-	return cmd
-}
-
 // Finding 16.5: after a rebalance and a GC that prunes the history, `node
 // check` exits 0 on every node (nodes a move did not involve used to report
 // fence-map-version); every real drift is still caught and named, and
@@ -45,7 +24,7 @@ func TestIntegrationNodeCheckNoFalseAlarms(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
-	cmd := dataCluster(t, z, pg)
+	cmd := dataCluster(t, z, pg, "heal", 3, 2)
 	ctx := context.Background()
 	conns := []*pgx.Conn{pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t), pg.Nodes[2].Conn(t)}
 	for b := uint32(0); b < 8; b++ {
@@ -143,7 +122,7 @@ func TestIntegrationReturningNodeRefusesLostBuckets(t *testing.T) {
 	testenv.Exclusive(t)
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	cmd := dataCluster(t, z, pg)
+	cmd := dataCluster(t, z, pg, "heal", 3, 2)
 	ctx := context.Background()
 	// A row written to pg2 before it goes down: bucket 6 at level 3.
 	if _, err := pg.Nodes[1].Conn(t).Exec(ctx, `INSERT INTO app.events VALUES ($1, 1)`, keyOf(3, 6)); err != nil {

@@ -13,8 +13,7 @@ import (
 func TestIntegrationMapEncoding(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "enc"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := clusterCmd(z, "enc")
 	mustRun(t, cmd("init", "--level", "10", "--seed", seed, "--node", "pg1=postgres://postgres@127.0.0.1:1/app", "--node", "pg2=postgres://postgres@127.0.0.1:2/app")...)
 
 	type answer struct {

@@ -52,19 +52,7 @@ func TestServeMoveMetrics(t *testing.T) {
 func TestIntegrationMoveStragglers(t *testing.T) {
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	usePGPass(t, pg)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "mvs"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
-	for _, n := range pg.Nodes[:2] {
-		if _, err := n.Conn(t).Exec(context.Background(), `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
-	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
-	mustData(t, cmd("node", "prepare", "pg1")...)
-	mustData(t, cmd("node", "prepare", "pg2")...)
+	cmd := dataCluster(t, z, pg, "mvs", 2, 2)
 
 	// The stuck member: a router record at the map version of now, from a
 	// session of its own (its process hangs).
@@ -112,10 +100,10 @@ func TestIntegrationMoveStragglers(t *testing.T) {
 		t.Fatalf("moves in the window:\n%s", out)
 	}
 	// In the window the map does not split, and the old owner stays.
-	if r := runData(t, cmd("split")...); r.code != 1 || !strings.Contains(r.stderr, "rollback window") {
+	if r := runData(t, cmd("split")...); r.code != 1 || !strings.Contains(r.stderr, "rollback window") || !strings.Contains(r.stderr, "\nhint: shardctl move complete "+id) {
 		t.Fatalf("split in a move's window: exit %d, %q", r.code, r.stderr)
 	}
-	if r := runData(t, cmd("node", "remove", "pg1")...); r.code != 1 || !strings.Contains(r.stderr, "still needs it") {
+	if r := runData(t, cmd("node", "remove", "pg1")...); r.code != 1 || !strings.Contains(r.stderr, "still needs it") || !strings.Contains(r.stderr, "\nhint: shardctl move resume "+id) {
 		t.Fatalf("node remove of a move's old owner in its window: exit %d, %q", r.code, r.stderr)
 	}
 	// Rolled back (a move of its own, over the reverse stream), then

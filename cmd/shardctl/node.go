@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/migrate"
 )
@@ -121,8 +122,8 @@ func oneNode(edit func(m *bucketmap.Map, id bucketmap.NodeID) (string, error)) c
 				using, err := migrate.MovesUsing(ctx, st, id)
 				if err == nil && len(using) > 0 {
 					r := using[0]
-					err = fmt.Errorf("node remove %s: move %s (bucket %d, %s -> %s, %s) still needs it; finish it first (shardctl move resume %s, or shardctl move complete %s in its rollback window)",
-						id, r.ID, r.Bucket, r.Source, r.Target, r.State, r.ID, r.ID)
+					err = hint.New(fmt.Errorf("node remove %s: move %s (bucket %d, %s -> %s, %s) still needs it; finish it first", id, r.ID, r.Bucket, r.Source, r.Target, r.State),
+						fmt.Sprintf("shardctl move resume %s, or shardctl move complete %s in its rollback window", r.ID, r.ID))
 				}
 				return err
 			}); err != nil {

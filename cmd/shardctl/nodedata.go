@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/schema"
@@ -115,7 +116,8 @@ func runPrepare(c *cli.Context) error {
 		}
 		if len(res.Problems)+len(mism) > 0 {
 			if caught == nil && slices.ContainsFunc(mism, func(x fence.Mismatch) bool { return x.Kind == fence.KindTableMissing }) {
-				return fmt.Errorf("node %s breaks the sharded-table contract (%d problems): it lacks sharded tables and no schema history is recorded to replay; run `shardctl schema adopt --from NODE` with a node that has the schema, then prepare again", n.ID, len(res.Problems)+len(mism))
+				return hint.New(fmt.Errorf("node %s breaks the sharded-table contract (%d problems): it lacks sharded tables and no schema history is recorded to replay", n.ID, len(res.Problems)+len(mism)),
+					"run `shardctl schema adopt --from NODE` with a node that has the schema, then prepare again")
 			}
 			return fmt.Errorf("node %s breaks the sharded-table contract (%d problems); fix them and run prepare again", n.ID, len(res.Problems)+len(mism))
 		}

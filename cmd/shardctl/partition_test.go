@@ -20,9 +20,13 @@ func TestIntegrationPartitionedTable(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	usePGPass(t, pg)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "part"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := initCluster(t, z, pg, "part", 2, 2, func(int) string {
+		return `CREATE SCHEMA app;
+CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id));
+CREATE TABLE app.pevents (bkey bigint NOT NULL, id bigint NOT NULL, body text, PRIMARY KEY (bkey, id)) PARTITION BY RANGE (bkey);
+CREATE TABLE app.pevents_neg PARTITION OF app.pevents FOR VALUES FROM (MINVALUE) TO (0);
+CREATE TABLE app.pevents_pos PARTITION OF app.pevents FOR VALUES FROM (0) TO (MAXVALUE)`
+	})
 	ctx := context.Background()
 	conns := []*pgx.Conn{pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t)}
 	exec := func(c *pgx.Conn, sql string, args ...any) {
@@ -31,15 +35,6 @@ func TestIntegrationPartitionedTable(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	for _, c := range conns {
-		exec(c, `CREATE SCHEMA app;
-CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id));
-CREATE TABLE app.pevents (bkey bigint NOT NULL, id bigint NOT NULL, body text, PRIMARY KEY (bkey, id)) PARTITION BY RANGE (bkey);
-CREATE TABLE app.pevents_neg PARTITION OF app.pevents FOR VALUES FROM (MINVALUE) TO (0);
-CREATE TABLE app.pevents_pos PARTITION OF app.pevents FOR VALUES FROM (0) TO (MAXVALUE)`)
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
 	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
 	if out := mustData(t, cmd("table", "add", "app.pevents", "--key", "bkey")...); !strings.Contains(out, "app.pevents") {
 		t.Fatalf("table add: %s", out)

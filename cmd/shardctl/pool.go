@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -125,7 +126,7 @@ func runPoolGet(c *cli.Context) error {
 		p := st.Paths().PoolConfig(pool)
 		data, ver, err := topo.ReadPoolConfigData(ctx, st.Session(), st.Paths(), pool)
 		if errors.Is(err, zksession.ErrNoNode) {
-			return fmt.Errorf("pool %s has no config at %s (create it with `shardctl pool set %s --file config.json`)", pool, p, pool)
+			return hint.New(fmt.Errorf("pool %s has no config at %s", pool, p), fmt.Sprintf("create it with `shardctl pool set %s --file config.json`", pool))
 		}
 		if err != nil {
 			return err

@@ -23,8 +23,7 @@ func TestIntegrationSchemaCommands(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 4)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "sch"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := clusterCmd(z, "sch")
 	pw := "file:" + pg.Nodes[0].PasswordFile
 	conns := []*pgx.Conn{pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t), pg.Nodes[2].Conn(t), pg.Nodes[3].Conn(t)}
 	dir := t.TempDir()
@@ -167,8 +166,7 @@ func TestIntegrationSchemaAdopt(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "adopt"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := clusterCmd(z, "adopt")
 	pw := "file:" + pg.Nodes[0].PasswordFile
 	ddl := `CREATE SCHEMA app;
 CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, note text DEFAULT 'x', PRIMARY KEY (bkey, id));
@@ -187,7 +185,7 @@ CREATE VIEW app.recent AS SELECT bkey, id FROM app.events WHERE id > 100;`
 	// Without a history, an empty node cannot be prepared; the error says
 	// what to run.
 	mustData(t, cmd("node", "add", "--password", pw, "pg3", pg.Nodes[2].DSN)...)
-	if r := runData(t, cmd("node", "prepare", "pg3")...); r.code != 1 || !strings.Contains(r.stderr, "shardctl schema adopt --from NODE") {
+	if r := runData(t, cmd("node", "prepare", "pg3")...); r.code != 1 || !strings.Contains(r.stderr, "no schema history is recorded") || !strings.Contains(r.stderr, "\nhint: run `shardctl schema adopt --from NODE`") {
 		t.Fatalf("prepare without a history: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r := runData(t, cmd("schema", "adopt", "--from", "pg1")...)
@@ -219,7 +217,7 @@ CREATE VIEW app.recent AS SELECT bkey, id FROM app.events WHERE id > 100;`
 		t.Fatal(err)
 	}
 	r = runData(t, cmd("node", "prepare", "pg2")...)
-	if r.code != 1 || !strings.Contains(r.stderr, "shardctl schema adopt --from") {
+	if r.code != 1 || !strings.Contains(r.stderr, "does not record the change") || !strings.Contains(r.stderr, "\nhint: if the node is in step, `shardctl schema adopt --from NODE`") {
 		t.Fatalf("prepare of a node with the schema but no record of it: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r := runData(t, cmd("schema", "adopt", "--from", "pg2")...); r.code != 1 || !strings.Contains(r.stderr, "--from pg2 lacks change baseline") {

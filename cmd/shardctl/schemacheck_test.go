@@ -6,8 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
@@ -19,19 +17,11 @@ func TestIntegrationNodeCheckComparesSchemasAcrossNodes(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	usePGPass(t, pg)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "sch"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
-	for i, typ := range []string{"timestamp", "timestamptz"} {
-		if _, err := pg.Nodes[i].Conn(t).Exec(context.Background(), `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, at `+typ+`, PRIMARY KEY (bkey, id))`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
-	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
-	mustData(t, cmd("node", "prepare", "pg1")...)
-	mustData(t, cmd("node", "prepare", "pg2")...)
+	cmd := initCluster(t, z, pg, "sch", 2, 2, func(i int) string {
+		typ := []string{"timestamp", "timestamptz"}[i]
+		return `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, at ` + typ + `, PRIMARY KEY (bkey, id))`
+	})
+	prepareTable(t, cmd, "app.events", 2)
 
 	r := runData(t, cmd("node", "check", "pg2")...)
 	want := "node pg2: MISMATCH schema-column-type app.events: app.events: the type of column at is timestamp with time zone on pg2, timestamp without time zone on pg1"
@@ -67,22 +57,13 @@ func TestIntegrationNodeCheckComparesConstraints(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
-	usePGPass(t, pg)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "con"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := initCluster(t, z, pg, "con", 2, 2, func(int) string {
+		return `CREATE SCHEMA app; CREATE TABLE app.parent (id bigint PRIMARY KEY);
+			CREATE TABLE app.c (bkey bigint NOT NULL, id bigint NOT NULL, parent_id bigint, v int, PRIMARY KEY (bkey, id))`
+	})
+	prepareTable(t, cmd, "app.c", 2)
 	ctx := context.Background()
 	c1, c2 := pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t)
-	for _, c := range []*pgx.Conn{c1, c2} {
-		if _, err := c.Exec(ctx, `CREATE SCHEMA app; CREATE TABLE app.parent (id bigint PRIMARY KEY);
-			CREATE TABLE app.c (bkey bigint NOT NULL, id bigint NOT NULL, parent_id bigint, v int, PRIMARY KEY (bkey, id))`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw, "--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN)...)
-	mustData(t, cmd("table", "add", "app.c", "--key", "bkey")...)
-	mustData(t, cmd("node", "prepare", "pg1")...)
-	mustData(t, cmd("node", "prepare", "pg2")...)
 	if out := mustData(t, cmd("node", "check", "pg2")...); !strings.Contains(out, "node pg2: ok") {
 		t.Fatalf("equal schemas, the fence's constraint on both: %s", out)
 	}

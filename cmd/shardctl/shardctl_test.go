@@ -179,8 +179,7 @@ func TestSimulateOffline(t *testing.T) {
 func TestIntegrationClusterLifecycle(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "life"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
+	cmd := clusterCmd(z, "life")
 	dsn := func(port string) string { return "postgres://postgres@127.0.0.1:" + port + "/app" }
 
 	out := mustRun(t, cmd("init", "--level", "4", "--seed", seed, "--password", "env:PGPASSWORD",

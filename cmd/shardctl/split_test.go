@@ -22,24 +22,8 @@ func TestIntegrationSplitOneBucket(t *testing.T) {
 	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
-	usePGPass(t, pg)
-	zk := []string{"--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "hot"}
-	cmd := func(args ...string) []string { return append(append([]string{}, zk...), args...) }
-	var conns []*pgx.Conn
-	for _, n := range pg.Nodes[:3] {
-		c := n.Conn(t)
-		if _, err := c.Exec(context.Background(), `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`); err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	pw := "file:" + pg.Nodes[0].PasswordFile
-	mustData(t, cmd("init", "--level", "2", "--seed", seed, "--password", pw,
-		"--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN, "--node", "pg3="+pg.Nodes[2].DSN)...)
-	mustData(t, cmd("table", "add", "app.events", "--key", "bkey")...)
-	for _, id := range []string{"pg1", "pg2", "pg3"} {
-		mustData(t, cmd("node", "prepare", id)...)
-	}
+	cmd := dataCluster(t, z, pg, "hot", 2, 3)
+	conns := []*pgx.Conn{pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t), pg.Nodes[2].Conn(t)}
 
 	out := mustData(t, cmd("split", "0")...)
 	if !strings.Contains(out, "split bucket 0/2 into 0/3 and 1/3 on pg1") || !strings.Contains(out, "5 buckets at depths 2..3") {

@@ -42,13 +42,16 @@ const module = "github.com/shardvisor/shardvisor"
 var layer = map[string]int{
 	"keystream":            0,
 	"workerproto":          0,
+	"hint":                 0,
 	"internal/backoff":     0,
 	"internal/benchkit":    0,
 	"internal/failpoint":   0,
 	"internal/sqlstate":    0,
 	"internal/faultproxy":  1,
-	"internal/testenv":     0,
-	"internal/clustertest": 4,
+	"internal/devenv":      0,
+	"internal/testenv":     1,
+	"internal/testkit":     0,
+	"internal/clustertest": 6,
 	"internal/archtest":    0,
 	"zksession":            1,
 	"topo":                 2,
@@ -79,6 +82,8 @@ var layer = map[string]int{
 	"sidecar": 8,
 	// Flag and output plumbing shared by the commands only.
 	"internal/cliutil": 9,
+	// The benchmarks' write load on app.kv, through the router.
+	"internal/benchkit/kvload": 8,
 }
 
 const layerTop = 100
@@ -86,8 +91,9 @@ const layerTop = 100
 // testSupport are the packages for tests: a library package never imports
 // one (they may import each other).
 var testSupport = map[string]bool{
-	"internal/testenv": true, "internal/faultproxy": true, "internal/zktest": true,
-	"internal/clustertest": true, "zksession/memzk": true,
+	"internal/testenv": true, "internal/devenv": true, "internal/faultproxy": true, "internal/zktest": true,
+	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true,
+	"internal/benchkit/kvload": true,
 }
 
 // The session's data methods: only the record owner (topo) and the session

@@ -1,12 +1,10 @@
 package benchkit
 
 import (
+	"flag"
 	"fmt"
-	"net/url"
 	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -40,28 +38,30 @@ func EnvDuration(k string, def time.Duration) time.Duration {
 	return def
 }
 
-// PasswordFile is where scripts/devenv keeps the PostgreSQL superuser's
-// password in its state directory dir.
-func PasswordFile(dir string) string { return filepath.Join(dir, "pg", "password") }
-
-// ReadPassword reads the first line of a password file.
-func ReadPassword(file string) (string, error) {
-	pw, err := os.ReadFile(file)
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(strings.SplitN(string(pw), "\n", 2)[0]), nil
-}
-
-// AdminDSN is the superuser's DSN for the postgres database at host
-// (host:port).
-func AdminDSN(host, password string) string {
-	return (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: host, Path: "/postgres", RawQuery: "sslmode=disable"}).String()
-}
-
 // Fatalf prints "name: message" on stderr and exits with code (2: usage,
 // 1: a failed run).
 func Fatalf(code int, name, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, name+": "+format+"\n", args...)
 	os.Exit(code)
+}
+
+// DevFlags are the flags of a benchmark that runs in databases of its own
+// on scripts/devenv's servers (internal/clustertest's Dev).
+type DevFlags struct {
+	ZK, Dir, PGHost *string
+	Keep, NoLock    *bool
+	PGPortBase      *int
+}
+
+// NewDevFlags defines them on the command line; zk is the default
+// ZooKeeper connect string.
+func NewDevFlags(zk string) DevFlags {
+	return DevFlags{
+		ZK:         flag.String("zk", zk, "ZooKeeper connect string"),
+		Keep:       flag.Bool("keep", false, "keep the databases and the ZooKeeper tree (printed at the end)"),
+		NoLock:     flag.Bool("no-lock", false, "do not take the test environment's shared lock"),
+		Dir:        flag.String("devenv-dir", EnvOr("SHARDVISOR_DEVENV_DIR", DefaultDevenvDir), "scripts/devenv state directory (password file, lock)"),
+		PGHost:     flag.String("pg-host", "127.0.0.1", "PostgreSQL host"),
+		PGPortBase: flag.Int("pg-port-base", EnvInt("SHARDVISOR_PG_PORT_BASE", 25432), "port of the first PostgreSQL node; node i listens on base+i-1"),
+	}
 }

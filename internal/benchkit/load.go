@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -92,4 +93,18 @@ func IdempotencyKey() string {
 // that the run stops, cleans up and reports what it has.
 func Context() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// UserID names a benchmark's user i: "u00000042" (at least eight digits).
+// The keystream routes by it, so every benchmark names its users alike;
+// it is built without fmt, as the loads name millions of users.
+func UserID(i uint32) string {
+	var d [10]byte
+	s := strconv.AppendUint(d[:0], uint64(i), 10)
+	buf := make([]byte, 0, 1+max(8, len(s)))
+	buf = append(buf, 'u')
+	for range 8 - len(s) {
+		buf = append(buf, '0')
+	}
+	return string(append(buf, s...))
 }

@@ -21,3 +21,11 @@ func TestOf(t *testing.T) {
 		t.Fatalf("one value: %+v", got)
 	}
 }
+
+func TestUserID(t *testing.T) {
+	for i, want := range map[uint32]string{0: "u00000000", 42: "u00000042", 12345678: "u12345678", 123456789: "u123456789"} {
+		if got := UserID(i); got != want {
+			t.Errorf("UserID(%d) = %q, want %q", i, got, want)
+		}
+	}
+}

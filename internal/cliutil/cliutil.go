@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -368,12 +369,14 @@ type T interface {
 
 // CheckEnv is each binary's environment test: every flag of every command
 // of app can be set from the environment (EnvAll), each with its own
-// variable (except flags meaning the same on several commands), and the
+// variable (except flags meaning the same on several commands), the
 // names, which the docs and operators' scripts use, stay as listed in the
-// file golden (the binary's testdata/env.txt).
+// file golden (the binary's testdata/env.txt), and no repeated flag's
+// values are cut at commas (lists.go).
 func CheckEnv(t T, app *cli.App, golden string) {
 	t.Helper()
 	list, problems := Env(EnvAll(app))
+	problems = append(problems, sliceProblems(app)...)
 	for _, problem := range problems {
 		t.Errorf("%s", problem)
 	}
@@ -438,17 +441,19 @@ func Run(app *cli.App) {
 
 // Exec runs app on args (args[0] is the program's name) with every flag's
 // environment variable (EnvAll) and flags anywhere (Intersperse), prints
-// any error to app.ErrWriter and returns the exit status: 0; 2 for usage
+// any error to app.ErrWriter (with its hint on a line of its own, or as a
+// JSON object {"error", "hint"} under --json) and returns the exit
+// status: 0; 2 for usage
 // errors, which are Usagef's, unknown commands, and whatever urfave/cli
 // rejects before a command's Action starts (a flag it cannot parse, a
 // missing required flag); 1 for other failures.
 func Exec(ctx context.Context, app *cli.App, args []string) int {
-	started, unknown := false, ""
+	started, unknown, asJSON := false, "", false
 	start := func(action cli.ActionFunc) cli.ActionFunc {
 		if action == nil {
 			return nil // urfave/cli shows the help
 		}
-		return func(c *cli.Context) error { started = true; return action(c) }
+		return func(c *cli.Context) error { started, asJSON = true, c.Bool(FlagJSON); return action(c) }
 	}
 	usage := func(_ *cli.Context, err error, _ bool) error { return usageError{err} }
 	walk(EnvAll(app), func(path []string, _ []cli.Flag, cmd *cli.Command) {
@@ -471,8 +476,27 @@ func Exec(ctx context.Context, app *cli.App, args []string) int {
 		return 0
 	case !started || errors.As(err, new(usageError)):
 		fmt.Fprintf(app.ErrWriter, "%s: usage error: %v\n", app.Name, err)
+		printHint(app.ErrWriter, err)
 		return ExitUsage
+	case asJSON:
+		// One JSON object, the hint a field of its own, for scripts.
+		enc := json.NewEncoder(app.ErrWriter)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(struct {
+			Error string `json:"error"`
+			Hint  string `json:"hint,omitempty"`
+		}{err.Error(), hint.Of(err)})
+		return ExitFailure
 	}
 	fmt.Fprintf(app.ErrWriter, "%s: error: %v\n", app.Name, err)
+	printHint(app.ErrWriter, err)
 	return ExitFailure
+}
+
+// printHint prints err's hint (package hint), what to run to mend it, on
+// a line of its own.
+func printHint(w io.Writer, err error) {
+	if h := hint.Of(err); h != "" {
+		fmt.Fprintf(w, "hint: %s\n", h)
+	}
 }

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/shardvisor/shardvisor/hint"
 )
 
 func TestIntersperse(t *testing.T) {
@@ -54,13 +57,17 @@ func TestIntersperse(t *testing.T) {
 func TestExecExitStatus(t *testing.T) {
 	app := func(stdout, stderr *bytes.Buffer) *cli.App {
 		return &cli.App{Name: "x", Writer: stdout, ErrWriter: stderr,
-			Flags: []cli.Flag{&cli.StringFlag{Name: "zk"}},
+			Flags: []cli.Flag{&cli.StringFlag{Name: "zk"}, &cli.BoolFlag{Name: FlagJSON}},
 			Commands: []*cli.Command{
 				{Name: "ok", ArgsUsage: "[ARG]", Flags: []cli.Flag{&cli.IntFlag{Name: "n"}}, Action: func(c *cli.Context) error {
 					stdout.WriteString(c.String("zk") + " " + c.Args().First() + " " + c.String("n"))
 					return nil
 				}},
 				{Name: "fail", Action: func(*cli.Context) error { return errors.New("it broke") }},
+				{Name: "quoted", Action: func(*cli.Context) error { return errors.New(`"a" <b> & c`) }},
+				{Name: "hinted", Action: func(*cli.Context) error {
+					return fmt.Errorf("rebalance: %w", hint.New(errors.New("move m1 stopped"), "shardctl move resume m1"))
+				}},
 				{Name: "misuse", Action: func(*cli.Context) error { return Usagef("misuse: want %s", "X") }},
 				{Name: "wrapped", Action: func(*cli.Context) error {
 					return errors.Join(errors.New("context"), Usagef("inner usage"))
@@ -78,6 +85,10 @@ func TestExecExitStatus(t *testing.T) {
 	}{
 		{[]string{"ok", "a", "--n", "3", "--zk", "h:1"}, 0, "h:1 a 3", ""},
 		{[]string{"fail"}, 1, "", "x: error: it broke\n"},
+		{[]string{"fail", "--json"}, 1, "", `{"error":"it broke"}` + "\n"},
+		{[]string{"quoted", "--json"}, 1, "", `{"error":"\"a\" <b> & c"}` + "\n"},
+		{[]string{"hinted"}, 1, "", "x: error: rebalance: move m1 stopped\nhint: shardctl move resume m1\n"},
+		{[]string{"hinted", "--json"}, 1, "", `{"error":"rebalance: move m1 stopped","hint":"shardctl move resume m1"}` + "\n"},
 		{[]string{"misuse"}, 2, "", "x: usage error: misuse: want X\n"},
 		{[]string{"wrapped"}, 2, "", "x: usage error: context\ninner usage\n"},
 		{[]string{"ok", "--bogus"}, 2, "", "x: usage error: flag provided but not defined: -bogus\n"},

@@ -95,3 +95,25 @@ type reports []string
 func (r *reports) Helper() {}
 
 func (r *reports) Errorf(format string, args ...any) { *r = append(*r, fmt.Sprintf(format, args...)) }
+
+// A string slice flag in an app that cuts values at commas is reported.
+func TestCheckEnvReportsSliceFlagsCutAtCommas(t *testing.T) {
+	golden := filepath.Join(t.TempDir(), "env.txt")
+	if err := os.WriteFile(golden, []byte("x init --node SHARDVISOR_NODES\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	app := func(disable bool) *cli.App {
+		return &cli.App{Name: "x", DisableSliceFlagSeparator: disable, Commands: []*cli.Command{
+			{Name: "init", Flags: []cli.Flag{&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}}}}}}
+	}
+	var r reports
+	CheckEnv(&r, app(false), golden)
+	if len(r) != 1 || !strings.Contains(r[0], "x init --node: urfave/cli cuts its values at every comma") {
+		t.Errorf("reports %q", r)
+	}
+	r = nil
+	CheckEnv(&r, app(true), golden)
+	if len(r) != 0 {
+		t.Errorf("with DisableSliceFlagSeparator: %q", r)
+	}
+}

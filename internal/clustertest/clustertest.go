@@ -1,7 +1,11 @@
 // Package clustertest holds the cluster fixtures that tests of several
-// packages share (router, sidecar): a seed, db nodes that are never
-// dialled, a cluster created in a ZooKeeper tree, map files. Test support
-// only: no library package imports it.
+// packages and the benchmarks share: the one cluster on real db nodes
+// (Build: record and map in ZooKeeper, DDL, fence installed and synced;
+// it returns errors, MustBuild is the tests' form), a benchmark's
+// databases on scripts/devenv's servers (Dev), and for routing tests a
+// seed, db nodes that are never dialled, a cluster created in a ZooKeeper
+// tree, map files. Test and benchmark support only: no library package
+// imports it.
 package clustertest
 
 import (
@@ -27,6 +31,17 @@ var Events = topo.TableRecord{Name: "app.events", KeyColumn: "bkey"}
 // EventsDDL creates Events.
 const EventsDDL = `CREATE SCHEMA IF NOT EXISTS app;
 CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, body text, PRIMARY KEY (bkey, id))`
+
+// KV is the sharded table of the move tests and of the moves and schema
+// benchmarks, made by KVDDL on every node: a value per user.
+var KV = topo.TableRecord{Name: "app.kv", KeyColumn: "bkey"}
+
+// KVDDL creates KV.
+const KVDDL = `CREATE SCHEMA IF NOT EXISTS app;
+CREATE TABLE IF NOT EXISTS app.kv (bkey bigint NOT NULL, uid text NOT NULL, v bigint NOT NULL, PRIMARY KEY (bkey, uid))`
+
+// KVUpsert writes user $2's value $3 at key $1 into KV.
+const KVUpsert = `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, $2, $3) ON CONFLICT (bkey, uid) DO UPDATE SET v = EXCLUDED.v`
 
 // Nodes returns n active db nodes pg1..pgN of weight 1 whose DSNs name
 // hosts that do not exist: for tests of routing, not of PostgreSQL.

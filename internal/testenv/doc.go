@@ -4,19 +4,21 @@
 //
 // # Where the servers come from
 //
-// By default the servers are the ones managed by scripts/devenv (a 3-node
+// By default the servers are the ones of the dev environment (a 3-node
 // ZooKeeper 3.8 ensemble on 127.0.0.1:21811-21813 and PostgreSQL 15 nodes on
-// 127.0.0.1:25432, 25433, ...; see the script's header). The first test in a
-// test process that needs them checks that they are healthy and, if not, runs
-// `scripts/devenv up` (found relative to this package's source, or by walking
-// up from the working directory to go.mod; SHARDVISOR_DEVENV_SCRIPT overrides
-// it). Concurrent test processes serialise that with a file lock in the state
-// directory, so only one starts servers while the others wait. The servers
-// stay up after the tests end; `scripts/devenv down` stops them.
+// 127.0.0.1:25432, 25433, ...; see `scripts/devenv --help`). The first test in
+// a test process that needs them checks that they are healthy and, if not,
+// brings them up in this process with internal/devenv (what `scripts/devenv
+// up` runs); so do the faults (ZK.Start, PGNode.Start and Stop,
+// KillPrimary, CutZK...): no test runs a script. Concurrent test processes
+// serialise bringing them up with a file lock in the state directory, so
+// only one starts servers while the others wait. The servers run in
+// sessions of their own and stay up after the tests end; `scripts/devenv
+// down` stops them.
 //
 // The environment variables of scripts/devenv are honoured
 // (SHARDVISOR_DEVENV_DIR, SHARDVISOR_ZK_PORT_BASE, SHARDVISOR_PG_PORT_BASE,
-// SHARDVISOR_PG_NODES).
+// SHARDVISOR_PG_NODES, SHARDVISOR_DEVENV_TIMEOUT).
 //
 // Alternatively, servers run elsewhere can be given in the environment:
 //
@@ -29,7 +31,7 @@
 //
 // # Patroni groups
 //
-// StartPGGroups gives Patroni groups instead of plain nodes: scripts/devenv
+// StartPGGroups gives Patroni groups instead of plain nodes: devenv
 // nodes GroupFirstNode.. (5 and 6), each a primary and a synchronous standby
 // managed by Patroni with the devenv ZooKeeper ensemble as DCS (scope
 // "pg5", namespace "/service/"). Their DSNs list every member with
@@ -80,7 +82,7 @@
 //
 // # ZooKeeper superuser
 //
-// scripts/devenv starts ZooKeeper with a superuser ("super", digest
+// devenv starts ZooKeeper with a superuser ("super", digest
 // authentication, password in <state dir>/zk/superpass); ZK.SuperAuth holds
 // "super:<password>". The cleanup of ZK.Root authenticates with it, so tests
 // may put restrictive ACLs under Root. For external servers set

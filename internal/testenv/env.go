@@ -1,27 +1,26 @@
 package testenv
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/devenv"
 )
 
 // ErrNotManaged is returned by the server control methods when the servers
 // were given by SHARDVISOR_TEST_ZK / SHARDVISOR_TEST_PG rather than started
-// by scripts/devenv.
+// by internal/devenv (scripts/devenv).
 var ErrNotManaged = errors.New("testenv: servers are not managed by scripts/devenv (given by environment)")
 
 // ErrNotExclusive is returned by the server control methods when the test
@@ -33,10 +32,6 @@ const (
 	defaultPGPortBase = 25432
 	defaultPGNodes    = 3
 	zkServers         = 3
-
-	// upTimeout bounds one run of `scripts/devenv up` (a cold start takes
-	// ~10s, a first run that has to apt-get install takes longer).
-	upTimeout = 10 * time.Minute
 )
 
 // StateDir is the scripts/devenv state directory.
@@ -87,7 +82,7 @@ func skipIfShort(t testing.TB) {
 // fatalf fails the test; the message says how to get servers.
 func fatalf(t testing.TB, format string, args ...any) {
 	t.Helper()
-	hint := "run `bash scripts/devenv up` (and `scripts/devenv status`) to investigate, or use `go test -short` to skip integration tests"
+	hint := "run `scripts/devenv up` (and `scripts/devenv status`) to investigate, or use `go test -short` to skip integration tests"
 	if os.Getenv("CI") == "true" {
 		hint = "CI=true: integration servers are required"
 	}
@@ -127,72 +122,23 @@ func sanitize(name string, max int) string {
 
 // ---------------------------------------------------------------- devenv
 
-var (
-	scriptOnce sync.Once
-	scriptPath string
-	scriptErr  error
-)
-
-// devenvScript locates scripts/devenv.
-func devenvScript() (string, error) {
-	scriptOnce.Do(func() {
-		if p := os.Getenv("SHARDVISOR_DEVENV_SCRIPT"); p != "" {
-			scriptPath = p
-			return
-		}
-		var candidates []string
-		if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-			// .../internal/testenv/env.go -> repo root
-			candidates = append(candidates, filepath.Join(filepath.Dir(file), "..", "..", "scripts", "devenv"))
-		}
-		if wd, err := os.Getwd(); err == nil {
-			for d := wd; ; d = filepath.Dir(d) {
-				if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-					candidates = append(candidates, filepath.Join(d, "scripts", "devenv"))
-					break
-				}
-				if filepath.Dir(d) == d {
-					break
-				}
-			}
-		}
-		for _, c := range candidates {
-			if st, err := os.Stat(c); err == nil && st.Mode().IsRegular() {
-				scriptPath = filepath.Clean(c)
-				return
-			}
-		}
-		scriptErr = fmt.Errorf("cannot find scripts/devenv (looked at %v); set SHARDVISOR_DEVENV_SCRIPT", candidates)
-	})
-	return scriptPath, scriptErr
-}
-
-// runDevenv runs `bash scripts/devenv args...` and returns its combined
-// output. Output goes to a file, not a pipe: the servers it starts must not
-// hold a pipe of ours open.
-func runDevenv(ctx context.Context, extraEnv []string, args ...string) (string, error) {
-	script, err := devenvScript()
+// devenvDo runs f on the managed environment, in this process
+// (internal/devenv), configured from the variables scripts/devenv reads
+// and changed by mod; an error carries devenv's progress lines.
+func devenvDo(what string, mod func(*devenv.Config), f func(*devenv.Env) error) error {
+	c, err := devenv.FromEnv()
 	if err != nil {
-		return "", err
+		return err
 	}
-	out, err := os.CreateTemp("", "shardvisor-devenv-*.log")
-	if err != nil {
-		return "", err
+	var log strings.Builder
+	c.Log = &log
+	if mod != nil {
+		mod(&c)
 	}
-	defer os.Remove(out.Name())
-	defer out.Close()
-	cmd := exec.CommandContext(ctx, "bash", append([]string{script}, args...)...)
-	cmd.Env = append(os.Environ(), extraEnv...)
-	cmd.Stdin = nil
-	cmd.Stdout = out
-	cmd.Stderr = out
-	cmd.WaitDelay = 5 * time.Second
-	runErr := cmd.Run()
-	b, _ := os.ReadFile(out.Name())
-	if runErr != nil {
-		return string(b), fmt.Errorf("scripts/devenv %s: %w\n%s", strings.Join(args, " "), runErr, strings.TrimRight(string(b), "\n"))
+	if err := f(devenv.New(c)); err != nil {
+		return fmt.Errorf("devenv %s: %w\n%s", what, err, strings.TrimRight(log.String(), "\n"))
 	}
-	return string(b), nil
+	return nil
 }
 
 // ---------------------------------------------------------------- ensuring servers
@@ -235,7 +181,7 @@ func quickHealthy(pgNodes int) bool {
 }
 
 // ensureUp makes sure the managed servers (ZooKeeper and pgNodes PostgreSQL
-// nodes) are up, running scripts/devenv up under a cross-process lock if
+// nodes) are up, running devenv's up under a cross-process lock if
 // they are not. The caller holds the shared or exclusive use lock, so no
 // disruptive test is running (or the caller is it).
 func ensureUp(pgNodes int) error {
@@ -257,10 +203,8 @@ func ensureUp(pgNodes int) error {
 		upPGNodes = max(upPGNodes, pgNodes)
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), upTimeout)
-	defer cancel()
-	env := []string{"SHARDVISOR_PG_NODES=" + strconv.Itoa(max(pgNodes, existingPGNodes()))}
-	if _, err := runDevenv(ctx, env, "up"); err != nil {
+	nodes := func(c *devenv.Config) { c.PGNodes = max(pgNodes, existingPGNodes()) }
+	if err := devenvDo("up", nodes, (*devenv.Env).Up); err != nil {
 		upFailed = err
 		return err
 	}
@@ -294,11 +238,8 @@ func existingPGNodes() int {
 func restoreAll() error {
 	upMu.Lock()
 	defer upMu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), upTimeout)
-	defer cancel()
 	n := max(existingPGNodes(), pgNodesWanted(), upPGNodes)
-	_, err := runDevenv(ctx, []string{"SHARDVISOR_PG_NODES=" + strconv.Itoa(n)}, "up")
-	return err
+	return devenvDo("up", func(c *devenv.Config) { c.PGNodes = n }, (*devenv.Env).Up)
 }
 
 // ---------------------------------------------------------------- helpers

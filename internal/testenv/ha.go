@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,12 +18,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/internal/devenv"
 )
 
 // Patroni groups: scripts/devenv nodes that are a primary and synchronous
 // standbys managed by Patroni, with ZooKeeper (the devenv ensemble) as DCS.
 //
-// StartPGGroups asks scripts/devenv for groups at node numbers
+// StartPGGroups asks devenv for groups at node numbers
 // GroupFirstNode and GroupFirstNode+1 (SHARDVISOR_PG_HA=2
 // SHARDVISOR_PG_HA_NODES=5,6): the plain nodes below them stay plain, and
 // plain tests keep using nodes 1..GroupFirstNode-1 (the suite asks for up to
@@ -40,17 +41,13 @@ const (
 	PatroniNamespace = "/service/"
 )
 
-// groupNodesEnv is the environment for `scripts/devenv up` that creates (or
-// keeps) the groups.
-func groupNodesEnv() []string {
-	var nodes []string
+// groupNodes configures devenv's up to create (or keep) the groups.
+func groupNodes(c *devenv.Config) {
+	c.PGNodes = max(GroupFirstNode+MaxGroups-1, existingPGNodes())
+	c.HA = GroupMembers
+	c.HANodes = nil
 	for g := 0; g < MaxGroups; g++ {
-		nodes = append(nodes, strconv.Itoa(GroupFirstNode+g))
-	}
-	return []string{
-		"SHARDVISOR_PG_NODES=" + strconv.Itoa(max(GroupFirstNode+MaxGroups-1, existingPGNodes())),
-		"SHARDVISOR_PG_HA=" + strconv.Itoa(GroupMembers),
-		"SHARDVISOR_PG_HA_NODES=" + strings.Join(nodes, ","),
+		c.HANodes = append(c.HANodes, GroupFirstNode+g)
 	}
 }
 
@@ -70,7 +67,7 @@ func memberName(num, m int) string { return fmt.Sprintf("pg%d-m%d", num, m) }
 var groupUpFailed error // a failed `up` of the groups is not retried in this process
 
 // ensureGroupsUp makes sure ZooKeeper and the MaxGroups groups are healthy,
-// running scripts/devenv up (which creates the groups if needed) if not.
+// running devenv's up (which creates the groups if needed) if not.
 func ensureGroupsUp() error {
 	upMu.Lock()
 	defer upMu.Unlock()
@@ -99,9 +96,7 @@ func ensureGroupsUp() error {
 	if healthy() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), upTimeout)
-	defer cancel()
-	if _, err := runDevenv(ctx, groupNodesEnv(), "up"); err != nil {
+	if err := devenvDo("up", groupNodes, (*devenv.Env).Up); err != nil {
 		groupUpFailed = err
 		return err
 	}
@@ -109,8 +104,8 @@ func ensureGroupsUp() error {
 }
 
 // StartPGGroups returns n (1..MaxGroups) Patroni groups of GroupMembers
-// members each, starting them if needed (scripts/devenv up with
-// SHARDVISOR_PG_HA), each with a fresh database for the test, created on
+// members each, starting them if needed (devenv's up with HA, as
+// SHARDVISOR_PG_HA does), each with a fresh database for the test, created on
 // the group's primary (it replicates to the standbys). The nodes' DSN,
 // DSNWithPassword and AdminDSN list every member with
 // target_session_attrs=read-write, so they reach the current primary; Host
@@ -235,10 +230,7 @@ func (n *PGNode) restoreGroup() error {
 	if groupStatus(n.num).healthy() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	_, err := runDevenv(ctx, nil, "pg-start", strconv.Itoa(n.num))
-	return err
+	return n.devenvDo("pg-start", func(e *devenv.Env) error { return e.PGStart(n.num) })
 }
 
 func (n *PGNode) groupControl(t testing.TB) {
@@ -251,27 +243,19 @@ func (n *PGNode) groupControl(t testing.TB) {
 	}
 }
 
-var killedRE = regexp.MustCompile(`killed primary (pg[0-9]+-m[0-9]+)`)
-
 // KillPrimary SIGKILLs the group's current primary host all at once: its
-// Patroni, its postmaster and every postgres child (scripts/devenv pg-kill),
+// Patroni, its postmaster and every postgres child (devenv's PGKill),
 // and returns the member that died ("pg5-m1"). A standby takes over once
 // the dead Patroni's ZooKeeper session expires (the ttl, 10 s). Requires
 // Exclusive.
 func (n *PGNode) KillPrimary(t testing.TB) string {
 	t.Helper()
 	n.groupControl(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	out, err := runDevenv(ctx, nil, "pg-kill", strconv.Itoa(n.num))
-	if err != nil {
+	var k devenv.Killed
+	if err := n.devenvDo("pg-kill", func(e *devenv.Env) (err error) { k, err = e.PGKill(n.num); return err }); err != nil {
 		t.Fatalf("testenv: killing %s's primary: %v", n.Name, err)
 	}
-	m := killedRE.FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("testenv: scripts/devenv pg-kill %d did not say which member died:\n%s", n.num, out)
-	}
-	return m[1]
+	return k.Member
 }
 
 // StartMembers starts every member of the group that is not running (a
@@ -280,9 +264,7 @@ func (n *PGNode) KillPrimary(t testing.TB) string {
 func (n *PGNode) StartMembers(t testing.TB) {
 	t.Helper()
 	n.groupControl(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := runDevenv(ctx, nil, "pg-start", strconv.Itoa(n.num)); err != nil {
+	if err := n.devenvDo("pg-start", func(e *devenv.Env) error { return e.PGStart(n.num) }); err != nil {
 		t.Fatalf("testenv: starting %s's members: %v", n.Name, err)
 	}
 	var s groupState
@@ -452,32 +434,25 @@ func patroniSyncStandbys(port int) ([]string, error) {
 
 // CutZK cuts member m (1-based) of the group off from ZooKeeper: its
 // Patroni's connections to the ensemble go through forwarders of its own,
-// which scripts/devenv zk-cut stops (established connections cut, new
+// which devenv's ZKCut stops (established connections cut, new
 // ones refused), while its PostgreSQL and REST API still answer. HealZK
 // undoes it; a cleanup heals every member the test cut. Requires
 // Exclusive.
 func (n *PGNode) CutZK(t testing.TB, m int) {
 	t.Helper()
 	n.groupControl(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := runDevenv(ctx, nil, "zk-cut", strconv.Itoa(n.num), strconv.Itoa(m)); err != nil {
+	heal := func(e *devenv.Env) error { return e.ZKHeal(n.num, m) }
+	if err := n.devenvDo("zk-cut", func(e *devenv.Env) error { return e.ZKCut(n.num, m) }); err != nil {
 		t.Fatalf("testenv: cutting %s member %d off from ZooKeeper: %v", n.Name, m, err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = runDevenv(ctx, nil, "zk-heal", strconv.Itoa(n.num), strconv.Itoa(m))
-	})
+	t.Cleanup(func() { _ = n.devenvDo("zk-heal", heal) })
 }
 
 // HealZK lets member m reach ZooKeeper again.
 func (n *PGNode) HealZK(t testing.TB, m int) {
 	t.Helper()
 	n.groupControl(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := runDevenv(ctx, nil, "zk-heal", strconv.Itoa(n.num), strconv.Itoa(m)); err != nil {
+	if err := n.devenvDo("zk-heal", func(e *devenv.Env) error { return e.ZKHeal(n.num, m) }); err != nil {
 		t.Fatalf("testenv: healing %s member %d: %v", n.Name, m, err)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/internal/devenv"
 )
 
 // PG is a set of PostgreSQL nodes for one test, each with a fresh database.
@@ -355,19 +357,23 @@ func (n *PGNode) control() error {
 
 // Stop stops this node (pg_ctl stop -m fast) and returns when it is down.
 // Requires Exclusive.
-func (n *PGNode) Stop() error { return n.devenv("pg-stop", 2*time.Minute) }
-
-// Start starts this node and returns when it accepts connections.
-// Requires Exclusive.
-func (n *PGNode) Start() error { return n.devenv("pg-start", 3*time.Minute) }
-
-// devenv runs `scripts/devenv VERB <node number>`.
-func (n *PGNode) devenv(verb string, timeout time.Duration) error {
+func (n *PGNode) Stop() error {
 	if err := n.control(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	_, err := runDevenv(ctx, nil, verb, strconv.Itoa(n.number()))
-	return err
+	return n.devenvDo("pg-stop", func(e *devenv.Env) error { return e.PGStop(n.number()) })
+}
+
+// Start starts this node and returns when it accepts connections.
+// Requires Exclusive.
+func (n *PGNode) Start() error {
+	if err := n.control(); err != nil {
+		return err
+	}
+	return n.devenvDo("pg-start", func(e *devenv.Env) error { return e.PGStart(n.number()) })
+}
+
+// devenvDo runs f on the managed environment; the error names the node.
+func (n *PGNode) devenvDo(what string, f func(*devenv.Env) error) error {
+	return devenvDo(what+" "+strconv.Itoa(n.number()), nil, f)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+
+	"github.com/shardvisor/shardvisor/internal/devenv"
 )
 
 // TestRootParent is the ZooKeeper path under which every ZK.Root is created.
@@ -174,35 +175,9 @@ func deleteRecursive(conn *zk.Conn, p string) error {
 	return err
 }
 
-// fourLetterWord sends a ZooKeeper four-letter command and returns the reply.
-func fourLetterWord(addr, cmd string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := io.WriteString(c, cmd); err != nil {
-		return "", err
-	}
-	b, err := io.ReadAll(c)
-	return string(b), err
-}
-
 // zkMode returns the server's Mode from `srvr` ("leader", "follower", ...),
 // or "not-serving" when it answers but has no quorum.
-func zkMode(addr string) (string, error) {
-	out, err := fourLetterWord(addr, "srvr")
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if m, ok := strings.CutPrefix(line, "Mode: "); ok {
-			return strings.TrimSpace(m), nil
-		}
-	}
-	return "not-serving", nil
-}
+func zkMode(addr string) (string, error) { return devenv.ZKModeAt(addr, 2*time.Second) }
 
 // FourLetterWord sends a four-letter command (srvr, mntr, stat, conf, ruok,
 // cons, wchs are enabled) to server i and returns the reply.
@@ -210,7 +185,7 @@ func (z *ZK) FourLetterWord(i int, cmd string) (string, error) {
 	if i < 0 || i >= len(z.Servers) {
 		return "", fmt.Errorf("testenv: no ZooKeeper server %d", i)
 	}
-	return fourLetterWord(z.Servers[i], cmd)
+	return devenv.FourLetterWord(z.Servers[i], cmd, 2*time.Second)
 }
 
 // Mode returns server i's role: "leader", "follower", "not-serving" (up but
@@ -313,14 +288,14 @@ func (z *ZK) Kill(i int) error {
 	if err != nil {
 		return fmt.Errorf("testenv: zk%d pid file: %w", i+1, err)
 	}
-	if !processAlive(pid, "QuorumPeerMain "+filepath.Join(dir, "zoo.cfg")) {
+	if !devenv.Alive(pid, "QuorumPeerMain "+filepath.Join(dir, "zoo.cfg")) {
 		return fmt.Errorf("testenv: zk%d (pid %d) is not running", i+1, pid)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("testenv: kill zk%d (pid %d): %w", i+1, pid, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for processAlive(pid, "") {
+	for devenv.Alive(pid, "") {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("testenv: zk%d (pid %d) still alive 10s after SIGKILL", i+1, pid)
 		}
@@ -340,7 +315,7 @@ func (z *ZK) zkPID(i int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("testenv: zk%d pid file: %w", i+1, err)
 	}
-	if !processAlive(pid, "QuorumPeerMain "+filepath.Join(dir, "zoo.cfg")) {
+	if !devenv.Alive(pid, "QuorumPeerMain "+filepath.Join(dir, "zoo.cfg")) {
 		return 0, fmt.Errorf("testenv: zk%d (pid %d) is not running", i+1, pid)
 	}
 	return pid, nil
@@ -378,36 +353,14 @@ func (z *ZK) Thaw(i int) error {
 }
 
 // Start starts server i (if it is not running) and waits until it serves as
-// follower or leader again. Requires Exclusive.
+// follower or leader again when a quorum can exist (another server runs);
+// alone it returns once the server listens (StartAll starts every server).
+// Requires Exclusive.
 func (z *ZK) Start(i int) error {
 	if err := z.control(i); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	_, err := runDevenv(ctx, nil, "zk-start", strconv.Itoa(i+1))
-	return err
-}
-
-// processAlive reports whether pid is a live (non-zombie) process whose
-// command line contains pattern (if not empty).
-func processAlive(pid int, pattern string) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(stat)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) && s[i+2] == 'Z' {
-		return false
-	}
-	if pattern == "" {
-		return true
-	}
-	cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return false
-	}
-	return strings.Contains(strings.ReplaceAll(string(cmd), "\x00", " "), pattern)
+	return devenvDo("zk-start "+strconv.Itoa(i+1), nil, func(e *devenv.Env) error { return e.ZKStart(i + 1) })
 }
 
 // StartAll starts every server that is not running, all at once (one

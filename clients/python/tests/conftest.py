@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -179,6 +180,38 @@ def wait_for(cond, timeout: float, what: str, every: float = 0.05):
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(every)
+
+
+class Writers:
+    """n writer threads, run until stop(): writer k calls write(k, i) for
+    i = 0, 1, ...; what a call returns is acknowledged (acked, with its time
+    in stamps), what it raises is counted (failed, its repr)."""
+
+    def __init__(self, n: int, write):
+        self.acked, self.stamps, self.failed = [], [], []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(k, write)) for k in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, k, write):
+        i = 0
+        while not self._stop.is_set():
+            try:
+                done = write(k, i)
+                with self._lock:
+                    self.acked.append(done)
+                    self.stamps.append(time.monotonic())
+            except Exception as e:
+                with self._lock:
+                    self.failed.append(repr(e))
+            i += 1
+
+    def stop(self, timeout: float):
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
 
 
 def free_port() -> int:

@@ -6,12 +6,11 @@ every acknowledged write is on the new owner exactly once."""
 import json
 import os
 import subprocess
-import threading
 import time
 
 import pytest
 
-from conftest import free_port, wait_for
+from conftest import Writers, free_port, wait_for
 from shardvisor import SidecarClient
 from shardvisor import db as svdb
 
@@ -41,31 +40,20 @@ def test_run_through_a_real_moves_pause(zk_cluster, bins, driver):
             owned.setdefault((rt.bucket, rt.node), []).append(f"w{i}")
         bucket = min(b for (b, n) in owned if n == "pg1")
         users = owned[(bucket, "pg1")][:6] + [u for (b, n), us in owned.items() if n == "pg2" for u in us[:2]]
-        acked, failed, stop = [], [], threading.Event()
-        lock = threading.Lock()
 
-        def writer(k):
-            n = 0
-            while not stop.is_set():
-                uid = users[(k + n) % len(users)]
-                nid = k * 1_000_000 + n
-                n += 1
+        def write(k, i):
+            uid = users[(k + i) % len(users)]
+            nid = k * 1_000_000 + i
 
-                def fn(conn, uid=uid, nid=nid):
-                    with conn.cursor() as cur:
-                        cur.execute("INSERT INTO app.notes (bkey, uid, id, body) VALUES (%s, %s, %s, 'w')",
-                                    (router.key(uid), uid, nid))
-                try:
-                    pools.run(uid, fn)
-                    with lock:
-                        acked.append((uid, nid))
-                except Exception as e:  # counted, and the test fails on any
-                    with lock:
-                        failed.append(repr(e))
+            def fn(conn):
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO app.notes (bkey, uid, id, body) VALUES (%s, %s, %s, 'w')",
+                                (router.key(uid), uid, nid))
+            pools.run(uid, fn)
+            return uid, nid
 
-        threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
+        writers = Writers(4, write)  # a failed write is counted, and the test fails on any
+        acked = writers.acked
         wait_for(lambda: len(acked) > 200, 10, "writes before the move")
         t0 = time.monotonic()
         c.ctl("move", str(bucket), "--to", "pg2", "--window", "0", timeout=120)
@@ -73,10 +61,8 @@ def test_run_through_a_real_moves_pause(zk_cluster, bins, driver):
         wait_for(lambda: router.route(users[0]).node == "pg2", 5, "the map to name pg2")
         n_at_flip = len(acked)
         wait_for(lambda: len(acked) > n_at_flip + 200, 10, "writes after the move")
-        stop.set()
-        for t in threads:
-            t.join(15)
-        assert failed == []
+        writers.stop(15)
+        assert writers.failed == []
         by_user = {}
         for uid, nid in acked:
             by_user.setdefault(uid, set()).add(nid)

@@ -7,12 +7,11 @@ every acknowledged write is there (synchronous replication)."""
 
 import os
 import subprocess
-import threading
 import time
 
 import pytest
 
-from conftest import REPO, map_doc, wait_for
+from conftest import REPO, Writers, map_doc, wait_for
 from shardvisor import Router
 from shardvisor import db as svdb
 
@@ -27,41 +26,26 @@ def test_run_follows_the_groups_new_primary():
     pools = svdb.Pools(router, retry_for=60)
     pools.run("setup", lambda c: c.cursor().execute(
         "CREATE TABLE IF NOT EXISTS pywrites (uid text, id bigint, PRIMARY KEY (uid, id))"))
-    acked, failed, stop = [], [], threading.Event()
-    lock = threading.Lock()
-    stamps = []
 
-    def writer(k):
-        n = 0
-        while not stop.is_set():
-            n += 1
-            key = (f"w{k}", n)
+    def write(k, i):
+        key = (f"w{k}", i + 1)
 
-            def fn(conn, key=key):
-                with conn.cursor() as cur:
-                    # Idempotent by its key: a retry after a lost connection adds nothing.
-                    cur.execute("INSERT INTO pywrites VALUES (%s, %s) ON CONFLICT DO NOTHING", key)
-            try:
-                pools.run(key[0], fn, idempotent=True)
-                with lock:
-                    acked.append(key)
-                    stamps.append(time.monotonic())
-            except Exception as e:
-                with lock:
-                    failed.append(repr(e))
+        def fn(conn):
+            with conn.cursor() as cur:
+                # Idempotent by its key: a retry after a lost connection adds nothing.
+                cur.execute("INSERT INTO pywrites VALUES (%s, %s) ON CONFLICT DO NOTHING", key)
+        pools.run(key[0], fn, idempotent=True)
+        return key
 
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
+    writers = Writers(3, write)
+    acked, stamps = writers.acked, writers.stamps
     wait_for(lambda: len(acked) > 200, 20, "writes before the failover")
     out = subprocess.run([os.path.join(REPO, "scripts", "devenv"), "pg-kill", NUM], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     killed_at, n_at_kill = time.monotonic(), len(acked)
     wait_for(lambda: len(acked) > n_at_kill + 200, 90, "writes on the new primary", every=0.2)
-    stop.set()
-    for t in threads:
-        t.join(70)
-    assert failed == []
+    writers.stop(70)
+    assert writers.failed == []
     got = set(pools.run("check", lambda c: (lambda cur: (cur.execute("SELECT uid, id FROM pywrites"), cur.fetchall())[1])(c.cursor())))
     missing = set(acked) - got
     assert not missing, f"{len(missing)} acknowledged writes missing after the failover"

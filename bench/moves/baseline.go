@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// baseline copies the ranges of a few moved buckets again, from the same
+// source to the same target, with a plain binary COPY pipe into a scratch
+// table with the same columns and primary key.
+func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, error) {
+	var done []MoveRow
+	for _, m := range moves {
+		if m.State == topo.MoveDone {
+			done = append(done, m)
+		}
+	}
+	if len(done) == 0 || *baselineN <= 0 {
+		return nil, nil
+	}
+	var pick []MoveRow
+	n := min(*baselineN, len(done))
+	for i := range n {
+		pick = append(pick, done[i*len(done)/n])
+	}
+	node := func(id string) bucketmap.Node {
+		for _, n := range b.nodes {
+			if string(n.ID) == id {
+				return n
+			}
+		}
+		return bucketmap.Node{}
+	}
+	say("copy baseline: plain COPY of %d moved buckets' ranges, source -> target, into app.kv_baseline", len(pick))
+	var runs []BaselineRun
+	for _, mv := range pick {
+		lo, hi, err := keystream.Range(*level, mv.Bucket)
+		if err != nil {
+			return runs, err
+		}
+		src, err := dbnode.Connect(ctx, node(mv.From))
+		if err != nil {
+			return runs, err
+		}
+		dst, err := dbnode.Connect(ctx, node(mv.To))
+		if err != nil {
+			src.Close(context.Background())
+			return runs, err
+		}
+		run, _, err := copyPipeCols(ctx, src, dst, lo, hi, "bkey, uid, v", false)
+		src.Close(context.Background())
+		dst.Close(context.Background())
+		if err != nil {
+			return runs, err
+		}
+		run.Bucket, run.From, run.To = mv.Bucket, mv.From, mv.To
+		say("  bucket %3d %s -> %s  %6d rows in %6.0f ms (%s rows/s); the mover: %6d rows in %6.0f ms (%s rows/s)",
+			run.Bucket, run.From, run.To, run.Rows, run.MS, human(run.RowsPS), mv.Rows, mv.CopyMS, human(mv.RowsPS))
+		runs = append(runs, run)
+	}
+	if c, err := dbnode.Connect(ctx, node(pick[0].To)); err == nil {
+		_, _ = c.Exec(ctx, "DROP TABLE IF EXISTS app.kv_baseline")
+		c.Close(context.Background())
+	}
+	return runs, nil
+}
+
+// copyPipeCols copies cols of the range from src into app.kv_baseline (the
+// table's columns, indexes and primary key, without its constraints) on
+// dst through one binary COPY pipe: an io.Pipe, or batches
+// of 64 KB. It returns the run and the bytes of the COPY stream.
+func copyPipeCols(ctx context.Context, src, dst *pgx.Conn, lo, hi int64, cols string, batched bool) (BaselineRun, int64, error) {
+	var run BaselineRun
+	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
+		return run, 0, err
+	}
+	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
+		return run, 0, err
+	}
+	var bytes atomic.Int64
+	pr, pw := io.Pipe()
+	var w io.Writer = counter{pw, &bytes}
+	var bw *batcher
+	if batched {
+		bw = &batcher{w: w}
+		w = bw
+	}
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
+		if err == nil && bw != nil {
+			err = bw.flush()
+		}
+		pw.CloseWithError(err)
+		errc <- err
+	}()
+	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY app.kv_baseline (%s) FROM STDIN (FORMAT binary)", cols))
+	pr.CloseWithError(err)
+	if serr := <-errc; serr != nil {
+		return run, 0, fmt.Errorf("COPY TO: %w", serr)
+	}
+	if err != nil {
+		return run, 0, fmt.Errorf("COPY FROM: %w", err)
+	}
+	el := time.Since(start)
+	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
+	run.RowsPS = float64(run.Rows) / el.Seconds()
+	return run, bytes.Load(), nil
+}
+
+type counter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (c counter) Write(b []byte) (int, error) {
+	c.n.Add(int64(len(b)))
+	return c.w.Write(b)
+}
+
+// batcher gathers writes into 64 KB before passing them on.
+type batcher struct {
+	w   io.Writer
+	buf []byte
+}
+
+func (b *batcher) Write(p []byte) (int, error) {
+	b.buf = append(b.buf, p...)
+	if len(b.buf) >= 64<<10 {
+		if err := b.flush(); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (b *batcher) flush() error {
+	if len(b.buf) == 0 {
+		return nil
+	}
+	_, err := b.w.Write(b.buf)
+	b.buf = b.buf[:0]
+	return err
+}

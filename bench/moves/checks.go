@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/migrate"
+)
+
+// checkAcked looks up every user written with an acknowledgement on the
+// owner of its bucket in the final map; its value must be the last
+// acknowledged one (or that of a later write whose outcome the client did
+// not learn).
+func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Result, s *Summary) error {
+	type item struct {
+		uid string
+		key int64
+	}
+	by := map[bucketmap.NodeID][]item{}
+	for uid := range w.Acked {
+		p := b.ks.Prefix64(uid)
+		o := m.Owner(keystream.BucketOf(p, m.Level))
+		by[o] = append(by[o], item{uid, keystream.Key(p)})
+	}
+	s.UsersChecked = len(w.Acked)
+	for _, n := range m.Nodes() {
+		items := by[n.ID]
+		if len(items) == 0 {
+			continue
+		}
+		c, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return err
+		}
+		for i := 0; i < len(items); i += 5000 {
+			part := items[i:min(i+5000, len(items))]
+			keys, uids := make([]int64, len(part)), make([]string, len(part))
+			for j, it := range part {
+				keys[j], uids[j] = it.key, it.uid
+			}
+			rows, err := c.Query(ctx, `SELECT k.uid, kv.v FROM unnest($1::bigint[], $2::text[]) AS k(bkey, uid)
+				LEFT JOIN app.kv kv ON kv.bkey = k.bkey AND kv.uid = k.uid`, keys, uids)
+			if err != nil {
+				c.Close(context.Background())
+				return err
+			}
+			for rows.Next() {
+				var uid string
+				var v *int64
+				if err := rows.Scan(&uid, &v); err != nil {
+					rows.Close()
+					c.Close(context.Background())
+					return err
+				}
+				want := w.Acked[uid]
+				switch {
+				case v != nil && *v == want:
+				case v != nil && slices.Contains(w.Uncertain[uid], *v):
+					s.NewerThanAcked++
+				default:
+					s.Missing++
+					if len(s.MissingSamples) < 10 {
+						got := "no row"
+						if v != nil {
+							got = fmt.Sprintf("v=%d", *v)
+						}
+						s.MissingSamples = append(s.MissingSamples, fmt.Sprintf("%s: acknowledged v=%d, owner %s has %s", uid, want, n.ID, got))
+					}
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				c.Close(context.Background())
+				return err
+			}
+		}
+		c.Close(context.Background())
+	}
+	return nil
+}
+
+// leftovers lists the moves' replication objects still on the nodes.
+func (b *bench) leftovers(ctx context.Context) []string {
+	var outl []string
+	for _, n := range b.nodes {
+		c, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			outl = append(outl, fmt.Sprintf("%s: %v", n.ID, err))
+			continue
+		}
+		objs, err := migrate.ReplicationObjects(ctx, c)
+		if err != nil {
+			outl = append(outl, fmt.Sprintf("%s: %v", n.ID, err))
+		}
+		for _, o := range objs {
+			outl = append(outl, string(n.ID)+": "+o)
+		}
+		c.Close(context.Background())
+	}
+	sort.Strings(outl)
+	return outl
+}

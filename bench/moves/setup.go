@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+func (b *bench) setup(ctx context.Context) error {
+	ddl := []string{clustertest.KVDDL}
+	if *bigRows > 0 {
+		ddl = append(ddl, blobDDL)
+	}
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *level,
+		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{clustertest.KV}, DDL: ddl})
+	if err != nil {
+		return err
+	}
+	b.st, b.ks = c.Store, c.Keystream
+	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *level, c.Map.Buckets(), startNodes, len(b.nodes))
+	return nil
+}
+
+type loadRow struct {
+	key int64
+	idx uint32
+}
+
+type rowSource struct {
+	rows []loadRow
+	i    int
+	done *atomic.Int64
+}
+
+func (s *rowSource) Next() bool {
+	s.i++
+	if s.i <= len(s.rows) {
+		s.done.Add(1)
+		return true
+	}
+	return false
+}
+
+func (s *rowSource) Values() ([]any, error) {
+	r := s.rows[s.i-1]
+	return []any{r.key, benchkit.UserID(r.idx), int64(0)}, nil
+}
+
+func (s *rowSource) Err() error { return nil }
+
+// load fills every bucket with rowsPerBucket users "u%08d", COPYing each
+// node's rows in key order straight into it (bypassing the fence, as
+// replication and GC do). It returns the rows loaded and the first user
+// index not generated.
+func (b *bench) load(ctx context.Context) (int64, uint32, error) {
+	m, _, err := b.st.Load(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	nb := m.Buckets()
+	need := *rowsPerBucket
+	total := nb * need
+	counts := make([]int, nb)
+	perNode := make([][]loadRow, startNodes)
+	owner := make([]int, nb)
+	for bk := range nb {
+		owner[bk] = m.OwnerIndex(uint32(bk))
+		if owner[bk] >= startNodes {
+			return 0, 0, fmt.Errorf("bucket %d owned by node index %d", bk, owner[bk])
+		}
+	}
+	for i := range perNode {
+		perNode[i] = make([]loadRow, 0, total/startNodes+need)
+	}
+	say("generating %s users for %d buckets x %d rows", human(float64(total)), nb, need)
+	const chunk = 1 << 18
+	prefixes := make([]uint64, chunk)
+	left, idx := total, uint32(0)
+	procs := runtime.GOMAXPROCS(0)
+	for left > 0 {
+		if err := ctx.Err(); err != nil {
+			return 0, 0, err
+		}
+		var wg sync.WaitGroup
+		per := (chunk + procs - 1) / procs
+		for p := range procs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := p * per; j < min(chunk, (p+1)*per); j++ {
+					prefixes[j] = b.ks.Prefix64(benchkit.UserID(idx + uint32(j)))
+				}
+			}()
+		}
+		wg.Wait()
+		for j := 0; j < chunk && left > 0; j++ {
+			bk := keystream.BucketOf(prefixes[j], *level)
+			if counts[bk] >= need {
+				continue
+			}
+			counts[bk]++
+			left--
+			o := owner[bk]
+			perNode[o] = append(perNode[o], loadRow{key: keystream.Key(prefixes[j]), idx: idx + uint32(j)})
+		}
+		idx += chunk
+	}
+	for i := range perNode {
+		slices.SortFunc(perNode[i], func(x, y loadRow) int {
+			if x.key < y.key {
+				return -1
+			} else if x.key > y.key {
+				return 1
+			}
+			return 0
+		})
+	}
+	var done atomic.Int64
+	start := time.Now()
+	stopProgress := make(chan struct{})
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopProgress:
+				return
+			case <-t.C:
+				n := done.Load()
+				say("  loading: %s / %s rows (%s rows/s)", human(float64(n)), human(float64(total)), human(float64(n)/time.Since(start).Seconds()))
+			}
+		}
+	}()
+	errs := make([]error, startNodes)
+	var wg sync.WaitGroup
+	for i := range startNodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = b.copyIn(ctx, b.nodes[i], perNode[i], &done)
+		}()
+	}
+	wg.Wait()
+	close(stopProgress)
+	if err := errors.Join(errs...); err != nil {
+		return 0, 0, fmt.Errorf("loading: %w", err)
+	}
+	say("  loaded %s rows in %.1f s (%s rows/s); VACUUM ANALYZE", human(float64(done.Load())), time.Since(start).Seconds(), human(float64(done.Load())/time.Since(start).Seconds()))
+	for i := range startNodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := dbnode.Connect(ctx, b.nodes[i])
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer c.Close(context.Background())
+			_, errs[i] = c.Exec(ctx, "VACUUM (ANALYZE) app.kv")
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return 0, 0, err
+	}
+	return done.Load(), idx, nil
+}
+
+func (b *bench) copyIn(ctx context.Context, n bucketmap.Node, rows []loadRow, done *atomic.Int64) error {
+	c, err := dbnode.Connect(ctx, n)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: rows, done: done})
+	if err != nil {
+		return fmt.Errorf("%s: %w", n.ID, err)
+	}
+	if got != int64(len(rows)) {
+		return fmt.Errorf("%s: copied %d rows of %d", n.ID, got, len(rows))
+	}
+	return nil
+}

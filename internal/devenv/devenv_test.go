@@ -1,0 +1,240 @@
+package devenv
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The golden files in testdata are what scripts/devenv (bash) wrote for
+// state dir /tmp/sv-h1-gold and the default ports: zk2's zoo.cfg and
+// log4j.properties, pg2's shardvisor.conf, member 2 of group 4's
+// patroni.yml (password PASSWORD123). A running server whose file differs
+// is restarted or reloaded by up, so the rendering must not drift.
+func TestTemplatesRenderAsTheScriptDid(t *testing.T) {
+	e := New(Config{Dir: "/tmp/sv-h1-gold"})
+	for name, got := range map[string][]byte{
+		"zoo.cfg":          e.zooCfg(2),
+		"log4j.properties": e.log4jProperties(2),
+		"shardvisor.conf":  e.shardvisorConf(2),
+		"patroni.yml":      e.patroniYML(4, 2, "PASSWORD123"),
+	} {
+		want, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s differs from the script's:\n--- got\n%s\n--- want\n%s", name, got, want)
+		}
+	}
+}
+
+func TestPorts(t *testing.T) {
+	e := New(Config{Dir: "/s"})
+	for _, c := range []struct {
+		name      string
+		got, want int
+	}{
+		{"zk1 client", e.ZKPort(1), 21811},
+		{"zk3 client", e.ZKPort(3), 21813},
+		{"zk2 quorum", e.zkQuorumPort(2), 22882},
+		{"zk3 election", e.zkElectionPort(3), 23883},
+		{"pg1", e.PGPort(1), 25432},
+		{"pg4", e.PGPort(4), 25435},
+		{"pg4 m1", e.MemberPort(4, 1), 25435},
+		{"pg4 m2", e.MemberPort(4, 2), 25535},
+		{"pg5 m2 api", e.MemberAPIPort(5, 2), 26536},
+		{"pg4 m2 link to zk3", e.ZKLinkPort(4, 2, 3), 21811 + 3000 + 30 + 3 + 2},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: port %d, want %d", c.name, c.got, c.want)
+		}
+	}
+	e = New(Config{Dir: "/s", ZKPortBase: 31811, PGPortBase: 28432})
+	if got, want := e.ZKConnect(), "127.0.0.1:31811,127.0.0.1:31812,127.0.0.1:31813"; got != want {
+		t.Errorf("ZKConnect = %q, want %q", got, want)
+	}
+	if got := e.MemberAPIPort(1, 1); got != 29432 {
+		t.Errorf("pg1 m1 api = %d", got)
+	}
+}
+
+func TestLayout(t *testing.T) {
+	e := New(Config{Dir: "/s"})
+	for got, want := range map[string]string{
+		e.ZKDir(2):               "/s/zk/zk2",
+		e.zkLog(1):               "/s/zk/zk1/zookeeper.log",
+		e.SuperFile():            "/s/zk/superpass",
+		e.PGDir(3):               "/s/pg/pg3",
+		e.pgData(3):              "/s/pg/pg3/data",
+		e.PasswordFile():         "/s/pg/password",
+		e.PGPassFile():           "/s/pg/pgpass",
+		e.MemberDir(4, 2):        "/s/pg/pg4/m2",
+		e.zkLinkPidFile(4, 2, 3): "/s/pg/pg4/m2/zkfwd3.pid",
+		MemberName(4, 2):         "pg4-m2",
+	} {
+		if got != want {
+			t.Errorf("%q, want %q", got, want)
+		}
+	}
+	if New(Config{}).Dir() != DefaultDir {
+		t.Errorf("default dir %q", New(Config{}).Dir())
+	}
+}
+
+func TestParseEnvironment(t *testing.T) {
+	if n, err := ParseNodes("5"); err != nil || n != 5 {
+		t.Errorf("ParseNodes(5) = %d, %v", n, err)
+	}
+	for _, bad := range []string{"0", "-1", "x", "05", "+3"} {
+		if _, err := ParseNodes(bad); err == nil || !strings.Contains(err.Error(), "SHARDVISOR_PG_NODES must be a positive integer, got '"+bad+"'") {
+			t.Errorf("ParseNodes(%q): %v", bad, err)
+		}
+	}
+	if n, err := ParseHA("2"); err != nil || n != 2 {
+		t.Errorf("ParseHA(2) = %d, %v", n, err)
+	}
+	for _, bad := range []string{"0", "10", "x"} {
+		if _, err := ParseHA(bad); err == nil {
+			t.Errorf("ParseHA(%q) accepted", bad)
+		}
+	}
+	if l, err := ParseHANodes("4,5"); err != nil || len(l) != 2 || l[0] != 4 || l[1] != 5 {
+		t.Errorf("ParseHANodes(4,5) = %v, %v", l, err)
+	}
+	for _, bad := range []string{"4,", ",4", "4,x", "0"} {
+		if _, err := ParseHANodes(bad); err == nil {
+			t.Errorf("ParseHANodes(%q) accepted", bad)
+		}
+	}
+	t.Setenv("SHARDVISOR_DEVENV_DIR", "/x")
+	t.Setenv("SHARDVISOR_PG_HA", "2")
+	t.Setenv("SHARDVISOR_PG_HA_NODES", "4,5")
+	t.Setenv("SHARDVISOR_DEVENV_TIMEOUT", "7")
+	c, err := FromEnv()
+	if err != nil || c.Dir != "/x" || c.HA != 2 || len(c.HANodes) != 2 || c.Timeout.Seconds() != 7 {
+		t.Errorf("FromEnv = %+v, %v", c, err)
+	}
+}
+
+// A node's kind comes from its directory: members for a group, a data
+// directory for a plain node; new nodes get what the configuration asks.
+func TestNodeKinds(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(p, body string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("pg/pg1/data/PG_VERSION", "15\n")
+	mk("pg/pg5/members", "2\n")
+	mk("pg/pgx/members", "2\n")
+	e := New(Config{Dir: dir})
+	if n := e.NodeCount(); n != 5 {
+		t.Errorf("NodeCount = %d, want 5 (pg5 exists)", n)
+	}
+	if !e.IsGroup(5) || e.IsGroup(1) {
+		t.Error("IsGroup")
+	}
+	for i, want := range map[int]int{1: 1, 2: 1, 5: 2} {
+		if n, err := e.Members(i); err != nil || n != want {
+			t.Errorf("Members(%d) = %d, %v; want %d", i, n, err, want)
+		}
+	}
+	if got, want := e.existingKinds(), "plain nodes: 1; groups: pg5 (2 members)"; got != want {
+		t.Errorf("existingKinds = %q, want %q", got, want)
+	}
+	e = New(Config{Dir: dir, HA: 2, HANodes: []int{4, 5}})
+	if n, _ := e.Members(4); n != 2 {
+		t.Errorf("new node 4 under HA=2 HA_NODES=4,5: %d members", n)
+	}
+	if n, _ := e.Members(3); n != 1 {
+		t.Errorf("new node 3 outside HA_NODES: %d members", n)
+	}
+	if err := e.checkKind(5); err != nil {
+		t.Errorf("checkKind(5): %v", err)
+	}
+	e = New(Config{Dir: dir, HA: 3})
+	if err := e.checkKind(1); err == nil || !strings.Contains(err.Error(), "pg1 exists as a plain PostgreSQL node, but SHARDVISOR_PG_HA=3") {
+		t.Errorf("checkKind(1) under HA=3: %v", err)
+	}
+	mk("pg/pg6/members", "x\n")
+	if _, err := e.Members(6); err == nil {
+		t.Error("a members file without a number accepted")
+	}
+}
+
+// What pg-kill prints: tests and scripts parse "killed primary NAME".
+func TestKilledLine(t *testing.T) {
+	if got, want := (Killed{Node: 2, Port: 25433, PostmasterPid: 42, Children: 7}).String(),
+		"pg2: killed (postmaster pid 42 and 7 children)"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+	if got, want := (Killed{Node: 5, Member: "pg5-m2", Port: 25536, PatroniPid: 10, Children: 3}).String(),
+		"pg5: killed primary pg5-m2 (127.0.0.1:25536; Patroni pid 10, postmaster pid - and 3 children)"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+}
+
+func TestSuperDigest(t *testing.T) {
+	// As the script computed it: printf 'super:abc' | sha1sum | base64 of the bytes.
+	if got, want := superDigest("abc"), "2VgF0vR8DcNscibPW6lltB0qxsg="; got != want {
+		t.Errorf("superDigest = %q, want %q", got, want)
+	}
+	if p := randomPassword(); len(p) != 24 || strings.Trim(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != "" {
+		t.Errorf("randomPassword %q", p)
+	}
+}
+
+// The group assessment, on REST API answers as Patroni gives them.
+func TestAssessGroup(t *testing.T) {
+	ms := []member{
+		{m: 1, name: "pg4-m1", label: "pg4.m1", pgPort: 1, api: 2, pgPid: 100, patroniPid: 101},
+		{m: 2, name: "pg4-m2", label: "pg4.m2", pgPort: 3, api: 4, pgPid: 0, patroniPid: 0},
+	}
+	res := []apiAnswer{
+		{200, map[string]any{"state": "running", "timeline": float64(3), "xlog": map[string]any{"location": float64(100)}}},
+		{},
+	}
+	a := assess("pg4", ms, res)
+	if a.lead != 0 || a.texts[0] != "primary running timeline 3" || a.texts[1] != "stopped" {
+		t.Errorf("assess: %+v", a)
+	}
+	if !slices.Contains(a.problems, "pg4.m2: stopped") {
+		t.Errorf("problems %q", a.problems)
+	}
+	a = assess("pg4", ms, []apiAnswer{{503, map[string]any{"role": "replica", "state": "running"}}, {}})
+	if a.lead != -1 || a.texts[0] != "replica running, not streaming (no leader)" || !slices.Contains(a.problems, "pg4: no leader (primary)") {
+		t.Errorf("no leader: %+v", a)
+	}
+	ms[1].patroniPid = 102
+	a = assess("pg4", ms, []apiAnswer{{200, map[string]any{}}, {200, map[string]any{}}})
+	if !slices.Contains(a.problems, "2 members answer as primary: pg4.m1 pg4.m2") {
+		t.Errorf("two leaders: %q", a.problems)
+	}
+}
+
+func TestTail(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "log")
+	var b strings.Builder
+	for i := range 60 {
+		b.WriteString(strings.Repeat("x", i%3) + "\n")
+	}
+	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := tailTo(&out, p, 50); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), "\n"); n != 50 {
+		t.Errorf("%d lines, want 50", n)
+	}
+}

@@ -1,0 +1,198 @@
+package devenv_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/devenv"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+)
+
+// The environment of these tests: a state directory of its own and ports
+// of their own, below the kernel's ephemeral range (a port there can be
+// taken by an outgoing connection, ZooKeeper's own, before a server binds
+// it) and below testenv.FreePort's: ZooKeeper on 7811-7813 (quorum
+// 8881-8883, election 9881-9883), PostgreSQL on 7432 (groups: 7432 +
+// 100*(m-1), REST API 8432 + ...). A lock file keeps two test processes
+// (two checkouts) from using them at once.
+func throwaway(t *testing.T, nodes, ha int) *devenv.Env {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: starts ZooKeeper and PostgreSQL; skipped with -short")
+	}
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "shardvisor-devenv-test.lock"), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() })
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "shardvisor-devenv-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The postgres user must traverse it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	e := devenv.New(devenv.Config{Dir: dir, ZKPortBase: 7811, PGPortBase: 7432, PGNodes: nodes, HA: ha,
+		Timeout: 2 * time.Minute, Log: &log})
+	t.Cleanup(func() {
+		if err := e.Down(); err != nil {
+			t.Errorf("down: %v", err)
+		}
+		if e.AnythingRunning() {
+			t.Errorf("down left servers running in %s", dir)
+		} else {
+			os.RemoveAll(dir)
+		}
+		if t.Failed() {
+			t.Logf("devenv's log:\n%s", log.String())
+		}
+	})
+	return e
+}
+
+func status(t *testing.T, e *devenv.Env) (string, bool) {
+	t.Helper()
+	var b bytes.Buffer
+	ok := e.Status(&b)
+	return b.String(), ok
+}
+
+// Up, status, env; a node killed and started again; the whole ensemble
+// killed and started again one server at a time (the first start returns
+// without a quorum to wait for); down leaves no process.
+func TestUpFaultsDown(t *testing.T) {
+	e := throwaway(t, 1, 0)
+	if err := e.Up(); err != nil {
+		t.Fatal(err)
+	}
+	st, ok := status(t, e)
+	if !ok {
+		t.Fatalf("not healthy after up:\n%s", st)
+	}
+	lines := strings.Split(strings.TrimSpace(st), "\n")
+	if len(lines) != 5 || !strings.HasPrefix(lines[0], "SERVER PORT   PID      STATE") ||
+		!strings.HasPrefix(lines[4], "pg1    7432   ") || !strings.HasSuffix(lines[4], " accepting") {
+		t.Errorf("status table:\n%s", st)
+	}
+	var env bytes.Buffer
+	e.Exports(&env)
+	for _, want := range []string{
+		"export SHARDVISOR_ZK='127.0.0.1:7811,127.0.0.1:7812,127.0.0.1:7813'\n",
+		"export SHARDVISOR_PG1_DSN='postgres://postgres:" + e.Password() + "@127.0.0.1:7432/postgres?sslmode=disable'\n",
+		"export PGPASSFILE='" + e.PGPassFile() + "'\n",
+	} {
+		if !strings.Contains(env.String(), want) {
+			t.Errorf("env lacks %q:\n%s", want, env.String())
+		}
+	}
+	if err := testenv.Exec(t.Context(), e.NodeDSN(1), "SELECT 1"); err != nil {
+		t.Fatalf("pg1 with the env DSN: %v", err)
+	}
+
+	// pg-kill: the postmaster and its children are dead when it returns.
+	k, err := e.PGKill(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if devenv.Alive(k.PostmasterPid, "") || !strings.HasPrefix(k.String(), "pg1: killed (postmaster pid ") {
+		t.Errorf("after %q the postmaster is alive: %v", k, devenv.Alive(k.PostmasterPid, ""))
+	}
+	if st, ok := status(t, e); ok || !strings.Contains(st, "pg1    7432   -        stopped") {
+		t.Errorf("status after pg-kill:\n%s", st)
+	}
+	if err := e.PGStart(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.Exec(t.Context(), e.NodeDSN(1), "SELECT 1"); err != nil {
+		t.Fatalf("pg1 after pg-start: %v", err)
+	}
+
+	// The whole ensemble down; each start returns once its server listens.
+	var zkPids []int
+	for i := 1; i <= devenv.ZKServers; i++ {
+		zkPids = append(zkPids, e.ZKPid(i))
+		if err := e.ZKKill(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, pid := range zkPids {
+		if devenv.Alive(pid, "") || e.ZKPid(i+1) != 0 {
+			t.Errorf("zk%d (pid %d) alive after zk-kill", i+1, pid)
+		}
+	}
+	if err := e.ZKStart(1); err != nil {
+		t.Fatalf("zk-start 1 without a quorum: %v", err)
+	}
+	if mode := e.ZKMode(1); mode != "not-serving" {
+		t.Errorf("zk1 alone: mode %q, want not-serving", mode)
+	}
+	for i := 2; i <= devenv.ZKServers; i++ {
+		if err := e.ZKStart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, time.Minute, func() bool { _, ok := status(t, e); return ok }, "the ensemble serving again")
+
+	// Freeze and thaw: the process stays, and answers again.
+	if err := e.ZKFreeze(2); err != nil {
+		t.Fatal(err)
+	}
+	if mode := e.ZKMode(2); mode != "down" {
+		t.Errorf("zk2 frozen: mode %q, want down (no answer)", mode)
+	}
+	if err := e.ZKThaw(2); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, func() bool { m := e.ZKMode(2); return m == "leader" || m == "follower" }, "zk2 serving after thaw")
+
+	if err := e.Down(); err != nil {
+		t.Fatal(err)
+	}
+	if e.AnythingRunning() {
+		st, _ := status(t, e)
+		t.Errorf("down left servers running:\n%s", st)
+	}
+}
+
+// A Patroni group of 2: up, the primary's host killed, the other member
+// takes over, the killed one rejoins; a member cut from ZooKeeper and
+// healed. Long (Patroni's ttl is 10 s): make test-faults runs it.
+func TestFaultsGroup(t *testing.T) {
+	testenv.Faults(t)
+	e := throwaway(t, 1, 2)
+	if err := e.Up(); err != nil {
+		t.Fatal(err)
+	}
+	name, _, ok, err := e.Primary(1)
+	if err != nil || !ok {
+		t.Fatalf("no primary after up: %v", err)
+	}
+	k, err := e.PGKill(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Member != name || devenv.Alive(k.PatroniPid, "") || devenv.Alive(k.PostmasterPid, "") {
+		t.Errorf("killed %+v, primary was %s", k, name)
+	}
+	testenv.WaitFor(t, time.Minute, func() bool { n, _, ok, _ := e.Primary(1); return ok && n != name }, "the other member promoted")
+	if err := e.PGStart(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ZKCut(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.ZKHeal(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, func() bool { _, ok := status(t, e); return ok }, "the group healthy after the heal")
+}

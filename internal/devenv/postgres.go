@@ -1,0 +1,245 @@
+package devenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Plain PostgreSQL 15 nodes: one postmaster each, data in pg/pgI/data,
+// started and stopped with pg_ctl as the postgres user. Authentication:
+// trust over the unix socket in pg/pgI/, scram-sha-256 over TCP
+// (replication too), user postgres.
+
+// Password is the postgres superuser's password ("" if none yet).
+func (e *Env) Password() string {
+	b, err := os.ReadFile(e.PasswordFile())
+	if err != nil {
+		return ""
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return line
+}
+
+// ensurePassword creates the password file if needed (changed: it was
+// created now, so existing servers must be told) and rewrites pgpass.
+func (e *Env) ensurePassword() (pw string, changed bool, err error) {
+	dir := filepath.Join(e.c.Dir, "pg")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", false, err
+	}
+	_ = os.Chmod(dir, 0o755)
+	if pw = e.Password(); pw == "" {
+		pw, changed = randomPassword(), true
+		if err := os.WriteFile(e.PasswordFile(), []byte(pw+"\n"), 0o644); err != nil {
+			return "", false, err
+		}
+		_ = os.Chmod(e.PasswordFile(), 0o644)
+	}
+	// libpq ignores a password file that is not 0600.
+	tmp := e.PGPassFile() + ".tmp"
+	body := fmt.Sprintf("127.0.0.1:*:*:postgres:%s\nlocalhost:*:*:postgres:%s\n", pw, pw)
+	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+		return "", false, err
+	}
+	_ = os.Chmod(tmp, 0o600)
+	return pw, changed, os.Rename(tmp, e.PGPassFile())
+}
+
+// pgPid is plain node i's postmaster pid if it runs, else 0.
+func (e *Env) pgPid(i int) int { return postmasterPid(e.pgData(i)) }
+
+// pgStaleBinary: the running postmaster's executable was replaced on disk
+// (postgresql-15 upgraded by apt): it would load the new version's
+// libraries, which fails (e.g. logical replication's libpqwalreceiver).
+func (e *Env) pgStaleBinary(i int) bool {
+	pid := e.pgPid(i)
+	if pid == 0 {
+		return false
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	return err == nil && strings.HasSuffix(exe, " (deleted)")
+}
+
+// pgReady reports whether the server on port accepts connections, as
+// pg_isready does: it answers a startup packet with anything but "the
+// database system is starting up / shutting down" (57P03). A refused
+// password counts as accepting.
+func pgReady(port int, password string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", port))
+	if err != nil {
+		return false
+	}
+	cfg.Password = password
+	c, err := pgconn.ConnectConfig(ctx, cfg)
+	if err == nil {
+		c.Close(ctx)
+		return true
+	}
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code != "57P03"
+}
+
+func (e *Env) pgInit(i int) error {
+	dir := e.PGDir(i)
+	if fileExists(filepath.Join(dir, "data", "PG_VERSION")) {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := chownPG(dir); err != nil {
+		return err
+	}
+	_ = os.Chmod(dir, 0o755)
+	_ = os.RemoveAll(e.pgData(i))
+	e.logf("pg%d: initdb", i)
+	if err := runPG(filepath.Join(dir, "initdb.log"), filepath.Join(pgBin, "initdb"), "-D", e.pgData(i), "-U", "postgres", "-N",
+		"--auth-local=trust", "--auth-host=scram-sha-256", "--pwfile="+e.PasswordFile(), "--no-locale", "--encoding=UTF8"); err != nil {
+		return withLogs(fmt.Errorf("pg%d: initdb failed: %w", i, err), filepath.Join(dir, "initdb.log"))
+	}
+	hba := filepath.Join(e.pgData(i), "pg_hba.conf")
+	b, err := os.ReadFile(hba)
+	if err != nil {
+		return err
+	}
+	if !hasReplicationLine(string(b)) {
+		if err := appendFile(hba, "host    replication     all             127.0.0.1/32            scram-sha-256\n"); err != nil {
+			return err
+		}
+	}
+	return appendFile(filepath.Join(e.pgData(i), "postgresql.conf"), "include_if_exists = 'shardvisor.conf'\n")
+}
+
+// hasReplicationLine: pg_hba.conf lets replication connections in over TCP
+// from 127.0.0.1 with a password.
+func hasReplicationLine(hba string) bool {
+	for _, l := range strings.Split(hba, "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 5 && f[0] == "host" && f[1] == "replication" && f[2] == "all" && f[3] == "127.0.0.1/32" && f[4] == "scram-sha-256" {
+			return true
+		}
+	}
+	return false
+}
+
+func appendFile(path, s string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(s); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// writePGFile writes a file the postgres user owns.
+func writePGFile(path string, b []byte, mode os.FileMode) error {
+	if err := os.WriteFile(path, b, mode); err != nil {
+		return err
+	}
+	_ = os.Chmod(path, mode)
+	return chownPG(path)
+}
+
+// pgLaunch initialises node i if needed and starts it without waiting.
+func (e *Env) pgLaunch(i int) error {
+	if err := e.pgInit(i); err != nil {
+		return err
+	}
+	if e.pgStaleBinary(i) {
+		e.logf("pg%d: running an upgraded-away postgres binary; restarting it", i)
+		e.pgStop(i)
+	}
+	if e.pgPid(i) != 0 {
+		return nil
+	}
+	if portBusy(e.PGPort(i)) {
+		return errPortBusy(fmt.Sprintf("pg%d", i), e.PGPort(i), "")
+	}
+	if err := writePGFile(filepath.Join(e.pgData(i), "shardvisor.conf"), e.shardvisorConf(i), 0o644); err != nil {
+		return err
+	}
+	waitReaped(e.pgData(i))
+	// postgres removes a stale postmaster.pid by itself.
+	if err := runPG("", filepath.Join(pgBin, "pg_ctl"), "-D", e.pgData(i), "-l", e.pgLog(i), "-W", "-s", "start"); err != nil {
+		return withLogs(fmt.Errorf("pg%d: pg_ctl start failed: %w", i, err), e.pgLog(i))
+	}
+	e.logf("pg%d: starting (port %d)", i, e.PGPort(i))
+	return nil
+}
+
+// pgCtlStop stops the postmaster of data (fast shutdown), signalling it
+// if pg_ctl cannot.
+func (e *Env) pgCtlStop(name, data string, pid int) {
+	if err := runPG("", filepath.Join(pgBin, "pg_ctl"), "-D", data, "-m", "fast", "-w", "-t", "30", "-s", "stop"); err != nil {
+		e.logf("%s: pg_ctl stop failed, signalling pid %d", name, pid)
+		_ = syscall.Kill(pid, syscall.SIGQUIT)
+		e.stopPid(name, pid, 10*time.Second)
+	}
+}
+
+func (e *Env) pgStop(i int) {
+	pid := e.pgPid(i)
+	if pid == 0 {
+		return
+	}
+	e.pgCtlStop(fmt.Sprintf("pg%d", i), e.pgData(i), pid)
+	e.logf("pg%d: stopped (pid %d)", i, pid)
+}
+
+// waitReaped: if the postmaster named in DATA/postmaster.pid is dead but
+// not yet reaped (a zombie: a killed postmaster's parent is init, which may
+// take a second or more), wait until it is, at most 5 s: a new postmaster
+// refuses to start while that pid exists.
+func waitReaped(data string) {
+	pid := readPid(filepath.Join(data, "postmaster.pid"))
+	if pid == 0 {
+		return
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for procState(pid) == 'Z' && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// killPostmasterTree stops the postmaster (so it forks no more) and the
+// extra processes, then SIGKILLs them and every child of the postmaster
+// in one go. It returns the number of children.
+func killPostmasterTree(pm int, extra ...int) int {
+	all := append([]int{pm}, extra...)
+	for _, p := range all {
+		_ = syscall.Kill(p, syscall.SIGSTOP)
+	}
+	kids := childrenOf(pm)
+	for _, p := range append(all, kids...) {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	return len(kids)
+}
+
+// setPassword sets the postgres role's password to the password file's,
+// over the unix socket in sockDir (trust).
+func setPassword(sockDir string, port int, pw string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", sockDir, port))
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	_, err = c.Exec(ctx, "ALTER ROLE postgres PASSWORD '"+strings.ReplaceAll(pw, "'", "''")+"'")
+	return err
+}

@@ -1,0 +1,217 @@
+package devenv
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// What devenv prints: the status table, the export lines and the logs.
+// Scripts and tests parse the first two: their format does not change.
+
+// Status writes one line per server (per member for a group) and reports
+// whether everything is up and every group has a leader.
+func (e *Env) Status(w io.Writer) (healthy bool) {
+	healthy = true
+	row := func(name string, port int, pid, state string) {
+		fmt.Fprintf(w, "%-6s %-6d %-8s %s\n", name, port, pid, state)
+	}
+	fmt.Fprintf(w, "%-6s %-6s %-8s %s\n", "SERVER", "PORT", "PID", "STATE")
+	leaders := 0
+	for i := 1; i <= ZKServers; i++ {
+		pid, mode := "-", "stopped"
+		if p := e.zkPid(i); p != 0 {
+			pid, mode = strconv.Itoa(p), e.ZKMode(i)
+		}
+		switch mode {
+		case "leader":
+			leaders++
+		case "follower":
+		default:
+			healthy = false
+		}
+		row(fmt.Sprintf("zk%d", i), e.ZKPort(i), pid, mode)
+	}
+	if healthy && leaders != 1 {
+		fmt.Fprintf(w, "zk: %d leaders (want exactly 1)\n", leaders)
+		healthy = false
+	}
+	pw := e.Password()
+	for i := 1; i <= e.NodeCount(); i++ {
+		if e.IsGroup(i) {
+			healthy = e.groupStatus(w, i) && healthy
+			continue
+		}
+		pid, state := "-", "stopped"
+		switch p := e.pgPid(i); {
+		case !fileExists(filepath.Join(e.pgData(i), "PG_VERSION")):
+			state = "absent"
+		case p == 0:
+		case !pgReady(e.PGPort(i), pw):
+			pid, state = strconv.Itoa(p), "not-accepting"
+		case e.pgStaleBinary(i):
+			pid, state = strconv.Itoa(p), "accepting, binary upgraded on disk: restart with up"
+		default:
+			pid, state = strconv.Itoa(p), "accepting"
+		}
+		if state != "accepting" {
+			healthy = false
+		}
+		row(fmt.Sprintf("pg%d", i), e.PGPort(i), pid, state)
+	}
+	return healthy
+}
+
+// Summary is what up prints after the status table.
+func (e *Env) Summary(w io.Writer) {
+	fmt.Fprintf(w, "ZooKeeper: %s\n", e.ZKConnect())
+	fmt.Fprintf(w, "Postgres:  postgres://postgres@127.0.0.1:%d/postgres  (password in %s)\n", e.PGPort(1), e.PasswordFile())
+}
+
+// NodeDSN is node i's connection string with the password: a group's
+// lists every member with target_session_attrs=read-write, so it reaches
+// the current primary.
+func (e *Env) NodeDSN(i int) string {
+	pw := e.Password()
+	if !e.IsGroup(i) {
+		return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?sslmode=disable", pw, e.PGPort(i))
+	}
+	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2", pw, e.memberHosts(i))
+}
+
+func (e *Env) memberHosts(i int) string {
+	n, _, _ := e.recordedMembers(i)
+	hosts := make([]string, n)
+	for m := 1; m <= n; m++ {
+		hosts[m-1] = fmt.Sprintf("127.0.0.1:%d", e.MemberPort(i, m))
+	}
+	return strings.Join(hosts, ",")
+}
+
+// Exports writes the `export` lines with the connect strings (`eval
+// "$(scripts/devenv env)"`).
+func (e *Env) Exports(w io.Writer) {
+	fmt.Fprintf(w, "export SHARDVISOR_ZK='%s'\n", e.ZKConnect())
+	fmt.Fprintf(w, "export SHARDVISOR_PG_PASSWORD_FILE='%s'\n", e.PasswordFile())
+	fmt.Fprintf(w, "export PGPASSFILE='%s'\n", e.PGPassFile())
+	var dsns []string
+	for i := 1; i <= e.NodeCount(); i++ {
+		dsn := e.NodeDSN(i)
+		fmt.Fprintf(w, "export SHARDVISOR_PG%d_DSN='%s'\n", i, dsn)
+		if e.IsGroup(i) {
+			fmt.Fprintf(w, "export SHARDVISOR_PG%d_PATRONI_SCOPE='pg%d'\n", i, i)
+			fmt.Fprintf(w, "export SHARDVISOR_PG%d_PATRONI_NAMESPACE='%s'\n", i, PatroniNamespace)
+			fmt.Fprintf(w, "export SHARDVISOR_PG%d_MEMBERS='%s'\n", i, e.memberHosts(i))
+		}
+		dsns = append(dsns, dsn)
+	}
+	fmt.Fprintf(w, "export SHARDVISOR_PG_DSNS='%s'\n", strings.Join(dsns, ","))
+}
+
+var memberNameRE = regexp.MustCompile(`^pg([1-9][0-9]*)[.-]m([1-9])$`)
+
+// Logs lists the log files (name ""), or writes the tail of one: zk1, pg2,
+// pg4.m1 (a member's Patroni and PostgreSQL logs), pg4 (all members').
+func (e *Env) Logs(w io.Writer, name string) error {
+	if name == "" {
+		for i := 1; i <= ZKServers; i++ {
+			fmt.Fprintf(w, "zk%d  %s\n", i, e.zkLog(i))
+		}
+		for i := 1; i <= e.NodeCount(); i++ {
+			if !e.IsGroup(i) {
+				fmt.Fprintf(w, "pg%d  %s\n", i, e.pgLog(i))
+				continue
+			}
+			n, _, _ := e.recordedMembers(i)
+			for m := 1; m <= n; m++ {
+				d := e.MemberDir(i, m)
+				fmt.Fprintf(w, "pg%d.m%d  %s %s\n", i, m, filepath.Join(d, "patroni.log"), filepath.Join(d, "postgres.log"))
+			}
+		}
+		return nil
+	}
+	if sm := memberNameRE.FindStringSubmatch(name); sm != nil {
+		i, _ := strconv.Atoi(sm[1])
+		m, _ := strconv.Atoi(sm[2])
+		if !e.IsGroup(i) {
+			return fmt.Errorf("pg%d is not a Patroni group", i)
+		}
+		if n, _, _ := e.recordedMembers(i); m > n {
+			return fmt.Errorf("pg%d has no member %d", i, m)
+		}
+		e.memberLogs(w, i, m, 50)
+		return nil
+	}
+	if s, ok := strings.CutPrefix(name, "zk"); ok {
+		if i, err := strconv.Atoi(s); err == nil && i >= 1 && i <= ZKServers {
+			return tailTo(w, e.zkLog(i), 50)
+		}
+	}
+	if i, ok := nodeNumber(name); ok && i > 0 {
+		if !e.IsGroup(i) {
+			return tailTo(w, e.pgLog(i), 50)
+		}
+		n, _, _ := e.recordedMembers(i)
+		for m := 1; m <= n; m++ {
+			e.memberLogs(w, i, m, 25)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown server '%s' (zk1..zk%d, pg1.., pg4.m1 for a group member)", name, ZKServers)
+}
+
+func (e *Env) memberLogs(w io.Writer, i, m, lines int) {
+	for _, f := range []string{"patroni.log", "postgres.log"} {
+		p := filepath.Join(e.MemberDir(i, m), f)
+		fmt.Fprintf(w, "==> %s <==\n", p)
+		if tailTo(w, p, lines) != nil {
+			fmt.Fprintln(w, "(none yet)")
+		}
+	}
+}
+
+// tailTo writes the last n lines of a file.
+func tailTo(w io.Writer, path string, n int) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	if lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	_, err = io.WriteString(w, strings.Join(lines, ""))
+	return err
+}
+
+// GroupStatus writes group i's status lines (as in Status) and reports
+// whether it is healthy.
+func (e *Env) GroupStatus(w io.Writer, i int) bool { return e.groupStatus(w, i) }
+
+// AnythingRunning reports whether any server of the environment runs.
+func (e *Env) AnythingRunning() bool {
+	for i := 1; i <= ZKServers; i++ {
+		if e.zkPid(i) != 0 {
+			return true
+		}
+	}
+	for i := 1; i <= max(e.NodeCount(), e.existingNodes()); i++ {
+		if e.pgPid(i) != 0 {
+			return true
+		}
+		n, _, _ := e.recordedMembers(i)
+		for m := 1; e.IsGroup(i) && m <= n; m++ {
+			if e.memberPatroniPid(i, m) != 0 || e.memberPGPid(i, m) != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,70 @@
+package devenv
+
+import (
+	"bytes"
+	"embed"
+	"text/template"
+)
+
+// The servers' configuration files, rendered anew on every start. Their
+// text is byte for byte what scripts/devenv wrote: up compares a running
+// ZooKeeper's zoo.cfg and a member's patroni.yml with them to restart or
+// reload what changed.
+//
+//go:embed templates/*.tmpl
+var templateFS embed.FS
+
+var templates = template.Must(template.New("").Option("missingkey=error").ParseFS(templateFS, "templates/*.tmpl"))
+
+func render(name string, data any) []byte {
+	var b bytes.Buffer
+	if err := templates.ExecuteTemplate(&b, name+".tmpl", data); err != nil {
+		panic("devenv: template " + name + ": " + err.Error()) // the templates are fixed: a bug
+	}
+	return b.Bytes()
+}
+
+type zkServer struct{ ID, Quorum, Election int }
+
+// zooCfg is server i's zoo.cfg.
+func (e *Env) zooCfg(i int) []byte {
+	d := struct {
+		Dir     string
+		Port    int
+		Servers []zkServer
+	}{Dir: e.ZKDir(i), Port: e.ZKPort(i)}
+	for j := 1; j <= ZKServers; j++ {
+		d.Servers = append(d.Servers, zkServer{j, e.zkQuorumPort(j), e.zkElectionPort(j)})
+	}
+	return render("zoo.cfg", d)
+}
+
+func (e *Env) log4jProperties(i int) []byte {
+	return render("log4j.properties", struct{ Dir string }{e.ZKDir(i)})
+}
+
+// shardvisorConf is plain node i's data/shardvisor.conf, which its
+// postgresql.conf includes.
+func (e *Env) shardvisorConf(i int) []byte {
+	return render("shardvisor.conf", struct {
+		Port int
+		Dir  string
+	}{e.PGPort(i), e.PGDir(i)})
+}
+
+// patroniYML is member m's patroni.yml of group i. Its Patroni reaches
+// ZooKeeper through the member's own forwarders (zklink.go), so that it
+// can be cut off alone.
+func (e *Env) patroniYML(i, m int, password string) []byte {
+	hosts := ""
+	for j := 1; j <= ZKServers; j++ {
+		if j > 1 {
+			hosts += ", "
+		}
+		hosts += "'127.0.0.1:" + itoa(e.ZKLinkPort(i, m, j)) + "'"
+	}
+	return render("patroni.yml", struct {
+		Node, Port, APIPort                            int
+		Name, Namespace, ZKHosts, Dir, PGBin, Password string
+	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password})
+}

@@ -1,0 +1,108 @@
+package sidecar
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// routeMetrics count the routing answers and the refused requests.
+type routeMetrics struct {
+	lookups     prometheus.Counter
+	batchUIDs   prometheus.Counter
+	stale       prometheus.Counter
+	suspended   prometheus.Counter
+	moved       prometheus.Counter
+	badRequests *prometheus.CounterVec
+}
+
+// registerMetrics creates the handler's metrics and registers them, with
+// the router's, in reg (served at /metrics; docs/router-api.md lists them).
+func (h *handler) registerMetrics(reg *prometheus.Registry) {
+	const ns = "shardvisor_router_"
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: ns + name, Help: help})
+	}
+	h.lookups = counter("lookups_total", "User ids routed over HTTP (single and batch).")
+	h.batchUIDs = counter("batch_lookups_total", "User ids routed through POST /v1/route.")
+	h.stale = counter("stale_answers_total", "Answers given while the ZooKeeper session was lost (marked stale).")
+	h.suspended = counter("suspended_answers_total", "Answers given while the ZooKeeper session was suspended.")
+	h.moved = counter("moved_answers_total", "Answers that told a caller its map was stale and the bucket moved.")
+	h.badRequests = prometheus.NewCounterVec(
+		prometheus.CounterOpts{Name: ns + "bad_requests_total", Help: "Requests refused with 400, by reason."},
+		[]string{"reason"})
+	r := h.r
+	reg.MustRegister(h.lookups, h.batchUIDs, h.stale, h.suspended, h.moved, h.badRequests,
+		prometheus.NewGaugeFunc(
+			prometheus.GaugeOpts{Name: ns + "map_version", Help: "Version of the bucket map in use (0: none yet)."},
+			func() float64 {
+				if m := r.Map(); m != nil {
+					return float64(m.Version)
+				}
+				return 0
+			}),
+		prometheus.NewCounterFunc(
+			prometheus.CounterOpts{Name: ns + "map_updates_total", Help: "Bucket map versions applied."},
+			func() float64 { return float64(r.Stats().MapUpdates.Load()) }),
+		prometheus.NewCounterFunc(
+			prometheus.CounterOpts{Name: ns + "map_rejected_total",
+				Help: "Bucket maps refused (missing, malformed, older); the last good map stays in use."},
+			func() float64 { return float64(r.Stats().MapRejected.Load()) }),
+		prometheus.NewGaugeFunc(
+			prometheus.GaugeOpts{Name: ns + "zk_state", Help: "ZooKeeper session state: 0 lost, 1 suspended, 2 connected, 3 closed."},
+			func() float64 { return float64(r.ZKState()) }),
+	)
+	if h.fleetStatus != nil {
+		reg.MustRegister(&schemaCollector{h: h,
+			changes: prometheus.NewDesc(ns+"schema_changes",
+				"Recorded schema changes by state (applied, partial, failed, pending), from the fleet view.",
+				[]string{"state"}, nil),
+			drift: prometheus.NewDesc(ns+"schema_drift_differences",
+				"Differences the last `shardctl schema diff` found (sharded tables, and changes a node lacks); -1 before any.",
+				nil, nil)})
+	}
+}
+
+// count counts an answer by what it says.
+func (h *handler) count(rt router.Route) {
+	switch {
+	case rt.Stale:
+		h.stale.Inc()
+	case rt.Suspended:
+		h.suspended.Inc()
+	}
+	if rt.Moved {
+		h.moved.Inc()
+	}
+}
+
+// schemaCollector exports the schema history's states and the last drift
+// check from the fleet view (cached by fleet.Status: a scrape does not
+// read ZooKeeper more often than the view's refresh allows).
+type schemaCollector struct {
+	h              *handler
+	changes, drift *prometheus.Desc
+}
+
+func (c *schemaCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.changes; ch <- c.drift }
+
+func (c *schemaCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	v := c.h.fleetView(ctx)
+	if !v.Available {
+		return
+	}
+	for _, st := range []string{topo.SchemaApplied, topo.SchemaPartial, topo.SchemaFailed, topo.SchemaPending} {
+		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.GaugeValue, float64(v.Schema.ByState[st]), st)
+	}
+	d := -1.0
+	if v.Schema.Drift != nil {
+		d = float64(v.Schema.Drift.Count)
+	}
+	ch <- prometheus.MustNewConstMetric(c.drift, prometheus.GaugeValue, d)
+}
