@@ -174,7 +174,6 @@ func restartBindsAtOnce(t *testing.T, c *topo.PoolConfig, addr string) {
 // inherit no parent-death signal. They used to outlive a SIGKILLed
 // supervisor by up to 6.4 s, holding the port.
 func TestSupervisorSIGKILLTakesGunicornTreesDown(t *testing.T) {
-	t.Parallel()
 	gunicorn := lookTool(t, "gunicorn")
 	appDir, err := filepath.Abs("../examples/python")
 	if err != nil {
@@ -212,7 +211,6 @@ func TestSupervisorSIGKILLTakesGunicornTreesDown(t *testing.T) {
 // the daemon leaves the worker's process group and session, so killing
 // the group missed it; the keeper, its subreaper, does not.
 func TestSupervisorSIGKILLTakesDaemonsDown(t *testing.T) {
-	t.Parallel()
 	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	c := cfgFor(t, port, 2, map[string]string{"TW_MODE": "daemon"})
