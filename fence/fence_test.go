@@ -75,6 +75,7 @@ func wantRejected(t *testing.T, err error, has ...string) {
 }
 
 func TestIntegrationFenceRejectsUnownedAndAcceptsOwned(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 1)
 	m := testMap(t, 4, "a", "b") // a owns 0..7, b owns 8..15
 	c := prepared(t, pg.Nodes[0], m, "a")
@@ -148,6 +149,7 @@ func TestIntegrationFenceRejectsUnownedAndAcceptsOwned(t *testing.T) {
 }
 
 func TestIntegrationFenceFollowsSplitAndAssign(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 2)
 	ctx := ctxT(t)
 	m := testMap(t, 3, "a", "b")
@@ -258,6 +260,7 @@ func soleOwner(t *testing.T) (ctx context.Context, writer, changer, watcher *pgx
 }
 
 func TestIntegrationFlipDrainsWriters(t *testing.T) {
+	t.Parallel()
 	ctx, writer, flipper, watcher, lo, hi := soleOwner(t)
 
 	// A writer in flight holds its granule: Freeze waits for it to commit.
@@ -334,6 +337,7 @@ func TestIntegrationFlipDrainsWriters(t *testing.T) {
 }
 
 func TestIntegrationInstallIsIdempotentAndDropsStaleTriggers(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 1)
 	ctx := ctxT(t)
 	c := pg.Nodes[0].Conn(t)
@@ -362,6 +366,7 @@ func TestIntegrationInstallIsIdempotentAndDropsStaleTriggers(t *testing.T) {
 }
 
 func TestIntegrationCheckReportsEveryMismatch(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 1)
 	ctx := ctxT(t)
 	m := testMap(t, 4, "a", "b")
@@ -461,6 +466,7 @@ func TestIntegrationCheckReportsEveryMismatch(t *testing.T) {
 // A prepared Own is invisible until committed: a writer to the range waits
 // for it and then is accepted; after a rollback it is rejected as before.
 func TestIntegrationPrepareOwn(t *testing.T) {
+	t.Parallel()
 	ctx, writer, mover, watcher, lo, hi := soleOwner(t)
 	if _, err := SetIncoming(ctx, mover, lo, hi, 2); err != nil {
 		t.Fatal(err)
@@ -506,6 +512,7 @@ func TestIntegrationPrepareOwn(t *testing.T) {
 // still refuses unowned writes and lets replica sessions through without
 // calling check_row.
 func TestIntegrationInstallUpgradesTheOlderConstraint(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 1)
 	ctx := ctxT(t)
 	m := testMap(t, 4, "a", "b") // a owns 0..7

@@ -80,6 +80,7 @@ func TestCompareSchemasConstraints(t *testing.T) {
 // name qualified whatever the session's search_path, and leaves that
 // search_path as it was.
 func TestIntegrationReadSchemasConstraints(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 2)
 	ctx := ctxT(t)
 	table := topo.TableRecord{Name: "app.c", KeyColumn: "bkey"}

@@ -224,6 +224,7 @@ END $$`)
 // after the fence looked at it: the row that lands must still be checked,
 // and `node check` must name the trigger.
 func TestIntegrationFenceChecksTheFinalRow(t *testing.T) {
+	t.Parallel()
 	sc := newAttackScene(t, "TRIGGER")
 	m, owner, ev, ctx := sc.m, sc.owner, sc.ev, sc.ctx
 	exec(t, owner, `INSERT INTO app.events VALUES ($1, 1, 'mine')`, keyIn(4, 1))
@@ -274,6 +275,7 @@ END $$`)
 // TRUNCATE empties every bucket at once, owned or not: refused unless an
 // admin (the owner or a superuser) turns shardvisor.allow_truncate on.
 func TestIntegrationTruncateGuard(t *testing.T) {
+	t.Parallel()
 	sc := newAttackScene(t, "TRUNCATE")
 	owner, ev, ctx := sc.owner, sc.ev, sc.ctx
 	exec(t, owner, `INSERT INTO app.events VALUES ($1, 1, 'x')`, keyIn(4, 1))
@@ -302,6 +304,7 @@ func TestIntegrationTruncateGuard(t *testing.T) {
 // shardvisor.owns it fails with SV001 instead of "0 rows", even though no
 // row matches, because PostgreSQL evaluates it once before the scan.
 func TestIntegrationMisroutedUpdateDeleteFail(t *testing.T) {
+	t.Parallel()
 	sc := newAttackScene(t)
 	owner, app, ctx := sc.owner, sc.ev, sc.ctx
 	const del = `DELETE FROM app.events WHERE bkey = $1 AND id = $2 AND shardvisor.owns($1)`
@@ -384,6 +387,7 @@ func TestIntegrationMisroutedUpdateDeleteFail(t *testing.T) {
 // table besides: check names every difference, prepare repairs them all,
 // and the hijack is then refused.
 func TestIntegrationPrepareUpgradesVersion1(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 1)
 	m := testMap(t, 4, "a", "b")
 	c := prepared(t, pg.Nodes[0], m, "a")

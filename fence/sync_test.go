@@ -19,6 +19,7 @@ import (
 // not undone), a removed node left out. Reconcile repairs drift the same
 // way, and Prepare and Check are what `node prepare` and `node check` do.
 func TestIntegrationSyncAfterChangeAndReconcile(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
 	ctx := ctxT(t)

@@ -65,6 +65,7 @@ func (s *statements) connect(ctx context.Context, n bucketmap.Node) (*pgx.Conn, 
 // owns now) is one transaction, one statement per table. Counted from the
 // statements sent, never timed.
 func TestIntegrationGCChecksPerNodeDoNotGrowWithRanges(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(16, 7))
 	c := newCluster(t, 4, 2)
 	m := c.filled(r, 30)

@@ -18,6 +18,7 @@ import (
 // splits, after one run every node holds rows only in the buckets it owns,
 // with the same count there as before, and the history is empty.
 func TestIntegrationGCRandomizedMaps(t *testing.T) {
+	t.Parallel()
 	orders := []string{OrderAuto, OrderKey, OrderHeap}
 	for seed := range uint64(6) {
 		order := orders[seed%3]
@@ -103,6 +104,7 @@ func TestIntegrationGCRandomizedMaps(t *testing.T) {
 // node that owns a bucket again, an owner with fewer rows than the
 // leftovers, an unreachable owner, and an unreadable move record.
 func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3, 3)
 	r := rand.New(rand.NewPCG(5, 6))
 	m := c.filled(r, 30)
@@ -218,6 +220,7 @@ func TestIntegrationGCSkipsWhatIsUncertain(t *testing.T) {
 }
 
 func TestIntegrationGCLock(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 1, 1)
 	ctx := context.Background()
 	l, err := Acquire(ctx, c.s, c.st.Paths())
@@ -246,6 +249,7 @@ func TestIntegrationGCLock(t *testing.T) {
 // copied in, then moved away) keeps its batches short: after pages with
 // none of the range's rows, a batch does not swallow the whole region.
 func TestIntegrationGCHeapBatchesStayShort(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 2, 2)
 	r := rand.New(rand.NewPCG(7, 8))
 	m := c.load()
@@ -294,6 +298,7 @@ func TestIntegrationGCHeapBatchesStayShort(t *testing.T) {
 // Run takes the GC lock itself: while another process holds it, Run is
 // refused naming the holder; once released, Run proceeds.
 func TestIntegrationGCRunTakesTheLock(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 1, 1)
 	ctx := context.Background()
 	s2 := c.session()

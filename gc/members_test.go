@@ -14,6 +14,7 @@ import (
 // (a straggler a move went on without) keeps GC off that range, as does a
 // member record that cannot be read; once it catches up, GC deletes.
 func TestIntegrationGCWaitsForStragglers(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 2, 2)
 	r := rand.New(rand.NewPCG(7, 8))
 	m := c.filled(r, 20)

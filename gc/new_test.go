@@ -12,6 +12,7 @@ import (
 // New takes the cluster's sharded tables and refuses what a run could
 // only fail on: no sharded tables, a node that is not in the registry.
 func TestIntegrationNew(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 2, 1)
 	ctx := context.Background()
 	g, err := New(ctx, c.st, Options{Node: "n1"})

@@ -19,6 +19,7 @@ import (
 // order: a partitioned table has no pages of its own), and leaves the
 // owner's rows and the other buckets alone.
 func TestIntegrationGCPartitionedTable(t *testing.T) {
+	t.Parallel()
 	pevents := topo.TableRecord{Name: "app.pevents", KeyColumn: "bkey"}
 	for _, order := range []string{OrderAuto, OrderKey, OrderHeap} {
 		t.Run("order="+order, func(t *testing.T) {

@@ -67,6 +67,7 @@ func runChild(cfgJSON string) error {
 // A GC killed with SIGKILL half-way loses nothing and the next run
 // finishes the job; its lock dies with its session.
 func TestIntegrationGCResumesAfterKill(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 2, 2)
 	r := rand.New(rand.NewPCG(11, 12))
 	m := c.load()

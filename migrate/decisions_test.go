@@ -136,6 +136,7 @@ func TestMoveRefusesASecondMoveOfABucket(t *testing.T) {
 // while its session is not connected, saying what to do; on a balanced map
 // it does nothing.
 func TestRebalancerRefusals(t *testing.T) {
+	t.Parallel()
 	c := newMemCluster(t, 2, 2, kvTable)
 	ctx := context.Background()
 	rb := NewRebalancer(New(c.st, Options{}), bucketmap.Policy{})
@@ -203,6 +204,7 @@ func TestRebalancerPlanSplitsFirst(t *testing.T) {
 // moving), says so, and stands for election again with its new session:
 // it never exits on its own.
 func TestRebalancerSurvivesItsSessionExpiring(t *testing.T) {
+	t.Parallel()
 	c := newMemCluster(t, 1, 2, kvTable)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -56,6 +56,7 @@ func (f *fixture) checkClean(seeded map[string]int64) {
 }
 
 func TestIntegrationLagAboveThresholdBlocksFence(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	rec, err := f.mover(Options{MaxLag: time.Nanosecond, CatchupTimeout: 500 * time.Millisecond}).Move(context.Background(), 0, "pg2", false)
@@ -74,6 +75,7 @@ func TestIntegrationLagAboveThresholdBlocksFence(t *testing.T) {
 }
 
 func TestIntegrationPauseCapAborts(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
@@ -95,6 +97,7 @@ func TestIntegrationPauseCapAborts(t *testing.T) {
 // TRUNCATE on the source is not published, so the target's own buckets
 // survive it.
 func TestIntegrationTruncateOnSourceSparesTarget(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	f.seedRows("s", 200)
 	ctx := context.Background()
@@ -113,6 +116,7 @@ func TestIntegrationTruncateOnSourceSparesTarget(t *testing.T) {
 }
 
 func TestIntegrationVerifyMismatchPausesRebalancer(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	f.seedRows("s", 100)
 	ctx := context.Background()
@@ -160,6 +164,7 @@ func TestIntegrationVerifyMismatchPausesRebalancer(t *testing.T) {
 }
 
 func TestIntegrationDrainEmptiesNode(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3, 3)
 	seeded := f.seedRows("s", 300)
 	ctx := context.Background()
@@ -370,6 +375,7 @@ func TestFaultsMoverKilledAtEachStep(t *testing.T) {
 // with --on-straggler=abort) is retried by the rebalancer instead of
 // stopping it.
 func TestIntegrationRebalancerRetriesCleanAbort(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()

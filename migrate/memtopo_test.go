@@ -464,6 +464,7 @@ func TestRebalancerStopsWhenMovesCannotReachTargets(t *testing.T) {
 // lock node (a person breaking it), says so, and takes the lock again
 // rather than exit.
 func TestRunForeverRetakesItsLockWhenItIsDeleted(t *testing.T) {
+	t.Parallel()
 	c := newMemCluster(t, 1, 2, kvTable)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -501,6 +502,7 @@ func TestRunForeverRetakesItsLockWhenItIsDeleted(t *testing.T) {
 // it, retrying, while the nodes do not answer; the map stops marking the
 // bucket moving; the report ends with the watcher.
 func TestWatchOrphansReportsFrozenBucketWhileNodesAreDown(t *testing.T) {
+	t.Parallel()
 	c := newMemCluster(t, 1, 2, kvTable)
 	m := mustLoad(t, c)
 	frozeAt := time.Now().UTC().Add(-time.Minute)
@@ -549,6 +551,7 @@ func TestWatchOrphansReportsFrozenBucketWhileNodesAreDown(t *testing.T) {
 // The orphan watcher leaves a frozen move alone while another session holds
 // its runner lock, and resumes it once that session expires.
 func TestWatchOrphansWaitsForTheRunnerToGo(t *testing.T) {
+	t.Parallel()
 	c := newMemCluster(t, 1, 2, kvTable)
 	frozeAt := time.Now().UTC().Add(-time.Second)
 	rec := c.record(t, "b1-held", 1, topo.MoveFence, func(r *topo.MoveRecord) { r.FreezeStartedAt = &frozeAt })

@@ -18,6 +18,7 @@ import (
 // may run the move now. A resume by another mover finishes it. (Move, the
 // exported entry, then takes the move again itself: see below.)
 func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -60,6 +61,7 @@ func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 // Move, whose runner lock is lost mid-move, takes the move again once it
 // can and sees it through: `shardctl move` exits with the move's outcome.
 func TestIntegrationMoveTakesItsMoveBackAfterLosingTheLock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

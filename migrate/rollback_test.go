@@ -39,6 +39,7 @@ func (f *fixture) rollbackOf(mv *Mover, id string) *topo.MoveRecord {
 // under load gives the bucket back with every write made on the new owner
 // since the flip, and leaves no replication object behind.
 func TestIntegrationRollbackKeepsEveryWrite(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
 	base := f.seedRows("seed", 400)
 	l := f.startLoad(6, 200)
@@ -107,6 +108,7 @@ func TestIntegrationRollbackKeepsEveryWrite(t *testing.T) {
 // `move complete` ends the window at once; a window that runs out is ended
 // by the orphan watcher. Either way nothing of the reverse stream stays.
 func TestIntegrationMoveCompleteEndsWindow(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3, 2)
 	f.seedRows("seed", 200)
 	ctx := context.Background()
@@ -164,6 +166,7 @@ var divergingTargets = []struct {
 // every write made since the flip. make test runs the first case, the
 // fault run the other two (TestFaultsDivergingTargetRollsBack).
 func TestIntegrationDivergingTargetRollsBack(t *testing.T) {
+	t.Parallel()
 	testDivergingTargets(t, divergingTargets[:1])
 }
 
@@ -304,6 +307,7 @@ func TestFaultsWatcherHealsRollbackKilledInEveryState(t *testing.T) {
 // agrees, and each of these targets differs from the source in exactly one
 // place, which is found, with its row.
 func TestIntegrationVerifyCatchesEveryDifference(t *testing.T) {
+	t.Parallel()
 	tables := []topo.TableRecord{{Name: "app.geo", KeyColumn: "bkey"}, kvTable}
 	ddl := kvDDL + `; CREATE TABLE IF NOT EXISTS app.geo (bkey bigint NOT NULL, id int NOT NULL, p point, note text, amount numeric, f float8,
 		PRIMARY KEY (bkey, id))`

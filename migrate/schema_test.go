@@ -21,6 +21,7 @@ import (
 // any row is copied or the range is marked on the target (it used to copy,
 // flip, and end failed at verification).
 func TestIntegrationMoveRefusesSchemaDifference(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()
 	if _, err := f.conn("pg1").Exec(ctx, `ALTER TABLE app.kv ADD COLUMN at timestamp DEFAULT '2024-05-01 12:00:00'`); err != nil {
@@ -64,6 +65,7 @@ func TestIntegrationMoveRefusesSchemaDifference(t *testing.T) {
 // and the target refuses that row in the copy. (A CHECK the target alone
 // has is refused before the copy now: TestIntegrationMoveRefusesConstraintDifferences.)
 func TestIntegrationApplyErrorNamesTableAndRow(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()
 	seeded := f.seedRows("s", 40)
@@ -102,6 +104,7 @@ func TestIntegrationApplyErrorNamesTableAndRow(t *testing.T) {
 // not be found. Here the range has 1,200 rows and the row the target
 // refuses is on the third page.
 func TestIntegrationApplyErrorPastTheFirstPage(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()
 	seeded := f.seedRows("s", 20)
@@ -136,6 +139,7 @@ func TestIntegrationApplyErrorPastTheFirstPage(t *testing.T) {
 // too (a row constructor of one column, ROW(k), against the next page's
 // start) and several, and finds a row past the first page in each.
 func TestIntegrationReproduceApplyPages(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 2)
 	ctx := context.Background()
 	src, dst := pg.Nodes[0].Conn(t), pg.Nodes[1].Conn(t)
@@ -260,6 +264,7 @@ func (f *fixture) refusedBeforeCopy(rec *topo.MoveRecord, err error, want ...str
 // constraint. Now the foreign key only the target has is a schema
 // difference that refuses the move before any row is copied.
 func TestIntegrationMoveRefusesTargetOnlyForeignKey(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()
 	f.addTable(childTable, childDDL)
@@ -284,6 +289,7 @@ func TestIntegrationMoveRefusesTargetOnlyForeignKey(t *testing.T) {
 // source has (the target would accept, after the flip, rows the source
 // refuses) refuse the move too, each named with what each node has.
 func TestIntegrationMoveRefusesConstraintDifferences(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()
 	if _, err := f.conn("pg2").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100)`); err != nil {
@@ -305,6 +311,7 @@ func TestIntegrationMoveRefusesConstraintDifferences(t *testing.T) {
 // checking them, and checkForeignKeys finds them before the fence; the
 // move aborts (before its flip) and the target's copy is removed.
 func TestIntegrationMoveAbortsOnForeignKeyBrokenOnTarget(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()
 	f.addTable(childTable, childDDL+`;
@@ -347,6 +354,7 @@ ALTER TABLE app.c ADD CONSTRAINT c_parent_id_fkey FOREIGN KEY (parent_id) REFERE
 // row; rows outside the range and rows a NULL exempts are not; MATCH FULL
 // is honoured.
 func TestIntegrationCheckForeignKeys(t *testing.T) {
+	t.Parallel()
 	pg := testenv.StartPGNodes(t, 1)
 	ctx := context.Background()
 	dst := pg.Nodes[0].Conn(t)

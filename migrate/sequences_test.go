@@ -42,6 +42,7 @@ func sequenceScene(t *testing.T, tables []topo.TableRecord, ddl string) (sc, dc 
 // sequence named by a default's nextval (not owned by the column) and an
 // identity column are carried too.
 func TestIntegrationMoveCarriesSequences(t *testing.T) {
+	t.Parallel()
 	tables := []topo.TableRecord{kvTable,
 		{Name: "app.s", KeyColumn: "bkey"}, {Name: "app.ident", KeyColumn: "bkey"}, {Name: "app.named", KeyColumn: "bkey"}}
 	ddl := kvDDL + `;
@@ -103,6 +104,7 @@ CREATE SEQUENCE app.unrelated`
 // public.named_ids, advanced that one, and left app.named_ids behind (the
 // first insert on the new owner: a duplicate key).
 func TestIntegrationMoveCarriesSequencesWhateverTheSearchPath(t *testing.T) {
+	t.Parallel()
 	tables := []topo.TableRecord{kvTable, {Name: "app.named", KeyColumn: "bkey"}}
 	ddl := kvDDL + `;
 CREATE SEQUENCE app.named_ids;
@@ -133,6 +135,7 @@ CREATE TABLE app.named (bkey bigint NOT NULL, id bigint NOT NULL DEFAULT nextval
 // set back to the source's value: the target's next ids fell below ids its
 // own rows already had.
 func TestIntegrationMoveKeepsATargetSequenceSetNotCalled(t *testing.T) {
+	t.Parallel()
 	tables := []topo.TableRecord{kvTable, {Name: "app.s", KeyColumn: "bkey"}}
 	ddl := kvDDL + `;
 CREATE TABLE app.s (bkey bigint NOT NULL, id bigserial, PRIMARY KEY (bkey, id))`

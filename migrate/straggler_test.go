@@ -108,6 +108,7 @@ func (f *fixture) stuckMember(version uint64, garbled bool) (pool, router string
 // after the flip, reads the old owner's frozen copy, and writes fine once
 // it routes by the new map.
 func TestIntegrationStragglerDoesNotStopMove(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2) // pg1 0-1, pg2 2-3
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
@@ -187,6 +188,7 @@ func TestIntegrationStragglerDoesNotStopMove(t *testing.T) {
 // aborts, names the straggler, and changes nothing; the straggler is in
 // the record and counted.
 func TestIntegrationStragglerAbort(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
@@ -266,6 +268,7 @@ func (f *fixture) sidecarAt(id string, version uint64) *topo.RouterMember {
 // SIGCONT, the sidecar catches up, and the app's next route leads to the
 // new owner, where the write succeeds.
 func TestIntegrationStoppedRouterSidecar(t *testing.T) {
+	t.Parallel()
 	bin := routerSidecar(t)
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)

@@ -68,6 +68,7 @@ func statuses(res *ownership.Result) map[bucketmap.NodeID]string {
 // as drift, with the command that repairs it, and the map change stands.
 // The same change through bucketmap.Store.Update leaves the fence behind.
 func TestIntegrationChangesBringFencesAlong(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -225,6 +226,7 @@ func TestIntegrationChangesBringFencesAlong(t *testing.T) {
 
 // A map change that is refused changes nothing and touches no fence.
 func TestIntegrationRefusedChangeIsAnError(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

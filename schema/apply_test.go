@@ -43,6 +43,7 @@ func twoNodes(t *testing.T) (*bucketmap.Store, []*pgx.Conn) {
 // not after a retry per lock timeout. The writes seen waiting behind its
 // first attempt are reported.
 func TestIntegrationChangeWaitsForBlockers(t *testing.T) {
+	t.Parallel()
 	st, conns := twoNodes(t)
 	ctx := context.Background()
 	holdConn := conns[0] // pg1, the default canary (fewest buckets, then the lowest id)
@@ -118,6 +119,7 @@ func testenvConn(t *testing.T, st *bucketmap.Store, id bucketmap.NodeID) *pgx.Co
 // killed in between) is recorded as applied from its own table, and the
 // change is not run there again.
 func TestIntegrationNodeTableIsTheTruth(t *testing.T) {
+	t.Parallel()
 	st, conns := twoNodes(t)
 	ctx := context.Background()
 	ch, _ := Parse("add-d.sql", "ALTER TABLE app.t ADD COLUMN d int")
@@ -153,6 +155,7 @@ func TestIntegrationNodeTableIsTheTruth(t *testing.T) {
 // Once the data is fixed, the same apply drops the invalid index and
 // builds it again.
 func TestIntegrationConcurrentIndexResumes(t *testing.T) {
+	t.Parallel()
 	st, conns := twoNodes(t)
 	ctx := context.Background()
 	ch, err := Parse("uniq-v.sql", "CREATE UNIQUE INDEX CONCURRENTLY t_v ON app.t (v);\nCREATE INDEX CONCURRENTLY t_k_v ON app.t (k, v);")

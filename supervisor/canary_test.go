@@ -17,6 +17,7 @@ import (
 // canary, killed at its first probe, and after MaxSwapAttempts the config
 // is refused.
 func TestBrokenDeployCostsOneCanaryPerAttemptAndIsRefused(t *testing.T) {
+	t.Parallel()
 	brokenDeploy(t, 4, 200*time.Millisecond, 2*time.Second, 0)
 }
 

@@ -117,6 +117,7 @@ ls /proc/$$/fd | sort -n | tr '\n' ' ' > fds.tmp; echo >> fds.tmp; mv fds.tmp fd
 }
 
 func TestKeeperExitsAsTheWorker(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ script, want string }{
 		{"exit 3", "exit status 3"},
 		{"exit 0", "exit status 0"},

@@ -60,6 +60,7 @@ func TestJudgeMemberHolder(t *testing.T) {
 // a write) and serve on: two live supervisors of one name. Now it stops,
 // Run returns ErrMemberTaken, and the other's record is untouched.
 func TestMemberTakenWhileAwayStopsTheSupervisor(t *testing.T) {
+	t.Parallel()
 	e, h, _, _, addr := zkPool(t, map[string]string{"TW_TAG": "a"}, nil)
 	p := e.paths.PoolMember("web", "m1")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -73,6 +73,7 @@ func stillStarting(t *testing.T, h *harness, refused float64) {
 }
 
 func TestNotifyFromOutsideTheWorkersTreeIsIgnored(t *testing.T) {
+	t.Parallel()
 	h, sock := sleepPool(t, "")
 	// Same uid, but not a process of the worker's tree: the test's own
 	// child. The datagram arrives and is refused.
@@ -89,6 +90,7 @@ func TestNotifyFromOutsideTheWorkersTreeIsIgnored(t *testing.T) {
 }
 
 func TestNotifyFromAnotherUserIsIgnored(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to run a process as another user (CI runs as root)")
 	}
@@ -131,6 +133,7 @@ func TestNotifyFromAnotherUserIsIgnored(t *testing.T) {
 }
 
 func TestSystemdNotifyFromTheWorkersTreeIsAccepted(t *testing.T) {
+	t.Parallel()
 	notify := systemdNotify(t)
 	// The worker is a shell that has a grandchild tell the supervisor it
 	// is ready, then sleeps: the sender is in the worker's tree.

@@ -15,6 +15,7 @@ import (
 // part 3): the worker is replaced through the zero-drop path.
 
 func TestMaxRequestsRecyclesUnderLoad(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")

@@ -72,6 +72,7 @@ func reloadCfg(sig string, ack time.Duration) func(*topo.PoolConfig) {
 }
 
 func TestReloadModeDeliversMapsWithoutRestarts(t *testing.T) {
+	t.Parallel()
 	e := startZK(t)
 	_, put := mapCluster(t, e)
 	port := testenv.FreePort(t)
@@ -139,6 +140,7 @@ func TestReloadModeDeliversMapsWithoutRestarts(t *testing.T) {
 }
 
 func TestReloadModeReplacesWorkersThatDoNotAcknowledge(t *testing.T) {
+	t.Parallel()
 	e := startZK(t)
 	_, put := mapCluster(t, e)
 	port := testenv.FreePort(t)
@@ -184,6 +186,7 @@ func TestReloadModeReplacesWorkersThatDoNotAcknowledge(t *testing.T) {
 // --preload the arbiter imports the app and forks its worker, and it is
 // the forked worker that acknowledges each map.
 func TestGunicornReloadMode(t *testing.T) {
+	t.Parallel()
 	gunicorn := lookTool(t, "gunicorn")
 	appDir, err := filepath.Abs("../examples/python")
 	if err != nil {

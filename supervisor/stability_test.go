@@ -58,6 +58,7 @@ func (hw *healthWatch) finish() (bad, total int64) {
 // crash rolls the swap back, under load, with no failed request and no
 // /healthz failure, and the config is not retried.
 func TestStabilityCrashRightAfterReadyRollsBack(t *testing.T) {
+	t.Parallel()
 	e, h, c, port, addr := zkPool(t, map[string]string{"TW_TAG": "good"}, func(c *topo.PoolConfig) {
 		c.Stability = topo.Stability{} // the defaults
 	})

@@ -51,6 +51,7 @@ func writeConfig(t *testing.T, file string, c *topo.PoolConfig) {
 }
 
 func TestSwapUnderLoadZeroFailures(t *testing.T) {
+	t.Parallel()
 	sock := filepath.Join(t.TempDir(), "w.sock")
 	e, h, c, _, addr := zkPool(t, map[string]string{"TW_TAG": "v1", "TW_DELAY": "300ms"}, func(c *topo.PoolConfig) {
 		c.Listen = append(c.Listen, topo.Listen{Name: "local", Addr: "unix://" + sock})
@@ -115,6 +116,7 @@ func TestSwapUnderLoadZeroFailures(t *testing.T) {
 // invalid config all leave the old generation serving, under load, and are
 // published in the status record.
 func TestBadChangesKeepOldGeneration(t *testing.T) {
+	t.Parallel()
 	e, h, c, port, addr := zkPool(t, map[string]string{"TW_TAG": "good"}, nil)
 	before := h.pids()
 	l := startLoad(addr, 3)
@@ -178,6 +180,7 @@ func TestBadChangesKeepOldGeneration(t *testing.T) {
 // pool converges on the newest config, the intermediate generation never
 // serves, and the old one serves until then.
 func TestSupersedeDuringSwap(t *testing.T) {
+	t.Parallel()
 	e, h, c, _, addr := zkPool(t, map[string]string{"TW_TAG": "a"}, nil)
 	l := startLoad(addr, 3)
 	c.Env = map[string]string{"TW_TAG": "b", "TW_DELAY": "1500ms"}
@@ -236,6 +239,7 @@ func TestFaultsTTINTTOU(t *testing.T) {
 // on the real binary; the Go example worker serves from the inherited
 // socket.
 func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	sv, hello := filepath.Join(dir, "supervisor"), filepath.Join(dir, "hello")
 	goBuild(t, "./cmd/supervisor", sv)
@@ -322,6 +326,7 @@ func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
 // (it watches its control socket instead); the worker's is tied to the
 // keeper's main thread, which never exits.
 func TestWorkersSurviveThreadExits(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
@@ -344,6 +349,7 @@ func TestWorkersSurviveThreadExits(t *testing.T) {
 // A crash outside a swap is respawned with backoff; a crash loop does not
 // become a fork storm. A hung worker is killed by the watchdog.
 func TestCrashBackoffAndWatchdog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
@@ -493,6 +499,7 @@ func TestZKPartitionKillsWorkersAndHeals(t *testing.T) {
 // A map change starts a new generation whose workers get the new map file;
 // old map files are removed; an invalid map never replaces a good one.
 func TestMapChangeDeliversNewMapFile(t *testing.T) {
+	t.Parallel()
 	e := startZK(t)
 	port := testenv.FreePort(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
@@ -593,6 +600,7 @@ func TestFaultsMaxLifetimeRecycles(t *testing.T) {
 // gunicorn, unmodified, works as a worker: it takes the sockets from
 // LISTEN_FDS and reports READY=1; a swap under load drops nothing.
 func TestGunicornWorker(t *testing.T) {
+	t.Parallel()
 	gunicorn := lookTool(t, "gunicorn")
 	appDir, err := filepath.Abs("../examples/python")
 	if err != nil {
@@ -612,6 +620,7 @@ func TestGunicornWorker(t *testing.T) {
 // ruby-sd-notify gem, which cannot address an abstract socket; a config
 // change swaps its generations with no failed request.
 func TestPumaWorker(t *testing.T) {
+	t.Parallel()
 	puma := lookTool(t, "puma")
 	dir, err := filepath.Abs("../examples/ruby")
 	if err != nil {

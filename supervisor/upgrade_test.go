@@ -146,6 +146,7 @@ func TestHandoverEnvironmentIsCheckedAndRemoved(t *testing.T) {
 // One supervisor per pool per state directory: a second New is refused
 // (naming the pool, the lock file and the holder), until the first stops.
 func TestSecondSupervisorOfAPoolIsRefused(t *testing.T) {
+	t.Parallel()
 	port := testenv.FreePort(t)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "pool.json")

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
@@ -107,12 +108,17 @@ func TestPythonPackage(t *testing.T) {
 			t.Fatalf("%s is in no group of TestPythonPackage: add it to one", f)
 		}
 	}
+	// Subtests started together rather than t.Parallel: -parallel defaults
+	// to GOMAXPROCS, which would run two groups at a time on 2 cores.
+	var wg sync.WaitGroup
 	for i, g := range groups {
-		t.Run(strconv.Itoa(i+1), func(t *testing.T) {
-			t.Parallel()
-			pytest(t, py, env, g...)
-		})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t.Run(strconv.Itoa(i+1), func(t *testing.T) { pytest(t, py, env, g...) })
+		}()
 	}
+	wg.Wait()
 }
 
 // TestFaultsPythonPoolsFollowFailover runs tests/faults/test_failover.py:

@@ -21,6 +21,7 @@ import (
 // znodes an older shardctl created open) and exits 1; acl repair sets it
 // right and says so; then check passes. Both need the admin identity.
 func TestIntegrationACLCheckRepair(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	dir := t.TempDir()
 	adminFile, readerFile, poolFile := filepath.Join(dir, "admin"), filepath.Join(dir, "reader"), filepath.Join(dir, "pool.json")

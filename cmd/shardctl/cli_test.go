@@ -18,6 +18,7 @@ import (
 // flag that is unknown, lacks its value or is required and missing is a
 // usage error (2); a command that runs and fails exits 1.
 func TestIntegrationExitStatusAndFlagPlacement(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	root := z.Root + "/cli" // no cluster here: commands that reach it fail with 1
 	for _, tc := range []struct {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,9 +34,16 @@ func runData(t *testing.T, args ...string) result {
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	cliMu.Lock()
+	defer cliMu.Unlock()
 	code := cliutil.Exec(ctx, dataApp(&out, &errb), append([]string{"shardctl"}, args...))
 	return result{out.String(), errb.String(), code}
 }
+
+// cliMu runs one in-process command line at a time: urfave/cli writes its
+// package variables (HelpFlag, the help command) on every Run, so parallel
+// tests take turns there and overlap in the rest.
+var cliMu sync.Mutex
 
 func mustData(t *testing.T, args ...string) string {
 	t.Helper()
@@ -56,14 +64,14 @@ func clusterCmd(z *testenv.ZK, name string) func(args ...string) []string {
 // eventsDDL creates the sharded table most tests use.
 const eventsDDL = `CREATE SCHEMA app; CREATE TABLE app.events (bkey bigint NOT NULL, id bigint NOT NULL, PRIMARY KEY (bkey, id))`
 
-// initCluster sets PGPASSFILE, runs ddl(i) on every node i of pg, and
-// inits the cluster name at level with pg's first members nodes as pg1,
-// pg2, ... (the buckets split evenly in that order: at level 3 with two,
+// initCluster sets PGPASSFILE (usePGPass), runs ddl(i) on every node i
+// of pg, and inits the cluster name at level with pg's first members nodes
+// as pg1, pg2, ... (the buckets split evenly in that order: at level 3 with two,
 // pg1 holds 0..3 and pg2 4..7), their password from the first node's
 // file. It returns the command prefix.
 func initCluster(t *testing.T, z *testenv.ZK, pg *testenv.PG, name string, level, members int, ddl func(i int) string) func(args ...string) []string {
 	t.Helper()
-	t.Setenv("PGPASSFILE", pg.Nodes[0].PGPassFile)
+	usePGPass(t, pg)
 	cmd := clusterCmd(z, name)
 	for i, n := range pg.Nodes {
 		if _, err := n.Conn(t).Exec(context.Background(), ddl(i)); err != nil {
@@ -107,6 +115,7 @@ func keyOf(level int, b uint32) int64 {
 // the fence following split and assign through the hook, drift repaired,
 // an unreachable node reported without failing the map change, and GC.
 func TestIntegrationDataSideCommands(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
 	cmd := initCluster(t, z, pg, "data", 3, 2, func(int) string { return eventsDDL })

@@ -21,6 +21,7 @@ import (
 // fence-map-version); every real drift is still caught and named, and
 // `node reconcile` exits non-zero for a fence ahead of the map.
 func TestIntegrationNodeCheckNoFalseAlarms(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
 	cmd := dataCluster(t, z, pg, "heal", 3, 2)

@@ -11,6 +11,7 @@ import (
 // map-encoding shows the form, switches it, writes nothing when it is
 // already in place, and every other command reads the compressed map.
 func TestIntegrationMapEncoding(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	cmd := clusterCmd(z, "enc")
 	mustRun(t, cmd("init", "--level", "10", "--seed", seed, "--node", "pg1=postgres://postgres@127.0.0.1:1/app", "--node", "pg2=postgres://postgres@127.0.0.1:2/app")...)

@@ -17,6 +17,7 @@ import (
 // misplaced write into a partition refused by the fence, a move of a
 // bucket with rows in it, and GC of the old copy.
 func TestIntegrationPartitionedTable(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
 	cmd := initCluster(t, z, pg, "part", 2, 2, func(int) string {

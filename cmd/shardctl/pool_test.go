@@ -22,11 +22,14 @@ func runPool(t *testing.T, z *testenv.ZK, args ...string) (string, error) {
 	var out bytes.Buffer
 	app := newApp()
 	app.Writer, app.ErrWriter = &out, &out
+	cliMu.Lock()
+	defer cliMu.Unlock()
 	err := app.Run(append([]string{"shardctl", "--zk", z.ConnectString, "--zk-root", z.Root, "--cluster", "c1", "--log-level", "error"}, args...))
 	return out.String(), err
 }
 
 func TestIntegrationPoolSetGetStatus(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.json")

@@ -20,6 +20,7 @@ import (
 // CREATE INDEX CONCURRENTLY statement by statement, a new node prepared
 // from the history, and drift made by hand found by `schema diff`.
 func TestIntegrationSchemaCommands(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 4)
 	cmd := clusterCmd(z, "sch")
@@ -162,6 +163,7 @@ INSERT INTO app.countries VALUES ('fr'), ('de');`
 // (pg_dump, without the fence's objects) as the baseline and marks the
 // nodes that match it; a new empty node is prepared by replaying it.
 func TestIntegrationSchemaAdopt(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
 	cmd := clusterCmd(z, "adopt")

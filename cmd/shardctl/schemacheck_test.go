@@ -14,6 +14,7 @@ import (
 // passed the contract checks on both ("ok"); now each node's check names
 // the table, the column and both types, and exits 1.
 func TestIntegrationNodeCheckComparesSchemasAcrossNodes(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
 	cmd := initCluster(t, z, pg, "sch", 2, 2, func(i int) string {
@@ -53,6 +54,7 @@ func TestIntegrationNodeCheckComparesSchemasAcrossNodes(t *testing.T) {
 // index only pg1 has; a CHECK validated on one node only is reported as
 // not blocking moves.
 func TestIntegrationNodeCheckComparesConstraints(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)
 	cmd := initCluster(t, z, pg, "con", 2, 2, func(int) string {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,6 +32,40 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// The in-process commands read PGPASSFILE from the process's environment,
+// which parallel tests cannot each t.Setenv: it names one file, in the
+// binary's directory, holding every test's pgpass lines.
+var (
+	pgpassMu   sync.Mutex
+	pgpassFile string
+)
+
+// usePGPass makes the commands of this test, in-process or run as the
+// binary, find the passwords of pg's nodes.
+func usePGPass(t *testing.T, pg *testenv.PG) {
+	t.Helper()
+	b, err := os.ReadFile(pg.Nodes[0].PGPassFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgpassMu.Lock()
+	defer pgpassMu.Unlock()
+	if pgpassFile == "" {
+		pgpassFile = filepath.Join(filepath.Dir(bin), "pgpass")
+		if err := os.Setenv("PGPASSFILE", pgpassFile); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.OpenFile(pgpassFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		t.Fatal(err)
+	}
 }
 
 type result struct {
@@ -142,6 +177,7 @@ func TestSimulateOffline(t *testing.T) {
 
 // The whole admin surface against the real ensemble.
 func TestIntegrationClusterLifecycle(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	cmd := clusterCmd(z, "life")
 	dsn := func(port string) string { return "postgres://postgres@127.0.0.1:" + port + "/app" }
@@ -265,6 +301,7 @@ func TestIntegrationClusterLifecycle(t *testing.T) {
 }
 
 func TestIntegrationMalformedZnodeAndACL(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	base := []string{"--zk", z.ConnectString, "--zk-root", z.Root}
 	mustRun(t, append(base, "--cluster", "hand", "init", "--seed", seed, "--node", "n1=postgres://h/d")...)

@@ -19,6 +19,7 @@ import (
 // check); every user's route names the node whose fence accepts its
 // write; and a half moves with NUMBER/DEPTH.
 func TestIntegrationSplitOneBucket(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 3)
 	cmd := dataCluster(t, z, pg, "hot", 2, 3)

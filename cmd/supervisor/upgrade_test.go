@@ -371,6 +371,7 @@ func (e *upgradeEnv) upgradeOK(l *load, old *exec.Cmd, oldDone chan error) {
 }
 
 func TestUpgradeUnderLoad(t *testing.T) {
+	t.Parallel()
 	e := newUpgradeEnv(t)
 	old, oldDone := e.start()
 	l := startLoad(fmt.Sprintf("127.0.0.1:%d", e.port), e.admin, 4)
@@ -392,6 +393,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 }
 
 func TestUpgradeFailureKeepsServing(t *testing.T) {
+	t.Parallel()
 	e := newUpgradeEnv(t)
 	exe := filepath.Join(e.dir, "upgrade-exec")
 	point := func(target string) {
@@ -452,6 +454,7 @@ func TestUpgradeFailureKeepsServing(t *testing.T) {
 }
 
 func TestSecondSupervisorRefused(t *testing.T) {
+	t.Parallel()
 	e := newUpgradeEnv(t)
 	first, _ := e.start()
 	before, err := e.status()

@@ -24,6 +24,7 @@ import (
 // meanwhile is refused and publishes nothing, whether it shares the state
 // directory (the pool lock) or only the member name (the member record).
 func TestUpgradeZooKeeperModeSameMember(t *testing.T) {
+	t.Parallel()
 	z := testenv.StartZK(t)
 	connect := z.ConnectString + z.Root
 	ss := zktest.Session(t, zksession.Config{Connect: connect})

@@ -30,6 +30,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -145,9 +146,26 @@ func (p *pkg) public() bool {
 // depend on, once per test binary.
 func load(t *testing.T) (mine []*pkg, exports map[string]string) {
 	t.Helper()
+	loaded.once.Do(func() { loaded.mine, loaded.exports, loaded.err = goList() })
+	if loaded.err != nil {
+		t.Fatal(loaded.err)
+	}
+	return loaded.mine, loaded.exports
+}
+
+// loaded is load's result: `go list -deps -export` over the module takes
+// seconds even with everything built, and every test asks for it.
+var loaded struct {
+	once    sync.Once
+	mine    []*pkg
+	exports map[string]string
+	err     error
+}
+
+func goList() (mine []*pkg, exports map[string]string, err error) {
 	root, err := moduleRoot()
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	args := []string{"list", "-deps", "-export", "-json=ImportPath,Name,Dir,Export,GoFiles,Imports,Standard,Module"}
 	if raceEnabled {
@@ -161,7 +179,7 @@ func load(t *testing.T) (mine []*pkg, exports map[string]string) {
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list: %v", err)
+		return nil, nil, fmt.Errorf("go list: %v", err)
 	}
 	exports = map[string]string{}
 	dec := json.NewDecoder(strings.NewReader(string(out)))
@@ -170,7 +188,7 @@ func load(t *testing.T) (mine []*pkg, exports map[string]string) {
 		if err := dec.Decode(&p); err == io.EOF {
 			break
 		} else if err != nil {
-			t.Fatalf("go list output: %v", err)
+			return nil, nil, fmt.Errorf("go list output: %v", err)
 		}
 		exports[p.ImportPath] = p.Export
 		if p.Module != nil && p.Module.Path == module {
@@ -178,9 +196,9 @@ func load(t *testing.T) (mine []*pkg, exports map[string]string) {
 		}
 	}
 	if len(mine) < 10 {
-		t.Fatalf("go list found only %d packages of %s: run from inside the module", len(mine), module)
+		return nil, nil, fmt.Errorf("go list found only %d packages of %s: run from inside the module", len(mine), module)
 	}
-	return mine, exports
+	return mine, exports, nil
 }
 
 func moduleRoot() (string, error) {
@@ -200,8 +218,27 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// check type-checks a package's non-test files against export data.
+// check type-checks a package's non-test files against export data, once
+// per test binary: the tests only read what it returns.
 func check(t *testing.T, p *pkg, exports map[string]string) (*token.FileSet, []*ast.File, *types.Package, *types.Info) {
+	t.Helper()
+	c, ok := checked[p.ImportPath]
+	if !ok {
+		c.fset, c.files, c.tp, c.info = typeCheck(t, p, exports)
+		checked[p.ImportPath] = c
+	}
+	return c.fset, c.files, c.tp, c.info
+}
+
+// checked holds check's results by import path (the tests run one at a time).
+var checked = map[string]struct {
+	fset  *token.FileSet
+	files []*ast.File
+	tp    *types.Package
+	info  *types.Info
+}{}
+
+func typeCheck(t *testing.T, p *pkg, exports map[string]string) (*token.FileSet, []*ast.File, *types.Package, *types.Info) {
 	t.Helper()
 	fset := token.NewFileSet()
 	var files []*ast.File
