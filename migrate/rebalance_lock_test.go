@@ -19,12 +19,7 @@ import (
 // exported entry, then takes the move again itself: see below.)
 func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2, 2)
-	seeded := f.seedRows("s", 50)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
-	mv := f.mover(Options{})
+	f, seeded, ctx, other, mv := lockLossSetup(t)
 	var lockPath string
 	mv.opts.Progress = func(prog Progress) {
 		rec, msg := prog.Move, prog.Message
@@ -62,12 +57,7 @@ func TestIntegrationMoverStopsWhenItsLockIsLost(t *testing.T) {
 // can and sees it through: `shardctl move` exits with the move's outcome.
 func TestIntegrationMoveTakesItsMoveBackAfterLosingTheLock(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, 2, 2)
-	seeded := f.seedRows("s", 50)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
-	mv := f.mover(Options{})
+	f, seeded, ctx, other, mv := lockLossSetup(t)
 	var lost []string
 	mv.opts.Progress = func(prog Progress) {
 		if prog.Message == topo.MoveCopy && len(lost) == 0 {
@@ -83,4 +73,17 @@ func TestIntegrationMoveTakesItsMoveBackAfterLosingTheLock(t *testing.T) {
 		t.Fatalf("move after losing its lock: %v %+v (lost %v)", err, rec, lost)
 	}
 	f.checkClean(seeded)
+}
+
+// lockLossSetup is the lock-loss tests' start: two nodes with 50 rows, a
+// minute's context, a second session that deletes the runner lock, and a
+// mover.
+func lockLossSetup(t *testing.T) (*fixture, map[string]int64, context.Context, *zksession.Session, *Mover) {
+	t.Helper()
+	f := newFixture(t, 2, 2)
+	seeded := f.seedRows("s", 50)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	other := zktest.Session(t, zksession.Config{Connect: f.z.ConnectString})
+	return f, seeded, ctx, other, f.mover(Options{})
 }

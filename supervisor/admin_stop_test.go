@@ -19,17 +19,7 @@ import (
 // balancer's health check may be in that instant. (http.Server.Shutdown
 // read such a request and closed the connection unanswered: EOF.)
 func TestStopAdminAnswersAConnectionItAccepted(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "pool.json")
-	if err := os.WriteFile(file, encode(t, cfgFor(t, testenv.FreePort(t), 1, nil)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sv, err := New(Options{Pool: "web", ConfigFile: file, AdminAddr: "127.0.0.1:0", StateDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sv.startAdmin(); err != nil {
-		t.Fatal(err)
-	}
+	sv := adminOnly(t)
 	c, err := net.Dial("tcp", sv.AdminAddr())
 	if err != nil {
 		t.Fatal(err)
@@ -69,17 +59,7 @@ func TestStopAdminAnswersAConnectionItAccepted(t *testing.T) {
 // Every admin endpoint only reads: GET and HEAD are answered, every other
 // method is refused with 405 and Allow: GET, HEAD (they all answered 200).
 func TestAdminEndpointsRefuseOtherMethods(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "pool.json")
-	if err := os.WriteFile(file, encode(t, cfgFor(t, testenv.FreePort(t), 1, nil)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	sv, err := New(Options{Pool: "web", ConfigFile: file, AdminAddr: "127.0.0.1:0", StateDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sv.startAdmin(); err != nil {
-		t.Fatal(err)
-	}
+	sv := adminOnly(t)
 	defer sv.stopAdmin()
 	c := &http.Client{}
 	for _, path := range []string{"/healthz", "/readyz", "/livez", "/metrics", "/status", peerPath} {
@@ -96,4 +76,22 @@ func TestAdminEndpointsRefuseOtherMethods(t *testing.T) {
 			}
 		}
 	}
+}
+
+// adminOnly is a supervisor of a one-worker pool from a config file with
+// only its admin server started (no workers).
+func adminOnly(t *testing.T) *Supervisor {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "pool.json")
+	if err := os.WriteFile(file, encode(t, cfgFor(t, testenv.FreePort(t), 1, nil)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sv, err := New(Options{Pool: "web", ConfigFile: file, AdminAddr: "127.0.0.1:0", StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sv.startAdmin(); err != nil {
+		t.Fatal(err)
+	}
+	return sv
 }

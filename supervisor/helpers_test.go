@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/workerproto"
@@ -301,13 +302,7 @@ func fileLogger(t *testing.T, dir string) (*zap.Logger, *os.File) {
 	enc := zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig())
 	log := zap.New(zapcore.NewCore(enc, zapcore.AddSync(f), zapcore.DebugLevel))
 	t.Cleanup(func() {
-		if t.Failed() || os.Getenv("SHARDVISOR_TEST_LOG") != "" {
-			b, _ := os.ReadFile(f.Name())
-			if len(b) > 60000 {
-				b = b[len(b)-60000:]
-			}
-			t.Logf("supervisor and worker log:\n%s", b)
-		}
+		testkit.LogTail(t, f.Name(), "supervisor and worker log")
 		f.Close()
 	})
 	return log, f

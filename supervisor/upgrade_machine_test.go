@@ -26,6 +26,16 @@ func upgradeSim(t *testing.T, takeOverFrom int) (*sim, *observer.ObservedLogs) {
 	return s, logs
 }
 
+// upgrading is a supervisor serving n workers whose upgrade to newPid
+// has started.
+func upgrading(t *testing.T, n int) (*sim, *observer.ObservedLogs) {
+	t.Helper()
+	s, logs := upgradeSim(t, 0)
+	s.serving(n)
+	s.startUpgrade(newPid)
+	return s, logs
+}
+
 // startUpgrade sends SIGUSR2 and, as the executor does, reports the new
 // supervisor as started.
 func (s *sim) startUpgrade(pid int) {
@@ -45,9 +55,7 @@ func refusals(logs *observer.ObservedLogs) []string {
 }
 
 func TestMachineUpgradeHandsOverOnceTheNewOneIsReady(t *testing.T) {
-	s, logs := upgradeSim(t, 0)
-	s.serving(2)
-	s.startUpgrade(newPid)
+	s, logs := upgrading(t, 2)
 	if !s.mc.sharesState() {
 		t.Fatal("the state directory is not shared with the new supervisor")
 	}
@@ -87,9 +95,7 @@ func TestMachineUpgradeFailures(t *testing.T) {
 		{"exited before ready", evUpgradeExited{pid: newPid, status: "exit status 1"}, []string{"upgrade-stop p5000"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, logs := upgradeSim(t, 0)
-			s.serving(1)
-			s.startUpgrade(newPid)
+			s, logs := upgrading(t, 1)
 			s.expect("another pid fails", s.send(evUpgradeFailed{pid: newPid + 1, why: "x"}))
 			s.expect("failure", s.send(tc.fail), tc.want...)
 			s.expect("ready after failing", s.send(evUpgradeReady{pid: newPid}))
@@ -125,24 +131,18 @@ func TestMachineUpgradeRefusedWhileStopping(t *testing.T) {
 // A new supervisor that has not taken over when this one stops is
 // stopped with it; one of a failed upgrade too (it may not have stopped).
 func TestMachineUpgradeStoppedWithThisOne(t *testing.T) {
-	s, _ := upgradeSim(t, 0)
-	s.serving(1)
-	s.startUpgrade(newPid)
+	s, _ := upgrading(t, 1)
 	s.expect("TERM", s.send(evSignal{syscall.SIGTERM}), "notify STOPPING=1", "close-sockets all", "term w1 shutdown")
 	s.expect("last worker gone", s.exit(1, "exit status 0"), "upgrade-stop p5000 with-this")
 	s.expect("once", s.tick())
 
-	s, _ = upgradeSim(t, 0)
-	s.serving(1)
-	s.startUpgrade(newPid)
+	s, _ = upgrading(t, 1)
 	s.send(evUpgradeFailed{pid: newPid, why: "x"})
 	s.send(evSignal{syscall.SIGTERM})
 	s.expect("last worker gone", s.exit(1, "exit status 0"), "upgrade-stop p5000 with-this")
 
 	// Nothing to stop once the failed one is gone.
-	s, _ = upgradeSim(t, 0)
-	s.serving(1)
-	s.startUpgrade(newPid)
+	s, _ = upgrading(t, 1)
 	s.send(evUpgradeExited{pid: newPid, status: "exit status 1"})
 	s.send(evSignal{syscall.SIGTERM})
 	s.expect("last worker gone", s.exit(1, "exit status 0"), "clean-maps keep ")
@@ -174,9 +174,7 @@ func TestMachineUpgradeNewSupervisorTakesOverOnceServing(t *testing.T) {
 // is not stopped with this one; as the executor did before the machine
 // decided upgrades.
 func TestMachineUpgradeReadyWhileStopping(t *testing.T) {
-	s, _ := upgradeSim(t, 0)
-	s.serving(2)
-	s.startUpgrade(newPid)
+	s, _ := upgrading(t, 2)
 	s.expect("TERM", s.send(evSignal{syscall.SIGTERM}), "notify STOPPING=1", "close-sockets all", "term w1 shutdown", "term w2 shutdown")
 	s.expect("first worker gone", s.exit(1, "exit status 0"))
 	s.expect("ready while draining", s.send(evUpgradeReady{pid: newPid}), "hand-over p5000")

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 )
 
 // These tests run the real binary with a real worker (examples/hello) under
@@ -91,13 +92,7 @@ func newUpgradeEnv(t *testing.T) *upgradeEnv {
 		if e.logged("WARNING: DATA RACE") {
 			t.Error("a supervisor reported a data race")
 		}
-		if t.Failed() || os.Getenv("SHARDVISOR_TEST_LOG") != "" {
-			b, _ := os.ReadFile(f.Name())
-			if len(b) > 60000 {
-				b = b[len(b)-60000:]
-			}
-			t.Logf("supervisor log:\n%s", b)
-		}
+		testkit.LogTail(t, f.Name(), "supervisor log")
 		f.Close()
 	})
 	return e

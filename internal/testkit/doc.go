@@ -3,7 +3,8 @@
 // package's own (internal) tests can use them, zksession's and topo's
 // included: the check that a decoder refuses a malformed record
 // (malformed.go), the wait for a value on a channel (await.go), a
-// NOTIFY_SOCKET listener (notify.go), a connection that counts the bytes
+// NOTIFY_SOCKET listener (notify.go), the tail of a failed test's log
+// (logtail.go), a connection that counts the bytes
 // it reads (countconn.go) and the report of a benchmark that compares two
 // ways of doing one thing (ratio.go).
 package testkit
