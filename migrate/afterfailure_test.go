@@ -19,8 +19,7 @@ import (
 // other node, and otherwise leaves the record aborted (GC no longer sees a
 // move in flight), the fences matching the map, nothing behind.
 func TestIntegrationAbortAfterFailure(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	f.seedRows("s", 200)
 	ctx := context.Background()
 	src := f.conn("pg1")

@@ -56,8 +56,7 @@ func (f *fixture) checkClean(seeded map[string]int64) {
 }
 
 func TestIntegrationLagAboveThresholdBlocksFence(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	rec, err := f.mover(Options{MaxLag: time.Nanosecond, CatchupTimeout: 500 * time.Millisecond}).Move(context.Background(), 0, "pg2", false)
 	if err == nil || !strings.Contains(err.Error(), "refusing to fence") || rec.State != topo.MoveAborted {
@@ -75,8 +74,7 @@ func TestIntegrationLagAboveThresholdBlocksFence(t *testing.T) {
 }
 
 func TestIntegrationPauseCapAborts(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
 	rec, err := f.mover(Options{PauseCap: time.Microsecond}).Move(ctx, 0, "pg2", false)
@@ -97,8 +95,7 @@ func TestIntegrationPauseCapAborts(t *testing.T) {
 // TRUNCATE on the source is not published, so the target's own buckets
 // survive it.
 func TestIntegrationTruncateOnSourceSparesTarget(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	f.seedRows("s", 200)
 	ctx := context.Background()
 	targetOwn := f.rowsIn("pg2", 2, 2) + f.rowsIn("pg2", 2, 3)
@@ -116,8 +113,7 @@ func TestIntegrationTruncateOnSourceSparesTarget(t *testing.T) {
 }
 
 func TestIntegrationVerifyMismatchPausesRebalancer(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	f.seedRows("s", 100)
 	ctx := context.Background()
 	mv := f.mover(Options{})
@@ -164,8 +160,7 @@ func TestIntegrationVerifyMismatchPausesRebalancer(t *testing.T) {
 }
 
 func TestIntegrationDrainEmptiesNode(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 3, 3)
+	f := parallelFixture(t, 3, 3)
 	seeded := f.seedRows("s", 300)
 	ctx := context.Background()
 	l := f.startLoad(3, 100)
@@ -375,8 +370,7 @@ func TestFaultsMoverKilledAtEachStep(t *testing.T) {
 // with --on-straggler=abort) is retried by the rebalancer instead of
 // stopping it.
 func TestIntegrationRebalancerRetriesCleanAbort(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
 	stale, err := f.s.CreateEphemeral(ctx, f.st.Paths().Router("stuck-router"), []byte(`{"version":1,"id":"stuck-router","map_version":1}`), nil)

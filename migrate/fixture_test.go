@@ -43,6 +43,14 @@ type fixture struct {
 	nodes []bucketmap.Node
 }
 
+// parallelFixture is newFixture for a test that runs in parallel with the
+// package's others (t.Parallel): every fixture has its own ZooKeeper path
+// and databases.
+func parallelFixture(t *testing.T, level, nodes int) *fixture {
+	t.Parallel()
+	return newFixture(t, level, nodes)
+}
+
 func newFixture(t *testing.T, level, nodes int) *fixture {
 	t.Helper()
 	pg := testenv.StartPGNodes(t, nodes)

@@ -13,8 +13,7 @@ import (
 
 // A move under concurrent writes loses nothing and leaves nothing behind.
 func TestIntegrationMoveUnderLoad(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
+	f := parallelFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
 	base := f.seedRows("seed", 400)
 	l := f.startLoad(6, 200)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
@@ -61,8 +60,7 @@ func TestIntegrationMoveUnderLoad(t *testing.T) {
 }
 
 func TestIntegrationMoveNoCopy(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	f.seedRows("s", 100)
 	ctx := context.Background()
 	before := f.rowsIn("pg1", 2, 0)
@@ -85,8 +83,7 @@ func TestIntegrationMoveNoCopy(t *testing.T) {
 // ReplicationObjects finds what a move leaves behind (by name prefix) and
 // nothing else: the test harness and the benchmark count on it.
 func TestIntegrationReplicationObjects(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	ctx := context.Background()
 	c := f.conn("pg1")
 	for _, sql := range []string{`CREATE PUBLICATION sv_probe_left`, `CREATE PUBLICATION svxprobe`} {

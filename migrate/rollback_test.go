@@ -39,8 +39,7 @@ func (f *fixture) rollbackOf(mv *Mover, id string) *topo.MoveRecord {
 // under load gives the bucket back with every write made on the new owner
 // since the flip, and leaves no replication object behind.
 func TestIntegrationRollbackKeepsEveryWrite(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
+	f := parallelFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
 	base := f.seedRows("seed", 400)
 	l := f.startLoad(6, 200)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
@@ -108,8 +107,7 @@ func TestIntegrationRollbackKeepsEveryWrite(t *testing.T) {
 // `move complete` ends the window at once; a window that runs out is ended
 // by the orphan watcher. Either way nothing of the reverse stream stays.
 func TestIntegrationMoveCompleteEndsWindow(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 3, 2)
+	f := parallelFixture(t, 3, 2)
 	f.seedRows("seed", 200)
 	ctx := context.Background()
 	mv := f.mover(Options{Window: 10 * time.Minute})

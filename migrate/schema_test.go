@@ -21,8 +21,7 @@ import (
 // any row is copied or the range is marked on the target (it used to copy,
 // flip, and end failed at verification).
 func TestIntegrationMoveRefusesSchemaDifference(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	ctx := context.Background()
 	if _, err := f.conn("pg1").Exec(ctx, `ALTER TABLE app.kv ADD COLUMN at timestamp DEFAULT '2024-05-01 12:00:00'`); err != nil {
 		t.Fatal(err)
@@ -65,8 +64,7 @@ func TestIntegrationMoveRefusesSchemaDifference(t *testing.T) {
 // and the target refuses that row in the copy. (A CHECK the target alone
 // has is refused before the copy now: TestIntegrationMoveRefusesConstraintDifferences.)
 func TestIntegrationApplyErrorNamesTableAndRow(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	ctx := context.Background()
 	seeded := f.seedRows("s", 40)
 	lo, _, _ := keystream.Range(2, 0)
@@ -104,8 +102,7 @@ func TestIntegrationApplyErrorNamesTableAndRow(t *testing.T) {
 // not be found. Here the range has 1,200 rows and the row the target
 // refuses is on the third page.
 func TestIntegrationApplyErrorPastTheFirstPage(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	ctx := context.Background()
 	seeded := f.seedRows("s", 20)
 	lo, _, _ := keystream.Range(2, 0)
@@ -264,8 +261,7 @@ func (f *fixture) refusedBeforeCopy(rec *topo.MoveRecord, err error, want ...str
 // constraint. Now the foreign key only the target has is a schema
 // difference that refuses the move before any row is copied.
 func TestIntegrationMoveRefusesTargetOnlyForeignKey(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	ctx := context.Background()
 	f.addTable(childTable, childDDL)
 	if _, err := f.conn("pg2").Exec(ctx, `ALTER TABLE app.c ADD CONSTRAINT c_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES app.parent (id)`); err != nil {
@@ -289,8 +285,7 @@ func TestIntegrationMoveRefusesTargetOnlyForeignKey(t *testing.T) {
 // source has (the target would accept, after the flip, rows the source
 // refuses) refuse the move too, each named with what each node has.
 func TestIntegrationMoveRefusesConstraintDifferences(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	ctx := context.Background()
 	if _, err := f.conn("pg2").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100)`); err != nil {
 		t.Fatal(err)
@@ -311,8 +306,7 @@ func TestIntegrationMoveRefusesConstraintDifferences(t *testing.T) {
 // checking them, and checkForeignKeys finds them before the fence; the
 // move aborts (before its flip) and the target's copy is removed.
 func TestIntegrationMoveAbortsOnForeignKeyBrokenOnTarget(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	ctx := context.Background()
 	f.addTable(childTable, childDDL+`;
 ALTER TABLE app.c ADD CONSTRAINT c_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES app.parent (id)`)

@@ -20,8 +20,7 @@ import (
 // schemas again and copies. Neither deadlocks, both nodes end with the
 // column, and no acknowledged write is lost or failed.
 func TestIntegrationSchemaChangeDuringMove(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
+	f := parallelFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
 	base := f.seedRows("seed", 300)
 	ctx := context.Background()
 	l := f.startLoad(2, 100)

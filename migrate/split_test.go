@@ -19,8 +19,7 @@ import (
 // is on the node the map names, every node's fence agrees with the map,
 // and GC deletes from the old owner that half's rows and nothing else.
 func TestIntegrationSplitBucketThenMoveHalf(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
+	f := parallelFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
 	base := f.seedRows("seed", 600)
 	ctx := context.Background()
 	whole := bucketmap.Bucket{Prefix: 0, Depth: 2}
@@ -107,8 +106,7 @@ func TestIntegrationSplitBucketThenMoveHalf(t *testing.T) {
 // load, then GC: every node holds within 1.15 times the mean, every row
 // is on exactly one node (its owner), and no acknowledged write is lost.
 func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 3)
+	f := parallelFixture(t, 2, 3)
 	ctx := context.Background()
 	m := f.mapNow()
 	for b, n := range []int{40000, 3000, 3000, 3000} {

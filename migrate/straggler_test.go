@@ -108,8 +108,7 @@ func (f *fixture) stuckMember(version uint64, garbled bool) (pool, router string
 // after the flip, reads the old owner's frozen copy, and writes fine once
 // it routes by the new map.
 func TestIntegrationStragglerDoesNotStopMove(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2) // pg1 0-1, pg2 2-3
+	f := parallelFixture(t, 2, 2) // pg1 0-1, pg2 2-3
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
 	old := f.mapNow()
@@ -188,8 +187,7 @@ func TestIntegrationStragglerDoesNotStopMove(t *testing.T) {
 // aborts, names the straggler, and changes nothing; the straggler is in
 // the record and counted.
 func TestIntegrationStragglerAbort(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t, 2, 2)
+	f := parallelFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
 	old := f.mapNow()

@@ -82,11 +82,7 @@ func TestNotifyFromOutsideTheWorkersTreeIsIgnored(t *testing.T) {
 			t.Fatalf("sending %s: %v %s", msg, err, out)
 		}
 	}
-	stillStarting(t, h, 2)
-	b, _ := os.ReadFile(filepath.Join(h.dir, "test.log"))
-	if !strings.Contains(string(b), "not in the worker's process tree") {
-		t.Fatalf("refusal not logged:\n%s", b)
-	}
+	refused(t, h, 2, "not in the worker's process tree")
 }
 
 func TestNotifyFromAnotherUserIsIgnored(t *testing.T) {
@@ -125,11 +121,7 @@ func TestNotifyFromAnotherUserIsIgnored(t *testing.T) {
 	if out, err := send(t, sock, workerproto.Ready, nobody); err != nil {
 		t.Fatalf("uid 65534 could not send through the opened directory: %v %s", err, out)
 	}
-	stillStarting(t, h, 1)
-	b, _ := os.ReadFile(filepath.Join(h.dir, "test.log"))
-	if !strings.Contains(string(b), "runs as uid 65534") {
-		t.Fatalf("refusal not logged:\n%s", b)
-	}
+	refused(t, h, 1, "runs as uid 65534")
 }
 
 func TestSystemdNotifyFromTheWorkersTreeIsAccepted(t *testing.T) {
@@ -145,5 +137,16 @@ func TestSystemdNotifyFromTheWorkersTreeIsAccepted(t *testing.T) {
 	h.waitFor(30*time.Second, "systemd-notify's READY=1 from the worker's tree", serving(1, 2))
 	if got := testCounter(t, h, "shardvisor_supervisor_notify_rejected_total", ""); got != 0 {
 		t.Fatalf("%v datagrams of the workers' own trees refused", got)
+	}
+}
+
+// refused checks that notify messages were refused: the worker is still
+// starting, at least n refusals were counted, and the log says why.
+func refused(t *testing.T, h *harness, n float64, why string) {
+	t.Helper()
+	stillStarting(t, h, n)
+	b, _ := os.ReadFile(filepath.Join(h.dir, "test.log"))
+	if !strings.Contains(string(b), why) {
+		t.Fatalf("refusal not logged (want %q):\n%s", why, b)
 	}
 }
