@@ -147,6 +147,20 @@ func portBusy(port int) bool {
 	return true
 }
 
+// portFreed waits up to wait for port to be free and says whether it is.
+// A SIGKILLed JVM's main thread can be gone (what waitGone sees) while its
+// other threads still hold its sockets for a moment.
+func portFreed(port int, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for portBusy(port) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
 // errPortBusy is the error for a port another process holds.
 func errPortBusy(name string, port int, what string) error {
 	return fmt.Errorf("%s: port %d%s on 127.0.0.1 is already in use by another process (see: ss -ltnp)", name, port, what)

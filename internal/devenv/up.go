@@ -66,11 +66,6 @@ func (e *Env) Up() error {
 		}
 		e.logf("zk%d: zoo.cfg is out of date; restarting it with the current one", i)
 		e.zkStop(i)
-		// The JVM's main thread can be gone (what zkStop waits for) while
-		// its other threads still hold the ports for a moment.
-		for w := 0; portBusy(e.ZKPort(i)) && w < 100; w++ {
-			time.Sleep(100 * time.Millisecond)
-		}
 		if err := e.zkLaunch(i); err != nil {
 			return err
 		}

@@ -168,7 +168,7 @@ func (e *Env) zkLaunch(i int) error {
 	}
 	_ = os.Remove(filepath.Join(dir, "zk.pid"))
 	for _, p := range []int{e.ZKPort(i), e.zkQuorumPort(i), e.zkElectionPort(i)} {
-		if portBusy(p) {
+		if !portFreed(p, 5*time.Second) {
 			return errPortBusy(fmt.Sprintf("zk%d", i), p, "")
 		}
 	}
@@ -238,6 +238,8 @@ func (e *Env) ZKKill(i int) error {
 		if pid := e.zkPid(i); pid != 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			waitGone(pid)
+			// Killed means its ports are free for the next start.
+			portFreed(e.ZKPort(i), 5*time.Second)
 			e.logf("zk%d: killed (pid %d)", i, pid)
 		}
 		_ = os.Remove(filepath.Join(e.ZKDir(i), "zk.pid"))
