@@ -30,7 +30,7 @@ func (e *Env) zkLinkStart(i, m int) error {
 			continue
 		}
 		port := e.ZKLinkPort(i, m, j)
-		if portBusy(port) {
+		if !portFreed(port, 5*time.Second) {
 			return fmt.Errorf("pg%d.m%d: ZooKeeper link port %d on 127.0.0.1 is already in use (see: ss -ltnp)", i, m, port)
 		}
 		// A session of its own: the forwarder leads its process group, with
@@ -51,15 +51,22 @@ func (e *Env) zkLinkStart(i, m int) error {
 }
 
 // zkLinkStop stops member m's forwarders and every connection through
-// them.
+// them, all at once, and returns when they are gone and their ports free
+// (a heal right after the cut must find them free).
 func (e *Env) zkLinkStop(i, m int) {
+	var pids []int
 	for j := 1; j <= ZKServers; j++ {
 		if pid := e.zkLinkPid(i, m, j); pid != 0 {
 			if syscall.Kill(-pid, syscall.SIGKILL) != nil {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
+			pids = append(pids, pid)
 		}
 		_ = os.Remove(e.zkLinkPidFile(i, m, j))
+	}
+	waitGone(pids...)
+	for j := 1; j <= ZKServers; j++ {
+		portFreed(e.ZKLinkPort(i, m, j), 5*time.Second)
 	}
 }
 
