@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -129,12 +130,7 @@ func TestIntegrationCopyReadsOneSnapshot(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+		testkit.Until(stop, func(i int) bool {
 			k := (i * 7919) % bulk
 			var err error
 			switch i % 3 {
@@ -148,13 +144,14 @@ func TestIntegrationCopyReadsOneSnapshot(t *testing.T) {
 			if err != nil {
 				msg := err.Error()
 				writerErr.Store(&msg)
-				return
+				return false
 			}
 			writes.Add(1)
 			if copying.Load() {
 				duringCopy.Add(1)
 			}
-		}
+			return true
+		})
 	}()
 	testenv.WaitFor(t, 30*time.Second, func() bool { return writes.Load() >= 50 }, "writes before the move")
 

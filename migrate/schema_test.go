@@ -71,16 +71,7 @@ func TestIntegrationApplyErrorNamesTableAndRow(t *testing.T) {
 	if _, err := f.conn("pg1").Exec(ctx, `INSERT INTO app.kv (bkey, uid, v) VALUES ($1, 'too-big', 500)`, lo+7); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.conn("pg1").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100) NOT VALID`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.conn("pg2").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100)`); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := f.mover(Options{}).Move(ctx, 0, "pg2", false)
-	if err == nil || rec.State != topo.MoveAborted {
-		t.Fatalf("move into a target that refuses a row: %v (state %s)", err, rec.State)
-	}
+	rec := f.moveRefusedByCheck(ctx)
 	for _, want := range []string{"during the initial copy", "table app.kv, row (bkey, uid) = (" + strconv.FormatInt(lo+7, 10) + ", 'too-big')", `violates check constraint "small_v"`, "SQLSTATE 23514"} {
 		if !strings.Contains(rec.Error, want) {
 			t.Errorf("the record's error %q lacks %q", rec.Error, want)
@@ -112,16 +103,7 @@ func TestIntegrationApplyErrorPastTheFirstPage(t *testing.T) {
 	if n := f.rowsIn("pg1", 2, 0); n <= 2*reproducePageRows {
 		t.Fatalf("%d rows in the range: the failing row must be past the first page", n)
 	}
-	if _, err := f.conn("pg1").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100) NOT VALID`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.conn("pg2").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100)`); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := f.mover(Options{}).Move(ctx, 0, "pg2", false)
-	if err == nil || rec.State != topo.MoveAborted {
-		t.Fatalf("move into a target that refuses a row: %v (state %s)", err, rec.State)
-	}
+	rec := f.moveRefusedByCheck(ctx)
 	want := "table app.kv, row (bkey, uid) = (" + strconv.FormatInt(lo+1100, 10) + ", 'p-1100'): ERROR: new row for relation \"kv\" violates check constraint \"small_v\" (SQLSTATE 23514)"
 	if !strings.Contains(rec.Error, want) || strings.Contains(rec.Error, "could not be found") {
 		t.Fatalf("the record's error %q lacks %q", rec.Error, want)
@@ -412,4 +394,22 @@ CREATE TABLE app.c (bkey bigint NOT NULL, id bigint NOT NULL, parent_id bigint R
 	if !errors.Is(err, ErrForeignKey) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("checkForeignKeys, MATCH FULL: %v, want %q", err, want)
 	}
+}
+
+// moveRefusedByCheck gives both nodes the CHECK constraint small_v (v <
+// 100), the source's added NOT VALID after rows that break it, and moves
+// bucket 0 to pg2, which refuses such a row in the copy: the move aborts.
+func (f *fixture) moveRefusedByCheck(ctx context.Context) *topo.MoveRecord {
+	f.t.Helper()
+	if _, err := f.conn("pg1").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100) NOT VALID`); err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := f.conn("pg2").Exec(ctx, `ALTER TABLE app.kv ADD CONSTRAINT small_v CHECK (v < 100)`); err != nil {
+		f.t.Fatal(err)
+	}
+	rec, err := f.mover(Options{}).Move(ctx, 0, "pg2", false)
+	if err == nil || rec.State != topo.MoveAborted {
+		f.t.Fatalf("move into a target that refuses a row: %v (state %s)", err, rec.State)
+	}
+	return rec
 }

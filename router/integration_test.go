@@ -18,6 +18,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -314,30 +315,26 @@ func TestConcurrentLookupsDuringSwaps(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			testkit.Until(stop, func(i int) bool {
 				uid := fmt.Sprintf("g%d-%d", g, i%5000)
 				rt, err := r.Route(uid)
 				if err != nil {
 					errs <- err
-					return
+					return false
 				}
 				mu.Lock()
 				m := versions[rt.MapVersion]
 				mu.Unlock()
 				if m == nil {
-					continue // written but not yet recorded by the writer below
+					return true // written but not yet recorded by the writer below
 				}
 				if got := m.Owner(rt.Bucket); got != rt.Node || rt.Level != m.Level {
 					errs <- fmt.Errorf("%s: answer %+v, but map version %d says %s at level %d", uid, rt, rt.MapVersion, got, m.Level)
-					return
+					return false
 				}
 				checked.Add(1)
-			}
+				return true
+			})
 		}()
 	}
 	ctx := context.Background()

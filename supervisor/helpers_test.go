@@ -446,12 +446,7 @@ func startLoad(addr string, conc int) *load {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			for {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
+			testkit.Until(l.stop, func(int) bool {
 				r, err := get(addr)
 				l.mu.Lock()
 				if err != nil {
@@ -465,7 +460,8 @@ func startLoad(addr string, conc int) *load {
 				}
 				l.mu.Unlock()
 				time.Sleep(2 * time.Millisecond)
-			}
+				return true
+			})
 		}()
 	}
 	return l

@@ -232,12 +232,7 @@ func startLoad(addr, admin string, clients int) *load {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			for {
-				select {
-				case <-l.stop:
-					return
-				default:
-				}
+			testkit.Until(l.stop, func(int) bool {
 				pid, err := hello(c, addr)
 				if err != nil {
 					l.failed.Add(1)
@@ -249,7 +244,8 @@ func startLoad(addr, admin string, clients int) *load {
 					l.mu.Unlock()
 				}
 				time.Sleep(2 * time.Millisecond)
-			}
+				return true
+			})
 		}()
 	}
 	l.wg.Add(1)

@@ -4,7 +4,7 @@
 // included: the check that a decoder refuses a malformed record
 // (malformed.go), the wait for a value on a channel (await.go), a
 // NOTIFY_SOCKET listener (notify.go), the tail of a failed test's log
-// (logtail.go), a connection that counts the bytes
-// it reads (countconn.go) and the report of a benchmark that compares two
-// ways of doing one thing (ratio.go).
+// (logtail.go), the loop of a background load (until.go), a connection
+// that counts the bytes it reads (countconn.go) and the report of a
+// benchmark that compares two ways of doing one thing (ratio.go).
 package testkit
