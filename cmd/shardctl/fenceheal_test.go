@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/urfave/cli/v2"
 
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
@@ -134,8 +136,26 @@ func TestIntegrationReturningNodeRefusesLostBuckets(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	var wout, werr bytes.Buffer
 	done := make(chan int, 1)
+	// The watch parses its flags under cliMu, as runData does (urfave/cli
+	// writes its package variables then), and lets go once it runs.
+	wapp := dataApp(&wout, &werr)
+	cliMu.Lock()
+	var once sync.Once
+	release := func() { once.Do(cliMu.Unlock) }
+	for _, c := range wapp.Commands {
+		if c.Name != "node" {
+			continue
+		}
+		for _, sc := range c.Subcommands {
+			if sc.Name == "reconcile" {
+				action := sc.Action
+				sc.Action = func(cc *cli.Context) error { release(); return action(cc) }
+			}
+		}
+	}
 	go func() {
-		done <- cliutil.Exec(wctx, dataApp(&wout, &werr), append([]string{"shardctl"}, cmd("node", "reconcile", "--watch", "--retry", retry.String())...))
+		defer release()
+		done <- cliutil.Exec(wctx, wapp, append([]string{"shardctl"}, cmd("node", "reconcile", "--watch", "--retry", retry.String())...))
 	}()
 	t.Cleanup(func() {
 		stop()
