@@ -290,6 +290,7 @@ func (e *Env) Primary(i int) (name string, port int, ok bool, err error) {
 // every other member streams from it, one synchronously.
 func (e *Env) groupWait(i int, deadline time.Time) error {
 	start := time.Now()
+	nudged := start
 	for {
 		ms, a, err := e.groupHealth(i)
 		if err != nil {
@@ -298,6 +299,10 @@ func (e *Env) groupWait(i int, deadline time.Time) error {
 		if len(a.problems) == 0 {
 			e.logf("pg%d: healthy after waiting %.1fs", i, time.Since(start).Seconds())
 			return nil
+		}
+		if time.Since(nudged) >= staleRewindAfter {
+			nudged = time.Now()
+			e.nudgeStaleRewind(i, ms)
 		}
 		// A Patroni that is gone 10 s after the start will not come back.
 		dead := false
