@@ -101,13 +101,19 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 			}
 		})
 	}
-	cl, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: name, Seed: fmt.Sprintf("%x", "fleet-bench-"+name), Level: *level,
+	// preload runs inside Build, before Build returns the keystream: it
+	// needs it first.
+	seed := fmt.Sprintf("%x", "fleet-bench-"+name)
+	if c.ks, err = keystreamOf(seed); err != nil {
+		return nil, err
+	}
+	cl, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: name, Seed: seed, Level: *level,
 		Nodes: c.nodes, Mapped: startNodes, Tables: []topo.TableRecord{notesTable}, DDL: []string{b.env.notesDDL},
 		Prepare: c.preload})
 	if err != nil {
 		return nil, err
 	}
-	c.st, c.ks = cl.Store, cl.Keystream
+	c.st = cl.Store
 	return c, nil
 }
 
@@ -177,4 +183,12 @@ func hostPort(addr string) (string, int) {
 	h, p, _ := net.SplitHostPort(addr)
 	n, _ := strconv.Atoi(p)
 	return h, n
+}
+
+func keystreamOf(seed string) (*keystream.Keystream, error) {
+	s, err := keystream.ParseSeed(seed)
+	if err != nil {
+		return nil, err
+	}
+	return keystream.New(s)
 }
