@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -177,12 +176,6 @@ func (b *bench) poolConfig(mode string, boot time.Duration) *topo.PoolConfig {
 		Readiness:       topo.Readiness{Mode: topo.ReadinessNotify, Timeout: topo.Duration(60*time.Second + boot)},
 		MapDelivery:     topo.MapDelivery{Mode: mode}}
 	return cfg
-}
-
-func hostPort(addr string) (string, int) {
-	h, p, _ := net.SplitHostPort(addr)
-	n, _ := strconv.Atoi(p)
-	return h, n
 }
 
 func keystreamOf(seed string) (*keystream.Keystream, error) {

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,55 +48,48 @@ type backend struct {
 type balancer struct {
 	backends []*backend
 	next     atomic.Uint64
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	checks   *benchkit.Stopper
 }
 
 func newBalancer(sups []*sup) *balancer {
-	lb := &balancer{stop: make(chan struct{})}
+	lb := &balancer{checks: benchkit.NewStopper()}
 	for _, s := range sups {
 		tr := &http.Transport{DialContext: s.dial, MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}
 		be := &backend{s: s, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 		lb.backends = append(lb.backends, be)
-		lb.wg.Add(1)
-		go func() {
-			defer lb.wg.Done()
-			be.checkLoop(lb.stop)
-		}()
+		lb.checks.Go(func() { be.checkLoop(lb.checks.C) })
 	}
 	return lb
 }
 
 func (lb *balancer) close() {
-	close(lb.stop)
-	lb.wg.Wait()
+	lb.checks.Stop()
 	for _, be := range lb.backends {
 		be.client.CloseIdleConnections()
 	}
 }
 
-// waitUp waits until every backend is up.
-func (lb *balancer) waitUp(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		var down []string
-		for _, be := range lb.backends {
-			if _, ok := be.state(); !ok {
-				down = append(down, be.s.name)
-			}
-		}
-		if len(down) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("load balancer: backends not up after %s: %s", timeout, strings.Join(down, ", "))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+// down names the backends that are down.
+func (lb *balancer) down() (names []string) {
+	for _, be := range lb.backends {
+		if _, up := be.state(); !up {
+			names = append(names, be.s.name)
 		}
 	}
+	return names
+}
+
+// waitUp waits until every backend is up.
+func (lb *balancer) waitUp(ctx context.Context, timeout time.Duration) error {
+	for deadline := time.Now().Add(timeout); len(lb.down()) > 0; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("load balancer: backends not up after %s: %s", timeout, strings.Join(lb.down(), ", "))
+		}
+		if err := benchkit.Sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (be *backend) state() (port int, up bool) {
@@ -116,7 +109,7 @@ func (be *backend) set(port int, up bool) {
 
 // checkLoop: down after 3 failed checks in a row (HAProxy's "fall 3": a
 // slow answer on a busy host is not an outage), up after one good one.
-func (be *backend) checkLoop(stop chan struct{}) {
+func (be *backend) checkLoop(stop <-chan struct{}) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	fails := 0
@@ -181,22 +174,17 @@ func listenPorts(pid int) []int {
 	}
 	var ports []int
 	for _, f := range []string{"/net/tcp", "/net/tcp6"} {
-		data, err := os.ReadFile(dir + f)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		sc.Scan() // header
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			// sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+		data, _ := os.ReadFile(dir + f)
+		for line := range strings.Lines(string(data)) {
+			// sl local rem st tx:rx tr:when retrnsmt uid timeout inode (the
+			// header's fourth field is "rem_address", never "0A")
+			fs := strings.Fields(line)
 			if len(fs) < 10 || fs[3] != "0A" || !inodes[fs[9]] {
 				continue
 			}
-			if i := strings.LastIndexByte(fs[1], ':'); i >= 0 {
-				if p, err := strconv.ParseUint(fs[1][i+1:], 16, 16); err == nil {
-					ports = append(ports, int(p))
-				}
+			_, hex, _ := strings.Cut(fs[1], ":")
+			if p, err := strconv.ParseUint(hex, 16, 16); err == nil {
+				ports = append(ports, int(p))
 			}
 		}
 	}
@@ -222,7 +210,7 @@ type entry struct {
 // reqRec is one request as the client saw it.
 type reqRec struct {
 	at, dur time.Duration // since the load started
-	backend int           // index in the balancer, -1: none was up
+	backend string        // its supervisor, "": none was up
 	write   bool
 	err     string // "" when it succeeded
 }
@@ -363,7 +351,7 @@ func (l *loadRun) staleList(s string) {
 // does; see docs/supervisor.md): counted in idle, not failures.
 func (l *loadRun) call(method, path, body, key string, want int, out any) error {
 	t0 := time.Now()
-	rec := reqRec{at: t0.Sub(l.started), backend: -1, write: method != http.MethodGet}
+	rec := reqRec{at: t0.Sub(l.started), write: method != http.MethodGet}
 	err := l.send(method, path, body, key, want, out, &rec)
 	rec.dur = time.Since(t0)
 	if err != nil {
@@ -386,7 +374,7 @@ func (l *loadRun) send(method, path, body, key string, want int, out any, rec *r
 		if be == nil {
 			return errors.New("no backend up")
 		}
-		rec.backend = be.s.i
+		rec.backend = be.s.name
 		conns := 0
 		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { conns++ }})
 		req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(port)+path, bytes.NewReader(b))
@@ -433,7 +421,7 @@ type loadStats struct {
 	FailedOn  map[string]int `json:"failed_by_backend,omitempty"`
 	Errors    map[string]int `json:"errors,omitempty"`
 	LastError string         `json:"last_error,omitempty"`
-	Writes    Stat           `json:"write_latency_ms"`
+	Writes    benchkit.Stat  `json:"write_latency_ms"`
 	Rerouted  int64          `json:"rerouted"`
 	Resent    int64          `json:"resent_on_closed_keepalive"`
 	Stale     int            `json:"stale_lists"`
@@ -441,7 +429,7 @@ type loadStats struct {
 	Seconds   float64        `json:"seconds"`
 }
 
-func (l *loadRun) stats(from, to time.Duration, names func(int) string) loadStats {
+func (l *loadRun) stats(from, to time.Duration) loadStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := loadStats{FailedOn: map[string]int{}, Errors: map[string]int{}, Rerouted: l.rerouted.Load(), Resent: l.idle.Load(), Stale: l.stale, StaleEx: l.staleEx}
@@ -454,21 +442,17 @@ func (l *loadRun) stats(from, to time.Duration, names func(int) string) loadStat
 		last = max(last, r.at+r.dur)
 		st.Requests++
 		if r.write && r.err == "" {
-			lat = append(lat, float64(r.dur.Microseconds())/1000)
+			lat = append(lat, benchkit.MS(r.dur))
 		}
 		if r.err == "" {
 			continue
 		}
 		st.Failed++
-		who := "balancer"
-		if r.backend >= 0 {
-			who = names(r.backend)
-		}
-		st.FailedOn[who]++
+		st.FailedOn[cmp.Or(r.backend, "balancer")]++
 		st.Errors[errKind(r.err)]++
 		st.LastError = r.err
 	}
-	st.Writes = stat(lat)
+	st.Writes = benchkit.Of(lat)
 	if to == 0 {
 		to = last
 	}
@@ -490,10 +474,7 @@ func errKind(s string) string {
 	case strings.Contains(s, "Timeout") || strings.Contains(s, "deadline"):
 		return "timeout"
 	}
-	if len(s) > 60 {
-		return s[:60]
-	}
-	return s
+	return s[:min(len(s), 60)]
 }
 
 // ---------------------------------------------------------------- verify
