@@ -20,42 +20,33 @@ import (
 )
 
 // env is the throwaway ensemble and db nodes bench/fleet/run started
-// (scripts/devenv with its own state directory and ports).
+// (scripts/devenv with its own state directory and ports), driven in this
+// process.
 type env struct {
-	dir      string
-	dev      *devenv.Env // that environment, driven in this process
-	zkAddrs  []string
-	pgAddrs  []string
-	pwFile   string
-	password string
+	*devenv.Env
+	zkAddrs, pgAddrs []string
+	password         string
 	// notesDDL is the notes table, from the file examples/notes embeds
 	// (a package main there, so not importable).
 	notesDDL string
 }
 
 func newEnv(root string) (*env, error) {
-	e := &env{dir: *envDir, pwFile: clustertest.PasswordFile(*envDir),
-		dev: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
-	for i := range 3 {
-		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(*zkPortBase+i))
+	e := &env{Env: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
+	for i := range devenv.ZKServers {
+		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(e.ZKPort(i+1)))
 	}
 	for i := range pgNodes {
-		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(*pgPortBase+i))
+		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(e.PGPort(i+1)))
 	}
-	pw, err := clustertest.ReadPassword(e.pwFile)
-	if err != nil {
+	var err error
+	if e.password, err = clustertest.ReadPassword(e.PasswordFile()); err != nil {
 		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
 	}
-	e.password = pw
 	ddl, err := os.ReadFile(filepath.Join(root, "examples", "notes", "schema", "001-notes.sql"))
-	if err != nil {
-		return nil, err
-	}
 	e.notesDDL = string(ddl)
-	return e, nil
+	return e, err
 }
-
-func (e *env) zkConnect() string { return strings.Join(e.zkAddrs, ",") }
 
 func (e *env) adminDSN(i int) string {
 	return clustertest.AdminDSN(e.pgAddrs[i], e.password)
@@ -89,7 +80,7 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 	if c.paths, err = topo.NewPaths(b.root, name); err != nil {
 		return nil, err
 	}
-	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.pwFile)
+	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.PasswordFile())
 	for i := range c.nodes {
 		if err := testenv.Exec(ctx, b.env.adminDSN(i), "CREATE DATABASE "+pgx.Identifier{c.db}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("pg%d: %w", i+1, err)
@@ -103,7 +94,11 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 	// preload runs inside Build, before Build returns the keystream: it
 	// needs it first.
 	seed := fmt.Sprintf("%x", "fleet-bench-"+name)
-	if c.ks, err = keystreamOf(seed); err != nil {
+	ks, err := keystream.ParseSeed(seed)
+	if err == nil {
+		c.ks, err = keystream.New(ks)
+	}
+	if err != nil {
 		return nil, err
 	}
 	cl, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: name, Seed: seed, Level: *level,
@@ -170,18 +165,9 @@ func (b *bench) poolConfig(mode string, boot time.Duration) *topo.PoolConfig {
 	if boot > 0 {
 		envs["NOTES_BOOT_DELAY"] = boot.String()
 	}
-	cfg := &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Env: envs, Workers: *workers,
+	return &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Env: envs, Workers: *workers,
 		Listen:          []topo.Listen{{Name: "http", Addr: "tcp://127.0.0.1:0"}},
 		GracefulTimeout: topo.Duration(15 * time.Second),
 		Readiness:       topo.Readiness{Mode: topo.ReadinessNotify, Timeout: topo.Duration(60*time.Second + boot)},
 		MapDelivery:     topo.MapDelivery{Mode: mode}}
-	return cfg
-}
-
-func keystreamOf(seed string) (*keystream.Keystream, error) {
-	s, err := keystream.ParseSeed(seed)
-	if err != nil {
-		return nil, err
-	}
-	return keystream.New(s)
 }

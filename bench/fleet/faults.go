@@ -36,7 +36,7 @@ type IsolateResult struct {
 // timeout and reports what it granted (the server clamps it): the T of
 // the isolation bound.
 func (b *bench) negotiated(ctx context.Context) (time.Duration, error) {
-	s, err := zksession.Open(zksession.Config{Connect: b.env.zkConnect(), SessionTimeout: *sessionTimeout})
+	s, err := zksession.Open(zksession.Config{Connect: b.env.ZKConnect(), SessionTimeout: *sessionTimeout})
 	if err != nil {
 		return 0, err
 	}
@@ -119,11 +119,9 @@ func (b *bench) isolate(ctx context.Context, f *fleet) error {
 		return err
 	}
 	res.Kills, res.KillsByReason = d.kills, d.killsBy
-	res.Load = l.stats(cut, 0)
+	res.Load = l.stats(cut)
 	res.OwnFailed = res.Load.FailedOn[s.name]
 	res.OthersFailed = res.Load.Failed - res.OwnFailed
-	say("isolate: back in service %.1f s after the heal; requests failed: %d on %s, %d elsewhere; %d acknowledged writes missing of %d",
-		res.BackMS/1000, res.OwnFailed, s.name, res.OthersFailed, res.Verify.lost(), res.Verify.Checked)
 	return nil
 }
 
@@ -147,7 +145,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) error {
 	b.res.Outage = res
 	l, d, err := f.underLoad(ctx, "out", nil, 3*time.Second, &res.Verify, func(lb *balancer, l *loadRun) (err error) {
 		say("outage: killing all 3 ZooKeeper servers of the THROWAWAY ensemble (%s; the shared one on 21811 is not touched) for %s under load",
-			b.env.zkConnect(), *outageFor)
+			b.env.ZKConnect(), *outageFor)
 		t0 := time.Now()
 		var tRestart time.Time
 		restart := func() error {
@@ -157,20 +155,20 @@ func (b *bench) outage(ctx context.Context, f *fleet) error {
 			res.DownS = time.Since(t0).Seconds()
 			say("outage: restarting the ensemble after %.1f s down", res.DownS)
 			tRestart = time.Now()
-			err := b.env.dev.Up()
+			err := b.env.Up()
 			res.RestartS = time.Since(tRestart).Seconds()
 			return err
 		}
 		// However this ends, the ensemble comes back.
 		defer func() { err = errors.Join(err, restart()) }()
 		for i := 1; i <= 3; i++ {
-			if err := b.env.dev.ZKKill(i); err != nil {
+			if err := b.env.ZKKill(i); err != nil {
 				return err
 			}
 		}
 		for left := *outageFor; left > 0; left -= 10 * time.Second {
 			say("outage: ZooKeeper down %2.0f s; %d/%d supervisors behind the balancer up; %d requests failed so far",
-				time.Since(t0).Seconds(), len(lb.backends)-len(lb.down()), len(lb.backends), l.stats(0, 0).Failed)
+				time.Since(t0).Seconds(), len(lb.backends)-len(lb.down()), len(lb.backends), l.stats(0).Failed)
 			if err := benchkit.Sleep(ctx, min(left, 10*time.Second)); err != nil {
 				return err
 			}
@@ -201,8 +199,6 @@ func (b *bench) outage(ctx context.Context, f *fleet) error {
 		return err
 	}
 	res.Kills, res.KillsByReason, res.Boots = d.kills, d.killsBy, d.spawns
-	res.Load = l.stats(0, 0)
-	say("outage: back to normal %.1f s after the restart began (%.1f s after the ensemble was healthy); %d requests failed, %.0f worker kills, %.0f boots; %d acknowledged writes missing of %d",
-		res.NormalS, res.NormalHealthy, res.Load.Failed, res.Kills, res.Boots, res.Verify.lost(), res.Verify.Checked)
+	res.Load = l.stats(0)
 	return nil
 }

@@ -125,8 +125,7 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 	if _, _, err := topo.SetPoolConfig(ctx, b.sess, f.c.paths, poolName, b.poolConfig(mode, boot), -1); err != nil {
 		return nil, err
 	}
-	b.fleet = f
-	zkArgs := []string{"--zk", b.env.zkConnect(), "--zk-root", b.root, "--cluster", name,
+	zkArgs := []string{"--zk", b.env.ZKConnect(), "--zk-root", b.root, "--cluster", name,
 		"--zk-session-timeout", sessionTimeout.String(), "--log-format", "json"}
 	// The fleet's shared secret for the fail-static peer answers.
 	secret := filepath.Join(b.runDir, "peer-secret")

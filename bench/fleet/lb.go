@@ -28,20 +28,16 @@ import (
 	"github.com/shardvisor/shardvisor/keystream"
 )
 
-// ---------------------------------------------------------------- balancer
-
-// The load balancer does what an HAProxy or nginx in front of the fleet
-// would: it health-checks every backend's /healthz (every 200 ms, 1 s
-// timeout, down after 3 failures) and sends requests only to healthy ones; a connection refused
-// sends the request to the next backend (it was never received) and marks
-// the backend down until its next good check. Nothing else is retried.
+// The load balancer does what an HAProxy in front of the fleet would
+// (docs/fleet.md): requests go only to backends whose /healthz answers; a
+// refused connection goes to the next backend (it was never received).
+// Nothing else is retried.
 
 type backend struct {
 	s      *sup
 	client *http.Client
 	mu     sync.Mutex
-	port   int
-	up     bool
+	port   int       // its service port; 0: down
 	downAt time.Time // last time it went from up to down (zero: never)
 }
 
@@ -72,7 +68,7 @@ func (lb *balancer) close() {
 // down names the backends that are down.
 func (lb *balancer) down() (names []string) {
 	for _, be := range lb.backends {
-		if _, up := be.state(); !up {
+		if be.current() == 0 {
 			names = append(names, be.s.name)
 		}
 	}
@@ -92,38 +88,36 @@ func (lb *balancer) waitUp(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-func (be *backend) state() (port int, up bool) {
+// current is the backend's port, 0 while it is down.
+func (be *backend) current() int {
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	return be.port, be.up
+	return be.port
 }
 
-func (be *backend) set(port int, up bool) {
+func (be *backend) set(port int) {
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	if be.up && !up {
+	if be.port > 0 && port == 0 {
 		be.downAt = time.Now()
 	}
-	be.port, be.up = port, up
+	be.port = port
 }
 
-// checkLoop: down after 3 failed checks in a row (HAProxy's "fall 3": a
-// slow answer on a busy host is not an outage), up after one good one.
+// checkLoop checks /healthz every 200 ms (1 s timeout): down after 3
+// failed checks in a row (HAProxy's "fall 3": a slow answer on a busy host
+// is not an outage), up after one good one.
 func (be *backend) checkLoop(stop <-chan struct{}) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
-	fails := 0
-	for {
-		ok := be.s.healthy(time.Second)
-		port, up := be.state()
-		if ok {
+	for fails := 0; ; {
+		if be.s.healthy(time.Second) {
 			fails = 0
-			if port == 0 {
-				port = be.s.servicePort()
+			if be.current() == 0 {
+				be.set(be.s.servicePort())
 			}
-			be.set(port, port > 0)
-		} else if fails++; fails >= 3 || !up {
-			be.set(0, false) // a supervisor back in service binds a new port
+		} else if fails++; fails >= 3 || be.current() == 0 {
+			be.set(0) // a supervisor back in service binds a new port
 		}
 		select {
 		case <-stop:
@@ -145,7 +139,7 @@ func (lb *balancer) pick(skip *backend) (*backend, int) {
 			if be == skip && n > 1 {
 				continue
 			}
-			if port, up := be.state(); up {
+			if port := be.current(); port > 0 {
 				return be, port
 			}
 		}
@@ -190,8 +184,6 @@ func listenPorts(pid int) []int {
 	}
 	return ports
 }
-
-// ---------------------------------------------------------------- load
 
 type noteKey struct {
 	uid string
@@ -268,34 +260,27 @@ func (l *loadRun) client(g int, every time.Duration) {
 		switch {
 		case op < 4 || len(ids) == 0: // create
 			body := fmt.Sprintf("note %d of %s", rng.Int64(), uid)
-			key := benchkit.IdempotencyKey()
 			var n struct {
 				ID int64 `json:"id"`
 			}
-			if err := l.call("POST", "/v1/users/"+uid+"/notes", body, key, http.StatusCreated, &n); err == nil {
+			if err := l.call("POST", "/v1/users/"+uid+"/notes", body, http.StatusCreated, &n); err == nil {
 				notes[uid] = append(ids, n.ID)
-				l.ack(noteKey{uid, n.ID}, func(e *entry) { *e = entry{body: body} })
+				l.ack(noteKey{uid, n.ID}, nil, entry{body: body}, nil)
 			} else {
 				unsure[uid] = true
 			}
 		case op < 7: // update
 			id := ids[rng.IntN(len(ids))]
 			body := fmt.Sprintf("edit %d of %s", rng.Int64(), uid)
-			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, benchkit.IdempotencyKey(), http.StatusOK, nil)
-			l.ack(noteKey{uid, id}, func(e *entry) {
-				if err == nil {
-					*e = entry{body: body}
-				} else {
-					e.maybeBody = append(e.maybeBody, body)
-				}
-			})
+			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, http.StatusOK, nil)
+			l.ack(noteKey{uid, id}, err, entry{body: body}, func(e *entry) { e.maybeBody = append(e.maybeBody, body) })
 		case op < 9: // list
 			var got []struct {
 				ID   int64  `json:"id"`
 				Node string `json:"node"`
 			}
 			t0 := time.Since(l.started)
-			err := l.call("GET", "/v1/users/"+uid+"/notes", "", "", http.StatusOK, &got)
+			err := l.call("GET", "/v1/users/"+uid+"/notes", "", http.StatusOK, &got)
 			if err == nil && len(got) != len(ids) && !unsure[uid] {
 				node := "no note to say"
 				if len(got) > 0 {
@@ -306,14 +291,8 @@ func (l *loadRun) client(g int, every time.Duration) {
 		default: // delete
 			i := rng.IntN(len(ids))
 			id := ids[i]
-			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", benchkit.IdempotencyKey(), http.StatusNoContent, nil)
-			l.ack(noteKey{uid, id}, func(e *entry) {
-				if err == nil {
-					*e = entry{deleted: true}
-				} else {
-					e.maybeGone = true
-				}
-			})
+			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", http.StatusNoContent, nil)
+			l.ack(noteKey{uid, id}, err, entry{deleted: true}, func(e *entry) { e.maybeGone = true })
 			if err == nil {
 				notes[uid] = slices.Delete(ids, i, i+1)
 			}
@@ -321,7 +300,10 @@ func (l *loadRun) client(g int, every time.Duration) {
 	}
 }
 
-func (l *loadRun) ack(k noteKey, f func(*entry)) {
+// ack records a write on note k in the book: when it succeeded (err
+// nil), ok is the note's state; when it failed, failed notes what it may
+// have left.
+func (l *loadRun) ack(k noteKey, err error, ok entry, failed func(*entry)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.book[k]
@@ -329,7 +311,11 @@ func (l *loadRun) ack(k noteKey, f func(*entry)) {
 		e = &entry{}
 		l.book[k] = e
 	}
-	f(e)
+	if err == nil {
+		*e = ok
+	} else {
+		failed(e)
+	}
 }
 
 // staleList records a list that did not hold the acknowledged notes: an
@@ -349,9 +335,13 @@ func (l *loadRun) staleList(s string) {
 // carry an Idempotency-Key, which makes net/http resend them on a reused
 // connection the server closed before answering (as examples/notes/loadgen
 // does; see docs/supervisor.md): counted in idle, not failures.
-func (l *loadRun) call(method, path, body, key string, want int, out any) error {
+func (l *loadRun) call(method, path, body string, want int, out any) error {
 	t0 := time.Now()
 	rec := reqRec{at: t0.Sub(l.started), write: method != http.MethodGet}
+	key := ""
+	if rec.write {
+		key = benchkit.IdempotencyKey()
+	}
 	err := l.send(method, path, body, key, want, out, &rec)
 	rec.dur = time.Since(t0)
 	if err != nil {
@@ -391,7 +381,7 @@ func (l *loadRun) send(method, path, body, key string, want int, out any, rec *r
 		if err != nil {
 			if errors.Is(err, syscall.ECONNREFUSED) && attempt < 3 {
 				// Never received: the balancer tries the next backend.
-				be.set(0, false)
+				be.set(0)
 				l.rerouted.Add(1)
 				last = be
 				continue
@@ -413,8 +403,8 @@ func (l *loadRun) send(method, path, body, key string, want int, out any, rec *r
 	}
 }
 
-// loadStats summarises the requests of a load run between two instants
-// (offsets from its start; to 0 means the end).
+// loadStats summarises the requests of a load run from an instant (an
+// offset from its start) on.
 type loadStats struct {
 	Requests  int            `json:"requests"`
 	Failed    int            `json:"failed"`
@@ -429,14 +419,14 @@ type loadStats struct {
 	Seconds   float64        `json:"seconds"`
 }
 
-func (l *loadRun) stats(from, to time.Duration) loadStats {
+func (l *loadRun) stats(from time.Duration) loadStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := loadStats{FailedOn: map[string]int{}, Errors: map[string]int{}, Rerouted: l.rerouted.Load(), Resent: l.idle.Load(), Stale: l.stale, StaleEx: l.staleEx}
 	var lat []float64
 	var last time.Duration
 	for _, r := range l.recs {
-		if r.at < from || (to > 0 && r.at >= to) {
+		if r.at < from {
 			continue
 		}
 		last = max(last, r.at+r.dur)
@@ -453,10 +443,7 @@ func (l *loadRun) stats(from, to time.Duration) loadStats {
 		st.LastError = r.err
 	}
 	st.Writes = benchkit.Of(lat)
-	if to == 0 {
-		to = last
-	}
-	st.Seconds = (to - from).Seconds()
+	st.Seconds = (last - from).Seconds()
 	return st
 }
 
@@ -476,8 +463,6 @@ func errKind(s string) string {
 	}
 	return s[:min(len(s), 60)]
 }
-
-// ---------------------------------------------------------------- verify
 
 // verification is what the db nodes hold of the acknowledged writes.
 type verification struct {

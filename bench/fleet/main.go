@@ -1,32 +1,16 @@
-// Command fleet-bench runs a whole shardvisor fleet on one machine and
-// puts it through a rebalance and failures, under load, printing one
-// table. Run it with bench/fleet/run (make bench-fleet), which builds the
-// binaries and starts a throwaway ZooKeeper ensemble and four PostgreSQL
-// nodes on ports of their own (scripts/devenv with another state
-// directory), so that killing ZooKeeper breaks nobody else's tests.
-//
-// A fleet is a fresh cluster (a ZooKeeper subtree, a database on every db
-// node) holding 2^level buckets on three nodes, with N supervisors in one
-// pool, each running --workers examples/notes workers on a port of its
-// own (the pool listens on 127.0.0.1:0; the load balancer finds each port
-// in /proc), and R router sidecars. The load is examples/notes/loadgen's
-// (create, edit, list, delete notes of many users, every write
-// idempotent, every acknowledged write in a ledger) at a constant rate,
-// through a health-checking load balancer in front of a sample of the
-// supervisors. Scenarios (-only):
-//
-//	rebalance  a fourth node added and the rebalancer run (32 moves at level 7),
-//	           in a fleet with map delivery "swap" and one with "reload"
-//	boot       the same with workers that take -boot-delay to boot (reload)
-//	sigstop    the same with one supervisor (not in the load sample)
-//	           SIGSTOPped for the whole rebalance (reload)
-//	isolate    one supervisor, in a network namespace of its own, cut off
-//	           from ZooKeeper and its peers by blackholing proxies
-//	outage     all three ZooKeeper servers killed for -outage, then restarted
-//
-// isolate and outage run in the reload fleet after its rebalance. Every
-// scenario stops its load and checks every acknowledged write on its
-// owner before the next one starts.
+// Command fleet-bench runs a whole shardvisor fleet on one machine (N
+// supervisors of examples/notes workers, R router sidecars, a throwaway
+// ZooKeeper ensemble and four PostgreSQL nodes) and puts it through a
+// rebalance and failures under a load through a health-checking load
+// balancer, printing one table. Run it with bench/fleet/run (make
+// bench-fleet). Scenarios (-only): rebalance (a fourth node added, in a
+// fleet with map delivery "swap" and one with "reload"), boot (workers
+// that take -boot-delay to boot), sigstop (one supervisor outside the load
+// sample stopped for the whole rebalance), isolate (one supervisor cut off
+// from ZooKeeper and its peers) and outage (the whole ensemble killed for
+// -outage); isolate and outage run in the reload fleet after its
+// rebalance. Every scenario checks every acknowledged write on its owner.
+// docs/fleet.md says what each measures.
 package main
 
 import (
@@ -94,7 +78,6 @@ type bench struct {
 	binDir   string
 	runDir   string
 	cleanups []func(context.Context)
-	fleet    *fleet // the one running
 	res      results
 }
 
@@ -166,9 +149,6 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 	}
 	// Whatever happens, the processes stop, then the databases and trees go.
 	defer func() {
-		if b.fleet != nil {
-			b.fleet.stop()
-		}
 		b.ps.stopAll()
 		if *keep {
 			say("kept: databases fleet_*_%d, ZooKeeper %s", b.started.Unix(), b.root)
@@ -190,8 +170,8 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 	b.res.Config = fmt.Sprintf("%d supervisors x %d workers (examples/notes), %d routers, 3 ZooKeeper servers, %d PostgreSQL nodes; load %d req/s from %d clients over %d supervisors; level %d (%d buckets, %d notes each); session timeout %s; %d cores",
 		*supervisors, *workers, *routers, pgNodes, *rate, *clients, min(*loadSample, *supervisors), *level, 1<<*level, *rowsPerBucket, *sessionTimeout, runtime.NumCPU())
 	say("fleet benchmark: %s", b.res.Config)
-	say("logs in %s; ZooKeeper %s (throwaway ensemble), PostgreSQL %s", b.runDir, b.env.zkConnect(), strings.Join(b.env.pgAddrs, ","))
-	if b.sess, err = clustertest.OpenSession(ctx, b.env.zkConnect(), "bench/fleet/run starts it"); err != nil {
+	say("logs in %s; ZooKeeper %s (throwaway ensemble), PostgreSQL %s", b.runDir, b.env.ZKConnect(), strings.Join(b.env.pgAddrs, ","))
+	if b.sess, err = clustertest.OpenSession(ctx, b.env.ZKConnect(), "bench/fleet/run starts it"); err != nil {
 		return err
 	}
 	b.purgeLeftovers(ctx)
@@ -246,7 +226,6 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		}
 		if f != nil {
 			f.stop()
-			b.fleet = nil
 		}
 		if err != nil {
 			say("%s: %v", fr.step, err)

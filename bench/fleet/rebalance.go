@@ -91,12 +91,7 @@ func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *su
 		return err
 	}
 	res.Boots, res.Kills = d.spawns, d.kills
-	res.Load = l.stats(0, 0)
-	say("%s: %d moves in %.1f s (%d aborted), %.0f worker boots, pause p50 %.1f p99 %.1f max %.1f ms; %d requests, %d failed; %d acknowledged writes missing of %d",
-		name, res.Moves, res.Seconds, res.Aborted, res.Boots, res.PauseMS.P50, res.PauseMS.P99, res.PauseMS.Max, res.Load.Requests, res.Load.Failed, res.Verify.lost(), res.Verify.Checked)
-	if victim != nil {
-		say("%s: %s named as a straggler in %d moves; back in service %.1f s after SIGCONT", name, victim.name, res.Stragglers[victim.name], res.VictimBackS)
-	}
+	res.Load = l.stats(0)
 	return rbErr
 }
 
