@@ -62,39 +62,11 @@ func (s *sup) servicePort() int {
 	return 0
 }
 
-// metrics reads the counters this benchmark adds up across the fleet.
+// metrics is the counters this benchmark adds up across the fleet.
 type metrics struct {
 	spawns, kills float64
 	killsBy       map[string]float64
 	errs          []string // of the supervisors that did not answer
-}
-
-func (s *sup) metrics(timeout time.Duration) (metrics, error) {
-	m := metrics{killsBy: map[string]float64{}}
-	code, body, err := s.get("/metrics", timeout)
-	if err != nil {
-		return m, err
-	}
-	if code != http.StatusOK {
-		return m, fmt.Errorf("%s /metrics: status %d", s.name, code)
-	}
-	for line := range strings.Lines(string(body)) {
-		name, val, _ := strings.Cut(line, " ")
-		x, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err != nil || strings.HasPrefix(line, "#") {
-			continue
-		}
-		switch {
-		case name == "shardvisor_supervisor_worker_spawns_total":
-			m.spawns = x
-		case strings.HasPrefix(name, "shardvisor_supervisor_worker_kills_total"):
-			m.kills += x
-			if _, l, ok := strings.Cut(name, `reason="`); ok {
-				m.killsBy[strings.TrimSuffix(l, `"}`)] += x
-			}
-		}
-	}
-	return m, nil
 }
 
 // fleet is one cluster with its supervisors and routers.
@@ -146,7 +118,7 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 	}
 	for i := range *routers {
 		argv := append([]string{filepath.Join(b.binDir, "router"), "--listen", routerAddr(i), "--id", fmt.Sprintf("rt-%02d", i)}, zkArgs...)
-		p, err := b.ps.start(fmt.Sprintf("rt-%02d.%s", i, name), argv, childEnv())
+		p, err := b.ps.start(fmt.Sprintf("rt-%02d.%s", i, name), argv...)
 		if err != nil {
 			return f, err
 		}
@@ -162,7 +134,7 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 			argv = append(f.ns.nsenter(), argv...)
 		}
 		s.hc = &http.Client{Transport: &http.Transport{DialContext: s.dial, MaxIdleConnsPerHost: 2}}
-		if s.p, err = b.ps.start(fmt.Sprintf("sv-%02d.%s", i, name), argv, childEnv()); err != nil {
+		if s.p, err = b.ps.start(fmt.Sprintf("sv-%02d.%s", i, name), argv...); err != nil {
 			return f, err
 		}
 		f.sups = append(f.sups, s)
@@ -293,17 +265,29 @@ func (f *fleet) scrape(skip map[string]bool) metrics {
 			continue
 		}
 		wg.Go(func() {
-			m, err := s.metrics(5 * time.Second)
+			code, body, err := s.get("/metrics", 5*time.Second)
+			if err == nil && code != http.StatusOK {
+				err = fmt.Errorf("%s /metrics: status %d", s.name, code)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				total.errs = append(total.errs, fmt.Sprintf("%s: %v", s.name, err))
 				return
 			}
-			total.spawns += m.spawns
-			total.kills += m.kills
-			for k, v := range m.killsBy {
-				total.killsBy[k] += v
+			for line := range strings.Lines(string(body)) {
+				name, val, _ := strings.Cut(line, " ")
+				x, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+				switch {
+				case err != nil || strings.HasPrefix(line, "#"):
+				case name == "shardvisor_supervisor_worker_spawns_total":
+					total.spawns += x
+				case strings.HasPrefix(name, "shardvisor_supervisor_worker_kills_total"):
+					total.kills += x
+					if _, l, ok := strings.Cut(name, `reason="`); ok {
+						total.killsBy[strings.TrimSuffix(l, `"}`)] += x
+					}
+				}
 			}
 		})
 	}

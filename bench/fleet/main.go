@@ -195,21 +195,17 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		run              func(*fleet) error
 	}{
 		{sel["swap"], "rebalance, swap", "swap", topo.MapDeliverySwap, 0, false, rebalance("rebalance, swap")},
-		{sel["reload"] || sel["isolate"] || sel["outage"], "rebalance, reload", "reload", topo.MapDeliveryReload, 0, sel["isolate"], func(f *fleet) error {
+		{sel["reload"] || sel["isolate"] || sel["outage"], "rebalance, reload", "reload", topo.MapDeliveryReload, 0, sel["isolate"], func(f *fleet) (err error) {
 			if sel["reload"] {
-				if err := rebalance("rebalance, reload")(f); err != nil {
-					return err
-				}
+				err = rebalance("rebalance, reload")(f)
 			}
-			if sel["isolate"] {
-				if err := b.isolate(ctx, f); err != nil {
-					return err
-				}
+			if err == nil && sel["isolate"] {
+				err = b.isolate(ctx, f)
 			}
-			if sel["outage"] {
-				return b.outage(ctx, f)
+			if err == nil && sel["outage"] {
+				err = b.outage(ctx, f)
 			}
-			return nil
+			return err
 		}},
 		{sel["boot"], "boot", "boot", topo.MapDeliveryReload, *bootDelay, false, rebalance(fmt.Sprintf("rebalance, reload, %s boot", *bootDelay))},
 		{sel["sigstop"], "sigstop", "sigstop", topo.MapDeliveryReload, 0, false, func(f *fleet) error {

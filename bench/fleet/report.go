@@ -38,8 +38,6 @@ func (b *bench) find(name string) *RebalanceResult {
 // of is "n/m": failed of sent requests, or lost of checked writes.
 func of(n, m int) string { return fmt.Sprintf("%d/%d", n, m) }
 
-const rowFormat = "%-44s %7s %9s %22s %13s %11s  %s\n"
-
 func (b *bench) report() {
 	r := &b.res
 	target := func(pass bool, goal, got string, args ...any) {
@@ -52,7 +50,7 @@ func (b *bench) report() {
 	fmt.Println("shardvisor fleet benchmark: " + r.Config)
 	fmt.Println()
 	row := func(name, boots, rebal, pause, failed, lost, notes string) {
-		fmt.Printf(rowFormat, name, boots, rebal, pause, failed, lost, notes)
+		fmt.Printf("%-44s %7s %9s %22s %13s %11s  %s\n", name, boots, rebal, pause, failed, lost, notes)
 	}
 	row("scenario", "boots", "rebalance", "pause p50/p99/max ms", "failed req", "lost writes", "notes")
 	// Lists that missed acknowledged notes, gathered for an INFO line.
@@ -134,12 +132,11 @@ func (b *bench) report() {
 	fmt.Println()
 
 	if reload != nil {
-		target(reload.Boots == 0, "reload mode: 0 worker boots across the rebalance", "%.0f (swap: %s)", reload.Boots, func() string {
-			if swap == nil {
-				return "not run"
-			}
-			return fmt.Sprintf("%.0f", swap.Boots)
-		}())
+		swapBoots := "not run"
+		if swap != nil {
+			swapBoots = fmt.Sprintf("%.0f", swap.Boots)
+		}
+		target(reload.Boots == 0, "reload mode: 0 worker boots across the rebalance", "%.0f (swap: %s)", reload.Boots, swapBoots)
 	}
 	for _, x := range r.Rebalances {
 		target(x.PauseMS.N > 0 && x.PauseMS.P99 < 50, fmt.Sprintf("%s: write pause p99 < 50 ms with %d supervisors", x.Name, *supervisors), "%.1f ms", x.PauseMS.P99)
@@ -166,12 +163,9 @@ func (b *bench) report() {
 	}
 	fmt.Println("targets:")
 	for _, t := range r.Targets {
-		v := "FAIL"
-		switch {
-		case t.Info:
+		v := map[bool]string{true: "PASS", false: "FAIL"}[t.Pass]
+		if t.Info {
 			v = "INFO"
-		case t.Pass:
-			v = "PASS"
 		}
 		fmt.Printf("  %s  %-80s %s\n", v, t.Goal, t.Got)
 	}
