@@ -31,7 +31,7 @@ type env struct {
 	notesDDL string
 }
 
-func newEnv(root string) (*env, error) {
+func newEnv() (*env, error) {
 	e := &env{Env: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
 	for i := range devenv.ZKServers {
 		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(e.ZKPort(i+1)))
@@ -43,19 +43,13 @@ func newEnv(root string) (*env, error) {
 	if e.password, err = clustertest.ReadPassword(e.PasswordFile()); err != nil {
 		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
 	}
-	ddl, err := os.ReadFile(filepath.Join(root, "examples", "notes", "schema", "001-notes.sql"))
+	ddl, err := os.ReadFile("examples/notes/schema/001-notes.sql") // run from the repository root
 	e.notesDDL = string(ddl)
 	return e, err
 }
 
 func (e *env) adminDSN(i int) string {
 	return clustertest.AdminDSN(e.pgAddrs[i], e.password)
-}
-
-// dropDB drops database db of node i, with the subscriptions a move cut
-// short left in it (they block DROP DATABASE) and its slots.
-func (e *env) dropDB(ctx context.Context, i int, db string) error {
-	return clustertest.DropDatabase(ctx, e.adminDSN(i), db, say)
 }
 
 var notesTable = topo.TableRecord{Name: "app.notes", KeyColumn: "bkey"}
@@ -66,7 +60,6 @@ const startNodes = 3
 // every db node, both fresh, so that every fleet starts from the same
 // three-node map.
 type cluster struct {
-	name  string
 	db    string
 	paths topo.Paths
 	st    *bucketmap.Store
@@ -75,7 +68,7 @@ type cluster struct {
 }
 
 func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
-	c := &cluster{name: name, db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix())}
+	c := &cluster{db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix())}
 	var err error
 	if c.paths, err = topo.NewPaths(b.root, name); err != nil {
 		return nil, err
@@ -86,7 +79,7 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 			return nil, fmt.Errorf("pg%d: %w", i+1, err)
 		}
 		b.cleanups = append(b.cleanups, func(ctx context.Context) {
-			if err := b.env.dropDB(ctx, i, c.db); err != nil {
+			if err := clustertest.DropDatabase(ctx, b.env.adminDSN(i), c.db, say); err != nil {
 				say("cleanup: pg%d database %s: %v", i+1, c.db, err)
 			}
 		})

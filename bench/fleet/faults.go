@@ -43,10 +43,8 @@ func (b *bench) negotiated(ctx context.Context) (time.Duration, error) {
 	defer s.Close()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := s.WaitConnected(wctx); err != nil {
-		return 0, err
-	}
-	return s.SessionTimeout(), nil
+	err = s.WaitConnected(wctx)
+	return s.SessionTimeout(), err
 }
 
 func (b *bench) isolate(ctx context.Context, f *fleet) error {
@@ -95,11 +93,9 @@ func (b *bench) isolate(ctx context.Context, f *fleet) error {
 		if err := benchkit.Sleep(ctx, 3*time.Second); err != nil { // the others serve on
 			return err
 		}
-		isoBE.mu.Lock()
-		if isoBE.downAt.After(t0) {
-			res.BalancerMS = benchkit.MS(isoBE.downAt.Sub(t0))
+		if down := time.Unix(0, isoBE.downAt.Load()); down.After(t0) {
+			res.BalancerMS = benchkit.MS(down.Sub(t0))
 		}
-		isoBE.mu.Unlock()
 		say("isolate: %s out of the load balancer after %.0f ms (port refused %.0f ms, /healthz failed %.0f ms; the balancer's check %.0f ms); healing",
 			s.name, res.OutMS, res.RefusedMS, res.HealthzMS, res.BalancerMS)
 		th := time.Now()

@@ -148,7 +148,7 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 		return f, err
 	}
 	say("fleet %s: %d supervisors (map delivery %s%s), %d routers, cluster %s, up in %.1f s", name, len(f.sups), mode,
-		map[bool]string{true: fmt.Sprintf(", %s boot", boot), false: ""}[boot > 0], len(f.routers), name, time.Since(t0).Seconds())
+		when(boot > 0, ", %s boot", boot), len(f.routers), name, time.Since(t0).Seconds())
 	return f, nil
 }
 

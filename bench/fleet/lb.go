@@ -36,9 +36,8 @@ import (
 type backend struct {
 	s      *sup
 	client *http.Client
-	mu     sync.Mutex
-	port   int       // its service port; 0: down
-	downAt time.Time // last time it went from up to down (zero: never)
+	port   atomic.Int64 // its service port; 0: down
+	downAt atomic.Int64 // last time it went from up to down, Unix ns (0: never)
 }
 
 type balancer struct {
@@ -68,7 +67,7 @@ func (lb *balancer) close() {
 // down names the backends that are down.
 func (lb *balancer) down() (names []string) {
 	for _, be := range lb.backends {
-		if be.current() == 0 {
+		if be.port.Load() == 0 {
 			names = append(names, be.s.name)
 		}
 	}
@@ -88,20 +87,10 @@ func (lb *balancer) waitUp(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
-// current is the backend's port, 0 while it is down.
-func (be *backend) current() int {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	return be.port
-}
-
 func (be *backend) set(port int) {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	if be.port > 0 && port == 0 {
-		be.downAt = time.Now()
+	if old := be.port.Swap(int64(port)); old > 0 && port == 0 {
+		be.downAt.Store(time.Now().UnixNano())
 	}
-	be.port = port
 }
 
 // checkLoop checks /healthz every 200 ms (1 s timeout): down after 3
@@ -113,10 +102,10 @@ func (be *backend) checkLoop(stop <-chan struct{}) {
 	for fails := 0; ; {
 		if be.s.healthy(time.Second) {
 			fails = 0
-			if be.current() == 0 {
+			if be.port.Load() == 0 {
 				be.set(be.s.servicePort())
 			}
-		} else if fails++; fails >= 3 || be.current() == 0 {
+		} else if fails++; fails >= 3 || be.port.Load() == 0 {
 			be.set(0) // a supervisor back in service binds a new port
 		}
 		select {
@@ -139,8 +128,8 @@ func (lb *balancer) pick(skip *backend) (*backend, int) {
 			if be == skip && n > 1 {
 				continue
 			}
-			if port := be.current(); port > 0 {
-				return be, port
+			if port := be.port.Load(); port > 0 {
+				return be, int(port)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -335,25 +324,22 @@ func (l *loadRun) staleList(s string) {
 // carry an Idempotency-Key, which makes net/http resend them on a reused
 // connection the server closed before answering (as examples/notes/loadgen
 // does; see docs/supervisor.md): counted in idle, not failures.
-func (l *loadRun) call(method, path, body string, want int, out any) error {
+func (l *loadRun) call(method, path, body string, want int, out any) (err error) {
 	t0 := time.Now()
 	rec := reqRec{at: t0.Sub(l.started), write: method != http.MethodGet}
+	defer func() {
+		rec.dur = time.Since(t0)
+		if err != nil {
+			rec.err = err.Error()
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.recs = append(l.recs, rec)
+	}()
 	key := ""
 	if rec.write {
 		key = benchkit.IdempotencyKey()
 	}
-	err := l.send(method, path, body, key, want, out, &rec)
-	rec.dur = time.Since(t0)
-	if err != nil {
-		rec.err = err.Error()
-	}
-	l.mu.Lock()
-	l.recs = append(l.recs, rec)
-	l.mu.Unlock()
-	return err
-}
-
-func (l *loadRun) send(method, path, body, key string, want int, out any, rec *reqRec) error {
 	var b []byte
 	if body != "" {
 		b, _ = json.Marshal(map[string]string{"body": body})
@@ -431,10 +417,10 @@ func (l *loadRun) stats(from time.Duration) loadStats {
 		}
 		last = max(last, r.at+r.dur)
 		st.Requests++
-		if r.write && r.err == "" {
-			lat = append(lat, benchkit.MS(r.dur))
-		}
 		if r.err == "" {
+			if r.write {
+				lat = append(lat, benchkit.MS(r.dur))
+			}
 			continue
 		}
 		st.Failed++

@@ -131,10 +131,6 @@ so that no outgoing connection holds one when it is bound again.
 }
 
 func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
-	root, err := os.Getwd()
-	if err != nil {
-		return err
-	}
 	if b.binDir, err = filepath.Abs(*binDirF); err != nil {
 		return err
 	}
@@ -163,7 +159,7 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 			b.sess.Close()
 		}
 	}()
-	if b.env, err = newEnv(root); err != nil {
+	if b.env, err = newEnv(); err != nil {
 		return err
 	}
 	b.root = fmt.Sprintf("/shardvisor-fleet/run-%d", b.started.Unix())
@@ -252,7 +248,7 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		conn.Close(context.Background())
 		for _, db := range dbs {
-			if err := b.env.dropDB(ctx, i, db); err != nil {
+			if err := clustertest.DropDatabase(ctx, b.env.adminDSN(i), db, say); err != nil {
 				say("purging old database %s on pg%d: %v", db, i+1, err)
 			}
 		}
@@ -266,12 +262,9 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 // outside the load sample (the balancer would take one inside out by its
 // /healthz, as the isolate scenario shows).
 func (f *fleet) victim() *sup {
-	in := map[string]bool{}
-	for _, s := range f.sample(nil) {
-		in[s.name] = true
-	}
+	sample := f.sample(nil)
 	for _, s := range slices.Backward(f.sups) {
-		if !in[s.name] {
+		if !slices.Contains(sample, s) {
 			return s
 		}
 	}

@@ -38,6 +38,14 @@ func (b *bench) find(name string) *RebalanceResult {
 // of is "n/m": failed of sent requests, or lost of checked writes.
 func of(n, m int) string { return fmt.Sprintf("%d/%d", n, m) }
 
+// when is the formatted text if c holds, "" otherwise.
+func when(c bool, format string, args ...any) string {
+	if !c {
+		return ""
+	}
+	return fmt.Sprintf(format, args...)
+}
+
 func (b *bench) report() {
 	r := &b.res
 	target := func(pass bool, goal, got string, args ...any) {
@@ -61,25 +69,13 @@ func (b *bench) report() {
 		}
 	}
 	for _, x := range r.Rebalances {
-		notes := fmt.Sprintf("%d moves", x.Moves)
-		if x.Aborted > 0 {
-			notes += fmt.Sprintf(", %d aborted", x.Aborted)
-		}
-		if x.OverBudget {
-			notes += fmt.Sprintf(" (stopped at the %s budget)", *budget)
-		} else if !x.Balanced {
-			notes += ", NOT balanced"
-		}
-		notes += fmt.Sprintf(", move p50 %.0f ms", x.MoveMS.P50)
-		if x.MemberWaitMS.Max > 0 { // recorded by movers that report stragglers
-			notes += fmt.Sprintf(", member wait p50 %.0f max %.0f ms", x.MemberWaitMS.P50, x.MemberWaitMS.Max)
-		}
-		if x.Victim != "" {
-			notes += fmt.Sprintf("; %s a straggler in %d moves, back %.1f s after SIGCONT", x.Victim, x.Stragglers[x.Victim], x.VictimBackS)
-		}
-		if x.Load.Stale > 0 {
-			notes += fmt.Sprintf("; %d stale lists", x.Load.Stale)
-		}
+		notes := fmt.Sprintf("%d moves", x.Moves) + when(x.Aborted > 0, ", %d aborted", x.Aborted) +
+			when(x.OverBudget, " (stopped at the %s budget)", *budget) + when(!x.OverBudget && !x.Balanced, ", NOT balanced") +
+			fmt.Sprintf(", move p50 %.0f ms", x.MoveMS.P50) +
+			// member wait: recorded by movers that report stragglers
+			when(x.MemberWaitMS.Max > 0, ", member wait p50 %.0f max %.0f ms", x.MemberWaitMS.P50, x.MemberWaitMS.Max) +
+			when(x.Victim != "", "; %s a straggler in %d moves, back %.1f s after SIGCONT", x.Victim, x.Stragglers[x.Victim], x.VictimBackS) +
+			when(x.Load.Stale > 0, "; %d stale lists", x.Load.Stale)
 		row(x.Name, fmt.Sprintf("%.0f", x.Boots), fmt.Sprintf("%.1f s", x.Seconds),
 			fmt.Sprintf("%.1f/%.1f/%.1f", x.PauseMS.P50, x.PauseMS.P99, x.PauseMS.Max),
 			of(x.Load.Failed, x.Load.Requests), of(x.Verify.lost(), x.Verify.Checked), notes)
@@ -94,11 +90,7 @@ func (b *bench) report() {
 			}
 			return v
 		}
-		label := "  reload / swap"
-		if reload.OverBudget || swap.OverBudget {
-			label += " (per move)"
-		}
-		row(label, benchkit.RatioX(perMove(reload, reload.Boots), perMove(swap, swap.Boots)), benchkit.RatioX(perMove(reload, reload.Seconds), perMove(swap, swap.Seconds)),
+		row("  reload / swap"+when(reload.OverBudget || swap.OverBudget, " (per move)"), benchkit.RatioX(perMove(reload, reload.Boots), perMove(swap, swap.Boots)), benchkit.RatioX(perMove(reload, reload.Seconds), perMove(swap, swap.Seconds)),
 			benchkit.RatioX(reload.PauseMS.P99, swap.PauseMS.P99)+" (p99)", "", "", fmt.Sprintf("move p50 %s", benchkit.RatioX(reload.MoveMS.P50, swap.MoveMS.P50)))
 	}
 	if boot != nil && reload != nil {
@@ -141,7 +133,7 @@ func (b *bench) report() {
 	for _, x := range r.Rebalances {
 		target(x.PauseMS.N > 0 && x.PauseMS.P99 < 50, fmt.Sprintf("%s: write pause p99 < 50 ms with %d supervisors", x.Name, *supervisors), "%.1f ms", x.PauseMS.P99)
 		target(x.Balanced && x.Aborted == 0, x.Name+": rebalance completes, no move aborted", "balanced %v%s, %d aborted %v", x.Balanced,
-			map[bool]string{true: " (stopped at the budget)", false: ""}[x.OverBudget], x.Aborted, x.AbortErrors)
+			when(x.OverBudget, " (stopped at the budget)"), x.Aborted, x.AbortErrors)
 		target(x.Load.Failed == 0 && x.Verify.lost() == 0, x.Name+": 0 failed requests, 0 lost writes", "%d failed %v, %d lost", x.Load.Failed, x.Load.Errors, x.Verify.lost())
 		if x.Victim != "" {
 			target(x.Stragglers[x.Victim] > 0, x.Name+": the stopped supervisor is reported as a straggler", "%d move records name it", x.Stragglers[x.Victim])
