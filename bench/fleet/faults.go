@@ -145,9 +145,6 @@ func (b *bench) outage(ctx context.Context, f *fleet) error {
 		t0 := time.Now()
 		var tRestart time.Time
 		restart := func() error {
-			if !tRestart.IsZero() {
-				return nil
-			}
 			res.DownS = time.Since(t0).Seconds()
 			say("outage: restarting the ensemble after %.1f s down", res.DownS)
 			tRestart = time.Now()
@@ -156,7 +153,11 @@ func (b *bench) outage(ctx context.Context, f *fleet) error {
 			return err
 		}
 		// However this ends, the ensemble comes back.
-		defer func() { err = errors.Join(err, restart()) }()
+		defer func() {
+			if tRestart.IsZero() {
+				err = errors.Join(err, restart())
+			}
+		}()
 		for i := 1; i <= 3; i++ {
 			if err := b.env.ZKKill(i); err != nil {
 				return err
@@ -174,15 +175,7 @@ func (b *bench) outage(ctx context.Context, f *fleet) error {
 		}
 		say("outage: ensemble back (devenv up took %.1f s); waiting for every member record, serving", res.RestartS)
 		tr := time.Now()
-		m, _, err := f.c.st.Load(ctx)
-		for err != nil && time.Since(tr) < time.Minute {
-			_ = benchkit.Sleep(ctx, 200*time.Millisecond)
-			m, _, err = f.c.st.Load(ctx)
-		}
-		if err != nil {
-			return err
-		}
-		if err := f.settle(ctx, m.Version, 3*time.Minute); err != nil {
+		if err := f.settleNow(ctx, 3*time.Minute); err != nil {
 			return err
 		}
 		if err := lb.waitUp(ctx, time.Minute); err != nil {

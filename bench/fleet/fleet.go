@@ -51,17 +51,6 @@ func (s *sup) healthy(timeout time.Duration) bool {
 	return err == nil && code == http.StatusOK
 }
 
-// servicePort is the port the supervisor bound for its workers (the
-// pool's 127.0.0.1:0), 0 if it has none now.
-func (s *sup) servicePort() int {
-	for _, p := range listenPorts(s.p.pid()) {
-		if !strings.HasSuffix(s.admin, ":"+strconv.Itoa(p)) {
-			return p
-		}
-	}
-	return 0
-}
-
 // metrics is the counters this benchmark adds up across the fleet.
 type metrics struct {
 	spawns, kills float64
@@ -82,8 +71,7 @@ type fleet struct {
 	iso     *isolation // supervisor 0's, when it is isolated
 }
 
-func adminAddr(i int) string  { return "127.0.0.1:" + strconv.Itoa(*adminPortBase+i) }
-func routerAddr(i int) string { return "127.0.0.1:" + strconv.Itoa(*routerPortBase+i) }
+func adminAddr(i int) string { return "127.0.0.1:" + strconv.Itoa(*adminPortBase+i) }
 
 // startFleet creates the cluster and starts the routers and supervisors;
 // with isolate, supervisor 0 runs in a network namespace of its own.
@@ -108,16 +96,12 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 		if f.ns, err = newNetns(b.ps); err != nil {
 			return f, err
 		}
-		var peers []string
-		for i := 1; i < *supervisors; i++ {
-			peers = append(peers, adminAddr(i))
-		}
-		if f.iso, err = newIsolation(f.ns, b.env.zkAddrs, b.env.pgAddrs, peers, adminAddr(0)); err != nil {
+		if f.iso, err = newIsolation(f.ns, b.env.zkAddrs, b.env.pgAddrs); err != nil {
 			return f, err
 		}
 	}
 	for i := range *routers {
-		argv := append([]string{filepath.Join(b.binDir, "router"), "--listen", routerAddr(i), "--id", fmt.Sprintf("rt-%02d", i)}, zkArgs...)
+		argv := append([]string{filepath.Join(b.binDir, "router"), "--listen", "127.0.0.1:" + strconv.Itoa(*routerPortBase+i), "--id", fmt.Sprintf("rt-%02d", i)}, zkArgs...)
 		p, err := b.ps.start(fmt.Sprintf("rt-%02d.%s", i, name), argv...)
 		if err != nil {
 			return f, err
@@ -171,9 +155,14 @@ func (f *fleet) stop() {
 }
 
 // settleNow waits until every supervisor serves the map's current
-// version, and every router has it.
+// version, and every router has it. The map is read again for up to a
+// minute while ZooKeeper does not answer (after the outage).
 func (f *fleet) settleNow(ctx context.Context, timeout time.Duration) error {
 	m, _, err := f.c.st.Load(ctx)
+	for t0 := time.Now(); err != nil && time.Since(t0) < time.Minute; {
+		_ = benchkit.Sleep(ctx, 200*time.Millisecond)
+		m, _, err = f.c.st.Load(ctx)
+	}
 	if err == nil {
 		err = f.settle(ctx, m.Version, timeout)
 	}
@@ -192,7 +181,7 @@ func (f *fleet) underLoad(ctx context.Context, name string, skip map[string]bool
 		return nil, d, err
 	}
 	l = startLoad(name, lb)
-	defer l.stop()
+	defer l.Stop()
 	if err := benchkit.Sleep(ctx, *warmup); err != nil {
 		return nil, d, err
 	}
@@ -203,7 +192,7 @@ func (f *fleet) underLoad(ctx context.Context, name string, skip map[string]bool
 	if err := benchkit.Sleep(ctx, tail); err != nil {
 		return nil, d, err
 	}
-	l.stop()
+	l.Stop()
 	d = f.scrape(skip).minus(before)
 	*v, err = f.c.verify(ctx, l)
 	return l, d, err

@@ -139,15 +139,13 @@ func (lb *balancer) pick(skip *backend) (*backend, int) {
 	}
 }
 
-// listenPorts finds the TCP ports pid listens on: its socket inodes
+// servicePort is the port the supervisor bound for its workers (the
+// pool's 127.0.0.1:0), 0 if it has none now: the one of its socket inodes
 // (/proc/PID/fd) among the LISTEN sockets of its network namespace
-// (/proc/PID/net/tcp, tcp6).
-func listenPorts(pid int) []int {
-	dir := "/proc/" + strconv.Itoa(pid)
-	ents, err := os.ReadDir(dir + "/fd")
-	if err != nil {
-		return nil
-	}
+// (/proc/PID/net/tcp, tcp6) that is not its admin port.
+func (s *sup) servicePort() int {
+	dir := "/proc/" + strconv.Itoa(s.p.pid())
+	ents, _ := os.ReadDir(dir + "/fd")
 	inodes := map[string]bool{}
 	for _, e := range ents {
 		l, err := os.Readlink(dir + "/fd/" + e.Name())
@@ -155,7 +153,6 @@ func listenPorts(pid int) []int {
 			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
 		}
 	}
-	var ports []int
 	for _, f := range []string{"/net/tcp", "/net/tcp6"} {
 		data, _ := os.ReadFile(dir + f)
 		for line := range strings.Lines(string(data)) {
@@ -166,12 +163,12 @@ func listenPorts(pid int) []int {
 				continue
 			}
 			_, hex, _ := strings.Cut(fs[1], ":")
-			if p, err := strconv.ParseUint(hex, 16, 16); err == nil {
-				ports = append(ports, int(p))
+			if p, err := strconv.ParseUint(hex, 16, 16); err == nil && !strings.HasSuffix(s.admin, ":"+strconv.Itoa(int(p))) {
+				return int(p)
 			}
 		}
 	}
-	return ports
+	return 0
 }
 
 type noteKey struct {
@@ -196,11 +193,12 @@ type reqRec struct {
 	err     string // "" when it succeeded
 }
 
+// loadRun is a load until Stop (which waits for the requests in flight).
 type loadRun struct {
+	*benchkit.Stopper
 	name     string
 	lb       *balancer
 	started  time.Time
-	stopper  *benchkit.Stopper
 	mu       sync.Mutex
 	recs     []reqRec
 	book     map[noteKey]*entry
@@ -211,16 +209,13 @@ type loadRun struct {
 }
 
 func startLoad(name string, lb *balancer) *loadRun {
-	l := &loadRun{name: name, lb: lb, started: time.Now(), stopper: benchkit.NewStopper(), book: map[noteKey]*entry{}}
+	l := &loadRun{Stopper: benchkit.NewStopper(), name: name, lb: lb, started: time.Now(), book: map[noteKey]*entry{}}
 	per := float64(*clients) / float64(*rate) // seconds between one client's requests
 	for g := range *clients {
-		l.stopper.Go(func() { l.client(g, time.Duration(per*float64(time.Second))) })
+		l.Go(func() { l.client(g, time.Duration(per*float64(time.Second))) })
 	}
 	return l
 }
-
-// stop ends the load and waits for requests in flight.
-func (l *loadRun) stop() { l.stopper.Stop() }
 
 func (l *loadRun) client(g int, every time.Duration) {
 	rng := rand.New(rand.NewPCG(uint64(g), uint64(l.started.UnixNano())))
@@ -239,7 +234,7 @@ func (l *loadRun) client(g int, every time.Duration) {
 	time.Sleep(time.Duration(rng.Int64N(int64(every) + 1)))
 	for {
 		select {
-		case <-l.stopper.C:
+		case <-l.C:
 			return
 		case <-t.C:
 		}
@@ -336,9 +331,9 @@ func (l *loadRun) call(method, path, body string, want int, out any) (err error)
 		defer l.mu.Unlock()
 		l.recs = append(l.recs, rec)
 	}()
-	key := ""
+	hdr := http.Header{}
 	if rec.write {
-		key = benchkit.IdempotencyKey()
+		hdr.Set("Idempotency-Key", benchkit.IdempotencyKey())
 	}
 	var b []byte
 	if body != "" {
@@ -357,9 +352,7 @@ func (l *loadRun) call(method, path, body string, want int, out any) (err error)
 		if err != nil {
 			return err
 		}
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-		}
+		req.Header = hdr
 		res, err := be.client.Do(req)
 		if conns > 1 {
 			l.idle.Add(int64(conns - 1))

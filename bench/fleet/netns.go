@@ -103,9 +103,14 @@ type isolation struct {
 	cut []*faultproxy.Proxy // all but the db nodes': blackholed to isolate
 }
 
-// newIsolation sets up the proxies before the supervisor starts.
-func newIsolation(ns *netns, zkAddrs, pgAddrs, peerAdmins []string, ownAdmin string) (*isolation, error) {
+// newIsolation sets up the proxies before supervisor 0 starts.
+func newIsolation(ns *netns, zkAddrs, pgAddrs []string) (*isolation, error) {
 	iso := &isolation{}
+	var peerAdmins []string
+	for i := 1; i < *supervisors; i++ {
+		peerAdmins = append(peerAdmins, adminAddr(i))
+	}
+	ownAdmin := adminAddr(0)
 	add := func(p *faultproxy.Proxy, cut bool) {
 		iso.all = append(iso.all, p)
 		if cut {
