@@ -33,6 +33,7 @@ type RebalanceResult struct {
 	Restarts     int           `json:"rebalancer_restarts"`
 	Balanced     bool          `json:"balanced"`
 	OverBudget   bool          `json:"stopped_at_budget,omitempty"`
+	AbortErrors  []string      `json:"abort_errors,omitempty"`
 	PauseMS      benchkit.Stat `json:"pause_ms"`
 	MoveMS       benchkit.Stat `json:"move_ms"`
 	MemberWaitMS benchkit.Stat `json:"member_wait_ms"`
@@ -43,7 +44,6 @@ type RebalanceResult struct {
 	Verify       verification   `json:"verify"`
 	Victim       string         `json:"victim,omitempty"`
 	Stragglers   map[string]int `json:"stragglers,omitempty"` // member -> moves that named it
-	AbortErrors  []string       `json:"abort_errors,omitempty"`
 	VictimBackS  float64        `json:"victim_back_seconds,omitempty"`
 	ScrapeErrors []string       `json:"scrape_errors,omitempty"`
 }
