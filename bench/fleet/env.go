@@ -68,11 +68,7 @@ type cluster struct {
 }
 
 func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
-	c := &cluster{db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix())}
-	var err error
-	if c.paths, err = topo.NewPaths(b.root, name); err != nil {
-		return nil, err
-	}
+	c := &cluster{db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix()), paths: topo.MustPaths(b.root, name)}
 	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.PasswordFile())
 	for i := range c.nodes {
 		if err := testenv.Exec(ctx, b.env.adminDSN(i), "CREATE DATABASE "+pgx.Identifier{c.db}.Sanitize()); err != nil {
