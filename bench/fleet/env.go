@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -21,51 +20,36 @@ import (
 )
 
 // env is the throwaway ensemble and db nodes bench/fleet/run started
-// (scripts/devenv with its own state directory and ports).
+// (scripts/devenv with its own state directory and ports), driven in this
+// process.
 type env struct {
-	dir      string
-	dev      *devenv.Env // that environment, driven in this process
-	zkAddrs  []string
-	pgAddrs  []string
-	pwFile   string
-	password string
+	*devenv.Env
+	zkAddrs, pgAddrs []string
+	password         string
 	// notesDDL is the notes table, from the file examples/notes embeds
 	// (a package main there, so not importable).
 	notesDDL string
 }
 
-func newEnv(root string) (*env, error) {
-	e := &env{dir: *envDir, pwFile: clustertest.PasswordFile(*envDir),
-		dev: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
-	for i := range 3 {
-		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(*zkPortBase+i))
+func newEnv() (*env, error) {
+	e := &env{Env: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
+	for i := range devenv.ZKServers {
+		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(e.ZKPort(i+1)))
 	}
 	for i := range pgNodes {
-		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(*pgPortBase+i))
+		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(e.PGPort(i+1)))
 	}
-	pw, err := clustertest.ReadPassword(e.pwFile)
-	if err != nil {
+	var err error
+	if e.password, err = clustertest.ReadPassword(e.PasswordFile()); err != nil {
 		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
 	}
-	e.password = pw
-	ddl, err := os.ReadFile(filepath.Join(root, "examples", "notes", "schema", "001-notes.sql"))
-	if err != nil {
-		return nil, err
-	}
+	ddl, err := os.ReadFile("examples/notes/schema/001-notes.sql") // run from the repository root
 	e.notesDDL = string(ddl)
-	return e, nil
+	return e, err
 }
-
-func (e *env) zkConnect() string { return strings.Join(e.zkAddrs, ",") }
 
 func (e *env) adminDSN(i int) string {
 	return clustertest.AdminDSN(e.pgAddrs[i], e.password)
-}
-
-// dropDB drops database db of node i, with the subscriptions a move cut
-// short left in it (they block DROP DATABASE) and its slots.
-func (e *env) dropDB(ctx context.Context, i int, db string) error {
-	return clustertest.DropDatabase(ctx, e.adminDSN(i), db, say)
 }
 
 var notesTable = topo.TableRecord{Name: "app.notes", KeyColumn: "bkey"}
@@ -76,7 +60,6 @@ const startNodes = 3
 // every db node, both fresh, so that every fleet starts from the same
 // three-node map.
 type cluster struct {
-	name  string
 	db    string
 	paths topo.Paths
 	st    *bucketmap.Store
@@ -85,29 +68,35 @@ type cluster struct {
 }
 
 func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
-	c := &cluster{name: name, db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix())}
-	var err error
-	if c.paths, err = topo.NewPaths(b.root, name); err != nil {
-		return nil, err
-	}
-	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.pwFile)
+	c := &cluster{db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix()), paths: topo.MustPaths(b.root, name)}
+	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.PasswordFile())
 	for i := range c.nodes {
 		if err := testenv.Exec(ctx, b.env.adminDSN(i), "CREATE DATABASE "+pgx.Identifier{c.db}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("pg%d: %w", i+1, err)
 		}
 		b.cleanups = append(b.cleanups, func(ctx context.Context) {
-			if err := b.env.dropDB(ctx, i, c.db); err != nil {
+			if err := clustertest.DropDatabase(ctx, b.env.adminDSN(i), c.db, say); err != nil {
 				say("cleanup: pg%d database %s: %v", i+1, c.db, err)
 			}
 		})
 	}
-	cl, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: name, Seed: fmt.Sprintf("%x", "fleet-bench-"+name), Level: *level,
+	// preload runs inside Build, before Build returns the keystream: it
+	// needs it first.
+	seed := fmt.Sprintf("%x", "fleet-bench-"+name)
+	ks, err := keystream.ParseSeed(seed)
+	if err == nil {
+		c.ks, err = keystream.New(ks)
+	}
+	if err != nil {
+		return nil, err
+	}
+	cl, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: name, Seed: seed, Level: *level,
 		Nodes: c.nodes, Mapped: startNodes, Tables: []topo.TableRecord{notesTable}, DDL: []string{b.env.notesDDL},
 		Prepare: c.preload})
 	if err != nil {
 		return nil, err
 	}
-	c.st, c.ks = cl.Store, cl.Keystream
+	c.st = cl.Store
 	return c, nil
 }
 
@@ -165,16 +154,9 @@ func (b *bench) poolConfig(mode string, boot time.Duration) *topo.PoolConfig {
 	if boot > 0 {
 		envs["NOTES_BOOT_DELAY"] = boot.String()
 	}
-	cfg := &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Env: envs, Workers: *workers,
+	return &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Env: envs, Workers: *workers,
 		Listen:          []topo.Listen{{Name: "http", Addr: "tcp://127.0.0.1:0"}},
 		GracefulTimeout: topo.Duration(15 * time.Second),
 		Readiness:       topo.Readiness{Mode: topo.ReadinessNotify, Timeout: topo.Duration(60*time.Second + boot)},
 		MapDelivery:     topo.MapDelivery{Mode: mode}}
-	return cfg
-}
-
-func hostPort(addr string) (string, int) {
-	h, p, _ := net.SplitHostPort(addr)
-	n, _ := strconv.Atoi(p)
-	return h, n
 }

@@ -36,20 +36,16 @@ type IsolateResult struct {
 // timeout and reports what it granted (the server clamps it): the T of
 // the isolation bound.
 func (b *bench) negotiated(ctx context.Context) (time.Duration, error) {
-	s, err := zksession.Open(zksession.Config{Connect: b.env.zkConnect(), SessionTimeout: sessionTimeout})
+	s, err := zksession.Open(zksession.Config{Connect: b.env.ZKConnect(), SessionTimeout: *sessionTimeout})
 	if err != nil {
 		return 0, err
 	}
 	defer s.Close()
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := s.WaitConnected(wctx); err != nil {
-		return 0, err
-	}
-	return s.SessionTimeout(), nil
+	err = s.WaitConnected(wctx)
+	return s.SessionTimeout(), err
 }
-
-func ms(d time.Duration) float64 { return benchkit.MS(d) }
 
 func (b *bench) isolate(ctx context.Context, f *fleet) error {
 	if f.iso == nil {
@@ -59,100 +55,71 @@ func (b *bench) isolate(ctx context.Context, f *fleet) error {
 	if err != nil {
 		return err
 	}
-	s := f.sups[f.isoIdx]
-	res := &IsolateResult{Member: s.name, SessionMS: ms(T), BoundMS: ms(2*T/3 + time.Second), RefusedMS: -1, HealthzMS: -1, OutMS: -1, BalancerMS: -1, BackMS: -1}
+	s := f.sups[0]
+	res := &IsolateResult{Member: s.name, SessionMS: benchkit.MS(T), BoundMS: benchkit.MS(2*T/3 + time.Second), RefusedMS: -1, HealthzMS: -1, OutMS: -1, BalancerMS: -1, BackMS: -1}
 	b.res.Isolate = res
-	lb := newBalancer(f.sample(nil))
-	defer lb.close()
-	if err := lb.waitUp(ctx, 30*time.Second); err != nil {
-		return err
-	}
-	var isoBE *backend
-	for _, be := range lb.backends {
-		if be.s == s {
-			isoBE = be
-		}
-	}
-	l := startLoad("iso", lb)
-	defer l.stop()
-	if err := benchkit.Sleep(ctx, *warmup); err != nil {
-		return err
-	}
-	before, _ := f.scrape(nil)
-	port := s.servicePort()
-	say("isolate: cutting %s (port %d) off from ZooKeeper and its %d peers (blackholing proxies); negotiated session timeout T = %s, bound 2/3 T + 1 s = %s",
-		s.name, port, len(f.sups)-1, T, 2*T/3+time.Second)
-	t0 := time.Now()
-	cut := l.since()
-	f.iso.set(faultproxy.Blackhole)
-	deadline := t0.Add(2*T + 5*time.Second)
-	for time.Now().Before(deadline) && (res.RefusedMS < 0 || res.HealthzMS < 0) {
-		if res.RefusedMS < 0 {
-			dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			c, err := s.dial(dctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
-			cancel()
-			if err == nil {
-				c.Close()
-			} else if errors.Is(err, syscall.ECONNREFUSED) {
-				res.RefusedMS = ms(time.Since(t0))
+	var cut time.Duration
+	l, d, err := f.underLoad(ctx, "iso", nil, 2*time.Second, &res.Verify, func(lb *balancer, l *loadRun) error {
+		isoBE := lb.backends[0] // the sample's first: supervisor 0, the isolated one
+		port := s.servicePort()
+		say("isolate: cutting %s (port %d) off from ZooKeeper and its %d peers (blackholing proxies); negotiated session timeout T = %s, bound 2/3 T + 1 s = %s",
+			s.name, port, len(f.sups)-1, T, 2*T/3+time.Second)
+		t0 := time.Now()
+		cut = time.Since(l.started)
+		f.iso.set(faultproxy.Blackhole)
+		for deadline := t0.Add(2*T + 5*time.Second); time.Now().Before(deadline) && (res.RefusedMS < 0 || res.HealthzMS < 0); {
+			if res.RefusedMS < 0 {
+				dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				c, err := s.dial(dctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+				cancel()
+				if err == nil {
+					c.Close()
+				} else if errors.Is(err, syscall.ECONNREFUSED) {
+					res.RefusedMS = benchkit.MS(time.Since(t0))
+				}
+			}
+			if res.HealthzMS < 0 && !s.healthy(300*time.Millisecond) {
+				res.HealthzMS = benchkit.MS(time.Since(t0))
+			}
+			if err := benchkit.Sleep(ctx, 20*time.Millisecond); err != nil {
+				return err
 			}
 		}
-		if res.HealthzMS < 0 && !s.healthy(300*time.Millisecond) {
-			res.HealthzMS = ms(time.Since(t0))
+		for _, x := range []float64{res.RefusedMS, res.HealthzMS} {
+			if x >= 0 && (res.OutMS < 0 || x < res.OutMS) {
+				res.OutMS = x
+			}
 		}
-		if err := benchkit.Sleep(ctx, 20*time.Millisecond); err != nil {
+		if err := benchkit.Sleep(ctx, 3*time.Second); err != nil { // the others serve on
 			return err
 		}
-	}
-	for _, x := range []float64{res.RefusedMS, res.HealthzMS} {
-		if x >= 0 && (res.OutMS < 0 || x < res.OutMS) {
-			res.OutMS = x
+		if down := time.Unix(0, isoBE.downAt.Load()); down.After(t0) {
+			res.BalancerMS = benchkit.MS(down.Sub(t0))
 		}
-	}
-	if err := benchkit.Sleep(ctx, 3*time.Second); err != nil { // the others serve on
-		return err
-	}
-	isoBE.mu.Lock()
-	if isoBE.downAt.After(t0) {
-		res.BalancerMS = ms(isoBE.downAt.Sub(t0))
-	}
-	isoBE.mu.Unlock()
-	say("isolate: %s out of the load balancer after %.0f ms (port refused %.0f ms, /healthz failed %.0f ms; the balancer's check %.0f ms); healing",
-		s.name, res.OutMS, res.RefusedMS, res.HealthzMS, res.BalancerMS)
-	th := time.Now()
-	f.iso.set(faultproxy.Pass)
-	m, _, err := f.c.st.Load(ctx)
+		say("isolate: %s out of the load balancer after %.0f ms (port refused %.0f ms, /healthz failed %.0f ms; the balancer's check %.0f ms); healing",
+			s.name, res.OutMS, res.RefusedMS, res.HealthzMS, res.BalancerMS)
+		th := time.Now()
+		f.iso.set(faultproxy.Pass)
+		if err := f.settleNow(ctx, 2*time.Minute); err != nil {
+			return err
+		}
+		for !s.healthy(time.Second) {
+			if err := benchkit.Sleep(ctx, 50*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		res.BackMS = benchkit.MS(time.Since(th))
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	if _, err := f.settle(ctx, m.Version, 2*time.Minute, nil); err != nil {
-		return err
-	}
-	for !s.healthy(time.Second) {
-		if err := benchkit.Sleep(ctx, 50*time.Millisecond); err != nil {
-			return err
-		}
-	}
-	res.BackMS = ms(time.Since(th))
-	if err := benchkit.Sleep(ctx, 2*time.Second); err != nil {
-		return err
-	}
-	l.stop()
-	after, _ := f.scrape(nil)
-	d := after.minus(before)
 	res.Kills, res.KillsByReason = d.kills, d.killsBy
-	res.Load = l.stats(cut, 0, f.supName)
+	res.Load = l.stats(cut)
 	res.OwnFailed = res.Load.FailedOn[s.name]
 	res.OthersFailed = res.Load.Failed - res.OwnFailed
-	if res.Verify, err = f.c.verify(ctx, l); err != nil {
-		return err
-	}
-	say("isolate: back in service %.1f s after the heal; requests failed: %d on %s, %d elsewhere; %d acknowledged writes missing of %d",
-		res.BackMS/1000, res.OwnFailed, s.name, res.OthersFailed, res.Verify.lost(), res.Verify.Checked)
 	return nil
 }
-
-func (l *loadRun) since() time.Duration { return time.Since(l.started) }
 
 // ---------------------------------------------------------------- outage
 
@@ -169,89 +136,58 @@ type OutageResult struct {
 	Verify        verification       `json:"verify"`
 }
 
-func (b *bench) outage(ctx context.Context, f *fleet) (err error) {
+func (b *bench) outage(ctx context.Context, f *fleet) error {
 	res := &OutageResult{}
 	b.res.Outage = res
-	lb := newBalancer(f.sample(nil))
-	defer lb.close()
-	if err := lb.waitUp(ctx, 30*time.Second); err != nil {
-		return err
-	}
-	l := startLoad("out", lb)
-	defer l.stop()
-	if err := benchkit.Sleep(ctx, *warmup); err != nil {
-		return err
-	}
-	before, _ := f.scrape(nil)
-	say("outage: killing all 3 ZooKeeper servers of the THROWAWAY ensemble (%s; the shared one on 21811 is not touched) for %s under load",
-		b.env.zkConnect(), *outageFor)
-	t0 := time.Now()
-	var tRestart time.Time
-	restarted := false
-	restart := func() error {
-		if restarted {
-			return nil
-		}
-		restarted = true
-		res.DownS = time.Since(t0).Seconds()
-		say("outage: restarting the ensemble after %.1f s down", res.DownS)
-		tRestart = time.Now()
-		err := b.env.dev.Up()
-		res.RestartS = time.Since(tRestart).Seconds()
-		return err
-	}
-	// However this ends, the ensemble comes back.
-	defer func() { err = errors.Join(err, restart()) }()
-	for i := 1; i <= 3; i++ {
-		if err := b.env.dev.ZKKill(i); err != nil {
+	l, d, err := f.underLoad(ctx, "out", nil, 3*time.Second, &res.Verify, func(lb *balancer, l *loadRun) (err error) {
+		say("outage: killing all 3 ZooKeeper servers of the THROWAWAY ensemble (%s; the shared one on 21811 is not touched) for %s under load",
+			b.env.ZKConnect(), *outageFor)
+		t0 := time.Now()
+		var tRestart time.Time
+		restart := func() error {
+			res.DownS = time.Since(t0).Seconds()
+			say("outage: restarting the ensemble after %.1f s down", res.DownS)
+			tRestart = time.Now()
+			err := b.env.Up()
+			res.RestartS = time.Since(tRestart).Seconds()
 			return err
 		}
-	}
-	for left := *outageFor; left > 0; left -= 10 * time.Second {
-		up := 0
-		for _, be := range lb.backends {
-			if _, ok := be.state(); ok {
-				up++
+		// However this ends, the ensemble comes back.
+		defer func() {
+			if tRestart.IsZero() {
+				err = errors.Join(err, restart())
+			}
+		}()
+		for i := 1; i <= 3; i++ {
+			if err := b.env.ZKKill(i); err != nil {
+				return err
 			}
 		}
-		say("outage: ZooKeeper down %2.0f s; %d/%d supervisors behind the balancer up; %d requests failed so far",
-			time.Since(t0).Seconds(), up, len(lb.backends), l.stats(0, 0, f.supName).Failed)
-		if err := benchkit.Sleep(ctx, min(left, 10*time.Second)); err != nil {
+		for left := *outageFor; left > 0; left -= 10 * time.Second {
+			say("outage: ZooKeeper down %2.0f s; %d/%d supervisors behind the balancer up; %d requests failed so far",
+				time.Since(t0).Seconds(), len(lb.backends)-len(lb.down()), len(lb.backends), l.stats(0).Failed)
+			if err := benchkit.Sleep(ctx, min(left, 10*time.Second)); err != nil {
+				return err
+			}
+		}
+		if err := restart(); err != nil {
 			return err
 		}
-	}
-	if err := restart(); err != nil {
-		return err
-	}
-	say("outage: ensemble back (devenv up took %.1f s); waiting for every member record, serving", res.RestartS)
-	tr := time.Now()
-	m, _, err := f.c.st.Load(ctx)
-	for err != nil && time.Since(tr) < time.Minute {
-		_ = benchkit.Sleep(ctx, 200*time.Millisecond)
-		m, _, err = f.c.st.Load(ctx)
-	}
+		say("outage: ensemble back (devenv up took %.1f s); waiting for every member record, serving", res.RestartS)
+		tr := time.Now()
+		if err := f.settleNow(ctx, 3*time.Minute); err != nil {
+			return err
+		}
+		if err := lb.waitUp(ctx, time.Minute); err != nil {
+			return err
+		}
+		res.NormalS, res.NormalHealthy = time.Since(tRestart).Seconds(), time.Since(tr).Seconds()
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	if _, err := f.settle(ctx, m.Version, 3*time.Minute, nil); err != nil {
-		return err
-	}
-	if err := lb.waitUp(ctx, time.Minute); err != nil {
-		return err
-	}
-	res.NormalS, res.NormalHealthy = time.Since(tRestart).Seconds(), time.Since(tr).Seconds()
-	if err := benchkit.Sleep(ctx, 3*time.Second); err != nil {
-		return err
-	}
-	l.stop()
-	after, _ := f.scrape(nil)
-	d := after.minus(before)
 	res.Kills, res.KillsByReason, res.Boots = d.kills, d.killsBy, d.spawns
-	res.Load = l.stats(0, 0, f.supName)
-	if res.Verify, err = f.c.verify(ctx, l); err != nil {
-		return err
-	}
-	say("outage: back to normal %.1f s after the restart began (%.1f s after the ensemble was healthy); %d requests failed, %.0f worker kills, %.0f boots; %d acknowledged writes missing of %d",
-		res.NormalS, res.NormalHealthy, res.Load.Failed, res.Kills, res.Boots, res.Verify.lost(), res.Verify.Checked)
+	res.Load = l.stats(0)
 	return nil
 }

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,15 +23,13 @@ const poolName = "fleet"
 
 // sup is one supervisor of the fleet.
 type sup struct {
-	i     int
 	name  string // member name, sv-NN
 	admin string // its admin address, 127.0.0.1:PORT
 	p     *proc
 	// dial reaches its sockets: from here, or from inside the isolated
 	// host's namespace.
-	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
-	hc       *http.Client
-	isolated bool
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	hc   *http.Client
 }
 
 func (s *sup) get(path string, timeout time.Duration) (int, []byte, error) {
@@ -53,56 +51,11 @@ func (s *sup) healthy(timeout time.Duration) bool {
 	return err == nil && code == http.StatusOK
 }
 
-// servicePort is the port the supervisor bound for its workers (the
-// pool's 127.0.0.1:0), 0 if it has none now.
-func (s *sup) servicePort() int {
-	_, adminPort := hostPort(s.admin)
-	for _, p := range listenPorts(s.p.pid()) {
-		if p != adminPort {
-			return p
-		}
-	}
-	return 0
-}
-
-// metrics reads the counters this benchmark adds up across the fleet.
+// metrics is the counters this benchmark adds up across the fleet.
 type metrics struct {
 	spawns, kills float64
 	killsBy       map[string]float64
-}
-
-func (s *sup) metrics(timeout time.Duration) (metrics, error) {
-	m := metrics{killsBy: map[string]float64{}}
-	code, body, err := s.get("/metrics", timeout)
-	if err != nil {
-		return m, err
-	}
-	if code != http.StatusOK {
-		return m, fmt.Errorf("%s /metrics: status %d", s.name, code)
-	}
-	sc := bufio.NewScanner(strings.NewReader(string(body)))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		name, val, ok := strings.Cut(line, " ")
-		if !ok || strings.HasPrefix(line, "#") {
-			continue
-		}
-		x, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err != nil {
-			continue
-		}
-		switch {
-		case name == "shardvisor_supervisor_worker_spawns_total":
-			m.spawns = x
-		case strings.HasPrefix(name, "shardvisor_supervisor_worker_kills_total"):
-			m.kills += x
-			if _, l, ok := strings.Cut(name, `reason="`); ok {
-				m.killsBy[strings.TrimSuffix(l, `"}`)] += x
-			}
-		}
-	}
-	return m, sc.Err()
+	errs          []string // of the supervisors that did not answer
 }
 
 // fleet is one cluster with its supervisors and routers.
@@ -115,18 +68,16 @@ type fleet struct {
 	sups    []*sup
 	routers []*proc
 	ns      *netns
-	iso     *isolation
-	isoIdx  int // -1: no isolated host
+	iso     *isolation // supervisor 0's, when it is isolated
 }
 
-func adminAddr(i int) string  { return "127.0.0.1:" + strconv.Itoa(*adminPortBase+i) }
-func routerAddr(i int) string { return "127.0.0.1:" + strconv.Itoa(*routerPortBase+i) }
+func adminAddr(i int) string { return "127.0.0.1:" + strconv.Itoa(*adminPortBase+i) }
 
 // startFleet creates the cluster and starts the routers and supervisors;
 // with isolate, supervisor 0 runs in a network namespace of its own.
 func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Duration, isolate bool) (*fleet, error) {
 	t0 := time.Now()
-	f := &fleet{b: b, name: name, mode: mode, boot: boot, isoIdx: -1}
+	f := &fleet{b: b, name: name, mode: mode, boot: boot}
 	var err error
 	if f.c, err = b.newCluster(ctx, name); err != nil {
 		return nil, err
@@ -134,8 +85,7 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 	if _, _, err := topo.SetPoolConfig(ctx, b.sess, f.c.paths, poolName, b.poolConfig(mode, boot), -1); err != nil {
 		return nil, err
 	}
-	b.fleet = f
-	zkArgs := []string{"--zk", b.env.zkConnect(), "--zk-root", b.root, "--cluster", name,
+	zkArgs := []string{"--zk", b.env.ZKConnect(), "--zk-root", b.root, "--cluster", name,
 		"--zk-session-timeout", sessionTimeout.String(), "--log-format", "json"}
 	// The fleet's shared secret for the fail-static peer answers.
 	secret := filepath.Join(b.runDir, "peer-secret")
@@ -146,18 +96,13 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 		if f.ns, err = newNetns(b.ps); err != nil {
 			return f, err
 		}
-		var peers []string
-		for i := 1; i < *supervisors; i++ {
-			peers = append(peers, adminAddr(i))
-		}
-		if f.iso, err = newIsolation(f.ns, b.env.zkAddrs, b.env.pgAddrs, peers, adminAddr(0)); err != nil {
+		if f.iso, err = newIsolation(f.ns, b.env.zkAddrs, b.env.pgAddrs); err != nil {
 			return f, err
 		}
-		f.isoIdx = 0
 	}
 	for i := range *routers {
-		argv := append([]string{filepath.Join(b.binDir, "router"), "--listen", routerAddr(i), "--id", fmt.Sprintf("rt-%02d", i)}, zkArgs...)
-		p, err := b.ps.start(fmt.Sprintf("rt-%02d.%s", i, name), argv, childEnv())
+		argv := append([]string{filepath.Join(b.binDir, "router"), "--listen", "127.0.0.1:" + strconv.Itoa(*routerPortBase+i), "--id", fmt.Sprintf("rt-%02d", i)}, zkArgs...)
+		p, err := b.ps.start(fmt.Sprintf("rt-%02d.%s", i, name), argv...)
 		if err != nil {
 			return f, err
 		}
@@ -165,16 +110,15 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 	}
 	var hostDial net.Dialer
 	for i := range *supervisors {
-		s := &sup{i: i, name: fmt.Sprintf("sv-%02d", i), admin: adminAddr(i), dial: hostDial.DialContext}
+		s := &sup{name: fmt.Sprintf("sv-%02d", i), admin: adminAddr(i), dial: hostDial.DialContext}
 		argv := append([]string{filepath.Join(b.binDir, "supervisor"), "--pool", poolName, "--member", s.name, "--admin", s.admin,
 			"--state-dir", filepath.Join(b.runDir, name, s.name), "--peer-secret-file", secret}, zkArgs...)
-		if i == f.isoIdx {
-			s.isolated = true
+		if i == 0 && f.iso != nil {
 			s.dial = f.ns.dial
 			argv = append(f.ns.nsenter(), argv...)
 		}
 		s.hc = &http.Client{Transport: &http.Transport{DialContext: s.dial, MaxIdleConnsPerHost: 2}}
-		if s.p, err = b.ps.start(fmt.Sprintf("sv-%02d.%s", i, name), argv, childEnv()); err != nil {
+		if s.p, err = b.ps.start(fmt.Sprintf("sv-%02d.%s", i, name), argv...); err != nil {
 			return f, err
 		}
 		f.sups = append(f.sups, s)
@@ -184,15 +128,11 @@ func (b *bench) startFleet(ctx context.Context, name, mode string, boot time.Dur
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
-	m, _, err := f.c.st.Load(ctx)
-	if err != nil {
-		return f, err
-	}
-	if _, err := f.settle(ctx, m.Version, 3*time.Minute+3*boot, nil); err != nil {
+	if err := f.settleNow(ctx, 3*time.Minute+3*boot); err != nil {
 		return f, err
 	}
 	say("fleet %s: %d supervisors (map delivery %s%s), %d routers, cluster %s, up in %.1f s", name, len(f.sups), mode,
-		map[bool]string{true: fmt.Sprintf(", %s boot", boot), false: ""}[boot > 0], len(f.routers), name, time.Since(t0).Seconds())
+		when(boot > 0, ", %s boot", boot), len(f.routers), name, time.Since(t0).Seconds())
 	return f, nil
 }
 
@@ -214,116 +154,139 @@ func (f *fleet) stop() {
 	}
 }
 
-// fleetState is what the member records say.
-type fleetState struct {
-	serving, routers int // at map version >= want
-	lagging          []string
+// settleNow waits until every supervisor serves the map's current
+// version, and every router has it. The map is read again for up to a
+// minute while ZooKeeper does not answer (after the outage).
+func (f *fleet) settleNow(ctx context.Context, timeout time.Duration) error {
+	m, _, err := f.c.st.Load(ctx)
+	for t0 := time.Now(); err != nil && time.Since(t0) < time.Minute; {
+		_ = benchkit.Sleep(ctx, 200*time.Millisecond)
+		m, _, err = f.c.st.Load(ctx)
+	}
+	if err == nil {
+		err = f.settle(ctx, m.Version, timeout)
+	}
+	return err
 }
 
-// state reads every member record: supervisors serving and accepting at
-// map version >= want, routers at >= want.
-func (f *fleet) state(ctx context.Context, want uint64, skip map[string]bool) (fleetState, error) {
-	var st fleetState
-	members, err := topo.ListPoolMembers(ctx, f.b.sess, f.c.paths, poolName)
-	if err != nil {
-		return st, err
+// underLoad runs event under a load through a balancer in front of f's
+// sample (but skip), after the warmup; tail after it, it stops the load
+// and checks its acknowledged writes into v. d is the change of the
+// counters of the supervisors (but skip) from the event's start to the
+// load's stop.
+func (f *fleet) underLoad(ctx context.Context, name string, skip map[string]bool, tail time.Duration, v *verification, event func(*balancer, *loadRun) error) (l *loadRun, d metrics, err error) {
+	lb := newBalancer(f.sample(skip))
+	defer lb.close()
+	if err := lb.waitUp(ctx, 30*time.Second); err != nil {
+		return nil, d, err
 	}
-	seen := map[string]bool{}
-	for _, e := range members {
-		if e.Err != nil || skip[e.Rec.Member] {
-			continue
-		}
-		seen[e.Rec.Member] = true
-		if e.Rec.State == "serving" && e.Rec.Accepting && e.Rec.MapVersion >= want {
-			st.serving++
-		} else {
-			st.lagging = append(st.lagging, fmt.Sprintf("%s (%s, map %d)", e.Rec.Member, e.Rec.State, e.Rec.MapVersion))
-		}
+	l = startLoad(name, lb)
+	defer l.Stop()
+	if err := benchkit.Sleep(ctx, *warmup); err != nil {
+		return nil, d, err
 	}
-	for _, s := range f.sups {
-		if !seen[s.name] && !skip[s.name] {
-			st.lagging = append(st.lagging, s.name+" (no record)")
-		}
+	before := f.scrape(skip)
+	if err := event(lb, l); err != nil {
+		return nil, d, err
 	}
-	rs, err := topo.ListRouters(ctx, f.b.sess, f.c.paths)
-	if err != nil {
-		return st, err
+	if err := benchkit.Sleep(ctx, tail); err != nil {
+		return nil, d, err
 	}
-	for _, e := range rs {
-		if e.Err == nil && e.Rec.MapVersion >= want {
-			st.routers++
-		}
-	}
-	return st, nil
+	l.Stop()
+	d = f.scrape(skip).minus(before)
+	*v, err = f.c.verify(ctx, l)
+	return l, d, err
 }
 
-// settle waits until every supervisor (but those in skip) serves map
-// version want, and every router has it; it returns how long that took.
-func (f *fleet) settle(ctx context.Context, want uint64, timeout time.Duration, skip map[string]bool) (time.Duration, error) {
-	t0 := time.Now()
-	deadline := t0.Add(timeout)
-	wantSups := len(f.sups) - len(skip)
-	var last fleetState
-	for {
-		st, err := f.state(ctx, want, skip)
-		if err == nil {
-			last = st
-			if st.serving == wantSups && st.routers == len(f.routers) {
-				return time.Since(t0), nil
+// settle waits until every supervisor serves and accepts at map version
+// want or later, and every router has it.
+func (f *fleet) settle(ctx context.Context, want uint64, timeout time.Duration) error {
+	for deadline := time.Now().Add(timeout); ; {
+		var serving, routers int
+		var lagging []string
+		seen := map[string]bool{}
+		members, err := topo.ListPoolMembers(ctx, f.b.sess, f.c.paths, poolName)
+		for _, e := range members {
+			if e.Err != nil {
+				continue
+			}
+			seen[e.Rec.Member] = true
+			if e.Rec.State == "serving" && e.Rec.Accepting && e.Rec.MapVersion >= want {
+				serving++
+			} else {
+				lagging = append(lagging, fmt.Sprintf("%s (%s, map %d)", e.Rec.Member, e.Rec.State, e.Rec.MapVersion))
 			}
 		}
+		for _, s := range f.sups {
+			if !seen[s.name] {
+				lagging = append(lagging, s.name+" (no record)")
+			}
+		}
+		rs, rerr := topo.ListRouters(ctx, f.b.sess, f.c.paths)
+		for _, e := range rs {
+			if e.Err == nil && e.Rec.MapVersion >= want {
+				routers++
+			}
+		}
+		if err = errors.Join(err, rerr); err == nil && serving == len(f.sups) && routers == len(f.routers) {
+			return nil
+		}
 		if time.Now().After(deadline) {
-			return time.Since(t0), fmt.Errorf("fleet %s not settled at map version %d after %s: %d/%d supervisors serving, %d/%d routers (%v; lagging: %s)",
-				f.name, want, timeout, last.serving, wantSups, last.routers, len(f.routers), err, first(last.lagging, 8))
+			if len(lagging) > 8 {
+				lagging = append(lagging[:8], fmt.Sprintf("and %d more", len(lagging)-8))
+			}
+			return fmt.Errorf("fleet %s not settled at map version %d after %s: %d/%d supervisors serving, %d/%d routers (%v; lagging: %s)",
+				f.name, want, timeout, serving, len(f.sups), routers, len(f.routers), err, strings.Join(lagging, ", "))
 		}
-		select {
-		case <-ctx.Done():
-			return time.Since(t0), ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		if err := benchkit.Sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
 		}
 	}
-}
-
-func first(xs []string, n int) string {
-	if len(xs) > n {
-		return strings.Join(xs[:n], ", ") + fmt.Sprintf(" and %d more", len(xs)-n)
-	}
-	return strings.Join(xs, ", ")
 }
 
 // scrape adds up the counters of every supervisor (but skip) in parallel.
-func (f *fleet) scrape(skip map[string]bool) (metrics, []string) {
+func (f *fleet) scrape(skip map[string]bool) metrics {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	total := metrics{killsBy: map[string]float64{}}
-	var errs []string
 	for _, s := range f.sups {
 		if skip[s.name] {
 			continue
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m, err := s.metrics(5 * time.Second)
+		wg.Go(func() {
+			code, body, err := s.get("/metrics", 5*time.Second)
+			if err == nil && code != http.StatusOK {
+				err = fmt.Errorf("%s /metrics: status %d", s.name, code)
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				errs = append(errs, fmt.Sprintf("%s: %v", s.name, err))
+				total.errs = append(total.errs, fmt.Sprintf("%s: %v", s.name, err))
 				return
 			}
-			total.spawns += m.spawns
-			total.kills += m.kills
-			for k, v := range m.killsBy {
-				total.killsBy[k] += v
+			for line := range strings.Lines(string(body)) {
+				name, val, _ := strings.Cut(line, " ")
+				x, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+				switch {
+				case err != nil || strings.HasPrefix(line, "#"):
+				case name == "shardvisor_supervisor_worker_spawns_total":
+					total.spawns += x
+				case strings.HasPrefix(name, "shardvisor_supervisor_worker_kills_total"):
+					total.kills += x
+					if _, l, ok := strings.Cut(name, `reason="`); ok {
+						total.killsBy[strings.TrimSuffix(l, `"}`)] += x
+					}
+				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	return total, errs
+	return total
 }
 
+// minus is the change from o to m; errs are both's.
 func (m metrics) minus(o metrics) metrics {
-	d := metrics{spawns: m.spawns - o.spawns, kills: m.kills - o.kills, killsBy: map[string]float64{}}
+	d := metrics{spawns: m.spawns - o.spawns, kills: m.kills - o.kills, killsBy: map[string]float64{}, errs: append(o.errs, m.errs...)}
 	for k, v := range m.killsBy {
 		if x := v - o.killsBy[k]; x != 0 {
 			d.killsBy[k] = x
@@ -345,5 +308,3 @@ func (f *fleet) sample(exclude map[string]bool) []*sup {
 	}
 	return out
 }
-
-func (f *fleet) supName(i int) string { return f.sups[i].name }

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,109 +28,85 @@ import (
 	"github.com/shardvisor/shardvisor/keystream"
 )
 
-// ---------------------------------------------------------------- balancer
-
-// The load balancer does what an HAProxy or nginx in front of the fleet
-// would: it health-checks every backend's /healthz (every 200 ms, 1 s
-// timeout, down after 3 failures) and sends requests only to healthy ones; a connection refused
-// sends the request to the next backend (it was never received) and marks
-// the backend down until its next good check. Nothing else is retried.
+// The load balancer does what an HAProxy in front of the fleet would
+// (docs/fleet.md): requests go only to backends whose /healthz answers; a
+// refused connection goes to the next backend (it was never received).
+// Nothing else is retried.
 
 type backend struct {
 	s      *sup
 	client *http.Client
-	mu     sync.Mutex
-	port   int
-	up     bool
-	downAt time.Time // last time it went from up to down (zero: never)
+	port   atomic.Int64 // its service port; 0: down
+	downAt atomic.Int64 // last time it went from up to down, Unix ns (0: never)
 }
 
 type balancer struct {
 	backends []*backend
 	next     atomic.Uint64
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	checks   *benchkit.Stopper
 }
 
 func newBalancer(sups []*sup) *balancer {
-	lb := &balancer{stop: make(chan struct{})}
+	lb := &balancer{checks: benchkit.NewStopper()}
 	for _, s := range sups {
 		tr := &http.Transport{DialContext: s.dial, MaxIdleConnsPerHost: 32, IdleConnTimeout: 30 * time.Second}
 		be := &backend{s: s, client: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 		lb.backends = append(lb.backends, be)
-		lb.wg.Add(1)
-		go func() {
-			defer lb.wg.Done()
-			be.checkLoop(lb.stop)
-		}()
+		lb.checks.Go(func() { be.checkLoop(lb.checks.C) })
 	}
 	return lb
 }
 
 func (lb *balancer) close() {
-	close(lb.stop)
-	lb.wg.Wait()
+	lb.checks.Stop()
 	for _, be := range lb.backends {
 		be.client.CloseIdleConnections()
 	}
 }
 
+// down names the backends that are down.
+func (lb *balancer) down() (names []string) {
+	for _, be := range lb.backends {
+		if be.port.Load() == 0 {
+			names = append(names, be.s.name)
+		}
+	}
+	return names
+}
+
 // waitUp waits until every backend is up.
 func (lb *balancer) waitUp(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		var down []string
-		for _, be := range lb.backends {
-			if _, ok := be.state(); !ok {
-				down = append(down, be.s.name)
-			}
-		}
-		if len(down) == 0 {
-			return nil
-		}
+	for deadline := time.Now().Add(timeout); len(lb.down()) > 0; {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("load balancer: backends not up after %s: %s", timeout, strings.Join(down, ", "))
+			return fmt.Errorf("load balancer: backends not up after %s: %s", timeout, strings.Join(lb.down(), ", "))
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		if err := benchkit.Sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+func (be *backend) set(port int) {
+	if old := be.port.Swap(int64(port)); old > 0 && port == 0 {
+		be.downAt.Store(time.Now().UnixNano())
 	}
 }
 
-func (be *backend) state() (port int, up bool) {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	return be.port, be.up
-}
-
-func (be *backend) set(port int, up bool) {
-	be.mu.Lock()
-	defer be.mu.Unlock()
-	if be.up && !up {
-		be.downAt = time.Now()
-	}
-	be.port, be.up = port, up
-}
-
-// checkLoop: down after 3 failed checks in a row (HAProxy's "fall 3": a
-// slow answer on a busy host is not an outage), up after one good one.
-func (be *backend) checkLoop(stop chan struct{}) {
+// checkLoop checks /healthz every 200 ms (1 s timeout): down after 3
+// failed checks in a row (HAProxy's "fall 3": a slow answer on a busy host
+// is not an outage), up after one good one.
+func (be *backend) checkLoop(stop <-chan struct{}) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
-	fails := 0
-	for {
-		ok := be.s.healthy(time.Second)
-		port, up := be.state()
-		if ok {
+	for fails := 0; ; {
+		if be.s.healthy(time.Second) {
 			fails = 0
-			if port == 0 {
-				port = be.s.servicePort()
+			if be.port.Load() == 0 {
+				be.set(be.s.servicePort())
 			}
-			be.set(port, port > 0)
-		} else if fails++; fails >= 3 || !up {
-			be.set(0, false) // a supervisor back in service binds a new port
+		} else if fails++; fails >= 3 || be.port.Load() == 0 {
+			be.set(0) // a supervisor back in service binds a new port
 		}
 		select {
 		case <-stop:
@@ -152,8 +128,8 @@ func (lb *balancer) pick(skip *backend) (*backend, int) {
 			if be == skip && n > 1 {
 				continue
 			}
-			if port, up := be.state(); up {
-				return be, port
+			if port := be.port.Load(); port > 0 {
+				return be, int(port)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -163,15 +139,13 @@ func (lb *balancer) pick(skip *backend) (*backend, int) {
 	}
 }
 
-// listenPorts finds the TCP ports pid listens on: its socket inodes
+// servicePort is the port the supervisor bound for its workers (the
+// pool's 127.0.0.1:0), 0 if it has none now: the one of its socket inodes
 // (/proc/PID/fd) among the LISTEN sockets of its network namespace
-// (/proc/PID/net/tcp, tcp6).
-func listenPorts(pid int) []int {
-	dir := "/proc/" + strconv.Itoa(pid)
-	ents, err := os.ReadDir(dir + "/fd")
-	if err != nil {
-		return nil
-	}
+// (/proc/PID/net/tcp, tcp6) that is not its admin port.
+func (s *sup) servicePort() int {
+	dir := "/proc/" + strconv.Itoa(s.p.pid())
+	ents, _ := os.ReadDir(dir + "/fd")
 	inodes := map[string]bool{}
 	for _, e := range ents {
 		l, err := os.Readlink(dir + "/fd/" + e.Name())
@@ -179,31 +153,23 @@ func listenPorts(pid int) []int {
 			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
 		}
 	}
-	var ports []int
 	for _, f := range []string{"/net/tcp", "/net/tcp6"} {
-		data, err := os.ReadFile(dir + f)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		sc.Scan() // header
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			// sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+		data, _ := os.ReadFile(dir + f)
+		for line := range strings.Lines(string(data)) {
+			// sl local rem st tx:rx tr:when retrnsmt uid timeout inode (the
+			// header's fourth field is "rem_address", never "0A")
+			fs := strings.Fields(line)
 			if len(fs) < 10 || fs[3] != "0A" || !inodes[fs[9]] {
 				continue
 			}
-			if i := strings.LastIndexByte(fs[1], ':'); i >= 0 {
-				if p, err := strconv.ParseUint(fs[1][i+1:], 16, 16); err == nil {
-					ports = append(ports, int(p))
-				}
+			_, hex, _ := strings.Cut(fs[1], ":")
+			if p, err := strconv.ParseUint(hex, 16, 16); err == nil && !strings.HasSuffix(s.admin, ":"+strconv.Itoa(int(p))) {
+				return int(p)
 			}
 		}
 	}
-	return ports
+	return 0
 }
-
-// ---------------------------------------------------------------- load
 
 type noteKey struct {
 	uid string
@@ -222,16 +188,17 @@ type entry struct {
 // reqRec is one request as the client saw it.
 type reqRec struct {
 	at, dur time.Duration // since the load started
-	backend int           // index in the balancer, -1: none was up
+	backend string        // its supervisor, "": none was up
 	write   bool
 	err     string // "" when it succeeded
 }
 
+// loadRun is a load until Stop (which waits for the requests in flight).
 type loadRun struct {
+	*benchkit.Stopper
 	name     string
 	lb       *balancer
 	started  time.Time
-	stopper  *benchkit.Stopper
 	mu       sync.Mutex
 	recs     []reqRec
 	book     map[noteKey]*entry
@@ -242,16 +209,13 @@ type loadRun struct {
 }
 
 func startLoad(name string, lb *balancer) *loadRun {
-	l := &loadRun{name: name, lb: lb, started: time.Now(), stopper: benchkit.NewStopper(), book: map[noteKey]*entry{}}
+	l := &loadRun{Stopper: benchkit.NewStopper(), name: name, lb: lb, started: time.Now(), book: map[noteKey]*entry{}}
 	per := float64(*clients) / float64(*rate) // seconds between one client's requests
 	for g := range *clients {
-		l.stopper.Go(func() { l.client(g, time.Duration(per*float64(time.Second))) })
+		l.Go(func() { l.client(g, time.Duration(per*float64(time.Second))) })
 	}
 	return l
 }
-
-// stop ends the load and waits for requests in flight.
-func (l *loadRun) stop() { l.stopper.Stop() }
 
 func (l *loadRun) client(g int, every time.Duration) {
 	rng := rand.New(rand.NewPCG(uint64(g), uint64(l.started.UnixNano())))
@@ -270,7 +234,7 @@ func (l *loadRun) client(g int, every time.Duration) {
 	time.Sleep(time.Duration(rng.Int64N(int64(every) + 1)))
 	for {
 		select {
-		case <-l.stopper.C:
+		case <-l.C:
 			return
 		case <-t.C:
 		}
@@ -280,34 +244,27 @@ func (l *loadRun) client(g int, every time.Duration) {
 		switch {
 		case op < 4 || len(ids) == 0: // create
 			body := fmt.Sprintf("note %d of %s", rng.Int64(), uid)
-			key := benchkit.IdempotencyKey()
 			var n struct {
 				ID int64 `json:"id"`
 			}
-			if err := l.call("POST", "/v1/users/"+uid+"/notes", body, key, http.StatusCreated, &n); err == nil {
+			if err := l.call("POST", "/v1/users/"+uid+"/notes", body, http.StatusCreated, &n); err == nil {
 				notes[uid] = append(ids, n.ID)
-				l.ack(noteKey{uid, n.ID}, func(e *entry) { *e = entry{body: body} })
+				l.ack(noteKey{uid, n.ID}, nil, entry{body: body}, nil)
 			} else {
 				unsure[uid] = true
 			}
 		case op < 7: // update
 			id := ids[rng.IntN(len(ids))]
 			body := fmt.Sprintf("edit %d of %s", rng.Int64(), uid)
-			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, benchkit.IdempotencyKey(), http.StatusOK, nil)
-			l.ack(noteKey{uid, id}, func(e *entry) {
-				if err == nil {
-					*e = entry{body: body}
-				} else {
-					e.maybeBody = append(e.maybeBody, body)
-				}
-			})
+			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, http.StatusOK, nil)
+			l.ack(noteKey{uid, id}, err, entry{body: body}, func(e *entry) { e.maybeBody = append(e.maybeBody, body) })
 		case op < 9: // list
 			var got []struct {
 				ID   int64  `json:"id"`
 				Node string `json:"node"`
 			}
 			t0 := time.Since(l.started)
-			err := l.call("GET", "/v1/users/"+uid+"/notes", "", "", http.StatusOK, &got)
+			err := l.call("GET", "/v1/users/"+uid+"/notes", "", http.StatusOK, &got)
 			if err == nil && len(got) != len(ids) && !unsure[uid] {
 				node := "no note to say"
 				if len(got) > 0 {
@@ -318,14 +275,8 @@ func (l *loadRun) client(g int, every time.Duration) {
 		default: // delete
 			i := rng.IntN(len(ids))
 			id := ids[i]
-			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", benchkit.IdempotencyKey(), http.StatusNoContent, nil)
-			l.ack(noteKey{uid, id}, func(e *entry) {
-				if err == nil {
-					*e = entry{deleted: true}
-				} else {
-					e.maybeGone = true
-				}
-			})
+			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", http.StatusNoContent, nil)
+			l.ack(noteKey{uid, id}, err, entry{deleted: true}, func(e *entry) { e.maybeGone = true })
 			if err == nil {
 				notes[uid] = slices.Delete(ids, i, i+1)
 			}
@@ -333,7 +284,10 @@ func (l *loadRun) client(g int, every time.Duration) {
 	}
 }
 
-func (l *loadRun) ack(k noteKey, f func(*entry)) {
+// ack records a write on note k in the book: when it succeeded (err
+// nil), ok is the note's state; when it failed, failed notes what it may
+// have left.
+func (l *loadRun) ack(k noteKey, err error, ok entry, failed func(*entry)) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.book[k]
@@ -341,7 +295,11 @@ func (l *loadRun) ack(k noteKey, f func(*entry)) {
 		e = &entry{}
 		l.book[k] = e
 	}
-	f(e)
+	if err == nil {
+		*e = ok
+	} else {
+		failed(e)
+	}
 }
 
 // staleList records a list that did not hold the acknowledged notes: an
@@ -361,21 +319,22 @@ func (l *loadRun) staleList(s string) {
 // carry an Idempotency-Key, which makes net/http resend them on a reused
 // connection the server closed before answering (as examples/notes/loadgen
 // does; see docs/supervisor.md): counted in idle, not failures.
-func (l *loadRun) call(method, path, body, key string, want int, out any) error {
+func (l *loadRun) call(method, path, body string, want int, out any) (err error) {
 	t0 := time.Now()
-	rec := reqRec{at: t0.Sub(l.started), backend: -1, write: method != http.MethodGet}
-	err := l.send(method, path, body, key, want, out, &rec)
-	rec.dur = time.Since(t0)
-	if err != nil {
-		rec.err = err.Error()
+	rec := reqRec{at: t0.Sub(l.started), write: method != http.MethodGet}
+	defer func() {
+		rec.dur = time.Since(t0)
+		if err != nil {
+			rec.err = err.Error()
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.recs = append(l.recs, rec)
+	}()
+	hdr := http.Header{}
+	if rec.write {
+		hdr.Set("Idempotency-Key", benchkit.IdempotencyKey())
 	}
-	l.mu.Lock()
-	l.recs = append(l.recs, rec)
-	l.mu.Unlock()
-	return err
-}
-
-func (l *loadRun) send(method, path, body, key string, want int, out any, rec *reqRec) error {
 	var b []byte
 	if body != "" {
 		b, _ = json.Marshal(map[string]string{"body": body})
@@ -386,16 +345,14 @@ func (l *loadRun) send(method, path, body, key string, want int, out any, rec *r
 		if be == nil {
 			return errors.New("no backend up")
 		}
-		rec.backend = be.s.i
+		rec.backend = be.s.name
 		conns := 0
 		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { conns++ }})
 		req, err := http.NewRequestWithContext(ctx, method, "http://127.0.0.1:"+strconv.Itoa(port)+path, bytes.NewReader(b))
 		if err != nil {
 			return err
 		}
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-		}
+		req.Header = hdr
 		res, err := be.client.Do(req)
 		if conns > 1 {
 			l.idle.Add(int64(conns - 1))
@@ -403,7 +360,7 @@ func (l *loadRun) send(method, path, body, key string, want int, out any, rec *r
 		if err != nil {
 			if errors.Is(err, syscall.ECONNREFUSED) && attempt < 3 {
 				// Never received: the balancer tries the next backend.
-				be.set(0, false)
+				be.set(0)
 				l.rerouted.Add(1)
 				last = be
 				continue
@@ -425,15 +382,15 @@ func (l *loadRun) send(method, path, body, key string, want int, out any, rec *r
 	}
 }
 
-// loadStats summarises the requests of a load run between two instants
-// (offsets from its start; to 0 means the end).
+// loadStats summarises the requests of a load run from an instant (an
+// offset from its start) on.
 type loadStats struct {
 	Requests  int            `json:"requests"`
 	Failed    int            `json:"failed"`
 	FailedOn  map[string]int `json:"failed_by_backend,omitempty"`
 	Errors    map[string]int `json:"errors,omitempty"`
 	LastError string         `json:"last_error,omitempty"`
-	Writes    Stat           `json:"write_latency_ms"`
+	Writes    benchkit.Stat  `json:"write_latency_ms"`
 	Rerouted  int64          `json:"rerouted"`
 	Resent    int64          `json:"resent_on_closed_keepalive"`
 	Stale     int            `json:"stale_lists"`
@@ -441,38 +398,31 @@ type loadStats struct {
 	Seconds   float64        `json:"seconds"`
 }
 
-func (l *loadRun) stats(from, to time.Duration, names func(int) string) loadStats {
+func (l *loadRun) stats(from time.Duration) loadStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := loadStats{FailedOn: map[string]int{}, Errors: map[string]int{}, Rerouted: l.rerouted.Load(), Resent: l.idle.Load(), Stale: l.stale, StaleEx: l.staleEx}
 	var lat []float64
 	var last time.Duration
 	for _, r := range l.recs {
-		if r.at < from || (to > 0 && r.at >= to) {
+		if r.at < from {
 			continue
 		}
 		last = max(last, r.at+r.dur)
 		st.Requests++
-		if r.write && r.err == "" {
-			lat = append(lat, float64(r.dur.Microseconds())/1000)
-		}
 		if r.err == "" {
+			if r.write {
+				lat = append(lat, benchkit.MS(r.dur))
+			}
 			continue
 		}
 		st.Failed++
-		who := "balancer"
-		if r.backend >= 0 {
-			who = names(r.backend)
-		}
-		st.FailedOn[who]++
+		st.FailedOn[cmp.Or(r.backend, "balancer")]++
 		st.Errors[errKind(r.err)]++
 		st.LastError = r.err
 	}
-	st.Writes = stat(lat)
-	if to == 0 {
-		to = last
-	}
-	st.Seconds = (to - from).Seconds()
+	st.Writes = benchkit.Of(lat)
+	st.Seconds = (last - from).Seconds()
 	return st
 }
 
@@ -490,13 +440,8 @@ func errKind(s string) string {
 	case strings.Contains(s, "Timeout") || strings.Contains(s, "deadline"):
 		return "timeout"
 	}
-	if len(s) > 60 {
-		return s[:60]
-	}
-	return s
+	return s[:min(len(s), 60)]
 }
-
-// ---------------------------------------------------------------- verify
 
 // verification is what the db nodes hold of the acknowledged writes.
 type verification struct {

@@ -1,32 +1,16 @@
-// Command fleet-bench runs a whole shardvisor fleet on one machine and
-// puts it through a rebalance and failures, under load, printing one
-// table. Run it with bench/fleet/run (make bench-fleet), which builds the
-// binaries and starts a throwaway ZooKeeper ensemble and four PostgreSQL
-// nodes on ports of their own (scripts/devenv with another state
-// directory), so that killing ZooKeeper breaks nobody else's tests.
-//
-// A fleet is a fresh cluster (a ZooKeeper subtree, a database on every db
-// node) holding 2^level buckets on three nodes, with N supervisors in one
-// pool, each running --workers examples/notes workers on a port of its
-// own (the pool listens on 127.0.0.1:0; the load balancer finds each port
-// in /proc), and R router sidecars. The load is examples/notes/loadgen's
-// (create, edit, list, delete notes of many users, every write
-// idempotent, every acknowledged write in a ledger) at a constant rate,
-// through a health-checking load balancer in front of a sample of the
-// supervisors. Scenarios (-only):
-//
-//	rebalance  a fourth node added and the rebalancer run (32 moves at level 7),
-//	           in a fleet with map delivery "swap" and one with "reload"
-//	boot       the same with workers that take -boot-delay to boot (reload)
-//	sigstop    the same with one supervisor (not in the load sample)
-//	           SIGSTOPped for the whole rebalance (reload)
-//	isolate    one supervisor, in a network namespace of its own, cut off
-//	           from ZooKeeper and its peers by blackholing proxies
-//	outage     all three ZooKeeper servers killed for -outage, then restarted
-//
-// isolate and outage run in the reload fleet after its rebalance. Every
-// scenario stops its load and checks every acknowledged write on its
-// owner before the next one starts.
+// Command fleet-bench runs a whole shardvisor fleet on one machine (N
+// supervisors of examples/notes workers, R router sidecars, a throwaway
+// ZooKeeper ensemble and four PostgreSQL nodes) and puts it through a
+// rebalance and failures under a load through a health-checking load
+// balancer, printing one table. Run it with bench/fleet/run (make
+// bench-fleet). Scenarios (-only): rebalance (a fourth node added, in a
+// fleet with map delivery "swap" and one with "reload"), boot (workers
+// that take -boot-delay to boot), sigstop (one supervisor outside the load
+// sample stopped for the whole rebalance), isolate (one supervisor cut off
+// from ZooKeeper and its peers) and outage (the whole ensemble killed for
+// -outage); isolate and outage run in the reload fleet after its
+// rebalance. Every scenario checks every acknowledged write on its owner.
+// docs/fleet.md says what each measures.
 package main
 
 import (
@@ -50,49 +34,40 @@ import (
 )
 
 var (
-	supervisors     = flag.Int("supervisors", benchkit.EnvInt("FLEET_SUPERVISORS", 50), "supervisors in the fleet (one pool)")
-	routers         = flag.Int("routers", benchkit.EnvInt("FLEET_ROUTERS", 50), "router sidecars")
-	workers         = flag.Int("workers", benchkit.EnvInt("FLEET_WORKERS", 2), "workers per supervisor")
-	only            = flag.String("only", benchkit.EnvOr("FLEET_ONLY", "rebalance,boot,sigstop,isolate,outage"), "scenarios to run, comma-separated")
-	loadSample      = flag.Int("load-sample", benchkit.EnvInt("FLEET_LOAD_SAMPLE", 10), "supervisors behind the load balancer")
-	rate            = flag.Int("rate", benchkit.EnvInt("FLEET_RATE", 200), "requests/s offered in total")
-	clients         = flag.Int("clients", 16, "concurrent clients of the load")
-	users           = flag.Int("users", 400, "users of the load (per scenario)")
-	level           = benchkit.LevelFlag(7, "level 7: adding a 4th node to 3 moves 32 buckets")
-	rowsPerBucket   = flag.Int("rows-per-bucket", 200, "notes preloaded into every bucket")
-	sessionTimeoutF = flag.Duration("session-timeout", 10*time.Second, "ZooKeeper session timeout the supervisors and routers ask for")
-	memberWait      = flag.Duration("member-wait", 10*time.Second, "the mover's --member-wait")
-	stopMemberWait  = flag.Duration("sigstop-member-wait", 3*time.Second, "the mover's --member-wait in the sigstop scenario (below the session timeout, so the stopped member is still registered)")
-	bootDelay       = flag.Duration("boot-delay", 5*time.Second, "worker boot time in the boot scenario")
-	outageFor       = flag.Duration("outage", 30*time.Second, "how long the ZooKeeper ensemble stays down")
-	warmup          = flag.Duration("warmup", 5*time.Second, "load before each scenario's event")
-	retries         = flag.Int("retries", 3, "times the rebalancer is run again after it stopped on an aborted move")
-	budget          = flag.Duration("rebalance-budget", benchkit.EnvDuration("FLEET_REBALANCE_BUDGET", 150*time.Second), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
-	envDir          = flag.String("env-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
-	zkPortBase      = flag.Int("zk-port-base", benchkit.EnvInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
-	pgPortBase      = flag.Int("pg-port-base", benchkit.EnvInt("SHARDVISOR_PG_PORT_BASE", 26432), "its first PostgreSQL port")
-	adminPortBase   = flag.Int("admin-port-base", benchkit.EnvInt("FLEET_ADMIN_PORT_BASE", 30100), "supervisor i's admin address is 127.0.0.1:base+i")
-	routerPortBase  = flag.Int("router-port-base", benchkit.EnvInt("FLEET_ROUTER_PORT_BASE", 30500), "router i listens on 127.0.0.1:base+i")
-	binDirF         = flag.String("bin", "bin", "directory with supervisor, router and notes")
-	runDirF         = flag.String("run-dir", "", "logs and state (default: a new /tmp/shardvisor-fleet.*)")
-	keep            = flag.Bool("keep", false, "keep the databases and ZooKeeper trees")
-	jsonOut         = flag.String("json", "", "also write the results as JSON to this file")
-	verbose         = flag.Bool("v", false, "print every move")
+	supervisors    = flag.Int("supervisors", benchkit.EnvInt("FLEET_SUPERVISORS", 50), "supervisors in the fleet (one pool)")
+	routers        = flag.Int("routers", benchkit.EnvInt("FLEET_ROUTERS", 50), "router sidecars")
+	workers        = flag.Int("workers", benchkit.EnvInt("FLEET_WORKERS", 2), "workers per supervisor")
+	only           = flag.String("only", benchkit.EnvOr("FLEET_ONLY", "rebalance,boot,sigstop,isolate,outage"), "scenarios to run, comma-separated")
+	loadSample     = flag.Int("load-sample", benchkit.EnvInt("FLEET_LOAD_SAMPLE", 10), "supervisors behind the load balancer")
+	rate           = flag.Int("rate", benchkit.EnvInt("FLEET_RATE", 200), "requests/s offered in total")
+	clients        = flag.Int("clients", 16, "concurrent clients of the load")
+	users          = flag.Int("users", 400, "users of the load (per scenario)")
+	level          = benchkit.LevelFlag(7, "level 7: adding a 4th node to 3 moves 32 buckets")
+	rowsPerBucket  = flag.Int("rows-per-bucket", 200, "notes preloaded into every bucket")
+	sessionTimeout = flag.Duration("session-timeout", 10*time.Second, "ZooKeeper session timeout the supervisors and routers ask for")
+	memberWait     = flag.Duration("member-wait", 10*time.Second, "the mover's --member-wait")
+	stopMemberWait = flag.Duration("sigstop-member-wait", 3*time.Second, "the mover's --member-wait in the sigstop scenario (below the session timeout, so the stopped member is still registered)")
+	bootDelay      = flag.Duration("boot-delay", 5*time.Second, "worker boot time in the boot scenario")
+	outageFor      = flag.Duration("outage", 30*time.Second, "how long the ZooKeeper ensemble stays down")
+	warmup         = flag.Duration("warmup", 5*time.Second, "load before each scenario's event")
+	retries        = flag.Int("retries", 3, "times the rebalancer is run again after it stopped on an aborted move")
+	budget         = flag.Duration("rebalance-budget", benchkit.EnvDuration("FLEET_REBALANCE_BUDGET", 150*time.Second), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
+	envDir         = flag.String("env-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
+	zkPortBase     = flag.Int("zk-port-base", benchkit.EnvInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
+	pgPortBase     = flag.Int("pg-port-base", benchkit.EnvInt("SHARDVISOR_PG_PORT_BASE", 26432), "its first PostgreSQL port")
+	adminPortBase  = flag.Int("admin-port-base", benchkit.EnvInt("FLEET_ADMIN_PORT_BASE", 30100), "supervisor i's admin address is 127.0.0.1:base+i")
+	routerPortBase = flag.Int("router-port-base", benchkit.EnvInt("FLEET_ROUTER_PORT_BASE", 30500), "router i listens on 127.0.0.1:base+i")
+	binDirF        = flag.String("bin", "bin", "directory with supervisor, router and notes")
+	runDirF        = flag.String("run-dir", "", "logs and state (default: a new /tmp/shardvisor-fleet.*)")
+	keep           = flag.Bool("keep", false, "keep the databases and ZooKeeper trees")
+	jsonOut        = flag.String("json", "", "also write the results as JSON to this file")
+	verbose        = flag.Bool("v", false, "print every move")
 )
 
 const pgNodes = 4
 
-var sessionTimeout time.Duration
-
-// printer prints the report on stdout, every line stamped with the time.
-var printer = &benchkit.Printer{Stamp: true}
-
-func say(format string, args ...any) { printer.Say(format, args...) }
-
-// Stat is a distribution's nearest-rank percentiles.
-type Stat = benchkit.Stat
-
-func stat(xs []float64) Stat { return benchkit.Of(xs) }
+// say prints a line of the report on stdout, stamped with the time.
+var say = (&benchkit.Printer{Stamp: true}).Say
 
 type bench struct {
 	env      *env
@@ -103,7 +78,6 @@ type bench struct {
 	binDir   string
 	runDir   string
 	cleanups []func(context.Context)
-	fleet    *fleet // the one running
 	res      results
 }
 
@@ -123,7 +97,6 @@ so that no outgoing connection holds one when it is bound again.
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	sessionTimeout = *sessionTimeoutF
 	sel := map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
 		s = strings.TrimSpace(s)
@@ -134,18 +107,15 @@ so that no outgoing connection holds one when it is bound again.
 			sel[s] = true
 		case "":
 		default:
-			fmt.Fprintf(os.Stderr, "fleet-bench: unknown scenario %q in -only (rebalance = swap,reload; boot, sigstop, isolate, outage)\n", s)
-			os.Exit(2)
+			benchkit.Fatalf(2, "fleet-bench", "unknown scenario %q in -only (rebalance = swap,reload; boot, sigstop, isolate, outage)", s)
 		}
 	}
 	if *supervisors < 2 || *routers < 0 || *loadSample < 1 || *rate < 1 || *clients < 1 || *workers < 1 {
-		fmt.Fprintln(os.Stderr, "fleet-bench: -supervisors >= 2, -load-sample, -rate, -clients, -workers >= 1")
-		os.Exit(2)
+		benchkit.Fatalf(2, "fleet-bench", "-supervisors >= 2, -load-sample, -rate, -clients, -workers >= 1")
 	}
 	if sel["outage"] && *zkPortBase == 21811 {
 		// The shared development ensemble: others' tests run against it.
-		fmt.Fprintln(os.Stderr, "fleet-bench: the outage scenario kills ZooKeeper: run it against a throwaway ensemble (bench/fleet/run starts one on port 27811)")
-		os.Exit(2)
+		benchkit.Fatalf(2, "fleet-bench", "the outage scenario kills ZooKeeper: run it against a throwaway ensemble (bench/fleet/run starts one on port 27811)")
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
@@ -153,8 +123,7 @@ so that no outgoing connection holds one when it is bound again.
 	err := b.run(ctx, sel)
 	b.report()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "fleet-bench:", err)
-		os.Exit(1)
+		benchkit.Fatalf(1, "fleet-bench", "%v", err)
 	}
 	if b.res.failedTargets > 0 {
 		os.Exit(1)
@@ -162,10 +131,6 @@ so that no outgoing connection holds one when it is bound again.
 }
 
 func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
-	root, err := os.Getwd()
-	if err != nil {
-		return err
-	}
 	if b.binDir, err = filepath.Abs(*binDirF); err != nil {
 		return err
 	}
@@ -180,9 +145,6 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 	}
 	// Whatever happens, the processes stop, then the databases and trees go.
 	defer func() {
-		if b.fleet != nil {
-			b.fleet.stop()
-		}
 		b.ps.stopAll()
 		if *keep {
 			say("kept: databases fleet_*_%d, ZooKeeper %s", b.started.Unix(), b.root)
@@ -197,15 +159,15 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 			b.sess.Close()
 		}
 	}()
-	if b.env, err = newEnv(root); err != nil {
+	if b.env, err = newEnv(); err != nil {
 		return err
 	}
 	b.root = fmt.Sprintf("/shardvisor-fleet/run-%d", b.started.Unix())
 	b.res.Config = fmt.Sprintf("%d supervisors x %d workers (examples/notes), %d routers, 3 ZooKeeper servers, %d PostgreSQL nodes; load %d req/s from %d clients over %d supervisors; level %d (%d buckets, %d notes each); session timeout %s; %d cores",
-		*supervisors, *workers, *routers, pgNodes, *rate, *clients, min(*loadSample, *supervisors), *level, 1<<*level, *rowsPerBucket, sessionTimeout, runtime.NumCPU())
+		*supervisors, *workers, *routers, pgNodes, *rate, *clients, min(*loadSample, *supervisors), *level, 1<<*level, *rowsPerBucket, *sessionTimeout, runtime.NumCPU())
 	say("fleet benchmark: %s", b.res.Config)
-	say("logs in %s; ZooKeeper %s (throwaway ensemble), PostgreSQL %s", b.runDir, b.env.zkConnect(), strings.Join(b.env.pgAddrs, ","))
-	if b.sess, err = clustertest.OpenSession(ctx, b.env.zkConnect(), "bench/fleet/run starts it"); err != nil {
+	say("logs in %s; ZooKeeper %s (throwaway ensemble), PostgreSQL %s", b.runDir, b.env.ZKConnect(), strings.Join(b.env.pgAddrs, ","))
+	if b.sess, err = clustertest.OpenSession(ctx, b.env.ZKConnect(), "bench/fleet/run starts it"); err != nil {
 		return err
 	}
 	b.purgeLeftovers(ctx)
@@ -215,57 +177,52 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		}
 	})
 
+	rebalance := func(name string) func(*fleet) error {
+		return func(f *fleet) error { return b.rebalance(ctx, f, name, nil, *memberWait) }
+	}
+	// Each fleet, in turn: the step its errors are named after, its cluster
+	// name, map delivery and worker boot, and what it goes through.
 	var errs []error
-	step := func(name string, f func() error) {
-		if ctx.Err() != nil {
-			return
-		}
-		if err := f(); err != nil {
-			say("%s: %v", name, err)
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			if b.fleet != nil {
-				b.fleet.stop()
-				b.fleet = nil
+	for _, fr := range []struct {
+		on               bool
+		step, name, mode string
+		boot             time.Duration
+		isolate          bool
+		run              func(*fleet) error
+	}{
+		{sel["swap"], "rebalance, swap", "swap", topo.MapDeliverySwap, 0, false, rebalance("rebalance, swap")},
+		{sel["reload"] || sel["isolate"] || sel["outage"], "rebalance, reload", "reload", topo.MapDeliveryReload, 0, sel["isolate"], func(f *fleet) (err error) {
+			if sel["reload"] {
+				err = rebalance("rebalance, reload")(f)
 			}
+			if err == nil && sel["isolate"] {
+				err = b.isolate(ctx, f)
+			}
+			if err == nil && sel["outage"] {
+				err = b.outage(ctx, f)
+			}
+			return err
+		}},
+		{sel["boot"], "boot", "boot", topo.MapDeliveryReload, *bootDelay, false, rebalance(fmt.Sprintf("rebalance, reload, %s boot", *bootDelay))},
+		{sel["sigstop"], "sigstop", "sigstop", topo.MapDeliveryReload, 0, false, func(f *fleet) error {
+			victim := f.victim()
+			return b.rebalance(ctx, f, fmt.Sprintf("rebalance, reload, %s SIGSTOPped", victim.name), victim, *stopMemberWait)
+		}},
+	} {
+		if !fr.on || ctx.Err() != nil {
+			continue
 		}
-	}
-	if sel["swap"] {
-		step("rebalance, swap", func() error { return b.rebalanceFleet(ctx, "swap", topo.MapDeliverySwap, 0, false) })
-	}
-	if sel["reload"] || sel["isolate"] || sel["outage"] {
-		step("rebalance, reload", func() error {
-			return b.rebalanceFleet(ctx, "reload", topo.MapDeliveryReload, 0, sel["isolate"], func(f *fleet) error {
-				if !sel["reload"] {
-					return nil
-				}
-				return b.rebalance(ctx, f, "rebalance, reload", nil, *memberWait)
-			}, func(f *fleet) error {
-				if sel["isolate"] {
-					if err := b.isolate(ctx, f); err != nil {
-						return err
-					}
-				}
-				if sel["outage"] {
-					return b.outage(ctx, f)
-				}
-				return nil
-			})
-		})
-	}
-	if sel["boot"] {
-		step("boot", func() error {
-			return b.rebalanceFleet(ctx, "boot", topo.MapDeliveryReload, *bootDelay, false, func(f *fleet) error {
-				return b.rebalance(ctx, f, fmt.Sprintf("rebalance, reload, %s boot", *bootDelay), nil, *memberWait)
-			})
-		})
-	}
-	if sel["sigstop"] {
-		step("sigstop", func() error {
-			return b.rebalanceFleet(ctx, "sigstop", topo.MapDeliveryReload, 0, false, func(f *fleet) error {
-				victim := f.victim()
-				return b.rebalance(ctx, f, fmt.Sprintf("rebalance, reload, %s SIGSTOPped", victim.name), victim, *stopMemberWait)
-			})
-		})
+		f, err := b.startFleet(ctx, fr.name, fr.mode, fr.boot, fr.isolate)
+		if err == nil {
+			err = fr.run(f)
+		}
+		if f != nil {
+			f.stop()
+		}
+		if err != nil {
+			say("%s: %v", fr.step, err)
+			errs = append(errs, fmt.Errorf("%s: %w", fr.step, err))
+		}
 	}
 	if ctx.Err() != nil {
 		errs = append(errs, ctx.Err())
@@ -291,7 +248,7 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		conn.Close(context.Background())
 		for _, db := range dbs {
-			if err := b.env.dropDB(ctx, i, db); err != nil {
+			if err := clustertest.DropDatabase(ctx, b.env.adminDSN(i), db, say); err != nil {
 				say("purging old database %s on pg%d: %v", db, i+1, err)
 			}
 		}
@@ -301,40 +258,13 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 	}
 }
 
-// rebalanceFleet starts a fleet, runs the steps in order, and stops it.
-// With no steps, the fleet is the swap baseline: one rebalance.
-func (b *bench) rebalanceFleet(ctx context.Context, name, mode string, boot time.Duration, isolate bool, steps ...func(*fleet) error) error {
-	f, err := b.startFleet(ctx, name, mode, boot, isolate)
-	defer func() {
-		if f != nil {
-			f.stop()
-		}
-		b.fleet = nil
-	}()
-	if err != nil {
-		return err
-	}
-	if len(steps) == 0 {
-		return b.rebalance(ctx, f, "rebalance, swap", nil, *memberWait)
-	}
-	for _, s := range steps {
-		if err := s(f); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // victim is the supervisor the sigstop scenario stops: the last one
 // outside the load sample (the balancer would take one inside out by its
 // /healthz, as the isolate scenario shows).
 func (f *fleet) victim() *sup {
-	in := map[string]bool{}
-	for _, s := range f.sample(nil) {
-		in[s.name] = true
-	}
+	sample := f.sample(nil)
 	for _, s := range slices.Backward(f.sups) {
-		if !in[s.name] {
+		if !slices.Contains(sample, s) {
 			return s
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -33,8 +34,8 @@ type netns struct {
 }
 
 func newNetns(ps *procs) (*netns, error) {
-	h, err := ps.start("netns-holder", []string{"unshare", "--net", "--", "sh", "-c",
-		"ip link set lo up && echo up >" + ps.logDir + "/netns.up && exec sleep 2147483647"}, childEnv())
+	h, err := ps.start("netns-holder", "unshare", "--net", "--", "sh", "-c",
+		"ip link set lo up && echo up >"+ps.logDir+"/netns.up && exec sleep 2147483647")
 	if err != nil {
 		return nil, err
 	}
@@ -59,41 +60,32 @@ func newNetns(ps *procs) (*netns, error) {
 	return &netns{holder: h, f: f}, nil
 }
 
-// do runs fn on a fresh goroutine locked to its thread, moved into the
-// namespace. The thread is never unlocked, so it exits with the goroutine
-// and no other goroutine ever runs in the namespace. Sockets keep the
-// namespace they were created in, wherever they are used later.
-func (n *netns) do(fn func() error) error {
-	errc := make(chan error, 1)
+// inNetns runs fn on a fresh goroutine locked to its thread, moved into
+// the namespace. The thread is never unlocked, so it exits with the
+// goroutine and no other goroutine ever runs in the namespace. Sockets
+// keep the namespace they were created in, wherever they are used later.
+func inNetns[T any](n *netns, fn func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	c := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
 		if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
+			c <- result{err: fmt.Errorf("setns: %w", err)}
 			return
 		}
-		errc <- fn()
+		v, err := fn()
+		c <- result{v, err}
 	}()
-	return <-errc
-}
-
-func (n *netns) listen(addr string) (net.Listener, error) {
-	var ln net.Listener
-	err := n.do(func() (err error) {
-		ln, err = net.Listen("tcp", addr)
-		return err
-	})
-	return ln, err
+	r := <-c
+	return r.v, r.err
 }
 
 // dial connects from inside the namespace.
 func (n *netns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := n.do(func() (err error) {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, network, addr)
-		return err
-	})
-	return c, err
+	return inNetns(n, func() (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, network, addr) })
 }
 
 // nsenter is the argv prefix that runs a command in the namespace.
@@ -103,61 +95,62 @@ func (n *netns) nsenter() []string {
 
 func (n *netns) close() { n.f.Close() }
 
-// isolation is the isolated host's proxies.
+// isolation is the isolated host's proxies: inside the namespace, one on
+// each ZooKeeper address, db node address and other supervisor's admin
+// address; outside, one on the isolated supervisor's admin address.
 type isolation struct {
-	ns    *netns
-	zk    []*faultproxy.Proxy // inside, on each ZooKeeper address
-	pg    []*faultproxy.Proxy // inside, on each db node's address (never cut)
-	peers []*faultproxy.Proxy // inside, on each other supervisor's admin address
-	back  *faultproxy.Proxy   // outside, on the isolated supervisor's admin address
+	all []*faultproxy.Proxy
+	cut []*faultproxy.Proxy // all but the db nodes': blackholed to isolate
 }
 
-// newIsolation sets up the proxies before the supervisor starts.
-func newIsolation(ns *netns, zkAddrs, pgAddrs, peerAdmins []string, ownAdmin string) (*isolation, error) {
-	iso := &isolation{ns: ns}
-	inside := func(addr string) (*faultproxy.Proxy, error) {
-		ln, err := ns.listen(addr)
-		if err != nil {
-			return nil, err
-		}
-		return faultproxy.NewWith(addr, faultproxy.Options{Listener: ln})
+// newIsolation sets up the proxies before supervisor 0 starts.
+func newIsolation(ns *netns, zkAddrs, pgAddrs []string) (*isolation, error) {
+	iso := &isolation{}
+	var peerAdmins []string
+	for i := 1; i < *supervisors; i++ {
+		peerAdmins = append(peerAdmins, adminAddr(i))
 	}
-	for _, group := range []struct {
-		addrs []string
-		into  *[]*faultproxy.Proxy
-	}{{zkAddrs, &iso.zk}, {pgAddrs, &iso.pg}, {peerAdmins, &iso.peers}} {
-		for _, a := range group.addrs {
-			p, err := inside(a)
-			if err != nil {
-				iso.close()
-				return nil, fmt.Errorf("proxy for %s inside the namespace: %w", a, err)
-			}
-			*group.into = append(*group.into, p)
+	ownAdmin := adminAddr(0)
+	add := func(p *faultproxy.Proxy, cut bool) {
+		iso.all = append(iso.all, p)
+		if cut {
+			iso.cut = append(iso.cut, p)
 		}
+	}
+	for _, a := range slices.Concat(zkAddrs, pgAddrs, peerAdmins) {
+		ln, err := inNetns(ns, func() (net.Listener, error) { return net.Listen("tcp", a) })
+		var p *faultproxy.Proxy
+		if err == nil {
+			p, err = faultproxy.NewWith(a, faultproxy.Options{Listener: ln})
+		}
+		if err != nil {
+			iso.close()
+			return nil, fmt.Errorf("proxy for %s inside the namespace: %w", a, err)
+		}
+		add(p, !slices.Contains(pgAddrs, a))
 	}
 	ln, err := net.Listen("tcp", ownAdmin)
+	var back *faultproxy.Proxy
+	if err == nil {
+		back, err = faultproxy.NewWith(ownAdmin, faultproxy.Options{Listener: ln, Dial: ns.dial})
+	}
 	if err != nil {
 		iso.close()
 		return nil, fmt.Errorf("proxy for the isolated admin address %s: %w", ownAdmin, err)
 	}
-	if iso.back, err = faultproxy.NewWith(ownAdmin, faultproxy.Options{Listener: ln, Dial: ns.dial}); err != nil {
-		iso.close()
-		return nil, err
-	}
+	add(back, true)
 	return iso, nil
 }
 
 // set puts the ZooKeeper and peer proxies (both directions) in mode m.
 func (iso *isolation) set(m faultproxy.Mode) {
-	for _, p := range append(append([]*faultproxy.Proxy{iso.back}, iso.zk...), iso.peers...) {
+	for _, p := range iso.cut {
 		p.SetMode(m)
 	}
 }
 
 func (iso *isolation) close() {
-	for _, p := range append(append(append([]*faultproxy.Proxy{iso.back}, iso.zk...), iso.pg...), iso.peers...) {
-		if p != nil {
-			p.Close()
-		}
+	for _, p := range iso.all {
+		p.Close()
 	}
 }

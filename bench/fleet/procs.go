@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,8 +34,7 @@ type proc struct {
 	name string
 	cmd  *exec.Cmd
 	log  string
-	done chan struct{}
-	err  error // set before done closes
+	done chan struct{} // closed once it is reaped
 }
 
 func (p *proc) pid() int { return p.cmd.Process.Pid }
@@ -60,23 +60,19 @@ func (p *proc) signal(sig syscall.Signal) {
 // that bench/fleet/run reads to kill leftovers if this program itself is
 // killed before it could stop them.
 type procs struct {
-	mu      sync.Mutex
-	list    []*proc
-	pidFile string
-	logDir  string
+	mu     sync.Mutex
+	list   []*proc
+	runDir string
+	logDir string
 }
 
 func newProcs(runDir string) (*procs, error) {
-	ps := &procs{pidFile: filepath.Join(runDir, "pids"), logDir: filepath.Join(runDir, "logs")}
-	if err := os.MkdirAll(ps.logDir, 0o755); err != nil {
-		return nil, err
-	}
-	return ps, nil
+	ps := &procs{runDir: runDir, logDir: filepath.Join(runDir, "logs")}
+	return ps, os.MkdirAll(ps.logDir, 0o755)
 }
 
-// start runs argv with env (the whole environment), output to
-// logs/<name>.log.
-func (ps *procs) start(name string, argv, env []string) (*proc, error) {
+// start runs argv, output to logs/<name>.log.
+func (ps *procs) start(name string, argv ...string) (*proc, error) {
 	logPath := filepath.Join(ps.logDir, name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -84,8 +80,7 @@ func (ps *procs) start(name string, argv, env []string) (*proc, error) {
 	}
 	defer f.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env, cmd.Stdout, cmd.Stderr = childEnv(), f, f
 	// Its own process group, so a Ctrl-C in the terminal reaches only this
 	// program, which stops everything in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -96,28 +91,27 @@ func (ps *procs) start(name string, argv, env []string) (*proc, error) {
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
-		p.err = cmd.Wait()
+		_ = cmd.Wait()
 		close(p.done)
 	}()
 	ps.mu.Lock()
+	defer ps.mu.Unlock()
 	ps.list = append(ps.list, p)
 	ps.writePIDs()
-	ps.mu.Unlock()
 	return p, nil
 }
 
-// writePIDs rewrites the pid file: "pid name" per live process. Called
-// with ps.mu held.
+// writePIDs drops the reaped processes and rewrites the pid file: "pid
+// name" per live process. Called with ps.mu held.
 func (ps *procs) writePIDs() {
+	ps.list = slices.DeleteFunc(ps.list, func(p *proc) bool { return !p.alive() })
 	var b strings.Builder
 	for _, p := range ps.list {
-		if p.alive() {
-			fmt.Fprintf(&b, "%d %s\n", p.pid(), p.name)
-		}
+		fmt.Fprintf(&b, "%d %s\n", p.pid(), p.name)
 	}
-	tmp := ps.pidFile + ".tmp"
+	tmp := filepath.Join(ps.runDir, "pids.tmp")
 	if os.WriteFile(tmp, []byte(b.String()), 0o644) == nil {
-		_ = os.Rename(tmp, ps.pidFile)
+		_ = os.Rename(tmp, filepath.Join(ps.runDir, "pids"))
 	}
 }
 
@@ -140,15 +134,8 @@ func (ps *procs) stop(list []*proc, sig syscall.Signal, grace time.Duration) {
 		}
 	}
 	ps.mu.Lock()
-	keep := ps.list[:0]
-	for _, p := range ps.list {
-		if p.alive() {
-			keep = append(keep, p)
-		}
-	}
-	ps.list = keep
+	defer ps.mu.Unlock()
 	ps.writePIDs()
-	ps.mu.Unlock()
 }
 
 // stopAll stops everything still running: supervisors with QUIT (fast
@@ -156,31 +143,19 @@ func (ps *procs) stop(list []*proc, sig syscall.Signal, grace time.Duration) {
 // with TERM.
 func (ps *procs) stopAll() {
 	ps.mu.Lock()
-	list := append([]*proc(nil), ps.list...)
+	all := slices.Clone(ps.list)
 	ps.mu.Unlock()
-	var sups, rest []*proc
-	for _, p := range list {
-		if strings.HasPrefix(p.name, "sv-") {
-			sups = append(sups, p)
-		} else {
-			rest = append(rest, p)
-		}
-	}
-	ps.stop(sups, syscall.SIGQUIT, 15*time.Second)
-	ps.stop(rest, syscall.SIGTERM, 10*time.Second)
+	sup := func(p *proc) bool { return strings.HasPrefix(p.name, "sv-") }
+	ps.stop(slices.DeleteFunc(slices.Clone(all), func(p *proc) bool { return !sup(p) }), syscall.SIGQUIT, 15*time.Second)
+	ps.stop(slices.DeleteFunc(all, sup), syscall.SIGTERM, 10*time.Second)
 }
 
 // childEnv is this process's environment without shardvisor's own
-// variables (the run script exports the throwaway ensemble's), plus extra:
-// every child gets its settings from flags, and a worker must not find a
-// SHARDVISOR_ZK and follow ZooKeeper instead of its map file.
-func childEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "SHARDVISOR_") || strings.HasPrefix(kv, "NOTES_") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, extra...)
+// variables (the run script exports the throwaway ensemble's): every child
+// gets its settings from flags, and a worker must not find a SHARDVISOR_ZK
+// and follow ZooKeeper instead of its map file.
+func childEnv() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "SHARDVISOR_") || strings.HasPrefix(kv, "NOTES_")
+	})
 }

@@ -17,25 +17,26 @@ import (
 // StepStat is one move step's duration over the moves.
 type StepStat struct {
 	Step string `json:"step"`
-	Stat
+	benchkit.Stat
 }
 
 // RebalanceResult is one rebalance of 3 -> 4 nodes.
 type RebalanceResult struct {
-	Name         string  `json:"name"`
-	Mode         string  `json:"mode"`
-	BootDelay    string  `json:"boot_delay,omitempty"`
-	Boots        float64 `json:"worker_boots"`
-	Kills        float64 `json:"worker_kills"`
-	Seconds      float64 `json:"rebalance_seconds"`
-	Moves        int     `json:"moves_done"`
-	Aborted      int     `json:"moves_aborted"`
-	Restarts     int     `json:"rebalancer_restarts"`
-	Balanced     bool    `json:"balanced"`
-	OverBudget   bool    `json:"stopped_at_budget,omitempty"`
-	PauseMS      Stat    `json:"pause_ms"`
-	MoveMS       Stat    `json:"move_ms"`
-	MemberWaitMS Stat    `json:"member_wait_ms"`
+	Name         string        `json:"name"`
+	Mode         string        `json:"mode"`
+	BootDelay    string        `json:"boot_delay,omitempty"`
+	Boots        float64       `json:"worker_boots"`
+	Kills        float64       `json:"worker_kills"`
+	Seconds      float64       `json:"rebalance_seconds"`
+	Moves        int           `json:"moves_done"`
+	Aborted      int           `json:"moves_aborted"`
+	Restarts     int           `json:"rebalancer_restarts"`
+	Balanced     bool          `json:"balanced"`
+	OverBudget   bool          `json:"stopped_at_budget,omitempty"`
+	AbortErrors  []string      `json:"abort_errors,omitempty"`
+	PauseMS      benchkit.Stat `json:"pause_ms"`
+	MoveMS       benchkit.Stat `json:"move_ms"`
+	MemberWaitMS benchkit.Stat `json:"member_wait_ms"`
 	// StepsMS: each step's duration (the time from its start to the next
 	// step's), p50 over the moves done, in step order.
 	StepsMS      []StepStat     `json:"steps_ms"`
@@ -43,7 +44,6 @@ type RebalanceResult struct {
 	Verify       verification   `json:"verify"`
 	Victim       string         `json:"victim,omitempty"`
 	Stragglers   map[string]int `json:"stragglers,omitempty"` // member -> moves that named it
-	AbortErrors  []string       `json:"abort_errors,omitempty"`
 	VictimBackS  float64        `json:"victim_back_seconds,omitempty"`
 	ScrapeErrors []string       `json:"scrape_errors,omitempty"`
 }
@@ -59,62 +59,39 @@ func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *su
 		res.Victim = victim.name
 		skip[victim.name] = true
 	}
-	lb := newBalancer(f.sample(skip))
-	defer lb.close()
-	if err := lb.waitUp(ctx, 30*time.Second); err != nil {
-		return err
-	}
-	l := startLoad(strings.ReplaceAll(f.name, "-", "")+"rb", lb)
-	defer l.stop()
-	if err := benchkit.Sleep(ctx, *warmup); err != nil {
-		return err
-	}
-	before, errs := f.scrape(skip)
-	res.ScrapeErrors = append(res.ScrapeErrors, errs...)
-	if _, err := f.c.addFourth(ctx); err != nil {
-		return err
-	}
-	if victim != nil {
-		victim.p.signal(syscall.SIGSTOP)
-		say("%s: SIGSTOP %s (pid %d) for the whole rebalance; the mover's member wait is %s", name, victim.name, victim.p.pid(), wait)
-	}
-	say("%s: rebalancing 3 -> 4 nodes under load", name)
-	t0 := time.Now()
-	rbErr := b.runRebalancer(ctx, f, res, wait)
-	res.Seconds = time.Since(t0).Seconds()
-	if victim != nil {
-		victim.p.signal(syscall.SIGCONT)
-	}
-	m, _, err := f.c.st.Load(ctx)
+	var rbErr error // the rebalancer's: the run is measured and checked all the same
+	l, d, err := f.underLoad(ctx, strings.ReplaceAll(f.name, "-", "")+"rb", skip, 2*time.Second, &res.Verify, func(*balancer, *loadRun) error {
+		if _, err := f.c.addFourth(ctx); err != nil {
+			return err
+		}
+		if victim != nil {
+			victim.p.signal(syscall.SIGSTOP)
+			say("%s: SIGSTOP %s (pid %d) for the whole rebalance; the mover's member wait is %s", name, victim.name, victim.p.pid(), wait)
+		}
+		say("%s: rebalancing 3 -> 4 nodes under load", name)
+		t0 := time.Now()
+		rbErr = b.runRebalancer(ctx, f, res, wait)
+		res.Seconds = time.Since(t0).Seconds()
+		if victim != nil {
+			victim.p.signal(syscall.SIGCONT)
+		}
+		// Every supervisor on the final map, workers settled, the stopped one
+		// back in service, before the boots are counted.
+		tc := time.Now()
+		if err := f.settleNow(ctx, 3*time.Minute); err != nil {
+			return err
+		}
+		if victim != nil {
+			res.VictimBackS = time.Since(tc).Seconds()
+		}
+		return nil
+	})
+	res.ScrapeErrors = d.errs
 	if err != nil {
 		return err
 	}
-	// Every supervisor on the final map, workers settled, the stopped one
-	// back in service, before the boots are counted.
-	tc := time.Now()
-	if _, err := f.settle(ctx, m.Version, 3*time.Minute, nil); err != nil {
-		return err
-	}
-	if victim != nil {
-		res.VictimBackS = time.Since(tc).Seconds()
-	}
-	after, errs := f.scrape(skip)
-	res.ScrapeErrors = append(res.ScrapeErrors, errs...)
-	d := after.minus(before)
 	res.Boots, res.Kills = d.spawns, d.kills
-	if err := benchkit.Sleep(ctx, 2*time.Second); err != nil {
-		return err
-	}
-	l.stop()
-	res.Load = l.stats(0, 0, f.supName)
-	if res.Verify, err = f.c.verify(ctx, l); err != nil {
-		return err
-	}
-	say("%s: %d moves in %.1f s (%d aborted), %.0f worker boots, pause p50 %.1f p99 %.1f max %.1f ms; %d requests, %d failed; %d acknowledged writes missing of %d",
-		name, res.Moves, res.Seconds, res.Aborted, res.Boots, res.PauseMS.P50, res.PauseMS.P99, res.PauseMS.Max, res.Load.Requests, res.Load.Failed, res.Verify.lost(), res.Verify.Checked)
-	if victim != nil {
-		say("%s: %s named as a straggler in %d moves; back in service %.1f s after SIGCONT", name, victim.name, res.Stragglers[victim.name], res.VictimBackS)
-	}
+	res.Load = l.stats(0)
 	return rbErr
 }
 
@@ -184,9 +161,9 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 			res.Moves++
 			pause = append(pause, rec.Stats.PauseMS)
 			mwait = append(mwait, rec.Stats.MemberWaitMS)
-			total = append(total, float64(rec.UpdatedAt.Sub(rec.CreatedAt).Microseconds())/1000)
+			total = append(total, benchkit.MS(rec.UpdatedAt.Sub(rec.CreatedAt)))
 			for i := 0; i+1 < len(rec.Steps); i++ {
-				steps[rec.Steps[i].State] = append(steps[rec.Steps[i].State], ms(rec.Steps[i+1].At.Sub(rec.Steps[i].At)))
+				steps[rec.Steps[i].State] = append(steps[rec.Steps[i].State], benchkit.MS(rec.Steps[i+1].At.Sub(rec.Steps[i].At)))
 			}
 		case topo.MoveAborted:
 			res.Aborted++
@@ -195,10 +172,10 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 			}
 		}
 	}
-	res.PauseMS, res.MoveMS, res.MemberWaitMS = stat(pause), stat(total), stat(mwait)
+	res.PauseMS, res.MoveMS, res.MemberWaitMS = benchkit.Of(pause), benchkit.Of(total), benchkit.Of(mwait)
 	for _, st := range []string{topo.MovePrepare, topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, topo.MoveTeardown, topo.MoveVerify} {
 		if xs := steps[st]; len(xs) > 0 {
-			res.StepsMS = append(res.StepsMS, StepStat{Step: st, Stat: stat(xs)})
+			res.StepsMS = append(res.StepsMS, StepStat{Step: st, Stat: benchkit.Of(xs)})
 		}
 	}
 	return rbErr

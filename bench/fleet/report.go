@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
@@ -27,29 +28,22 @@ type Target struct {
 	Info bool   `json:"info,omitempty"`
 }
 
-func (b *bench) find(prefix string) *RebalanceResult {
-	for _, r := range b.res.Rebalances {
-		if strings.HasPrefix(r.Name, prefix) {
-			return r
-		}
+func (b *bench) find(name string) *RebalanceResult {
+	if i := slices.IndexFunc(b.res.Rebalances, func(r *RebalanceResult) bool { return r.Name == name }); i >= 0 {
+		return b.res.Rebalances[i]
 	}
 	return nil
 }
 
-func ratio(x, base float64) string { return benchkit.RatioX(x, base) }
+// of is "n/m": failed of sent requests, or lost of checked writes.
+func of(n, m int) string { return fmt.Sprintf("%d/%d", n, m) }
 
-func isoLoad(x *IsolateResult) *loadStats {
-	if x == nil {
-		return nil
+// when is the formatted text if c holds, "" otherwise.
+func when(c bool, format string, args ...any) string {
+	if !c {
+		return ""
 	}
-	return &x.Load
-}
-
-func outLoad(x *OutageResult) *loadStats {
-	if x == nil {
-		return nil
-	}
-	return &x.Load
+	return fmt.Sprintf(format, args...)
 }
 
 func (b *bench) report() {
@@ -63,38 +57,31 @@ func (b *bench) report() {
 	fmt.Println()
 	fmt.Println("shardvisor fleet benchmark: " + r.Config)
 	fmt.Println()
-	fmt.Printf("%-44s %7s %9s %22s %13s %11s  %s\n", "scenario", "boots", "rebalance", "pause p50/p99/max ms", "failed req", "lost writes", "notes")
 	row := func(name, boots, rebal, pause, failed, lost, notes string) {
 		fmt.Printf("%-44s %7s %9s %22s %13s %11s  %s\n", name, boots, rebal, pause, failed, lost, notes)
 	}
+	row("scenario", "boots", "rebalance", "pause p50/p99/max ms", "failed req", "lost writes", "notes")
+	// Lists that missed acknowledged notes, gathered for an INFO line.
+	var stale []string
+	staleIn := func(prefix string, l loadStats) {
+		if l.Stale > 0 {
+			stale = append(stale, fmt.Sprintf("%s%d, e.g. %s", prefix, l.Stale, l.StaleEx[0]))
+		}
+	}
 	for _, x := range r.Rebalances {
-		notes := fmt.Sprintf("%d moves", x.Moves)
-		if x.Aborted > 0 {
-			notes += fmt.Sprintf(", %d aborted", x.Aborted)
-		}
-		if x.OverBudget {
-			notes += fmt.Sprintf(" (stopped at the %s budget)", *budget)
-		} else if !x.Balanced {
-			notes += ", NOT balanced"
-		}
-		notes += fmt.Sprintf(", move p50 %.0f ms", x.MoveMS.P50)
-		if x.MemberWaitMS.Max > 0 { // recorded by movers that report stragglers
-			notes += fmt.Sprintf(", member wait p50 %.0f max %.0f ms", x.MemberWaitMS.P50, x.MemberWaitMS.Max)
-		}
-		if x.Victim != "" {
-			notes += fmt.Sprintf("; %s a straggler in %d moves, back %.1f s after SIGCONT", x.Victim, x.Stragglers[x.Victim], x.VictimBackS)
-		}
-		if x.Load.Stale > 0 {
-			notes += fmt.Sprintf("; %d stale lists", x.Load.Stale)
-		}
+		notes := fmt.Sprintf("%d moves", x.Moves) + when(x.Aborted > 0, ", %d aborted", x.Aborted) +
+			when(x.OverBudget, " (stopped at the %s budget)", *budget) + when(!x.OverBudget && !x.Balanced, ", NOT balanced") +
+			fmt.Sprintf(", move p50 %.0f ms", x.MoveMS.P50) +
+			// member wait: recorded by movers that report stragglers
+			when(x.MemberWaitMS.Max > 0, ", member wait p50 %.0f max %.0f ms", x.MemberWaitMS.P50, x.MemberWaitMS.Max) +
+			when(x.Victim != "", "; %s a straggler in %d moves, back %.1f s after SIGCONT", x.Victim, x.Stragglers[x.Victim], x.VictimBackS) +
+			when(x.Load.Stale > 0, "; %d stale lists", x.Load.Stale)
 		row(x.Name, fmt.Sprintf("%.0f", x.Boots), fmt.Sprintf("%.1f s", x.Seconds),
 			fmt.Sprintf("%.1f/%.1f/%.1f", x.PauseMS.P50, x.PauseMS.P99, x.PauseMS.Max),
-			fmt.Sprintf("%d/%d", x.Load.Failed, x.Load.Requests), fmt.Sprintf("%d/%d", x.Verify.lost(), x.Verify.Checked), notes)
+			of(x.Load.Failed, x.Load.Requests), of(x.Verify.lost(), x.Verify.Checked), notes)
+		staleIn(x.Name+": ", x.Load)
 	}
-	swap, reload, boot := b.find("rebalance, swap"), b.find("rebalance, reload"), b.find(fmt.Sprintf("rebalance, reload, %s", *bootDelay))
-	if reload != nil && reload.Name != "rebalance, reload" {
-		reload = nil
-	}
+	swap, reload, boot := b.find("rebalance, swap"), b.find("rebalance, reload"), b.find(fmt.Sprintf("rebalance, reload, %s boot", *bootDelay))
 	if swap != nil && reload != nil {
 		// Per move when a rebalance stopped at its budget, whole otherwise.
 		perMove := func(x *RebalanceResult, v float64) float64 {
@@ -103,27 +90,25 @@ func (b *bench) report() {
 			}
 			return v
 		}
-		label := "  reload / swap"
-		if reload.OverBudget || swap.OverBudget {
-			label += " (per move)"
-		}
-		row(label, ratio(perMove(reload, reload.Boots), perMove(swap, swap.Boots)), ratio(perMove(reload, reload.Seconds), perMove(swap, swap.Seconds)),
-			ratio(reload.PauseMS.P99, swap.PauseMS.P99)+" (p99)", "", "", fmt.Sprintf("move p50 %s", ratio(reload.MoveMS.P50, swap.MoveMS.P50)))
+		row("  reload / swap"+when(reload.OverBudget || swap.OverBudget, " (per move)"), benchkit.RatioX(perMove(reload, reload.Boots), perMove(swap, swap.Boots)), benchkit.RatioX(perMove(reload, reload.Seconds), perMove(swap, swap.Seconds)),
+			benchkit.RatioX(reload.PauseMS.P99, swap.PauseMS.P99)+" (p99)", "", "", fmt.Sprintf("move p50 %s", benchkit.RatioX(reload.MoveMS.P50, swap.MoveMS.P50)))
 	}
 	if boot != nil && reload != nil {
-		row(fmt.Sprintf("  %s boot / no boot (reload)", *bootDelay), "", ratio(boot.Seconds, reload.Seconds),
-			ratio(boot.PauseMS.P99, reload.PauseMS.P99)+" (p99)", "", "", fmt.Sprintf("move p50 %.0f vs %.0f ms: %s", boot.MoveMS.P50, reload.MoveMS.P50, ratio(boot.MoveMS.P50, reload.MoveMS.P50)))
+		row(fmt.Sprintf("  %s boot / no boot (reload)", *bootDelay), "", benchkit.RatioX(boot.Seconds, reload.Seconds),
+			benchkit.RatioX(boot.PauseMS.P99, reload.PauseMS.P99)+" (p99)", "", "", fmt.Sprintf("move p50 %.0f vs %.0f ms: %s", boot.MoveMS.P50, reload.MoveMS.P50, benchkit.RatioX(boot.MoveMS.P50, reload.MoveMS.P50)))
 	}
 	if x := r.Isolate; x != nil {
 		row(fmt.Sprintf("%s isolated (ZooKeeper + peers)", x.Member), fmt.Sprintf("k%.0f", x.Kills), "", "",
-			fmt.Sprintf("%d/%d", x.OthersFailed, x.Load.Requests-x.OwnFailed), fmt.Sprintf("%d/%d", x.Verify.lost(), x.Verify.Checked),
+			of(x.OthersFailed, x.Load.Requests-x.OwnFailed), of(x.Verify.lost(), x.Verify.Checked),
 			fmt.Sprintf("out of LB in %.2f s (bound 2/3 T + 1 s = %.2f s, T = %.1f s); own failed %d; back %.1f s after heal",
 				x.OutMS/1000, x.BoundMS/1000, x.SessionMS/1000, x.OwnFailed, x.BackMS/1000))
+		staleIn("", x.Load)
 	}
 	if x := r.Outage; x != nil {
 		row(fmt.Sprintf("ZooKeeper ensemble down %.0f s", x.DownS), fmt.Sprintf("k%.0f", x.Kills), "", "",
-			fmt.Sprintf("%d/%d", x.Load.Failed, x.Load.Requests), fmt.Sprintf("%d/%d", x.Verify.lost(), x.Verify.Checked),
+			of(x.Load.Failed, x.Load.Requests), of(x.Verify.lost(), x.Verify.Checked),
 			fmt.Sprintf("back to normal %.1f s after the restart began (ensemble healthy after %.1f s); %.0f worker boots; kills %v", x.NormalS, x.RestartS, x.Boots, x.KillsByReason))
+		staleIn("", x.Load)
 	}
 	fmt.Println("(boots: worker spawns across the fleet, from /metrics; kN: worker kills; failed req: failed/sent; lost writes: acknowledged writes missing/checked)")
 	if len(r.Rebalances) > 0 {
@@ -139,17 +124,16 @@ func (b *bench) report() {
 	fmt.Println()
 
 	if reload != nil {
-		target(reload.Boots == 0, "reload mode: 0 worker boots across the rebalance", "%.0f (swap: %s)", reload.Boots, func() string {
-			if swap == nil {
-				return "not run"
-			}
-			return fmt.Sprintf("%.0f", swap.Boots)
-		}())
+		swapBoots := "not run"
+		if swap != nil {
+			swapBoots = fmt.Sprintf("%.0f", swap.Boots)
+		}
+		target(reload.Boots == 0, "reload mode: 0 worker boots across the rebalance", "%.0f (swap: %s)", reload.Boots, swapBoots)
 	}
 	for _, x := range r.Rebalances {
 		target(x.PauseMS.N > 0 && x.PauseMS.P99 < 50, fmt.Sprintf("%s: write pause p99 < 50 ms with %d supervisors", x.Name, *supervisors), "%.1f ms", x.PauseMS.P99)
 		target(x.Balanced && x.Aborted == 0, x.Name+": rebalance completes, no move aborted", "balanced %v%s, %d aborted %v", x.Balanced,
-			map[bool]string{true: " (stopped at the budget)", false: ""}[x.OverBudget], x.Aborted, x.AbortErrors)
+			when(x.OverBudget, " (stopped at the budget)"), x.Aborted, x.AbortErrors)
 		target(x.Load.Failed == 0 && x.Verify.lost() == 0, x.Name+": 0 failed requests, 0 lost writes", "%d failed %v, %d lost", x.Load.Failed, x.Load.Errors, x.Verify.lost())
 		if x.Victim != "" {
 			target(x.Stragglers[x.Victim] > 0, x.Name+": the stopped supervisor is reported as a straggler", "%d move records name it", x.Stragglers[x.Victim])
@@ -166,34 +150,20 @@ func (b *bench) report() {
 		target(x.Load.Failed == 0 && x.Kills == 0, "whole-ensemble outage: 0 failed requests and 0 worker kills", "%d failed %v, %.0f kills", x.Load.Failed, x.Load.Errors, x.Kills)
 		target(x.Verify.lost() == 0, "whole-ensemble outage: 0 lost writes", "%d lost", x.Verify.lost())
 	}
-	var stale []string
-	for _, x := range r.Rebalances {
-		if x.Load.Stale > 0 {
-			stale = append(stale, fmt.Sprintf("%s: %d, e.g. %s", x.Name, x.Load.Stale, x.Load.StaleEx[0]))
-		}
-	}
-	for _, l := range []*loadStats{isoLoad(r.Isolate), outLoad(r.Outage)} {
-		if l != nil && l.Stale > 0 {
-			stale = append(stale, fmt.Sprintf("%d, e.g. %s", l.Stale, l.StaleEx[0]))
-		}
-	}
 	if len(stale) > 0 {
 		r.Targets = append(r.Targets, Target{Info: true, Goal: "stale reads: lists that missed acknowledged notes (reads are not fenced)", Got: strings.Join(stale, "; ")})
 	}
 	fmt.Println("targets:")
 	for _, t := range r.Targets {
-		v := "FAIL"
-		switch {
-		case t.Info:
+		v := map[bool]string{true: "PASS", false: "FAIL"}[t.Pass]
+		if t.Info {
 			v = "INFO"
-		case t.Pass:
-			v = "PASS"
 		}
 		fmt.Printf("  %s  %-80s %s\n", v, t.Goal, t.Got)
 	}
 	if *jsonOut != "" {
-		if data, err := json.MarshalIndent(r, "", "  "); err == nil {
-			_ = os.WriteFile(*jsonOut, data, 0o644)
+		if data, err := json.MarshalIndent(r, "", "  "); err != nil || os.WriteFile(*jsonOut, data, 0o644) != nil {
+			say("could not write %s", *jsonOut)
 		}
 	}
 }
