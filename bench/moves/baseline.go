@@ -31,13 +31,9 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 	for i := range n {
 		pick = append(pick, done[i*len(done)/n])
 	}
-	node := func(id string) bucketmap.Node {
-		for _, n := range b.nodes {
-			if string(n.ID) == id {
-				return n
-			}
-		}
-		return bucketmap.Node{}
+	node := map[string]bucketmap.Node{}
+	for _, n := range b.nodes {
+		node[string(n.ID)] = n
 	}
 	say("copy baseline: plain COPY of %d moved buckets' ranges, source -> target, into app.kv_baseline", len(pick))
 	var runs []BaselineRun
@@ -46,7 +42,7 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 		if err != nil {
 			return runs, err
 		}
-		run, _, err := copyPipeCols(ctx, node(mv.From), node(mv.To), lo, hi, "bkey, uid, v", false)
+		run, _, err := copyPipeCols(ctx, node[mv.From], node[mv.To], lo, hi, "bkey, uid, v", false)
 		if err != nil {
 			return runs, err
 		}
@@ -55,11 +51,16 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 			run.Bucket, run.From, run.To, run.Rows, run.MS, human(run.RowsPS), mv.Rows, mv.CopyMS, human(mv.RowsPS))
 		runs = append(runs, run)
 	}
-	if c, err := dbnode.Connect(ctx, node(pick[0].To)); err == nil {
+	dropBaseline(ctx, node[pick[0].To])
+	return runs, nil
+}
+
+// dropBaseline drops the pipe's table from node n, as best it can.
+func dropBaseline(ctx context.Context, n bucketmap.Node) {
+	if c, err := dbnode.Connect(ctx, n); err == nil {
 		_, _ = c.Exec(ctx, "DROP TABLE IF EXISTS app.kv_baseline")
 		c.Close(context.Background())
 	}
-	return runs, nil
 }
 
 // copyPipeCols copies cols of the range from node from into

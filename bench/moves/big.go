@@ -63,7 +63,7 @@ type BigRun struct {
 func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	big := &BigRun{Streams: migrate.DefaultCopyStreams}
 	sum.Big = big
-	if n, err := migrateStreams(); err == nil && n > 0 {
+	if n, err := strconv.Atoi(os.Getenv(migrate.CopyStreamsEnv)); err == nil && n > 0 {
 		big.Streams = n
 	}
 	m, _, err := b.st.Load(ctx)
@@ -208,10 +208,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if big.BatchedPipeS, err = pipe(true); err != nil {
 		return fmt.Errorf("pipe: %w", err)
 	}
-	if d, err := dbnode.Connect(ctx, dst); err == nil {
-		_, _ = d.Exec(ctx, "DROP TABLE IF EXISTS app.kv_baseline")
-		d.Close(context.Background())
-	}
+	dropBaseline(ctx, dst)
 	big.PipeMeanS = (p1 + p2) / 2
 	if big.CopyS > 0 {
 		big.Ratio = big.PipeMeanS / big.CopyS
@@ -227,14 +224,11 @@ func reportBig(s *Summary) {
 	say("big-bucket move benchmark (issue 23): bucket %d, %s -> %s, %d cores", g.Bucket, g.From, g.To, s.Cores)
 	say("  rows:   %d in the bucket (%d with a 4 KB TOASTed value), %.0f MB as binary COPY; %s rows in the source's other buckets", g.Rows, g.Toasted, g.MB, human(float64(s.RowsLoaded-int64(g.Rows))))
 	say("  move:   %s, %d rows copied with %d streams, verified: %v, write pause %.1f ms, %.1f s in all", g.MoveState, g.RowsCopied, g.Streams, g.VerifyOK, g.PauseMS, g.MoveTotalS)
-	pipes := ""
+	pipes := make([]string, len(g.PipeS))
 	for i, p := range g.PipeS {
-		if i > 0 {
-			pipes += ", "
-		}
-		pipes += fmt.Sprintf("%.2f s", p)
+		pipes[i] = fmt.Sprintf("%.2f s", p)
 	}
-	say("  pipe:   single binary COPY (SELECT ... range) TO STDOUT | COPY ... FROM STDIN, before and after the move: %s", pipes)
+	say("  pipe:   single binary COPY (SELECT ... range) TO STDOUT | COPY ... FROM STDIN, before and after the move: %s", strings.Join(pipes, ", "))
 	say("  copy %.2f s vs pipe %.2f s: %.2f×", g.CopyS, g.PipeMeanS, g.Ratio)
 	say("  verification %.2f s of the move's %.2f s: %.0f%% (issue 25's goal: at most 25%%)", g.VerifyS, g.MoveTotalS, 100*g.VerifyShare)
 	say("  the check alone, both nodes at once: JSON + md5 %.2f s vs the row hash moves use %.2f s: %.2f×", g.CheckJSONS, g.CheckHashS, g.CheckRatio)
@@ -242,27 +236,15 @@ func reportBig(s *Summary) {
 	reportEnd(s)
 }
 
-// migrateStreams is the copy's stream count as the mover will read it
-// from its environment.
-func migrateStreams() (int, error) {
-	return strconv.Atoi(os.Getenv(migrate.CopyStreamsEnv))
-}
-
 // checkpoint runs CHECKPOINT on both nodes, so that a timed copy does not
 // pay for the previous one's dirty pages.
 func checkpoint(ctx context.Context, nodes ...bucketmap.Node) error {
-	for _, n := range nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return err
+	return clustertest.EachNode(ctx, nodes, func(_ int, _ bucketmap.Node, c *pgx.Conn) error {
+		if _, err := c.Exec(ctx, "CHECKPOINT"); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
 		}
-		_, err = c.Exec(ctx, "CHECKPOINT")
-		c.Close(context.Background())
-		if err != nil {
-			return fmt.Errorf("%s: checkpoint: %w", n.ID, err)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // checkBoth counts and sums the range on both nodes at once with a row

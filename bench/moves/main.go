@@ -95,12 +95,10 @@ func say(format string, args ...any) { out.Say(format, args...) }
 func main() {
 	out.Parse()
 	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 {
-		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
-		os.Exit(2)
+		benchkit.Fatalf(2, "moves-bench", "--level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
 	}
 	if *bigRows < 0 || *bigToastEvery < 1 || *bigOthers < 1 {
-		fmt.Fprintln(os.Stderr, "moves-bench: --big-rows >= 0, --big-toast-every and --big-others >= 1")
-		os.Exit(2)
+		benchkit.Fatalf(2, "moves-bench", "--big-rows >= 0, --big-toast-every and --big-others >= 1")
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
@@ -130,7 +128,7 @@ func run(ctx context.Context) (*Summary, error) {
 	b.db = fmt.Sprintf("svbench_%d", now)
 	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", now)
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *load.Level, Buckets: 1 << *load.Level, RowsPerBucket: *rowsPerBucket,
-		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep, Stats: map[string]benchkit.Stat{}}
 
 	say("creating database %s on %d nodes", b.db, startNodes+1)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
@@ -165,19 +163,11 @@ func run(ctx context.Context) (*Summary, error) {
 
 	// The write load.
 	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *load.Writers, 100**load.InsertFrac, *warmup)
-	l := b.startLoad(maxIdx)
-	loadStopped := false
-	stopLoad := func() {
-		if !loadStopped {
-			loadStopped = true
-			l.Stop()
-		}
-	}
-	defer stopLoad()
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(*warmup):
+	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, Rate: *rate, InsertFrac: *load.InsertFrac,
+		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
+	defer l.Stop() // Stop is idempotent: the load also stops before the check
+	if err := benchkit.Sleep(ctx, *warmup); err != nil {
+		return nil, err
 	}
 	sum.WritesPerSecBefore = float64(l.Acks.Load()) / time.Since(l.Started).Seconds()
 
@@ -201,8 +191,8 @@ func run(ctx context.Context) (*Summary, error) {
 			row := b.moveRow(rec)
 			say("  move %2d: bucket %3d %s -> %s  %6d rows  copy %6.0f ms (%s rows/s) [slot %s, COPY from %s for %s, then %s; apply worker %s]  lag %5.1f ms  pause %6.1f ms [fence %5.1f, barrier %5.1f, flip %5.1f]  router %s",
 				done.Add(1), rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, human(row.RowsPS),
-				seen(row.SlotMS), seen(row.StartMS), seen(row.DataMS), seen(row.HandoverMS), seen(row.LaunchMS),
-				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, optMS(b.trk.pause(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, row.startedAt)))
+				seen(row.SlotMS, "%.0f"), seen(row.StartMS, "%.0f"), seen(row.DataMS, "%.0f"), seen(row.HandoverMS, "%.0f"), seen(row.LaunchMS, "%.0f"),
+				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, seen(row.RouterMS, "%.1f ms"))
 		case msg == topo.MoveAborting || msg == topo.MoveAborted || msg == topo.MoveFailed:
 			say("  move of bucket %d %s -> %s: %s: %s", rec.Bucket, rec.Source, rec.Target, msg, rec.Error)
 		case *verbose:
@@ -240,8 +230,10 @@ func run(ctx context.Context) (*Summary, error) {
 		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, *retries)
 	}
 	sum.RebalanceSecs = time.Since(rbStart).Seconds()
-	b.prb.finish()
-	sum.PGProbeMS, sum.ZKReadMS, sum.ZKWriteMS, sum.PGConnectMS = stat(b.prb.pgRTT), stat(b.prb.zkRTT), stat(b.prb.zkWrite), stat(b.prb.pgConnect)
+	b.prb.Stop()
+	for i, k := range probeStats {
+		sum.Stats[k] = benchkit.Of(b.prb.samples[i])
+	}
 	sum.WritesPerSecDuring = float64(l.Acks.Load()-acksBefore) / sum.RebalanceSecs
 
 	// Rollbacks, under the same load: each bucket goes back to its old
@@ -260,7 +252,7 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 	}
 
-	stopLoad()
+	l.Stop()
 	w := l.Result()
 	sum.WritesAcked, sum.WritesFailed, sum.WritesGaveUp = l.Acks.Load(), l.Failed.Load(), l.GaveUp.Load()
 	if p := l.LastErr.Load(); p != nil {
@@ -270,7 +262,7 @@ func run(ctx context.Context) (*Summary, error) {
 	for _, wr := range w.Writes {
 		lat = append(lat, float64(wr.DurUS)/1000)
 	}
-	sum.WriteLatencyMS = stat(lat)
+	sum.Stats["write_latency_ms"] = benchkit.Of(lat)
 	b.clientStalls(sum.Moves, w.Writes)
 
 	// Every acknowledged write, on its owner in the final map.
@@ -280,10 +272,7 @@ func run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return sum, err
 	}
-	sum.FinalCounts = map[string]int{}
-	for id, c := range final.Counts() {
-		sum.FinalCounts[string(id)] = c
-	}
+	sum.FinalCounts = final.Counts()
 	say("checking %d acknowledged users on their owners", len(w.Acked))
 	if err := b.checkAcked(cctx, final, w, sum); err != nil {
 		return sum, err
@@ -329,6 +318,6 @@ func (b *bench) rollbackRuns(ctx context.Context, sum *Summary, to bucketmap.Nod
 		say("  rollback %d: bucket %3d %s -> %s moved (pause %.1f ms), rolled back %s -> %s: pause %.1f ms",
 			len(pauses), row.Bucket, rec.Source, rec.Target, rec.Stats.PauseMS, rb.Source, rb.Target, rb.Stats.PauseMS)
 	}
-	sum.RollbackPauseMS = stat(pauses)
+	sum.Stats["rollback_pause_ms"] = benchkit.Of(pauses)
 	return nil
 }

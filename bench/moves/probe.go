@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -18,15 +19,14 @@ import (
 // are doing tells where a move's copy step spends its time (creating the
 // slot, copying, enabling the subscription).
 type probe struct {
+	*benchkit.Stopper
 	mu        sync.Mutex
 	sightings []sighting
-	pgRTT     []float64
-	zkRTT     []float64
-	zkWrite   []float64
-	pgConnect []float64
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	samples   [len(probeStats)][]float64 // ms, as probeStats names them
 }
+
+// probeStats name the probe's distributions in the summary.
+var probeStats = [...]string{"pg_probe_ms", "zk_read_ms", "zk_write_ms", "pg_connect_ms"}
 
 type sighting struct {
 	at   time.Time
@@ -37,26 +37,24 @@ type sighting struct {
 
 const probeEvery = 20 * time.Millisecond
 
+// add records sample i (probeStats[i]) taken since start.
+func (p *probe) add(i int, start time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.samples[i] = append(p.samples[i], benchkit.MS(time.Since(start)))
+}
+
 func (b *bench) startProbe(ctx context.Context) *probe {
-	p := &probe{stop: make(chan struct{})}
+	p := &probe{Stopper: benchkit.NewStopper()}
 	for _, n := range b.nodes {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
+		p.Go(func() {
 			var c *pgx.Conn
 			defer func() {
 				if c != nil {
 					c.Close(context.Background())
 				}
 			}()
-			t := time.NewTicker(probeEvery)
-			defer t.Stop()
-			for {
-				select {
-				case <-p.stop:
-					return
-				case <-t.C:
-				}
+			for pace := benchkit.NewPacer(probeEvery); pace.Wait(p.C); {
 				if c == nil || c.IsClosed() {
 					var err error
 					if c, err = dbnode.Connect(ctx, n); err != nil {
@@ -81,9 +79,8 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 				if err != nil {
 					continue
 				}
-				rtt := float64(time.Since(start).Microseconds()) / 1000
+				p.add(0, start)
 				p.mu.Lock()
-				p.pgRTT = append(p.pgRTT, rtt)
 				for _, q := range qs {
 					if k, slot := classify(q); k != "" {
 						p.sightings = append(p.sightings, sighting{at: start, node: string(n.ID), kind: k, slot: slot})
@@ -91,59 +88,31 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 				}
 				p.mu.Unlock()
 			}
-		}()
+		})
 	}
 	// Writes are timed on a scratch node beside the cluster.
 	scratch, scratchErr := topo.CreateScratch(ctx, b.sess, b.st.Paths(), "moves-bench", nil)
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		n := 0
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-t.C:
-			}
+	p.Go(func() {
+		for n, pace := 0, benchkit.NewPacer(100*time.Millisecond); pace.Wait(p.C); n++ {
 			start := time.Now()
 			if _, _, err := topo.ReadMapData(ctx, b.sess, b.st.Paths()); err != nil {
 				continue
 			}
-			read := float64(time.Since(start).Microseconds()) / 1000
-			start = time.Now()
-			err := scratchErr
-			if err == nil {
-				err = scratch.Write(ctx, []byte(start.String()))
+			p.add(1, start)
+			if start = time.Now(); scratchErr == nil && scratch.Write(ctx, []byte(start.String())) == nil {
+				p.add(2, start)
 			}
-			write := float64(time.Since(start).Microseconds()) / 1000
-			p.mu.Lock()
-			p.zkRTT = append(p.zkRTT, read)
-			if err == nil {
-				p.zkWrite = append(p.zkWrite, write)
-			}
-			p.mu.Unlock()
 			// A new connection to the new node, as the mover opens one
 			// inside the pause (see the report).
-			if n++; n%5 == 0 {
-				start = time.Now()
+			if start = time.Now(); n%5 == 4 {
 				if c, err := dbnode.Connect(ctx, b.nodes[startNodes]); err == nil {
-					d := float64(time.Since(start).Microseconds()) / 1000
+					p.add(3, start)
 					c.Close(context.Background())
-					p.mu.Lock()
-					p.pgConnect = append(p.pgConnect, d)
-					p.mu.Unlock()
 				}
 			}
 		}
-	}()
+	})
 	return p
-}
-
-func (p *probe) finish() {
-	close(p.stop)
-	p.wg.Wait()
 }
 
 // classify names what a replication connection is doing.
@@ -179,16 +148,8 @@ func classify(q string) (kind, slot string) {
 // the rest (the subscription enabled). Its apply worker connects after
 // that, once enabled (sighted up to 5 s after the step). Times in ms; -1:
 // not seen (shorter than the probe interval).
-func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
-	var copyAt, catchupAt time.Time
-	for _, st := range rec.Steps {
-		switch st.State {
-		case topo.MoveCopy:
-			copyAt = st.At
-		case topo.MoveCatchup:
-			catchupAt = st.At
-		}
-	}
+func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord, at map[string]time.Time) {
+	copyAt, catchupAt := at[topo.MoveCopy], at[topo.MoveCatchup]
 	row.SlotMS, row.LaunchMS, row.StartMS, row.DataMS, row.HandoverMS = -1, -1, -1, -1, -1
 	if copyAt.IsZero() || catchupAt.IsZero() {
 		return
@@ -219,7 +180,7 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
 			slotEnd = s.at
 		}
 	}
-	ms := func(a, z time.Time) float64 { return float64(z.Sub(a).Microseconds()) / 1000 }
+	ms := func(a, z time.Time) float64 { return benchkit.MS(z.Sub(a)) }
 	if !slotEnd.IsZero() {
 		row.SlotMS = ms(copyAt, slotEnd)
 	}

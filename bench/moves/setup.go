@@ -123,20 +123,13 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 	}
 	var done atomic.Int64
 	start := time.Now()
-	stopProgress := make(chan struct{})
-	go func() {
-		t := time.NewTicker(5 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopProgress:
-				return
-			case <-t.C:
-				n := done.Load()
-				say("  loading: %s / %s rows (%s rows/s)", human(float64(n)), human(float64(total)), human(float64(n)/time.Since(start).Seconds()))
-			}
+	progress := benchkit.NewStopper()
+	progress.Go(func() {
+		for pace := benchkit.NewPacer(5 * time.Second); pace.Wait(progress.C); {
+			n := done.Load()
+			say("  loading: %s / %s rows (%s rows/s)", human(float64(n)), human(float64(total)), human(float64(n)/time.Since(start).Seconds()))
 		}
-	}()
+	})
 	err = clustertest.EachNode(ctx, b.nodes[:startNodes], func(i int, _ bucketmap.Node, c *pgx.Conn) error {
 		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: perNode[i], done: &done})
 		if err == nil && got != int64(len(perNode[i])) {
@@ -144,7 +137,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 		}
 		return err
 	})
-	close(stopProgress)
+	progress.Stop()
 	if err != nil {
 		return 0, 0, fmt.Errorf("loading: %w", err)
 	}
