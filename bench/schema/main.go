@@ -32,8 +32,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -71,11 +69,9 @@ var (
 )
 
 const (
-	nodesN     = 4
-	clusterNm  = "schemabench"
-	seedHex    = "736368656d612d62656e63682d69737375652d3237" // "schema-bench-issue-27"
-	changeSQL  = "ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT 'none';\n"
-	change2SQL = "ALTER TABLE app.kv ADD COLUMN note2 text NOT NULL DEFAULT 'none';\n"
+	nodesN    = 4
+	clusterNm = "schemabench"
+	seedHex   = "736368656d612d62656e63682d69737375652d3237" // "schema-bench-issue-27"
 	// Goals (issue 27).
 	waitGoalMS = 1000.0
 	diffGoalMS = 2000.0
@@ -128,15 +124,9 @@ type bench struct {
 	users  int                // loaded users u00000000..
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 func run(ctx context.Context) (*Summary, error) {
 	b := &bench{}
-	tag := fmt.Sprintf("%d_%s", time.Now().Unix(), randHex(3))
+	tag := fmt.Sprintf("%d_%s", time.Now().Unix(), benchkit.IdempotencyKey()[:6]) // 3 random bytes
 	b.db = "svbench_schema_" + tag
 	b.root = "/shardvisor-bench/schema-" + strings.ReplaceAll(tag, "_", "-")
 	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *load.Level, Buckets: 1 << *load.Level, Nodes: nodesN,
@@ -156,10 +146,7 @@ func run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	sum.BucketCount = map[string]int{}
-	for id, c := range m.Counts() {
-		sum.BucketCount[string(id)] = c
-	}
+	sum.BucketCount = m.Counts()
 	n, err := b.load(ctx, m)
 	if err != nil {
 		return nil, err
@@ -172,13 +159,11 @@ func run(ctx context.Context) (*Summary, error) {
 	defer b.r.Close()
 
 	var errs []error
-	v, err := b.variant(ctx, m, "ADD COLUMN under full write load", "add-note.sql", changeSQL, "note", 0)
-	sum.Variants = append(sum.Variants, v)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("%s: %w", v.Name, err))
-	}
-	if *hold > 0 && ctx.Err() == nil {
-		v, err := b.variant(ctx, m, "ADD COLUMN under full write load with a long transaction", "add-note2.sql", change2SQL, "note2", *hold)
+	for i, name := range []string{"ADD COLUMN under full write load", "ADD COLUMN under full write load with a long transaction"} {
+		if i > 0 && (*hold <= 0 || ctx.Err() != nil) {
+			break
+		}
+		v, err := b.variant(ctx, m, name, []string{"note", "note2"}[i], []time.Duration{0, *hold}[i])
 		sum.Variants = append(sum.Variants, v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", v.Name, err))
@@ -250,14 +235,6 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	}
 	say("loaded %d users into app.kv in %.1f s", total.Load(), time.Since(start).Seconds())
 	return total.Load(), nil
-}
-
-// startLoad starts the write load: --writers closed-loop writers, their
-// new users named after this load.
-func (b *bench) startLoad() *kvload.Load {
-	run := time.Now().UnixNano()
-	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
-		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
 }
 
 // window summarizes the writes that overlapped [lo, hi].

@@ -1,24 +1,20 @@
 package main
 
 import (
-	"fmt"
-	"math"
 	"strings"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/schema"
 )
 
-// Stat is a distribution's nearest-rank percentiles, in ms.
-type Stat = benchkit.Stat
-
 // Window is the writes that overlapped a span of time.
 type Window struct {
-	FromMS    float64 `json:"from_ms"` // since the variant's load started
-	LengthMS  float64 `json:"length_ms"`
-	Writes    int     `json:"writes"`
-	Failed    int     `json:"failed"`
-	LatencyMS Stat    `json:"latency_ms"`
+	FromMS    float64       `json:"from_ms"` // since the variant's load started
+	LengthMS  float64       `json:"length_ms"`
+	Writes    int           `json:"writes"`
+	Failed    int           `json:"failed"`
+	LatencyMS benchkit.Stat `json:"latency_ms"`
 }
 
 // Variant is one schema change applied under the write load.
@@ -56,41 +52,39 @@ type Variant struct {
 
 // DiffRun is the diff part's figures.
 type DiffRun struct {
-	Tables       int       `json:"tables"`
-	Nodes        int       `json:"nodes"`
-	Runs         []float64 `json:"runs_ms"`
-	MS           Stat      `json:"diff_ms"`
-	MinMS        float64   `json:"diff_min_ms"`
-	Differences  int       `json:"differences"`
-	Unreachable  int       `json:"unreachable"`
-	ElapsedMS    Stat      `json:"diff_elapsed_ms_own"`
-	OneNodeMS    Stat      `json:"one_node_connect_read_ms"`
-	OneNodeRead  Stat      `json:"one_node_read_ms"`
-	OneNodeMinMS float64   `json:"one_node_connect_read_min_ms"`
-	Ratio        float64   `json:"ratio_diff_over_one_node"`
-	GoalMet      bool      `json:"goal_met"`
+	Tables       int           `json:"tables"`
+	Nodes        int           `json:"nodes"`
+	Runs         []float64     `json:"runs_ms"`
+	MS           benchkit.Stat `json:"diff_ms"`
+	MinMS        float64       `json:"diff_min_ms"`
+	Differences  int           `json:"differences"`
+	Unreachable  int           `json:"unreachable"`
+	ElapsedMS    benchkit.Stat `json:"diff_elapsed_ms_own"`
+	OneNodeMS    benchkit.Stat `json:"one_node_connect_read_ms"`
+	OneNodeRead  benchkit.Stat `json:"one_node_read_ms"`
+	OneNodeMinMS float64       `json:"one_node_connect_read_min_ms"`
+	Ratio        float64       `json:"ratio_diff_over_one_node"`
+	GoalMet      bool          `json:"goal_met"`
 }
 
 // Summary is everything the run found.
 type Summary struct {
-	Cores       int            `json:"cores"`
-	LoadAvg     string         `json:"load_avg"`
-	Level       int            `json:"level"`
-	Buckets     int            `json:"buckets"`
-	Nodes       int            `json:"nodes"`
-	Writers     int            `json:"writers"`
-	RowsLoaded  int64          `json:"rows_loaded"`
-	Database    string         `json:"database"`
-	ZKRoot      string         `json:"zk_root"`
-	Kept        bool           `json:"kept"`
-	Variants    []Variant      `json:"variants"`
-	Diff        *DiffRun       `json:"diff,omitempty"`
-	GoalsMet    bool           `json:"goals_met"`
-	Error       string         `json:"error,omitempty"`
-	BucketCount map[string]int `json:"bucket_counts"`
+	Cores       int                      `json:"cores"`
+	LoadAvg     string                   `json:"load_avg"`
+	Level       int                      `json:"level"`
+	Buckets     int                      `json:"buckets"`
+	Nodes       int                      `json:"nodes"`
+	Writers     int                      `json:"writers"`
+	RowsLoaded  int64                    `json:"rows_loaded"`
+	Database    string                   `json:"database"`
+	ZKRoot      string                   `json:"zk_root"`
+	Kept        bool                     `json:"kept"`
+	Variants    []Variant                `json:"variants"`
+	Diff        *DiffRun                 `json:"diff,omitempty"`
+	GoalsMet    bool                     `json:"goals_met"`
+	Error       string                   `json:"error,omitempty"`
+	BucketCount map[bucketmap.NodeID]int `json:"bucket_counts"`
 }
-
-func msStat(st Stat) string { return st.MS() }
 
 func report(s *Summary) {
 	say("")
@@ -110,15 +104,15 @@ func report(s *Summary) {
 		}
 		say("    column on nodes: %d/%d", v.ColumnOn, s.Nodes)
 		say("    write load:      %d writes in %.1f s (%.0f writes/s), %d failed (goal 0)%s", v.Writes, v.LoadSeconds, v.WritesPerSec, v.Failed, optErr(v.LastError))
-		say("    baseline window  (%6.0f ms before the change, no change): %s, %d failed", v.Baseline.LengthMS, msStat(v.Baseline.LatencyMS), v.Baseline.Failed)
-		say("    change window    (%6.0f ms from the apply's start):       %s, %d failed", v.During.LengthMS, msStat(v.During.LatencyMS), v.During.Failed)
+		say("    baseline window  (%6.0f ms before the change, no change): %s, %d failed", v.Baseline.LengthMS, v.Baseline.LatencyMS.MS(), v.Baseline.Failed)
+		say("    change window    (%6.0f ms from the apply's start):       %s, %d failed", v.During.LengthMS, v.During.LatencyMS.MS(), v.During.Failed)
 		if v.Baseline.LengthMS > 0 && v.During.LengthMS > 0 && v.Baseline.LatencyMS.N > 0 {
 			before := float64(v.Baseline.LatencyMS.N) / v.Baseline.LengthMS * 1000
 			during := float64(v.During.LatencyMS.N) / v.During.LengthMS * 1000
-			say("    throughput:      %.0f writes/s in the change window vs %.0f before: %s", during, before, ratioX(during/before))
+			say("    throughput:      %.0f writes/s in the change window vs %.0f before: %s", during, before, benchkit.RatioX(during, before))
 		}
 		say("    longest write: %.1f ms during the change vs %.1f ms before: %s; goal failed = 0 and longest write < %.0f ms: %s",
-			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, ratioX(v.MaxRatio), waitGoalMS, benchkit.Verdict(v.GoalMet))
+			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, benchkit.RatioX(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max), waitGoalMS, benchkit.Verdict(v.GoalMet))
 	}
 	if d := s.Diff; d != nil {
 		say("")
@@ -126,7 +120,7 @@ func report(s *Summary) {
 		say("    schema.Diff:       min %7.1f  median %7.1f  max %7.1f ms   (its own elapsed_ms: median %.1f)   goal < %.0f ms: %s",
 			d.MinMS, d.MS.P50, d.MS.Max, d.ElapsedMS.P50, diffGoalMS, benchkit.Verdict(d.GoalMet))
 		say("    one node:          connect + fence.ReadSchemas median %7.1f ms (min %.1f); ReadSchemas alone median %.1f ms", d.OneNodeMS.P50, d.OneNodeMinMS, d.OneNodeRead.P50)
-		say("    ratio diff / one node (medians): %s; differences found %d, unreachable %d", ratioX(d.Ratio), d.Differences, d.Unreachable)
+		say("    ratio diff / one node (medians): %s; differences found %d, unreachable %d", benchkit.RatioX(d.MS.P50, d.OneNodeMS.P50), d.Differences, d.Unreachable)
 	}
 	say("")
 	say("  goals: %s", benchkit.Verdict(s.GoalsMet))
@@ -143,11 +137,4 @@ func optErr(e string) string {
 		return ""
 	}
 	return "; error: " + e
-}
-
-func ratioX(r float64) string {
-	if math.IsNaN(r) || math.IsInf(r, 0) {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2fx", r)
 }

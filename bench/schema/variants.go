@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,15 +13,18 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/schema"
 )
 
 // variant applies one change under the write load; with holdFor > 0, a
 // long transaction holds a row lock on app.kv on one node meanwhile.
-func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, column string, holdFor time.Duration) (Variant, error) {
-	v := Variant{Name: name, SQL: sql}
-	ch, err := schema.Parse(file, sql)
+// The change is ALTER TABLE app.kv ADD COLUMN column ... NOT NULL DEFAULT.
+func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column string, holdFor time.Duration) (Variant, error) {
+	v := Variant{Name: name, SQL: fmt.Sprintf("ALTER TABLE app.kv ADD COLUMN %s text NOT NULL DEFAULT 'none';\n", column)}
+	ch, err := schema.Parse("add-"+column+".sql", v.SQL)
 	if err != nil {
 		return v, err
 	}
@@ -53,15 +57,12 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 		}
 	}
 
-	l := b.startLoad()
-	stopped := false
-	stopLoad := func() {
-		if !stopped {
-			stopped = true
-			l.Stop()
-		}
-	}
-	defer stopLoad()
+	// The write load: closed-loop writers, their new users named after
+	// this load.
+	run := time.Now().UnixNano()
+	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
+		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
+	defer l.Stop() // Stop is idempotent: it also stops before the windows
 	if err := benchkit.Sleep(ctx, *warmup); err != nil {
 		return v, err
 	}
@@ -122,7 +123,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 	if herr := <-holdDone; herr != nil {
 		v.HoldError = herr.Error()
 	}
-	stopLoad()
+	l.Stop()
 	end := time.Now()
 
 	// The windows: the change window from the apply's start, as long as
@@ -175,24 +176,18 @@ func (b *bench) holdNode(m *bucketmap.Map) bucketmap.Node {
 	return nodes[0]
 }
 
+// columnOn counts the nodes whose app.kv has the column.
 func (b *bench) columnOn(ctx context.Context, column string) (int, error) {
-	on := 0
-	for _, n := range b.nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return on, err
-		}
+	var on atomic.Int32
+	err := clustertest.EachNode(ctx, b.nodes, func(_ int, _ bucketmap.Node, c *pgx.Conn) error {
 		var ok bool
-		err = c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'app.kv'::regclass AND attname = $1 AND NOT attisdropped)`, column).Scan(&ok)
-		c.Close(context.Background())
-		if err != nil {
-			return on, err
-		}
+		err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'app.kv'::regclass AND attname = $1 AND NOT attisdropped)`, column).Scan(&ok)
 		if ok {
-			on++
+			on.Add(1)
 		}
-	}
-	return on, nil
+		return err
+	})
+	return int(on.Load()), err
 }
 
 func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
