@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync/atomic"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -86,20 +85,14 @@ func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, co
 	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
 		return run, 0, err
 	}
-	var bytes atomic.Int64
 	pr, pw := io.Pipe()
-	var w io.Writer = counter{pw, &bytes}
-	var bw *batcher
-	if batched {
-		bw = &batcher{w: w}
-		w = bw
-	}
+	w := &meter{w: pw, batched: batched}
 	errc := make(chan error, 1)
 	start := time.Now()
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
-		if err == nil && bw != nil {
-			err = bw.flush()
+		if err == nil {
+			err = w.flush()
 		}
 		pw.CloseWithError(err)
 		errc <- err
@@ -115,40 +108,37 @@ func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, co
 	el := time.Since(start)
 	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
 	run.RowsPS = float64(run.Rows) / el.Seconds()
-	return run, bytes.Load(), nil
+	return run, w.n, nil // w's writer is done: errc said so
 }
 
-type counter struct {
-	w io.Writer
-	n *atomic.Int64
+// meter counts the bytes written through it and passes them on: at once,
+// or batched in 64 KB.
+type meter struct {
+	w       io.Writer
+	n       int64
+	batched bool
+	buf     []byte
 }
 
-func (c counter) Write(b []byte) (int, error) {
-	c.n.Add(int64(len(b)))
-	return c.w.Write(b)
-}
-
-// batcher gathers writes into 64 KB before passing them on.
-type batcher struct {
-	w   io.Writer
-	buf []byte
-}
-
-func (b *batcher) Write(p []byte) (int, error) {
-	b.buf = append(b.buf, p...)
-	if len(b.buf) >= 64<<10 {
-		if err := b.flush(); err != nil {
+func (m *meter) Write(p []byte) (int, error) {
+	m.n += int64(len(p))
+	if !m.batched {
+		return m.w.Write(p)
+	}
+	m.buf = append(m.buf, p...)
+	if len(m.buf) >= 64<<10 {
+		if err := m.flush(); err != nil {
 			return 0, err
 		}
 	}
 	return len(p), nil
 }
 
-func (b *batcher) flush() error {
-	if len(b.buf) == 0 {
+func (m *meter) flush() error {
+	if len(m.buf) == 0 {
 		return nil
 	}
-	_, err := b.w.Write(b.buf)
-	b.buf = b.buf[:0]
+	_, err := m.w.Write(m.buf)
+	m.buf = m.buf[:0]
 	return err
 }

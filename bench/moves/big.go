@@ -133,31 +133,33 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		return err
 	}
 
-	pipe := func(batched bool) (float64, error) {
+	// pipe times the pipe into PipeS, or BatchedPipeS.
+	pipe := func(batched bool) error {
 		if err := checkpoint(ctx, src, dst); err != nil {
-			return 0, err
+			return fmt.Errorf("pipe: %w", err)
 		}
 		run, bytes, err := copyPipeCols(ctx, src, dst, lo, hi, "bkey, uid, v, blob", batched)
-		if err != nil {
-			return 0, err
+		if err == nil && run.Rows != big.Rows {
+			err = fmt.Errorf("the pipe copied %d rows of %d", run.Rows, big.Rows)
 		}
-		if run.Rows != big.Rows {
-			return 0, fmt.Errorf("the pipe copied %d rows of %d", run.Rows, big.Rows)
+		if err != nil {
+			return fmt.Errorf("pipe: %w", err)
 		}
 		big.MB = float64(bytes) / 1e6
 		what := "single binary COPY pipe"
 		if batched {
 			what += ", 64 KB batches"
+			big.BatchedPipeS = run.MS / 1000
+		} else {
+			big.PipeS = append(big.PipeS, run.MS/1000)
 		}
 		say("  %s: %s rows, %.0f MB in %.2f s", what, human(float64(run.Rows)), big.MB, run.MS/1000)
-		return run.MS / 1000, nil
+		return nil
 	}
 	say("pipe before the move (%s -> %s, into app.kv_baseline)", src.ID, dst.ID)
-	p1, err := pipe(false)
-	if err != nil {
-		return fmt.Errorf("pipe: %w", err)
+	if err := pipe(false); err != nil {
+		return err
 	}
-	big.PipeS = append(big.PipeS, p1)
 
 	say("moving bucket %d %s -> %s (%d copy streams)", big.Bucket, src.ID, dst.ID, big.Streams)
 	if err := checkpoint(ctx, src, dst); err != nil {
@@ -171,16 +173,13 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	defer mv.Close()
 	rec, merr := mv.Move(ctx, big.Bucket, dst.ID, false)
 	if rec != nil {
-		big.MoveID, big.MoveState, big.RowsCopied = rec.ID, rec.State, rec.Stats.RowsCopied
-		big.CopyS, big.PauseMS = rec.Stats.CopyMS/1000, rec.Stats.PauseMS
-		big.VerifyOK = rec.Verify != nil && rec.Verify.OK && !rec.Verify.Inconclusive
 		row := b.moveRow(rec)
-		big.MoveTotalS = row.TotalMS / 1000
-		big.VerifyS = row.VerifyMS / 1000
+		sum.Moves = append(sum.Moves, row)
+		big.MoveID, big.MoveState, big.RowsCopied, big.VerifyOK = row.ID, row.State, row.Rows, row.VerifyOK
+		big.CopyS, big.PauseMS, big.MoveTotalS, big.VerifyS = row.CopyMS/1000, row.PauseMS, row.TotalMS/1000, row.VerifyMS/1000
 		if big.MoveTotalS > 0 {
 			big.VerifyShare = big.VerifyS / big.MoveTotalS
 		}
-		sum.Moves = append(sum.Moves, row)
 	}
 	if merr != nil {
 		return fmt.Errorf("the move: %w", merr)
@@ -200,16 +199,14 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	say("  hash %.2f s, JSON + md5 %.2f s", big.CheckHashS, big.CheckJSONS)
 
 	say("pipe after the move")
-	p2, err := pipe(false)
-	if err != nil {
-		return fmt.Errorf("pipe: %w", err)
+	if err := pipe(false); err != nil {
+		return err
 	}
-	big.PipeS = append(big.PipeS, p2)
-	if big.BatchedPipeS, err = pipe(true); err != nil {
-		return fmt.Errorf("pipe: %w", err)
+	if err := pipe(true); err != nil {
+		return err
 	}
 	dropBaseline(ctx, dst)
-	big.PipeMeanS = (p1 + p2) / 2
+	big.PipeMeanS = (big.PipeS[0] + big.PipeS[1]) / 2
 	if big.CopyS > 0 {
 		big.Ratio = big.PipeMeanS / big.CopyS
 		big.BatchedRatio = big.BatchedPipeS / big.CopyS

@@ -39,28 +39,6 @@ type loadRow struct {
 	idx uint32
 }
 
-type rowSource struct {
-	rows []loadRow
-	i    int
-	done *atomic.Int64
-}
-
-func (s *rowSource) Next() bool {
-	s.i++
-	if s.i <= len(s.rows) {
-		s.done.Add(1)
-		return true
-	}
-	return false
-}
-
-func (s *rowSource) Values() ([]any, error) {
-	r := s.rows[s.i-1]
-	return []any{r.key, benchkit.UserID(r.idx), int64(0)}, nil
-}
-
-func (s *rowSource) Err() error { return nil }
-
 // load fills every bucket with rowsPerBucket users "u%08d", COPYing each
 // node's rows in key order straight into it (bypassing the fence, as
 // replication and GC do). It returns the rows loaded and the first user
@@ -131,7 +109,11 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 		}
 	})
 	err = clustertest.EachNode(ctx, b.nodes[:startNodes], func(i int, _ bucketmap.Node, c *pgx.Conn) error {
-		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: perNode[i], done: &done})
+		rows := pgx.CopyFromSlice(len(perNode[i]), func(j int) ([]any, error) {
+			done.Add(1)
+			return []any{perNode[i][j].key, benchkit.UserID(perNode[i][j].idx), int64(0)}, nil
+		})
+		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, rows)
 		if err == nil && got != int64(len(perNode[i])) {
 			err = fmt.Errorf("copied %d rows of %d", got, len(perNode[i]))
 		}
