@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -16,12 +17,7 @@ import (
 // source to the same target, with a plain binary COPY pipe into a scratch
 // table with the same columns and primary key.
 func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, error) {
-	var done []MoveRow
-	for _, m := range moves {
-		if m.State == topo.MoveDone {
-			done = append(done, m)
-		}
-	}
+	done := slices.DeleteFunc(slices.Clone(moves), func(m MoveRow) bool { return m.State != topo.MoveDone })
 	if len(done) == 0 || *baselineN <= 0 {
 		return nil, nil
 	}

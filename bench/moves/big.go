@@ -125,11 +125,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	sum.LoadSeconds = big.LoadSeconds
 	say("  bucket %d: %s rows (%d with a TOASTed value) loaded in %.1f s", big.Bucket, human(float64(big.Rows)), big.Toasted, big.LoadSeconds)
 
-	m, err = b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(dst) })
-	if err != nil {
-		return fmt.Errorf("adding %s: %w", dst.ID, err)
-	}
-	if err := clustertest.SyncFence(ctx, dst, m); err != nil {
+	if _, err := b.addNode(ctx); err != nil {
 		return err
 	}
 

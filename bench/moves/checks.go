@@ -17,11 +17,19 @@ import (
 	"github.com/shardvisor/shardvisor/migrate"
 )
 
+// Check is the acknowledged writes' check at the end of the run.
+type Check struct {
+	UsersChecked   int      `json:"users_checked"`
+	Missing        int      `json:"missing_acknowledged_writes"`
+	MissingSamples []string `json:"missing_samples,omitempty"`
+	NewerThanAcked int      `json:"newer_than_acknowledged"`
+}
+
 // checkAcked looks up every user written with an acknowledgement on the
 // owner of its bucket in the final map; its value must be the last
 // acknowledged one (or that of a later write whose outcome the client did
 // not learn).
-func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Result, s *Summary) error {
+func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Result) (Check, error) {
 	type item struct {
 		uid string
 		key int64
@@ -32,9 +40,9 @@ func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Resu
 		o := m.Owner(keystream.BucketOf(p, m.Level))
 		by[o] = append(by[o], item{uid, keystream.Key(p)})
 	}
-	s.UsersChecked = len(w.Acked)
+	s := Check{UsersChecked: len(w.Acked)}
 	var mu sync.Mutex // the nodes are checked at once
-	return clustertest.EachNode(ctx, m.Nodes(), func(_ int, n bucketmap.Node, c *pgx.Conn) error {
+	err := clustertest.EachNode(ctx, m.Nodes(), func(_ int, n bucketmap.Node, c *pgx.Conn) error {
 		items := by[n.ID]
 		for i := 0; i < len(items); i += 5000 {
 			part := items[i:min(i+5000, len(items))]
@@ -75,6 +83,7 @@ func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Resu
 		}
 		return nil
 	})
+	return s, err
 }
 
 // leftovers lists the moves' replication objects still on the nodes.

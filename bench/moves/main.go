@@ -94,11 +94,8 @@ func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
 	out.Parse()
-	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 {
-		benchkit.Fatalf(2, "moves-bench", "--level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
-	}
-	if *bigRows < 0 || *bigToastEvery < 1 || *bigOthers < 1 {
-		benchkit.Fatalf(2, "moves-bench", "--big-rows >= 0, --big-toast-every and --big-others >= 1")
+	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 || *bigRows < 0 || *bigToastEvery < 1 || *bigOthers < 1 {
+		benchkit.Fatalf(2, "moves-bench", "--level 1..12; --rows-per-bucket, --writers, --concurrency, --big-toast-every and --big-others >= 1; --big-rows >= 0")
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
@@ -173,11 +170,8 @@ func run(ctx context.Context) (*Summary, error) {
 
 	// Add the fourth node and rebalance.
 	pg4 := b.nodes[startNodes]
-	m, err := b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(pg4) })
+	m, err := b.addNode(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("adding %s: %w", pg4.ID, err)
-	}
-	if err := clustertest.SyncFence(ctx, pg4, m); err != nil {
 		return nil, err
 	}
 	say("added %s (map version %d); rebalancing with concurrency %d", pg4.ID, m.Version, *concurrency)
@@ -274,7 +268,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.FinalCounts = final.Counts()
 	say("checking %d acknowledged users on their owners", len(w.Acked))
-	if err := b.checkAcked(cctx, final, w, sum); err != nil {
+	if sum.Check, err = b.checkAcked(cctx, final, w); err != nil {
 		return sum, err
 	}
 	sum.Leftovers = b.leftovers(cctx)

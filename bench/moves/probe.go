@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -115,25 +116,16 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 	return p
 }
 
+// slotRE matches a replication command on one of the moves' slots.
+var slotRE = regexp.MustCompile(`^(CREATE_REPLICATION_SLOT|START_REPLICATION)[^"]*"(sv_[^"]*)"`)
+
 // classify names what a replication connection is doing.
 func classify(q string) (kind, slot string) {
-	quoted := func() string {
-		if i := strings.IndexByte(q, '"'); i >= 0 {
-			if j := strings.IndexByte(q[i+1:], '"'); j >= 0 {
-				return q[i+1 : i+1+j]
-			}
-		}
-		return ""
-	}
-	switch {
-	case strings.HasPrefix(q, "CREATE_REPLICATION_SLOT"):
-		if s := quoted(); strings.HasPrefix(s, "sv_") {
-			return "slot", s
-		}
-	case strings.HasPrefix(q, "START_REPLICATION"):
-		if s := quoted(); strings.HasPrefix(s, "sv_") {
-			return "start", s
-		}
+	switch m := slotRE.FindStringSubmatch(q); {
+	case m != nil && m[1] == "CREATE_REPLICATION_SLOT":
+		return "slot", m[2]
+	case m != nil:
+		return "start", m[2]
 	case strings.HasPrefix(q, "COPY") && strings.Contains(q, "kv") && !strings.Contains(q, "move_marker"):
 		return "copy", ""
 	case q == "INGEST app.kv":

@@ -63,35 +63,37 @@ type BaselineRun struct {
 
 // Summary is everything the run found.
 type Summary struct {
-	Cores         int                      `json:"cores"`
-	Level         int                      `json:"level"`
-	Buckets       int                      `json:"buckets"`
-	RowsPerBucket int                      `json:"rows_per_bucket"`
-	RowsLoaded    int64                    `json:"rows_loaded"`
-	LoadSeconds   float64                  `json:"load_seconds"`
-	Writers       int                      `json:"writers"`
-	Rate          int                      `json:"rate"`
-	Concurrency   int                      `json:"concurrency"`
-	Database      string                   `json:"database"`
-	ZKRoot        string                   `json:"zk_root"`
-	Kept          bool                     `json:"kept"`
-	RebalanceSecs float64                  `json:"rebalance_seconds"`
-	Balanced      bool                     `json:"balanced"`
-	Restarts      int                      `json:"rebalancer_restarts"`
-	FinalCounts   map[bucketmap.NodeID]int `json:"final_bucket_counts"`
-	Moves         []MoveRow                `json:"moves"`
-	MovesDone     int                      `json:"moves_done"`
-	MovesAborted  int                      `json:"moves_aborted"`
-	VerifyOK      int                      `json:"verify_ok"`
-	RowsMoved     int64                    `json:"rows_moved"`
-	Baseline      []BaselineRun            `json:"baseline"`
+	Cores         int     `json:"cores"`
+	Level         int     `json:"level"`
+	Buckets       int     `json:"buckets"`
+	RowsPerBucket int     `json:"rows_per_bucket"`
+	RowsLoaded    int64   `json:"rows_loaded"`
+	LoadSeconds   float64 `json:"load_seconds"`
+	Writers       int     `json:"writers"`
+	Rate          int     `json:"rate"`
+	Concurrency   int     `json:"concurrency"`
+	Database      string  `json:"database"`
+	ZKRoot        string  `json:"zk_root"`
+	Kept          bool    `json:"kept"`
+	// The moves, their outcomes and the pause's goal.
+	RebalanceSecs  float64                  `json:"rebalance_seconds"`
+	Balanced       bool                     `json:"balanced"`
+	Restarts       int                      `json:"rebalancer_restarts"`
+	FinalCounts    map[bucketmap.NodeID]int `json:"final_bucket_counts"`
+	MovesDone      int                      `json:"moves_done"`
+	MovesAborted   int                      `json:"moves_aborted"`
+	VerifyOK       int                      `json:"verify_ok"`
+	RowsMoved      int64                    `json:"rows_moved"`
+	PauseTargetMet bool                     `json:"pause_target_met"`
+	Moves          []MoveRow                `json:"moves"`
+	// The copy against the baseline's plain COPY pipe.
+	CopyRatio float64       `json:"copy_ratio_mover_over_baseline"`
+	DataRatio float64       `json:"copy_data_ratio_over_baseline"`
+	Baseline  []BaselineRun `json:"baseline"`
 	// Rollbacks: moves made with a rollback window after the rebalance,
 	// each rolled back at once under the same load; their rollback moves'
 	// write pauses are rollback_pause_ms (issue 25's goal: p99 under 50 ms).
-	Rollbacks      []MoveRow `json:"rollbacks,omitempty"`
-	CopyRatio      float64   `json:"copy_ratio_mover_over_baseline"`
-	DataRatio      float64   `json:"copy_data_ratio_over_baseline"`
-	PauseTargetMet bool      `json:"pause_target_met"`
+	Rollbacks []MoveRow `json:"rollbacks,omitempty"`
 
 	WritesPerSecBefore float64 `json:"writes_per_s_before"`
 	WritesPerSecDuring float64 `json:"writes_per_s_during_moves"`
@@ -100,12 +102,9 @@ type Summary struct {
 	WritesGaveUp       int64   `json:"writes_gave_up"`
 	LastWriteError     string  `json:"last_write_error,omitempty"`
 
-	UsersChecked   int      `json:"users_checked"`
-	Missing        int      `json:"missing_acknowledged_writes"`
-	MissingSamples []string `json:"missing_samples,omitempty"`
-	NewerThanAcked int      `json:"newer_than_acknowledged"`
-	Leftovers      []string `json:"leftovers,omitempty"`
-	Error          string   `json:"error,omitempty"`
+	Check
+	Leftovers []string `json:"leftovers,omitempty"`
+	Error     string   `json:"error,omitempty"`
 
 	// Stats are the run's distributions (ms, or rows/s) by their JSON
 	// names written beside the fields above (MarshalJSON).

@@ -34,6 +34,19 @@ func (b *bench) setup(ctx context.Context) error {
 	return nil
 }
 
+// addNode adds the fourth node to the map and syncs its fence.
+func (b *bench) addNode(ctx context.Context) (*bucketmap.Map, error) {
+	n := b.nodes[startNodes]
+	m, err := b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(n) })
+	if err == nil {
+		err = clustertest.SyncFence(ctx, n, m)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("adding %s: %w", n.ID, err)
+	}
+	return m, nil
+}
+
 type loadRow struct {
 	key int64
 	idx uint32
@@ -53,13 +66,6 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 	total := nb * need
 	counts := make([]int, nb)
 	perNode := make([][]loadRow, startNodes)
-	owner := make([]int, nb)
-	for bk := range nb {
-		owner[bk] = m.OwnerIndex(uint32(bk))
-		if owner[bk] >= startNodes {
-			return 0, 0, fmt.Errorf("bucket %d owned by node index %d", bk, owner[bk])
-		}
-	}
 	for i := range perNode {
 		perNode[i] = make([]loadRow, 0, total/startNodes+need)
 	}
@@ -91,7 +97,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 			}
 			counts[bk]++
 			left--
-			o := owner[bk]
+			o := m.OwnerIndex(bk) // the map is at the load's level: slot = bucket
 			perNode[o] = append(perNode[o], loadRow{key: keystream.Key(prefixes[j]), idx: idx + uint32(j)})
 		}
 		idx += chunk
