@@ -75,10 +75,7 @@ func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, co
 		return run, 0, err
 	}
 	defer dst.Close(context.Background())
-	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
-		return run, 0, err
-	}
-	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
+	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS); TRUNCATE app.kv_baseline"); err != nil {
 		return run, 0, err
 	}
 	pr, pw := io.Pipe()

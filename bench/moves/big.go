@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -70,13 +71,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if err != nil {
 		return err
 	}
-	// The first bucket of pg1.
-	for bk := range uint32(m.Buckets()) {
-		if m.Owner(bk) == b.nodes[0].ID {
-			big.Bucket = bk
-			break
-		}
-	}
+	big.Bucket = uint32(max(slices.Index(m.OwnerIndexes(), 0), 0)) // pg1's first (slot = bucket at the map's level)
 	src, dst := b.nodes[0], b.nodes[startNodes]
 	big.From, big.To = string(src.ID), string(dst.ID)
 	lo, hi, err := keystream.Range(*load.Level, big.Bucket)
@@ -100,15 +95,13 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		return err
 	}
 	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
-		return err
-	}
-	// Keys spread evenly over the bucket's range, in random order.
+	// Keys spread evenly over the bucket's range, in random order; past
+	// the fence, as replication writes.
 	order := ""
 	if *bigSorted {
 		order = "ORDER BY 1"
 	}
-	if _, err := c.Exec(ctx, fmt.Sprintf(`INSERT INTO app.kv (bkey, uid, v, blob)
+	if _, err := c.Exec(ctx, fmt.Sprintf(`SET session_replication_role = replica; INSERT INTO app.kv (bkey, uid, v, blob)
 		SELECT %d + (random() * %d::numeric)::bigint, 'big' || i, i,
 			CASE WHEN i %% %d = 0 THEN (SELECT decode(string_agg(md5(i::text || '/' || j::text), ''), 'hex') FROM generate_series(1, 256) j) END
 		FROM generate_series(1, %d) i %s`, lo, uint64(hi)-uint64(lo), *bigToastEvery, *bigRows, order)); err != nil {

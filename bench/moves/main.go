@@ -1,43 +1,33 @@
-// Command moves-bench measures online bucket moves (issue 7). Run it with
-// bench/moves/run, which starts the local environment with four PostgreSQL
-// nodes first.
+// Command moves-bench measures online bucket moves (issue 7); run it with
+// bench/moves/run, which starts scripts/devenv with four PostgreSQL nodes.
 //
-// In one run, against the local ZooKeeper ensemble and PostgreSQL nodes of
-// scripts/devenv, each in a fresh database:
-//
-//  1. a cluster of three nodes with the sharded table app.kv, the fence
-//     installed, ROWS-PER-BUCKET rows loaded into every bucket (COPY
-//     straight into the owners, bypassing the fence);
-//  2. a constant write load: WRITERS goroutines, each with its own users,
-//     upserting (updates of loaded users, inserts of new ones) through
-//     router.Do, which retries across moves, and recording every
-//     acknowledged write;
-//  3. a fourth node added and the rebalancer run until balanced (level 7:
-//     32 moves of about ROWS-PER-BUCKET rows each);
-//  4. the copy baseline: for a few of the moved buckets, a plain
-//     COPY (SELECT ... range) TO STDOUT piped into COPY ... FROM STDIN
-//     between the same source and target, timed;
-//  5. every acknowledged write checked on its owner in the final map.
+// In fresh databases and a fresh ZooKeeper root it builds a cluster of
+// three nodes (app.kv, the fence installed, ROWS-PER-BUCKET rows COPYed
+// into every bucket's owner past the fence), puts a constant write load on
+// it (WRITERS goroutines upserting their own users through router.Do,
+// which retries across moves, every acknowledged write recorded), adds a
+// fourth node and rebalances (level 7: 32 moves), moves a few buckets back
+// and rolls those moves back (--rollbacks), copies a few moved ranges again
+// through a plain COPY (SELECT ... range) TO STDOUT | COPY FROM STDIN
+// between the same nodes (the baseline), and checks every acknowledged
+// write on its owner in the final map.
 //
 // It reports the write pause per move three ways: the mover's record
-// (source frozen to map flipped), the moving window as the router saw it
-// (its map says moving until its map says flipped: writes go on to the
-// source until its freeze), and as clients saw it (the longest write to the
-// bucket that began in that window, router.Do's retries included); the pause's steps from the move
-// record's step timestamps; the copy throughput against the baseline, with
-// the copy step split into its phases by watching the replication
-// connections; PostgreSQL and ZooKeeper round trips during the moves; the
-// write load; and the acknowledged writes missing at the end. An aborted
-// move (rolled back by the mover) is reported and the rebalancer run again.
+// (source frozen to map flipped), the router's view (its map says moving
+// until it says flipped: writes go on to the source until its freeze) and
+// the clients' (the longest write to the bucket begun in that window,
+// router.Do's retries included); the pause's steps from the record's step
+// timestamps; the copy throughput against the baseline, the copy step split
+// into phases by watching the replication connections; PostgreSQL and
+// ZooKeeper round trips during the moves; the write load; and the
+// acknowledged writes missing at the end. A move aborted (rolled back by
+// the mover) is reported and the rebalancer run again.
 //
-// With --big-rows N it measures one big bucket's copy instead (big.go): N
-// rows in one bucket, every 200th with a 4 KB TOASTed value, moved once,
-// and the same rows through a single binary COPY pipe between the same
-// nodes before and after the move, without write load.
+// With --big-rows N it measures one big bucket's copy instead (big.go).
 //
-// While it runs it holds the test environment's shared lock (as every
-// integration test does), so that a disruptive test (one that kills a
-// ZooKeeper server or stops a PostgreSQL node) waits for it, and it for them.
+// It holds the test environment's shared lock while it runs, so that a
+// disruptive test (one that kills a ZooKeeper server or stops a
+// PostgreSQL node) waits for it, and it for them.
 package main
 
 import (

@@ -142,8 +142,9 @@ func classify(q string) (kind, slot string) {
 // not seen (shorter than the probe interval).
 func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord, at map[string]time.Time) {
 	copyAt, catchupAt := at[topo.MoveCopy], at[topo.MoveCatchup]
-	row.SlotMS, row.LaunchMS, row.StartMS, row.DataMS, row.HandoverMS = -1, -1, -1, -1, -1
+	row.StartMS, row.DataMS, row.HandoverMS = -1, -1, -1
 	if copyAt.IsZero() || catchupAt.IsZero() {
+		row.SlotMS, row.LaunchMS = -1, -1
 		return
 	}
 	p.mu.Lock()
@@ -172,13 +173,13 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord, at map[string]tim
 			slotEnd = s.at
 		}
 	}
-	ms := func(a, z time.Time) float64 { return benchkit.MS(z.Sub(a)) }
-	if !slotEnd.IsZero() {
-		row.SlotMS = ms(copyAt, slotEnd)
+	ms := func(a, z time.Time) float64 {
+		if z.IsZero() {
+			return -1
+		}
+		return benchkit.MS(z.Sub(a))
 	}
-	if !start.IsZero() {
-		row.LaunchMS = ms(copyAt, start)
-	}
+	row.SlotMS, row.LaunchMS = ms(copyAt, slotEnd), ms(copyAt, start)
 	if !copyFirst.IsZero() {
 		// The COPYs ran from about their first sighting to their last,
 		// give or take a probe interval.

@@ -61,8 +61,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	nb := m.Buckets()
-	need := *rowsPerBucket
+	nb, need := m.Buckets(), *rowsPerBucket
 	total := nb * need
 	counts := make([]int, nb)
 	perNode := make([][]loadRow, startNodes)
@@ -81,13 +80,11 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 		var wg sync.WaitGroup
 		per := (chunk + procs - 1) / procs
 		for p := range procs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for j := p * per; j < min(chunk, (p+1)*per); j++ {
 					prefixes[j] = b.ks.Prefix64(benchkit.UserID(idx + uint32(j)))
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		for j := 0; j < chunk && left > 0; j++ {

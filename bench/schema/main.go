@@ -1,33 +1,25 @@
 // Command schema-bench measures online schema changes and schema diffs
-// (issue 27). Run it with bench/schema/run, which starts the local
-// environment with four PostgreSQL nodes first.
+// (issue 27); run it with bench/schema/run, which starts scripts/devenv
+// with four PostgreSQL nodes.
 //
-// In one run, against the local ZooKeeper ensemble and PostgreSQL nodes of
-// scripts/devenv, each in a fresh database and under a fresh ZooKeeper
-// root:
+// In fresh databases and a fresh ZooKeeper root it builds a cluster of four
+// nodes with app.kv and 20 more sharded tables app.t01..app.t20 (a few
+// columns, an index and a CHECK constraint each), the fence installed and
+// ROWS users COPYed into app.kv past it; then:
 //
-//  1. a cluster of four nodes with the sharded table app.kv and 20 more
-//     sharded tables app.t01..app.t20 (a few columns, an index and a CHECK
-//     constraint each), all declared in the cluster record, the fence
-//     installed on every node, ROWS users loaded into app.kv (COPY straight
-//     into the owners);
-//  2. ADD COLUMN under full write load: WRITERS goroutines upsert through
-//     router.Do as fast as they go, each write timed; after WARMUP, the
-//     change `ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT
-//     'none'` goes through schema.Apply; the load goes on for TAIL. The
-//     longest write during the change window is set against the longest
-//     write in a window of the same length just before it (same writers,
-//     same load, no change);
-//  3. the same with a long transaction: one connection holds a row lock on
-//     app.kv on one node (BEGIN; UPDATE one row; pg_sleep(HOLD); COMMIT)
-//     while a second change (ADD COLUMN note2) is applied: the change's
-//     lock request times out (lock_timeout) and is retried, and the other
-//     writes should stay short;
-//  4. schema.Diff over the 20 tables of the 4 nodes, RUNS times, against
+//  1. under a full write load (WRITERS upserting through router.Do as fast
+//     as they go, each write timed), after WARMUP, schema.Apply applies
+//     `ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT 'none'`
+//     and the load goes on for TAIL: the longest write in the change window
+//     is set against the longest in an equally long window just before it;
+//  2. the same (note2) while a long transaction on one node holds a row
+//     lock on app.kv (UPDATE one row; pg_sleep(HOLD)): the change's lock
+//     request times out (lock_timeout) and is retried;
+//  3. schema.Diff over the 20 tables of the 4 nodes, RUNS times, against
 //     one node's fence.ReadSchemas of the same tables.
 //
-// While it runs it holds the test environment's shared lock (as every
-// integration test does), so that a disruptive test waits for it.
+// It holds the test environment's shared lock while it runs, so that a
+// disruptive test waits for it.
 package main
 
 import (
@@ -61,7 +53,7 @@ var (
 	tail      = flag.Duration("tail", 2*time.Second, "write load after each change")
 	minWindow = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
 	hold      = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
-	holdNode  = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
+	holdNode  = flag.String("hold-node", "", "node of the long transaction (default: pg1, the first node, which is also the default canary)")
 	tablesN   = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
 	diffRuns  = flag.Int("diff-runs", 5, "schema.Diff runs")
 	verbose   = flag.Bool("v", false, "print schema.Apply's progress events")

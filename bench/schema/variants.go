@@ -135,12 +135,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	v.During = window(l, writes, applyStart, applyStart.Add(length))
 	blo := max(phase.Add(-length).Sub(l.Started), 500*time.Millisecond)
 	v.Baseline = window(l, writes, l.Started.Add(blo), phase)
-	for _, x := range writes {
-		v.Writes++
-		if !x.OK {
-			v.Failed++
-		}
-	}
+	v.Writes, v.Failed = len(writes), int(l.Failed.Load())
 	v.LoadSeconds = end.Sub(l.Started).Seconds()
 	v.WritesPerSec = float64(v.Writes) / v.LoadSeconds
 	if p := l.LastErr.Load(); p != nil {
@@ -151,29 +146,21 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	v.ColumnOn, err = b.columnOn(cctx, column)
-	v.GoalMet = applyErr == nil && v.Failed == 0 && v.During.LatencyMS.Max < waitGoalMS && v.ColumnOn == len(b.nodes)
-	if holdFor > 0 {
-		v.GoalMet = v.GoalMet && v.HoldError == ""
-	}
+	v.GoalMet = applyErr == nil && v.Failed == 0 && v.During.LatencyMS.Max < waitGoalMS && v.ColumnOn == len(b.nodes) && v.HoldError == ""
 	if err == nil {
 		err = applyErr
 	}
 	return v, err
 }
 
-// holdNode is --hold-node, or the node owning the most buckets, ties to
-// the lowest id (the default canary owns the fewest, ties to the lowest id
-// too: with a balanced map both are the first node).
+// holdNode is --hold-node, or the first node: the default canary (it owns
+// the fewest buckets, ties to the lowest id, and 2^level buckets on four
+// nodes are a tie).
 func (b *bench) holdNode(m *bucketmap.Map) bucketmap.Node {
-	if *holdNode != "" {
-		if n, ok := m.Node(bucketmap.NodeID(*holdNode)); ok {
-			return n
-		}
+	if n, ok := m.Node(bucketmap.NodeID(*holdNode)); ok {
+		return n
 	}
-	counts := m.Counts()
-	nodes := slices.Clone(b.nodes)
-	slices.SortStableFunc(nodes, func(x, y bucketmap.Node) int { return counts[y.ID] - counts[x.ID] })
-	return nodes[0]
+	return b.nodes[0]
 }
 
 // columnOn counts the nodes whose app.kv has the column.
