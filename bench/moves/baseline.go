@@ -21,18 +21,15 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 	if len(done) == 0 || *baselineN <= 0 {
 		return nil, nil
 	}
-	var pick []MoveRow
-	n := min(*baselineN, len(done))
-	for i := range n {
-		pick = append(pick, done[i*len(done)/n])
-	}
+	n := min(*baselineN, len(done)) // spread over the moves done
 	node := map[string]bucketmap.Node{}
 	for _, n := range b.nodes {
 		node[string(n.ID)] = n
 	}
-	say("copy baseline: plain COPY of %d moved buckets' ranges, source -> target, into app.kv_baseline", len(pick))
+	say("copy baseline: plain COPY of %d moved buckets' ranges, source -> target, into app.kv_baseline", n)
 	var runs []BaselineRun
-	for _, mv := range pick {
+	for i := range n {
+		mv := done[i*len(done)/n]
 		lo, hi, err := keystream.Range(*load.Level, mv.Bucket)
 		if err != nil {
 			return runs, err
@@ -46,7 +43,7 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 			run.Bucket, run.From, run.To, run.Rows, run.MS, human(run.RowsPS), mv.Rows, mv.CopyMS, human(mv.RowsPS))
 		runs = append(runs, run)
 	}
-	dropBaseline(ctx, node[pick[0].To])
+	dropBaseline(ctx, node[done[0].To])
 	return runs, nil
 }
 

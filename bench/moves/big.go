@@ -206,8 +206,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 
 func reportBig(s *Summary) {
 	g := s.Big
-	say("")
-	say("big-bucket move benchmark (issue 23): bucket %d, %s -> %s, %d cores", g.Bucket, g.From, g.To, s.Cores)
+	say("\nbig-bucket move benchmark (issue 23): bucket %d, %s -> %s, %d cores", g.Bucket, g.From, g.To, s.Cores)
 	say("  rows:   %d in the bucket (%d with a 4 KB TOASTed value), %.0f MB as binary COPY; %s rows in the source's other buckets", g.Rows, g.Toasted, g.MB, human(float64(s.RowsLoaded-int64(g.Rows))))
 	say("  move:   %s, %d rows copied with %d streams, verified: %v, write pause %.1f ms, %.1f s in all", g.MoveState, g.RowsCopied, g.Streams, g.VerifyOK, g.PauseMS, g.MoveTotalS)
 	pipes := make([]string, len(g.PipeS))

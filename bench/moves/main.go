@@ -31,6 +31,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -101,7 +102,6 @@ type bench struct {
 	st    *bucketmap.Store
 	ks    *keystream.Keystream
 	nodes []bucketmap.Node // all four; the first three start the cluster
-	db    string
 	root  string
 	r     *router.Router
 	trk   *tracker
@@ -111,15 +111,14 @@ type bench struct {
 
 func run(ctx context.Context) (*Summary, error) {
 	b := &bench{start: time.Now()}
-	now := time.Now().Unix()
-	b.db = fmt.Sprintf("svbench_%d", now)
-	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", now)
+	db := fmt.Sprintf("svbench_%d", b.start.Unix())
+	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", b.start.Unix())
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *load.Level, Buckets: 1 << *load.Level, RowsPerBucket: *rowsPerBucket,
-		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep, Stats: map[string]benchkit.Stat{}}
+		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: db, ZKRoot: b.root, Kept: *devf.Keep, Stats: map[string]benchkit.Stat{}}
 
-	say("creating database %s on %d nodes", b.db, startNodes+1)
+	say("creating database %s on %d nodes", db, startNodes+1)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: startNodes + 1, DB: b.db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
+		Nodes: startNodes + 1, DB: db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}
@@ -142,8 +141,7 @@ func run(ctx context.Context) (*Summary, error) {
 
 	// The router, registered as a member so that every move waits for it.
 	b.trk = &tracker{since: map[bucketmap.Bucket]time.Time{}}
-	b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) })
-	if err != nil {
+	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) }); err != nil {
 		return nil, err
 	}
 	defer b.r.Close()
@@ -185,8 +183,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}})
 	rb := migrate.NewRebalancer(mv, bucketmap.Policy{Concurrency: *concurrency})
 	rb.Progress = func(prog migrate.Progress) {
-		msg := prog.Message
-		if *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
+		if msg := prog.Message; *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
 			say("  rebalancer: %s", msg)
 		}
 	}
@@ -263,10 +260,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.Leftovers = b.leftovers(cctx)
 	b.summarize(sum)
-	if rbErr == nil && ctx.Err() != nil {
-		rbErr = ctx.Err()
-	}
-	return sum, rbErr
+	return sum, cmp.Or(rbErr, ctx.Err())
 }
 
 // rollbackRuns moves up to --rollbacks of the new node's buckets back to
@@ -296,8 +290,7 @@ func (b *bench) rollbackRuns(ctx context.Context, sum *Summary, to bucketmap.Nod
 		if err != nil {
 			return err
 		}
-		r := b.moveRow(rb)
-		sum.Rollbacks = append(sum.Rollbacks, r)
+		sum.Rollbacks = append(sum.Rollbacks, b.moveRow(rb))
 		pauses = append(pauses, rb.Stats.PauseMS)
 		say("  rollback %d: bucket %3d %s -> %s moved (pause %.1f ms), rolled back %s -> %s: pause %.1f ms",
 			len(pauses), row.Bucket, rec.Source, rec.Target, rec.Stats.PauseMS, rb.Source, rb.Target, rb.Stats.PauseMS)

@@ -50,17 +50,10 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 	for _, n := range b.nodes {
 		p.Go(func() {
 			var c *pgx.Conn
-			defer func() {
-				if c != nil {
-					c.Close(context.Background())
-				}
-			}()
 			for pace := benchkit.NewPacer(probeEvery); pace.Wait(p.C); {
 				if c == nil || c.IsClosed() {
-					var err error
-					if c, err = dbnode.Connect(ctx, n); err != nil {
-						c = nil
-						continue
+					if c, _ = dbnode.Connect(ctx, n); c == nil {
+						continue // nil with an error: try again at the next tick
 					}
 				}
 				start := time.Now()
@@ -72,8 +65,7 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 						AND (backend_type = 'walsender' OR query LIKE 'COPY (SELECT % FROM "app"."kv" %')
 					UNION ALL SELECT 'INGEST ' || relid::regclass::text FROM pg_stat_progress_copy WHERE datname = current_database() AND command = 'COPY FROM'`)
 				if err != nil {
-					c.Close(context.Background())
-					c = nil
+					c.Close(context.Background()) // reconnects at the next tick
 					continue
 				}
 				qs, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -88,6 +80,9 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 					}
 				}
 				p.mu.Unlock()
+			}
+			if c != nil {
+				c.Close(context.Background())
 			}
 		})
 	}

@@ -46,9 +46,8 @@ type MoveRow struct {
 	DataRowsPS float64 `json:"copy_data_rows_per_s"`
 	HandoverMS float64 `json:"copy_handover_ms"`
 	Error      string  `json:"error,omitempty"`
-	startedAt  time.Time
-	fenceAt    time.Time
-	teardownAt time.Time
+	// When the move began, and its fence and teardown steps.
+	startedAt, fenceAt, teardownAt time.Time
 }
 
 // BaselineRun is one plain COPY of a moved bucket's range.
@@ -169,8 +168,7 @@ func report(s *Summary) {
 		return
 	}
 	ms := func(k string) string { return s.Stats[k].MS() }
-	say("")
-	say("move benchmark (issue 7): %d -> %d PostgreSQL nodes, level %d (%d buckets), %d rows/bucket (%s rows loaded in %.0f s), %d writers%s, concurrency %d, %d cores",
+	say("\nmove benchmark (issue 7): %d -> %d PostgreSQL nodes, level %d (%d buckets), %d rows/bucket (%s rows loaded in %.0f s), %d writers%s, concurrency %d, %d cores",
 		startNodes, startNodes+1, s.Level, s.Buckets, s.RowsPerBucket, human(float64(s.RowsLoaded)), s.LoadSeconds, s.Writers,
 		map[bool]string{true: fmt.Sprintf(" at %d writes/s", s.Rate), false: " (closed loop)"}[s.Rate > 0], s.Concurrency, s.Cores)
 	say("  moves:            %d done, %d aborted, verified %d/%d; %s rows moved; rebalance %.1f s (balanced: %v, buckets now %v)",

@@ -109,24 +109,22 @@ type bench struct {
 	st     *bucketmap.Store
 	ks     *keystream.Keystream
 	nodes  []bucketmap.Node
-	db     string
 	root   string
 	r      *router.Router
 	tables []topo.TableRecord // app.t01..
-	users  int                // loaded users u00000000..
 }
 
 func run(ctx context.Context) (*Summary, error) {
 	b := &bench{}
 	tag := fmt.Sprintf("%d_%s", time.Now().Unix(), benchkit.IdempotencyKey()[:6]) // 3 random bytes
-	b.db = "svbench_schema_" + tag
+	db := "svbench_schema_" + tag
 	b.root = "/shardvisor-bench/schema-" + strings.ReplaceAll(tag, "_", "-")
 	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *load.Level, Buckets: 1 << *load.Level, Nodes: nodesN,
-		Writers: *load.Writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+		Writers: *load.Writers, Database: db, ZKRoot: b.root, Kept: *devf.Keep}
 
-	say("creating database %s on %d nodes", b.db, nodesN)
+	say("creating database %s on %d nodes", db, nodesN)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: nodesN, DB: b.db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
+		Nodes: nodesN, DB: db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}
@@ -139,11 +137,9 @@ func run(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	sum.BucketCount = m.Counts()
-	n, err := b.load(ctx, m)
-	if err != nil {
+	if sum.RowsLoaded, err = b.load(ctx, m); err != nil {
 		return nil, err
 	}
-	sum.RowsLoaded = n
 
 	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "schema-bench", *load.Writers, nil); err != nil {
 		return nil, err
@@ -172,23 +168,17 @@ func run(ctx context.Context) (*Summary, error) {
 	for _, v := range sum.Variants {
 		sum.GoalsMet = sum.GoalsMet && v.GoalMet
 	}
-	if err := ctx.Err(); err != nil {
-		errs = append(errs, err)
-	}
-	return sum, errors.Join(errs...)
+	return sum, errors.Join(append(errs, ctx.Err())...) // Join drops a nil
 }
 
 func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
-	tables := []topo.TableRecord{clustertest.KV}
 	ddl := []string{clustertest.KVDDL}
 	for i := 1; i <= *tablesN; i++ {
-		t := topo.TableRecord{Name: fmt.Sprintf("app.t%02d", i), KeyColumn: "bkey"}
-		tables = append(tables, t)
-		b.tables = append(b.tables, t)
+		b.tables = append(b.tables, topo.TableRecord{Name: fmt.Sprintf("app.t%02d", i), KeyColumn: "bkey"})
 		ddl = append(ddl, tableDDL(i))
 	}
 	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
-		Nodes: b.nodes, Tables: tables, DDL: ddl, Parallel: true})
+		Nodes: b.nodes, Tables: append([]topo.TableRecord{clustertest.KV}, b.tables...), DDL: ddl, Parallel: true})
 	if err != nil {
 		return nil, err
 	}
@@ -203,17 +193,12 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	start := time.Now()
 	per := make([][][]any, len(b.nodes))
-	idx := map[bucketmap.NodeID]int{}
-	for i, n := range b.nodes {
-		idx[n.ID] = i
-	}
 	for i := range *rowsN {
 		uid := benchkit.UserID(uint32(i))
 		p := b.ks.Prefix64(uid)
-		o := idx[m.Owner(keystream.BucketOf(p, m.Level))]
+		o := m.OwnerIndex(keystream.BucketOf(p, m.Level)) // b.nodes' order; slot = bucket at the map's level
 		per[o] = append(per[o], []any{keystream.Key(p), uid, int64(0)})
 	}
-	b.users = *rowsN
 	var total atomic.Int64
 	if err := clustertest.EachNode(ctx, b.nodes, func(i int, _ bucketmap.Node, c *pgx.Conn) error {
 		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, pgx.CopyFromRows(per[i]))

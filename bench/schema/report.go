@@ -90,12 +90,10 @@ type Summary struct {
 }
 
 func report(s *Summary) {
-	say("")
-	say("schema benchmark (issue 27): %d PostgreSQL nodes, level %d (%d buckets: %v), %d rows in app.kv, %d writers (closed loop), %d cores, load average %s",
+	say("\nschema benchmark (issue 27): %d PostgreSQL nodes, level %d (%d buckets: %v), %d rows in app.kv, %d writers (closed loop), %d cores, load average %s",
 		s.Nodes, s.Level, s.Buckets, s.BucketCount, s.RowsLoaded, s.Writers, s.Cores, s.LoadAvg)
 	for _, v := range s.Variants {
-		say("")
-		say("  %s: %s", v.Name, strings.TrimSpace(v.SQL))
+		say("\n  %s: %s", v.Name, strings.TrimSpace(v.SQL))
 		if v.HoldNode != "" {
 			say("    long transaction on %s: row lock held %.0f ms (BEGIN; UPDATE one row; pg_sleep; COMMIT)%s", v.HoldNode, v.HoldMS, optErr(v.HoldError))
 		}
@@ -118,15 +116,13 @@ func report(s *Summary) {
 			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, benchkit.RatioX(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max), waitGoalMS, benchkit.Verdict(v.GoalMet))
 	}
 	if d := s.Diff; d != nil {
-		say("")
-		say("  schema diff: %d sharded tables on %d nodes, %d runs of schema.Diff (connect + read every node at once + compare)", d.Tables, d.Nodes, len(d.Runs))
+		say("\n  schema diff: %d sharded tables on %d nodes, %d runs of schema.Diff (connect + read every node at once + compare)", d.Tables, d.Nodes, len(d.Runs))
 		say("    schema.Diff:       min %7.1f  median %7.1f  max %7.1f ms   (its own elapsed_ms: median %.1f)   goal < %.0f ms: %s",
 			d.MinMS, d.MS.P50, d.MS.Max, d.ElapsedMS.P50, diffGoalMS, benchkit.Verdict(d.GoalMet))
 		say("    one node:          connect + fence.ReadSchemas median %7.1f ms (min %.1f); ReadSchemas alone median %.1f ms", d.OneNodeMS.P50, d.OneNodeMinMS, d.OneNodeRead.P50)
 		say("    ratio diff / one node (medians): %s; differences found %d, unreachable %d", benchkit.RatioX(d.MS.P50, d.OneNodeMS.P50), d.Differences, d.Unreachable)
 	}
-	say("")
-	say("  goals: %s", benchkit.Verdict(s.GoalsMet))
+	say("\n  goals: %s", benchkit.Verdict(s.GoalsMet))
 	if s.Kept {
 		say("  kept: database %s on every node, ZooKeeper %s", s.Database, s.ZKRoot)
 	}

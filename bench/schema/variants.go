@@ -29,8 +29,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 		return v, err
 	}
 	v.ChangeID = ch.ID
-	say("")
-	say("%s: %d writers, warming up %s", name, *load.Writers, *warmup)
+	say("\n%s: %d writers, warming up %s", name, *load.Writers, *warmup)
 
 	// The long transaction's node and row (a user owned by that node that
 	// no writer touches).
@@ -61,7 +60,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	// this load.
 	run := time.Now().UnixNano()
 	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
-		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
+		Users: *rowsN, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
 	defer l.Stop() // Stop is idempotent: it also stops before the windows
 	if err := benchkit.Sleep(ctx, *warmup); err != nil {
 		return v, err
@@ -179,8 +178,7 @@ func (b *bench) columnOn(ctx context.Context, column string) (int, error) {
 
 func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 	d := &DiffRun{Tables: len(b.tables), Nodes: len(b.nodes)}
-	say("")
-	say("schema diff: %d runs over %d tables on %d nodes", *diffRuns, len(b.tables), len(b.nodes))
+	say("\nschema diff: %d runs over %d tables on %d nodes", *diffRuns, len(b.tables), len(b.nodes))
 	var own []float64
 	for i := range *diffRuns {
 		start := time.Now()
