@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sync/atomic"
+	"slices"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -17,36 +17,24 @@ import (
 // source to the same target, with a plain binary COPY pipe into a scratch
 // table with the same columns and primary key.
 func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, error) {
-	var done []MoveRow
-	for _, m := range moves {
-		if m.State == topo.MoveDone {
-			done = append(done, m)
-		}
-	}
+	done := slices.DeleteFunc(slices.Clone(moves), func(m MoveRow) bool { return m.State != topo.MoveDone })
 	if len(done) == 0 || *baselineN <= 0 {
 		return nil, nil
 	}
-	var pick []MoveRow
-	n := min(*baselineN, len(done))
-	for i := range n {
-		pick = append(pick, done[i*len(done)/n])
+	n := min(*baselineN, len(done)) // spread over the moves done
+	node := map[string]bucketmap.Node{}
+	for _, n := range b.nodes {
+		node[string(n.ID)] = n
 	}
-	node := func(id string) bucketmap.Node {
-		for _, n := range b.nodes {
-			if string(n.ID) == id {
-				return n
-			}
-		}
-		return bucketmap.Node{}
-	}
-	say("copy baseline: plain COPY of %d moved buckets' ranges, source -> target, into app.kv_baseline", len(pick))
+	say("copy baseline: plain COPY of %d moved buckets' ranges, source -> target, into app.kv_baseline", n)
 	var runs []BaselineRun
-	for _, mv := range pick {
+	for i := range n {
+		mv := done[i*len(done)/n]
 		lo, hi, err := keystream.Range(*load.Level, mv.Bucket)
 		if err != nil {
 			return runs, err
 		}
-		run, _, err := copyPipeCols(ctx, node(mv.From), node(mv.To), lo, hi, "bkey, uid, v", false)
+		run, _, err := copyPipeCols(ctx, node[mv.From], node[mv.To], lo, hi, "bkey, uid, v", false)
 		if err != nil {
 			return runs, err
 		}
@@ -55,11 +43,16 @@ func (b *bench) baseline(ctx context.Context, moves []MoveRow) ([]BaselineRun, e
 			run.Bucket, run.From, run.To, run.Rows, run.MS, human(run.RowsPS), mv.Rows, mv.CopyMS, human(mv.RowsPS))
 		runs = append(runs, run)
 	}
-	if c, err := dbnode.Connect(ctx, node(pick[0].To)); err == nil {
+	dropBaseline(ctx, node[done[0].To])
+	return runs, nil
+}
+
+// dropBaseline drops the pipe's table from node n, as best it can.
+func dropBaseline(ctx context.Context, n bucketmap.Node) {
+	if c, err := dbnode.Connect(ctx, n); err == nil {
 		_, _ = c.Exec(ctx, "DROP TABLE IF EXISTS app.kv_baseline")
 		c.Close(context.Background())
 	}
-	return runs, nil
 }
 
 // copyPipeCols copies cols of the range from node from into
@@ -79,26 +72,17 @@ func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, co
 		return run, 0, err
 	}
 	defer dst.Close(context.Background())
-	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS)"); err != nil {
+	if _, err := dst.Exec(ctx, "CREATE TABLE IF NOT EXISTS app.kv_baseline (LIKE app.kv INCLUDING ALL EXCLUDING CONSTRAINTS); TRUNCATE app.kv_baseline"); err != nil {
 		return run, 0, err
 	}
-	if _, err := dst.Exec(ctx, "TRUNCATE app.kv_baseline"); err != nil {
-		return run, 0, err
-	}
-	var bytes atomic.Int64
 	pr, pw := io.Pipe()
-	var w io.Writer = counter{pw, &bytes}
-	var bw *batcher
-	if batched {
-		bw = &batcher{w: w}
-		w = bw
-	}
+	w := &meter{w: pw, batched: batched}
 	errc := make(chan error, 1)
 	start := time.Now()
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
-		if err == nil && bw != nil {
-			err = bw.flush()
+		if err == nil {
+			err = w.flush()
 		}
 		pw.CloseWithError(err)
 		errc <- err
@@ -114,40 +98,37 @@ func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, co
 	el := time.Since(start)
 	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
 	run.RowsPS = float64(run.Rows) / el.Seconds()
-	return run, bytes.Load(), nil
+	return run, w.n, nil // w's writer is done: errc said so
 }
 
-type counter struct {
-	w io.Writer
-	n *atomic.Int64
+// meter counts the bytes written through it and passes them on: at once,
+// or batched in 64 KB.
+type meter struct {
+	w       io.Writer
+	n       int64
+	batched bool
+	buf     []byte
 }
 
-func (c counter) Write(b []byte) (int, error) {
-	c.n.Add(int64(len(b)))
-	return c.w.Write(b)
-}
-
-// batcher gathers writes into 64 KB before passing them on.
-type batcher struct {
-	w   io.Writer
-	buf []byte
-}
-
-func (b *batcher) Write(p []byte) (int, error) {
-	b.buf = append(b.buf, p...)
-	if len(b.buf) >= 64<<10 {
-		if err := b.flush(); err != nil {
+func (m *meter) Write(p []byte) (int, error) {
+	m.n += int64(len(p))
+	if !m.batched {
+		return m.w.Write(p)
+	}
+	m.buf = append(m.buf, p...)
+	if len(m.buf) >= 64<<10 {
+		if err := m.flush(); err != nil {
 			return 0, err
 		}
 	}
 	return len(p), nil
 }
 
-func (b *batcher) flush() error {
-	if len(b.buf) == 0 {
+func (m *meter) flush() error {
+	if len(m.buf) == 0 {
 		return nil
 	}
-	_, err := b.w.Write(b.buf)
-	b.buf = b.buf[:0]
+	_, err := m.w.Write(m.buf)
+	m.buf = m.buf[:0]
 	return err
 }

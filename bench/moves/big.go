@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -63,20 +64,14 @@ type BigRun struct {
 func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	big := &BigRun{Streams: migrate.DefaultCopyStreams}
 	sum.Big = big
-	if n, err := migrateStreams(); err == nil && n > 0 {
+	if n, err := strconv.Atoi(os.Getenv(migrate.CopyStreamsEnv)); err == nil && n > 0 {
 		big.Streams = n
 	}
 	m, _, err := b.st.Load(ctx)
 	if err != nil {
 		return err
 	}
-	// The first bucket of pg1.
-	for bk := range uint32(m.Buckets()) {
-		if m.Owner(bk) == b.nodes[0].ID {
-			big.Bucket = bk
-			break
-		}
-	}
+	big.Bucket = uint32(max(slices.Index(m.OwnerIndexes(), 0), 0)) // pg1's first (slot = bucket at the map's level)
 	src, dst := b.nodes[0], b.nodes[startNodes]
 	big.From, big.To = string(src.ID), string(dst.ID)
 	lo, hi, err := keystream.Range(*load.Level, big.Bucket)
@@ -100,15 +95,13 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		return err
 	}
 	defer c.Close(context.Background())
-	if _, err := c.Exec(ctx, "SET session_replication_role = replica"); err != nil {
-		return err
-	}
-	// Keys spread evenly over the bucket's range, in random order.
+	// Keys spread evenly over the bucket's range, in random order; past
+	// the fence, as replication writes.
 	order := ""
 	if *bigSorted {
 		order = "ORDER BY 1"
 	}
-	if _, err := c.Exec(ctx, fmt.Sprintf(`INSERT INTO app.kv (bkey, uid, v, blob)
+	if _, err := c.Exec(ctx, fmt.Sprintf(`SET session_replication_role = replica; INSERT INTO app.kv (bkey, uid, v, blob)
 		SELECT %d + (random() * %d::numeric)::bigint, 'big' || i, i,
 			CASE WHEN i %% %d = 0 THEN (SELECT decode(string_agg(md5(i::text || '/' || j::text), ''), 'hex') FROM generate_series(1, 256) j) END
 		FROM generate_series(1, %d) i %s`, lo, uint64(hi)-uint64(lo), *bigToastEvery, *bigRows, order)); err != nil {
@@ -125,39 +118,37 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	sum.LoadSeconds = big.LoadSeconds
 	say("  bucket %d: %s rows (%d with a TOASTed value) loaded in %.1f s", big.Bucket, human(float64(big.Rows)), big.Toasted, big.LoadSeconds)
 
-	m, err = b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(dst) })
-	if err != nil {
-		return fmt.Errorf("adding %s: %w", dst.ID, err)
-	}
-	if err := clustertest.SyncFence(ctx, dst, m); err != nil {
+	if _, err := b.addNode(ctx); err != nil {
 		return err
 	}
 
-	pipe := func(batched bool) (float64, error) {
+	// pipe times the pipe into PipeS, or BatchedPipeS.
+	pipe := func(batched bool) error {
 		if err := checkpoint(ctx, src, dst); err != nil {
-			return 0, err
+			return fmt.Errorf("pipe: %w", err)
 		}
 		run, bytes, err := copyPipeCols(ctx, src, dst, lo, hi, "bkey, uid, v, blob", batched)
-		if err != nil {
-			return 0, err
+		if err == nil && run.Rows != big.Rows {
+			err = fmt.Errorf("the pipe copied %d rows of %d", run.Rows, big.Rows)
 		}
-		if run.Rows != big.Rows {
-			return 0, fmt.Errorf("the pipe copied %d rows of %d", run.Rows, big.Rows)
+		if err != nil {
+			return fmt.Errorf("pipe: %w", err)
 		}
 		big.MB = float64(bytes) / 1e6
 		what := "single binary COPY pipe"
 		if batched {
 			what += ", 64 KB batches"
+			big.BatchedPipeS = run.MS / 1000
+		} else {
+			big.PipeS = append(big.PipeS, run.MS/1000)
 		}
 		say("  %s: %s rows, %.0f MB in %.2f s", what, human(float64(run.Rows)), big.MB, run.MS/1000)
-		return run.MS / 1000, nil
+		return nil
 	}
 	say("pipe before the move (%s -> %s, into app.kv_baseline)", src.ID, dst.ID)
-	p1, err := pipe(false)
-	if err != nil {
-		return fmt.Errorf("pipe: %w", err)
+	if err := pipe(false); err != nil {
+		return err
 	}
-	big.PipeS = append(big.PipeS, p1)
 
 	say("moving bucket %d %s -> %s (%d copy streams)", big.Bucket, src.ID, dst.ID, big.Streams)
 	if err := checkpoint(ctx, src, dst); err != nil {
@@ -171,16 +162,13 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	defer mv.Close()
 	rec, merr := mv.Move(ctx, big.Bucket, dst.ID, false)
 	if rec != nil {
-		big.MoveID, big.MoveState, big.RowsCopied = rec.ID, rec.State, rec.Stats.RowsCopied
-		big.CopyS, big.PauseMS = rec.Stats.CopyMS/1000, rec.Stats.PauseMS
-		big.VerifyOK = rec.Verify != nil && rec.Verify.OK && !rec.Verify.Inconclusive
 		row := b.moveRow(rec)
-		big.MoveTotalS = row.TotalMS / 1000
-		big.VerifyS = row.VerifyMS / 1000
+		sum.Moves = append(sum.Moves, row)
+		big.MoveID, big.MoveState, big.RowsCopied, big.VerifyOK = row.ID, row.State, row.Rows, row.VerifyOK
+		big.CopyS, big.PauseMS, big.MoveTotalS, big.VerifyS = row.CopyMS/1000, row.PauseMS, row.TotalMS/1000, row.VerifyMS/1000
 		if big.MoveTotalS > 0 {
 			big.VerifyShare = big.VerifyS / big.MoveTotalS
 		}
-		sum.Moves = append(sum.Moves, row)
 	}
 	if merr != nil {
 		return fmt.Errorf("the move: %w", merr)
@@ -200,19 +188,14 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	say("  hash %.2f s, JSON + md5 %.2f s", big.CheckHashS, big.CheckJSONS)
 
 	say("pipe after the move")
-	p2, err := pipe(false)
-	if err != nil {
-		return fmt.Errorf("pipe: %w", err)
+	if err := pipe(false); err != nil {
+		return err
 	}
-	big.PipeS = append(big.PipeS, p2)
-	if big.BatchedPipeS, err = pipe(true); err != nil {
-		return fmt.Errorf("pipe: %w", err)
+	if err := pipe(true); err != nil {
+		return err
 	}
-	if d, err := dbnode.Connect(ctx, dst); err == nil {
-		_, _ = d.Exec(ctx, "DROP TABLE IF EXISTS app.kv_baseline")
-		d.Close(context.Background())
-	}
-	big.PipeMeanS = (p1 + p2) / 2
+	dropBaseline(ctx, dst)
+	big.PipeMeanS = (big.PipeS[0] + big.PipeS[1]) / 2
 	if big.CopyS > 0 {
 		big.Ratio = big.PipeMeanS / big.CopyS
 		big.BatchedRatio = big.BatchedPipeS / big.CopyS
@@ -223,18 +206,14 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 
 func reportBig(s *Summary) {
 	g := s.Big
-	say("")
-	say("big-bucket move benchmark (issue 23): bucket %d, %s -> %s, %d cores", g.Bucket, g.From, g.To, s.Cores)
+	say("\nbig-bucket move benchmark (issue 23): bucket %d, %s -> %s, %d cores", g.Bucket, g.From, g.To, s.Cores)
 	say("  rows:   %d in the bucket (%d with a 4 KB TOASTed value), %.0f MB as binary COPY; %s rows in the source's other buckets", g.Rows, g.Toasted, g.MB, human(float64(s.RowsLoaded-int64(g.Rows))))
 	say("  move:   %s, %d rows copied with %d streams, verified: %v, write pause %.1f ms, %.1f s in all", g.MoveState, g.RowsCopied, g.Streams, g.VerifyOK, g.PauseMS, g.MoveTotalS)
-	pipes := ""
+	pipes := make([]string, len(g.PipeS))
 	for i, p := range g.PipeS {
-		if i > 0 {
-			pipes += ", "
-		}
-		pipes += fmt.Sprintf("%.2f s", p)
+		pipes[i] = fmt.Sprintf("%.2f s", p)
 	}
-	say("  pipe:   single binary COPY (SELECT ... range) TO STDOUT | COPY ... FROM STDIN, before and after the move: %s", pipes)
+	say("  pipe:   single binary COPY (SELECT ... range) TO STDOUT | COPY ... FROM STDIN, before and after the move: %s", strings.Join(pipes, ", "))
 	say("  copy %.2f s vs pipe %.2f s: %.2f×", g.CopyS, g.PipeMeanS, g.Ratio)
 	say("  verification %.2f s of the move's %.2f s: %.0f%% (issue 25's goal: at most 25%%)", g.VerifyS, g.MoveTotalS, 100*g.VerifyShare)
 	say("  the check alone, both nodes at once: JSON + md5 %.2f s vs the row hash moves use %.2f s: %.2f×", g.CheckJSONS, g.CheckHashS, g.CheckRatio)
@@ -242,27 +221,15 @@ func reportBig(s *Summary) {
 	reportEnd(s)
 }
 
-// migrateStreams is the copy's stream count as the mover will read it
-// from its environment.
-func migrateStreams() (int, error) {
-	return strconv.Atoi(os.Getenv(migrate.CopyStreamsEnv))
-}
-
 // checkpoint runs CHECKPOINT on both nodes, so that a timed copy does not
 // pay for the previous one's dirty pages.
 func checkpoint(ctx context.Context, nodes ...bucketmap.Node) error {
-	for _, n := range nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return err
+	return clustertest.EachNode(ctx, nodes, func(_ int, _ bucketmap.Node, c *pgx.Conn) error {
+		if _, err := c.Exec(ctx, "CHECKPOINT"); err != nil {
+			return fmt.Errorf("checkpoint: %w", err)
 		}
-		_, err = c.Exec(ctx, "CHECKPOINT")
-		c.Close(context.Background())
-		if err != nil {
-			return fmt.Errorf("%s: checkpoint: %w", n.ID, err)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // checkBoth counts and sums the range on both nodes at once with a row

@@ -5,19 +5,31 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 )
+
+// Check is the acknowledged writes' check at the end of the run.
+type Check struct {
+	UsersChecked   int      `json:"users_checked"`
+	Missing        int      `json:"missing_acknowledged_writes"`
+	MissingSamples []string `json:"missing_samples,omitempty"`
+	NewerThanAcked int      `json:"newer_than_acknowledged"`
+}
 
 // checkAcked looks up every user written with an acknowledgement on the
 // owner of its bucket in the final map; its value must be the last
 // acknowledged one (or that of a later write whose outcome the client did
 // not learn).
-func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Result, s *Summary) error {
+func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Result) (Check, error) {
 	type item struct {
 		uid string
 		key int64
@@ -28,16 +40,10 @@ func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Resu
 		o := m.Owner(keystream.BucketOf(p, m.Level))
 		by[o] = append(by[o], item{uid, keystream.Key(p)})
 	}
-	s.UsersChecked = len(w.Acked)
-	for _, n := range m.Nodes() {
+	s := Check{UsersChecked: len(w.Acked)}
+	var mu sync.Mutex // the nodes are checked at once
+	err := clustertest.EachNode(ctx, m.Nodes(), func(_ int, n bucketmap.Node, c *pgx.Conn) error {
 		items := by[n.ID]
-		if len(items) == 0 {
-			continue
-		}
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return err
-		}
 		for i := 0; i < len(items); i += 5000 {
 			part := items[i:min(i+5000, len(items))]
 			keys, uids := make([]int64, len(part)), make([]string, len(part))
@@ -47,17 +53,13 @@ func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Resu
 			rows, err := c.Query(ctx, `SELECT k.uid, kv.v FROM unnest($1::bigint[], $2::text[]) AS k(bkey, uid)
 				LEFT JOIN app.kv kv ON kv.bkey = k.bkey AND kv.uid = k.uid`, keys, uids)
 			if err != nil {
-				c.Close(context.Background())
 				return err
 			}
-			for rows.Next() {
-				var uid string
-				var v *int64
-				if err := rows.Scan(&uid, &v); err != nil {
-					rows.Close()
-					c.Close(context.Background())
-					return err
-				}
+			var uid string
+			var v *int64
+			_, err = pgx.ForEachRow(rows, []any{&uid, &v}, func() error {
+				mu.Lock()
+				defer mu.Unlock()
 				want := w.Acked[uid]
 				switch {
 				case v != nil && *v == want:
@@ -73,35 +75,32 @@ func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Resu
 						s.MissingSamples = append(s.MissingSamples, fmt.Sprintf("%s: acknowledged v=%d, owner %s has %s", uid, want, n.ID, got))
 					}
 				}
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				c.Close(context.Background())
+				return nil
+			})
+			if err != nil {
 				return err
 			}
 		}
-		c.Close(context.Background())
-	}
-	return nil
+		return nil
+	})
+	return s, err
 }
 
 // leftovers lists the moves' replication objects still on the nodes.
 func (b *bench) leftovers(ctx context.Context) []string {
 	var outl []string
-	for _, n := range b.nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			outl = append(outl, fmt.Sprintf("%s: %v", n.ID, err))
-			continue
-		}
+	var mu sync.Mutex
+	err := clustertest.EachNode(ctx, b.nodes, func(_ int, n bucketmap.Node, c *pgx.Conn) error {
 		objs, err := migrate.ReplicationObjects(ctx, c)
-		if err != nil {
-			outl = append(outl, fmt.Sprintf("%s: %v", n.ID, err))
-		}
+		mu.Lock()
+		defer mu.Unlock()
 		for _, o := range objs {
 			outl = append(outl, string(n.ID)+": "+o)
 		}
-		c.Close(context.Background())
+		return err
+	})
+	if err != nil { // "node: error" a line
+		outl = append(outl, strings.Split(err.Error(), "\n")...)
 	}
 	sort.Strings(outl)
 	return outl

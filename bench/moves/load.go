@@ -5,15 +5,9 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 )
-
-// startLoad starts the write load over the loaded users (indexes below
-// maxIdx).
-func (b *bench) startLoad(maxIdx uint32) *kvload.Load {
-	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, Rate: *rate, InsertFrac: *load.InsertFrac,
-		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
-}
 
 // tracker records, from the router's applied maps, when each bucket was
 // moving: writes to it wait in router.Do for that long.
@@ -63,9 +57,12 @@ func (t *tracker) find(bucket bucketmap.Bucket, after time.Time) (window, bool) 
 	return window{}, false
 }
 
-func (t *tracker) pause(bucket bucketmap.Bucket, after time.Time) (time.Duration, bool) {
-	w, ok := t.find(bucket, after)
-	return w.end.Sub(w.start), ok
+// pauseMS is that window's length in ms; -1 when not seen.
+func (t *tracker) pauseMS(bucket bucketmap.Bucket, after time.Time) float64 {
+	if w, ok := t.find(bucket, after); ok {
+		return benchkit.MS(w.end.Sub(w.start))
+	}
+	return -1
 }
 
 // clientStalls sets each move's longest write to its bucket that started

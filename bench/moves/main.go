@@ -1,46 +1,37 @@
-// Command moves-bench measures online bucket moves (issue 7). Run it with
-// bench/moves/run, which starts the local environment with four PostgreSQL
-// nodes first.
+// Command moves-bench measures online bucket moves (issue 7); run it with
+// bench/moves/run, which starts scripts/devenv with four PostgreSQL nodes.
 //
-// In one run, against the local ZooKeeper ensemble and PostgreSQL nodes of
-// scripts/devenv, each in a fresh database:
-//
-//  1. a cluster of three nodes with the sharded table app.kv, the fence
-//     installed, ROWS-PER-BUCKET rows loaded into every bucket (COPY
-//     straight into the owners, bypassing the fence);
-//  2. a constant write load: WRITERS goroutines, each with its own users,
-//     upserting (updates of loaded users, inserts of new ones) through
-//     router.Do, which retries across moves, and recording every
-//     acknowledged write;
-//  3. a fourth node added and the rebalancer run until balanced (level 7:
-//     32 moves of about ROWS-PER-BUCKET rows each);
-//  4. the copy baseline: for a few of the moved buckets, a plain
-//     COPY (SELECT ... range) TO STDOUT piped into COPY ... FROM STDIN
-//     between the same source and target, timed;
-//  5. every acknowledged write checked on its owner in the final map.
+// In fresh databases and a fresh ZooKeeper root it builds a cluster of
+// three nodes (app.kv, the fence installed, ROWS-PER-BUCKET rows COPYed
+// into every bucket's owner past the fence), puts a constant write load on
+// it (WRITERS goroutines upserting their own users through router.Do,
+// which retries across moves, every acknowledged write recorded), adds a
+// fourth node and rebalances (level 7: 32 moves), moves a few buckets back
+// and rolls those moves back (--rollbacks), copies a few moved ranges again
+// through a plain COPY (SELECT ... range) TO STDOUT | COPY FROM STDIN
+// between the same nodes (the baseline), and checks every acknowledged
+// write on its owner in the final map.
 //
 // It reports the write pause per move three ways: the mover's record
-// (source frozen to map flipped), the moving window as the router saw it
-// (its map says moving until its map says flipped: writes go on to the
-// source until its freeze), and as clients saw it (the longest write to the
-// bucket that began in that window, router.Do's retries included); the pause's steps from the move
-// record's step timestamps; the copy throughput against the baseline, with
-// the copy step split into its phases by watching the replication
-// connections; PostgreSQL and ZooKeeper round trips during the moves; the
-// write load; and the acknowledged writes missing at the end. An aborted
-// move (rolled back by the mover) is reported and the rebalancer run again.
+// (source frozen to map flipped), the router's view (its map says moving
+// until it says flipped: writes go on to the source until its freeze) and
+// the clients' (the longest write to the bucket begun in that window,
+// router.Do's retries included); the pause's steps from the record's step
+// timestamps; the copy throughput against the baseline, the copy step split
+// into phases by watching the replication connections; PostgreSQL and
+// ZooKeeper round trips during the moves; the write load; and the
+// acknowledged writes missing at the end. A move aborted (rolled back by
+// the mover) is reported and the rebalancer run again.
 //
-// With --big-rows N it measures one big bucket's copy instead (big.go): N
-// rows in one bucket, every 200th with a 4 KB TOASTed value, moved once,
-// and the same rows through a single binary COPY pipe between the same
-// nodes before and after the move, without write load.
+// With --big-rows N it measures one big bucket's copy instead (big.go).
 //
-// While it runs it holds the test environment's shared lock (as every
-// integration test does), so that a disruptive test (one that kills a
-// ZooKeeper server or stops a PostgreSQL node) waits for it, and it for them.
+// It holds the test environment's shared lock while it runs, so that a
+// disruptive test (one that kills a ZooKeeper server or stops a
+// PostgreSQL node) waits for it, and it for them.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -94,13 +85,8 @@ func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
 	out.Parse()
-	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 {
-		fmt.Fprintln(os.Stderr, "moves-bench: --level 1..12, --rows-per-bucket, --writers and --concurrency >= 1")
-		os.Exit(2)
-	}
-	if *bigRows < 0 || *bigToastEvery < 1 || *bigOthers < 1 {
-		fmt.Fprintln(os.Stderr, "moves-bench: --big-rows >= 0, --big-toast-every and --big-others >= 1")
-		os.Exit(2)
+	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 || *bigRows < 0 || *bigToastEvery < 1 || *bigOthers < 1 {
+		benchkit.Fatalf(2, "moves-bench", "--level 1..12; --rows-per-bucket, --writers, --concurrency, --big-toast-every and --big-others >= 1; --big-rows >= 0")
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
@@ -116,7 +102,6 @@ type bench struct {
 	st    *bucketmap.Store
 	ks    *keystream.Keystream
 	nodes []bucketmap.Node // all four; the first three start the cluster
-	db    string
 	root  string
 	r     *router.Router
 	trk   *tracker
@@ -126,15 +111,14 @@ type bench struct {
 
 func run(ctx context.Context) (*Summary, error) {
 	b := &bench{start: time.Now()}
-	now := time.Now().Unix()
-	b.db = fmt.Sprintf("svbench_%d", now)
-	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", now)
+	db := fmt.Sprintf("svbench_%d", b.start.Unix())
+	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", b.start.Unix())
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *load.Level, Buckets: 1 << *load.Level, RowsPerBucket: *rowsPerBucket,
-		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: db, ZKRoot: b.root, Kept: *devf.Keep, Stats: map[string]benchkit.Stat{}}
 
-	say("creating database %s on %d nodes", b.db, startNodes+1)
+	say("creating database %s on %d nodes", db, startNodes+1)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: startNodes + 1, DB: b.db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
+		Nodes: startNodes + 1, DB: db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}
@@ -157,37 +141,25 @@ func run(ctx context.Context) (*Summary, error) {
 
 	// The router, registered as a member so that every move waits for it.
 	b.trk = &tracker{since: map[bucketmap.Bucket]time.Time{}}
-	b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) })
-	if err != nil {
+	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) }); err != nil {
 		return nil, err
 	}
 	defer b.r.Close()
 
 	// The write load.
 	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *load.Writers, 100**load.InsertFrac, *warmup)
-	l := b.startLoad(maxIdx)
-	loadStopped := false
-	stopLoad := func() {
-		if !loadStopped {
-			loadStopped = true
-			l.Stop()
-		}
-	}
-	defer stopLoad()
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-time.After(*warmup):
+	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, Rate: *rate, InsertFrac: *load.InsertFrac,
+		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
+	defer l.Stop() // Stop is idempotent: the load also stops before the check
+	if err := benchkit.Sleep(ctx, *warmup); err != nil {
+		return nil, err
 	}
 	sum.WritesPerSecBefore = float64(l.Acks.Load()) / time.Since(l.Started).Seconds()
 
 	// Add the fourth node and rebalance.
 	pg4 := b.nodes[startNodes]
-	m, err := b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(pg4) })
+	m, err := b.addNode(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("adding %s: %w", pg4.ID, err)
-	}
-	if err := clustertest.SyncFence(ctx, pg4, m); err != nil {
 		return nil, err
 	}
 	say("added %s (map version %d); rebalancing with concurrency %d", pg4.ID, m.Version, *concurrency)
@@ -201,8 +173,8 @@ func run(ctx context.Context) (*Summary, error) {
 			row := b.moveRow(rec)
 			say("  move %2d: bucket %3d %s -> %s  %6d rows  copy %6.0f ms (%s rows/s) [slot %s, COPY from %s for %s, then %s; apply worker %s]  lag %5.1f ms  pause %6.1f ms [fence %5.1f, barrier %5.1f, flip %5.1f]  router %s",
 				done.Add(1), rec.Bucket, rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, human(row.RowsPS),
-				seen(row.SlotMS), seen(row.StartMS), seen(row.DataMS), seen(row.HandoverMS), seen(row.LaunchMS),
-				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, optMS(b.trk.pause(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, row.startedAt)))
+				seen(row.SlotMS, "%.0f"), seen(row.StartMS, "%.0f"), seen(row.DataMS, "%.0f"), seen(row.HandoverMS, "%.0f"), seen(row.LaunchMS, "%.0f"),
+				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, seen(row.RouterMS, "%.1f ms"))
 		case msg == topo.MoveAborting || msg == topo.MoveAborted || msg == topo.MoveFailed:
 			say("  move of bucket %d %s -> %s: %s: %s", rec.Bucket, rec.Source, rec.Target, msg, rec.Error)
 		case *verbose:
@@ -211,8 +183,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}})
 	rb := migrate.NewRebalancer(mv, bucketmap.Policy{Concurrency: *concurrency})
 	rb.Progress = func(prog migrate.Progress) {
-		msg := prog.Message
-		if *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
+		if msg := prog.Message; *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
 			say("  rebalancer: %s", msg)
 		}
 	}
@@ -240,8 +211,10 @@ func run(ctx context.Context) (*Summary, error) {
 		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, *retries)
 	}
 	sum.RebalanceSecs = time.Since(rbStart).Seconds()
-	b.prb.finish()
-	sum.PGProbeMS, sum.ZKReadMS, sum.ZKWriteMS, sum.PGConnectMS = stat(b.prb.pgRTT), stat(b.prb.zkRTT), stat(b.prb.zkWrite), stat(b.prb.pgConnect)
+	b.prb.Stop()
+	for i, k := range probeStats {
+		sum.Stats[k] = benchkit.Of(b.prb.samples[i])
+	}
 	sum.WritesPerSecDuring = float64(l.Acks.Load()-acksBefore) / sum.RebalanceSecs
 
 	// Rollbacks, under the same load: each bucket goes back to its old
@@ -260,7 +233,7 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 	}
 
-	stopLoad()
+	l.Stop()
 	w := l.Result()
 	sum.WritesAcked, sum.WritesFailed, sum.WritesGaveUp = l.Acks.Load(), l.Failed.Load(), l.GaveUp.Load()
 	if p := l.LastErr.Load(); p != nil {
@@ -270,7 +243,7 @@ func run(ctx context.Context) (*Summary, error) {
 	for _, wr := range w.Writes {
 		lat = append(lat, float64(wr.DurUS)/1000)
 	}
-	sum.WriteLatencyMS = stat(lat)
+	sum.Stats["write_latency_ms"] = benchkit.Of(lat)
 	b.clientStalls(sum.Moves, w.Writes)
 
 	// Every acknowledged write, on its owner in the final map.
@@ -280,20 +253,14 @@ func run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return sum, err
 	}
-	sum.FinalCounts = map[string]int{}
-	for id, c := range final.Counts() {
-		sum.FinalCounts[string(id)] = c
-	}
+	sum.FinalCounts = final.Counts()
 	say("checking %d acknowledged users on their owners", len(w.Acked))
-	if err := b.checkAcked(cctx, final, w, sum); err != nil {
+	if sum.Check, err = b.checkAcked(cctx, final, w); err != nil {
 		return sum, err
 	}
 	sum.Leftovers = b.leftovers(cctx)
 	b.summarize(sum)
-	if rbErr == nil && ctx.Err() != nil {
-		rbErr = ctx.Err()
-	}
-	return sum, rbErr
+	return sum, cmp.Or(rbErr, ctx.Err())
 }
 
 // rollbackRuns moves up to --rollbacks of the new node's buckets back to
@@ -323,12 +290,11 @@ func (b *bench) rollbackRuns(ctx context.Context, sum *Summary, to bucketmap.Nod
 		if err != nil {
 			return err
 		}
-		r := b.moveRow(rb)
-		sum.Rollbacks = append(sum.Rollbacks, r)
+		sum.Rollbacks = append(sum.Rollbacks, b.moveRow(rb))
 		pauses = append(pauses, rb.Stats.PauseMS)
 		say("  rollback %d: bucket %3d %s -> %s moved (pause %.1f ms), rolled back %s -> %s: pause %.1f ms",
 			len(pauses), row.Bucket, rec.Source, rec.Target, rec.Stats.PauseMS, rb.Source, rb.Target, rb.Stats.PauseMS)
 	}
-	sum.RollbackPauseMS = stat(pauses)
+	sum.Stats["rollback_pause_ms"] = benchkit.Of(pauses)
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -18,15 +20,14 @@ import (
 // are doing tells where a move's copy step spends its time (creating the
 // slot, copying, enabling the subscription).
 type probe struct {
+	*benchkit.Stopper
 	mu        sync.Mutex
 	sightings []sighting
-	pgRTT     []float64
-	zkRTT     []float64
-	zkWrite   []float64
-	pgConnect []float64
-	stop      chan struct{}
-	wg        sync.WaitGroup
+	samples   [len(probeStats)][]float64 // ms, as probeStats names them
 }
+
+// probeStats name the probe's distributions in the summary.
+var probeStats = [...]string{"pg_probe_ms", "zk_read_ms", "zk_write_ms", "pg_connect_ms"}
 
 type sighting struct {
 	at   time.Time
@@ -37,31 +38,22 @@ type sighting struct {
 
 const probeEvery = 20 * time.Millisecond
 
+// add records sample i (probeStats[i]) taken since start.
+func (p *probe) add(i int, start time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.samples[i] = append(p.samples[i], benchkit.MS(time.Since(start)))
+}
+
 func (b *bench) startProbe(ctx context.Context) *probe {
-	p := &probe{stop: make(chan struct{})}
+	p := &probe{Stopper: benchkit.NewStopper()}
 	for _, n := range b.nodes {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
+		p.Go(func() {
 			var c *pgx.Conn
-			defer func() {
-				if c != nil {
-					c.Close(context.Background())
-				}
-			}()
-			t := time.NewTicker(probeEvery)
-			defer t.Stop()
-			for {
-				select {
-				case <-p.stop:
-					return
-				case <-t.C:
-				}
+			for pace := benchkit.NewPacer(probeEvery); pace.Wait(p.C); {
 				if c == nil || c.IsClosed() {
-					var err error
-					if c, err = dbnode.Connect(ctx, n); err != nil {
-						c = nil
-						continue
+					if c, _ = dbnode.Connect(ctx, n); c == nil {
+						continue // nil with an error: try again at the next tick
 					}
 				}
 				start := time.Now()
@@ -73,17 +65,15 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 						AND (backend_type = 'walsender' OR query LIKE 'COPY (SELECT % FROM "app"."kv" %')
 					UNION ALL SELECT 'INGEST ' || relid::regclass::text FROM pg_stat_progress_copy WHERE datname = current_database() AND command = 'COPY FROM'`)
 				if err != nil {
-					c.Close(context.Background())
-					c = nil
+					c.Close(context.Background()) // reconnects at the next tick
 					continue
 				}
 				qs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 				if err != nil {
 					continue
 				}
-				rtt := float64(time.Since(start).Microseconds()) / 1000
+				p.add(0, start)
 				p.mu.Lock()
-				p.pgRTT = append(p.pgRTT, rtt)
 				for _, q := range qs {
 					if k, slot := classify(q); k != "" {
 						p.sightings = append(p.sightings, sighting{at: start, node: string(n.ID), kind: k, slot: slot})
@@ -91,80 +81,46 @@ func (b *bench) startProbe(ctx context.Context) *probe {
 				}
 				p.mu.Unlock()
 			}
-		}()
+			if c != nil {
+				c.Close(context.Background())
+			}
+		})
 	}
 	// Writes are timed on a scratch node beside the cluster.
 	scratch, scratchErr := topo.CreateScratch(ctx, b.sess, b.st.Paths(), "moves-bench", nil)
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		t := time.NewTicker(100 * time.Millisecond)
-		defer t.Stop()
-		n := 0
-		for {
-			select {
-			case <-p.stop:
-				return
-			case <-t.C:
-			}
+	p.Go(func() {
+		for n, pace := 0, benchkit.NewPacer(100*time.Millisecond); pace.Wait(p.C); n++ {
 			start := time.Now()
 			if _, _, err := topo.ReadMapData(ctx, b.sess, b.st.Paths()); err != nil {
 				continue
 			}
-			read := float64(time.Since(start).Microseconds()) / 1000
-			start = time.Now()
-			err := scratchErr
-			if err == nil {
-				err = scratch.Write(ctx, []byte(start.String()))
+			p.add(1, start)
+			if start = time.Now(); scratchErr == nil && scratch.Write(ctx, []byte(start.String())) == nil {
+				p.add(2, start)
 			}
-			write := float64(time.Since(start).Microseconds()) / 1000
-			p.mu.Lock()
-			p.zkRTT = append(p.zkRTT, read)
-			if err == nil {
-				p.zkWrite = append(p.zkWrite, write)
-			}
-			p.mu.Unlock()
 			// A new connection to the new node, as the mover opens one
 			// inside the pause (see the report).
-			if n++; n%5 == 0 {
-				start = time.Now()
+			if start = time.Now(); n%5 == 4 {
 				if c, err := dbnode.Connect(ctx, b.nodes[startNodes]); err == nil {
-					d := float64(time.Since(start).Microseconds()) / 1000
+					p.add(3, start)
 					c.Close(context.Background())
-					p.mu.Lock()
-					p.pgConnect = append(p.pgConnect, d)
-					p.mu.Unlock()
 				}
 			}
 		}
-	}()
+	})
 	return p
 }
 
-func (p *probe) finish() {
-	close(p.stop)
-	p.wg.Wait()
-}
+// slotRE matches a replication command on one of the moves' slots.
+var slotRE = regexp.MustCompile(`^(CREATE_REPLICATION_SLOT|START_REPLICATION)[^"]*"(sv_[^"]*)"`)
 
 // classify names what a replication connection is doing.
 func classify(q string) (kind, slot string) {
-	quoted := func() string {
-		if i := strings.IndexByte(q, '"'); i >= 0 {
-			if j := strings.IndexByte(q[i+1:], '"'); j >= 0 {
-				return q[i+1 : i+1+j]
-			}
-		}
-		return ""
-	}
-	switch {
-	case strings.HasPrefix(q, "CREATE_REPLICATION_SLOT"):
-		if s := quoted(); strings.HasPrefix(s, "sv_") {
-			return "slot", s
-		}
-	case strings.HasPrefix(q, "START_REPLICATION"):
-		if s := quoted(); strings.HasPrefix(s, "sv_") {
-			return "start", s
-		}
+	switch m := slotRE.FindStringSubmatch(q); {
+	case m != nil && m[1] == "CREATE_REPLICATION_SLOT":
+		return "slot", m[2]
+	case m != nil:
+		return "start", m[2]
 	case strings.HasPrefix(q, "COPY") && strings.Contains(q, "kv") && !strings.Contains(q, "move_marker"):
 		return "copy", ""
 	case q == "INGEST app.kv":
@@ -179,18 +135,11 @@ func classify(q string) (kind, slot string) {
 // the rest (the subscription enabled). Its apply worker connects after
 // that, once enabled (sighted up to 5 s after the step). Times in ms; -1:
 // not seen (shorter than the probe interval).
-func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
-	var copyAt, catchupAt time.Time
-	for _, st := range rec.Steps {
-		switch st.State {
-		case topo.MoveCopy:
-			copyAt = st.At
-		case topo.MoveCatchup:
-			catchupAt = st.At
-		}
-	}
-	row.SlotMS, row.LaunchMS, row.StartMS, row.DataMS, row.HandoverMS = -1, -1, -1, -1, -1
+func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord, at map[string]time.Time) {
+	copyAt, catchupAt := at[topo.MoveCopy], at[topo.MoveCatchup]
+	row.StartMS, row.DataMS, row.HandoverMS = -1, -1, -1
 	if copyAt.IsZero() || catchupAt.IsZero() {
+		row.SlotMS, row.LaunchMS = -1, -1
 		return
 	}
 	p.mu.Lock()
@@ -219,13 +168,13 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord) {
 			slotEnd = s.at
 		}
 	}
-	ms := func(a, z time.Time) float64 { return float64(z.Sub(a).Microseconds()) / 1000 }
-	if !slotEnd.IsZero() {
-		row.SlotMS = ms(copyAt, slotEnd)
+	ms := func(a, z time.Time) float64 {
+		if z.IsZero() {
+			return -1
+		}
+		return benchkit.MS(z.Sub(a))
 	}
-	if !start.IsZero() {
-		row.LaunchMS = ms(copyAt, start)
-	}
+	row.SlotMS, row.LaunchMS = ms(copyAt, slotEnd), ms(copyAt, start)
 	if !copyFirst.IsZero() {
 		// The COPYs ran from about their first sighting to their last,
 		// give or take a probe interval.

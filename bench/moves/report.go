@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -8,11 +9,6 @@ import (
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/topo"
 )
-
-// Stat is a distribution's nearest-rank percentiles, in ms (or rows/s).
-type Stat = benchkit.Stat
-
-func stat(xs []float64) Stat { return benchkit.Of(xs) }
 
 // MoveRow is one move's figures.
 type MoveRow struct {
@@ -50,9 +46,8 @@ type MoveRow struct {
 	DataRowsPS float64 `json:"copy_data_rows_per_s"`
 	HandoverMS float64 `json:"copy_handover_ms"`
 	Error      string  `json:"error,omitempty"`
-	startedAt  time.Time
-	fenceAt    time.Time
-	teardownAt time.Time
+	// When the move began, and its fence and teardown steps.
+	startedAt, fenceAt, teardownAt time.Time
 }
 
 // BaselineRun is one plain COPY of a moved bucket's range.
@@ -67,57 +62,37 @@ type BaselineRun struct {
 
 // Summary is everything the run found.
 type Summary struct {
-	Cores         int            `json:"cores"`
-	Level         int            `json:"level"`
-	Buckets       int            `json:"buckets"`
-	RowsPerBucket int            `json:"rows_per_bucket"`
-	RowsLoaded    int64          `json:"rows_loaded"`
-	LoadSeconds   float64        `json:"load_seconds"`
-	Writers       int            `json:"writers"`
-	Rate          int            `json:"rate"`
-	Concurrency   int            `json:"concurrency"`
-	Database      string         `json:"database"`
-	ZKRoot        string         `json:"zk_root"`
-	Kept          bool           `json:"kept"`
-	RebalanceSecs float64        `json:"rebalance_seconds"`
-	Balanced      bool           `json:"balanced"`
-	Restarts      int            `json:"rebalancer_restarts"`
-	FinalCounts   map[string]int `json:"final_bucket_counts"`
-	Moves         []MoveRow      `json:"moves"`
-	MovesDone     int            `json:"moves_done"`
-	MovesAborted  int            `json:"moves_aborted"`
-	VerifyOK      int            `json:"verify_ok"`
-	RowsMoved     int64          `json:"rows_moved"`
-	PauseMS       Stat           `json:"pause_ms"`
-	FenceStepMS   Stat           `json:"fence_step_ms"`
-	BarrierStepMS Stat           `json:"barrier_step_ms"`
-	FlipStepMS    Stat           `json:"flip_step_ms"`
-	LagAtFenceMS  Stat           `json:"lag_at_fence_ms"`
-	RouterPauseMS Stat           `json:"router_pause_ms"`
-	ClientStallMS Stat           `json:"client_stall_ms"`
-	MoveTotalMS   Stat           `json:"move_total_ms"`
-	CopyMS        Stat           `json:"copy_ms"`
-	MoverRowsPS   Stat           `json:"mover_copy_rows_per_s"`
-	Baseline      []BaselineRun  `json:"baseline"`
+	Cores         int     `json:"cores"`
+	Level         int     `json:"level"`
+	Buckets       int     `json:"buckets"`
+	RowsPerBucket int     `json:"rows_per_bucket"`
+	RowsLoaded    int64   `json:"rows_loaded"`
+	LoadSeconds   float64 `json:"load_seconds"`
+	Writers       int     `json:"writers"`
+	Rate          int     `json:"rate"`
+	Concurrency   int     `json:"concurrency"`
+	Database      string  `json:"database"`
+	ZKRoot        string  `json:"zk_root"`
+	Kept          bool    `json:"kept"`
+	// The moves, their outcomes and the pause's goal.
+	RebalanceSecs  float64                  `json:"rebalance_seconds"`
+	Balanced       bool                     `json:"balanced"`
+	Restarts       int                      `json:"rebalancer_restarts"`
+	FinalCounts    map[bucketmap.NodeID]int `json:"final_bucket_counts"`
+	MovesDone      int                      `json:"moves_done"`
+	MovesAborted   int                      `json:"moves_aborted"`
+	VerifyOK       int                      `json:"verify_ok"`
+	RowsMoved      int64                    `json:"rows_moved"`
+	PauseTargetMet bool                     `json:"pause_target_met"`
+	Moves          []MoveRow                `json:"moves"`
+	// The copy against the baseline's plain COPY pipe.
+	CopyRatio float64       `json:"copy_ratio_mover_over_baseline"`
+	DataRatio float64       `json:"copy_data_ratio_over_baseline"`
+	Baseline  []BaselineRun `json:"baseline"`
 	// Rollbacks: moves made with a rollback window after the rebalance,
 	// each rolled back at once under the same load; their rollback moves'
-	// write pauses (issue 25's goal: p99 under 50 ms).
-	Rollbacks       []MoveRow `json:"rollbacks,omitempty"`
-	RollbackPauseMS Stat      `json:"rollback_pause_ms"`
-	BaselineRowsPS  Stat      `json:"baseline_copy_rows_per_s"`
-	CopyRatio       float64   `json:"copy_ratio_mover_over_baseline"`
-	SlotMS          Stat      `json:"copy_slot_ms"`
-	LaunchMS        Stat      `json:"copy_apply_worker_ms"`
-	StartMS         Stat      `json:"copy_start_ms"`
-	DataMS          Stat      `json:"copy_data_ms"`
-	HandoverMS      Stat      `json:"copy_handover_ms"`
-	DataRowsPS      Stat      `json:"copy_data_rows_per_s"`
-	DataRatio       float64   `json:"copy_data_ratio_over_baseline"`
-	PGProbeMS       Stat      `json:"pg_probe_ms"`
-	ZKReadMS        Stat      `json:"zk_read_ms"`
-	ZKWriteMS       Stat      `json:"zk_write_ms"`
-	PGConnectMS     Stat      `json:"pg_connect_ms"`
-	PauseTargetMet  bool      `json:"pause_target_met"`
+	// write pauses are rollback_pause_ms (issue 25's goal: p99 under 50 ms).
+	Rollbacks []MoveRow `json:"rollbacks,omitempty"`
 
 	WritesPerSecBefore float64 `json:"writes_per_s_before"`
 	WritesPerSecDuring float64 `json:"writes_per_s_during_moves"`
@@ -125,17 +100,64 @@ type Summary struct {
 	WritesFailed       int64   `json:"writes_failed"`
 	WritesGaveUp       int64   `json:"writes_gave_up"`
 	LastWriteError     string  `json:"last_write_error,omitempty"`
-	WriteLatencyMS     Stat    `json:"write_latency_ms"`
 
-	UsersChecked   int      `json:"users_checked"`
-	Missing        int      `json:"missing_acknowledged_writes"`
-	MissingSamples []string `json:"missing_samples,omitempty"`
-	NewerThanAcked int      `json:"newer_than_acknowledged"`
-	Leftovers      []string `json:"leftovers,omitempty"`
-	Error          string   `json:"error,omitempty"`
+	Check
+	Leftovers []string `json:"leftovers,omitempty"`
+	Error     string   `json:"error,omitempty"`
+
+	// Stats are the run's distributions (ms, or rows/s) by their JSON
+	// names written beside the fields above (MarshalJSON).
+	Stats map[string]benchkit.Stat `json:"-"`
 
 	// Big is the big-bucket mode's (--big-rows) result; nil otherwise.
 	Big *BigRun `json:"big,omitempty"`
+}
+
+// moveStats are the distributions over the moves done: a move's value,
+// and which values count (known: -1 is "not seen").
+var (
+	all, known, positive = func(float64) bool { return true }, func(x float64) bool { return x >= 0 }, func(x float64) bool { return x > 0 }
+	moveStats            = []struct {
+		name string
+		of   func(*MoveRow) float64
+		keep func(float64) bool
+	}{
+		{"pause_ms", func(m *MoveRow) float64 { return m.PauseMS }, all},
+		{"fence_step_ms", func(m *MoveRow) float64 { return m.FenceMS }, all},
+		{"barrier_step_ms", func(m *MoveRow) float64 { return m.BarrierMS }, all},
+		{"flip_step_ms", func(m *MoveRow) float64 { return m.FlipMS }, all},
+		{"lag_at_fence_ms", func(m *MoveRow) float64 { return m.LagMS }, all},
+		{"move_total_ms", func(m *MoveRow) float64 { return m.TotalMS }, all},
+		{"copy_ms", func(m *MoveRow) float64 { return m.CopyMS }, all},
+		{"mover_copy_rows_per_s", func(m *MoveRow) float64 { return m.RowsPS }, all},
+		{"router_pause_ms", func(m *MoveRow) float64 { return m.RouterMS }, known},
+		{"client_stall_ms", func(m *MoveRow) float64 { return m.ClientMS }, known},
+		{"copy_slot_ms", func(m *MoveRow) float64 { return m.SlotMS }, known},
+		{"copy_apply_worker_ms", func(m *MoveRow) float64 { return m.LaunchMS }, known},
+		{"copy_start_ms", func(m *MoveRow) float64 { return m.StartMS }, known},
+		{"copy_data_ms", func(m *MoveRow) float64 { return m.DataMS }, known},
+		{"copy_handover_ms", func(m *MoveRow) float64 { return m.HandoverMS }, known},
+		{"copy_data_rows_per_s", func(m *MoveRow) float64 { return m.DataRowsPS }, positive},
+	}
+)
+
+// MarshalJSON writes every distribution, empty ones included, beside the
+// other fields.
+func (s *Summary) MarshalJSON() ([]byte, error) {
+	type plain Summary
+	st := map[string]benchkit.Stat{}
+	for _, k := range append([]string{"rollback_pause_ms", "baseline_copy_rows_per_s", "write_latency_ms"}, probeStats[:]...) {
+		st[k] = s.Stats[k]
+	}
+	for _, f := range moveStats {
+		st[f.name] = s.Stats[f.name]
+	}
+	a, err := json.Marshal((*plain)(s))
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(st)
+	return append(append(a[:len(a)-1], ','), b[1:]...), err
 }
 
 const pauseTarget = 100.0 // ms, p99
@@ -145,9 +167,8 @@ func report(s *Summary) {
 		reportBig(s)
 		return
 	}
-	ms := Stat.MS
-	say("")
-	say("move benchmark (issue 7): %d -> %d PostgreSQL nodes, level %d (%d buckets), %d rows/bucket (%s rows loaded in %.0f s), %d writers%s, concurrency %d, %d cores",
+	ms := func(k string) string { return s.Stats[k].MS() }
+	say("\nmove benchmark (issue 7): %d -> %d PostgreSQL nodes, level %d (%d buckets), %d rows/bucket (%s rows loaded in %.0f s), %d writers%s, concurrency %d, %d cores",
 		startNodes, startNodes+1, s.Level, s.Buckets, s.RowsPerBucket, human(float64(s.RowsLoaded)), s.LoadSeconds, s.Writers,
 		map[bool]string{true: fmt.Sprintf(" at %d writes/s", s.Rate), false: " (closed loop)"}[s.Rate > 0], s.Concurrency, s.Cores)
 	say("  moves:            %d done, %d aborted, verified %d/%d; %s rows moved; rebalance %.1f s (balanced: %v, buckets now %v)",
@@ -161,45 +182,45 @@ func report(s *Summary) {
 		}
 	}
 	say("  write pause per move (mover record: source frozen -> map flipped, ZooKeeper CAS included)")
-	say("                    %s   target p99 < %.0f ms: %s", ms(s.PauseMS), pauseTarget, benchkit.Verdict(s.PauseTargetMet))
-	say("    steps:  fence (map moving, routers caught up, freeze)  %s", ms(s.FenceStepMS))
-	say("            barrier (marker applied on target, snapshot)    %s", ms(s.BarrierStepMS))
-	say("            flip (map + move record: one ZooKeeper CAS)     %s", ms(s.FlipStepMS))
+	say("                    %s   target p99 < %.0f ms: %s", ms("pause_ms"), pauseTarget, benchkit.Verdict(s.PauseTargetMet))
+	say("    steps:  fence (map moving, routers caught up, freeze)  %s", ms("fence_step_ms"))
+	say("            barrier (marker applied on target, snapshot)    %s", ms("barrier_step_ms"))
+	say("            flip (map + move record: one ZooKeeper CAS)     %s", ms("flip_step_ms"))
 	say("  moving window as the router saw it (map says moving -> map flipped; writes go on to the source until its freeze)")
-	say("                    %s", ms(s.RouterPauseMS))
+	say("                    %s", ms("router_pause_ms"))
 	say("  longest client write to the bucket that began while it was moving (router.Do: fence rejections and retries included;")
 	say("  for information: it also holds the write load's own latency tail, see below)")
-	say("                    %s", ms(s.ClientStallMS))
-	say("  replication lag at fence: %s", ms(s.LagAtFenceMS))
-	say("  move duration:    %s", ms(s.MoveTotalMS))
+	say("                    %s", ms("client_stall_ms"))
+	say("  replication lag at fence: %s", ms("lag_at_fence_ms"))
+	say("  move duration:    %s", ms("move_total_ms"))
 	ratio := "n/a"
 	if s.CopyRatio > 0 {
 		ratio = fmt.Sprintf("%.2f", s.CopyRatio)
 	}
 	say("  copy throughput:  mover median %s rows/s (copy step median %.0f ms), plain COPY pipe median %s rows/s (%d buckets, same nodes, under the same load)",
-		human(s.MoverRowsPS.P50), s.CopyMS.P50, human(s.BaselineRowsPS.P50), len(s.Baseline))
+		human(s.Stats["mover_copy_rows_per_s"].P50), s.Stats["copy_ms"].P50, human(s.Stats["baseline_copy_rows_per_s"].P50), len(s.Baseline))
 	say("                    ratio mover/baseline: %s", ratio)
-	if s.DataRowsPS.N > 0 {
+	if s.Stats["copy_data_rows_per_s"].N > 0 {
 		say("    where the copy step goes (the nodes' activity, probed every %s):", probeEvery)
-		say("            step start -> the move's slot created  %s", ms(s.SlotMS))
-		say("            step start -> its COPYs start          %s", ms(s.StartMS))
-		say("            the COPYs (source sends .. target done) %s", ms(s.DataMS))
-		say("            COPY end -> end of the copy step       %s", ms(s.HandoverMS))
-		say("            step start -> apply worker streaming   %s (enabled once the COPYs committed)", ms(s.LaunchMS))
-		say("            the COPYs alone: median %s rows/s, ratio to the baseline %.2f", human(s.DataRowsPS.P50), s.DataRatio)
+		say("            step start -> the move's slot created  %s", ms("copy_slot_ms"))
+		say("            step start -> its COPYs start          %s", ms("copy_start_ms"))
+		say("            the COPYs (source sends .. target done) %s", ms("copy_data_ms"))
+		say("            COPY end -> end of the copy step       %s", ms("copy_handover_ms"))
+		say("            step start -> apply worker streaming   %s (enabled once the COPYs committed)", ms("copy_apply_worker_ms"))
+		say("            the COPYs alone: median %s rows/s, ratio to the baseline %.2f", human(s.Stats["copy_data_rows_per_s"].P50), s.DataRatio)
 	}
-	say("  during the moves: PostgreSQL probe query %s", ms(s.PGProbeMS))
-	say("                    PostgreSQL new conn.   %s", ms(s.PGConnectMS))
-	say("                    ZooKeeper map read     %s", ms(s.ZKReadMS))
-	say("                    ZooKeeper write        %s", ms(s.ZKWriteMS))
+	say("  during the moves: PostgreSQL probe query %s", ms("pg_probe_ms"))
+	say("                    PostgreSQL new conn.   %s", ms("pg_connect_ms"))
+	say("                    ZooKeeper map read     %s", ms("zk_read_ms"))
+	say("                    ZooKeeper write        %s", ms("zk_write_ms"))
 	say("  write load:       %.0f writes/s before, %.0f writes/s during the moves; %d acknowledged, %d failed (%d gave up after router.Do's retries)",
 		s.WritesPerSecBefore, s.WritesPerSecDuring, s.WritesAcked, s.WritesFailed, s.WritesGaveUp)
-	say("                    write latency %s", ms(s.WriteLatencyMS))
+	say("                    write latency %s", ms("write_latency_ms"))
 	if s.LastWriteError != "" {
 		say("                    last write error: %s", s.LastWriteError)
 	}
-	if s.RollbackPauseMS.N > 0 {
-		say("  rollbacks:        %d moves rolled back under the load: write pause %s (goal: p99 under 50 ms)", s.RollbackPauseMS.N, ms(s.RollbackPauseMS))
+	if rb := s.Stats["rollback_pause_ms"]; rb.N > 0 {
+		say("  rollbacks:        %d moves rolled back under the load: write pause %s (goal: p99 under 50 ms)", rb.N, rb.MS())
 	}
 	say("  acknowledged writes missing at the end: %d (of %d users written; target 0)", s.Missing, s.UsersChecked)
 	for _, m := range s.MissingSamples {
@@ -235,18 +256,12 @@ func human(x float64) string {
 	}
 }
 
-func seen(ms float64) string {
+// seen is a figure in ms, or "-" when not seen (below 0).
+func seen(ms float64, format string) string {
 	if ms < 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.0f", ms)
-}
-
-func optMS(d time.Duration, ok bool) string {
-	if !ok {
-		return "-"
-	}
-	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)
+	return fmt.Sprintf(format, ms)
 }
 
 func (b *bench) summarize(s *Summary) {
@@ -262,44 +277,26 @@ func (b *bench) summarize(s *Summary) {
 			s.VerifyOK++
 		}
 	}
-	// of summarizes one figure of the moves done, those it keeps: every
-	// one (all), those seen (known: -1 is not) or those above 0.
-	all, known, positive := func(float64) bool { return true }, func(x float64) bool { return x >= 0 }, func(x float64) bool { return x > 0 }
-	of := func(f func(m *MoveRow) float64, keep func(float64) bool) Stat {
+	for _, f := range moveStats {
 		var xs []float64
 		for i := range s.Moves {
-			if x := f(&s.Moves[i]); s.Moves[i].State == topo.MoveDone && keep(x) {
+			if x := f.of(&s.Moves[i]); s.Moves[i].State == topo.MoveDone && f.keep(x) {
 				xs = append(xs, x)
 			}
 		}
-		return stat(xs)
+		s.Stats[f.name] = benchkit.Of(xs)
 	}
-	s.PauseMS = of(func(m *MoveRow) float64 { return m.PauseMS }, all)
-	s.FenceStepMS = of(func(m *MoveRow) float64 { return m.FenceMS }, all)
-	s.BarrierStepMS = of(func(m *MoveRow) float64 { return m.BarrierMS }, all)
-	s.FlipStepMS = of(func(m *MoveRow) float64 { return m.FlipMS }, all)
-	s.LagAtFenceMS = of(func(m *MoveRow) float64 { return m.LagMS }, all)
-	s.MoveTotalMS = of(func(m *MoveRow) float64 { return m.TotalMS }, all)
-	s.CopyMS = of(func(m *MoveRow) float64 { return m.CopyMS }, all)
-	s.MoverRowsPS = of(func(m *MoveRow) float64 { return m.RowsPS }, all)
-	s.RouterPauseMS = of(func(m *MoveRow) float64 { return m.RouterMS }, known)
-	s.ClientStallMS = of(func(m *MoveRow) float64 { return m.ClientMS }, known)
-	s.SlotMS = of(func(m *MoveRow) float64 { return m.SlotMS }, known)
-	s.LaunchMS = of(func(m *MoveRow) float64 { return m.LaunchMS }, known)
-	s.StartMS = of(func(m *MoveRow) float64 { return m.StartMS }, known)
-	s.DataMS = of(func(m *MoveRow) float64 { return m.DataMS }, known)
-	s.HandoverMS = of(func(m *MoveRow) float64 { return m.HandoverMS }, known)
-	s.DataRowsPS = of(func(m *MoveRow) float64 { return m.DataRowsPS }, positive)
 	var base []float64
 	for _, r := range s.Baseline {
 		base = append(base, r.RowsPS)
 	}
-	s.BaselineRowsPS = stat(base)
-	if s.BaselineRowsPS.P50 > 0 {
-		s.CopyRatio = s.MoverRowsPS.P50 / s.BaselineRowsPS.P50
-		s.DataRatio = s.DataRowsPS.P50 / s.BaselineRowsPS.P50
+	s.Stats["baseline_copy_rows_per_s"] = benchkit.Of(base)
+	if bp := s.Stats["baseline_copy_rows_per_s"].P50; bp > 0 {
+		s.CopyRatio = s.Stats["mover_copy_rows_per_s"].P50 / bp
+		s.DataRatio = s.Stats["copy_data_rows_per_s"].P50 / bp
 	}
-	s.PauseTargetMet = s.PauseMS.N > 0 && s.PauseMS.P99 < pauseTarget && s.MovesAborted == 0
+	p := s.Stats["pause_ms"]
+	s.PauseTargetMet = p.N > 0 && p.P99 < pauseTarget && s.MovesAborted == 0
 }
 
 // moveRow extracts a move's figures from its record.
@@ -315,12 +312,10 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 		at[st.State] = st.At // the last entry of a state wins
 	}
 	span := func(a, z string) float64 {
-		ta, okA := at[a]
-		tz, okZ := at[z]
-		if !okA || !okZ {
+		if at[a].IsZero() || at[z].IsZero() {
 			return 0
 		}
-		return float64(tz.Sub(ta).Microseconds()) / 1000
+		return benchkit.MS(at[z].Sub(at[a]))
 	}
 	// The flip's step ends with a ZooKeeper transaction that also writes
 	// the record, so the record cannot time it: it is the rest of the
@@ -335,12 +330,10 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 	}
 	row.fenceAt, row.teardownAt = at[topo.MoveFence], at[topo.MoveTeardown]
 	if b.trk != nil {
-		if d, ok := b.trk.pause(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, rec.CreatedAt); ok {
-			row.RouterMS = float64(d.Microseconds()) / 1000
-		}
+		row.RouterMS = b.trk.pauseMS(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, rec.CreatedAt)
 	}
 	if b.prb != nil {
-		b.prb.copyPhases(&row, rec)
+		b.prb.copyPhases(&row, rec, at)
 	}
 	return row
 }

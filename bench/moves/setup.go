@@ -34,32 +34,23 @@ func (b *bench) setup(ctx context.Context) error {
 	return nil
 }
 
+// addNode adds the fourth node to the map and syncs its fence.
+func (b *bench) addNode(ctx context.Context) (*bucketmap.Map, error) {
+	n := b.nodes[startNodes]
+	m, err := b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(n) })
+	if err == nil {
+		err = clustertest.SyncFence(ctx, n, m)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("adding %s: %w", n.ID, err)
+	}
+	return m, nil
+}
+
 type loadRow struct {
 	key int64
 	idx uint32
 }
-
-type rowSource struct {
-	rows []loadRow
-	i    int
-	done *atomic.Int64
-}
-
-func (s *rowSource) Next() bool {
-	s.i++
-	if s.i <= len(s.rows) {
-		s.done.Add(1)
-		return true
-	}
-	return false
-}
-
-func (s *rowSource) Values() ([]any, error) {
-	r := s.rows[s.i-1]
-	return []any{r.key, benchkit.UserID(r.idx), int64(0)}, nil
-}
-
-func (s *rowSource) Err() error { return nil }
 
 // load fills every bucket with rowsPerBucket users "u%08d", COPYing each
 // node's rows in key order straight into it (bypassing the fence, as
@@ -70,18 +61,10 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	nb := m.Buckets()
-	need := *rowsPerBucket
+	nb, need := m.Buckets(), *rowsPerBucket
 	total := nb * need
 	counts := make([]int, nb)
 	perNode := make([][]loadRow, startNodes)
-	owner := make([]int, nb)
-	for bk := range nb {
-		owner[bk] = m.OwnerIndex(uint32(bk))
-		if owner[bk] >= startNodes {
-			return 0, 0, fmt.Errorf("bucket %d owned by node index %d", bk, owner[bk])
-		}
-	}
 	for i := range perNode {
 		perNode[i] = make([]loadRow, 0, total/startNodes+need)
 	}
@@ -97,13 +80,11 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 		var wg sync.WaitGroup
 		per := (chunk + procs - 1) / procs
 		for p := range procs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for j := p * per; j < min(chunk, (p+1)*per); j++ {
 					prefixes[j] = b.ks.Prefix64(benchkit.UserID(idx + uint32(j)))
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		for j := 0; j < chunk && left > 0; j++ {
@@ -113,7 +94,7 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 			}
 			counts[bk]++
 			left--
-			o := owner[bk]
+			o := m.OwnerIndex(bk) // the map is at the load's level: slot = bucket
 			perNode[o] = append(perNode[o], loadRow{key: keystream.Key(prefixes[j]), idx: idx + uint32(j)})
 		}
 		idx += chunk
@@ -123,28 +104,25 @@ func (b *bench) load(ctx context.Context) (int64, uint32, error) {
 	}
 	var done atomic.Int64
 	start := time.Now()
-	stopProgress := make(chan struct{})
-	go func() {
-		t := time.NewTicker(5 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopProgress:
-				return
-			case <-t.C:
-				n := done.Load()
-				say("  loading: %s / %s rows (%s rows/s)", human(float64(n)), human(float64(total)), human(float64(n)/time.Since(start).Seconds()))
-			}
+	progress := benchkit.NewStopper()
+	progress.Go(func() {
+		for pace := benchkit.NewPacer(5 * time.Second); pace.Wait(progress.C); {
+			n := done.Load()
+			say("  loading: %s / %s rows (%s rows/s)", human(float64(n)), human(float64(total)), human(float64(n)/time.Since(start).Seconds()))
 		}
-	}()
+	})
 	err = clustertest.EachNode(ctx, b.nodes[:startNodes], func(i int, _ bucketmap.Node, c *pgx.Conn) error {
-		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, &rowSource{rows: perNode[i], done: &done})
+		rows := pgx.CopyFromSlice(len(perNode[i]), func(j int) ([]any, error) {
+			done.Add(1)
+			return []any{perNode[i][j].key, benchkit.UserID(perNode[i][j].idx), int64(0)}, nil
+		})
+		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, rows)
 		if err == nil && got != int64(len(perNode[i])) {
 			err = fmt.Errorf("copied %d rows of %d", got, len(perNode[i]))
 		}
 		return err
 	})
-	close(stopProgress)
+	progress.Stop()
 	if err != nil {
 		return 0, 0, fmt.Errorf("loading: %w", err)
 	}

@@ -1,39 +1,29 @@
 // Command schema-bench measures online schema changes and schema diffs
-// (issue 27). Run it with bench/schema/run, which starts the local
-// environment with four PostgreSQL nodes first.
+// (issue 27); run it with bench/schema/run, which starts scripts/devenv
+// with four PostgreSQL nodes.
 //
-// In one run, against the local ZooKeeper ensemble and PostgreSQL nodes of
-// scripts/devenv, each in a fresh database and under a fresh ZooKeeper
-// root:
+// In fresh databases and a fresh ZooKeeper root it builds a cluster of four
+// nodes with app.kv and 20 more sharded tables app.t01..app.t20 (a few
+// columns, an index and a CHECK constraint each), the fence installed and
+// ROWS users COPYed into app.kv past it; then:
 //
-//  1. a cluster of four nodes with the sharded table app.kv and 20 more
-//     sharded tables app.t01..app.t20 (a few columns, an index and a CHECK
-//     constraint each), all declared in the cluster record, the fence
-//     installed on every node, ROWS users loaded into app.kv (COPY straight
-//     into the owners);
-//  2. ADD COLUMN under full write load: WRITERS goroutines upsert through
-//     router.Do as fast as they go, each write timed; after WARMUP, the
-//     change `ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT
-//     'none'` goes through schema.Apply; the load goes on for TAIL. The
-//     longest write during the change window is set against the longest
-//     write in a window of the same length just before it (same writers,
-//     same load, no change);
-//  3. the same with a long transaction: one connection holds a row lock on
-//     app.kv on one node (BEGIN; UPDATE one row; pg_sleep(HOLD); COMMIT)
-//     while a second change (ADD COLUMN note2) is applied: the change's
-//     lock request times out (lock_timeout) and is retried, and the other
-//     writes should stay short;
-//  4. schema.Diff over the 20 tables of the 4 nodes, RUNS times, against
+//  1. under a full write load (WRITERS upserting through router.Do as fast
+//     as they go, each write timed), after WARMUP, schema.Apply applies
+//     `ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT 'none'`
+//     and the load goes on for TAIL: the longest write in the change window
+//     is set against the longest in an equally long window just before it;
+//  2. the same (note2) while a long transaction on one node holds a row
+//     lock on app.kv (UPDATE one row; pg_sleep(HOLD)): the change's lock
+//     request times out (lock_timeout) and is retried;
+//  3. schema.Diff over the 20 tables of the 4 nodes, RUNS times, against
 //     one node's fence.ReadSchemas of the same tables.
 //
-// While it runs it holds the test environment's shared lock (as every
-// integration test does), so that a disruptive test waits for it.
+// It holds the test environment's shared lock while it runs, so that a
+// disruptive test waits for it.
 package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -63,7 +53,7 @@ var (
 	tail      = flag.Duration("tail", 2*time.Second, "write load after each change")
 	minWindow = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
 	hold      = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
-	holdNode  = flag.String("hold-node", "", "node of the long transaction (default: the node owning the most buckets, ties to the lowest id: with a balanced map pg1, which is also the default canary)")
+	holdNode  = flag.String("hold-node", "", "node of the long transaction (default: pg1, the first node, which is also the default canary)")
 	tablesN   = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
 	diffRuns  = flag.Int("diff-runs", 5, "schema.Diff runs")
 	verbose   = flag.Bool("v", false, "print schema.Apply's progress events")
@@ -71,11 +61,9 @@ var (
 )
 
 const (
-	nodesN     = 4
-	clusterNm  = "schemabench"
-	seedHex    = "736368656d612d62656e63682d69737375652d3237" // "schema-bench-issue-27"
-	changeSQL  = "ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT 'none';\n"
-	change2SQL = "ALTER TABLE app.kv ADD COLUMN note2 text NOT NULL DEFAULT 'none';\n"
+	nodesN    = 4
+	clusterNm = "schemabench"
+	seedHex   = "736368656d612d62656e63682d69737375652d3237" // "schema-bench-issue-27"
 	// Goals (issue 27).
 	waitGoalMS = 1000.0
 	diffGoalMS = 2000.0
@@ -121,30 +109,22 @@ type bench struct {
 	st     *bucketmap.Store
 	ks     *keystream.Keystream
 	nodes  []bucketmap.Node
-	db     string
 	root   string
 	r      *router.Router
 	tables []topo.TableRecord // app.t01..
-	users  int                // loaded users u00000000..
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 func run(ctx context.Context) (*Summary, error) {
 	b := &bench{}
-	tag := fmt.Sprintf("%d_%s", time.Now().Unix(), randHex(3))
-	b.db = "svbench_schema_" + tag
+	tag := fmt.Sprintf("%d_%s", time.Now().Unix(), benchkit.IdempotencyKey()[:6]) // 3 random bytes
+	db := "svbench_schema_" + tag
 	b.root = "/shardvisor-bench/schema-" + strings.ReplaceAll(tag, "_", "-")
 	sum := &Summary{Cores: runtime.NumCPU(), LoadAvg: benchkit.LoadAvg(3), Level: *load.Level, Buckets: 1 << *load.Level, Nodes: nodesN,
-		Writers: *load.Writers, Database: b.db, ZKRoot: b.root, Kept: *devf.Keep}
+		Writers: *load.Writers, Database: db, ZKRoot: b.root, Kept: *devf.Keep}
 
-	say("creating database %s on %d nodes", b.db, nodesN)
+	say("creating database %s on %d nodes", db, nodesN)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: nodesN, DB: b.db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
+		Nodes: nodesN, DB: db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}
@@ -156,15 +136,10 @@ func run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	sum.BucketCount = map[string]int{}
-	for id, c := range m.Counts() {
-		sum.BucketCount[string(id)] = c
-	}
-	n, err := b.load(ctx, m)
-	if err != nil {
+	sum.BucketCount = m.Counts()
+	if sum.RowsLoaded, err = b.load(ctx, m); err != nil {
 		return nil, err
 	}
-	sum.RowsLoaded = n
 
 	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "schema-bench", *load.Writers, nil); err != nil {
 		return nil, err
@@ -172,13 +147,11 @@ func run(ctx context.Context) (*Summary, error) {
 	defer b.r.Close()
 
 	var errs []error
-	v, err := b.variant(ctx, m, "ADD COLUMN under full write load", "add-note.sql", changeSQL, "note", 0)
-	sum.Variants = append(sum.Variants, v)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("%s: %w", v.Name, err))
-	}
-	if *hold > 0 && ctx.Err() == nil {
-		v, err := b.variant(ctx, m, "ADD COLUMN under full write load with a long transaction", "add-note2.sql", change2SQL, "note2", *hold)
+	for i, name := range []string{"ADD COLUMN under full write load", "ADD COLUMN under full write load with a long transaction"} {
+		if i > 0 && (*hold <= 0 || ctx.Err() != nil) {
+			break
+		}
+		v, err := b.variant(ctx, m, name, []string{"note", "note2"}[i], []time.Duration{0, *hold}[i])
 		sum.Variants = append(sum.Variants, v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", v.Name, err))
@@ -195,23 +168,17 @@ func run(ctx context.Context) (*Summary, error) {
 	for _, v := range sum.Variants {
 		sum.GoalsMet = sum.GoalsMet && v.GoalMet
 	}
-	if err := ctx.Err(); err != nil {
-		errs = append(errs, err)
-	}
-	return sum, errors.Join(errs...)
+	return sum, errors.Join(append(errs, ctx.Err())...) // Join drops a nil
 }
 
 func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
-	tables := []topo.TableRecord{clustertest.KV}
 	ddl := []string{clustertest.KVDDL}
 	for i := 1; i <= *tablesN; i++ {
-		t := topo.TableRecord{Name: fmt.Sprintf("app.t%02d", i), KeyColumn: "bkey"}
-		tables = append(tables, t)
-		b.tables = append(b.tables, t)
+		b.tables = append(b.tables, topo.TableRecord{Name: fmt.Sprintf("app.t%02d", i), KeyColumn: "bkey"})
 		ddl = append(ddl, tableDDL(i))
 	}
 	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
-		Nodes: b.nodes, Tables: tables, DDL: ddl, Parallel: true})
+		Nodes: b.nodes, Tables: append([]topo.TableRecord{clustertest.KV}, b.tables...), DDL: ddl, Parallel: true})
 	if err != nil {
 		return nil, err
 	}
@@ -226,17 +193,12 @@ func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	start := time.Now()
 	per := make([][][]any, len(b.nodes))
-	idx := map[bucketmap.NodeID]int{}
-	for i, n := range b.nodes {
-		idx[n.ID] = i
-	}
 	for i := range *rowsN {
 		uid := benchkit.UserID(uint32(i))
 		p := b.ks.Prefix64(uid)
-		o := idx[m.Owner(keystream.BucketOf(p, m.Level))]
+		o := m.OwnerIndex(keystream.BucketOf(p, m.Level)) // b.nodes' order; slot = bucket at the map's level
 		per[o] = append(per[o], []any{keystream.Key(p), uid, int64(0)})
 	}
-	b.users = *rowsN
 	var total atomic.Int64
 	if err := clustertest.EachNode(ctx, b.nodes, func(i int, _ bucketmap.Node, c *pgx.Conn) error {
 		got, err := clustertest.CopyAsReplica(ctx, c, pgx.Identifier{"app", "kv"}, []string{"bkey", "uid", "v"}, pgx.CopyFromRows(per[i]))
@@ -250,14 +212,6 @@ func (b *bench) load(ctx context.Context, m *bucketmap.Map) (int64, error) {
 	}
 	say("loaded %d users into app.kv in %.1f s", total.Load(), time.Since(start).Seconds())
 	return total.Load(), nil
-}
-
-// startLoad starts the write load: --writers closed-loop writers, their
-// new users named after this load.
-func (b *bench) startLoad() *kvload.Load {
-	run := time.Now().UnixNano()
-	return kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
-		Users: b.users, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
 }
 
 // window summarizes the writes that overlapped [lo, hi].

@@ -1,10 +1,9 @@
 package main
 
 import (
-	"fmt"
-	"math"
 	"strings"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/schema"
 )
@@ -73,32 +72,28 @@ type DiffRun struct {
 
 // Summary is everything the run found.
 type Summary struct {
-	Cores       int            `json:"cores"`
-	LoadAvg     string         `json:"load_avg"`
-	Level       int            `json:"level"`
-	Buckets     int            `json:"buckets"`
-	Nodes       int            `json:"nodes"`
-	Writers     int            `json:"writers"`
-	RowsLoaded  int64          `json:"rows_loaded"`
-	Database    string         `json:"database"`
-	ZKRoot      string         `json:"zk_root"`
-	Kept        bool           `json:"kept"`
-	Variants    []Variant      `json:"variants"`
-	Diff        *DiffRun       `json:"diff,omitempty"`
-	GoalsMet    bool           `json:"goals_met"`
-	Error       string         `json:"error,omitempty"`
-	BucketCount map[string]int `json:"bucket_counts"`
+	Cores       int                      `json:"cores"`
+	LoadAvg     string                   `json:"load_avg"`
+	Level       int                      `json:"level"`
+	Buckets     int                      `json:"buckets"`
+	Nodes       int                      `json:"nodes"`
+	Writers     int                      `json:"writers"`
+	RowsLoaded  int64                    `json:"rows_loaded"`
+	Database    string                   `json:"database"`
+	ZKRoot      string                   `json:"zk_root"`
+	Kept        bool                     `json:"kept"`
+	Variants    []Variant                `json:"variants"`
+	Diff        *DiffRun                 `json:"diff,omitempty"`
+	GoalsMet    bool                     `json:"goals_met"`
+	Error       string                   `json:"error,omitempty"`
+	BucketCount map[bucketmap.NodeID]int `json:"bucket_counts"`
 }
 
-func msStat(st Stat) string { return st.MS() }
-
 func report(s *Summary) {
-	say("")
-	say("schema benchmark (issue 27): %d PostgreSQL nodes, level %d (%d buckets: %v), %d rows in app.kv, %d writers (closed loop), %d cores, load average %s",
+	say("\nschema benchmark (issue 27): %d PostgreSQL nodes, level %d (%d buckets: %v), %d rows in app.kv, %d writers (closed loop), %d cores, load average %s",
 		s.Nodes, s.Level, s.Buckets, s.BucketCount, s.RowsLoaded, s.Writers, s.Cores, s.LoadAvg)
 	for _, v := range s.Variants {
-		say("")
-		say("  %s: %s", v.Name, strings.TrimSpace(v.SQL))
+		say("\n  %s: %s", v.Name, strings.TrimSpace(v.SQL))
 		if v.HoldNode != "" {
 			say("    long transaction on %s: row lock held %.0f ms (BEGIN; UPDATE one row; pg_sleep; COMMIT)%s", v.HoldNode, v.HoldMS, optErr(v.HoldError))
 		}
@@ -110,26 +105,24 @@ func report(s *Summary) {
 		}
 		say("    column on nodes: %d/%d", v.ColumnOn, s.Nodes)
 		say("    write load:      %d writes in %.1f s (%.0f writes/s), %d failed (goal 0)%s", v.Writes, v.LoadSeconds, v.WritesPerSec, v.Failed, optErr(v.LastError))
-		say("    baseline window  (%6.0f ms before the change, no change): %s, %d failed", v.Baseline.LengthMS, msStat(v.Baseline.LatencyMS), v.Baseline.Failed)
-		say("    change window    (%6.0f ms from the apply's start):       %s, %d failed", v.During.LengthMS, msStat(v.During.LatencyMS), v.During.Failed)
+		say("    baseline window  (%6.0f ms before the change, no change): %s, %d failed", v.Baseline.LengthMS, v.Baseline.LatencyMS.MS(), v.Baseline.Failed)
+		say("    change window    (%6.0f ms from the apply's start):       %s, %d failed", v.During.LengthMS, v.During.LatencyMS.MS(), v.During.Failed)
 		if v.Baseline.LengthMS > 0 && v.During.LengthMS > 0 && v.Baseline.LatencyMS.N > 0 {
 			before := float64(v.Baseline.LatencyMS.N) / v.Baseline.LengthMS * 1000
 			during := float64(v.During.LatencyMS.N) / v.During.LengthMS * 1000
-			say("    throughput:      %.0f writes/s in the change window vs %.0f before: %s", during, before, ratioX(during/before))
+			say("    throughput:      %.0f writes/s in the change window vs %.0f before: %s", during, before, benchkit.RatioX(during, before))
 		}
 		say("    longest write: %.1f ms during the change vs %.1f ms before: %s; goal failed = 0 and longest write < %.0f ms: %s",
-			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, ratioX(v.MaxRatio), waitGoalMS, benchkit.Verdict(v.GoalMet))
+			v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max, benchkit.RatioX(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max), waitGoalMS, benchkit.Verdict(v.GoalMet))
 	}
 	if d := s.Diff; d != nil {
-		say("")
-		say("  schema diff: %d sharded tables on %d nodes, %d runs of schema.Diff (connect + read every node at once + compare)", d.Tables, d.Nodes, len(d.Runs))
+		say("\n  schema diff: %d sharded tables on %d nodes, %d runs of schema.Diff (connect + read every node at once + compare)", d.Tables, d.Nodes, len(d.Runs))
 		say("    schema.Diff:       min %7.1f  median %7.1f  max %7.1f ms   (its own elapsed_ms: median %.1f)   goal < %.0f ms: %s",
 			d.MinMS, d.MS.P50, d.MS.Max, d.ElapsedMS.P50, diffGoalMS, benchkit.Verdict(d.GoalMet))
 		say("    one node:          connect + fence.ReadSchemas median %7.1f ms (min %.1f); ReadSchemas alone median %.1f ms", d.OneNodeMS.P50, d.OneNodeMinMS, d.OneNodeRead.P50)
-		say("    ratio diff / one node (medians): %s; differences found %d, unreachable %d", ratioX(d.Ratio), d.Differences, d.Unreachable)
+		say("    ratio diff / one node (medians): %s; differences found %d, unreachable %d", benchkit.RatioX(d.MS.P50, d.OneNodeMS.P50), d.Differences, d.Unreachable)
 	}
-	say("")
-	say("  goals: %s", benchkit.Verdict(s.GoalsMet))
+	say("\n  goals: %s", benchkit.Verdict(s.GoalsMet))
 	if s.Kept {
 		say("  kept: database %s on every node, ZooKeeper %s", s.Database, s.ZKRoot)
 	}
@@ -143,11 +136,4 @@ func optErr(e string) string {
 		return ""
 	}
 	return "; error: " + e
-}
-
-func ratioX(r float64) string {
-	if math.IsNaN(r) || math.IsInf(r, 0) {
-		return "n/a"
-	}
-	return fmt.Sprintf("%.2fx", r)
 }

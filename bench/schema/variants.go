@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,21 +13,23 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/schema"
 )
 
 // variant applies one change under the write load; with holdFor > 0, a
 // long transaction holds a row lock on app.kv on one node meanwhile.
-func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, column string, holdFor time.Duration) (Variant, error) {
-	v := Variant{Name: name, SQL: sql}
-	ch, err := schema.Parse(file, sql)
+// The change is ALTER TABLE app.kv ADD COLUMN column ... NOT NULL DEFAULT.
+func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column string, holdFor time.Duration) (Variant, error) {
+	v := Variant{Name: name, SQL: fmt.Sprintf("ALTER TABLE app.kv ADD COLUMN %s text NOT NULL DEFAULT 'none';\n", column)}
+	ch, err := schema.Parse("add-"+column+".sql", v.SQL)
 	if err != nil {
 		return v, err
 	}
 	v.ChangeID = ch.ID
-	say("")
-	say("%s: %d writers, warming up %s", name, *load.Writers, *warmup)
+	say("\n%s: %d writers, warming up %s", name, *load.Writers, *warmup)
 
 	// The long transaction's node and row (a user owned by that node that
 	// no writer touches).
@@ -53,15 +56,12 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 		}
 	}
 
-	l := b.startLoad()
-	stopped := false
-	stopLoad := func() {
-		if !stopped {
-			stopped = true
-			l.Stop()
-		}
-	}
-	defer stopLoad()
+	// The write load: closed-loop writers, their new users named after
+	// this load.
+	run := time.Now().UnixNano()
+	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, InsertFrac: *load.InsertFrac,
+		Users: *rowsN, Fresh: fmt.Sprintf("n%d-", run), Seed: uint64(run)})
+	defer l.Stop() // Stop is idempotent: it also stops before the windows
 	if err := benchkit.Sleep(ctx, *warmup); err != nil {
 		return v, err
 	}
@@ -122,7 +122,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 	if herr := <-holdDone; herr != nil {
 		v.HoldError = herr.Error()
 	}
-	stopLoad()
+	l.Stop()
 	end := time.Now()
 
 	// The windows: the change window from the apply's start, as long as
@@ -134,12 +134,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 	v.During = window(l, writes, applyStart, applyStart.Add(length))
 	blo := max(phase.Add(-length).Sub(l.Started), 500*time.Millisecond)
 	v.Baseline = window(l, writes, l.Started.Add(blo), phase)
-	for _, x := range writes {
-		v.Writes++
-		if !x.OK {
-			v.Failed++
-		}
-	}
+	v.Writes, v.Failed = len(writes), int(l.Failed.Load())
 	v.LoadSeconds = end.Sub(l.Started).Seconds()
 	v.WritesPerSec = float64(v.Writes) / v.LoadSeconds
 	if p := l.LastErr.Load(); p != nil {
@@ -150,55 +145,40 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, file, sql, 
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	v.ColumnOn, err = b.columnOn(cctx, column)
-	v.GoalMet = applyErr == nil && v.Failed == 0 && v.During.LatencyMS.Max < waitGoalMS && v.ColumnOn == len(b.nodes)
-	if holdFor > 0 {
-		v.GoalMet = v.GoalMet && v.HoldError == ""
-	}
+	v.GoalMet = applyErr == nil && v.Failed == 0 && v.During.LatencyMS.Max < waitGoalMS && v.ColumnOn == len(b.nodes) && v.HoldError == ""
 	if err == nil {
 		err = applyErr
 	}
 	return v, err
 }
 
-// holdNode is --hold-node, or the node owning the most buckets, ties to
-// the lowest id (the default canary owns the fewest, ties to the lowest id
-// too: with a balanced map both are the first node).
+// holdNode is --hold-node, or the first node: the default canary (it owns
+// the fewest buckets, ties to the lowest id, and 2^level buckets on four
+// nodes are a tie).
 func (b *bench) holdNode(m *bucketmap.Map) bucketmap.Node {
-	if *holdNode != "" {
-		if n, ok := m.Node(bucketmap.NodeID(*holdNode)); ok {
-			return n
-		}
+	if n, ok := m.Node(bucketmap.NodeID(*holdNode)); ok {
+		return n
 	}
-	counts := m.Counts()
-	nodes := slices.Clone(b.nodes)
-	slices.SortStableFunc(nodes, func(x, y bucketmap.Node) int { return counts[y.ID] - counts[x.ID] })
-	return nodes[0]
+	return b.nodes[0]
 }
 
+// columnOn counts the nodes whose app.kv has the column.
 func (b *bench) columnOn(ctx context.Context, column string) (int, error) {
-	on := 0
-	for _, n := range b.nodes {
-		c, err := dbnode.Connect(ctx, n)
-		if err != nil {
-			return on, err
-		}
+	var on atomic.Int32
+	err := clustertest.EachNode(ctx, b.nodes, func(_ int, _ bucketmap.Node, c *pgx.Conn) error {
 		var ok bool
-		err = c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'app.kv'::regclass AND attname = $1 AND NOT attisdropped)`, column).Scan(&ok)
-		c.Close(context.Background())
-		if err != nil {
-			return on, err
-		}
+		err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'app.kv'::regclass AND attname = $1 AND NOT attisdropped)`, column).Scan(&ok)
 		if ok {
-			on++
+			on.Add(1)
 		}
-	}
-	return on, nil
+		return err
+	})
+	return int(on.Load()), err
 }
 
 func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 	d := &DiffRun{Tables: len(b.tables), Nodes: len(b.nodes)}
-	say("")
-	say("schema diff: %d runs over %d tables on %d nodes", *diffRuns, len(b.tables), len(b.nodes))
+	say("\nschema diff: %d runs over %d tables on %d nodes", *diffRuns, len(b.tables), len(b.nodes))
 	var own []float64
 	for i := range *diffRuns {
 		start := time.Now()
