@@ -1,28 +1,21 @@
 // Command failover-bench measures what a db node's primary dying costs
-// the application (issue 22). Run it with bench/failover/run, which starts
-// a throwaway environment first: a 3-server ZooKeeper ensemble and one db
-// node that is a Patroni group of a primary and a standby (DCS on that
-// ensemble, ttl 10 s, loop_wait 2 s, retry_timeout 4 s).
+// the application (issue 22; docs/failover.md, "Measured"). Run it with
+// bench/failover/run, which starts a throwaway environment first: a
+// 3-server ZooKeeper ensemble and one db node that is a Patroni group of a
+// primary and a standby (DCS on that ensemble, ttl 10 s, loop_wait 2 s).
 //
-// In one run, for each mode (synchronous_mode on, then off: the baseline
-// PostgreSQL users get without it), KILLS times:
-//
-//  1. the group is whole (a leader, the other member streaming; in sync
-//     mode, the synchronous standby set);
-//  2. WRITERS goroutines insert rows with client-chosen ids through
-//     router.Do, as the fleet's workers do, recording every acknowledged
-//     id; a write whose outcome is unknown (the connection died after the
-//     statement was sent) is retried with the same id (INSERT ... ON
-//     CONFLICT DO NOTHING): a retry that finds the row counts a
-//     "duplicate", a commit whose acknowledgement was lost;
-//  3. after a steady period, the primary's postmaster, its children and
-//     its Patroni are SIGKILLed at once (devenv's PGKill, in-process);
-//  4. it measures the kill to Patroni's new leader key (watched in
-//     ZooKeeper), to the first acknowledged write, and from the election
-//     to that write; and write latency p99 before, during (kill to first
-//     write + 1 s) and after;
-//  5. the killed member is started again and must rejoin as a standby
-//     with no hand work before the next kill.
+// For each mode (synchronous_mode on, then off: the baseline PostgreSQL
+// users get without it), KILLS times, with the group whole: WRITERS
+// goroutines insert rows with client-chosen ids through router.Do,
+// recording every acknowledged id; a write whose outcome is unknown (the
+// connection died after the statement was sent) is retried with the same
+// id (ON CONFLICT DO NOTHING), and a retry that finds the row counts a
+// "duplicate". After a steady period the primary's postmaster, children
+// and Patroni are SIGKILLed at once (devenv's PGKill); it measures the kill
+// to Patroni's new leader key (in ZooKeeper), to the first acknowledged
+// write, and from the election to that write, and write latency p99
+// before, during (kill to first write + 1 s) and after. The killed member
+// must then rejoin as a standby with no hand work before the next kill.
 //
 // At the end every acknowledged id is looked up on the current primary:
 // lost writes are the ones missing. Each figure is printed for both
