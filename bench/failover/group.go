@@ -4,20 +4,17 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-// env is the environment bench/failover/run started (scripts/devenv env),
+// env is the environment bench/failover/run started (scripts/devenv),
 // driven in this process, and its Patroni group.
 type env struct {
 	zk, dsn, pwFile, scope, ns string
@@ -31,16 +28,12 @@ func readEnv() (*env, error) {
 		return nil, err
 	}
 	cfg.Log = nil // its errors carry the servers' log tails
-	n := strconv.Itoa(*node)
-	e := &env{zk: os.Getenv("SHARDVISOR_ZK"), pwFile: os.Getenv("SHARDVISOR_PG_PASSWORD_FILE"), devenv: devenv.New(cfg),
-		dsn: os.Getenv("SHARDVISOR_PG" + n + "_DSN"), scope: os.Getenv("SHARDVISOR_PG" + n + "_PATRONI_SCOPE"),
-		ns: benchkit.EnvOr("SHARDVISOR_PG"+n+"_PATRONI_NAMESPACE", bucketmap.DefaultPatroniNamespace)}
-	if e.zk == "" || e.dsn == "" || e.scope == "" {
-		return nil, fmt.Errorf("run it through bench/failover/run (SHARDVISOR_ZK, SHARDVISOR_PG%s_DSN and SHARDVISOR_PG%s_PATRONI_SCOPE from scripts/devenv env)", n, n)
+	d := devenv.New(cfg)
+	if !d.IsGroup(*node) {
+		return nil, fmt.Errorf("db node %d in %s is not a Patroni group: run it through bench/failover/run", *node, d.Dir())
 	}
-	api := benchkit.EnvInt("SHARDVISOR_PG_PORT_BASE", 25432) + 1000 + *node - 1 // member m's REST API: +100*(m-1)
-	e.apiPorts = []int{api, api + 100}
-	return e, nil
+	return &env{zk: d.ZKConnect(), dsn: d.NodeDSN(*node), pwFile: d.PasswordFile(), scope: fmt.Sprintf("pg%d", *node), ns: devenv.PatroniNamespace,
+		apiPorts: []int{d.MemberAPIPort(*node, 1), d.MemberAPIPort(*node, 2)}, devenv: d}, nil
 }
 
 // stripPassword drops the password from a DSN's user info.
