@@ -171,10 +171,7 @@ var httpClient = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transp
 // loopback and would be charged to the next scenario.
 func waitTimeWait() {
 	for deadline := time.Now().Add(70 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
-		b, err := os.ReadFile("/proc/net/sockstat")
-		if err != nil {
-			return
-		}
+		b, _ := os.ReadFile("/proc/net/sockstat") // unreadable: no match, no wait
 		m := regexp.MustCompile(`tw (\d+)`).FindSubmatch(b)
 		if m == nil {
 			return
@@ -217,31 +214,24 @@ func version(h http.Header, body []byte) int {
 // from the moment a request was due, so queueing behind a stall counts),
 // then waits for the requests in flight.
 func load(url string, driver func(start time.Time, l *loader)) []sample {
-	start := time.Now()
-	l := &loader{}
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
+	start, l, st := time.Now(), &loader{}, benchkit.NewStopper()
 	sem := make(chan struct{}, 1024)
 	interval := time.Duration(float64(time.Second) / float64(*rate))
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	st.Go(func() {
 		for i := 0; ; i++ {
 			due := start.Add(time.Duration(i) * interval)
 			time.Sleep(time.Until(due))
 			select { // stop first: the select below picks at random
-			case <-stop:
+			case <-st.C:
 				return
 			default:
 			}
 			select {
-			case <-stop:
+			case <-st.C:
 				return
 			case sem <- struct{}{}:
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			st.Go(func() {
 				defer func() { <-sem }()
 				code, ver := 0, -1
 				resp, err := httpClient.Get(url)
@@ -257,12 +247,11 @@ func load(url string, driver func(start time.Time, l *loader)) []sample {
 				l.mu.Lock()
 				l.samples = append(l.samples, s)
 				l.mu.Unlock()
-			}()
+			})
 		}
-	}()
+	})
 	driver(start, l)
-	close(stop)
-	wg.Wait()
+	st.Stop()
 	return l.samples
 }
 

@@ -293,31 +293,22 @@ func freePort() int {
 
 func httpURL(port int) string { return fmt.Sprintf("http://127.0.0.1:%d/", port) }
 
-// serve starts cmd and waits until it answers on port; stop stops it.
+// serve starts cmd and waits until it answers 200 on port; stop stops it.
 func serve(cmd *exec.Cmd, port int, within time.Duration) (stop func(), err error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	stop = func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
-	if err := waitHTTP(httpURL(port), within); err != nil {
-		stop()
-		return nil, err
-	}
-	return stop, nil
-}
-
-func waitHTTP(url string, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if resp, err := httpClient.Get(url); err == nil {
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if resp, err := httpClient.Get(httpURL(port)); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return nil
+				return stop, nil
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%s not serving within %s", url, d)
+	stop()
+	return nil, fmt.Errorf("%s not serving within %s", httpURL(port), within)
 }
 
 func logFile(dir, name string) *os.File {
