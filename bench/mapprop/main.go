@@ -31,7 +31,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -54,7 +53,6 @@ var (
 	timeout   = flag.Duration("timeout", 30*time.Second, "how long to wait for every watcher to apply one change")
 	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
 	noLock    = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
-	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the changes (watchers and writer) to `file`")
 	devenvDir = flag.String("devenv-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", benchkit.DefaultDevenvDir), "scripts/devenv state directory (its lock)")
 )
 
@@ -169,16 +167,6 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	cur, zv, err := st.Load(ctx)
 	if err != nil {
 		return sum, err
-	}
-	if *cpuProf != "" {
-		pf, err := os.Create(*cpuProf)
-		if err != nil {
-			return sum, err
-		}
-		if err := pprof.StartCPUProfile(pf); err != nil {
-			return sum, err
-		}
-		defer func() { pprof.StopCPUProfile(); pf.Close() }()
 	}
 	rng := rand.New(rand.NewPCG(3, 5))
 	perWatcher := map[string][]float64{}
