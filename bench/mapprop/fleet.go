@@ -87,14 +87,12 @@ func (f *fleet) each(ctx context.Context, what string, wait func(context.Context
 func (f *fleet) close() {
 	var wg sync.WaitGroup
 	for _, w := range f.ws {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if w.r != nil {
 				w.r.Close()
 			}
 			w.sess.Close()
-		}()
+		})
 	}
 	wg.Wait()
 }

@@ -107,6 +107,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
+	var sizes []string
 	for _, e := range encs {
 		side := &Side{Encoding: string(e)}
 		c := m.Clone()
@@ -117,6 +118,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		}
 		js, _ := bucketmap.EncodeJSON(c)
 		side.RecordBytes, side.PlainBytes = len(data), len(js)
+		sizes = append(sizes, fmt.Sprintf("%s %d B", e, len(data)))
 		if side.EncodeMS, err = cpu(21, func() error { _, err := bucketmap.Encode(c); return err }); err != nil {
 			return nil, err
 		}
@@ -125,7 +127,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		}
 		sum.Sides = append(sum.Sides, side)
 	}
-	out.Say("map propagation: level %d (%d buckets), %d nodes, layout %s; record %s", *level, m.Buckets(), *nodeCount, *layout, sizes(sum.Sides))
+	out.Say("map propagation: level %d (%d buckets), %d nodes, layout %s; record %s", *level, m.Buckets(), *nodeCount, *layout, strings.Join(sizes, ", "))
 
 	admin, err := clustertest.OpenSession(ctx, *zkConnect, "scripts/devenv up")
 	if err != nil {

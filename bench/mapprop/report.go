@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"strings"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
@@ -84,14 +83,6 @@ func summarize(sum *Summary, perWatcher map[string][]float64) {
 		side.TargetMet = side.AllAppliedMS.N > 0 && side.AllAppliedMS.P99 <= target
 		side.TargetMetAll = side.FromStartMS.N > 0 && side.FromStartMS.P99 <= target
 	}
-}
-
-func sizes(sides []*Side) string {
-	var parts []string
-	for _, s := range sides {
-		parts = append(parts, fmt.Sprintf("%s %d B", s.Encoding, s.RecordBytes))
-	}
-	return strings.Join(parts, ", ")
 }
 
 func report(s *Summary) {

@@ -48,11 +48,8 @@ var (
 	stormEvery = flag.Duration("storm-every", time.Second, "time between changes during the storm")
 	startup    = flag.Duration("startup", 1500*time.Millisecond, "app start-up time (sleep at import)")
 	workers    = flag.Int("workers", 4, "serving processes in every scenario")
-	// gunicorn alone has no stability window: it swaps its workers the
-	// moment they boot. The like-for-like comparison of time to new code
-	// runs the supervisor without one too; the default 10 s window keeps
-	// the previous generation answering beside the new one for 10 s by
-	// design, so "all answers from new code" would read >= 10 s.
+	// Off by default, like gunicorn alone: with a window the previous
+	// generation answers beside the new one for its length, by design.
 	window    = flag.Duration("stability-window", 0, "the pool config's stability.window (0: off, like gunicorn alone; the supervisor's default is 10s)")
 	conc      = flag.Int("c", 8, "connections of wrk (steady-state throughput)")
 	rate      = flag.Int("rate", 200, "constant offered load during reloads and storms, requests/s")
@@ -184,8 +181,7 @@ func run() error {
 		return nil
 	}
 
-	// gunicorn alone, the baseline: no --preload, so that a HUP imports the
-	// new code; the version file is shared by all its generations.
+	// gunicorn alone, the baseline: one version file for all generations.
 	if want["gunicorn"] {
 		port := freePort()
 		vf, err := versionFile("gunicorn-version", 0)
@@ -233,9 +229,8 @@ func run() error {
 		}
 		pool := fmt.Sprintf("p%d", i)
 		port, admin := freePort(), freePort()
-		surge, win := *workers, topo.Duration(*window)
-		cfg := &topo.PoolConfig{Version: 1, Command: sc.command, Args: sc.args, Env: sc.env, Workers: *workers, Surge: &surge,
-			Stability: topo.Stability{Window: &win},
+		cfg := &topo.PoolConfig{Version: 1, Command: sc.command, Args: sc.args, Env: sc.env, Workers: *workers, Surge: new(*workers),
+			Stability: topo.Stability{Window: new(topo.Duration(*window))},
 			Listen:    []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}, GracefulTimeout: topo.Duration(15 * time.Second),
 			Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second), Delay: topo.Duration(sc.settle)}}
 		setCfg := func(n int) error {
