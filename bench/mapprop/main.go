@@ -219,12 +219,10 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 				if at.After(last) {
 					last = at
 				}
-				d := at.Sub(written)
-				if d < 0 {
-					ch.Early++
-					d = 0
+				if at.Before(written) {
+					ch.Early++ // counted as 0 ms
 				}
-				lat = append(lat, benchkit.MS(d))
+				lat = append(lat, benchkit.MS(max(at.Sub(written), 0)))
 			}
 			s := benchkit.Of(lat)
 			ch.AllMS, ch.P50MS, ch.AllStartMS = s.Max, s.P50, benchkit.MS(last.Sub(start))
