@@ -32,19 +32,10 @@ func readEnv() (*env, error) {
 	if !d.IsGroup(*node) {
 		return nil, fmt.Errorf("db node %d in %s is not a Patroni group: run it through bench/failover/run", *node, d.Dir())
 	}
-	return &env{zk: d.ZKConnect(), dsn: d.NodeDSN(*node), pwFile: d.PasswordFile(), scope: fmt.Sprintf("pg%d", *node), ns: devenv.PatroniNamespace,
+	// The registry takes a reference to the password, not the password.
+	dsn := strings.Replace(d.NodeDSN(*node), ":"+d.Password()+"@", "@", 1)
+	return &env{zk: d.ZKConnect(), dsn: dsn, pwFile: d.PasswordFile(), scope: fmt.Sprintf("pg%d", *node), ns: devenv.PatroniNamespace,
 		apiPorts: []int{d.MemberAPIPort(*node, 1), d.MemberAPIPort(*node, 2)}, devenv: d}, nil
-}
-
-// stripPassword drops the password from a DSN's user info.
-func stripPassword(dsn string) (string, error) {
-	scheme, rest, ok1 := strings.Cut(dsn, "://")
-	userinfo, hosts, ok2 := strings.Cut(rest, "@")
-	if !ok1 || !ok2 {
-		return "", fmt.Errorf("unexpected DSN form")
-	}
-	user, _, _ := strings.Cut(userinfo, ":")
-	return scheme + "://" + user + "@" + hosts, nil
 }
 
 // setMode turns synchronous_mode on or off through Patroni's REST API

@@ -125,13 +125,7 @@ func run(p *benchkit.Printer, sum *Summary) error {
 		return err
 	}
 	root := fmt.Sprintf("/shardvisor-bench/failover-%d", time.Now().UnixNano())
-	// The DSN from devenv carries the password; the registry takes a
-	// reference instead.
-	dsn, err := stripPassword(e.dsn)
-	if err != nil {
-		return err
-	}
-	g := bucketmap.Node{ID: "g1", DSN: dsn, Password: "file:" + e.pwFile, Weight: 1, State: bucketmap.NodeActive,
+	g := bucketmap.Node{ID: "g1", DSN: e.dsn, Password: "file:" + e.pwFile, Weight: 1, State: bucketmap.NodeActive,
 		Patroni: bucketmap.Patroni{Namespace: e.ns, Scope: e.scope}}
 	c, err := clustertest.Build(ctx, s, clustertest.Spec{Root: root, Name: "fo", Level: 2, Nodes: []bucketmap.Node{g}, NoFence: true,
 		DDL: []string{`DROP TABLE IF EXISTS bench_failover; CREATE TABLE bench_failover (bkey bigint NOT NULL, id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (bkey, id))`}})
