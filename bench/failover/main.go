@@ -30,10 +30,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/router"
@@ -133,11 +132,11 @@ func run(p *benchkit.Printer, sum *Summary) error {
 	if err != nil {
 		return err
 	}
-	r := router.New(s, c.Store.Paths(), router.Options{MemberID: "failover-bench", TunePool: func(c *pgxpool.Config) { c.MaxConns = int32(*writers) }})
-	defer r.Close()
-	if err := r.WaitReady(ctx); err != nil {
+	r, err := kvload.NewRouter(ctx, s, c.Store.Paths(), "failover-bench", *writers, nil)
+	if err != nil {
 		return err
 	}
+	defer r.Close()
 	for _, name := range strings.Split(*modes, ",") {
 		mode := &Mode{Name: name}
 		sum.Modes = append(sum.Modes, mode)
