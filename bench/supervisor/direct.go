@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
@@ -31,6 +30,9 @@ type directRow struct {
 	svP99     string
 }
 
+// cpuRatio is the supervisor's CPU per request against the direct one's.
+func (d directRow) cpuRatio() float64 { return d.CPUSV / max(d.CPUDirect, 1e-9) }
+
 // directComparison measures steady throughput with wrk: gunicorn bound
 // directly vs gunicorn under the supervisor, and the Go worker bound
 // directly vs under the supervisor (one process each, so the port needs
@@ -38,149 +40,112 @@ type directRow struct {
 func directComparison(tmp, hello, svBin, appDir string) []directRow {
 	fmt.Println("== bound directly vs under the supervisor (wrk)")
 	var rows []directRow
-	runWrk := func(url string, hdr ...string) (float64, string, float64) {
-		args := append([]string{"-t", "2", "-c", strconv.Itoa(*conc), "-d", "3s", "--latency"}, hdr...)
-		out, err := pin(exec.Command("wrk", append(args, url)...), wrkCPUs()).CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "wrk: %v\n%s", err, out)
-			return 0, "?", 0
-		}
-		m := regexp.MustCompile(`Requests/sec:\s+([\d.]+)`).FindSubmatch(out)
-		p := regexp.MustCompile(`99%\s+(\S+)`).FindSubmatch(out)
-		n := regexp.MustCompile(`(\d+) requests in`).FindSubmatch(out)
-		if m == nil || n == nil {
-			return 0, "?", 0
-		}
-		rps, _ := strconv.ParseFloat(string(m[1]), 64)
-		reqs, _ := strconv.ParseFloat(string(n[1]), 64)
-		p99 := "?"
-		if p != nil {
-			p99 = string(p[1])
-		}
-		return rps, p99, reqs
-	}
-	// cpuPerReq runs one wrk round against url and returns, besides its
-	// figures, the CPU time the server's whole process tree (root and
-	// every descendant: supervisor, arbiters, workers) spent per request.
-	// On a saturated 2-core machine shared with wrk, throughput swings by
-	// 10-20% from round to round; the CPU cost of a request barely moves,
-	// and it is what the supervisor could add.
-	cpuPerReq := func(root int, url string, hdr ...string) (rps float64, p99 string, usPerReq float64) {
-		c0 := treeCPU(root)
-		rps, p99, reqs := runWrk(url, hdr...)
-		if reqs > 0 {
-			usPerReq = float64((treeCPU(root) - c0).Microseconds()) / reqs
-		}
-		return rps, p99, usPerReq
-	}
-	startProc := func(cmd *exec.Cmd, url string) (func(), error) {
-		cmd.Stderr = logFile(tmp, "direct.log")
-		pin(cmd, serverCPUs())
-		if err := cmd.Start(); err != nil {
-			return nil, err
-		}
-		stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
-		if err := waitHTTP(url, 60*time.Second); err != nil {
-			stop()
-			return nil, err
-		}
-		return stop, nil
-	}
 	// Both run side by side (an idle server costs nothing); wrk alternates
 	// between them for -rounds rounds and the median counts, so drift of the
 	// machine (TIME_WAIT build-up, other load) hits both alike.
-	compare := func(name string, direct, sv *exec.Cmd, durl, surl string, hdr ...string) {
+	compare := func(name string, cmds [2]*exec.Cmd, ports [2]int, hdr ...string) {
 		waitTimeWait()
-		stopD, err := startProc(direct, durl)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, name, "direct:", err)
-			return
+		for i, side := range []string{"direct", "supervisor"} {
+			cmds[i].Stderr = logFile(tmp, "direct.log")
+			stop, err := serve(pin(cmds[i], true), ports[i], time.Minute)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, name, side+":", err)
+				return
+			}
+			defer stop()
 		}
-		defer stopD()
-		stopS, err := startProc(sv, surl)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, name, "supervisor:", err)
-			return
-		}
-		defer stopS()
 		// Paired rounds: each round measures both sides back to back, in
 		// alternating order (so that neither always runs on the TIME_WAIT
 		// sockets the other left, or first after a pause), and the median
 		// of the rounds' ratios is the figure.
-		var ds, ss, ratios, dc, sc []float64
-		var dp, sp string
-		droot, sroot := direct.Process.Pid, sv.Process.Pid
-		for i := 0; i < *rounds; i++ {
-			var dr, sr, dcpu, scpu float64
-			if i%2 == 0 {
-				dr, dp, dcpu = cpuPerReq(droot, durl, hdr...)
-				sr, sp, scpu = cpuPerReq(sroot, surl, hdr...)
-			} else {
-				sr, sp, scpu = cpuPerReq(sroot, surl, hdr...)
-				dr, dp, dcpu = cpuPerReq(droot, durl, hdr...)
+		var rps, cpu [2][]float64
+		var p99 [2]string
+		var ratios []float64
+		for i := range *rounds {
+			var r [2]float64
+			for _, s := range [][]int{{0, 1}, {1, 0}}[i%2] {
+				var c float64
+				r[s], p99[s], c = wrkRound(cmds[s].Process.Pid, ports[s], hdr...)
+				rps[s], cpu[s] = append(rps[s], r[s]), append(cpu[s], c)
 			}
-			ds, ss, dc, sc = append(ds, dr), append(ss, sr), append(dc, dcpu), append(sc, scpu)
-			if dr > 0 {
-				ratios = append(ratios, sr/dr)
+			if r[0] > 0 {
+				ratios = append(ratios, r[1]/r[0])
 			}
 		}
 		med := func(v []float64) float64 { return benchkit.Of(v).P50 }
-		row := directRow{Name: name, Direct: med(ds), UnderSV: med(ss), Ratio: med(ratios), Ratios: ratios, directP99: dp, svP99: sp,
-			CPUDirect: med(dc), CPUSV: med(sc)}
+		row := directRow{Name: name, Direct: med(rps[0]), UnderSV: med(rps[1]), Ratio: med(ratios), Ratios: ratios, directP99: p99[0], svP99: p99[1],
+			CPUDirect: med(cpu[0]), CPUSV: med(cpu[1])}
 		rows = append(rows, row)
 		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (medians of %d rounds); per-round ratios %s -> median %.1f%%; server CPU per request %.1f vs %.1f us (%.3fx)\n",
-			name, row.Direct, row.UnderSV, *rounds, fmtRatios(ratios), 100*row.Ratio, row.CPUDirect, row.CPUSV, row.CPUSV/max(row.CPUDirect, 1e-9))
+			name, row.Direct, row.UnderSV, *rounds, strings.Trim(fmt.Sprintf("%.2f", ratios), "[]"), 100*row.Ratio, row.CPUDirect, row.CPUSV, row.cpuRatio())
 	}
-	env := func(kv ...string) []string { return append(os.Environ(), kv...) }
 	svCmd := func(name string, cfg topo.PoolConfig) *exec.Cmd {
 		file := filepath.Join(tmp, name+".json")
 		b, _ := topo.EncodePoolConfig(&cfg)
 		_ = os.WriteFile(file, b, 0o644)
 		return exec.Command(svBin, "--config", file, "--admin", "", "--pool", name, "--state-dir", filepath.Join(tmp, name), "--log-level", "warn")
 	}
-	{
-		dport, sport := freePort(), freePort()
-		d := exec.Command("gunicorn", "--preload", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", dport), "--chdir", appDir, "--log-level", "warning", "wsgi_app:application")
-		d.Env = env("APP_STARTUP_DELAY=0")
-		sv := svCmd("direct-gunicorn", topo.PoolConfig{Version: 1, Command: "gunicorn", Workers: *workers, Env: map[string]string{"APP_STARTUP_DELAY": "0"},
-			Args:   []string{"--preload", "--workers", "1", "--chdir", appDir, "--log-level", "warning", "wsgi_app:application"},
-			Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", sport)}}})
-		// gunicorn's sync workers close every connection: tell wrk so.
-		compare(fmt.Sprintf("gunicorn, %d workers", *workers), d, sv, fmt.Sprintf("http://127.0.0.1:%d/", dport), fmt.Sprintf("http://127.0.0.1:%d/", sport), "-H", "Connection: close")
+	listen := func(port int) []topo.Listen {
+		return []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}
 	}
-	{
-		dport, sport := freePort(), freePort()
-		d := exec.Command(hello)
-		d.Env = env(fmt.Sprintf("HELLO_ADDR=127.0.0.1:%d", dport))
-		sv := svCmd("direct-go", topo.PoolConfig{Version: 1, Command: hello, Workers: 1,
-			Listen: []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", sport)}}})
-		compare("go worker, 1 process", d, sv, fmt.Sprintf("http://127.0.0.1:%d/", dport), fmt.Sprintf("http://127.0.0.1:%d/", sport))
-	}
+
+	ports := [2]int{freePort(), freePort()}
+	d := exec.Command("gunicorn", "--preload", "--workers", strconv.Itoa(*workers), "--bind", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--chdir", appDir, "--log-level", "warning", "wsgi_app:application")
+	d.Env = append(os.Environ(), "APP_STARTUP_DELAY=0")
+	sv := svCmd("direct-gunicorn", topo.PoolConfig{Version: 1, Command: "gunicorn", Workers: *workers, Env: map[string]string{"APP_STARTUP_DELAY": "0"},
+		Args: []string{"--preload", "--workers", "1", "--chdir", appDir, "--log-level", "warning", "wsgi_app:application"}, Listen: listen(ports[1])})
+	// gunicorn's sync workers close every connection: tell wrk so.
+	compare(fmt.Sprintf("gunicorn, %d workers", *workers), [2]*exec.Cmd{d, sv}, ports, "-H", "Connection: close")
+
+	ports = [2]int{freePort(), freePort()}
+	d = exec.Command(hello)
+	d.Env = append(os.Environ(), fmt.Sprintf("HELLO_ADDR=127.0.0.1:%d", ports[0]))
+	sv = svCmd("direct-go", topo.PoolConfig{Version: 1, Command: hello, Workers: 1, Listen: listen(ports[1])})
+	compare("go worker, 1 process", [2]*exec.Cmd{d, sv}, ports)
 	return rows
 }
 
-// serverCPUs and wrkCPUs split the machine for the direct comparison
-// (empty: no pinning).
-func serverCPUs() string {
-	if !*pinCPUs {
-		return ""
+// wrkRound runs one wrk round against the server on port and returns,
+// besides its figures, the CPU time the server's whole process tree (root
+// and every descendant: supervisor, arbiters, workers) spent per request.
+// On a saturated 2-core machine shared with wrk, throughput swings by
+// 10-20% from round to round; the CPU cost of a request barely moves, and
+// it is what the supervisor could add.
+func wrkRound(root, port int, hdr ...string) (rps float64, p99 string, usPerReq float64) {
+	c0 := treeCPU(root)
+	args := append([]string{"-t", "2", "-c", strconv.Itoa(*conc), "-d", "3s", "--latency"}, hdr...)
+	out, err := pin(exec.Command("wrk", append(args, httpURL(port))...), false).CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "wrk: %v\n%s", err, out)
+		return 0, "?", 0
 	}
-	return "0"
+	m := regexp.MustCompile(`Requests/sec:\s+([\d.]+)`).FindSubmatch(out)
+	n := regexp.MustCompile(`(\d+) requests in`).FindSubmatch(out)
+	if m == nil || n == nil {
+		return 0, "?", 0
+	}
+	rps, _ = strconv.ParseFloat(string(m[1]), 64)
+	if reqs, _ := strconv.ParseFloat(string(n[1]), 64); reqs > 0 {
+		usPerReq = float64((treeCPU(root) - c0).Microseconds()) / reqs
+	}
+	p99 = "?"
+	if p := regexp.MustCompile(`99%\s+(\S+)`).FindSubmatch(out); p != nil {
+		p99 = string(p[1])
+	}
+	return rps, p99, usPerReq
 }
 
-func wrkCPUs() string {
+// pin makes c (not started yet) run under taskset with -pin, a server on
+// the first CPU and wrk on the others, so that they do not trade cores
+// from round to round, and returns it; the program keeps the same pid
+// (taskset execs it), so its process tree is measured as before.
+func pin(c *exec.Cmd, server bool) *exec.Cmd {
 	if !*pinCPUs {
-		return ""
-	}
-	return fmt.Sprintf("1-%d", runtime.NumCPU()-1)
-}
-
-// pin makes c (not started yet) run under taskset on cpus, and returns
-// it; the program keeps the same pid (taskset execs it), so its process
-// tree is measured as before.
-func pin(c *exec.Cmd, cpus string) *exec.Cmd {
-	if cpus == "" {
 		return c
+	}
+	cpus := fmt.Sprintf("1-%d", runtime.NumCPU()-1)
+	if server {
+		cpus = "0"
 	}
 	taskset, err := exec.LookPath("taskset")
 	if err != nil {

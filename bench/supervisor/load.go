@@ -24,7 +24,7 @@ type change struct {
 // apply(n) makes change n: afterwards new code answers with version n.
 func measure(name, how, url string, apply func(n int) error) scenario {
 	waitTimeWait()
-	sc := scenario{Name: name, Reload: how, LoadBefore: loadavg()}
+	sc := scenario{Name: name, Reload: how, LoadBefore: benchkit.LoadAvg(3)}
 	fmt.Printf("== %s (%s); load average %s\n", name, how, sc.LoadBefore)
 	steady := load(url, func(time.Time, *loader) { time.Sleep(*steadyFor) })
 	for _, s := range steady {
@@ -36,37 +36,25 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	fmt.Printf("   steady: %.0f req/s\n", sc.SteadyRPS)
 
 	n := 0
+	// next makes change n+1 and waits until the one after is due.
+	next := func(start time.Time, every time.Duration) change {
+		at := time.Now()
+		n++
+		if err := apply(n); err != nil {
+			fmt.Fprintln(os.Stderr, "reload:", err)
+		}
+		time.Sleep(time.Until(at.Add(every)))
+		return change{at.Sub(start), n}
+	}
 	var changes []change
 	rec := load(url, func(start time.Time, _ *loader) {
 		time.Sleep(500 * time.Millisecond)
-		for i := 0; i < *reloads; i++ {
-			n++
-			at := time.Now()
-			changes = append(changes, change{at.Sub(start), n})
-			if err := apply(n); err != nil {
-				fmt.Fprintln(os.Stderr, "reload:", err)
-			}
-			time.Sleep(time.Until(at.Add(*spacing)))
+		for range *reloads {
+			changes = append(changes, next(start, *spacing))
 		}
 	})
 	sc.Reloads = summarize(rec)
-	var firsts, alls []time.Duration
-	for i, c := range changes {
-		end := time.Duration(math.MaxInt64)
-		if i+1 < len(changes) {
-			end = changes[i+1].at
-		}
-		first, all, okFirst, okAll := toNew(rec, c.at, end, c.ver)
-		if okFirst {
-			firsts = append(firsts, first)
-		}
-		if okAll {
-			alls = append(alls, all)
-		}
-	}
-	sc.Reloads.Changes, sc.Reloads.FirstSeen, sc.Reloads.AllNew = len(changes), len(firsts), len(alls)
-	sc.Reloads.FirstP50MS, sc.Reloads.FirstMaxMS = p50max(firsts)
-	sc.Reloads.AllP50MS, sc.Reloads.AllMaxMS = p50max(alls)
+	sc.Reloads.toNewCode(rec, changes)
 	fmt.Printf("   reloads: %d sent, %d non-2xx, %d errors, slowest %.0fms; new code first answers after %.0f/%.0fms (p50/max), answers alone after %.0f/%.0fms; %d/%d changes served alone before the next\n",
 		sc.Reloads.Sent, sc.Reloads.Non2xx, sc.Reloads.ConnErr, sc.Reloads.MaxMS, sc.Reloads.FirstP50MS, sc.Reloads.FirstMaxMS,
 		sc.Reloads.AllP50MS, sc.Reloads.AllMaxMS, sc.Reloads.AllNew, sc.Reloads.Changes)
@@ -79,13 +67,7 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 		stormStart = time.Since(start)
 		stop := time.Now().Add(*stormFor)
 		for time.Now().Before(stop) {
-			n++
-			at := time.Now()
-			last = change{at.Sub(start), n}
-			if err := apply(n); err != nil {
-				fmt.Fprintln(os.Stderr, "reload:", err)
-			}
-			time.Sleep(time.Until(at.Add(*stormEvery)))
+			last = next(start, *stormEvery)
 		}
 		stormEnd = time.Since(start)
 		// Keep the load on until the newest version alone has answered
@@ -110,16 +92,11 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	}
 	s.RPS /= (stormEnd - stormStart).Seconds()
 	s.VersionsServed = len(versions)
-	first, all, okFirst, okAll := toNew(rec, last.at, math.MaxInt64, last.ver)
+	// Only the last change counts: earlier ones are overtaken.
+	s.toNewCode(rec, []change{last})
 	s.Changes = n - firstStorm + 1
-	if okFirst {
-		s.FirstSeen, s.FirstP50MS, s.FirstMaxMS = 1, ms(first), ms(first)
-	}
-	if okAll {
-		s.AllNew, s.AllP50MS, s.AllMaxMS = 1, ms(all), ms(all)
-	}
 	sc.Storm = s
-	sc.LoadAfter = loadavg()
+	sc.LoadAfter = benchkit.LoadAvg(3)
 	fmt.Printf("   storm: %d changes, %d sent, %d non-2xx, %d errors, slowest %.0fms, %.0f req/s during the storm, %d versions answered; newest code first answers %.0fms after the last change, alone after %.0fms; load average %s\n",
 		s.Changes, s.Sent, s.Non2xx, s.ConnErr, s.MaxMS, s.RPS, s.VersionsServed, s.FirstP50MS, s.AllP50MS, sc.LoadAfter)
 	return sc
@@ -151,13 +128,27 @@ func toNew(rec []sample, from, to time.Duration, ver int) (first, all time.Durat
 	return first - from, all - from, okFirst, okAll
 }
 
-// p50max is benchkit's p50 and max of v, in ms (0 when v is empty).
-func p50max(v []time.Duration) (float64, float64) {
-	st := benchkit.OfDurations(v)
-	return st.P50, st.Max
+// toNewCode fills p's figures of the changes made during rec, each one's
+// answers counted until the next change.
+func (p *phase) toNewCode(rec []sample, changes []change) {
+	var firsts, alls []time.Duration
+	for i, c := range changes {
+		end := time.Duration(math.MaxInt64)
+		if i+1 < len(changes) {
+			end = changes[i+1].at
+		}
+		first, all, okFirst, okAll := toNew(rec, c.at, end, c.ver)
+		if okFirst {
+			firsts = append(firsts, first)
+		}
+		if okAll {
+			alls = append(alls, all)
+		}
+	}
+	f, a := benchkit.OfDurations(firsts), benchkit.OfDurations(alls)
+	p.Changes, p.FirstSeen, p.AllNew = len(changes), len(firsts), len(alls)
+	p.FirstP50MS, p.FirstMaxMS, p.AllP50MS, p.AllMaxMS = f.P50, f.Max, a.P50, a.Max
 }
-
-func ms(d time.Duration) float64 { return benchkit.MS(d) }
 
 type sample struct {
 	at   time.Duration // when it was due, since the load started
@@ -180,10 +171,7 @@ var httpClient = &http.Client{Timeout: 20 * time.Second, Transport: &http.Transp
 // loopback and would be charged to the next scenario.
 func waitTimeWait() {
 	for deadline := time.Now().Add(70 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
-		b, err := os.ReadFile("/proc/net/sockstat")
-		if err != nil {
-			return
-		}
+		b, _ := os.ReadFile("/proc/net/sockstat") // unreadable: no match, no wait
 		m := regexp.MustCompile(`tw (\d+)`).FindSubmatch(b)
 		if m == nil {
 			return
@@ -226,31 +214,24 @@ func version(h http.Header, body []byte) int {
 // from the moment a request was due, so queueing behind a stall counts),
 // then waits for the requests in flight.
 func load(url string, driver func(start time.Time, l *loader)) []sample {
-	start := time.Now()
-	l := &loader{}
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
+	start, l, st := time.Now(), &loader{}, benchkit.NewStopper()
 	sem := make(chan struct{}, 1024)
 	interval := time.Duration(float64(time.Second) / float64(*rate))
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	st.Go(func() {
 		for i := 0; ; i++ {
 			due := start.Add(time.Duration(i) * interval)
 			time.Sleep(time.Until(due))
 			select { // stop first: the select below picks at random
-			case <-stop:
+			case <-st.C:
 				return
 			default:
 			}
 			select {
-			case <-stop:
+			case <-st.C:
 				return
 			case sem <- struct{}{}:
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			st.Go(func() {
 				defer func() { <-sem }()
 				code, ver := 0, -1
 				resp, err := httpClient.Get(url)
@@ -266,30 +247,26 @@ func load(url string, driver func(start time.Time, l *loader)) []sample {
 				l.mu.Lock()
 				l.samples = append(l.samples, s)
 				l.mu.Unlock()
-			}()
+			})
 		}
-	}()
+	})
 	driver(start, l)
-	close(stop)
-	wg.Wait()
+	st.Stop()
 	return l.samples
 }
 
 func summarize(rec []sample) phase {
 	p := phase{Sent: len(rec)}
-	for _, s := range rec {
-		switch {
-		case s.code == 0:
+	lat := make([]time.Duration, len(rec))
+	for i, s := range rec {
+		lat[i] = s.lat
+		if s.code == 0 {
 			p.ConnErr++
-		case !s.ok():
+		} else if !s.ok() {
 			p.Non2xx++
 		}
 	}
 	p.Failed = p.Non2xx + p.ConnErr
-	lat := make([]time.Duration, 0, len(rec))
-	for _, s := range rec {
-		lat = append(lat, s.lat)
-	}
 	st := benchkit.OfDurations(lat)
 	p.P50MS, p.P99MS, p.MaxMS = st.P50, st.P99, st.Max
 	return p

@@ -1,35 +1,22 @@
 // Command supervisor-bench compares code reloads under load: gunicorn alone
-// against shardvisor's supervisor (cmd/supervisor) running the same gunicorn
-// app, and the Go example worker. The app (bench/supervisor/versioned_app.py,
-// examples/python/wsgi_app plus a version) takes STARTUP (1.5 s) to import
-// and answers with the version it was imported with, so a reload counts only
-// once answers prove that new code serves. Run it with `make bench-supervisor`
-// or bench/supervisor/run; it needs the local ZooKeeper (scripts/devenv up)
-// and gunicorn, wrk (scripts/install-deps).
+// (the baseline) against shardvisor's supervisor (cmd/supervisor) running the
+// same gunicorn app, and the Go example worker; then each worker's steady
+// throughput bound directly vs under the supervisor. Run it with
+// bench/supervisor/run; docs/supervisor.md ("Benchmark") says what each
+// figure means.
 //
-// How each side reloads:
-//   - gunicorn alone runs WITHOUT --preload and is reloaded the way its
-//     users reload code: write the new version, SIGHUP. Its new workers
-//     import the app afresh. With --preload a HUP forks new workers from an
-//     arbiter that already imported the app, so no code is reloaded at all.
-//   - the supervisor is reloaded by a pool config change in ZooKeeper (the
-//     env names the new version's file); each swap starts new gunicorn
-//     processes, which import the app. They run --preload only so that
-//     gunicorn's READY=1 comes after the import.
-//
-// Both import the app four times per reload (4 workers, 4 x 1 under the
-// supervisor). Only the direct-throughput comparison, where nothing is
-// reloaded, runs --preload on both sides.
-//
-// Two load generators: Debian's wrk measures steady-state throughput (the
-// "bound directly vs under the supervisor" comparison, where the load
-// generator's own efficiency matters); during reloads and storms an
-// open-loop generator in this program offers a constant rate and records
-// every request (when it was due, latency, status or connection error,
-// version), because per-request timelines are needed to tell when new code
-// serves, which neither wrk nor hey report. Latency counts from the moment
-// a request was due, so a stall is charged in full (no coordinated
-// omission).
+// The app (versioned_app.py) takes STARTUP to import and answers with the
+// version it imported, so a reload counts only once answers prove that new
+// code serves. gunicorn alone runs without --preload (with it, a HUP forks
+// workers from an arbiter that imported the app once: no code is reloaded)
+// and is reloaded by a new version file and SIGHUP; the supervisor by a pool
+// config change naming the new version (its gunicorns run --preload only so
+// that READY=1 comes after the import). Both import the app four times per
+// reload. During reloads and storms an open-loop generator in this program
+// offers a constant rate and records every request (due time, latency,
+// status or connection error, version): latency counts from the moment a
+// request was due, so a stall is charged in full. wrk measures steady
+// throughput, where the load generator's own efficiency matters.
 package main
 
 import (
@@ -42,6 +29,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -60,28 +48,26 @@ var (
 	stormEvery = flag.Duration("storm-every", time.Second, "time between changes during the storm")
 	startup    = flag.Duration("startup", 1500*time.Millisecond, "app start-up time (sleep at import)")
 	workers    = flag.Int("workers", 4, "serving processes in every scenario")
-	// gunicorn alone has no stability window: it swaps its workers the
-	// moment they boot. The like-for-like comparison of time to new code
-	// runs the supervisor without one too; the default 10 s window keeps
-	// the previous generation answering beside the new one for 10 s by
-	// design, so "all answers from new code" would read >= 10 s.
+	// Off by default, like gunicorn alone: with a window the previous
+	// generation answers beside the new one for its length, by design.
 	window    = flag.Duration("stability-window", 0, "the pool config's stability.window (0: off, like gunicorn alone; the supervisor's default is 10s)")
 	conc      = flag.Int("c", 8, "connections of wrk (steady-state throughput)")
 	rate      = flag.Int("rate", 200, "constant offered load during reloads and storms, requests/s")
 	steadyFor = flag.Duration("steady", 5*time.Second, "steady-state measurement time")
 	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
 	repo      = flag.String("repo", ".", "repository root")
-	only      = flag.String("only", "gunicorn,supervisor+gunicorn,supervisor+go,direct", "scenarios to run, comma-separated: gunicorn (alone, the baseline), supervisor+gunicorn, supervisor+go, direct (steady throughput bound directly vs under the supervisor)")
+	only      = flag.String("only", scenarios, "scenarios to run, comma-separated: gunicorn (alone, the baseline), supervisor+gunicorn, supervisor+go, direct (steady throughput bound directly vs under the supervisor)")
 	pinCPUs   = flag.Bool("pin", runtime.NumCPU() >= 2, "in the direct comparison, pin the servers to the first CPU and wrk to the others (taskset), so that the load generator and the servers do not trade cores from round to round")
 	rounds    = flag.Int("rounds", 15, "paired wrk rounds in the direct comparison (order alternating; the median of the rounds' ratios counts)")
 	jsonOut   = flag.String("json", "", "also write the results as JSON to this file")
 )
 
+const scenarios = "gunicorn,supervisor+gunicorn,supervisor+go,direct"
+
 func main() {
 	flag.Parse()
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+		benchkit.Fatalf(1, "bench", "%v", err)
 	}
 }
 
@@ -139,12 +125,10 @@ func run() error {
 	}
 	want := map[string]bool{}
 	for _, o := range strings.Split(*only, ",") {
-		switch o = strings.TrimSpace(o); o {
-		case "gunicorn", "supervisor+gunicorn", "supervisor+go", "direct":
-			want[o] = true
-		default:
-			return fmt.Errorf("-only: unknown scenario %q (want gunicorn, supervisor+gunicorn, supervisor+go, direct)", o)
+		if o = strings.TrimSpace(o); !slices.Contains(strings.Split(scenarios, ","), o) {
+			return fmt.Errorf("-only: unknown scenario %q (want %s)", o, strings.ReplaceAll(scenarios, ",", ", "))
 		}
+		want[o] = true
 	}
 	if *rounds < 1 {
 		return fmt.Errorf("-rounds must be at least 1")
@@ -182,16 +166,24 @@ func run() error {
 		return f, os.Rename(f+".tmp", f)
 	}
 
-	loadStart := loadavg()
+	loadStart := benchkit.LoadAvg(3)
 	fmt.Printf("supervisor benchmark: %d workers, constant load %d req/s (keep-alive; gunicorn closes after each response), start-up %s, %d reloads every %s, storm: a change every %s for %s; load average at start %s\n\n",
 		*workers, *rate, *startup, *reloads, *spacing, *stormEvery, *stormFor, loadStart)
 	var rows []scenario
+	// runScenario serves on port with cmd, measures it and stops it.
+	runScenario := func(name, how string, cmd *exec.Cmd, port int, within time.Duration, apply func(n int) error) error {
+		stop, err := serve(cmd, port, within)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		defer stop()
+		rows = append(rows, measure(name, how, httpURL(port), apply))
+		return nil
+	}
 
-	// gunicorn alone, the baseline: no --preload, so that a HUP imports the
-	// new code; the version file is shared by all its generations.
+	// gunicorn alone, the baseline: one version file for all generations.
 	if want["gunicorn"] {
 		port := freePort()
-		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
 		vf, err := versionFile("gunicorn-version", 0)
 		if err != nil {
 			return err
@@ -200,59 +192,45 @@ func run() error {
 			"--chdir", benchDir, "--graceful-timeout", "10", "--log-level", "warning", "versioned_app:application")
 		cmd.Env = append(os.Environ(), "APP_STARTUP_DELAY="+startupEnv, "APP_VERSION_FILE="+vf)
 		cmd.Stderr = logFile(tmp, "gunicorn.log")
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
-		if err := waitHTTP(url, 30*time.Second); err != nil {
-			stop()
-			return fmt.Errorf("gunicorn alone: %w", err)
-		}
 		hup := func(n int) error {
 			if _, err := versionFile("gunicorn-version", n); err != nil {
 				return err
 			}
 			return cmd.Process.Signal(syscall.SIGHUP)
 		}
-		rows = append(rows, measure("gunicorn alone", fmt.Sprintf("gunicorn --workers %d (no --preload); version file + SIGHUP", *workers), url, hup))
-		stop()
+		if err := runScenario("gunicorn alone", fmt.Sprintf("gunicorn --workers %d (no --preload); version file + SIGHUP", *workers), cmd, port, 30*time.Second, hup); err != nil {
+			return err
+		}
 	}
-	// The supervisor with gunicorn, then with the Go worker.
-	type svCase struct {
-		name, reload, command string
-		args                  []string
-		env                   map[string]string
-		version               func(n int) error // puts version n into env
-		settle                time.Duration     // readiness.delay: gunicorn's arbiter notifies before forking its workers
-	}
-	var cases []svCase
-	{
-		env := map[string]string{"APP_STARTUP_DELAY": startupEnv}
-		cases = append(cases, svCase{"supervisor+gunicorn", fmt.Sprintf("%d x gunicorn --preload --workers 1; new version file named in the pool config's env", *workers), "gunicorn",
+	// The supervisor with gunicorn, then with the Go worker: a change is a
+	// pool config write whose env holds the new version.
+	pyEnv := map[string]string{"APP_STARTUP_DELAY": startupEnv}
+	goEnv := map[string]string{"HELLO_STARTUP_DELAY": startup.String()}
+	for i, sc := range []struct {
+		name, how, command string
+		args               []string
+		env                map[string]string
+		version            func(n int) error // puts version n into env
+		settle             time.Duration     // readiness.delay: gunicorn's arbiter notifies before forking its workers
+	}{
+		{"supervisor+gunicorn", fmt.Sprintf("%d x gunicorn --preload --workers 1; new version file named in the pool config's env", *workers), "gunicorn",
 			[]string{"--preload", "--workers", "1", "--chdir", benchDir, "--graceful-timeout", "10", "--log-level", "warning", "versioned_app:application"},
-			env, func(n int) error {
+			pyEnv, func(n int) error {
 				// A file per version: the running generation keeps its own.
 				f, err := versionFile(fmt.Sprintf("sv-gunicorn-version-%d", n), n)
-				env["APP_VERSION_FILE"] = f
+				pyEnv["APP_VERSION_FILE"] = f
 				return err
-			}, 300 * time.Millisecond})
-	}
-	{
-		env := map[string]string{"HELLO_STARTUP_DELAY": startup.String()}
-		cases = append(cases, svCase{"supervisor+go", fmt.Sprintf("%d x the Go example worker; version in the pool config's env (GREETING)", *workers), hello, nil,
-			env, func(n int) error { env["GREETING"] = fmt.Sprintf("v%d", n); return nil }, 0})
-	}
-	for i, sc := range cases {
+			}, 300 * time.Millisecond},
+		{"supervisor+go", fmt.Sprintf("%d x the Go example worker; version in the pool config's env (GREETING)", *workers), hello, nil,
+			goEnv, func(n int) error { goEnv["GREETING"] = fmt.Sprintf("v%d", n); return nil }, 0},
+	} {
 		if !want[sc.name] {
 			continue
 		}
 		pool := fmt.Sprintf("p%d", i)
 		port, admin := freePort(), freePort()
-		url := fmt.Sprintf("http://127.0.0.1:%d/", port)
-		surge := *workers
-		win := topo.Duration(*window)
-		cfg := &topo.PoolConfig{Version: 1, Command: sc.command, Args: sc.args, Env: sc.env, Workers: *workers, Surge: &surge,
-			Stability: topo.Stability{Window: &win},
+		cfg := &topo.PoolConfig{Version: 1, Command: sc.command, Args: sc.args, Env: sc.env, Workers: *workers, Surge: new(*workers),
+			Stability: topo.Stability{Window: new(topo.Duration(*window))},
 			Listen:    []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}, GracefulTimeout: topo.Duration(15 * time.Second),
 			Readiness: topo.Readiness{Timeout: topo.Duration(30 * time.Second), Delay: topo.Duration(sc.settle)}}
 		setCfg := func(n int) error {
@@ -270,16 +248,9 @@ func run() error {
 		cmd := exec.Command(svBin, "--zk", *zkConnect, "--zk-root", benchRoot, "--cluster", "bench", "--pool", pool,
 			"--admin", fmt.Sprintf("127.0.0.1:%d", admin), "--state-dir", filepath.Join(tmp, pool), "--log-level", "warn")
 		cmd.Stdout, cmd.Stderr = logFile(tmp, pool+".log"), logFile(tmp, pool+".err.log")
-		if err := cmd.Start(); err != nil {
+		if err := runScenario(sc.name, sc.how, cmd, port, time.Minute, setCfg); err != nil {
 			return err
 		}
-		stop := func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
-		if err := waitHTTP(url, 60*time.Second); err != nil {
-			stop()
-			return fmt.Errorf("%s: %w", sc.name, err)
-		}
-		rows = append(rows, measure(sc.name, sc.reload, url, setCfg))
-		stop()
 	}
 
 	// Bound directly vs under the supervisor: the same worker, same count.
@@ -288,35 +259,23 @@ func run() error {
 		direct = directComparison(tmp, hello, svBin, appDir)
 	}
 
-	loadEnd := loadavg()
+	loadEnd := benchkit.LoadAvg(3)
 	gv, _ := exec.Command("gunicorn", "--version").Output()
 	conditions := fmt.Sprintf("%d CPUs, load average (1/5/15 min) %s at start, %s at end; %s, %s, %s",
 		runtime.NumCPU(), loadStart, loadEnd, runtime.Version(), strings.TrimSpace(string(gv)), time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	printTable(rows, direct, conditions)
-	if *jsonOut != "" {
-		out := struct {
-			Command    string         `json:"command"`
-			Conditions string         `json:"conditions"`
-			Baseline   string         `json:"baseline"`
-			Scenarios  []scenario     `json:"scenarios"`
-			Direct     []directRow    `json:"direct"`
-			Settings   map[string]any `json:"settings"`
-		}{commandLine(), conditions, "gunicorn alone", rows, direct, map[string]any{
-			"workers": *workers, "rate": *rate, "startup": startup.String(), "reloads": *reloads, "spacing": spacing.String(),
-			"storm": stormFor.String(), "storm_every": stormEvery.String(), "rounds": *rounds, "pin": *pinCPUs}}
-		b, _ := json.MarshalIndent(out, "", "  ")
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			return err
-		}
+	if *jsonOut == "" {
+		return nil
 	}
-	return nil
+	b, _ := json.MarshalIndent(map[string]any{"command": commandLine(), "conditions": conditions, "baseline": "gunicorn alone", "scenarios": rows, "direct": direct,
+		"settings": map[string]any{"workers": *workers, "rate": *rate, "startup": startup.String(), "reloads": *reloads, "spacing": spacing.String(),
+			"storm": stormFor.String(), "storm_every": stormEvery.String(), "rounds": *rounds, "pin": *pinCPUs}}, "", "  ")
+	return os.WriteFile(*jsonOut, append(b, '\n'), 0o644)
 }
 
 func commandLine() string {
 	return strings.TrimSpace("bench/supervisor/run " + strings.Join(os.Args[1:], " "))
 }
-
-func loadavg() string { return benchkit.LoadAvg(3) }
 
 func freePort() int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -327,18 +286,24 @@ func freePort() int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-func waitHTTP(url string, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if resp, err := httpClient.Get(url); err == nil {
+func httpURL(port int) string { return fmt.Sprintf("http://127.0.0.1:%d/", port) }
+
+// serve starts cmd and waits until it answers 200 on port; stop stops it.
+func serve(cmd *exec.Cmd, port int, within time.Duration) (stop func(), err error) {
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	stop = func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if resp, err := httpClient.Get(httpURL(port)); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return nil
+				return stop, nil
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	return fmt.Errorf("%s not serving within %s", url, d)
+	stop()
+	return nil, fmt.Errorf("%s not serving within %s", httpURL(port), within)
 }
 
 func logFile(dir, name string) *os.File {

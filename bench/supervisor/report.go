@@ -6,14 +6,6 @@ import (
 	"strings"
 )
 
-func fmtRatios(v []float64) string {
-	var parts []string
-	for _, r := range v {
-		parts = append(parts, fmt.Sprintf("%.2f", r))
-	}
-	return strings.Join(parts, " ")
-}
-
 // printTable prints the reload figures as a markdown table (the docs paste
 // it verbatim) with every supervisor column's ratio against gunicorn alone
 // from the same run, then the direct comparison and the targets.
@@ -28,87 +20,31 @@ func printTable(rows []scenario, direct []directRow, conditions string) {
 		fmt.Printf("%s: %s\n", r.Name, r.Reload)
 	}
 	if len(rows) > 0 {
-		type metric struct {
-			label string
-			get   func(s *scenario) (v float64, text string, ok bool)
-			ratio bool
-		}
-		msv := func(f func(s *scenario) (float64, bool)) func(s *scenario) (float64, string, bool) {
-			return func(s *scenario) (float64, string, bool) {
-				v, ok := f(s)
-				if !ok {
-					return 0, "never", false
-				}
-				if v < 10 {
-					return v, fmt.Sprintf("%.1f ms", v), true
-				}
-				return v, fmt.Sprintf("%.0f ms", v), true
-			}
-		}
-		count := func(f func(s *scenario) int) func(s *scenario) (float64, string, bool) {
-			return func(s *scenario) (float64, string, bool) { v := f(s); return float64(v), strconv.Itoa(v), true }
-		}
-		rps := func(f func(s *scenario) float64) func(s *scenario) (float64, string, bool) {
-			return func(s *scenario) (float64, string, bool) {
-				v := f(s)
-				if v < 10 {
-					return v, fmt.Sprintf("%.1f req/s", v), true
-				}
-				return v, fmt.Sprintf("%.0f req/s", v), true
-			}
-		}
-		frac := func(f func(s *scenario) (int, int)) func(s *scenario) (float64, string, bool) {
-			return func(s *scenario) (float64, string, bool) { a, b := f(s); return 0, fmt.Sprintf("%d/%d", a, b), true }
-		}
-		metrics := []metric{
-			{"steady throughput (same generator)", rps(func(s *scenario) float64 { return s.SteadyRPS }), true},
-			{"reloads: failed requests", count(func(s *scenario) int { return s.Reloads.Failed }), true},
-			{"reloads: slowest request", msv(func(s *scenario) (float64, bool) { return s.Reloads.MaxMS, true }), true},
-			{"reloads: p99 latency", msv(func(s *scenario) (float64, bool) { return s.Reloads.P99MS, true }), true},
-			{"reloads: change -> first answer from new code, p50", msv(func(s *scenario) (float64, bool) { return s.Reloads.FirstP50MS, s.Reloads.FirstSeen > 0 }), true},
-			{"reloads: change -> first answer from new code, max", msv(func(s *scenario) (float64, bool) { return s.Reloads.FirstMaxMS, s.Reloads.FirstSeen > 0 }), true},
-			{"reloads: change -> all answers from new code, p50", msv(func(s *scenario) (float64, bool) { return s.Reloads.AllP50MS, s.Reloads.AllNew > 0 }), true},
-			{"reloads: change -> all answers from new code, max", msv(func(s *scenario) (float64, bool) { return s.Reloads.AllMaxMS, s.Reloads.AllNew > 0 }), true},
-			{"reloads: changes served alone before the next", frac(func(s *scenario) (int, int) { return s.Reloads.AllNew, s.Reloads.Changes }), false},
-			{"storm: failed requests", count(func(s *scenario) int { return s.Storm.Failed }), true},
-			{"storm: slowest request", msv(func(s *scenario) (float64, bool) { return s.Storm.MaxMS, true }), true},
-			{"storm: throughput while changes are made", rps(func(s *scenario) float64 { return s.Storm.RPS }), true},
-			{"storm: versions that answered", frac(func(s *scenario) (int, int) { return s.Storm.VersionsServed, s.Storm.Changes }), false},
-			{"storm: last change -> first answer from its code", msv(func(s *scenario) (float64, bool) { return s.Storm.FirstP50MS, s.Storm.FirstSeen > 0 }), true},
-			{"storm: last change -> all answers from its code", msv(func(s *scenario) (float64, bool) { return s.Storm.AllP50MS, s.Storm.AllNew > 0 }), true},
-		}
-		var base *scenario
-		for i := range rows {
-			if rows[i].Name == "gunicorn alone" {
-				base = &rows[i]
-			}
-		}
-		header := []string{"metric"}
-		for _, r := range rows {
+		var base []cell
+		table := [][]string{{"metric"}}
+		for i, r := range rows {
 			if r.Name == "gunicorn alone" {
-				header = append(header, "gunicorn alone (baseline)")
-				continue
+				base = cells(&rows[i])
+				table[0] = append(table[0], "gunicorn alone (baseline)")
+			} else {
+				table[0] = append(table[0], r.Name, "ratio")
 			}
-			header = append(header, r.Name, "ratio")
 		}
-		table := [][]string{header}
-		for _, m := range metrics {
-			line := []string{m.label}
-			for i := range rows {
-				v, text, ok := m.get(&rows[i])
-				line = append(line, text)
+		for _, c := range cells(&rows[0]) {
+			table = append(table, []string{c.label})
+		}
+		for i := range rows {
+			for m, c := range cells(&rows[i]) {
+				table[m+1] = append(table[m+1], c.text)
 				if rows[i].Name == "gunicorn alone" {
 					continue
 				}
 				ratio := "-"
-				if base != nil && m.ratio && ok {
-					if b, _, bok := m.get(base); bok && b != 0 {
-						ratio = fmt.Sprintf("%.2fx", v/b)
-					}
+				if base != nil && c.ratio && c.ok && base[m].ok && base[m].v != 0 {
+					ratio = fmt.Sprintf("%.2fx", c.v/base[m].v)
 				}
-				line = append(line, ratio)
+				table[m+1] = append(table[m+1], ratio)
 			}
-			table = append(table, line)
 		}
 		fmt.Println()
 		printMarkdown(table)
@@ -119,7 +55,7 @@ func printTable(rows []scenario, direct []directRow, conditions string) {
 		fmt.Printf("%-26s %14s %14s %8s   %-26s %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor", "server CPU/request direct / supervisor")
 		for _, d := range direct {
 			fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %-26s %.1f / %.1f us (%.3fx)\n", d.Name, d.Direct, d.UnderSV, 100*d.Ratio, d.directP99+" / "+d.svP99,
-				d.CPUDirect, d.CPUSV, d.CPUSV/max(d.CPUDirect, 1e-9))
+				d.CPUDirect, d.CPUSV, d.cpuRatio())
 		}
 	}
 	fmt.Println()
@@ -148,17 +84,54 @@ func printTable(rows []scenario, direct []directRow, conditions string) {
 		}
 		fmt.Printf("  %-32s %s\n", r.Name, verdict)
 	}
+	met := map[bool]string{true: "MET", false: "MISSED"}
 	for _, d := range direct {
-		verdict := "MET"
-		if d.Ratio < 0.95 {
-			verdict = "MISSED"
+		fmt.Printf("  %-32s %s (%.1f%%, median of %d paired rounds)\n", d.Name+" throughput", met[d.Ratio >= 0.95], 100*d.Ratio, len(d.Ratios))
+		fmt.Printf("  %-32s %s (%.3fx the CPU per request of the same worker bound directly)\n", d.Name+" CPU cost", met[d.CPUDirect != 0 && d.CPUSV <= 1.05*d.CPUDirect], d.cpuRatio())
+	}
+}
+
+// cell is a scenario's value of a metric (the table's row label): ratio
+// when a supervisor column's ratio against the baseline means something,
+// ok unless "never".
+type cell struct {
+	label, text string
+	v           float64
+	ratio, ok   bool
+}
+
+func cells(s *scenario) []cell {
+	unit := func(label string, v float64, unit string) cell {
+		if v < 10 {
+			return cell{label, fmt.Sprintf("%.1f %s", v, unit), v, true, true}
 		}
-		fmt.Printf("  %-32s %s (%.1f%%, median of %d paired rounds)\n", d.Name+" throughput", verdict, 100*d.Ratio, len(d.Ratios))
-		verdict = "MET"
-		if d.CPUDirect == 0 || d.CPUSV > 1.05*d.CPUDirect {
-			verdict = "MISSED"
+		return cell{label, fmt.Sprintf("%.0f %s", v, unit), v, true, true}
+	}
+	ms := func(label string, v float64, seen int) cell {
+		if seen == 0 {
+			return cell{label, "never", 0, true, false}
 		}
-		fmt.Printf("  %-32s %s (%.3fx the CPU per request of the same worker bound directly)\n", d.Name+" CPU cost", verdict, d.CPUSV/max(d.CPUDirect, 1e-9))
+		return unit(label, v, "ms")
+	}
+	count := func(label string, n int) cell { return cell{label, strconv.Itoa(n), float64(n), true, true} }
+	frac := func(label string, a, b int) cell { return cell{label, fmt.Sprintf("%d/%d", a, b), 0, false, true} }
+	r, st := &s.Reloads, &s.Storm
+	return []cell{
+		unit("steady throughput (same generator)", s.SteadyRPS, "req/s"),
+		count("reloads: failed requests", r.Failed),
+		ms("reloads: slowest request", r.MaxMS, 1),
+		ms("reloads: p99 latency", r.P99MS, 1),
+		ms("reloads: change -> first answer from new code, p50", r.FirstP50MS, r.FirstSeen),
+		ms("reloads: change -> first answer from new code, max", r.FirstMaxMS, r.FirstSeen),
+		ms("reloads: change -> all answers from new code, p50", r.AllP50MS, r.AllNew),
+		ms("reloads: change -> all answers from new code, max", r.AllMaxMS, r.AllNew),
+		frac("reloads: changes served alone before the next", r.AllNew, r.Changes),
+		count("storm: failed requests", st.Failed),
+		ms("storm: slowest request", st.MaxMS, 1),
+		unit("storm: throughput while changes are made", st.RPS, "req/s"),
+		frac("storm: versions that answered", st.VersionsServed, st.Changes),
+		ms("storm: last change -> first answer from its code", st.FirstP50MS, st.FirstSeen),
+		ms("storm: last change -> all answers from its code", st.AllP50MS, st.AllNew),
 	}
 }
 
@@ -171,28 +144,19 @@ func printMarkdown(rows [][]string) {
 			width[i] = max(width[i], len(c), 3)
 		}
 	}
-	line := func(cells []string) {
+	sep := []string{strings.Repeat("-", width[0])}
+	for _, w := range width[1:] {
+		sep = append(sep, strings.Repeat("-", w-1)+":")
+	}
+	for _, r := range append([][]string{rows[0], sep}, rows[1:]...) {
 		var b strings.Builder
-		for i, c := range cells {
+		for i, c := range r {
+			w := width[i]
 			if i == 0 {
-				fmt.Fprintf(&b, "| %-*s ", width[i], c)
-			} else {
-				fmt.Fprintf(&b, "| %*s ", width[i], c)
+				w = -w // %*s pads on the right when the width is negative
 			}
+			fmt.Fprintf(&b, "| %*s ", w, c)
 		}
 		fmt.Println(b.String() + "|")
-	}
-	line(rows[0])
-	sep := make([]string, len(width))
-	for i, w := range width {
-		if i == 0 {
-			sep[i] = strings.Repeat("-", w)
-		} else {
-			sep[i] = strings.Repeat("-", w-1) + ":"
-		}
-	}
-	line(sep)
-	for _, r := range rows[1:] {
-		line(r)
 	}
 }

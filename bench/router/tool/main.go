@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/topo"
 )
 
 func main() {
@@ -28,7 +27,7 @@ func main() {
 		must(err)
 		raw, err := bucketmap.Encode(m)
 		must(err)
-		doc, err := topo.EncodeCompact(bucketmap.MapFileRecord{Version: 1, Cluster: "bench", Seed: "5eed0000000000000000000000000001", Map: raw})
+		doc, err := bucketmap.EncodeMapFile("bench", "5eed0000000000000000000000000001", raw)
 		must(err)
 		must(os.WriteFile(a[1], doc, 0o644))
 	case len(a) == 2 && a[0] == "const":
