@@ -1,0 +1,125 @@
+package devenv_test
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/shardvisor/shardvisor/internal/devenv"
+	"github.com/shardvisor/shardvisor/internal/pki"
+)
+
+// quietLog drops go-zookeeper's reconnect lines.
+type quietLog struct{}
+
+func (quietLog) Printf(string, ...any) {}
+
+// session dials the ensemble with dial (nil: plain TCP) and reports
+// whether a session came within wait.
+func session(t *testing.T, e *devenv.Env, dial zk.Dialer, wait time.Duration) (*zk.Conn, bool) {
+	t.Helper()
+	if dial == nil {
+		dial = net.DialTimeout
+	}
+	c, _, err := zk.Connect(strings.Split(e.ZKConnect(), ","), 5*time.Second, zk.WithLogger(quietLog{}), zk.WithDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if c.State() == zk.StateHasSession {
+			return c, true
+		}
+	}
+	return c, false
+}
+
+func dialAs(t *testing.T, f pki.Files) zk.Dialer {
+	t.Helper()
+	cfg, err := f.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.Dialer(cfg)
+}
+
+// With ZKTLS the ensemble takes no plain client, no client of another CA,
+// and tells identities apart by certificate; a Patroni group runs on it.
+func TestTLSEnsemble(t *testing.T) {
+	e := throwawayWith(t, devenv.Config{PGNodes: 1, HA: 2, ZKTLS: true})
+	if err := e.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := status(t, e); !ok {
+		t.Fatalf("not healthy after up:\n%s", st)
+	}
+
+	t.Run("plain client gets no session", func(t *testing.T) {
+		if _, ok := session(t, e, nil, 3*time.Second); ok {
+			t.Fatal("a plain TCP client got a session")
+		}
+		if out, err := devenv.FourLetterWord(strings.Split(e.ZKConnect(), ",")[0], "srvr", 2*time.Second); err == nil && strings.Contains(out, "Mode") {
+			t.Fatalf("a plain four-letter word was answered: %q", out)
+		}
+	})
+
+	t.Run("client of another CA gets no session", func(t *testing.T) {
+		dir := t.TempDir()
+		ca, err := pki.NewCA("rogue", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := ca.Issue(pki.Identity{Role: "admin", Host: "devenv"}, time.Hour) // the superuser's very name
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := pki.FilesIn(dir, "rogue")
+		f.CA = e.TLSFiles("").CA // it trusts the real servers; they must not trust it
+		if err := leaf.Write(f.Cert, f.Key); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := session(t, e, dialAs(t, f), 3*time.Second); ok {
+			t.Fatal("a client certificate of another CA got a session")
+		}
+	})
+
+	t.Run("identities are told apart", func(t *testing.T) {
+		web, ok := session(t, e, dialAs(t, e.TLSFiles("webhead")), 10*time.Second)
+		if !ok {
+			t.Fatal("the web head identity got no session")
+		}
+		admin, ok := session(t, e, dialAs(t, e.TLSFiles("admin")), 10*time.Second)
+		if !ok {
+			t.Fatal("the admin identity got no session")
+		}
+		webDN := pki.Identity{Role: "webhead", Host: "web1"}.DN()
+		acl := append([]zk.ACL{{Perms: zk.PermAll, Scheme: "x509", ID: webDN}}, zk.WorldACL(zk.PermRead)...)
+		if _, err := web.Create("/tls-test", []byte("web"), 0, acl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Set("/tls-test", []byte("admin"), -1); !errors.Is(err, zk.ErrNoAuth) {
+			t.Fatalf("another identity set the web head's znode: %v", err)
+		}
+		if _, err := web.Set("/tls-test", []byte("web again"), -1); err != nil {
+			t.Fatalf("the owner could not set its znode: %v", err)
+		}
+		got, _, err := admin.GetACL("/tls-test")
+		if err != nil || len(got) != 2 || got[0].Scheme != "x509" || got[0].ID != webDN {
+			t.Fatalf("ACL = %v, %v; want x509:%s first", got, err, webDN)
+		}
+	})
+
+	t.Run("Patroni reaches ZooKeeper over TLS", func(t *testing.T) {
+		if _, port, ok, err := e.Primary(1); err != nil || !ok || port == 0 {
+			t.Fatalf("no primary: %v", err)
+		}
+		addr := net.JoinHostPort("127.0.0.1", "7811")
+		if _, err := net.DialTimeout("tcp", addr, time.Second); err != nil {
+			t.Fatalf("the TLS client port is not listening: %v", err)
+		}
+	})
+}
