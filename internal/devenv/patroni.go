@@ -144,6 +144,11 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 			return false, fmt.Errorf("pg%d: cannot clear %spg%d in ZooKeeper: %w", i, PatroniNamespace, i, err)
 		}
 	}
+	if e.c.ZKTLS {
+		if err := e.ensureScope(i); err != nil {
+			return false, fmt.Errorf("pg%d: creating its scope in %s: %w", i, PatroniNamespace, err)
+		}
+	}
 	return fresh, nil
 }
 

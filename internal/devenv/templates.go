@@ -72,7 +72,8 @@ func (e *Env) patroniYML(i, m int, password string) []byte {
 		Node, Port, APIPort                            int
 		Name, Namespace, ZKHosts, Dir, PGBin, Password string
 		ZKTLS                                          bool
-		CA, Cert, Key                                  string
+		CA, Cert, Key, Owner                           string
+		Readers                                        []string
 	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password,
-		e.c.ZKTLS, tf.CA, tf.Cert, tf.Key})
+		e.c.ZKTLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), patroniReaders()})
 }

@@ -1,13 +1,17 @@
 package devenv
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 
 	"github.com/shardvisor/shardvisor/internal/pki"
 )
@@ -52,9 +56,58 @@ func (e *Env) tlsIdentities() map[string]pki.Identity {
 		ids["zk"+itoa(i)] = pki.Identity{Role: "zookeeper", Host: "zk" + itoa(i), DNSNames: []string{"localhost"}, IPs: local}
 	}
 	for i := 1; i <= 9; i++ {
-		ids["patroni-pg"+itoa(i)] = pki.Identity{Role: "patroni", Host: "pg" + itoa(i)}
+		ids["patroni-pg"+itoa(i)] = patroniIdentity(i)
 	}
 	return ids
+}
+
+// patroniIdentity is group i's Patroni: the only writer of its records.
+func patroniIdentity(i int) pki.Identity { return pki.Identity{Role: "patroni", Host: "pg" + itoa(i)} }
+
+// patroniReaders are the identities Patroni's set_acls lets read a
+// group's records. Patroni 3.0.2 writes only x509 entries there, so there
+// is no world:anyone read: every reader is named.
+func patroniReaders() []string {
+	return []string{pki.Identity{Role: "admin", Host: "operator"}.DN(), pki.Identity{Role: "webhead", Host: "web1"}.DN()}
+}
+
+// scopeACL is the ACL of group i's scope, as its Patroni's set_acls gives
+// every znode under it.
+func scopeACL(i int) []zk.ACL {
+	acl := []zk.ACL{{Perms: zk.PermAll, Scheme: "x509", ID: patroniIdentity(i).DN()}}
+	for _, r := range patroniReaders() {
+		acl = append(acl, zk.ACL{Perms: zk.PermRead, Scheme: "x509", ID: r})
+	}
+	return acl
+}
+
+// ensureScope makes Patroni's namespace readable by anyone and writable by
+// the superuser only, and creates group i's scope in it with scopeACL
+// before its Patroni starts. Any create permission on the namespace would
+// let one db host take another group's name before that group exists:
+// ZooKeeper cannot grant the creation of one child only, so the admin
+// (here devenv) creates every scope.
+func (e *Env) ensureScope(i int) error {
+	c, err := e.zkConnected(15 * time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ns := strings.TrimSuffix(PatroniNamespace, "/")
+	for _, n := range []struct {
+		path string
+		acl  []zk.ACL
+	}{{ns, zk.WorldACL(zk.PermRead)}, {ns + "/pg" + itoa(i), scopeACL(i)}} {
+		if _, err := c.Create(n.path, nil, 0, n.acl); err == nil {
+			continue
+		} else if !errors.Is(err, zk.ErrNodeExists) {
+			return err
+		}
+		if _, err := c.SetACL(n.path, n.acl, -1); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ensureTLS makes the CA and the certificates that are missing. A CA that

@@ -113,6 +113,48 @@ func TestTLSEnsemble(t *testing.T) {
 		}
 	})
 
+	// The attacks of issue 38 from a web head, and from another group's
+	// db host: rewrite the config (archive_command runs as postgres;
+	// synchronous_mode off), delete the leader key, ask for a failover,
+	// delete or fake a member. ZooKeeper refuses each; the web head reads.
+	t.Run("only the group's Patroni writes its records", func(t *testing.T) {
+		for _, who := range []string{"webhead", "admin", "patroni-pg2"} {
+			c, ok := session(t, e, dialAs(t, e.TLSFiles(who)), 10*time.Second)
+			if !ok {
+				t.Fatalf("%s got no session", who)
+			}
+			cfg, st, err := c.Get("/service/pg1/config")
+			if who == "patroni-pg2" {
+				if !errors.Is(err, zk.ErrNoAuth) {
+					t.Errorf("%s read pg1's config: %v", who, err)
+				}
+			} else if err != nil || !strings.Contains(string(cfg), `"synchronous_mode":true`) {
+				t.Fatalf("%s cannot read pg1's config: %q, %v", who, cfg, err)
+			}
+			bad := []byte(`{"synchronous_mode":false,"postgresql":{"parameters":{"archive_mode":"always","archive_command":"id > /tmp/owned"}}}`)
+			version := int32(-1)
+			if st != nil {
+				version = st.Version
+			}
+			attacks := map[string]error{}
+			_, attacks["set config"] = c.Set("/service/pg1/config", bad, version)
+			attacks["delete leader"] = c.Delete("/service/pg1/leader", -1)
+			_, attacks["create failover"] = c.Create("/service/pg1/failover", []byte(`{"leader":"pg1-m1"}`), 0, zk.WorldACL(zk.PermAll))
+			attacks["delete member"] = c.Delete("/service/pg1/members/pg1-m2", -1)
+			_, attacks["fake member"] = c.Create("/service/pg1/members/pg1-m9", []byte(`{"role":"replica"}`), zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+			attacks["delete sync"] = c.Delete("/service/pg1/sync", -1)
+			_, attacks["create a group"] = c.Create("/service/pg7", nil, 0, zk.WorldACL(zk.PermAll))
+			for what, err := range attacks {
+				if !errors.Is(err, zk.ErrNoAuth) {
+					t.Errorf("%s: %s = %v, want %v", who, what, err, zk.ErrNoAuth)
+				}
+			}
+		}
+		if st, ok := status(t, e); !ok {
+			t.Fatalf("the group changed under the attacks:\n%s", st)
+		}
+	})
+
 	t.Run("Patroni reaches ZooKeeper over TLS", func(t *testing.T) {
 		if _, port, ok, err := e.Primary(1); err != nil || !ok || port == 0 {
 			t.Fatalf("no primary: %v", err)
