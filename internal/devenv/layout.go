@@ -57,9 +57,9 @@ type Config struct {
 	HA int
 	// HANodes are the node numbers HA applies to; nil: all.
 	HANodes []int
-	// ZKTLS (SHARDVISOR_ZK_TLS=1): the ensemble takes clients over TLS
+	// TLS (SHARDVISOR_DEVENV_TLS=1): the ensemble takes clients over TLS
 	// only, each identified by its certificate (tls.go).
-	ZKTLS bool
+	TLS bool
 	// Timeout bounds the waits for health.
 	Timeout time.Duration
 	// Log receives the progress lines ("devenv: zk1: started ..."); nil
@@ -86,12 +86,12 @@ func FromEnv() (Config, error) {
 	if c.HANodes, err = ParseHANodes(os.Getenv("SHARDVISOR_PG_HA_NODES")); err != nil {
 		return c, err
 	}
-	switch v := os.Getenv("SHARDVISOR_ZK_TLS"); v {
+	switch v := os.Getenv("SHARDVISOR_DEVENV_TLS"); v {
 	case "", "0", "false":
 	case "1", "true":
-		c.ZKTLS = true
+		c.TLS = true
 	default:
-		return c, fmt.Errorf("SHARDVISOR_ZK_TLS must be 1 or 0, not %q", v)
+		return c, fmt.Errorf("SHARDVISOR_DEVENV_TLS must be 1 or 0, not %q", v)
 	}
 	secs, err := envInt("SHARDVISOR_DEVENV_TIMEOUT")
 	if err != nil {
@@ -182,6 +182,9 @@ type Env struct {
 	c     Config
 	logMu sync.Mutex // one progress line at a time, from parallel launches
 	tlsMu sync.Mutex // one CA, although the servers launch in parallel
+
+	apiOnce sync.Once
+	api     *patroniAPI // patroni_api.go
 }
 
 // New returns the environment c describes; nothing is started.

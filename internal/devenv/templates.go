@@ -35,7 +35,7 @@ func (e *Env) zooCfg(i int) []byte {
 		Servers          []zkServer
 		TLS              bool
 		KeyStore, CAFile string
-	}{Dir: e.ZKDir(i), Port: e.ZKPort(i), TLS: e.c.ZKTLS,
+	}{Dir: e.ZKDir(i), Port: e.ZKPort(i), TLS: e.c.TLS,
 		KeyStore: filepath.Join(e.TLSDir(), "zk"+itoa(i)+".pem"), CAFile: e.TLSFiles("").CA}
 	for j := 1; j <= ZKServers; j++ {
 		d.Servers = append(d.Servers, zkServer{j, e.zkQuorumPort(j), e.zkElectionPort(j)})
@@ -59,7 +59,7 @@ func (e *Env) shardvisorConf(i int) []byte {
 // patroniYML is member m's patroni.yml of group i. Its Patroni reaches
 // ZooKeeper through the member's own forwarders (zklink.go), so that it
 // can be cut off alone.
-func (e *Env) patroniYML(i, m int, password string) []byte {
+func (e *Env) patroniYML(i, m int, password, apiPassword string) []byte {
 	hosts := ""
 	for j := 1; j <= ZKServers; j++ {
 		if j > 1 {
@@ -71,9 +71,9 @@ func (e *Env) patroniYML(i, m int, password string) []byte {
 	return render("patroni.yml", struct {
 		Node, Port, APIPort                            int
 		Name, Namespace, ZKHosts, Dir, PGBin, Password string
-		ZKTLS                                          bool
-		CA, Cert, Key, Owner                           string
+		TLS                                            bool
+		CA, Cert, Key, Owner, APIUser, APIPassword     string
 		Readers                                        []string
 	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password,
-		e.c.ZKTLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), patroniReaders()})
+		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, patroniReaders()})
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/pki"
 )
 
-// With Config.ZKTLS the ensemble listens for clients on TLS only
+// With Config.TLS the ensemble listens for clients on TLS only
 // (secureClientPort), requires a client certificate signed by the
 // environment's CA, authenticates each client by its subject (x509 ACLs)
 // and runs its quorum over TLS too. The environment makes its CA and every
@@ -62,7 +62,10 @@ func (e *Env) tlsIdentities() map[string]pki.Identity {
 }
 
 // patroniIdentity is group i's Patroni: the only writer of its records.
-func patroniIdentity(i int) pki.Identity { return pki.Identity{Role: "patroni", Host: "pg" + itoa(i)} }
+// It also serves the members' REST APIs, on 127.0.0.1.
+func patroniIdentity(i int) pki.Identity {
+	return pki.Identity{Role: "patroni", Host: "pg" + itoa(i), DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+}
 
 // patroniReaders are the identities Patroni's set_acls lets read a
 // group's records. Patroni 3.0.2 writes only x509 entries there, so there
@@ -170,7 +173,7 @@ func (e *Env) ensureTLS() error {
 // zkDial is how devenv's own clients reach a server: plain TCP, or TLS as
 // the devenv identity (ZooKeeper's superuser) when the ensemble is TLS.
 func (e *Env) zkDial() (func(network, addr string, timeout time.Duration) (net.Conn, error), error) {
-	if !e.c.ZKTLS {
+	if !e.c.TLS {
 		return net.DialTimeout, nil
 	}
 	cfg, err := e.TLSFiles("devenv").Config()

@@ -1,8 +1,14 @@
 package devenv_test
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,10 +53,10 @@ func dialAs(t *testing.T, f pki.Files) zk.Dialer {
 	return pki.Dialer(cfg)
 }
 
-// With ZKTLS the ensemble takes no plain client, no client of another CA,
+// With TLS the ensemble takes no plain client, no client of another CA,
 // and tells identities apart by certificate; a Patroni group runs on it.
 func TestTLSEnsemble(t *testing.T) {
-	e := throwawayWith(t, devenv.Config{PGNodes: 1, HA: 2, ZKTLS: true})
+	e := throwawayWith(t, devenv.Config{PGNodes: 1, HA: 2, TLS: true})
 	if err := e.Up(); err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +158,70 @@ func TestTLSEnsemble(t *testing.T) {
 		}
 		if st, ok := status(t, e); !ok {
 			t.Fatalf("the group changed under the attacks:\n%s", st)
+		}
+	})
+
+	// Patroni's REST API: PATCH /config (archive_command, synchronous_mode
+	// off) and POST /restart need the operators' password as well as a
+	// certificate of the CA; reading needs the certificate.
+	t.Run("REST API", func(t *testing.T) {
+		api := "https://127.0.0.1:" + strconv.Itoa(e.MemberAPIPort(1, 1))
+		client := func(f *pki.Files) *http.Client {
+			cfg := &tls.Config{}
+			if f != nil {
+				var err error
+				if cfg, err = f.Config(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				pool := x509.NewCertPool()
+				b, _ := os.ReadFile(e.TLSFiles("").CA)
+				pool.AppendCertsFromPEM(b)
+				cfg.RootCAs = pool
+			}
+			return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+		}
+		do := func(c *http.Client, method, url, body, pw string) (int, string, error) {
+			req, _ := http.NewRequest(method, url, strings.NewReader(body))
+			if pw != "" {
+				req.SetBasicAuth(devenv.PatroniAPIUser, pw)
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				return 0, "", err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b), nil
+		}
+		bad := `{"synchronous_mode": false, "postgresql": {"parameters": {"archive_mode": "always", "archive_command": "id > /tmp/owned"}}}`
+		web := e.TLSFiles("webhead")
+		if code, _, err := do(http.DefaultClient, "PATCH", "http"+strings.TrimPrefix(api, "https")+"/config", bad, ""); err == nil && code < 300 {
+			t.Errorf("plain HTTP PATCH /config: %d", code)
+		}
+		if _, _, err := do(client(nil), "GET", api+"/patroni", "", ""); err == nil {
+			t.Error("a client without a certificate was answered")
+		}
+		if code, body, err := do(client(&web), "GET", api+"/patroni", "", ""); err != nil || code != 200 || !strings.Contains(body, `"role"`) {
+			t.Errorf("the web head cannot read /patroni: %d %q %v", code, body, err)
+		}
+		for _, pw := range []string{"", "guess"} {
+			for _, r := range [][2]string{{"PATCH", "/config"}, {"POST", "/restart"}, {"POST", "/switchover"}, {"POST", "/reinitialize"}} {
+				if code, body, err := do(client(&web), r[0], api+r[1], bad, pw); err != nil || code != 401 {
+					t.Errorf("web head %s %s with password %q: %d %q %v, want 401", r[0], r[1], pw, code, body, err)
+				}
+			}
+		}
+		pw, err := os.ReadFile(e.APIPasswordFile())
+		if err != nil {
+			t.Fatal(err)
+		}
+		admin := e.TLSFiles("admin")
+		if code, body, err := do(client(&admin), "PATCH", api+"/config", `{"maximum_lag_on_failover": 16777216}`, strings.TrimSpace(string(pw))); err != nil || code != 200 {
+			t.Errorf("the operator's PATCH /config with the password: %d %q %v", code, body, err)
+		}
+		if _, body, _ := do(client(&admin), "GET", api+"/config", "", ""); !strings.Contains(body, `"synchronous_mode": true`) && !strings.Contains(body, `"synchronous_mode":true`) {
+			t.Errorf("synchronous_mode changed: %s", body)
 		}
 	})
 

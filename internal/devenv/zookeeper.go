@@ -174,7 +174,7 @@ func (e *Env) zkLaunch(i int) error {
 	}
 	jars := append([]string{dir}, zkJars...)
 	var tlsProps []string
-	if e.c.ZKTLS {
+	if e.c.TLS {
 		if err := e.ensureTLS(); err != nil {
 			return err
 		}
