@@ -55,6 +55,8 @@ func newApp() *cli.App {
 				Usage: "members (1..9) per node that up creates; more than 1: a Patroni group, scope pgI, namespace /service/, members pgI-m1..pgI-mN, synchronous_mode on. A node's kind is fixed when it is created: unset, existing nodes keep theirs"},
 			&cli.StringFlag{Name: "pg-ha-nodes", EnvVars: []string{"SHARDVISOR_PG_HA_NODES"},
 				Usage: "comma `list` of the node numbers --pg-ha applies to (default: all); the others are plain"},
+			&cli.BoolFlag{Name: "tls", EnvVars: []string{"SHARDVISOR_DEVENV_TLS"},
+				Usage: "ZooKeeper takes clients over TLS only, each identified by its certificate (x509 ACLs), and runs its quorum over TLS; the CA and certificates are made in DIR/tls on the first up; env exports the admin's"},
 			&cli.IntFlag{Name: "timeout", Value: int(devenv.DefaultTimeout / time.Second), EnvVars: []string{"SHARDVISOR_DEVENV_TIMEOUT"},
 				Usage: "`seconds` to wait for health"},
 		},
@@ -89,7 +91,7 @@ func newApp() *cli.App {
 // envOf is the environment the flags describe.
 func envOf(c *cli.Context) (*devenv.Env, error) {
 	cfg := devenv.Config{Dir: c.String("dir"), ZKPortBase: c.Int("zk-port-base"), PGPortBase: c.Int("pg-port-base"),
-		Timeout: time.Duration(c.Int("timeout")) * time.Second, Log: os.Stderr}
+		TLS: c.Bool("tls"), Timeout: time.Duration(c.Int("timeout")) * time.Second, Log: os.Stderr}
 	var err error
 	if cfg.PGNodes, err = devenv.ParseNodes(c.String("pg-nodes")); err != nil {
 		return nil, err

@@ -40,16 +40,18 @@ const module = "github.com/shardvisor/shardvisor"
 // strictly lower layer. Commands, examples, benchmarks and e2e sit above
 // all of them (layerTop) and may import any library package.
 var layer = map[string]int{
-	"keystream":            0,
-	"workerproto":          0,
-	"hint":                 0,
-	"internal/backoff":     0,
-	"internal/benchkit":    0,
-	"internal/failpoint":   0,
-	"internal/sqlstate":    0,
-	"internal/faultproxy":  1,
-	"internal/devenv":      0,
-	"internal/testenv":     1,
+	"keystream":           0,
+	"workerproto":         0,
+	"hint":                0,
+	"internal/backoff":    0,
+	"internal/benchkit":   0,
+	"internal/failpoint":  0,
+	"internal/sqlstate":   0,
+	"internal/faultproxy": 1,
+	// Certificates and TLS configurations: below everything that dials.
+	"internal/pki":         0,
+	"internal/devenv":      1,
+	"internal/testenv":     2,
 	"internal/testkit":     0,
 	"internal/clustertest": 6,
 	"internal/archtest":    0,

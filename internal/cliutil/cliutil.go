@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/shardvisor/shardvisor/hint"
+	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -51,6 +52,9 @@ const (
 	FlagZKAuthFile     = "zk-auth-file"
 	FlagSessionTimeout = "zk-session-timeout"
 	FlagZKTimeout      = "zk-timeout"
+	FlagZKTLSCA        = "zk-tls-ca"
+	FlagZKTLSCert      = "zk-tls-cert"
+	FlagZKTLSKey       = "zk-tls-key"
 	FlagJSON           = "json"
 	FlagLogLevel       = "log-level"
 	FlagLogFormat      = "log-format"
@@ -73,6 +77,12 @@ func ZKFlags() []cli.Flag {
 			Usage: "ZooKeeper session `timeout` to ask for (the server may clamp it)"},
 		&cli.DurationFlag{Name: FlagZKTimeout, Value: zksession.DefaultOpTimeout, EnvVars: []string{"SHARDVISOR_ZK_TIMEOUT"},
 			Usage: "bound on each ZooKeeper call (`duration`)"},
+		&cli.StringFlag{Name: FlagZKTLSCA, EnvVars: []string{"SHARDVISOR_ZK_TLS_CA"},
+			Usage: "PEM `file` of the CA that signed the ZooKeeper servers' certificates; with --zk-tls-cert and --zk-tls-key, ZooKeeper is dialled over TLS and this host's certificate is its identity"},
+		&cli.StringFlag{Name: FlagZKTLSCert, EnvVars: []string{"SHARDVISOR_ZK_TLS_CERT"},
+			Usage: "PEM `file` of this host's certificate for ZooKeeper (its subject is the x509 identity ACLs name)"},
+		&cli.StringFlag{Name: FlagZKTLSKey, EnvVars: []string{"SHARDVISOR_ZK_TLS_KEY"},
+			Usage: "PEM `file` of the key of --zk-tls-cert (keep it 0600)"},
 	}
 }
 
@@ -154,6 +164,14 @@ func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
 	}
 	if cred != nil {
 		cfg.Auth = []zksession.Credential{*cred}
+	}
+	files := pki.Files{CA: c.String(FlagZKTLSCA), Cert: c.String(FlagZKTLSCert), Key: c.String(FlagZKTLSKey)}
+	if files != (pki.Files{}) {
+		tc, err := files.Config()
+		if err != nil {
+			return cfg, Usagef("--%s, --%s, --%s: %v", FlagZKTLSCA, FlagZKTLSCert, FlagZKTLSKey, err)
+		}
+		cfg.Dial = pki.Dialer(tc)
 	}
 	return cfg, nil
 }

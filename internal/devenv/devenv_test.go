@@ -20,7 +20,7 @@ func TestTemplatesRenderAsTheScriptDid(t *testing.T) {
 		"zoo.cfg":          e.zooCfg(2),
 		"log4j.properties": e.log4jProperties(2),
 		"shardvisor.conf":  e.shardvisorConf(2),
-		"patroni.yml":      e.patroniYML(4, 2, "PASSWORD123"),
+		"patroni.yml":      e.patroniYML(4, 2, "PASSWORD123", ""),
 	} {
 		want, err := os.ReadFile(filepath.Join("testdata", name))
 		if err != nil {
@@ -196,8 +196,8 @@ func TestSuperDigest(t *testing.T) {
 // The group assessment, on REST API answers as Patroni gives them.
 func TestAssessGroup(t *testing.T) {
 	ms := []member{
-		{m: 1, name: "pg4-m1", label: "pg4.m1", pgPort: 1, api: 2, pgPid: 100, patroniPid: 101},
-		{m: 2, name: "pg4-m2", label: "pg4.m2", pgPort: 3, api: 4, pgPid: 0, patroniPid: 0},
+		{m: 1, name: "pg4-m1", label: "pg4.m1", pgPort: 1, api: apiEndpoint{port: 2}, pgPid: 100, patroniPid: 101},
+		{m: 2, name: "pg4-m2", label: "pg4.m2", pgPort: 3, api: apiEndpoint{port: 4}, pgPid: 0, patroniPid: 0},
 	}
 	res := []apiAnswer{
 		{200, map[string]any{"state": "running", "timeline": float64(3), "xlog": map[string]any{"location": float64(100)}}},

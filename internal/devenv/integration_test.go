@@ -22,6 +22,13 @@ import (
 // (two checkouts) from using them at once.
 func throwaway(t *testing.T, nodes, ha int) *devenv.Env {
 	t.Helper()
+	return throwawayWith(t, devenv.Config{PGNodes: nodes, HA: ha})
+}
+
+// throwawayWith is throwaway with more of the configuration: its
+// directory, ports, timeout and log are the test's.
+func throwawayWith(t *testing.T, c devenv.Config) *devenv.Env {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("integration test: starts ZooKeeper and PostgreSQL; skipped with -short")
 	}
@@ -42,8 +49,8 @@ func throwaway(t *testing.T, nodes, ha int) *devenv.Env {
 		t.Fatal(err)
 	}
 	var log bytes.Buffer
-	e := devenv.New(devenv.Config{Dir: dir, ZKPortBase: 7811, PGPortBase: 7432, PGNodes: nodes, HA: ha,
-		Timeout: 2 * time.Minute, Log: &log})
+	c.Dir, c.ZKPortBase, c.PGPortBase, c.Timeout, c.Log = dir, 7811, 7432, 2*time.Minute, &log
+	e := devenv.New(c)
 	t.Cleanup(func() {
 		if err := e.Down(); err != nil {
 			t.Errorf("down: %v", err)

@@ -34,6 +34,8 @@ const (
 // zkJars is ZooKeeper's classpath as Debian's zookeeper package installs it.
 var zkJars = []string{"/usr/share/java/zookeeper.jar", "/usr/share/java/slf4j-log4j12.jar", "/usr/share/java/log4j-1.2.jar"}
 
+var zkNettyJars = []string{"/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar"}
+
 // Config says where an environment lives: its state directory, its ports,
 // and what `up` creates. The zero values of the optional fields mean the
 // defaults of the matching environment variables (FromEnv).
@@ -55,6 +57,9 @@ type Config struct {
 	HA int
 	// HANodes are the node numbers HA applies to; nil: all.
 	HANodes []int
+	// TLS (SHARDVISOR_DEVENV_TLS=1): the ensemble takes clients over TLS
+	// only, each identified by its certificate (tls.go).
+	TLS bool
 	// Timeout bounds the waits for health.
 	Timeout time.Duration
 	// Log receives the progress lines ("devenv: zk1: started ..."); nil
@@ -80,6 +85,13 @@ func FromEnv() (Config, error) {
 	}
 	if c.HANodes, err = ParseHANodes(os.Getenv("SHARDVISOR_PG_HA_NODES")); err != nil {
 		return c, err
+	}
+	switch v := os.Getenv("SHARDVISOR_DEVENV_TLS"); v {
+	case "", "0", "false":
+	case "1", "true":
+		c.TLS = true
+	default:
+		return c, fmt.Errorf("SHARDVISOR_DEVENV_TLS must be 1 or 0, not %q", v)
 	}
 	secs, err := envInt("SHARDVISOR_DEVENV_TIMEOUT")
 	if err != nil {
@@ -169,6 +181,10 @@ func (c Config) withDefaults() Config {
 type Env struct {
 	c     Config
 	logMu sync.Mutex // one progress line at a time, from parallel launches
+	tlsMu sync.Mutex // one CA, although the servers launch in parallel
+
+	apiOnce sync.Once
+	api     *patroniAPI // patroni_api.go
 }
 
 // New returns the environment c describes; nothing is started.

@@ -40,7 +40,14 @@ func (e *Env) memberPGPid(i, m int) int {
 // password); changed is false if it was already so.
 func (e *Env) writeMemberConf(i, m int, pw string) (changed bool, err error) {
 	dir := e.MemberDir(i, m)
-	b := e.patroniYML(i, m, pw)
+	apiPW := ""
+	if e.c.TLS {
+		var err error
+		if apiPW, err = e.ensureAPIPassword(); err != nil {
+			return false, err
+		}
+	}
+	b := e.patroniYML(i, m, pw, apiPW)
 	if old, err := os.ReadFile(filepath.Join(dir, "patroni.yml")); err == nil && string(old) == string(b) {
 		return false, nil
 	}
@@ -144,6 +151,11 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 			return false, fmt.Errorf("pg%d: cannot clear %spg%d in ZooKeeper: %w", i, PatroniNamespace, i, err)
 		}
 	}
+	if e.c.TLS {
+		if err := e.ensureScope(i); err != nil {
+			return false, fmt.Errorf("pg%d: creating its scope in %s: %w", i, PatroniNamespace, err)
+		}
+	}
 	return fresh, nil
 }
 
@@ -202,9 +214,13 @@ const convergeBody = `{"failsafe_mode": true, "ignore_slots": [{"type": "logical
 func (e *Env) groupConverge(i int) {
 	n, _, _ := e.recordedMembers(i)
 	for m := 1; m <= n; m++ {
-		req, _ := http.NewRequest(http.MethodPatch, "http://127.0.0.1:"+itoa(e.MemberAPIPort(i, m))+"/config", strings.NewReader(convergeBody))
+		api := e.patroniAPI()
+		req, err := api.request(http.MethodPatch, e.MemberAPIPort(i, m), "/config", strings.NewReader(convergeBody))
+		if err != nil {
+			break
+		}
 		req.Header.Set("Content-Type", "application/json")
-		if resp, err := apiClient.Do(req); err == nil {
+		if resp, err := api.client.Do(req); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode < 300 {
 				return

@@ -16,13 +16,12 @@ import (
 // primary, whether every other member streams from it and one of them
 // synchronously (as Patroni's sync record says, not only PostgreSQL).
 
-var apiClient = &http.Client{Timeout: 1500 * time.Millisecond}
-
 // member is one member of a group as its health check sees it.
 type member struct {
 	m                 int
 	name, label       string // "pg4-m1", "pg4.m1"
-	pgPort, api       int
+	pgPort            int
+	api               apiEndpoint
 	pgPid, patroniPid int
 }
 
@@ -34,7 +33,7 @@ func (e *Env) members(i int) ([]member, error) {
 	ms := make([]member, n)
 	for m := 1; m <= n; m++ {
 		ms[m-1] = member{m: m, name: MemberName(i, m), label: fmt.Sprintf("pg%d.m%d", i, m),
-			pgPort: e.MemberPort(i, m), api: e.MemberAPIPort(i, m),
+			pgPort: e.MemberPort(i, m), api: apiEndpoint{e.MemberAPIPort(i, m), e.patroniAPI()},
 			pgPid: e.memberPGPid(i, m), patroniPid: e.memberPatroniPid(i, m)}
 	}
 	return ms, nil
@@ -46,10 +45,17 @@ type apiAnswer struct {
 	body map[string]any
 }
 
-// apiGet asks a member's REST API; GET / answers 200 only on the leader,
+// get asks a member's REST API; GET / answers 200 only on the leader,
 // with the member's status: role, state, xlog, timeline, replication.
-func apiGet(port int, path string) apiAnswer {
-	resp, err := apiClient.Get("http://127.0.0.1:" + strconv.Itoa(port) + path)
+func (a apiEndpoint) get(path string) apiAnswer {
+	if a.c == nil {
+		return apiAnswer{} // no client: nobody answers
+	}
+	req, err := a.c.request(http.MethodGet, a.port, path, nil)
+	if err != nil {
+		return apiAnswer{}
+	}
+	resp, err := a.c.client.Do(req)
 	if err != nil {
 		return apiAnswer{}
 	}
@@ -68,7 +74,7 @@ func probe(ms []member) []apiAnswer {
 	var wg sync.WaitGroup
 	for k := range ms {
 		wg.Add(1)
-		go func() { defer wg.Done(); res[k] = apiGet(ms[k].api, "/") }()
+		go func() { defer wg.Done(); res[k] = ms[k].api.get("/") }()
 	}
 	wg.Wait()
 	return res
@@ -157,7 +163,7 @@ func assess(group string, ms []member, res []apiAnswer) assessment {
 		// the standby (its /cluster role sync_standby): PostgreSQL says
 		// "sync" a loop earlier, and until then Patroni promotes nobody
 		// ("not the healthiest node").
-		if ms, ok := apiGet(ms[a.lead].api, "/cluster").body["members"].([]any); ok {
+		if ms, ok := ms[a.lead].api.get("/cluster").body["members"].([]any); ok {
 			for _, c := range ms {
 				if c, ok := c.(map[string]any); ok && str(c, "role") == "sync_standby" {
 					dcsSync[str(c, "name")] = true
@@ -179,7 +185,7 @@ func assess(group string, ms []member, res []apiAnswer) assessment {
 			}
 			a.problems = append(a.problems, m.label+": "+t)
 		case code == 0:
-			t = fmt.Sprintf("Patroni not answering on its REST API (port %d)", m.api)
+			t = fmt.Sprintf("Patroni not answering on its REST API (port %d)", m.api.port)
 			a.problems = append(a.problems, m.label+": "+t)
 		case k == a.lead:
 			t = fmt.Sprintf("primary %s timeline %s", orQ(str(j, "state")), orQ(str(j, "timeline")))
@@ -224,7 +230,7 @@ func assess(group string, ms []member, res []apiAnswer) assessment {
 	} else if a.lead >= 0 && len(ms) > 1 && sync == 0 && len(a.problems) == 0 {
 		// Only a group in synchronous mode needs one (bench/failover runs
 		// asynchronous groups too).
-		cfg := apiGet(ms[a.lead].api, "/config").body
+		cfg := ms[a.lead].api.get("/config").body
 		if v, ok := cfg["synchronous_mode"]; !ok || v != false {
 			a.problems = append(a.problems, group+": no synchronous standby yet")
 		}

@@ -96,6 +96,10 @@ func (e *Env) memberHosts(i int) string {
 // "$(scripts/devenv env)"`).
 func (e *Env) Exports(w io.Writer) {
 	fmt.Fprintf(w, "export SHARDVISOR_ZK='%s'\n", e.ZKConnect())
+	if e.c.TLS {
+		f := e.TLSFiles("admin")
+		fmt.Fprintf(w, "export SHARDVISOR_ZK_TLS_CA='%s'\nexport SHARDVISOR_ZK_TLS_CERT='%s'\nexport SHARDVISOR_ZK_TLS_KEY='%s'\n", f.CA, f.Cert, f.Key)
+	}
 	fmt.Fprintf(w, "export SHARDVISOR_PG_PASSWORD_FILE='%s'\n", e.PasswordFile())
 	fmt.Fprintf(w, "export PGPASSFILE='%s'\n", e.PGPassFile())
 	var dsns []string

@@ -3,6 +3,7 @@ package devenv
 import (
 	"bytes"
 	"embed"
+	"path/filepath"
 	"text/template"
 )
 
@@ -29,10 +30,13 @@ type zkServer struct{ ID, Quorum, Election int }
 // zooCfg is server i's zoo.cfg.
 func (e *Env) zooCfg(i int) []byte {
 	d := struct {
-		Dir     string
-		Port    int
-		Servers []zkServer
-	}{Dir: e.ZKDir(i), Port: e.ZKPort(i)}
+		Dir              string
+		Port             int
+		Servers          []zkServer
+		TLS              bool
+		KeyStore, CAFile string
+	}{Dir: e.ZKDir(i), Port: e.ZKPort(i), TLS: e.c.TLS,
+		KeyStore: filepath.Join(e.TLSDir(), "zk"+itoa(i)+".pem"), CAFile: e.TLSFiles("").CA}
 	for j := 1; j <= ZKServers; j++ {
 		d.Servers = append(d.Servers, zkServer{j, e.zkQuorumPort(j), e.zkElectionPort(j)})
 	}
@@ -55,7 +59,7 @@ func (e *Env) shardvisorConf(i int) []byte {
 // patroniYML is member m's patroni.yml of group i. Its Patroni reaches
 // ZooKeeper through the member's own forwarders (zklink.go), so that it
 // can be cut off alone.
-func (e *Env) patroniYML(i, m int, password string) []byte {
+func (e *Env) patroniYML(i, m int, password, apiPassword string) []byte {
 	hosts := ""
 	for j := 1; j <= ZKServers; j++ {
 		if j > 1 {
@@ -63,8 +67,13 @@ func (e *Env) patroniYML(i, m int, password string) []byte {
 		}
 		hosts += "'127.0.0.1:" + itoa(e.ZKLinkPort(i, m, j)) + "'"
 	}
+	tf := e.TLSFiles("patroni-pg" + itoa(i))
 	return render("patroni.yml", struct {
 		Node, Port, APIPort                            int
 		Name, Namespace, ZKHosts, Dir, PGBin, Password string
-	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password})
+		TLS                                            bool
+		CA, Cert, Key, Owner, APIUser, APIPassword     string
+		Readers                                        []string
+	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password,
+		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, patroniReaders()})
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/sha1"
 	"encoding/base64"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -53,27 +52,17 @@ func (e *Env) ZKPid(i int) int { return e.zkPid(i) }
 // stat, conf, ruok, cons and wchs) to addr and returns the answer, within
 // timeout (a frozen server accepts the connection and answers nothing).
 func FourLetterWord(addr, word string, timeout time.Duration) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, timeout)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(timeout))
-	if _, err := io.WriteString(c, word); err != nil {
-		return "", err
-	}
-	b, err := io.ReadAll(c)
-	return string(b), err
+	return fourLetterWith(net.DialTimeout, addr, word, timeout)
 }
 
 // ZKMode is server i's role: leader, follower, observer, not-serving (up,
 // without a quorum) or down (not answering).
 func (e *Env) ZKMode(i int) string {
-	mode, err := ZKModeAt(fmt.Sprintf("127.0.0.1:%d", e.ZKPort(i)), 3*time.Second)
+	out, err := e.fourLetter(i, "srvr", 3*time.Second)
 	if err != nil {
 		return "down"
 	}
-	return mode
+	return modeOf(out)
 }
 
 // ZKModeAt is the Mode srvr reports at addr (leader, follower...), or
@@ -83,12 +72,16 @@ func ZKModeAt(addr string, timeout time.Duration) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return modeOf(out), nil
+}
+
+func modeOf(out string) string {
 	for _, line := range strings.Split(out, "\n") {
 		if m, ok := strings.CutPrefix(line, "Mode: "); ok {
-			return strings.TrimSpace(m), nil
+			return strings.TrimSpace(m)
 		}
 	}
-	return "not-serving", nil
+	return "not-serving"
 }
 
 // zkConfigStale reports whether server i runs with another zoo.cfg than
@@ -179,6 +172,17 @@ func (e *Env) zkLaunch(i int) error {
 	if err != nil {
 		return err
 	}
+	jars := append([]string{dir}, zkJars...)
+	var tlsProps []string
+	if e.c.TLS {
+		if err := e.ensureTLS(); err != nil {
+			return err
+		}
+		// zookeeper.jar's manifest lists netty's handler, buffer, common
+		// and transport; TLS needs the codec and resolver too.
+		jars = append(jars, zkNettyJars...)
+		tlsProps = []string{"-Dzookeeper.X509AuthenticationProvider.superUser=" + devenvIdentity.DN()}
+	}
 	out, err := os.Create(filepath.Join(dir, "zookeeper.out"))
 	if err != nil {
 		return err
@@ -192,8 +196,9 @@ func (e *Env) zkLaunch(i int) error {
 		"-Dzookeeper.admin.enableServer=false",
 		"-Dzookeeper.jmx.log4j.disable=true",
 		"-Dzookeeper.fastleader.maxNotificationInterval=1000",
-		"-Dzookeeper.DigestAuthenticationProvider.superDigest=super:"+superDigest(pw),
-		"-cp", strings.Join(append([]string{dir}, zkJars...), ":"),
+		"-Dzookeeper.DigestAuthenticationProvider.superDigest=super:"+superDigest(pw))
+	cmd.Args = append(cmd.Args, tlsProps...)
+	cmd.Args = append(cmd.Args, "-cp", strings.Join(jars, ":"),
 		"org.apache.zookeeper.server.quorum.QuorumPeerMain", filepath.Join(dir, "zoo.cfg"))
 	pid, err := startDaemon(cmd, out)
 	if err != nil {
@@ -339,7 +344,11 @@ func (e *Env) waitListening(name string, port int, running func() bool, log stri
 // zkConn is a client of the ensemble for devenv's own reads and deletes
 // (Patroni's state), without go-zookeeper's log lines.
 func (e *Env) zkConn() (*zk.Conn, error) {
-	c, _, err := zk.Connect(strings.Split(e.ZKConnect(), ","), 10*time.Second, zk.WithLogger(quiet{}))
+	dial, err := e.zkDial()
+	if err != nil {
+		return nil, err
+	}
+	c, _, err := zk.Connect(strings.Split(e.ZKConnect(), ","), 10*time.Second, zk.WithLogger(quiet{}), zk.WithDialer(dial))
 	return c, err
 }
 

@@ -1,0 +1,237 @@
+package devenv_test
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/shardvisor/shardvisor/internal/devenv"
+	"github.com/shardvisor/shardvisor/internal/pki"
+)
+
+// quietLog drops go-zookeeper's reconnect lines.
+type quietLog struct{}
+
+func (quietLog) Printf(string, ...any) {}
+
+// session dials the ensemble with dial (nil: plain TCP) and reports
+// whether a session came within wait.
+func session(t *testing.T, e *devenv.Env, dial zk.Dialer, wait time.Duration) (*zk.Conn, bool) {
+	t.Helper()
+	if dial == nil {
+		dial = net.DialTimeout
+	}
+	c, _, err := zk.Connect(strings.Split(e.ZKConnect(), ","), 5*time.Second, zk.WithLogger(quietLog{}), zk.WithDialer(dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if c.State() == zk.StateHasSession {
+			return c, true
+		}
+	}
+	return c, false
+}
+
+func dialAs(t *testing.T, f pki.Files) zk.Dialer {
+	t.Helper()
+	cfg, err := f.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.Dialer(cfg)
+}
+
+// With TLS the ensemble takes no plain client, no client of another CA,
+// and tells identities apart by certificate; a Patroni group runs on it.
+func TestTLSEnsemble(t *testing.T) {
+	e := throwawayWith(t, devenv.Config{PGNodes: 1, HA: 2, TLS: true})
+	if err := e.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := status(t, e); !ok {
+		t.Fatalf("not healthy after up:\n%s", st)
+	}
+
+	t.Run("plain client gets no session", func(t *testing.T) {
+		if _, ok := session(t, e, nil, 3*time.Second); ok {
+			t.Fatal("a plain TCP client got a session")
+		}
+		if out, err := devenv.FourLetterWord(strings.Split(e.ZKConnect(), ",")[0], "srvr", 2*time.Second); err == nil && strings.Contains(out, "Mode") {
+			t.Fatalf("a plain four-letter word was answered: %q", out)
+		}
+	})
+
+	t.Run("client of another CA gets no session", func(t *testing.T) {
+		dir := t.TempDir()
+		ca, err := pki.NewCA("rogue", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := ca.Issue(pki.Identity{Role: "admin", Host: "devenv"}, time.Hour) // the superuser's very name
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := pki.FilesIn(dir, "rogue")
+		f.CA = e.TLSFiles("").CA // it trusts the real servers; they must not trust it
+		if err := leaf.Write(f.Cert, f.Key); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := session(t, e, dialAs(t, f), 3*time.Second); ok {
+			t.Fatal("a client certificate of another CA got a session")
+		}
+	})
+
+	t.Run("identities are told apart", func(t *testing.T) {
+		web, ok := session(t, e, dialAs(t, e.TLSFiles("webhead")), 10*time.Second)
+		if !ok {
+			t.Fatal("the web head identity got no session")
+		}
+		admin, ok := session(t, e, dialAs(t, e.TLSFiles("admin")), 10*time.Second)
+		if !ok {
+			t.Fatal("the admin identity got no session")
+		}
+		webDN := pki.Identity{Role: "webhead", Host: "web1"}.DN()
+		acl := append([]zk.ACL{{Perms: zk.PermAll, Scheme: "x509", ID: webDN}}, zk.WorldACL(zk.PermRead)...)
+		if _, err := web.Create("/tls-test", []byte("web"), 0, acl); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Set("/tls-test", []byte("admin"), -1); !errors.Is(err, zk.ErrNoAuth) {
+			t.Fatalf("another identity set the web head's znode: %v", err)
+		}
+		if _, err := web.Set("/tls-test", []byte("web again"), -1); err != nil {
+			t.Fatalf("the owner could not set its znode: %v", err)
+		}
+		got, _, err := admin.GetACL("/tls-test")
+		if err != nil || len(got) != 2 || got[0].Scheme != "x509" || got[0].ID != webDN {
+			t.Fatalf("ACL = %v, %v; want x509:%s first", got, err, webDN)
+		}
+	})
+
+	// The attacks of issue 38 from a web head, and from another group's
+	// db host: rewrite the config (archive_command runs as postgres;
+	// synchronous_mode off), delete the leader key, ask for a failover,
+	// delete or fake a member. ZooKeeper refuses each; the web head reads.
+	t.Run("only the group's Patroni writes its records", func(t *testing.T) {
+		for _, who := range []string{"webhead", "admin", "patroni-pg2"} {
+			c, ok := session(t, e, dialAs(t, e.TLSFiles(who)), 10*time.Second)
+			if !ok {
+				t.Fatalf("%s got no session", who)
+			}
+			cfg, st, err := c.Get("/service/pg1/config")
+			if who == "patroni-pg2" {
+				if !errors.Is(err, zk.ErrNoAuth) {
+					t.Errorf("%s read pg1's config: %v", who, err)
+				}
+			} else if err != nil || !strings.Contains(string(cfg), `"synchronous_mode":true`) {
+				t.Fatalf("%s cannot read pg1's config: %q, %v", who, cfg, err)
+			}
+			bad := []byte(`{"synchronous_mode":false,"postgresql":{"parameters":{"archive_mode":"always","archive_command":"id > /tmp/owned"}}}`)
+			version := int32(-1)
+			if st != nil {
+				version = st.Version
+			}
+			attacks := map[string]error{}
+			_, attacks["set config"] = c.Set("/service/pg1/config", bad, version)
+			attacks["delete leader"] = c.Delete("/service/pg1/leader", -1)
+			_, attacks["create failover"] = c.Create("/service/pg1/failover", []byte(`{"leader":"pg1-m1"}`), 0, zk.WorldACL(zk.PermAll))
+			attacks["delete member"] = c.Delete("/service/pg1/members/pg1-m2", -1)
+			_, attacks["fake member"] = c.Create("/service/pg1/members/pg1-m9", []byte(`{"role":"replica"}`), zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+			attacks["delete sync"] = c.Delete("/service/pg1/sync", -1)
+			_, attacks["create a group"] = c.Create("/service/pg7", nil, 0, zk.WorldACL(zk.PermAll))
+			for what, err := range attacks {
+				if !errors.Is(err, zk.ErrNoAuth) {
+					t.Errorf("%s: %s = %v, want %v", who, what, err, zk.ErrNoAuth)
+				}
+			}
+		}
+		if st, ok := status(t, e); !ok {
+			t.Fatalf("the group changed under the attacks:\n%s", st)
+		}
+	})
+
+	// Patroni's REST API: PATCH /config (archive_command, synchronous_mode
+	// off) and POST /restart need the operators' password as well as a
+	// certificate of the CA; reading needs the certificate.
+	t.Run("REST API", func(t *testing.T) {
+		api := "https://127.0.0.1:" + strconv.Itoa(e.MemberAPIPort(1, 1))
+		client := func(f *pki.Files) *http.Client {
+			cfg := &tls.Config{}
+			if f != nil {
+				var err error
+				if cfg, err = f.Config(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				pool := x509.NewCertPool()
+				b, _ := os.ReadFile(e.TLSFiles("").CA)
+				pool.AppendCertsFromPEM(b)
+				cfg.RootCAs = pool
+			}
+			return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+		}
+		do := func(c *http.Client, method, url, body, pw string) (int, string, error) {
+			req, _ := http.NewRequest(method, url, strings.NewReader(body))
+			if pw != "" {
+				req.SetBasicAuth(devenv.PatroniAPIUser, pw)
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				return 0, "", err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b), nil
+		}
+		bad := `{"synchronous_mode": false, "postgresql": {"parameters": {"archive_mode": "always", "archive_command": "id > /tmp/owned"}}}`
+		web := e.TLSFiles("webhead")
+		if code, _, err := do(http.DefaultClient, "PATCH", "http"+strings.TrimPrefix(api, "https")+"/config", bad, ""); err == nil && code < 300 {
+			t.Errorf("plain HTTP PATCH /config: %d", code)
+		}
+		if _, _, err := do(client(nil), "GET", api+"/patroni", "", ""); err == nil {
+			t.Error("a client without a certificate was answered")
+		}
+		if code, body, err := do(client(&web), "GET", api+"/patroni", "", ""); err != nil || code != 200 || !strings.Contains(body, `"role"`) {
+			t.Errorf("the web head cannot read /patroni: %d %q %v", code, body, err)
+		}
+		for _, pw := range []string{"", "guess"} {
+			for _, r := range [][2]string{{"PATCH", "/config"}, {"POST", "/restart"}, {"POST", "/switchover"}, {"POST", "/reinitialize"}} {
+				if code, body, err := do(client(&web), r[0], api+r[1], bad, pw); err != nil || code != 401 {
+					t.Errorf("web head %s %s with password %q: %d %q %v, want 401", r[0], r[1], pw, code, body, err)
+				}
+			}
+		}
+		pw, err := os.ReadFile(e.APIPasswordFile())
+		if err != nil {
+			t.Fatal(err)
+		}
+		admin := e.TLSFiles("admin")
+		if code, body, err := do(client(&admin), "PATCH", api+"/config", `{"maximum_lag_on_failover": 16777216}`, strings.TrimSpace(string(pw))); err != nil || code != 200 {
+			t.Errorf("the operator's PATCH /config with the password: %d %q %v", code, body, err)
+		}
+		if _, body, _ := do(client(&admin), "GET", api+"/config", "", ""); !strings.Contains(body, `"synchronous_mode": true`) && !strings.Contains(body, `"synchronous_mode":true`) {
+			t.Errorf("synchronous_mode changed: %s", body)
+		}
+	})
+
+	t.Run("Patroni reaches ZooKeeper over TLS", func(t *testing.T) {
+		if _, port, ok, err := e.Primary(1); err != nil || !ok || port == 0 {
+			t.Fatalf("no primary: %v", err)
+		}
+		addr := net.JoinHostPort("127.0.0.1", "7811")
+		if _, err := net.DialTimeout("tcp", addr, time.Second); err != nil {
+			t.Fatalf("the TLS client port is not listening: %v", err)
+		}
+	})
+}
