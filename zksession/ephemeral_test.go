@@ -67,6 +67,20 @@ func (c *nodeConn) Get(p string) ([]byte, *zk.Stat, error) {
 	return c.data, &zk.Stat{Version: c.version, EphemeralOwner: c.owner()}, nil
 }
 
+// GetW and ExistsW serve the node's guard (Ephemeral.guard), which reads
+// once after the create and then waits: these tests change the node behind
+// the session's back and drive the re-creation themselves, so the watches
+// never fire.
+func (c *nodeConn) GetW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
+	d, st, err := c.Get(p)
+	return d, st, make(chan zk.Event), err
+}
+
+func (c *nodeConn) ExistsW(p string) (bool, *zk.Stat, <-chan zk.Event, error) {
+	ok, st, err := c.Exists(p)
+	return ok, st, make(chan zk.Event), err
+}
+
 func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
