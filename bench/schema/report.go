@@ -8,13 +8,16 @@ import (
 	"github.com/shardvisor/shardvisor/schema"
 )
 
+// Stat is a distribution's nearest-rank percentiles, in ms.
+type Stat = benchkit.Stat
+
 // Window is the writes that overlapped a span of time.
 type Window struct {
-	FromMS    float64       `json:"from_ms"` // since the variant's load started
-	LengthMS  float64       `json:"length_ms"`
-	Writes    int           `json:"writes"`
-	Failed    int           `json:"failed"`
-	LatencyMS benchkit.Stat `json:"latency_ms"`
+	FromMS    float64 `json:"from_ms"` // since the variant's load started
+	LengthMS  float64 `json:"length_ms"`
+	Writes    int     `json:"writes"`
+	Failed    int     `json:"failed"`
+	LatencyMS Stat    `json:"latency_ms"`
 }
 
 // Variant is one schema change applied under the write load.
@@ -52,19 +55,19 @@ type Variant struct {
 
 // DiffRun is the diff part's figures.
 type DiffRun struct {
-	Tables       int           `json:"tables"`
-	Nodes        int           `json:"nodes"`
-	Runs         []float64     `json:"runs_ms"`
-	MS           benchkit.Stat `json:"diff_ms"`
-	MinMS        float64       `json:"diff_min_ms"`
-	Differences  int           `json:"differences"`
-	Unreachable  int           `json:"unreachable"`
-	ElapsedMS    benchkit.Stat `json:"diff_elapsed_ms_own"`
-	OneNodeMS    benchkit.Stat `json:"one_node_connect_read_ms"`
-	OneNodeRead  benchkit.Stat `json:"one_node_read_ms"`
-	OneNodeMinMS float64       `json:"one_node_connect_read_min_ms"`
-	Ratio        float64       `json:"ratio_diff_over_one_node"`
-	GoalMet      bool          `json:"goal_met"`
+	Tables       int       `json:"tables"`
+	Nodes        int       `json:"nodes"`
+	Runs         []float64 `json:"runs_ms"`
+	MS           Stat      `json:"diff_ms"`
+	MinMS        float64   `json:"diff_min_ms"`
+	Differences  int       `json:"differences"`
+	Unreachable  int       `json:"unreachable"`
+	ElapsedMS    Stat      `json:"diff_elapsed_ms_own"`
+	OneNodeMS    Stat      `json:"one_node_connect_read_ms"`
+	OneNodeRead  Stat      `json:"one_node_read_ms"`
+	OneNodeMinMS float64   `json:"one_node_connect_read_min_ms"`
+	Ratio        float64   `json:"ratio_diff_over_one_node"`
+	GoalMet      bool      `json:"goal_met"`
 }
 
 // Summary is everything the run found.
