@@ -1,25 +1,8 @@
-// Command failover-bench measures what a db node's primary dying costs
-// the application (issue 22; docs/failover.md, "Measured"). Run it with
-// bench/failover/run, which starts a throwaway environment first: a
-// 3-server ZooKeeper ensemble and one db node that is a Patroni group of a
-// primary and a standby (DCS on that ensemble, ttl 10 s, loop_wait 2 s).
-//
-// For each mode (synchronous_mode on, then off: the baseline PostgreSQL
-// users get without it), KILLS times, with the group whole: WRITERS
-// goroutines insert rows with client-chosen ids through router.Do,
-// recording every acknowledged id; a write whose outcome is unknown (the
-// connection died after the statement was sent) is retried with the same
-// id (ON CONFLICT DO NOTHING), and a retry that finds the row counts a
-// "duplicate". After a steady period the primary's postmaster, children
-// and Patroni are SIGKILLed at once (devenv's PGKill); it measures the kill
-// to Patroni's new leader key (in ZooKeeper), to the first acknowledged
-// write, and from the election to that write, and write latency p99
-// before, during (kill to first write + 1 s) and after. The killed member
-// must then rejoin as a standby with no hand work before the next kill.
-//
-// At the end every acknowledged id is looked up on the current primary:
-// lost writes are the ones missing. Each figure is printed for both
-// modes, async as a ratio of sync, from the same run.
+// Command failover-bench measures what a db node's primary dying costs the
+// application (issue 22): a Patroni group's primary SIGKILLed under a write
+// load, with synchronous_mode on and off, every acknowledged write looked
+// up at the end. Run it with bench/failover/run; docs/failover.md
+// ("Measured") says what each figure means.
 package main
 
 import (

@@ -1,16 +1,7 @@
-// Command fleet-bench runs a whole shardvisor fleet on one machine (N
-// supervisors of examples/notes workers, R router sidecars, a throwaway
-// ZooKeeper ensemble and four PostgreSQL nodes) and puts it through a
-// rebalance and failures under a load through a health-checking load
+// Command fleet-bench runs a whole shardvisor fleet on one machine through
+// a rebalance and failures under a load through a health-checking load
 // balancer, printing one table. Run it with bench/fleet/run (make
-// bench-fleet). Scenarios (-only): rebalance (a fourth node added, in a
-// fleet with map delivery "swap" and one with "reload"), boot (workers
-// that take -boot-delay to boot), sigstop (one supervisor outside the load
-// sample stopped for the whole rebalance), isolate (one supervisor cut off
-// from ZooKeeper and its peers) and outage (the whole ensemble killed for
-// -outage); isolate and outage run in the reload fleet after its
-// rebalance. Every scenario checks every acknowledged write on its owner.
-// docs/fleet.md says what each measures.
+// bench-fleet); docs/fleet.md says what each scenario measures.
 package main
 
 import (

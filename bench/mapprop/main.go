@@ -1,27 +1,9 @@
-// Command mapprop-bench measures map propagation (docs/bucket-map.md,
-// "Measured: map propagation"): how many bytes ZooKeeper sends a fleet of
-// watchers for one change of a bucket map, and how long until every
-// watcher has applied it, with the map record stored plain (the baseline)
-// and gzip-compressed (bucketmap.MapGzip), side by side in one run. Run it
-// with bench/mapprop/run.
-//
-// On a throwaway cluster under /shardvisor-bench/mapprop-<time> (a map of
-// 2^LEVEL buckets over NODES db nodes, see --layout), WATCHERS routers
-// (router.New), each on its own ZooKeeper session so that the servers send
-// one copy of every change per watcher, each registering a member record
-// (--members), follow CHANGES map changes per encoding: compare-and-swap
-// writes of one bucket as a move makes them ("moving", then the flip),
-// moves alternating between the encodings so both see the same ZooKeeper,
-// heap and map size. The watchers share this process and the machine's
-// cores with the ZooKeeper servers, which a real fleet does not.
-//
-// Per change it counts the bytes every watcher's connection read between
-// the write and the last watcher's apply, on the wire (zksession.Config.Dial:
-// watch events, the record, member-record answers and heartbeats alike),
-// and times each watcher from the write's return to its router's OnUpdate
-// (the map decoded, checked and installed). It prints a line per change,
-// the distributions, one record's decode and encode CPU in each form, and
-// each figure against its baseline; the cluster is deleted at the end.
+// Command mapprop-bench measures map propagation: the bytes ZooKeeper sends
+// a fleet of watchers (routers on their own sessions) for one bucket-map
+// change, and the time until every watcher applied it, with the record
+// stored plain (the baseline) and gzip-compressed, side by side in one run.
+// Run it with bench/mapprop/run; docs/bucket-map.md ("Measured: map
+// propagation") says what each figure means.
 package main
 
 import (

@@ -1,33 +1,10 @@
-// Command moves-bench measures online bucket moves (issue 7); run it with
-// bench/moves/run, which starts scripts/devenv with four PostgreSQL nodes.
-//
-// In fresh databases and a fresh ZooKeeper root it builds a cluster of
-// three nodes (app.kv, the fence installed, ROWS-PER-BUCKET rows COPYed
-// into every bucket's owner past the fence), puts a constant write load on
-// it (WRITERS goroutines upserting their own users through router.Do,
-// which retries across moves, every acknowledged write recorded), adds a
-// fourth node and rebalances (level 7: 32 moves), moves a few buckets back
-// and rolls those moves back (--rollbacks), copies a few moved ranges again
-// through a plain COPY (SELECT ... range) TO STDOUT | COPY FROM STDIN
-// between the same nodes (the baseline), and checks every acknowledged
-// write on its owner in the final map.
-//
-// It reports the write pause per move three ways: the mover's record
-// (source frozen to map flipped), the router's view (its map says moving
-// until it says flipped: writes go on to the source until its freeze) and
-// the clients' (the longest write to the bucket begun in that window,
-// router.Do's retries included); the pause's steps from the record's step
-// timestamps; the copy throughput against the baseline, the copy step split
-// into phases by watching the replication connections; PostgreSQL and
-// ZooKeeper round trips during the moves; the write load; and the
-// acknowledged writes missing at the end. A move aborted (rolled back by
-// the mover) is reported and the rebalancer run again.
-//
-// With --big-rows N it measures one big bucket's copy instead (big.go).
-//
-// It holds the test environment's shared lock while it runs, so that a
-// disruptive test (one that kills a ZooKeeper server or stops a
-// PostgreSQL node) waits for it, and it for them.
+// Command moves-bench measures online bucket moves under a write load
+// (issue 7): a fourth node added to three and the rebalancer run, rollbacks
+// (--rollbacks), the copy against a plain COPY pipe of the same ranges, and
+// every acknowledged write checked at the end; with --big-rows, one big
+// bucket's copy (big.go). Run it with bench/moves/run; docs/moves.md
+// ("Measured") says what each figure means. It holds the test
+// environment's shared lock while it runs.
 package main
 
 import (

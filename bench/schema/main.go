@@ -1,25 +1,9 @@
-// Command schema-bench measures online schema changes and schema diffs
-// (issue 27); run it with bench/schema/run, which starts scripts/devenv
-// with four PostgreSQL nodes.
-//
-// In fresh databases and a fresh ZooKeeper root it builds a cluster of four
-// nodes with app.kv and 20 more sharded tables app.t01..app.t20 (a few
-// columns, an index and a CHECK constraint each), the fence installed and
-// ROWS users COPYed into app.kv past it; then:
-//
-//  1. under a full write load (WRITERS upserting through router.Do as fast
-//     as they go, each write timed), after WARMUP, schema.Apply applies
-//     `ALTER TABLE app.kv ADD COLUMN note text NOT NULL DEFAULT 'none'`
-//     and the load goes on for TAIL: the longest write in the change window
-//     is set against the longest in an equally long window just before it;
-//  2. the same (note2) while a long transaction on one node holds a row
-//     lock on app.kv (UPDATE one row; pg_sleep(HOLD)): the change's lock
-//     request times out (lock_timeout) and is retried;
-//  3. schema.Diff over the 20 tables of the 4 nodes, RUNS times, against
-//     one node's fence.ReadSchemas of the same tables.
-//
-// It holds the test environment's shared lock while it runs, so that a
-// disruptive test waits for it.
+// Command schema-bench measures online schema changes under a write load
+// (plainly and against a long transaction holding a row lock) and
+// schema.Diff of many tables against one node's fence.ReadSchemas (issue
+// 27). Run it with bench/schema/run; docs/data-contract.md ("Measured")
+// says what each figure means. It holds the test environment's shared lock
+// while it runs.
 package main
 
 import (
