@@ -24,16 +24,14 @@ import (
 )
 
 var (
-	kills     = flag.Int("kills", 10, "primary SIGKILLs per mode, each after the old primary rejoined")
-	writers   = flag.Int("writers", 16, "writer goroutines")
-	rate      = flag.Int("rate", 2000, "total writes/s offered (0: as fast as the writers go; a 2-core box then makes WAL faster than a rejoined standby replays it)")
-	steady    = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
-	modes     = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
-	node      = flag.Int("node", 1, "the scripts/devenv node number of the group")
-	out       = benchkit.NewOut()
-	rejoinTO  = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
-	returning = flag.Bool("returning", false, "write with INSERT ... RETURNING read through QueryRow (as the notes app does) instead of Exec")
-	zkOutage  = flag.Duration("zk-outage", 0, "before each kill, stop the whole ZooKeeper ensemble this long (Patroni's failsafe mode keeps the primary)")
+	kills    = flag.Int("kills", 10, "primary SIGKILLs per mode, each after the old primary rejoined")
+	writers  = flag.Int("writers", 16, "writer goroutines")
+	rate     = flag.Int("rate", 2000, "total writes/s offered (0: as fast as the writers go; a 2-core box then makes WAL faster than a rejoined standby replays it)")
+	steady   = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
+	modes    = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
+	node     = flag.Int("node", 1, "the scripts/devenv node number of the group")
+	out      = benchkit.NewOut()
+	rejoinTO = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
 )
 
 // Failover is one kill.
@@ -158,21 +156,6 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		g, err := waitWhole(ctx, e, s, syncMode, 2*time.Minute)
 		if err != nil {
 			return err
-		}
-		if *zkOutage > 0 {
-			p.Say("%s kill %d/%d: the whole ZooKeeper ensemble down for %s first", mode.Name, k, *kills, *zkOutage)
-			for z := 1; z <= 3; z++ {
-				if err := e.devenv.ZKKill(z); err != nil {
-					return fmt.Errorf("zk-kill: %v", err)
-				}
-			}
-			time.Sleep(*zkOutage)
-			if err := e.devenv.Up(); err != nil {
-				return fmt.Errorf("devenv up after the outage: %v", err)
-			}
-			if g, err = waitWhole(ctx, e, s, syncMode, 2*time.Minute); err != nil {
-				return err
-			}
 		}
 		n0, t0 := led.ackedCount(), time.Now()
 		time.Sleep(*steady)
