@@ -30,8 +30,6 @@ var (
 	watchers  = flag.Int("watchers", 100, "routers following the map, each on its own ZooKeeper session")
 	changes   = flag.Int("changes", 20, "map changes per encoding (rounded up to even: a move is two changes)")
 	layout    = flag.String("layout", "grown", "how the buckets are spread: grown (a cluster grown from 10 nodes one join at a time by the planner), fresh (shardctl init's contiguous runs) or shuffled (every bucket's owner at random: the worst case for compression)")
-	encodings = flag.String("encodings", "plain,gzip", "encodings to compare, the first being the baseline")
-	members   = flag.Bool("members", true, "watchers register router member records and update them on every change, as sidecars do")
 	timeout   = flag.Duration("timeout", 30*time.Second, "how long to wait for every watcher to apply one change")
 	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
 	noLock    = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
@@ -53,24 +51,16 @@ func main() {
 		benchkit.Fatalf(2, "mapprop-bench", "--level 1..%d, --nodes >= 2, --watchers and --changes >= 1", bucketmap.MaxLevel)
 	}
 	*changes += *changes % 2
-	var encs []bucketmap.MapEncoding
-	for _, s := range strings.Split(*encodings, ",") {
-		e, err := bucketmap.ParseMapEncoding(strings.TrimSpace(s))
-		if err != nil {
-			benchkit.Fatalf(2, "mapprop-bench", "--encodings: %v", err)
-		}
-		encs = append(encs, e)
-	}
 	ctx, stop := benchkit.Context()
 	defer stop()
-	sum, err := run(ctx, encs)
+	sum, err := run(ctx, []bucketmap.MapEncoding{bucketmap.MapPlain, bucketmap.MapGzip}) // plain is the baseline
 	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 }
 
 func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	root := fmt.Sprintf("/shardvisor-bench/mapprop-%d", time.Now().Unix())
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *level, Buckets: 1 << *level, Nodes: *nodeCount, Layout: *layout,
-		Watchers: *watchers, Members: *members, ChangesPerEnc: *changes, ZKRoot: root}
+		Watchers: *watchers, Members: true, ChangesPerEnc: *changes, ZKRoot: root}
 	if !*noLock {
 		os.Setenv("SHARDVISOR_DEVENV_DIR", *devenvDir)
 		t := time.Now()
