@@ -74,7 +74,7 @@ type bench struct {
 
 func main() {
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: bench/fleet/run [flags] (make bench-fleet); FLEET_<FLAG> (FLEET_RATE, FLEET_ADMIN_PORT_BASE...) sets the flag's default where its help\nnames no other variable; docs/fleet.md says which and where the throwaway environment is")
+		fmt.Fprintln(os.Stderr, "usage: bench/fleet/run [flags] (make bench-fleet; docs/fleet.md)\nFLEET_SUPERVISORS, _ROUTERS, _WORKERS, _ONLY, _LOAD_SAMPLE, _RATE, _REBALANCE_BUDGET, _ADMIN_PORT_BASE, _ROUTER_PORT_BASE set those flags' defaults")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
