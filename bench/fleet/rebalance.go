@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -61,7 +62,7 @@ func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *su
 	}
 	var rbErr error // the rebalancer's: the run is measured and checked all the same
 	l, d, err := f.underLoad(ctx, strings.ReplaceAll(f.name, "-", "")+"rb", skip, 2*time.Second, &res.Verify, func(*balancer, *loadRun) error {
-		if _, err := f.c.addFourth(ctx); err != nil {
+		if _, err := clustertest.AddNode(ctx, f.c.st, f.c.nodes[startNodes]); err != nil {
 			return err
 		}
 		if victim != nil {

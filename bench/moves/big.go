@@ -118,7 +118,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	sum.LoadSeconds = big.LoadSeconds
 	say("  bucket %d: %s rows (%d with a TOASTed value) loaded in %.1f s", big.Bucket, human(float64(big.Rows)), big.Toasted, big.LoadSeconds)
 
-	if _, err := b.addNode(ctx); err != nil {
+	if _, err := clustertest.AddNode(ctx, b.st, b.nodes[startNodes]); err != nil {
 		return err
 	}
 

@@ -135,7 +135,7 @@ func run(ctx context.Context) (*Summary, error) {
 
 	// Add the fourth node and rebalance.
 	pg4 := b.nodes[startNodes]
-	m, err := b.addNode(ctx)
+	m, err := clustertest.AddNode(ctx, b.st, b.nodes[startNodes])
 	if err != nil {
 		return nil, err
 	}
