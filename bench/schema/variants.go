@@ -140,7 +140,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	if p := l.LastErr.Load(); p != nil {
 		v.LastError = *p
 	}
-	v.MaxRatio = benchkit.Ratio(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max)
+	v.MaxRatio = jsonRatio(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max)
 
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -222,7 +222,16 @@ func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 	}
 	d.OneNodeMS, d.OneNodeRead = benchkit.Of(one), benchkit.Of(read)
 	d.OneNodeMinMS = slices.Min(one)
-	d.Ratio = benchkit.Ratio(d.MS.P50, d.OneNodeMS.P50)
+	d.Ratio = jsonRatio(d.MS.P50, d.OneNodeMS.P50)
 	d.GoalMet = d.MS.Max < diffGoalMS && d.Unreachable == 0 && d.Differences == 0
 	return d, nil
+}
+
+// jsonRatio is x/base, 0 when base is 0: JSON has no NaN (the report
+// prints such a ratio as n/a).
+func jsonRatio(x, base float64) float64 {
+	if base == 0 {
+		return 0
+	}
+	return x / base
 }
