@@ -155,7 +155,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		return err
 	}
 	mv := migrate.New(b.st, migrate.Options{Progress: func(prog migrate.Progress) {
-		if *verbose || prog.Message == topo.MoveDone || strings.HasPrefix(prog.Message, "cop") {
+		if prog.Message == topo.MoveDone || strings.HasPrefix(prog.Message, "cop") {
 			say("  %s", prog.Message)
 		}
 	}})

@@ -37,10 +37,8 @@ var (
 	rate          = flag.Int("rate", 0, "total writes/s offered by the load (0: as fast as the writers go)")
 	concurrency   = flag.Int("concurrency", 1, "moves at once (rebalancer policy)")
 	rollbacks     = flag.Int("rollbacks", 8, "after the rebalance, move this many of the new node's buckets back with a rollback window and roll each move back, under the same load (issue 25): the rollbacks' write pauses (0: none)")
-	retries       = flag.Int("retries", 3, "times to run the rebalancer again after it stopped on an aborted move")
 	baselineN     = flag.Int("baseline", 3, "moved buckets to copy again with plain COPY for the baseline")
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
-	verbose       = flag.Bool("v", false, "print every step of every move")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
 	// The big-bucket mode (big.go).
 	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
@@ -51,6 +49,7 @@ var (
 
 const (
 	startNodes = 3
+	retries    = 3 // times the rebalancer runs again after it stopped on an aborted move
 	clusterNm  = "moves"
 	seedHex    = "6d6f7665732d62656e63682d69737375652d37" // "moves-bench-issue-7"
 )
@@ -154,18 +153,16 @@ func run(ctx context.Context) (*Summary, error) {
 				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, seen(row.RouterMS, "%.1f ms"))
 		case msg == topo.MoveAborting || msg == topo.MoveAborted || msg == topo.MoveFailed:
 			say("  move of bucket %d %s -> %s: %s: %s", rec.Bucket, rec.Source, rec.Target, msg, rec.Error)
-		case *verbose:
-			say("    bucket %d: %s", rec.Bucket, msg)
 		}
 	}})
 	rb := migrate.NewRebalancer(mv, bucketmap.Policy{Concurrency: *concurrency})
 	rb.Progress = func(prog migrate.Progress) {
-		if msg := prog.Message; *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
+		if msg := prog.Message; strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
 			say("  rebalancer: %s", msg)
 		}
 	}
 	// An aborted move stops the rebalancer (the move rolled back safely);
-	// run it again, as an operator would, up to --retries times.
+	// run it again, as an operator would, up to retries times.
 	var rbErr error
 	for attempt := 0; ; attempt++ {
 		rep, err := rb.Run(ctx)
@@ -180,12 +177,12 @@ func run(ctx context.Context) (*Summary, error) {
 		if err == nil {
 			break
 		}
-		if !aborted || attempt >= *retries || ctx.Err() != nil || errors.Is(err, migrate.ErrVerifyMismatch) {
+		if !aborted || attempt >= retries || ctx.Err() != nil || errors.Is(err, migrate.ErrVerifyMismatch) {
 			rbErr = fmt.Errorf("rebalance: %w", err)
 			break
 		}
 		sum.Restarts++
-		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, *retries)
+		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, retries)
 	}
 	sum.RebalanceSecs = time.Since(rbStart).Seconds()
 	b.prb.Stop()

@@ -31,17 +31,14 @@ import (
 )
 
 var (
-	load      = kvload.NewFlags(6, "", 8, "closed loop: as fast as they go")
-	rowsN     = flag.Int("rows", 50000, "users loaded into app.kv before the load starts")
-	warmup    = flag.Duration("warmup", 3*time.Second, "write load before each change (the baseline window is taken from its end)")
-	tail      = flag.Duration("tail", 2*time.Second, "write load after each change")
-	minWindow = flag.Duration("min-window", time.Second, "shortest compared window (the change window is the apply's duration, at least this)")
-	hold      = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
-	holdNode  = flag.String("hold-node", "", "node of the long transaction (default: pg1, the first node, which is also the default canary)")
-	tablesN   = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
-	diffRuns  = flag.Int("diff-runs", 5, "schema.Diff runs")
-	verbose   = flag.Bool("v", false, "print schema.Apply's progress events")
-	devf      = benchkit.NewDevFlags(cliutil.LocalZK)
+	load     = kvload.NewFlags(6, "", 8, "closed loop: as fast as they go")
+	rowsN    = flag.Int("rows", 50000, "users loaded into app.kv before the load starts")
+	warmup   = flag.Duration("warmup", 3*time.Second, "write load before each change (the baseline window is taken from its end)")
+	tail     = flag.Duration("tail", 2*time.Second, "write load after each change")
+	hold     = flag.Duration("hold", 2*time.Second, "the long transaction's length in the second variant (0: skip the variant)")
+	tablesN  = flag.Int("tables", 20, "sharded tables app.t01.. for the diff")
+	diffRuns = flag.Int("diff-runs", 5, "schema.Diff runs")
+	devf     = benchkit.NewDevFlags(cliutil.LocalZK)
 )
 
 const (
@@ -76,8 +73,8 @@ func say(format string, args ...any) { out.Say(format, args...) }
 
 func main() {
 	out.Parse()
-	if *load.Level < 2 || *load.Level > 12 || *rowsN < 1 || *load.Writers < 1 || *tablesN < 1 || *diffRuns < 1 || *minWindow <= 0 {
-		benchkit.Fatalf(2, "schema-bench", "--level 2..12; --rows, --writers, --tables, --diff-runs >= 1; --min-window > 0")
+	if *load.Level < 2 || *load.Level > 12 || *rowsN < 1 || *load.Writers < 1 || *tablesN < 1 || *diffRuns < 1 {
+		benchkit.Fatalf(2, "schema-bench", "--level 2..12; --rows, --writers, --tables, --diff-runs >= 1")
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
