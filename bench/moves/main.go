@@ -122,7 +122,6 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	defer b.r.Close()
 
-	// The write load.
 	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *load.Writers, 100**load.InsertFrac, *warmup)
 	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, Rate: *rate, InsertFrac: *load.InsertFrac,
 		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
@@ -132,9 +131,8 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.WritesPerSecBefore = float64(l.Acks.Load()) / time.Since(l.Started).Seconds()
 
-	// Add the fourth node and rebalance.
 	pg4 := b.nodes[startNodes]
-	m, err := clustertest.AddNode(ctx, b.st, b.nodes[startNodes])
+	m, err := clustertest.AddNode(ctx, b.st, pg4)
 	if err != nil {
 		return nil, err
 	}
@@ -200,7 +198,6 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 	}
 
-	// The copy baseline, under the same load.
 	if ctx.Err() == nil {
 		if sum.Baseline, err = b.baseline(ctx, sum.Moves); err != nil && rbErr == nil {
 			rbErr = fmt.Errorf("baseline: %w", err)
