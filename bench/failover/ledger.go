@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -42,17 +41,6 @@ func (led *ledger) write(ctx context.Context, r *router.Router, ks *keystream.Ke
 		start := time.Now()
 		var inserted int64
 		err := r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
-			if *returning {
-				var at time.Time
-				err := pool.QueryRow(ctx, `INSERT INTO bench_failover (bkey, id) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING at`, key, id).Scan(&at)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return nil // it was there: inserted stays 0
-				}
-				if err == nil {
-					inserted = 1
-				}
-				return err
-			}
 			tag, err := pool.Exec(ctx, `INSERT INTO bench_failover (bkey, id) VALUES ($1, $2) ON CONFLICT DO NOTHING`, key, id)
 			inserted = tag.RowsAffected()
 			return err

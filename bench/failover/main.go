@@ -1,25 +1,8 @@
-// Command failover-bench measures what a db node's primary dying costs
-// the application (issue 22; docs/failover.md, "Measured"). Run it with
-// bench/failover/run, which starts a throwaway environment first: a
-// 3-server ZooKeeper ensemble and one db node that is a Patroni group of a
-// primary and a standby (DCS on that ensemble, ttl 10 s, loop_wait 2 s).
-//
-// For each mode (synchronous_mode on, then off: the baseline PostgreSQL
-// users get without it), KILLS times, with the group whole: WRITERS
-// goroutines insert rows with client-chosen ids through router.Do,
-// recording every acknowledged id; a write whose outcome is unknown (the
-// connection died after the statement was sent) is retried with the same
-// id (ON CONFLICT DO NOTHING), and a retry that finds the row counts a
-// "duplicate". After a steady period the primary's postmaster, children
-// and Patroni are SIGKILLed at once (devenv's PGKill); it measures the kill
-// to Patroni's new leader key (in ZooKeeper), to the first acknowledged
-// write, and from the election to that write, and write latency p99
-// before, during (kill to first write + 1 s) and after. The killed member
-// must then rejoin as a standby with no hand work before the next kill.
-//
-// At the end every acknowledged id is looked up on the current primary:
-// lost writes are the ones missing. Each figure is printed for both
-// modes, async as a ratio of sync, from the same run.
+// Command failover-bench measures what a db node's primary dying costs the
+// application (issue 22): a Patroni group's primary SIGKILLed under a write
+// load, with synchronous_mode on and off, every acknowledged write looked
+// up at the end. Run it with bench/failover/run; docs/failover.md
+// ("Measured") says what each figure means.
 package main
 
 import (
@@ -41,16 +24,14 @@ import (
 )
 
 var (
-	kills     = flag.Int("kills", 10, "primary SIGKILLs per mode, each after the old primary rejoined")
-	writers   = flag.Int("writers", 16, "writer goroutines")
-	rate      = flag.Int("rate", 2000, "total writes/s offered (0: as fast as the writers go; a 2-core box then makes WAL faster than a rejoined standby replays it)")
-	steady    = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
-	modes     = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
-	node      = flag.Int("node", 1, "the scripts/devenv node number of the group")
-	out       = benchkit.NewOut()
-	rejoinTO  = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
-	returning = flag.Bool("returning", false, "write with INSERT ... RETURNING read through QueryRow (as the notes app does) instead of Exec")
-	zkOutage  = flag.Duration("zk-outage", 0, "before each kill, stop the whole ZooKeeper ensemble this long (Patroni's failsafe mode keeps the primary)")
+	kills    = flag.Int("kills", 10, "primary SIGKILLs per mode, each after the old primary rejoined")
+	writers  = flag.Int("writers", 16, "writer goroutines")
+	rate     = flag.Int("rate", 2000, "total writes/s offered (0: as fast as the writers go; a 2-core box then makes WAL faster than a rejoined standby replays it)")
+	steady   = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
+	modes    = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
+	node     = flag.Int("node", 1, "the scripts/devenv node number of the group")
+	out      = benchkit.NewOut()
+	rejoinTO = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
 )
 
 // Failover is one kill.
@@ -175,21 +156,6 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 		g, err := waitWhole(ctx, e, s, syncMode, 2*time.Minute)
 		if err != nil {
 			return err
-		}
-		if *zkOutage > 0 {
-			p.Say("%s kill %d/%d: the whole ZooKeeper ensemble down for %s first", mode.Name, k, *kills, *zkOutage)
-			for z := 1; z <= 3; z++ {
-				if err := e.devenv.ZKKill(z); err != nil {
-					return fmt.Errorf("zk-kill: %v", err)
-				}
-			}
-			time.Sleep(*zkOutage)
-			if err := e.devenv.Up(); err != nil {
-				return fmt.Errorf("devenv up after the outage: %v", err)
-			}
-			if g, err = waitWhole(ctx, e, s, syncMode, 2*time.Minute); err != nil {
-				return err
-			}
 		}
 		n0, t0 := led.ackedCount(), time.Now()
 		time.Sleep(*steady)

@@ -135,17 +135,6 @@ func (c *cluster) preload(ctx context.Context, i int, conn *pgx.Conn, m *bucketm
 	return err
 }
 
-// addFourth puts the fourth node in the map and syncs its fence: the
-// rebalancer then moves a quarter of the buckets to it.
-func (c *cluster) addFourth(ctx context.Context) (*bucketmap.Map, error) {
-	n := c.nodes[startNodes]
-	m, err := c.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(n) })
-	if err != nil {
-		return nil, fmt.Errorf("adding %s: %w", n.ID, err)
-	}
-	return m, clustertest.SyncFence(ctx, n, m)
-}
-
 // poolConfig is the fleet's one pool: every supervisor binds 127.0.0.1:0,
 // a port of its own (all run on this one host), which the load balancer
 // finds in /proc.

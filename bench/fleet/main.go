@@ -1,16 +1,7 @@
-// Command fleet-bench runs a whole shardvisor fleet on one machine (N
-// supervisors of examples/notes workers, R router sidecars, a throwaway
-// ZooKeeper ensemble and four PostgreSQL nodes) and puts it through a
-// rebalance and failures under a load through a health-checking load
+// Command fleet-bench runs a whole shardvisor fleet on one machine through
+// a rebalance and failures under a load through a health-checking load
 // balancer, printing one table. Run it with bench/fleet/run (make
-// bench-fleet). Scenarios (-only): rebalance (a fourth node added, in a
-// fleet with map delivery "swap" and one with "reload"), boot (workers
-// that take -boot-delay to boot), sigstop (one supervisor outside the load
-// sample stopped for the whole rebalance), isolate (one supervisor cut off
-// from ZooKeeper and its peers) and outage (the whole ensemble killed for
-// -outage); isolate and outage run in the reload fleet after its
-// rebalance. Every scenario checks every acknowledged write on its owner.
-// docs/fleet.md says what each measures.
+// bench-fleet); docs/fleet.md says what each scenario measures.
 package main
 
 import (
@@ -50,7 +41,6 @@ var (
 	bootDelay      = flag.Duration("boot-delay", 5*time.Second, "worker boot time in the boot scenario")
 	outageFor      = flag.Duration("outage", 30*time.Second, "how long the ZooKeeper ensemble stays down")
 	warmup         = flag.Duration("warmup", 5*time.Second, "load before each scenario's event")
-	retries        = flag.Int("retries", 3, "times the rebalancer is run again after it stopped on an aborted move")
 	budget         = flag.Duration("rebalance-budget", benchkit.EnvDuration("FLEET_REBALANCE_BUDGET", 150*time.Second), "stop a rebalance after the move that ends past this (the table then says how many of the moves ran)")
 	envDir         = flag.String("env-dir", benchkit.EnvOr("SHARDVISOR_DEVENV_DIR", "/tmp/shardvisor-fleet-env"), "scripts/devenv state directory of the throwaway environment")
 	zkPortBase     = flag.Int("zk-port-base", benchkit.EnvInt("SHARDVISOR_ZK_PORT_BASE", 27811), "its first ZooKeeper client port")
@@ -59,12 +49,13 @@ var (
 	routerPortBase = flag.Int("router-port-base", benchkit.EnvInt("FLEET_ROUTER_PORT_BASE", 30500), "router i listens on 127.0.0.1:base+i")
 	binDirF        = flag.String("bin", "bin", "directory with supervisor, router and notes")
 	runDirF        = flag.String("run-dir", "", "logs and state (default: a new /tmp/shardvisor-fleet.*)")
-	keep           = flag.Bool("keep", false, "keep the databases and ZooKeeper trees")
 	jsonOut        = flag.String("json", "", "also write the results as JSON to this file")
-	verbose        = flag.Bool("v", false, "print every move")
 )
 
-const pgNodes = 4
+const (
+	pgNodes = 4
+	retries = 3 // times the rebalancer is run again after it stopped on an aborted move
+)
 
 // say prints a line of the report on stdout, stamped with the time.
 var say = (&benchkit.Printer{Stamp: true}).Say
@@ -83,17 +74,7 @@ type bench struct {
 
 func main() {
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, `usage: bench/fleet/run [flags]   (make bench-fleet)
-
-Environment: FLEET_SUPERVISORS, FLEET_ROUTERS, FLEET_WORKERS, FLEET_ONLY,
-FLEET_LOAD_SAMPLE, FLEET_RATE, FLEET_ADMIN_PORT_BASE, FLEET_ROUTER_PORT_BASE
-set the flags of the same name; SHARDVISOR_DEVENV_DIR, SHARDVISOR_ZK_PORT_BASE
-and SHARDVISOR_PG_PORT_BASE say where the throwaway environment is
-(bench/fleet/run sets them: /tmp/shardvisor-fleet-env, 27811, 26432).
-Every fixed port is below 32768, outside Linux's default ephemeral range,
-so that no outgoing connection holds one when it is bound again.
-
-`)
+		fmt.Fprintln(os.Stderr, "usage: bench/fleet/run [flags] (make bench-fleet; docs/fleet.md)\nFLEET_SUPERVISORS, _ROUTERS, _WORKERS, _ONLY, _LOAD_SAMPLE, _RATE, _REBALANCE_BUDGET, _ADMIN_PORT_BASE, _ROUTER_PORT_BASE set those flags' defaults")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -146,10 +127,6 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 	// Whatever happens, the processes stop, then the databases and trees go.
 	defer func() {
 		b.ps.stopAll()
-		if *keep {
-			say("kept: databases fleet_*_%d, ZooKeeper %s", b.started.Unix(), b.root)
-			b.cleanups = nil
-		}
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		for _, f := range slices.Backward(b.cleanups) {

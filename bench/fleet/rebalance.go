@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -61,7 +62,7 @@ func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *su
 	}
 	var rbErr error // the rebalancer's: the run is measured and checked all the same
 	l, d, err := f.underLoad(ctx, strings.ReplaceAll(f.name, "-", "")+"rb", skip, 2*time.Second, &res.Verify, func(*balancer, *loadRun) error {
-		if _, err := f.c.addFourth(ctx); err != nil {
+		if _, err := clustertest.AddNode(ctx, f.c.st, f.c.nodes[startNodes]); err != nil {
 			return err
 		}
 		if victim != nil {
@@ -114,7 +115,7 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 				say("  %s: past the %s budget after %d moves; stopping the rebalancer", res.Name, *budget, done)
 				cancel()
 			}
-			if *verbose || done%8 == 0 {
+			if done%8 == 0 {
 				say("  move %2d done: bucket %3d %s -> %s, pause %.1f ms, member wait %.0f ms", done, rec.Bucket, rec.Source, rec.Target, rec.Stats.PauseMS, rec.Stats.MemberWaitMS)
 			}
 		case msg == topo.MoveAborted || msg == topo.MoveFailed:
@@ -135,12 +136,12 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 		if err == nil {
 			err = errors.New("not balanced")
 		}
-		if attempt >= *retries || ctx.Err() != nil || errors.Is(err, migrate.ErrVerifyMismatch) {
+		if attempt >= retries || ctx.Err() != nil || errors.Is(err, migrate.ErrVerifyMismatch) {
 			rbErr = fmt.Errorf("rebalance: %w", err)
 			break
 		}
 		res.Restarts++
-		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, *retries)
+		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, retries)
 	}
 	ids, err := topo.ListMoves(ctx, b.sess, f.c.paths)
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
@@ -26,13 +25,6 @@ type Target struct {
 	Got  string `json:"got"`
 	Pass bool   `json:"pass"`
 	Info bool   `json:"info,omitempty"`
-}
-
-func (b *bench) find(name string) *RebalanceResult {
-	if i := slices.IndexFunc(b.res.Rebalances, func(r *RebalanceResult) bool { return r.Name == name }); i >= 0 {
-		return b.res.Rebalances[i]
-	}
-	return nil
 }
 
 // of is "n/m": failed of sent requests, or lost of checked writes.
@@ -68,7 +60,9 @@ func (b *bench) report() {
 			stale = append(stale, fmt.Sprintf("%s%d, e.g. %s", prefix, l.Stale, l.StaleEx[0]))
 		}
 	}
+	by := map[string]*RebalanceResult{}
 	for _, x := range r.Rebalances {
+		by[x.Name] = x
 		notes := fmt.Sprintf("%d moves", x.Moves) + when(x.Aborted > 0, ", %d aborted", x.Aborted) +
 			when(x.OverBudget, " (stopped at the %s budget)", *budget) + when(!x.OverBudget && !x.Balanced, ", NOT balanced") +
 			fmt.Sprintf(", move p50 %.0f ms", x.MoveMS.P50) +
@@ -81,7 +75,7 @@ func (b *bench) report() {
 			of(x.Load.Failed, x.Load.Requests), of(x.Verify.lost(), x.Verify.Checked), notes)
 		staleIn(x.Name+": ", x.Load)
 	}
-	swap, reload, boot := b.find("rebalance, swap"), b.find("rebalance, reload"), b.find(fmt.Sprintf("rebalance, reload, %s boot", *bootDelay))
+	swap, reload, boot := by["rebalance, swap"], by["rebalance, reload"], by[fmt.Sprintf("rebalance, reload, %s boot", *bootDelay)]
 	if swap != nil && reload != nil {
 		// Per move when a rebalance stopped at its budget, whole otherwise.
 		perMove := func(x *RebalanceResult, v float64) float64 {

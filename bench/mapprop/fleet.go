@@ -58,11 +58,9 @@ func startFleet(ctx context.Context, p topo.Paths) (_ *fleet, err error) {
 		return nil, err
 	}
 	for i, w := range f.ws {
-		opt := router.Options{Keep: 2} // 16 snapshots of a 2^16 map times 100 routers would be ~600 MB
-		if *members {
-			opt.MemberID = fmt.Sprintf("w%03d", i)
-		}
-		w.r = router.New(w.sess, p, opt)
+		// Keep 2: 16 snapshots of a 2^16 map times 100 routers would be ~600 MB.
+		// Member records as sidecars register them, updated on every change.
+		w.r = router.New(w.sess, p, router.Options{Keep: 2, MemberID: fmt.Sprintf("w%03d", i)})
 		w.r.OnUpdate(func(v uint64) { f.evs <- applied{w: i, v: v, at: time.Now()} })
 	}
 	if err = f.each(ctx, "router", func(ctx context.Context, w *watcher) error { return w.r.WaitReady(ctx) }); err != nil {

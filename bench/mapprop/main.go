@@ -1,27 +1,9 @@
-// Command mapprop-bench measures map propagation (docs/bucket-map.md,
-// "Measured: map propagation"): how many bytes ZooKeeper sends a fleet of
-// watchers for one change of a bucket map, and how long until every
-// watcher has applied it, with the map record stored plain (the baseline)
-// and gzip-compressed (bucketmap.MapGzip), side by side in one run. Run it
-// with bench/mapprop/run.
-//
-// On a throwaway cluster under /shardvisor-bench/mapprop-<time> (a map of
-// 2^LEVEL buckets over NODES db nodes, see --layout), WATCHERS routers
-// (router.New), each on its own ZooKeeper session so that the servers send
-// one copy of every change per watcher, each registering a member record
-// (--members), follow CHANGES map changes per encoding: compare-and-swap
-// writes of one bucket as a move makes them ("moving", then the flip),
-// moves alternating between the encodings so both see the same ZooKeeper,
-// heap and map size. The watchers share this process and the machine's
-// cores with the ZooKeeper servers, which a real fleet does not.
-//
-// Per change it counts the bytes every watcher's connection read between
-// the write and the last watcher's apply, on the wire (zksession.Config.Dial:
-// watch events, the record, member-record answers and heartbeats alike),
-// and times each watcher from the write's return to its router's OnUpdate
-// (the map decoded, checked and installed). It prints a line per change,
-// the distributions, one record's decode and encode CPU in each form, and
-// each figure against its baseline; the cluster is deleted at the end.
+// Command mapprop-bench measures map propagation: the bytes ZooKeeper sends
+// a fleet of watchers (routers on their own sessions) for one bucket-map
+// change, and the time until every watcher applied it, with the record
+// stored plain (the baseline) and gzip-compressed, side by side in one run.
+// Run it with bench/mapprop/run; docs/bucket-map.md ("Measured: map
+// propagation") says what each figure means.
 package main
 
 import (
@@ -48,8 +30,6 @@ var (
 	watchers  = flag.Int("watchers", 100, "routers following the map, each on its own ZooKeeper session")
 	changes   = flag.Int("changes", 20, "map changes per encoding (rounded up to even: a move is two changes)")
 	layout    = flag.String("layout", "grown", "how the buckets are spread: grown (a cluster grown from 10 nodes one join at a time by the planner), fresh (shardctl init's contiguous runs) or shuffled (every bucket's owner at random: the worst case for compression)")
-	encodings = flag.String("encodings", "plain,gzip", "encodings to compare, the first being the baseline")
-	members   = flag.Bool("members", true, "watchers register router member records and update them on every change, as sidecars do")
 	timeout   = flag.Duration("timeout", 30*time.Second, "how long to wait for every watcher to apply one change")
 	zkConnect = flag.String("zk", cliutil.LocalZK, "ZooKeeper connect string")
 	noLock    = flag.Bool("no-lock", false, "do not take the test environment's shared lock")
@@ -71,24 +51,16 @@ func main() {
 		benchkit.Fatalf(2, "mapprop-bench", "--level 1..%d, --nodes >= 2, --watchers and --changes >= 1", bucketmap.MaxLevel)
 	}
 	*changes += *changes % 2
-	var encs []bucketmap.MapEncoding
-	for _, s := range strings.Split(*encodings, ",") {
-		e, err := bucketmap.ParseMapEncoding(strings.TrimSpace(s))
-		if err != nil {
-			benchkit.Fatalf(2, "mapprop-bench", "--encodings: %v", err)
-		}
-		encs = append(encs, e)
-	}
 	ctx, stop := benchkit.Context()
 	defer stop()
-	sum, err := run(ctx, encs)
+	sum, err := run(ctx, []bucketmap.MapEncoding{bucketmap.MapPlain, bucketmap.MapGzip}) // plain is the baseline
 	benchkit.Finish("mapprop-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 }
 
 func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	root := fmt.Sprintf("/shardvisor-bench/mapprop-%d", time.Now().Unix())
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *level, Buckets: 1 << *level, Nodes: *nodeCount, Layout: *layout,
-		Watchers: *watchers, Members: *members, ChangesPerEnc: *changes, ZKRoot: root}
+		Watchers: *watchers, Members: true, ChangesPerEnc: *changes, ZKRoot: root}
 	if !*noLock {
 		os.Setenv("SHARDVISOR_DEVENV_DIR", *devenvDir)
 		t := time.Now()

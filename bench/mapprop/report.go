@@ -86,8 +86,7 @@ func summarize(sum *Summary, perWatcher map[string][]float64) {
 }
 
 func report(s *Summary) {
-	out.Say("")
-	out.Say("map propagation benchmark: level %d (%d buckets), %d nodes (layout %s), %d watchers on their own sessions in one process (member records: %v), %d changes per encoding (moves alternating between encodings), %d cores",
+	out.Say("\nmap propagation benchmark: level %d (%d buckets), %d nodes (layout %s), %d watchers on their own sessions in one process (member records: %v), %d changes per encoding (moves alternating between encodings), %d cores",
 		s.Level, s.Buckets, s.Nodes, s.Layout, s.Watchers, s.Members, s.ChangesPerEnc, s.Cores)
 	out.Say("  load average (1 min) at the start and the end of the changes: %s", strings.Join(s.LoadAvg, ", "))
 	out.Say("  idle: the fleet reads %.0f B/s from ZooKeeper when nothing changes (heartbeats, pings); included below", s.IdleBytesPerS)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -76,13 +77,18 @@ func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, co
 		return run, 0, err
 	}
 	pr, pw := io.Pipe()
-	w := &meter{w: pw, batched: batched}
+	n := &counter{w: pw}
+	var w io.Writer = n
+	bw := bufio.NewWriterSize(n, 64<<10)
+	if batched {
+		w = bw
+	}
 	errc := make(chan error, 1)
 	start := time.Now()
 	go func() {
 		_, err := src.PgConn().CopyTo(ctx, w, fmt.Sprintf("COPY (SELECT %s FROM app.kv WHERE bkey BETWEEN %d AND %d) TO STDOUT (FORMAT binary)", cols, lo, hi))
 		if err == nil {
-			err = w.flush()
+			err = bw.Flush() // nothing to flush unless batched
 		}
 		pw.CloseWithError(err)
 		errc <- err
@@ -98,37 +104,16 @@ func copyPipeCols(ctx context.Context, from, to bucketmap.Node, lo, hi int64, co
 	el := time.Since(start)
 	run.Rows, run.MS = tag.RowsAffected(), float64(el.Microseconds())/1000
 	run.RowsPS = float64(run.Rows) / el.Seconds()
-	return run, w.n, nil // w's writer is done: errc said so
+	return run, n.n, nil // the writer is done: errc said so
 }
 
-// meter counts the bytes written through it and passes them on: at once,
-// or batched in 64 KB.
-type meter struct {
-	w       io.Writer
-	n       int64
-	batched bool
-	buf     []byte
+// counter counts the bytes written through it to w.
+type counter struct {
+	w io.Writer
+	n int64
 }
 
-func (m *meter) Write(p []byte) (int, error) {
-	m.n += int64(len(p))
-	if !m.batched {
-		return m.w.Write(p)
-	}
-	m.buf = append(m.buf, p...)
-	if len(m.buf) >= 64<<10 {
-		if err := m.flush(); err != nil {
-			return 0, err
-		}
-	}
-	return len(p), nil
-}
-
-func (m *meter) flush() error {
-	if len(m.buf) == 0 {
-		return nil
-	}
-	_, err := m.w.Write(m.buf)
-	m.buf = m.buf[:0]
-	return err
+func (c *counter) Write(p []byte) (int, error) {
+	c.n += int64(len(p))
+	return c.w.Write(p)
 }

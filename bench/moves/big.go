@@ -118,7 +118,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	sum.LoadSeconds = big.LoadSeconds
 	say("  bucket %d: %s rows (%d with a TOASTed value) loaded in %.1f s", big.Bucket, human(float64(big.Rows)), big.Toasted, big.LoadSeconds)
 
-	if _, err := b.addNode(ctx); err != nil {
+	if _, err := clustertest.AddNode(ctx, b.st, b.nodes[startNodes]); err != nil {
 		return err
 	}
 
@@ -155,7 +155,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		return err
 	}
 	mv := migrate.New(b.st, migrate.Options{Progress: func(prog migrate.Progress) {
-		if *verbose || prog.Message == topo.MoveDone || strings.HasPrefix(prog.Message, "cop") {
+		if prog.Message == topo.MoveDone || strings.HasPrefix(prog.Message, "cop") {
 			say("  %s", prog.Message)
 		}
 	}})

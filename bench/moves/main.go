@@ -1,33 +1,10 @@
-// Command moves-bench measures online bucket moves (issue 7); run it with
-// bench/moves/run, which starts scripts/devenv with four PostgreSQL nodes.
-//
-// In fresh databases and a fresh ZooKeeper root it builds a cluster of
-// three nodes (app.kv, the fence installed, ROWS-PER-BUCKET rows COPYed
-// into every bucket's owner past the fence), puts a constant write load on
-// it (WRITERS goroutines upserting their own users through router.Do,
-// which retries across moves, every acknowledged write recorded), adds a
-// fourth node and rebalances (level 7: 32 moves), moves a few buckets back
-// and rolls those moves back (--rollbacks), copies a few moved ranges again
-// through a plain COPY (SELECT ... range) TO STDOUT | COPY FROM STDIN
-// between the same nodes (the baseline), and checks every acknowledged
-// write on its owner in the final map.
-//
-// It reports the write pause per move three ways: the mover's record
-// (source frozen to map flipped), the router's view (its map says moving
-// until it says flipped: writes go on to the source until its freeze) and
-// the clients' (the longest write to the bucket begun in that window,
-// router.Do's retries included); the pause's steps from the record's step
-// timestamps; the copy throughput against the baseline, the copy step split
-// into phases by watching the replication connections; PostgreSQL and
-// ZooKeeper round trips during the moves; the write load; and the
-// acknowledged writes missing at the end. A move aborted (rolled back by
-// the mover) is reported and the rebalancer run again.
-//
-// With --big-rows N it measures one big bucket's copy instead (big.go).
-//
-// It holds the test environment's shared lock while it runs, so that a
-// disruptive test (one that kills a ZooKeeper server or stops a
-// PostgreSQL node) waits for it, and it for them.
+// Command moves-bench measures online bucket moves under a write load
+// (issue 7): a fourth node added to three and the rebalancer run, rollbacks
+// (--rollbacks), the copy against a plain COPY pipe of the same ranges, and
+// every acknowledged write checked at the end; with --big-rows, one big
+// bucket's copy (big.go). Run it with bench/moves/run; docs/moves.md
+// ("Measured") says what each figure means. It holds the test
+// environment's shared lock while it runs.
 package main
 
 import (
@@ -60,10 +37,8 @@ var (
 	rate          = flag.Int("rate", 0, "total writes/s offered by the load (0: as fast as the writers go)")
 	concurrency   = flag.Int("concurrency", 1, "moves at once (rebalancer policy)")
 	rollbacks     = flag.Int("rollbacks", 8, "after the rebalance, move this many of the new node's buckets back with a rollback window and roll each move back, under the same load (issue 25): the rollbacks' write pauses (0: none)")
-	retries       = flag.Int("retries", 3, "times to run the rebalancer again after it stopped on an aborted move")
 	baselineN     = flag.Int("baseline", 3, "moved buckets to copy again with plain COPY for the baseline")
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
-	verbose       = flag.Bool("v", false, "print every step of every move")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
 	// The big-bucket mode (big.go).
 	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
@@ -74,6 +49,7 @@ var (
 
 const (
 	startNodes = 3
+	retries    = 3 // times the rebalancer runs again after it stopped on an aborted move
 	clusterNm  = "moves"
 	seedHex    = "6d6f7665732d62656e63682d69737375652d37" // "moves-bench-issue-7"
 )
@@ -146,7 +122,6 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	defer b.r.Close()
 
-	// The write load.
 	say("write load: %d writers, %.0f%% inserts of new users, the rest updates of loaded users; warming up %s", *load.Writers, 100**load.InsertFrac, *warmup)
 	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, Rate: *rate, InsertFrac: *load.InsertFrac,
 		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
@@ -156,9 +131,8 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.WritesPerSecBefore = float64(l.Acks.Load()) / time.Since(l.Started).Seconds()
 
-	// Add the fourth node and rebalance.
 	pg4 := b.nodes[startNodes]
-	m, err := b.addNode(ctx)
+	m, err := clustertest.AddNode(ctx, b.st, pg4)
 	if err != nil {
 		return nil, err
 	}
@@ -177,18 +151,16 @@ func run(ctx context.Context) (*Summary, error) {
 				rec.Stats.LagAtFenceMS, rec.Stats.PauseMS, row.FenceMS, row.BarrierMS, row.FlipMS, seen(row.RouterMS, "%.1f ms"))
 		case msg == topo.MoveAborting || msg == topo.MoveAborted || msg == topo.MoveFailed:
 			say("  move of bucket %d %s -> %s: %s: %s", rec.Bucket, rec.Source, rec.Target, msg, rec.Error)
-		case *verbose:
-			say("    bucket %d: %s", rec.Bucket, msg)
 		}
 	}})
 	rb := migrate.NewRebalancer(mv, bucketmap.Policy{Concurrency: *concurrency})
 	rb.Progress = func(prog migrate.Progress) {
-		if msg := prog.Message; *verbose || strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
+		if msg := prog.Message; strings.HasPrefix(msg, "balanced") || strings.Contains(msg, "moves left (lower bound") && done.Load() == 0 {
 			say("  rebalancer: %s", msg)
 		}
 	}
 	// An aborted move stops the rebalancer (the move rolled back safely);
-	// run it again, as an operator would, up to --retries times.
+	// run it again, as an operator would, up to retries times.
 	var rbErr error
 	for attempt := 0; ; attempt++ {
 		rep, err := rb.Run(ctx)
@@ -203,12 +175,12 @@ func run(ctx context.Context) (*Summary, error) {
 		if err == nil {
 			break
 		}
-		if !aborted || attempt >= *retries || ctx.Err() != nil || errors.Is(err, migrate.ErrVerifyMismatch) {
+		if !aborted || attempt >= retries || ctx.Err() != nil || errors.Is(err, migrate.ErrVerifyMismatch) {
 			rbErr = fmt.Errorf("rebalance: %w", err)
 			break
 		}
 		sum.Restarts++
-		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, *retries)
+		say("  rebalancer stopped (%v); running it again (%d/%d)", err, attempt+1, retries)
 	}
 	sum.RebalanceSecs = time.Since(rbStart).Seconds()
 	b.prb.Stop()
@@ -226,7 +198,6 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 	}
 
-	// The copy baseline, under the same load.
 	if ctx.Err() == nil {
 		if sum.Baseline, err = b.baseline(ctx, sum.Moves); err != nil && rbErr == nil {
 			rbErr = fmt.Errorf("baseline: %w", err)

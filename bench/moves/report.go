@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -113,44 +114,28 @@ type Summary struct {
 	Big *BigRun `json:"big,omitempty"`
 }
 
-// moveStats are the distributions over the moves done: a move's value,
-// and which values count (known: -1 is "not seen").
+// moveStats name the distributions over the moves done, in three groups
+// by which values count: all of them, the known ones (-1 is "not seen"),
+// the positive ones. MoveRow.stats gives the values in the same order.
 var (
-	all, known, positive = func(float64) bool { return true }, func(x float64) bool { return x >= 0 }, func(x float64) bool { return x > 0 }
-	moveStats            = []struct {
-		name string
-		of   func(*MoveRow) float64
-		keep func(float64) bool
-	}{
-		{"pause_ms", func(m *MoveRow) float64 { return m.PauseMS }, all},
-		{"fence_step_ms", func(m *MoveRow) float64 { return m.FenceMS }, all},
-		{"barrier_step_ms", func(m *MoveRow) float64 { return m.BarrierMS }, all},
-		{"flip_step_ms", func(m *MoveRow) float64 { return m.FlipMS }, all},
-		{"lag_at_fence_ms", func(m *MoveRow) float64 { return m.LagMS }, all},
-		{"move_total_ms", func(m *MoveRow) float64 { return m.TotalMS }, all},
-		{"copy_ms", func(m *MoveRow) float64 { return m.CopyMS }, all},
-		{"mover_copy_rows_per_s", func(m *MoveRow) float64 { return m.RowsPS }, all},
-		{"router_pause_ms", func(m *MoveRow) float64 { return m.RouterMS }, known},
-		{"client_stall_ms", func(m *MoveRow) float64 { return m.ClientMS }, known},
-		{"copy_slot_ms", func(m *MoveRow) float64 { return m.SlotMS }, known},
-		{"copy_apply_worker_ms", func(m *MoveRow) float64 { return m.LaunchMS }, known},
-		{"copy_start_ms", func(m *MoveRow) float64 { return m.StartMS }, known},
-		{"copy_data_ms", func(m *MoveRow) float64 { return m.DataMS }, known},
-		{"copy_handover_ms", func(m *MoveRow) float64 { return m.HandoverMS }, known},
-		{"copy_data_rows_per_s", func(m *MoveRow) float64 { return m.DataRowsPS }, positive},
-	}
+	moveStats = [3][]string{{"pause_ms", "fence_step_ms", "barrier_step_ms", "flip_step_ms", "lag_at_fence_ms", "move_total_ms", "copy_ms", "mover_copy_rows_per_s"},
+		{"router_pause_ms", "client_stall_ms", "copy_slot_ms", "copy_apply_worker_ms", "copy_start_ms", "copy_data_ms", "copy_handover_ms"},
+		{"copy_data_rows_per_s"}}
+	moveStatKeep = [3]func(float64) bool{func(float64) bool { return true }, func(x float64) bool { return x >= 0 }, func(x float64) bool { return x > 0 }}
 )
+
+func (m *MoveRow) stats() [3][]float64 {
+	return [3][]float64{{m.PauseMS, m.FenceMS, m.BarrierMS, m.FlipMS, m.LagMS, m.TotalMS, m.CopyMS, m.RowsPS},
+		{m.RouterMS, m.ClientMS, m.SlotMS, m.LaunchMS, m.StartMS, m.DataMS, m.HandoverMS}, {m.DataRowsPS}}
+}
 
 // MarshalJSON writes every distribution, empty ones included, beside the
 // other fields.
 func (s *Summary) MarshalJSON() ([]byte, error) {
 	type plain Summary
 	st := map[string]benchkit.Stat{}
-	for _, k := range append([]string{"rollback_pause_ms", "baseline_copy_rows_per_s", "write_latency_ms"}, probeStats[:]...) {
+	for _, k := range slices.Concat([]string{"rollback_pause_ms", "baseline_copy_rows_per_s", "write_latency_ms"}, probeStats[:], moveStats[0], moveStats[1], moveStats[2]) {
 		st[k] = s.Stats[k]
-	}
-	for _, f := range moveStats {
-		st[f.name] = s.Stats[f.name]
 	}
 	a, err := json.Marshal((*plain)(s))
 	if err != nil {
@@ -277,14 +262,16 @@ func (b *bench) summarize(s *Summary) {
 			s.VerifyOK++
 		}
 	}
-	for _, f := range moveStats {
-		var xs []float64
-		for i := range s.Moves {
-			if x := f.of(&s.Moves[i]); s.Moves[i].State == topo.MoveDone && f.keep(x) {
-				xs = append(xs, x)
+	for g, names := range moveStats {
+		for i, name := range names {
+			var xs []float64
+			for j := range s.Moves {
+				if x := s.Moves[j].stats()[g][i]; s.Moves[j].State == topo.MoveDone && moveStatKeep[g](x) {
+					xs = append(xs, x)
+				}
 			}
+			s.Stats[name] = benchkit.Of(xs)
 		}
-		s.Stats[f.name] = benchkit.Of(xs)
 	}
 	var base []float64
 	for _, r := range s.Baseline {

@@ -34,19 +34,6 @@ func (b *bench) setup(ctx context.Context) error {
 	return nil
 }
 
-// addNode adds the fourth node to the map and syncs its fence.
-func (b *bench) addNode(ctx context.Context) (*bucketmap.Map, error) {
-	n := b.nodes[startNodes]
-	m, err := b.st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(n) })
-	if err == nil {
-		err = clustertest.SyncFence(ctx, n, m)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("adding %s: %w", n.ID, err)
-	}
-	return m, nil
-}
-
 type loadRow struct {
 	key int64
 	idx uint32

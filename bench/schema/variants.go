@@ -37,7 +37,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	var holdKey int64
 	var holdUID string
 	if holdFor > 0 {
-		node := b.holdNode(m)
+		node := b.nodes[0] // the canary: the fewest buckets, ties to the lowest id
 		v.HoldNode = string(node.ID)
 		for i := 0; ; i++ {
 			holdUID = fmt.Sprintf("hold-%d", i)
@@ -96,12 +96,8 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 		holdDone <- nil
 	}
 
-	opt := schema.Options{}
-	if *verbose {
-		opt.Progress = func(e schema.Event) { say("    schema: %s %s: %s", e.Node, e.Change, e.Message) }
-	}
 	applyStart := time.Now()
-	res, applyErr := schema.Apply(ctx, b.st, ch, opt)
+	res, applyErr := schema.Apply(ctx, b.st, ch, schema.Options{})
 	applyEnd := time.Now()
 	v.ApplyMS = benchkit.MS(applyEnd.Sub(applyStart))
 	if applyErr != nil {
@@ -126,10 +122,10 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	end := time.Now()
 
 	// The windows: the change window from the apply's start, as long as
-	// the apply (at least --min-window); the baseline window as long,
+	// the apply (at least a second); the baseline window as long,
 	// ending where the change phase began (clipped to the load's first
 	// half second, when the pools fill).
-	length := max(applyEnd.Sub(applyStart), *minWindow)
+	length := max(applyEnd.Sub(applyStart), time.Second)
 	writes := l.Result().Writes
 	v.During = window(l, writes, applyStart, applyStart.Add(length))
 	blo := max(phase.Add(-length).Sub(l.Started), 500*time.Millisecond)
@@ -140,7 +136,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	if p := l.LastErr.Load(); p != nil {
 		v.LastError = *p
 	}
-	v.MaxRatio = benchkit.Ratio(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max)
+	v.MaxRatio = jsonRatio(v.During.LatencyMS.Max, v.Baseline.LatencyMS.Max)
 
 	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -150,16 +146,6 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 		err = applyErr
 	}
 	return v, err
-}
-
-// holdNode is --hold-node, or the first node: the default canary (it owns
-// the fewest buckets, ties to the lowest id, and 2^level buckets on four
-// nodes are a tie).
-func (b *bench) holdNode(m *bucketmap.Map) bucketmap.Node {
-	if n, ok := m.Node(bucketmap.NodeID(*holdNode)); ok {
-		return n
-	}
-	return b.nodes[0]
 }
 
 // columnOn counts the nodes whose app.kv has the column.
@@ -222,7 +208,16 @@ func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 	}
 	d.OneNodeMS, d.OneNodeRead = benchkit.Of(one), benchkit.Of(read)
 	d.OneNodeMinMS = slices.Min(one)
-	d.Ratio = benchkit.Ratio(d.MS.P50, d.OneNodeMS.P50)
+	d.Ratio = jsonRatio(d.MS.P50, d.OneNodeMS.P50)
 	d.GoalMet = d.MS.Max < diffGoalMS && d.Unreachable == 0 && d.Differences == 0
 	return d, nil
+}
+
+// jsonRatio is x/base, 0 when base is 0: JSON has no NaN (the report
+// prints such a ratio as n/a).
+func jsonRatio(x, base float64) float64 {
+	if base == 0 {
+		return 0
+	}
+	return x / base
 }

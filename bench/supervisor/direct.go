@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -83,7 +84,11 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 		file := filepath.Join(tmp, name+".json")
 		b, _ := topo.EncodePoolConfig(&cfg)
 		_ = os.WriteFile(file, b, 0o644)
-		return exec.Command(svBin, "--config", file, "--admin", "", "--pool", name, "--state-dir", filepath.Join(tmp, name), "--log-level", "warn")
+		c := exec.Command(svBin, "--config", file, "--admin", "", "--pool", name, "--state-dir", filepath.Join(tmp, name), "--log-level", "warn")
+		// scripts/devenv env's SHARDVISOR_ZK (and the rest) would make it
+		// refuse --config: a file-config supervisor sees none of them.
+		c.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "SHARDVISOR_") })
+		return c
 	}
 	listen := func(port int) []topo.Listen {
 		return []topo.Listen{{Name: "http", Addr: fmt.Sprintf("tcp://127.0.0.1:%d", port)}}

@@ -1,22 +1,9 @@
 // Command supervisor-bench compares code reloads under load: gunicorn alone
-// (the baseline) against shardvisor's supervisor (cmd/supervisor) running the
-// same gunicorn app, and the Go example worker; then each worker's steady
+// (the baseline) against the supervisor running the same gunicorn app
+// (versioned_app.py), and the Go example worker; then each worker's steady
 // throughput bound directly vs under the supervisor. Run it with
-// bench/supervisor/run; docs/supervisor.md ("Benchmark") says what each
-// figure means.
-//
-// The app (versioned_app.py) takes STARTUP to import and answers with the
-// version it imported, so a reload counts only once answers prove that new
-// code serves. gunicorn alone runs without --preload (with it, a HUP forks
-// workers from an arbiter that imported the app once: no code is reloaded)
-// and is reloaded by a new version file and SIGHUP; the supervisor by a pool
-// config change naming the new version (its gunicorns run --preload only so
-// that READY=1 comes after the import). Both import the app four times per
-// reload. During reloads and storms an open-loop generator in this program
-// offers a constant rate and records every request (due time, latency,
-// status or connection error, version): latency counts from the moment a
-// request was due, so a stall is charged in full. wrk measures steady
-// throughput, where the load generator's own efficiency matters.
+// bench/supervisor/run; docs/supervisor.md ("Benchmark") says how and what
+// each figure means.
 package main
 
 import (

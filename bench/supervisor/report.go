@@ -2,8 +2,11 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 )
 
 // printTable prints the reload figures as a markdown table (the docs paste
@@ -138,25 +141,14 @@ func cells(s *scenario) []cell {
 // printMarkdown prints rows as a padded markdown table; the first row is
 // the header, the first column left-aligned, the others right-aligned.
 func printMarkdown(rows [][]string) {
-	width := make([]int, len(rows[0]))
+	w := 0
 	for _, r := range rows {
-		for i, c := range r {
-			width[i] = max(width[i], len(c), 3)
-		}
+		w = max(w, len(r[0]))
 	}
-	sep := []string{strings.Repeat("-", width[0])}
-	for _, w := range width[1:] {
-		sep = append(sep, strings.Repeat("-", w-1)+":")
+	sep := append([]string{strings.Repeat("-", w)}, slices.Repeat([]string{"---:"}, len(rows[0])-1)...)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 0, ' ', tabwriter.AlignRight)
+	for _, r := range slices.Insert(rows, 1, sep) {
+		fmt.Fprintf(tw, "| %-*s |\t %s |\t\n", w, r[0], strings.Join(r[1:], " |\t "))
 	}
-	for _, r := range append([][]string{rows[0], sep}, rows[1:]...) {
-		var b strings.Builder
-		for i, c := range r {
-			w := width[i]
-			if i == 0 {
-				w = -w // %*s pads on the right when the width is negative
-			}
-			fmt.Fprintf(&b, "| %*s ", w, c)
-		}
-		fmt.Println(b.String() + "|")
-	}
+	tw.Flush()
 }

@@ -2,6 +2,7 @@ package benchkit
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -115,7 +116,7 @@ func WriteJSON(w io.Writer, v any) error {
 // Finish ends a benchmark's main. When the run gave a summary, err (if
 // any) is recorded in it with setErr, report prints it, and with jsonOut
 // the summary also goes to stdout as JSON. Then an error is printed as
-// "name: err" on stderr and exits 1.
+// "name: err" on stderr and exits 1, as is a failure to write the JSON.
 func Finish[S any](name string, sum *S, err error, setErr func(*S, string), report func(*S), jsonOut bool) {
 	if sum != nil {
 		if err != nil {
@@ -123,7 +124,9 @@ func Finish[S any](name string, sum *S, err error, setErr func(*S, string), repo
 		}
 		report(sum)
 		if jsonOut {
-			_ = WriteJSON(os.Stdout, sum)
+			if jerr := WriteJSON(os.Stdout, sum); jerr != nil {
+				err = errors.Join(err, fmt.Errorf("writing the JSON summary: %w", jerr))
+			}
 		}
 	}
 	if err != nil {

@@ -162,17 +162,20 @@ func EachNode(ctx context.Context, nodes []bucketmap.Node, fn func(i int, n buck
 	return errors.Join(errs...)
 }
 
-// SyncFence syncs node n's fence to m: after a node was added to the map.
-func SyncFence(ctx context.Context, n bucketmap.Node, m *bucketmap.Map) error {
-	c, err := dbnode.Connect(ctx, n)
+// AddNode adds node n, prepared by Build but not mapped, to st's map and
+// syncs its fence: the rebalancer then moves buckets to it.
+func AddNode(ctx context.Context, st *bucketmap.Store, n bucketmap.Node) (*bucketmap.Map, error) {
+	m, err := st.Update(ctx, func(m *bucketmap.Map) error { return m.AddNode(n) })
+	if err == nil {
+		err = EachNode(ctx, []bucketmap.Node{n}, func(_ int, _ bucketmap.Node, c *pgx.Conn) error {
+			_, err := fence.Sync(ctx, c, m, n.ID)
+			return err
+		})
+	}
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("adding %s: %w", n.ID, err)
 	}
-	defer c.Close(context.Background())
-	if _, err := fence.Sync(ctx, c, m, n.ID); err != nil {
-		return fmt.Errorf("%s: fence sync: %w", n.ID, err)
-	}
-	return nil
+	return m, nil
 }
 
 // Node is db node id on a server at dsn whose password is in pwFile.
