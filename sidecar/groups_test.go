@@ -25,7 +25,7 @@ func TestGroupsFromPatroniRecords(t *testing.T) {
 	defer cancel()
 	set := func(p, v string) { zktest.Put(t, s, p, v) }
 	set("/service/g2/initialize", "1")
-	set("/service/g2/config", `{"ttl":10,"synchronous_mode":true,"ignore_slots":[{"type":"logical","plugin":"pgoutput"}]}`)
+	set("/service/g2/config", `{"ttl":10,"synchronous_mode":true,"failsafe_mode":true,"ignore_slots":[{"type":"logical","plugin":"pgoutput"}]}`)
 	set("/service/g2/members/g2-a", `{"conn_url":"postgres://127.0.0.1:7001/postgres","role":"master","state":"running","timeline":1,"xlog_location":100}`)
 	set("/service/g2/members/g2-b", `{"conn_url":"postgres://127.0.0.1:7002/postgres","role":"replica","state":"running","timeline":1,"xlog_location":90}`)
 	set("/service/g2/leader", "g2-a")
@@ -70,6 +70,26 @@ func TestGroupsFromPatroniRecords(t *testing.T) {
 		t.Fatalf("status lacks the group: %s", body)
 	}
 
+	// /metrics: the group is whole (leader, synchronous mode, a sync
+	// standby); its records, made here with the world ACL as Patroni
+	// makes them without x509, are one severe problem.
+	_, body = get(t, h, "/metrics")
+	for _, want := range []string{`shardvisor_router_patroni_group_whole{node="pg2"} 1`,
+		`shardvisor_router_patroni_group_problems{node="pg2",severity="severe"} 1`,
+		`shardvisor_router_patroni_group_problems{node="pg2",severity="warning"} 0`} {
+		if !strings.Contains(body, want) {
+			t.Fatalf("metrics lack %s:\n%s", want, grepLines(body, "patroni"))
+		}
+	}
+	// The sync standby goes: no longer whole, a warning more.
+	set("/service/g2/sync", `{"leader":"g2-a","sync_standby":null}`)
+	testenv.WaitFor(t, 5*time.Second, func() bool {
+		_, body = get(t, h, "/metrics")
+		return strings.Contains(body, `shardvisor_router_patroni_group_whole{node="pg2"} 0`) &&
+			strings.Contains(body, `shardvisor_router_patroni_group_problems{node="pg2",severity="warning"} 1`)
+	}, "the metrics to show the group without a synchronous standby")
+	set("/service/g2/sync", `{"leader":"g2-a","sync_standby":"g2-b"}`)
+
 	// Failover: g2-b leads. The view follows once the cache is older
 	// than groupsMaxAge; the old leader's absence is no problem.
 	if err := s.Delete(ctx, "/service/g2/leader", -1); err != nil {
@@ -94,4 +114,15 @@ func TestGroupsFromPatroniRecords(t *testing.T) {
 	if _, body := get(t, Handler(r, HandlerOptions{}), "/v1/groups"); strings.TrimSpace(body) != `{"groups":{}}` {
 		t.Fatalf("no session: %s", body)
 	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -56,6 +56,15 @@ func (h *handler) registerMetrics(reg *prometheus.Registry) {
 			prometheus.GaugeOpts{Name: ns + "zk_state", Help: "ZooKeeper session state: 0 lost, 1 suspended, 2 connected, 3 closed."},
 			func() float64 { return float64(r.ZKState()) }),
 	)
+	if h.groupCache != nil {
+		reg.MustRegister(&groupCollector{h: h,
+			whole: prometheus.NewDesc(ns+"patroni_group_whole",
+				"1 when a db node's Patroni group has a leader, synchronous_mode on and a synchronous standby now; 0 when a failover now may lose acknowledged writes (alert on it).",
+				[]string{"node"}, nil),
+			problems: prometheus.NewDesc(ns+"patroni_group_problems",
+				"Problems with a db node's Patroni group by severity (severe: acknowledged writes or moves at risk now; open records are severe), -1 when its records cannot be read.",
+				[]string{"node", "severity"}, nil)})
+	}
 	if h.fleetStatus != nil {
 		reg.MustRegister(&schemaCollector{h: h,
 			changes: prometheus.NewDesc(ns+"schema_changes",
@@ -77,6 +86,40 @@ func (h *handler) count(rt router.Route) {
 	}
 	if rt.Moved {
 		h.moved.Inc()
+	}
+}
+
+// groupCollector exports each Patroni group's health from the group cache
+// (read at most once per groupsMaxAge for every scrape and page together).
+type groupCollector struct {
+	h               *handler
+	whole, problems *prometheus.Desc
+}
+
+func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.whole; ch <- c.problems }
+
+func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
+	for id, v := range c.h.groupCache.get(c.h.r.Map()) {
+		node := string(id)
+		if v.Error != "" {
+			ch <- prometheus.MustNewConstMetric(c.problems, prometheus.GaugeValue, -1, node, "severe")
+			ch <- prometheus.MustNewConstMetric(c.whole, prometheus.GaugeValue, 0, node)
+			continue
+		}
+		whole, severe, warnings := 0.0, 0, 0
+		if v.Unsafe() == "" {
+			whole = 1
+		}
+		for _, p := range v.Problems {
+			if p.Severe {
+				severe++
+			} else {
+				warnings++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.whole, prometheus.GaugeValue, whole, node)
+		ch <- prometheus.MustNewConstMetric(c.problems, prometheus.GaugeValue, float64(severe), node, "severe")
+		ch <- prometheus.MustNewConstMetric(c.problems, prometheus.GaugeValue, float64(warnings), node, "warning")
 	}
 }
 

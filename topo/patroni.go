@@ -89,6 +89,11 @@ type PatroniGroup struct {
 	OpenACL bool `json:"open_acl,omitempty"`
 }
 
+// worldMay: an ACL gives anyone one of perms.
+func worldMay(acl []zk.ACL, perms int32) bool {
+	return slices.ContainsFunc(acl, func(a zk.ACL) bool { return a.Scheme == "world" && a.Perms&perms != 0 })
+}
+
 // Dir is the ZooKeeper directory of a group's records.
 func PatroniDir(namespace, scope string) string {
 	return path.Join("/", namespace, scope)
@@ -133,13 +138,14 @@ func ReadPatroni(ctx context.Context, s *zksession.Session, namespace, scope str
 			}
 		}
 	}
+	// Open: anyone may write the config (archive_command, synchronous_mode)
+	// or create and delete in the scope (the leader and failover keys).
+	if acl, _, err := s.GetACL(ctx, dir); err == nil && worldMay(acl, zk.PermCreate|zk.PermDelete) {
+		g.OpenACL = true
+	}
 	if has("config") {
-		if acl, _, err := s.GetACL(ctx, dir+"/config"); err == nil {
-			for _, a := range acl {
-				if a.Scheme == "world" && a.Perms&(zk.PermWrite|zk.PermDelete) != 0 {
-					g.OpenACL = true
-				}
-			}
+		if acl, _, err := s.GetACL(ctx, dir+"/config"); err == nil && worldMay(acl, zk.PermWrite) {
+			g.OpenACL = true
 		}
 		if b, _, err := s.Get(ctx, dir+"/config"); err == nil && len(b) > 0 {
 			if c, err := decodePatroniConfig(b); err == nil {
@@ -301,7 +307,7 @@ func (g *PatroniGroup) Problems() []PatroniProblem {
 		add(false, "failsafe_mode is off: a ZooKeeper outage longer than retry_timeout demotes the primary, and the group refuses writes until the ensemble is back (set failsafe_mode: true)")
 	}
 	if g.OpenACL {
-		add(false, "Patroni's records are writable by anyone who reaches the ensemble (world ACL): anyone could delete the leader key or turn synchronous_mode off; set Patroni's zookeeper.set_acls (x509) or keep the ensemble's clients trusted (docs/failover.md, Security)")
+		add(true, "Patroni's records are writable by anyone who reaches the ensemble (world ACL): anyone can set an archive_command (run as postgres on the db hosts), turn synchronous_mode off or delete the leader key; run ZooKeeper with TLS and give Patroni zookeeper.set_acls (docs/security.md)")
 	}
 	if !PatroniKeepsLogicalSlots(c.IgnoreSlots) {
 		add(true, "ignore_slots has no entry matching logical pgoutput slots ({type: logical, plugin: pgoutput}): Patroni drops a move's replication slot within seconds")

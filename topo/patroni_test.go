@@ -57,14 +57,17 @@ func TestReadPatroniGroup(t *testing.T) {
 	if bad := g.Members[2]; bad.Error == "" || bad.LagBytes != -1 {
 		t.Fatalf("undecodable member %+v", bad)
 	}
-	// Only the bad member's record and the open ACL (records created
-	// here, as Patroni 3.0 does without x509, carry the world ACL) are
-	// problems, neither severe; the group is sound.
+	// The bad member's record is a problem; the open ACL (records created
+	// here, as Patroni 3.0 does without x509, carry the world ACL) a severe
+	// one: anyone can run commands on the db hosts through the config.
 	if !g.OpenACL {
 		t.Fatal("world-writable records not reported")
 	}
 	for _, pr := range g.Problems() {
-		if pr.Severe || !(strings.Contains(pr.Message, "pg4-m3") || strings.Contains(pr.Message, "world ACL")) {
+		switch {
+		case strings.Contains(pr.Message, "pg4-m3") && !pr.Severe:
+		case strings.Contains(pr.Message, "world ACL") && pr.Severe:
+		default:
 			t.Fatalf("problem %+v", pr)
 		}
 	}

@@ -32,6 +32,8 @@ type Ephemeral struct {
 	// creating: the first create has not returned yet. A re-sync then
 	// leaves the node to it (it lands on the current session or fails).
 	creating bool
+	// stopGuard ends the guard (nil for a lock's node).
+	stopGuard context.CancelFunc
 }
 
 // ErrOwnedElsewhere means an ephemeral node exists but belongs to another
@@ -75,7 +77,79 @@ func (s *Session) createEphemeral(ctx context.Context, p string, data []byte, ac
 		s.mu.Unlock()
 		return nil, err
 	}
+	if !lock {
+		e.guard()
+	}
 	return e, nil
+}
+
+// guard re-creates the node when it disappears while the session lives:
+// somebody deleted it (an admin by hand, or an identity allowed to delete
+// in its parent). A member record deleted that way was never re-created,
+// and moves and GC then skipped a live host (issue 38). A lock's node is
+// not guarded: its loss is reported to the holder instead.
+//
+// It reads and re-arms a watch after every event instead of following a
+// Watch: a Watch delivers changes of state, and a node re-created and
+// deleted again between two of its reads looks unchanged to it.
+func (e *Ephemeral) guard() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.mu.Lock()
+	e.stopGuard = cancel
+	deleted := e.deleted
+	e.mu.Unlock()
+	if deleted {
+		cancel()
+		return
+	}
+	s := e.s
+	resync := make(chan struct{}, 1)
+	s.mu.Lock()
+	s.resyncs[resync] = struct{}{}
+	s.mu.Unlock()
+	go func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.resyncs, resync)
+			s.mu.Unlock()
+		}()
+		b := backoff.New(50*time.Millisecond, time.Second)
+		for {
+			var ev <-chan zk.Event
+			if s.State() == StateConnected {
+				f, err := s.fetchW(ctx, e.path, false)
+				switch {
+				case ctx.Err() != nil || errors.Is(err, ErrClosed):
+					return
+				case err != nil:
+					ev = nil // read again after a pause
+				case !f.node.Exists:
+					if _, _, deleted := e.latest(); deleted {
+						return
+					}
+					s.log.Warn("ephemeral node deleted under this session; re-creating it", zap.String("path", e.path))
+					e.ensure()
+					continue
+				default:
+					b.Reset()
+					ev = f.ev
+				}
+			}
+			var pause <-chan time.Time
+			if ev == nil && s.State() == StateConnected {
+				pause = time.After(b.Next())
+			}
+			select {
+			case <-ev:
+			case <-pause:
+			case <-resync: // back to Connected: the re-sync re-creates; read again
+			case <-ctx.Done():
+				return
+			case <-s.closed:
+				return
+			}
+		}
+	}()
 }
 
 // Path is the node's path.
@@ -233,7 +307,11 @@ func (e *Ephemeral) away(op string) error {
 func (e *Ephemeral) forget() {
 	e.mu.Lock()
 	e.deleted = true
+	stop := e.stopGuard
 	e.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 	e.s.mu.Lock()
 	if e.s.ephemerals[e.path] == e {
 		delete(e.s.ephemerals, e.path)

@@ -20,6 +20,10 @@ type nodeConn struct {
 	hook    func()
 	writes  []string // data of every create and set that succeeded, in order
 	other   bool     // the node is another session's (session 2)
+	// watched is closed at the guard's first read: from then on it waits
+	// on a watch that never fires, and the test alone changes the node.
+	watched   chan struct{}
+	watchOnce sync.Once
 }
 
 func (c *nodeConn) owner() int64 {
@@ -67,6 +71,22 @@ func (c *nodeConn) Get(p string) ([]byte, *zk.Stat, error) {
 	return c.data, &zk.Stat{Version: c.version, EphemeralOwner: c.owner()}, nil
 }
 
+// GetW and ExistsW serve the node's guard (Ephemeral.guard), which reads
+// once after the create and then waits: these tests change the node behind
+// the session's back and drive the re-creation themselves, so the watches
+// never fire.
+func (c *nodeConn) GetW(p string) ([]byte, *zk.Stat, <-chan zk.Event, error) {
+	d, st, err := c.Get(p)
+	c.watchOnce.Do(func() { close(c.watched) })
+	return d, st, make(chan zk.Event), err
+}
+
+func (c *nodeConn) ExistsW(p string) (bool, *zk.Stat, <-chan zk.Event, error) {
+	ok, st, err := c.Exists(p)
+	c.watchOnce.Do(func() { close(c.watched) })
+	return ok, st, make(chan zk.Event), err
+}
+
 func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -86,7 +106,7 @@ func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
 // node /m created on it with data.
 func nodeEphemeral(t *testing.T, data string) (*nodeConn, *Ephemeral) {
 	t.Helper()
-	c := &nodeConn{}
+	c := &nodeConn{watched: make(chan struct{})}
 	s := newSession(Config{}, ConnectString{})
 	s.conn = c
 	s.state = StateConnected
@@ -94,6 +114,7 @@ func nodeEphemeral(t *testing.T, data string) (*nodeConn, *Ephemeral) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	<-c.watched
 	return c, e
 }
 

@@ -210,7 +210,13 @@ func Connect(c *cli.Context, log *zap.Logger) (*zksession.Session, topo.Paths, e
 	defer cancel()
 	if err := s.WaitConnected(ctx); err != nil {
 		s.Close()
-		return nil, paths, fmt.Errorf("cannot reach ZooKeeper at %s: %w (is it running? `scripts/devenv status`)", cfg.Connect, err)
+		h := "is it running? `scripts/devenv status`"
+		if cfg.Dial == nil {
+			// A TLS-only ensemble closes a plain connection at once: the
+			// library's log says "authentication failed: EOF".
+			h += "; if it takes TLS only, pass --zk-tls-ca, --zk-tls-cert and --zk-tls-key (`eval \"$(scripts/devenv env)\"` sets them for a --tls dev environment)"
+		}
+		return nil, paths, hint.New(fmt.Errorf("cannot reach ZooKeeper at %s: %w", cfg.Connect, err), h)
 	}
 	return s, paths, nil
 }

@@ -1,6 +1,7 @@
 package devenv_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/internal/pki"
+	"github.com/shardvisor/shardvisor/topo"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 // quietLog drops go-zookeeper's reconnect lines.
@@ -222,6 +225,34 @@ func TestTLSEnsemble(t *testing.T) {
 		}
 		if _, body, _ := do(client(&admin), "GET", api+"/config", "", ""); !strings.Contains(body, `"synchronous_mode": true`) && !strings.Contains(body, `"synchronous_mode":true`) {
 			t.Errorf("synchronous_mode changed: %s", body)
+		}
+	})
+
+	// shardvisor, as a web head over TLS, reads the group and finds its
+	// records locked: no open ACL, no severe problem. (On a plain
+	// environment the open records are a severe problem: topo's tests.)
+	t.Run("shardvisor reads the locked group as sound", func(t *testing.T) {
+		s, err := zksession.Open(zksession.Config{Connect: e.ZKConnect(), Dial: dialAs(t, e.TLSFiles("webhead"))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := s.WaitConnected(ctx); err != nil {
+			t.Fatal(err)
+		}
+		g, err := topo.ReadPatroni(ctx, s, devenv.PatroniNamespace, "pg1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.OpenACL {
+			t.Error("the locked group's records read as open")
+		}
+		for _, p := range g.Problems() {
+			if p.Severe {
+				t.Errorf("severe problem: %s", p.Message)
+			}
 		}
 	})
 

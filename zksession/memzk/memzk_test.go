@@ -3,6 +3,7 @@ package memzk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -154,6 +155,53 @@ func TestContractEphemeralsAndWatches(t *testing.T) {
 		}
 		if n := testenv.Receive(t, kids.C, 10*time.Second, "child removed"); len(n.Children) != 0 {
 			t.Fatalf("children after close: %v", n.Children)
+		}
+	})
+}
+
+// An ephemeral node somebody else deletes while its session lives comes
+// back, with its latest data, on the same session; after its own Delete
+// it stays gone. A member record deleted by another identity was never
+// re-created, so moves and GC skipped a live host (issue 38).
+func TestContractEphemeralDeletedByAnotherComesBack(t *testing.T) {
+	backends(t, func(t *testing.T, open func() *zksession.Session) {
+		ctx, s, other := ctxT(t), open(), open()
+		if err := s.Create(ctx, "/reg", nil); err != nil {
+			t.Fatal(err)
+		}
+		e, err := s.CreateEphemeral(ctx, "/reg/m", []byte("v1"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Set(ctx, []byte("v2")); err != nil {
+			t.Fatal(err)
+		}
+		w := other.Watch(ctx, "/reg/m")
+		defer w.Stop()
+		testenv.Receive(t, w.C, 10*time.Second, "first read")
+		for round := 1; round <= 2; round++ {
+			if err := other.Delete(ctx, "/reg/m", zksession.AnyVersion); err != nil {
+				t.Fatal(err)
+			}
+			n := testenv.Receive(t, w.C, 10*time.Second, "deletion")
+			for !n.Exists {
+				n = testenv.Receive(t, w.C, 10*time.Second, fmt.Sprintf("re-creation in round %d", round))
+			}
+			if string(n.Data) != "v2" || n.Stat.EphemeralOwner != s.SessionID() {
+				t.Fatalf("round %d: re-created as %q owned by 0x%x, want v2 owned by 0x%x", round, n.Data, n.Stat.EphemeralOwner, s.SessionID())
+			}
+		}
+		if err := e.Delete(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := testenv.Receive(t, w.C, 10*time.Second, "own deletion"); n.Exists {
+			t.Fatalf("after Delete: %+v", n)
+		}
+		// A guard still running would re-create it within a watch round
+		// trip; a second session's read after the first's sync sees it.
+		time.Sleep(500 * time.Millisecond)
+		if ok, _, err := other.Exists(ctx, "/reg/m"); err != nil || ok {
+			t.Fatalf("after Delete the node came back: %v %v", ok, err)
 		}
 	})
 }
