@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"net"
@@ -96,6 +97,11 @@ func (s *Supervisor) serveAdmin(ln net.Listener) {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(body)
 	})
+	if s.opts.AdminTLS != nil {
+		// The tracked listener counts the TLS connections: the raw
+		// listener stays the one an upgrade hands over.
+		ln = tls.NewListener(ln, s.opts.AdminTLS)
+	}
 	tl := &trackedListener{Listener: ln}
 	s.adminLn = tl
 	s.http = &http.Server{Handler: readOnly(mux), ReadHeaderTimeout: 5 * time.Second, ConnState: func(c net.Conn, st http.ConnState) {

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"crypto/tls"
 	"bufio"
 	"net"
 	"net/http"
@@ -80,13 +81,16 @@ func TestAdminEndpointsRefuseOtherMethods(t *testing.T) {
 
 // adminOnly is a supervisor of a one-worker pool from a config file with
 // only its admin server started (no workers).
-func adminOnly(t *testing.T) *Supervisor {
+func adminOnly(t *testing.T) *Supervisor { return adminOnlyTLS(t, nil) }
+
+// adminOnlyTLS is adminOnly with Options.AdminTLS.
+func adminOnlyTLS(t *testing.T, cfg *tls.Config) *Supervisor {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "pool.json")
 	if err := os.WriteFile(file, encode(t, cfgFor(t, testenv.FreePort(t), 1, nil)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sv, err := New(Options{Pool: "web", ConfigFile: file, AdminAddr: "127.0.0.1:0", StateDir: t.TempDir()})
+	sv, err := New(Options{Pool: "web", ConfigFile: file, AdminAddr: "127.0.0.1:0", StateDir: t.TempDir(), AdminTLS: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,15 +67,24 @@ func TestMemberTakenWhileAwayStopsTheSupervisor(t *testing.T) {
 	defer cancel()
 	// What an expiry and another supervisor's claim leave behind: the
 	// record is another live session's (the test's own).
-	if err := e.s.Delete(ctx, p, zksession.AnyVersion); err != nil {
-		t.Fatal(err)
-	}
+	// The supervisor's live session re-creates a record deleted under it,
+	// so the claim may lose that race: delete and claim again until the
+	// claim lands first, as a real one does once the session expired.
 	theirs, err := topo.Encode(topo.PoolMember{Version: topo.PoolMemberVersion, Member: "m1", Host: "elsewhere", PID: 1, State: "serving"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.s.CreateEphemeral(ctx, p, theirs, nil); err != nil {
-		t.Fatal(err)
+	for try := 1; ; try++ {
+		if err := e.s.Delete(ctx, p, zksession.AnyVersion); err != nil && !errors.Is(err, zksession.ErrNoNode) {
+			t.Fatal(err)
+		}
+		_, err := e.s.CreateEphemeral(ctx, p, theirs, nil)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, zksession.ErrOwnedElsewhere) || try == 50 {
+			t.Fatalf("claiming the name (try %d): %v", try, err)
+		}
 	}
 	h.sv.Signal(syscall.SIGTTIN) // a change for the publisher to write
 	err = testenv.Receive(t, h.done, 30*time.Second, "the supervisor did not stop with its name taken")

@@ -247,7 +247,11 @@ func askPeer(ctx context.Context, c *http.Client, admin string, self, want peerI
 	}
 	q := peerQuestion{asker: self, peer: want, nonce: hex.EncodeToString(nb)}
 	query := url.Values{"v": {strconv.Itoa(peerProto)}, "nonce": {q.nonce}, "asker_pool": {self.Pool}, "asker_member": {self.Member}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+admin+peerPath+"?"+query.Encode(), nil)
+	scheme := "http://"
+	if tr, ok := c.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil {
+		scheme = "https://" // the fleet's admin endpoints are all TLS or all plain
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+admin+peerPath+"?"+query.Encode(), nil)
 	if err != nil {
 		return nil, err
 	}

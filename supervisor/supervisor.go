@@ -19,6 +19,7 @@ package supervisor
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -73,8 +74,15 @@ type Options struct {
 	// AdminAddr is the HTTP address of /healthz, /readyz, /metrics and
 	// /status; "" disables it.
 	AdminAddr string
-	Debounce  time.Duration // quiet time after a change before a swap starts
-	Holddown  time.Duration // stable connected time after a session loss before serving again
+	// AdminTLS, when set, serves the admin endpoints over TLS with its
+	// configuration (a client certificate of its CA required: load
+	// balancer probes, metrics scrapers and peers) and makes the peers'
+	// fail-static question over TLS with its certificate (peers.go). An
+	// admin address off loopback without it is open to every host that
+	// reaches it.
+	AdminTLS *tls.Config
+	Debounce time.Duration // quiet time after a change before a swap starts
+	Holddown time.Duration // stable connected time after a session loss before serving again
 
 	// ShimPath is the executable started as the exec shim (see ShimArg);
 	// default os.Executable(). It must call MaybeRunShim first thing.
@@ -244,7 +252,7 @@ func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 		probes:  map[*worker]*probeRun{},
 		// No keep-alive: an answer must come from the peer as it is now,
 		// on a fresh connection.
-		peerClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		peerClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: opts.AdminTLS}},
 		up:         *up,
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,

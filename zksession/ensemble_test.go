@@ -18,7 +18,7 @@ func TestIntegrationEnsemble(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e := Ensemble(ctx, cs)
+	e := Ensemble(ctx, cs, nil)
 	if !e.Quorum || e.Serving != len(cs.Servers) || e.Leaders != 1 || len(e.Servers) != len(cs.Servers) {
 		t.Fatalf("ensemble %s: %+v", cs, e)
 	}
@@ -26,7 +26,7 @@ func TestIntegrationEnsemble(t *testing.T) {
 	for range n + 1 {
 		cs.Servers = append(cs.Servers, "127.0.0.1:1") // nothing listens there
 	}
-	e = Ensemble(ctx, cs)
+	e = Ensemble(ctx, cs, nil)
 	if e.Quorum || e.Serving != n || e.Servers[len(e.Servers)-1].Err == "" {
 		t.Fatalf("with %d dead servers: %+v", n+1, e)
 	}

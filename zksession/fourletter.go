@@ -10,12 +10,28 @@ import (
 	"time"
 )
 
+// Dialer opens a connection to a server, as Config.Dial does: nil is
+// plain TCP.
+type Dialer = func(network, address string, timeout time.Duration) (net.Conn, error)
+
 // FourLetter sends a ZooKeeper four-letter command (srvr, mntr, ...) to one
-// server and returns its answer. The server must whitelist the command
-// (4lw.commands.whitelist).
+// server over plain TCP and returns its answer. The server must whitelist
+// the command (4lw.commands.whitelist).
 func FourLetter(ctx context.Context, addr, cmd string) (string, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	return FourLetterVia(ctx, nil, addr, cmd)
+}
+
+// FourLetterVia is FourLetter through dial: a TLS-only ensemble answers
+// four-letter words on its secure port, to a client with a certificate.
+func FourLetterVia(ctx context.Context, dial Dialer, addr, cmd string) (string, error) {
+	timeout := 5 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+	}
+	if dial == nil {
+		dial = net.DialTimeout
+	}
+	conn, err := dial("tcp", addr, timeout)
 	if err != nil {
 		return "", err
 	}
@@ -29,8 +45,8 @@ func FourLetter(ctx context.Context, addr, cmd string) (string, error) {
 		return "", err
 	}
 	b, err := io.ReadAll(conn)
-	if err != nil {
-		return "", err
+	if err != nil && len(b) == 0 {
+		return "", err // over TLS the server may close without close_notify once it has answered
 	}
 	out := string(b)
 	if strings.Contains(out, "is not executed because it is not in the whitelist") {
@@ -55,10 +71,10 @@ func (s ServerStatus) Serving() bool {
 	return s.Mode == "leader" || s.Mode == "follower" || s.Mode == "standalone"
 }
 
-// Srvr asks one server for its status.
-func Srvr(ctx context.Context, addr string) ServerStatus {
+// Srvr asks one server for its status, through dial (nil: plain TCP).
+func Srvr(ctx context.Context, dial Dialer, addr string) ServerStatus {
 	st := ServerStatus{Addr: addr}
-	out, err := FourLetter(ctx, addr, "srvr")
+	out, err := FourLetterVia(ctx, dial, addr, "srvr")
 	if err != nil {
 		st.Err = err.Error()
 		return st
@@ -96,13 +112,14 @@ type EnsembleStatus struct {
 	Quorum  bool // a majority serves, under exactly one leader
 }
 
-// Ensemble asks every server of cs with srvr, one after the other. A
-// quorum needs more than half of the servers serving and exactly one
-// leader: two leaders mean the connect string mixes ensembles.
-func Ensemble(ctx context.Context, cs ConnectString) EnsembleStatus {
+// Ensemble asks every server of cs with srvr, one after the other,
+// through dial (nil: plain TCP). A quorum needs more than half of the
+// servers serving and exactly one leader: two leaders mean the connect
+// string mixes ensembles.
+func Ensemble(ctx context.Context, cs ConnectString, dial Dialer) EnsembleStatus {
 	var e EnsembleStatus
 	for _, addr := range cs.Servers {
-		st := Srvr(ctx, addr)
+		st := Srvr(ctx, dial, addr)
 		e.Servers = append(e.Servers, st)
 		if st.Serving() {
 			e.Serving++

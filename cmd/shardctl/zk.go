@@ -64,7 +64,11 @@ func runZKStatus(c *cli.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration(cliutil.FlagZKTimeout))
 	defer cancel()
-	e := zksession.Ensemble(ctx, cs)
+	cfg, err := cliutil.SessionConfig(c, nil)
+	if err != nil {
+		return err
+	}
+	e := zksession.Ensemble(ctx, cs, cfg.Dial)
 	all, quorum := e.Servers, e.Quorum
 	err = cliutil.NewPrinter(c).Emit(map[string]any{"servers": all, "quorum": quorum}, func(w io.Writer) {
 		for _, st := range all {

@@ -6,17 +6,21 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
+	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/supervisor"
 )
 
@@ -51,6 +55,12 @@ func app() *cli.App {
 			Usage: "`directory` for the map files handed to workers"},
 		&cli.StringFlag{Name: "admin", Value: supervisor.DefaultAdminAddr, EnvVars: []string{"SHARDVISOR_ADMIN_ADDR"},
 			Usage: "`host:port` of /healthz (the load balancer's probe), /readyz, /livez, /metrics and /status (\"\" disables it)"},
+		&cli.StringFlag{Name: "admin-tls-ca", EnvVars: []string{"SHARDVISOR_ADMIN_TLS_CA"},
+			Usage: "PEM `file` of the CA of the fleet's admin certificates; with --admin-tls-cert and --admin-tls-key the admin endpoints take HTTPS only, from clients with a certificate of this CA (probes, scrapers, peers), and the fail-static question goes to the peers over TLS"},
+		&cli.StringFlag{Name: "admin-tls-cert", EnvVars: []string{"SHARDVISOR_ADMIN_TLS_CERT"},
+			Usage: "PEM `file` of this host's admin certificate (served, and shown to peers)"},
+		&cli.StringFlag{Name: "admin-tls-key", EnvVars: []string{"SHARDVISOR_ADMIN_TLS_KEY"},
+			Usage: "PEM `file` of the key of --admin-tls-cert"},
 		&cli.DurationFlag{Name: "debounce", Value: supervisor.DefaultDebounce, EnvVars: []string{"SHARDVISOR_SUPERVISOR_DEBOUNCE"},
 			Usage: "quiet `time` after a config or map change before a swap starts (bursts become one swap)"},
 		&cli.DurationFlag{Name: "holddown", Value: supervisor.DefaultHolddown, EnvVars: []string{"SHARDVISOR_SUPERVISOR_HOLDDOWN"},
@@ -119,6 +129,13 @@ func run(c *cli.Context) error {
 			return cliutil.Usagef("--peer-secret-file: %s holds %d bytes of secret, want at least 16", f, len(secret))
 		}
 	}
+	var adminTLS *tls.Config
+	if f := (pki.Files{CA: c.String("admin-tls-ca"), Cert: c.String("admin-tls-cert"), Key: c.String("admin-tls-key")}); f != (pki.Files{}) {
+		var err error
+		if adminTLS, err = f.Config(); err != nil {
+			return cliutil.Usagef("--admin-tls-ca, --admin-tls-cert, --admin-tls-key: %v", err)
+		}
+	}
 	opts := supervisor.Options{
 		Pool:       c.String("pool"),
 		Member:     c.String("member"),
@@ -126,6 +143,7 @@ func run(c *cli.Context) error {
 		ConfigPoll: c.Duration("config-poll"),
 		StateDir:   c.String("state-dir"),
 		AdminAddr:  c.String("admin"),
+		AdminTLS:   adminTLS,
 		Debounce:   c.Duration("debounce"),
 		Holddown:   c.Duration("holddown"),
 		Logger:     log,
@@ -136,6 +154,9 @@ func run(c *cli.Context) error {
 
 		UpgradeExec:    c.String("upgrade-exec"),
 		UpgradeTimeout: c.Duration("upgrade-timeout"),
+	}
+	if host, _, err := net.SplitHostPort(opts.AdminAddr); err == nil && adminTLS == nil && !loopback(host) {
+		log.Warn("the admin endpoints listen off loopback without TLS: every host that reaches them reads /status and /metrics and asks the fail-static question; set --admin-tls-ca, --admin-tls-cert and --admin-tls-key (docs/security.md)", zap.String("admin", opts.AdminAddr))
 	}
 	if opts.ConfigFile == "" && !opts.NoFailStatic && len(secret) == 0 {
 		log.Warn("fail-static peer answers are not authenticated: set --peer-secret-file (see docs/supervisor.md, Fail-static)")
@@ -173,4 +194,13 @@ func run(c *cli.Context) error {
 		}
 	}()
 	return sv.Run(ctx)
+}
+
+// loopback: host is a loopback address or localhost.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

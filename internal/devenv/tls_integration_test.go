@@ -76,6 +76,29 @@ func TestTLSEnsemble(t *testing.T) {
 		}
 	})
 
+	// shardctl zk status's check: srvr answers over TLS to a certificate
+	// of the CA, and not over plain TCP.
+	t.Run("four-letter words over TLS", func(t *testing.T) {
+		cs, err := zksession.ParseConnect(e.ZKConnect())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if st := zksession.Ensemble(ctx, cs, dialAs(t, e.TLSFiles("webhead"))); !st.Quorum || st.Serving != len(cs.Servers) {
+			t.Fatalf("over TLS: %+v", st)
+		}
+		if st := zksession.Ensemble(ctx, cs, nil); st.Serving != 0 {
+			t.Fatalf("plain srvr answered: %+v", st)
+		}
+		// cons and stat list every client's address and session id.
+		for _, w := range []string{"cons", "stat", "wchs"} {
+			if out, err := zksession.FourLetterVia(ctx, dialAs(t, e.TLSFiles("webhead")), cs.Servers[0], w); err == nil {
+				t.Errorf("%s answered: %.200q", w, out)
+			}
+		}
+	})
+
 	t.Run("client of another CA gets no session", func(t *testing.T) {
 		dir := t.TempDir()
 		ca, err := pki.NewCA("rogue", time.Hour)
