@@ -106,39 +106,33 @@ type isolation struct {
 // newIsolation sets up the proxies before supervisor 0 starts.
 func newIsolation(ns *netns, zkAddrs, pgAddrs []string) (*isolation, error) {
 	iso := &isolation{}
-	var peerAdmins []string
-	for i := 1; i < *supervisors; i++ {
-		peerAdmins = append(peerAdmins, adminAddr(i))
+	addrs := slices.Concat(zkAddrs, pgAddrs)
+	for i := range *supervisors {
+		addrs = append(addrs, adminAddr(i))
 	}
-	ownAdmin := adminAddr(0)
-	add := func(p *faultproxy.Proxy, cut bool) {
-		iso.all = append(iso.all, p)
-		if cut {
-			iso.cut = append(iso.cut, p)
+	for _, a := range addrs {
+		listen := func() (net.Listener, error) { return net.Listen("tcp", a) }
+		var opts faultproxy.Options
+		var err error
+		if a == adminAddr(0) { // its own: listened on outside, dialled into the namespace
+			opts.Listener, err = listen()
+			opts.Dial = ns.dial
+		} else {
+			opts.Listener, err = inNetns(ns, listen)
 		}
-	}
-	for _, a := range slices.Concat(zkAddrs, pgAddrs, peerAdmins) {
-		ln, err := inNetns(ns, func() (net.Listener, error) { return net.Listen("tcp", a) })
 		var p *faultproxy.Proxy
 		if err == nil {
-			p, err = faultproxy.NewWith(a, faultproxy.Options{Listener: ln})
+			p, err = faultproxy.NewWith(a, opts)
 		}
 		if err != nil {
 			iso.close()
-			return nil, fmt.Errorf("proxy for %s inside the namespace: %w", a, err)
+			return nil, fmt.Errorf("proxy for %s (the isolated host's view): %w", a, err)
 		}
-		add(p, !slices.Contains(pgAddrs, a))
+		iso.all = append(iso.all, p)
+		if !slices.Contains(pgAddrs, a) {
+			iso.cut = append(iso.cut, p)
+		}
 	}
-	ln, err := net.Listen("tcp", ownAdmin)
-	var back *faultproxy.Proxy
-	if err == nil {
-		back, err = faultproxy.NewWith(ownAdmin, faultproxy.Options{Listener: ln, Dial: ns.dial})
-	}
-	if err != nil {
-		iso.close()
-		return nil, fmt.Errorf("proxy for the isolated admin address %s: %w", ownAdmin, err)
-	}
-	add(back, true)
 	return iso, nil
 }
 
