@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -46,9 +47,7 @@ func (b *bench) report() {
 			r.failedTargets++
 		}
 	}
-	fmt.Println()
-	fmt.Println("shardvisor fleet benchmark: " + r.Config)
-	fmt.Println()
+	fmt.Printf("\nshardvisor fleet benchmark: %s\n\n", r.Config)
 	row := func(name, boots, rebal, pause, failed, lost, notes string) {
 		fmt.Printf("%-44s %7s %9s %22s %13s %11s  %s\n", name, boots, rebal, pause, failed, lost, notes)
 	}
@@ -148,11 +147,7 @@ func (b *bench) report() {
 	}
 	fmt.Println("targets:")
 	for _, t := range r.Targets {
-		v := map[bool]string{true: "PASS", false: "FAIL"}[t.Pass]
-		if t.Info {
-			v = "INFO"
-		}
-		fmt.Printf("  %s  %-80s %s\n", v, t.Goal, t.Got)
+		fmt.Printf("  %s  %-80s %s\n", cmp.Or(when(t.Info, "INFO"), when(t.Pass, "PASS"), "FAIL"), t.Goal, t.Got)
 	}
 	if *jsonOut != "" {
 		if data, err := json.MarshalIndent(r, "", "  "); err != nil || os.WriteFile(*jsonOut, data, 0o644) != nil {
