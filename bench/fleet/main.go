@@ -142,7 +142,6 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 	b.root = fmt.Sprintf("/shardvisor-fleet/run-%d", b.started.Unix())
 	b.res.Config = fmt.Sprintf("%d supervisors x %d workers (examples/notes), %d routers, 3 ZooKeeper servers, %d PostgreSQL nodes; load %d req/s from %d clients over %d supervisors; level %d (%d buckets, %d notes each); session timeout %s; %d cores",
 		*supervisors, *workers, *routers, pgNodes, *rate, *clients, min(*loadSample, *supervisors), *level, 1<<*level, *rowsPerBucket, *sessionTimeout, runtime.NumCPU())
-	say("fleet benchmark: %s", b.res.Config)
 	say("logs in %s; ZooKeeper %s (throwaway ensemble), PostgreSQL %s", b.runDir, b.env.ZKConnect(), strings.Join(b.env.pgAddrs, ","))
 	if b.sess, err = clustertest.OpenSession(ctx, b.env.ZKConnect(), "bench/fleet/run starts it"); err != nil {
 		return err
@@ -154,23 +153,20 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		}
 	})
 
-	rebalance := func(name string) func(*fleet) error {
-		return func(f *fleet) error { return b.rebalance(ctx, f, name, nil, *memberWait) }
-	}
-	// Each fleet, in turn: the step its errors are named after, its cluster
-	// name, map delivery and worker boot, and what it goes through.
+	rebalance := func(f *fleet, step string) error { return b.rebalance(ctx, f, step, nil, *memberWait) }
+	// Each fleet in turn: the step its errors (and rebalance) are named
+	// after, cluster name, map delivery, worker boot, what it goes through.
 	var errs []error
 	for _, fr := range []struct {
 		on               bool
 		step, name, mode string
 		boot             time.Duration
-		isolate          bool
-		run              func(*fleet) error
+		run              func(f *fleet, step string) error
 	}{
-		{sel["swap"], "rebalance, swap", "swap", topo.MapDeliverySwap, 0, false, rebalance("rebalance, swap")},
-		{sel["reload"] || sel["isolate"] || sel["outage"], "rebalance, reload", "reload", topo.MapDeliveryReload, 0, sel["isolate"], func(f *fleet) (err error) {
+		{sel["swap"], "rebalance, swap", "swap", topo.MapDeliverySwap, 0, rebalance},
+		{sel["reload"] || sel["isolate"] || sel["outage"], "rebalance, reload", "reload", topo.MapDeliveryReload, 0, func(f *fleet, step string) (err error) {
 			if sel["reload"] {
-				err = rebalance("rebalance, reload")(f)
+				err = rebalance(f, step)
 			}
 			if err == nil && sel["isolate"] {
 				err = b.isolate(ctx, f)
@@ -180,8 +176,8 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 			}
 			return err
 		}},
-		{sel["boot"], "boot", "boot", topo.MapDeliveryReload, *bootDelay, false, rebalance(fmt.Sprintf("rebalance, reload, %s boot", *bootDelay))},
-		{sel["sigstop"], "sigstop", "sigstop", topo.MapDeliveryReload, 0, false, func(f *fleet) error {
+		{sel["boot"], fmt.Sprintf("rebalance, reload, %s boot", *bootDelay), "boot", topo.MapDeliveryReload, *bootDelay, rebalance},
+		{sel["sigstop"], "sigstop", "sigstop", topo.MapDeliveryReload, 0, func(f *fleet, _ string) error {
 			victim := f.victim()
 			return b.rebalance(ctx, f, fmt.Sprintf("rebalance, reload, %s SIGSTOPped", victim.name), victim, *stopMemberWait)
 		}},
@@ -189,9 +185,9 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		if !fr.on || ctx.Err() != nil {
 			continue
 		}
-		f, err := b.startFleet(ctx, fr.name, fr.mode, fr.boot, fr.isolate)
+		f, err := b.startFleet(ctx, fr.name, fr.mode, fr.boot, fr.name == "reload" && sel["isolate"])
 		if err == nil {
-			err = fr.run(f)
+			err = fr.run(f, fr.step)
 		}
 		if f != nil {
 			f.stop()
