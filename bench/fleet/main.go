@@ -212,7 +212,7 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 		say("purging old ZooKeeper trees: %v", err)
 	}
 	for i := range b.env.pgAddrs {
-		conn, err := pgx.Connect(ctx, b.env.adminDSN(i))
+		conn, err := pgx.Connect(ctx, b.env.admin[i])
 		if err != nil {
 			say("purging old databases on pg%d: %v", i+1, err)
 			continue
@@ -221,7 +221,7 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		conn.Close(context.Background())
 		for _, db := range dbs {
-			if err := clustertest.DropDatabase(ctx, b.env.adminDSN(i), db, say); err != nil {
+			if err := clustertest.DropDatabase(ctx, b.env.admin[i], db, say); err != nil {
 				say("purging old database %s on pg%d: %v", db, i+1, err)
 			}
 		}
