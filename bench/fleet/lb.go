@@ -190,7 +190,7 @@ type reqRec struct {
 	at, dur time.Duration // since the load started
 	backend string        // its supervisor, "": none was up
 	write   bool
-	err     string // "" when it succeeded
+	err     error // nil when it succeeded
 }
 
 // loadRun is a load until Stop (which waits for the requests in flight).
@@ -313,10 +313,7 @@ func (l *loadRun) call(method, path, body string, want int, out any) (err error)
 	t0 := time.Now()
 	rec := reqRec{at: t0.Sub(l.started), write: method != http.MethodGet}
 	defer func() {
-		rec.dur = time.Since(t0)
-		if err != nil {
-			rec.err = err.Error()
-		}
+		rec.dur, rec.err = time.Since(t0), err
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.recs = append(l.recs, rec)
@@ -400,7 +397,7 @@ func (l *loadRun) stats(from time.Duration) loadStats {
 		}
 		last = max(last, r.at+r.dur)
 		st.Requests++
-		if r.err == "" {
+		if r.err == nil {
 			if r.write {
 				lat = append(lat, benchkit.MS(r.dur))
 			}
@@ -408,8 +405,8 @@ func (l *loadRun) stats(from time.Duration) loadStats {
 		}
 		st.Failed++
 		st.FailedOn[cmp.Or(r.backend, "balancer")]++
-		st.Errors[errKind(r.err)]++
-		st.LastError = r.err
+		st.LastError = r.err.Error()
+		st.Errors[errKind(st.LastError)]++
 	}
 	st.Writes = benchkit.Of(lat)
 	st.Seconds = (last - from).Seconds()
