@@ -17,15 +17,12 @@ import (
 )
 
 // The isolated host: one supervisor runs in a network namespace of its
-// own, where 127.0.0.1 is a loopback nobody else is on. Everything it may
-// reach is a faultproxy listening inside that namespace on the very
-// address of the real thing (each ZooKeeper server, each db node, each
-// peer supervisor's admin address, as published in the member records)
-// and dialling it from outside. Its own admin address is proxied the other
-// way, so peers reach it too. Blackholing the ZooKeeper and peer proxies
-// isolates it from ZooKeeper and from its peers, and from nothing else:
-// its workers still reach PostgreSQL, and the load balancer (this program,
-// dialling into the namespace) still sees its port and /healthz.
+// own (a loopback nobody else is on), where a faultproxy listens on the
+// very address of everything it may reach (ZooKeeper servers, db nodes,
+// peers' published admin addresses) and dials it from outside; its own
+// admin address is proxied the other way. Blackholing all but the db
+// nodes' cuts it off from ZooKeeper and its peers only: its workers still
+// reach PostgreSQL, and the load balancer still sees its port and /healthz.
 
 // netns is a network namespace held open by a sleeping process.
 type netns struct {
@@ -95,9 +92,7 @@ func (n *netns) nsenter() []string {
 
 func (n *netns) close() { n.f.Close() }
 
-// isolation is the isolated host's proxies: inside the namespace, one on
-// each ZooKeeper address, db node address and other supervisor's admin
-// address; outside, one on the isolated supervisor's admin address.
+// isolation is the isolated host's proxies (above).
 type isolation struct {
 	all []*faultproxy.Proxy
 	cut []*faultproxy.Proxy // all but the db nodes': blackholed to isolate
