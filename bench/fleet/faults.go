@@ -32,27 +32,21 @@ type IsolateResult struct {
 	KillsByReason map[string]float64
 }
 
-// negotiated asks the ensemble for a session with the supervisors'
-// timeout and reports what it granted (the server clamps it): the T of
-// the isolation bound.
-func (b *bench) negotiated(ctx context.Context) (time.Duration, error) {
-	s, err := zksession.Open(zksession.Config{Connect: b.env.ZKConnect(), SessionTimeout: *sessionTimeout})
-	if err != nil {
-		return 0, err
-	}
-	defer s.Close()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = s.WaitConnected(wctx)
-	return s.SessionTimeout(), err
-}
-
 func (b *bench) isolate(ctx context.Context, f *fleet) error {
 	if f.iso == nil {
 		return errors.New("no isolated host in this fleet")
 	}
-	T, err := b.negotiated(ctx)
+	// T of the isolation bound: what the ensemble grants a session that
+	// asks for the supervisors' timeout (the server clamps it).
+	zs, err := zksession.Open(zksession.Config{Connect: b.env.ZKConnect(), SessionTimeout: *sessionTimeout})
 	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = zs.WaitConnected(wctx)
+	cancel()
+	T := zs.SessionTimeout()
+	if zs.Close(); err != nil {
 		return err
 	}
 	s := f.sups[0]
