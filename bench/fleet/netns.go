@@ -62,22 +62,20 @@ func newNetns(ps *procs) (*netns, error) {
 // goroutine and no other goroutine ever runs in the namespace. Sockets
 // keep the namespace they were created in, wherever they are used later.
 func inNetns[T any](n *netns, fn func() (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	c := make(chan result, 1)
+	var v T
+	var err error
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		runtime.LockOSThread()
-		if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
-			c <- result{err: fmt.Errorf("setns: %w", err)}
+		if err = unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
+			err = fmt.Errorf("setns: %w", err)
 			return
 		}
-		v, err := fn()
-		c <- result{v, err}
+		v, err = fn()
 	}()
-	r := <-c
-	return r.v, r.err
+	<-done
+	return v, err
 }
 
 // dial connects from inside the namespace.
