@@ -173,11 +173,10 @@ func (f *fleet) settleNow(ctx context.Context, timeout time.Duration) error {
 	return err
 }
 
-// underLoad runs event under a load through a balancer in front of f's
-// sample (but skip), after the warmup; tail after it, it stops the load
-// and checks its acknowledged writes into v. d is the change of the
-// counters of the supervisors (but skip) from the event's start to the
-// load's stop.
+// underLoad runs event after the warmup of a load through a balancer in
+// front of f's sample (but skip); tail after it, it stops the load and
+// checks its acknowledged writes into v. d: the counters' change (but
+// skip) from the event's start to the load's stop.
 func (f *fleet) underLoad(ctx context.Context, name string, skip map[string]bool, tail time.Duration, v *verification, event func(*balancer, *loadRun) error) (l *loadRun, d metrics, err error) {
 	lb := newBalancer(f.sample(skip))
 	defer lb.close()
