@@ -212,21 +212,20 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 		say("purging old ZooKeeper trees: %v", err)
 	}
 	for i := range b.env.pgAddrs {
+		var dbs []string
 		conn, err := pgx.Connect(ctx, b.env.admin[i])
+		if err == nil {
+			rows, _ := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'fleet\_%'`)
+			dbs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			conn.Close(context.Background())
+		}
 		if err != nil {
 			say("purging old databases on pg%d: %v", i+1, err)
-			continue
 		}
-		rows, _ := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'fleet\_%'`)
-		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		conn.Close(context.Background())
 		for _, db := range dbs {
 			if err := clustertest.DropDatabase(ctx, b.env.admin[i], db, say); err != nil {
 				say("purging old database %s on pg%d: %v", db, i+1, err)
 			}
-		}
-		if err != nil {
-			say("purging old databases on pg%d: %v", i+1, err)
 		}
 	}
 }
