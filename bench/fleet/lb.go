@@ -341,9 +341,7 @@ func (l *loadRun) call(method, path, body string, want int, out any) (err error)
 		}
 		req.Header = hdr
 		res, err := be.client.Do(req)
-		if conns > 1 {
-			l.idle.Add(int64(conns - 1))
-		}
+		l.idle.Add(int64(max(conns-1, 0)))
 		if err != nil {
 			if errors.Is(err, syscall.ECONNREFUSED) && attempt < 3 {
 				// Never received: the balancer tries the next backend.
