@@ -134,11 +134,8 @@ func (c *cluster) preload(ctx context.Context, i int, conn *pgx.Conn, m *bucketm
 // a port of its own (all run on this one host), which the load balancer
 // finds in /proc.
 func (b *bench) poolConfig(mode string, boot time.Duration) *topo.PoolConfig {
-	envs := map[string]string{}
-	if boot > 0 {
-		envs["NOTES_BOOT_DELAY"] = boot.String()
-	}
-	return &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Env: envs, Workers: *workers,
+	return &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Workers: *workers,
+		Env:             map[string]string{"NOTES_BOOT_DELAY": boot.String()}, // "0s": none
 		Listen:          []topo.Listen{{Name: "http", Addr: "tcp://127.0.0.1:0"}},
 		GracefulTimeout: topo.Duration(15 * time.Second),
 		Readiness:       topo.Readiness{Mode: topo.ReadinessNotify, Timeout: topo.Duration(60*time.Second + boot)},
