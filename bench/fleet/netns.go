@@ -31,14 +31,12 @@ type netns struct {
 }
 
 func newNetns(ps *procs) (*netns, error) {
-	h, err := ps.start("netns-holder", "unshare", "--net", "--", "sh", "-c",
-		"ip link set lo up && echo up >"+ps.logDir+"/netns.up && exec sleep 2147483647")
+	upFile := ps.logDir + "/netns.up"
+	h, err := ps.start("netns-holder", "unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up >"+upFile+" && exec sleep 2147483647")
 	if err != nil {
 		return nil, err
 	}
-	upFile := ps.logDir + "/netns.up"
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if b, err := os.ReadFile(upFile); err == nil && len(b) > 0 {
 			break
 		}
@@ -47,7 +45,6 @@ func newNetns(ps *procs) (*netns, error) {
 			out, _ := os.ReadFile(h.log)
 			return nil, fmt.Errorf("network namespace (unshare --net needs CAP_SYS_ADMIN): %s", strings.TrimSpace(string(out)))
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	_ = os.Remove(upFile)
 	f, err := os.Open("/proc/" + strconv.Itoa(h.pid()) + "/ns/net")
