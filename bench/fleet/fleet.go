@@ -64,15 +64,14 @@ type metrics struct {
 
 // fleet is one cluster with its supervisors and routers.
 type fleet struct {
-	b       *bench
-	name    string
-	mode    string
-	boot    time.Duration
-	c       *cluster
-	sups    []*sup
-	routers []*proc
-	ns      *netns
-	iso     *isolation // supervisor 0's, when it is isolated
+	b          *bench
+	name, mode string
+	boot       time.Duration
+	c          *cluster
+	sups       []*sup
+	routers    []*proc
+	ns         *netns
+	iso        *isolation // supervisor 0's, when it is isolated
 }
 
 func adminAddr(i int) string { return "127.0.0.1:" + strconv.Itoa(*adminPortBase+i) }

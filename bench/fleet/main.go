@@ -61,15 +61,13 @@ const (
 var say = (&benchkit.Printer{Stamp: true}).Say
 
 type bench struct {
-	env      *env
-	sess     *zksession.Session
-	root     string
-	started  time.Time
-	ps       *procs
-	binDir   string
-	runDir   string
-	cleanups []func(context.Context)
-	res      results
+	env                  *env
+	sess                 *zksession.Session
+	root, binDir, runDir string
+	started              time.Time
+	ps                   *procs
+	cleanups             []func(context.Context)
+	res                  results
 }
 
 func main() {
