@@ -119,8 +119,7 @@ func (be *backend) checkLoop(stop <-chan struct{}) {
 // pick returns an up backend, round robin, waiting up to 2 s for one (a
 // balancer holds a request that briefly; then it answers 503).
 func (lb *balancer) pick(skip *backend) (*backend, int) {
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		n := uint64(len(lb.backends))
 		start := lb.next.Add(1)
 		for i := range n {
@@ -135,7 +134,6 @@ func (lb *balancer) pick(skip *backend) (*backend, int) {
 		if time.Now().After(deadline) {
 			return nil, 0
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
