@@ -404,8 +404,7 @@ func (l *loadRun) stats(from time.Duration) loadStats {
 		st.LastError = r.err.Error()
 		st.Errors[errKind(st.LastError)]++
 	}
-	st.Writes = benchkit.Of(lat)
-	st.Seconds = (last - from).Seconds()
+	st.Writes, st.Seconds = benchkit.Of(lat), (last - from).Seconds()
 	return st
 }
 
