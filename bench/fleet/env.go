@@ -25,7 +25,7 @@ import (
 type env struct {
 	*devenv.Env
 	zkAddrs, pgAddrs []string
-	password         string
+	admin            []string // the superuser's DSN of each db node's postgres database
 	// notesDDL is the notes table, from the file examples/notes embeds
 	// (a package main there, so not importable).
 	notesDDL string
@@ -33,26 +33,21 @@ type env struct {
 
 func newEnv() (*env, error) {
 	e := &env{Env: devenv.New(devenv.Config{Dir: *envDir, ZKPortBase: *zkPortBase, PGPortBase: *pgPortBase, PGNodes: pgNodes})}
+	password, err := clustertest.ReadPassword(e.PasswordFile())
+	if err != nil {
+		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
+	}
 	for i := range devenv.ZKServers {
 		e.zkAddrs = append(e.zkAddrs, "127.0.0.1:"+strconv.Itoa(e.ZKPort(i+1)))
 	}
 	for i := range pgNodes {
 		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(e.PGPort(i+1)))
-	}
-	var err error
-	if e.password, err = clustertest.ReadPassword(e.PasswordFile()); err != nil {
-		return nil, fmt.Errorf("PostgreSQL password of the throwaway environment (bench/fleet/run starts it): %w", err)
+		e.admin = append(e.admin, clustertest.AdminDSN(e.pgAddrs[i], password))
 	}
 	ddl, err := os.ReadFile("examples/notes/schema/001-notes.sql") // run from the repository root
 	e.notesDDL = string(ddl)
 	return e, err
 }
-
-func (e *env) adminDSN(i int) string {
-	return clustertest.AdminDSN(e.pgAddrs[i], e.password)
-}
-
-var notesTable = topo.TableRecord{Name: "app.notes", KeyColumn: "bkey"}
 
 const startNodes = 3
 
@@ -71,11 +66,11 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 	c := &cluster{db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix()), paths: topo.MustPaths(b.root, name)}
 	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.PasswordFile())
 	for i := range c.nodes {
-		if err := testenv.Exec(ctx, b.env.adminDSN(i), "CREATE DATABASE "+pgx.Identifier{c.db}.Sanitize()); err != nil {
+		if err := testenv.Exec(ctx, b.env.admin[i], "CREATE DATABASE "+pgx.Identifier{c.db}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("pg%d: %w", i+1, err)
 		}
 		b.cleanups = append(b.cleanups, func(ctx context.Context) {
-			if err := clustertest.DropDatabase(ctx, b.env.adminDSN(i), c.db, say); err != nil {
+			if err := clustertest.DropDatabase(ctx, b.env.admin[i], c.db, say); err != nil {
 				say("cleanup: pg%d database %s: %v", i+1, c.db, err)
 			}
 		})
@@ -91,7 +86,7 @@ func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 		return nil, err
 	}
 	cl, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: name, Seed: seed, Level: *level,
-		Nodes: c.nodes, Mapped: startNodes, Tables: []topo.TableRecord{notesTable}, DDL: []string{b.env.notesDDL},
+		Nodes: c.nodes, Mapped: startNodes, Tables: []topo.TableRecord{{Name: "app.notes", KeyColumn: "bkey"}}, DDL: []string{b.env.notesDDL},
 		Prepare: c.preload})
 	if err != nil {
 		return nil, err
@@ -139,11 +134,8 @@ func (c *cluster) preload(ctx context.Context, i int, conn *pgx.Conn, m *bucketm
 // a port of its own (all run on this one host), which the load balancer
 // finds in /proc.
 func (b *bench) poolConfig(mode string, boot time.Duration) *topo.PoolConfig {
-	envs := map[string]string{}
-	if boot > 0 {
-		envs["NOTES_BOOT_DELAY"] = boot.String()
-	}
-	return &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Env: envs, Workers: *workers,
+	return &topo.PoolConfig{Version: topo.PoolConfigVersion, Command: filepath.Join(b.binDir, "notes"), Workers: *workers,
+		Env:             map[string]string{"NOTES_BOOT_DELAY": boot.String()}, // "0s": none
 		Listen:          []topo.Listen{{Name: "http", Addr: "tcp://127.0.0.1:0"}},
 		GracefulTimeout: topo.Duration(15 * time.Second),
 		Readiness:       topo.Readiness{Mode: topo.ReadinessNotify, Timeout: topo.Duration(60*time.Second + boot)},

@@ -32,23 +32,27 @@ type sup struct {
 	hc   *http.Client
 }
 
-func (s *sup) get(path string, timeout time.Duration) (int, []byte, error) {
+// get reads path from its admin address; a status but 200 is an error.
+func (s *sup) get(path string, timeout time.Duration) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+s.admin+path, nil)
 	res, err := s.hc.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return nil, err
 	}
 	defer res.Body.Close()
 	b, err := io.ReadAll(res.Body)
-	return res.StatusCode, b, err
+	if err == nil && res.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: status %d", path, res.StatusCode)
+	}
+	return b, err
 }
 
 // healthy: /healthz answers 200 (the supervisor's sockets are open).
 func (s *sup) healthy(timeout time.Duration) bool {
-	code, _, err := s.get("/healthz", timeout)
-	return err == nil && code == http.StatusOK
+	_, err := s.get("/healthz", timeout)
+	return err == nil
 }
 
 // metrics is the counters this benchmark adds up across the fleet.
@@ -60,15 +64,14 @@ type metrics struct {
 
 // fleet is one cluster with its supervisors and routers.
 type fleet struct {
-	b       *bench
-	name    string
-	mode    string
-	boot    time.Duration
-	c       *cluster
-	sups    []*sup
-	routers []*proc
-	ns      *netns
-	iso     *isolation // supervisor 0's, when it is isolated
+	b          *bench
+	name, mode string
+	boot       time.Duration
+	c          *cluster
+	sups       []*sup
+	routers    []*proc
+	ns         *netns
+	iso        *isolation // supervisor 0's, when it is isolated
 }
 
 func adminAddr(i int) string { return "127.0.0.1:" + strconv.Itoa(*adminPortBase+i) }
@@ -169,11 +172,10 @@ func (f *fleet) settleNow(ctx context.Context, timeout time.Duration) error {
 	return err
 }
 
-// underLoad runs event under a load through a balancer in front of f's
-// sample (but skip), after the warmup; tail after it, it stops the load
-// and checks its acknowledged writes into v. d is the change of the
-// counters of the supervisors (but skip) from the event's start to the
-// load's stop.
+// underLoad runs event after the warmup of a load through a balancer in
+// front of f's sample (but skip); tail after it, it stops the load and
+// checks its acknowledged writes into v. d: the counters' change (but
+// skip) from the event's start to the load's stop.
 func (f *fleet) underLoad(ctx context.Context, name string, skip map[string]bool, tail time.Duration, v *verification, event func(*balancer, *loadRun) error) (l *loadRun, d metrics, err error) {
 	lb := newBalancer(f.sample(skip))
 	defer lb.close()
@@ -254,10 +256,7 @@ func (f *fleet) scrape(skip map[string]bool) metrics {
 			continue
 		}
 		wg.Go(func() {
-			code, body, err := s.get("/metrics", 5*time.Second)
-			if err == nil && code != http.StatusOK {
-				err = fmt.Errorf("%s /metrics: status %d", s.name, code)
-			}
+			body, err := s.get("/metrics", 5*time.Second)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

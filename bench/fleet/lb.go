@@ -119,8 +119,7 @@ func (be *backend) checkLoop(stop <-chan struct{}) {
 // pick returns an up backend, round robin, waiting up to 2 s for one (a
 // balancer holds a request that briefly; then it answers 503).
 func (lb *balancer) pick(skip *backend) (*backend, int) {
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		n := uint64(len(lb.backends))
 		start := lb.next.Add(1)
 		for i := range n {
@@ -135,7 +134,6 @@ func (lb *balancer) pick(skip *backend) (*backend, int) {
 		if time.Now().After(deadline) {
 			return nil, 0
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -190,7 +188,7 @@ type reqRec struct {
 	at, dur time.Duration // since the load started
 	backend string        // its supervisor, "": none was up
 	write   bool
-	err     string // "" when it succeeded
+	err     error // nil when it succeeded
 }
 
 // loadRun is a load until Stop (which waits for the requests in flight).
@@ -201,7 +199,7 @@ type loadRun struct {
 	started  time.Time
 	mu       sync.Mutex
 	recs     []reqRec
-	book     map[noteKey]*entry
+	book     map[noteKey]entry
 	stale    int          // lists that missed acknowledged notes (or held deleted ones)
 	staleEx  []string     // the first few
 	idle     atomic.Int64 // requests resent by net/http on a closed keep-alive connection
@@ -209,7 +207,7 @@ type loadRun struct {
 }
 
 func startLoad(name string, lb *balancer) *loadRun {
-	l := &loadRun{Stopper: benchkit.NewStopper(), name: name, lb: lb, started: time.Now(), book: map[noteKey]*entry{}}
+	l := &loadRun{Stopper: benchkit.NewStopper(), name: name, lb: lb, started: time.Now(), book: map[noteKey]entry{}}
 	per := float64(*clients) / float64(*rate) // seconds between one client's requests
 	for g := range *clients {
 		l.Go(func() { l.client(g, time.Duration(per*float64(time.Second))) })
@@ -249,16 +247,11 @@ func (l *loadRun) client(g int, every time.Duration) {
 			}
 			if err := l.call("POST", "/v1/users/"+uid+"/notes", body, http.StatusCreated, &n); err == nil {
 				notes[uid] = append(ids, n.ID)
-				l.ack(noteKey{uid, n.ID}, nil, entry{body: body}, nil)
+				l.ack(noteKey{uid, n.ID}, nil, body)
 			} else {
 				unsure[uid] = true
 			}
-		case op < 7: // update
-			id := ids[rng.IntN(len(ids))]
-			body := fmt.Sprintf("edit %d of %s", rng.Int64(), uid)
-			err := l.call("PUT", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), body, http.StatusOK, nil)
-			l.ack(noteKey{uid, id}, err, entry{body: body}, func(e *entry) { e.maybeBody = append(e.maybeBody, body) })
-		case op < 9: // list
+		case op == 7 || op == 8: // list
 			var got []struct {
 				ID   int64  `json:"id"`
 				Node string `json:"node"`
@@ -270,49 +263,44 @@ func (l *loadRun) client(g int, every time.Duration) {
 				if len(got) > 0 {
 					node = got[0].Node
 				}
-				l.staleList(fmt.Sprintf("at %.3f s: list of %s returned %d notes, %d acknowledged, served from %s", t0.Seconds(), uid, len(got), len(ids), node))
+				// Answered, so not a failure, but a stale read (reads are not
+				// fenced, docs/data-contract.md), counted and shown on its own.
+				l.mu.Lock()
+				if l.stale++; len(l.staleEx) < 5 {
+					l.staleEx = append(l.staleEx, fmt.Sprintf("at %.3f s: list of %s returned %d notes, %d acknowledged, served from %s", t0.Seconds(), uid, len(got), len(ids), node))
+				}
+				l.mu.Unlock()
 			}
-		default: // delete
+		default: // update (4-6) or delete (9)
 			i := rng.IntN(len(ids))
-			id := ids[i]
-			err := l.call("DELETE", fmt.Sprintf("/v1/users/%s/notes/%d", uid, id), "", http.StatusNoContent, nil)
-			l.ack(noteKey{uid, id}, err, entry{deleted: true}, func(e *entry) { e.maybeGone = true })
-			if err == nil {
+			method, body, want := http.MethodDelete, "", http.StatusNoContent
+			if op < 7 {
+				method, body, want = http.MethodPut, fmt.Sprintf("edit %d of %s", rng.Int64(), uid), http.StatusOK
+			}
+			err := l.call(method, fmt.Sprintf("/v1/users/%s/notes/%d", uid, ids[i]), body, want, nil)
+			l.ack(noteKey{uid, ids[i]}, err, body)
+			if err == nil && body == "" {
 				notes[uid] = slices.Delete(ids, i, i+1)
 			}
 		}
 	}
 }
 
-// ack records a write on note k in the book: when it succeeded (err
-// nil), ok is the note's state; when it failed, failed notes what it may
-// have left.
-func (l *loadRun) ack(k noteKey, err error, ok entry, failed func(*entry)) {
+// ack records a write on note k in the book (body "": a delete): when it
+// succeeded, the note's state; when it failed, what it may have left.
+func (l *loadRun) ack(k noteKey, err error, body string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.book[k]
-	if e == nil {
-		e = &entry{}
-		l.book[k] = e
+	switch {
+	case err == nil:
+		e = entry{body: body, deleted: body == ""}
+	case body == "":
+		e.maybeGone = true
+	default:
+		e.maybeBody = append(e.maybeBody, body)
 	}
-	if err == nil {
-		*e = ok
-	} else {
-		failed(e)
-	}
-}
-
-// staleList records a list that did not hold the acknowledged notes: an
-// answered request, so not a failure, but a stale read (reads are not
-// fenced: a worker that has not yet loaded the map of a move's flip reads
-// the old owner, docs/data-contract.md), counted and shown on its own.
-func (l *loadRun) staleList(s string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stale++
-	if len(l.staleEx) < 5 {
-		l.staleEx = append(l.staleEx, s)
-	}
+	l.book[k] = e
 }
 
 // call sends one request through the balancer and records it. Writes
@@ -323,10 +311,7 @@ func (l *loadRun) call(method, path, body string, want int, out any) (err error)
 	t0 := time.Now()
 	rec := reqRec{at: t0.Sub(l.started), write: method != http.MethodGet}
 	defer func() {
-		rec.dur = time.Since(t0)
-		if err != nil {
-			rec.err = err.Error()
-		}
+		rec.dur, rec.err = time.Since(t0), err
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		l.recs = append(l.recs, rec)
@@ -354,9 +339,7 @@ func (l *loadRun) call(method, path, body string, want int, out any) (err error)
 		}
 		req.Header = hdr
 		res, err := be.client.Do(req)
-		if conns > 1 {
-			l.idle.Add(int64(conns - 1))
-		}
+		l.idle.Add(int64(max(conns-1, 0)))
 		if err != nil {
 			if errors.Is(err, syscall.ECONNREFUSED) && attempt < 3 {
 				// Never received: the balancer tries the next backend.
@@ -410,7 +393,7 @@ func (l *loadRun) stats(from time.Duration) loadStats {
 		}
 		last = max(last, r.at+r.dur)
 		st.Requests++
-		if r.err == "" {
+		if r.err == nil {
 			if r.write {
 				lat = append(lat, benchkit.MS(r.dur))
 			}
@@ -418,11 +401,10 @@ func (l *loadRun) stats(from time.Duration) loadStats {
 		}
 		st.Failed++
 		st.FailedOn[cmp.Or(r.backend, "balancer")]++
-		st.Errors[errKind(r.err)]++
-		st.LastError = r.err
+		st.LastError = r.err.Error()
+		st.Errors[errKind(st.LastError)]++
 	}
-	st.Writes = benchkit.Of(lat)
-	st.Seconds = (last - from).Seconds()
+	st.Writes, st.Seconds = benchkit.Of(lat), (last - from).Seconds()
 	return st
 }
 

@@ -61,15 +61,13 @@ const (
 var say = (&benchkit.Printer{Stamp: true}).Say
 
 type bench struct {
-	env      *env
-	sess     *zksession.Session
-	root     string
-	started  time.Time
-	ps       *procs
-	binDir   string
-	runDir   string
-	cleanups []func(context.Context)
-	res      results
+	env                  *env
+	sess                 *zksession.Session
+	root, binDir, runDir string
+	started              time.Time
+	ps                   *procs
+	cleanups             []func(context.Context)
+	res                  results
 }
 
 func main() {
@@ -106,7 +104,7 @@ func main() {
 	if err != nil {
 		benchkit.Fatalf(1, "fleet-bench", "%v", err)
 	}
-	if b.res.failedTargets > 0 {
+	if slices.ContainsFunc(b.res.Targets, func(t Target) bool { return !t.Pass && !t.Info }) {
 		os.Exit(1)
 	}
 }
@@ -142,7 +140,6 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 	b.root = fmt.Sprintf("/shardvisor-fleet/run-%d", b.started.Unix())
 	b.res.Config = fmt.Sprintf("%d supervisors x %d workers (examples/notes), %d routers, 3 ZooKeeper servers, %d PostgreSQL nodes; load %d req/s from %d clients over %d supervisors; level %d (%d buckets, %d notes each); session timeout %s; %d cores",
 		*supervisors, *workers, *routers, pgNodes, *rate, *clients, min(*loadSample, *supervisors), *level, 1<<*level, *rowsPerBucket, *sessionTimeout, runtime.NumCPU())
-	say("fleet benchmark: %s", b.res.Config)
 	say("logs in %s; ZooKeeper %s (throwaway ensemble), PostgreSQL %s", b.runDir, b.env.ZKConnect(), strings.Join(b.env.pgAddrs, ","))
 	if b.sess, err = clustertest.OpenSession(ctx, b.env.ZKConnect(), "bench/fleet/run starts it"); err != nil {
 		return err
@@ -154,23 +151,20 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		}
 	})
 
-	rebalance := func(name string) func(*fleet) error {
-		return func(f *fleet) error { return b.rebalance(ctx, f, name, nil, *memberWait) }
-	}
-	// Each fleet, in turn: the step its errors are named after, its cluster
-	// name, map delivery and worker boot, and what it goes through.
+	rebalance := func(f *fleet, step string) error { return b.rebalance(ctx, f, step, nil, *memberWait) }
+	// Each fleet in turn: the step its errors (and rebalance) are named
+	// after, cluster name, map delivery, worker boot, what it goes through.
 	var errs []error
 	for _, fr := range []struct {
 		on               bool
 		step, name, mode string
 		boot             time.Duration
-		isolate          bool
-		run              func(*fleet) error
+		run              func(f *fleet, step string) error
 	}{
-		{sel["swap"], "rebalance, swap", "swap", topo.MapDeliverySwap, 0, false, rebalance("rebalance, swap")},
-		{sel["reload"] || sel["isolate"] || sel["outage"], "rebalance, reload", "reload", topo.MapDeliveryReload, 0, sel["isolate"], func(f *fleet) (err error) {
+		{sel["swap"], "rebalance, swap", "swap", topo.MapDeliverySwap, 0, rebalance},
+		{sel["reload"] || sel["isolate"] || sel["outage"], "rebalance, reload", "reload", topo.MapDeliveryReload, 0, func(f *fleet, step string) (err error) {
 			if sel["reload"] {
-				err = rebalance("rebalance, reload")(f)
+				err = rebalance(f, step)
 			}
 			if err == nil && sel["isolate"] {
 				err = b.isolate(ctx, f)
@@ -180,8 +174,8 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 			}
 			return err
 		}},
-		{sel["boot"], "boot", "boot", topo.MapDeliveryReload, *bootDelay, false, rebalance(fmt.Sprintf("rebalance, reload, %s boot", *bootDelay))},
-		{sel["sigstop"], "sigstop", "sigstop", topo.MapDeliveryReload, 0, false, func(f *fleet) error {
+		{sel["boot"], fmt.Sprintf("rebalance, reload, %s boot", *bootDelay), "boot", topo.MapDeliveryReload, *bootDelay, rebalance},
+		{sel["sigstop"], "sigstop", "sigstop", topo.MapDeliveryReload, 0, func(f *fleet, _ string) error {
 			victim := f.victim()
 			return b.rebalance(ctx, f, fmt.Sprintf("rebalance, reload, %s SIGSTOPped", victim.name), victim, *stopMemberWait)
 		}},
@@ -189,9 +183,9 @@ func (b *bench) run(ctx context.Context, sel map[string]bool) (err error) {
 		if !fr.on || ctx.Err() != nil {
 			continue
 		}
-		f, err := b.startFleet(ctx, fr.name, fr.mode, fr.boot, fr.isolate)
+		f, err := b.startFleet(ctx, fr.name, fr.mode, fr.boot, fr.name == "reload" && sel["isolate"])
 		if err == nil {
-			err = fr.run(f)
+			err = fr.run(f, fr.step)
 		}
 		if f != nil {
 			f.stop()
@@ -216,21 +210,20 @@ func (b *bench) purgeLeftovers(ctx context.Context) {
 		say("purging old ZooKeeper trees: %v", err)
 	}
 	for i := range b.env.pgAddrs {
-		conn, err := pgx.Connect(ctx, b.env.adminDSN(i))
+		var dbs []string
+		conn, err := pgx.Connect(ctx, b.env.admin[i])
+		if err == nil {
+			rows, _ := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'fleet\_%'`)
+			dbs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			conn.Close(context.Background())
+		}
 		if err != nil {
 			say("purging old databases on pg%d: %v", i+1, err)
-			continue
 		}
-		rows, _ := conn.Query(ctx, `SELECT datname FROM pg_database WHERE datname LIKE 'fleet\_%'`)
-		dbs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		conn.Close(context.Background())
 		for _, db := range dbs {
-			if err := clustertest.DropDatabase(ctx, b.env.adminDSN(i), db, say); err != nil {
+			if err := clustertest.DropDatabase(ctx, b.env.admin[i], db, say); err != nil {
 				say("purging old database %s on pg%d: %v", db, i+1, err)
 			}
-		}
-		if err != nil {
-			say("purging old databases on pg%d: %v", i+1, err)
 		}
 	}
 }

@@ -17,15 +17,12 @@ import (
 )
 
 // The isolated host: one supervisor runs in a network namespace of its
-// own, where 127.0.0.1 is a loopback nobody else is on. Everything it may
-// reach is a faultproxy listening inside that namespace on the very
-// address of the real thing (each ZooKeeper server, each db node, each
-// peer supervisor's admin address, as published in the member records)
-// and dialling it from outside. Its own admin address is proxied the other
-// way, so peers reach it too. Blackholing the ZooKeeper and peer proxies
-// isolates it from ZooKeeper and from its peers, and from nothing else:
-// its workers still reach PostgreSQL, and the load balancer (this program,
-// dialling into the namespace) still sees its port and /healthz.
+// own (a loopback nobody else is on), where a faultproxy listens on the
+// very address of everything it may reach (ZooKeeper servers, db nodes,
+// peers' published admin addresses) and dials it from outside; its own
+// admin address is proxied the other way. Blackholing all but the db
+// nodes' cuts it off from ZooKeeper and its peers only: its workers still
+// reach PostgreSQL, and the load balancer still sees its port and /healthz.
 
 // netns is a network namespace held open by a sleeping process.
 type netns struct {
@@ -34,14 +31,12 @@ type netns struct {
 }
 
 func newNetns(ps *procs) (*netns, error) {
-	h, err := ps.start("netns-holder", "unshare", "--net", "--", "sh", "-c",
-		"ip link set lo up && echo up >"+ps.logDir+"/netns.up && exec sleep 2147483647")
+	upFile := ps.logDir + "/netns.up"
+	h, err := ps.start("netns-holder", "unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up >"+upFile+" && exec sleep 2147483647")
 	if err != nil {
 		return nil, err
 	}
-	upFile := ps.logDir + "/netns.up"
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if b, err := os.ReadFile(upFile); err == nil && len(b) > 0 {
 			break
 		}
@@ -50,7 +45,6 @@ func newNetns(ps *procs) (*netns, error) {
 			out, _ := os.ReadFile(h.log)
 			return nil, fmt.Errorf("network namespace (unshare --net needs CAP_SYS_ADMIN): %s", strings.TrimSpace(string(out)))
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	_ = os.Remove(upFile)
 	f, err := os.Open("/proc/" + strconv.Itoa(h.pid()) + "/ns/net")
@@ -65,22 +59,20 @@ func newNetns(ps *procs) (*netns, error) {
 // goroutine and no other goroutine ever runs in the namespace. Sockets
 // keep the namespace they were created in, wherever they are used later.
 func inNetns[T any](n *netns, fn func() (T, error)) (T, error) {
-	type result struct {
-		v   T
-		err error
-	}
-	c := make(chan result, 1)
+	var v T
+	var err error
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		runtime.LockOSThread()
-		if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
-			c <- result{err: fmt.Errorf("setns: %w", err)}
+		if err = unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
+			err = fmt.Errorf("setns: %w", err)
 			return
 		}
-		v, err := fn()
-		c <- result{v, err}
+		v, err = fn()
 	}()
-	r := <-c
-	return r.v, r.err
+	<-done
+	return v, err
 }
 
 // dial connects from inside the namespace.
@@ -95,9 +87,7 @@ func (n *netns) nsenter() []string {
 
 func (n *netns) close() { n.f.Close() }
 
-// isolation is the isolated host's proxies: inside the namespace, one on
-// each ZooKeeper address, db node address and other supervisor's admin
-// address; outside, one on the isolated supervisor's admin address.
+// isolation is the isolated host's proxies (above).
 type isolation struct {
 	all []*faultproxy.Proxy
 	cut []*faultproxy.Proxy // all but the db nodes': blackholed to isolate
@@ -106,39 +96,33 @@ type isolation struct {
 // newIsolation sets up the proxies before supervisor 0 starts.
 func newIsolation(ns *netns, zkAddrs, pgAddrs []string) (*isolation, error) {
 	iso := &isolation{}
-	var peerAdmins []string
-	for i := 1; i < *supervisors; i++ {
-		peerAdmins = append(peerAdmins, adminAddr(i))
+	addrs := slices.Concat(zkAddrs, pgAddrs)
+	for i := range *supervisors {
+		addrs = append(addrs, adminAddr(i))
 	}
-	ownAdmin := adminAddr(0)
-	add := func(p *faultproxy.Proxy, cut bool) {
-		iso.all = append(iso.all, p)
-		if cut {
-			iso.cut = append(iso.cut, p)
+	for _, a := range addrs {
+		listen := func() (net.Listener, error) { return net.Listen("tcp", a) }
+		var opts faultproxy.Options
+		var err error
+		if a == adminAddr(0) { // its own: listened on outside, dialled into the namespace
+			opts.Listener, err = listen()
+			opts.Dial = ns.dial
+		} else {
+			opts.Listener, err = inNetns(ns, listen)
 		}
-	}
-	for _, a := range slices.Concat(zkAddrs, pgAddrs, peerAdmins) {
-		ln, err := inNetns(ns, func() (net.Listener, error) { return net.Listen("tcp", a) })
 		var p *faultproxy.Proxy
 		if err == nil {
-			p, err = faultproxy.NewWith(a, faultproxy.Options{Listener: ln})
+			p, err = faultproxy.NewWith(a, opts)
 		}
 		if err != nil {
 			iso.close()
-			return nil, fmt.Errorf("proxy for %s inside the namespace: %w", a, err)
+			return nil, fmt.Errorf("proxy for %s (the isolated host's view): %w", a, err)
 		}
-		add(p, !slices.Contains(pgAddrs, a))
+		iso.all = append(iso.all, p)
+		if !slices.Contains(pgAddrs, a) {
+			iso.cut = append(iso.cut, p)
+		}
 	}
-	ln, err := net.Listen("tcp", ownAdmin)
-	var back *faultproxy.Proxy
-	if err == nil {
-		back, err = faultproxy.NewWith(ownAdmin, faultproxy.Options{Listener: ln, Dial: ns.dial})
-	}
-	if err != nil {
-		iso.close()
-		return nil, fmt.Errorf("proxy for the isolated admin address %s: %w", ownAdmin, err)
-	}
-	add(back, true)
 	return iso, nil
 }
 

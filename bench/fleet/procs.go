@@ -80,7 +80,13 @@ func (ps *procs) start(name string, argv ...string) (*proc, error) {
 	}
 	defer f.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Stdout, cmd.Stderr = childEnv(), f, f
+	cmd.Stdout, cmd.Stderr = f, f
+	// Without shardvisor's own variables (the run script exports the
+	// throwaway ensemble's): every child gets its settings from flags, and a
+	// worker must not find a SHARDVISOR_ZK and follow ZooKeeper, not its map.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "SHARDVISOR_") || strings.HasPrefix(kv, "NOTES_")
+	})
 	// Its own process group, so a Ctrl-C in the terminal reaches only this
 	// program, which stops everything in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -148,14 +154,4 @@ func (ps *procs) stopAll() {
 	sup := func(p *proc) bool { return strings.HasPrefix(p.name, "sv-") }
 	ps.stop(slices.DeleteFunc(slices.Clone(all), func(p *proc) bool { return !sup(p) }), syscall.SIGQUIT, 15*time.Second)
 	ps.stop(slices.DeleteFunc(all, sup), syscall.SIGTERM, 10*time.Second)
-}
-
-// childEnv is this process's environment without shardvisor's own
-// variables (the run script exports the throwaway ensemble's): every child
-// gets its settings from flags, and a worker must not find a SHARDVISOR_ZK
-// and follow ZooKeeper instead of its map file.
-func childEnv() []string {
-	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return strings.HasPrefix(kv, "SHARDVISOR_") || strings.HasPrefix(kv, "NOTES_")
-	})
 }

@@ -50,17 +50,13 @@ type RebalanceResult struct {
 }
 
 func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *sup, wait time.Duration) error {
-	res := &RebalanceResult{Name: name, Mode: f.mode, Stragglers: map[string]int{}}
-	if f.boot > 0 {
-		res.BootDelay = f.boot.String()
-	}
+	res := &RebalanceResult{Name: name, Mode: f.mode, BootDelay: when(f.boot > 0, "%s", f.boot), Stragglers: map[string]int{}}
 	b.res.Rebalances = append(b.res.Rebalances, res)
-	skip := map[string]bool{}
+	var rbErr error // the rebalancer's: the run is measured and checked all the same
 	if victim != nil {
 		res.Victim = victim.name
-		skip[victim.name] = true
 	}
-	var rbErr error // the rebalancer's: the run is measured and checked all the same
+	skip := map[string]bool{res.Victim: true} // "" names no supervisor
 	l, d, err := f.underLoad(ctx, strings.ReplaceAll(f.name, "-", "")+"rb", skip, 2*time.Second, &res.Verify, func(*balancer, *loadRun) error {
 		if _, err := clustertest.AddNode(ctx, f.c.st, f.c.nodes[startNodes]); err != nil {
 			return err

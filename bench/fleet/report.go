@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,12 +11,11 @@ import (
 )
 
 type results struct {
-	Config        string             `json:"config"`
-	Rebalances    []*RebalanceResult `json:"rebalances"`
-	Isolate       *IsolateResult     `json:"isolate,omitempty"`
-	Outage        *OutageResult      `json:"outage,omitempty"`
-	Targets       []Target           `json:"targets"`
-	failedTargets int
+	Config     string             `json:"config"`
+	Rebalances []*RebalanceResult `json:"rebalances"`
+	Isolate    *IsolateResult     `json:"isolate,omitempty"`
+	Outage     *OutageResult      `json:"outage,omitempty"`
+	Targets    []Target           `json:"targets"`
 }
 
 // Target is one goal and whether this run met it. Info lines are
@@ -42,22 +42,17 @@ func (b *bench) report() {
 	r := &b.res
 	target := func(pass bool, goal, got string, args ...any) {
 		r.Targets = append(r.Targets, Target{Goal: goal, Got: fmt.Sprintf(got, args...), Pass: pass})
-		if !pass {
-			r.failedTargets++
-		}
 	}
-	fmt.Println()
-	fmt.Println("shardvisor fleet benchmark: " + r.Config)
-	fmt.Println()
+	fmt.Printf("\nshardvisor fleet benchmark: %s\n\n", r.Config)
 	row := func(name, boots, rebal, pause, failed, lost, notes string) {
 		fmt.Printf("%-44s %7s %9s %22s %13s %11s  %s\n", name, boots, rebal, pause, failed, lost, notes)
 	}
 	row("scenario", "boots", "rebalance", "pause p50/p99/max ms", "failed req", "lost writes", "notes")
 	// Lists that missed acknowledged notes, gathered for an INFO line.
 	var stale []string
-	staleIn := func(prefix string, l loadStats) {
+	staleIn := func(name string, l loadStats) {
 		if l.Stale > 0 {
-			stale = append(stale, fmt.Sprintf("%s%d, e.g. %s", prefix, l.Stale, l.StaleEx[0]))
+			stale = append(stale, fmt.Sprintf("%s: %d, e.g. %s", name, l.Stale, l.StaleEx[0]))
 		}
 	}
 	by := map[string]*RebalanceResult{}
@@ -68,12 +63,11 @@ func (b *bench) report() {
 			fmt.Sprintf(", move p50 %.0f ms", x.MoveMS.P50) +
 			// member wait: recorded by movers that report stragglers
 			when(x.MemberWaitMS.Max > 0, ", member wait p50 %.0f max %.0f ms", x.MemberWaitMS.P50, x.MemberWaitMS.Max) +
-			when(x.Victim != "", "; %s a straggler in %d moves, back %.1f s after SIGCONT", x.Victim, x.Stragglers[x.Victim], x.VictimBackS) +
-			when(x.Load.Stale > 0, "; %d stale lists", x.Load.Stale)
+			when(x.Victim != "", "; %s a straggler in %d moves, back %.1f s after SIGCONT", x.Victim, x.Stragglers[x.Victim], x.VictimBackS)
 		row(x.Name, fmt.Sprintf("%.0f", x.Boots), fmt.Sprintf("%.1f s", x.Seconds),
 			fmt.Sprintf("%.1f/%.1f/%.1f", x.PauseMS.P50, x.PauseMS.P99, x.PauseMS.Max),
 			of(x.Load.Failed, x.Load.Requests), of(x.Verify.lost(), x.Verify.Checked), notes)
-		staleIn(x.Name+": ", x.Load)
+		staleIn(x.Name, x.Load)
 	}
 	swap, reload, boot := by["rebalance, swap"], by["rebalance, reload"], by[fmt.Sprintf("rebalance, reload, %s boot", *bootDelay)]
 	if swap != nil && reload != nil {
@@ -96,13 +90,13 @@ func (b *bench) report() {
 			of(x.OthersFailed, x.Load.Requests-x.OwnFailed), of(x.Verify.lost(), x.Verify.Checked),
 			fmt.Sprintf("out of LB in %.2f s (bound 2/3 T + 1 s = %.2f s, T = %.1f s); own failed %d; back %.1f s after heal",
 				x.OutMS/1000, x.BoundMS/1000, x.SessionMS/1000, x.OwnFailed, x.BackMS/1000))
-		staleIn("", x.Load)
+		staleIn("isolate", x.Load)
 	}
 	if x := r.Outage; x != nil {
 		row(fmt.Sprintf("ZooKeeper ensemble down %.0f s", x.DownS), fmt.Sprintf("k%.0f", x.Kills), "", "",
 			of(x.Load.Failed, x.Load.Requests), of(x.Verify.lost(), x.Verify.Checked),
 			fmt.Sprintf("back to normal %.1f s after the restart began (ensemble healthy after %.1f s); %.0f worker boots; kills %v", x.NormalS, x.RestartS, x.Boots, x.KillsByReason))
-		staleIn("", x.Load)
+		staleIn("outage", x.Load)
 	}
 	fmt.Println("(boots: worker spawns across the fleet, from /metrics; kN: worker kills; failed req: failed/sent; lost writes: acknowledged writes missing/checked)")
 	if len(r.Rebalances) > 0 {
@@ -149,11 +143,7 @@ func (b *bench) report() {
 	}
 	fmt.Println("targets:")
 	for _, t := range r.Targets {
-		v := map[bool]string{true: "PASS", false: "FAIL"}[t.Pass]
-		if t.Info {
-			v = "INFO"
-		}
-		fmt.Printf("  %s  %-80s %s\n", v, t.Goal, t.Got)
+		fmt.Printf("  %s  %-80s %s\n", cmp.Or(when(t.Info, "INFO"), when(t.Pass, "PASS"), "FAIL"), t.Goal, t.Got)
 	}
 	if *jsonOut != "" {
 		if data, err := json.MarshalIndent(r, "", "  "); err != nil || os.WriteFile(*jsonOut, data, 0o644) != nil {
