@@ -33,7 +33,6 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 		}
 	}
 	sc.SteadyRPS /= steadyFor.Seconds()
-	fmt.Printf("   steady: %.0f req/s\n", sc.SteadyRPS)
 
 	n := 0
 	// next makes change n+1 and waits until the one after is due.
@@ -55,9 +54,6 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	})
 	sc.Reloads = summarize(rec)
 	sc.Reloads.toNewCode(rec, changes)
-	fmt.Printf("   reloads: %d sent, %d non-2xx, %d errors, slowest %.0fms; new code first answers after %.0f/%.0fms (p50/max), answers alone after %.0f/%.0fms; %d/%d changes served alone before the next\n",
-		sc.Reloads.Sent, sc.Reloads.Non2xx, sc.Reloads.ConnErr, sc.Reloads.MaxMS, sc.Reloads.FirstP50MS, sc.Reloads.FirstMaxMS,
-		sc.Reloads.AllP50MS, sc.Reloads.AllMaxMS, sc.Reloads.AllNew, sc.Reloads.Changes)
 
 	var last change
 	firstStorm := n + 1
@@ -97,8 +93,6 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	s.Changes = n - firstStorm + 1
 	sc.Storm = s
 	sc.LoadAfter = benchkit.LoadAvg(3)
-	fmt.Printf("   storm: %d changes, %d sent, %d non-2xx, %d errors, slowest %.0fms, %.0f req/s during the storm, %d versions answered; newest code first answers %.0fms after the last change, alone after %.0fms; load average %s\n",
-		s.Changes, s.Sent, s.Non2xx, s.ConnErr, s.MaxMS, s.RPS, s.VersionsServed, s.FirstP50MS, s.AllP50MS, sc.LoadAfter)
 	return sc
 }
 
