@@ -13,7 +13,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -79,7 +78,6 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	var sizes []string
 	for _, e := range encs {
 		side := &Side{Encoding: string(e)}
 		c := m.Clone()
@@ -90,7 +88,6 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		}
 		js, _ := bucketmap.EncodeJSON(c)
 		side.RecordBytes, side.PlainBytes = len(data), len(js)
-		sizes = append(sizes, fmt.Sprintf("%s %d B", e, len(data)))
 		if side.EncodeMS, err = cpu(21, func() error { _, err := bucketmap.Encode(c); return err }); err != nil {
 			return nil, err
 		}
@@ -99,7 +96,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		}
 		sum.Sides = append(sum.Sides, side)
 	}
-	out.Say("map propagation: level %d (%d buckets), %d nodes, layout %s; record %s", *level, m.Buckets(), *nodeCount, *layout, strings.Join(sizes, ", "))
+	out.Say("map propagation: level %d (%d buckets), %d nodes, layout %s", *level, m.Buckets(), *nodeCount, *layout)
 
 	admin, err := clustertest.OpenSession(ctx, *zkConnect, "scripts/devenv up")
 	if err != nil {
