@@ -50,22 +50,6 @@ const (
 	diffGoalMS = 2000.0
 )
 
-func tableDDL(i int) string {
-	t := fmt.Sprintf("app.t%02d", i)
-	n := fmt.Sprintf("t%02d", i)
-	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
-	bkey bigint NOT NULL,
-	id bigint NOT NULL,
-	name text NOT NULL DEFAULT '',
-	amount numeric(12,2) NOT NULL DEFAULT 0,
-	status smallint NOT NULL DEFAULT 0,
-	created timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (bkey, id),
-	CONSTRAINT %[2]s_amount_ck CHECK (amount >= 0 AND status BETWEEN 0 AND 9)
-);
-CREATE INDEX IF NOT EXISTS %[2]s_created_idx ON %[1]s (bkey, created)`, t, n)
-}
-
 // out prints the report: on stdout, or stderr with --json.
 var out = benchkit.NewOut()
 
@@ -155,8 +139,19 @@ func run(ctx context.Context) (*Summary, error) {
 func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 	ddl := []string{clustertest.KVDDL}
 	for i := 1; i <= *tablesN; i++ {
-		b.tables = append(b.tables, topo.TableRecord{Name: fmt.Sprintf("app.t%02d", i), KeyColumn: "bkey"})
-		ddl = append(ddl, tableDDL(i))
+		t := fmt.Sprintf("app.t%02d", i)
+		b.tables = append(b.tables, topo.TableRecord{Name: t, KeyColumn: "bkey"})
+		ddl = append(ddl, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
+	bkey bigint NOT NULL,
+	id bigint NOT NULL,
+	name text NOT NULL DEFAULT '',
+	amount numeric(12,2) NOT NULL DEFAULT 0,
+	status smallint NOT NULL DEFAULT 0,
+	created timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (bkey, id),
+	CONSTRAINT %[2]s_amount_ck CHECK (amount >= 0 AND status BETWEEN 0 AND 9)
+);
+CREATE INDEX IF NOT EXISTS %[2]s_created_idx ON %[1]s (bkey, created)`, t, t[len("app."):]))
 	}
 	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
 		Nodes: b.nodes, Tables: append([]topo.TableRecord{clustertest.KV}, b.tables...), DDL: ddl, Parallel: true})

@@ -34,8 +34,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	// The long transaction's node and row (a user owned by that node that
 	// no writer touches).
 	var holdConn *pgx.Conn
-	var holdKey int64
-	var holdUID string
+	holdKey, holdUID := int64(0), ""
 	if holdFor > 0 {
 		node := b.nodes[0] // the canary: the fewest buckets, ties to the lowest id
 		v.HoldNode = string(node.ID)
@@ -90,7 +89,6 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 			v.HoldMS = benchkit.MS(time.Since(holdStart))
 			holdDone <- err
 		}()
-		say("  long transaction on %s holds a row lock on app.kv for %s", v.HoldNode, holdFor)
 		_ = benchkit.Sleep(ctx, 100*time.Millisecond)
 	} else {
 		holdDone <- nil
@@ -111,7 +109,6 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 			v.BlockedMax = max(v.BlockedMax, n.BlockedMaxMS)
 		}
 	}
-	say("  applied %s in %.1f ms (state %s, %d attempts, %d lock timeouts); load goes on for %s", ch.ID, v.ApplyMS, v.State, v.Attempts, v.LockTimeout, *tail)
 	if err := benchkit.Sleep(ctx, *tail); err != nil {
 		return v, err
 	}
