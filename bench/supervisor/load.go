@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -69,7 +68,9 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 		// Keep the load on until the newest version alone has answered
 		// for a second (or 30 s): new code is seen only in answers.
 		for time.Since(start.Add(last.at)) < 30*time.Second {
-			_, all, _, ok := toNew(l.snapshot(), last.at, math.MaxInt64, last.ver)
+			l.mu.Lock() // what has completed so far
+			_, all, _, ok := toNew(l.samples, last.at, math.MaxInt64, last.ver)
+			l.mu.Unlock()
 			if ok && time.Since(start.Add(last.at+all)) > time.Second {
 				break
 			}
@@ -179,13 +180,6 @@ func waitTimeWait() {
 type loader struct {
 	mu      sync.Mutex
 	samples []sample
-}
-
-// snapshot is what has completed so far.
-func (l *loader) snapshot() []sample {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.samples)
 }
 
 // version reads versioned_app.py's X-App-Version header, or the Go
