@@ -316,8 +316,10 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 		row.VerifyMS = span(topo.MoveVerify, topo.MoveDone)
 	}
 	row.fenceAt, row.teardownAt = at[topo.MoveFence], at[topo.MoveTeardown]
-	if b.trk != nil {
-		row.RouterMS = b.trk.pauseMS(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, rec.CreatedAt)
+	if b.trk != nil { // the router's moving window (RouterMS stays -1 when not seen)
+		if w, ok := b.trk.find(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, rec.CreatedAt); ok {
+			row.RouterMS = benchkit.MS(w.end.Sub(w.start))
+		}
 	}
 	if b.prb != nil {
 		b.prb.copyPhases(&row, rec, at)
