@@ -116,7 +116,6 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	sum.RowsLoaded += int64(*bigRows)
 	big.LoadSeconds = time.Since(loadStart).Seconds()
 	sum.LoadSeconds = big.LoadSeconds
-	say("  bucket %d: %s rows (%d with a TOASTed value) loaded in %.1f s", big.Bucket, human(float64(big.Rows)), big.Toasted, big.LoadSeconds)
 
 	if _, err := clustertest.AddNode(ctx, b.st, b.nodes[startNodes]); err != nil {
 		return err
@@ -135,14 +134,11 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 			return fmt.Errorf("pipe: %w", err)
 		}
 		big.MB = float64(bytes) / 1e6
-		what := "single binary COPY pipe"
 		if batched {
-			what += ", 64 KB batches"
 			big.BatchedPipeS = run.MS / 1000
 		} else {
 			big.PipeS = append(big.PipeS, run.MS/1000)
 		}
-		say("  %s: %s rows, %.0f MB in %.2f s", what, human(float64(run.Rows)), big.MB, run.MS/1000)
 		return nil
 	}
 	say("pipe before the move (%s -> %s, into app.kv_baseline)", src.ID, dst.ID)
@@ -173,7 +169,6 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if merr != nil {
 		return fmt.Errorf("the move: %w", merr)
 	}
-	say("  the move's copy: %s rows in %.2f s; pause %.1f ms; verified: %v", human(float64(big.RowsCopied)), big.CopyS, big.PauseMS, big.VerifyOK)
 
 	say("the range's check alone, both nodes at once: hash, then JSON + md5")
 	if big.CheckHashS, err = checkBoth(ctx, src, dst, lo, hi, `hashint8extended(hash_record_extended(ROW(t.blob, t.bkey, t.uid COLLATE "C", t.v), 1), 0)`); err != nil {
@@ -185,7 +180,6 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if big.CheckHashS > 0 {
 		big.CheckRatio = big.CheckJSONS / big.CheckHashS
 	}
-	say("  hash %.2f s, JSON + md5 %.2f s", big.CheckHashS, big.CheckJSONS)
 
 	say("pipe after the move")
 	if err := pipe(false); err != nil {
