@@ -45,10 +45,9 @@ type Failover struct {
 	FailedInFlight int64   `json:"failed"`            // writes that gave up in this failover
 }
 
-// Mode is one mode's figures: its failovers, the fate of its writes (the
-// acknowledged ones looked up on the primary at the end), the failovers'
-// timings and the write latency's p99 (ms) in the windows of every kill:
-// before it (steady), during (kill to the first write + 1 s) and after.
+// Mode is one mode's figures: its failovers, its writes (the acknowledged
+// ones looked up on the primary at the end), and the write latency's p99 (ms)
+// around every kill: before (steady), during (kill to first write + 1 s), after.
 type Mode struct {
 	Name         string        `json:"mode"`
 	Failovers    []Failover    `json:"failovers"`

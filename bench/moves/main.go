@@ -189,9 +189,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.WritesPerSecDuring = float64(l.Acks.Load()-acksBefore) / sum.RebalanceSecs
 
-	// Rollbacks, under the same load: each bucket goes back to its old
-	// owner with a window, and that move is rolled back at once (so the
-	// map ends as balanced as the rebalance left it).
+	// Rollbacks, under the same load (the map ends as balanced as the rebalance left it).
 	if ctx.Err() == nil && rbErr == nil && *rollbacks > 0 {
 		if err := b.rollbackRuns(ctx, sum, pg4.ID); err != nil {
 			rbErr = fmt.Errorf("rollbacks: %w", err)
