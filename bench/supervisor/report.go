@@ -104,11 +104,8 @@ type cell struct {
 }
 
 func cells(s *scenario) []cell {
-	unit := func(label string, v float64, unit string) cell {
-		if v < 10 {
-			return cell{label, fmt.Sprintf("%.1f %s", v, unit), v, true, true}
-		}
-		return cell{label, fmt.Sprintf("%.0f %s", v, unit), v, true, true}
+	unit := func(label string, v float64, unit string) cell { // one decimal below 10
+		return cell{label, fmt.Sprintf("%.*f %s", map[bool]int{true: 1}[v < 10], v, unit), v, true, true}
 	}
 	ms := func(label string, v float64, seen int) cell {
 		if seen == 0 {
