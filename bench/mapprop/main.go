@@ -79,7 +79,6 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		return nil, err
 	}
 	for _, e := range encs {
-		side := &Side{Encoding: string(e)}
 		c := m.Clone()
 		c.Encoding = e
 		data, err := bucketmap.Encode(c)
@@ -87,7 +86,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 			return nil, err
 		}
 		js, _ := bucketmap.EncodeJSON(c)
-		side.RecordBytes, side.PlainBytes = len(data), len(js)
+		side := &Side{Encoding: string(e), RecordBytes: len(data), PlainBytes: len(js)}
 		if side.EncodeMS, err = cpu(21, func() error { _, err := bucketmap.Encode(c); return err }); err != nil {
 			return nil, err
 		}
