@@ -178,8 +178,7 @@ func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 		}
 		say("  run %d: %.1f ms (%d differences, %d unreachable, reference %s)", i+1, el, len(res.Diffs), len(res.Unreachable), res.Reference)
 	}
-	d.MS, d.ElapsedMS = benchkit.Of(d.Runs), benchkit.Of(own)
-	d.MinMS = slices.Min(d.Runs)
+	d.MS, d.ElapsedMS, d.MinMS = benchkit.Of(d.Runs), benchkit.Of(own), slices.Min(d.Runs)
 
 	// The baseline: one node, connect + fence.ReadSchemas of the same
 	// tables (what Diff does on each node, in parallel).
@@ -203,8 +202,7 @@ func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 		one = append(one, benchkit.MS(now.Sub(start)))
 		read = append(read, benchkit.MS(now.Sub(rs)))
 	}
-	d.OneNodeMS, d.OneNodeRead = benchkit.Of(one), benchkit.Of(read)
-	d.OneNodeMinMS = slices.Min(one)
+	d.OneNodeMS, d.OneNodeRead, d.OneNodeMinMS = benchkit.Of(one), benchkit.Of(read), slices.Min(one)
 	d.Ratio = jsonRatio(d.MS.P50, d.OneNodeMS.P50)
 	d.GoalMet = d.MS.Max < diffGoalMS && d.Unreachable == 0 && d.Differences == 0
 	return d, nil
