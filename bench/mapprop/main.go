@@ -149,17 +149,15 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		for to == cur.Owner(b) {
 			to = cur.Nodes()[rng.IntN(len(cur.Nodes()))].ID
 		}
-		moveID := fmt.Sprintf("mv-%d", mvN)
 		for _, kind := range []string{"moving", "flip"} {
 			edit := func(m *bucketmap.Map) error {
 				m.Encoding = enc
 				if kind == "moving" {
-					return m.SetMoving(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, moveID)
+					return m.SetMoving(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, fmt.Sprintf("mv-%d", mvN))
 				}
 				return m.Assign(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, bucketmap.AssignOptions{})
 			}
-			before := f.wire()
-			start := time.Now()
+			before, start := f.wire(), time.Now()
 			next, nzv, _, err := st.UpdateAlso(ctx, cur, zv, edit, nil)
 			if err != nil {
 				return sum, fmt.Errorf("change %d: %w", len(sum.Changes)+1, err)
@@ -172,8 +170,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 			// Give the last answers (member-record writes) time to land
 			// before reading the counters: they belong to this change.
 			time.Sleep(100 * time.Millisecond)
-			window := time.Since(start)
-			wire := f.wire() - before
+			window, wire := time.Since(start), f.wire()-before
 			cur, zv = next, nzv
 			data, err := bucketmap.Encode(next)
 			if err != nil {
