@@ -162,8 +162,7 @@ func pin(c *exec.Cmd, server bool) *exec.Cmd {
 // treeCPU is the user+system CPU time of pid and all its descendants.
 func treeCPU(root int) time.Duration {
 	ents, _ := os.ReadDir("/proc")
-	parent := map[int]int{}
-	ticks := map[int]int64{}
+	parent, ticks := map[int]int{}, map[int]int64{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
