@@ -123,9 +123,7 @@ func run(ctx context.Context) (*Summary, error) {
 		}
 	}
 	if ctx.Err() == nil {
-		d, err := b.diff(ctx, m)
-		sum.Diff = d
-		if err != nil {
+		if sum.Diff, err = b.diff(ctx, m); err != nil {
 			errs = append(errs, fmt.Errorf("diff: %w", err))
 		}
 	}
