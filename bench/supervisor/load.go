@@ -25,8 +25,7 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	waitTimeWait()
 	sc := scenario{Name: name, Reload: how, LoadBefore: benchkit.LoadAvg(3)}
 	fmt.Printf("== %s (%s); load average %s\n", name, how, sc.LoadBefore)
-	steady := load(url, func(time.Time, *loader) { time.Sleep(*steadyFor) })
-	for _, s := range steady {
+	for _, s := range load(url, func(time.Time, *loader) { time.Sleep(*steadyFor) }) {
 		if s.ok() {
 			sc.SteadyRPS++
 		}
