@@ -45,23 +45,34 @@ type Failover struct {
 	FailedInFlight int64   `json:"failed"`            // writes that gave up in this failover
 }
 
-// Mode is one mode's figures: its failovers, its writes (the acknowledged
-// ones looked up on the primary at the end), and the write latency's p99 (ms)
-// around every kill: before (steady), during (kill to first write + 1 s), after.
+// Mode is one mode's figures: its failovers, the fate of its writes,
+// the failovers' timings and the write latency around the kills.
 type Mode struct {
-	Name         string        `json:"mode"`
-	Failovers    []Failover    `json:"failovers"`
-	Acked        int64         `json:"acknowledged_writes"`
-	Lost         int64         `json:"lost_acknowledged_writes"`
-	Duplicates   int64         `json:"duplicates"`
-	Failed       int64         `json:"failed_writes"`
-	Elected      benchkit.Stat `json:"elected_ms"`
-	FirstWrite   benchkit.Stat `json:"first_write_ms"`
-	AfterElect   benchkit.Stat `json:"after_election_ms"`
-	BeforeMS     float64       `json:"p99_before_ms"`
-	DuringMS     float64       `json:"p99_during_ms"`
-	AfterMS      float64       `json:"p99_after_ms"`
-	WritesPerSec float64       `json:"writes_per_s_steady"`
+	Name      string     `json:"mode"`
+	Failovers []Failover `json:"failovers"`
+	Tally
+	Elected    benchkit.Stat `json:"elected_ms"`
+	FirstWrite benchkit.Stat `json:"first_write_ms"`
+	AfterElect benchkit.Stat `json:"after_election_ms"`
+	P99
+	WritesPerSec float64 `json:"writes_per_s_steady"`
+}
+
+// Tally is what became of a mode's writes, the acknowledged ones looked
+// up on the primary at the end.
+type Tally struct {
+	Acked      int64 `json:"acknowledged_writes"`
+	Lost       int64 `json:"lost_acknowledged_writes"`
+	Duplicates int64 `json:"duplicates"`
+	Failed     int64 `json:"failed_writes"`
+}
+
+// P99 is the write latency's p99 (ms) in the windows of every kill:
+// before it (steady), during (kill to the first write + 1 s) and after.
+type P99 struct {
+	BeforeMS float64 `json:"p99_before_ms"`
+	DuringMS float64 `json:"p99_during_ms"`
+	AfterMS  float64 `json:"p99_after_ms"`
 }
 
 // Summary is the whole run.
@@ -196,7 +207,7 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 	if err != nil {
 		return err
 	}
-	mode.Acked, mode.Lost, mode.Duplicates, mode.Failed = int64(len(led.acked)), lost, led.duplicates.Load(), led.failed.Load()
+	mode.Tally = Tally{Acked: int64(len(led.acked)), Lost: lost, Duplicates: led.duplicates.Load(), Failed: led.failed.Load()}
 	var el, fw, ae []float64
 	for _, f := range mode.Failovers {
 		el, fw, ae = append(el, f.ElectedMS), append(fw, f.FirstWriteMS), append(ae, f.AfterElectMS)
@@ -204,7 +215,7 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 	mode.Elected, mode.FirstWrite, mode.AfterElect = benchkit.Of(el), benchkit.Of(fw), benchkit.Of(ae)
 	// Nearest-rank p99 in ms, benchkit's; 0 when a window had no write.
 	p99 := func(ds []time.Duration) float64 { return benchkit.OfDurations(ds).P99 }
-	mode.BeforeMS, mode.DuringMS, mode.AfterMS = p99(befores), p99(durings), p99(afters)
+	mode.P99 = P99{p99(befores), p99(durings), p99(afters)}
 	if steadyTime > 0 {
 		mode.WritesPerSec = float64(steadyWrites) / steadyTime.Seconds()
 	}
