@@ -187,8 +187,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	dropBaseline(ctx, dst)
 	big.PipeMeanS = (big.PipeS[0] + big.PipeS[1]) / 2
 	if big.CopyS > 0 {
-		big.Ratio = big.PipeMeanS / big.CopyS
-		big.BatchedRatio = big.BatchedPipeS / big.CopyS
+		big.Ratio, big.BatchedRatio = big.PipeMeanS/big.CopyS, big.BatchedPipeS/big.CopyS
 	}
 	sum.Leftovers = b.leftovers(ctx)
 	return nil

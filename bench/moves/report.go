@@ -279,8 +279,7 @@ func (b *bench) summarize(s *Summary) {
 	}
 	s.Stats["baseline_copy_rows_per_s"] = benchkit.Of(base)
 	if bp := s.Stats["baseline_copy_rows_per_s"].P50; bp > 0 {
-		s.CopyRatio = s.Stats["mover_copy_rows_per_s"].P50 / bp
-		s.DataRatio = s.Stats["copy_data_rows_per_s"].P50 / bp
+		s.CopyRatio, s.DataRatio = s.Stats["mover_copy_rows_per_s"].P50/bp, s.Stats["copy_data_rows_per_s"].P50/bp
 	}
 	p := s.Stats["pause_ms"]
 	s.PauseTargetMet = p.N > 0 && p.P99 < pauseTarget && s.MovesAborted == 0
