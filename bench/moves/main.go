@@ -102,9 +102,17 @@ func run(ctx context.Context) (*Summary, error) {
 	dev.DeleteAtClose(topo.MustPaths(b.root, clusterNm))
 	b.sess, b.nodes = dev.Session, dev.Nodes
 
-	if err := b.setup(ctx); err != nil {
+	ddl := []string{clustertest.KVDDL}
+	if *bigRows > 0 {
+		ddl = append(ddl, blobDDL)
+	}
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
+		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{clustertest.KV}, DDL: ddl})
+	if err != nil {
 		return nil, err
 	}
+	b.st, b.ks = c.Store, c.Keystream
+	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *load.Level, c.Map.Buckets(), startNodes, len(b.nodes))
 	if *bigRows > 0 {
 		return sum, b.runBig(ctx, sum)
 	}
