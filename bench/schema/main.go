@@ -97,44 +97,6 @@ func run(ctx context.Context) (*Summary, error) {
 	dev.DeleteAtClose(topo.MustPaths(b.root, clusterNm))
 	b.sess, b.nodes = dev.Session, dev.Nodes
 
-	m, err := b.setup(ctx)
-	if err != nil {
-		return nil, err
-	}
-	sum.BucketCount = m.Counts()
-	if sum.RowsLoaded, err = b.load(ctx, m); err != nil {
-		return nil, err
-	}
-
-	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "schema-bench", *load.Writers, nil); err != nil {
-		return nil, err
-	}
-	defer b.r.Close()
-
-	var errs []error
-	for i, name := range []string{"ADD COLUMN under full write load", "ADD COLUMN under full write load with a long transaction"} {
-		if i > 0 && (*hold <= 0 || ctx.Err() != nil) {
-			break
-		}
-		v, err := b.variant(ctx, m, name, []string{"note", "note2"}[i], []time.Duration{0, *hold}[i])
-		sum.Variants = append(sum.Variants, v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", v.Name, err))
-		}
-	}
-	if ctx.Err() == nil {
-		if sum.Diff, err = b.diff(ctx, m); err != nil {
-			errs = append(errs, fmt.Errorf("diff: %w", err))
-		}
-	}
-	sum.GoalsMet = len(errs) == 0 && sum.Diff != nil && sum.Diff.GoalMet
-	for _, v := range sum.Variants {
-		sum.GoalsMet = sum.GoalsMet && v.GoalMet
-	}
-	return sum, errors.Join(append(errs, ctx.Err())...) // Join drops a nil
-}
-
-func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
 	ddl := []string{clustertest.KVDDL}
 	for i := 1; i <= *tablesN; i++ {
 		t := fmt.Sprintf("app.t%02d", i)
@@ -159,7 +121,37 @@ CREATE INDEX IF NOT EXISTS %[2]s_created_idx ON %[1]s (bkey, created)`, t, t[len
 	b.st, b.ks = c.Store, c.Keystream
 	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
 		clusterNm, b.root, *load.Level, c.Map.Buckets(), len(b.nodes), *tablesN)
-	return c.Map, nil
+	sum.BucketCount = c.Map.Counts()
+	if sum.RowsLoaded, err = b.load(ctx, c.Map); err != nil {
+		return nil, err
+	}
+
+	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "schema-bench", *load.Writers, nil); err != nil {
+		return nil, err
+	}
+	defer b.r.Close()
+
+	var errs []error
+	for i, name := range []string{"ADD COLUMN under full write load", "ADD COLUMN under full write load with a long transaction"} {
+		if i > 0 && (*hold <= 0 || ctx.Err() != nil) {
+			break
+		}
+		v, err := b.variant(ctx, c.Map, name, []string{"note", "note2"}[i], []time.Duration{0, *hold}[i])
+		sum.Variants = append(sum.Variants, v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", v.Name, err))
+		}
+	}
+	if ctx.Err() == nil {
+		if sum.Diff, err = b.diff(ctx, c.Map); err != nil {
+			errs = append(errs, fmt.Errorf("diff: %w", err))
+		}
+	}
+	sum.GoalsMet = len(errs) == 0 && sum.Diff != nil && sum.Diff.GoalMet
+	for _, v := range sum.Variants {
+		sum.GoalsMet = sum.GoalsMet && v.GoalMet
+	}
+	return sum, errors.Join(append(errs, ctx.Err())...) // Join drops a nil
 }
 
 // load COPYs --rows users into app.kv on their owners (bypassing the
