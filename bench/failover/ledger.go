@@ -48,8 +48,7 @@ func (led *ledger) write(ctx context.Context, r *router.Router, ks *keystream.Ke
 		if err == nil {
 			now := time.Now()
 			led.mu.Lock()
-			led.acked = append(led.acked, id)
-			led.lat = append(led.lat, sample{at: now, dur: now.Sub(start)})
+			led.acked, led.lat = append(led.acked, id), append(led.lat, sample{at: now, dur: now.Sub(start)})
 			led.mu.Unlock()
 			if unknown && inserted == 0 {
 				led.duplicates.Add(1)

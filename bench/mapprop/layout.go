@@ -11,18 +11,14 @@ import (
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 )
 
-func dbNode(i int) bucketmap.Node {
-	id := fmt.Sprintf("db%03d", i+1)
-	return bucketmap.Node{ID: bucketmap.NodeID(id), DSN: "postgres://app@" + id + ".db.internal:5432/app?sslmode=verify-full",
-		Password: "file:/etc/shardvisor/" + id + ".pw", Weight: 1, State: bucketmap.NodeActive}
-}
-
 // buildMap makes the level-LEVEL map over NODES nodes in the chosen
 // layout, at version 1 with no history.
 func buildMap(now time.Time) (*bucketmap.Map, error) {
 	var nodes []bucketmap.Node
 	for i := range *nodeCount {
-		nodes = append(nodes, dbNode(i))
+		id := fmt.Sprintf("db%03d", i+1)
+		nodes = append(nodes, bucketmap.Node{ID: bucketmap.NodeID(id), DSN: "postgres://app@" + id + ".db.internal:5432/app?sslmode=verify-full",
+			Password: "file:/etc/shardvisor/" + id + ".pw", Weight: 1, State: bucketmap.NodeActive})
 	}
 	switch *layout {
 	case "fresh":

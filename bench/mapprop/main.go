@@ -13,7 +13,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -79,9 +78,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	var sizes []string
 	for _, e := range encs {
-		side := &Side{Encoding: string(e)}
 		c := m.Clone()
 		c.Encoding = e
 		data, err := bucketmap.Encode(c)
@@ -89,8 +86,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 			return nil, err
 		}
 		js, _ := bucketmap.EncodeJSON(c)
-		side.RecordBytes, side.PlainBytes = len(data), len(js)
-		sizes = append(sizes, fmt.Sprintf("%s %d B", e, len(data)))
+		side := &Side{Encoding: string(e), RecordBytes: len(data), PlainBytes: len(js)}
 		if side.EncodeMS, err = cpu(21, func() error { _, err := bucketmap.Encode(c); return err }); err != nil {
 			return nil, err
 		}
@@ -99,7 +95,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		}
 		sum.Sides = append(sum.Sides, side)
 	}
-	out.Say("map propagation: level %d (%d buckets), %d nodes, layout %s; record %s", *level, m.Buckets(), *nodeCount, *layout, strings.Join(sizes, ", "))
+	out.Say("map propagation: level %d (%d buckets), %d nodes, layout %s", *level, m.Buckets(), *nodeCount, *layout)
 
 	admin, err := clustertest.OpenSession(ctx, *zkConnect, "scripts/devenv up")
 	if err != nil {
@@ -153,17 +149,15 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 		for to == cur.Owner(b) {
 			to = cur.Nodes()[rng.IntN(len(cur.Nodes()))].ID
 		}
-		moveID := fmt.Sprintf("mv-%d", mvN)
 		for _, kind := range []string{"moving", "flip"} {
 			edit := func(m *bucketmap.Map) error {
 				m.Encoding = enc
 				if kind == "moving" {
-					return m.SetMoving(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, moveID)
+					return m.SetMoving(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, fmt.Sprintf("mv-%d", mvN))
 				}
 				return m.Assign(bucketmap.Bucket{Prefix: b, Depth: m.Level}, to, bucketmap.AssignOptions{})
 			}
-			before := f.wire()
-			start := time.Now()
+			before, start := f.wire(), time.Now()
 			next, nzv, _, err := st.UpdateAlso(ctx, cur, zv, edit, nil)
 			if err != nil {
 				return sum, fmt.Errorf("change %d: %w", len(sum.Changes)+1, err)
@@ -176,8 +170,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 			// Give the last answers (member-record writes) time to land
 			// before reading the counters: they belong to this change.
 			time.Sleep(100 * time.Millisecond)
-			window := time.Since(start)
-			wire := f.wire() - before
+			window, wire := time.Since(start), f.wire()-before
 			cur, zv = next, nzv
 			data, err := bucketmap.Encode(next)
 			if err != nil {

@@ -70,10 +70,8 @@ func summarize(sum *Summary, perWatcher map[string][]float64) {
 			if c.Encoding != side.Encoding {
 				continue
 			}
-			bytes = append(bytes, float64(c.WireBytes))
-			all = append(all, c.AllMS)
-			fromStart = append(fromStart, c.AllStartMS)
-			write = append(write, c.WriteMS)
+			bytes, all = append(bytes, float64(c.WireBytes)), append(all, c.AllMS)
+			fromStart, write = append(fromStart, c.AllStartMS), append(write, c.WriteMS)
 			side.Early += c.Early
 		}
 		side.BytesPerChg = benchkit.Of(bytes).P50

@@ -95,16 +95,12 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 		return err
 	}
 	defer c.Close(context.Background())
-	// Keys spread evenly over the bucket's range, in random order; past
-	// the fence, as replication writes.
-	order := ""
-	if *bigSorted {
-		order = "ORDER BY 1"
-	}
+	// Keys spread evenly over the bucket's range, in random order (in key
+	// order with --big-sorted); past the fence, as replication writes.
 	if _, err := c.Exec(ctx, fmt.Sprintf(`SET session_replication_role = replica; INSERT INTO app.kv (bkey, uid, v, blob)
 		SELECT %d + (random() * %d::numeric)::bigint, 'big' || i, i,
 			CASE WHEN i %% %d = 0 THEN (SELECT decode(string_agg(md5(i::text || '/' || j::text), ''), 'hex') FROM generate_series(1, 256) j) END
-		FROM generate_series(1, %d) i %s`, lo, uint64(hi)-uint64(lo), *bigToastEvery, *bigRows, order)); err != nil {
+		FROM generate_series(1, %d) i %s`, lo, uint64(hi)-uint64(lo), *bigToastEvery, *bigRows, map[bool]string{true: "ORDER BY 1"}[*bigSorted])); err != nil {
 		return fmt.Errorf("loading the big bucket: %w", err)
 	}
 	if _, err := c.Exec(ctx, "VACUUM (ANALYZE) app.kv"); err != nil {
@@ -116,7 +112,6 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	sum.RowsLoaded += int64(*bigRows)
 	big.LoadSeconds = time.Since(loadStart).Seconds()
 	sum.LoadSeconds = big.LoadSeconds
-	say("  bucket %d: %s rows (%d with a TOASTed value) loaded in %.1f s", big.Bucket, human(float64(big.Rows)), big.Toasted, big.LoadSeconds)
 
 	if _, err := clustertest.AddNode(ctx, b.st, b.nodes[startNodes]); err != nil {
 		return err
@@ -135,14 +130,11 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 			return fmt.Errorf("pipe: %w", err)
 		}
 		big.MB = float64(bytes) / 1e6
-		what := "single binary COPY pipe"
 		if batched {
-			what += ", 64 KB batches"
 			big.BatchedPipeS = run.MS / 1000
 		} else {
 			big.PipeS = append(big.PipeS, run.MS/1000)
 		}
-		say("  %s: %s rows, %.0f MB in %.2f s", what, human(float64(run.Rows)), big.MB, run.MS/1000)
 		return nil
 	}
 	say("pipe before the move (%s -> %s, into app.kv_baseline)", src.ID, dst.ID)
@@ -173,7 +165,6 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if merr != nil {
 		return fmt.Errorf("the move: %w", merr)
 	}
-	say("  the move's copy: %s rows in %.2f s; pause %.1f ms; verified: %v", human(float64(big.RowsCopied)), big.CopyS, big.PauseMS, big.VerifyOK)
 
 	say("the range's check alone, both nodes at once: hash, then JSON + md5")
 	if big.CheckHashS, err = checkBoth(ctx, src, dst, lo, hi, `hashint8extended(hash_record_extended(ROW(t.blob, t.bkey, t.uid COLLATE "C", t.v), 1), 0)`); err != nil {
@@ -185,7 +176,6 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	if big.CheckHashS > 0 {
 		big.CheckRatio = big.CheckJSONS / big.CheckHashS
 	}
-	say("  hash %.2f s, JSON + md5 %.2f s", big.CheckHashS, big.CheckJSONS)
 
 	say("pipe after the move")
 	if err := pipe(false); err != nil {
@@ -197,8 +187,7 @@ func (b *bench) runBig(ctx context.Context, sum *Summary) error {
 	dropBaseline(ctx, dst)
 	big.PipeMeanS = (big.PipeS[0] + big.PipeS[1]) / 2
 	if big.CopyS > 0 {
-		big.Ratio = big.PipeMeanS / big.CopyS
-		big.BatchedRatio = big.BatchedPipeS / big.CopyS
+		big.Ratio, big.BatchedRatio = big.PipeMeanS/big.CopyS, big.BatchedPipeS/big.CopyS
 	}
 	sum.Leftovers = b.leftovers(ctx)
 	return nil

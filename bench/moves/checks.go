@@ -30,28 +30,20 @@ type Check struct {
 // acknowledged one (or that of a later write whose outcome the client did
 // not learn).
 func (b *bench) checkAcked(ctx context.Context, m *bucketmap.Map, w *kvload.Result) (Check, error) {
-	type item struct {
-		uid string
-		key int64
-	}
-	by := map[bucketmap.NodeID][]item{}
+	keys, uids := map[bucketmap.NodeID][]int64{}, map[bucketmap.NodeID][]string{}
 	for uid := range w.Acked {
 		p := b.ks.Prefix64(uid)
 		o := m.Owner(keystream.BucketOf(p, m.Level))
-		by[o] = append(by[o], item{uid, keystream.Key(p)})
+		keys[o], uids[o] = append(keys[o], keystream.Key(p)), append(uids[o], uid)
 	}
 	s := Check{UsersChecked: len(w.Acked)}
 	var mu sync.Mutex // the nodes are checked at once
 	err := clustertest.EachNode(ctx, m.Nodes(), func(_ int, n bucketmap.Node, c *pgx.Conn) error {
-		items := by[n.ID]
-		for i := 0; i < len(items); i += 5000 {
-			part := items[i:min(i+5000, len(items))]
-			keys, uids := make([]int64, len(part)), make([]string, len(part))
-			for j, it := range part {
-				keys[j], uids[j] = it.key, it.uid
-			}
+		ks, us := keys[n.ID], uids[n.ID]
+		for i := 0; i < len(ks); i += 5000 {
+			j := min(i+5000, len(ks))
 			rows, err := c.Query(ctx, `SELECT k.uid, kv.v FROM unnest($1::bigint[], $2::text[]) AS k(bkey, uid)
-				LEFT JOIN app.kv kv ON kv.bkey = k.bkey AND kv.uid = k.uid`, keys, uids)
+				LEFT JOIN app.kv kv ON kv.bkey = k.bkey AND kv.uid = k.uid`, ks[i:j], us[i:j])
 			if err != nil {
 				return err
 			}

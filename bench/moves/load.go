@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
-	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 )
 
@@ -55,14 +54,6 @@ func (t *tracker) find(bucket bucketmap.Bucket, after time.Time) (window, bool) 
 		}
 	}
 	return window{}, false
-}
-
-// pauseMS is that window's length in ms; -1 when not seen.
-func (t *tracker) pauseMS(bucket bucketmap.Bucket, after time.Time) float64 {
-	if w, ok := t.find(bucket, after); ok {
-		return benchkit.MS(w.end.Sub(w.start))
-	}
-	return -1
 }
 
 // clientStalls sets each move's longest write to its bucket that started

@@ -102,9 +102,17 @@ func run(ctx context.Context) (*Summary, error) {
 	dev.DeleteAtClose(topo.MustPaths(b.root, clusterNm))
 	b.sess, b.nodes = dev.Session, dev.Nodes
 
-	if err := b.setup(ctx); err != nil {
+	ddl := []string{clustertest.KVDDL}
+	if *bigRows > 0 {
+		ddl = append(ddl, blobDDL)
+	}
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
+		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{clustertest.KV}, DDL: ddl})
+	if err != nil {
 		return nil, err
 	}
+	b.st, b.ks = c.Store, c.Keystream
+	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *load.Level, c.Map.Buckets(), startNodes, len(b.nodes))
 	if *bigRows > 0 {
 		return sum, b.runBig(ctx, sum)
 	}
@@ -189,9 +197,7 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.WritesPerSecDuring = float64(l.Acks.Load()-acksBefore) / sum.RebalanceSecs
 
-	// Rollbacks, under the same load: each bucket goes back to its old
-	// owner with a window, and that move is rolled back at once (so the
-	// map ends as balanced as the rebalance left it).
+	// Rollbacks, under the same load (the map ends as balanced as the rebalance left it).
 	if ctx.Err() == nil && rbErr == nil && *rollbacks > 0 {
 		if err := b.rollbackRuns(ctx, sum, pg4.ID); err != nil {
 			rbErr = fmt.Errorf("rollbacks: %w", err)

@@ -178,11 +178,8 @@ func (p *probe) copyPhases(row *MoveRow, rec *topo.MoveRecord, at map[string]tim
 	if !copyFirst.IsZero() {
 		// The COPYs ran from about their first sighting to their last,
 		// give or take a probe interval.
-		copyLast = copyLast.Add(probeEvery / 2)
-		copyFirst = copyFirst.Add(-probeEvery / 2)
-		row.StartMS = max(ms(copyAt, copyFirst), 0)
-		row.DataMS = ms(copyFirst, copyLast)
-		row.HandoverMS = ms(copyLast, catchupAt)
+		copyFirst, copyLast = copyFirst.Add(-probeEvery/2), copyLast.Add(probeEvery/2)
+		row.StartMS, row.DataMS, row.HandoverMS = max(ms(copyAt, copyFirst), 0), ms(copyFirst, copyLast), ms(copyLast, catchupAt)
 		if row.DataMS > 0 {
 			row.DataRowsPS = float64(rec.Stats.RowsCopied) / row.DataMS * 1000
 		}

@@ -279,8 +279,7 @@ func (b *bench) summarize(s *Summary) {
 	}
 	s.Stats["baseline_copy_rows_per_s"] = benchkit.Of(base)
 	if bp := s.Stats["baseline_copy_rows_per_s"].P50; bp > 0 {
-		s.CopyRatio = s.Stats["mover_copy_rows_per_s"].P50 / bp
-		s.DataRatio = s.Stats["copy_data_rows_per_s"].P50 / bp
+		s.CopyRatio, s.DataRatio = s.Stats["mover_copy_rows_per_s"].P50/bp, s.Stats["copy_data_rows_per_s"].P50/bp
 	}
 	p := s.Stats["pause_ms"]
 	s.PauseTargetMet = p.N > 0 && p.P99 < pauseTarget && s.MovesAborted == 0
@@ -316,8 +315,10 @@ func (b *bench) moveRow(rec *topo.MoveRecord) MoveRow {
 		row.VerifyMS = span(topo.MoveVerify, topo.MoveDone)
 	}
 	row.fenceAt, row.teardownAt = at[topo.MoveFence], at[topo.MoveTeardown]
-	if b.trk != nil {
-		row.RouterMS = b.trk.pauseMS(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, rec.CreatedAt)
+	if b.trk != nil { // the router's moving window (RouterMS stays -1 when not seen)
+		if w, ok := b.trk.find(bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}, rec.CreatedAt); ok {
+			row.RouterMS = benchkit.MS(w.end.Sub(w.start))
+		}
 	}
 	if b.prb != nil {
 		b.prb.copyPhases(&row, rec, at)

@@ -16,23 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/keystream"
-	"github.com/shardvisor/shardvisor/topo"
 )
-
-func (b *bench) setup(ctx context.Context) error {
-	ddl := []string{clustertest.KVDDL}
-	if *bigRows > 0 {
-		ddl = append(ddl, blobDDL)
-	}
-	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
-		Nodes: b.nodes, Mapped: startNodes, Tables: []topo.TableRecord{clustertest.KV}, DDL: ddl})
-	if err != nil {
-		return err
-	}
-	b.st, b.ks = c.Store, c.Keystream
-	say("cluster %s at %s: map level %d, %d buckets on %d nodes; fence installed on %d nodes", clusterNm, b.root, *load.Level, c.Map.Buckets(), startNodes, len(b.nodes))
-	return nil
-}
 
 type loadRow struct {
 	key int64

@@ -50,22 +50,6 @@ const (
 	diffGoalMS = 2000.0
 )
 
-func tableDDL(i int) string {
-	t := fmt.Sprintf("app.t%02d", i)
-	n := fmt.Sprintf("t%02d", i)
-	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
-	bkey bigint NOT NULL,
-	id bigint NOT NULL,
-	name text NOT NULL DEFAULT '',
-	amount numeric(12,2) NOT NULL DEFAULT 0,
-	status smallint NOT NULL DEFAULT 0,
-	created timestamptz NOT NULL DEFAULT now(),
-	PRIMARY KEY (bkey, id),
-	CONSTRAINT %[2]s_amount_ck CHECK (amount >= 0 AND status BETWEEN 0 AND 9)
-);
-CREATE INDEX IF NOT EXISTS %[2]s_created_idx ON %[1]s (bkey, created)`, t, n)
-}
-
 // out prints the report: on stdout, or stderr with --json.
 var out = benchkit.NewOut()
 
@@ -113,12 +97,32 @@ func run(ctx context.Context) (*Summary, error) {
 	dev.DeleteAtClose(topo.MustPaths(b.root, clusterNm))
 	b.sess, b.nodes = dev.Session, dev.Nodes
 
-	m, err := b.setup(ctx)
+	ddl := []string{clustertest.KVDDL}
+	for i := 1; i <= *tablesN; i++ {
+		t := fmt.Sprintf("app.t%02d", i)
+		b.tables = append(b.tables, topo.TableRecord{Name: t, KeyColumn: "bkey"})
+		ddl = append(ddl, fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
+	bkey bigint NOT NULL,
+	id bigint NOT NULL,
+	name text NOT NULL DEFAULT '',
+	amount numeric(12,2) NOT NULL DEFAULT 0,
+	status smallint NOT NULL DEFAULT 0,
+	created timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (bkey, id),
+	CONSTRAINT %[2]s_amount_ck CHECK (amount >= 0 AND status BETWEEN 0 AND 9)
+);
+CREATE INDEX IF NOT EXISTS %[2]s_created_idx ON %[1]s (bkey, created)`, t, t[len("app."):]))
+	}
+	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
+		Nodes: b.nodes, Tables: append([]topo.TableRecord{clustertest.KV}, b.tables...), DDL: ddl, Parallel: true})
 	if err != nil {
 		return nil, err
 	}
-	sum.BucketCount = m.Counts()
-	if sum.RowsLoaded, err = b.load(ctx, m); err != nil {
+	b.st, b.ks = c.Store, c.Keystream
+	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
+		clusterNm, b.root, *load.Level, c.Map.Buckets(), len(b.nodes), *tablesN)
+	sum.BucketCount = c.Map.Counts()
+	if sum.RowsLoaded, err = b.load(ctx, c.Map); err != nil {
 		return nil, err
 	}
 
@@ -132,16 +136,14 @@ func run(ctx context.Context) (*Summary, error) {
 		if i > 0 && (*hold <= 0 || ctx.Err() != nil) {
 			break
 		}
-		v, err := b.variant(ctx, m, name, []string{"note", "note2"}[i], []time.Duration{0, *hold}[i])
+		v, err := b.variant(ctx, c.Map, name, []string{"note", "note2"}[i], []time.Duration{0, *hold}[i])
 		sum.Variants = append(sum.Variants, v)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", v.Name, err))
 		}
 	}
 	if ctx.Err() == nil {
-		d, err := b.diff(ctx, m)
-		sum.Diff = d
-		if err != nil {
+		if sum.Diff, err = b.diff(ctx, c.Map); err != nil {
 			errs = append(errs, fmt.Errorf("diff: %w", err))
 		}
 	}
@@ -150,23 +152,6 @@ func run(ctx context.Context) (*Summary, error) {
 		sum.GoalsMet = sum.GoalsMet && v.GoalMet
 	}
 	return sum, errors.Join(append(errs, ctx.Err())...) // Join drops a nil
-}
-
-func (b *bench) setup(ctx context.Context) (*bucketmap.Map, error) {
-	ddl := []string{clustertest.KVDDL}
-	for i := 1; i <= *tablesN; i++ {
-		b.tables = append(b.tables, topo.TableRecord{Name: fmt.Sprintf("app.t%02d", i), KeyColumn: "bkey"})
-		ddl = append(ddl, tableDDL(i))
-	}
-	c, err := clustertest.Build(ctx, b.sess, clustertest.Spec{Root: b.root, Name: clusterNm, Seed: seedHex, Level: *load.Level,
-		Nodes: b.nodes, Tables: append([]topo.TableRecord{clustertest.KV}, b.tables...), DDL: ddl, Parallel: true})
-	if err != nil {
-		return nil, err
-	}
-	b.st, b.ks = c.Store, c.Keystream
-	say("cluster %s at %s: level %d, %d buckets on %d nodes; app.kv and %d tables app.t01.. declared and fenced on every node",
-		clusterNm, b.root, *load.Level, c.Map.Buckets(), len(b.nodes), *tablesN)
-	return c.Map, nil
 }
 
 // load COPYs --rows users into app.kv on their owners (bypassing the

@@ -34,8 +34,7 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 	// The long transaction's node and row (a user owned by that node that
 	// no writer touches).
 	var holdConn *pgx.Conn
-	var holdKey int64
-	var holdUID string
+	holdKey, holdUID := int64(0), ""
 	if holdFor > 0 {
 		node := b.nodes[0] // the canary: the fewest buckets, ties to the lowest id
 		v.HoldNode = string(node.ID)
@@ -90,7 +89,6 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 			v.HoldMS = benchkit.MS(time.Since(holdStart))
 			holdDone <- err
 		}()
-		say("  long transaction on %s holds a row lock on app.kv for %s", v.HoldNode, holdFor)
 		_ = benchkit.Sleep(ctx, 100*time.Millisecond)
 	} else {
 		holdDone <- nil
@@ -111,7 +109,6 @@ func (b *bench) variant(ctx context.Context, m *bucketmap.Map, name, column stri
 			v.BlockedMax = max(v.BlockedMax, n.BlockedMaxMS)
 		}
 	}
-	say("  applied %s in %.1f ms (state %s, %d attempts, %d lock timeouts); load goes on for %s", ch.ID, v.ApplyMS, v.State, v.Attempts, v.LockTimeout, *tail)
 	if err := benchkit.Sleep(ctx, *tail); err != nil {
 		return v, err
 	}
@@ -181,8 +178,7 @@ func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 		}
 		say("  run %d: %.1f ms (%d differences, %d unreachable, reference %s)", i+1, el, len(res.Diffs), len(res.Unreachable), res.Reference)
 	}
-	d.MS, d.ElapsedMS = benchkit.Of(d.Runs), benchkit.Of(own)
-	d.MinMS = slices.Min(d.Runs)
+	d.MS, d.ElapsedMS, d.MinMS = benchkit.Of(d.Runs), benchkit.Of(own), slices.Min(d.Runs)
 
 	// The baseline: one node, connect + fence.ReadSchemas of the same
 	// tables (what Diff does on each node, in parallel).
@@ -206,8 +202,7 @@ func (b *bench) diff(ctx context.Context, m *bucketmap.Map) (*DiffRun, error) {
 		one = append(one, benchkit.MS(now.Sub(start)))
 		read = append(read, benchkit.MS(now.Sub(rs)))
 	}
-	d.OneNodeMS, d.OneNodeRead = benchkit.Of(one), benchkit.Of(read)
-	d.OneNodeMinMS = slices.Min(one)
+	d.OneNodeMS, d.OneNodeRead, d.OneNodeMinMS = benchkit.Of(one), benchkit.Of(read), slices.Min(one)
 	d.Ratio = jsonRatio(d.MS.P50, d.OneNodeMS.P50)
 	d.GoalMet = d.MS.Max < diffGoalMS && d.Unreachable == 0 && d.Differences == 0
 	return d, nil

@@ -74,11 +74,8 @@ func directComparison(tmp, hello, svBin, appDir string) []directRow {
 			}
 		}
 		med := func(v []float64) float64 { return benchkit.Of(v).P50 }
-		row := directRow{Name: name, Direct: med(rps[0]), UnderSV: med(rps[1]), Ratio: med(ratios), Ratios: ratios, directP99: p99[0], svP99: p99[1],
-			CPUDirect: med(cpu[0]), CPUSV: med(cpu[1])}
-		rows = append(rows, row)
-		fmt.Printf("   %s: direct %.0f, supervisor %.0f req/s (medians of %d rounds); per-round ratios %s -> median %.1f%%; server CPU per request %.1f vs %.1f us (%.3fx)\n",
-			name, row.Direct, row.UnderSV, *rounds, strings.Trim(fmt.Sprintf("%.2f", ratios), "[]"), 100*row.Ratio, row.CPUDirect, row.CPUSV, row.cpuRatio())
+		rows = append(rows, directRow{Name: name, Direct: med(rps[0]), UnderSV: med(rps[1]), Ratio: med(ratios), Ratios: ratios, directP99: p99[0], svP99: p99[1],
+			CPUDirect: med(cpu[0]), CPUSV: med(cpu[1])})
 	}
 	svCmd := func(name string, cfg topo.PoolConfig) *exec.Cmd {
 		file := filepath.Join(tmp, name+".json")
@@ -165,8 +162,7 @@ func pin(c *exec.Cmd, server bool) *exec.Cmd {
 // treeCPU is the user+system CPU time of pid and all its descendants.
 func treeCPU(root int) time.Duration {
 	ents, _ := os.ReadDir("/proc")
-	parent := map[int]int{}
-	ticks := map[int]int64{}
+	parent, ticks := map[int]int{}, map[int]int64{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {

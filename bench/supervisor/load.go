@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -26,14 +25,12 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	waitTimeWait()
 	sc := scenario{Name: name, Reload: how, LoadBefore: benchkit.LoadAvg(3)}
 	fmt.Printf("== %s (%s); load average %s\n", name, how, sc.LoadBefore)
-	steady := load(url, func(time.Time, *loader) { time.Sleep(*steadyFor) })
-	for _, s := range steady {
+	for _, s := range load(url, func(time.Time, *loader) { time.Sleep(*steadyFor) }) {
 		if s.ok() {
 			sc.SteadyRPS++
 		}
 	}
 	sc.SteadyRPS /= steadyFor.Seconds()
-	fmt.Printf("   steady: %.0f req/s\n", sc.SteadyRPS)
 
 	n := 0
 	// next makes change n+1 and waits until the one after is due.
@@ -55,9 +52,6 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	})
 	sc.Reloads = summarize(rec)
 	sc.Reloads.toNewCode(rec, changes)
-	fmt.Printf("   reloads: %d sent, %d non-2xx, %d errors, slowest %.0fms; new code first answers after %.0f/%.0fms (p50/max), answers alone after %.0f/%.0fms; %d/%d changes served alone before the next\n",
-		sc.Reloads.Sent, sc.Reloads.Non2xx, sc.Reloads.ConnErr, sc.Reloads.MaxMS, sc.Reloads.FirstP50MS, sc.Reloads.FirstMaxMS,
-		sc.Reloads.AllP50MS, sc.Reloads.AllMaxMS, sc.Reloads.AllNew, sc.Reloads.Changes)
 
 	var last change
 	firstStorm := n + 1
@@ -73,7 +67,9 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 		// Keep the load on until the newest version alone has answered
 		// for a second (or 30 s): new code is seen only in answers.
 		for time.Since(start.Add(last.at)) < 30*time.Second {
-			_, all, _, ok := toNew(l.snapshot(), last.at, math.MaxInt64, last.ver)
+			l.mu.Lock() // what has completed so far
+			_, all, _, ok := toNew(l.samples, last.at, math.MaxInt64, last.ver)
+			l.mu.Unlock()
 			if ok && time.Since(start.Add(last.at+all)) > time.Second {
 				break
 			}
@@ -97,8 +93,6 @@ func measure(name, how, url string, apply func(n int) error) scenario {
 	s.Changes = n - firstStorm + 1
 	sc.Storm = s
 	sc.LoadAfter = benchkit.LoadAvg(3)
-	fmt.Printf("   storm: %d changes, %d sent, %d non-2xx, %d errors, slowest %.0fms, %.0f req/s during the storm, %d versions answered; newest code first answers %.0fms after the last change, alone after %.0fms; load average %s\n",
-		s.Changes, s.Sent, s.Non2xx, s.ConnErr, s.MaxMS, s.RPS, s.VersionsServed, s.FirstP50MS, s.AllP50MS, sc.LoadAfter)
 	return sc
 }
 
@@ -185,13 +179,6 @@ func waitTimeWait() {
 type loader struct {
 	mu      sync.Mutex
 	samples []sample
-}
-
-// snapshot is what has completed so far.
-func (l *loader) snapshot() []sample {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.samples)
 }
 
 // version reads versioned_app.py's X-App-Version header, or the Go

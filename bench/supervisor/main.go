@@ -154,8 +154,6 @@ func run() error {
 	}
 
 	loadStart := benchkit.LoadAvg(3)
-	fmt.Printf("supervisor benchmark: %d workers, constant load %d req/s (keep-alive; gunicorn closes after each response), start-up %s, %d reloads every %s, storm: a change every %s for %s; load average at start %s\n\n",
-		*workers, *rate, *startup, *reloads, *spacing, *stormEvery, *stormFor, loadStart)
 	var rows []scenario
 	// runScenario serves on port with cmd, measures it and stops it.
 	runScenario := func(name, how string, cmd *exec.Cmd, port int, within time.Duration, apply func(n int) error) error {

@@ -13,9 +13,7 @@ import (
 // it verbatim) with every supervisor column's ratio against gunicorn alone
 // from the same run, then the direct comparison and the targets.
 func printTable(rows []scenario, direct []directRow, conditions string) {
-	fmt.Println()
-	fmt.Println("command:", commandLine())
-	fmt.Println("machine:", conditions)
+	fmt.Printf("\ncommand: %s\nmachine: %s\n", commandLine(), conditions)
 	fmt.Printf("load: %d req/s constant, %d workers, app import %s; %d reloads %s apart; storm: a change every %s for %s\n",
 		*rate, *workers, *startup, *reloads, *spacing, *stormEvery, *stormFor)
 	fmt.Printf("supervisor: stability.window %s (gunicorn alone has none), one keeper process per worker\n", *window)
@@ -54,15 +52,13 @@ func printTable(rows []scenario, direct []directRow, conditions string) {
 	}
 
 	if len(direct) > 0 {
-		fmt.Println()
-		fmt.Printf("%-26s %14s %14s %8s   %-26s %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor", "server CPU/request direct / supervisor")
+		fmt.Printf("\n%-26s %14s %14s %8s   %-26s %s\n", "steady throughput (wrk)", "direct req/s", "supervisor", "ratio", "p99 direct / supervisor", "server CPU/request direct / supervisor")
 		for _, d := range direct {
 			fmt.Printf("%-26s %14.0f %14.0f %7.1f%%   %-26s %.1f / %.1f us (%.3fx)\n", d.Name, d.Direct, d.UnderSV, 100*d.Ratio, d.directP99+" / "+d.svP99,
 				d.CPUDirect, d.CPUSV, d.cpuRatio())
 		}
 	}
-	fmt.Println()
-	fmt.Println("targets (supervisor columns): zero failed requests across swaps and the storm; slowest request <= 100ms;")
+	fmt.Println("\ntargets (supervisor columns): zero failed requests across swaps and the storm; slowest request <= 100ms;")
 	fmt.Println("storm throughput >= 90% of steady; every change's code serving alone before the next; steady throughput within 5% of the same worker bound directly.")
 	for _, r := range rows {
 		if !strings.HasPrefix(r.Name, "supervisor") {
@@ -104,11 +100,8 @@ type cell struct {
 }
 
 func cells(s *scenario) []cell {
-	unit := func(label string, v float64, unit string) cell {
-		if v < 10 {
-			return cell{label, fmt.Sprintf("%.1f %s", v, unit), v, true, true}
-		}
-		return cell{label, fmt.Sprintf("%.0f %s", v, unit), v, true, true}
+	unit := func(label string, v float64, unit string) cell { // one decimal below 10
+		return cell{label, fmt.Sprintf("%.*f %s", map[bool]int{true: 1}[v < 10], v, unit), v, true, true}
 	}
 	ms := func(label string, v float64, seen int) cell {
 		if seen == 0 {
