@@ -1,8 +1,8 @@
 package supervisor
 
 import (
-	"crypto/tls"
 	"bufio"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"os"
