@@ -66,15 +66,15 @@ func TestPeerQuestionOverTLS(t *testing.T) {
 	defer cancel()
 
 	tlsClient := &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: cfgA}}
-	if a, err := askPeer(ctx, tlsClient, adminB, A, B, secret); err != nil || a.Member != "b" {
+	if a, err := askPeer(ctx, peerHTTP{tlsClient, "https://"}, adminB, A, B, secret); err != nil || a.Member != "b" {
 		t.Fatalf("over TLS: %+v %v", a, err)
 	}
-	if _, err := askPeer(ctx, &http.Client{}, adminB, A, B, secret); err == nil {
+	if _, err := askPeer(ctx, peerHTTP{&http.Client{}, "http://"}, adminB, A, B, secret); err == nil {
 		t.Fatal("a plain HTTP question was answered")
 	}
 	noCert := cfgA.Clone()
 	noCert.Certificates = nil
-	if _, err := askPeer(ctx, &http.Client{Transport: &http.Transport{TLSClientConfig: noCert}}, adminB, A, B, secret); err == nil {
+	if _, err := askPeer(ctx, peerHTTP{&http.Client{Transport: &http.Transport{TLSClientConfig: noCert}}, "https://"}, adminB, A, B, secret); err == nil {
 		t.Fatal("a question without a client certificate was answered")
 	}
 }
@@ -121,6 +121,21 @@ func TestAdminOverTLS(t *testing.T) {
 			if resp.StatusCode == 200 {
 				t.Errorf("%s: /status answered 200", name)
 			}
+		}
+	}
+}
+
+// A plain fleet's client asks over HTTP on every question, not only the
+// first: net/http fills in a transport's TLS configuration on first use,
+// and reading the scheme off it sent the second question as HTTPS (the
+// fault run of CI 11: "server gave HTTP response to HTTPS client").
+func TestPlainPeerQuestionsStayHTTP(t *testing.T) {
+	secret := []byte("fleet secret, at least 16 bytes")
+	_, admin := peerHost(t, "web", "b", secret)
+	c := newPeerHTTP(nil)
+	for i := range 3 {
+		if _, err := askPeer(context.Background(), c, admin, peerID{"web", "a"}, peerID{"web", "b"}, secret); err != nil {
+			t.Fatalf("question %d: %v", i+1, err)
 		}
 	}
 }

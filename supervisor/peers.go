@@ -201,7 +201,16 @@ func (s *Supervisor) self() peerID { return peerID{s.opts.Pool, s.opts.Member} }
 // askPeers asks peers at once as self, whose admin address is selfAdmin.
 // A peer list entry naming this supervisor (by identity or admin address)
 // is known but never asked: a host must not vote for itself.
-func askPeers(ctx context.Context, c *http.Client, self peerID, selfAdmin string, peers []peer, secret []byte) peerVerdict {
+// peerHTTP is how the peers are asked: the client, and "https://" when
+// the fleet's admin endpoints are TLS (Options.AdminTLS), else "http://".
+// (The scheme cannot be read off the client: net/http fills in a
+// transport's TLS configuration on first use.)
+type peerHTTP struct {
+	c      *http.Client
+	scheme string
+}
+
+func askPeers(ctx context.Context, c peerHTTP, self peerID, selfAdmin string, peers []peer, secret []byte) peerVerdict {
 	v := peerVerdict{known: len(peers)}
 	type res struct {
 		p   peer
@@ -240,22 +249,18 @@ func askPeers(ctx context.Context, c *http.Client, self peerID, selfAdmin string
 }
 
 // askPeer asks the peer want at admin, as self, and checks its answer.
-func askPeer(ctx context.Context, c *http.Client, admin string, self, want peerID, secret []byte) (*peerAnswer, error) {
+func askPeer(ctx context.Context, c peerHTTP, admin string, self, want peerID, secret []byte) (*peerAnswer, error) {
 	nb := make([]byte, 16)
 	if _, err := rand.Read(nb); err != nil {
 		return nil, err
 	}
 	q := peerQuestion{asker: self, peer: want, nonce: hex.EncodeToString(nb)}
 	query := url.Values{"v": {strconv.Itoa(peerProto)}, "nonce": {q.nonce}, "asker_pool": {self.Pool}, "asker_member": {self.Member}}
-	scheme := "http://"
-	if tr, ok := c.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil {
-		scheme = "https://" // the fleet's admin endpoints are all TLS or all plain
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+admin+peerPath+"?"+query.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.scheme+admin+peerPath+"?"+query.Encode(), nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Do(req)
+	resp, err := c.c.Do(req)
 	if err != nil {
 		return nil, err
 	}

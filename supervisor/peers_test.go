@@ -109,7 +109,7 @@ func TestPeerAnswersAreBoundToAskerAnswererAndNonce(t *testing.T) {
 	_ = svA
 
 	// The genuine case: each peer at its own address answers for itself.
-	v := askPeers(ctx, c, A, adminA, []peer{{B, adminB}, {C, adminC}}, secret)
+	v := askPeers(ctx, peerHTTP{c, "http://"}, A, adminA, []peer{{B, adminB}, {C, adminC}}, secret)
 	if v.answered != 2 || len(v.errs) != 0 {
 		t.Fatalf("genuine answers: %+v", v)
 	}
@@ -181,7 +181,7 @@ func TestPeerAnswersAreBoundToAskerAnswererAndNonce(t *testing.T) {
 			})}}, "protocol version 0, not 2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v := askPeers(ctx, c, A, adminA, tc.peers, secret)
+			v := askPeers(ctx, peerHTTP{c, "http://"}, A, adminA, tc.peers, secret)
 			if v.known != 1 || v.answered != 0 || len(v.errs) != 1 || !strings.Contains(v.errs[0], tc.want) {
 				t.Fatalf("verdict %+v; want the answer refused with %q", v, tc.want)
 			}

@@ -157,7 +157,7 @@ type Supervisor struct {
 	takenOver atomic.Pointer[error]        // set when another supervisor claimed our name (member.go)
 
 	peers      peerSet
-	peerClient *http.Client
+	peerClient peerHTTP
 
 	up upgrade // the pool lock and binary upgrades (upgrade.go)
 }
@@ -240,19 +240,17 @@ func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 		return nil, err
 	}
 	s := &Supervisor{
-		env:     e,
-		opts:    opts,
-		log:     opts.Logger.With(zap.String("pool", opts.Pool)),
-		m:       newMetrics(opts.Registry),
-		host:    host,
-		events:  make(chan any, 256),
-		start:   startOSProcess,
-		sockets: map[string]*boundSocket{},
-		procs:   map[*worker]process{},
-		probes:  map[*worker]*probeRun{},
-		// No keep-alive: an answer must come from the peer as it is now,
-		// on a fresh connection.
-		peerClient: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: opts.AdminTLS}},
+		env:        e,
+		opts:       opts,
+		log:        opts.Logger.With(zap.String("pool", opts.Pool)),
+		m:          newMetrics(opts.Registry),
+		host:       host,
+		events:     make(chan any, 256),
+		start:      startOSProcess,
+		sockets:    map[string]*boundSocket{},
+		procs:      map[*worker]process{},
+		probes:     map[*worker]*probeRun{},
+		peerClient: newPeerHTTP(opts.AdminTLS),
 		up:         *up,
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,
@@ -706,4 +704,15 @@ func monotonicUsec() int64 {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return ts.Sec*1e6 + ts.Nsec/1e3
+}
+
+// newPeerHTTP asks the peers without keep-alive (an answer must come from
+// the peer as it is now, on a fresh connection), over TLS with cfg when
+// set.
+func newPeerHTTP(cfg *tls.Config) peerHTTP {
+	p := peerHTTP{c: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: cfg}}, scheme: "http://"}
+	if cfg != nil {
+		p.scheme = "https://"
+	}
+	return p
 }
