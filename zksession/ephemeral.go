@@ -303,6 +303,17 @@ func (e *Ephemeral) away(op string) error {
 	return nil
 }
 
+// forgetEphemeral stops keeping the node at p, if this session keeps one
+// there (Session.Delete).
+func (s *Session) forgetEphemeral(p string) {
+	s.mu.Lock()
+	e := s.ephemerals[p]
+	s.mu.Unlock()
+	if e != nil {
+		e.forget()
+	}
+}
+
 // forget stops maintaining the node without deleting it.
 func (e *Ephemeral) forget() {
 	e.mu.Lock()

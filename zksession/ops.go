@@ -276,8 +276,12 @@ func (s *Session) Set(ctx context.Context, p string, data []byte, version int32)
 	return statOf(st), err
 }
 
-// Delete removes a node if its version is still version.
+// Delete removes a node if its version is still version. An ephemeral
+// node this session keeps (CreateEphemeral) is no longer kept: this
+// session deleting it means it should be gone, where a deletion by
+// another session is undone (Ephemeral's guard).
 func (s *Session) Delete(ctx context.Context, p string, version int32) error {
+	s.forgetEphemeral(p)
 	_, err := call(s, ctx, "delete", p, true, func(c Conn, ap string) (struct{}, error) {
 		return struct{}{}, c.Delete(ap, version)
 	})

@@ -203,6 +203,20 @@ func TestContractEphemeralDeletedByAnotherComesBack(t *testing.T) {
 		if ok, _, err := other.Exists(ctx, "/reg/m"); err != nil || ok {
 			t.Fatalf("after Delete the node came back: %v %v", ok, err)
 		}
+		// Its own session deleting it, one node or the whole tree (a
+		// cluster's or a test root's cleanup), means it should be gone:
+		// DeleteAll failed with "node has children" when the guard put
+		// the node back in between (CI run 12).
+		if _, err := s.CreateEphemeral(ctx, "/reg/m", []byte("v3"), nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DeleteAll(ctx, "/reg"); err != nil {
+			t.Fatalf("DeleteAll of a tree holding this session's ephemeral: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if ok, _, err := other.Exists(ctx, "/reg"); err != nil || ok {
+			t.Fatalf("after DeleteAll: %v %v", ok, err)
+		}
 	})
 }
 
