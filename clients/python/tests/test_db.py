@@ -113,14 +113,18 @@ def test_a_pause_that_ends_on_the_same_node(cluster):
 
 
 def test_gives_up_at_the_bound_naming_user_node_and_cause(cluster):
+    # A bound of seconds, not tenths: on a loaded machine (a cold Go build
+    # beside the tests) one attempt, a new connection included, took more
+    # than 0.4 s, and the run gave up after it (CI run 15). The elapsed
+    # time is checked against the bound with room for one slow attempt.
     cluster.freeze(0)
     t0 = time.monotonic()
     with pytest.raises(svdb.GaveUp) as e:
-        cluster.pools.run("carol", cluster.insert("carol", 1), retry_for=0.4)
-    assert time.monotonic() - t0 < 2
+        cluster.pools.run("carol", cluster.insert("carol", 1), retry_for=3.0)
+    assert time.monotonic() - t0 < 3.0 + 5
     msg = str(e.value)
     assert "gave up on 'carol'" in msg and "db node pg1" in msg and "bucket frozen" in msg
-    assert e.value.attempts > 2 and not isinstance(e.value, svdb.NoPrimary)
+    assert e.value.attempts >= 2 and not isinstance(e.value, svdb.NoPrimary)
     assert cluster.count(0) == 0
 
 
@@ -194,7 +198,7 @@ def test_no_primary_after_the_bound(cluster):
     specs = [("pg1", "postgres://postgres@127.0.0.1:1/x?sslmode=disable", ""), cluster.specs[1]]
     cluster.move_to(0, specs)
     with pytest.raises(svdb.NoPrimary) as e:
-        cluster.pools.run("hank", cluster.insert("hank", 1), retry_for=0.3)
+        cluster.pools.run("hank", cluster.insert("hank", 1), retry_for=1.0)
     assert "db node pg1" in str(e.value) and cluster.pools.retries["connect"] >= 2
 
 
