@@ -17,6 +17,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -302,6 +303,11 @@ func TestIntegrationStoppedRouterSidecar(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped = true
+	// kill returns with the signal queued; a running thread could still
+	// acknowledge the new map before every thread stops.
+	if !devenv.WaitStopped(cmd.Process.Pid, 5*time.Second) {
+		t.Fatal("the sidecar did not stop within 5 s of SIGSTOP")
+	}
 	reg := prometheus.NewRegistry()
 	mv := f.mover(Options{MemberWait: time.Second, Metrics: NewMetrics(reg)})
 	defer mv.Close()

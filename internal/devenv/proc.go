@@ -42,6 +42,43 @@ func procState(pid int) byte {
 	return f[0][0]
 }
 
+// allThreadsStopped reports whether every thread of pid sits stopped
+// ('T'). kill(SIGSTOP) returns once the signal is queued; a thread that
+// already runs (a JVM's selector answering a four-letter word) goes on
+// until one thread takes the signal and stops the rest, which on a busy
+// machine takes a scheduling round or more.
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + t.Name() + "/stat")
+		if err != nil {
+			continue // the thread exited
+		}
+		s := string(b)
+		i := strings.LastIndex(s, ") ")
+		if i < 0 || i+2 >= len(s) || s[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
+
+// WaitStopped waits up to timeout until every thread of pid sits stopped
+// after a SIGSTOP, and reports whether they do.
+func WaitStopped(pid int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for !allThreadsStopped(pid) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
+
 // procStat is /proc/PID/stat's fields after the command name: state,
 // ppid, ...
 func procStat(pid int) []string {

@@ -270,6 +270,12 @@ func (e *Env) zkSignal(i int, sig syscall.Signal, what string) error {
 	if err := syscall.Kill(pid, sig); err != nil {
 		return fmt.Errorf("zk%d (pid %d): %w", i, pid, err)
 	}
+	// Frozen means frozen when this returns: wait until every thread
+	// stopped (CI run on stop 46 saw a queued SIGSTOP's JVM still answer
+	// srvr as leader).
+	if sig == syscall.SIGSTOP && !WaitStopped(pid, 5*time.Second) {
+		return fmt.Errorf("zk%d (pid %d): not stopped 5 s after SIGSTOP", i, pid)
+	}
 	e.logf("zk%d: %s (pid %d)", i, what, pid)
 	return nil
 }

@@ -338,6 +338,11 @@ func (z *ZK) Freeze(t testing.TB, i int) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatalf("testenv: SIGSTOP zk%d (pid %d): %v", i+1, pid, err)
 	}
+	// The signal is only queued when kill returns; frozen means every
+	// thread stopped.
+	if !devenv.WaitStopped(pid, 5*time.Second) {
+		t.Fatalf("testenv: zk%d (pid %d) not stopped 5 s after SIGSTOP", i+1, pid)
+	}
 }
 
 // Thaw continues server i after Freeze (SIGCONT). Requires Exclusive.
