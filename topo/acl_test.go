@@ -30,11 +30,11 @@ func TestKindOf(t *testing.T) {
 		"/sv/c1/pools/web/config":       KindRecord,
 		"/sv/c1/pools/web/status":       KindReaderRecord,
 		"/sv/c1/pools/web/members":      KindMemberDir,
-		"/sv/c1/pools/web/members/h1":   KindReaderRecord,
+		"/sv/c1/pools/web/members/h1":   KindMemberRecord,
 		"/sv/c1/pools/web/members/h1/x": KindRecord,
 		"/sv/c1/pools/status":           KindRecord,
 		"/sv/c1/routers":                KindMemberDir,
-		"/sv/c1/routers/r1":             KindReaderRecord,
+		"/sv/c1/routers/r1":             KindMemberRecord,
 		"/sv/c1/moves/m1/runner":        KindRecord,
 		"/sv/c1/locks/gc/holder":        KindRecord,
 		"/sv/c1/unknown/thing":          KindRecord,
@@ -108,7 +108,7 @@ func TestACLRuleDerivation(t *testing.T) {
 	}{
 		{[]zk.ACL{{Perms: zk.PermAll, Scheme: "digest", ID: "admin:x"}}, "hidden digest hashes"},
 		{zk.DigestACL(zk.PermRead, "reader", "pw"), "has no admin"},
-		{[]zk.ACL{{Perms: zk.PermAll, Scheme: "ip", ID: "10.0.0.1"}}, "not a digest identity"},
+		{[]zk.ACL{{Perms: zk.PermAll, Scheme: "ip", ID: "10.0.0.1"}}, "neither a digest nor an x509 identity"},
 	} {
 		if _, err := NewACLRule(tc.acl); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("NewACLRule(%s): %v, want %q", FormatACL(tc.acl), err, tc.err)
@@ -337,13 +337,21 @@ func securedCluster(t *testing.T, ctx context.Context, z *testenv.ZK) (p Paths, 
 	as = zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{testAdmin}})
 	rs = zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{testReader}})
 	p = MustPaths(z.Root, "sec")
+	buildCluster(t, ctx, p, as, rs, zksession.ClusterACL(&testAdmin, &testReader))
+	return p, as, rs
+}
+
+// buildCluster creates the cluster at p with acl and one of every kind of
+// znode: as writes the admin's, rs the reader's.
+func buildCluster(t *testing.T, ctx context.Context, p Paths, as, rs *zksession.Session, acl []zk.ACL) {
+	t.Helper()
 	must := func(what string, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	must("create cluster", CreateCluster(ctx, as, p, testCluster("sec"), []byte(`{"v":1}`), zksession.ClusterACL(&testAdmin, &testReader)))
+	must("create cluster", CreateCluster(ctx, as, p, testCluster(p.ClusterName()), []byte(`{"v":1}`), acl))
 	_, _, err := SetPoolConfig(ctx, as, p, "web", &PoolConfig{Version: PoolConfigVersion, Command: "/bin/app", Workers: 1}, -1)
 	must("pool set", err)
 	_, err = RegisterPoolMember(ctx, rs, p, "web", PoolMember{Version: PoolMemberVersion, Member: "sv1", State: "serving"})
@@ -367,7 +375,6 @@ func securedCluster(t *testing.T, ctx context.Context, z *testenv.ZK) (p Paths, 
 	must("schema epoch", BumpSchemaEpoch(ctx, as, p))
 	_, err = LockSchema(ctx, as, p, []byte("admin pid 1"), nil)
 	must("schema lock", err)
-	return p, as, rs
 }
 
 // rawConn is a plain ZooKeeper connection authenticated as exactly the
