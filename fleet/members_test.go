@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -472,7 +471,7 @@ func TestMemberViewEndsWithSession(t *testing.T) {
 // once deleted (an owner's zksession.Ephemeral would put it back).
 func putRecord(t *testing.T, s *zksession.Session, at string, rec any) {
 	t.Helper()
-	data, err := json.Marshal(rec)
+	data, err := topo.Encode(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
