@@ -340,7 +340,9 @@ func newApp() *cli.App {
 					"Anything uncertain is skipped and reported (exit status 1).\n" +
 					"Deletes run in batches of short transactions, walking either the key index (rows that sit together) or the\n" +
 					"table's pages (rows spread over it), chosen per table; a run killed half-way is finished by the next one.\n" +
-					"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
+					"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period, and a\n" +
+					"member record an earlier round saw that has vanished since still counts, at its last map version, for one\n" +
+					"ZooKeeper session timeout (skip kind member-vanished): its host may still serve until its session ends.",
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "node", Usage: "only the leftovers on node `ID`"},
 					&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},
