@@ -111,31 +111,10 @@ func TestIntegrationACLX509(t *testing.T) {
 	// anything.
 	webWrites := map[string]bool{"routers create": true, "pools/web/members create": true, "pools/web/status set": true}
 	own := map[string]string{"routers/r1": "web1", "pools/web/members/sv1": "web1", "routers/r2": "web2"}
-	attempts := 0
-	for _, who := range []struct {
-		name string
-		conn *zk.Conn
-	}{{"web2", z.Conn(t, web2F)}, {"pg1", z.Conn(t, z.Identity(t, "patroni", "pg1"))}} {
-		for _, at := range nodes {
-			r := rel(at)
-			for _, op := range []string{"get", "set", "create", "delete", "setacl"} {
-				if r == "" && op == "delete" {
-					continue // not empty; its children are what is checked
-				}
-				want := op == "get" || webWrites[r+" "+op] || op == "set" && own[r] == who.name
-				attempts++
-				got, err := attempt(who.conn, op, at, cleanup)
-				if err != nil {
-					t.Errorf("%s %s %s: unexpected error %v", who.name, op, at, err)
-					continue
-				}
-				if got != want {
-					verdict := map[bool]string{true: "allowed", false: "refused"}
-					t.Errorf("%s %s %s: %s, want %s", who.name, op, at, verdict[got], verdict[want])
-				}
-			}
-		}
-	}
+	attempts := attackAll(t, nodes, rel, cleanup, []attacker{{"web2", z.Conn(t, web2F)}, {"pg1", z.Conn(t, z.Identity(t, "patroni", "pg1"))}},
+		func(who, r, op string) bool {
+			return op == "get" || webWrites[r+" "+op] || op == "set" && own[r] == who
+		})
 	t.Logf("%d attempts on %d znodes as another web head and as a db host", attempts, len(nodes))
 
 	// A name taken by another identity: reported with that identity, not

@@ -3,59 +3,66 @@ package zksession_test
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/faultproxy"
 	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/internal/testenv"
+	"github.com/shardvisor/shardvisor/internal/zktest"
 	"github.com/shardvisor/shardvisor/zksession"
 )
 
-// sniffer forwards TCP to one server and keeps every byte that passes, as
-// someone on the path between a host and ZooKeeper would see them.
+// sniffer keeps every byte that passes between a client and one server
+// (through a faultproxy), as someone on the path would see them.
 type sniffer struct {
-	ln  net.Listener
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
 
-func sniff(t *testing.T, target string) *sniffer {
+// sniff returns the sniffer and the address clients dial to pass it.
+func sniff(t *testing.T, target string) (*sniffer, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	s := &sniffer{}
+	var d net.Dialer
+	p, err := faultproxy.NewWith(target, faultproxy.Options{Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return tapped{c, s}, nil
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &sniffer{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			for _, p := range [][2]net.Conn{{c, u}, {u, c}} {
-				go func(dst, src net.Conn) {
-					defer dst.Close()
-					_, _ = io.Copy(dst, io.TeeReader(src, s))
-				}(p[0], p[1])
-			}
-		}
-	}()
-	return s
+	t.Cleanup(func() { p.Close() })
+	return s, p.Addr()
 }
 
-func (s *sniffer) Write(b []byte) (int, error) {
+// tapped is the proxy's connection to the server: what it reads is the
+// server's, what it writes the client's.
+type tapped struct {
+	net.Conn
+	s *sniffer
+}
+
+func (c tapped) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.s.keep(b[:n])
+	return n, err
+}
+
+func (c tapped) Write(b []byte) (int, error) {
+	c.s.keep(b)
+	return c.Conn.Write(b)
+}
+
+func (s *sniffer) keep(b []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.buf.Write(b)
+	s.buf.Write(b)
 }
 
 func (s *sniffer) seen() []byte {
@@ -69,16 +76,9 @@ func (s *sniffer) seen() []byte {
 func wireSession(t *testing.T, cfg zksession.Config, at string, secret []byte) {
 	t.Helper()
 	cfg.Auth = []zksession.Credential{{User: "sniffed", Password: string(secret)}}
-	s, err := zksession.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := zktest.Session(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.WaitConnected(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if err := s.CreateAll(ctx, at); err != nil {
 		t.Fatal(err)
 	}
@@ -98,20 +98,20 @@ func TestIntegrationZooKeeperWireIsEncrypted(t *testing.T) {
 	secret := []byte("s3cret-" + time.Now().Format("150405.000000"))
 
 	plain := testenv.StartZK(t)
-	ps := sniff(t, plain.Servers[0])
-	wireSession(t, zksession.Config{Connect: ps.ln.Addr().String()}, plain.Root+"/wire", secret)
+	ps, addr := sniff(t, plain.Servers[0])
+	wireSession(t, zksession.Config{Connect: addr}, plain.Root+"/wire", secret)
 	if n := bytes.Count(ps.seen(), secret); n < 2 {
 		t.Fatalf("the plain wire shows the secret %d times, want the password and the record: the sniffer sees nothing", n)
 	}
 
 	z := testenv.StartTLSZK(t)
-	ts := sniff(t, z.Servers[0])
+	ts, addr := sniff(t, z.Servers[0])
 	f := z.Identity(t, "webhead", "web1")
 	tc, err := f.Config()
 	if err != nil {
 		t.Fatal(err)
 	}
-	wireSession(t, zksession.Config{Connect: ts.ln.Addr().String(), Dial: pki.Dialer(tc)}, "/wire", secret)
+	wireSession(t, zksession.Config{Connect: addr, Dial: pki.Dialer(tc)}, "/wire", secret)
 	seen := ts.seen()
 	if len(seen) < 100 || seen[0] != 0x16 || seen[1] != 0x03 {
 		t.Fatalf("the TLS wire: %d bytes starting %x, want a TLS handshake record", len(seen), seen[:min(len(seen), 4)])

@@ -101,7 +101,18 @@ func (z *TLSZK) Conn(t testing.TB, f pki.Files) *zk.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, events, err := zk.Connect(z.Servers, 4*time.Second, zk.WithLogInfo(false), zk.WithDialer(pki.Dialer(tc)))
+	return RawConn(t, z.Servers, pki.Dialer(tc))
+}
+
+// RawConn is a go-zookeeper connection to servers through dial (nil:
+// plain TCP), with its session established (within 20 s), closed when the
+// test ends: a client as zkCli.sh would be, for attacks.
+func RawConn(t testing.TB, servers []string, dial zk.Dialer) *zk.Conn {
+	t.Helper()
+	if dial == nil {
+		dial = net.DialTimeout
+	}
+	conn, events, err := zk.Connect(servers, 4*time.Second, zk.WithLogInfo(false), zk.WithDialer(dial))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +122,7 @@ func (z *TLSZK) Conn(t testing.TB, f pki.Files) *zk.Conn {
 		select {
 		case <-events:
 		case <-deadline:
-			t.Fatal("testenv: a TLS connection got no session in 20 s")
+			t.Fatal("testenv: a ZooKeeper connection got no session in 20 s")
 		}
 	}
 	return conn
