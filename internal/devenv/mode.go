@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -16,7 +15,8 @@ import (
 // mode are stopped first, all at once (a TLS quorum and a plain one do not
 // talk, so a rolling restart would never have a quorum), and the groups'
 // ACLs are made those of the mode. The other commands act on whatever
-// runs (RunningTLS).
+// runs (RunningTLS). ensureScope (tls.go) gives the groups' records the
+// mode's ACLs.
 
 // zkCfgTLS reports whether server i's zoo.cfg takes clients over TLS. The
 // file is rewritten at each start, so for a running server it is the one
@@ -76,51 +76,31 @@ func (e *Env) switchMode(groups []int) {
 	}
 }
 
-// openScope gives Patroni's namespace and group i's scope the plain mode's
-// ACL, anyone ALL, where a TLS run left its own (only that group's Patroni
-// writes): a plain Patroni has no identity. devenv's plain client is the
-// digest superuser (zkConnected).
-func (e *Env) openScope(i int) error {
-	c, err := e.zkConnected(15 * time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	ns := strings.TrimSuffix(PatroniNamespace, "/")
-	if err := setACL(c, ns, zk.WorldACL(zk.PermAll), false); err != nil {
-		return err
-	}
-	return setACL(c, ns+"/pg"+itoa(i), zk.WorldACL(zk.PermAll), true)
-}
-
-// setACL sets acl on path (and, with deep, on everything under it) where
-// the ACL differs; a missing node is skipped.
-func setACL(c *zk.Conn, path string, acl []zk.ACL, deep bool) error {
-	got, _, err := c.GetACL(path)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if !sameACL(got, acl) {
-		if _, err := c.SetACL(path, acl, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+// setACL sets acl on root (and, with deep, on everything under it) where
+// the ACL differs, breadth first; a node gone meanwhile is skipped.
+func setACL(c *zk.Conn, root string, acl []zk.ACL, deep bool) error {
+	for queue := []string{root}; len(queue) > 0; queue = queue[1:] {
+		p := queue[0]
+		got, _, err := c.GetACL(p)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		} else if err != nil {
 			return err
 		}
-	}
-	if !deep {
-		return nil
-	}
-	kids, _, err := c.Children(path)
-	if errors.Is(err, zk.ErrNoNode) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, k := range kids {
-		if err := setACL(c, path+"/"+k, acl, true); err != nil {
+		if !sameACL(got, acl) {
+			if _, err := c.SetACL(p, acl, -1); err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return err
+			}
+		}
+		if !deep {
+			continue
+		}
+		kids, _, err := c.Children(p)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
 			return err
+		}
+		for _, k := range kids {
+			queue = append(queue, p+"/"+k)
 		}
 	}
 	return nil

@@ -151,12 +151,8 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 			return false, fmt.Errorf("pg%d: cannot clear %spg%d in ZooKeeper: %w", i, PatroniNamespace, i, err)
 		}
 	}
-	if e.c.TLS {
-		if err := e.ensureScope(i); err != nil {
-			return false, fmt.Errorf("pg%d: creating its scope in %s: %w", i, PatroniNamespace, err)
-		}
-	} else if err := e.openScope(i); err != nil {
-		return false, fmt.Errorf("pg%d: opening its scope in %s to a plain Patroni: %w", i, PatroniNamespace, err)
+	if err := e.ensureScope(i); err != nil {
+		return false, fmt.Errorf("pg%d: its scope in %s: %w", i, PatroniNamespace, err)
 	}
 	return fresh, nil
 }
@@ -378,7 +374,7 @@ func (e *Env) PGKill(i int) (Killed, error) {
 
 // zkConnected is a connected client, or an error by the deadline: the
 // superuser, by its certificate with TLS, else by the digest password
-// (it resets the ACLs a TLS run left: openScope).
+// (it resets the ACLs a TLS run left: ensureScope).
 func (e *Env) zkConnected(timeout time.Duration) (*zk.Conn, error) {
 	c, err := e.zkConn()
 	if err != nil {

@@ -103,14 +103,17 @@ func scopeACL(i int) []zk.ACL {
 	return acl
 }
 
-// ensureScope makes Patroni's namespace readable by anyone and writable by
-// the superuser only, and creates group i's scope in it with scopeACL
-// before its Patroni starts. Any create permission on the namespace would
-// let one db host take another group's name before that group exists:
-// ZooKeeper cannot grant the creation of one child only, so the admin
-// (here devenv) creates every scope. Nodes a plain run of the group left
-// under the scope (its config, history, status) get scopeACL too: Patroni
-// sets ACLs only on what it creates.
+// ensureScope gives Patroni's namespace and group i's scope the mode's
+// ACLs. With TLS the namespace is readable by anyone and writable by the
+// superuser only, and the scope is created with scopeACL before its
+// Patroni starts: any create permission on the namespace would let one db
+// host take another group's name before that group exists, and ZooKeeper
+// cannot grant the creation of one child only, so the admin (here devenv)
+// creates every scope. Nodes a plain run of the group left under the
+// scope (its config, history, status) get scopeACL too: Patroni sets ACLs
+// only on what it creates. Plain, a TLS run's ACLs are reset to anyone
+// ALL: a plain Patroni has no identity (devenv's plain client is the
+// digest superuser: zkConnected).
 func (e *Env) ensureScope(i int) error {
 	c, err := e.zkConnected(15 * time.Second)
 	if err != nil {
@@ -118,18 +121,21 @@ func (e *Env) ensureScope(i int) error {
 	}
 	defer c.Close()
 	ns := strings.TrimSuffix(PatroniNamespace, "/")
-	for _, n := range []struct {
-		path string
-		acl  []zk.ACL
-	}{{ns, zk.WorldACL(zk.PermRead)}, {ns + "/pg" + itoa(i), scopeACL(i)}} {
-		if _, err := c.Create(n.path, nil, 0, n.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+	nsACL, scope := zk.WorldACL(zk.PermAll), zk.WorldACL(zk.PermAll)
+	if e.c.TLS {
+		nsACL, scope = zk.WorldACL(zk.PermRead), scopeACL(i)
+		// The namespace first: its child's create needs it.
+		if _, err := c.Create(ns, nil, 0, nsACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return err
+		}
+		if _, err := c.Create(ns+"/pg"+itoa(i), nil, 0, scope); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 	}
-	if err := setACL(c, ns, zk.WorldACL(zk.PermRead), false); err != nil {
+	if err := setACL(c, ns, nsACL, false); err != nil {
 		return err
 	}
-	return setACL(c, ns+"/pg"+itoa(i), scopeACL(i), true)
+	return setACL(c, ns+"/pg"+itoa(i), scope, true)
 }
 
 // ensureTLS makes the CA and the certificates that are missing. A CA that
