@@ -97,7 +97,7 @@ func run(ctx context.Context, encs []bucketmap.MapEncoding) (*Summary, error) {
 	}
 	out.Say("map propagation: level %d (%d buckets), %d nodes, layout %s", *level, m.Buckets(), *nodeCount, *layout)
 
-	admin, err := clustertest.OpenSession(ctx, *zkConnect, "scripts/devenv up")
+	admin, err := clustertest.OpenSession(ctx, *zkConnect, "scripts/devenv --plain up")
 	if err != nil {
 		return nil, err
 	}

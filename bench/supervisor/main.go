@@ -128,7 +128,7 @@ func run() error {
 			return fmt.Errorf("go build %s: %w", pkg, err)
 		}
 	}
-	sess, err := clustertest.OpenSession(context.Background(), *zkConnect, "scripts/devenv up")
+	sess, err := clustertest.OpenSession(context.Background(), *zkConnect, "scripts/devenv --plain up")
 	if err != nil {
 		return err
 	}

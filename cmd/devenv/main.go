@@ -55,13 +55,15 @@ func newApp() *cli.App {
 				Usage: "members (1..9) per node that up creates; more than 1: a Patroni group, scope pgI, namespace /service/, members pgI-m1..pgI-mN, synchronous_mode on. A node's kind is fixed when it is created: unset, existing nodes keep theirs"},
 			&cli.StringFlag{Name: "pg-ha-nodes", EnvVars: []string{"SHARDVISOR_PG_HA_NODES"},
 				Usage: "comma `list` of the node numbers --pg-ha applies to (default: all); the others are plain"},
-			&cli.BoolFlag{Name: "tls", EnvVars: []string{"SHARDVISOR_DEVENV_TLS"},
-				Usage: "ZooKeeper takes clients over TLS only, each identified by its certificate (x509 ACLs), and runs its quorum over TLS; the CA and certificates are made in DIR/tls on the first up; env exports the admin's"},
+			&cli.BoolFlag{Name: "tls", Value: true, EnvVars: []string{"SHARDVISOR_DEVENV_TLS"},
+				Usage: "ZooKeeper takes clients over TLS only, each identified by its certificate (x509 ACLs), and runs its quorum over TLS; Patroni's records are its own, its REST API HTTPS; the CA and certificates are made in DIR/tls on the first up; env exports the admin's. --tls=false (SHARDVISOR_DEVENV_TLS=0) or --plain: everything plain and open, as the tests' clients need"},
+			&cli.BoolFlag{Name: "plain", EnvVars: []string{"SHARDVISOR_DEVENV_PLAIN"},
+				Usage: "the plain mode: --tls=false. up and run restart servers running in the other mode; the other commands act on whatever runs"},
 			&cli.IntFlag{Name: "timeout", Value: int(devenv.DefaultTimeout / time.Second), EnvVars: []string{"SHARDVISOR_DEVENV_TIMEOUT"},
 				Usage: "`seconds` to wait for health"},
 		},
 		Commands: []*cli.Command{
-			{Name: "up", Usage: "start everything that is not running and wait until healthy (idempotent)", Action: up},
+			{Name: "up", Usage: "start everything that is not running and wait until healthy (idempotent); servers running in the other mode (--tls, --plain) are restarted in this one", Action: up},
 			{Name: "down", Usage: "stop everything devenv started (by pid files)", Action: with(func(e *devenv.Env, _ *cli.Context) error { return e.Down() })},
 			{Name: "status", Usage: "one line per server (per member for a group); exit status 1 if anything is down or a group has no leader", Action: status},
 			{Name: "env", Usage: "print export lines with the connect strings (eval \"$(scripts/devenv env)\")", Action: with(func(e *devenv.Env, _ *cli.Context) error { e.Exports(os.Stdout); return nil })},
@@ -88,11 +90,15 @@ func newApp() *cli.App {
 	}
 }
 
-// envOf is the environment the flags describe.
+// envOf is the environment the flags describe, in the mode they ask for
+// (up and run make it so); the other commands use envRunning.
 func envOf(c *cli.Context) (*devenv.Env, error) {
+	tls, err := tlsMode(c)
+	if err != nil {
+		return nil, err
+	}
 	cfg := devenv.Config{Dir: c.String("dir"), ZKPortBase: c.Int("zk-port-base"), PGPortBase: c.Int("pg-port-base"),
-		TLS: c.Bool("tls"), Timeout: time.Duration(c.Int("timeout")) * time.Second, Log: os.Stderr}
-	var err error
+		TLS: tls, Timeout: time.Duration(c.Int("timeout")) * time.Second, Log: os.Stderr}
 	if cfg.PGNodes, err = devenv.ParseNodes(c.String("pg-nodes")); err != nil {
 		return nil, err
 	}
@@ -105,9 +111,33 @@ func envOf(c *cli.Context) (*devenv.Env, error) {
 	return devenv.New(cfg), nil
 }
 
+// tlsMode is the mode asked: TLS unless --plain or --tls=false.
+func tlsMode(c *cli.Context) (bool, error) {
+	if c.Bool("plain") && c.IsSet("tls") && c.Bool("tls") {
+		return false, cliutil.Usagef("--plain and --tls (SHARDVISOR_DEVENV_PLAIN, SHARDVISOR_DEVENV_TLS) ask for both modes: give one")
+	}
+	return c.Bool("tls") && !c.Bool("plain"), nil
+}
+
+// envRunning is envOf in the mode the running ensemble has, if one runs:
+// status, a fault or a start acts on the environment as it is (make test
+// runs a plain one under a TLS default).
+func envRunning(c *cli.Context) (*devenv.Env, error) {
+	e, err := envOf(c)
+	if err != nil {
+		return nil, err
+	}
+	if tls, ok := e.RunningTLS(); ok && tls != e.Config().TLS {
+		cfg := e.Config()
+		cfg.TLS = tls
+		e = devenv.New(cfg)
+	}
+	return e, nil
+}
+
 func with(f func(*devenv.Env, *cli.Context) error) cli.ActionFunc {
 	return func(c *cli.Context) error {
-		e, err := envOf(c)
+		e, err := envRunning(c)
 		if err != nil {
 			return err
 		}
@@ -174,7 +204,7 @@ func up(c *cli.Context) error {
 // status exits 1 when the environment is not healthy, with nothing on
 // stderr: the table says what.
 func status(c *cli.Context) error {
-	e, err := envOf(c)
+	e, err := envRunning(c)
 	if err != nil {
 		return err
 	}
@@ -248,6 +278,13 @@ func run(c *cli.Context) error {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	// The command's own devenv calls (a test's pg-kill) and testenv see
+	// the mode this ran.
+	mode := "0"
+	if e.Config().TLS {
+		mode = "1"
+	}
+	cmd.Env = append(os.Environ(), "SHARDVISOR_DEVENV_TLS="+mode, "SHARDVISOR_DEVENV_PLAIN=")
 	// A Ctrl-C reaches the command from the terminal; a signal sent to
 	// this process alone is passed on. Either way the cleanup runs.
 	sigs := make(chan os.Signal, 1)

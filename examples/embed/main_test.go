@@ -79,7 +79,7 @@ func pgAdminDSNs(t *testing.T) []string {
 
 func fail(t *testing.T, format string, args ...any) {
 	t.Helper()
-	hint := "start them with `scripts/devenv up` in the repository, or run `go test -short` to skip"
+	hint := "start them with `scripts/devenv --plain up` in the repository (the tests dial plain), or run `go test -short` to skip"
 	if os.Getenv("CI") == "true" {
 		hint = "CI=true: integration servers are required"
 	}

@@ -86,11 +86,11 @@ func OpenDev(ctx context.Context, sp DevSpec) (_ *Dev, err error) {
 	d.Nodes = DevNodes(addrs, sp.DB, d.PWFile)
 	for i := range d.Nodes {
 		if err := testenv.Exec(ctx, d.Admin[i], "CREATE DATABASE "+pgx.Identifier{sp.DB}.Sanitize()); err != nil {
-			return nil, fmt.Errorf("%s: %w (is it up? SHARDVISOR_PG_NODES=%d scripts/devenv up)", d.Nodes[i].ID, err, sp.Nodes)
+			return nil, fmt.Errorf("%s: %w (is it up? SHARDVISOR_PG_NODES=%d scripts/devenv --plain up)", d.Nodes[i].ID, err, sp.Nodes)
 		}
 		d.created++
 	}
-	if d.Session, err = OpenSession(ctx, sp.ZK, "scripts/devenv up"); err != nil {
+	if d.Session, err = OpenSession(ctx, sp.ZK, "scripts/devenv --plain up"); err != nil {
 		return nil, err
 	}
 	return d, nil

@@ -58,7 +58,10 @@ type Config struct {
 	// HANodes are the node numbers HA applies to; nil: all.
 	HANodes []int
 	// TLS (SHARDVISOR_DEVENV_TLS=1): the ensemble takes clients over TLS
-	// only, each identified by its certificate (tls.go).
+	// only, each identified by its certificate (tls.go). False, the zero
+	// value and FromEnv's default, is the plain mode the tests and benches
+	// run in (their clients dial plain); the devenv command's default is
+	// TLS. Up restarts servers running in the other mode (mode.go).
 	TLS bool
 	// Timeout bounds the waits for health.
 	Timeout time.Duration

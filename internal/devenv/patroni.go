@@ -151,10 +151,8 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 			return false, fmt.Errorf("pg%d: cannot clear %spg%d in ZooKeeper: %w", i, PatroniNamespace, i, err)
 		}
 	}
-	if e.c.TLS {
-		if err := e.ensureScope(i); err != nil {
-			return false, fmt.Errorf("pg%d: creating its scope in %s: %w", i, PatroniNamespace, err)
-		}
+	if err := e.ensureScope(i); err != nil {
+		return false, fmt.Errorf("pg%d: its scope in %s: %w", i, PatroniNamespace, err)
 	}
 	return fresh, nil
 }
@@ -374,7 +372,9 @@ func (e *Env) PGKill(i int) (Killed, error) {
 
 // ---------------------------------------------------------------- Patroni's state in ZooKeeper
 
-// zkConnected is a connected client, or an error by the deadline.
+// zkConnected is a connected client, or an error by the deadline: the
+// superuser, by its certificate with TLS, else by the digest password
+// (it resets the ACLs a TLS run left: ensureScope).
 func (e *Env) zkConnected(timeout time.Duration) (*zk.Conn, error) {
 	c, err := e.zkConn()
 	if err != nil {
@@ -384,6 +384,16 @@ func (e *Env) zkConnected(timeout time.Duration) (*zk.Conn, error) {
 		if time.Now().After(deadline) {
 			c.Close()
 			return nil, fmt.Errorf("no ZooKeeper session with %s after %s", e.ZKConnect(), timeout)
+		}
+	}
+	if !e.c.TLS {
+		pw, err := e.ensureSuper()
+		if err == nil {
+			err = c.AddAuth("digest", []byte("super:"+pw))
+		}
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("ZooKeeper superuser: %w", err)
 		}
 	}
 	return c, nil

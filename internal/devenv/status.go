@@ -68,7 +68,11 @@ func (e *Env) Status(w io.Writer) (healthy bool) {
 
 // Summary is what up prints after the status table.
 func (e *Env) Summary(w io.Writer) {
-	fmt.Fprintf(w, "ZooKeeper: %s\n", e.ZKConnect())
+	if e.c.TLS {
+		fmt.Fprintf(w, "ZooKeeper: %s  (TLS only; certificates in %s: eval \"$(scripts/devenv env)\" for the admin's)\n", e.ZKConnect(), e.TLSDir())
+	} else {
+		fmt.Fprintf(w, "ZooKeeper: %s  (plain)\n", e.ZKConnect())
+	}
 	fmt.Fprintf(w, "Postgres:  postgres://postgres@127.0.0.1:%d/postgres  (password in %s)\n", e.PGPort(1), e.PasswordFile())
 }
 

@@ -26,7 +26,9 @@ import (
 //	zkI.crt/.key/.pem      ZooKeeper server I (the .pem is both, for its PEM keystore)
 //	devenv.crt/.key        devenv's own client: ZooKeeper's x509 superuser
 //	admin.crt/.key         the operator (shardctl as admin)
-//	webhead.crt/.key       a web head (supervisor, router)
+//	webhead.crt/.key       a web head, CN=web1 (the tests' client)
+//	webN.crt/.key          web head N (1..3), also a server on 127.0.0.1:
+//	                       the demo's supervisor N (its admin endpoints) and router
 //	patroni-pgI.crt/.key   group I's Patroni (readable by the postgres user)
 
 // devenvIdentity is devenv's own ZooKeeper client: the superuser, so that
@@ -35,6 +37,16 @@ var devenvIdentity = pki.Identity{Role: "admin", Host: "devenv"}
 
 // tlsValidity: a dev environment lives days, not years.
 const tlsValidity = 90 * 24 * time.Hour
+
+// WebHeads is how many web head identities the environment issues
+// (webN), one per supervisor of the demo's fleet.
+const WebHeads = 3
+
+// WebHead is web head n's identity: a client of ZooKeeper and, for its
+// supervisor's admin endpoints, a server on 127.0.0.1.
+func WebHead(n int) pki.Identity {
+	return pki.Identity{Role: "webhead", Host: "web" + itoa(n), DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
+}
 
 // TLSDir holds the environment's CA and certificates.
 func (e *Env) TLSDir() string { return filepath.Join(e.c.Dir, "tls") }
@@ -50,6 +62,9 @@ func (e *Env) tlsIdentities() map[string]pki.Identity {
 		"devenv":  devenvIdentity,
 		"admin":   {Role: "admin", Host: "operator"},
 		"webhead": {Role: "webhead", Host: "web1"},
+	}
+	for n := 1; n <= WebHeads; n++ {
+		ids["web"+itoa(n)] = WebHead(n)
 	}
 	local := []net.IP{net.IPv4(127, 0, 0, 1)}
 	for i := 1; i <= ZKServers; i++ {
@@ -71,7 +86,11 @@ func patroniIdentity(i int) pki.Identity {
 // group's records. Patroni 3.0.2 writes only x509 entries there, so there
 // is no world:anyone read: every reader is named.
 func patroniReaders() []string {
-	return []string{pki.Identity{Role: "admin", Host: "operator"}.DN(), pki.Identity{Role: "webhead", Host: "web1"}.DN()}
+	r := []string{pki.Identity{Role: "admin", Host: "operator"}.DN()}
+	for n := 1; n <= WebHeads; n++ {
+		r = append(r, WebHead(n).DN())
+	}
+	return r
 }
 
 // scopeACL is the ACL of group i's scope, as its Patroni's set_acls gives
@@ -84,12 +103,17 @@ func scopeACL(i int) []zk.ACL {
 	return acl
 }
 
-// ensureScope makes Patroni's namespace readable by anyone and writable by
-// the superuser only, and creates group i's scope in it with scopeACL
-// before its Patroni starts. Any create permission on the namespace would
-// let one db host take another group's name before that group exists:
-// ZooKeeper cannot grant the creation of one child only, so the admin
-// (here devenv) creates every scope.
+// ensureScope gives Patroni's namespace and group i's scope the mode's
+// ACLs. With TLS the namespace is readable by anyone and writable by the
+// superuser only, and the scope is created with scopeACL before its
+// Patroni starts: any create permission on the namespace would let one db
+// host take another group's name before that group exists, and ZooKeeper
+// cannot grant the creation of one child only, so the admin (here devenv)
+// creates every scope. Nodes a plain run of the group left under the
+// scope (its config, history, status) get scopeACL too: Patroni sets ACLs
+// only on what it creates. Plain, a TLS run's ACLs are reset to anyone
+// ALL: a plain Patroni has no identity (devenv's plain client is the
+// digest superuser: zkConnected).
 func (e *Env) ensureScope(i int) error {
 	c, err := e.zkConnected(15 * time.Second)
 	if err != nil {
@@ -97,20 +121,21 @@ func (e *Env) ensureScope(i int) error {
 	}
 	defer c.Close()
 	ns := strings.TrimSuffix(PatroniNamespace, "/")
-	for _, n := range []struct {
-		path string
-		acl  []zk.ACL
-	}{{ns, zk.WorldACL(zk.PermRead)}, {ns + "/pg" + itoa(i), scopeACL(i)}} {
-		if _, err := c.Create(n.path, nil, 0, n.acl); err == nil {
-			continue
-		} else if !errors.Is(err, zk.ErrNodeExists) {
+	nsACL, scope := zk.WorldACL(zk.PermAll), zk.WorldACL(zk.PermAll)
+	if e.c.TLS {
+		nsACL, scope = zk.WorldACL(zk.PermRead), scopeACL(i)
+		// The namespace first: its child's create needs it.
+		if _, err := c.Create(ns, nil, 0, nsACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
-		if _, err := c.SetACL(n.path, n.acl, -1); err != nil {
+		if _, err := c.Create(ns+"/pg"+itoa(i), nil, 0, scope); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
 	}
-	return nil
+	if err := setACL(c, ns, nsACL, false); err != nil {
+		return err
+	}
+	return setACL(c, ns+"/pg"+itoa(i), scope, true)
 }
 
 // ensureTLS makes the CA and the certificates that are missing. A CA that

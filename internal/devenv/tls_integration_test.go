@@ -294,4 +294,56 @@ func TestTLSEnsemble(t *testing.T) {
 			t.Fatalf("the TLS client port is not listening: %v", err)
 		}
 	})
+
+	// up in the plain mode restarts the group and the whole ensemble plain
+	// and opens the group's records to a plain Patroni; up with TLS again
+	// locks them anew, the records the plain run kept included.
+	t.Run("up switches the running mode", func(t *testing.T) {
+		// A whole restart each way, beside other work: a TLS ensemble's
+		// quorum handshakes get slow on a loaded machine (docs/security.md).
+		cfg := e.Config()
+		cfg.TLS, cfg.Timeout = false, 5*time.Minute
+		plain := devenv.New(cfg)
+		if err := plain.Up(); err != nil {
+			t.Fatal(err)
+		}
+		if tls, ok := plain.RunningTLS(); !ok || tls {
+			t.Fatalf("after a plain up: running %v, TLS %v", ok, tls)
+		}
+		if st, ok := status(t, plain); !ok {
+			t.Fatalf("not healthy after a plain up:\n%s", st)
+		}
+		c, ok := session(t, plain, nil, 10*time.Second)
+		if !ok {
+			t.Fatal("a plain client got no session after a plain up")
+		}
+		for _, p := range []string{"/service", "/service/pg1", "/service/pg1/config"} {
+			if acl, _, err := c.GetACL(p); err != nil || len(acl) != 1 || acl[0] != zk.WorldACL(zk.PermAll)[0] {
+				t.Errorf("plain: %s ACL = %v, %v; want anyone ALL", p, acl, err)
+			}
+		}
+
+		cfg.TLS = true
+		if err := devenv.New(cfg).Up(); err != nil {
+			t.Fatal(err)
+		}
+		if tls, ok := e.RunningTLS(); !ok || !tls {
+			t.Fatalf("after a TLS up: running %v, TLS %v", ok, tls)
+		}
+		if st, ok := status(t, e); !ok {
+			t.Fatalf("not healthy after a TLS up:\n%s", st)
+		}
+		if _, ok := session(t, e, nil, 3*time.Second); ok {
+			t.Fatal("a plain client got a session after a TLS up")
+		}
+		web, ok := session(t, e, dialAs(t, e.TLSFiles("web2")), 10*time.Second)
+		if !ok {
+			t.Fatal("web head 2 got no session")
+		}
+		if _, st, err := web.Get("/service/pg1/config"); err != nil {
+			t.Errorf("web head 2 cannot read pg1's config: %v", err)
+		} else if _, err := web.Set("/service/pg1/config", []byte(`{"synchronous_mode":false}`), st.Version); !errors.Is(err, zk.ErrNoAuth) {
+			t.Errorf("web head 2 set pg1's config after the switch: %v, want %v", err, zk.ErrNoAuth)
+		}
+	})
 }

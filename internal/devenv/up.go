@@ -45,6 +45,7 @@ func (e *Env) Up() error {
 	if _, err := e.ensureSuper(); err != nil {
 		return err
 	}
+	e.switchMode(groups)
 	deadline := time.Now().Add(e.c.Timeout)
 	// Every server at once: a node's initdb runs while the JVMs start.
 	err = parallel(ZKServers, func(k int) error { return e.zkLaunch(k + 1) })

@@ -82,7 +82,7 @@ func skipIfShort(t testing.TB) {
 // fatalf fails the test; the message says how to get servers.
 func fatalf(t testing.TB, format string, args ...any) {
 	t.Helper()
-	hint := "run `scripts/devenv up` (and `scripts/devenv status`) to investigate, or use `go test -short` to skip integration tests"
+	hint := "run `scripts/devenv --plain up` (the tests dial plain) and `scripts/devenv status` to investigate, or use `go test -short` to skip integration tests"
 	if os.Getenv("CI") == "true" {
 		hint = "CI=true: integration servers are required"
 	}
@@ -124,7 +124,9 @@ func sanitize(name string, max int) string {
 
 // devenvDo runs f on the managed environment, in this process
 // (internal/devenv), configured from the variables scripts/devenv reads
-// and changed by mod; an error carries devenv's progress lines.
+// and changed by mod; an error carries devenv's progress lines. Its mode
+// is plain unless SHARDVISOR_DEVENV_TLS=1 (FromEnv): the tests' clients
+// dial plain, so an up here restarts a TLS environment plain.
 func devenvDo(what string, mod func(*devenv.Config), f func(*devenv.Env) error) error {
 	c, err := devenv.FromEnv()
 	if err != nil {

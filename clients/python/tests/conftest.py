@@ -88,7 +88,7 @@ class PG:
 @pytest.fixture(scope="session")
 def pg():
     if len(PG_PORTS) < 2 or not os.path.exists(PG_PASSWORD_FILE) or not all(_listening(p) for p in PG_PORTS[:2]):
-        need("PostgreSQL of scripts/devenv is not up (scripts/devenv up)")
+        need("PostgreSQL of scripts/devenv is not up (scripts/devenv --plain up)")
     try:
         import psycopg2  # noqa: F401
     except ImportError:
@@ -153,7 +153,7 @@ def write_json(path: str, doc) -> None:
 def zk():
     hosts = os.environ.get("SHARDVISOR_TEST_ZK") or ",".join(f"127.0.0.1:{ZK_BASE + i}" for i in range(3))
     if not any(_listening(int(h.rsplit(":", 1)[1])) for h in hosts.split(",")):
-        need("ZooKeeper of scripts/devenv is not up (scripts/devenv up)")
+        need("ZooKeeper of scripts/devenv is not up (scripts/devenv --plain up)")
     return hosts
 
 

@@ -3,7 +3,7 @@
 // against the db nodes.
 //
 //	loadgen run    --url http://127.0.0.1:8080 --users 200 --concurrency 16 --ledger L --summary S
-//	loadgen verify --ledger L [--others]       (reads the live map from ZooKeeper)
+//	loadgen verify --ledger L [--others]       (reads the live map from ZooKeeper; over TLS with -zk-tls-* or SHARDVISOR_ZK_TLS_*)
 //
 // run stops on SIGINT/SIGTERM (or after --duration), waits for requests in
 // flight, and writes the ledger (the last acknowledged state of every note)
@@ -40,6 +40,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -435,7 +436,19 @@ func verify(args []string) error {
 	root := fs.String("zk-root", os.Getenv("SHARDVISOR_ZK_ROOT"), "ZooKeeper root")
 	cluster := fs.String("cluster", envOr("SHARDVISOR_CLUSTER", "default"), "cluster")
 	others := fs.Bool("others", false, "also check that no other node holds the users' rows (after GC)")
+	// ZooKeeper over TLS, as shardvisor's binaries dial it (make demo's default).
+	tlsCA := fs.String("zk-tls-ca", os.Getenv("SHARDVISOR_ZK_TLS_CA"), "PEM file of the ZooKeeper servers' CA; with -zk-tls-cert and -zk-tls-key ZooKeeper is dialled over TLS")
+	tlsCert := fs.String("zk-tls-cert", os.Getenv("SHARDVISOR_ZK_TLS_CERT"), "PEM file of this client's certificate for ZooKeeper")
+	tlsKey := fs.String("zk-tls-key", os.Getenv("SHARDVISOR_ZK_TLS_KEY"), "PEM file of the key of -zk-tls-cert")
 	fs.Parse(args)
+	zcfg := zksession.Config{Connect: *zkc}
+	if f := (pki.Files{CA: *tlsCA, Cert: *tlsCert, Key: *tlsKey}); f != (pki.Files{}) {
+		tc, err := f.Config()
+		if err != nil {
+			return err
+		}
+		zcfg.Dial = pki.Dialer(tc)
+	}
 	var entries []Entry
 	f, err := os.Open(*ledger)
 	if err != nil {
@@ -454,7 +467,7 @@ func verify(args []string) error {
 	f.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	s, err := zksession.Open(zksession.Config{Connect: *zkc})
+	s, err := zksession.Open(zcfg)
 	if err != nil {
 		return err
 	}
