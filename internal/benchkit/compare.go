@@ -147,7 +147,8 @@ func (c *Comparison[S]) Verdict() {
 
 // Report prints the comparison's table.
 func (c *Comparison[S]) Report(p *Printer) {
-	p.Say("\nTLS vs plain: same parameters, one run after the other on this machine (load average after each: %v)", c.LoadAvg)
+	load := strings.Join(append(c.LoadAvg, "-", "-")[:2], "; TLS ")
+	p.Say("\nTLS vs plain: same parameters, one run after the other on this machine (load average 1, 5, 15 min after each: plain %s)", load)
 	p.Say("  %-44s %10s %10s %10s  %s", "figure", "plain", "TLS", "TLS/plain", "goal")
 	for _, x := range c.Pairs {
 		goal := "(information)"
