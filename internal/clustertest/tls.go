@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/devenv"
@@ -100,6 +101,13 @@ func inDevenv[S any](cfg devenv.Config, keep bool, f func(e *devenv.Env) (*S, er
 	fmt.Fprintf(os.Stderr, "== environment %s (TLS %v): up\n", e.Dir(), cfg.TLS)
 	var s *S
 	err := e.Up()
+	if err != nil && !keep {
+		// A port of the new environment held by some outgoing connection
+		// of a busy machine fails its up now and then: once more.
+		fmt.Fprintf(os.Stderr, "== environment %s: up failed (%s); down and up once more\n", e.Dir(), strings.SplitN(err.Error(), "\n", 2)[0])
+		_ = e.Down()
+		err = e.Up()
+	}
 	if err == nil {
 		s, err = f(e)
 	}
