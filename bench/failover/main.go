@@ -105,15 +105,16 @@ func main() {
 }
 
 // tlsFigures are --compare-tls's, per mode: issue 38 wants the failover
-// within ttl + 2 s and no acknowledged write lost with TLS as without, and
-// bounds the write p99 through router.Do at 1.15x the plain mode's.
+// within ttl + 2 s and, in sync mode (async may lose the last commits by
+// design), no acknowledged write lost with TLS as without, and bounds the
+// write p99 through router.Do at 1.15x the plain mode's.
 func tlsFigures() (f []benchkit.Figure) {
 	for _, m := range strings.Split(*modes, ",") {
+		f = append(f, benchkit.Figure{Name: m + ": acknowledged writes lost", Path: "modes." + m + ".lost_acknowledged_writes", Zero: m == "sync"})
 		f = append(f, benchkit.Figure{Name: m + ": write p99 before a kill (ms)", Path: "modes." + m + ".p99_before_ms", Goal: benchkit.TLSGoal},
 			benchkit.Figure{Name: m + ": kill -> first write p50 (ms)", Path: "modes." + m + ".first_write_ms.p50"},
 			benchkit.Figure{Name: m + ": kill -> first write max (ms)", Path: "modes." + m + ".first_write_ms.max"},
 			benchkit.Figure{Name: m + ": write p99 during a failover (ms)", Path: "modes." + m + ".p99_during_ms"},
-			benchkit.Figure{Name: m + ": acknowledged writes lost: 0", Path: "modes." + m + ".lost_acknowledged_writes", Zero: true},
 			benchkit.Figure{Name: m + ": kills over ttl + 2 s: 0", Path: "modes." + m + ".kills_over_ttl_plus_2s", Zero: true})
 	}
 	return f
