@@ -46,12 +46,19 @@ func AppliedVersion[R record](e topo.Entry[R]) (uint64, error) {
 	return 0, nil
 }
 
-// Applied is one live member's applied map version, from its record.
+// Applied is one member's applied map version, from its record.
 type Applied struct {
 	Path       string
 	MapVersion uint64
 	Err        error // the record does not decode
+	// Gone, if set: the record was seen and has vanished since; the
+	// member counts at MapVersion, its record's last (see Vanished).
+	Gone *Gone
 }
+
+// Behind says whether the member is not known to have applied map
+// version v: it is at a lower one, or its record does not decode.
+func (m Applied) Behind(v uint64) bool { return m.Err != nil || m.MapVersion < v }
 
 func applied[R record](e topo.Entry[R]) Applied {
 	v, err := AppliedVersion(e)
@@ -62,6 +69,8 @@ func applied[R record](e topo.Entry[R]) Applied {
 // supervisors) once. A member still routing by a map from before a range
 // changed owner may read the range on its old owner; a move no longer
 // waits for such stragglers (docs/moves.md, "Stragglers"), so GC does.
+// One read cannot see a record that vanished; a reader that reads again
+// keeps them with Remembered.
 func ReadApplied(ctx context.Context, s *zksession.Session, p topo.Paths) ([]Applied, error) {
 	var out []Applied
 	routers, err := topo.ListRouters(ctx, s, p)
@@ -88,14 +97,17 @@ func ReadApplied(ctx context.Context, s *zksession.Session, p topo.Paths) ([]App
 }
 
 // Stragglers lists, sorted by path, the members that have not applied map
-// version v: at a lower version (MapVersion says which), or with a record
-// that does not decode (Error says why).
+// version v: at a lower version (MapVersion says which), with a record
+// that does not decode (Error says why), or with a record that vanished
+// at a lower version (MapVersion, and Error says since when).
 func Stragglers(members []Applied, v uint64) []topo.Straggler {
 	var out []topo.Straggler
 	for _, m := range members {
 		switch {
 		case m.Err != nil:
 			out = append(out, topo.Straggler{Member: m.Path, Error: m.Err.Error()})
+		case m.MapVersion < v && m.Gone != nil:
+			out = append(out, topo.Straggler{Member: m.Path, MapVersion: m.MapVersion, Error: fmt.Sprintf("at map version %d, %s", m.MapVersion, m.Gone)})
 		case m.MapVersion < v:
 			out = append(out, topo.Straggler{Member: m.Path, MapVersion: m.MapVersion})
 		}
@@ -112,6 +124,8 @@ func DescribeBehind(members []Applied, v uint64) string {
 		switch {
 		case m.Err != nil:
 			names = append(names, fmt.Sprintf("%s (record unreadable: %v)", m.Path, m.Err))
+		case m.MapVersion < v && m.Gone != nil:
+			names = append(names, fmt.Sprintf("%s (at map version %d, %s)", m.Path, m.MapVersion, m.Gone))
 		case m.MapVersion < v:
 			names = append(names, fmt.Sprintf("%s (at map version %d)", m.Path, m.MapVersion))
 		}

@@ -19,8 +19,10 @@ import (
 // directory and on each pool's members directory, and a data watch on each
 // member record. When a watch fires, only its node is read again, so
 // following N members costs one read per record change instead of N reads
-// per poll. A member that appears is read and watched; one that goes away
-// (a dead host's ephemeral record vanishes) is forgotten.
+// per poll. A member that appears is read and watched. One whose record
+// vanishes after the view saw it still counts, at its last map version,
+// until the record reappears or the view's grace (its session's timeout)
+// has passed (Vanished says why); then it is forgotten.
 //
 // After a return of the session to Connected the session re-reads every
 // watched node by itself (zksession.Watch), but only changed nodes are
@@ -45,6 +47,7 @@ type MemberView struct {
 	pools   map[string]*memberDir   // by pool name: its members directory
 	members map[string]*memberState // by record path
 	poolsAt int64                   // Pzxid of the pools directory last applied
+	grace   time.Duration           // how long a vanished record counts; 0: the session's timeout
 }
 
 // memberDir is one watched members directory.
@@ -63,6 +66,13 @@ type memberState struct {
 	exists  bool
 	version uint64
 	err     error // the record does not decode
+	// seen: its last version and, once its record watch found it gone
+	// after it was there, when (see Vanished).
+	seen Seen
+	// unlisted: the newest listing of its directory lacks it. A vanished
+	// member is forgotten after the grace only then; otherwise its record
+	// is back in the listing and its watch is about to say so.
+	unlisted bool
 }
 
 func routerVersion(at string, data []byte) (uint64, error) {
@@ -78,8 +88,14 @@ func poolMemberVersion(at string, data []byte) (uint64, error) {
 // WatchMembers starts a view of the cluster's members. It returns at once;
 // the first reads arrive in the background (Wait lists what it needs).
 func WatchMembers(ctx context.Context, s *zksession.Session, p topo.Paths) *MemberView {
+	return watchMembers(ctx, s, p, 0)
+}
+
+// watchMembers is WatchMembers with a grace for vanished records other
+// than the session's timeout (tests: 0 keeps the session's).
+func watchMembers(ctx context.Context, s *zksession.Session, p topo.Paths, grace time.Duration) *MemberView {
 	ctx, cancel := context.WithCancel(ctx)
-	v := &MemberView{s: s, p: p, ctx: ctx, cancel: cancel, changed: make(chan struct{}),
+	v := &MemberView{s: s, p: p, ctx: ctx, cancel: cancel, changed: make(chan struct{}), grace: grace,
 		dirs: map[string]*memberDir{}, pools: map[string]*memberDir{}, members: map[string]*memberState{}}
 	v.mu.Lock()
 	v.addDirLocked(p.Routers(), routerVersion)
@@ -151,16 +167,42 @@ func (v *MemberView) addDirLocked(dir string, decode func(string, []byte) (uint6
 	return d
 }
 
-// removeDirLocked stops following a directory and forgets its members.
+// removeDirLocked stops following a directory; its members are unlisted.
 func (v *MemberView) removeDirLocked(d *memberDir) {
 	d.stop()
 	delete(v.dirs, d.path)
+	now := time.Now()
 	for at, m := range v.members {
-		if m.dir == d {
-			m.stop()
-			delete(v.members, at)
+		if path.Dir(at) == d.path {
+			v.unlistLocked(at, m, now)
 		}
 	}
+}
+
+// unlistLocked applies a listing without the member's record. A member
+// not known to have been there, or vanished longer than the grace ago, is
+// forgotten. One that was there is kept: its record watch says when it
+// vanished, and it counts from then for the grace (a listing alone, which
+// may be older than the record's reappearance, never ends it).
+func (v *MemberView) unlistLocked(at string, m *memberState, now time.Time) {
+	m.unlisted = true
+	if m.exists {
+		return
+	}
+	if _, counts := Vanished(at, m.seen, now, v.graceLocked()); !counts {
+		m.stop()
+		delete(v.members, at)
+	}
+}
+
+// graceLocked is how long a vanished record counts: the view's session
+// timeout. A live owner re-creates its record within a round trip
+// (zksession.Ephemeral), and a session that could not has expired by then.
+func (v *MemberView) graceLocked() time.Duration {
+	if v.grace > 0 {
+		return v.grace
+	}
+	return v.s.SessionTimeout()
 }
 
 // applyPools applies a listing of the pools directory. A listing older
@@ -204,10 +246,15 @@ func (v *MemberView) applyDir(d *memberDir, exists bool, names []string, pzxid i
 		d.pzxid = pzxid
 	}
 	if authoritative {
+		now := time.Now()
 		for at, m := range v.members {
-			if m.dir == d && !slices.Contains(names, path.Base(at)) {
-				m.stop()
-				delete(v.members, at)
+			if path.Dir(at) != d.path {
+				continue
+			}
+			if slices.Contains(names, path.Base(at)) {
+				m.unlisted = false
+			} else {
+				v.unlistLocked(at, m, now)
 			}
 		}
 	}
@@ -224,17 +271,27 @@ func (v *MemberView) applyDir(d *memberDir, exists bool, names []string, pzxid i
 	v.notifyLocked()
 }
 
-// applyMember records a member record as read.
+// applyMember records a member record as read: there, or gone. A record
+// that was there and is gone has vanished (see Vanished): its last version
+// stays.
 func (v *MemberView) applyMember(at string, m *memberState, n zksession.Node) {
 	var ver uint64
 	var err error
 	if n.Exists {
 		ver, err = m.dir.decode(at, n.Data)
 	}
+	now := time.Now()
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.members[at] != m {
 		return // forgotten meanwhile
+	}
+	switch {
+	case n.Exists:
+		m.seen = Seen{MapVersion: ver, LastSeen: now}
+	case m.exists:
+		// The watch saw it there until now.
+		m.seen.GoneAt, m.seen.LastSeen = now, now
 	}
 	m.read, m.exists, m.version, m.err = true, n.Exists, ver, err
 	v.notifyLocked()
@@ -242,38 +299,68 @@ func (v *MemberView) applyMember(at string, m *memberState, n zksession.Node) {
 
 // Behind lists, sorted by path, the members not known to have applied map
 // version: a record at a lower version (MapVersion says which), a record
-// that does not decode, or one not read yet (Error says so). A member
-// whose record was found gone is not listed: it serves nobody.
+// that does not decode, or one not read yet (Error says so), and a record
+// that vanished at a lower version within the grace (Error says when). A
+// member whose record was never seen there, or vanished longer ago than
+// the grace, is not listed: it serves nobody.
 func (v *MemberView) Behind(version uint64) []topo.Straggler {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.behindLocked(version)
+	behind, _ := v.behindLocked(version, time.Now())
+	return behind
 }
 
-func (v *MemberView) behindLocked(version uint64) []topo.Straggler {
-	members := make([]Applied, 0, len(v.members))
+// behindLocked is Behind at now, and when the next vanished member's
+// grace ends (zero if none counts), after which the answer may change.
+func (v *MemberView) behindLocked(version uint64, now time.Time) (behind []topo.Straggler, next time.Time) {
+	members, next := v.countLocked(now)
+	return Stragglers(members, version), next
+}
+
+// countLocked lists the members that count at now, forgetting those whose
+// grace has passed and that no listing has any more, and says when the
+// next vanished member's grace ends.
+func (v *MemberView) countLocked(now time.Time) (members []Applied, next time.Time) {
+	grace := v.graceLocked()
+	members = make([]Applied, 0, len(v.members))
 	for at, m := range v.members {
 		switch {
 		case !m.read:
 			members = append(members, Applied{Path: at, Err: errNotRead})
 		case m.exists:
 			members = append(members, Applied{Path: at, MapVersion: m.version, Err: m.err})
+		case !m.seen.GoneAt.IsZero():
+			a, counts := Vanished(at, m.seen, now, grace)
+			if !counts {
+				if m.unlisted {
+					m.stop()
+					delete(v.members, at)
+				}
+				continue
+			}
+			members = append(members, a)
+			if end := m.seen.GoneAt.Add(grace); next.IsZero() || end.Before(next) {
+				next = end
+			}
 		}
 	}
-	return Stragglers(members, version)
+	return members, next
 }
 
 var errNotRead = errors.New("record not read yet")
 
-// Members reports how many member records the view follows.
+// Members reports how many members count now: records there or not read
+// yet, and vanished ones within the grace.
 func (v *MemberView) Members() int {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return len(v.members)
+	members, _ := v.countLocked(time.Now())
+	return len(members)
 }
 
 // Wait blocks until every member has applied map version, and returns nil,
-// nil then. If some have not when timeout has passed, it returns them
+// nil then; a vanished member counts until its record reappears or its
+// grace ends (see Vanished). If some have not when timeout has passed, it returns them
 // (Behind) and no error. It lists the directories at its start and again
 // after every return of the session to Connected (see MemberView); if no
 // listing succeeded before the timeout, membership is unknown and Wait
@@ -301,8 +388,12 @@ func (v *MemberView) Wait(ctx context.Context, version uint64, timeout time.Dura
 		v.mu.Lock()
 		changed := v.changed
 		var behind []topo.Straggler
+		var expiry <-chan time.Time // a vanished member's grace ends: it counts no more
 		if listed {
-			behind = v.behindLocked(version)
+			var next time.Time
+			if behind, next = v.behindLocked(version, time.Now()); !next.IsZero() {
+				expiry = time.After(time.Until(next))
+			}
 		}
 		closed := v.closed
 		v.mu.Unlock()
@@ -314,6 +405,7 @@ func (v *MemberView) Wait(ctx context.Context, version uint64, timeout time.Dura
 		}
 		select {
 		case <-changed:
+		case <-expiry:
 		case <-retry:
 		case ch, ok := <-sub.C:
 			if !ok {

@@ -100,7 +100,9 @@ func TestMemberView(t *testing.T) {
 	ctx, z, s, p := zkCluster(t)
 	// The members are other processes: another session.
 	ms := z.Session(t)
-	v := WatchMembers(ctx, s, p)
+	// Members that leave count for the grace (TestMemberViewVanished);
+	// here they are forgotten soon after.
+	v := watchMembers(ctx, s, p, 10*time.Millisecond)
 	defer v.Close()
 
 	if b, err := v.Wait(ctx, 5, 5*time.Second); err != nil || b != nil {
@@ -463,4 +465,85 @@ func TestMemberViewEndsWithSession(t *testing.T) {
 	if _, err := v.Wait(ctx, 2, time.Second); err == nil {
 		t.Fatal("Wait on the view of a closed session succeeded")
 	}
+}
+
+// putRecord writes a member record as a plain node, which nobody re-creates
+// once deleted (an owner's zksession.Ephemeral would put it back).
+func putRecord(t *testing.T, s *zksession.Session, at string, rec any) {
+	t.Helper()
+	data, err := topo.Encode(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zktest.Put(t, s, at, string(data))
+}
+
+// A member record deleted by another session is not "nobody there": the
+// member counts at its last version until its record reappears (then at
+// its new version), or, if it never does, until the view's grace has
+// passed; Wait then returns. A record never seen there does not count.
+func TestMemberViewVanished(t *testing.T) {
+	ctx, z, s, p := zkCluster(t)
+	owner, other := z.Session(t), z.Session(t)
+	long := watchMembers(ctx, s, p, time.Hour) // the grace never ends within the test
+	defer long.Close()
+	short := watchMembers(ctx, s, p, 50*time.Millisecond)
+	defer short.Close()
+
+	r1, h1 := p.Router("r1"), p.PoolMember("web", "h1")
+	putRecord(t, owner, r1, routerRec("r1", 4))
+	putRecord(t, owner, h1, poolRec("h1", 6))
+	for _, v := range []*MemberView{long, short} {
+		if b, err := v.Wait(ctx, 4, time.Minute); err != nil || b != nil {
+			t.Fatalf("both at 4 or later: %s %v", describeStragglers(b), err)
+		}
+	}
+	if err := other.Delete(ctx, r1, -1); err != nil {
+		t.Fatal(err)
+	}
+	// The long view counts r1 at 4, and says why.
+	vanished := func(b []topo.Straggler) bool {
+		return len(b) == 1 && b[0].Member == r1 && b[0].MapVersion == 4 &&
+			strings.Contains(b[0].Error, "at map version 4, record vanished ") &&
+			strings.Contains(b[0].Error, "ago; counted until its session is shown ended (at most 1h0m0s)")
+	}
+	eventually(t, "r1 counted as vanished", func() bool { return vanished(long.Behind(5)) })
+	if b := long.Behind(4); b != nil {
+		t.Fatalf("a vanished member at 4 is not behind 4: %s", describeStragglers(b))
+	}
+	if b, err := long.Wait(ctx, 5, 100*time.Millisecond); err != nil || !vanished(b) {
+		t.Fatalf("Wait while r1's record is gone: %s %v", describeStragglers(b), err)
+	}
+	if n := long.Members(); n != 2 {
+		t.Fatalf("the long view counts %d members, want 2 (r1 vanished, h1)", n)
+	}
+	// The short view's grace passes: r1 is shown gone, and a Wait for a
+	// version it never applied returns (woken by the grace's end, not by a
+	// change: nothing changes any more).
+	if b, err := short.Wait(ctx, 5, time.Minute); err != nil || b != nil {
+		t.Fatalf("the short view after its grace: %s %v", describeStragglers(b), err)
+	}
+	eventually(t, "r1 forgotten by the short view", func() bool { return short.Members() == 1 })
+
+	// The owner re-creates r1 at a new version: it counts as usual, in
+	// both views.
+	putRecord(t, owner, r1, routerRec("r1", 5))
+	for _, v := range []*MemberView{long, short} {
+		if b, err := v.Wait(ctx, 5, time.Minute); err != nil || b != nil {
+			t.Fatalf("r1 back at 5: %s %v", describeStragglers(b), err)
+		}
+		if b := v.Behind(6); describeStragglers(b) != r1+"@5" {
+			t.Fatalf("behind 6 with r1 back at 5: %s", describeStragglers(b))
+		}
+	}
+
+	// A whole pool going away: h1 (at 6) vanishes with it, and counts.
+	if err := other.DeleteAll(ctx, p.Pool("web")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "h1 counted as vanished with its pool", func() bool {
+		b := long.Behind(7)
+		return len(b) == 2 && b[0].Member == h1 && b[0].MapVersion == 6 && strings.Contains(b[0].Error, "record vanished")
+	})
+	eventually(t, "h1 forgotten by the short view", func() bool { return short.Members() == 1 })
 }

@@ -12,7 +12,9 @@
 //     and no record under moves/ names an overlapping bucket;
 //   - every live router and supervisor has applied the map version at
 //     which X stopped owning it (a straggler still routing by an older map
-//     may read it on X), and every member record can be read;
+//     may read it on X), and every member record can be read; a record an
+//     earlier run of this GC saw and that has vanished since counts, at its
+//     last version, for one session timeout (GC.Seen);
 //   - X's fence does not claim it (owned, frozen or incoming), and Y's fence
 //     says Y owns all of it;
 //   - Y answers, and for every sharded table holds at least MinOwnerRatio
@@ -135,6 +137,11 @@ const (
 	// version that took the range from the node (or its record cannot be
 	// read), so its clients may still read the range there.
 	SkipMemberBehind = "member-behind"
+	// SkipMemberVanished: the only members behind are ones whose records
+	// an earlier run saw and that have vanished since (their hosts may
+	// still serve from their last map until their sessions are shown
+	// ended). Not uncertain: it resolves within one session timeout.
+	SkipMemberVanished = "member-vanished"
 	// SkipGroup: the node or the owner is a Patroni group without a
 	// leader or without a synchronous standby: a failover there may lose
 	// rows (or is under way), so the leftover copy stays until the group
@@ -258,6 +265,14 @@ type GC struct {
 	Tables  []topo.TableRecord
 	Opt     Options
 
+	// Seen remembers the member records earlier runs read, so that one
+	// that has vanished since still counts, at its last map version, until
+	// one session timeout has passed (fleet.Remembered); Run starts one when
+	// nil. A GC with no earlier run (a one-shot shardctl gc) cannot know
+	// what vanished before it looked: it counts the records it reads, and
+	// nothing more. Keep one GC, or hand Seen on, across periodic runs.
+	Seen *fleet.Remembered
+
 	segments map[string]int // history entry -> how many ranges it was cut into
 }
 
@@ -328,7 +343,7 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	members, err := fleet.ReadApplied(ctx, g.Session, g.Store.Paths())
+	members, err := g.readMembers(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -394,6 +409,21 @@ func (g *GC) run(ctx context.Context) (*Report, error) {
 	rep.Elapsed = g.Opt.Now().Sub(start)
 	rep.finish()
 	return rep, runErr
+}
+
+// readMembers reads the live member records, and adds those an earlier
+// run saw that have vanished since, for the grace: this session's timeout
+// (a live owner re-creates its record well within it; a session that could
+// not has expired by then).
+func (g *GC) readMembers(ctx context.Context) ([]fleet.Applied, error) {
+	read, err := fleet.ReadApplied(ctx, g.Session, g.Store.Paths())
+	if err != nil {
+		return nil, err
+	}
+	if g.Seen == nil {
+		g.Seen = &fleet.Remembered{}
+	}
+	return g.Seen.Pass(read, g.Opt.Now(), g.Session.SessionTimeout()), nil
 }
 
 // checkGroups keeps out the ranges whose node or owner is a Patroni group
@@ -504,7 +534,11 @@ func (g *GC) candidates(m *bucketmap.Map, moves []MoveRange, members []fleet.App
 				continue
 			}
 			if why := fleet.DescribeBehind(members, h.UntilVersion); why != "" {
-				skip(SkipMemberBehind, why+fmt.Sprintf(", at which %s stopped owning it: its clients may still read the range there", h.Node))
+				kind := SkipMemberVanished
+				if slices.ContainsFunc(members, func(m fleet.Applied) bool { return m.Gone == nil && m.Behind(h.UntilVersion) }) {
+					kind = SkipMemberBehind
+				}
+				skip(kind, why+fmt.Sprintf(", at which %s stopped owning it: its clients may still read the range there", h.Node))
 				continue
 			}
 			out = append(out, s)

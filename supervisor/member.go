@@ -137,6 +137,12 @@ const (
 // ours, and says why.
 func (s *Supervisor) judgeHolder(h *topo.PoolMemberHolder) (holderVerdict, string) {
 	r := h.Rec
+	// The ACL's creator, unlike the record's host and pid, cannot be
+	// forged: a record another host's identity made is never this host's
+	// own, whatever it says.
+	if me := s.identity(); h.Creator != "" && h.Creator != me {
+		return holderLive, fmt.Sprintf("created by the x509 identity %s, not this host's (%s): if that host is not a supervisor of this pool, its certificate is misused; revoke it (docs/security.md)", h.Creator, me)
+	}
 	switch {
 	case h.Owner == 0:
 		return holderLive, "a persistent node, which no supervisor writes: delete it"
@@ -152,6 +158,14 @@ func (s *Supervisor) judgeHolder(h *topo.PoolMemberHolder) (holderVerdict, strin
 		return holderPredecessor, fmt.Sprintf("pid %d no longer runs it", r.PID)
 	}
 	return holderLive, ""
+}
+
+// identity is the x509 identity this supervisor's session proves, or "".
+func (s *Supervisor) identity() string {
+	if s.opts.Session == nil {
+		return ""
+	}
+	return s.opts.Session.Identity()
 }
 
 // claimWait waits d before the claim looks again, as the loop would: it

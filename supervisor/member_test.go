@@ -39,6 +39,7 @@ func TestJudgeMemberHolder(t *testing.T) {
 		{"the old supervisor of this upgrade", topo.PoolMemberHolder{Rec: rec("h1", os.Getppid(), now), Owner: 7}, os.Getppid(), holderParent},
 		{"a crashed one here", topo.PoolMemberHolder{Rec: rec("h1", dead.Process.Pid, now), Owner: 7}, 0, holderPredecessor},
 		{"a crashed one with this very pid", topo.PoolMemberHolder{Rec: rec("h1", os.Getpid(), now), Owner: 7}, 0, holderPredecessor},
+		{"another host's identity, posing as a crashed one here", topo.PoolMemberHolder{Rec: rec("h1", dead.Process.Pid, now), Owner: 7, Creator: "CN=web2,OU=webhead,O=shardvisor"}, 0, holderLive},
 		{"its pid reused by a newer process", topo.PoolMemberHolder{Rec: rec("h1", os.Getppid(), time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)), Owner: 7}, 0, holderPredecessor},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -28,16 +28,25 @@ const (
 	// when the cluster has no reader identity): read.
 	KindRecord NodeKind = iota + 1
 	// KindMemberDir: routers/ and pools/<pool>/members/. As KindRecord,
-	// and readers may also create and delete children (their member
-	// records).
+	// and readers may also create children (their member records) and,
+	// with digest identities (all web heads share one), delete them. With
+	// x509 identities nobody but the admin deletes there: ZooKeeper checks
+	// a delete against the parent's ACL, so a delete permission for one
+	// host would be one for every host's record.
 	KindMemberDir
-	// KindReaderRecord: the records readers write, member records and a
-	// pool's status. The admin's records identity
-	// (zksession.RecordsCredential): all; reader: read and write.
+	// KindReaderRecord: a pool's status, which every supervisor of the
+	// pool writes. The admin's records identity
+	// (zksession.RecordsCredential) or x509 admin: all; reader: read and
+	// write.
 	KindReaderRecord
 	// KindOutside: znodes beside the clusters (the root, .probes), which
 	// no cluster's rule covers: open, as they always were.
 	KindOutside
+	// KindMemberRecord: a router's or a supervisor's ephemeral member
+	// record. With digest identities as KindReaderRecord; with x509 ones
+	// its creator may read and write it, the admin everything, readers
+	// read (ACLRule.MemberRecordACL).
+	KindMemberRecord
 )
 
 func (k NodeKind) String() string {
@@ -50,6 +59,8 @@ func (k NodeKind) String() string {
 		return "reader-record"
 	case KindOutside:
 		return "outside"
+	case KindMemberRecord:
+		return "member-record"
 	}
 	return fmt.Sprintf("NodeKind(%d)", int(k))
 }
@@ -69,8 +80,9 @@ func (p Paths) KindOf(at string) NodeKind {
 	case rel[0] == "routers" && len(rel) == 1, rel[0] == "pools" && len(rel) == 3 && rel[2] == "members":
 		return KindMemberDir
 	case rel[0] == "routers" && len(rel) == 2,
-		rel[0] == "pools" && len(rel) == 4 && rel[2] == "members",
-		rel[0] == "pools" && len(rel) == 3 && rel[2] == "status":
+		rel[0] == "pools" && len(rel) == 4 && rel[2] == "members":
+		return KindMemberRecord
+	case rel[0] == "pools" && len(rel) == 3 && rel[2] == "status":
 		return KindReaderRecord
 	}
 	return KindRecord
@@ -88,6 +100,11 @@ func (p Paths) ACLRecord() string { return path.Join(p.Cluster(), "acl") }
 // record, or check ACLs.
 var ErrNeedsAdmin = errors.New("needs the cluster's admin identity")
 
+// ErrNoIdentity means a process without a certificate identity had to
+// create a member record in a cluster whose ACLs are by certificate: the
+// record's ACL names its creator.
+var ErrNoIdentity = errors.New("needs a certificate identity (ZooKeeper over TLS with a client certificate)")
+
 // ErrNoACLRecord means a cluster with ACLs has no ACL record (it was
 // created by an older shardctl), so a reader cannot tell which ACL its
 // records take.
@@ -95,12 +112,19 @@ var ErrNoACLRecord = errors.New("the cluster has ACLs but no ACL record")
 
 // ACLRule is a cluster's ACL rule: the ACL of each kind of znode, derived
 // from the ACL of the cluster's own znode, the one source of truth. The
-// entries with all permissions are the admin identities; every other
-// entry (the reader identity, or world:anyone when there is none) is a
-// reader. A cluster whose znode grants anyone everything is open: every
-// kind is open, as in development.
+// entries with all permissions are the admin identities, all digest or
+// all x509; every other entry (the reader identity, or world:anyone when
+// there is none) is a reader. A cluster whose znode grants anyone
+// everything is open: every kind is open, as in development.
+//
+// With x509 admins (`shardctl init --x509-admin`) every host has its own
+// identity, so member records are kept to their creators: the creator
+// alone may change its record and nobody but the admin may delete one
+// (docs/security.md). Readers see x509 ids (ZooKeeper hides only digest
+// hashes), so they derive the rule themselves; no ACL record is needed.
 type ACLRule struct {
 	open    bool
+	x509    bool     // the admins are x509 identities
 	admins  []zk.ACL // the admin identities, all permissions
 	owners  []zk.ACL // their records identities, all permissions
 	readers []zk.ACL // the reader ids; the kind decides their permissions
@@ -130,18 +154,29 @@ func NewACLRule(clusterACL []zk.ACL) (*ACLRule, error) {
 			r.readers = append(r.readers, zk.ACL{Scheme: e.Scheme, ID: e.ID})
 			continue
 		}
-		if e.Scheme != "digest" {
-			return nil, fmt.Errorf("the cluster's ACL gives all permissions to %s:%s, which is not a digest identity; cannot tell its admin", e.Scheme, e.ID)
+		switch e.Scheme {
+		case "digest":
+			rc, err := zksession.RecordsCredential(e.ID)
+			if err != nil {
+				return nil, err
+			}
+			r.admins = append(r.admins, e)
+			r.owners = append(r.owners, zk.ACL{Perms: zk.PermAll, Scheme: "digest", ID: rc.DigestID()})
+		case "x509":
+			// An x509 admin owns the records readers create itself: its
+			// id is no secret, so nothing needs deriving.
+			r.x509 = true
+			r.admins = append(r.admins, e)
+			r.owners = append(r.owners, e)
+		default:
+			return nil, fmt.Errorf("the cluster's ACL gives all permissions to %s:%s, which is neither a digest nor an x509 identity; cannot tell its admin", e.Scheme, e.ID)
 		}
-		rc, err := zksession.RecordsCredential(e.ID)
-		if err != nil {
-			return nil, err
-		}
-		r.admins = append(r.admins, e)
-		r.owners = append(r.owners, zk.ACL{Perms: zk.PermAll, Scheme: "digest", ID: rc.DigestID()})
 	}
 	if len(r.admins) == 0 {
-		return nil, fmt.Errorf("the cluster's ACL (%s) has no admin: no digest identity with all permissions", FormatACL(clusterACL))
+		return nil, fmt.Errorf("the cluster's ACL (%s) has no admin: no digest or x509 identity with all permissions", FormatACL(clusterACL))
+	}
+	if r.x509 && slices.ContainsFunc(r.admins, func(e zk.ACL) bool { return e.Scheme != "x509" }) {
+		return nil, fmt.Errorf("the cluster's ACL (%s) mixes digest and x509 admins: give it one kind", FormatACL(clusterACL))
 	}
 	r.readerRecs = r.kind(r.owners, zk.PermRead|zk.PermWrite)
 	return r, nil
@@ -167,6 +202,10 @@ func hidden(id string) bool { return strings.HasSuffix(id, ":x") }
 // Open reports whether the cluster is open (created without an admin).
 func (r *ACLRule) Open() bool { return r.open }
 
+// X509 reports whether the cluster's admins are x509 identities, and so
+// member records are kept to their creators.
+func (r *ACLRule) X509() bool { return r.x509 }
+
 // kind is base followed by the readers with perms.
 func (r *ACLRule) kind(base []zk.ACL, perms int32) []zk.ACL {
 	out := slices.Clone(base)
@@ -183,6 +222,9 @@ func (r *ACLRule) ACL(k NodeKind) ([]zk.ACL, error) {
 	if r.open || k == KindOutside {
 		return OpenACL(), nil
 	}
+	if k == KindMemberRecord && !r.x509 {
+		k = KindReaderRecord // digest: one shared identity, nothing to tell apart
+	}
 	if k == KindReaderRecord {
 		if r.readerRecs == nil {
 			return nil, hint.New(fmt.Errorf("%w (it was created by an older shardctl)", ErrNoACLRecord), "run `shardctl acl repair` as the admin")
@@ -196,9 +238,50 @@ func (r *ACLRule) ACL(k NodeKind) ([]zk.ACL, error) {
 	case KindRecord:
 		return r.kind(r.admins, zk.PermRead), nil
 	case KindMemberDir:
+		if r.x509 {
+			return r.kind(r.admins, zk.PermRead|zk.PermCreate), nil
+		}
 		return r.kind(r.admins, zk.PermRead|zk.PermCreate|zk.PermDelete), nil
+	case KindMemberRecord:
+		return nil, fmt.Errorf("a member record's ACL names its creator: use MemberRecordACL")
 	}
 	return nil, fmt.Errorf("no ACL for znode kind %s", k)
+}
+
+// MemberRecordACL is the ACL of a member record created by the session
+// whose x509 identity is creator: creator read and write, the admins all,
+// readers read. In a digest or open cluster it is ACL(KindMemberRecord),
+// whoever the creator.
+func (r *ACLRule) MemberRecordACL(creator string) ([]zk.ACL, error) {
+	if r.open || !r.x509 {
+		return r.ACL(KindMemberRecord)
+	}
+	if creator == "" {
+		return nil, hint.New(fmt.Errorf("a member record in a cluster with x509 ACLs %w", ErrNoIdentity),
+			"pass --zk-tls-ca, --zk-tls-cert and --zk-tls-key with this host's certificate")
+	}
+	var out []zk.ACL
+	if !slices.ContainsFunc(r.owners, func(e zk.ACL) bool { return e.ID == creator }) {
+		out = append(out, zk.ACL{Perms: zk.PermRead | zk.PermWrite, Scheme: "x509", ID: creator})
+	}
+	out = append(out, r.owners...)
+	return append(out, r.kind(nil, zk.PermRead)...), nil
+}
+
+// memberCreator is the creator an x509 member record's ACL names: its one
+// x509 entry that is not an admin's, "" if there is none or several.
+func (r *ACLRule) memberCreator(acl []zk.ACL) string {
+	creator := ""
+	for _, e := range acl {
+		if e.Scheme != "x509" || slices.ContainsFunc(r.owners, func(o zk.ACL) bool { return o.ID == e.ID }) {
+			continue
+		}
+		if creator != "" {
+			return ""
+		}
+		creator = e.ID
+	}
+	return creator
 }
 
 // ruleKey keys a cluster's rule in its session's values.
@@ -264,15 +347,23 @@ func aclFor(ctx context.Context, s *zksession.Session, p Paths, at string) ([]zk
 	if err != nil {
 		return nil, err
 	}
-	return r.createACL(p, at)
+	return r.createACL(p, at, s.Identity())
 }
 
-func (r *ACLRule) createACL(p Paths, at string) ([]zk.ACL, error) {
+// createACL is the ACL a session with x509 identity creator gives the
+// znode at.
+func (r *ACLRule) createACL(p Paths, at, creator string) ([]zk.ACL, error) {
 	k := p.KindOf(at)
 	if r.readerView && p.KindOf(path.Dir(at)) != KindMemberDir {
 		return nil, fmt.Errorf("creating %s %w (readers create only member records), and this process is not the admin", at, ErrNeedsAdmin)
 	}
-	acl, err := r.ACL(k)
+	var acl []zk.ACL
+	var err error
+	if k == KindMemberRecord {
+		acl, err = r.MemberRecordACL(creator)
+	} else {
+		acl, err = r.ACL(k)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("creating %s: %w", at, err)
 	}
@@ -369,7 +460,7 @@ type newNode struct {
 func createTogether(ctx context.Context, s *zksession.Session, p Paths, r *ACLRule, nodes ...newNode) error {
 	ops := make([]zksession.Op, len(nodes))
 	for i, n := range nodes {
-		acl, err := r.createACL(p, n.path)
+		acl, err := r.createACL(p, n.path, s.Identity())
 		if err != nil {
 			return err
 		}

@@ -30,11 +30,11 @@ func TestKindOf(t *testing.T) {
 		"/sv/c1/pools/web/config":       KindRecord,
 		"/sv/c1/pools/web/status":       KindReaderRecord,
 		"/sv/c1/pools/web/members":      KindMemberDir,
-		"/sv/c1/pools/web/members/h1":   KindReaderRecord,
+		"/sv/c1/pools/web/members/h1":   KindMemberRecord,
 		"/sv/c1/pools/web/members/h1/x": KindRecord,
 		"/sv/c1/pools/status":           KindRecord,
 		"/sv/c1/routers":                KindMemberDir,
-		"/sv/c1/routers/r1":             KindReaderRecord,
+		"/sv/c1/routers/r1":             KindMemberRecord,
 		"/sv/c1/moves/m1/runner":        KindRecord,
 		"/sv/c1/locks/gc/holder":        KindRecord,
 		"/sv/c1/unknown/thing":          KindRecord,
@@ -108,7 +108,7 @@ func TestACLRuleDerivation(t *testing.T) {
 	}{
 		{[]zk.ACL{{Perms: zk.PermAll, Scheme: "digest", ID: "admin:x"}}, "hidden digest hashes"},
 		{zk.DigestACL(zk.PermRead, "reader", "pw"), "has no admin"},
-		{[]zk.ACL{{Perms: zk.PermAll, Scheme: "ip", ID: "10.0.0.1"}}, "not a digest identity"},
+		{[]zk.ACL{{Perms: zk.PermAll, Scheme: "ip", ID: "10.0.0.1"}}, "neither a digest nor an x509 identity"},
 	} {
 		if _, err := NewACLRule(tc.acl); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("NewACLRule(%s): %v, want %q", FormatACL(tc.acl), err, tc.err)
@@ -337,13 +337,21 @@ func securedCluster(t *testing.T, ctx context.Context, z *testenv.ZK) (p Paths, 
 	as = zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{testAdmin}})
 	rs = zktest.Session(t, zksession.Config{Connect: z.ConnectString, Auth: []zksession.Credential{testReader}})
 	p = MustPaths(z.Root, "sec")
+	buildCluster(t, ctx, p, as, rs, zksession.ClusterACL(&testAdmin, &testReader))
+	return p, as, rs
+}
+
+// buildCluster creates the cluster at p with acl and one of every kind of
+// znode: as writes the admin's, rs the reader's.
+func buildCluster(t *testing.T, ctx context.Context, p Paths, as, rs *zksession.Session, acl []zk.ACL) {
+	t.Helper()
 	must := func(what string, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	must("create cluster", CreateCluster(ctx, as, p, testCluster("sec"), []byte(`{"v":1}`), zksession.ClusterACL(&testAdmin, &testReader)))
+	must("create cluster", CreateCluster(ctx, as, p, testCluster(p.ClusterName()), []byte(`{"v":1}`), acl))
 	_, _, err := SetPoolConfig(ctx, as, p, "web", &PoolConfig{Version: PoolConfigVersion, Command: "/bin/app", Workers: 1}, -1)
 	must("pool set", err)
 	_, err = RegisterPoolMember(ctx, rs, p, "web", PoolMember{Version: PoolMemberVersion, Member: "sv1", State: "serving"})
@@ -367,26 +375,13 @@ func securedCluster(t *testing.T, ctx context.Context, z *testenv.ZK) (p Paths, 
 	must("schema epoch", BumpSchemaEpoch(ctx, as, p))
 	_, err = LockSchema(ctx, as, p, []byte("admin pid 1"), nil)
 	must("schema lock", err)
-	return p, as, rs
 }
 
 // rawConn is a plain ZooKeeper connection authenticated as exactly the
 // given identities (none: anonymous), as zkCli.sh would be.
 func rawConn(t *testing.T, z *testenv.ZK, creds ...zksession.Credential) *zk.Conn {
 	t.Helper()
-	conn, events, err := zk.Connect(z.Servers, 4*time.Second, zk.WithLogInfo(false))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(conn.Close)
-	deadline := time.After(20 * time.Second)
-	for conn.State() != zk.StateHasSession {
-		select {
-		case <-events:
-		case <-deadline:
-			t.Fatal("raw connection did not get a session")
-		}
-	}
+	conn := testenv.RawConn(t, z.Servers, nil)
 	for _, c := range creds {
 		if err := conn.AddAuth("digest", []byte(c.User+":"+c.Password)); err != nil {
 			t.Fatal(err)
@@ -486,38 +481,8 @@ func TestIntegrationACLAttacks(t *testing.T) {
 			t.Errorf("cleanup of %s: %v", at, err)
 		}
 	}
-	attempts := 0
-	for _, who := range []struct {
-		name string
-		conn *zk.Conn
-	}{{"anonymous", rawConn(t, z)}, {"reader", rawConn(t, z, testReader)}} {
-		for _, at := range nodes {
-			for _, op := range []string{"get", "set", "create", "delete", "setacl"} {
-				r := rel(at)
-				if r == "" && op == "delete" {
-					// The cluster's own znode sits in the shared root, which
-					// is open; it cannot be deleted while it has children,
-					// and those are protected (checked below).
-					if err := who.conn.Delete(at, -1); !errors.Is(err, zk.ErrNotEmpty) && !errors.Is(err, zk.ErrNoAuth) {
-						t.Errorf("%s deleting the cluster znode: %v", who.name, err)
-					}
-					continue
-				}
-				want := who.name == "reader" && (op == "get" || readerWrites[r+" "+op])
-				attempts++
-				got, err := attempt(who.conn, op, at, cleanup)
-				if err != nil {
-					t.Errorf("%s %s %s: unexpected error %v", who.name, op, at, err)
-					continue
-				}
-				if got != want {
-					verdict := map[bool]string{true: "allowed", false: "refused"}
-					t.Errorf("%s %s %s: %s, want %s", who.name, op, at, verdict[got], verdict[want])
-				}
-			}
-		}
-	}
-
+	attempts := attackAll(t, nodes, rel, cleanup, []attacker{{"anonymous", rawConn(t, z)}, {"reader", rawConn(t, z, testReader)}},
+		func(who, r, op string) bool { return who == "reader" && (op == "get" || readerWrites[r+" "+op]) })
 	t.Logf("%d attempts on %d znodes as anonymous and as the reader", attempts, len(nodes))
 
 	// The writes the design gives the reader, for real: its own records
@@ -541,6 +506,47 @@ func TestIntegrationACLAttacks(t *testing.T) {
 			t.Errorf("reader delete %s: %v", at, err)
 		}
 	}
+}
+
+// attacker is a client that tries every operation on every znode.
+type attacker struct {
+	name string
+	conn *zk.Conn
+}
+
+// attackAll tries each operation on each of nodes as each attacker and
+// fails the test wherever ZooKeeper's verdict is not may's. It returns the
+// number of attempts.
+func attackAll(t *testing.T, nodes []string, rel func(string) string, cleanup func(string), who []attacker, may func(who, rel, op string) bool) int {
+	t.Helper()
+	attempts := 0
+	for _, a := range who {
+		for _, at := range nodes {
+			r := rel(at)
+			for _, op := range []string{"get", "set", "create", "delete", "setacl"} {
+				if r == "" && op == "delete" {
+					// The cluster's own znode sits in the shared root, which
+					// is open; it cannot be deleted while it has children,
+					// and those are protected.
+					if err := a.conn.Delete(at, -1); !errors.Is(err, zk.ErrNotEmpty) && !errors.Is(err, zk.ErrNoAuth) {
+						t.Errorf("%s deleting the cluster znode: %v", a.name, err)
+					}
+					continue
+				}
+				attempts++
+				got, err := attempt(a.conn, op, at, cleanup)
+				if err != nil {
+					t.Errorf("%s %s %s: unexpected error %v", a.name, op, at, err)
+					continue
+				}
+				if want := may(a.name, r, op); got != want {
+					verdict := map[bool]string{true: "allowed", false: "refused"}
+					t.Errorf("%s %s %s: %s, want %s", a.name, op, at, verdict[got], verdict[want])
+				}
+			}
+		}
+	}
+	return attempts
 }
 
 func contains(list []string, s string) bool {

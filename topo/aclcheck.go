@@ -140,6 +140,11 @@ type ACLReport struct {
 	Open    bool      `json:"open"`
 	Checked int       `json:"checked"` // znodes compared
 	Diffs   []ACLDiff `json:"differ"`
+	// Patroni: the Patroni groups' znodes that anyone may write
+	// (CheckPatroniACLs), which repair leaves to Patroni; PatroniChecked
+	// counts the znodes looked at.
+	Patroni        []ACLDiff `json:"patroni_open,omitempty"`
+	PatroniChecked int       `json:"patroni_checked,omitempty"`
 }
 
 // CheckACLs walks the cluster's whole tree and lists every znode whose ACL
@@ -180,7 +185,28 @@ func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (
 			return err
 		}
 		rep.Checked++
-		want, err := r.ACL(p.KindOf(at))
+		kind := p.KindOf(at)
+		if kind == KindMemberRecord && r.x509 {
+			// Its creator is whoever its ACL names; a record whose ACL
+			// names no single creator, or names one with other rights,
+			// cannot be set right (who made it?): repair deletes it, and a
+			// live owner's session creates it again with the rule's ACL.
+			creator := r.memberCreator(have)
+			want, err := r.MemberRecordACL(creator)
+			if creator == "" || err != nil {
+				want, _ = r.MemberRecordACL("<its creator>")
+			}
+			if creator == "" || !slices.Equal(Entries(have), Entries(want)) {
+				if repair {
+					if err := s.Delete(ctx, at, zksession.AnyVersion); err != nil && !errors.Is(err, zksession.ErrNoNode) {
+						return err
+					}
+				}
+				rep.Diffs = append(rep.Diffs, ACLDiff{Path: at, Kind: kind.String(), What: "acl", Have: Entries(have), Want: Entries(want)})
+			}
+			return nil // ephemeral: no children
+		}
+		want, err := r.ACL(kind)
 		if err != nil {
 			return err
 		}
@@ -190,7 +216,7 @@ func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (
 					return err
 				}
 			}
-			rep.Diffs = append(rep.Diffs, ACLDiff{Path: at, Kind: p.KindOf(at).String(), What: "acl", Have: Entries(have), Want: Entries(want)})
+			rep.Diffs = append(rep.Diffs, ACLDiff{Path: at, Kind: kind.String(), What: "acl", Have: Entries(have), Want: Entries(want)})
 		}
 		kids, _, err := s.Children(ctx, at)
 		if errors.Is(err, zksession.ErrNoNode) {
@@ -210,7 +236,7 @@ func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (
 	if err := walk(p.Cluster()); err != nil {
 		return nil, err
 	}
-	if !r.open {
+	if !r.open && !r.x509 {
 		d, err := checkACLRecord(ctx, s, p, r, repair)
 		if err != nil {
 			return nil, err
@@ -255,4 +281,77 @@ func checkACLRecord(ctx context.Context, s *zksession.Session, p Paths, r *ACLRu
 		}
 	}
 	return d, nil
+}
+
+// CheckPatroniACLs walks the records of the Patroni groups in dirs
+// (PatroniDir of each group's namespace and scope), their namespace
+// included, and lists every znode that lets anyone (world:anyone) do more
+// than read: such a znode lets any host that reaches the ensemble set an
+// archive_command, turn synchronous replication off or force a failover.
+// Want is the ACL without those permissions. Patroni owns these znodes,
+// so nothing here repairs them (Patroni's zookeeper.set_acls does). A
+// group without records is skipped; the count is of znodes checked.
+func CheckPatroniACLs(ctx context.Context, s *zksession.Session, dirs []string) ([]ACLDiff, int, error) {
+	var diffs []ACLDiff
+	checked := 0
+	seen := map[string]bool{}
+	check := func(at string) (bool, error) {
+		if seen[at] {
+			return false, nil
+		}
+		seen[at] = true
+		have, _, err := s.GetACL(ctx, at)
+		if errors.Is(err, zksession.ErrNoNode) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		checked++
+		var want []zk.ACL
+		for _, e := range have {
+			if isWorld(e) {
+				if e.Perms &= zk.PermRead; e.Perms == 0 {
+					continue
+				}
+			}
+			want = append(want, e)
+		}
+		if !slices.Equal(Entries(have), Entries(want)) {
+			diffs = append(diffs, ACLDiff{Path: at, Kind: "patroni", What: "acl", Have: Entries(have), Want: Entries(want)})
+		}
+		return true, nil
+	}
+	var walk func(at string) error
+	walk = func(at string) error {
+		if ok, err := check(at); err != nil || !ok {
+			return err
+		}
+		kids, _, err := s.Children(ctx, at)
+		if err != nil && !errors.Is(err, zksession.ErrNoNode) {
+			return err
+		}
+		sort.Strings(kids)
+		for _, k := range kids {
+			if err := walk(path.Join(at, k)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	sort.Strings(dirs)
+	for _, dir := range dirs {
+		if ok, _, err := s.Exists(ctx, dir); err != nil {
+			return nil, 0, err
+		} else if !ok {
+			continue
+		}
+		if _, err := check(path.Dir(dir)); err != nil {
+			return nil, 0, err
+		}
+		if err := walk(dir); err != nil {
+			return nil, 0, err
+		}
+	}
+	return diffs, checked, nil
 }

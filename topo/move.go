@@ -206,7 +206,7 @@ type ReverseStream struct {
 type Straggler struct {
 	Member     string `json:"member"`          // its record's path
 	MapVersion uint64 `json:"map_version"`     // the version it had applied
-	Error      string `json:"error,omitempty"` // its record did not decode (or was not read yet)
+	Error      string `json:"error,omitempty"` // its record did not decode, was not read yet, or vanished (fleet.Gone)
 }
 
 // MoveServers are the two primaries a move started on.

@@ -283,6 +283,10 @@ type PoolMemberHolder struct {
 	Rec   *PoolMember
 	Err   error
 	Owner int64
+	// Creator is the x509 identity whose session created the record, as
+	// its ACL says, in a cluster with x509 ACLs ("" otherwise). Unlike
+	// the record's content, which its writer chose, it cannot be forged.
+	Creator string
 }
 
 // ReadPoolMemberHolder reads the member record of member in pool and the
@@ -295,18 +299,56 @@ func ReadPoolMemberHolder(ctx context.Context, s *zksession.Session, p Paths, po
 		return nil, err
 	}
 	rec, derr := DecodePoolMember(at, data)
-	return &PoolMemberHolder{Rec: rec, Err: derr, Owner: st.EphemeralOwner}, nil
+	h := &PoolMemberHolder{Rec: rec, Err: derr, Owner: st.EphemeralOwner}
+	h.Creator, err = MemberCreator(ctx, s, p, at)
+	return h, err
+}
+
+// MemberCreator is the x509 identity that created the member record at,
+// from its ACL, in a cluster with x509 ACLs; "" in other clusters, and
+// when the ACL names no single creator (`shardctl acl check` reports
+// such a record).
+func MemberCreator(ctx context.Context, s *zksession.Session, p Paths, at string) (string, error) {
+	r, err := ReadACLRule(ctx, s, p)
+	if err != nil || !r.x509 {
+		return "", err
+	}
+	acl, _, err := s.GetACL(ctx, at)
+	if err != nil {
+		return "", err
+	}
+	return r.memberCreator(acl), nil
 }
 
 // Remove deletes the record and stops keeping it alive.
-func (r *PoolMemberRegistration) Remove(ctx context.Context) error { return r.e.Delete(ctx) }
+func (r *PoolMemberRegistration) Remove(ctx context.Context) error { return removeMember(ctx, r.e) }
+
+// removeMember deletes a member record and stops keeping it. In a cluster
+// with x509 ACLs its owner may not delete it (nobody but the admin
+// deletes in a member directory): the record then goes when the session
+// ends, which a process removing its record is about to do.
+func removeMember(ctx context.Context, e *zksession.Ephemeral) error {
+	err := e.Delete(ctx)
+	if errors.Is(err, zksession.ErrNoAuth) {
+		return nil
+	}
+	return err
+}
 
 func createEphemeralRecord(ctx context.Context, s *zksession.Session, p Paths, at string, rec any) (*zksession.Ephemeral, error) {
 	data, err := Encode(rec)
 	if err != nil {
 		return nil, err
 	}
-	return createEphemeral(ctx, s, p, at, data)
+	e, err := createEphemeral(ctx, s, p, at, data)
+	if errors.Is(err, zksession.ErrOwnedElsewhere) {
+		// Name who took it when the ACL can say: another host's identity
+		// is not this host's previous run.
+		if c, cerr := MemberCreator(ctx, s, p, at); cerr == nil && c != "" && c != s.Identity() {
+			err = fmt.Errorf("%w; created by the x509 identity %s, not this host's (%s)", err, c, s.Identity())
+		}
+	}
+	return e, err
 }
 
 func setEphemeralRecord(ctx context.Context, e *zksession.Ephemeral, rec any) error {

@@ -38,5 +38,5 @@ func (r *RouterRegistration) Update(ctx context.Context, rec RouterMember) error
 
 // Remove deletes the record and stops keeping it alive.
 func (r *RouterRegistration) Remove(ctx context.Context) error {
-	return r.e.Delete(ctx)
+	return removeMember(ctx, r.e)
 }

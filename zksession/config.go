@@ -42,6 +42,12 @@ type Config struct {
 	// Logger receives the library's logs and this package's lifecycle
 	// events. Nil means zap.NewNop().
 	Logger *zap.Logger
+	// Identity is the x509 identity the session authenticates as when Dial
+	// presents a client certificate: its subject DN as ZooKeeper's x509
+	// provider prints it ("CN=web1,OU=webhead,O=shardvisor"). topo names it
+	// as the owner of the member records this session creates in a
+	// cluster with x509 ACLs. Empty: no certificate.
+	Identity string
 	// Dial opens each connection to a server; nil means net.DialTimeout.
 	// For callers that wrap the connection, such as a benchmark counting
 	// the bytes ZooKeeper sends (bench/mapprop).
@@ -174,6 +180,15 @@ func ClusterACL(admin, reader *Credential) []zk.ACL {
 		acl = append(acl, zk.WorldACL(zk.PermRead)...)
 	}
 	return acl
+}
+
+// X509ClusterACL is the ACL for a cluster whose admin is the x509
+// identity adminDN (a subject DN as ZooKeeper prints it): the admin may do
+// everything, anyone may read. "Anyone" on an ensemble that takes only
+// TLS clients with a certificate of the cluster's CA is a host of the
+// cluster; reading is not what must be kept from them (docs/security.md).
+func X509ClusterACL(adminDN string) []zk.ACL {
+	return []zk.ACL{{Perms: zk.PermAll, Scheme: "x509", ID: adminDN}, {Perms: zk.PermRead, Scheme: "world", ID: "anyone"}}
 }
 
 // MemberACL is the ACL for directories where readers register their own

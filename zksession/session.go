@@ -224,6 +224,10 @@ func (s *Session) onEvent(ev zk.Event) {
 	}
 }
 
+// Identity is Config.Identity: the x509 subject DN the session's
+// certificate proves, or "".
+func (s *Session) Identity() string { return s.cfg.Identity }
+
 // SessionTimeout is the negotiated session timeout, or the requested one
 // before the first connect.
 func (s *Session) SessionTimeout() time.Duration {

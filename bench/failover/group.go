@@ -32,11 +32,11 @@ func readEnv(d *devenv.Env) (*env, error) {
 // session opens a session as identity (plain TCP unless the environment
 // is TLS) with the bench's 4 s timeout.
 func (e *env) session(ctx context.Context, identity string) (*zksession.Session, error) {
-	dial, err := clustertest.DevDial(e.devenv.Dir(), e.devenv.Config().TLS, identity)
+	cfg, err := clustertest.DevTLS(zksession.Config{Connect: e.zk, SessionTimeout: 4 * time.Second}, e.devenv.Dir(), e.devenv.Config().TLS, identity)
 	if err != nil {
 		return nil, err
 	}
-	return clustertest.OpenSessionWith(ctx, zksession.Config{Connect: e.zk, SessionTimeout: 4 * time.Second, Dial: dial}, "bench/failover/run")
+	return clustertest.OpenSessionWith(ctx, cfg, "bench/failover/run")
 }
 
 // setMode turns synchronous_mode on or off and waits for the group to be

@@ -36,6 +36,21 @@ func runACL(c *cli.Context, verb string) error {
 		if rep.Diffs == nil {
 			rep.Diffs = []topo.ACLDiff{}
 		}
+		// The Patroni groups the map names share the ensemble: their
+		// records are part of what an attacker on it could write.
+		if m, _, err := st.Load(ctx); err == nil {
+			var dirs []string
+			for _, n := range m.Nodes() {
+				if !n.Patroni.IsZero() && n.State != bucketmap.NodeRemoved {
+					dirs = append(dirs, topo.PatroniDir(n.Patroni.Namespace, n.Patroni.Scope))
+				}
+			}
+			if rep.Patroni, rep.PatroniChecked, err = topo.CheckPatroniACLs(ctx, st.Session(), dirs); err != nil {
+				return fmt.Errorf("acl %s: Patroni's records: %w", verb, err)
+			}
+		} else {
+			log.Warn("the bucket map is unreadable: Patroni's records not checked", zap.Error(err))
+		}
 		for _, d := range rep.Diffs {
 			if verb == "repair" {
 				log.Info("acl repaired", zap.String("path", d.Path), zap.String("what", d.What))
@@ -47,11 +62,31 @@ func runACL(c *cli.Context, verb string) error {
 		if verb == "check" && len(rep.Diffs) > 0 {
 			return hint.New(fmt.Errorf("acl check: %d znode(s) of cluster %s differ from the ACL rule", len(rep.Diffs), rep.Cluster), "`shardctl acl repair` sets them right")
 		}
+		if len(rep.Patroni) > 0 {
+			return hint.New(fmt.Errorf("acl %s: %d znode(s) of the Patroni groups are writable by anyone", verb, len(rep.Patroni)),
+				"Patroni owns them: run ZooKeeper with TLS and give each group's Patroni zookeeper.set_acls (docs/security.md)")
+		}
 		return nil
 	})
 }
 
 func writeACLReport(w io.Writer, rep *topo.ACLReport, verb string) {
+	writeClusterACLs(w, rep, verb)
+	if rep.PatroniChecked == 0 {
+		return
+	}
+	fmt.Fprintf(w, "Patroni groups: %d znodes checked", rep.PatroniChecked)
+	if len(rep.Patroni) == 0 {
+		fmt.Fprintln(w, "; none writable by anyone")
+		return
+	}
+	fmt.Fprintf(w, "; %d writable by anyone (not repaired: Patroni's own):\n", len(rep.Patroni))
+	for _, d := range rep.Patroni {
+		fmt.Fprintf(w, "  %s  %s  want %s\n", d.Path, shortACL(d.Have), shortACL(d.Want))
+	}
+}
+
+func writeClusterACLs(w io.Writer, rep *topo.ACLReport, verb string) {
 	fmt.Fprintf(w, "cluster %s (%s): %d znodes checked", rep.Cluster, rep.Path, rep.Checked)
 	if rep.Open {
 		fmt.Fprint(w, "; the cluster is open (created without an admin identity): every znode is world:anyone:cdrwa")

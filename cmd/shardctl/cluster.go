@@ -81,21 +81,36 @@ func runInit(c *cli.Context) error {
 	if reader != nil && admin == nil {
 		return cliutil.Usagef("init: --reader-auth needs an admin identity too (--zk-auth or --zk-auth-file)")
 	}
+	x509Admin := c.Bool("x509-admin")
+	if x509Admin && (admin != nil || reader != nil) {
+		return cliutil.Usagef("init: --x509-admin makes this certificate's identity the admin; give it without --zk-auth and --reader-auth")
+	}
+	if x509Admin && c.String(cliutil.FlagZKTLSCert) == "" {
+		return cliutil.Usagef("init: --x509-admin needs ZooKeeper over TLS with this operator's certificate (--zk-tls-ca, --zk-tls-cert, --zk-tls-key)")
+	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, _ *zap.Logger) error {
 		rec := topo.ClusterRecord{Version: topo.ClusterVersion, Name: st.Paths().ClusterName(), Seed: seed.String(), CreatedAt: time.Now().UTC()}
 		opt := bucketmap.CreateOptions{ACL: zksession.ClusterACL(admin, reader)}
+		adminName := ""
+		if admin != nil {
+			adminName = admin.String()
+		}
+		if x509Admin {
+			dn := st.Session().Identity() // set from --zk-tls-cert
+			opt.ACL, adminName = zksession.X509ClusterACL(dn), "x509:"+dn
+		}
 		res, err := owners(c, st).Create(ctx, rec, m, opt)
 		if err != nil {
 			return err
 		}
 		printDrift(c, res)
 		out := map[string]any{"cluster": rec.Name, "path": st.Paths().Cluster(), "level": m.Level, "buckets": m.Buckets(),
-			"map_version": m.Version, "nodes": m.Summarize().Nodes, "acl": admin != nil}
+			"map_version": m.Version, "nodes": m.Summarize().Nodes, "acl": adminName != ""}
 		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "created cluster %s at %s: level %d (%d buckets), %d db nodes, %d-byte seed\n",
 				rec.Name, st.Paths().Cluster(), m.Level, m.Buckets(), len(nodes), len(seed))
-			if admin != nil {
-				fmt.Fprintf(w, "writes need %s\n", admin)
+			if adminName != "" {
+				fmt.Fprintf(w, "writes need %s\n", adminName)
 			}
 			bucketmap.WriteSummary(w, m.Summarize())
 		})

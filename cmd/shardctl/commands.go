@@ -32,7 +32,9 @@ func newApp() *cli.App {
 				Usage: "create a cluster: its keystream seed, first bucket map and db nodes",
 				Description: "Refuses to touch an existing cluster. The seed can never change afterwards.\n" +
 					"With --zk-auth (or --zk-auth-file) the cluster is created with ACLs: only that identity may write,\n" +
-					"and with --reader-auth(-file) readers need that identity; without it anyone may read.",
+					"and with --reader-auth(-file) readers need that identity; without it anyone may read.\n" +
+					"With --x509-admin (ZooKeeper over TLS, --zk-tls-*) this certificate's identity is the admin instead,\n" +
+					"every host with a certificate of the CA reads, and member records are kept to the host that made them.",
 				Flags: []cli.Flag{
 					&cli.IntFlag{Name: "level", Value: 8, EnvVars: []string{"SHARDVISOR_LEVEL"}, Usage: fmt.Sprintf("bucket level `N` (2^N buckets, 0..%d)", bucketmap.MaxLevel)},
 					&cli.StringFlag{Name: "seed", EnvVars: []string{"SHARDVISOR_SEED"}, Usage: "keystream seed as `HEX` (at least 16 bytes)"},
@@ -42,6 +44,7 @@ func newApp() *cli.App {
 					&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF` for every node: env:NAME or file:/path"},
 					&cli.StringFlag{Name: "reader-auth", EnvVars: []string{"SHARDVISOR_READER_AUTH"}, Usage: "reader identity `user:password` allowed to read the cluster"},
 					&cli.StringFlag{Name: "reader-auth-file", EnvVars: []string{"SHARDVISOR_READER_AUTH_FILE"}, Usage: "`file` with the reader identity"},
+					&cli.BoolFlag{Name: "x509-admin", EnvVars: []string{"SHARDVISOR_INIT_X509_ADMIN"}, Usage: "ACLs by certificate: the identity of --zk-tls-cert is the admin, every host with a certificate of the CA reads, and member records are kept to the host that made them (docs/security.md)"},
 				},
 				Action: runInit,
 			},
@@ -337,7 +340,9 @@ func newApp() *cli.App {
 					"Anything uncertain is skipped and reported (exit status 1).\n" +
 					"Deletes run in batches of short transactions, walking either the key index (rows that sit together) or the\n" +
 					"table's pages (rows spread over it), chosen per table; a run killed half-way is finished by the next one.\n" +
-					"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period.",
+					"One GC runs at a time per cluster (a ZooKeeper lock). With --every it keeps running, once per period, and a\n" +
+					"member record an earlier round saw that has vanished since still counts, at its last map version, for one\n" +
+					"ZooKeeper session timeout (skip kind member-vanished): its host may still serve until its session ends.",
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "node", Usage: "only the leftovers on node `ID`"},
 					&cli.BoolFlag{Name: "dry-run", Usage: "print what would be deleted, per node, table and range, with row counts; delete nothing"},

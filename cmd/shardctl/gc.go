@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/gc"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 )
@@ -35,6 +36,9 @@ func runGC(c *cli.Context) error {
 		return cliutil.Usagef("gc: unexpected arguments %v", c.Args().Slice())
 	}
 	every := c.Duration("every")
+	// The member records each round saw, for the next: one that vanished
+	// between rounds counts for a session timeout (gc.GC.Seen).
+	seen := &fleet.Remembered{}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		reg := prometheus.NewRegistry()
 		metrics := gc.NewMetrics(reg)
@@ -46,7 +50,7 @@ func runGC(c *cli.Context) error {
 			defer stop()
 		}
 		for {
-			err := gcRound(ctx, c, st, log, metrics)
+			err := gcRound(ctx, c, st, log, metrics, seen)
 			if every == 0 {
 				return err
 			}
@@ -62,7 +66,7 @@ func runGC(c *cli.Context) error {
 	})
 }
 
-func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.Logger, metrics *gc.Metrics) error {
+func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.Logger, metrics *gc.Metrics, seen *fleet.Remembered) error {
 	order, _ := gcOrder(c) // checked by runGC
 	opt := gc.Options{
 		Grace: c.Duration("grace"), Batch: c.Int("batch"), Parallel: c.Int("parallel"), Order: order, Rate: c.Float64("rate"), DryRun: c.Bool("dry-run"),
@@ -78,6 +82,7 @@ func gcRound(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *zap.
 	if err != nil {
 		return err
 	}
+	g.Seen = seen
 	bar := newProgressBar(c)
 	g.Opt.Progress = bar.update
 	rep, err := g.Run(ctx) // takes the GC lock, and stops if it is lost

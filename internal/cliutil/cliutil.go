@@ -172,6 +172,9 @@ func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
 			return cfg, Usagef("--%s, --%s, --%s: %v", FlagZKTLSCA, FlagZKTLSCert, FlagZKTLSKey, err)
 		}
 		cfg.Dial = pki.Dialer(tc)
+		if cfg.Identity, err = files.SubjectDN(); err != nil {
+			return cfg, Usagef("--%s: %v", FlagZKTLSCert, err)
+		}
 	}
 	return cfg, nil
 }

@@ -92,11 +92,7 @@ func OpenDev(ctx context.Context, sp DevSpec) (_ *Dev, err error) {
 		}
 		d.created++
 	}
-	dial, err := DevDial(sp.Dir, sp.TLS, Admin)
-	if err != nil {
-		return nil, err
-	}
-	if d.Session, err = OpenSessionWith(ctx, zksession.Config{Connect: sp.ZK, Dial: dial}, "scripts/devenv up"); err != nil {
+	if d.Session, err = d.SessionAs(ctx, Admin); err != nil {
 		return nil, err
 	}
 	return d, nil

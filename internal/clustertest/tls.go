@@ -23,27 +23,33 @@ const (
 	WebHead = "webhead" // CN=web1,OU=webhead,O=shardvisor
 )
 
-// DevDial dials the ensemble of the dev environment in dir as identity:
-// nil (plain TCP) unless tls.
-func DevDial(dir string, tls bool, identity string) (zksession.Dialer, error) {
+// DevTLS is cfg as identity on the ensemble of the dev environment in
+// dir: unchanged (plain TCP) unless tls, else with its TLS dialer and its
+// x509 identity (the owner of the member records the session creates).
+func DevTLS(cfg zksession.Config, dir string, tls bool, identity string) (zksession.Config, error) {
 	if !tls {
-		return nil, nil
+		return cfg, nil
 	}
-	cfg, err := devenv.New(devenv.Config{Dir: dir}).TLSFiles(identity).Config()
+	files := devenv.New(devenv.Config{Dir: dir}).TLSFiles(identity)
+	tc, err := files.Config()
+	if err == nil {
+		cfg.Dial = pki.Dialer(tc)
+		cfg.Identity, err = files.SubjectDN()
+	}
 	if err != nil {
-		return nil, fmt.Errorf("ZooKeeper identity %s of the TLS environment in %s (SHARDVISOR_DEVENV_TLS=1 scripts/devenv up makes it): %w", identity, dir, err)
+		return cfg, fmt.Errorf("ZooKeeper identity %s of the TLS environment in %s (SHARDVISOR_DEVENV_TLS=1 scripts/devenv up makes it): %w", identity, dir, err)
 	}
-	return pki.Dialer(cfg), nil
+	return cfg, nil
 }
 
 // SessionAs opens another session on the Dev's ensemble, as identity when
 // it is TLS (a plain one otherwise): the router's, say.
 func (d *Dev) SessionAs(ctx context.Context, identity string) (*zksession.Session, error) {
-	dial, err := DevDial(d.sp.Dir, d.sp.TLS, identity)
+	cfg, err := DevTLS(zksession.Config{Connect: d.sp.ZK}, d.sp.Dir, d.sp.TLS, identity)
 	if err != nil {
 		return nil, err
 	}
-	return OpenSessionWith(ctx, zksession.Config{Connect: d.sp.ZK, Dial: dial}, "scripts/devenv up")
+	return OpenSessionWith(ctx, cfg, "scripts/devenv up")
 }
 
 // CompareEnvs are the two environments of a benchmark's side-by-side TLS

@@ -1,8 +1,15 @@
 package clustertest
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/pki"
+	"github.com/shardvisor/shardvisor/zksession"
 )
 
 func TestCompareEnvs(t *testing.T) {
@@ -30,11 +37,30 @@ func TestCompareEnvs(t *testing.T) {
 	}
 }
 
-func TestDevDial(t *testing.T) {
-	if d, err := DevDial(t.TempDir(), false, WebHead); d != nil || err != nil {
-		t.Errorf("plain: %v %v", d, err)
+func TestDevTLS(t *testing.T) {
+	base := zksession.Config{Connect: "127.0.0.1:1"}
+	if cfg, err := DevTLS(base, t.TempDir(), false, WebHead); cfg.Dial != nil || cfg.Identity != "" || err != nil {
+		t.Errorf("plain: %+v %v", cfg, err)
 	}
-	if _, err := DevDial(t.TempDir(), true, WebHead); err == nil || !strings.Contains(err.Error(), "webhead") {
+	dir := t.TempDir()
+	if _, err := DevTLS(base, dir, true, WebHead); err == nil || !strings.Contains(err.Error(), "webhead") {
 		t.Errorf("TLS without the files: %v", err)
+	}
+	// The files as devenv lays them out in DIR/tls.
+	ca, err := pki.NewCA("test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := pki.FilesIn(filepath.Join(dir, "tls"), WebHead)
+	leaf, err := ca.Issue(pki.Identity{Role: "webhead", Host: "web1"}, time.Hour)
+	if err == nil {
+		err = errors.Join(os.MkdirAll(filepath.Dir(f.CA), 0o755), leaf.Write(f.Cert, f.Key), ca.Write(f.CA, filepath.Join(dir, "tls", "ca.key")))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := DevTLS(base, dir, true, WebHead)
+	if err != nil || cfg.Dial == nil || cfg.Identity != "CN=web1,OU=webhead,O=shardvisor" || cfg.Connect != base.Connect {
+		t.Errorf("TLS: %+v %v", cfg, err)
 	}
 }

@@ -272,6 +272,12 @@ func TestTLSEnsemble(t *testing.T) {
 		if g.OpenACL {
 			t.Error("the locked group's records read as open")
 		}
+		// #13's walk over Patroni's records (what `shardctl acl check`
+		// adds to the cluster's): no znode anyone may write.
+		holes, checked, err := topo.CheckPatroniACLs(ctx, s, []string{topo.PatroniDir(devenv.PatroniNamespace, "pg1")})
+		if err != nil || len(holes) != 0 || checked < 5 {
+			t.Errorf("Patroni's records: %d checked, holes %+v, %v; want several and none", checked, holes, err)
+		}
 		for _, p := range g.Problems() {
 			if p.Severe {
 				t.Errorf("severe problem: %s", p.Message)

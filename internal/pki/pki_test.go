@@ -202,4 +202,13 @@ func TestLoadCARoundTrip(t *testing.T) {
 	if err := l.Cert.CheckSignatureFrom(ca.Cert); err != nil {
 		t.Fatal(err)
 	}
+	// The identity a session with this certificate has in ZooKeeper's
+	// ACLs is the DN the certificate's subject prints as.
+	f := FilesIn(dir, "alice")
+	if err := l.Write(f.Cert, f.Key); err != nil {
+		t.Fatal(err)
+	}
+	if dn, err := f.SubjectDN(); err != nil || dn != (Identity{Role: "admin", Host: "alice"}).DN() {
+		t.Fatalf("SubjectDN %q (%v), want %q", dn, err, (Identity{Role: "admin", Host: "alice"}).DN())
+	}
 }

@@ -38,6 +38,17 @@ func (f Files) Config() (*tls.Config, error) {
 	}, nil
 }
 
+// SubjectDN is the subject of f's certificate as ZooKeeper's x509
+// provider names it in ACLs (RFC 2253, most specific first): the
+// identity a session dialled with f authenticates as.
+func (f Files) SubjectDN() (string, error) {
+	c, err := readCert(f.Cert)
+	if err != nil {
+		return "", err
+	}
+	return c.Subject.ToRDNSequence().String(), nil
+}
+
 // Dialer dials TCP then TLS, checking the server's certificate against the
 // host of each address dialled (ZooKeeper lists several servers; each
 // must prove it is the one named). The handshake shares the dial timeout.

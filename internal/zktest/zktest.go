@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/zksession"
 	"github.com/shardvisor/shardvisor/zksession/memzk"
 )
@@ -99,4 +100,20 @@ func Put(t testing.TB, s *zksession.Session, p, data string) {
 	if _, err := s.Set(ctx, p, []byte(data), -1); err != nil {
 		t.Fatalf("zktest: writing %s: %v", p, err)
 	}
+}
+
+// TLSConfig is a session configuration that dials connect over TLS with
+// f's certificate and names its identity (as internal/cliutil builds it
+// from --zk-tls-*), for an ensemble such as testenv.StartTLSZK's.
+func TLSConfig(t testing.TB, connect string, f pki.Files) zksession.Config {
+	t.Helper()
+	tc, err := f.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dn, err := f.SubjectDN()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return zksession.Config{Connect: connect, Dial: pki.Dialer(tc), Identity: dn}
 }
