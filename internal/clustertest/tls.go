@@ -6,6 +6,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/devenv"
@@ -108,10 +109,12 @@ func inDevenv[S any](cfg devenv.Config, keep bool, f func(e *devenv.Env) (*S, er
 	var s *S
 	err := e.Up()
 	if err != nil && !keep {
-		// A port of the new environment held by some outgoing connection
-		// of a busy machine fails its up now and then: once more.
-		fmt.Fprintf(os.Stderr, "== environment %s: up failed (%s); down and up once more\n", e.Dir(), strings.SplitN(err.Error(), "\n", 2)[0])
+		// A port of the new environment held by another connection (one
+		// in TIME_WAIT, with a port base in the ephemeral range) fails its
+		// up now and then: once more after TIME_WAIT's 60 s.
+		fmt.Fprintf(os.Stderr, "== environment %s: up failed (%s); down, and up again in 60 s\n", e.Dir(), strings.SplitN(err.Error(), "\n", 2)[0])
 		_ = e.Down()
+		time.Sleep(60 * time.Second)
 		err = e.Up()
 	}
 	if err == nil {
