@@ -11,7 +11,7 @@ TEST_PKGS ?= ./migrate/ ./supervisor/ ./e2e/ ./clients/python/ ./internal/testen
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-mapprop bench-fleet lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -65,6 +65,11 @@ bench-supervisor: install-deps build
 ## bench-moves: a live rebalance under write load: pauses, copy speed, lost writes
 bench-moves:
 	bench/moves/run
+
+## bench-tls: bench-moves and the failover bench each run plain then with ZooKeeper over TLS: both, and the ratios TLS/plain
+bench-tls:
+	bench/moves/run --compare-tls
+	bench/failover/run --compare-tls
 
 ## bench-mapprop: 100 routers follow a level-16 map: bytes and time per change, plain vs gzip record
 bench-mapprop:

@@ -7,8 +7,8 @@ func report(p *benchkit.Printer, s *Summary) {
 	for _, m := range s.Modes {
 		p.Say("== %s: %d failovers, %d acknowledged writes, %d LOST, %d duplicates (commits whose acknowledgement was lost), %d writes gave up or failed",
 			m.Name, len(m.Failovers), m.Acked, m.Lost, m.Duplicates, m.Failed)
-		p.Say("   kill -> new leader: p50 %.0f ms, max %.0f ms; kill -> first acknowledged write: p50 %.0f ms, max %.0f ms; election -> first write: p50 %.0f ms, max %.0f ms",
-			m.Elected.P50, m.Elected.Max, m.FirstWrite.P50, m.FirstWrite.Max, m.AfterElect.P50, m.AfterElect.Max)
+		p.Say("   kill -> new leader: p50 %.0f ms, max %.0f ms; kill -> first acknowledged write: p50 %.0f ms, max %.0f ms; election -> first write: p50 %.0f ms, max %.0f ms; ttl %d s: %d kills over ttl + 2 s",
+			m.Elected.P50, m.Elected.Max, m.FirstWrite.P50, m.FirstWrite.Max, m.AfterElect.P50, m.AfterElect.Max, m.TTLS, m.Late)
 		p.Say("   write p99: before %.1f ms, during %.1f ms, after %.1f ms; steady %.0f writes/s", m.BeforeMS, m.DuringMS, m.AfterMS, m.WritesPerSec)
 		by[m.Name] = m
 	}

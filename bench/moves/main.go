@@ -24,6 +24,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/internal/clustertest"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/router"
@@ -40,6 +41,7 @@ var (
 	baselineN     = flag.Int("baseline", 3, "moved buckets to copy again with plain COPY for the baseline")
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
+	compareTLS    = benchkit.CompareFlag()
 	// The big-bucket mode (big.go).
 	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
 	bigToastEvery = flag.Int("big-toast-every", 200, "big-bucket mode: every Nth row gets a 4 KB incompressible value (stored out of line: TOASTed)")
@@ -66,12 +68,28 @@ func main() {
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
+	if *compareTLS {
+		clustertest.CompareMain("moves-bench", out, *devf.Keep, tlsFigures, func(e *devenv.Env) (*Summary, error) {
+			*devf.Dir, *devf.ZK, *devf.PGPortBase, *devf.TLS = e.Dir(), e.ZKConnect(), e.PGPort(1), e.Config().TLS
+			return run(ctx)
+		}, report)
+		return
+	}
 	sum, err := run(ctx)
 	benchkit.Finish("moves-bench", sum, err, func(s *Summary, e string) { s.Error = e }, report, *out.JSON)
 	if sum.Missing > 0 {
 		os.Exit(1)
 	}
 }
+
+// tlsFigures are --compare-tls's: issue 38 bounds the write p99 through
+// router.Do and the move pause p99 at 1.15x the plain mode's.
+var tlsFigures = []benchkit.Figure{{Name: "write p99 through router.Do (ms)", Path: "write_latency_ms.p99", Goal: benchkit.TLSGoal},
+	{Name: "move pause p99 (ms, mover record)", Path: "pause_ms.p99", Goal: benchkit.TLSGoal},
+	{Name: "write p50 through router.Do (ms)", Path: "write_latency_ms.p50"}, {Name: "moving window p99, router (ms)", Path: "router_pause_ms.p99"},
+	{Name: "rollback pause p99 (ms)", Path: "rollback_pause_ms.p99"}, {Name: "ZooKeeper write p99 (ms, admin)", Path: "zk_write_ms.p99"},
+	{Name: "writes/s during the moves", Path: "writes_per_s_during_moves"}, {Name: "rebalance (s)", Path: "rebalance_seconds"},
+	{Name: "acknowledged writes lost: 0", Path: "missing_acknowledged_writes", Zero: true}, {Name: "moves aborted: 0", Path: "moves_aborted", Zero: true}}
 
 type bench struct {
 	sess  *zksession.Session
@@ -94,7 +112,7 @@ func run(ctx context.Context) (*Summary, error) {
 
 	say("creating database %s on %d nodes", db, startNodes+1)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: startNodes + 1, DB: db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
+		Nodes: startNodes + 1, DB: db, ZK: *devf.ZK, TLS: *devf.TLS, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}
@@ -123,9 +141,15 @@ func run(ctx context.Context) (*Summary, error) {
 	}
 	sum.RowsLoaded, sum.LoadSeconds = n, time.Since(loadStart).Seconds()
 
-	// The router, registered as a member so that every move waits for it.
+	// The router, on a session of its own as a web head's, registered as
+	// a member so that every move waits for it.
+	rs, err := dev.SessionAs(ctx, clustertest.WebHead)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
 	b.trk = &tracker{since: map[bucketmap.Bucket]time.Time{}}
-	if b.r, err = kvload.NewRouter(ctx, b.sess, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) }); err != nil {
+	if b.r, err = kvload.NewRouter(ctx, rs, b.st.Paths(), "moves-bench", *load.Writers, func(r *router.Router) { b.trk.observe(r.Map(), time.Now()) }); err != nil {
 		return nil, err
 	}
 	defer b.r.Close()

@@ -89,7 +89,7 @@ func run(ctx context.Context) (*Summary, error) {
 
 	say("creating database %s on %d nodes", db, nodesN)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: nodesN, DB: db, ZK: *devf.ZK, Keep: *devf.Keep, Logf: say})
+		Nodes: nodesN, DB: db, ZK: *devf.ZK, TLS: *devf.TLS, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}

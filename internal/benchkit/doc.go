@@ -16,8 +16,13 @@
 //     ratios, a goal's verdict (Verdict), the load average and the JSON
 //     summary;
 //   - flags: -level (LevelFlag), as every benchmark that builds a map
-//     names it.
+//     names it;
+//   - compare: --compare-tls (CompareFlag) and the side-by-side summary
+//     of a plain and a TLS run (Comparison: figures read from both JSON
+//     summaries, their ratios TLS/plain against issue 38's goal, checks
+//     each run must pass); internal/clustertest's CompareMain runs it.
 //
 // It is a library of the benchmarks only: it imports no package of the
-// module and nothing but bench/ imports it.
+// module, and nothing but bench/ and internal/clustertest (the
+// benchmarks' fixture) imports it.
 package benchkit

@@ -50,18 +50,25 @@ func Fatalf(code int, name, format string, args ...any) {
 type DevFlags struct {
 	ZK, Dir, PGHost *string
 	Keep, NoLock    *bool
+	TLS             *bool
 	PGPortBase      *int
 }
 
 // NewDevFlags defines them on the command line; zk is the default
-// ZooKeeper connect string.
+// ZooKeeper connect string, unless SHARDVISOR_ZK_PORT_BASE names the
+// ensemble's ports (as scripts/devenv reads it).
 func NewDevFlags(zk string) DevFlags {
+	if b := EnvInt("SHARDVISOR_ZK_PORT_BASE", 0); b > 0 {
+		zk = fmt.Sprintf("127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", b, b+1, b+2)
+	}
 	return DevFlags{
-		ZK:         flag.String("zk", zk, "ZooKeeper connect string"),
-		Keep:       flag.Bool("keep", false, "keep the databases and the ZooKeeper tree (printed at the end)"),
-		NoLock:     flag.Bool("no-lock", false, "do not take the test environment's shared lock"),
-		Dir:        flag.String("devenv-dir", EnvOr("SHARDVISOR_DEVENV_DIR", DefaultDevenvDir), "scripts/devenv state directory (password file, lock)"),
-		PGHost:     flag.String("pg-host", "127.0.0.1", "PostgreSQL host"),
+		ZK:     flag.String("zk", zk, "ZooKeeper connect string"),
+		Keep:   flag.Bool("keep", false, "keep the databases and the ZooKeeper tree (printed at the end)"),
+		NoLock: flag.Bool("no-lock", false, "do not take the test environment's shared lock"),
+		Dir:    flag.String("devenv-dir", EnvOr("SHARDVISOR_DEVENV_DIR", DefaultDevenvDir), "scripts/devenv state directory (password file, lock)"),
+		PGHost: flag.String("pg-host", "127.0.0.1", "PostgreSQL host"),
+		TLS: flag.Bool("tls", os.Getenv("SHARDVISOR_DEVENV_TLS") == "1", "the environment takes ZooKeeper clients over TLS only: dial it with the certificates in --devenv-dir/tls, "+
+			"as the admin (the router as the web head) (env SHARDVISOR_DEVENV_TLS=1)"),
 		PGPortBase: flag.Int("pg-port-base", EnvInt("SHARDVISOR_PG_PORT_BASE", 25432), "port of the first PostgreSQL node; node i listens on base+i-1"),
 	}
 }

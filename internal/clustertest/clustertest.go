@@ -2,7 +2,9 @@
 // packages and the benchmarks share: the one cluster on real db nodes
 // (Build: record and map in ZooKeeper, DDL, fence installed and synced;
 // it returns errors, MustBuild is the tests' form), a benchmark's
-// databases on scripts/devenv's servers (Dev), and for routing tests a
+// databases on scripts/devenv's servers (Dev), its sessions on a TLS
+// environment and its side-by-side runs plain vs TLS (tls.go), a Patroni
+// group's mode and health (patroni.go), and for routing tests a
 // seed, db nodes that are never dialled, a cluster created in a ZooKeeper
 // tree, map files. Test and benchmark support only: no library package
 // imports it.

@@ -34,8 +34,10 @@ type DevSpec struct {
 	Nodes      int
 	// DB is the database created on every server.
 	DB string
-	// ZK is the ensemble's connect string.
-	ZK string
+	// ZK is the ensemble's connect string; TLS: it takes clients over TLS
+	// only, the Dev's session dials it as Admin (tls.go).
+	ZK  string
+	TLS bool
 	// Keep leaves the databases and the ZooKeeper trees at Close.
 	Keep bool
 	// Logf reports what Close could not clean up.
@@ -90,7 +92,7 @@ func OpenDev(ctx context.Context, sp DevSpec) (_ *Dev, err error) {
 		}
 		d.created++
 	}
-	if d.Session, err = OpenSession(ctx, sp.ZK, "scripts/devenv --plain up"); err != nil {
+	if d.Session, err = d.SessionAs(ctx, Admin); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -155,7 +157,14 @@ func DevNodes(addrs []string, db, pwFile string) []bucketmap.Node {
 // OpenSession opens a ZooKeeper session on connect and waits up to 30 s
 // for it to connect; an error names how to start the ensemble (start).
 func OpenSession(ctx context.Context, connect, start string) (*zksession.Session, error) {
-	s, err := zksession.Open(zksession.Config{Connect: connect})
+	return OpenSessionWith(ctx, zksession.Config{Connect: connect}, start)
+}
+
+// OpenSessionWith is OpenSession with a session's configuration (its
+// dialer, say).
+func OpenSessionWith(ctx context.Context, cfg zksession.Config, start string) (*zksession.Session, error) {
+	connect := cfg.Connect
+	s, err := zksession.Open(cfg)
 	if err != nil {
 		return nil, err
 	}

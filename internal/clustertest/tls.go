@@ -1,0 +1,157 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/internal/devenv"
+	"github.com/shardvisor/shardvisor/internal/pki"
+	"github.com/shardvisor/shardvisor/zksession"
+)
+
+// A benchmark on a TLS dev environment (SHARDVISOR_DEVENV_TLS=1,
+// internal/devenv's tls.go) dials ZooKeeper over TLS with the identities
+// devenv issued in DIR/tls: the admin's for its own session (it creates
+// the cluster and moves buckets, as an operator and the mover do), a web
+// head's for its router, as production separates them.
+const (
+	Admin   = "admin"   // CN=operator,OU=admin,O=shardvisor
+	WebHead = "webhead" // CN=web1,OU=webhead,O=shardvisor
+)
+
+// DevTLS is cfg as identity on the ensemble of the dev environment in
+// dir: unchanged (plain TCP) unless tls, else with its TLS dialer and its
+// x509 identity (the owner of the member records the session creates).
+func DevTLS(cfg zksession.Config, dir string, tls bool, identity string) (zksession.Config, error) {
+	if !tls {
+		return cfg, nil
+	}
+	files := devenv.New(devenv.Config{Dir: dir}).TLSFiles(identity)
+	tc, err := files.Config()
+	if err == nil {
+		cfg.Dial = pki.Dialer(tc)
+		cfg.Identity, err = files.SubjectDN()
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("ZooKeeper identity %s of the TLS environment in %s (SHARDVISOR_DEVENV_TLS=1 scripts/devenv up makes it): %w", identity, dir, err)
+	}
+	return cfg, nil
+}
+
+// SessionAs opens another session on the Dev's ensemble, as identity when
+// it is TLS (a plain one otherwise): the router's, say.
+func (d *Dev) SessionAs(ctx context.Context, identity string) (*zksession.Session, error) {
+	cfg, err := DevTLS(zksession.Config{Connect: d.sp.ZK}, d.sp.Dir, d.sp.TLS, identity)
+	if err != nil {
+		return nil, err
+	}
+	return OpenSessionWith(ctx, cfg, "scripts/devenv up (--plain for a plain benchmark)")
+}
+
+// CompareEnvs are the two environments of a benchmark's side-by-side TLS
+// comparison (issue 38), alike but for TLS: the plain one as
+// devenv.FromEnv reads it (SHARDVISOR_DEVENV_DIR, the port bases, the
+// nodes), and the TLS one in SHARDVISOR_BENCH_TLS_DIR (default: the plain
+// one's directory + "-tls") on SHARDVISOR_BENCH_TLS_ZK_PORT_BASE and
+// SHARDVISOR_BENCH_TLS_PG_PORT_BASE (default: the plain one's ports: the
+// plain environment is down before the TLS one starts).
+func CompareEnvs() (plain, tls devenv.Config, err error) {
+	if plain, err = devenv.FromEnv(); err != nil {
+		return plain, tls, err
+	}
+	plain.TLS = false
+	plain = devenv.New(plain).Config() // its defaults, to derive the TLS one's
+	tls = plain
+	tls.TLS = true
+	tls.Dir = plain.Dir + "-tls"
+	if v := os.Getenv("SHARDVISOR_BENCH_TLS_DIR"); v != "" {
+		tls.Dir = v
+	}
+	for v, port := range map[string]*int{"SHARDVISOR_BENCH_TLS_ZK_PORT_BASE": &tls.ZKPortBase, "SHARDVISOR_BENCH_TLS_PG_PORT_BASE": &tls.PGPortBase} {
+		if s := os.Getenv(v); s != "" {
+			if *port, err = strconv.Atoi(s); err != nil {
+				return plain, tls, fmt.Errorf("%s: not a port: %q", v, s)
+			}
+		}
+	}
+	return plain, tls, nil
+}
+
+// CompareTLS runs a benchmark twice with the same parameters, each run on
+// its own environment brought up before it and down after it (keep: the
+// TLS one stays up): first in the plain mode, then in the TLS mode.
+// Either summary may be nil when its run failed before it had one.
+func CompareTLS[S any](keep bool, run func(e *devenv.Env) (*S, error)) (plain, tls *S, err error) {
+	pc, tc, err := CompareEnvs()
+	if err != nil {
+		return nil, nil, err
+	}
+	if plain, err = inDevenv(pc, false, run); err != nil {
+		return plain, nil, fmt.Errorf("plain mode: %w", err)
+	}
+	if tls, err = inDevenv(tc, keep, run); err != nil {
+		err = fmt.Errorf("TLS mode: %w", err)
+	}
+	return plain, tls, err
+}
+
+// inDevenv brings the environment cfg up, runs f on it and brings it down
+// again unless keep.
+func inDevenv[S any](cfg devenv.Config, keep bool, f func(e *devenv.Env) (*S, error)) (*S, error) {
+	cfg.Log = os.Stderr
+	e := devenv.New(cfg)
+	fmt.Fprintf(os.Stderr, "== environment %s (TLS %v): up\n", e.Dir(), cfg.TLS)
+	var s *S
+	err := e.Up()
+	if err != nil && !keep {
+		// A port of the new environment held by another connection (one
+		// in TIME_WAIT, with a port base in the ephemeral range) fails its
+		// up now and then: once more after TIME_WAIT's 60 s.
+		fmt.Fprintf(os.Stderr, "== environment %s: up failed (%s); down, and up again in 60 s\n", e.Dir(), strings.SplitN(err.Error(), "\n", 2)[0])
+		_ = e.Down()
+		time.Sleep(60 * time.Second)
+		err = e.Up()
+	}
+	if err == nil {
+		s, err = f(e)
+	}
+	if !keep { // after a failed up too: what it started
+		if derr := e.Down(); derr != nil {
+			fmt.Fprintf(os.Stderr, "== environment %s: down: %v\n", e.Dir(), derr)
+		}
+	}
+	return s, err
+}
+
+// CompareMain is a benchmark's main under --compare-tls: CompareTLS, each
+// run's report as it ends, then figs compared (benchkit.Comparison) and,
+// with --json, the whole on stdout. It exits 1 when a run failed or a
+// check (no acknowledged write lost, say) failed in either run; a ratio
+// over its goal is reported, not an exit status, as other work on the
+// machine shows in it.
+func CompareMain[S any](name string, out *benchkit.Out, keep bool, figs []benchkit.Figure, run func(e *devenv.Env) (*S, error), report func(*S)) {
+	c := &benchkit.Comparison[S]{}
+	var err error
+	c.Plain, c.TLS, err = CompareTLS(keep, func(e *devenv.Env) (*S, error) {
+		out.Say("\n== %s mode (%s)", map[bool]string{false: "plain", true: "TLS"}[e.Config().TLS], e.Dir())
+		s, err := run(e)
+		if s != nil {
+			report(s)
+		}
+		c.LoadAvg = append(c.LoadAvg, benchkit.LoadAvg(3))
+		return s, err
+	})
+	c.Compare(figs)
+	benchkit.Finish(name, c, err, func(c *benchkit.Comparison[S], e string) { c.Error = e },
+		func(c *benchkit.Comparison[S]) { c.Verdict(); c.Report(&out.Printer) }, *out.JSON)
+	for _, k := range c.Checks {
+		if !k.Plain || !k.TLS {
+			os.Exit(1)
+		}
+	}
+}
