@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/internal/pki"
+	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -295,10 +296,19 @@ func TestTLSEnsemble(t *testing.T) {
 		}
 	})
 
-	// up in the plain mode restarts the group and the whole ensemble plain
-	// and opens the group's records to a plain Patroni; up with TLS again
-	// locks them anew, the records the plain run kept included.
-	t.Run("up switches the running mode", func(t *testing.T) {
+}
+
+// up in the plain mode restarts the group and the whole ensemble plain
+// and opens the group's records to a plain Patroni; up with TLS again
+// locks them anew, the records the plain run kept included. Two whole
+// restarts: make test-faults runs it.
+func TestFaultsTLSModeSwitch(t *testing.T) {
+	testenv.Faults(t)
+	e := throwawayWith(t, devenv.Config{PGNodes: 1, HA: 2, TLS: true})
+	if err := e.Up(); err != nil {
+		t.Fatal(err)
+	}
+	{
 		// A whole restart each way, beside other work: a TLS ensemble's
 		// quorum handshakes get slow on a loaded machine (docs/security.md).
 		cfg := e.Config()
@@ -345,5 +355,5 @@ func TestTLSEnsemble(t *testing.T) {
 		} else if _, err := web.Set("/service/pg1/config", []byte(`{"synchronous_mode":false}`), st.Version); !errors.Is(err, zk.ErrNoAuth) {
 			t.Errorf("web head 2 set pg1's config after the switch: %v, want %v", err, zk.ErrNoAuth)
 		}
-	})
+	}
 }
