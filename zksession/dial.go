@@ -102,11 +102,26 @@ type dialHooks struct {
 }
 
 func sniffingDialer(dial func(network, addr string, timeout time.Duration) (net.Conn, error), h dialHooks) func(network, addr string, timeout time.Duration) (net.Conn, error) {
-	if dial == nil {
+	custom := dial != nil
+	if !custom {
 		dial = net.DialTimeout
 	}
 	return func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		// A configured dialer (TLS) does its handshake inside the dial,
+		// within the library's fixed 1 s connect timeout: a busy server
+		// (an ensemble just restarted, every client at once) took longer,
+		// and each host retried for minutes while its peers got through.
+		// It gets the connect timeout plus the handshake's own bound, and a
+		// server that timed out is skipped for a while like one whose
+		// connect response timed out.
+		if custom && h.handshake != nil {
+			timeout += h.handshake()
+		}
 		c, err := dial(network, addr, timeout)
+		var ne net.Error
+		if err != nil && custom && errors.As(err, &ne) && ne.Timeout() && h.onFail != nil {
+			h.onFail(addr)
+		}
 		if err != nil {
 			return nil, err
 		}
