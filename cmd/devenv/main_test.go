@@ -23,6 +23,14 @@ func TestCommands(t *testing.T) {
 	t.Setenv("SHARDVISOR_DEVENV_DIR", dir)
 	t.Setenv("SHARDVISOR_ZK_PORT_BASE", "7811")
 	t.Setenv("SHARDVISOR_PG_PORT_BASE", "7432")
+	// make test runs under scripts/with-devenv, which pins the plain mode
+	// in the environment: these cases name the mode themselves.
+	for _, v := range []string{"SHARDVISOR_DEVENV_TLS", "SHARDVISOR_DEVENV_PLAIN"} {
+		if old, ok := os.LookupEnv(v); ok {
+			os.Unsetenv(v)
+			t.Cleanup(func() { os.Setenv(v, old) })
+		}
+	}
 	if err := os.MkdirAll(dir+"/pg", 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/shardvisor/shardvisor/hint"
-	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -165,16 +164,8 @@ func SessionConfig(c *cli.Context, log *zap.Logger) (zksession.Config, error) {
 	if cred != nil {
 		cfg.Auth = []zksession.Credential{*cred}
 	}
-	files := pki.Files{CA: c.String(FlagZKTLSCA), Cert: c.String(FlagZKTLSCert), Key: c.String(FlagZKTLSKey)}
-	if files != (pki.Files{}) {
-		tc, err := files.Config()
-		if err != nil {
-			return cfg, Usagef("--%s, --%s, --%s: %v", FlagZKTLSCA, FlagZKTLSCert, FlagZKTLSKey, err)
-		}
-		cfg.Dial = pki.Dialer(tc)
-		if cfg.Identity, err = files.SubjectDN(); err != nil {
-			return cfg, Usagef("--%s: %v", FlagZKTLSCert, err)
-		}
+	if err := cfg.UseTLS(c.String(FlagZKTLSCA), c.String(FlagZKTLSCert), c.String(FlagZKTLSKey)); err != nil {
+		return cfg, Usagef("--%s, --%s, --%s: %v", FlagZKTLSCA, FlagZKTLSCert, FlagZKTLSKey, err)
 	}
 	return cfg, nil
 }

@@ -107,13 +107,9 @@ func Put(t testing.TB, s *zksession.Session, p, data string) {
 // from --zk-tls-*), for an ensemble such as testenv.StartTLSZK's.
 func TLSConfig(t testing.TB, connect string, f pki.Files) zksession.Config {
 	t.Helper()
-	tc, err := f.Config()
-	if err != nil {
+	cfg := zksession.Config{Connect: connect}
+	if err := cfg.UseTLS(f.CA, f.Cert, f.Key); err != nil {
 		t.Fatal(err)
 	}
-	dn, err := f.SubjectDN()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return zksession.Config{Connect: connect, Dial: pki.Dialer(tc), Identity: dn}
+	return cfg
 }

@@ -40,7 +40,6 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
-	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -442,12 +441,8 @@ func verify(args []string) error {
 	tlsKey := fs.String("zk-tls-key", os.Getenv("SHARDVISOR_ZK_TLS_KEY"), "PEM file of the key of -zk-tls-cert")
 	fs.Parse(args)
 	zcfg := zksession.Config{Connect: *zkc}
-	if f := (pki.Files{CA: *tlsCA, Cert: *tlsCert, Key: *tlsKey}); f != (pki.Files{}) {
-		tc, err := f.Config()
-		if err != nil {
-			return err
-		}
-		zcfg.Dial = pki.Dialer(tc)
+	if err := zcfg.UseTLS(*tlsCA, *tlsCert, *tlsKey); err != nil {
+		return err
 	}
 	var entries []Entry
 	f, err := os.Open(*ledger)
