@@ -305,7 +305,12 @@ func (e *Env) ZKStart(i int) error {
 	}
 	err = e.zkLaunch(i)
 	if err == nil {
-		err = e.waitListening(fmt.Sprintf("zk%d", i), e.ZKPort(i), func() bool { return e.zkPid(i) != 0 }, e.zkLog(i))
+		// Running is the launched pid existing, not its command line
+		// matching: java's launcher may exec itself again, and nice execs
+		// java, and in between the command line reads empty (a start
+		// was reported "process exited" with nothing in its log).
+		pid := readPid(filepath.Join(e.ZKDir(i), "zk.pid"))
+		err = e.waitListening(fmt.Sprintf("zk%d", i), e.ZKPort(i), func() bool { return Alive(pid, "") }, e.zkLog(i))
 	}
 	unlock()
 	if err != nil {
