@@ -175,15 +175,7 @@ func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (
 		return nil, fmt.Errorf("checking the ACLs of cluster %s %w (--zk-auth-file): ZooKeeper hides the hashes the rule is made of from everyone else", p.ClusterName(), ErrNeedsAdmin)
 	}
 	rep := &ACLReport{Cluster: p.ClusterName(), Path: p.Cluster(), Open: r.open}
-	var walk func(at string) error
-	walk = func(at string) error {
-		have, _, err := s.GetACL(ctx, at)
-		if errors.Is(err, zksession.ErrNoNode) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
+	visit := func(at string, have []zk.ACL) (bool, error) {
 		rep.Checked++
 		kind := p.KindOf(at)
 		if kind == KindMemberRecord && r.x509 {
@@ -199,41 +191,28 @@ func walkACLs(ctx context.Context, s *zksession.Session, p Paths, repair bool) (
 			if creator == "" || !slices.Equal(Entries(have), Entries(want)) {
 				if repair {
 					if err := s.Delete(ctx, at, zksession.AnyVersion); err != nil && !errors.Is(err, zksession.ErrNoNode) {
-						return err
+						return false, err
 					}
 				}
 				rep.Diffs = append(rep.Diffs, ACLDiff{Path: at, Kind: kind.String(), What: "acl", Have: Entries(have), Want: Entries(want)})
 			}
-			return nil // ephemeral: no children
+			return false, nil // ephemeral: no children
 		}
 		want, err := r.ACL(kind)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if !slices.Equal(Entries(have), Entries(want)) {
 			if repair {
 				if _, err := setACL(ctx, s, r, p, at); err != nil && !errors.Is(err, zksession.ErrNoNode) {
-					return err
+					return false, err
 				}
 			}
 			rep.Diffs = append(rep.Diffs, ACLDiff{Path: at, Kind: kind.String(), What: "acl", Have: Entries(have), Want: Entries(want)})
 		}
-		kids, _, err := s.Children(ctx, at)
-		if errors.Is(err, zksession.ErrNoNode) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		sort.Strings(kids)
-		for _, k := range kids {
-			if err := walk(path.Join(at, k)); err != nil {
-				return err
-			}
-		}
-		return nil
+		return true, nil
 	}
-	if err := walk(p.Cluster()); err != nil {
+	if err := walkTree(ctx, s, p.Cluster(), visit); err != nil {
 		return nil, err
 	}
 	if !r.open && !r.x509 {
@@ -294,19 +273,7 @@ func checkACLRecord(ctx context.Context, s *zksession.Session, p Paths, r *ACLRu
 func CheckPatroniACLs(ctx context.Context, s *zksession.Session, dirs []string) ([]ACLDiff, int, error) {
 	var diffs []ACLDiff
 	checked := 0
-	seen := map[string]bool{}
-	check := func(at string) (bool, error) {
-		if seen[at] {
-			return false, nil
-		}
-		seen[at] = true
-		have, _, err := s.GetACL(ctx, at)
-		if errors.Is(err, zksession.ErrNoNode) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
+	check := func(at string, have []zk.ACL) {
 		checked++
 		var want []zk.ACL
 		for _, e := range have {
@@ -320,38 +287,54 @@ func CheckPatroniACLs(ctx context.Context, s *zksession.Session, dirs []string) 
 		if !slices.Equal(Entries(have), Entries(want)) {
 			diffs = append(diffs, ACLDiff{Path: at, Kind: "patroni", What: "acl", Have: Entries(have), Want: Entries(want)})
 		}
-		return true, nil
 	}
-	var walk func(at string) error
-	walk = func(at string) error {
-		if ok, err := check(at); err != nil || !ok {
-			return err
-		}
-		kids, _, err := s.Children(ctx, at)
-		if err != nil && !errors.Is(err, zksession.ErrNoNode) {
-			return err
-		}
-		sort.Strings(kids)
-		for _, k := range kids {
-			if err := walk(path.Join(at, k)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	sort.Strings(dirs)
+	namespaces := map[string]bool{}
+	dirs = slices.Compact(slices.Sorted(slices.Values(dirs)))
 	for _, dir := range dirs {
 		if ok, _, err := s.Exists(ctx, dir); err != nil {
 			return nil, 0, err
 		} else if !ok {
 			continue
 		}
-		if _, err := check(path.Dir(dir)); err != nil {
-			return nil, 0, err
+		if ns := path.Dir(dir); !namespaces[ns] {
+			namespaces[ns] = true
+			if err := walkTree(ctx, s, ns, func(at string, acl []zk.ACL) (bool, error) { check(at, acl); return false, nil }); err != nil {
+				return nil, 0, err
+			}
 		}
-		if err := walk(dir); err != nil {
+		if err := walkTree(ctx, s, dir, func(at string, acl []zk.ACL) (bool, error) { check(at, acl); return true, nil }); err != nil {
 			return nil, 0, err
 		}
 	}
 	return diffs, checked, nil
+}
+
+// walkTree visits at and every znode below it, parents first and children
+// in name order, with each one's ACL; visit says whether to go below. A
+// znode that vanishes during the walk is skipped.
+func walkTree(ctx context.Context, s *zksession.Session, at string, visit func(at string, acl []zk.ACL) (bool, error)) error {
+	acl, _, err := s.GetACL(ctx, at)
+	if errors.Is(err, zksession.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if down, err := visit(at, acl); err != nil || !down {
+		return err
+	}
+	kids, _, err := s.Children(ctx, at)
+	if errors.Is(err, zksession.ErrNoNode) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	sort.Strings(kids)
+	for _, k := range kids {
+		if err := walkTree(ctx, s, path.Join(at, k), visit); err != nil {
+			return err
+		}
+	}
+	return nil
 }
