@@ -207,7 +207,7 @@ func (e *Env) groupLaunchAll(pw string, deadline time.Time, groups ...int) error
 // convergeBody: the dynamic configuration keys shardvisor depends on, set
 // on a group bootstrapped before they were in its bootstrap section (read
 // only once). PATCH /config on any member merges.
-const convergeBody = `{"failsafe_mode": true, "ignore_slots": [{"type": "logical", "plugin": "pgoutput"}], "postgresql": {"parameters": {"checkpoint_timeout": "30s", "wal_keep_size": "512MB"}}}`
+const convergeBody = `{"failsafe_mode": true, "ignore_slots": [{"type": "logical", "plugin": "pgoutput"}], "postgresql": {"parameters": {"checkpoint_timeout": "30s", "wal_keep_size": "128MB", "max_wal_size": "256MB", "min_wal_size": "32MB"}}}`
 
 func (e *Env) groupConverge(i int) {
 	n, _, _ := e.recordedMembers(i)

@@ -167,7 +167,12 @@ func run(args []string) error {
 	every := fs.Duration("status-every", time.Second, "print a status line this often (0: never)")
 	prefix := fs.String("prefix", "user", "user id prefix")
 	failures := fs.String("failures", "", "append a JSON line per failed request (start, end, error) to this file")
+	rate := fs.Float64("rate", 0, "at most this many requests/s in all, spread evenly over time (0: each client as fast as it goes)")
 	fs.Parse(args)
+	if *rate < 0 {
+		return fmt.Errorf("--rate %v: must be 0 (no limit) or more", *rate)
+	}
+	pace := newPacer(*rate)
 	if *users < *conc {
 		*conc = *users
 	}
@@ -205,6 +210,9 @@ func run(args []string) error {
 			}
 			notes := map[string][]int64{}
 			for ctx.Err() == nil {
+				if !pace.wait(ctx) {
+					break
+				}
 				uid := mine[rng.IntN(len(mine))]
 				ids := notes[uid]
 				op := rng.IntN(10)
