@@ -59,6 +59,8 @@ func newApp() *cli.App {
 				Usage: "ZooKeeper takes clients over TLS only, each identified by its certificate (x509 ACLs), and runs its quorum over TLS; Patroni's records are its own, its REST API HTTPS; the CA and certificates are made in DIR/tls on the first up; env exports the admin's. --tls=false (SHARDVISOR_DEVENV_TLS=0) or --plain: everything plain and open, as the tests' clients need"},
 			&cli.BoolFlag{Name: "plain", EnvVars: []string{"SHARDVISOR_DEVENV_PLAIN"},
 				Usage: "the plain mode: --tls=false. up and run restart servers running in the other mode; the other commands act on whatever runs"},
+			&cli.BoolFlag{Name: "zk-full-jit", EnvVars: []string{"SHARDVISOR_DEVENV_ZK_FULL_JIT"},
+				Usage: "run ZooKeeper's JVM with C2, as production does (for benchmarks of steady-state latency, over TLS above all: C1 alone, the default, starts faster but encrypts without the CPU's AES instructions); servers already running keep theirs"},
 			&cli.IntFlag{Name: "timeout", Value: int(devenv.DefaultTimeout / time.Second), EnvVars: []string{"SHARDVISOR_DEVENV_TIMEOUT"},
 				Usage: "`seconds` to wait for health"},
 		},
@@ -98,7 +100,7 @@ func envOf(c *cli.Context) (*devenv.Env, error) {
 		return nil, err
 	}
 	cfg := devenv.Config{Dir: c.String("dir"), ZKPortBase: c.Int("zk-port-base"), PGPortBase: c.Int("pg-port-base"),
-		TLS: tls, Timeout: time.Duration(c.Int("timeout")) * time.Second, Log: os.Stderr}
+		TLS: tls, ZKFullJIT: c.Bool("zk-full-jit"), Timeout: time.Duration(c.Int("timeout")) * time.Second, Log: os.Stderr}
 	if cfg.PGNodes, err = devenv.ParseNodes(c.String("pg-nodes")); err != nil {
 		return nil, err
 	}

@@ -238,3 +238,23 @@ func TestTail(t *testing.T) {
 		t.Errorf("%d lines, want 50", n)
 	}
 }
+
+func TestFromEnvZKFullJIT(t *testing.T) {
+	for _, c := range []struct {
+		v       string
+		want    bool
+		wantErr bool
+	}{{"", false, false}, {"0", false, false}, {"1", true, false}, {"true", true, false}, {"yes", false, true}} {
+		t.Setenv("SHARDVISOR_DEVENV_ZK_FULL_JIT", c.v)
+		got, err := FromEnv()
+		if c.wantErr {
+			if err == nil || !strings.Contains(err.Error(), "SHARDVISOR_DEVENV_ZK_FULL_JIT") {
+				t.Errorf("%q: error %v, want one naming the variable", c.v, err)
+			}
+			continue
+		}
+		if err != nil || got.ZKFullJIT != c.want {
+			t.Errorf("%q: ZKFullJIT %v, err %v; want %v", c.v, got.ZKFullJIT, err, c.want)
+		}
+	}
+}

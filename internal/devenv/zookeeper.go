@@ -188,7 +188,11 @@ func (e *Env) zkLaunch(i int) error {
 		return err
 	}
 	defer out.Close()
-	cmd := exec.Command(javaBin(), "-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+	jit := "-XX:TieredStopAtLevel=1" // C1 alone: see Config.ZKFullJIT
+	if e.c.ZKFullJIT {
+		jit = "-XX:+TieredCompilation"
+	}
+	cmd := exec.Command(javaBin(), "-Xms64m", "-Xmx256m", "-XX:+UseSerialGC", jit,
 		"-XX:-UsePerfData", "-XX:+ExitOnOutOfMemoryError",
 		"-Djava.net.preferIPv4Stack=true",
 		"-Dzookeeper.log.dir="+dir,
