@@ -97,19 +97,11 @@ func FromEnv() (Config, error) {
 	if c.HANodes, err = ParseHANodes(os.Getenv("SHARDVISOR_PG_HA_NODES")); err != nil {
 		return c, err
 	}
-	switch v := os.Getenv("SHARDVISOR_DEVENV_TLS"); v {
-	case "", "0", "false":
-	case "1", "true":
-		c.TLS = true
-	default:
-		return c, fmt.Errorf("SHARDVISOR_DEVENV_TLS must be 1 or 0, not %q", v)
+	if c.TLS, err = envBool("SHARDVISOR_DEVENV_TLS"); err != nil {
+		return c, err
 	}
-	switch v := os.Getenv("SHARDVISOR_DEVENV_ZK_FULL_JIT"); v {
-	case "", "0", "false":
-	case "1", "true":
-		c.ZKFullJIT = true
-	default:
-		return c, fmt.Errorf("SHARDVISOR_DEVENV_ZK_FULL_JIT must be 1 or 0, not %q", v)
+	if c.ZKFullJIT, err = envBool("SHARDVISOR_DEVENV_ZK_FULL_JIT"); err != nil {
+		return c, err
 	}
 	secs, err := envInt("SHARDVISOR_DEVENV_TIMEOUT")
 	if err != nil {
@@ -117,6 +109,18 @@ func FromEnv() (Config, error) {
 	}
 	c.Timeout = time.Duration(secs) * time.Second
 	return c, nil
+}
+
+// envBool reads a 1/0 variable ("" is false).
+func envBool(name string) (bool, error) {
+	switch v := os.Getenv(name); v {
+	case "", "0", "false":
+		return false, nil
+	case "1", "true":
+		return true, nil
+	default:
+		return false, fmt.Errorf("%s must be 1 or 0, not %q", name, v)
+	}
 }
 
 func envInt(name string) (int, error) {
