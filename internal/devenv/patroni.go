@@ -59,46 +59,46 @@ func (e *Env) writeMemberConf(i, m int, pw string) (changed bool, err error) {
 }
 
 // memberLaunch starts member m's Patroni unless it runs, without waiting.
-func (e *Env) memberLaunch(i, m int) error {
+func (e *Env) memberLaunch(i, m int) (int, error) {
 	dir := e.MemberDir(i, m)
 	name := fmt.Sprintf("pg%d.m%d", i, m)
-	if e.memberPatroniPid(i, m) != 0 {
-		return nil
+	if pid := e.memberPatroniPid(i, m); pid != 0 {
+		return pid, nil
 	}
 	_ = os.Remove(filepath.Join(dir, "patroni.pid"))
 	// A postmaster that outlived its Patroni is adopted by the new one.
 	if e.memberPGPid(i, m) == 0 {
 		if portBusy(e.MemberPort(i, m)) {
-			return errPortBusy(name, e.MemberPort(i, m), "")
+			return 0, errPortBusy(name, e.MemberPort(i, m), "")
 		}
 		waitReaped(filepath.Join(dir, "data"))
 	}
 	if portBusy(e.MemberAPIPort(i, m)) {
-		return errPortBusy(name, e.MemberAPIPort(i, m), " (Patroni REST API)")
+		return 0, errPortBusy(name, e.MemberAPIPort(i, m), " (Patroni REST API)")
 	}
 	if err := e.zkLinkStart(i, m); err != nil {
-		return err
+		return 0, err
 	}
 	log, err := os.OpenFile(filepath.Join(dir, "patroni.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer log.Close()
 	fmt.Fprintf(log, "=== devenv: starting Patroni %s at %s ===\n", MemberName(i, m), time.Now().Format("2006-01-02 15:04:05"))
 	cmd := exec.Command(patroniBin, filepath.Join(dir, "patroni.yml"))
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=" + dir}
 	if err := asPG(cmd); err != nil {
-		return err
+		return 0, err
 	}
 	pid, err := startDaemon(cmd, log)
 	if err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return 0, fmt.Errorf("%s: %w", name, err)
 	}
 	if err := writePid(filepath.Join(dir, "patroni.pid"), pid); err != nil {
-		return err
+		return 0, err
 	}
 	e.logf("%s: Patroni started (pid %d, postgres port %d, REST API %d)", name, pid, e.MemberPort(i, m), e.MemberAPIPort(i, m))
-	return nil
+	return pid, nil
 }
 
 // groupPrepare creates group i's directories and configs (a new group gets
@@ -169,16 +169,20 @@ func (e *Env) groupLaunchAll(pw string, deadline time.Time, groups ...int) error
 			return err
 		}
 		if isFresh && e.memberPatroniPid(i, 1) == 0 {
-			if err := e.memberLaunch(i, 1); err != nil {
+			// The pid as started, not read back by its command line:
+			// right after exec the kernel may not have set that up yet
+			// (an empty /proc/PID/cmdline), which read as "exited".
+			pid, err := e.memberLaunch(i, 1)
+			if err != nil {
 				return err
 			}
 			fresh = append(fresh, i)
-			waits[PatroniNamespace+"pg"+itoa(i)+"/initialize"] = e.memberPatroniPid(i, 1)
+			waits[PatroniNamespace+"pg"+itoa(i)+"/initialize"] = pid
 			continue
 		}
 		n, _, _ := e.recordedMembers(i)
 		for m := 1; m <= n; m++ {
-			if err := e.memberLaunch(i, m); err != nil {
+			if _, err := e.memberLaunch(i, m); err != nil {
 				return err
 			}
 		}
@@ -196,7 +200,7 @@ func (e *Env) groupLaunchAll(pw string, deadline time.Time, groups ...int) error
 	for _, i := range fresh {
 		n, _, _ := e.recordedMembers(i)
 		for m := 2; m <= n; m++ {
-			if err := e.memberLaunch(i, m); err != nil {
+			if _, err := e.memberLaunch(i, m); err != nil {
 				return err
 			}
 		}

@@ -29,6 +29,13 @@ func Alive(pid int, pattern string) bool {
 	if err != nil {
 		return false
 	}
+	if len(cmd) == 0 {
+		// A process just started: exec has closed its close-on-exec
+		// files (so exec.Cmd.Start has returned) but the kernel has not
+		// yet set up its arguments. Read as "exited", this failed a
+		// demo's start ("process 0 exited before creating .../initialize").
+		return true
+	}
 	return strings.Contains(strings.ReplaceAll(string(cmd), "\x00", " "), pattern)
 }
 
