@@ -318,7 +318,8 @@ func (m *Map) setMeta(s uint32, bm BucketMeta) {
 	m.meta[s] = bm
 }
 
-// SetMoving puts bucket b into the write pause of a move to target.
+// SetMoving marks bucket b as moving to target: its move has begun its
+// fence step (the write pause follows, once the mover freezes the source).
 func (m *Map) SetMoving(b Bucket, target NodeID, moveID string) error {
 	lo, _, err := m.checkBucket(b)
 	if err != nil {

@@ -111,9 +111,10 @@ func CheckTables(ctx context.Context, q Querier, tables []topo.TableRecord) ([]M
 // (for ordinary sessions only) on every sharded table and on no other, no
 // BEFORE ROW trigger that runs after the fence's first check, no role but
 // the fence's owner able to write the fence or create objects in its
-// schema, and the ownership table equal to what Sync would write (incoming
-// ranges that the map does not contradict are accepted: a move may be
-// copying). It changes nothing.
+// schema, and the ownership table equal to what Sync would write (Wanted:
+// incoming ranges that the map does not contradict are accepted, a move
+// may be copying; so is a moving bucket frozen or not, its mover may be in
+// its write pause). It changes nothing.
 func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.TableRecord, m *bucketmap.Map, node bucketmap.NodeID) ([]Mismatch, error) {
 	var out []Mismatch
 	add := func(kind, table, format string, args ...any) {
@@ -209,7 +210,7 @@ func CheckFence(ctx context.Context, q Querier, cluster string, tables []topo.Ta
 		}
 	}
 	out = append(out, checkVersions(f, m)...)
-	want := overlay(Only(f.Spans, Incoming), Desired(m, node))
+	want := Wanted(f.Spans, m, node)
 	for _, d := range Compare(want, f.Spans) {
 		add(KindFenceRange, "", "%s (keys %d..%d): the map says %s, the fence says %s", BucketsOf(m, d.Lo, d.Hi), d.Lo, d.Hi, d.Want, d.Got)
 	}

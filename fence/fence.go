@@ -161,21 +161,21 @@ type Change struct {
 // Changed reports whether any ownership row changed.
 func (c Change) Changed() bool { return len(c.Removed)+len(c.Added) > 0 }
 
-// Sync brings the fence of node in step with map m, in one transaction:
-// the node's buckets become owned (frozen while in a move's write pause),
-// the buckets it is a write-paused move's target for become incoming, and
-// nothing else is owned. Incoming ranges the map does not contradict are
-// kept (a mover marks its target incoming while copying, before the map
-// says anything). Every range that stops being owned is drained first: the
-// flip takes its lock granules exclusively, waiting for writers in flight.
+// Sync brings the fence of node in step with map m, in one transaction
+// (see Wanted): the node's buckets become owned, those of a moving bucket
+// too unless its mover has frozen it already, the buckets it is a move's
+// target for become incoming, and nothing else is owned. Incoming ranges
+// the map does not contradict are kept (a mover marks its target incoming
+// while copying, before the map says anything). Every range that stops
+// being owned is drained first: the flip takes its lock granules
+// exclusively, waiting for writers in flight.
 //
 // Sync never goes back in time: if the fence has applied a newer map
 // version, it changes nothing and returns ErrStale. Applying the same
 // version again repairs drift.
 func Sync(ctx context.Context, db DB, m *bucketmap.Map, node bucketmap.NodeID) (Change, error) {
-	want := Desired(m, node)
 	return flip(ctx, db, m.Version, m.Level, string(node), true, func(cur []Span) []Span {
-		return overlay(Only(cur, Incoming), want)
+		return Wanted(cur, m, node)
 	}, nil)
 }
 

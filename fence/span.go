@@ -80,12 +80,65 @@ func granules(lo, hi int64) []int32 {
 	return out
 }
 
-// Desired is the fence a node should have for map m: its buckets as owned
-// (frozen while they are in a move's write pause) and the buckets it is the
-// target of a move's write pause for as incoming, merged into as few
-// spans as possible, with epoch m.Version.
+// Desired is the fence a node should have for map m, as far as the map
+// alone says: its buckets as owned (a bucket whose move has begun too: see
+// Wanted for its freeze) and the buckets it is the target of a moving
+// bucket for as incoming, merged into as few spans as possible, with epoch
+// m.Version.
 func Desired(m *bucketmap.Map, node bucketmap.NodeID) []Span {
 	var out []Span
+	for _, s := range planned(m, node) {
+		st := s.state
+		if st == Frozen {
+			st = Owned
+		}
+		out = appendMerged(out, Span{Lo: s.lo, Hi: s.hi, State: st, Epoch: m.Version})
+	}
+	return out
+}
+
+// Wanted is the fence a node with fence spans cur should have for map m:
+// Desired, over the incoming ranges of cur that it does not contradict (a
+// mover marks its target incoming while copying, before the map says
+// anything), and with the ranges of cur that are frozen kept frozen where
+// m says their bucket is moving away from this node.
+//
+// A moving bucket is written on its owner until its mover freezes it, so
+// a map that says moving cannot say frozen: the mover first waits, up to
+// its member wait, for the routers and supervisors to apply that map, and
+// a freeze made from the map would refuse every write meanwhile, unseen by
+// the move's recorded pause. But once the mover has frozen the range,
+// nobody but the move may thaw it: writes accepted after the freeze's
+// barrier marker would not reach the target.
+func Wanted(cur []Span, m *bucketmap.Map, node bucketmap.NodeID) []Span {
+	want := overlay(Only(cur, Incoming), Desired(m, node))
+	var leaving []Span
+	for _, s := range planned(m, node) {
+		if s.state == Frozen {
+			leaving = appendMerged(leaving, Span{Lo: s.lo, Hi: s.hi, State: Frozen})
+		}
+	}
+	var keep []Span
+	frozen := Only(cur, Frozen)
+	for _, g := range sweep(frozen, leaving) {
+		if g.A >= 0 && g.B >= 0 {
+			keep = appendMerged(keep, Span{Lo: g.Lo, Hi: g.Hi, State: Frozen, Epoch: frozen[g.A].Epoch})
+		}
+	}
+	return overlay(want, keep)
+}
+
+// plannedSpan is one bucket's range and what the map makes of it on a
+// node: Owned, Frozen (owned, moving away), Incoming (moving here).
+type plannedSpan struct {
+	lo, hi int64
+	state  State
+}
+
+// planned lists, in key order, the buckets of m that node owns or is a
+// move's target for.
+func planned(m *bucketmap.Map, node bucketmap.NodeID) []plannedSpan {
+	var out []plannedSpan
 	moving := map[bucketmap.Bucket]bucketmap.BucketMeta{}
 	for _, b := range m.NonActive() {
 		if bm := m.MetaOf(b); bm.State == bucketmap.BucketMoving {
@@ -114,7 +167,7 @@ func Desired(m *bucketmap.Map, node bucketmap.NodeID) []Span {
 			return true
 		}
 		lo, hi := b.Keys()
-		out = appendMerged(out, Span{Lo: lo, Hi: hi, State: st, Epoch: m.Version})
+		out = append(out, plannedSpan{lo: lo, hi: hi, state: st})
 		return true
 	})
 	return out

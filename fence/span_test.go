@@ -53,7 +53,8 @@ func TestDesiredMergesAndCovers(t *testing.T) {
 	if all["a"][0].Lo != math.MinInt64 || all["c"][0].Hi != math.MaxInt64 || all["a"][0].Hi+1 != all["b"][0].Lo {
 		t.Fatalf("spans do not tile the key space: %v", all)
 	}
-	// A move's write pause: frozen at the owner, incoming at the target.
+	// A moving bucket: still owned at the owner (only its mover freezes
+	// it), incoming at the target.
 	next := m.Clone()
 	next.Version++
 	if err := next.SetMoving(bucketmap.Bucket{Prefix: 3, Depth: next.Level}, "c", "mv1"); err != nil {
@@ -61,11 +62,70 @@ func TestDesiredMergesAndCovers(t *testing.T) {
 	}
 	a, c := Desired(next, "a"), Desired(next, "c")
 	lo, hi, _ := keystream.Range(6, 3)
-	if len(a) != 3 || a[1] != (Span{lo, hi, Frozen, next.Version}) {
-		t.Fatalf("owner during the pause: %v", a)
+	if len(a) != 1 || a[0].Lo > lo || a[0].Hi < hi || a[0].State != Owned {
+		t.Fatalf("owner of a moving bucket: %v", a)
 	}
 	if len(c) != 2 || c[0] != (Span{lo, hi, Incoming, next.Version}) {
-		t.Fatalf("target during the pause: %v", c)
+		t.Fatalf("target of a moving bucket: %v", c)
+	}
+}
+
+// Wanted never freezes a moving bucket, keeps the freeze its mover made
+// while the map says moving, and thaws it once the map says otherwise.
+func TestWantedKeepsOnlyTheMoversFreeze(t *testing.T) {
+	m := testMap(t, 6, "a", "b", "c")
+	b := bucketmap.Bucket{Prefix: 3, Depth: m.Level}
+	lo, hi, _ := keystream.Range(6, 3)
+	moving := m.Clone()
+	moving.Version = m.Version + 1
+	if err := moving.SetMoving(b, "c", "mv1"); err != nil {
+		t.Fatal(err)
+	}
+	stateAt := func(spans []Span, k int64) State {
+		for _, s := range spans {
+			if s.Lo <= k && k <= s.Hi {
+				return s.State
+			}
+		}
+		return Absent
+	}
+	owned := Desired(m, "a")
+	// Before the mover's freeze: a sync with the moving map keeps the
+	// bucket owned (writers go on while the members catch up).
+	if got := Wanted(owned, moving, "a"); stateAt(got, lo) != Owned || stateAt(got, hi) != Owned || len(Compare(got, owned)) != 0 {
+		t.Fatalf("before the freeze: %v", got)
+	}
+	// After it: kept frozen, with the mover's epoch, only on the bucket.
+	frozen := overlay(owned, []Span{{Lo: lo, Hi: hi, State: Frozen, Epoch: moving.Version}})
+	got := Wanted(frozen, moving, "a")
+	if d := Compare(got, frozen); len(d) != 0 {
+		t.Fatalf("the mover's freeze not kept: %v", d)
+	}
+	// A frozen range wider than the moving bucket (drift): only the
+	// bucket's part stays frozen.
+	wide := overlay(owned, []Span{{Lo: lo - 5, Hi: hi + 5, State: Frozen, Epoch: 1}})
+	got = Wanted(wide, moving, "a")
+	if stateAt(got, lo-5) != Owned || stateAt(got, hi+5) != Owned || stateAt(got, lo) != Frozen || stateAt(got, hi) != Frozen {
+		t.Fatalf("drift around the moving bucket: %v", got)
+	}
+	// The map no longer says moving (aborted): owned again.
+	aborted := m.Clone()
+	aborted.Version = moving.Version + 1
+	if got := Wanted(frozen, aborted, "a"); stateAt(got, lo) != Owned {
+		t.Fatalf("after an abort: %v", got)
+	}
+	// Flipped: the range leaves the old owner, frozen or not.
+	flipped := moving.Clone()
+	flipped.Version++
+	if err := flipped.Assign(b, "c", bucketmap.AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := Wanted(frozen, flipped, "a"); stateAt(got, lo) != Absent {
+		t.Fatalf("after the flip: %v", got)
+	}
+	// The target of a moving bucket never gets a freeze either.
+	if got := Wanted([]Span{{Lo: lo, Hi: hi, State: Frozen, Epoch: 1}}, moving, "c"); stateAt(got, lo) != Incoming {
+		t.Fatalf("target: %v", got)
 	}
 }
 

@@ -221,6 +221,65 @@ func TestIntegrationStragglerAbort(t *testing.T) {
 // routerSidecar is cmd/router, built once per test binary.
 func routerSidecar(t *testing.T) string { return builtBin(t, "router") }
 
+// sidecar is a real router sidecar (cmd/router) of the fixture's cluster.
+type sidecar struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	addr    string
+	stopped bool
+}
+
+// startSidecar starts a router sidecar named id and waits until it has
+// applied the current map. Its session is long enough that, stopped, it
+// keeps its member record for the whole move: a straggler, not a dead
+// host.
+func (f *fixture) startSidecar(id string) *sidecar {
+	f.t.Helper()
+	sc := &sidecar{t: f.t}
+	sc.cmd = exec.Command(routerSidecar(f.t), "--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv", "--listen", "127.0.0.1:0",
+		"--id", id, "--zk-session-timeout", "20s", "--log-level", "warn")
+	var logs strings.Builder
+	sc.cmd.Stdout, sc.cmd.Stderr = &logs, &logs
+	if err := sc.cmd.Start(); err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		if sc.stopped {
+			_ = sc.cmd.Process.Signal(syscall.SIGCONT)
+		}
+		_ = sc.cmd.Process.Signal(syscall.SIGTERM)
+		_ = sc.cmd.Wait()
+		if f.t.Failed() {
+			f.t.Logf("router sidecar output:\n%s", logs.String())
+		}
+	})
+	sc.addr = f.sidecarAt(id, f.mapNow().Version).Addr
+	return sc
+}
+
+// stop sends SIGSTOP and waits until every thread has stopped: kill
+// returns with the signal queued, and a running thread could still
+// acknowledge a new map before every thread stops.
+func (sc *sidecar) stop() {
+	sc.t.Helper()
+	if err := sc.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		sc.t.Fatal(err)
+	}
+	sc.stopped = true
+	if !devenv.WaitStopped(sc.cmd.Process.Pid, 5*time.Second) {
+		sc.t.Fatal("the sidecar did not stop within 5 s of SIGSTOP")
+	}
+}
+
+// cont sends SIGCONT.
+func (sc *sidecar) cont() {
+	sc.t.Helper()
+	if err := sc.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		sc.t.Fatal(err)
+	}
+	sc.stopped = false
+}
+
 // routeOf asks a router sidecar for uid's route.
 func routeOf(t *testing.T, addr, uid string) (node string, version uint64) {
 	t.Helper()
@@ -268,46 +327,17 @@ func (f *fixture) sidecarAt(id string, version uint64) *topo.RouterMember {
 // new owner, where the write succeeds.
 func TestIntegrationStoppedRouterSidecar(t *testing.T) {
 	t.Parallel()
-	bin := routerSidecar(t)
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
 	ctx := context.Background()
 	old := f.mapNow()
-	// A session long enough that the stopped sidecar keeps its member
-	// record for the whole move: a straggler, not a dead host.
-	cmd := exec.Command(bin, "--zk", f.z.ConnectString, "--zk-root", f.z.Root, "--cluster", "mv", "--listen", "127.0.0.1:0",
-		"--id", "sidecar", "--zk-session-timeout", "20s", "--log-level", "warn")
-	var logs strings.Builder
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	t.Cleanup(func() {
-		if stopped {
-			_ = cmd.Process.Signal(syscall.SIGCONT)
-		}
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("router sidecar output:\n%s", logs.String())
-		}
-	})
-	addr := f.sidecarAt("sidecar", old.Version).Addr
+	sc := f.startSidecar("sidecar")
+	addr := sc.addr
 	uid := f.uidIn(old, 0, "sidecar-client")
 	if node, _ := routeOf(t, addr, uid); node != "pg1" {
 		t.Fatalf("sidecar routes %s to %s before the move, want pg1", uid, node)
 	}
-
-	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped = true
-	// kill returns with the signal queued; a running thread could still
-	// acknowledge the new map before every thread stops.
-	if !devenv.WaitStopped(cmd.Process.Pid, 5*time.Second) {
-		t.Fatal("the sidecar did not stop within 5 s of SIGSTOP")
-	}
+	sc.stop()
 	reg := prometheus.NewRegistry()
 	mv := f.mover(Options{MemberWait: time.Second, Metrics: NewMetrics(reg)})
 	defer mv.Close()
@@ -327,10 +357,7 @@ func TestIntegrationStoppedRouterSidecar(t *testing.T) {
 		t.Fatalf("write at the route of the stopped sidecar: %v, want SV001", err)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
+	sc.cont()
 	f.sidecarAt("sidecar", rec.FlipVersion)
 	node, version := routeOf(t, addr, uid)
 	if node != "pg2" || version < rec.FlipVersion {

@@ -1,0 +1,175 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/internal/clustertest"
+	"github.com/shardvisor/shardvisor/keystream"
+	"github.com/shardvisor/shardvisor/router"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// attempt is one write a writer sent, as it saw it.
+type attempt struct {
+	start, end time.Time
+	refused    bool // SV001: the fence refused it
+	gaugeUp    bool // the frozen-bucket gauge was non-zero when it ended
+}
+
+// pauseWriter writes one user's row through the fixture's router, one
+// write after another, and keeps every attempt (router.Do's retries
+// included), sampling the frozen-bucket gauge as each ends.
+type pauseWriter struct {
+	mu       sync.Mutex
+	attempts []attempt
+	errs     []error
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+func (f *fixture) startPauseWriter(uid string, met *Metrics) *pauseWriter {
+	w := &pauseWriter{stop: make(chan struct{}), done: make(chan struct{})}
+	key := keystream.Key(f.ks.Prefix64(uid))
+	go func() {
+		defer close(w.done)
+		for v := int64(1); ; v++ {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			err := f.r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
+				a := attempt{start: time.Now()}
+				_, err := pool.Exec(ctx, clustertest.KVUpsert, key, uid, v)
+				a.end, a.refused, a.gaugeUp = time.Now(), fence.IsRejected(err), met.OldestFrozen() > 0
+				w.mu.Lock()
+				w.attempts = append(w.attempts, a)
+				w.mu.Unlock()
+				return err
+			})
+			cancel()
+			if err != nil {
+				w.mu.Lock()
+				w.errs = append(w.errs, err)
+				w.mu.Unlock()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	return w
+}
+
+// finish stops the writer and returns its attempts.
+func (w *pauseWriter) finish(t *testing.T) []attempt {
+	close(w.stop)
+	<-w.done
+	if err := errors.Join(w.errs...); err != nil {
+		t.Fatalf("the writer got errors (router.Do retries refusals): %v", err)
+	}
+	return w.attempts
+}
+
+// refusedSpan is what the writer saw of the pause: from the start of its
+// first refused attempt to the end of the first accepted one after it,
+// with the refused attempts.
+func refusedSpan(t *testing.T, as []attempt) (time.Duration, []attempt) {
+	t.Helper()
+	first := -1
+	for i, a := range as {
+		if a.refused && first < 0 {
+			first = i
+		}
+		if first >= 0 && !a.refused {
+			return a.end.Sub(as[first].start), as[first:i]
+		}
+	}
+	t.Fatalf("the writer saw no refusal followed by an accepted write in %d attempts", len(as))
+	return 0, nil
+}
+
+// The recorded write pause is what a writer sees, with the continuous
+// fence reconciler running (as docs/data-contract.md recommends) and a
+// router sidecar SIGSTOPped, so that the mover waits its whole member
+// wait for it. The reconciler must not freeze the bucket when the map
+// says moving: it did, and writers were refused for the whole member wait
+// (a second here; 7.9 s in the run) while the move recorded a
+// pause of 15 ms. Now a writer's first refusal to its first accepted
+// write matches the record's pause within 20 ms, and the frozen-bucket
+// gauge is up at every refusal inside it.
+func TestIntegrationPauseIsWhatWritersSee(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2, 2)
+	seeded := f.seedRows("s", 50)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	old := f.mapNow()
+	sc := f.startSidecar("stuck")
+	sc.stop()
+	go func() { _ = fence.Watch(ctx, f.st, nil, fence.WatchOptions{Retry: 100 * time.Millisecond}) }()
+
+	uid := f.uidIn(old, 0, "paused-writer")
+	met := NewMetrics(prometheus.NewRegistry())
+	w := f.startPauseWriter(uid, met)
+	time.Sleep(200 * time.Millisecond) // writes before the move
+	const memberWait = time.Second
+	mv := f.mover(Options{MemberWait: memberWait, Metrics: met})
+	defer mv.Close()
+	rec, err := mv.Move(ctx, 0, "pg2", false)
+	if err != nil || rec.State != topo.MoveDone {
+		t.Fatalf("move: %v (%s, %s)", err, rec.State, rec.Error)
+	}
+	time.Sleep(200 * time.Millisecond) // writes after it
+	as := w.finish(t)
+	sc.cont()
+
+	if len(rec.Stragglers) != 1 || rec.Stats.MemberWaitMS < float64(memberWait.Milliseconds()) {
+		t.Fatalf("the stopped sidecar was not waited for: stragglers %+v, member wait %.1f ms", rec.Stragglers, rec.Stats.MemberWaitMS)
+	}
+	seen, refused := refusedSpan(t, as)
+	recorded := time.Duration(rec.Stats.PauseMS * float64(time.Millisecond))
+	t.Logf("writer: %d attempts, %d refused in a row over %s; recorded pause %s (%s); member wait %.0f ms",
+		len(as), len(refused), seen.Round(100*time.Microsecond), recorded.Round(100*time.Microsecond), rec.Stats.DescribePause(), rec.Stats.MemberWaitMS)
+	if d := seen - recorded; d > 20*time.Millisecond || d < -20*time.Millisecond {
+		t.Fatalf("the writer was refused for %s, the move recorded a pause of %s: more than 20 ms apart", seen, recorded)
+	}
+	// Every refusal of the writer was in that one pause.
+	for _, a := range as {
+		if a.refused && (a.start.Before(refused[0].start) || a.end.After(refused[len(refused)-1].end)) {
+			t.Fatalf("a refusal outside the pause: %+v", a)
+		}
+	}
+	// The gauge was up at each refusal that ended inside the recorded
+	// pause (from before the freeze to the target's commit; after it, a
+	// router still learning the flip is refused for a moment more).
+	pauseEnd := rec.FreezeStartedAt.Add(recorded)
+	for _, a := range refused {
+		if a.end.Before(pauseEnd) && !a.gaugeUp {
+			t.Fatalf("the frozen-bucket gauge was 0 at a refusal %s into the pause", a.end.Sub(*rec.FreezeStartedAt))
+		}
+	}
+	if met.OldestFrozen() != 0 {
+		t.Fatalf("the gauge is still up after the move: %s", met.OldestFrozen())
+	}
+	for _, ph := range []string{topo.PhaseSlot, topo.PhaseCopy, topo.PhaseMemberWait, topo.PhaseFreeze, topo.PhaseApply, topo.PhaseFlip, topo.PhaseOwn} {
+		if rec.Stats.Phase(ph) <= 0 {
+			t.Fatalf("phase %s not timed: %+v", ph, rec.Stats.Phases)
+		}
+	}
+	var pause float64
+	for _, ph := range topo.PausePhases {
+		pause += rec.Stats.Phase(ph)
+	}
+	if pause > rec.Stats.PauseMS+1 || pause < rec.Stats.PauseMS*0.5 {
+		t.Fatalf("the pause's phases sum to %.1f ms, the pause was %.1f ms: %s", pause, rec.Stats.PauseMS, rec.Stats.DescribePause())
+	}
+	f.checkClean(seeded)
+}
