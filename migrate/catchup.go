@@ -23,6 +23,7 @@ func (r *run) copy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	setup := r.mark()
 	// Again, for a move resumed in copy: nothing is copied across a
 	// difference that appeared since prepare.
 	if err := r.compareSchemas(ctx, src, dst); err != nil {
@@ -45,6 +46,8 @@ func (r *run) copy(ctx context.Context) error {
 	if err := createSubscription(ctx, dst, r.rec.Subscription, r.rec.Slot, r.rec.Publication, conninfo); err != nil {
 		return fmt.Errorf("target: subscription: %w", err)
 	}
+	r.timed(topo.PhaseSetup, setup)
+	copying := r.mark()
 	cctx, cancel := context.WithTimeout(ctx, r.mv.opts.CopyTimeout)
 	defer cancel()
 	n, err := r.copyRange(cctx, src, dst)
@@ -63,6 +66,11 @@ func (r *run) copy(ctx context.Context) error {
 	r.crashHook(crashCopyEnabled)
 	r.rec.Stats.CopyMS = float64(time.Since(start).Microseconds()) / 1000
 	r.rec.Stats.RowsCopied = n
+	// copyRange's first part, until every stream holds the slot's
+	// snapshot, is the slot's (PhaseSlot); the rest is the copy's.
+	r.rec.Stats.AddPhase(topo.PhaseSlot, r.slotTook)
+	copying.at = copying.at.Add(r.slotTook)
+	r.timed(topo.PhaseCopy, copying)
 	return r.enter(ctx, topo.MoveCatchup)
 }
 
@@ -103,6 +111,7 @@ func (r *run) catchup(ctx context.Context) error {
 		// the slot waits for the target's open transactions (hundreds of
 		// milliseconds under load), and lag that builds up meanwhile
 		// would be waited out inside the pause, at the barrier.
+		reverse := r.mark()
 		src, dst, err := r.conns(ctx)
 		if err != nil {
 			return err
@@ -110,8 +119,10 @@ func (r *run) catchup(ctx context.Context) error {
 		if err := r.setupReverse(ctx, src, dst); err != nil {
 			return err
 		}
+		r.timed(topo.PhaseReverseSetup, reverse)
 	}
 	deadline := time.Now().Add(r.mv.opts.CatchupTimeout)
+	probing := r.mark()
 	for {
 		lag, err := r.probe(ctx, 10*r.mv.opts.MaxLag)
 		if err != nil {
@@ -119,6 +130,8 @@ func (r *run) catchup(ctx context.Context) error {
 		}
 		r.rec.Stats.LagAtFenceMS = float64(lag.Microseconds()) / 1000
 		if lag <= r.mv.opts.MaxLag {
+			r.timed(topo.PhaseCatchup, probing)
+			checks := r.mark()
 			// A rollback's target had these rows before the move.
 			if r.rec.RollbackOf == "" {
 				if err := r.checkForeignKeysOnTarget(ctx); err != nil {
@@ -136,6 +149,7 @@ func (r *run) catchup(ctx context.Context) error {
 					return err
 				}
 			}
+			r.timed(topo.PhaseChecks, checks)
 			return r.enter(ctx, topo.MoveFence)
 		}
 		if time.Now().After(deadline) {

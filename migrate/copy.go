@@ -223,6 +223,7 @@ func (r *run) copyRange(ctx context.Context, src, dst *pgx.Conn) (int64, error) 
 	rc.Close(ctx)
 	rc = nil
 	readyAt := time.Now()
+	r.slotTook = readyAt.Sub(t0)
 	r.mv.log.Info("copying the range", zap.String("move", r.rec.ID), zap.Int("streams", n), zap.Int("parts", len(jobs)))
 	if copyTestHook != nil {
 		copyTestHook()

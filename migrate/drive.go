@@ -66,6 +66,7 @@ func (r *run) drive(ctx context.Context) error {
 		if step == nil {
 			return fmt.Errorf("move %s: unknown state %q", id, r.rec.State)
 		}
+		r.stepMark = r.mark()
 		err := step(ctx)
 		if err == nil {
 			continue

@@ -139,9 +139,29 @@ func (mv *Mover) WatchOrphans(ctx context.Context) {
 // ctx ends: it resumes it whenever no mover has held it for OrphanGrace.
 func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) bool {
 	met := mv.opts.Metrics
-	defer met.unfrozen(id)
+	// A run of this process that stopped inside the pause (its lock lost)
+	// left its own entry (run.pauseGauge): the record decides from here.
+	unfrozen := func() { met.unfrozen(id); met.unfrozen("run:" + id) }
+	defer unfrozen()
 	rw := topo.WatchMoveRunner(ctx, mv.s, mv.p, id)
 	defer rw.Stop()
+	// The record too, for the frozen-bucket gauge: a mover saves
+	// freeze_started_at before it freezes, so the gauge is up from the
+	// freeze on, whether that mover lives (in another process) or dies.
+	recw := topo.WatchMove(ctx, mv.s, mv.p, id)
+	defer recw.Stop()
+	gauge := func(rec *topo.MoveRecord) {
+		switch since, frozen := FrozenSince(rec); {
+		case frozen:
+			met.frozen(id, since)
+		case rec.FreezeStartedAt != nil:
+			unfrozen() // a pause began and ended
+		default:
+			// No pause yet, as far as this (maybe older) record says:
+			// the run's own entry stays.
+			met.unfrozen(id)
+		}
+	}
 	held, ours := true, false
 	var (
 		absentSince time.Time
@@ -178,11 +198,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 			return false
 		}
 		if err == nil {
-			if since, frozen := FrozenSince(rec); frozen {
-				met.frozen(id, since)
-			} else {
-				met.unfrozen(id)
-			}
+			gauge(rec)
 			if rec.Finished() || rec.State == topo.MoveFailed {
 				return true
 			}
@@ -254,12 +270,29 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 				wait = time.After(time.Second)
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return false
-		case n := <-rw.C:
-			observe(n)
-		case <-wait:
+	waiting:
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case n := <-rw.C:
+				observe(n)
+				break waiting
+			case n := <-recw.C:
+				// A record change decides nothing by itself (the runner
+				// lock does): only the gauge follows it, at once.
+				if !n.Exists {
+					return true
+				}
+				if rec, err := topo.DecodeMove(mv.p.Move(id), n.Data); err == nil {
+					gauge(rec)
+					if rec.Finished() || rec.State == topo.MoveFailed {
+						return true
+					}
+				}
+			case <-wait:
+				break waiting
+			}
 		}
 	}
 }

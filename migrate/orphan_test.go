@@ -62,19 +62,23 @@ func (f *fixture) writable(uid string, v int64) bool {
 // A mover SIGKILLed inside the write pause (on entering the barrier, the
 // source frozen) with `rebalance --watch` running: the watcher resumes the
 // move (a rollback) within the dead mover's session timeout + 5 s, with no
-// person acting, and the record reports the real pause.
+// person acting, and the record reports the real pause. The watcher's
+// frozen-bucket gauge is up at every refusal a writer of the bucket gets
+// after the mover died.
 func TestIntegrationWatcherResumesMoverKilledInPause(t *testing.T) {
 	f := newFixture(t, 2, 2) // 4 buckets, 2 per node: balanced
 	seeded := f.seedRows("s", 100)
 	uid := f.uidIn(f.mapNow(), 0, "frozen")
 	ctx, cancel := context.WithCancel(context.Background())
-	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})
+	met := NewMetrics(prometheus.NewRegistry())
+	rb := NewRebalancer(f.mover(Options{Metrics: met}), bucketmap.Policy{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = rb.RunForever(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	const sessionTimeout = 3 * time.Second
+	writer := f.startPauseWriter(f.uidIn(f.mapNow(), 0, "gauge"), met)
 	started := time.Now()
 	id, dead := f.killMoverAt(topo.MoveBarrier, 0, "pg2", sessionTimeout)
 	// The requirement: resumed or rolled back within the lock session's
@@ -99,6 +103,23 @@ func TestIntegrationWatcherResumesMoverKilledInPause(t *testing.T) {
 	}
 	healed := time.Since(dead)
 	seeded[uid] = 1
+	as := writer.finish(t)
+	_, refused := refusedSpan(t, as)
+	after := 0
+	for _, a := range refused {
+		if a.end.After(dead) {
+			after++
+			if !a.gaugeUp {
+				t.Fatalf("the frozen-bucket gauge was 0 at a refusal %s after the mover died", a.end.Sub(dead))
+			}
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no refusal after the mover died (%d attempts): the bucket was not frozen meanwhile?", len(as))
+	}
+	if met.OldestFrozen() != 0 {
+		t.Fatalf("the gauge is still up after the rollback: %s", met.OldestFrozen())
+	}
 	t.Logf("move %s %s by the watcher %s after the mover died; recorded pause %.1f ms", id, rec.State, healed.Round(time.Millisecond), rec.Stats.PauseMS)
 	if rec.State != topo.MoveAborted || f.mapNow().Owner(0) != "pg1" {
 		t.Fatalf("killed in the pause, the watcher left %s with bucket 0 on %s (want aborted, pg1)", rec.State, f.mapNow().Owner(0))

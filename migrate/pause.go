@@ -4,8 +4,10 @@ package migrate
 // These three steps are the pause, and each bounds a part of it:
 //
 //	fence    the map says moving and the members have seen it (bounded by
-//	         Options.MemberWait, before the pause), then the source's range
-//	         is frozen: the pause starts at that commit;
+//	         Options.MemberWait, before the pause; the source takes the
+//	         bucket's writes meanwhile, fence.Wanted), then the source's
+//	         range is frozen: the pause starts as the freeze is sent (its
+//	         lock holds writers back, its commit refuses them);
 //	barrier  the marker the freeze committed is applied on the target, the
 //	         sequences carried over, the standbys synced: bounded by what
 //	         is left of Options.PauseCap (a fifth kept for the flip);
@@ -50,6 +52,7 @@ func (r *run) fence(ctx context.Context) error {
 			return err
 		}
 	}
+	moving := r.mark()
 	next, zv, _, err := r.mv.st.UpdateAlso(ctx, nil, 0, func(m *bucketmap.Map) error {
 		if err := m.Check(recBucket(r.rec)); err != nil {
 			return fmt.Errorf("the map was split during the move: %w", err)
@@ -62,6 +65,7 @@ func (r *run) fence(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.timed(topo.PhaseMapMoving, moving)
 	r.fenceMap, r.fenceZV = next, zv
 	r.rec.FenceVersion = next.Version
 	if err := r.save(ctx); err != nil {
@@ -70,6 +74,7 @@ func (r *run) fence(ctx context.Context) error {
 	if err := r.waitMembers(ctx, next.Version); err != nil {
 		return err
 	}
+	prep := r.mark()
 	src, err := r.source(ctx)
 	if err != nil {
 		return err
@@ -105,6 +110,7 @@ func (r *run) fence(ctx context.Context) error {
 		// survive a failover of the source.
 		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.markerID(), r.markerSeq))
 	}
+	r.timed(topo.PhasePrepareOwn, prep)
 	// The freeze's start is saved before the freeze, outside the pause: a
 	// mover that dies inside the pause leaves it in the record, and the
 	// resume that ends the pause records how long it really lasted.
@@ -113,13 +119,18 @@ func (r *run) fence(ctx context.Context) error {
 	if err := r.save(ctx); err != nil {
 		return err
 	}
+	r.pauseGauge(true)
+	// The pause starts as the freeze is sent, not when it commits: from
+	// its lock on, writers to the bucket wait, then are refused.
+	freezing := time.Now()
 	if _, err := fence.FreezeWith(ctx, src, r.rec.Lo, r.rec.Hi, next.Version, also...); err != nil {
 		// The freeze's transaction rolled back: writers queued behind its
 		// lock request go on now. They waited that long: a pause.
 		r.endPause(time.Now())
 		return fmt.Errorf("source fence: %w", err)
 	}
-	r.frozenAt = time.Now()
+	r.frozenAt = freezing
+	r.rec.Stats.AddPhase(topo.PhaseFreeze, time.Since(freezing))
 	if r.rec.NoCopy {
 		return r.step(topo.MoveFlip)
 	}
@@ -138,6 +149,7 @@ func (r *run) waitMembers(ctx context.Context, v uint64) error {
 	stragglers, err := r.mv.members().Wait(ctx, v, r.mv.opts.MemberWait)
 	waited := time.Since(start)
 	r.rec.Stats.MemberWaitMS = float64(waited.Microseconds()) / 1000
+	r.rec.Stats.AddPhase(topo.PhaseMemberWait, waited)
 	r.mv.opts.Metrics.memberWait(waited)
 	if err != nil {
 		return fmt.Errorf("waiting for routers and supervisors to apply map version %d: %w", v, err)
@@ -188,9 +200,12 @@ func (r *run) barrier(ctx context.Context) error {
 		}
 		return fmt.Errorf("target: %s: %w", what, err)
 	}
+	ph := r.mark()
 	if err := waitMarker(wctx, dst, r.markerID(), r.markerSeq, time.Millisecond); err != nil {
 		return overCap(err, "marker")
 	}
+	r.timed(topo.PhaseApply, ph)
+	ph = r.mark()
 	// The source writes the bucket no more: its sequences have handed out
 	// every id the moved rows have. Before the target can own the range.
 	src, err := r.source(ctx)
@@ -200,6 +215,8 @@ func (r *run) barrier(ctx context.Context) error {
 	if err := r.carrySequences(wctx, src, dst, "inside the pause"); err != nil {
 		return overCap(err, "carrying the sequences")
 	}
+	r.timed(topo.PhaseSequences, ph)
+	ph = r.mark()
 	// Everything applied on the target so far is on its synchronous
 	// standbys before the map names it the owner, so that a failover of
 	// the target right after the flip loses none of it (the apply worker
@@ -210,6 +227,8 @@ func (r *run) barrier(ctx context.Context) error {
 	if err := syncPoint(wctx, dst); err != nil {
 		return overCap(err, "waiting for its synchronous standbys")
 	}
+	r.timed(topo.PhaseSyncPoint, ph)
+	ph = r.mark()
 	// The connection is the one the move checked when it opened it, but
 	// a pooler in front of a group could have moved it to a promoted
 	// standby since: ask once more, before the target can own the range.
@@ -232,6 +251,7 @@ func (r *run) barrier(ctx context.Context) error {
 		}
 		r.verifyTx = tx
 	}
+	r.timed(topo.PhaseSnapshot, ph)
 	return r.step(topo.MoveFlip)
 }
 
@@ -241,6 +261,7 @@ func (r *run) flip(ctx context.Context) error {
 		after = topo.MoveDone
 	}
 	if r.rec.FlipVersion == 0 {
+		ph := r.mark()
 		pending, err := r.flipPending(ctx)
 		if err != nil {
 			return err
@@ -249,13 +270,18 @@ func (r *run) flip(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		r.timed(topo.PhaseFlip, ph)
 		r.crashHook(crashFlipped)
+		ph = r.mark()
 		r.ownAfterFlip(ctx, pending, next)
+		r.timed(topo.PhaseOwn, ph)
 	}
 	pauseEnd := r.flippedPauseEnd(ctx)
+	release := r.mark()
 	if err := r.settleFences(ctx); err != nil {
 		return err
 	}
+	r.timed(topo.PhaseRelease, release)
 	r.recordFlipPause(pauseEnd)
 	return r.enter(ctx, after)
 }
@@ -338,6 +364,7 @@ func (r *run) ownAfterFlip(ctx context.Context, pending *fence.Pending, next *bu
 	if !r.frozenAt.IsZero() {
 		r.rec.Stats.PauseMS = float64(time.Since(r.frozenAt).Microseconds()) / 1000
 	}
+	r.pauseGauge(false)
 	if committed == nil && next.Version == pending.Change.ToVersion {
 		r.targetOwned = true
 	} else if committed != nil {
@@ -408,8 +435,21 @@ func (r *run) endPause(at time.Time) {
 	}
 	end := at.UTC()
 	r.rec.PauseEndedAt = &end
+	r.pauseGauge(false)
 	if d := end.Sub(*r.rec.FreezeStartedAt); d > 0 {
 		r.rec.Stats.PauseMS = float64(d.Microseconds()) / 1000
+	}
+}
+
+// pauseGauge puts this run's write pause in the frozen-bucket gauge (on),
+// from just before the freeze, or takes it out. The orphan watcher keeps
+// its own entry from the record (WatchOrphans), which outlives this
+// process; this one is exact from the pause's first millisecond.
+func (r *run) pauseGauge(on bool) {
+	if on && r.rec.FreezeStartedAt != nil {
+		r.mv.opts.Metrics.frozen("run:"+r.rec.ID, *r.rec.FreezeStartedAt)
+	} else if !on {
+		r.mv.opts.Metrics.unfrozen("run:" + r.rec.ID)
 	}
 }
 

@@ -70,11 +70,14 @@ func (r *run) enterData(ctx context.Context, state string) error {
 		return err
 	}
 	prev, steps := r.rec.State, len(r.rec.Steps)
+	r.leaving(state)
 	r.rec.State = state
 	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
 	r.rec.UpdatedAt = time.Now().UTC()
 	r.rec.Runner = r.mv.runner
+	saveStart := time.Now()
 	ver, err := topo.EnterMoveData(ctx, r.mv.s, r.mv.p, r.rec, r.ver, r.schemaEpoch)
+	r.saved(time.Since(saveStart))
 	if err != nil {
 		r.rec.State, r.rec.Steps = prev, r.rec.Steps[:steps]
 		if errors.Is(err, topo.ErrSchemaChanging) {

@@ -156,6 +156,9 @@ type Report struct {
 	Resumed    []string           `json:"resumed,omitempty"`
 	Moves      []*topo.MoveRecord `json:"moves"`
 	Balanced   bool               `json:"balanced"`
+	// Phases is where the moves' time went (SummarizePhases), once
+	// balanced.
+	Phases []PhaseStat `json:"phases,omitempty"`
 	// By size only: the buckets split, the last plan's largest
 	// size/fair-share ratio, and why it stopped short of the tolerance.
 	SplitBuckets []bucketmap.Bucket `json:"split_buckets,omitempty"`
@@ -336,6 +339,9 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 		if len(p.Moves) == 0 {
 			rep.Balanced = true
 			rb.say("balanced: nothing to move")
+			if rep.Phases = SummarizePhases(rep.Moves); len(rep.Phases) > 0 {
+				rb.say("where the moves' time went: %s", DescribeSummary(rep.Phases))
+			}
 			return rep, nil
 		}
 		var inFlight []bucketmap.Move
@@ -376,9 +382,9 @@ func (rb *Rebalancer) runBatch(ctx context.Context, rep *Report, batch []bucketm
 			rep.Moves = append(rep.Moves, rec)
 			switch rec.State {
 			case topo.MoveDone:
-				rb.say("moved bucket %s %s -> %s: %d rows, copy %.0f ms, pause %.1f ms", recBucket(rec), rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS)
+				rb.say("%s", movedLine(rec))
 			case topo.MoveReversible:
-				rb.say("moved bucket %s %s -> %s: %d rows, copy %.0f ms, pause %.1f ms; rollback window open (move %s)", recBucket(rec), rec.Source, rec.Target, rec.Stats.RowsCopied, rec.Stats.CopyMS, rec.Stats.PauseMS, rec.ID)
+				rb.say("%s; rollback window open (move %s)", movedLine(rec), rec.ID)
 			case topo.MoveRolledBack:
 				rb.say("move of bucket %s %s -> %s rolled back: %s", recBucket(rec), rec.Source, rec.Target, rec.Error)
 			}

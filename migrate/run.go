@@ -38,6 +38,7 @@ type run struct {
 	runPause
 	runVerify
 	runWindow
+	runPhases
 
 	// cleaning: an abort runs, on whatever primaries the nodes have now.
 	cleaning bool
@@ -68,6 +69,9 @@ type runCopy struct {
 	// seqs are the ascending PostgreSQL sequences the move's tables draw
 	// from (sequences.go); nil until listed.
 	seqs []string
+	// slotTook is copyRange's time until every copy stream held the
+	// slot's snapshot (topo.PhaseSlot).
+	slotTook time.Duration
 }
 
 // runPause is the write pause's state (pause.go): fence, barrier, flip.
@@ -180,6 +184,9 @@ func (r *run) stopped(ctx context.Context, err error) error {
 }
 
 func (r *run) close() {
+	if _, open := FrozenSince(r.rec); !open {
+		r.pauseGauge(false)
+	}
 	if r.pendingOwn != nil {
 		r.pendingOwn.Rollback(context.Background())
 	}
@@ -213,6 +220,8 @@ func (r *run) close() {
 // save writes the record by compare-and-swap: only the runner holding the
 // lock writes it, so a conflict means something is badly wrong.
 func (r *run) save(ctx context.Context) error {
+	start := time.Now()
+	defer func() { r.saved(time.Since(start)) }()
 	r.rec.UpdatedAt = time.Now().UTC()
 	r.rec.Runner = r.mv.runner
 	ver, err := topo.UpdateMove(ctx, r.mv.s, r.mv.p, r.rec, r.ver)
@@ -240,6 +249,7 @@ func (r *run) enter(ctx context.Context, state string) error {
 	if err := checkTransition(r.rec, state); err != nil {
 		return err
 	}
+	r.leaving(state)
 	r.rec.State = state
 	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
 	if err := r.save(ctx); err != nil {
@@ -260,6 +270,7 @@ func (r *run) step(state string) error {
 	if err := checkTransition(r.rec, state); err != nil {
 		return err
 	}
+	r.leaving(state)
 	r.rec.State = state
 	r.rec.Steps = append(r.rec.Steps, topo.MoveStep{State: state, At: time.Now().UTC()})
 	r.progress(state)

@@ -230,6 +230,13 @@ type MoveStats struct {
 	// MemberWaitMS is how long the mover waited for members to apply the
 	// fence map (bounded by --member-wait).
 	MemberWaitMS float64 `json:"member_wait_ms,omitempty"`
+	// TotalMS is the move's wall time, from its record's creation to its
+	// end (done, aborted, rolled back); 0 while it runs.
+	TotalMS float64 `json:"total_ms,omitempty"`
+	// Phases is where the move's time went (MovePhases' order), summed
+	// over its runs; what no phase covers is the mover's own bookkeeping
+	// and, for a resumed move, the time nobody ran it.
+	Phases []PhaseTime `json:"phases,omitempty"`
 }
 
 // MoveCheck compares the range on both nodes after the flip.
