@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -99,5 +101,38 @@ func TestMemberTakenWhileAwayStopsTheSupervisor(t *testing.T) {
 	}
 	if _, err := get(addr); err == nil {
 		t.Fatalf("the stopped supervisor still serves %s", addr)
+	}
+}
+
+// The publisher coalesces its writes, but not a member record that
+// acknowledges a new map version: a mover waits for that one before each
+// move's freeze. With a coalescing window of an hour, a status change
+// waits the hour while a new map's acknowledgement is written at once.
+func TestPublisherWritesMapAcknowledgementsAtOnce(t *testing.T) {
+	t.Parallel()
+	e := startZK(t)
+	s := &Supervisor{opts: Options{Session: e.s, Paths: e.paths, Pool: "web"}, log: zap.NewNop()}
+	p := newPublisher(s)
+	p.coalesce = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); <-p.done }()
+	go p.run(ctx)
+	read := func() topo.PoolMember {
+		list, err := topo.ListPoolMembers(ctx, e.s, e.paths, "web")
+		if err != nil || len(list) != 1 || list[0].Rec == nil {
+			return topo.PoolMember{}
+		}
+		return *list[0].Rec
+	}
+	rec := topo.PoolMember{Version: topo.PoolMemberVersion, Member: "m1", State: "serving", MapVersion: 1, Target: 2}
+	p.setMember(rec)
+	testenv.WaitFor(t, 10*time.Second, func() bool { return read().MapVersion == 1 }, "the first member record")
+	rec.Target = 3 // no new map: waits out the window
+	p.setMember(rec)
+	rec.MapVersion, rec.Target = 2, 4 // a new map: written at once, with the rest
+	p.setMember(rec)
+	testenv.WaitFor(t, 10*time.Second, func() bool { return read().MapVersion == 2 }, "map version 2 acknowledged within the coalescing window")
+	if got := read(); got.Target != 4 {
+		t.Fatalf("the record written: %+v, want the newest (4 workers)", got)
 	}
 }

@@ -15,27 +15,42 @@ import (
 
 // publisher writes the member record (ephemeral) and the pool status
 // record to ZooKeeper off the loop, so that a slow or suspended session
-// never delays a decision. Only the newest of each is written; member
-// updates are coalesced to at most one write per 200ms.
+// never delays a decision. Only the newest of each is written; updates
+// are coalesced to at most one write per 200ms, except a member record
+// that acknowledges a new map version: a mover waits for it before every
+// move's freeze (its member wait), and the coalescing alone added 100 ms
+// to 200 ms to each move of a rebalance, whose moves follow one another.
 type publisher struct {
 	s      *Supervisor
 	kick   chan struct{}
+	urgent chan struct{} // a new map version to acknowledge
 	mu     sync.Mutex
 	member *topo.PoolMember
 	status *topo.PoolStatus
 	reg    *topo.PoolMemberRegistration
-	done   chan struct{}
+	// ackedMap is the map version of the member record written last.
+	ackedMap uint64
+	// coalesce is the least time between two writes (but an urgent one).
+	coalesce time.Duration
+	done     chan struct{}
 }
 
 func newPublisher(s *Supervisor) *publisher {
-	return &publisher{s: s, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	return &publisher{s: s, kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1), coalesce: 200 * time.Millisecond, done: make(chan struct{})}
 }
 
 func (p *publisher) setMember(m topo.PoolMember) {
 	p.mu.Lock()
 	p.member = &m
+	newMap := m.MapVersion != p.ackedMap
 	p.mu.Unlock()
 	p.poke()
+	if newMap {
+		select {
+		case p.urgent <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (p *publisher) setStatus(st topo.PoolStatus) {
@@ -94,6 +109,9 @@ func (p *publisher) run(ctx context.Context) {
 					failed = true
 				} else {
 					written = member
+					p.mu.Lock()
+					p.ackedMap = member.MapVersion
+					p.mu.Unlock()
 				}
 			}
 		} else if status != nil {
@@ -102,16 +120,23 @@ func (p *publisher) run(ctx context.Context) {
 		} else if member != nil && member != written {
 			failed = true
 		}
-		d := 200 * time.Millisecond
+		d := p.coalesce
 		if failed {
 			d = time.Second
 		}
 		retry.Reset(d)
-		// Coalesce: wait a little before the next write.
+		// Coalesce: wait a little before the next write, unless a map
+		// version waits to be acknowledged (and the last write went
+		// through: a failing one is retried at its own pace).
+		urgent := p.urgent
+		if failed {
+			urgent = nil
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(p.coalesce):
+		case <-urgent:
 		}
 	}
 }
