@@ -141,10 +141,10 @@ func DescribeSummary(stats []PhaseStat) string {
 }
 
 // movedLine is the rebalance's line for a move that flipped: its wall time
-// with the phases that took 5 ms or more, and its pause with its phases.
+// with the phases that took 10 ms or more, and its pause with its phases.
 func movedLine(rec *topo.MoveRecord) string {
 	s := fmt.Sprintf("moved bucket %s %s -> %s: %d rows in %.0f ms", recBucket(rec), rec.Source, rec.Target, rec.Stats.RowsCopied, float64(Elapsed(rec).Microseconds())/1000)
-	if ph := rec.Stats.DescribePhases(5*time.Millisecond, false); ph != "" {
+	if ph := rec.Stats.DescribePhases(10*time.Millisecond, false); ph != "" {
 		s += " (" + ph + ")"
 	}
 	s += fmt.Sprintf(", pause %.1f ms", rec.Stats.PauseMS)

@@ -140,11 +140,12 @@ func (s *MoveStats) DescribePhases(min time.Duration, pause bool) string {
 	return b.String()
 }
 
-// DescribePause prints the pause's phases: "freeze 2.1, apply 3.0, ... ms".
+// DescribePause prints the pause's phases of 0.1 ms or more: "freeze 2.1,
+// apply 3.0, ... ms".
 func (s *MoveStats) DescribePause() string {
 	var parts []string
 	for _, p := range s.Phases {
-		if slices.Contains(PausePhases, p.Phase) {
+		if slices.Contains(PausePhases, p.Phase) && p.MS >= 0.05 {
 			parts = append(parts, fmt.Sprintf("%s %.1f", p.Phase, p.MS))
 		}
 	}

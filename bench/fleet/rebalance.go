@@ -40,13 +40,16 @@ type RebalanceResult struct {
 	MemberWaitMS benchkit.Stat `json:"member_wait_ms"`
 	// StepsMS: each step's duration (the time from its start to the next
 	// step's), p50 over the moves done, in step order.
-	StepsMS      []StepStat     `json:"steps_ms"`
-	Load         loadStats      `json:"load"`
-	Verify       verification   `json:"verify"`
-	Victim       string         `json:"victim,omitempty"`
-	Stragglers   map[string]int `json:"stragglers,omitempty"` // member -> moves that named it
-	VictimBackS  float64        `json:"victim_back_seconds,omitempty"`
-	ScrapeErrors []string       `json:"scrape_errors,omitempty"`
+	StepsMS []StepStat `json:"steps_ms"`
+	// Phases: each phase's time over the moves done, from their records
+	// (migrate.SummarizePhases, as the rebalance and bench/moves report it).
+	Phases       []migrate.PhaseStat `json:"phases,omitempty"`
+	Load         loadStats           `json:"load"`
+	Verify       verification        `json:"verify"`
+	Victim       string              `json:"victim,omitempty"`
+	Stragglers   map[string]int      `json:"stragglers,omitempty"` // member -> moves that named it
+	VictimBackS  float64             `json:"victim_back_seconds,omitempty"`
+	ScrapeErrors []string            `json:"scrape_errors,omitempty"`
 }
 
 func (b *bench) rebalance(ctx context.Context, f *fleet, name string, victim *sup, wait time.Duration) error {
@@ -144,6 +147,7 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 		return errors.Join(rbErr, err)
 	}
 	var pause, total, mwait []float64
+	var finished []*topo.MoveRecord
 	steps := map[string][]float64{}
 	for _, id := range ids {
 		rec, _, err := topo.ReadMove(ctx, b.sess, f.c.paths, id)
@@ -156,6 +160,7 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 		switch rec.State {
 		case topo.MoveDone:
 			res.Moves++
+			finished = append(finished, rec)
 			pause = append(pause, rec.Stats.PauseMS)
 			mwait = append(mwait, rec.Stats.MemberWaitMS)
 			total = append(total, benchkit.MS(rec.UpdatedAt.Sub(rec.CreatedAt)))
@@ -170,6 +175,7 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 		}
 	}
 	res.PauseMS, res.MoveMS, res.MemberWaitMS = benchkit.Of(pause), benchkit.Of(total), benchkit.Of(mwait)
+	res.Phases = migrate.SummarizePhases(finished)
 	for _, st := range []string{topo.MovePrepare, topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, topo.MoveTeardown, topo.MoveVerify} {
 		if xs := steps[st]; len(xs) > 0 {
 			res.StepsMS = append(res.StepsMS, StepStat{Step: st, Stat: benchkit.Of(xs)})

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
+	"github.com/shardvisor/shardvisor/migrate"
 )
 
 type results struct {
@@ -107,6 +108,9 @@ func (b *bench) report() {
 				parts = append(parts, fmt.Sprintf("%s %.0f", st.Step, st.P50))
 			}
 			fmt.Printf("  %-42s %s\n", x.Name, strings.Join(parts, ", "))
+			if len(x.Phases) > 0 {
+				fmt.Printf("  %-42s %s\n", "  by phase (move records)", migrate.DescribeSummary(x.Phases))
+			}
 		}
 	}
 	fmt.Println()
