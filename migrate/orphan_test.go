@@ -305,3 +305,51 @@ func TestFaultsFrozenBucketWithoutRunner(t *testing.T) {
 	}
 	f.checkClean(seeded)
 }
+
+// A mover SIGKILLed right after the map says moving, before its member
+// wait and its freeze, with the fence reconciler and `rebalance --watch`
+// running: nothing froze the bucket, so its writers were never refused,
+// and the watcher aborts the move with no pause recorded. The reconciler
+// used to freeze the bucket from the map: issue 39's run found it frozen
+// ~11 s with pause_ms 0 and no freeze_started_at, unseen by the gauge.
+func TestIntegrationMoverKilledWhileMovingFreezesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2, 2)
+	seeded := f.seedRows("s", 50)
+	ctx, cancel := context.WithCancel(context.Background())
+	met := NewMetrics(prometheus.NewRegistry())
+	rb := NewRebalancer(f.mover(Options{Metrics: met}), bucketmap.Policy{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = rb.RunForever(ctx) }()
+	go func() { defer wg.Done(); _ = fence.Watch(ctx, f.st, nil, fence.WatchOptions{Retry: 100 * time.Millisecond}) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	const sessionTimeout = 3 * time.Second
+	writer := f.startPauseWriter(f.uidIn(f.mapNow(), 0, "moving"), met)
+	id, dead := f.killMoverAt(crashMoving, 0, "pg2", sessionTimeout)
+	if m := f.mapNow(); m.Meta(0).State != bucketmap.BucketMoving {
+		t.Fatalf("killed after the map said moving, bucket 0 is %s", m.Meta(0).State)
+	}
+	var rec *topo.MoveRecord
+	testenv.WaitFor(t, sessionTimeout+OrphanGrace+10*time.Second, func() bool {
+		var err error
+		rec, err = f.mover(Options{}).Get(ctx, id)
+		return err == nil && rec.Finished()
+	}, "the watcher to end the move")
+	time.Sleep(100 * time.Millisecond) // writes after the abort
+	as := writer.finish(t)
+	t.Logf("move %s %s %s after the mover died; %d writes, pause %.1f ms", id, rec.State, time.Since(dead).Round(time.Millisecond), len(as), rec.Stats.PauseMS)
+	if rec.State != topo.MoveAborted || rec.FreezeStartedAt != nil || rec.Stats.PauseMS != 0 {
+		t.Fatalf("the watcher left %s, freeze_started_at %v, pause %.1f ms: want aborted with no pause", rec.State, rec.FreezeStartedAt, rec.Stats.PauseMS)
+	}
+	for _, a := range as {
+		if a.refused {
+			t.Fatalf("a write refused %s after the kill: nothing should have frozen the bucket", a.end.Sub(dead))
+		}
+		if a.gaugeUp {
+			t.Fatalf("the frozen-bucket gauge was up %s after the kill with no pause", a.end.Sub(dead))
+		}
+	}
+	f.checkClean(seeded)
+}

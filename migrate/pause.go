@@ -71,6 +71,7 @@ func (r *run) fence(ctx context.Context) error {
 	if err := r.save(ctx); err != nil {
 		return err
 	}
+	r.crashHook(crashMoving)
 	if err := r.waitMembers(ctx, next.Version); err != nil {
 		return err
 	}

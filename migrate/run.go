@@ -299,12 +299,14 @@ func checkTransition(rec *topo.MoveRecord, state string) error {
 var refusedTransition func(move string, err error)
 
 // Failpoints (package internal/failpoint, in builds with -tags
-// failpoints): "move:<state>" on entering each state, and crashFlipped
-// right after the flip's ZooKeeper transaction, before the target's
-// ownership is committed and the source's fence released. A test kills
-// the mover at each of them and checks that a resume recovers.
+// failpoints): "move:<state>" on entering each state; crashMoving right
+// after the map says moving (before the member wait and the freeze); and
+// crashFlipped right after the flip's ZooKeeper transaction, before the
+// target's ownership is committed and the source's fence released. A test
+// kills the mover at each of them and checks that a resume recovers.
 const (
 	failpointPrefix = "move:"
+	crashMoving     = "moving"
 	crashFlipped    = "flipped"
 )
 

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -176,6 +178,11 @@ func (b *bench) runRebalancer(ctx context.Context, f *fleet, res *RebalanceResul
 	}
 	res.PauseMS, res.MoveMS, res.MemberWaitMS = benchkit.Of(pause), benchkit.Of(total), benchkit.Of(mwait)
 	res.Phases = migrate.SummarizePhases(finished)
+	// The slowest pauses, with where they went.
+	slices.SortFunc(finished, func(a, b *topo.MoveRecord) int { return cmp.Compare(b.Stats.PauseMS, a.Stats.PauseMS) })
+	for _, rec := range finished[:min(3, len(finished))] {
+		say("  %s: slow pause: bucket %d %s -> %s %.1f ms (%s), member wait %.0f ms", res.Name, rec.Bucket, rec.Source, rec.Target, rec.Stats.PauseMS, rec.Stats.DescribePause(), rec.Stats.MemberWaitMS)
+	}
 	for _, st := range []string{topo.MovePrepare, topo.MoveCopy, topo.MoveCatchup, topo.MoveFence, topo.MoveBarrier, topo.MoveFlip, topo.MoveTeardown, topo.MoveVerify} {
 		if xs := steps[st]; len(xs) > 0 {
 			res.StepsMS = append(res.StepsMS, StepStat{Step: st, Stat: benchkit.Of(xs)})

@@ -42,6 +42,7 @@ var (
 	warmup        = flag.Duration("warmup", 5*time.Second, "write load before the node is added (its rate is the 'before' figure)")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
 	compareTLS    = benchkit.CompareFlag()
+	compareFiles  = flag.String("compare-json", benchkit.EnvOr("SHARDVISOR_BENCH_COMPARE_JSON", ""), "BASE,NEW: print the comparison of two runs' --json summaries (the baseline's first) against issue 39's goals, and exit (1 if a goal is missed); bench/moves/run --baseline REV makes both (env SHARDVISOR_BENCH_COMPARE_JSON)")
 	// The big-bucket mode (big.go).
 	bigRows       = flag.Int("big-rows", 0, "big-bucket mode: load this many rows into one bucket, move it once, and time the same rows through a single binary COPY pipe (0: the rebalance benchmark)")
 	bigToastEvery = flag.Int("big-toast-every", 200, "big-bucket mode: every Nth row gets a 4 KB incompressible value (stored out of line: TOASTed)")
@@ -65,6 +66,20 @@ func main() {
 	out.Parse()
 	if *load.Level < 1 || *load.Level > 12 || *rowsPerBucket < 1 || *load.Writers < 1 || *concurrency < 1 || *bigRows < 0 || *bigToastEvery < 1 || *bigOthers < 1 {
 		benchkit.Fatalf(2, "moves-bench", "--level 1..12; --rows-per-bucket, --writers, --concurrency, --big-toast-every and --big-others >= 1; --big-rows >= 0")
+	}
+	if *compareFiles != "" {
+		files := strings.Split(*compareFiles, ",")
+		if len(files) != 2 {
+			benchkit.Fatalf(2, "moves-bench", "--compare-json wants two files, BASE,NEW; got %q", *compareFiles)
+		}
+		met, err := compareJSON(files[0], files[1])
+		if err != nil {
+			benchkit.Fatalf(2, "moves-bench", "--compare-json: %v", err)
+		}
+		if !met {
+			os.Exit(1)
+		}
+		return
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
