@@ -322,7 +322,10 @@ func TestIntegrationMoverKilledWhileMovingFreezesNothing(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = rb.RunForever(ctx) }()
-	go func() { defer wg.Done(); _ = fence.Watch(ctx, f.st, nil, fence.WatchOptions{Retry: 100 * time.Millisecond}) }()
+	go func() {
+		defer wg.Done()
+		_ = fence.Watch(ctx, f.st, nil, fence.WatchOptions{Retry: 100 * time.Millisecond})
+	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
 	const sessionTimeout = 3 * time.Second

@@ -91,7 +91,7 @@ func compareJSON(basePath, newPath string) (bool, error) {
 	say("  %-40s %10s %10s %8s  %s", "figure", "baseline", "this tree", "ratio", "goal (this tree)")
 	for _, f := range []struct {
 		name, path, goal string
-		max             float64
+		max              float64
 	}{
 		{"write pause p50 (ms, mover record)", "pause_ms.p50", "", 0},
 		{"write pause p99 (ms, mover record)", "pause_ms.p99", "<= 50", 50},
