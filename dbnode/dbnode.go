@@ -254,14 +254,30 @@ var ErrStandby = fmt.Errorf("the server is a standby (in recovery), not a primar
 // the current LSN), which a promotion changes at once; the checkpoint's
 // timeline would lag until the next checkpoint.
 func Identify(ctx context.Context, q Querier) (Incarnation, error) {
+	return scanIdentity(q.QueryRow(ctx, identifySQL))
+}
+
+// QueueIdentify queues Identify's query on b, so that it costs no round
+// trip of its own: reading b's results sets *inc, or *err (ErrStandby
+// included), as Identify returns them. The batch's Close returns nil even
+// when err is set.
+func QueueIdentify(b *pgx.Batch, inc *Incarnation, err *error) {
+	b.Queue(identifySQL).QueryRow(func(row pgx.Row) error {
+		*inc, *err = scanIdentity(row)
+		return nil
+	})
+}
+
+const identifySQL = `SELECT pg_is_in_recovery(),
+		(SELECT system_identifier::text FROM pg_control_system()),
+		CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END,
+		coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port(), 0)`
+
+func scanIdentity(row pgx.Row) (Incarnation, error) {
 	var inc Incarnation
 	var recovery bool
 	var walfile *string
-	err := q.QueryRow(ctx, `SELECT pg_is_in_recovery(),
-		(SELECT system_identifier::text FROM pg_control_system()),
-		CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_walfile_name(pg_current_wal_lsn()) END,
-		coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port(), 0)`).Scan(&recovery, &inc.SystemID, &walfile, &inc.Server)
-	if err != nil {
+	if err := row.Scan(&recovery, &inc.SystemID, &walfile, &inc.Server); err != nil {
 		return Incarnation{}, err
 	}
 	if recovery || walfile == nil {

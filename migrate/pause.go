@@ -233,22 +233,33 @@ func (r *run) barrier(ctx context.Context) error {
 	// The connection is the one the move checked when it opened it, but
 	// a pooler in front of a group could have moved it to a promoted
 	// standby since: ask once more, before the target can own the range.
-	if err := r.sameServer(wctx, dst, "target"); err != nil {
-		return overCap(err, "identifying the server")
-	}
-	if !r.rec.NoCopy && r.rec.RollbackOf == "" {
-		// The verification snapshot: every row from before the freeze,
-		// none written after the flip. Its first statement reads where
-		// the target's WAL is: past every change the forward stream
-		// applied, before any the application makes once it owns the
-		// range, so the reverse stream starts there.
-		tx, err := dst.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-		if err != nil {
-			return err
+	if r.rec.NoCopy || r.rec.RollbackOf != "" {
+		if err := r.sameServer(wctx, dst, "target"); err != nil {
+			return overCap(err, "identifying the server")
 		}
-		if err := tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&r.reverseLSN); err != nil {
-			tx.Rollback(ctx)
-			return err
+	} else {
+		// The verification snapshot: every row from before the freeze,
+		// none written after the flip. Its statements identify the
+		// server and read where the target's WAL is: past every change
+		// the forward stream applied, before any the application makes
+		// once it owns the range, so the reverse stream starts there.
+		// Both in one round trip.
+		tx, err := dst.BeginTx(wctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+		if err != nil {
+			return overCap(err, "taking the verification snapshot")
+		}
+		var inc dbnode.Incarnation
+		var idErr error
+		b := &pgx.Batch{}
+		dbnode.QueueIdentify(b, &inc, &idErr)
+		b.Queue("SELECT pg_current_wal_insert_lsn()::text").QueryRow(func(row pgx.Row) error { return row.Scan(&r.reverseLSN) })
+		err = tx.SendBatch(wctx, b).Close()
+		if err == nil {
+			err = r.checkServer(inc, idErr, "target")
+		}
+		if err != nil {
+			tx.Rollback(context.WithoutCancel(ctx))
+			return overCap(err, "identifying the server")
 		}
 		r.verifyTx = tx
 	}

@@ -391,11 +391,20 @@ func (r *run) conns(ctx context.Context) (src, dst *pgx.Conn, err error) {
 
 // sameServer checks that c still reaches the primary the move began on.
 func (r *run) sameServer(ctx context.Context, c *pgx.Conn, role string) error {
+	if r.recordedServer(role) == "" {
+		return nil
+	}
+	inc, err := dbnode.Identify(ctx, c)
+	return r.checkServer(inc, err, role)
+}
+
+// checkServer is sameServer's verdict on an identification (dbnode.Identify
+// or QueueIdentify).
+func (r *run) checkServer(inc dbnode.Incarnation, err error, role string) error {
 	want := r.recordedServer(role)
 	if want == "" {
 		return nil
 	}
-	inc, err := dbnode.Identify(ctx, c)
 	if err != nil {
 		return err
 	}
