@@ -310,15 +310,33 @@ type Stmt struct {
 // and checks the node; a primitive refuses older epochs. drainAll ranges
 // are drained whatever their state (the primitives' target range).
 //
-// A move's write pause is made of flips, so a flip is pipelined: four
-// round trips (begin; read; drain and write; commit) whatever the change,
-// instead of one per statement.
+// A move's write pause is made of flips, so a flip is pipelined: on a
+// connection of its own (*pgx.Conn), two round trips (begin, read; drain,
+// write, commit) whatever the change, instead of one per statement; in a
+// transaction (pgx.Tx, or any other DB) four (begin; read; drain and
+// write; commit).
 func flip(ctx context.Context, db DB, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, also []Stmt, drainAll ...int64) (Change, error) {
+	if c, ok := db.(*pgx.Conn); ok && c.PgConn().TxStatus() == 'I' {
+		return flipPipelined(ctx, c, version, level, node, sync, next, also, drainAll...)
+	}
 	ch, tx, err := flipTx(ctx, db, version, level, node, sync, next, also, drainAll...)
 	if err != nil {
 		return ch, err
 	}
 	return ch, tx.Commit(ctx)
+}
+
+// flipPipelined is flip on an idle connection, with BEGIN sent with the
+// reads and COMMIT with the writes. A failure leaves no transaction open:
+// whatever the server did not run (a statement after the failing one,
+// COMMIT included) is rolled back.
+func flipPipelined(ctx context.Context, c *pgx.Conn, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, also []Stmt, drainAll ...int64) (_ Change, err error) {
+	defer func() {
+		if err != nil && c.PgConn().TxStatus() != 'I' && !c.IsClosed() {
+			_, _ = c.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	return flipOn(ctx, c, true, version, level, node, sync, next, also, drainAll...)
 }
 
 // flipTx is flip without the commit: on success the caller owns the open
@@ -328,15 +346,30 @@ func flipTx(ctx context.Context, db DB, version uint64, level int, node string, 
 	if err != nil {
 		return Change{}, nil, err
 	}
-	defer func() {
-		if err != nil {
-			tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
+	ch, err := flipOn(ctx, tx, false, version, level, node, sync, next, also, drainAll...)
+	if err != nil {
+		tx.Rollback(context.WithoutCancel(ctx))
+		return ch, nil, err
+	}
+	return ch, tx, nil
+}
 
+// batchSender sends a pipeline of statements: pgx.Tx and *pgx.Conn.
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// flipOn reads, computes and writes one fence change on s; own says s is
+// an idle connection on which the change begins and commits its own
+// transaction (flipPipelined), else s is in a transaction the caller
+// commits.
+func flipOn(ctx context.Context, s batchSender, own bool, version uint64, level int, node string, sync bool, next func(cur []Span) []Span, also []Stmt, drainAll ...int64) (_ Change, err error) {
 	var meta Meta
 	var cur []Span
 	read := &pgx.Batch{}
+	if own {
+		read.Queue(`BEGIN`)
+	}
 	read.Queue(fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, LockTimeout.Milliseconds()))
 	read.Queue(metaSQL + ` FOR UPDATE`).QueryRow(func(r pgx.Row) error {
 		meta, err = scanMeta(r)
@@ -346,19 +379,19 @@ func flipTx(ctx context.Context, db DB, version uint64, level int, node string, 
 		cur, err = collectSpans(rows)
 		return err
 	})
-	if err := tx.SendBatch(ctx, read).Close(); err != nil {
-		return Change{}, nil, notInstalled(err)
+	if err := s.SendBatch(ctx, read).Close(); err != nil {
+		return Change{}, notInstalled(err)
 	}
 	ch := Change{FromVersion: meta.MapVersion, ToVersion: max(meta.MapVersion, version)}
 	if sync && meta.Node != node {
-		return ch, nil, fmt.Errorf("%w: this database was prepared as node %s of cluster %s, not node %s", ErrWrongNode, meta.Node, meta.Cluster, node)
+		return ch, fmt.Errorf("%w: this database was prepared as node %s of cluster %s, not node %s", ErrWrongNode, meta.Node, meta.Cluster, node)
 	}
 	if version < meta.MapVersion {
-		return ch, nil, fmt.Errorf("%w: the fence is at map version %d, the change is for version %d", ErrStale, meta.MapVersion, version)
+		return ch, fmt.Errorf("%w: the fence is at map version %d, the change is for version %d", ErrStale, meta.MapVersion, version)
 	}
 	want, err := Normalize(next(cur))
 	if err != nil {
-		return ch, nil, fmt.Errorf("fence: %w", err)
+		return ch, fmt.Errorf("fence: %w", err)
 	}
 	write := &pgx.Batch{}
 	// Drain: granules of every range that was owned and is no longer.
@@ -422,13 +455,16 @@ func flipTx(ctx context.Context, db DB, version uint64, level int, node string, 
 	for _, st := range also {
 		write.Queue(st.SQL, st.Args...)
 	}
-	if err := tx.SendBatch(ctx, write).Close(); err != nil {
-		if sqlState(err) == "55P03" { // lock_not_available: lock_timeout
-			return ch, nil, fmt.Errorf("fence: draining writers of %d lock granules: %w", len(drain), err)
-		}
-		return ch, nil, err
+	if own {
+		write.Queue(`COMMIT`)
 	}
-	return ch, tx, nil
+	if err := s.SendBatch(ctx, write).Close(); err != nil {
+		if sqlState(err) == "55P03" { // lock_not_available: lock_timeout
+			return ch, fmt.Errorf("fence: draining writers of %d lock granules: %w", len(drain), err)
+		}
+		return ch, err
+	}
+	return ch, nil
 }
 
 // InstallResult says what Install did.

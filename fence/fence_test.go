@@ -555,3 +555,48 @@ func TestIntegrationInstallUpgradesTheOlderConstraint(t *testing.T) {
 	}
 	exec(t, c, `RESET session_replication_role`)
 }
+
+// A fence change on a connection of its own is pipelined (BEGIN with the
+// reads, COMMIT with the writes): one that fails leaves no transaction
+// open and the fence as it was, whether Go refused it after the reads (a
+// stale epoch) or the server did in the writes (a lock timeout behind a
+// writer in flight). Not parallel: it shortens LockTimeout.
+func TestIntegrationFailedPipelinedFlipLeavesNothingOpen(t *testing.T) {
+	ctx, writer, changer, _, lo, hi := soleOwner(t)
+	idle := func(what string) {
+		t.Helper()
+		if st := changer.PgConn().TxStatus(); st != 'I' {
+			t.Fatalf("after %s the connection is in transaction state %q", what, st)
+		}
+		f, err := Read(ctx, changer)
+		if err != nil || f.MapVersion != 1 || len(f.Spans) != 1 || f.Spans[0].State != Owned {
+			t.Fatalf("after %s the fence changed: %+v %v", what, f, err)
+		}
+	}
+	if _, err := Own(ctx, changer, lo, hi, 0); !errors.Is(err, ErrStale) {
+		t.Fatalf("an epoch older than the fence's: %v", err)
+	}
+	idle("a stale change")
+
+	old := LockTimeout
+	LockTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { LockTimeout = old })
+	tx, err := writer.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := insert(writer, keyIn(4, 6), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FreezeWith(ctx, changer, lo, hi, 2, Stmt{SQL: `SET LOCAL synchronous_commit = on`}); err == nil || !strings.Contains(err.Error(), "draining writers") {
+		t.Fatalf("a freeze behind a writer in flight: %v, want a lock timeout", err)
+	}
+	idle("a lock timeout")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Freeze(ctx, changer, lo, hi, 2); err != nil {
+		t.Fatalf("the freeze once the writer is done: %v", err)
+	}
+	wantRejected(t, insert(writer, keyIn(4, 6), 2), "frozen")
+}

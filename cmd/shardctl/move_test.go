@@ -133,4 +133,17 @@ func TestIntegrationMoveStragglers(t *testing.T) {
 		len(st.Stragglers) != 1 || st.Stragglers[0] != (topo.Straggler{Member: stuck, MapVersion: 1}) || st.Stats.MemberWaitMS <= 0 {
 		t.Fatalf("move status --json: %+v %v", st, err)
 	}
+	// A move done says where its time went: in all, by phase, and its
+	// pause's phases; --json has them in stats.
+	if out := mustData(t, cmd("move", "status", id2)...); !strings.Contains(out, "ms in all; phases: prepare ") || !strings.Contains(out, "write pause phases: freeze ") {
+		t.Fatalf("move status of a move done:\n%s", out)
+	}
+	st = topo.MoveRecord{}
+	if err := json.Unmarshal([]byte(mustData(t, cmd("move", "status", id2, "--json")...)), &st); err != nil || st.Stats.TotalMS <= 0 ||
+		st.Stats.Phase(topo.PhaseCopy) <= 0 || st.Stats.Phase(topo.PhaseFlip) <= 0 {
+		t.Fatalf("move status --json of a move done: %+v %v", st.Stats, err)
+	}
+	if out := mustData(t, cmd("moves")...); !strings.Contains(out, "TOOK") {
+		t.Fatalf("moves:\n%s", out)
+	}
 }
