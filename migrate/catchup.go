@@ -25,9 +25,14 @@ func (r *run) copy(ctx context.Context) error {
 	}
 	setup := r.mark()
 	// Again, for a move resumed in copy: nothing is copied across a
-	// difference that appeared since prepare.
-	if err := r.compareSchemas(ctx, src, dst); err != nil {
-		return err
+	// difference that appeared since prepare. A run that compared them in
+	// prepare itself entered copy through the schema gate
+	// (topo.EnterMoveData), and a schema change waits for moves in copy:
+	// nothing can have changed since.
+	if !r.comparedHere {
+		if err := r.compareSchemas(ctx, src, dst); err != nil {
+			return err
+		}
 	}
 	// The copy starts over when the move is resumed here (restartCopy),
 	// so this attempt's time is the time of every row it reports.

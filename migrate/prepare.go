@@ -151,7 +151,11 @@ func (r *run) prepareOnce(ctx context.Context) error {
 	if r.rec.NoCopy {
 		return r.enterData(ctx, topo.MoveFence)
 	}
-	return r.enterData(ctx, topo.MoveCopy)
+	if err := r.enterData(ctx, topo.MoveCopy); err != nil {
+		return err
+	}
+	r.comparedHere = true
+	return nil
 }
 
 // ignoreSlotsHint, with the node's name, says how to keep a group's

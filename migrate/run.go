@@ -59,6 +59,9 @@ type runPrepare struct {
 	// schemaEpoch is the schema epoch read before prepare compared the
 	// schemas (topo.EnterMoveData checks it).
 	schemaEpoch int32
+	// comparedHere: this run compared the schemas in prepare and entered
+	// copy through the schema gate.
+	comparedHere bool
 }
 
 // runCopy is the forward stream's state: its markers and sequences.

@@ -33,13 +33,22 @@ var ErrSchemaDiff = errors.New("the source's and the target's sharded tables dif
 // incoming on the target. Differences that do not block (a default, the
 // column order) are logged.
 func (r *run) compareSchemas(ctx context.Context, src, dst *pgx.Conn) error {
-	ss, err := fence.ReadSchemas(ctx, src, r.rec.Tables)
-	if err != nil {
-		return fmt.Errorf("source: %w", err)
+	// Both nodes at once, each on its own connection: a schema is read
+	// in tens of round trips, each a wait on a loaded node.
+	var ss, ts []fence.TableSchema
+	var srcErr, dstErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ss, srcErr = fence.ReadSchemas(ctx, src, r.rec.Tables)
+	}()
+	ts, dstErr = fence.ReadSchemas(ctx, dst, r.rec.Tables)
+	<-done
+	if srcErr != nil {
+		return fmt.Errorf("source: %w", srcErr)
 	}
-	ts, err := fence.ReadSchemas(ctx, dst, r.rec.Tables)
-	if err != nil {
-		return fmt.Errorf("target: %w", err)
+	if dstErr != nil {
+		return fmt.Errorf("target: %w", dstErr)
 	}
 	diffs := fence.CompareSchemas("source "+r.rec.Source, ss, "target "+r.rec.Target, ts)
 	for _, d := range diffs {
