@@ -75,17 +75,37 @@ func (r *run) fence(ctx context.Context) error {
 	if err := r.waitMembers(ctx, next.Version); err != nil {
 		return err
 	}
+	// The freeze's start is saved before the freeze, outside the pause: a
+	// mover that dies inside the pause leaves it in the record, and the
+	// resume that ends the pause records how long it really lasted. It is
+	// saved before the target's ownership is prepared, not right before
+	// the freeze: the orphan watcher (the frozen-bucket gauge of
+	// `rebalance --watch`, maybe another process) learns of it by a
+	// ZooKeeper watch, a notification and a read after this save, and
+	// should know before the freeze refuses a writer. Until the freeze is
+	// sent nothing is frozen: a failure in between ends the pause where
+	// it began (a pause of 0).
+	startedAt := time.Now().UTC()
+	r.rec.FreezeStartedAt = &startedAt
+	if err := r.save(ctx); err != nil {
+		return err
+	}
+	r.pauseGauge(true)
+	notFrozen := func(err error) error {
+		r.endPause(startedAt)
+		return err
+	}
 	prep := r.mark()
 	src, err := r.source(ctx)
 	if err != nil {
-		return err
+		return notFrozen(err)
 	}
 	if _, err := r.target(ctx); err != nil {
-		return err
+		return notFrozen(err)
 	}
 	if r.dstSpare == nil {
 		if r.dstSpare, err = dbnode.Connect(ctx, r.dst); err != nil {
-			return fmt.Errorf("target: %w", err)
+			return notFrozen(fmt.Errorf("target: %w", err))
 		}
 	}
 	// The target's ownership is prepared now, outside the pause, on the
@@ -95,7 +115,7 @@ func (r *run) fence(ctx context.Context) error {
 	// Writers to it wait for the commit meanwhile (none should come: no
 	// current map names the target).
 	if r.pendingOwn, err = fence.PrepareOwn(ctx, r.dstSpare, r.rec.Lo, r.rec.Hi, next.Version+1); err != nil {
-		return fmt.Errorf("target fence: %w", err)
+		return notFrozen(fmt.Errorf("target fence: %w", err))
 	}
 	// The barrier marker is written by the freeze's own transaction: it
 	// commits after every write the freeze drained, so once the target
@@ -112,15 +132,6 @@ func (r *run) fence(ctx context.Context) error {
 		also = append(also, fence.Stmt{SQL: `SET LOCAL synchronous_commit = on`}, markerStmt(r.markerID(), r.markerSeq))
 	}
 	r.timed(topo.PhasePrepareOwn, prep)
-	// The freeze's start is saved before the freeze, outside the pause: a
-	// mover that dies inside the pause leaves it in the record, and the
-	// resume that ends the pause records how long it really lasted.
-	startedAt := time.Now().UTC()
-	r.rec.FreezeStartedAt = &startedAt
-	if err := r.save(ctx); err != nil {
-		return err
-	}
-	r.pauseGauge(true)
 	// The pause starts as the freeze is sent, not when it commits: from
 	// its lock on, writers to the bucket wait, then are refused.
 	freezing := time.Now()
@@ -561,10 +572,15 @@ func (r *run) thawSource(ctx context.Context, src *pgx.Conn, version uint64) err
 // thawedBefore is when the write pause of a source found owning the range
 // again ended: this process's thaw without ZooKeeper if it made one, else
 // the fence's last change if it came after the freeze began (another
-// process's thaw), else now.
+// process's thaw), else, if the fence has not changed since the freeze's
+// start was saved, that start (a mover that died before sending its
+// freeze: no pause at all), else now.
 func (r *run) thawedBefore(f *fence.Fence) time.Time {
 	if t, ok := r.mv.thawTime(r.rec.ID); ok {
 		return t
+	}
+	if r.rec.FreezeStartedAt != nil && !f.UpdatedAt.After(*r.rec.FreezeStartedAt) {
+		return *r.rec.FreezeStartedAt
 	}
 	now := time.Now()
 	if r.rec.FreezeStartedAt != nil && f.UpdatedAt.After(*r.rec.FreezeStartedAt) && f.UpdatedAt.Before(now) {
