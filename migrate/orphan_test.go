@@ -321,7 +321,9 @@ func TestFaultsFrozenBucketWithoutRunner(t *testing.T) {
 // and the watcher aborts the move with no pause recorded. The reconciler
 // used to freeze the bucket from the map: issue 39's run found it frozen
 // ~11 s with pause_ms 0 and no freeze_started_at, unseen by the gauge.
-func TestIntegrationMoverKilledWhileMovingFreezesNothing(t *testing.T) {
+// In make test-faults: a SIGKILLed mover and a session to expire.
+func TestFaultsMoverKilledWhileMovingFreezesNothing(t *testing.T) {
+	testenv.Faults(t)
 	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)

@@ -101,7 +101,7 @@ func refusedSpan(t *testing.T, as []attempt) (time.Duration, []attempt) {
 // The recorded write pause is what a writer sees, with the continuous
 // fence reconciler running (as docs/data-contract.md recommends) and a
 // router sidecar SIGSTOPped, so that the mover waits its whole member
-// wait for it. The reconciler must not freeze the bucket when the map
+// wait (300 ms here) for it. The reconciler must not freeze the bucket when the map
 // says moving: it did, and writers were refused for the whole member wait
 // (a second here; 7.9 s in the run) while the move recorded a
 // pause of 15 ms. Now the writer's refusals all come after the freeze's
@@ -126,7 +126,7 @@ func TestIntegrationPauseIsWhatWritersSee(t *testing.T) {
 	met := NewMetrics(prometheus.NewRegistry())
 	w := f.startPauseWriter(uid, met)
 	time.Sleep(200 * time.Millisecond) // writes before the move
-	const memberWait = time.Second
+	const memberWait = 300 * time.Millisecond
 	// 30 ms more inside the pause (entering the barrier), so that the
 	// writer, one write a millisecond or so, surely meets it however the
 	// machine schedules it; the record counts them like any others.
