@@ -28,6 +28,7 @@ var (
 	supervisors    = flag.Int("supervisors", benchkit.EnvInt("FLEET_SUPERVISORS", 50), "supervisors in the fleet (one pool)")
 	routers        = flag.Int("routers", benchkit.EnvInt("FLEET_ROUTERS", 50), "router sidecars")
 	workers        = flag.Int("workers", benchkit.EnvInt("FLEET_WORKERS", 2), "workers per supervisor")
+	fleetCPU       = flag.Int("fleet-cpu", benchkit.EnvInt("FLEET_CPU", -1), "pin every supervisor and router (and so their workers) to this CPU, leaving the other cores to ZooKeeper, PostgreSQL and the mover, as a fleet of web heads on hosts of their own would (-1: not pinned)")
 	only           = flag.String("only", benchkit.EnvOr("FLEET_ONLY", "rebalance,boot,sigstop,isolate,outage"), "scenarios to run, comma-separated")
 	loadSample     = flag.Int("load-sample", benchkit.EnvInt("FLEET_LOAD_SAMPLE", 10), "supervisors behind the load balancer")
 	rate           = flag.Int("rate", benchkit.EnvInt("FLEET_RATE", 200), "requests/s offered in total")

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // forks runs every exec.Cmd.Start on one OS thread that lives as long as
@@ -94,6 +96,14 @@ func (ps *procs) start(name string, argv ...string) (*proc, error) {
 	forks <- func() { errc <- cmd.Start() }
 	if err := <-errc; err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if *fleetCPU >= 0 {
+		var set unix.CPUSet
+		set.Set(*fleetCPU)
+		if err := unix.SchedSetaffinity(cmd.Process.Pid, &set); err != nil {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("%s: pinning to CPU %d: %w", name, *fleetCPU, err)
+		}
 	}
 	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
