@@ -86,13 +86,19 @@ func granules(lo, hi int64) []int32 {
 // bucket for as incoming, merged into as few spans as possible, with epoch
 // m.Version.
 func Desired(m *bucketmap.Map, node bucketmap.NodeID) []Span {
+	return desiredOf(planned(m, node), m.Version)
+}
+
+// desiredOf is Desired from the planned spans: a bucket moving away is
+// owned.
+func desiredOf(plan []plannedSpan, version uint64) []Span {
 	var out []Span
-	for _, s := range planned(m, node) {
+	for _, s := range plan {
 		st := s.state
 		if st == Frozen {
 			st = Owned
 		}
-		out = appendMerged(out, Span{Lo: s.lo, Hi: s.hi, State: st, Epoch: m.Version})
+		out = appendMerged(out, Span{Lo: s.lo, Hi: s.hi, State: st, Epoch: version})
 	}
 	return out
 }
@@ -111,9 +117,10 @@ func Desired(m *bucketmap.Map, node bucketmap.NodeID) []Span {
 // nobody but the move may thaw it: writes accepted after the freeze's
 // barrier marker would not reach the target.
 func Wanted(cur []Span, m *bucketmap.Map, node bucketmap.NodeID) []Span {
-	want := overlay(Only(cur, Incoming), Desired(m, node))
+	plan := planned(m, node)
+	want := overlay(Only(cur, Incoming), desiredOf(plan, m.Version))
 	var leaving []Span
-	for _, s := range planned(m, node) {
+	for _, s := range plan {
 		if s.state == Frozen {
 			leaving = appendMerged(leaving, Span{Lo: s.lo, Hi: s.hi, State: Frozen})
 		}

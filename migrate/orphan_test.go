@@ -73,13 +73,9 @@ func TestIntegrationWatcherResumesMoverKilledInPause(t *testing.T) {
 	f := newFixture(t, 2, 2) // 4 buckets, 2 per node: balanced
 	seeded := f.seedRows("s", 100)
 	uid := f.uidIn(f.mapNow(), 0, "frozen")
-	ctx, cancel := context.WithCancel(context.Background())
 	met := NewMetrics(prometheus.NewRegistry())
 	rb := NewRebalancer(f.mover(Options{Metrics: met}), bucketmap.Policy{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = rb.RunForever(ctx) }()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	f.inBackground(func(ctx context.Context) { _ = rb.RunForever(ctx) })
 
 	const sessionTimeout = 3 * time.Second
 	writer := f.startPauseWriter(f.uidIn(f.mapNow(), 0, "gauge"), met)
@@ -327,17 +323,10 @@ func TestFaultsMoverKilledWhileMovingFreezesNothing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := context.Background()
 	met := NewMetrics(prometheus.NewRegistry())
 	rb := NewRebalancer(f.mover(Options{Metrics: met}), bucketmap.Policy{})
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = rb.RunForever(ctx) }()
-	go func() {
-		defer wg.Done()
-		_ = fence.Watch(ctx, f.st, nil, fence.WatchOptions{Retry: 100 * time.Millisecond})
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	f.inBackground(func(ctx context.Context) { _ = rb.RunForever(ctx) }, f.reconciler)
 
 	const sessionTimeout = 3 * time.Second
 	writer := f.startPauseWriter(f.uidIn(f.mapNow(), 0, "moving"), met)

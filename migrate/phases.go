@@ -52,7 +52,7 @@ func (r *run) leaving(next string) {
 		r.stepMark = r.mark()
 	}
 	if topo.MoveStateFinal(next) {
-		r.rec.Stats.TotalMS = float64(time.Since(r.rec.CreatedAt).Microseconds()) / 1000
+		r.rec.Stats.TotalMS = benchkit.MS(time.Since(r.rec.CreatedAt))
 	}
 }
 
@@ -88,7 +88,7 @@ func SummarizePhases(recs []*topo.MoveRecord) []PhaseStat {
 		if r == nil || r.FlipVersion == 0 {
 			continue
 		}
-		by[SummaryTotal] = append(by[SummaryTotal], float64(Elapsed(r).Microseconds())/1000)
+		by[SummaryTotal] = append(by[SummaryTotal], r.ElapsedMS())
 		by[SummaryPause] = append(by[SummaryPause], r.Stats.PauseMS)
 		for _, p := range r.Stats.Phases {
 			by[p.Phase] = append(by[p.Phase], p.MS)
@@ -102,15 +102,6 @@ func SummarizePhases(recs []*topo.MoveRecord) []PhaseStat {
 		}
 	}
 	return out
-}
-
-// Elapsed is a move's wall time: Stats.TotalMS once it ended, else from
-// its creation to its record's last change.
-func Elapsed(r *topo.MoveRecord) time.Duration {
-	if r.Stats.TotalMS > 0 {
-		return time.Duration(r.Stats.TotalMS * float64(time.Millisecond))
-	}
-	return r.UpdatedAt.Sub(r.CreatedAt)
 }
 
 // DescribeSummary prints SummarizePhases' p50s on one line: "12 moves, p50:
@@ -143,7 +134,7 @@ func DescribeSummary(stats []PhaseStat) string {
 // movedLine is the rebalance's line for a move that flipped: its wall time
 // with the phases that took 10 ms or more, and its pause with its phases.
 func movedLine(rec *topo.MoveRecord) string {
-	s := fmt.Sprintf("moved bucket %s %s -> %s: %d rows in %.0f ms", recBucket(rec), rec.Source, rec.Target, rec.Stats.RowsCopied, float64(Elapsed(rec).Microseconds())/1000)
+	s := fmt.Sprintf("moved bucket %s %s -> %s: %d rows in %.0f ms", recBucket(rec), rec.Source, rec.Target, rec.Stats.RowsCopied, rec.ElapsedMS())
 	if ph := rec.Stats.DescribePhases(10*time.Millisecond, false); ph != "" {
 		s += " (" + ph + ")"
 	}

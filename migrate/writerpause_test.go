@@ -33,11 +33,13 @@ type pauseWriter struct {
 	attempts []attempt
 	errs     []error
 	stop     chan struct{}
+	stopOnce sync.Once
 	done     chan struct{}
 }
 
 func (f *fixture) startPauseWriter(uid string, met *Metrics) *pauseWriter {
 	w := &pauseWriter{stop: make(chan struct{}), done: make(chan struct{})}
+	f.t.Cleanup(w.halt) // a test that fails before finish
 	key := keystream.Key(f.ks.Prefix64(uid))
 	go func() {
 		defer close(w.done)
@@ -70,10 +72,33 @@ func (f *fixture) startPauseWriter(uid string, met *Metrics) *pauseWriter {
 	return w
 }
 
+// inBackground runs each fn on a goroutine of its own until the test
+// ends, then cancels their context and waits for them.
+func (f *fixture) inBackground(fns ...func(ctx context.Context)) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, fn := range fns {
+		wg.Add(1)
+		go func() { defer wg.Done(); fn(ctx) }()
+	}
+	f.t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// reconciler is the continuous fence reconciler (`node reconcile
+// --watch`), for inBackground.
+func (f *fixture) reconciler(ctx context.Context) {
+	_ = fence.Watch(ctx, f.st, nil, fence.WatchOptions{Retry: 100 * time.Millisecond})
+}
+
+// halt stops the writer and waits for it.
+func (w *pauseWriter) halt() {
+	w.stopOnce.Do(func() { close(w.stop) })
+	<-w.done
+}
+
 // finish stops the writer and returns its attempts.
 func (w *pauseWriter) finish(t *testing.T) []attempt {
-	close(w.stop)
-	<-w.done
+	w.halt()
 	if err := errors.Join(w.errs...); err != nil {
 		t.Fatalf("the writer got errors (router.Do retries refusals): %v", err)
 	}
@@ -115,12 +140,11 @@ func TestIntegrationPauseIsWhatWritersSee(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2, 2)
 	seeded := f.seedRows("s", 50)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	old := f.mapNow()
 	sc := f.startSidecar("stuck")
 	sc.stop()
-	go func() { _ = fence.Watch(ctx, f.st, nil, fence.WatchOptions{Retry: 100 * time.Millisecond}) }()
+	f.inBackground(f.reconciler)
 
 	uid := f.uidIn(old, 0, "paused-writer")
 	met := NewMetrics(prometheus.NewRegistry())

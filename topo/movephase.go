@@ -94,6 +94,15 @@ type PhaseTime struct {
 	MS    float64 `json:"ms"`
 }
 
+// ElapsedMS is a move's wall time in milliseconds: Stats.TotalMS once it
+// ended, else from its creation to its record's last change.
+func (r *MoveRecord) ElapsedMS() float64 {
+	if r.Stats.TotalMS > 0 {
+		return r.Stats.TotalMS
+	}
+	return float64(r.UpdatedAt.Sub(r.CreatedAt).Microseconds()) / 1000
+}
+
 // AddPhase adds d to phase's time, keeping MovePhases' order.
 func (s *MoveStats) AddPhase(phase string, d time.Duration) {
 	ms := float64(d.Microseconds()) / 1000

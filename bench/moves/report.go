@@ -314,7 +314,7 @@ func (b *bench) summarize(s *Summary) {
 		if m.State == topo.MoveDone && m.rec != nil {
 			done = append(done, m.rec)
 			if m.Rows <= smallRows {
-				small = append(small, benchkit.MS(migrate.Elapsed(m.rec)))
+				small = append(small, m.rec.ElapsedMS())
 			}
 		}
 	}

@@ -67,7 +67,7 @@ func writeMove(w io.Writer, r *topo.MoveRecord) {
 		if r.Finished() {
 			took = "in all"
 		}
-		fmt.Fprintf(w, "  %.0f ms %s; phases: %s\n", float64(migrate.Elapsed(r).Microseconds())/1000, took, s.DescribePhases(0, false))
+		fmt.Fprintf(w, "  %.0f ms %s; phases: %s\n", r.ElapsedMS(), took, s.DescribePhases(0, false))
 		if p := s.DescribePause(); p != "" {
 			fmt.Fprintf(w, "  write pause phases: %s\n", p)
 		}
@@ -268,7 +268,7 @@ func runMoves(c *cli.Context) error {
 			fmt.Fprintf(w, "%-28s %7s %-10s %-10s %-11s %8s %9s %9s %9s  %-19s  %s\n", "ID", "BUCKET", "FROM", "TO", "STATE", "ROWS", "TOOK", "COPY", "PAUSE", "STARTED", "WINDOW")
 			for _, r := range list {
 				fmt.Fprintf(w, "%-28s %7s %-10s %-10s %-11s %8d %7.0fms %7.0fms %7.1fms  %s  %s\n", r.ID, fmt.Sprintf("%d/%d", r.Bucket, r.Level), r.Source, r.Target, r.State,
-					r.Stats.RowsCopied, float64(migrate.Elapsed(r).Microseconds())/1000, r.Stats.CopyMS, r.Stats.PauseMS, r.CreatedAt.Local().Format("2006-01-02 15:04:05"), windowNote(r))
+					r.Stats.RowsCopied, r.ElapsedMS(), r.Stats.CopyMS, r.Stats.PauseMS, r.CreatedAt.Local().Format("2006-01-02 15:04:05"), windowNote(r))
 			}
 		})
 	})
@@ -341,7 +341,7 @@ func runRebalance(c *cli.Context) error {
 				fmt.Fprintf(w, "%d moves, %d splits, %d reassigned without copy; balanced: %v\n", len(rep.Moves), rep.Splits, rep.Reassigned, rep.Balanced)
 			}
 			for _, r := range rep.Moves {
-				fmt.Fprintf(w, "  bucket %7s %s -> %s  %-7s rows %7d  took %6.0f ms  copy %6.0f ms  pause %6.1f ms\n", fmt.Sprintf("%d/%d", r.Bucket, r.Level), r.Source, r.Target, r.State, r.Stats.RowsCopied, float64(migrate.Elapsed(r).Microseconds())/1000, r.Stats.CopyMS, r.Stats.PauseMS)
+				fmt.Fprintf(w, "  bucket %7s %s -> %s  %-7s rows %7d  took %6.0f ms  copy %6.0f ms  pause %6.1f ms\n", fmt.Sprintf("%d/%d", r.Bucket, r.Level), r.Source, r.Target, r.State, r.Stats.RowsCopied, r.ElapsedMS(), r.Stats.CopyMS, r.Stats.PauseMS)
 			}
 			if len(rep.Phases) > 0 {
 				fmt.Fprintf(w, "where the moves' time went: %s\n", migrate.DescribeSummary(rep.Phases))
