@@ -62,7 +62,7 @@ func PgDump() string {
 // followed the baseline, it marks the nodes that match from (which must
 // have the whole history) with every change from has.
 func Adopt(ctx context.Context, st *bucketmap.Store, from bucketmap.NodeID, tables []topo.TableRecord, pgDump string, opt Options) (*AdoptResult, error) {
-	a, lock, _, err := begin(ctx, st, &opt, nil)
+	a, lock, _, err := begin(ctx, st, &opt, nil, windowPolicy{})
 	if err != nil {
 		return nil, err
 	}

@@ -41,6 +41,12 @@ type Options struct {
 	Retries int
 	// WaitMoves bounds the wait for moves past their start (10m).
 	WaitMoves time.Duration
+	// CloseWindow ends a move's rollback window (migrate's Complete)
+	// before a change a reverse stream cannot carry (StreamSafe); why
+	// says which statement. Nil: such a change waits for the windows to
+	// end, like any move in flight. A change a stream carries never waits
+	// for windows.
+	CloseWindow func(ctx context.Context, rec *topo.MoveRecord, why string) error
 	// ConnectTimeout bounds connecting to a node (10s).
 	ConnectTimeout time.Duration
 	// BlockerWait bounds the wait, after a lock timeout, for the
@@ -170,6 +176,13 @@ type Result struct {
 	Nodes   []NodeResult `json:"nodes"`
 	// WaitedMS is how long the change waited for moves in flight.
 	WaitedMS float64 `json:"waited_for_moves_ms"`
+	// Windows are the reverse streams of the moves in their rollback
+	// window that the change ran beside, each checked afterwards.
+	Windows []WindowResult `json:"windows,omitempty"`
+	// Closed are the moves whose windows the change closed first: it is
+	// not one a reverse stream carries (Why).
+	Closed []string `json:"closed_windows,omitempty"`
+	Why    string   `json:"not_stream_safe,omitempty"`
 }
 
 // applier is one run of Apply or CatchUp, holding the schema lock.
@@ -183,11 +196,22 @@ type applier struct {
 	mu       sync.Mutex // guards each record's Nodes and State, and vers
 	vers     map[string]int32
 	required []string // the nodes every change must reach (not marked down or removed)
+	// windows are the moves in their rollback window the change runs
+	// beside (a change a reverse stream carries).
+	windows []*topo.MoveRecord
+	closed  []string // moves whose windows the change closed first
+}
+
+// windowPolicy is what begin does about moves in their rollback window.
+type windowPolicy struct {
+	runBeside bool   // the change is one a reverse stream carries
+	why       string // else why not
+	close     bool   // close them (Options.CloseWindow), else wait
 }
 
 // begin takes the schema lock, waits for the moves involved to leave
 // their data states and reads the map and the history.
-func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func(*topo.MoveRecord) bool) (*applier, *zksession.Lock, time.Duration, error) {
+func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func(*topo.MoveRecord) bool, wp windowPolicy) (*applier, *zksession.Lock, time.Duration, error) {
 	opt.defaults()
 	s, p := st.Session(), st.Paths()
 	holder := []byte(fmt.Sprintf("%s pid %d", opt.By, os.Getpid()))
@@ -205,7 +229,8 @@ func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func
 	}()
 	lctx, cancel := lock.Context(ctx)
 	defer cancel()
-	waited, err := waitMoves(lctx, s, p, opt, involved)
+	a := &applier{s: s, p: p, opt: opt}
+	waited, err := a.waitMoves(lctx, involved, wp)
 	if err != nil {
 		return nil, nil, waited, err
 	}
@@ -213,7 +238,6 @@ func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func
 	if err := topo.BumpSchemaEpoch(lctx, s, p); err != nil {
 		return nil, nil, waited, fmt.Errorf("marking the schema change: %w", err)
 	}
-	a := &applier{s: s, p: p, opt: opt}
 	if a.m, _, err = st.Load(ctx); err != nil {
 		return nil, nil, waited, err
 	}
@@ -236,27 +260,59 @@ func (a *applier) load(ctx context.Context) error {
 }
 
 // waitMoves waits until no move the change involves is past its start
-// (state prepare, or final, or failed: a failed move streams nothing).
-// Moves still in prepare wait at the gate (topo.EnterMoveData) for as
-// long as the lock is held.
-func waitMoves(ctx context.Context, s *zksession.Session, p topo.Paths, opt *Options, involved func(*topo.MoveRecord) bool) (time.Duration, error) {
+// (state prepare, or final, or failed: a failed move streams nothing),
+// but for moves in their rollback window when the change runs beside
+// them (wp.runBeside: kept in a.windows) or closes them first. Moves
+// still in prepare wait at the gate (topo.EnterMoveData) for as long as
+// the lock is held; so does a rollback, a move of its own: no window
+// opens or is rolled back while the change runs.
+func (a *applier) waitMoves(ctx context.Context, involved func(*topo.MoveRecord) bool, wp windowPolicy) (time.Duration, error) {
 	start := time.Now()
 	var said time.Time
 	for {
-		busy, err := movesInFlight(ctx, s, p, involved)
+		recs, busy, err := movesInFlight(ctx, a.s, a.p, involved)
 		if err != nil {
 			return time.Since(start), err
 		}
-		if len(busy) == 0 {
+		a.windows = nil
+		var others []string
+		closedNow := false
+		for i, rec := range recs {
+			switch {
+			case !inWindow(rec):
+				others = append(others, busy[i])
+			case wp.runBeside:
+				a.windows = append(a.windows, rec)
+			case wp.close && a.opt.CloseWindow != nil:
+				a.opt.event(Event{Message: fmt.Sprintf("closing the rollback window of move %s (%s -> %s) first: the change is not one its reverse stream carries (%s)", rec.ID, rec.Source, rec.Target, wp.why)})
+				if err := a.opt.CloseWindow(ctx, rec, wp.why); err != nil {
+					return time.Since(start), fmt.Errorf("closing the rollback window of move %s: %w", rec.ID, err)
+				}
+				a.closed = append(a.closed, rec.ID)
+				closedNow = true
+			default:
+				others = append(others, busy[i]+" in its rollback window")
+			}
+		}
+		if closedNow {
+			continue // read again: what the closes left
+		}
+		if len(others) == 0 {
+			if len(a.windows) > 0 {
+				a.opt.event(Event{Message: fmt.Sprintf("running beside %d moves in their rollback window, their old owners first; each reverse stream is checked afterwards", len(a.windows))})
+			}
 			return time.Since(start), nil
 		}
 		waited := time.Since(start)
-		if waited >= opt.WaitMoves {
-			return waited, hint.New(fmt.Errorf("%w after %s: %s", ErrMovesInFlight, waited.Round(time.Second), strings.Join(busy, "; ")),
-				"a move in its rollback window ends it early with `shardctl move complete ID`; then apply again")
+		if waited >= a.opt.WaitMoves {
+			h := "a move in its rollback window ends it early with `shardctl move complete ID`; then apply again"
+			if wp.why != "" {
+				h = "the change is not one a reverse stream carries (" + wp.why + "): close the windows with `shardctl schema apply --windows close` or `shardctl move complete ID`"
+			}
+			return waited, hint.New(fmt.Errorf("%w after %s: %s", ErrMovesInFlight, waited.Round(time.Second), strings.Join(others, "; ")), h)
 		}
 		if time.Since(said) >= 5*time.Second {
-			opt.event(Event{Message: fmt.Sprintf("waiting for %d moves to finish before changing the schema: %s", len(busy), strings.Join(busy, "; "))})
+			a.opt.event(Event{Message: fmt.Sprintf("waiting for %d moves to finish before changing the schema: %s", len(others), strings.Join(others, "; "))})
 			said = time.Now()
 		}
 		select {
@@ -267,11 +323,15 @@ func waitMoves(ctx context.Context, s *zksession.Session, p topo.Paths, opt *Opt
 	}
 }
 
-func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths, involved func(*topo.MoveRecord) bool) ([]string, error) {
+// movesInFlight returns the moves past their start the change involves,
+// each with how it is named in messages, sorted by id.
+func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths, involved func(*topo.MoveRecord) bool) ([]*topo.MoveRecord, []string, error) {
 	ids, err := topo.ListMoves(ctx, s, p)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	slices.Sort(ids)
+	var recs []*topo.MoveRecord
 	var busy []string
 	for _, id := range ids {
 		rec, _, err := topo.ReadMove(ctx, s, p, id)
@@ -279,6 +339,8 @@ func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths, invo
 			continue
 		}
 		if err != nil {
+			// Unreadable: waited for, never run beside.
+			recs = append(recs, &topo.MoveRecord{ID: id})
 			busy = append(busy, fmt.Sprintf("move %s (record unreadable: %v)", id, err))
 			continue
 		}
@@ -288,10 +350,10 @@ func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths, invo
 		if involved != nil && !involved(rec) {
 			continue
 		}
+		recs = append(recs, rec)
 		busy = append(busy, fmt.Sprintf("move %s (%s -> %s, %s)", rec.ID, rec.Source, rec.Target, rec.State))
 	}
-	slices.Sort(busy)
-	return busy, nil
+	return recs, busy, nil
 }
 
 // find returns the recorded change with id, or nil.
@@ -472,14 +534,20 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // ErrCanaryFailed (nothing else touched), ErrPartial (the Result names
 // the nodes that miss it), ErrEdited, ErrDuplicate, ErrMovesInFlight.
 func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*Result, error) {
-	a, lock, waited, err := begin(ctx, st, &opt, nil)
+	safe, why := StreamSafe(ch.SQL)
+	a, lock, waited, err := begin(ctx, st, &opt, nil, windowPolicy{runBeside: safe, why: why, close: true})
 	if err != nil {
 		return nil, err
 	}
 	defer lock.Release(context.WithoutCancel(ctx))
 	ctx, cancel := lock.Context(ctx)
 	defer cancel()
-	res := &Result{ID: ch.ID, SHA256: ch.SHA256, Mode: ch.Mode, NoTx: ch.NoTx, WaitedMS: ms(waited), Nodes: []NodeResult{}, Missing: []string{}, Skipped: []string{}}
+	res := &Result{ID: ch.ID, SHA256: ch.SHA256, Mode: ch.Mode, NoTx: ch.NoTx, WaitedMS: ms(waited), Nodes: []NodeResult{}, Missing: []string{}, Skipped: []string{},
+		Closed: a.closed}
+	if len(a.closed) > 0 {
+		res.Why = why
+	}
+	errsBefore := a.windowErrors(ctx)
 	c, err := a.recordChange(ctx, ch, res)
 	if err != nil {
 		return res, err
@@ -522,23 +590,41 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 		}
 		a.opt.event(Event{Node: canary, Change: c.ID, Message: "the canary is unreachable: trying the next one"})
 	}
-	// An unreachable default canary is not tried twice.
+	// An unreachable default canary is not tried twice. Beside reverse
+	// streams, their publishers come last, and one waits for the
+	// subscribers it feeds: without the column they would stop its
+	// stream.
 	others := slices.DeleteFunc(slices.Clone(a.required), func(id string) bool { return skip[id] })
-	out := make([]NodeResult, len(others))
-	sem := make(chan struct{}, a.opt.Parallel)
-	var wg sync.WaitGroup
-	for i, id := range others {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			n, _ := a.m.Node(bucketmap.NodeID(id))
-			out[i] = a.bringUp(ctx, n, c.Seq)
-		}()
+	pubs := publishers(a.windows)
+	first := slices.DeleteFunc(slices.Clone(others), func(id string) bool { return pubs[id] != nil })
+	second := slices.DeleteFunc(slices.Clone(others), func(id string) bool { return pubs[id] == nil })
+	res.Nodes = append(res.Nodes, a.bringUpAll(ctx, first, c.Seq)...)
+	done := map[string]bool{}
+	for _, nr := range res.Nodes {
+		done[nr.Node] = nr.State == topo.SchemaApplied
 	}
-	wg.Wait()
-	res.Nodes = append(res.Nodes, out...)
+	var held []NodeResult
+	second = slices.DeleteFunc(second, func(id string) bool {
+		for _, sub := range pubs[id] {
+			// A subscriber in the second wave too (two moves each
+			// way) does not hold it back: its stream stops at most
+			// until the subscriber has the change, and the check
+			// below starts it again.
+			if ok, ran := done[sub]; ran && !ok {
+				held = append(held, NodeResult{Node: id, State: "held", Ran: []string{},
+					Error: fmt.Sprintf("not changed: it publishes a reverse stream to %s, which does not have the change; changed first, it would stop that stream", sub),
+					Hint:  "run the same apply again once " + sub + " is fixed or back"})
+				return true
+			}
+		}
+		return false
+	})
+	res.Nodes = append(res.Nodes, a.bringUpAll(ctx, second, c.Seq)...)
+	res.Nodes = append(res.Nodes, held...)
+	for _, nr := range held {
+		a.opt.event(Event{Node: nr.Node, Change: c.ID, Message: nr.Error})
+	}
+	res.Windows = a.checkWindows(ctx, errsBefore)
 	a.mu.Lock()
 	res.State, res.Missing = topo.SchemaState(c, a.required)
 	a.mu.Unlock()
@@ -556,6 +642,25 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 			"run the same apply again once they are fixed or back")
 	}
 	return res, nil
+}
+
+// bringUpAll brings nodes up to seq, opt.Parallel at a time.
+func (a *applier) bringUpAll(ctx context.Context, nodes []string, seq int) []NodeResult {
+	out := make([]NodeResult, len(nodes))
+	sem := make(chan struct{}, a.opt.Parallel)
+	var wg sync.WaitGroup
+	for i, id := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			n, _ := a.m.Node(bucketmap.NodeID(id))
+			out[i] = a.bringUp(ctx, n, seq)
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // recordChange finds or creates the change's record: the same id and text
@@ -681,6 +786,10 @@ func (a *applier) pickCanary(c *topo.SchemaChange) ([]string, error) {
 	}
 	out := slices.Clone(a.required)
 	slices.SortStableFunc(out, func(x, y string) int { return cmp.Compare(key(x), key(y)) })
+	// Beside reverse streams, a publisher is never the canary while
+	// another node can be: changed alone, it would stop its streams.
+	pubs := publishers(a.windows)
+	slices.SortStableFunc(out, func(x, y string) int { return cmp.Compare(len(pubs[x]), len(pubs[y])) })
 	return out, nil
 }
 
@@ -694,7 +803,9 @@ func CatchUp(ctx context.Context, st *bucketmap.Store, node bucketmap.NodeID, op
 	if err != nil || len(hist) == 0 {
 		return nil, err
 	}
-	a, lock, _, err := begin(ctx, st, &opt, func(r *topo.MoveRecord) bool { return r.Source == string(node) || r.Target == string(node) })
+	// A replay of the history waits for the windows of the node's moves:
+	// it may hold any change.
+	a, lock, _, err := begin(ctx, st, &opt, func(r *topo.MoveRecord) bool { return r.Source == string(node) || r.Target == string(node) }, windowPolicy{})
 	if err != nil {
 		return nil, err
 	}

@@ -68,6 +68,13 @@ func TestIntegrationEnvironmentVariables(t *testing.T) {
 	}
 }
 
+// --windows takes close or wait, refused before anything is read.
+func TestSchemaApplyWindowsFlag(t *testing.T) {
+	if r := runData(t, "schema", "apply", "--windows", "later", "no-such.sql"); r.code != 2 || !strings.Contains(r.stderr, `--windows must be close or wait, not "later"`) {
+		t.Fatalf("--windows later: exit %d, %q", r.code, r.stderr)
+	}
+}
+
 // Every flag of every command can be set from the environment, under the
 // names pinned in testdata/env.txt.
 func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {

@@ -164,8 +164,12 @@ func newApp() *cli.App {
 							"One transaction per node, with lock_timeout and retries; a change holding CREATE INDEX CONCURRENTLY (or another\n" +
 							"statement PostgreSQL runs only outside a transaction) runs statement by statement, resumably. Applying it again\n" +
 							"is a no-op where it is applied and resumes where it is not; an applied change's text cannot change.\n" +
-							"It waits for moves in flight first, and moves wait for it. Exit status 1 unless applied on every node.",
+							"It waits for moves in flight first, and moves wait for it. Moves in their rollback window do not hold it: a change\n" +
+							"their reverse streams carry (ADD COLUMN, CREATE INDEX, COMMENT, ANALYZE) runs beside them, their old owners first, and\n" +
+							"checks each stream afterwards; any other change closes their windows first (--windows close) or waits for them\n" +
+							"(--windows wait). Exit status 1 unless applied on every node.",
 						Flags: append([]cli.Flag{
+							&cli.StringFlag{Name: "windows", Value: "close", Usage: "before a change reverse streams cannot carry (a DROP, a constraint...): `close` the rollback windows of the moves in one (they are done, their way back given up), or `wait` for them to end"},
 							&cli.StringFlag{Name: "canary", Usage: "node `ID` that gets the change first, alone (default: the active node owning the fewest buckets)"},
 							&cli.IntFlag{Name: "parallel", Value: 4, Usage: "nodes changed at once after the canary"},
 						}, schemaFlags()...),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/migrate"
 	"github.com/shardvisor/shardvisor/schema"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -65,6 +66,10 @@ func runSchemaApply(c *cli.Context) error {
 	if err := checkSchemaFlags(c); err != nil {
 		return err
 	}
+	windows := c.String("windows")
+	if windows != "close" && windows != "wait" {
+		return cliutil.Usagef("schema apply: --windows must be close or wait, not %q", windows)
+	}
 	file := c.Args().First()
 	text, err := os.ReadFile(file)
 	if err != nil {
@@ -78,7 +83,17 @@ func runSchemaApply(c *cli.Context) error {
 		if ch.Mode == topo.ModeStatements {
 			fmt.Fprintf(c.App.ErrWriter, "change %s holds %s, which PostgreSQL runs only outside a transaction: each statement runs on its own, and a node's progress is kept by statement\n", ch.ID, ch.NoTx)
 		}
-		res, aerr := schema.Apply(ctx, st, ch, schemaOptions(c, log))
+		opt := schemaOptions(c, log)
+		if windows == "close" {
+			mv := migrate.New(st, migrate.Options{Logger: log})
+			defer mv.Close()
+			opt.CloseWindow = func(ctx context.Context, rec *topo.MoveRecord, why string) error {
+				log.Warn("schema apply: closing a move's rollback window: its reverse stream cannot carry the change", zap.String("move", rec.ID), zap.String("why", why))
+				_, err := mv.Complete(ctx, rec.ID)
+				return err
+			}
+		}
+		res, aerr := schema.Apply(ctx, st, ch, opt)
 		if res == nil {
 			return aerr
 		}
@@ -98,6 +113,16 @@ func writeApply(w io.Writer, r *schema.Result) {
 	fmt.Fprintf(w, "change %s (seq %d, %s, sha256 %.12s, %s): %s\n", r.ID, r.Seq, r.Mode, r.SHA256, news, r.State)
 	if r.WaitedMS >= 500 {
 		fmt.Fprintf(w, "  waited %s for moves in flight\n", time.Duration(r.WaitedMS*float64(time.Millisecond)).Round(time.Millisecond))
+	}
+	if len(r.Closed) > 0 {
+		fmt.Fprintf(w, "  closed the rollback windows of moves %s first (%s)\n", strings.Join(r.Closed, ", "), r.Why)
+	}
+	for _, s := range r.Windows {
+		errs := ""
+		if s.ApplyErrors > 0 {
+			errs = fmt.Sprintf(", %d apply errors meanwhile", s.ApplyErrors)
+		}
+		fmt.Fprintf(w, "  ran beside move %s in its rollback window: reverse stream %s -> %s %s%s\n", s.Move, s.Target, s.Source, s.Stream, errs)
 	}
 	for _, n := range r.Nodes {
 		canary := ""

@@ -1,0 +1,158 @@
+package schema
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// Moves in their rollback window and schema changes (see streamsafe.go):
+// a change every statement of which a reverse stream carries runs while
+// windows are open, on the streams' subscribers (the moves' old owners)
+// before their publishers (the new owners), and checks each stream
+// afterwards. Any other change closes the windows first
+// (Options.CloseWindow) or waits for them to end.
+
+// WindowResult is what a change did beside one move's reverse stream.
+type WindowResult struct {
+	Move   string `json:"move"`
+	Source string `json:"source"` // the stream's subscriber, changed first
+	Target string `json:"target"` // its publisher
+	// Stream: "running", "enabled again" (an apply error had stopped
+	// it), "lost: why", or "unchecked: why" (a node did not answer).
+	Stream string `json:"stream"`
+	// ApplyErrors is how many apply errors the subscription counted
+	// while the change ran (pg_stat_subscription_stats).
+	ApplyErrors int64 `json:"apply_errors"`
+}
+
+// inWindow: the move is in its rollback window.
+func inWindow(rec *topo.MoveRecord) bool { return rec.State == topo.MoveReversible }
+
+// streaming: the move's reverse stream is, by its record, one a change
+// must keep running (a rollback's own record has none).
+func streaming(rec *topo.MoveRecord) bool {
+	rv := rec.Reverse
+	return inWindow(rec) && rec.RollbackOf == "" && rv != nil && rv.Enabled && rv.Lost == ""
+}
+
+// publishers returns the nodes that publish a reverse stream of windows,
+// each with the subscribers it feeds.
+func publishers(windows []*topo.MoveRecord) map[string][]string {
+	out := map[string][]string{}
+	for _, w := range windows {
+		if streaming(w) && !slices.Contains(out[w.Target], w.Source) {
+			out[w.Target] = append(out[w.Target], w.Source)
+		}
+	}
+	return out
+}
+
+// applyErrors reads a subscription's apply error count on its node (-1:
+// the subscription is gone).
+func applyErrors(ctx context.Context, c *pgx.Conn, sub string) (int64, error) {
+	var n *int64
+	err := c.QueryRow(ctx, `SELECT (SELECT s.apply_error_count FROM pg_stat_subscription_stats s
+		JOIN pg_subscription p ON p.oid = s.subid
+		WHERE p.subname = $1 AND p.subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))`, sub).Scan(&n)
+	if err != nil {
+		return 0, err
+	}
+	if n == nil {
+		return -1, nil
+	}
+	return *n, nil
+}
+
+// windowErrors reads, before the change, each stream's apply error count.
+func (a *applier) windowErrors(ctx context.Context) map[string]int64 {
+	out := map[string]int64{}
+	for _, w := range a.windows {
+		if !streaming(w) {
+			continue
+		}
+		n, _ := a.m.Node(bucketmap.NodeID(w.Source))
+		c, err := connect(ctx, n, a.opt.ConnectTimeout)
+		if err != nil {
+			continue
+		}
+		if v, err := applyErrors(ctx, c, w.Reverse.Subscription); err == nil {
+			out[w.ID] = v
+		}
+		c.Close(context.WithoutCancel(ctx))
+	}
+	return out
+}
+
+// checkWindows checks each stream once the change ran: the subscription
+// there and enabled (an apply error disables it, and the change, now on
+// both ends, no longer makes one: it is enabled again), the publisher's
+// slot there and not invalidated.
+func (a *applier) checkWindows(ctx context.Context, before map[string]int64) []WindowResult {
+	var out []WindowResult
+	for _, w := range a.windows {
+		if !streaming(w) {
+			continue
+		}
+		r := WindowResult{Move: w.ID, Source: w.Source, Target: w.Target}
+		r.Stream, r.ApplyErrors = a.checkStream(ctx, w, before)
+		msg := fmt.Sprintf("the reverse stream of move %s (%s -> %s): %s", w.ID, w.Target, w.Source, r.Stream)
+		if r.ApplyErrors > 0 {
+			msg += fmt.Sprintf(" (%d apply errors during the change)", r.ApplyErrors)
+		}
+		a.opt.event(Event{Message: msg})
+		out = append(out, r)
+	}
+	return out
+}
+
+func (a *applier) checkStream(ctx context.Context, w *topo.MoveRecord, before map[string]int64) (string, int64) {
+	rv := w.Reverse
+	tn, _ := a.m.Node(bucketmap.NodeID(w.Target))
+	tc, err := connect(ctx, tn, a.opt.ConnectTimeout)
+	if err != nil {
+		return "unchecked: " + w.Target + ": " + err.Error(), 0
+	}
+	defer tc.Close(context.WithoutCancel(ctx))
+	var status *string
+	if err := tc.QueryRow(ctx, "SELECT (SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot).Scan(&status); err != nil {
+		return "unchecked: " + w.Target + ": " + err.Error(), 0
+	}
+	switch {
+	case status == nil:
+		return fmt.Sprintf("lost: the reverse slot %s is gone from %s", rv.Slot, w.Target), 0
+	case *status == "lost":
+		return fmt.Sprintf("lost: the reverse slot %s on %s was invalidated", rv.Slot, w.Target), 0
+	}
+	sn, _ := a.m.Node(bucketmap.NodeID(w.Source))
+	sc, err := connect(ctx, sn, a.opt.ConnectTimeout)
+	if err != nil {
+		return "unchecked: " + w.Source + ": " + err.Error(), 0
+	}
+	defer sc.Close(context.WithoutCancel(ctx))
+	var errs int64
+	if n, err := applyErrors(ctx, sc, rv.Subscription); err == nil && n >= 0 {
+		if b, ok := before[w.ID]; ok && b >= 0 {
+			errs = n - b
+		}
+	}
+	var enabled *bool
+	if err := sc.QueryRow(ctx, "SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))", rv.Subscription).Scan(&enabled); err != nil {
+		return "unchecked: " + w.Source + ": " + err.Error(), errs
+	}
+	switch {
+	case enabled == nil:
+		return fmt.Sprintf("lost: the reverse subscription %s is gone from %s", rv.Subscription, w.Source), errs
+	case !*enabled:
+		if _, err := sc.Exec(ctx, "ALTER SUBSCRIPTION "+pgx.Identifier{rv.Subscription}.Sanitize()+" ENABLE"); err != nil {
+			return "unchecked: enabling the subscription on " + w.Source + ": " + err.Error(), errs
+		}
+		return "enabled again", errs
+	}
+	return "running", errs
+}
