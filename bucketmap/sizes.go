@@ -108,7 +108,8 @@ type SizePolicy struct {
 	// MinSplitBytes: a bucket smaller than this is never split (default
 	// 0: any bucket with rows in both halves).
 	MinSplitBytes int64
-	// By is what is balanced: "bytes" (default) or "rows".
+	// By is what is balanced: "size" (default: the live rows' bytes) or
+	// "rows". "bytes", the old name of size, is read as size.
 	By string
 	// Hold lists buckets the plan must neither split nor move: in a
 	// move's rollback window, or with a move still under way. They count
@@ -126,8 +127,8 @@ func (p SizePolicy) withDefaults() SizePolicy {
 	if p.MaxDepth <= 0 || p.MaxDepth > MaxDepth {
 		p.MaxDepth = MaxDepth
 	}
-	if p.By == "" {
-		p.By = "bytes"
+	if p.By == "" || p.By == "bytes" {
+		p.By = "size"
 	}
 	return p
 }

@@ -59,11 +59,12 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 		if err := rb.check(ctx, m); err != nil {
 			return err
 		}
-		p, _, err := PlanBySize(ctx, rb.mv.st, m, pol, rb.Sizing)
+		p, meas, err := PlanBySize(ctx, rb.mv.st, m, pol, rb.Sizing)
 		if err != nil {
 			return err
 		}
 		rep.MaxOverFair, rep.Stuck = p.MaxOverFair, p.Stuck
+		rep.Measured = meas.Nodes
 		if splits := p.Split; len(splits) > 0 {
 			rb.say("splitting %d bucket(s) before moving: %v", len(splits), splits)
 			if _, err := ownership.New(rb.mv.st, ownership.Options{Logger: rb.log}).Change(ctx, func(m *bucketmap.Map) error {
@@ -81,10 +82,13 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 		}
 		if len(p.Moves) == 0 {
 			rep.Balanced = p.Balanced
+			// What GC leaves: the owned rows and their live bytes (the
+			// plan's ratio is the measure it balanced).
+			rep.MaxOverFairRows, rep.MaxOverFairBytes = OverFair(m, meas.Nodes)
 			if p.Balanced {
-				rb.say("balanced by %s: every node within %.0f%% of its fair share (largest at %.3f)", p.By, 100*p.Tolerance, p.MaxOverFair)
+				rb.say("balanced by %s: every node within %.0f%% of its fair share (largest at %.3f; in owned live bytes %.3f, in owned rows %.3f)", p.By, 100*p.Tolerance, p.MaxOverFair, rep.MaxOverFairBytes, rep.MaxOverFairRows)
 			} else {
-				rb.say("as balanced by %s as it can be made: largest at %.3f of its fair share; %v %v", p.By, p.MaxOverFair, p.Stuck, p.Unknown)
+				rb.say("as balanced by %s as it can be made: largest at %.3f of its fair share (in owned live bytes %.3f, in owned rows %.3f); %v %v", p.By, p.MaxOverFair, rep.MaxOverFairBytes, rep.MaxOverFairRows, p.Stuck, p.Unknown)
 			}
 			return nil
 		}
@@ -135,4 +139,40 @@ func maxRatio(p *bucketmap.SizePlan) float64 {
 		}
 	}
 	return r
+}
+
+// OverFair is the largest owned/fair-share ratio over m's active nodes,
+// in rows and in live bytes, of a measurement: what each node will hold
+// once GC has deleted its leftovers. A node's fair share is the total
+// times its weight over the active weights, as the planner's.
+func OverFair(m *bucketmap.Map, nodes []sizing.NodeReport) (rows, bytes float64) {
+	var total bucketmap.Size
+	var totalW int64
+	owned := map[bucketmap.NodeID]bucketmap.Size{}
+	for _, n := range nodes {
+		owned[n.Node] = n.Owned
+		total.Rows += n.Owned.Rows
+		total.Bytes += n.Owned.Bytes
+	}
+	for _, n := range m.Nodes() {
+		if n.State == bucketmap.NodeActive {
+			totalW += int64(n.Weight)
+		}
+	}
+	if totalW == 0 {
+		return 0, 0
+	}
+	for _, n := range m.Nodes() {
+		if n.State != bucketmap.NodeActive {
+			continue
+		}
+		share := float64(n.Weight) / float64(totalW)
+		if total.Rows > 0 {
+			rows = max(rows, float64(owned[n.ID].Rows)/(share*float64(total.Rows)))
+		}
+		if total.Bytes > 0 {
+			bytes = max(bytes, float64(owned[n.ID].Bytes)/(share*float64(total.Bytes)))
+		}
+	}
+	return rows, bytes
 }

@@ -219,19 +219,22 @@ func (mv *Mover) members() *fleet.MemberView {
 
 // pause stops the rebalancer until an operator resumes it.
 func (mv *Mover) pause(ctx context.Context, reason, move string) error {
-	by, err := balanceMode(ctx, mv)
+	rec, err := modeOf(ctx, mv)
 	if err != nil {
 		return err
 	}
-	return topo.WriteRebalance(ctx, mv.s, mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: true, Reason: reason, Move: move, At: time.Now().UTC(), By: by})
+	rec.Paused, rec.Reason, rec.Move, rec.At = true, reason, move, time.Now().UTC()
+	return topo.WriteRebalance(ctx, mv.s, mv.p, rec)
 }
 
-// balanceMode is the rebalance record's By ("" without a record), which
-// pause and resume carry over.
-func balanceMode(ctx context.Context, mv *Mover) (string, error) {
+// modeOf is a fresh rebalance record carrying the current one's balance
+// mode and who set it, which pause and resume keep.
+func modeOf(ctx context.Context, mv *Mover) (topo.RebalanceRecord, error) {
+	out := topo.RebalanceRecord{Version: topo.RebalanceVersion}
 	rec, err := topo.ReadRebalance(ctx, mv.s, mv.p)
 	if err != nil || rec == nil {
-		return "", err
+		return out, err
 	}
-	return rec.By, nil
+	out.By, out.BySetBy, out.BySetAt = rec.By, rec.BySetBy, rec.BySetAt
+	return out, nil
 }

@@ -164,6 +164,12 @@ type Report struct {
 	SplitBuckets []bucketmap.Bucket `json:"split_buckets,omitempty"`
 	MaxOverFair  float64            `json:"max_over_fair,omitempty"`
 	Stuck        []string           `json:"stuck,omitempty"`
+	// MaxOverFairRows and MaxOverFairBytes are the last measurement's
+	// largest owned/fair ratios in rows and live bytes (OverFair): what
+	// the nodes hold once GC has run. Measured is that measurement.
+	MaxOverFairRows  float64             `json:"max_over_fair_rows,omitempty"`
+	MaxOverFairBytes float64             `json:"max_over_fair_bytes,omitempty"`
+	Measured         []sizing.NodeReport `json:"measured,omitempty"`
 }
 
 func (rb *Rebalancer) say(format string, args ...any) {
@@ -181,43 +187,68 @@ func (rb *Rebalancer) State(ctx context.Context) (*topo.RebalanceRecord, error) 
 
 // Resume clears a pause.
 func (rb *Rebalancer) Resume(ctx context.Context) error {
-	by, err := balanceMode(ctx, rb.mv)
+	rec, err := modeOf(ctx, rb.mv)
 	if err != nil {
 		return err
 	}
-	return topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, topo.RebalanceRecord{Version: topo.RebalanceVersion, Paused: false, At: time.Now().UTC(), By: by})
+	rec.At = time.Now().UTC()
+	return topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, rec)
 }
 
-// BalanceMode is what the cluster balances ("count" when nothing was
-// chosen): see topo.RebalanceRecord.By.
+// BalanceMode is what the cluster balances: topo.BalanceCount,
+// BalanceSize or BalanceRows (see topo.RebalanceRecord.By).
 func (rb *Rebalancer) BalanceMode(ctx context.Context) (string, error) {
-	by, err := balanceMode(ctx, rb.mv)
-	if by == "" {
-		by = "count"
-	}
-	return by, err
+	rec, err := rb.State(ctx)
+	return rec.Mode(), err
 }
 
-// SetBalanceMode records what the cluster balances: "count", "bytes" or
-// "rows". A pause stays as it was.
-func (rb *Rebalancer) SetBalanceMode(ctx context.Context, by string) error {
-	switch by {
-	case "count", "bytes", "rows":
-	default:
-		return fmt.Errorf("balance mode %q is not count, bytes or rows", by)
+// SetBalanceMode records what the cluster balances from now on (a
+// running `rebalance --watch` follows it, and logs the change), and who
+// set it: by names the command or person. A pause stays as it was. It
+// returns the mode it replaced; setting the mode it has changes nothing.
+func (rb *Rebalancer) SetBalanceMode(ctx context.Context, mode, by string) (old string, err error) {
+	mode, err = topo.ParseBalanceMode(mode)
+	if err != nil {
+		return "", err
 	}
 	rec, err := rb.State(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
+	old = rec.Mode()
 	if rec == nil {
 		rec = &topo.RebalanceRecord{Version: topo.RebalanceVersion, At: time.Now().UTC()}
 	}
-	if rec.By == by || (rec.By == "" && by == "count") {
-		return nil
+	if old == mode && rec.By != "bytes" {
+		return old, nil
 	}
-	rec.By = by
-	return topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, *rec)
+	now := time.Now().UTC()
+	rec.By, rec.BySetBy, rec.BySetAt = mode, by, &now
+	if err := topo.WriteRebalance(ctx, rb.mv.s, rb.mv.p, *rec); err != nil {
+		return old, err
+	}
+	rb.log.Info("balance mode set", zap.String("old", old), zap.String("new", mode), zap.String("set_by", by))
+	return old, nil
+}
+
+// DescribeMode says what the cluster balances by rec, who set it and
+// when, in one line for status and the watcher's log.
+func DescribeMode(rec *topo.RebalanceRecord) string {
+	s := "balances by " + rec.Mode()
+	if rec != nil && rec.BySetAt != nil {
+		s += fmt.Sprintf(" (set by %s at %s)", rec.BySetBy, rec.BySetAt.Format(time.RFC3339))
+	} else if rec.Mode() != topo.BalanceCount {
+		s += " (who set it was not recorded)"
+	}
+	return s
+}
+
+// ModeHint names the command that sets the other modes from mode.
+func ModeHint(mode string) string {
+	if mode == topo.BalanceCount {
+		return "`shardctl rebalance mode size` balances by size instead"
+	}
+	return "`shardctl rebalance mode count` balances bucket counts again"
 }
 
 // Pause stops the rebalancer until Resume.
@@ -280,16 +311,16 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 		return rep, rb.runBySize(ctx, rep, retry)
 	}
 	// A cluster balanced by size is not rebalanced by count: that would
-	// undo it (a hot bucket's halves count like any bucket).
+	// undo it (a hot bucket's halves count like any bucket). The watcher
+	// says so when it sees the mode change (lead), not on every run.
 	if by, err := rb.BalanceMode(ctx); err != nil {
 		return rep, err
-	} else if by != "count" {
+	} else if by != topo.BalanceCount {
 		if rb.watcherRuns {
-			rb.say("the cluster balances by %s (shardctl rebalance --by %s): the watcher heals moves but plans none by count", by, by)
 			return rep, nil
 		}
 		return rep, hint.New(fmt.Errorf("%w: the cluster balances by %s", ErrBalanceMode, by),
-			fmt.Sprintf("shardctl rebalance --by %s, or --by count to balance bucket counts again", by))
+			fmt.Sprintf("shardctl rebalance --by %s; %s", by, ModeHint(by)))
 	}
 	for {
 		if err := ctx.Err(); err != nil {
@@ -481,6 +512,7 @@ func (rb *Rebalancer) lead(ctx context.Context) error {
 		return ctx.Err()
 	}
 	rb.say("elected as the cluster's rebalancer")
+	mode := ""
 	mapW := topo.WatchMap(ctx, s, p)
 	defer mapW.Stop()
 	recW := topo.WatchRebalance(ctx, s, p)
@@ -501,6 +533,9 @@ func (rb *Rebalancer) lead(ctx context.Context) error {
 		case <-ctx.Done():
 			return stopped()
 		case <-time.After(500 * time.Millisecond):
+		}
+		if err := rb.noteMode(ctx, &mode); err != nil && ctx.Err() == nil {
+			rb.log.Warn("rebalancer could not read its record", zap.Error(err))
 		}
 		rep, err := rb.Run(ctx)
 		if ctx.Err() != nil {
@@ -529,4 +564,39 @@ func (rb *Rebalancer) lead(ctx context.Context) error {
 			rb.say("run finished: %d moves, %d splits, %d reassigned", len(rep.Moves), rep.Splits, rep.Reassigned)
 		}
 	}
+}
+
+// noteMode says what the cluster balances when the watcher is elected
+// (*last is "") and whenever that changes since *last: another command
+// changed what the watcher plans, which it must never do silently.
+func (rb *Rebalancer) noteMode(ctx context.Context, last *string) error {
+	rec, err := rb.State(ctx)
+	if err != nil {
+		return err
+	}
+	mode := rec.Mode()
+	if mode == *last {
+		return nil
+	}
+	plans := "plans moves by bucket count"
+	if mode != topo.BalanceCount {
+		plans = "heals unfinished moves but plans none by count (`shardctl rebalance --by " + mode + "` balances it by " + mode + ", once)"
+	}
+	fields := []zap.Field{zap.String("new", mode)}
+	if rec != nil && rec.BySetAt != nil {
+		fields = append(fields, zap.String("set_by", rec.BySetBy), zap.Time("set_at", *rec.BySetAt))
+	}
+	var msg string
+	if *last == "" {
+		msg = fmt.Sprintf("the cluster %s: the watcher %s; %s", DescribeMode(rec), plans, ModeHint(mode))
+		rb.log.Info(msg, fields...)
+	} else {
+		msg = fmt.Sprintf("balance mode changed from %s to %s: the cluster %s; the watcher now %s; %s", *last, mode, DescribeMode(rec), plans, ModeHint(mode))
+		rb.log.Warn(msg, append(fields, zap.String("old", *last))...)
+	}
+	if rb.Progress != nil {
+		rb.Progress(Progress{Message: msg})
+	}
+	*last = mode
+	return nil
 }

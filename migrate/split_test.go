@@ -103,8 +103,10 @@ func TestIntegrationSplitBucketThenMoveHalf(t *testing.T) {
 
 // The case end to end: 3 nodes at level 2, one bucket holding
 // 40,000 of 49,000 rows. Split it, then rebalance by size under write
-// load, then GC: every node holds within 1.15 times the mean, every row
-// is on exactly one node (its owner), and no acknowledged write is lost.
+// load, then GC: every node holds within 1.15 times the mean in rows and
+// in live bytes (the node that kept its inserted rows must not look
+// denser than those filled by copies), every row is on exactly one node
+// (its owner), and no acknowledged write is lost.
 func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 	f := parallelFixture(t, 2, 3)
 	ctx := context.Background()
@@ -135,9 +137,9 @@ func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 	l := f.startLoad(4, 100)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the rebalance")
 	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})
-	rb.BySize = &bucketmap.SizePolicy{By: "rows"}
+	rb.BySize = &bucketmap.SizePolicy{By: "size"}
 	rb.Progress = func(p Progress) { t.Logf("%s %s", time.Now().Format("05.000"), p.Message) }
-	if err := rb.SetBalanceMode(ctx, "rows"); err != nil {
+	if _, err := rb.SetBalanceMode(ctx, "size", "the test"); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := rb.Run(ctx)
@@ -155,7 +157,7 @@ func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 	}
 	f.checkAcked(acked, l.maybe)
 	// A rebalancer by count does not undo it: the cluster now balances
-	// by rows, and says so.
+	// by size, and says so.
 	if _, err := NewRebalancer(f.mover(Options{}), bucketmap.Policy{}).Run(ctx); !errors.Is(err, ErrBalanceMode) {
 		t.Fatalf("a rebalance by count after one by size: %v", err)
 	}
@@ -167,30 +169,38 @@ func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = f.mapNow()
-	var total int64
-	rows := map[bucketmap.NodeID]int64{}
+	var total, totalBytes int64
+	rows, live, disk := map[bucketmap.NodeID]int64{}, map[bucketmap.NodeID]int64{}, map[bucketmap.NodeID]int64{}
 	for _, nd := range f.nodes {
 		c := f.conn(nd.ID)
 		for _, b := range m.BucketList() {
 			lo, hi := b.Keys()
-			var k int64
-			if err := c.QueryRow(ctx, "SELECT count(*) FROM app.kv WHERE bkey BETWEEN $1 AND $2", lo, hi).Scan(&k); err != nil {
+			var k, by int64
+			if err := c.QueryRow(ctx, "SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0) FROM app.kv t WHERE bkey BETWEEN $1 AND $2", lo, hi).Scan(&k, &by); err != nil {
 				t.Fatal(err)
 			}
 			if k > 0 && m.OwnerOf(b) != nd.ID {
 				t.Fatalf("after GC, %s still holds %d rows of bucket %s, owned by %s", nd.ID, k, b, m.OwnerOf(b))
 			}
 			rows[nd.ID] += k
+			live[nd.ID] += by
 			total += k
+			totalBytes += by
 		}
+		var d int64
+		if err := c.QueryRow(ctx, "SELECT pg_total_relation_size('app.kv')").Scan(&d); err != nil {
+			t.Fatal(err)
+		}
+		disk[nd.ID] = d
 	}
-	mean := float64(total) / 3
+	mean, meanBytes := float64(total)/3, float64(totalBytes)/3
+	t.Logf("%d buckets split, %d moves; reported largest at %.3f of its fair share (rows %.3f, live bytes %.3f); after GC rows per node %v (mean %.0f), live bytes %v (mean %.0f), on disk %v; %d writes acknowledged during it",
+		len(rep.SplitBuckets), len(rep.Moves), rep.MaxOverFair, rep.MaxOverFairRows, rep.MaxOverFairBytes, rows, mean, live, meanBytes, disk, len(acked))
 	for id, k := range rows {
-		if float64(k) > 1.15*mean {
-			t.Fatalf("node %s holds %d rows, %.2f times the mean %.0f: %v", id, k, float64(k)/mean, mean, rows)
+		if float64(k) > 1.15*mean || float64(live[id]) > 1.15*meanBytes {
+			t.Fatalf("node %s holds %d rows, %.2f times the mean %.0f, and %d live bytes, %.2f times the mean %.0f: %v %v",
+				id, k, float64(k)/mean, mean, live[id], float64(live[id])/meanBytes, meanBytes, rows, live)
 		}
 	}
-	t.Logf("%d buckets split, %d moves: rows per node %v (mean %.0f); %d writes acknowledged during it",
-		len(rep.SplitBuckets), len(rep.Moves), rows, mean, len(acked))
 	f.checkAcked(acked, l.maybe)
 }

@@ -6,10 +6,17 @@
 // Rows are counted exactly on a table whose statistics say it is small
 // (pg_class.reltuples under Options.ExactBelow), and estimated from a
 // TABLESAMPLE SYSTEM sample of its pages otherwise: the sample's count
-// per slot divided by the fraction of pages read. Bytes are the table's
-// whole size on disk (pg_total_relation_size over its partitions: heap,
-// TOAST and indexes) shared out in proportion to each slot's
-// pg_column_size of its rows. Every figure is as of the measurement; the
+// per slot divided by the fraction of pages read. Bytes are the live
+// rows' own bytes (the sum of pg_column_size of each row), counted or
+// estimated with the rows: what a user means by size, the same whether a
+// node was filled by INSERT or by a move's COPY. The table's size on disk
+// is no measure of that: a btree filled in key order packs its pages, one
+// that took a range below its other keys splits them half full, and dead
+// rows, free space and leftovers all take room (a node that kept its
+// inserted rows measured 84 B a row on disk, nodes filled by copies 105).
+// So the disk size (pg_total_relation_size), the dead rows by the
+// statistics and the leftovers are reported apart, for the operator; the
+// planner balances live bytes. Every figure is as of the measurement; the
 // statistics only choose the method.
 package sizing
 
@@ -80,22 +87,36 @@ type TableReport struct {
 	// Method is "exact", or "sample P%" (TABLESAMPLE SYSTEM of P% of its
 	// pages, counts scaled up), or "missing" (no such table there).
 	Method string `json:"method"`
-	// Rows and Bytes are the table's whole size on the node, owned rows
-	// and leftovers alike.
+	// Rows and Bytes are the table's live rows on the node, owned rows
+	// and leftovers alike, and their own bytes.
 	Rows  int64 `json:"rows"`
 	Bytes int64 `json:"bytes"`
+	// Physical is its size on disk (pg_total_relation_size over its
+	// partitions: heap, TOAST, indexes, dead rows and free space).
+	Physical int64 `json:"physical_bytes"`
+	// DeadRows are row versions awaiting vacuum, by the statistics
+	// (pg_stat's n_dead_tup: an estimate, as of the last report to it).
+	DeadRows int64 `json:"dead_rows"`
 }
 
 // NodeReport is one node's part of a measurement.
 type NodeReport struct {
 	Node   bucketmap.NodeID `json:"node"`
 	Tables []TableReport    `json:"tables"`
-	// Owned is what it holds in the buckets it owns; Leftover is what it
-	// holds in buckets it does not (copies GC has yet to delete, or rows
-	// of a move in flight).
+	// Owned is what it holds in the buckets it owns, live rows and their
+	// bytes: what the planner balances. Leftover is what it holds in
+	// buckets it does not (copies GC has yet to delete, or rows of a move
+	// in flight).
 	Owned    bucketmap.Size `json:"owned"`
 	Leftover bucketmap.Size `json:"leftover"`
-	TookMS   float64        `json:"took_ms"`
+	// Dead is the dead rows by the statistics, and their bytes at the
+	// table's mean live row size (estimates both).
+	Dead bucketmap.Size `json:"dead"`
+	// Physical is the tables' size on disk; what is neither owned,
+	// leftover nor dead in it is indexes, page and row overhead and free
+	// space.
+	Physical int64   `json:"physical_bytes"`
+	TookMS   float64 `json:"took_ms"`
 }
 
 // BucketSize is one bucket's size on its owner.
@@ -238,6 +259,7 @@ type tableInfo struct {
 	exists   bool
 	estRows  int64 // pg_class.reltuples over its partitions; -1: never analyzed
 	diskSize int64 // pg_total_relation_size over its partitions
+	deadRows int64 // pg_stat_get_dead_tuples over its partitions
 }
 
 func info(ctx context.Context, c *pgx.Conn, t topo.TableRecord) (tableInfo, error) {
@@ -258,8 +280,9 @@ func info(ctx context.Context, c *pgx.Conn, t topo.TableRecord) (tableInfo, erro
 			SELECT relid FROM pg_partition_tree($1::oid) WHERE isleaf
 			UNION ALL SELECT $1::oid WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree($1::oid)))
 		SELECT coalesce(sum(pg_total_relation_size(l.relid)), 0)::bigint,
-			coalesce(min(c.reltuples), -1)::bigint, coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint
-		FROM leaves l JOIN pg_class c ON c.oid = l.relid`, *rel).Scan(&ti.diskSize, &least, &sum)
+			coalesce(min(c.reltuples), -1)::bigint, coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint,
+			coalesce(sum(pg_stat_get_dead_tuples(l.relid)), 0)::bigint
+		FROM leaves l JOIN pg_class c ON c.oid = l.relid`, *rel).Scan(&ti.diskSize, &least, &sum, &ti.deadRows)
 	if err != nil {
 		return tableInfo{}, err
 	}
@@ -327,6 +350,11 @@ func measureNode(ctx context.Context, m *bucketmap.Map, n bucketmap.Node, tables
 			return rep, nil, fmt.Errorf("table %s: %w", t.Name, err)
 		}
 		rep.Tables = append(rep.Tables, tr)
+		rep.Physical += tr.Physical
+		rep.Dead.Rows += tr.DeadRows
+		if tr.Rows > 0 {
+			rep.Dead.Bytes += int64(float64(tr.DeadRows) * float64(tr.Bytes) / float64(tr.Rows))
+		}
 		for s, sz := range per {
 			a := all[s]
 			a.Rows += sz.Rows
@@ -360,7 +388,8 @@ func measureNode(ctx context.Context, m *bucketmap.Map, n bucketmap.Node, tables
 }
 
 // measureRange counts one table's rows per slot at depth d (within keys
-// lo..hi when within is set), with bytes shared out of its disk size.
+// lo..hi when within is set) and their bytes, both scaled up from a
+// sample alike.
 func measureRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, ti tableInfo, pct float64, d int, within *[2]int64) (slotSizes, TableReport, error) {
 	q := fmt.Sprintf(`SELECT %s AS slot, count(*), coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM %s t%s`,
 		slotExpr(t.KeyColumn, d), qualified(t), sampleClause(pct))
@@ -374,8 +403,8 @@ func measureRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, ti table
 	if err != nil {
 		return nil, TableReport{}, err
 	}
-	type raw struct{ rows, colBytes int64 }
-	got := map[uint32]raw{}
+	scale := 100 / pct
+	out := slotSizes{}
 	var sumCol, sumRows int64
 	for rows.Next() {
 		var slot, n, b int64
@@ -383,7 +412,7 @@ func measureRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, ti table
 			rows.Close()
 			return nil, TableReport{}, err
 		}
-		got[uint32(slot)] = raw{n, b}
+		out[uint32(slot)] = bucketmap.Size{Rows: int64(float64(n) * scale), Bytes: int64(float64(b) * scale)}
 		sumCol += b
 		sumRows += n
 	}
@@ -391,19 +420,8 @@ func measureRange(ctx context.Context, c *pgx.Conn, t topo.TableRecord, ti table
 	if err := rows.Err(); err != nil {
 		return nil, TableReport{}, err
 	}
-	scale := 100 / pct
-	out := slotSizes{}
-	for s, r := range got {
-		sz := bucketmap.Size{Rows: int64(float64(r.rows) * scale)}
-		switch {
-		case within != nil:
-			sz.Bytes = int64(float64(r.colBytes) * scale) // shared out later (scaleTo)
-		case sumCol > 0:
-			sz.Bytes = int64(float64(ti.diskSize) * float64(r.colBytes) / float64(sumCol))
-		}
-		out[s] = sz
-	}
-	return out, TableReport{Table: t.Name, Method: methodName(pct), Rows: int64(float64(sumRows) * scale), Bytes: ti.diskSize}, nil
+	return out, TableReport{Table: t.Name, Method: methodName(pct), Rows: int64(float64(sumRows) * scale), Bytes: int64(float64(sumCol) * scale),
+		Physical: ti.diskSize, DeadRows: ti.deadRows}, nil
 }
 
 // refine measures bucket b (about rows rows) on its owner n at depth d:

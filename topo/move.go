@@ -1,6 +1,7 @@
 package topo
 
 import (
+	"fmt"
 	"path"
 	"slices"
 	"time"
@@ -318,11 +319,55 @@ type RebalanceRecord struct {
 	Reason  string    `json:"reason,omitempty"`
 	Move    string    `json:"move,omitempty"` // the move that caused the pause
 	At      time.Time `json:"at"`
-	// By is what the cluster balances: "" or "count" (bucket counts, the
-	// planner from the map alone), "bytes" or "rows" (measured sizes, set
-	// by `shardctl rebalance --by size|rows`). A rebalancer by count,
-	// --watch included, does not undo a balance by size.
+	// By is what the cluster balances (Mode reads it): "" or "count"
+	// (bucket counts, the planner from the map alone), "size" or "rows"
+	// (measured sizes; "bytes" is size's name in records written before
+	// the names were made one). Set only by `shardctl rebalance mode` or
+	// `rebalance --by X --set-mode`. A rebalancer by count, --watch
+	// included, does not undo a balance by size.
 	By string `json:"by,omitempty"`
+	// BySetBy and BySetAt say who set By, and when (absent in records
+	// written before they were kept). Pause and resume keep them.
+	BySetBy string     `json:"by_set_by,omitempty"`
+	BySetAt *time.Time `json:"by_set_at,omitempty"`
+}
+
+// The balance modes (RebalanceRecord.By), by the names the CLI takes.
+const (
+	BalanceCount = "count"
+	BalanceSize  = "size"
+	BalanceRows  = "rows"
+)
+
+// BalanceModes lists the balance modes, for messages.
+const BalanceModes = "count, size or rows"
+
+// ParseBalanceMode reads a balance mode: "" is count, and "bytes" (size's
+// old name, in older records) is size.
+func ParseBalanceMode(s string) (string, error) {
+	switch s {
+	case "", BalanceCount:
+		return BalanceCount, nil
+	case BalanceSize, "bytes":
+		return BalanceSize, nil
+	case BalanceRows:
+		return BalanceRows, nil
+	}
+	return "", fmt.Errorf("balance mode %q is not %s", s, BalanceModes)
+}
+
+// Mode is what the cluster balances by r (count without a record). A
+// mode this version does not know reads as itself, so that it is shown,
+// and a rebalancer by count does not take it for count.
+func (r *RebalanceRecord) Mode() string {
+	if r == nil {
+		return BalanceCount
+	}
+	m, err := ParseBalanceMode(r.By)
+	if err != nil {
+		return r.By
+	}
+	return m
 }
 
 // DecodeRebalance decodes a rebalance record.

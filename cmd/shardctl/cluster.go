@@ -123,15 +123,23 @@ func runStatus(c *cli.Context) error {
 		if err != nil {
 			return err
 		}
+		rec, err := topo.ReadRebalance(ctx, st.Session(), st.Paths())
+		if err != nil {
+			return err
+		}
 		out := struct {
 			bucketmap.Summary
 			// Groups: the Patroni groups among the nodes, as their
 			// records in ZooKeeper say now.
 			Groups map[bucketmap.NodeID]*topo.PatroniView `json:"groups,omitempty"`
-		}{Summary: m.Summarize(), Groups: readGroups(ctx, st.Session(), m)}
+			// Rebalance: what the rebalancer balances, who set it, and
+			// whether it is paused.
+			Rebalance modeStatus `json:"rebalance"`
+		}{Summary: m.Summarize(), Groups: readGroups(ctx, st.Session(), m), Rebalance: newModeStatus(rec)}
 		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())
 			bucketmap.WriteSummary(w, out.Summary)
+			writeModeStatus(w, out.Rebalance)
 			for _, n := range m.Nodes() {
 				if g := out.Groups[n.ID]; g != nil {
 					writeGroup(w, n.ID, g)
@@ -240,11 +248,11 @@ func printPlan(ctx context.Context, c *cli.Context, st *bucketmap.Store) error {
 		if err != nil {
 			return err
 		}
-		p, _, err := migrate.PlanBySize(ctx, st, m, *sp, opt)
+		p, meas, err := migrate.PlanBySize(ctx, st, m, *sp, opt)
 		if err != nil {
 			return err
 		}
-		return cliutil.NewPrinter(c).Emit(p, func(w io.Writer) { writeSizePlan(w, m, p) })
+		return cliutil.NewPrinter(c).Emit(sizePlanOut{p, meas.Nodes}, func(w io.Writer) { writeSizePlan(w, m, p, meas) })
 	}
 	p, err := bucketmap.PlanFor(m, policy(c))
 	if err != nil {

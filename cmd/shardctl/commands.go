@@ -332,8 +332,18 @@ func newApp() *cli.App {
 					&cli.BoolFlag{Name: "resume", EnvVars: []string{"SHARDVISOR_REBALANCE_RESUME"}, Usage: "clear a pause (after a verification mismatch was understood) and run"},
 					&cli.BoolFlag{Name: "pause", EnvVars: []string{"SHARDVISOR_REBALANCE_PAUSE"}, Usage: "pause the rebalancer (a running one stops after its current moves; moves whose mover died are still healed)"},
 					windowFlag(0, "SHARDVISOR_REBALANCE_WINDOW"),
+					&cli.BoolFlag{Name: "set-mode", EnvVars: []string{"SHARDVISOR_REBALANCE_SET_MODE"}, Usage: "record --by as what the cluster balances from now on (a running --watch follows it and logs it): without it, a --by other than the recorded mode is refused"},
 				}, append(append(policyFlags(), sizeFlags()...), measureFlags()...)...), moveFlags()...),
 				Action: runRebalance,
+				Subcommands: []*cli.Command{
+					{
+						Name:        "mode",
+						Usage:       "show or set what the cluster balances: bucket count, size (live bytes) or rows",
+						ArgsUsage:   "[MODE]",
+						Description: modeUsage,
+						Action:      runRebalanceMode,
+					},
+				},
 			},
 			{
 				Name:  "gc",
@@ -453,7 +463,7 @@ func policyFlags() []cli.Flag {
 // by size (bucketmap.SizePolicy).
 func sizeFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "by", Value: "count", EnvVars: []string{"SHARDVISOR_BALANCE_BY"}, Usage: "balance bucket `count`s (from the map), or the size of what the nodes hold: size (bytes) or rows"},
+		&cli.StringFlag{Name: "by", Value: "count", EnvVars: []string{"SHARDVISOR_BALANCE_BY"}, Usage: "what to balance: `count` (buckets per node, from the map), size (the live bytes of the rows each node owns) or rows; without it, the cluster's mode (`shardctl rebalance mode`)"},
 		&cli.Float64Flag{Name: "tolerance", Value: 0.10, EnvVars: []string{"SHARDVISOR_BALANCE_TOLERANCE"}, Usage: "by size: a node is balanced at up to (1+`F`) times its fair share by weight"},
 		&cli.Float64Flag{Name: "improvement", Value: 0.01, EnvVars: []string{"SHARDVISOR_BALANCE_IMPROVEMENT"}, Usage: "by size: a move must lower the busier node's load by at least `F` of its fair share (smaller gains are not worth a copy)"},
 		&cli.IntFlag{Name: "max-depth", Value: bucketmap.MaxDepth, EnvVars: []string{"SHARDVISOR_BALANCE_MAX_DEPTH"}, Usage: "by size: never split a bucket deeper than `D`"},

@@ -280,21 +280,18 @@ func runRebalance(c *cli.Context) error {
 		if _, err := sizePolicy(c); err != nil {
 			return err // a bad flag, before anything is recorded
 		}
-		if c.IsSet("by") && c.Bool("watch") && c.String("by") != "count" {
-			return cliutil.Usagef("rebalance: --by %s measures every node on each run; it runs once, not with --watch (a watcher of a cluster balanced by size heals moves and plans none by count)", c.String("by"))
+		if c.IsSet("by") && c.Bool("watch") && c.String("by") != topo.BalanceCount {
+			return cliutil.Usagef("rebalance: --by %s measures every node on each run; it runs once, not with --watch (a watcher of a cluster that balances by size heals moves and plans none by count)", c.String("by"))
+		}
+		if c.Bool("set-mode") && !c.IsSet("by") {
+			return cliutil.Usagef("rebalance: --set-mode records the mode --by names: give --by %s", topo.BalanceModes)
 		}
 		by, err := recordedBy(ctx, c, st)
 		if err != nil {
 			return err
 		}
-		if c.IsSet("by") && !c.Bool("dry-run") {
-			// What the cluster balances from now on: a later plain
-			// `rebalance` (or a watcher) keeps to it.
-			mode := map[string]string{"size": "bytes"}[by]
-			if mode == "" {
-				mode = by
-			}
-			if err := rb.SetBalanceMode(ctx, mode); err != nil {
+		if !c.Bool("dry-run") && !c.Bool("pause") {
+			if err := changeMode(ctx, c, rb, by); err != nil {
 				return err
 			}
 		}
@@ -333,7 +330,11 @@ func runRebalance(c *cli.Context) error {
 		rep, err := rb.Run(ctx)
 		if perr := cliutil.NewPrinter(c).Emit(rep, func(w io.Writer) {
 			if rb.BySize != nil {
-				fmt.Fprintf(w, "%d moves, %d buckets split; balanced by %s: %v (largest node at %.3f of its fair share)\n", len(rep.Moves), len(rep.SplitBuckets), rb.BySize.By, rep.Balanced, rep.MaxOverFair)
+				fmt.Fprintf(w, "%d moves, %d buckets split; balanced by %s: %v (largest node at %.3f of its fair share; once GC has run, at %.3f in live bytes and %.3f in rows)\n",
+					len(rep.Moves), len(rep.SplitBuckets), rb.BySize.By, rep.Balanced, rep.MaxOverFair, rep.MaxOverFairBytes, rep.MaxOverFairRows)
+				if len(rep.Measured) > 0 {
+					writeMeasured(w, rep.Measured)
+				}
 				for _, s := range rep.Stuck {
 					fmt.Fprintf(w, "  cannot split %s\n", s)
 				}

@@ -21,43 +21,48 @@ func sizePolicy(c *cli.Context) (*bucketmap.SizePolicy, error) {
 	return sizePolicyFor(c, c.String("by"))
 }
 
-// recordedBy is the cluster's balance mode when --by is not given.
+// byFlag reads --by as a balance mode (topo.ParseBalanceMode).
+func byFlag(c *cli.Context) (string, error) {
+	by, err := topo.ParseBalanceMode(c.String("by"))
+	if err != nil {
+		return "", cliutil.Usagef("--by must be %s, not %q", topo.BalanceModes, c.String("by"))
+	}
+	return by, nil
+}
+
+// recordedBy is --by, or the cluster's balance mode when --by is not
+// given.
 func recordedBy(ctx context.Context, c *cli.Context, st *bucketmap.Store) (string, error) {
 	if c.IsSet("by") {
-		return c.String("by"), nil
+		return byFlag(c)
 	}
 	rec, err := topo.ReadRebalance(ctx, st.Session(), st.Paths())
-	if err != nil || rec == nil || rec.By == "" {
-		return "count", err
-	}
-	return rec.By, nil
+	return rec.Mode(), err
 }
 
 func sizePolicyFor(c *cli.Context, by string) (*bucketmap.SizePolicy, error) {
-	switch by {
-	case "", "count":
-		return nil, nil
-	case "size", "bytes", "rows":
-		if by == "size" {
-			by = "bytes"
-		}
-		p := &bucketmap.SizePolicy{By: by, Tolerance: c.Float64("tolerance"), Improvement: c.Float64("improvement"),
-			MaxDepth: c.Int("max-depth"), MinSplitBytes: c.Int64("min-split-bytes")}
-		if p.Tolerance <= 0 || p.Tolerance > 10 {
-			return nil, cliutil.Usagef("--tolerance must be above 0 (0.10 is 10%%), not %g", p.Tolerance)
-		}
-		if p.Improvement <= 0 || p.Improvement >= 1 {
-			return nil, cliutil.Usagef("--improvement must be between 0 and 1, not %g", p.Improvement)
-		}
-		if p.MaxDepth < 1 || p.MaxDepth > bucketmap.MaxDepth {
-			return nil, cliutil.Usagef("--max-depth must be 1..%d, not %d", bucketmap.MaxDepth, p.MaxDepth)
-		}
-		if p.MinSplitBytes < 0 {
-			return nil, cliutil.Usagef("--min-split-bytes must not be negative")
-		}
-		return p, nil
+	by, err := topo.ParseBalanceMode(by)
+	if err != nil {
+		return nil, cliutil.Usagef("--by must be %s, not %q", topo.BalanceModes, c.String("by"))
 	}
-	return nil, cliutil.Usagef("--by must be count, size (bytes) or rows, not %q", c.String("by"))
+	if by == topo.BalanceCount {
+		return nil, nil
+	}
+	p := &bucketmap.SizePolicy{By: by, Tolerance: c.Float64("tolerance"), Improvement: c.Float64("improvement"),
+		MaxDepth: c.Int("max-depth"), MinSplitBytes: c.Int64("min-split-bytes")}
+	if p.Tolerance <= 0 || p.Tolerance > 10 {
+		return nil, cliutil.Usagef("--tolerance must be above 0 (0.10 is 10%%), not %g", p.Tolerance)
+	}
+	if p.Improvement <= 0 || p.Improvement >= 1 {
+		return nil, cliutil.Usagef("--improvement must be between 0 and 1, not %g", p.Improvement)
+	}
+	if p.MaxDepth < 1 || p.MaxDepth > bucketmap.MaxDepth {
+		return nil, cliutil.Usagef("--max-depth must be 1..%d, not %d", bucketmap.MaxDepth, p.MaxDepth)
+	}
+	if p.MinSplitBytes < 0 {
+		return nil, cliutil.Usagef("--min-split-bytes must not be negative")
+	}
+	return p, nil
 }
 
 func sizingOptions(c *cli.Context) (sizing.Options, error) {
@@ -115,8 +120,16 @@ func writeBuckets(w io.Writer, m *bucketmap.Map, rep *sizing.Report) {
 		}
 		fmt.Fprintf(w, "%-12s %-12s %12s %10s %6.1f%%\n", b.Name, b.Owner, count(b.Rows), byteSize(b.Bytes), share)
 	}
-	fmt.Fprintf(w, "%-12s %12s %10s %12s %10s  %s\n", "NODE", "OWNED ROWS", "BYTES", "LEFTOVER", "BYTES", "METHOD")
-	nodes := append([]sizing.NodeReport(nil), rep.Nodes...)
+	writeMeasured(w, rep.Nodes)
+}
+
+// writeMeasured is a measurement's figures per node: owned rows and
+// their live bytes (what the planner balances, and what stays after GC),
+// leftovers (GC's to delete), dead rows (vacuum's, estimated) and the
+// size on disk, which holds all of them plus indexes and free space.
+func writeMeasured(w io.Writer, list []sizing.NodeReport) {
+	fmt.Fprintf(w, "%-12s %10s %10s %10s %10s %10s %10s %10s  %s\n", "NODE", "OWNED ROWS", "LIVE", "LEFTOVER", "BYTES", "DEAD ROWS", "BYTES", "ON DISK", "METHOD")
+	nodes := append([]sizing.NodeReport(nil), list...)
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Node < nodes[j].Node })
 	for _, n := range nodes {
 		meth := ""
@@ -126,7 +139,8 @@ func writeBuckets(w io.Writer, m *bucketmap.Map, rep *sizing.Report) {
 			}
 			meth += t.Table + " " + t.Method
 		}
-		fmt.Fprintf(w, "%-12s %12s %10s %12s %10s  %s\n", n.Node, count(n.Owned.Rows), byteSize(n.Owned.Bytes), count(n.Leftover.Rows), byteSize(n.Leftover.Bytes), meth)
+		fmt.Fprintf(w, "%-12s %10s %10s %10s %10s %10s %10s %10s  %s\n", n.Node, count(n.Owned.Rows), byteSize(n.Owned.Bytes), count(n.Leftover.Rows), byteSize(n.Leftover.Bytes),
+			count(n.Dead.Rows), byteSize(n.Dead.Bytes), byteSize(n.Physical), meth)
 	}
 }
 
@@ -152,8 +166,20 @@ func byteSize(n int64) string {
 	return fmt.Sprintf("%d B", n)
 }
 
-func writeSizePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.SizePlan) {
-	fmt.Fprintf(w, "plan by %s for map version %d: split %d bucket(s), then %d moves\n", p.By, p.MapVersion, len(p.Split), len(p.Moves))
+// sizePlanOut is `plan --by size|rows --json`: the plan, and the
+// measurement it was made from (physical size, dead rows and leftovers
+// per node, which the plan does not balance).
+type sizePlanOut struct {
+	*bucketmap.SizePlan
+	Measured []sizing.NodeReport `json:"measured"`
+}
+
+func writeSizePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.SizePlan, meas *sizing.Report) {
+	what := "live bytes of the owned rows"
+	if p.By == topo.BalanceRows {
+		what = "owned rows"
+	}
+	fmt.Fprintf(w, "plan by %s (%s) for map version %d: split %d bucket(s), then %d moves\n", p.By, what, p.MapVersion, len(p.Split), len(p.Moves))
 	for _, b := range p.Split {
 		fmt.Fprintf(w, "  split bucket %s\n", m.Name(b))
 	}
@@ -170,7 +196,10 @@ func writeSizePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.SizePlan) {
 		}
 		return byteSize(v)
 	}
-	fmt.Fprintf(w, "%-12s %12s %12s %12s %8s\n", "NODE", "NOW", "AFTER", "FAIR", "AFTER/FAIR")
+	// NOW is what each node owns now, AFTER what it will own once the
+	// plan has run and GC deleted the copies left behind: both in the
+	// measure balanced.
+	fmt.Fprintf(w, "%-12s %12s %12s %12s %8s %8s\n", "NODE", "NOW", "AFTER", "FAIR", "NOW/FAIR", "AFTER/FAIR")
 	var ids []string
 	for id := range p.Before {
 		ids = append(ids, string(id))
@@ -178,11 +207,12 @@ func writeSizePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.SizePlan) {
 	sort.Strings(ids)
 	for _, id := range ids {
 		n := bucketmap.NodeID(id)
-		r := "-"
+		r0, r := "-", "-"
 		if f := p.Fair[n]; f > 0 {
+			r0 = fmt.Sprintf("%.3f", float64(p.Before[n])/float64(f))
 			r = fmt.Sprintf("%.3f", float64(p.After[n])/float64(f))
 		}
-		fmt.Fprintf(w, "%-12s %12s %12s %12s %8s\n", id, unit(p.Before[n]), unit(p.After[n]), unit(p.Fair[n]), r)
+		fmt.Fprintf(w, "%-12s %12s %12s %12s %8s %8s\n", id, unit(p.Before[n]), unit(p.After[n]), unit(p.Fair[n]), r0, r)
 	}
 	if p.Balanced {
 		fmt.Fprintf(w, "balanced after the plan: the largest node at %.3f of its fair share\n", p.MaxOverFair)
@@ -192,7 +222,11 @@ func writeSizePlan(w io.Writer, m *bucketmap.Map, p *bucketmap.SizePlan) {
 			fmt.Fprintf(w, "  cannot split %s\n", s)
 		}
 		for _, b := range p.Unknown {
-			fmt.Fprintf(w, "  bucket %s would need a split, but its halves were not measured: rebalance --by size splits, measures and plans again\n", b)
+			fmt.Fprintf(w, "  bucket %s would need a split, but its halves were not measured: rebalance --by %s splits, measures and plans again\n", b, p.By)
 		}
+	}
+	if meas != nil {
+		fmt.Fprintf(w, "measured %s (leftovers, dead rows and the size on disk are shown, not balanced):\n", meas.At.Format("2006-01-02T15:04:05Z"))
+		writeMeasured(w, meas.Nodes)
 	}
 }

@@ -139,11 +139,38 @@ func TestIntegrationSplitOneBucket(t *testing.T) {
 	if out := mustData(t, cmd("plan", "--by", "rows")...); !strings.Contains(out, "plan by rows") || !strings.Contains(out, "AFTER/FAIR") {
 		t.Fatalf("plan --by rows: %s", out)
 	}
+	// plan --by size: now and after in live bytes, and the measurement's
+	// leftovers, dead rows and size on disk apart.
+	if out := mustData(t, cmd("plan", "--by", "size")...); !strings.Contains(out, "plan by size (live bytes of the owned rows)") || !strings.Contains(out, "NOW/FAIR") ||
+		!strings.Contains(out, "ON DISK") || !strings.Contains(out, "DEAD ROWS") || !strings.Contains(out, "LEFTOVER") {
+		t.Fatalf("plan --by size: %s", out)
+	}
+	var sp struct {
+		By       string `json:"by"`
+		Measured []struct {
+			Node     string `json:"node"`
+			Physical int64  `json:"physical_bytes"`
+			Owned    struct{ Rows, Bytes int64 }
+		} `json:"measured"`
+	}
+	if err := json.Unmarshal([]byte(mustData(t, cmd("plan", "--by", "size", "--json")...)), &sp); err != nil {
+		t.Fatal(err)
+	}
+	if sp.By != "size" || len(sp.Measured) != 3 {
+		t.Fatalf("plan --by size --json: %+v", sp)
+	}
+	for _, n := range sp.Measured {
+		if n.Owned.Rows > 0 && (n.Owned.Bytes == 0 || n.Physical <= n.Owned.Bytes) {
+			t.Fatalf("plan --by size --json: node %+v", n)
+		}
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"plan", "--by", "weight"}, "--by must be count, size (bytes) or rows"},
+		{[]string{"plan", "--by", "weight"}, "--by must be count, size or rows"},
+		{[]string{"rebalance", "--set-mode"}, "--set-mode records the mode --by names"},
+		{[]string{"rebalance", "mode", "weight"}, "rebalance mode: want count, size or rows"},
 		{[]string{"plan", "--by", "size", "--tolerance", "0"}, "--tolerance must be above 0"},
 		{[]string{"buckets", "--top", "-1"}, "--top must not be negative"},
 		{[]string{"rebalance", "--by", "size", "--watch"}, "runs once, not with --watch"},
@@ -152,13 +179,51 @@ func TestIntegrationSplitOneBucket(t *testing.T) {
 			t.Errorf("%v: exit %d %q, want 2 and %q", tc.args, r.code, r.stderr, tc.want)
 		}
 	}
-	// rebalance --by rows records the mode; a later plan keeps to it.
-	mustData(t, cmd("rebalance", "--by", "rows", "--window", "0")...)
-	if out := mustData(t, cmd("plan")...); !strings.Contains(out, "plan by rows") {
-		t.Fatalf("plan after rebalance --by rows: %s", out)
+	// The balance mode changes only when asked to: a one-off rebalance
+	// by another mode than the recorded one is refused, naming the way
+	// to change it, and changes nothing.
+	if out := mustData(t, cmd("status")...); !strings.Contains(out, "rebalancer: balances by count; `rebalance --watch` plans moves by bucket count") {
+		t.Fatalf("status before any mode was set: %s", out)
 	}
-	mustData(t, cmd("rebalance", "--by", "count", "--window", "0")...)
+	if r := runData(t, cmd("rebalance", "--by", "rows", "--window", "0")...); r.code != 1 || !strings.Contains(r.stderr, "the cluster balances by count") ||
+		!strings.Contains(r.stderr, "shardctl rebalance --by rows --set-mode") {
+		t.Fatalf("rebalance --by rows of a cluster by count: exit %d %s", r.code, r.stderr)
+	}
 	if out := mustData(t, cmd("plan")...); strings.Contains(out, "plan by") {
-		t.Fatalf("plan after rebalance --by count: %s", out)
+		t.Fatalf("plan after a refused rebalance --by rows: %s", out)
+	}
+	// --set-mode records it, who and when; status shows it; a later plan
+	// keeps to it.
+	if r := runData(t, cmd("rebalance", "--by", "rows", "--set-mode", "--window", "0")...); r.code != 0 || !strings.Contains(r.stderr, "balance mode changed from count to rows") {
+		t.Fatalf("rebalance --by rows --set-mode: exit %d %s%s", r.code, r.stdout, r.stderr)
+	}
+	if out := mustData(t, cmd("plan")...); !strings.Contains(out, "plan by rows") {
+		t.Fatalf("plan after rebalance --by rows --set-mode: %s", out)
+	}
+	if out := mustData(t, cmd("status")...); !strings.Contains(out, "rebalancer: balances by rows (set by shardctl rebalance --by rows --set-mode (") ||
+		!strings.Contains(out, "`shardctl rebalance mode count` balances bucket counts again") {
+		t.Fatalf("status after the mode was set: %s", out)
+	}
+	var st struct {
+		Rebalance struct {
+			Mode  string `json:"mode"`
+			SetBy string `json:"set_by"`
+			SetAt string `json:"set_at"`
+		} `json:"rebalance"`
+	}
+	if err := json.Unmarshal([]byte(mustData(t, cmd("status", "--json")...)), &st); err != nil || st.Rebalance.Mode != "rows" || st.Rebalance.SetAt == "" ||
+		!strings.HasPrefix(st.Rebalance.SetBy, "shardctl rebalance --by rows --set-mode") {
+		t.Fatalf("status --json: %+v %v", st, err)
+	}
+	// rebalance mode shows it and sets it back.
+	if out := mustData(t, cmd("rebalance", "mode")...); !strings.Contains(out, "rebalancer: balances by rows") {
+		t.Fatalf("rebalance mode: %s", out)
+	}
+	if out := mustData(t, cmd("rebalance", "mode", "count")...); !strings.Contains(out, "balance mode changed from rows to count") ||
+		!strings.Contains(out, "balances by count (set by shardctl rebalance mode count (") {
+		t.Fatalf("rebalance mode count: %s", out)
+	}
+	if out := mustData(t, cmd("plan")...); strings.Contains(out, "plan by") {
+		t.Fatalf("plan after rebalance mode count: %s", out)
 	}
 }
