@@ -33,6 +33,17 @@ type Metrics struct {
 	// ThawsWithoutZooKeeper counts write pauses a mover ended on the
 	// source by itself, before its abort reached ZooKeeper.
 	ThawsWithoutZooKeeper prometheus.Counter
+	// ReverseLagBytes is, per move in its rollback window, the target's
+	// WAL its reverse stream's source has not confirmed yet, as the
+	// orphan watcher last probed it from the servers.
+	ReverseLagBytes *prometheus.GaugeVec
+	// ReverseState is 1 for each move in its window and its reverse
+	// stream's probed state (running, disabled, lost, unknown).
+	ReverseState *prometheus.GaugeVec
+	// ReverseLost counts the ways back the orphan watcher found lost in a
+	// rollback window (the window then ends at once): alert on any
+	// increase.
+	ReverseLost prometheus.Counter
 
 	mu       sync.Mutex
 	frozenAt map[string]time.Time
@@ -51,12 +62,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Moves whose flip was sent to ZooKeeper without an answer: their bucket refuses writes until ZooKeeper answers."}),
 		ThawsWithoutZooKeeper: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardvisor_move_thaws_total",
 			Help: "Write pauses ended on the source by the mover itself, before its rollback reached ZooKeeper."}),
+		ReverseLagBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "shardvisor_move_reverse_lag_bytes",
+			Help: "Per move in its rollback window: the target's WAL that the reverse stream's source has not confirmed, as probed from the servers."}, []string{"move"}),
+		ReverseState: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "shardvisor_move_reverse_state",
+			Help: "1 per move in its rollback window and its reverse stream's state probed from the servers: running, disabled, lost, unknown."}, []string{"move", "state"}),
+		ReverseLost: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardvisor_move_reverse_lost_total",
+			Help: "Reverse streams found lost in a rollback window (a failover of the target, an invalidated slot): the move can no longer be rolled back."}),
 		frozenAt: map[string]time.Time{},
 	}
 	m.FrozenOldest = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "shardvisor_move_frozen_bucket_oldest_seconds",
 		Help: "Age of the oldest open write pause of a move the orphan watcher follows (0: none). Above the pause cap, a bucket refuses writes on every node."},
 		m.oldestFrozen)
-	reg.MustRegister(m.Stragglers, m.MemberWait, m.FrozenOldest, m.OrphanResumes, m.FlipUnknown, m.ThawsWithoutZooKeeper)
+	reg.MustRegister(m.Stragglers, m.MemberWait, m.FrozenOldest, m.OrphanResumes, m.FlipUnknown, m.ThawsWithoutZooKeeper,
+		m.ReverseLagBytes, m.ReverseState, m.ReverseLost)
 	return m
 }
 
@@ -119,5 +137,44 @@ func (m *Metrics) flipUnknown(d float64) {
 func (m *Metrics) thawed() {
 	if m != nil {
 		m.ThawsWithoutZooKeeper.Inc()
+	}
+}
+
+// reverseStates are ReverseState's states.
+var reverseStates = []string{ReverseRunning, ReverseDisabled, ReverseLost, ReverseUnknown}
+
+// reverseProbed records a probe of move id's reverse stream.
+func (m *Metrics) reverseProbed(id string, p *ReverseProbe) {
+	if m == nil || p == nil {
+		return
+	}
+	for _, s := range reverseStates {
+		v := 0.0
+		if s == p.State {
+			v = 1
+		}
+		m.ReverseState.WithLabelValues(id, s).Set(v)
+	}
+	if p.LagBytes != nil {
+		m.ReverseLagBytes.WithLabelValues(id).Set(float64(*p.LagBytes))
+	} else if p.State == ReverseLost {
+		m.ReverseLagBytes.DeleteLabelValues(id)
+	}
+}
+
+// reverseGone forgets move id's reverse stream (its window ended).
+func (m *Metrics) reverseGone(id string) {
+	if m == nil {
+		return
+	}
+	for _, s := range reverseStates {
+		m.ReverseState.DeleteLabelValues(id, s)
+	}
+	m.ReverseLagBytes.DeleteLabelValues(id)
+}
+
+func (m *Metrics) reverseLost() {
+	if m != nil {
+		m.ReverseLost.Inc()
 	}
 }

@@ -41,6 +41,12 @@ const OrphanGrace = time.Second
 // missed watch event (a reconnect) costs at most this long.
 const orphanRescan = 30 * time.Second
 
+// reverseProbeEvery is how often the orphan watcher reads the state of a
+// reverse stream in its rollback window from the servers: a way back
+// lost (a failover of the target) is seen, and the window ended, within
+// this and a probe's time.
+const reverseProbeEvery = 2 * time.Second
+
 // WatchOrphans gives every unfinished move an owner, until ctx ends: a move
 // whose mover is gone (its ZooKeeper session expired, or it stopped), in
 // any state, is resumed, which finishes it or rolls it back (see Resume).
@@ -54,6 +60,12 @@ const orphanRescan = 30 * time.Second
 // node that is away, a copy) takes as long as it takes, with nobody
 // needed. Failed moves (a verification mismatch after the flip) are left
 // to a person: `shardctl move abort ID --after-failure`.
+//
+// A move in its rollback window has its reverse stream probed from the
+// servers every reverseProbeEvery (Options.Metrics gets its state and
+// lag); one found lost (the target failed over, the slot was
+// invalidated) gets the reason recorded and its window ended at once
+// (EndLostWindow), so that nobody counts on a way back that is gone.
 //
 // It needs ZooKeeper only to see and take moves: it never exits on a lost
 // session or connection; its watches come back with the session. Moves
@@ -143,6 +155,8 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 	// left its own entry (run.pauseGauge): the record decides from here.
 	unfrozen := func() { met.unfrozen(id); met.unfrozen("run:" + id) }
 	defer unfrozen()
+	defer met.reverseGone(id)
+	lastReverse := ""
 	rw := topo.WatchMoveRunner(ctx, mv.s, mv.p, id)
 	defer rw.Stop()
 	// The record too, for the frozen-bucket gauge: a mover saves
@@ -214,13 +228,32 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 			observe(last)
 		}
 		var wait <-chan time.Time
+		var lost bool
+		if err == nil {
+			lost = mv.watchReverse(ctx, rec, &lastReverse, log)
+		}
 		switch {
 		case err != nil:
 			wait = time.After(retry.Next())
+		case !held && lost:
+			out, rerr := mv.EndLostWindow(ctx, id)
+			switch {
+			case rerr == nil && out != nil && out.Reverse != nil && out.Reverse.Lost != "":
+				met.reverseLost()
+				log.Error("the move's way back is lost: its rollback window ended", zap.String("move", id), zap.String("state", out.State),
+					zap.String("why", out.Reverse.Lost), zap.String("target", out.Target))
+				continue
+			case errors.Is(rerr, ErrBusy):
+				held, absentSince = true, time.Time{}
+			case rerr != nil:
+				log.Warn("ending the rollback window of a move whose way back is lost; trying again", zap.String("move", id), zap.Error(rerr))
+			}
+			wait = time.After(reverseProbeEvery)
 		case !held && rec.State == topo.MoveReversible && !WindowDue(rec):
 			// In its rollback window nothing is due before the window
-			// ends (an operator's rollback or complete takes the lock).
-			d := min(time.Until(*rec.Reverse.Until)+10*time.Millisecond, orphanRescan)
+			// ends (an operator's rollback or complete takes the lock)
+			// but the probes of its reverse stream.
+			d := min(time.Until(*rec.Reverse.Until)+10*time.Millisecond, orphanRescan, reverseProbeEvery)
 			wait = time.After(d)
 		case !held && time.Since(absentSince) < OrphanGrace:
 			// A mover that just created the move takes its lock now.
@@ -295,6 +328,39 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 			}
 		}
 	}
+}
+
+// watchReverse probes the reverse stream of a move in its rollback window
+// for the metrics, logs a change of its state, and reports whether it is
+// lost. *last is the state last seen.
+func (mv *Mover) watchReverse(ctx context.Context, rec *topo.MoveRecord, last *string, log *zap.Logger) bool {
+	met := mv.opts.Metrics
+	if rec.State != topo.MoveReversible || !probed(rec) {
+		met.reverseGone(rec.ID)
+		*last = ""
+		return false
+	}
+	p := mv.ProbeReverse(ctx, rec)
+	if p == nil || ctx.Err() != nil {
+		return false
+	}
+	met.reverseProbed(rec.ID, p)
+	if p.State != *last {
+		fields := []zap.Field{zap.String("move", rec.ID), zap.String("state", p.State), zap.String("was", *last), zap.String("why", p.Reason)}
+		if p.LagBytes != nil {
+			fields = append(fields, zap.Int64("lag_bytes", *p.LagBytes))
+		}
+		switch p.State {
+		case ReverseRunning:
+			log.Info("reverse stream", fields...)
+		case ReverseLost:
+			log.Error("reverse stream lost: the move can no longer be rolled back", fields...)
+		default:
+			log.Warn("reverse stream not running", fields...)
+		}
+		*last = p.State
+	}
+	return p.State == ReverseLost
 }
 
 func stateOf(rec *topo.MoveRecord) string {

@@ -197,7 +197,8 @@ func canRollBack(rec *topo.MoveRecord) bool {
 }
 
 // WindowDue reports whether a move in its rollback window has something to
-// do now: its window ended, or its verification found a difference (it is
+// do now: its window ended, its way back was lost (Reverse.Lost: the
+// window ends at once), or its verification found a difference (it is
 // rolled back, never completed). A watcher resumes a reversible move only
 // then.
 func WindowDue(rec *topo.MoveRecord) bool {
@@ -208,7 +209,7 @@ func WindowDue(rec *topo.MoveRecord) bool {
 		return true
 	}
 	rv := rec.Reverse
-	return rv == nil || rv.Until == nil || rv.RollbackWanted != "" || !time.Now().Before(*rv.Until)
+	return rv == nil || rv.Until == nil || rv.RollbackWanted != "" || rv.Lost != "" || !time.Now().Before(*rv.Until)
 }
 
 // window is the reversible step: roll back a move whose copy differs,
@@ -384,6 +385,10 @@ func (r *run) rollback(ctx context.Context, reason string) error {
 	if !canRollBack(r.rec) {
 		why := "it has no reverse stream"
 		if rv := r.rec.Reverse; rv != nil && rv.Lost != "" {
+			if r.rec.State == topo.MoveReversible && r.rec.RollbackOf == "" {
+				// Lost in the window, and its end did not finish: finish it.
+				return r.endWithoutWayBack(ctx, rv.Lost)
+			}
 			why = rv.Lost
 		}
 		return fmt.Errorf("%w: move %s: %s", ErrNoRollback, r.rec.ID, why)
@@ -622,12 +627,15 @@ func (r *run) reverseBroken(ctx context.Context) (string, error) {
 // any other is done, on its target.
 func (r *run) endWithoutWayBack(ctx context.Context, why string) error {
 	r.mv.log.Error("move cannot be rolled back", zap.String("move", r.rec.ID), zap.String("why", why))
+	// The reason first: a drop that cannot finish (a node away) leaves
+	// the record saying that the way back is lost, and the window due
+	// (WindowDue), so that whoever resumes the move ends it.
+	rv := r.rec.Reverse
+	rv.Lost, rv.Enabled, rv.RollbackWanted = why, false, ""
 	if problems := r.dropReverse(ctx); len(problems) > 0 {
 		_ = r.save(ctx)
 		return fmt.Errorf("move %s: %s, and dropping its reverse stream: %s", r.rec.ID, why, strings.Join(problems, "; "))
 	}
-	rv := r.rec.Reverse
-	rv.Lost, rv.Enabled, rv.RollbackWanted = why, false, ""
 	if v := r.rec.Verify; v != nil && !v.OK {
 		r.rec.Error = fmt.Sprintf("verification mismatch: %s; no rollback possible: %s (the bucket is on %s; see shardctl move abort %s --after-failure)", describe(v), why, r.rec.Target, r.rec.ID)
 		if err := r.enter(ctx, topo.MoveFailed); err != nil {

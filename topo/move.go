@@ -179,7 +179,8 @@ type ReverseStream struct {
 	// so that nothing the forward stream applied is sent back
 	// (PostgreSQL 15 has no origin = none).
 	StartLSN string `json:"start_lsn,omitempty"`
-	// Enabled: the source's subscription was enabled.
+	// Enabled: the mover enabled the source's subscription (not that it
+	// still runs: see Lost).
 	Enabled bool `json:"enabled,omitempty"`
 	// Window is the rollback window the move was started with; Until is
 	// when it ends (set on entering reversible).
@@ -199,7 +200,11 @@ type ReverseStream struct {
 	// dropped; its slot was detached and is dropped when it answers.
 	SlotPending bool `json:"slot_pending,omitempty"`
 	// Lost says why the stream ended before its window did (the target's
-	// slot was gone: a failover of the target); no rollback is possible.
+	// slot was gone: a failover of the target; found by the mover, or in
+	// the window by the orphan watcher's probe of the servers, which then
+	// ends the window at once); no rollback is possible. Enabled says
+	// nothing of the stream's health: read it from the servers
+	// (migrate.Mover.ProbeReverse).
 	Lost string `json:"lost,omitempty"`
 }
 

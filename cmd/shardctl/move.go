@@ -55,7 +55,12 @@ func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, s
 	})
 }
 
-func writeMove(w io.Writer, r *topo.MoveRecord) {
+func writeMove(w io.Writer, r *topo.MoveRecord) { writeMoveProbed(w, r, nil) }
+
+// writeMoveProbed is writeMove with the reverse stream's state as probed
+// from the servers (nil: not probed; the record's word is then given as
+// such, never as "running").
+func writeMoveProbed(w io.Writer, r *topo.MoveRecord, probe *migrate.ReverseProbe) {
 	fmt.Fprintf(w, "move %s: bucket %d (level %d) %s -> %s: %s\n", r.ID, r.Bucket, r.Level, r.Source, r.Target, r.State)
 	if r.NoCopy {
 		fmt.Fprintln(w, "  NO COPY: ownership changed without copying rows (bucket marked data-lost)")
@@ -105,7 +110,7 @@ func writeMove(w io.Writer, r *topo.MoveRecord) {
 	if r.SlotPending {
 		fmt.Fprintf(w, "  slot %s is still on the source (it was unreachable); `shardctl move resume %s` drops it\n", r.Slot, r.ID)
 	}
-	writeReverse(w, r)
+	writeReverse(w, r, probe)
 	if r.Error != "" {
 		fmt.Fprintf(w, "  error: %s\n", r.Error)
 	}
@@ -155,14 +160,25 @@ func printMove(c *cli.Context, rec *topo.MoveRecord) error {
 	return cliutil.NewPrinter(c).Emit(rec, func(w io.Writer) { writeMove(w, rec) })
 }
 
+// moveStatus is `move status --json`: the record, with its reverse
+// stream as the servers have it ("reverse_probe": state running,
+// disabled, lost or unknown, reason, lag_bytes), for a move in its window.
+type moveStatus struct {
+	*topo.MoveRecord
+	ReverseProbe *migrate.ReverseProbe `json:"reverse_probe,omitempty"`
+}
+
 func runMoveStatus(c *cli.Context) error {
 	return withMoveID(c, func(ctx context.Context, mv *migrate.Mover, id string) error {
 		rec, err := mv.Get(ctx, id)
 		if err != nil {
 			return err
 		}
-		return cliutil.NewPrinter(c).Emit(rec, func(w io.Writer) {
-			writeMove(w, rec)
+		// The reverse stream's state is read from the servers: the
+		// record only says that it was started.
+		st := moveStatus{MoveRecord: rec, ReverseProbe: mv.ProbeReverse(ctx, rec)}
+		return cliutil.NewPrinter(c).Emit(st, func(w io.Writer) {
+			writeMoveProbed(w, rec, st.ReverseProbe)
 			for _, st := range rec.Steps {
 				fmt.Fprintf(w, "  %s  %s\n", st.At.Format("15:04:05.000"), st.State)
 			}
@@ -196,8 +212,9 @@ func runMoveComplete(c *cli.Context) error {
 	})
 }
 
-// writeReverse says where a move's way back stands.
-func writeReverse(w io.Writer, r *topo.MoveRecord) {
+// writeReverse says where a move's way back stands: as probed from the
+// servers if probe is set.
+func writeReverse(w io.Writer, r *topo.MoveRecord, probe *migrate.ReverseProbe) {
 	if r.RollbackOf != "" {
 		fmt.Fprintf(w, "  rollback of move %s (over its reverse stream)\n", r.RollbackOf)
 	}
@@ -208,15 +225,17 @@ func writeReverse(w io.Writer, r *topo.MoveRecord) {
 	switch {
 	case rv.Lost != "":
 		fmt.Fprintf(w, "  reverse stream: none (%s): no rollback possible\n", rv.Lost)
+	case probe != nil && probe.State == migrate.ReverseLost:
+		fmt.Fprintf(w, "  reverse stream %s -> %s LOST (%s): no rollback possible; `rebalance --watch` ends the window, or `shardctl move complete %s`\n", r.Target, r.Source, probe.Reason, r.ID)
 	case r.State == topo.MoveReversible && rv.Until != nil:
 		left := time.Until(*rv.Until).Round(time.Second)
 		if left < 0 {
 			left = 0
 		}
-		fmt.Fprintf(w, "  reverse stream %s -> %s running from %s; rollback window until %s (%s left): `shardctl move rollback %s` gives the bucket back with every write since the flip, `shardctl move complete %s` ends the window now\n",
-			r.Target, r.Source, rv.StartLSN, rv.Until.Local().Format("15:04:05"), left, r.ID, r.ID)
+		fmt.Fprintf(w, "  reverse stream %s -> %s %s from %s; rollback window until %s (%s left): `shardctl move rollback %s` gives the bucket back with every write since the flip, `shardctl move complete %s` ends the window now\n",
+			r.Target, r.Source, describeProbe(probe), rv.StartLSN, rv.Until.Local().Format("15:04:05"), left, r.ID, r.ID)
 	case rv.Enabled && !r.Finished():
-		fmt.Fprintf(w, "  reverse stream %s -> %s running from %s\n", r.Target, r.Source, rv.StartLSN)
+		fmt.Fprintf(w, "  reverse stream %s -> %s %s from %s\n", r.Target, r.Source, describeProbe(probe), rv.StartLSN)
 	}
 	if rv.RollbackWanted != "" && r.State != topo.MoveRolledBack {
 		fmt.Fprintf(w, "  ROLLBACK WANTED (%s): `rebalance --watch` or `shardctl move rollback %s` runs it\n", rv.RollbackWanted, r.ID)
@@ -394,4 +413,19 @@ func windowNote(r *topo.MoveRecord) string {
 		return "rolled back by " + r.Reverse.Rollback
 	}
 	return ""
+}
+
+// describeProbe is the reverse stream's state for writeReverse.
+func describeProbe(p *migrate.ReverseProbe) string {
+	if p == nil {
+		return "started"
+	}
+	out := p.State
+	if p.LagBytes != nil {
+		out += fmt.Sprintf(", %d bytes behind", *p.LagBytes)
+	}
+	if p.Reason != "" {
+		out += " (" + p.Reason + ")"
+	}
+	return out
 }

@@ -147,3 +147,35 @@ func TestIntegrationMoveStragglers(t *testing.T) {
 		t.Fatalf("moves:\n%s", out)
 	}
 }
+
+// `move status` says the reverse stream's state as probed from the
+// servers, never the record's enabled flag: a lost stream is said lost,
+// and --json carries the probe next to the record's fields.
+func TestMoveStatusSaysProbedReverse(t *testing.T) {
+	until := time.Now().Add(time.Hour)
+	rec := &topo.MoveRecord{ID: "b0-l2-v3-abc", Source: "pg1", Target: "pg2", State: topo.MoveReversible,
+		Reverse: &topo.ReverseStream{Slot: "sv_r", Subscription: "sv_r", StartLSN: "0/1", Enabled: true, Until: &until}}
+	lost := &migrate.ReverseProbe{State: migrate.ReverseLost, Reason: "the reverse slot sv_r is gone from pg2 (a failover of the target?)"}
+	var b strings.Builder
+	writeMoveProbed(&b, rec, lost)
+	if out := b.String(); !strings.Contains(out, "LOST (the reverse slot sv_r is gone from pg2") || strings.Contains(out, "running") {
+		t.Fatalf("move status of a lost stream:\n%s", out)
+	}
+	lag := int64(4096)
+	b.Reset()
+	writeMoveProbed(&b, rec, &migrate.ReverseProbe{State: migrate.ReverseRunning, LagBytes: &lag})
+	if out := b.String(); !strings.Contains(out, "running, 4096 bytes behind") {
+		t.Fatalf("move status of a running stream:\n%s", out)
+	}
+	data, err := json.Marshal(moveStatus{MoveRecord: rec, ReverseProbe: lost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := got["reverse_probe"].(map[string]any); got["id"] != rec.ID || p["state"] != "lost" || p["reason"] != lost.Reason {
+		t.Fatalf("move status --json: %s", data)
+	}
+}
