@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -229,10 +230,18 @@ type Move struct {
 
 // MoveReverse is where a move's reverse stream stands.
 type MoveReverse struct {
-	// State: pending (not started yet), running, lost (Lost says why),
-	// or ended (the move completed or rolled back).
+	// State: pending (not started yet), lost (Lost says why), ended (the
+	// move completed or rolled back); for a stream started, as the
+	// watcher's latest probe of the servers says (topo.ReverseState):
+	// running, disabled, lost or unknown (Reason says why), or, without
+	// a probe of the last ReverseProbeStale, "started" (the record's word
+	// alone: the mover enabled it once).
 	State string `json:"state"`
 	Lost  string `json:"lost,omitempty"`
+	// Reason, LagBytes and ProbedAt are the latest probe's.
+	Reason   string    `json:"reason,omitempty"`
+	LagBytes *int64    `json:"lag_bytes,omitempty"`
+	ProbedAt time.Time `json:"probed_at,omitzero"`
 	// WindowUntil is when the rollback window ends (reversible moves).
 	WindowUntil    time.Time `json:"window_until,omitzero"`
 	Rollback       string    `json:"rollback,omitempty"` // the latest rollback move
@@ -560,6 +569,28 @@ func poolMember(pool string, e topo.Entry[topo.PoolMember]) Member {
 	return m
 }
 
+// ReverseProbeStale is how old the watcher's latest probe of a reverse
+// stream may be before the status page says it does not know: the
+// watcher publishes one at least every 10 s.
+const ReverseProbeStale = 30 * time.Second
+
+// probed fills r, a started reverse stream, from the watcher's latest
+// probe of its servers (routers cannot probe them).
+func (c *Status) probed(ctx context.Context, id string, r *MoveReverse) {
+	st, err := topo.ReadReverseState(ctx, c.s, c.p, id)
+	switch {
+	case err != nil:
+		r.Reason = "its latest probe is unreadable: " + err.Error()
+	case st == nil:
+		r.Reason = "not probed: is a `shardctl rebalance --watch` running?"
+	case time.Since(st.At) > ReverseProbeStale:
+		r.Reason = fmt.Sprintf("last probed %s ago (%s): is a `shardctl rebalance --watch` running?", time.Since(st.At).Round(time.Second), st.State)
+		r.ProbedAt = st.At.UTC()
+	default:
+		r.State, r.Reason, r.LagBytes, r.ProbedAt = st.State, st.Reason, st.LagBytes, st.At.UTC()
+	}
+}
+
 // readMoves reads the move records: finished ones once (they never change
 // again), the others on every refresh.
 func (c *Status) readMoves(ctx context.Context) (Moves, error) {
@@ -589,6 +620,9 @@ func (c *Status) readMoves(ctx context.Context) (Moves, error) {
 			return out, err
 		}
 		fm := fleetMove(rec)
+		if fm.Reverse != nil && fm.Reverse.State == "started" {
+			c.probed(ctx, id, fm.Reverse)
+		}
 		if rec.Finished() {
 			c.finished[id] = fm
 			finished = append(finished, fm)
@@ -631,7 +665,7 @@ func fleetMove(rec *topo.MoveRecord) Move {
 		case rec.Finished():
 			r.State = "ended"
 		case rv.Enabled:
-			r.State = "running"
+			r.State = "started"
 		default:
 			r.State = "pending"
 		}

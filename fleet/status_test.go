@@ -78,3 +78,64 @@ func TestViewSchemaHistory(t *testing.T) {
 		t.Fatalf("a malformed change record: %+v", v.Schema)
 	}
 }
+
+// A started reverse stream shows what the watcher's latest probe of its
+// servers said (the record's "enabled" says only that the mover started
+// it): with the lag; "started" and why not when there is no probe or it is
+// older than ReverseProbeStale; a stream recorded lost is lost whatever
+// was probed before.
+func TestViewReverseStreamFromTheProbe(t *testing.T) {
+	ctx, _, s, p := zkCluster(t)
+	now := time.Now().UTC()
+	until := now.Add(10 * time.Minute)
+	mk := func(id string, lost string) {
+		rec := &topo.MoveRecord{Version: topo.MoveVersion, ID: id, State: topo.MoveReversible, Source: "pg1", Target: "pg2", CreatedAt: now, UpdatedAt: now,
+			Reverse: &topo.ReverseStream{Publication: "p", Slot: "s", Subscription: "s", Enabled: lost == "", Lost: lost, Until: &until}}
+		if err := topo.CreateMove(ctx, s, p, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lag := int64(4096)
+	probe := func(id, state, why string, at time.Time) {
+		if err := topo.WriteReverseState(ctx, s, p, id, topo.ReverseState{State: state, Reason: why, LagBytes: &lag, At: at, By: "w1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("m-running", "")
+	probe("m-running", "running", "", now.Add(-2*time.Second))
+	mk("m-disabled", "")
+	probe("m-disabled", "disabled", "an apply error disabled it", now)
+	mk("m-unprobed", "")
+	mk("m-stale", "")
+	probe("m-stale", "running", "", now.Add(-ReverseProbeStale-time.Minute))
+	mk("m-lost", "the reverse slot s is gone from pg2")
+	probe("m-lost", "running", "", now)
+	if err := topo.WriteReverseState(ctx, s, p, "m-none", topo.ReverseState{State: "running", At: now}); err == nil {
+		t.Fatal("a probe of a move with no record was published")
+	}
+
+	v := NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{}, true, nil)
+	got := map[string]*MoveReverse{}
+	for _, m := range v.Moves.InFlight {
+		got[m.ID] = m.Reverse
+	}
+	for id, want := range map[string]string{"m-running": "running", "m-disabled": "disabled", "m-unprobed": "started", "m-stale": "started", "m-lost": "lost"} {
+		if r := got[id]; r == nil || r.State != want {
+			t.Errorf("%s: %+v, want state %s", id, r, want)
+		}
+	}
+	if r := got["m-running"]; r.LagBytes == nil || *r.LagBytes != 4096 || r.ProbedAt.IsZero() {
+		t.Errorf("running: %+v, want its lag and when it was probed", r)
+	}
+	if r := got["m-disabled"]; r.Reason != "an apply error disabled it" {
+		t.Errorf("disabled: %+v", r)
+	}
+	for _, id := range []string{"m-unprobed", "m-stale"} {
+		if r := got[id]; !strings.Contains(r.Reason, "rebalance --watch") || r.LagBytes != nil {
+			t.Errorf("%s: %+v, want why it is not known", id, r)
+		}
+	}
+	if r := got["m-lost"]; r.Lost == "" || r.LagBytes != nil {
+		t.Errorf("lost: %+v", r)
+	}
+}

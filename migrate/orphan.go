@@ -156,7 +156,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 	unfrozen := func() { met.unfrozen(id); met.unfrozen("run:" + id) }
 	defer unfrozen()
 	defer met.reverseGone(id)
-	lastReverse := ""
+	var reverse reverseSeen
 	rw := topo.WatchMoveRunner(ctx, mv.s, mv.p, id)
 	defer rw.Stop()
 	// The record too, for the frozen-bucket gauge: a mover saves
@@ -230,7 +230,7 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 		var wait <-chan time.Time
 		var lost bool
 		if err == nil {
-			lost = mv.watchReverse(ctx, rec, &lastReverse, log)
+			lost = mv.watchReverse(ctx, rec, &reverse, log)
 		}
 		switch {
 		case err != nil:
@@ -330,14 +330,26 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 	}
 }
 
+// reversePublishEvery bounds how often a probe whose state and reason did
+// not change is published again (for its lag and its age): a change is
+// published at once.
+const reversePublishEvery = 10 * time.Second
+
+// reverseSeen is what a watcher last saw and published of one move's
+// reverse stream.
+type reverseSeen struct {
+	state     string
+	published *ReverseProbe
+}
+
 // watchReverse probes the reverse stream of a move in its rollback window
-// for the metrics, logs a change of its state, and reports whether it is
-// lost. *last is the state last seen.
-func (mv *Mover) watchReverse(ctx context.Context, rec *topo.MoveRecord, last *string, log *zap.Logger) bool {
+// for the metrics and the status page (topo.WriteReverseState), logs a
+// change of its state, and reports whether it is lost.
+func (mv *Mover) watchReverse(ctx context.Context, rec *topo.MoveRecord, seen *reverseSeen, log *zap.Logger) bool {
 	met := mv.opts.Metrics
 	if rec.State != topo.MoveReversible || !probed(rec) {
 		met.reverseGone(rec.ID)
-		*last = ""
+		*seen = reverseSeen{}
 		return false
 	}
 	p := mv.ProbeReverse(ctx, rec)
@@ -345,8 +357,8 @@ func (mv *Mover) watchReverse(ctx context.Context, rec *topo.MoveRecord, last *s
 		return false
 	}
 	met.reverseProbed(rec.ID, p)
-	if p.State != *last {
-		fields := []zap.Field{zap.String("move", rec.ID), zap.String("state", p.State), zap.String("was", *last), zap.String("why", p.Reason)}
+	if p.State != seen.state {
+		fields := []zap.Field{zap.String("move", rec.ID), zap.String("state", p.State), zap.String("was", seen.state), zap.String("why", p.Reason)}
 		if p.LagBytes != nil {
 			fields = append(fields, zap.Int64("lag_bytes", *p.LagBytes))
 		}
@@ -358,7 +370,15 @@ func (mv *Mover) watchReverse(ctx context.Context, rec *topo.MoveRecord, last *s
 		default:
 			log.Warn("reverse stream not running", fields...)
 		}
-		*last = p.State
+		seen.state = p.State
+	}
+	if last := seen.published; last == nil || last.State != p.State || last.Reason != p.Reason || p.At.Sub(last.At) >= reversePublishEvery {
+		p.By = mv.runner
+		if err := topo.WriteReverseState(ctx, mv.s, mv.p, rec.ID, *p); err != nil {
+			log.Warn("publishing the reverse stream's state for the status page", zap.String("move", rec.ID), zap.Error(err))
+		} else {
+			seen.published = p
+		}
 	}
 	return p.State == ReverseLost
 }

@@ -39,18 +39,9 @@ const (
 // reverseProbeTimeout bounds one probe (its connections and queries).
 const reverseProbeTimeout = 5 * time.Second
 
-// ReverseProbe is a move's reverse stream as read from the servers.
-type ReverseProbe struct {
-	State  string `json:"state"`
-	Reason string `json:"reason,omitempty"`
-	// LagBytes is the target's WAL written since the slot's confirmed
-	// position: what the source has not confirmed yet (nil: not known).
-	LagBytes *int64 `json:"lag_bytes,omitempty"`
-	// WALStatus is the slot's wal_status (reserved, extended,
-	// unreserved: about to be invalidated, lost).
-	WALStatus string    `json:"wal_status,omitempty"`
-	At        time.Time `json:"at"`
-}
+// ReverseProbe is a move's reverse stream as read from the servers (the
+// record the probing watcher publishes for the status page).
+type ReverseProbe = topo.ReverseState
 
 // reverseObs is what the two servers answered about a reverse stream.
 type reverseObs struct {

@@ -211,7 +211,7 @@ func TestFleetPageInBrowser(t *testing.T) {
 	copying := element(t, dom, `<tr data-move="`+sc.copying+`">`, "</tr>")
 	mustContain(t, "the copying move", copying, "copy", " for ", "pg1 → pg3")
 	window := element(t, dom, `<tr data-move="`+sc.window+`">`, "</tr>")
-	mustContain(t, "the move in its rollback window", window, "reversible", "verify ok", "reverse stream running", "left: shardctl move rollback "+sc.window)
+	mustContain(t, "the move in its rollback window", window, "reversible", "verify ok", "reverse stream running, 4.0 KiB behind (probed ", "left: shardctl move rollback "+sc.window)
 	failed := element(t, dom, `<tr data-move="`+sc.failed+`">`, "</tr>")
 	mustContain(t, "the failed move", failed, "failed", "pg2 → pg1", "42.5 ms", "1.50 s", "verify: table notes differs")
 	straggly := element(t, dom, `<tr data-move="`+sc.straggly+`" class="straggler">`, "</tr>")

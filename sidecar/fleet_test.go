@@ -172,6 +172,10 @@ func newFleetScene(t *testing.T, z *testenv.ZK, text textFn) *fleetScene {
 		until := now.Add(10 * time.Minute)
 		r.Reverse = &topo.ReverseStream{Publication: "p", Slot: "s", Subscription: "s", StartLSN: "0/1", Enabled: true, WindowS: 900, Until: &until}
 	})
+	lag := int64(4096)
+	if err := topo.WriteReverseState(ctx, sc.s, sc.p, sc.window, topo.ReverseState{State: "running", LagBytes: &lag, At: now.Add(-3 * time.Second), By: "w1"}); err != nil {
+		t.Fatal(err)
+	}
 	sc.copying = move("b3-l4-v3-copying", topo.MoveCopy, now.Add(-time.Minute), func(r *topo.MoveRecord) { r.Stats.RowsCopied = 5000 })
 	sc.failed = move("b5-l4-v2-failed", topo.MoveFailed, now.Add(-2*time.Hour), func(r *topo.MoveRecord) {
 		r.Bucket, r.Source, r.Target = 5, "pg2", "pg1"
@@ -332,7 +336,8 @@ func TestIntegrationFleetView(t *testing.T) {
 	if len(mv.InFlight) != 3 || mv.InFlight[0].ID != sc.failed || mv.InFlight[1].ID != sc.window || mv.InFlight[2].ID != sc.copying {
 		t.Fatalf("moves in flight: %+v, want %s, %s, %s (oldest first)", mv.InFlight, sc.failed, sc.window, sc.copying)
 	}
-	if w := mv.InFlight[1]; w.State != topo.MoveReversible || w.Verify != "ok" || w.Reverse == nil || w.Reverse.State != "running" || w.Reverse.WindowUntil.IsZero() {
+	if w := mv.InFlight[1]; w.State != topo.MoveReversible || w.Verify != "ok" || w.Reverse == nil || w.Reverse.State != "running" || w.Reverse.WindowUntil.IsZero() ||
+		w.Reverse.LagBytes == nil || *w.Reverse.LagBytes != 4096 {
 		t.Fatalf("move in its window: %+v %+v", w, w.Reverse)
 	}
 	if f := mv.InFlight[0]; f.State != "failed" || f.PauseMS != 42.5 || f.MemberWaitMS != 1500 || f.Verify != "mismatch" || f.Error == "" || f.Source != "pg2" {

@@ -370,6 +370,17 @@ func (r *ACLRule) createACL(p Paths, at, creator string) ([]zk.ACL, error) {
 	return acl, nil
 }
 
+// createChild creates the persistent znode at with data under a parent
+// that must exist (zksession.ErrNoNode if not: a child record never
+// brings back a record that was deleted).
+func createChild(ctx context.Context, s *zksession.Session, p Paths, at string, data []byte) error {
+	acl, err := aclFor(ctx, s, p, at)
+	if err != nil {
+		return err
+	}
+	return s.CreateWithACL(ctx, at, data, acl)
+}
+
 // createNode creates the persistent znode at with data, and any missing
 // parents (empty), each with the ACL of its kind.
 func createNode(ctx context.Context, s *zksession.Session, p Paths, at string, data []byte) error {
