@@ -154,7 +154,7 @@ func sqlWords(s string) []string {
 }
 
 // quoteEnd returns the index just past the quoted text starting at s[i]
-// (a doubled quote stays inside; E'' strings take backslash escapes).
+// (a doubled quote stays inside; E'...' strings take backslash escapes).
 func quoteEnd(s string, i int) int {
 	q := s[i]
 	escapes := q == '\'' && i > 0 && (s[i-1] == 'E' || s[i-1] == 'e')
