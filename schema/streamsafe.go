@@ -104,26 +104,11 @@ func sqlWords(s string) []string {
 	i := 0
 	for i < len(s) {
 		c := s[i]
+		if j, ok := skipText(s, i); ok {
+			i = j
+			continue
+		}
 		switch {
-		case c == '-' && strings.HasPrefix(s[i:], "--"):
-			for i < len(s) && s[i] != '\n' {
-				i++
-			}
-		case c == '/' && strings.HasPrefix(s[i:], "/*"):
-			n := blockEnd(s[i:])
-			if n < 0 {
-				return out
-			}
-			i += n
-		case c == '\'':
-			i = quoteEnd(s, i)
-		case c == '$' && dollarTag(s[i:]) != "":
-			tag := dollarTag(s[i:])
-			j := strings.Index(s[i+len(tag):], tag)
-			if j < 0 {
-				return out
-			}
-			i += len(tag) + j + len(tag)
 		case isIdentStart(c) || c == '"':
 			// A name: parts joined by dots, each plain or quoted.
 			start, plain := i, true
@@ -151,6 +136,33 @@ func sqlWords(s string) []string {
 		}
 	}
 	return out
+}
+
+// skipText skips the comment, string constant or dollar-quoted text that
+// starts at s[i], if one does: the index after it (the end of s for one
+// never closed).
+func skipText(s string, i int) (int, bool) {
+	switch c := s[i]; {
+	case c == '-' && strings.HasPrefix(s[i:], "--"):
+		if j := strings.IndexByte(s[i:], '\n'); j >= 0 {
+			return i + j, true
+		}
+		return len(s), true
+	case c == '/' && strings.HasPrefix(s[i:], "/*"):
+		if n := blockEnd(s[i:]); n > 0 {
+			return i + n, true
+		}
+		return len(s), true
+	case c == '\'':
+		return quoteEnd(s, i), true
+	case c == '$' && dollarTag(s[i:]) != "":
+		tag := dollarTag(s[i:])
+		if j := strings.Index(s[i+len(tag):], tag); j >= 0 {
+			return i + len(tag) + j + len(tag), true
+		}
+		return len(s), true
+	}
+	return i, false
 }
 
 // quoteEnd returns the index just past the quoted text starting at s[i]
@@ -181,26 +193,14 @@ func topLevelCommas(s string) []string {
 	depth, start, i := 0, 0, 0
 	for i < len(s) {
 		c := s[i]
-		switch {
-		case c == '-' && strings.HasPrefix(s[i:], "--"):
-			for i < len(s) && s[i] != '\n' {
-				i++
-			}
+		if j, ok := skipText(s, i); ok {
+			i = j
 			continue
-		case c == '/' && strings.HasPrefix(s[i:], "/*"):
-			if n := blockEnd(s[i:]); n > 0 {
-				i += n
-				continue
-			}
-		case c == '\'' || c == '"':
+		}
+		switch {
+		case c == '"':
 			i = quoteEnd(s, i)
 			continue
-		case c == '$' && dollarTag(s[i:]) != "":
-			tag := dollarTag(s[i:])
-			if j := strings.Index(s[i+len(tag):], tag); j >= 0 {
-				i += len(tag) + j + len(tag)
-				continue
-			}
 		case c == '(':
 			depth++
 		case c == ')':
