@@ -236,14 +236,14 @@ func begin(ctx context.Context, st *bucketmap.Store, opt *Options, involved func
 	}
 	// Moves that compared schemas before this point compare again.
 	if err := topo.BumpSchemaEpoch(lctx, s, p); err != nil {
-		return nil, nil, waited, fmt.Errorf("marking the schema change: %w", err)
+		return nil, nil, waited, a.closedSoFar(fmt.Errorf("marking the schema change: %w", err))
 	}
 	if a.m, _, err = st.Load(ctx); err != nil {
-		return nil, nil, waited, err
+		return nil, nil, waited, a.closedSoFar(err)
 	}
 	a.required = Required(a.m)
 	if err := a.load(ctx); err != nil {
-		return nil, nil, waited, err
+		return nil, nil, waited, a.closedSoFar(err)
 	}
 	ok = true
 	return a, lock, waited, nil
@@ -264,8 +264,10 @@ func (a *applier) load(ctx context.Context) error {
 // but for moves in their rollback window when the change runs beside
 // them (wp.runBeside: kept in a.windows) or closes them first. Moves
 // still in prepare wait at the gate (topo.EnterMoveData) for as long as
-// the lock is held; so does a rollback, a move of its own: no window
-// opens or is rolled back while the change runs.
+// the lock is held, so no window opens while the change runs. A rollback
+// (a move of its own, started in catch-up over the stream) may run
+// meanwhile: the subscriber-first order keeps its stream whole at every
+// point, and the check afterwards reports the window ended.
 func (a *applier) waitMoves(ctx context.Context, involved func(*topo.MoveRecord) bool, wp windowPolicy) (time.Duration, error) {
 	start := time.Now()
 	var said time.Time
@@ -276,7 +278,7 @@ func (a *applier) waitMoves(ctx context.Context, involved func(*topo.MoveRecord)
 		}
 		a.windows = nil
 		var others []string
-		closedNow := false
+		var toClose []*topo.MoveRecord
 		for i, rec := range recs {
 			switch {
 			case !inWindow(rec):
@@ -284,17 +286,22 @@ func (a *applier) waitMoves(ctx context.Context, involved func(*topo.MoveRecord)
 			case wp.runBeside:
 				a.windows = append(a.windows, rec)
 			case wp.close && a.opt.CloseWindow != nil:
-				a.opt.event(Event{Message: fmt.Sprintf("closing the rollback window of move %s (%s -> %s) first: the change is not one its reverse stream carries (%s)", rec.ID, rec.Source, rec.Target, wp.why)})
-				if err := a.opt.CloseWindow(ctx, rec, wp.why); err != nil {
-					return time.Since(start), fmt.Errorf("closing the rollback window of move %s: %w", rec.ID, err)
-				}
-				a.closed = append(a.closed, rec.ID)
-				closedNow = true
+				toClose = append(toClose, rec)
 			default:
 				others = append(others, busy[i]+" in its rollback window")
 			}
 		}
-		if closedNow {
+		// Windows are closed last, once nothing else holds the change:
+		// a change that then gave up waiting would have ended them for
+		// nothing.
+		if len(others) == 0 && len(toClose) > 0 {
+			for _, rec := range toClose {
+				a.opt.event(Event{Message: fmt.Sprintf("closing the rollback window of move %s (%s -> %s) first: the change is not one its reverse stream carries (%s)", rec.ID, rec.Source, rec.Target, wp.why)})
+				if err := a.opt.CloseWindow(ctx, rec, wp.why); err != nil {
+					return time.Since(start), a.closedSoFar(fmt.Errorf("closing the rollback window of move %s: %w", rec.ID, err))
+				}
+				a.closed = append(a.closed, rec.ID)
+			}
 			continue // read again: what the closes left
 		}
 		if len(others) == 0 {
@@ -304,6 +311,9 @@ func (a *applier) waitMoves(ctx context.Context, involved func(*topo.MoveRecord)
 			return time.Since(start), nil
 		}
 		waited := time.Since(start)
+		if len(toClose) > 0 {
+			others = append(others, fmt.Sprintf("then %d rollback windows to close", len(toClose)))
+		}
 		if waited >= a.opt.WaitMoves {
 			h := "a move in its rollback window ends it early with `shardctl move complete ID`; then apply again"
 			if wp.why != "" {
@@ -321,6 +331,14 @@ func (a *applier) waitMoves(ctx context.Context, involved func(*topo.MoveRecord)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// closedSoFar adds to err the windows closed before it: they stay closed.
+func (a *applier) closedSoFar(err error) error {
+	if len(a.closed) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (the rollback windows of moves %s were closed before)", err, strings.Join(a.closed, ", "))
 }
 
 // movesInFlight returns the moves past their start the change involves,
@@ -604,13 +622,15 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 		done[nr.Node] = nr.State == topo.SchemaApplied
 	}
 	var held []NodeResult
+	mutual := slices.Clone(second)
 	second = slices.DeleteFunc(second, func(id string) bool {
 		for _, sub := range pubs[id] {
 			// A subscriber in the second wave too (two moves each
 			// way) does not hold it back: its stream stops at most
 			// until the subscriber has the change, and the check
-			// below starts it again.
-			if ok, ran := done[sub]; ran && !ok {
+			// below starts it again. One that failed or was
+			// unreachable does (one marked down streams nothing).
+			if slices.Contains(a.required, sub) && !done[sub] && !slices.Contains(mutual, sub) {
 				held = append(held, NodeResult{Node: id, State: "held", Ran: []string{},
 					Error: fmt.Sprintf("not changed: it publishes a reverse stream to %s, which does not have the change; changed first, it would stop that stream", sub),
 					Hint:  "run the same apply again once " + sub + " is fixed or back"})
@@ -641,7 +661,7 @@ func Apply(ctx context.Context, st *bucketmap.Store, ch *Change, opt Options) (*
 		return res, hint.New(fmt.Errorf("%w: change %s is %s, missing on %s (%s)", ErrPartial, c.ID, res.State, strings.Join(res.Missing, ", "), strings.Join(why, "; ")),
 			"run the same apply again once they are fixed or back")
 	}
-	return res, nil
+	return res, streamsBroken(res.Windows)
 }
 
 // bringUpAll brings nodes up to seq, opt.Parallel at a time.
@@ -767,6 +787,9 @@ func (a *applier) pickCanary(c *topo.SchemaChange) ([]string, error) {
 			return nil, fmt.Errorf("--canary %s: %w among the nodes not marked down or removed (%s)", want, ErrUnknownNode, strings.Join(a.required, ", "))
 		}
 		if !c.Applied(want) {
+			if subs := publishers(a.windows)[want]; len(subs) > 0 {
+				a.opt.event(Event{Node: want, Change: c.ID, Message: fmt.Sprintf("the canary publishes reverse streams to %s: changed alone first, it stops them until they have the change too (the check afterwards starts them again)", strings.Join(subs, ", "))})
+			}
 			return []string{want}, nil
 		}
 	}

@@ -2,12 +2,16 @@ package schema
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -23,8 +27,12 @@ type WindowResult struct {
 	Move   string `json:"move"`
 	Source string `json:"source"` // the stream's subscriber, changed first
 	Target string `json:"target"` // its publisher
-	// Stream: "running", "enabled again" (an apply error had stopped
-	// it), "lost: why", or "unchecked: why" (a node did not answer).
+	// Stream: "running"; "enabled again, caught up" (an apply error had
+	// stopped it: it was started again and applied everything the
+	// publisher wrote until the check); "stopped: why" (it failed again,
+	// or did not catch up within streamCatchUp); "lost: why"; "ended:
+	// the move is STATE" (completed or rolled back meanwhile); or
+	// "unchecked: why" (a node did not answer).
 	Stream string `json:"stream"`
 	// ApplyErrors is how many apply errors the subscription counted
 	// while the change ran (pg_stat_subscription_stats).
@@ -100,7 +108,11 @@ func (a *applier) checkWindows(ctx context.Context, before map[string]int64) []W
 			continue
 		}
 		r := WindowResult{Move: w.ID, Source: w.Source, Target: w.Target}
-		r.Stream, r.ApplyErrors = a.checkStream(ctx, w, before)
+		if now, _, err := topo.ReadMove(ctx, a.s, a.p, w.ID); err == nil && !inWindow(now) {
+			r.Stream = "ended: the move is " + now.State
+		} else {
+			r.Stream, r.ApplyErrors = a.checkStream(ctx, w, before)
+		}
 		msg := fmt.Sprintf("the reverse stream of move %s (%s -> %s): %s", w.ID, w.Target, w.Source, r.Stream)
 		if r.ApplyErrors > 0 {
 			msg += fmt.Sprintf(" (%d apply errors during the change)", r.ApplyErrors)
@@ -152,7 +164,70 @@ func (a *applier) checkStream(ctx context.Context, w *topo.MoveRecord, before ma
 		if _, err := sc.Exec(ctx, "ALTER SUBSCRIPTION "+pgx.Identifier{rv.Subscription}.Sanitize()+" ENABLE"); err != nil {
 			return "unchecked: enabling the subscription on " + w.Source + ": " + err.Error(), errs
 		}
-		return "enabled again", errs
+		return caughtUp(ctx, sc, tc, rv), errs
+	case errs > 0:
+		// Started again by someone since it failed: it must carry
+		// what the publisher wrote since.
+		return caughtUp(ctx, sc, tc, rv), errs
 	}
 	return "running", errs
+}
+
+// streamCatchUp bounds the wait for a stream started again to apply what
+// its publisher wrote (the apply worker confirms at least every
+// wal_receiver_status_interval, 10 s by default).
+const streamCatchUp = 30 * time.Second
+
+// caughtUp waits until a stream started again has confirmed the
+// publisher's WAL position of now, or has stopped again.
+func caughtUp(ctx context.Context, sub, pub *pgx.Conn, rv *topo.ReverseStream) string {
+	var lsn string
+	if err := pub.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		return "unchecked: " + err.Error()
+	}
+	deadline := time.Now().Add(streamCatchUp)
+	for {
+		var enabled *bool
+		if err := sub.QueryRow(ctx, "SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))", rv.Subscription).Scan(&enabled); err != nil {
+			return "unchecked: " + err.Error()
+		}
+		if enabled == nil || !*enabled {
+			return "stopped: an apply error stopped it again after it was enabled (see the old owner's log)"
+		}
+		var done *bool
+		if err := pub.QueryRow(ctx, "SELECT (SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot, lsn).Scan(&done); err != nil {
+			return "unchecked: " + err.Error()
+		}
+		if done != nil && *done {
+			return "enabled again, caught up"
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("stopped: enabled again, but it did not confirm %s within %s", lsn, streamCatchUp)
+		}
+		select {
+		case <-ctx.Done():
+			return "unchecked: " + ctx.Err().Error()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// ErrReverseStream: the change ran, but a reverse stream beside it is
+// stopped or lost: its move's way back is not there.
+var ErrReverseStream = errors.New("a reverse stream of a move in its rollback window did not survive the change")
+
+// streamsBroken returns ErrReverseStream naming the streams stopped or
+// lost, or nil.
+func streamsBroken(ws []WindowResult) error {
+	var bad []string
+	for _, w := range ws {
+		if strings.HasPrefix(w.Stream, "stopped") || strings.HasPrefix(w.Stream, "lost") {
+			bad = append(bad, fmt.Sprintf("move %s: %s", w.Move, w.Stream))
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	return hint.New(fmt.Errorf("%w: %s", ErrReverseStream, strings.Join(bad, "; ")),
+		"see `shardctl move status ID`; a `rebalance --watch` ends the window of a stream that is lost; `shardctl move complete ID` ends it now")
 }
