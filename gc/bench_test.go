@@ -171,9 +171,9 @@ func benchGCDelete(b *testing.B, random bool, batch, parallel int) {
 			xTxns = append(xTxns, plain.Seconds()/rep.Deleting.Seconds())
 			xUnfenced = append(xUnfenced, unfenced.Seconds()/whole.Seconds())
 			maxBatch = append(maxBatch, float64(rep.MaxBatch.Microseconds())/1000)
-			b.Logf("round %d: plain DELETE %.2fs (%.0f rows/s; without the fence trigger %.2fs); gc %.2fs whole run (%.0f rows/s, %.2fx): checking %.2fs, in delete transactions %.2fs (%.2fx), %d batches of %d in %s order, longest %.1f ms",
-				round+1, plain.Seconds(), rows/plain.Seconds(), unfenced.Seconds(), whole.Seconds(), rows/whole.Seconds(), plain.Seconds()/whole.Seconds(),
-				rep.Checking.Seconds(), rep.Deleting.Seconds(), plain.Seconds()/rep.Deleting.Seconds(),
+			b.Logf("round %d (load %s): plain DELETE %.2fs (%.0f rows/s; without the fence trigger %.2fs); gc %.2fs whole run (%.0f rows/s, %.2fx): checking %.2fs (connecting %.3fs), in delete transactions %.2fs (%.2fx), %d batches of %d in %s order, longest %.1f ms",
+				round+1, loadAvg(), plain.Seconds(), rows/plain.Seconds(), unfenced.Seconds(), whole.Seconds(), rows/whole.Seconds(), plain.Seconds()/whole.Seconds(),
+				rep.Checking.Seconds(), rep.Connecting.Seconds(), rep.Deleting.Seconds(), plain.Seconds()/rep.Deleting.Seconds(),
 				rep.Batches, batch, rep.Work[0].Tables[0].Order, float64(rep.MaxBatch.Microseconds())/1000)
 		}
 		b.ReportMetric(median(xWhole), "x-plain-delete")
@@ -257,4 +257,19 @@ func BenchmarkGCDemoLeftovers(b *testing.B) {
 		b.ReportMetric(1000*median(elapsed), "gc-ms")
 		b.Logf("median of %d rounds: checking %.0f%% of GC's wall time (target <= 25%%), with connecting %.0f%%; GC %.1f ms", rounds, 100*median(share), 100*median(withConn), 1000*median(elapsed))
 	}
+}
+
+// loadAvg is the machine's 1-minute load average, for the rounds' lines:
+// on a shared machine a round's ratio follows the load, and the line says
+// how busy the machine was ("?" where /proc/loadavg cannot be read).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
 }

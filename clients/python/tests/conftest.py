@@ -41,6 +41,20 @@ def need(what: str):
     pytest.skip(what)
 
 
+def need_psycopg2():
+    """Skips (fails under CI=true) where psycopg2 is not installed: every
+    test that uses it, with servers or without, says so the same way."""
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        need("psycopg2 is not installed (python3-psycopg2)")
+
+
+@pytest.fixture
+def psycopg2_installed():
+    need_psycopg2()
+
+
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -89,10 +103,7 @@ class PG:
 def pg():
     if len(PG_PORTS) < 2 or not os.path.exists(PG_PASSWORD_FILE) or not all(_listening(p) for p in PG_PORTS[:2]):
         need("PostgreSQL of scripts/devenv is not up (scripts/devenv --plain up)")
-    try:
-        import psycopg2  # noqa: F401
-    except ImportError:
-        need("psycopg2 is not installed (python3-psycopg2)")
+    need_psycopg2()
     return PG()
 
 

@@ -278,7 +278,7 @@ def test_a_connection_ended_a_moment_ago_is_replaced_before_use(cluster):
     assert cluster.count(0) == 2
 
 
-def test_a_route_to_a_node_a_new_map_removed_is_retried():
+def test_a_route_to_a_node_a_new_map_removed_is_retried(psycopg2_installed):
     """The route was read, then a map without its node was applied before
     the pool was opened: nothing was sent, so the attempt is retried."""
     r = Router.from_map(map_doc([("pg1", "postgres://x@127.0.0.1:1/x", "")], [0], level=0))
