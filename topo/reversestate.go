@@ -3,6 +3,7 @@ package topo
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path"
 	"time"
 
@@ -45,7 +46,9 @@ func DecodeReverseState(znode string, data []byte) (*ReverseState, error) {
 
 // WriteReverseState publishes the state of move id's reverse stream,
 // creating its znode if needed (never the move's: zksession.ErrNoNode
-// without one); last writer wins (each is a fresh read of the servers).
+// without one). A probe older than the one published is dropped: two
+// watchers (one losing the rebalance lock as another takes it) never put
+// an older reading over a newer one.
 func WriteReverseState(ctx context.Context, s *zksession.Session, p Paths, id string, st ReverseState) error {
 	st.Version = ReverseStateVersion
 	data, err := Encode(st)
@@ -53,13 +56,25 @@ func WriteReverseState(ctx context.Context, s *zksession.Session, p Paths, id st
 		return err
 	}
 	at := p.MoveReverseState(id)
-	_, err = s.Set(ctx, at, data, zksession.AnyVersion)
-	if errors.Is(err, zksession.ErrNoNode) {
-		if err = createChild(ctx, s, p, at, data); errors.Is(err, zksession.ErrNodeExists) {
-			_, err = s.Set(ctx, at, data, zksession.AnyVersion) // another watcher's, a moment ago
+	for range 3 {
+		old, stat, err := s.Get(ctx, at)
+		switch {
+		case errors.Is(err, zksession.ErrNoNode):
+			if err = createChild(ctx, s, p, at, data); !errors.Is(err, zksession.ErrNodeExists) {
+				return err
+			}
+			continue // another watcher's, a moment ago
+		case err != nil:
+			return err
+		}
+		if prev, err := DecodeReverseState(at, old); err == nil && prev.At.After(st.At) {
+			return nil
+		}
+		if _, err = s.Set(ctx, at, data, stat.Version); !errors.Is(err, zksession.ErrBadVersion) {
+			return err
 		}
 	}
-	return err
+	return fmt.Errorf("publishing the reverse stream state of move %s: it kept changing under this write", id)
 }
 
 // ReadReverseState reads the published state of move id's reverse
