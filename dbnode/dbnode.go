@@ -204,17 +204,91 @@ func ConnString(n bucketmap.Node) (string, error) {
 		}
 	}
 	s := fmt.Sprintf("host=%s port=%s dbname=%s user=%s password=%s", quote(strings.Join(hosts, ",")), quote(strings.Join(ports, ",")), quote(cfg.Database), quote(cfg.User), quote(cfg.Password))
+	params, err := dsnParams(n.DSN)
+	if err != nil {
+		return "", fmt.Errorf("db node %s: %w", n.ID, err)
+	}
 	if a := cfg.RuntimeParams["target_session_attrs"]; a != "" {
 		s += " target_session_attrs=" + quote(a)
-	} else if u, err := url.Parse(n.DSN); err == nil {
-		if a := u.Query().Get("target_session_attrs"); a != "" {
-			s += " target_session_attrs=" + quote(a)
+	} else if a := params["target_session_attrs"]; a != "" {
+		s += " target_session_attrs=" + quote(a)
+	}
+	// The DSN's TLS settings go along: without them libpq falls back to
+	// sslmode=prefer, which never verifies a certificate (a subscriber
+	// would then talk to whoever answers). Their file paths are the
+	// subscriber's: the db hosts keep the same layout.
+	for _, k := range connStringTLS {
+		if v, ok := params[k]; ok {
+			s += " " + k + "=" + quote(v)
 		}
 	}
 	if cfg.ConnectTimeout > 0 {
 		s += fmt.Sprintf(" connect_timeout=%d", max(1, int(cfg.ConnectTimeout/time.Second)))
 	}
 	return s, nil
+}
+
+// connStringTLS are the libpq settings of a DSN that ConnString keeps:
+// how the subscriber verifies the server and proves who it is.
+var connStringTLS = []string{"sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "sslcrldir", "sslsni", "ssl_min_protocol_version", "ssl_max_protocol_version"}
+
+// dsnParams returns a DSN's settings as written, a URL's query or a
+// key=value string's pairs (pgx accepts both and keeps no such list).
+func dsnParams(dsn string) (map[string]string, error) {
+	out := map[string]string{}
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("DSN: %w", err)
+		}
+		for k, v := range u.Query() {
+			out[k] = v[len(v)-1]
+		}
+		return out, nil
+	}
+	// key=value pairs, values optionally in single quotes with \ and \'.
+	s := strings.TrimSpace(dsn)
+	for s != "" {
+		eq := strings.IndexByte(s, '=')
+		if eq <= 0 {
+			return nil, fmt.Errorf("DSN: %q is not key=value", s)
+		}
+		key := strings.TrimSpace(s[:eq])
+		s = strings.TrimLeft(s[eq+1:], " \t")
+		var val strings.Builder
+		if strings.HasPrefix(s, "'") {
+			i, closed := 1, false
+			for i < len(s) {
+				switch {
+				case s[i] == '\\' && i+1 < len(s):
+					val.WriteByte(s[i+1])
+					i += 2
+					continue
+				case s[i] == '\'':
+					closed = true
+				}
+				if closed {
+					break
+				}
+				val.WriteByte(s[i])
+				i++
+			}
+			if !closed {
+				return nil, fmt.Errorf("DSN: the value of %s is never closed", key)
+			}
+			s = s[i+1:]
+		} else {
+			j := strings.IndexAny(s, " \t")
+			if j < 0 {
+				j = len(s)
+			}
+			val.WriteString(s[:j])
+			s = s[j:]
+		}
+		out[key] = val.String()
+		s = strings.TrimLeft(s, " \t")
+	}
+	return out, nil
 }
 
 func quote(s string) string {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
@@ -158,5 +159,59 @@ func TestReorderHostsPutsTheLastPrimaryFirst(t *testing.T) {
 	plain, _ := PoolConfig(bucketmap.Node{ID: "p", DSN: "postgres://app@127.0.0.1:5001/db?sslmode=disable"})
 	if plain.BeforeConnect != nil {
 		t.Fatal("a one-host pool got a host preference")
+	}
+}
+
+// A subscription's connection string keeps the DSN's TLS settings: without
+// them libpq falls back to sslmode=prefer, which never verifies the
+// server (issue 41: the DSN's sslmode was dropped). Both DSN forms.
+func TestConnStringKeepsTheTLSSettings(t *testing.T) {
+	t.Setenv("SV_TEST_PW", "s3cret")
+	// pgx reads the files as it parses the DSN.
+	dir := t.TempDir()
+	ca, err := pki.NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.Identity{Role: "mover", Host: "db1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, certFile, keyFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "db.pem"), filepath.Join(dir, "db.key")
+	if err := ca.Write(caFile, filepath.Join(dir, "ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.Write(certFile, keyFile); err != nil {
+		t.Fatal(err)
+	}
+	for _, dsn := range []string{
+		"postgres://app@db1.example:5432/appdb?sslmode=verify-full&sslrootcert=" + caFile + "&sslcert=" + certFile + "&sslkey=" + keyFile,
+		`host=db1.example port=5432 dbname=appdb user=app sslmode=verify-full sslrootcert='` + caFile + `' sslcert=` + certFile + ` sslkey='` + keyFile + `'`,
+	} {
+		cs, err := ConnString(bucketmap.Node{ID: "p1", DSN: dsn, Password: "env:SV_TEST_PW"})
+		if err != nil {
+			t.Fatalf("%s: %v", dsn, err)
+		}
+		for _, want := range []string{"sslmode='verify-full'", "sslrootcert='" + caFile + "'", "sslcert='" + certFile + "'", "sslkey='" + keyFile + "'", "host='db1.example'"} {
+			if !strings.Contains(cs, want) {
+				t.Errorf("%s: %s lacks %s", dsn, cs, want)
+			}
+		}
+	}
+	cs, err := ConnString(bucketmap.Node{ID: "p1", DSN: "postgres://app@10.0.0.1/appdb"})
+	if err != nil || strings.Contains(cs, "ssl") {
+		t.Fatalf("a DSN without TLS settings: %s %v", cs, err)
+	}
+}
+
+func TestDSNParams(t *testing.T) {
+	got, err := dsnParams(`host=h user='o\'neil' application_name='a b'  sslmode=require`)
+	if err != nil || got["user"] != "o'neil" || got["application_name"] != "a b" || got["sslmode"] != "require" || got["host"] != "h" {
+		t.Fatalf("%+v %v", got, err)
+	}
+	for _, bad := range []string{"host", "user='never closed"} {
+		if _, err := dsnParams(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
 	}
 }
