@@ -55,6 +55,9 @@ func ConnConfig(n bucketmap.Node) (*pgx.ConnConfig, error) {
 	if err := configure(n, cfg); err != nil {
 		return nil, err
 	}
+	if err := reloadTLS(n, &cfg.Config); err != nil {
+		return nil, err
+	}
 	return cfg, nil
 }
 
@@ -65,6 +68,9 @@ func PoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
 		return nil, fmt.Errorf("db node %s: dsn: %w", n.ID, err)
 	}
 	if err := configure(n, cfg.ConnConfig); err != nil {
+		return nil, err
+	}
+	if err := reloadTLS(n, &cfg.ConnConfig.Config); err != nil {
 		return nil, err
 	}
 	if len(cfg.ConnConfig.Fallbacks) > 0 {
