@@ -231,14 +231,17 @@ func validatePath(p string) error {
 // UseTLS makes the session dial ZooKeeper over TLS with the PEM files ca
 // (the servers' CA), cert and key (this host's certificate): each server's
 // name is checked against the address dialled, and the certificate's
-// subject becomes the session's x509 identity (Identity). All three empty:
-// nothing changes (plain).
+// subject becomes the session's x509 identity (Identity). The files are
+// read again at each connection when they changed on disk (a rotation
+// keeps the subject). All three empty: nothing changes (plain).
 func (c *Config) UseTLS(ca, cert, key string) error {
 	f := pki.Files{CA: ca, Cert: cert, Key: key}
 	if f == (pki.Files{}) {
 		return nil
 	}
-	tc, err := f.Config()
+	// The files are read again when they change (a rotation): the next
+	// connection, a reconnect included, uses them, with no restart.
+	dial, err := f.ReloadingDialer()
 	if err != nil {
 		return err
 	}
@@ -246,6 +249,6 @@ func (c *Config) UseTLS(ca, cert, key string) error {
 	if err != nil {
 		return err
 	}
-	c.Dial, c.Identity = pki.Dialer(tc), dn
+	c.Dial, c.Identity = dial, dn
 	return nil
 }

@@ -53,13 +53,22 @@ func (f Files) SubjectDN() (string, error) {
 // host of each address dialled (ZooKeeper lists several servers; each
 // must prove it is the one named). The handshake shares the dial timeout.
 func Dialer(base *tls.Config) func(network, addr string, timeout time.Duration) (net.Conn, error) {
+	return dialer(func(host string) *tls.Config {
+		cfg := base.Clone()
+		cfg.ServerName = host
+		return cfg
+	})
+}
+
+// dialer dials TCP then TLS with the configuration configFor gives the
+// host dialled.
+func dialer(configFor func(host string) *tls.Config) func(network, addr string, timeout time.Duration) (net.Conn, error) {
 	return func(network, addr string, timeout time.Duration) (net.Conn, error) {
 		host, _, err := net.SplitHostPort(addr)
 		if err != nil {
 			return nil, err
 		}
-		cfg := base.Clone()
-		cfg.ServerName = host
+		cfg := configFor(host)
 		d := &net.Dialer{Timeout: timeout}
 		raw, err := d.Dial(network, addr)
 		if err != nil {
