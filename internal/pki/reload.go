@@ -148,7 +148,12 @@ func (r *Reloader) ClientConfig(base *tls.Config, v Verify) *tls.Config {
 			opts.Intermediates.AddCert(ic)
 		}
 		if v == VerifyFull {
-			opts.DNSName = name
+			// Never an empty name: x509 would skip the check.
+			if opts.DNSName = name; name == "" {
+				if opts.DNSName = cs.ServerName; cs.ServerName == "" {
+					return errors.New("pki: no server name to verify the certificate against")
+				}
+			}
 		}
 		_, err = cs.PeerCertificates[0].Verify(opts)
 		return err

@@ -106,3 +106,30 @@ func TestReloadingDialerFollowsARotation(t *testing.T) {
 		t.Fatal("a server of the CA rotated away was trusted")
 	}
 }
+
+// A full check with no name to check fails closed: x509 would skip the
+// name with an empty one.
+func TestClientConfigWithoutANameFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	srv := rotate(t, dir)
+	r, err := NewReloader(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "c.crt"), filepath.Join(dir, "c.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := r.ClientConfig(&tls.Config{}, VerifyFull)
+	cs := tls.ConnectionState{PeerCertificates: []*x509.Certificate{srv.Certificates[0].Leaf}}
+	if cs.PeerCertificates[0] == nil {
+		leaf, err := x509.ParseCertificate(srv.Certificates[0].Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs.PeerCertificates[0] = leaf
+	}
+	if err := cfg.VerifyConnection(cs); err == nil {
+		t.Fatal("a certificate was accepted with no name to check it against")
+	}
+	cs.ServerName = "127.0.0.1"
+	if err := cfg.VerifyConnection(cs); err != nil {
+		t.Fatalf("with the handshake's name: %v", err)
+	}
+}
