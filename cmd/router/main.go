@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/fleet"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
+	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/sidecar"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -41,7 +43,10 @@ func newApp() *cli.App {
 		Usage: "answer \"which db node holds this user\" over HTTP, from the watched bucket map",
 		Flags: append(append(cliutil.ZKFlags(), cliutil.OutputFlags("info")...),
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8484", EnvVars: []string{"SHARDVISOR_ROUTER_LISTEN"}, Usage: "`address` to serve on: host:port or unix:/path"},
-			&cli.BoolFlag{Name: "allow-public", EnvVars: []string{"SHARDVISOR_ROUTER_ALLOW_PUBLIC"}, Usage: "allow a non-loopback --listen address (the API has no authentication)"},
+			&cli.BoolFlag{Name: "allow-public", EnvVars: []string{"SHARDVISOR_ROUTER_ALLOW_PUBLIC"}, Usage: "allow a non-loopback --listen address without TLS (the API then has no authentication, and the seed and DSNs travel in clear)"},
+			&cli.StringFlag{Name: "tls-ca", EnvVars: []string{"SHARDVISOR_ROUTER_TLS_CA"}, Usage: "serve HTTPS, taking only client certificates of this CA `file` (PEM); with --tls-cert and --tls-key, a non-loopback --listen needs no --allow-public. The files are read again when they change"},
+			&cli.StringFlag{Name: "tls-cert", EnvVars: []string{"SHARDVISOR_ROUTER_TLS_CERT"}, Usage: "the router's certificate `file` (PEM) for HTTPS"},
+			&cli.StringFlag{Name: "tls-key", EnvVars: []string{"SHARDVISOR_ROUTER_TLS_KEY"}, Usage: "the router's key `file` (PEM) for HTTPS"},
 			&cli.StringFlag{Name: "map-file", EnvVars: []string{"SHARDVISOR_ROUTER_MAP_FILE"}, Usage: "serve from this map `file` instead of ZooKeeper"},
 			&cli.StringFlag{Name: "id", Value: defID, EnvVars: []string{"SHARDVISOR_ROUTER_ID"}, Usage: "member `id` registered in ZooKeeper with the applied map version"},
 			&cli.IntFlag{Name: "max-batch", Value: sidecar.DefaultMaxBatch, EnvVars: []string{"SHARDVISOR_ROUTER_MAX_BATCH"}, Usage: "user ids allowed in one POST /v1/route"},
@@ -56,9 +61,20 @@ func run(c *cli.Context) error {
 		return err
 	}
 	defer log.Sync()
-	ln, err := sidecar.Listen(c.String("listen"), c.Bool("allow-public"))
+	var tlsCfg *tls.Config
+	if f := (pki.Files{CA: c.String("tls-ca"), Cert: c.String("tls-cert"), Key: c.String("tls-key")}); f != (pki.Files{}) {
+		if tlsCfg, err = f.ReloadingServerConfig(); err != nil {
+			return cliutil.Usagef("--tls-ca, --tls-cert, --tls-key: %v", err)
+		}
+	}
+	// With TLS every client proves who it is with a certificate of the
+	// CA: the API may then listen beyond loopback.
+	ln, err := sidecar.Listen(c.String("listen"), c.Bool("allow-public") || tlsCfg != nil)
 	if err != nil {
 		return cliutil.Usagef("%v", err)
+	}
+	if tlsCfg != nil {
+		ln = tls.NewListener(ln, tlsCfg)
 	}
 	var r *router.Router
 	var (

@@ -190,3 +190,38 @@ func (f Files) ReloadingDialer() (func(network, addr string, timeout time.Durati
 		return r.ClientConfig(b, VerifyFull)
 	}), nil
 }
+
+// ServerConfig returns a copy of base that presents r's certificate and
+// takes only client certificates of r's CA, both as of each handshake.
+func (r *Reloader) ServerConfig(base *tls.Config) *tls.Config {
+	c := base.Clone()
+	c.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		roots, pair, err := r.current()
+		if err != nil {
+			return nil, err
+		}
+		if pair == nil || roots == nil {
+			return nil, errors.New("pki: a server needs a certificate and a CA for its clients")
+		}
+		cc := base.Clone()
+		cc.Certificates = []tls.Certificate{*pair}
+		cc.ClientCAs = roots
+		cc.ClientAuth = tls.RequireAndVerifyClientCert
+		return cc, nil
+	}
+	return c
+}
+
+// ReloadingServerConfig is a server configuration of f (its certificate,
+// client certificates of its CA required) that reads the files again
+// when they change: a rotation needs no restart.
+func (f Files) ReloadingServerConfig() (*tls.Config, error) {
+	if f.CA == "" || f.Cert == "" || f.Key == "" {
+		return nil, fmt.Errorf("pki: TLS needs a CA, a certificate and a key file (got CA %q, cert %q, key %q)", f.CA, f.Cert, f.Key)
+	}
+	r, err := NewReloader(f.CA, f.Cert, f.Key)
+	if err != nil {
+		return nil, err
+	}
+	return r.ServerConfig(&tls.Config{MinVersion: tls.VersionTLS12}), nil
+}
