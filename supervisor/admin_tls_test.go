@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -132,10 +133,74 @@ func TestAdminOverTLS(t *testing.T) {
 func TestPlainPeerQuestionsStayHTTP(t *testing.T) {
 	secret := []byte("fleet secret, at least 16 bytes")
 	_, admin := peerHost(t, "web", "b", secret)
-	c := newPeerHTTP(nil)
+	c := newPeerHTTP(nil, nil)
 	for i := range 3 {
 		if _, err := askPeer(context.Background(), c, admin, peerID{"web", "a"}, peerID{"web", "b"}, secret); err != nil {
 			t.Fatalf("question %d: %v", i+1, err)
 		}
+	}
+}
+
+// With the reloading configurations the supervisor binary uses
+// (pki.Files.Reloading), a rotation of the fleet's CA and certificates on
+// disk is taken by the next question, both as server and as client, with
+// no restart (issue 41); a client still holding the old files' contents
+// is refused.
+func TestPeerQuestionOverTLSAfterRotation(t *testing.T) {
+	files := tlsFiles(t, "a", "b")
+	oldA, err := files["a"].Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, clientA, err := files["a"].Reloading()
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverB, _, err := files["b"].Reloading()
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := []byte("fleet secret, at least 16 bytes")
+	A, B := peerID{"web", "a"}, peerID{"web", "b"}
+	svB := &Supervisor{opts: Options{Pool: B.Pool, Member: B.Member, PeerSecret: secret, AdminTLS: serverB}}
+	svB.snap.State = "lost"
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(svB.servePeer)}
+	go srv.Serve(tls.NewListener(raw, serverB))
+	t.Cleanup(func() { srv.Close() })
+	adminB := raw.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	asker := newPeerHTTP(nil, clientA)
+	if a, err := askPeer(ctx, asker, adminB, A, B, secret); err != nil || a.Member != "b" {
+		t.Fatalf("before the rotation: %+v %v", a, err)
+	}
+	// The rotation: a new CA and new certificates, renamed over the old
+	// files of both hosts.
+	time.Sleep(10 * time.Millisecond)
+	next := tlsFiles(t, "a", "b")
+	for _, n := range []string{"a", "b"} {
+		for _, p := range [][2]string{{next[n].CA, files[n].CA}, {next[n].Cert, files[n].Cert}, {next[n].Key, files[n].Key}} {
+			b, err := os.ReadFile(p[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p[1]+".new", b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(p[1]+".new", p[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if a, err := askPeer(ctx, asker, adminB, A, B, secret); err != nil || a.Member != "b" {
+		t.Fatalf("after the rotation, with the configurations made before it: %+v %v", a, err)
+	}
+	old := peerHTTP{&http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: oldA}}, "https://"}
+	if _, err := askPeer(ctx, old, adminB, A, B, secret); err == nil {
+		t.Fatal("a peer with the certificates rotated away was answered")
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -81,8 +82,13 @@ type Options struct {
 	// admin address off loopback without it is open to every host that
 	// reaches it.
 	AdminTLS *tls.Config
-	Debounce time.Duration // quiet time after a change before a swap starts
-	Holddown time.Duration // stable connected time after a session loss before serving again
+	// AdminTLSClient, when set with AdminTLS, gives the configuration
+	// the peers' question dials a peer's host with (one that reads
+	// rotated files at each dial, pki's Reloading); else AdminTLS serves
+	// for both.
+	AdminTLSClient func(host string) *tls.Config
+	Debounce       time.Duration // quiet time after a change before a swap starts
+	Holddown       time.Duration // stable connected time after a session loss before serving again
 
 	// ShimPath is the executable started as the exec shim (see ShimArg);
 	// default os.Executable(). It must call MaybeRunShim first thing.
@@ -250,7 +256,7 @@ func newSupervisor(e *env, opts Options) (*Supervisor, error) {
 		sockets:    map[string]*boundSocket{},
 		procs:      map[*worker]process{},
 		probes:     map[*worker]*probeRun{},
-		peerClient: newPeerHTTP(opts.AdminTLS),
+		peerClient: newPeerHTTP(opts.AdminTLS, opts.AdminTLSClient),
 		up:         *up,
 	}
 	mcfg := machineConfig{pool: opts.Pool, zk: opts.Session != nil, configWhere: opts.ConfigFile,
@@ -708,11 +714,30 @@ func monotonicUsec() int64 {
 
 // newPeerHTTP asks the peers without keep-alive (an answer must come from
 // the peer as it is now, on a fresh connection), over TLS with cfg when
-// set.
-func newPeerHTTP(cfg *tls.Config) peerHTTP {
-	p := peerHTTP{c: &http.Client{Transport: &http.Transport{DisableKeepAlives: true, TLSClientConfig: cfg}}, scheme: "http://"}
-	if cfg != nil {
+// set, or with what clientFor gives each peer's host.
+func newPeerHTTP(cfg *tls.Config, clientFor func(host string) *tls.Config) peerHTTP {
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: cfg}
+	p := peerHTTP{c: &http.Client{Transport: tr}, scheme: "http://"}
+	if cfg != nil || clientFor != nil {
 		p.scheme = "https://"
+	}
+	if clientFor != nil {
+		tr.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			raw, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			c := tls.Client(raw, clientFor(host))
+			if err := c.HandshakeContext(ctx); err != nil {
+				raw.Close()
+				return nil, err
+			}
+			return c, nil
+		}
 	}
 	return p
 }

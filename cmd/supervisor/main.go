@@ -130,9 +130,12 @@ func run(c *cli.Context) error {
 		}
 	}
 	var adminTLS *tls.Config
+	var adminTLSClient func(host string) *tls.Config
 	if f := (pki.Files{CA: c.String("admin-tls-ca"), Cert: c.String("admin-tls-cert"), Key: c.String("admin-tls-key")}); f != (pki.Files{}) {
+		// Read again at each handshake when they change: a rotation
+		// needs no restart.
 		var err error
-		if adminTLS, err = f.Config(); err != nil {
+		if adminTLS, adminTLSClient, err = f.Reloading(); err != nil {
 			return cliutil.Usagef("--admin-tls-ca, --admin-tls-cert, --admin-tls-key: %v", err)
 		}
 	}
@@ -144,9 +147,11 @@ func run(c *cli.Context) error {
 		StateDir:   c.String("state-dir"),
 		AdminAddr:  c.String("admin"),
 		AdminTLS:   adminTLS,
-		Debounce:   c.Duration("debounce"),
-		Holddown:   c.Duration("holddown"),
-		Logger:     log,
+
+		AdminTLSClient: adminTLSClient,
+		Debounce:       c.Duration("debounce"),
+		Holddown:       c.Duration("holddown"),
+		Logger:         log,
 
 		NoFailStatic: !c.Bool("fail-static"),
 		PeerSecret:   secret,

@@ -176,19 +176,33 @@ func (r *Reloader) ClientConfig(base *tls.Config, v Verify) *tls.Config {
 // and name as of that dial, and presents the client certificate as of
 // then.
 func (f Files) ReloadingDialer() (func(network, addr string, timeout time.Duration) (net.Conn, error), error) {
-	if f.CA == "" || f.Cert == "" || f.Key == "" {
-		return nil, fmt.Errorf("pki: TLS needs a CA, a certificate and a key file (got CA %q, cert %q, key %q)", f.CA, f.Cert, f.Key)
-	}
-	r, err := NewReloader(f.CA, f.Cert, f.Key)
+	_, clientFor, err := f.Reloading()
 	if err != nil {
 		return nil, err
 	}
+	return dialer(clientFor), nil
+}
+
+// Reloading returns, from one Reloader of f, a server configuration (its
+// certificate, client certificates of its CA required) and the client
+// configuration for a host (the server's certificate checked against the
+// CA and that name), all reading the files again when they change: a
+// rotation needs no restart.
+func (f Files) Reloading() (server *tls.Config, clientFor func(host string) *tls.Config, err error) {
+	if f.CA == "" || f.Cert == "" || f.Key == "" {
+		return nil, nil, fmt.Errorf("pki: TLS needs a CA, a certificate and a key file (got CA %q, cert %q, key %q)", f.CA, f.Cert, f.Key)
+	}
+	r, err := NewReloader(f.CA, f.Cert, f.Key)
+	if err != nil {
+		return nil, nil, err
+	}
 	base := &tls.Config{MinVersion: tls.VersionTLS12}
-	return dialer(func(host string) *tls.Config {
+	clientFor = func(host string) *tls.Config {
 		b := base.Clone()
 		b.ServerName = host
 		return r.ClientConfig(b, VerifyFull)
-	}), nil
+	}
+	return r.ServerConfig(base), clientFor, nil
 }
 
 // ServerConfig returns a copy of base that presents r's certificate and
@@ -212,16 +226,8 @@ func (r *Reloader) ServerConfig(base *tls.Config) *tls.Config {
 	return c
 }
 
-// ReloadingServerConfig is a server configuration of f (its certificate,
-// client certificates of its CA required) that reads the files again
-// when they change: a rotation needs no restart.
+// ReloadingServerConfig is the server half of Reloading.
 func (f Files) ReloadingServerConfig() (*tls.Config, error) {
-	if f.CA == "" || f.Cert == "" || f.Key == "" {
-		return nil, fmt.Errorf("pki: TLS needs a CA, a certificate and a key file (got CA %q, cert %q, key %q)", f.CA, f.Cert, f.Key)
-	}
-	r, err := NewReloader(f.CA, f.Cert, f.Key)
-	if err != nil {
-		return nil, err
-	}
-	return r.ServerConfig(&tls.Config{MinVersion: tls.VersionTLS12}), nil
+	server, _, err := f.Reloading()
+	return server, err
 }
