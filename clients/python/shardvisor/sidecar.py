@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import ssl
 import threading
 import urllib.error
 import urllib.parse
@@ -35,11 +37,37 @@ class SidecarError(Exception):
 
 
 class SidecarClient:
-    def __init__(self, base_url: str = "http://127.0.0.1:8484", timeout: float = 2.0):
+    """base_url is http://... for a sidecar on loopback, https://... for one
+    started with --tls-ca/--tls-cert/--tls-key: then cafile is the CA that
+    signed the sidecar's certificate (its name is checked) and certfile and
+    keyfile this host's client certificate. The files are read again when
+    they change on disk (a rotation needs no restart)."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8484", timeout: float = 2.0,
+                 cafile: Optional[str] = None, certfile: Optional[str] = None, keyfile: Optional[str] = None):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._map_etag: Optional[str] = None
         self._map_bytes: Optional[bytes] = None
+        if (certfile is None) != (keyfile is None):
+            raise ValueError("certfile and keyfile go together")
+        if self.base_url.startswith("https://") and cafile is None:
+            raise ValueError("an https:// sidecar needs cafile (the CA of its certificate)")
+        self._tls_files = (cafile, certfile, keyfile)
+        self._tls: Optional[tuple] = None  # (stamp of the files, ssl.SSLContext)
+
+    def _context(self) -> Optional[ssl.SSLContext]:
+        """The TLS context, made again when a file changed."""
+        if not self.base_url.startswith("https://"):
+            return None
+        stamp = tuple((os.stat(f).st_mtime_ns, os.stat(f).st_size) if f else None for f in self._tls_files)
+        if self._tls is None or self._tls[0] != stamp:
+            cafile, certfile, keyfile = self._tls_files
+            ctx = ssl.create_default_context(cafile=cafile)
+            if certfile:
+                ctx.load_cert_chain(certfile, keyfile)
+            self._tls = (stamp, ctx)
+        return self._tls[1]
 
     def _call(self, path: str, body=None, headers: Optional[Dict[str, str]] = None):
         data = None if body is None else json.dumps(body).encode("utf-8")
@@ -47,7 +75,7 @@ class SidecarClient:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as res:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context()) as res:
                 return res.status, res.headers, res.read()
         except urllib.error.HTTPError as e:
             if e.code == 304:

@@ -4,7 +4,12 @@ sidecar.TestPythonClientAgreesWithGo runs it against the real one)."""
 import hashlib
 import http.server
 import json
+import os
+import shutil
+import ssl
+import subprocess
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -16,7 +21,7 @@ NODES = [("pg1", "postgres://app@db1:5432/app", ""), ("pg2", "postgres://app@db2
 
 
 class Fake:
-    def __init__(self):
+    def __init__(self, tls=None):
         self.doc = map_doc(NODES, [0, 1, 0, 1], level=2, version=1)
         self.map_gets = 0
         self.not_modified = 0
@@ -65,8 +70,18 @@ class Fake:
                     self.wfile.write(body)
 
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.tls = None  # an ssl.SSLContext: the sidecar with --tls-*
+        if tls is not None:
+            self.tls = tls
+            inner = self.srv.get_request
+
+            def get_request():
+                sock, addr = inner()
+                return self.tls.wrap_socket(sock, server_side=True), addr
+            self.srv.get_request = get_request
         threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.srv.server_address[1]}"
 
     def close(self):
         self.srv.shutdown()
@@ -118,3 +133,70 @@ def test_a_broken_answer_is_reported_and_following_goes_on(fake):
         wait_for(lambda: r.map_version == 2, 5, "map 2 after the broken answers")
     finally:
         r.close()
+
+
+def make_pki(d, name):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate,
+    made with the openssl command, in directory d under name-*."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command")
+    p = lambda f: os.path.join(d, f"{name}-{f}")
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", p("ca.key"), "-out", p("ca.crt"),
+        "-days", "1", "-subj", f"/CN={name}-ca")
+    for who, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", p(f"{who}.key"), "-out", p(f"{who}.csr"),
+            "-subj", f"/CN={name}-{who}")
+        ext_file = p(f"{who}.ext")
+        with open(ext_file, "w") as f:
+            f.write(ext + "\n")
+        run("x509", "-req", "-in", p(f"{who}.csr"), "-CA", p("ca.crt"), "-CAkey", p("ca.key"), "-CAcreateserial", "-days", "1",
+            "-out", p(f"{who}.crt"), "-extfile", ext_file)
+    return p
+
+
+def server_context(p):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(p("server.crt"), p("server.key"))
+    ctx.load_verify_locations(p("ca.crt"))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def test_https_sidecar_with_client_certificates_and_rotation(tmp_path):
+    """A sidecar started with --tls-*: the client checks its certificate
+    against cafile and presents its own; files rotated on disk (renamed
+    over the old) are used by the next request (issue 41)."""
+    d = str(tmp_path)
+    one = make_pki(d, "one")
+    fake = Fake(tls=server_context(one))
+    try:
+        live = {f: os.path.join(d, f"live-{f}") for f in ("ca.crt", "client.crt", "client.key")}
+        for f, dst in live.items():
+            shutil.copy(one(f), dst)
+        c = SidecarClient(fake.url, cafile=live["ca.crt"], certfile=live["client.crt"], keyfile=live["client.key"])
+        assert c.route("alice")["node"] == "pg1"
+        # Without a client certificate, or trusting another CA: refused.
+        two = make_pki(d, "two")
+        with pytest.raises(SidecarError) as e:
+            SidecarClient(fake.url, cafile=one("ca.crt")).route("alice")
+        assert e.value.status == 0
+        with pytest.raises(SidecarError):
+            SidecarClient(fake.url, cafile=two("ca.crt"), certfile=one("client.crt"), keyfile=one("client.key")).route("alice")
+        # The rotation: the sidecar to CA two, then this host's files.
+        fake.tls = server_context(two)
+        with pytest.raises(SidecarError):
+            c.route("alice")
+        time.sleep(0.01)
+        for f, dst in live.items():
+            shutil.copy(two(f), dst + ".new")
+            os.replace(dst + ".new", dst)
+        assert c.route("alice")["node"] == "pg1"
+    finally:
+        fake.close()
+    with pytest.raises(ValueError):
+        SidecarClient("https://127.0.0.1:1")
+    with pytest.raises(ValueError):
+        SidecarClient("http://127.0.0.1:1", certfile="x")
