@@ -431,6 +431,28 @@ func pgOverTLSOnly(t *testing.T, e *devenv.Env) {
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
+	// A move's subscription: the subscriber's server connects to the
+	// publisher with the DSN's TLS settings (its libpq, as the postgres
+	// user). Each way between the plain node and the group's primary.
+	plain, err := pgx.Connect(ctx, e.NodeDSN(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close(ctx)
+	for _, w := range []struct {
+		sub     *pgx.Conn
+		pubPort int
+	}{{plain, port}, {c, e.PGPort(2)}} {
+		conninfo := "host=127.0.0.1 port=" + strconv.Itoa(w.pubPort) + " dbname=postgres user=postgres password=" + e.Password() +
+			" sslmode=verify-full sslrootcert=" + e.TLSFiles("").CA
+		if _, err := w.sub.Exec(ctx, "CREATE SUBSCRIPTION tls_probe CONNECTION '"+conninfo+"' PUBLICATION tls_probe WITH (create_slot = false, enabled = false, slot_name = NONE)"); err != nil {
+			t.Errorf("a subscription to port %d over TLS: %v", w.pubPort, err)
+			continue
+		}
+		if _, err := w.sub.Exec(ctx, "DROP SUBSCRIPTION tls_probe"); err != nil {
+			t.Error(err)
+		}
+	}
 	var streams, overTLS int
 	testenv.WaitFor(t, time.Minute, func() bool {
 		err := c.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)`).Scan(&streams, &overTLS)
