@@ -42,7 +42,7 @@ func newEnv() (*env, error) {
 	}
 	for i := range pgNodes {
 		e.pgAddrs = append(e.pgAddrs, "127.0.0.1:"+strconv.Itoa(e.PGPort(i+1)))
-		e.admin = append(e.admin, clustertest.AdminDSN(e.pgAddrs[i], password))
+		e.admin = append(e.admin, clustertest.AdminDSN(e.pgAddrs[i], password, e.PGSSLParams()))
 	}
 	ddl, err := os.ReadFile("examples/notes/schema/001-notes.sql") // run from the repository root
 	e.notesDDL = string(ddl)
@@ -64,7 +64,7 @@ type cluster struct {
 
 func (b *bench) newCluster(ctx context.Context, name string) (*cluster, error) {
 	c := &cluster{db: fmt.Sprintf("fleet_%s_%d", strings.ReplaceAll(name, "-", "_"), b.started.Unix()), paths: topo.MustPaths(b.root, name)}
-	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.PasswordFile())
+	c.nodes = clustertest.DevNodes(b.env.pgAddrs, c.db, b.env.PasswordFile(), b.env.PGSSLParams())
 	for i := range c.nodes {
 		if err := testenv.Exec(ctx, b.env.admin[i], "CREATE DATABASE "+pgx.Identifier{c.db}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("pg%d: %w", i+1, err)

@@ -56,7 +56,7 @@ func newApp() *cli.App {
 			&cli.StringFlag{Name: "pg-ha-nodes", EnvVars: []string{"SHARDVISOR_PG_HA_NODES"},
 				Usage: "comma `list` of the node numbers --pg-ha applies to (default: all); the others are plain"},
 			&cli.BoolFlag{Name: "tls", Value: true, EnvVars: []string{"SHARDVISOR_DEVENV_TLS"},
-				Usage: "ZooKeeper takes clients over TLS only, each identified by its certificate (x509 ACLs), and runs its quorum over TLS; Patroni's records are its own, its REST API HTTPS; the CA and certificates are made in DIR/tls on the first up; env exports the admin's. --tls=false (SHARDVISOR_DEVENV_TLS=0) or --plain: everything plain and open, as the tests' clients need"},
+				Usage: "ZooKeeper takes clients over TLS only, each identified by its certificate (x509 ACLs), and runs its quorum over TLS; Patroni's records are its own, its REST API HTTPS; PostgreSQL takes TCP over TLS only (a certificate of the CA per server) and the DSNs env prints verify it (sslmode=verify-full); the CA and certificates are made in DIR/tls on the first up; env exports the admin's. --tls=false (SHARDVISOR_DEVENV_TLS=0) or --plain: everything plain and open, as the tests' clients need"},
 			&cli.BoolFlag{Name: "plain", EnvVars: []string{"SHARDVISOR_DEVENV_PLAIN"},
 				Usage: "the plain mode: --tls=false. up and run restart servers running in the other mode; the other commands act on whatever runs"},
 			&cli.BoolFlag{Name: "zk-full-jit", EnvVars: []string{"SHARDVISOR_DEVENV_ZK_FULL_JIT"},

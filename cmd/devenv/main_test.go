@@ -51,15 +51,16 @@ func TestCommands(t *testing.T) {
 		{[]string{"--pg-nodes", "0", "env"}, 1, "", "devenv: error: SHARDVISOR_PG_NODES must be a positive integer, got '0'"},
 		{[]string{"run"}, 2, "", "devenv: usage error: run needs a command"},
 		{[]string{"--plain", "--tls", "env"}, 2, "", "devenv: usage error: --plain and --tls"},
-		// TLS is the default: env names the admin's files.
+		// TLS is the default: env names the admin's files, and the DSNs verify
+		// the servers against the environment's CA.
 		{[]string{"env", "--pg-nodes", "1"}, 0, "export SHARDVISOR_ZK='127.0.0.1:7811,127.0.0.1:7812,127.0.0.1:7813'\n" +
 			"export SHARDVISOR_ZK_TLS_CA='" + dir + "/tls/ca.crt'\n" +
 			"export SHARDVISOR_ZK_TLS_CERT='" + dir + "/tls/admin.crt'\n" +
 			"export SHARDVISOR_ZK_TLS_KEY='" + dir + "/tls/admin.key'\n" +
 			"export SHARDVISOR_PG_PASSWORD_FILE='" + dir + "/pg/password'\n" +
 			"export PGPASSFILE='" + dir + "/pg/pgpass'\n" +
-			"export SHARDVISOR_PG1_DSN='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=disable'\n" +
-			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=disable'\n", ""},
+			"export SHARDVISOR_PG1_DSN='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" +
+			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n", ""},
 		{[]string{"--plain", "env", "--pg-nodes", "2"}, 0, "export SHARDVISOR_ZK='127.0.0.1:7811,127.0.0.1:7812,127.0.0.1:7813'\n" +
 			"export SHARDVISOR_PG_PASSWORD_FILE='" + dir + "/pg/password'\n" +
 			"export PGPASSFILE='" + dir + "/pg/pgpass'\n" +

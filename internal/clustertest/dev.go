@@ -83,9 +83,9 @@ func OpenDev(ctx context.Context, sp DevSpec) (_ *Dev, err error) {
 	var addrs []string
 	for i := range sp.Nodes {
 		addrs = append(addrs, net.JoinHostPort(sp.PGHost, strconv.Itoa(sp.PGPortBase+i)))
-		d.Admin = append(d.Admin, AdminDSN(addrs[i], password))
+		d.Admin = append(d.Admin, AdminDSN(addrs[i], password, DevSSL(sp.Dir, sp.TLS)))
 	}
-	d.Nodes = DevNodes(addrs, sp.DB, d.PWFile)
+	d.Nodes = DevNodes(addrs, sp.DB, d.PWFile, DevSSL(sp.Dir, sp.TLS))
 	for i := range d.Nodes {
 		if err := testenv.Exec(ctx, d.Admin[i], "CREATE DATABASE "+pgx.Identifier{sp.DB}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("%s: %w (is it up? SHARDVISOR_PG_NODES=%d scripts/devenv --plain up)", d.Nodes[i].ID, err, sp.Nodes)
@@ -144,11 +144,11 @@ func (d *Dev) logf(format string, args ...any) {
 
 // DevNodes registers the servers at addrs (host:port) as db nodes
 // pg1..pgN on database db, as the superuser postgres with the password in
-// pwFile.
-func DevNodes(addrs []string, db, pwFile string) []bucketmap.Node {
+// pwFile, with the TLS query ssl (DevSSL).
+func DevNodes(addrs []string, db, pwFile, ssl string) []bucketmap.Node {
 	var out []bucketmap.Node
 	for i, addr := range addrs {
-		dsn := (&url.URL{Scheme: "postgres", User: url.User("postgres"), Host: addr, Path: "/" + db, RawQuery: "sslmode=disable"}).String()
+		dsn := (&url.URL{Scheme: "postgres", User: url.User("postgres"), Host: addr, Path: "/" + db, RawQuery: ssl}).String()
 		out = append(out, Node(fmt.Sprintf("pg%d", i+1), dsn, pwFile))
 	}
 	return out
@@ -218,7 +218,7 @@ func ReadPassword(file string) (string, error) {
 }
 
 // AdminDSN is the superuser's DSN for the postgres database at host
-// (host:port).
-func AdminDSN(host, password string) string {
-	return (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: host, Path: "/postgres", RawQuery: "sslmode=disable"}).String()
+// (host:port), with the TLS query ssl (DevSSL).
+func AdminDSN(host, password, ssl string) string {
+	return (&url.URL{Scheme: "postgres", User: url.UserPassword("postgres", password), Host: host, Path: "/postgres", RawQuery: ssl}).String()
 }

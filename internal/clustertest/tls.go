@@ -43,6 +43,13 @@ func DevTLS(cfg zksession.Config, dir string, tls bool, identity string) (zksess
 	return cfg, nil
 }
 
+// DevSSL is the TLS query of the DSNs of the dev environment in dir:
+// sslmode=disable plain; with tls, its servers take TCP over TLS only and
+// the DSNs verify them against its CA.
+func DevSSL(dir string, tls bool) string {
+	return devenv.New(devenv.Config{Dir: dir, TLS: tls}).PGSSLParams()
+}
+
 // SessionAs opens another session on the Dev's ensemble, as identity when
 // it is TLS (a plain one otherwise): the router's, say.
 func (d *Dev) SessionAs(ctx context.Context, identity string) (*zksession.Session, error) {

@@ -52,14 +52,21 @@ func (e *Env) memberTLS(i, m int) bool {
 }
 
 // switchMode stops what runs in the other mode than the one asked: the
-// groups' Patroni first (a SIGHUP does not move Patroni's ZooKeeper client
-// to or from TLS), while the ensemble still serves them, then every
-// ZooKeeper server. Up starts them again in the mode asked. It runs under
-// the lock.
-func (e *Env) switchMode(groups []int) {
+// plain nodes (their hba_file is read at start only), the groups' Patroni
+// (a SIGHUP does not move Patroni's ZooKeeper client to or from TLS),
+// while the ensemble still serves them, then every ZooKeeper server. Up
+// starts them again in the mode asked. It runs under the lock.
+func (e *Env) switchMode(nodes, groups []int) {
 	other := &Env{c: e.c}
 	other.c.TLS = !e.c.TLS
 	mode := map[bool]string{true: "TLS", false: "plain"}
+	_ = parallel(len(nodes), func(k int) error {
+		if i := nodes[k]; e.pgPid(i) != 0 && e.pgConfTLS(i) != e.c.TLS {
+			e.logf("pg%d: runs %s; restarting it %s", i, mode[!e.c.TLS], mode[e.c.TLS])
+			e.pgStop(i)
+		}
+		return nil
+	})
 	for _, i := range groups {
 		n, _, _ := e.recordedMembers(i)
 		for m := 1; m <= n; m++ {

@@ -132,6 +132,11 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 		if fileExists(filepath.Join(dir, "data", "PG_VERSION")) {
 			fresh = false
 		}
+		if e.c.TLS {
+			if _, err := e.pgServerFiles(MemberName(i, m)); err != nil {
+				return false, fmt.Errorf("pg%d.m%d: %w", i, m, err)
+			}
+		}
 		changed, err := e.writeMemberConf(i, m, pw)
 		if err != nil {
 			return false, err

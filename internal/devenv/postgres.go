@@ -169,6 +169,11 @@ func (e *Env) pgLaunch(i int) error {
 	if portBusy(e.PGPort(i)) {
 		return errPortBusy(fmt.Sprintf("pg%d", i), e.PGPort(i), "")
 	}
+	if e.c.TLS {
+		if err := e.pgWriteTLS(i); err != nil {
+			return fmt.Errorf("pg%d: %w", i, err)
+		}
+	}
 	if err := writePGFile(filepath.Join(e.pgData(i), "shardvisor.conf"), e.shardvisorConf(i), 0o644); err != nil {
 		return err
 	}

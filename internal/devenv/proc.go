@@ -217,6 +217,7 @@ var (
 	pgCredOnce sync.Once
 	pgCred     *syscall.Credential
 	pgCredErr  error
+	pgHome     string // the postgres user's HOME
 )
 
 // postgresCredential is the postgres user's uid, gid and groups, to run a
@@ -240,7 +241,7 @@ func postgresCredential() (*syscall.Credential, error) {
 				c.Groups = append(c.Groups, uint32(n))
 			}
 		}
-		pgCred = c
+		pgCred, pgHome = c, u.HomeDir
 	})
 	return pgCred, pgCredErr
 }
@@ -266,6 +267,13 @@ func asPG(cmd *exec.Cmd) error {
 	}
 	cmd.SysProcAttr.Credential = c
 	cmd.Dir = "/"
+	if c != nil && cmd.Env == nil {
+		// Not root's HOME: a server's libpq (a subscription's connection
+		// to its publisher) looks for ~/.postgresql/postgresql.crt when
+		// the conninfo asks for TLS, and fails on a directory it cannot
+		// enter ("Permission denied"), where a missing file is fine.
+		cmd.Env = append(os.Environ(), "HOME="+pgHome)
+	}
 	return nil
 }
 

@@ -73,18 +73,23 @@ func (e *Env) Summary(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "ZooKeeper: %s  (plain)\n", e.ZKConnect())
 	}
+	if e.c.TLS {
+		fmt.Fprintf(w, "Postgres:  postgres://postgres@127.0.0.1:%d/postgres?%s  (TLS only; password in %s)\n", e.PGPort(1), e.PGSSLParams(), e.PasswordFile())
+		return
+	}
 	fmt.Fprintf(w, "Postgres:  postgres://postgres@127.0.0.1:%d/postgres  (password in %s)\n", e.PGPort(1), e.PasswordFile())
 }
 
-// NodeDSN is node i's connection string with the password: a group's
+// NodeDSN is node i's connection string with the password (with TLS it
+// verifies the server against the environment's CA): a group's
 // lists every member with target_session_attrs=read-write, so it reaches
 // the current primary.
 func (e *Env) NodeDSN(i int) string {
 	pw := e.Password()
 	if !e.IsGroup(i) {
-		return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?sslmode=disable", pw, e.PGPort(i))
+		return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?%s", pw, e.PGPort(i), e.PGSSLParams())
 	}
-	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?sslmode=disable&target_session_attrs=read-write&connect_timeout=2", pw, e.memberHosts(i))
+	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s&target_session_attrs=read-write&connect_timeout=2", pw, e.memberHosts(i), e.PGSSLParams())
 }
 
 func (e *Env) memberHosts(i int) string {

@@ -50,10 +50,13 @@ func (e *Env) log4jProperties(i int) []byte {
 // shardvisorConf is plain node i's data/shardvisor.conf, which its
 // postgresql.conf includes.
 func (e *Env) shardvisorConf(i int) []byte {
+	tf := e.TLSFiles("pg" + itoa(i))
 	return render("shardvisor.conf", struct {
-		Port int
-		Dir  string
-	}{e.PGPort(i), e.PGDir(i)})
+		Port               int
+		Dir                string
+		TLS                bool
+		CA, Cert, Key, HBA string
+	}{e.PGPort(i), e.PGDir(i), e.c.TLS, tf.CA, tf.Cert, tf.Key, e.pgHBATLSFile(i)})
 }
 
 // patroniYML is member m's patroni.yml of group i. Its Patroni reaches
@@ -68,12 +71,14 @@ func (e *Env) patroniYML(i, m int, password, apiPassword string) []byte {
 		hosts += "'127.0.0.1:" + itoa(e.ZKLinkPort(i, m, j)) + "'"
 	}
 	tf := e.TLSFiles("patroni-pg" + itoa(i))
+	pf := e.TLSFiles(MemberName(i, m))
 	return render("patroni.yml", struct {
 		Node, Port, APIPort                            int
 		Name, Namespace, ZKHosts, Dir, PGBin, Password string
 		TLS                                            bool
 		CA, Cert, Key, Owner, APIUser, APIPassword     string
+		PGCert, PGKey                                  string
 		Readers                                        []string
 	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password,
-		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, patroniReaders()})
+		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, pf.Cert, pf.Key, patroniReaders()})
 }

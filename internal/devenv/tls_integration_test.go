@@ -9,12 +9,15 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-zookeeper/zk"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/internal/pki"
@@ -59,8 +62,10 @@ func dialAs(t *testing.T, f pki.Files) zk.Dialer {
 
 // With TLS the ensemble takes no plain client, no client of another CA,
 // and tells identities apart by certificate; a Patroni group runs on it.
+// PostgreSQL (the group pg1 and the plain node pg2) takes TCP over TLS
+// only.
 func TestTLSEnsemble(t *testing.T) {
-	e := throwawayWith(t, devenv.Config{PGNodes: 1, HA: 2, TLS: true})
+	e := throwawayWith(t, devenv.Config{PGNodes: 2, HA: 2, HANodes: []int{1}, TLS: true})
 	if err := e.Up(); err != nil {
 		t.Fatal(err)
 	}
@@ -286,6 +291,8 @@ func TestTLSEnsemble(t *testing.T) {
 		}
 	})
 
+	t.Run("PostgreSQL over TLS only", func(t *testing.T) { pgOverTLSOnly(t, e) })
+
 	t.Run("Patroni reaches ZooKeeper over TLS", func(t *testing.T) {
 		if _, port, ok, err := e.Primary(1); err != nil || !ok || port == 0 {
 			t.Fatalf("no primary: %v", err)
@@ -298,13 +305,17 @@ func TestTLSEnsemble(t *testing.T) {
 
 }
 
-// up in the plain mode restarts the group and the whole ensemble plain
-// and opens the group's records to a plain Patroni; up with TLS again
-// locks them anew, the records the plain run kept included. Two whole
+// up in the plain mode restarts the group, the plain node and the whole
+// ensemble plain and opens the group's records to a plain Patroni; up
+// with TLS again locks them anew, the records the plain run kept
+// included, and PostgreSQL takes TCP over TLS only again. Two whole
 // restarts: make test-faults runs it.
 func TestFaultsTLSModeSwitch(t *testing.T) {
 	testenv.Faults(t)
-	e := throwawayWith(t, devenv.Config{PGNodes: 1, HA: 2, TLS: true})
+	e := throwawayWith(t, devenv.Config{PGNodes: 2, HA: 2, HANodes: []int{1}, TLS: true})
+	plainPG := func(port int) error {
+		return testenv.Exec(t.Context(), "postgres://postgres:"+e.Password()+"@127.0.0.1:"+strconv.Itoa(port)+"/postgres?sslmode=disable&connect_timeout=5", "SELECT 1")
+	}
 	if err := e.Up(); err != nil {
 		t.Fatal(err)
 	}
@@ -331,6 +342,11 @@ func TestFaultsTLSModeSwitch(t *testing.T) {
 				t.Errorf("plain: %s ACL = %v, %v; want anyone ALL", p, acl, err)
 			}
 		}
+		for _, port := range []int{plain.MemberPort(1, 1), plain.MemberPort(1, 2), plain.PGPort(2)} {
+			if err := plainPG(port); err != nil {
+				t.Errorf("plain: a plain TCP client of port %d: %v", port, err)
+			}
+		}
 
 		cfg.TLS = true
 		if err := devenv.New(cfg).Up(); err != nil {
@@ -344,6 +360,7 @@ func TestFaultsTLSModeSwitch(t *testing.T) {
 		if _, ok := session(t, e, nil, 3*time.Second); ok {
 			t.Fatal("a plain client got a session after a TLS up")
 		}
+		pgOverTLSOnly(t, e)
 		web, ok := session(t, e, dialAs(t, e.TLSFiles("web2")), 10*time.Second)
 		if !ok {
 			t.Fatal("web head 2 got no session")
@@ -353,5 +370,95 @@ func TestFaultsTLSModeSwitch(t *testing.T) {
 		} else if _, err := web.Set("/service/pg1/config", []byte(`{"synchronous_mode":false}`), st.Version); !errors.Is(err, zk.ErrNoAuth) {
 			t.Errorf("web head 2 set pg1's config after the switch: %v, want %v", err, zk.ErrNoAuth)
 		}
+	}
+}
+
+// pgOverTLSOnly: every PostgreSQL server of e (group pg1's members, plain
+// node pg2) refuses a plain TCP client and one that verifies it against
+// another CA, and serves over TLS a client that verifies it against the
+// environment's; the DSNs devenv prints work; the group's standby
+// streams from its primary over TLS.
+func pgOverTLSOnly(t *testing.T, e *devenv.Env) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rogue := filepath.Join(t.TempDir(), "rogue-ca.crt")
+	ca, err := pki.NewCA("rogue", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(rogue, filepath.Join(filepath.Dir(rogue), "rogue-ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	servers := map[string]int{"pg1-m1": e.MemberPort(1, 1), "pg1-m2": e.MemberPort(1, 2), "pg2": e.PGPort(2)}
+	for name, port := range servers {
+		dsn := func(ssl string) string {
+			return "postgres://postgres:" + e.Password() + "@127.0.0.1:" + strconv.Itoa(port) + "/postgres?connect_timeout=5&" + ssl
+		}
+		var pe *pgconn.PgError
+		if err := testenv.Exec(ctx, dsn("sslmode=disable"), "SELECT 1"); !errors.As(err, &pe) || pe.Code != "28000" {
+			t.Errorf("%s: a plain TCP client: %v, want refused by pg_hba (28000)", name, err)
+		}
+		if err := testenv.Exec(ctx, dsn("sslmode=verify-full&sslrootcert="+rogue), "SELECT 1"); err == nil || errors.As(err, &pe) {
+			t.Errorf("%s: a client trusting another CA: %v, want its TLS handshake to fail", name, err)
+		}
+		c, err := pgx.Connect(ctx, dsn("sslmode=verify-full&sslrootcert="+e.TLSFiles("").CA))
+		if err != nil {
+			t.Errorf("%s: verify-full with the environment's CA: %v", name, err)
+			continue
+		}
+		var ssl bool
+		if err := c.QueryRow(ctx, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").Scan(&ssl); err != nil || !ssl {
+			t.Errorf("%s: pg_stat_ssl says ssl %v (%v)", name, ssl, err)
+		}
+		c.Close(ctx)
+		if fi, err := os.Stat(e.TLSFiles(name).Key); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: key file %v %v, want mode 0600", name, fi, err)
+		}
+	}
+	for i := 1; i <= 2; i++ {
+		if err := testenv.Exec(ctx, e.NodeDSN(i), "SELECT 1"); err != nil {
+			t.Errorf("pg%d's DSN %s: %v", i, e.NodeDSN(i), err)
+		}
+	}
+	// The standby's walreceiver connects over TCP as Patroni's replication
+	// user: its walsender on the primary.
+	_, port, ok, err := e.Primary(1)
+	if err != nil || !ok {
+		t.Fatalf("pg1: no primary: %v", err)
+	}
+	c, err := pgx.Connect(ctx, "postgres://postgres:"+e.Password()+"@127.0.0.1:"+strconv.Itoa(port)+"/postgres?"+e.PGSSLParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	// A move's subscription: the subscriber's server connects to the
+	// publisher with the DSN's TLS settings (its libpq, as the postgres
+	// user). Each way between the plain node and the group's primary.
+	plain, err := pgx.Connect(ctx, e.NodeDSN(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close(ctx)
+	for _, w := range []struct {
+		sub     *pgx.Conn
+		pubPort int
+	}{{plain, port}, {c, e.PGPort(2)}} {
+		conninfo := "host=127.0.0.1 port=" + strconv.Itoa(w.pubPort) + " dbname=postgres user=postgres password=" + e.Password() +
+			" sslmode=verify-full sslrootcert=" + e.TLSFiles("").CA
+		if _, err := w.sub.Exec(ctx, "CREATE SUBSCRIPTION tls_probe CONNECTION '"+conninfo+"' PUBLICATION tls_probe WITH (create_slot = false, enabled = false, slot_name = NONE)"); err != nil {
+			t.Errorf("a subscription to port %d over TLS: %v", w.pubPort, err)
+			continue
+		}
+		if _, err := w.sub.Exec(ctx, "DROP SUBSCRIPTION tls_probe"); err != nil {
+			t.Error(err)
+		}
+	}
+	var streams, overTLS int
+	testenv.WaitFor(t, time.Minute, func() bool {
+		err := c.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_replication r JOIN pg_stat_ssl s USING (pid)`).Scan(&streams, &overTLS)
+		return err == nil && streams > 0
+	}, "the standby streaming from the primary")
+	if overTLS != streams {
+		t.Errorf("pg1's primary: %d of %d replication connections over TLS", overTLS, streams)
 	}
 }

@@ -45,7 +45,13 @@ func (e *Env) Up() error {
 	if _, err := e.ensureSuper(); err != nil {
 		return err
 	}
-	e.switchMode(groups)
+	if e.c.TLS {
+		// The CA too: the PostgreSQL servers' certificates are of it.
+		if err := e.ensureTLS(); err != nil {
+			return err
+		}
+	}
+	e.switchMode(nodes, groups)
 	deadline := time.Now().Add(e.c.Timeout)
 	// Every server at once: a node's initdb runs while the JVMs start.
 	err = parallel(ZKServers, func(k int) error { return e.zkLaunch(k + 1) })

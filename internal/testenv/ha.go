@@ -195,7 +195,7 @@ func StartPGGroups(t testing.TB, n int) *PG {
 	for _, node := range pg.Nodes {
 		for _, m := range node.Members {
 			dsn := "postgres://" + url.UserPassword(node.User, node.Password).String() + "@" + m + "/" +
-				url.PathEscape(dbName) + "?sslmode=disable&connect_timeout=2"
+				url.PathEscape(dbName) + "?" + managedSSL() + "&connect_timeout=2"
 			for {
 				err := Exec(ctx, dsn, "SELECT 1")
 				if err == nil {
@@ -217,7 +217,7 @@ func (n *PGNode) fillGroupDSNs() {
 	hosts := strings.Join(n.Members, ",")
 	mk := func(user *url.Userinfo, db string) string {
 		return "postgres://" + user.String() + "@" + hosts + "/" + url.PathEscape(db) +
-			"?sslmode=disable&target_session_attrs=read-write&connect_timeout=2"
+			"?" + managedSSL() + "&target_session_attrs=read-write&connect_timeout=2"
 	}
 	n.DSN = mk(url.User(n.User), n.Database)
 	n.DSNWithPassword = mk(url.UserPassword(n.User, n.Password), n.Database)

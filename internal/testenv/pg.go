@@ -39,7 +39,8 @@ type PGNode struct {
 	// name on every node and dropped when the test ends.
 	Database string
 	// DSN connects to Database without a password:
-	// postgres://postgres@127.0.0.1:PORT/DB?sslmode=disable
+	// postgres://postgres@127.0.0.1:PORT/DB?sslmode=disable (verify-full
+	// against the environment's CA with SHARDVISOR_DEVENV_TLS=1)
 	DSN string
 	// DSNWithPassword is DSN with the password in it.
 	DSNWithPassword string
@@ -167,12 +168,23 @@ func StartPGNodes(t testing.TB, n int) *PG {
 func (n *PGNode) fillDSNs() {
 	host := net.JoinHostPort(n.Host, strconv.Itoa(n.Port))
 	mk := func(user *url.Userinfo, db string) string {
-		u := url.URL{Scheme: "postgres", User: user, Host: host, Path: "/" + db, RawQuery: "sslmode=disable"}
+		u := url.URL{Scheme: "postgres", User: user, Host: host, Path: "/" + db, RawQuery: managedSSL()}
 		return u.String()
 	}
 	n.DSN = mk(url.User(n.User), n.Database)
 	n.DSNWithPassword = mk(url.UserPassword(n.User, n.Password), n.Database)
 	n.AdminDSN = mk(url.UserPassword(n.User, n.Password), "postgres")
+}
+
+// managedSSL is the TLS query of the managed environment's DSNs:
+// sslmode=disable in the tests' plain mode, verify-full against its CA
+// with SHARDVISOR_DEVENV_TLS=1 (its servers then take TCP over TLS only).
+func managedSSL() string {
+	c, err := devenv.FromEnv()
+	if err != nil {
+		return "sslmode=disable"
+	}
+	return devenv.New(c).PGSSLParams()
 }
 
 // externalNode builds a node from an admin DSN given in SHARDVISOR_TEST_PG.
