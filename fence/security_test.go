@@ -88,7 +88,7 @@ func newAttacker(t *testing.T, node *testenv.PGNode, extra ...string) *pgx.Conn 
 		}
 	})
 	u := url.URL{Scheme: "postgres", User: url.UserPassword(role, pw), Host: net.JoinHostPort(node.Host, strconv.Itoa(node.Port)),
-		Path: "/" + node.Database, RawQuery: "sslmode=disable"}
+		Path: "/" + node.Database, RawQuery: testenv.SSLParams()}
 	c, err := pgx.Connect(ctx, u.String())
 	if err != nil {
 		t.Fatal(err)

@@ -108,7 +108,7 @@ func TestFaultsMoveThroughFailover(t *testing.T) {
 			// No move's slot is left on any member, the rejoined old
 			// primary included.
 			for _, member := range group.Members {
-				c, err := pgx.Connect(ctx, "postgres://postgres@"+member+"/postgres?sslmode=disable&password="+url.QueryEscape(group.Password))
+				c, err := pgx.Connect(ctx, "postgres://postgres@"+member+"/postgres?"+testenv.SSLParams()+"&password="+url.QueryEscape(group.Password))
 				if err != nil {
 					t.Fatal(err)
 				}

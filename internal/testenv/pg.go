@@ -176,6 +176,10 @@ func (n *PGNode) fillDSNs() {
 	n.AdminDSN = mk(url.UserPassword(n.User, n.Password), "postgres")
 }
 
+// SSLParams is the TLS query a test's own DSN to the managed environment's
+// servers needs (managedSSL).
+func SSLParams() string { return managedSSL() }
+
 // managedSSL is the TLS query of the managed environment's DSNs:
 // sslmode=disable in the tests' plain mode, verify-full against its CA
 // with SHARDVISOR_DEVENV_TLS=1 (its servers then take TCP over TLS only).
