@@ -591,8 +591,8 @@ func (r *run) reverseBroken(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var enabled *bool
-	if err := src.QueryRow(ctx, "SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))", rv.Subscription).Scan(&enabled); err != nil {
+	enabled, err := dbnode.SubscriptionEnabled(ctx, src, rv.Subscription)
+	if err != nil {
 		return "", fmt.Errorf("source: %w", err)
 	}
 	switch {
@@ -608,14 +608,14 @@ func (r *run) reverseBroken(ctx context.Context) (string, error) {
 			return "", fmt.Errorf("source: enabling the reverse subscription: %w", err)
 		}
 	}
-	var status *string
-	if err := dst.QueryRow(ctx, "SELECT (SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot).Scan(&status); err != nil {
+	slot, err := dbnode.ReplicationSlot(ctx, dst, rv.Slot)
+	if err != nil {
 		return "", fmt.Errorf("target: %w", err)
 	}
 	switch {
-	case status == nil:
+	case slot == nil:
 		return fmt.Sprintf("the reverse slot %s is gone from %s (a failover of the target?)", rv.Slot, r.rec.Target), nil
-	case *status == "lost":
+	case slot.WALStatus == "lost":
 		return fmt.Sprintf("the reverse slot %s on %s was invalidated (max_slot_wal_keep_size)", rv.Slot, r.rec.Target), nil
 	}
 	return "", nil

@@ -138,30 +138,22 @@ func connectProbe(ctx context.Context, n bucketmap.Node, ok bool, fn func(*pgx.C
 // probeSource reads the subscriber's side: the subscription, enabled or
 // not.
 func probeSource(ctx context.Context, c *pgx.Conn, rv *topo.ReverseStream, o *reverseObs) error {
-	err := c.QueryRow(ctx, `SELECT subenabled FROM pg_subscription WHERE subname = $1
-		AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())`, rv.Subscription).Scan(&o.subEnabled)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil
-	case err != nil:
+	enabled, err := dbnode.SubscriptionEnabled(ctx, c, rv.Subscription)
+	if err != nil || enabled == nil {
 		return err
 	}
-	o.subFound = true
+	o.subFound, o.subEnabled = true, *enabled
 	return nil
 }
 
 // probeTarget reads the publisher's side: the slot, its wal_status, and
 // how far its confirmed position is behind the target's WAL.
 func probeTarget(ctx context.Context, c *pgx.Conn, rv *topo.ReverseStream, o *reverseObs) error {
-	err := c.QueryRow(ctx, `SELECT coalesce(wal_status, ''), pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
-		FROM pg_replication_slots WHERE slot_name = $1`, rv.Slot).Scan(&o.walStatus, &o.lag)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil
-	case err != nil:
+	slot, err := dbnode.ReplicationSlot(ctx, c, rv.Slot)
+	if err != nil || slot == nil {
 		return err
 	}
-	o.slotFound = true
+	o.slotFound, o.walStatus, o.lag = true, slot.WALStatus, slot.LagBytes
 	return nil
 }
 

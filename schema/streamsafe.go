@@ -204,20 +204,26 @@ func qualifiedName(ts []token) int {
 	return 1
 }
 
+// table consumes [ONLY] name or schema.name, and reports whether it was
+// there.
+func table(ts []token) ([]token, bool) {
+	if startsWith(ts, "ONLY") {
+		ts = ts[1:]
+	}
+	n := qualifiedName(ts)
+	return ts[n:], n > 0
+}
+
 // alterUnsafe checks ALTER TABLE's tail: [IF EXISTS] [ONLY] name, then
 // actions each of which adds a column (addColumnUnsafe).
 func alterUnsafe(ts []token) string {
 	if startsWith(ts, "IF", "EXISTS") {
 		ts = ts[2:]
 	}
-	if startsWith(ts, "ONLY") {
-		ts = ts[1:]
-	}
-	n := qualifiedName(ts)
-	if n == 0 {
+	ts, ok := table(ts)
+	if !ok {
 		return "an ALTER TABLE without a table"
 	}
-	ts = ts[n:]
 	if len(ts) > 0 && ts[0].is('*') {
 		ts = ts[1:]
 	}
@@ -360,15 +366,10 @@ func indexUnsafe(ts []token) string {
 	if !startsWith(ts, "ON") {
 		return "a CREATE INDEX without ON table"
 	}
-	ts = ts[1:]
-	if startsWith(ts, "ONLY") {
-		ts = ts[1:]
-	}
-	n := qualifiedName(ts)
-	if n == 0 {
+	ts, ok := table(ts[1:])
+	if !ok {
 		return "a CREATE INDEX without a table"
 	}
-	ts = ts[n:]
 	if startsWith(ts, "USING") {
 		if len(ts) < 2 || !ts[1].name() {
 			return "a CREATE INDEX ... USING without a method"

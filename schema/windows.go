@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -131,14 +132,14 @@ func (a *applier) checkStream(ctx context.Context, w *topo.MoveRecord, before ma
 		return "unchecked: " + w.Target + ": " + err.Error(), 0
 	}
 	defer tc.Close(context.WithoutCancel(ctx))
-	var status *string
-	if err := tc.QueryRow(ctx, "SELECT (SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1)", rv.Slot).Scan(&status); err != nil {
+	slot, err := dbnode.ReplicationSlot(ctx, tc, rv.Slot)
+	if err != nil {
 		return "unchecked: " + w.Target + ": " + err.Error(), 0
 	}
 	switch {
-	case status == nil:
+	case slot == nil:
 		return fmt.Sprintf("lost: the reverse slot %s is gone from %s", rv.Slot, w.Target), 0
-	case *status == "lost":
+	case slot.WALStatus == "lost":
 		return fmt.Sprintf("lost: the reverse slot %s on %s was invalidated", rv.Slot, w.Target), 0
 	}
 	sn, _ := a.m.Node(bucketmap.NodeID(w.Source))
@@ -153,8 +154,8 @@ func (a *applier) checkStream(ctx context.Context, w *topo.MoveRecord, before ma
 			errs = n - b
 		}
 	}
-	var enabled *bool
-	if err := sc.QueryRow(ctx, "SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))", rv.Subscription).Scan(&enabled); err != nil {
+	enabled, err := dbnode.SubscriptionEnabled(ctx, sc, rv.Subscription)
+	if err != nil {
 		return "unchecked: " + w.Source + ": " + err.Error(), errs
 	}
 	switch {
@@ -187,8 +188,8 @@ func caughtUp(ctx context.Context, sub, pub *pgx.Conn, rv *topo.ReverseStream) s
 	}
 	deadline := time.Now().Add(streamCatchUp)
 	for {
-		var enabled *bool
-		if err := sub.QueryRow(ctx, "SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1 AND subdbid = (SELECT oid FROM pg_database WHERE datname = current_database()))", rv.Subscription).Scan(&enabled); err != nil {
+		enabled, err := dbnode.SubscriptionEnabled(ctx, sub, rv.Subscription)
+		if err != nil {
 			return "unchecked: " + err.Error()
 		}
 		if enabled == nil || !*enabled {

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"os/user"
 	"strings"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/migrate"
+	"github.com/shardvisor/shardvisor/schema"
 	"github.com/shardvisor/shardvisor/topo"
 )
 
@@ -29,14 +28,7 @@ import (
 // whoSets names a mode change's author for the record: the command and
 // the OS user and host it ran as.
 func whoSets(command string) string {
-	who := "unknown"
-	if u, err := user.Current(); err == nil {
-		who = u.Username
-	}
-	if h, err := os.Hostname(); err == nil {
-		who += "@" + h
-	}
-	return fmt.Sprintf("%s (%s)", command, who)
+	return fmt.Sprintf("%s (%s)", command, schema.Who())
 }
 
 // changeMode is rebalance's check of --by against the recorded mode: the
