@@ -1,0 +1,70 @@
+package hosts
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Capture is tcpdump on the sandbox's bridge: every packet between hosts,
+// whole (snaplen 0), written to a pcap file. Loopback traffic inside a
+// host never crosses the bridge and is not in it.
+type Capture struct {
+	File string
+	cmd  *exec.Cmd
+	log  string
+}
+
+// Capture starts tcpdump on the bridge, writing TCP packets to file, and
+// returns once it listens.
+func (n *Net) Capture(file string) (*Capture, error) {
+	log := file + ".log"
+	lf, err := os.Create(log)
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	// -U and --immediate-mode: each packet is written as it comes (a stop
+	// loses nothing held in a buffer); -B: 64 MiB of kernel buffer; -n:
+	// no name lookups (there is nothing to ask).
+	cmd := exec.Command("ip", "netns", "exec", n.sandbox(), "tcpdump", "-i", "br0", "-n", "-U", "--immediate-mode", "-B", "65536", "-s", "0", "-w", file, "tcp")
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &Capture{File: file, cmd: cmd, log: log}
+	// tcpdump says "listening on br0" once its socket is bound.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(log)
+		if strings.Contains(string(b), "listening on") {
+			return c, nil
+		}
+		if time.Now().After(deadline) || cmd.ProcessState != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("hosts: tcpdump on %s did not start: %s", filepath.Base(file), strings.TrimSpace(string(b)))
+		}
+	}
+}
+
+// Stop ends the capture (SIGINT: tcpdump flushes and prints its counts)
+// and returns what tcpdump said, including whether the kernel dropped
+// packets.
+func (c *Capture) Stop() (string, error) {
+	_ = c.cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- c.cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-done
+	}
+	b, err := os.ReadFile(c.log)
+	return strings.TrimSpace(string(b)), err
+}
