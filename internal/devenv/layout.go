@@ -71,6 +71,12 @@ type Config struct {
 	// 6.0 ms at p50 over TLS against 2.4 ms plain; with C2, 3.7-4.2 against
 	// 4.0-4.3. Benchmarks of steady-state latency set it.
 	ZKFullJIT bool
+	// Hosts places each server on a host of its own (placement.go); nil:
+	// all on this host, on 127.0.0.1. Its Patroni members then reach
+	// ZooKeeper directly (partitions are the placement's packet filters,
+	// not zklink's forwarders). Not an environment variable: a test that
+	// makes the hosts sets it.
+	Hosts Placement
 	// Timeout bounds the waits for health.
 	Timeout time.Duration
 	// Log receives the progress lines ("devenv: zk1: started ..."); nil
@@ -245,7 +251,7 @@ func (e *Env) SuperFile() string { return filepath.Join(e.c.Dir, "zk", "superpas
 func (e *Env) ZKConnect() string {
 	s := make([]string, ZKServers)
 	for i := range s {
-		s[i] = "127.0.0.1:" + strconv.Itoa(e.ZKPort(i+1))
+		s[i] = e.hostPort("zk"+itoa(i+1), e.ZKPort(i+1))
 	}
 	return strings.Join(s, ",")
 }

@@ -68,12 +68,12 @@ func (e *Env) memberLaunch(i, m int) (int, error) {
 	_ = os.Remove(filepath.Join(dir, "patroni.pid"))
 	// A postmaster that outlived its Patroni is adopted by the new one.
 	if e.memberPGPid(i, m) == 0 {
-		if portBusy(e.MemberPort(i, m)) {
+		if e.portBusy(MemberName(i, m), e.MemberPort(i, m)) {
 			return 0, errPortBusy(name, e.MemberPort(i, m), "")
 		}
 		waitReaped(filepath.Join(dir, "data"))
 	}
-	if portBusy(e.MemberAPIPort(i, m)) {
+	if e.portBusy(MemberName(i, m), e.MemberAPIPort(i, m)) {
 		return 0, errPortBusy(name, e.MemberAPIPort(i, m), " (Patroni REST API)")
 	}
 	if err := e.zkLinkStart(i, m); err != nil {
@@ -90,7 +90,7 @@ func (e *Env) memberLaunch(i, m int) (int, error) {
 	if err := asPG(cmd); err != nil {
 		return 0, err
 	}
-	pid, err := startDaemon(cmd, log)
+	pid, err := e.startOn(MemberName(i, m), cmd, log)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", name, err)
 	}
@@ -222,7 +222,7 @@ func (e *Env) groupConverge(i int) {
 	n, _, _ := e.recordedMembers(i)
 	for m := 1; m <= n; m++ {
 		api := e.patroniAPI()
-		req, err := api.request(http.MethodPatch, e.MemberAPIPort(i, m), "/config", strings.NewReader(convergeBody))
+		req, err := api.request(http.MethodPatch, e.addr(MemberName(i, m)), e.MemberAPIPort(i, m), "/config", strings.NewReader(convergeBody))
 		if err != nil {
 			break
 		}

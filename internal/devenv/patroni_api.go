@@ -3,6 +3,7 @@ package devenv
 import (
 	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ type patroniAPI struct {
 
 // apiEndpoint is one member's REST API.
 type apiEndpoint struct {
+	addr string
 	port int
 	c    *patroniAPI
 }
@@ -67,15 +69,15 @@ func (e *Env) patroniAPI() *patroniAPI {
 			e.logf("Patroni REST API client: %v %v", err, err2)
 			cfg = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: nil, ServerName: "invalid."}
 		}
-		cfg.ServerName = "127.0.0.1"
+		cfg.ServerName = "" // the member's address, from each request's URL
 		e.api.client.Transport = &http.Transport{TLSClientConfig: cfg}
 		e.api.user, e.api.pw = PatroniAPIUser, pw
 	})
 	return e.api
 }
 
-func (a *patroniAPI) request(method string, port int, path string, body io.Reader) (*http.Request, error) {
-	req, err := http.NewRequest(method, a.scheme+"://127.0.0.1:"+strconv.Itoa(port)+path, body)
+func (a *patroniAPI) request(method, addr string, port int, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequest(method, a.scheme+"://"+net.JoinHostPort(addr, strconv.Itoa(port))+path, body)
 	if err == nil && a.user != "" {
 		req.SetBasicAuth(a.user, a.pw)
 	}

@@ -20,6 +20,7 @@ import (
 type member struct {
 	m                 int
 	name, label       string // "pg4-m1", "pg4.m1"
+	addr              string
 	pgPort            int
 	api               apiEndpoint
 	pgPid, patroniPid int
@@ -33,7 +34,7 @@ func (e *Env) members(i int) ([]member, error) {
 	ms := make([]member, n)
 	for m := 1; m <= n; m++ {
 		ms[m-1] = member{m: m, name: MemberName(i, m), label: fmt.Sprintf("pg%d.m%d", i, m),
-			pgPort: e.MemberPort(i, m), api: apiEndpoint{e.MemberAPIPort(i, m), e.patroniAPI()},
+			addr: e.addr(MemberName(i, m)), pgPort: e.MemberPort(i, m), api: apiEndpoint{e.addr(MemberName(i, m)), e.MemberAPIPort(i, m), e.patroniAPI()},
 			pgPid: e.memberPGPid(i, m), patroniPid: e.memberPatroniPid(i, m)}
 	}
 	return ms, nil
@@ -51,7 +52,7 @@ func (a apiEndpoint) get(path string) apiAnswer {
 	if a.c == nil {
 		return apiAnswer{} // no client: nobody answers
 	}
-	req, err := a.c.request(http.MethodGet, a.port, path, nil)
+	req, err := a.c.request(http.MethodGet, a.addr, a.port, path, nil)
 	if err != nil {
 		return apiAnswer{}
 	}
@@ -110,8 +111,8 @@ func num(j map[string]any, k string) (int64, bool) {
 	return int64(f), ok
 }
 
-func tcpOK(port int) bool {
-	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+func tcpOK(addr string, port int) bool {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, strconv.Itoa(port)), time.Second)
 	if err != nil {
 		return false
 	}
@@ -189,7 +190,7 @@ func assess(group string, ms []member, res []apiAnswer) assessment {
 			a.problems = append(a.problems, m.label+": "+t)
 		case k == a.lead:
 			t = fmt.Sprintf("primary %s timeline %s", orQ(str(j, "state")), orQ(str(j, "timeline")))
-			if str(j, "state") != "running" || !tcpOK(m.pgPort) {
+			if str(j, "state") != "running" || !tcpOK(m.addr, m.pgPort) {
 				a.problems = append(a.problems, m.label+": primary not accepting connections")
 			}
 		default:

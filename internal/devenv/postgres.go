@@ -47,6 +47,9 @@ func (e *Env) ensurePassword() (pw string, changed bool, err error) {
 	// libpq ignores a password file that is not 0600.
 	tmp := e.PGPassFile() + ".tmp"
 	body := fmt.Sprintf("127.0.0.1:*:*:postgres:%s\nlocalhost:*:*:postgres:%s\n", pw, pw)
+	if e.c.Hosts != nil {
+		body += fmt.Sprintf("*:*:*:postgres:%s\n", pw) // every host's address
+	}
 	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
 		return "", false, err
 	}
@@ -73,10 +76,10 @@ func (e *Env) pgStaleBinary(i int) bool {
 // pg_isready does: it answers a startup packet with anything but "the
 // database system is starting up / shutting down" (57P03). A refused
 // password counts as accepting.
-func pgReady(port int, password string) bool {
+func pgReady(addr string, port int, password string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", port))
+	cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", addr, port))
 	if err != nil {
 		return false
 	}
@@ -113,8 +116,8 @@ func (e *Env) pgInit(i int) error {
 	if err != nil {
 		return err
 	}
-	if !hasReplicationLine(string(b)) {
-		if err := appendFile(hba, "host    replication     all             127.0.0.1/32            scram-sha-256\n"); err != nil {
+	if !hasReplicationLine(string(b), e.clientCIDR()) {
+		if err := appendFile(hba, "host    replication     all             "+e.clientCIDR()+"            scram-sha-256\n"); err != nil {
 			return err
 		}
 	}
@@ -123,10 +126,10 @@ func (e *Env) pgInit(i int) error {
 
 // hasReplicationLine: pg_hba.conf lets replication connections in over TCP
 // from 127.0.0.1 with a password.
-func hasReplicationLine(hba string) bool {
+func hasReplicationLine(hba, cidr string) bool {
 	for _, l := range strings.Split(hba, "\n") {
 		f := strings.Fields(l)
-		if len(f) >= 5 && f[0] == "host" && f[1] == "replication" && f[2] == "all" && f[3] == "127.0.0.1/32" && f[4] == "scram-sha-256" {
+		if len(f) >= 5 && f[0] == "host" && f[1] == "replication" && f[2] == "all" && f[3] == cidr && f[4] == "scram-sha-256" {
 			return true
 		}
 	}
@@ -166,7 +169,7 @@ func (e *Env) pgLaunch(i int) error {
 	if e.pgPid(i) != 0 {
 		return nil
 	}
-	if portBusy(e.PGPort(i)) {
+	if e.portBusy("pg"+itoa(i), e.PGPort(i)) {
 		return errPortBusy(fmt.Sprintf("pg%d", i), e.PGPort(i), "")
 	}
 	if e.c.TLS {
@@ -179,7 +182,7 @@ func (e *Env) pgLaunch(i int) error {
 	}
 	waitReaped(e.pgData(i))
 	// postgres removes a stale postmaster.pid by itself.
-	if err := runPG("", filepath.Join(pgBin, "pg_ctl"), "-D", e.pgData(i), "-l", e.pgLog(i), "-W", "-s", "start"); err != nil {
+	if err := e.runPGOn("pg"+itoa(i), "", filepath.Join(pgBin, "pg_ctl"), "-D", e.pgData(i), "-l", e.pgLog(i), "-W", "-s", "start"); err != nil {
 		return withLogs(fmt.Errorf("pg%d: pg_ctl start failed: %w", i, err), e.pgLog(i))
 	}
 	e.logf("pg%d: starting (port %d)", i, e.PGPort(i))

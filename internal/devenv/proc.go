@@ -3,7 +3,6 @@ package devenv
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -180,34 +179,9 @@ func (e *Env) stopPid(name string, pid int, timeout time.Duration) {
 	}
 }
 
-// portBusy reports whether something accepts TCP connections on
-// 127.0.0.1:port.
-func portBusy(port int) bool {
-	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), 2*time.Second)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
-}
-
-// portFreed waits up to wait for port to be free and says whether it is.
-// A SIGKILLed JVM's main thread can be gone (what waitGone sees) while its
-// other threads still hold its sockets for a moment.
-func portFreed(port int, wait time.Duration) bool {
-	deadline := time.Now().Add(wait)
-	for portBusy(port) {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
-}
-
 // errPortBusy is the error for a port another process holds.
 func errPortBusy(name string, port int, what string) error {
-	return fmt.Errorf("%s: port %d%s on 127.0.0.1 is already in use by another process (see: ss -ltnp)", name, port, what)
+	return fmt.Errorf("%s: port %d%s is already in use by another process (see: ss -ltnp)", name, port, what)
 }
 
 // isRoot: processes then run as the postgres user (initdb refuses root).
@@ -280,19 +254,31 @@ func asPG(cmd *exec.Cmd) error {
 // runPG runs a PostgreSQL tool as the postgres user with its output in
 // logFile (or discarded), and returns when it exits.
 func runPG(logFile string, name string, args ...string) error {
-	cmd := exec.Command(name, args...)
-	if err := asPG(cmd); err != nil {
+	cmd, closeLog, err := pgCommand(logFile, name, args...)
+	if err != nil {
 		return err
 	}
+	defer closeLog()
+	return cmd.Run()
+}
+
+// pgCommand is a PostgreSQL tool's command as the postgres user, its
+// output in logFile (or discarded); closeLog closes that file.
+func pgCommand(logFile string, name string, args ...string) (cmd *exec.Cmd, closeLog func(), err error) {
+	cmd = exec.Command(name, args...)
+	if err := asPG(cmd); err != nil {
+		return nil, nil, err
+	}
+	closeLog = func() {}
 	if logFile != "" {
 		f, err := os.Create(logFile)
 		if err != nil {
-			return err
+			return nil, nil, err
 		}
-		defer f.Close()
+		closeLog = func() { f.Close() }
 		cmd.Stdout, cmd.Stderr = f, f
 	}
-	return cmd.Run()
+	return cmd, closeLog, nil
 }
 
 // startDaemon starts cmd in a session of its own (a Ctrl-C in the calling
@@ -301,6 +287,12 @@ func runPG(logFile string, name string, args ...string) error {
 // process still runs (a zombie would keep its pid, and a postmaster pid
 // file naming it, alive). Its pid is the daemon's own: no shell between.
 func startDaemon(cmd *exec.Cmd, out *os.File) (int, error) {
+	return startDaemonWith(cmd, out, cmd.Start)
+}
+
+// startDaemonWith is startDaemon with start in place of cmd.Start (a start
+// on another host: Placement.Start).
+func startDaemonWith(cmd *exec.Cmd, out *os.File, start func() error) (int, error) {
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
@@ -318,7 +310,7 @@ func startDaemon(cmd *exec.Cmd, out *os.File) (int, error) {
 	if cmd.Dir == "" {
 		cmd.Dir = "/"
 	}
-	if err := cmd.Start(); err != nil {
+	if err := start(); err != nil {
 		return 0, err
 	}
 	go func() { _ = cmd.Wait() }()

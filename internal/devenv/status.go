@@ -51,7 +51,7 @@ func (e *Env) Status(w io.Writer) (healthy bool) {
 		case !fileExists(filepath.Join(e.pgData(i), "PG_VERSION")):
 			state = "absent"
 		case p == 0:
-		case !pgReady(e.PGPort(i), pw):
+		case !pgReady(e.addr("pg"+itoa(i)), e.PGPort(i), pw):
 			pid, state = strconv.Itoa(p), "not-accepting"
 		case e.pgStaleBinary(i):
 			pid, state = strconv.Itoa(p), "accepting, binary upgraded on disk: restart with up"
@@ -74,10 +74,10 @@ func (e *Env) Summary(w io.Writer) {
 		fmt.Fprintf(w, "ZooKeeper: %s  (plain)\n", e.ZKConnect())
 	}
 	if e.c.TLS {
-		fmt.Fprintf(w, "Postgres:  postgres://postgres@127.0.0.1:%d/postgres?%s  (TLS only; password in %s)\n", e.PGPort(1), e.PGSSLParams(), e.PasswordFile())
+		fmt.Fprintf(w, "Postgres:  postgres://postgres@%s/postgres?%s  (TLS only; password in %s)\n", e.hostPort("pg1", e.PGPort(1)), e.PGSSLParams(), e.PasswordFile())
 		return
 	}
-	fmt.Fprintf(w, "Postgres:  postgres://postgres@127.0.0.1:%d/postgres  (password in %s)\n", e.PGPort(1), e.PasswordFile())
+	fmt.Fprintf(w, "Postgres:  postgres://postgres@%s/postgres  (password in %s)\n", e.hostPort("pg1", e.PGPort(1)), e.PasswordFile())
 }
 
 // NodeDSN is node i's connection string with the password (with TLS it
@@ -87,7 +87,7 @@ func (e *Env) Summary(w io.Writer) {
 func (e *Env) NodeDSN(i int) string {
 	pw := e.Password()
 	if !e.IsGroup(i) {
-		return fmt.Sprintf("postgres://postgres:%s@127.0.0.1:%d/postgres?%s", pw, e.PGPort(i), e.PGSSLParams())
+		return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s", pw, e.hostPort("pg"+itoa(i), e.PGPort(i)), e.PGSSLParams())
 	}
 	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s&target_session_attrs=read-write&connect_timeout=2", pw, e.memberHosts(i), e.PGSSLParams())
 }
@@ -96,7 +96,7 @@ func (e *Env) memberHosts(i int) string {
 	n, _, _ := e.recordedMembers(i)
 	hosts := make([]string, n)
 	for m := 1; m <= n; m++ {
-		hosts[m-1] = fmt.Sprintf("127.0.0.1:%d", e.MemberPort(i, m))
+		hosts[m-1] = e.hostPort(MemberName(i, m), e.MemberPort(i, m))
 	}
 	return strings.Join(hosts, ",")
 }

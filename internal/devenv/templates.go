@@ -25,7 +25,10 @@ func render(name string, data any) []byte {
 	return b.Bytes()
 }
 
-type zkServer struct{ ID, Quorum, Election int }
+type zkServer struct {
+	ID, Quorum, Election int
+	Addr                 string
+}
 
 // zooCfg is server i's zoo.cfg.
 func (e *Env) zooCfg(i int) []byte {
@@ -35,10 +38,11 @@ func (e *Env) zooCfg(i int) []byte {
 		Servers          []zkServer
 		TLS              bool
 		KeyStore, CAFile string
-	}{Dir: e.ZKDir(i), Port: e.ZKPort(i), TLS: e.c.TLS,
+		Addr             string
+	}{Dir: e.ZKDir(i), Port: e.ZKPort(i), TLS: e.c.TLS, Addr: e.addr("zk" + itoa(i)),
 		KeyStore: filepath.Join(e.TLSDir(), "zk"+itoa(i)+".pem"), CAFile: e.TLSFiles("").CA}
 	for j := 1; j <= ZKServers; j++ {
-		d.Servers = append(d.Servers, zkServer{j, e.zkQuorumPort(j), e.zkElectionPort(j)})
+		d.Servers = append(d.Servers, zkServer{j, e.zkQuorumPort(j), e.zkElectionPort(j), e.addr("zk" + itoa(j))})
 	}
 	return render("zoo.cfg", d)
 }
@@ -56,7 +60,8 @@ func (e *Env) shardvisorConf(i int) []byte {
 		Dir                string
 		TLS                bool
 		CA, Cert, Key, HBA string
-	}{e.PGPort(i), e.PGDir(i), e.c.TLS, tf.CA, tf.Cert, tf.Key, e.pgHBATLSFile(i)})
+		Addr               string
+	}{e.PGPort(i), e.PGDir(i), e.c.TLS, tf.CA, tf.Cert, tf.Key, e.pgHBATLSFile(i), e.addr("pg" + itoa(i))})
 }
 
 // patroniYML is member m's patroni.yml of group i. Its Patroni reaches
@@ -68,7 +73,11 @@ func (e *Env) patroniYML(i, m int, password, apiPassword string) []byte {
 		if j > 1 {
 			hosts += ", "
 		}
-		hosts += "'127.0.0.1:" + itoa(e.ZKLinkPort(i, m, j)) + "'"
+		if e.c.Hosts != nil {
+			hosts += "'" + e.hostPort("zk"+itoa(j), e.ZKPort(j)) + "'"
+		} else {
+			hosts += "'127.0.0.1:" + itoa(e.ZKLinkPort(i, m, j)) + "'"
+		}
 	}
 	tf := e.TLSFiles("patroni-pg" + itoa(i))
 	pf := e.TLSFiles(MemberName(i, m))
@@ -79,6 +88,8 @@ func (e *Env) patroniYML(i, m int, password, apiPassword string) []byte {
 		CA, Cert, Key, Owner, APIUser, APIPassword     string
 		PGCert, PGKey                                  string
 		Readers                                        []string
+		Addr, CIDR                                     string
 	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password,
-		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, pf.Cert, pf.Key, patroniReaders()})
+		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, pf.Cert, pf.Key, patroniReaders(),
+		e.addr(MemberName(i, m)), e.clientCIDR()})
 }

@@ -7,7 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
+
 	"strings"
 	"time"
 
@@ -63,15 +63,24 @@ func (e *Env) tlsIdentities() map[string]pki.Identity {
 		"admin":   {Role: "admin", Host: "operator"},
 		"webhead": {Role: "webhead", Host: "web1"},
 	}
+	// On hosts of their own (Config.Hosts) the servers' certificates name
+	// their hosts' addresses too: clients verify them.
 	for n := 1; n <= WebHeads; n++ {
-		ids["web"+itoa(n)] = WebHead(n)
+		id := WebHead(n)
+		id.IPs = e.serverIPs("web" + itoa(n))
+		ids["web"+itoa(n)] = id
 	}
-	local := []net.IP{net.IPv4(127, 0, 0, 1)}
 	for i := 1; i <= ZKServers; i++ {
-		ids["zk"+itoa(i)] = pki.Identity{Role: "zookeeper", Host: "zk" + itoa(i), DNSNames: []string{"localhost"}, IPs: local}
+		ids["zk"+itoa(i)] = pki.Identity{Role: "zookeeper", Host: "zk" + itoa(i), DNSNames: []string{"localhost"}, IPs: e.serverIPs("zk" + itoa(i))}
 	}
 	for i := 1; i <= 9; i++ {
-		ids["patroni-pg"+itoa(i)] = patroniIdentity(i)
+		id := patroniIdentity(i)
+		for m := 1; m <= MaxMembers && e.c.Hosts != nil; m++ {
+			if a := e.c.Hosts.Addr(MemberName(i, m)); a != "" {
+				id.IPs = append(id.IPs, net.ParseIP(a))
+			}
+		}
+		ids["patroni-pg"+itoa(i)] = id
 	}
 	return ids
 }
@@ -215,7 +224,7 @@ func (e *Env) fourLetter(i int, word string, timeout time.Duration) (string, err
 	if err != nil {
 		return "", err
 	}
-	return fourLetterWith(dial, "127.0.0.1:"+strconv.Itoa(e.ZKPort(i)), word, timeout)
+	return fourLetterWith(dial, e.hostPort("zk"+itoa(i), e.ZKPort(i)), word, timeout)
 }
 
 func fourLetterWith(dial func(network, addr string, timeout time.Duration) (net.Conn, error), addr, word string, timeout time.Duration) (string, error) {

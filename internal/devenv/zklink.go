@@ -25,12 +25,15 @@ func (e *Env) zkLinkPid(i, m, j int) int {
 
 // zkLinkStart starts member m's forwarders that are not running.
 func (e *Env) zkLinkStart(i, m int) error {
+	if e.c.Hosts != nil {
+		return nil // the member dials ZooKeeper's hosts itself
+	}
 	for j := 1; j <= ZKServers; j++ {
 		if e.zkLinkPid(i, m, j) != 0 {
 			continue
 		}
 		port := e.ZKLinkPort(i, m, j)
-		if !portFreed(port, 5*time.Second) {
+		if !e.portFreed("", port, 5*time.Second) {
 			return fmt.Errorf("pg%d.m%d: ZooKeeper link port %d on 127.0.0.1 is already in use (see: ss -ltnp)", i, m, port)
 		}
 		// A session of its own: the forwarder leads its process group, with
@@ -43,7 +46,7 @@ func (e *Env) zkLinkStart(i, m int) error {
 		if err := writePid(e.zkLinkPidFile(i, m, j), pid); err != nil {
 			return err
 		}
-		for deadline := time.Now().Add(2 * time.Second); !portBusy(port) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(2 * time.Second); !e.portBusy("", port) && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
@@ -66,7 +69,7 @@ func (e *Env) zkLinkStop(i, m int) {
 	}
 	waitGone(pids...)
 	for j := 1; j <= ZKServers; j++ {
-		portFreed(e.ZKLinkPort(i, m, j), 5*time.Second)
+		e.portFreed("", e.ZKLinkPort(i, m, j), 5*time.Second)
 	}
 }
 

@@ -161,7 +161,7 @@ func (e *Env) zkLaunch(i int) error {
 	}
 	_ = os.Remove(filepath.Join(dir, "zk.pid"))
 	for _, p := range []int{e.ZKPort(i), e.zkQuorumPort(i), e.zkElectionPort(i)} {
-		if !portFreed(p, 5*time.Second) {
+		if !e.portFreed("zk"+itoa(i), p, 5*time.Second) {
 			return errPortBusy(fmt.Sprintf("zk%d", i), p, "")
 		}
 	}
@@ -212,7 +212,7 @@ func (e *Env) zkLaunch(i int) error {
 	if nice, err := exec.LookPath("nice"); err == nil && os.Geteuid() == 0 {
 		cmd.Path, cmd.Args = nice, append([]string{"nice", "-n", "-5"}, cmd.Args...)
 	}
-	pid, err := startDaemon(cmd, out)
+	pid, err := e.startOn("zk"+itoa(i), cmd, out)
 	if err != nil {
 		return fmt.Errorf("zk%d: %w", i, err)
 	}
@@ -256,7 +256,7 @@ func (e *Env) ZKKill(i int) error {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			waitGone(pid)
 			// Killed means its ports are free for the next start.
-			portFreed(e.ZKPort(i), 5*time.Second)
+			e.portFreed("zk"+itoa(i), e.ZKPort(i), 5*time.Second)
 			e.logf("zk%d: killed (pid %d)", i, pid)
 		}
 		_ = os.Remove(filepath.Join(e.ZKDir(i), "zk.pid"))
@@ -352,7 +352,7 @@ func (e *Env) ZKStart(i int) error {
 // the process is gone (running reports it).
 func (e *Env) waitListening(name string, port int, running func() bool, log string) error {
 	deadline := time.Now().Add(e.c.Timeout)
-	for !portBusy(port) {
+	for !e.portBusy(name, port) {
 		if !running() {
 			return withLogs(fmt.Errorf("%s: process exited", name), log)
 		}

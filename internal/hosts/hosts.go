@@ -260,3 +260,28 @@ func output(stdin, name string, args ...string) (string, error) {
 	}
 	return out.String(), nil
 }
+
+// Placement puts each named server on the host of the same name
+// (devenv.Placement): zk1 on host zk1, pg1-m2 on host pg1-m2. A server
+// without a host of its name has no address ("").
+type Placement struct{ Net *Net }
+
+// Addr is the address of the host named server.
+func (p Placement) Addr(server string) string {
+	if h := p.Net.Host(server); h != nil {
+		return h.Addr
+	}
+	return ""
+}
+
+// Start starts cmd on the host named server.
+func (p Placement) Start(server string, cmd *exec.Cmd) error {
+	h := p.Net.Host(server)
+	if h == nil {
+		return fmt.Errorf("hosts: no host %s", server)
+	}
+	return h.Start(cmd)
+}
+
+// Subnet is the sandbox's network.
+func (p Placement) Subnet() string { return Subnet }

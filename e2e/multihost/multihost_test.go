@@ -1,0 +1,387 @@
+package multihost
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/internal/hosts"
+	"github.com/shardvisor/shardvisor/internal/pki"
+	"github.com/shardvisor/shardvisor/internal/testenv"
+)
+
+// TestFaultsAcrossHosts runs the whole system on ten hosts over TLS and
+// reads the wire: writes under load through two web heads (supervisor,
+// notes workers, and web1's router sidecar on HTTPS), a move and its
+// rollback, a rebalance (the workers reload the map in place), a Patroni
+// failover by SIGKILL of a primary's host, a primary cut from ZooKeeper by
+// packet filtering, a schema change and GC. Then: every acknowledged
+// write is on its owner; the capture of the bridge holds no marker written
+// into rows, no password, no seed; every TCP stream between hosts started
+// with TLS (or PostgreSQL's SSLRequest, then TLS); and a plain client and
+// one of another CA are refused by every server.
+func TestFaultsAcrossHosts(t *testing.T) {
+	testenv.Faults(t)
+	if os.Getenv(insideEnv) == "" {
+		t.Skip("needs hosts (root, iproute2, nftables, tcpdump):", hosts.Available())
+	}
+	c, capt := newCluster(t)
+	pw := c.env.Password()
+
+	// The cluster: group pg1 first, then pg2; the notes table.
+	c.shardctl("init", "--level", "4", "--random-seed", "--password", "file:"+c.env.PasswordFile(), "--x509-admin",
+		"--node", "pg1="+c.nodeDSN(1))
+	c.shardctl("schema", "apply", filepath.Join(repoRoot(), "examples/notes/schema/001-notes.sql"))
+	c.shardctl("table", "add", "app.notes", "--key", "bkey")
+	c.shardctl("node", "prepare", "pg1")
+	c.shardctl("node", "add", "pg2", c.nodeDSN(2), "--password", "file:"+c.env.PasswordFile(), "--patroni-scope", "pg2")
+	c.shardctl("node", "prepare", "pg2")
+
+	// Two web heads, each a supervisor of the notes app on its own
+	// certificate (ZooKeeper and its admin endpoints, beyond loopback:
+	// HTTPS with client certificates), and web1's router sidecar.
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
+	secretFile := filepath.Join(c.dir, "peer-secret")
+	if err := os.WriteFile(secretFile, []byte(hex.EncodeToString(secret)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ca := c.env.TLSFiles("").CA
+	for _, web := range []string{"web1", "web2"} {
+		c.shardctl("pool", "set", "notes-"+web, "--file", c.writePool("pool-"+web, 2))
+		f := c.env.TLSFiles(web)
+		c.start(web, web, "supervisor", "--pool", "notes-"+web, "--member", web,
+			"--admin", fmt.Sprintf("%s:%d", c.net.Host(web).Addr, adminPort), "--state-dir", filepath.Join(c.dir, web+"-supervisor"),
+			"--peer-secret-file", secretFile, "--peer-refresh", "2s",
+			"--admin-tls-ca", ca, "--admin-tls-cert", f.Cert, "--admin-tls-key", f.Key)
+	}
+	w1 := c.env.TLSFiles("web1")
+	c.start("web1", "web1", "router", "--listen", fmt.Sprintf("%s:%d", c.net.Host("web1").Addr, routerPort),
+		"--tls-ca", ca, "--tls-cert", w1.Cert, "--tls-key", w1.Key)
+	op := c.httpOn("op", c.adminTLS())
+	routerURL := fmt.Sprintf("https://%s:%d", c.net.Host("web1").Addr, routerPort)
+	waitOK(t, op, routerURL+"/readyz", 60*time.Second)
+	for _, web := range []string{"web1", "web2"} {
+		waitOK(t, c.httpOn(web, nil), fmt.Sprintf("http://127.0.0.1:%d/healthz", appPort), 90*time.Second)
+	}
+
+	// Markers: a note per user whose body no stream may carry in clear. The
+	// rows cross hosts in the app's writes, the standbys' replication, the
+	// moves' copies and streams.
+	marker := "wirecheck-" + hex.EncodeToString(secret[:6])
+	app1 := c.httpOn("web1", nil)
+	for i := range 40 {
+		body, _ := json.Marshal(map[string]string{"body": fmt.Sprintf("%s-%d", marker, i)})
+		res, err := app1.Post(fmt.Sprintf("http://127.0.0.1:%d/v1/users/marked-%d/notes", appPort, i), "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode/100 != 2 {
+			t.Fatalf("marker note %d: %s", i, res.Status)
+		}
+	}
+
+	// Load on both web heads, from their own hosts (the load balancer's
+	// traffic stays on the host here: it is the application's, in clear
+	// by design, and not shardvisor's to encrypt).
+	var loads []*proc
+	for _, web := range []string{"web1", "web2"} {
+		loads = append(loads, c.start(web, web, "loadgen", "run", "--url", fmt.Sprintf("http://127.0.0.1:%d", appPort),
+			"--users", "60", "--concurrency", "4", "--rate", "150", "--status-every", "0", "--prefix", web+"-user",
+			"--ledger", filepath.Join(c.dir, web+"-ledger.jsonl"), "--summary", filepath.Join(c.dir, web+"-load.json")))
+	}
+	time.Sleep(3 * time.Second) // deliberate: the load runs before the first change
+	spawns := func() float64 {
+		var s float64
+		for _, web := range []string{"web1", "web2"} {
+			v, err := metric(op, fmt.Sprintf("https://%s:%d/metrics", c.net.Host(web).Addr, adminPort), "shardvisor_supervisor_worker_spawns_total")
+			if err != nil {
+				t.Fatal(err)
+			}
+			s += v
+		}
+		return s
+	}
+	spawnsBefore := spawns()
+
+	// A move of a marked user's bucket with a rollback window, and its
+	// rollback: the copy, the catch-up stream and the reverse stream cross
+	// between the groups' primaries.
+	bucket := strings.Fields(c.shardctl("hash", "marked-0"))[1]
+	var mv struct {
+		ID string `json:"id"`
+	}
+	out := c.shardctl("move", bucket, "--to", "pg2", "--window", "10m", "--json")
+	if err := json.Unmarshal([]byte(out), &mv); err != nil || mv.ID == "" {
+		t.Fatalf("move --json: %v\n%s", err, out)
+	}
+	t.Logf("moved bucket %s to pg2 (%s); rolling back", bucket, mv.ID)
+	c.shardctl("move", "rollback", mv.ID)
+
+	// A rebalance: half the buckets to pg2; the workers reload the map in
+	// place.
+	c.shardctl("rebalance", "--json")
+
+	// A failover: pg1's primary host dies (its Patroni and PostgreSQL,
+	// SIGKILL); the synchronous standby takes over.
+	killed, err := c.env.PGKill(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("killed pg1's primary %s", killed.Member)
+	waitNewPrimary(t, c, 1, killed.Member)
+
+	// A primary cut from ZooKeeper: packet filtering between pg2's primary
+	// host and the three ZooKeeper hosts. Its Patroni cannot renew the
+	// leader key, demotes it after the ttl, and the other member leads.
+	p2, _, ok, err := c.env.Primary(2)
+	if err != nil || !ok {
+		t.Fatalf("pg2's primary: %q %v %v", p2, ok, err)
+	}
+	cutAt := time.Now()
+	if err := hosts.Cut(c.net.Host(p2), c.net.Host("zk1"), c.net.Host("zk2"), c.net.Host("zk3")); err != nil {
+		t.Fatal(err)
+	}
+	waitNewPrimary(t, c, 2, p2)
+	t.Logf("pg2: %s cut from ZooKeeper; a new primary after %s", p2, time.Since(cutAt).Round(100*time.Millisecond))
+	if err := hosts.Heal(c.net.Host(p2), c.net.Host("zk1"), c.net.Host("zk2"), c.net.Host("zk3")); err != nil {
+		t.Fatal(err)
+	}
+	// The killed member back (its host "restarted"): both groups whole.
+	if err := c.env.Up(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A schema change across both groups, then GC of what moved.
+	schemaFile := filepath.Join(c.dir, "002-tag.sql")
+	if err := os.WriteFile(schemaFile, []byte("ALTER TABLE app.notes ADD COLUMN tag text;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.shardctl("schema", "apply", schemaFile)
+	testenv.WaitFor(t, 2*time.Minute, func() bool {
+		return c.cmd("admin", "shardctl", "gc", "--grace", "0s", "--dry-run").Run() == nil
+	}, "a GC dry run with nothing uncertain")
+	c.shardctl("gc", "--grace", "0s")
+
+	// The load's outcome: nothing failed for good, nothing acknowledged lost.
+	for i, l := range loads {
+		_ = l.Process.Signal(syscall.SIGTERM)
+		testenv.Receive(t, l.exited, 60*time.Second, "the load generator to exit")
+		web := []string{"web1", "web2"}[i]
+		var sum struct {
+			Requests, Failed int64
+			Writes           int64 `json:"acknowledged_writes"`
+		}
+		b, _ := os.ReadFile(filepath.Join(c.dir, web+"-load.json"))
+		if err := json.Unmarshal(b, &sum); err != nil {
+			t.Fatalf("%s load summary: %v %s", web, err, b)
+		}
+		t.Logf("%s: %d requests, %d failed, %d acknowledged writes", web, sum.Requests, sum.Failed, sum.Writes)
+		if sum.Writes < 50 {
+			t.Fatalf("%s: too little load to judge: %s", web, b)
+		}
+		vc := c.cmd("admin", "loadgen", "verify", "--ledger", filepath.Join(c.dir, web+"-ledger.jsonl"), "--others")
+		vout, err := vc.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s verify: %v\n%s", web, err, vout)
+		}
+		t.Logf("%s verify: %s", web, strings.TrimSpace(string(vout)))
+	}
+	if s := spawns(); s != spawnsBefore {
+		t.Errorf("workers spawned during the scenario: %v -> %v (reload mode: the map reaches them in place)", spawnsBefore, s)
+	}
+
+	refusals(t, c)
+
+	// The wire check.
+	tail, err := capt.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(tail)
+	seed := clusterSeed(t, c)
+	apiPW, _ := os.ReadFile(c.env.APIPasswordFile())
+	secrets := map[string][]byte{
+		"marker":             []byte(marker),
+		"postgres password":  []byte(pw),
+		"keystream seed":     []byte(seed),
+		"patroni api secret": bytes.TrimSpace(apiPW),
+		"peer secret":        []byte(hex.EncodeToString(secret)),
+	}
+	rep, err := hosts.Analyze(capt.File, secrets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]string{}
+	for _, h := range c.net.Hosts() {
+		names[h.Addr] = h.Name
+	}
+	for _, l := range rep.ByPort(names) {
+		t.Log(l)
+	}
+	t.Logf("wire check: %d packets, %d TCP streams between hosts: %d TLS, %d SSLRequest then TLS, %d empty; secrets found: %v",
+		rep.Packets, len(rep.Streams), rep.Count(hosts.StartTLS), rep.Count(hosts.StartPGSSL), rep.Count(hosts.StartEmpty), rep.Found)
+	if !strings.Contains(tail, " 0 packets dropped by kernel") {
+		t.Errorf("the capture lost packets: %s", tail)
+	}
+	for name, n := range rep.Found {
+		if n != 0 {
+			t.Errorf("%s found %d times on the wire", name, n)
+		}
+	}
+	for _, s := range rep.Bad() {
+		t.Errorf("a stream between hosts did not start with TLS: %s", s)
+	}
+	if rep.Count(hosts.StartTLS) == 0 || rep.Count(hosts.StartPGSSL) == 0 {
+		t.Errorf("the capture saw no TLS streams: is it on the bridge?")
+	}
+}
+
+// waitNewPrimary waits until group i's primary is a member other than old
+// and takes a write over TLS.
+func waitNewPrimary(t *testing.T, c *cluster, i int, old string) {
+	t.Helper()
+	start := time.Now()
+	testenv.WaitFor(t, 90*time.Second, func() bool {
+		name, _, ok, err := c.env.Primary(i)
+		if err != nil || !ok || name == old {
+			return false
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, c.env.NodeDSN(i))
+		if err != nil {
+			return false
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS public.failover_probe (at timestamptz); INSERT INTO public.failover_probe VALUES (now())")
+		return err == nil
+	}, fmt.Sprintf("pg%d: a new primary other than %s taking writes", i, old))
+	t.Logf("pg%d: new primary taking writes %s after the fault", i, time.Since(start).Round(100*time.Millisecond))
+}
+
+// clusterSeed is the cluster's keystream seed, as stored in ZooKeeper.
+func clusterSeed(t *testing.T, c *cluster) string {
+	out := c.shardctl("status", "--json")
+	var st struct {
+		Cluster struct {
+			Seed string `json:"seed"`
+		} `json:"cluster"`
+		Seed string `json:"seed"`
+	}
+	_ = json.Unmarshal([]byte(out), &st)
+	if st.Seed != "" {
+		return st.Seed
+	}
+	if st.Cluster.Seed != "" {
+		return st.Cluster.Seed
+	}
+	t.Fatalf("no seed in shardctl status --json: %.300s", out)
+	return ""
+}
+
+// refusals: every server refuses a plain client and a client of another
+// CA, across the bridge from the operator's host.
+func refusals(t *testing.T, c *cluster) {
+	other, err := pki.NewCA("another CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := other.Issue(pki.Identity{Role: "admin", Host: "operator"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	otherFiles := pki.FilesIn(dir, "other")
+	if err := other.Write(otherFiles.CA, filepath.Join(dir, "ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.Write(otherFiles.Cert, otherFiles.Key); err != nil {
+		t.Fatal(err)
+	}
+	otherCfg, err := otherFiles.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := c.adminTLS()
+	type server struct {
+		name, addr string
+		pg         bool
+	}
+	var servers []server
+	for i := 1; i <= 3; i++ {
+		servers = append(servers, server{fmt.Sprintf("zk%d", i), fmt.Sprintf("%s:%d", c.net.Host(fmt.Sprintf("zk%d", i)).Addr, zkPortBase+i-1), false})
+	}
+	for i := 1; i <= 2; i++ {
+		for m := 1; m <= 2; m++ {
+			h := c.net.Host(fmt.Sprintf("pg%d-m%d", i, m)).Addr
+			port := pgPortBase + (i - 1) + 100*(m-1)
+			servers = append(servers, server{fmt.Sprintf("pg%d-m%d postgres", i, m), fmt.Sprintf("%s:%d", h, port), true},
+				server{fmt.Sprintf("pg%d-m%d patroni api", i, m), fmt.Sprintf("%s:%d", h, port+1000), false})
+		}
+	}
+	for _, web := range []string{"web1", "web2"} {
+		servers = append(servers, server{web + " supervisor admin", fmt.Sprintf("%s:%d", c.net.Host(web).Addr, adminPort), false})
+	}
+	servers = append(servers, server{"web1 router sidecar", fmt.Sprintf("%s:%d", c.net.Host("web1").Addr, routerPort), false})
+	ctx := context.Background()
+	for _, s := range servers {
+		if s.pg {
+			for _, q := range []string{"sslmode=disable", "sslmode=verify-full&sslrootcert=" + otherFiles.CA} {
+				dsn := fmt.Sprintf("postgres://postgres:%s@%s/postgres?connect_timeout=5&%s", c.env.Password(), s.addr, q)
+				if conn, err := pgx.Connect(ctx, dsn); err == nil {
+					conn.Close(ctx)
+					t.Errorf("%s took a client with %s", s.name, q)
+				} else {
+					t.Logf("%s refused %s: %v", s.name, q, err)
+				}
+			}
+			continue
+		}
+		// Plain: a TLS server answers garbage or closes; HTTP must fail, and
+		// for ZooKeeper a plain connect request gets no session.
+		plain := &http.Client{Timeout: 5 * time.Second}
+		if res, err := plain.Get("http://" + s.addr + "/"); err == nil && res.StatusCode != http.StatusBadRequest {
+			res.Body.Close()
+			t.Errorf("%s answered a plain HTTP client: %s", s.name, res.Status)
+		}
+		// Another CA's client: the server refuses its certificate, or the
+		// client refuses the server's.
+		cfg := otherCfg.Clone()
+		cfg.ServerName = strings.Split(s.addr, ":")[0]
+		if conn, err := tls.Dial("tcp", s.addr, cfg); err == nil {
+			// TLS 1.3: the server's refusal of the client certificate comes
+			// with the first read.
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+			_, werr := conn.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+			_, rerr := conn.Read(make([]byte, 1))
+			conn.Close()
+			if werr == nil && rerr == nil {
+				t.Errorf("%s served a client of another CA", s.name)
+			}
+		}
+		// And the right CA's client is served (the check is not vacuous).
+		gcfg := good.Clone()
+		gcfg.ServerName = strings.Split(s.addr, ":")[0]
+		conn, err := tls.Dial("tcp", s.addr, gcfg)
+		if err != nil {
+			t.Errorf("%s refused the operator's certificate: %v", s.name, err)
+			continue
+		}
+		conn.Close()
+	}
+}
