@@ -2,6 +2,7 @@ package devenv_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"strconv"
 	"strings"
@@ -143,4 +144,69 @@ func streamsByCertificate(t *testing.T, e *devenv.Env, group, plain int) {
 			t.Errorf("port %d: the stream user with %s's certificate: %v", port, names[plain], err)
 		}
 	}
+}
+
+// serverSerial is the serial of the certificate the server of c showed.
+func serverSerial(t *testing.T, c *pgx.Conn) string {
+	t.Helper()
+	tc, ok := c.PgConn().Conn().(*tls.Conn)
+	if !ok {
+		t.Fatalf("not a TLS connection: %T", c.PgConn().Conn())
+	}
+	return tc.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+// certsRotateByReload: RotatePGCerts gives every server (plain node
+// plain, group group's members) a new certificate without a restart: an
+// open connection keeps working, a new one sees the new serial, and the
+// moves' streams (client certificates, the same files) still log in.
+func certsRotateByReload(t *testing.T, e *devenv.Env, group, plain int) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ports := []int{e.PGPort(plain), e.MemberPort(group, 1), e.MemberPort(group, 2)}
+	dsn := func(port int) string {
+		return "postgres://postgres:" + e.Password() + "@127.0.0.1:" + strconv.Itoa(port) + "/postgres?" + e.PGSSLParams()
+	}
+	open := map[int]*pgx.Conn{}
+	before := map[int]string{}
+	starts := map[int]string{}
+	for _, p := range ports {
+		c, err := pgx.Connect(ctx, dsn(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		open[p], before[p], starts[p] = c, serverSerial(t, c), started(t, c)
+	}
+	if err := e.RotatePGCerts(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		if _, err := open[p].Exec(ctx, "SELECT 1"); err != nil {
+			t.Errorf("port %d: the connection open across the rotation: %v", p, err)
+		}
+		c, err := pgx.Connect(ctx, dsn(p))
+		if err != nil {
+			t.Errorf("port %d: a new connection after the rotation: %v", p, err)
+			continue
+		}
+		if s := serverSerial(t, c); s == before[p] {
+			t.Errorf("port %d: a new connection still sees serial %s", p, s)
+		}
+		if st := started(t, c); st != starts[p] {
+			t.Errorf("port %d: the server restarted (at %s, was up since %s)", p, st, starts[p])
+		}
+		c.Close(ctx)
+	}
+	streamsByCertificate(t, e, group, plain)
+}
+
+// started is when c's server's postmaster started: a restart changes it.
+func started(t *testing.T, c *pgx.Conn) string {
+	t.Helper()
+	var start string
+	if err := c.QueryRow(context.Background(), "SELECT pg_postmaster_start_time()::text").Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	return start
 }

@@ -165,3 +165,68 @@ func ensureStreamUser(sockDir string, port int) error {
 	END $$`)
 	return err
 }
+
+// RotatePGCerts issues every PostgreSQL server of the environment a new
+// certificate of the CA (a new key and serial; written beside and renamed
+// over the old files) and has each server reload: new connections get
+// the new certificate, open ones keep theirs, nothing restarts. The
+// servers' client certificates (~/.postgresql links) follow. A group's
+// members reload by pg_reload_conf() over their unix socket, as
+// `patronictl reload` would have their postmaster do (the file paths in
+// patroni.yml do not change). With a new CA, put it in ca.crt beside the
+// old one first (docs/security.md, the rotation runbook).
+func (e *Env) RotatePGCerts() error {
+	if !e.c.TLS {
+		return fmt.Errorf("rotate-pg-certs: the environment is not in the TLS mode")
+	}
+	type server struct {
+		name, sock string
+		port       int
+	}
+	var servers []server
+	for i := 1; i <= e.NodeCount(); i++ {
+		if !e.IsGroup(i) {
+			servers = append(servers, server{fmt.Sprintf("pg%d", i), e.PGDir(i), e.PGPort(i)})
+			continue
+		}
+		n, err := e.Members(i)
+		if err != nil {
+			return err
+		}
+		for m := 1; m <= n; m++ {
+			servers = append(servers, server{MemberName(i, m), e.MemberDir(i, m), e.MemberPort(i, m)})
+		}
+	}
+	ca, err := pki.LoadCA(e.TLSFiles("").CA, filepath.Join(e.TLSDir(), "ca.key"))
+	if err != nil {
+		return fmt.Errorf("rotate-pg-certs: the environment's CA: %w", err)
+	}
+	for _, s := range servers {
+		leaf, err := ca.Issue(pgServerIdentity(s.name), tlsValidity)
+		if err != nil {
+			return err
+		}
+		f := e.TLSFiles(s.name)
+		tmp := pki.Files{Cert: f.Cert + ".new", Key: f.Key + ".new"}
+		if err := leaf.Write(tmp.Cert, tmp.Key); err != nil {
+			return err
+		}
+		if err := os.Chmod(tmp.Key, 0o600); err != nil {
+			return err
+		}
+		if err := chownPG(tmp.Key); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp.Key, f.Key); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp.Cert, f.Cert); err != nil {
+			return err
+		}
+		if err := pgReload(s.sock, s.port); err != nil {
+			return fmt.Errorf("rotate-pg-certs: %s: reload: %w", s.name, err)
+		}
+		e.logf("%s: new certificate (serial %s), reloaded", s.name, leaf.Cert.SerialNumber.Text(16))
+	}
+	return nil
+}
