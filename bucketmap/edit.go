@@ -112,17 +112,17 @@ func (m *Map) SetWeight(id NodeID, w int) error {
 }
 
 // SetConnection changes how a node is reached: its DSN, password
-// reference and Patroni group. It is how a plain node becomes a group
+// reference, stream user and Patroni group. It is how a plain node becomes a group
 // (its server turned into a Patroni primary with standbys) or a group's
 // member list changes. Ownership does not change: the data is where it
 // was, only the way to its primary is new.
-func (m *Map) SetConnection(id NodeID, dsn, password string, p Patroni) error {
+func (m *Map) SetConnection(id NodeID, dsn, password, streamUser string, p Patroni) error {
 	i, err := m.mustIndex(id)
 	if err != nil {
 		return err
 	}
 	n := m.nodes[i]
-	n.DSN, n.Password, n.Patroni = dsn, password, p
+	n.DSN, n.Password, n.StreamUser, n.Patroni = dsn, password, streamUser, p
 	if err := ValidateNode(n); err != nil {
 		return err
 	}

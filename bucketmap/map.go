@@ -71,8 +71,14 @@ type Node struct {
 	// Password says where the password comes from: "env:NAME",
 	// "file:/path", or "" (none, or from the environment's pgpass).
 	Password string
-	Weight   int
-	State    NodeState
+	// StreamUser, when set, is the role the moves' streams (logical
+	// subscriptions to this node: a catch-up stream from it, a reverse
+	// stream to it) log in as, by the subscribing server's client
+	// certificate (pg_hba "cert"): no password goes into the subscriber's
+	// catalog. "": the DSN's user with the node's password, as before.
+	StreamUser string
+	Weight     int
+	State      NodeState
 	// Patroni names the node's Patroni group, when the node is one: the
 	// DSN then reaches the group's primary (a multi-host DSN with
 	// target_session_attrs=read-write), and the group's members, leader
@@ -327,6 +333,9 @@ func ValidateNode(n Node) error {
 	if err := n.Patroni.Validate(); err != nil {
 		return fmt.Errorf("node %s: %w", n.ID, err)
 	}
+	if err := validateStreamUser(n); err != nil {
+		return fmt.Errorf("node %s: %w", n.ID, err)
+	}
 	if !n.Patroni.IsZero() {
 		// Even a group of one listed host: after a failover a client
 		// without the attribute would keep writing to a standby.
@@ -341,6 +350,27 @@ func ValidateNode(n Node) error {
 	}
 	if !n.State.valid() {
 		return fmt.Errorf("node %s: state %q is not one of active, draining, down, removed", n.ID, n.State)
+	}
+	return nil
+}
+
+var roleRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// validateStreamUser: a role name as PostgreSQL folds it, and a DSN that
+// verifies the server, since the certificate is only sent over TLS and a
+// stream that does not verify the server would hand its rows to whoever
+// answers.
+func validateStreamUser(n Node) error {
+	if n.StreamUser == "" {
+		return nil
+	}
+	if !roleRE.MatchString(n.StreamUser) {
+		return fmt.Errorf("stream user %q must be a role name: lower-case letters, digits and '_', at most 63", n.StreamUser)
+	}
+	if u, err := url.Parse(n.DSN); err == nil {
+		if m := u.Query().Get("sslmode"); m != "verify-full" && m != "verify-ca" {
+			return fmt.Errorf("stream user %s logs in by client certificate: the dsn %q must set sslmode=verify-full (or verify-ca) and sslrootcert", n.StreamUser, redactDSN(n.DSN))
+		}
 	}
 	return nil
 }

@@ -86,7 +86,38 @@ func TestValidateNodeInputs(t *testing.T) {
 		{func(n *Node) { n.Weight = 0 }, "weight 0"},
 		{func(n *Node) { n.Weight = MaxWeight + 1 }, "weight"},
 		{func(n *Node) { n.State = "zombie" }, `state "zombie"`},
+		{func(n *Node) { n.StreamUser = "Bad-Name" }, "must be a role name"},
+		{func(n *Node) { n.StreamUser = "shardvisor_stream" }, "must set sslmode=verify-full"},
 	})
+}
+
+// A stream user goes through the record and back; a map without one
+// does not mention it.
+func TestStreamUserRoundTrip(t *testing.T) {
+	ns := nodes(2)
+	plain, err := Encode(mustNew(t, 2, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(plain), "stream_user") {
+		t.Fatalf("a map without stream users mentions them: %s", plain)
+	}
+	ns[1].DSN += "?sslmode=verify-full&sslrootcert=/etc/ca.crt"
+	ns[1].StreamUser = "shardvisor_stream"
+	data, err := Encode(mustNew(t, 2, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Decode("/m", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := back.Node("n2"); n.StreamUser != "shardvisor_stream" {
+		t.Fatalf("decoded %+v", n)
+	}
+	if n, _ := back.Node("n1"); n.StreamUser != "" {
+		t.Fatalf("n1 got a stream user: %+v", n)
+	}
 }
 
 func TestRoundTripAndSize(t *testing.T) {

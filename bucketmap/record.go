@@ -54,8 +54,11 @@ type NodeRecord struct {
 	ID       string `json:"id"`
 	DSN      string `json:"dsn"`
 	Password string `json:"password,omitempty"` // "env:NAME" or "file:/path"
-	Weight   int    `json:"weight"`
-	State    string `json:"state"` // active, draining, down, removed
+	// StreamUser: the role the moves' subscriptions to this node log in
+	// as, by the subscribing server's client certificate (no password).
+	StreamUser string `json:"stream_user,omitempty"`
+	Weight     int    `json:"weight"`
+	State      string `json:"state"` // active, draining, down, removed
 	// Patroni, when set, names the node's Patroni group on the cluster's
 	// ensemble: its members, leader and sync state are read from there.
 	Patroni *PatroniRecord `json:"patroni,omitempty"`

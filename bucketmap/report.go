@@ -9,14 +9,17 @@ import (
 
 // NodeSummary is one node's line in a status report.
 type NodeSummary struct {
-	ID        NodeID    `json:"id"`
-	State     NodeState `json:"state"`
-	Weight    int       `json:"weight"`
-	DSN       string    `json:"dsn"`
-	Password  string    `json:"password_ref,omitempty"`
-	Buckets   int       `json:"buckets"`
-	Share     float64   `json:"share"`      // fraction of all buckets it owns
-	FairShare float64   `json:"fair_share"` // fraction it should own by weight
+	ID       NodeID    `json:"id"`
+	State    NodeState `json:"state"`
+	Weight   int       `json:"weight"`
+	DSN      string    `json:"dsn"`
+	Password string    `json:"password_ref,omitempty"`
+	// StreamUser is the role the moves' streams log in to it as, by
+	// certificate (Node.StreamUser).
+	StreamUser string  `json:"stream_user,omitempty"`
+	Buckets    int     `json:"buckets"`
+	Share      float64 `json:"share"`      // fraction of all buckets it owns
+	FairShare  float64 `json:"fair_share"` // fraction it should own by weight
 	// Patroni names the node's group, if it is one; Members are the
 	// hosts its DSN lists.
 	Patroni *Patroni `json:"patroni,omitempty"`
@@ -66,7 +69,7 @@ func (m *Map) Summarize() Summary {
 		}
 	}
 	for _, n := range m.nodes {
-		ns := NodeSummary{ID: n.ID, State: n.State, Weight: n.Weight, DSN: n.DSN, Password: n.Password, Buckets: counts[n.ID],
+		ns := NodeSummary{ID: n.ID, State: n.State, Weight: n.Weight, DSN: n.DSN, Password: n.Password, StreamUser: n.StreamUser, Buckets: counts[n.ID],
 			Share: float64(counts[n.ID]) / float64(m.Buckets())}
 		if !n.Patroni.IsZero() {
 			p := n.Patroni

@@ -189,7 +189,8 @@ func Connect(ctx context.Context, n bucketmap.Node) (*pgx.Conn, error) {
 
 // ConnString is the node's DSN with the password filled in, for places
 // that need a libpq connection string (a logical-replication subscription
-// connects from one node to another). A group's multi-host DSN keeps its
+// connects from one node to another). A node with a StreamUser gets that
+// user and no password: the subscriber's client certificate logs it in. A group's multi-host DSN keeps its
 // host list and target_session_attrs, so the subscriber follows the
 // group's primary as every other client does. Never log it.
 func ConnString(n bucketmap.Node) (string, error) {
@@ -209,7 +210,15 @@ func ConnString(n bucketmap.Node) (string, error) {
 			ports = append(ports, strconv.Itoa(int(f.Port)))
 		}
 	}
-	s := fmt.Sprintf("host=%s port=%s dbname=%s user=%s password=%s", quote(strings.Join(hosts, ",")), quote(strings.Join(ports, ",")), quote(cfg.Database), quote(cfg.User), quote(cfg.Password))
+	s := fmt.Sprintf("host=%s port=%s dbname=%s", quote(strings.Join(hosts, ",")), quote(strings.Join(ports, ",")), quote(cfg.Database))
+	if n.StreamUser != "" {
+		// The subscriber's server proves who it is with its client
+		// certificate (its libpq's default, ~/.postgresql/postgresql.crt
+		// of the server's OS user): no password in the catalog.
+		s += " user=" + quote(n.StreamUser)
+	} else {
+		s += " user=" + quote(cfg.User) + " password=" + quote(cfg.Password)
+	}
 	params, err := dsnParams(n.DSN)
 	if err != nil {
 		return "", fmt.Errorf("db node %s: %w", n.ID, err)
@@ -225,6 +234,11 @@ func ConnString(n bucketmap.Node) (string, error) {
 	// subscriber's: the db hosts keep the same layout.
 	for _, k := range connStringTLS {
 		if v, ok := params[k]; ok {
+			if n.StreamUser != "" && (k == "sslcert" || k == "sslkey") {
+				// The DSN's client certificate is its Go clients'
+				// (a web head's); the subscriber presents its own.
+				continue
+			}
 			s += " " + k + "=" + quote(v)
 		}
 	}

@@ -215,3 +215,48 @@ func TestDSNParams(t *testing.T) {
 		}
 	}
 }
+
+// A node with a stream user: its subscriptions log in as that role by the
+// subscriber's certificate, so the conninfo has the role, the server's
+// verification, and neither a password nor the DSN's client certificate
+// (a Go client's, not the subscribing server's).
+func TestConnStringStreamUserHasNoPassword(t *testing.T) {
+	t.Setenv("SV_TEST_PW", "s3cret")
+	dir := t.TempDir()
+	ca, err := pki.NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.Identity{Role: "webhead", Host: "web1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := pki.FilesIn(dir, "web")
+	if err := ca.Write(f.CA, filepath.Join(dir, "ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := leaf.Write(f.Cert, f.Key); err != nil {
+		t.Fatal(err)
+	}
+	n := bucketmap.Node{ID: "p1", DSN: "postgres://app@db1.example/appdb?sslmode=verify-full&sslrootcert=" + f.CA + "&sslcert=" + f.Cert + "&sslkey=" + f.Key,
+		Password: "env:SV_TEST_PW", StreamUser: "shardvisor_stream"}
+	cs, err := ConnString(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"password", "s3cret", "user='app'", "sslcert", "sslkey"} {
+		if strings.Contains(cs, bad) {
+			t.Errorf("%s: has %s", cs, bad)
+		}
+	}
+	for _, want := range []string{"user='shardvisor_stream'", "sslmode='verify-full'", "sslrootcert='" + f.CA + "'", "host='db1.example'"} {
+		if !strings.Contains(cs, want) {
+			t.Errorf("%s: lacks %s", cs, want)
+		}
+	}
+	// Without one, exactly as before.
+	n.StreamUser = ""
+	if cs, err := ConnString(n); err != nil || !strings.Contains(cs, "password='s3cret'") || !strings.Contains(cs, "user='app'") || !strings.Contains(cs, "sslcert='"+f.Cert+"'") {
+		t.Fatalf("without a stream user: %s %v", cs, err)
+	}
+}

@@ -393,7 +393,7 @@ func initNodes(c *cli.Context) ([]bucketmap.Node, error) {
 		if !ok {
 			return nil, cliutil.Usagef("init: --node %q: want ID=DSN", spec)
 		}
-		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive}
+		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), StreamUser: c.String("stream-user"), Weight: 1, State: bucketmap.NodeActive}
 		if err := bucketmap.ValidateNode(n); err != nil {
 			return nil, cliutil.Usagef("init: --node: %v", err)
 		}

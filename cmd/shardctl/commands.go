@@ -42,6 +42,7 @@ func newApp() *cli.App {
 					&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}, Usage: "db node `ID=DSN` (postgres:// URL without password); repeat, or list several separated by commas " +
 						"(as in the variable: pg1=postgres://h1/app,pg2=postgres://h2/app); a multi-host DSN's commas stay in it"},
 					&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF` for every node: env:NAME or file:/path"},
+					&cli.StringFlag{Name: "stream-user", EnvVars: []string{"SHARDVISOR_NODE_STREAM_USER"}, Usage: "`ROLE` the moves' subscriptions to every node log in as by the subscribing db server's client certificate, so no password goes into the subscriber's catalog (pg_hba cert; the DSN must verify the server: sslmode=verify-full)"},
 					&cli.StringFlag{Name: "reader-auth", EnvVars: []string{"SHARDVISOR_READER_AUTH"}, Usage: "reader identity `user:password` allowed to read the cluster"},
 					&cli.StringFlag{Name: "reader-auth-file", EnvVars: []string{"SHARDVISOR_READER_AUTH_FILE"}, Usage: "`file` with the reader identity"},
 					&cli.BoolFlag{Name: "x509-admin", EnvVars: []string{"SHARDVISOR_INIT_X509_ADMIN"}, Usage: "ACLs by certificate: the identity of --zk-tls-cert is the admin, every host with a certificate of the CA reads, and member records are kept to the host that made them (docs/security.md)"},
@@ -105,6 +106,7 @@ func newApp() *cli.App {
 						Flags: append([]cli.Flag{
 							&cli.IntFlag{Name: "weight", Value: 1, Usage: "relative capacity"},
 							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path"},
+							&cli.StringFlag{Name: "stream-user", EnvVars: []string{"SHARDVISOR_NODE_STREAM_USER"}, Usage: "`ROLE` the moves' subscriptions to the node log in as by the subscribing db server's client certificate, so no password goes into the subscriber's catalog (pg_hba cert; the DSN must verify the server: sslmode=verify-full)"},
 						}, patroniCLIFlags()...),
 						Action: runNodeAdd,
 					},
@@ -114,6 +116,7 @@ func newApp() *cli.App {
 						ArgsUsage: "ID DSN",
 						Flags: append([]cli.Flag{
 							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path (default: keep the node's)"},
+							&cli.StringFlag{Name: "stream-user", EnvVars: []string{"SHARDVISOR_NODE_STREAM_USER"}, Usage: "`ROLE` the moves' subscriptions to the node log in as by the subscribing db server's client certificate, so no password goes into the subscriber's catalog (pg_hba cert; the DSN must verify the server: sslmode=verify-full) (default: keep the node's; \"\" for the DSN's user with the password)"},
 							&cli.BoolFlag{Name: "no-patroni", EnvVars: []string{"SHARDVISOR_NODE_NO_PATRONI"}, Usage: "the node is no longer a Patroni group (without it, and without --patroni-scope, the node's group is kept)"},
 						}, patroniCLIFlags()...),
 						Action: runNodeSetDSN,

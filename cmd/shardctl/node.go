@@ -22,8 +22,8 @@ func runNodeAdd(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return cliutil.Usagef("node add: want ID DSN")
 	}
-	n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), Weight: c.Int("weight"), State: bucketmap.NodeActive,
-		Patroni: patroniFlags(c)}
+	n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), StreamUser: c.String("stream-user"),
+		Weight: c.Int("weight"), State: bucketmap.NodeActive, Patroni: patroniFlags(c)}
 	if err := bucketmap.ValidateNode(n); err != nil {
 		return cliutil.Usagef("node add: %v", err)
 	}
@@ -40,7 +40,7 @@ func runNodeSetDSN(c *cli.Context) error {
 		return cliutil.Usagef("node set-dsn: want ID DSN")
 	}
 	id := bucketmap.NodeID(c.Args().Get(0))
-	n := bucketmap.Node{ID: id, DSN: c.Args().Get(1), Password: c.String("password"), Weight: 1, State: bucketmap.NodeActive, Patroni: patroniFlags(c)}
+	n := bucketmap.Node{ID: id, DSN: c.Args().Get(1), Password: c.String("password"), StreamUser: c.String("stream-user"), Weight: 1, State: bucketmap.NodeActive, Patroni: patroniFlags(c)}
 	if err := bucketmap.ValidateNode(n); err != nil {
 		return cliutil.Usagef("node set-dsn: %v", err)
 	}
@@ -52,12 +52,15 @@ func runNodeSetDSN(c *cli.Context) error {
 		if ok && !c.IsSet("password") {
 			n.Password = old.Password
 		}
+		if ok && !c.IsSet("stream-user") {
+			n.StreamUser = old.StreamUser
+		}
 		// The group stays unless the command says otherwise: adding a
 		// member to a group's DSN must not turn it into a plain node.
 		if ok && !c.IsSet("patroni-scope") && !c.Bool("no-patroni") {
 			n.Patroni = old.Patroni
 		}
-		return fmt.Sprintf("node %s is reached at %s%s; routers and workers reconnect there as they apply the map", id, n.DSN, groupNote(n)), m.SetConnection(id, n.DSN, n.Password, n.Patroni)
+		return fmt.Sprintf("node %s is reached at %s%s; routers and workers reconnect there as they apply the map", id, n.DSN, groupNote(n)), m.SetConnection(id, n.DSN, n.Password, n.StreamUser, n.Patroni)
 	})
 }
 

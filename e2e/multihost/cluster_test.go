@@ -77,6 +77,7 @@ func newCluster(t *testing.T) (*cluster, *hosts.Capture) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _, _ = capt.Stop() }) // a second Stop is harmless
 	c := &cluster{t: t, net: n, dir: dir, bin: filepath.Join(dir, "bin")}
 	c.env = devenv.New(devenv.Config{Dir: filepath.Join(dir, "devenv"), ZKPortBase: zkPortBase, PGPortBase: pgPortBase,
 		PGNodes: 2, HA: 2, TLS: true, Hosts: hosts.Placement{Net: n}, Timeout: 180 * time.Second, Log: logWriter{t}})

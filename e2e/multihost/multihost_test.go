@@ -145,20 +145,37 @@ func TestFaultsAcrossHosts(t *testing.T) {
 	t.Logf("killed pg1's primary %s", killed.Member)
 	waitNewPrimary(t, c, 1, killed.Member)
 
-	// A primary cut from ZooKeeper: packet filtering between pg2's primary
-	// host and the three ZooKeeper hosts. Its Patroni cannot renew the
-	// leader key, demotes it after the ttl, and the other member leads.
+	// A primary cut from ZooKeeper by packet filtering between its host and
+	// the three ZooKeeper hosts. With failsafe mode (the groups share the
+	// fleet's ensemble) it stays primary while it reaches every member, and
+	// nothing is promoted: writes go on through it, past the ttl. Cut from
+	// its standby too, it must step down, and the standby, which still
+	// reaches ZooKeeper, takes over: never two primaries.
 	p2, _, ok, err := c.env.Primary(2)
 	if err != nil || !ok {
 		t.Fatalf("pg2's primary: %q %v %v", p2, ok, err)
 	}
+	zks := []*hosts.Host{c.net.Host("zk1"), c.net.Host("zk2"), c.net.Host("zk3")}
+	if err := hosts.Cut(c.net.Host(p2), zks...); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		if name, _, ok, _ := c.env.Primary(2); !ok || name != p2 {
+			t.Fatalf("pg2: primary %q (ok %v) while %s was cut from ZooKeeper only: failsafe mode keeps it", name, ok, p2)
+		}
+		if err := probeWrite(c, 2); err != nil {
+			t.Fatalf("pg2: a write through %s, cut from ZooKeeper only: %v", p2, err)
+		}
+	}
+	t.Logf("pg2: %s cut from ZooKeeper stayed primary and took writes for 20 s (failsafe mode)", p2)
+	standby := map[string]string{"pg2-m1": "pg2-m2", "pg2-m2": "pg2-m1"}[p2]
 	cutAt := time.Now()
-	if err := hosts.Cut(c.net.Host(p2), c.net.Host("zk1"), c.net.Host("zk2"), c.net.Host("zk3")); err != nil {
+	if err := hosts.Cut(c.net.Host(p2), c.net.Host(standby)); err != nil {
 		t.Fatal(err)
 	}
 	waitNewPrimary(t, c, 2, p2)
-	t.Logf("pg2: %s cut from ZooKeeper; a new primary after %s", p2, time.Since(cutAt).Round(100*time.Millisecond))
-	if err := hosts.Heal(c.net.Host(p2), c.net.Host("zk1"), c.net.Host("zk2"), c.net.Host("zk3")); err != nil {
+	t.Logf("pg2: %s cut from ZooKeeper and its standby; %s primary %s after the second cut", p2, standby, time.Since(cutAt).Round(100*time.Millisecond))
+	if err := hosts.Heal(c.net.Host(p2), append(zks, c.net.Host(standby))...); err != nil {
 		t.Fatal(err)
 	}
 	// The killed member back (its host "restarted"): both groups whole.
@@ -261,17 +278,22 @@ func waitNewPrimary(t *testing.T, c *cluster, i int, old string) {
 		if err != nil || !ok || name == old {
 			return false
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, c.env.NodeDSN(i))
-		if err != nil {
-			return false
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS public.failover_probe (at timestamptz); INSERT INTO public.failover_probe VALUES (now())")
-		return err == nil
+		return probeWrite(c, i) == nil
 	}, fmt.Sprintf("pg%d: a new primary other than %s taking writes", i, old))
 	t.Logf("pg%d: new primary taking writes %s after the fault", i, time.Since(start).Round(100*time.Millisecond))
+}
+
+// probeWrite writes a row through node i's DSN (its primary, over TLS).
+func probeWrite(c *cluster, i int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.env.NodeDSN(i))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS public.failover_probe (at timestamptz); INSERT INTO public.failover_probe VALUES (now())")
+	return err
 }
 
 // clusterSeed is the cluster's keystream seed, as stored in ZooKeeper.

@@ -133,7 +133,9 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 			fresh = false
 		}
 		if e.c.TLS {
-			if _, err := e.pgServerFiles(MemberName(i, m)); err != nil {
+			// Patroni runs with HOME the member's directory, and so
+			// does the postmaster it starts.
+			if err := e.writeClientHome(dir, MemberName(i, m)); err != nil {
 				return false, fmt.Errorf("pg%d.m%d: %w", i, m, err)
 			}
 		}

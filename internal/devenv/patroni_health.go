@@ -326,3 +326,25 @@ func (e *Env) groupWait(i int, deadline time.Time) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// groupStreamUser creates StreamUser on group i's primary (its standbys
+// get it by replication), over the primary's unix socket.
+func (e *Env) groupStreamUser(i int) error {
+	_, port, ok, err := e.Primary(i)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("no primary to create %s on", StreamUser)
+	}
+	n, err := e.Members(i)
+	if err != nil {
+		return err
+	}
+	for m := 1; m <= n; m++ {
+		if e.MemberPort(i, m) == port {
+			return ensureStreamUser(e.MemberDir(i, m), port)
+		}
+	}
+	return fmt.Errorf("the primary's port %d is no member's", port)
+}

@@ -106,3 +106,14 @@ func (e *Env) portFreed(server string, port int, wait time.Duration) bool {
 	}
 	return true
 }
+
+// runOn runs cmd to completion on server's host.
+func (e *Env) runOn(server string, cmd *exec.Cmd) error {
+	if e.c.Hosts == nil {
+		return cmd.Run()
+	}
+	if err := e.c.Hosts.Start(server, cmd); err != nil {
+		return err
+	}
+	return cmd.Wait()
+}

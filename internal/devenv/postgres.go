@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -166,6 +167,12 @@ func (e *Env) pgLaunch(i int) error {
 		e.logf("pg%d: running an upgraded-away postgres binary; restarting it", i)
 		e.pgStop(i)
 	}
+	if pid := e.pgPid(i); pid != 0 && procHome(pid) != "" && procHome(pid) != e.PGDir(i) {
+		// Started by an older devenv with the postgres user's HOME: its
+		// libpq would not find the node's client certificate.
+		e.logf("pg%d: running with HOME %s, not its own; restarting it", i, procHome(pid))
+		e.pgStop(i)
+	}
 	if e.pgPid(i) != 0 {
 		return nil
 	}
@@ -182,7 +189,14 @@ func (e *Env) pgLaunch(i int) error {
 	}
 	waitReaped(e.pgData(i))
 	// postgres removes a stale postmaster.pid by itself.
-	if err := e.runPGOn("pg"+itoa(i), "", filepath.Join(pgBin, "pg_ctl"), "-D", e.pgData(i), "-l", e.pgLog(i), "-W", "-s", "start"); err != nil {
+	// HOME is the node's directory: its libpq (a subscription's) takes
+	// the node's client certificate from ~/.postgresql (pgWriteTLS).
+	cmd := exec.Command(filepath.Join(pgBin, "pg_ctl"), "-D", e.pgData(i), "-l", e.pgLog(i), "-W", "-s", "start")
+	cmd.Env = append(os.Environ(), "HOME="+e.PGDir(i))
+	if err := asPG(cmd); err != nil {
+		return err
+	}
+	if err := e.runOn("pg"+itoa(i), cmd); err != nil {
 		return withLogs(fmt.Errorf("pg%d: pg_ctl start failed: %w", i, err), e.pgLog(i))
 	}
 	e.logf("pg%d: starting (port %d)", i, e.PGPort(i))
@@ -249,5 +263,50 @@ func setPassword(sockDir string, port int, pw string) error {
 	}
 	defer c.Close(ctx)
 	_, err = c.Exec(ctx, "ALTER ROLE postgres PASSWORD '"+strings.ReplaceAll(pw, "'", "''")+"'")
+	return err
+}
+
+// procHome is process pid's HOME ("" if it cannot be read).
+func procHome(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return ""
+	}
+	for _, kv := range strings.Split(string(b), "\x00") {
+		if v, ok := strings.CutPrefix(kv, "HOME="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// pgAfterStart brings running plain node i up to date: with TLS its
+// certificate files, pg_hba and pg_ident written again and reloaded (a
+// node started by an older devenv gets the stream user's cert line), and
+// the stream user created.
+func (e *Env) pgAfterStart(i int) error {
+	if e.c.TLS && e.pgConfTLS(i) {
+		if err := e.pgWriteTLS(i); err != nil {
+			return err
+		}
+		if err := pgReload(e.PGDir(i), e.PGPort(i)); err != nil {
+			return err
+		}
+	}
+	return ensureStreamUser(e.PGDir(i), e.PGPort(i))
+}
+
+// pgReload makes the server whose unix socket is in sockDir read its
+// configuration files again: pg_hba, pg_ident, and the TLS files (the
+// server certificate, key and CA; connections open keep theirs).
+func pgReload(sockDir string, port int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", sockDir, port))
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	_, err = c.Exec(ctx, "SELECT pg_reload_conf()")
 	return err
 }

@@ -86,10 +86,10 @@ func (e *Env) patroniYML(i, m int, password, apiPassword string) []byte {
 		Name, Namespace, ZKHosts, Dir, PGBin, Password string
 		TLS                                            bool
 		CA, Cert, Key, Owner, APIUser, APIPassword     string
-		PGCert, PGKey                                  string
+		PGCert, PGKey, HBACert, Ident                  string
 		Readers                                        []string
 		Addr, CIDR                                     string
 	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password,
-		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, pf.Cert, pf.Key, patroniReaders(),
+		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, pf.Cert, pf.Key, pgHBACertLine(e.clientCIDR()), pgIdentLine, patroniReaders(),
 		e.addr(MemberName(i, m)), e.clientCIDR()})
 }

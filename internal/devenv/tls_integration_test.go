@@ -293,6 +293,10 @@ func TestTLSEnsemble(t *testing.T) {
 
 	t.Run("PostgreSQL over TLS only", func(t *testing.T) { pgOverTLSOnly(t, e) })
 
+	t.Run("moves' streams log in by certificate", func(t *testing.T) { streamsByCertificate(t, e, 1, 2) })
+
+	t.Run("server certificates rotate by reload", func(t *testing.T) { certsRotateByReload(t, e, 1, 2) })
+
 	t.Run("Patroni reaches ZooKeeper over TLS", func(t *testing.T) {
 		if _, port, ok, err := e.Primary(1); err != nil || !ok || port == 0 {
 			t.Fatalf("no primary: %v", err)

@@ -80,6 +80,11 @@ func (e *Env) Up() error {
 			return fmt.Errorf("up failed: zk%d did not serve again after its restart (state dir %s): %w", i, e.c.Dir, err)
 		}
 	}
+	for _, i := range nodes {
+		if err := e.pgAfterStart(i); err != nil {
+			return fmt.Errorf("pg%d: %w", i, err)
+		}
+	}
 	if len(groups) > 0 {
 		if err := e.groupLaunchAll(pw, deadline, groups...); err != nil {
 			return err
@@ -89,6 +94,9 @@ func (e *Env) Up() error {
 				return fmt.Errorf("up failed: group pg%d is not healthy (state dir %s): %w", i, e.c.Dir, err)
 			}
 			e.groupConverge(i)
+			if err := e.groupStreamUser(i); err != nil {
+				return fmt.Errorf("pg%d: %w", i, err)
+			}
 		}
 	}
 	if pwChanged {

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -17,6 +18,7 @@ type Capture struct {
 	File string
 	cmd  *exec.Cmd
 	log  string
+	once sync.Once
 }
 
 // Capture starts tcpdump on the bridge, writing TCP packets to file, and
@@ -56,15 +58,17 @@ func (n *Net) Capture(file string) (*Capture, error) {
 // and returns what tcpdump said, including whether the kernel dropped
 // packets.
 func (c *Capture) Stop() (string, error) {
-	_ = c.cmd.Process.Signal(syscall.SIGINT)
-	done := make(chan error, 1)
-	go func() { done <- c.cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-done
-	}
+	c.once.Do(func() {
+		_ = c.cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan error, 1)
+		go func() { done <- c.cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-done
+		}
+	})
 	b, err := os.ReadFile(c.log)
 	return strings.TrimSpace(string(b)), err
 }
