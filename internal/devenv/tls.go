@@ -1,6 +1,7 @@
 package devenv
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -192,7 +193,15 @@ func (e *Env) ensureTLS() error {
 		if err1 != nil || err2 != nil {
 			return fmt.Errorf("tls: zk%d: %v %v", i, err1, err2)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "zk"+itoa(i)+".pem"), append(cert, key...), 0o600); err != nil {
+		// Only when it differs, and by a rename: the running servers
+		// watch it (sslQuorumReloadCertFiles), and one reading it while
+		// it was rewritten in place at another's start failed ("did not
+		// find a private key").
+		pemFile, both := filepath.Join(dir, "zk"+itoa(i)+".pem"), append(cert, key...)
+		if b, err := os.ReadFile(pemFile); err == nil && bytes.Equal(b, both) {
+			continue
+		}
+		if err := writeAtomic(pemFile, both, 0o600, nil); err != nil {
 			return err
 		}
 	}
