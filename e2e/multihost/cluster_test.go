@@ -73,11 +73,19 @@ func newCluster(t *testing.T) (*cluster, *hosts.Capture) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	capt, err := n.Capture(filepath.Join(dir, "bridge.pcap"))
+	// On tmpfs: tcpdump keeps up (capture.go); removed when the test passes.
+	pcap := "/dev/shm/shardvisor-multihost-bridge.pcap"
+	capt, err := n.Capture(pcap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = capt.Stop() }) // a second Stop is harmless
+	t.Cleanup(func() {
+		_, _ = capt.Stop() // a second Stop is harmless
+		if !t.Failed() {
+			os.Remove(pcap)
+			os.Remove(pcap + ".log")
+		}
+	})
 	c := &cluster{t: t, net: n, dir: dir, bin: filepath.Join(dir, "bin")}
 	c.env = devenv.New(devenv.Config{Dir: filepath.Join(dir, "devenv"), ZKPortBase: zkPortBase, PGPortBase: pgPortBase,
 		PGNodes: 2, HA: 2, TLS: true, Hosts: hosts.Placement{Net: n}, Timeout: 180 * time.Second, Log: logWriter{t}})
@@ -98,7 +106,10 @@ func newCluster(t *testing.T) (*cluster, *hosts.Capture) {
 	}
 	ca := c.env.TLSFiles("").CA
 	c.base = []string{"SHARDVISOR_ZK=" + c.env.ZKConnect(), "SHARDVISOR_ZK_ROOT=/shardvisor", "SHARDVISOR_CLUSTER=" + clusterID,
-		"SHARDVISOR_ZK_TLS_CA=" + ca, "PGSSLMODE=verify-full", "PGSSLROOTCERT=" + ca, "SHARDVISOR_LOG_FORMAT=json"}
+		"SHARDVISOR_ZK_TLS_CA=" + ca, "PGSSLMODE=verify-full", "PGSSLROOTCERT=" + ca, "SHARDVISOR_LOG_FORMAT=json",
+		// The moves' streams log in by the subscribing server's certificate:
+		// no password in any catalog.
+		"SHARDVISOR_NODE_STREAM_USER=" + devenv.StreamUser}
 	return c, capt
 }
 

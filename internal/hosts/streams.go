@@ -29,13 +29,18 @@ const (
 	// StartPGSSL: PostgreSQL's SSLRequest, the server's 'S', then a TLS
 	// handshake record.
 	StartPGSSL Start = "pg-sslrequest-tls"
-	// StartEmpty: no byte either way (a port probe: connected, closed).
+	// StartPGSSLOnly: PostgreSQL's SSLRequest and the server's answer,
+	// then nothing more from the client (it gave up: a connect timeout):
+	// no other byte crossed.
+	StartPGSSLOnly Start = "pg-sslrequest-only"
+	// StartEmpty: no byte either way: a port probe (connected, closed), or
+	// a connect refused or unanswered (a server down, a host cut off).
 	StartEmpty Start = "empty"
 	// StartPlain: anything else; the wire check fails on it.
 	StartPlain Start = "plain"
-	// StartUnseen: the capture began after the stream's SYN (it cannot
-	// be classified; the wire check fails on it too: start the capture
-	// before the servers).
+	// StartUnseen: bytes of a stream whose SYN the capture did not see (it
+	// began before the capture): it cannot be classified, and the wire
+	// check fails on it too: start the capture before the servers.
 	StartUnseen Start = "unseen"
 )
 
@@ -122,7 +127,9 @@ type half struct {
 	segs   []segment
 }
 
-// bytes reassembles the half in sequence order from its ISN: overlaps
+// bytes reassembles the half in sequence order from its ISN (none without
+// its SYN: a refused connect's server half, a stream begun before the
+// capture): overlaps
 // (retransmissions) are read once; a hole is skipped and counted.
 func (h *half) bytes() ([]byte, int) {
 	if !h.synned {
@@ -237,7 +244,7 @@ func Analyze(file string, secrets map[string][]byte) (*Report, error) {
 		st.Gaps = g1 + g2
 		st.ClientBytes, st.ServerBytes = len(cb), len(sb)
 		st.Head = slices.Clone(cb[:min(16, len(cb))])
-		st.Start = classify(c.known && c.s2c.synned, cb, sb)
+		st.Start = classify(c.known, cb, sb)
 		for name, s := range secrets {
 			// Counted in the raw packets already unless split: add only
 			// the occurrences the packets did not hold whole.
@@ -260,14 +267,16 @@ func countInSegs(c *conn, s []byte) int {
 
 func classify(seen bool, cb, sb []byte) Start {
 	switch {
+	case len(cb) == 0 && len(sb) == 0 && seen:
+		return StartEmpty
 	case !seen:
 		return StartUnseen
-	case len(cb) == 0 && len(sb) == 0:
-		return StartEmpty
 	case isTLSRecord(cb):
 		return StartTLS
 	case bytes.HasPrefix(cb, sslRequest) && len(sb) > 0 && sb[0] == 'S' && isTLSRecord(cb[len(sslRequest):]):
 		return StartPGSSL
+	case bytes.Equal(cb, sslRequest) && len(sb) <= 1:
+		return StartPGSSLOnly
 	}
 	return StartPlain
 }
