@@ -1,22 +1,19 @@
 package devenv
 
 import (
-	"context"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/internal/pki"
 )
 
 // With Config.TLS every PostgreSQL server (plain node pgI, group member
-// pgI-mM) has a certificate of the environment's CA for 127.0.0.1 and
-// localhost (TLSDir/pgI.crt, pgI-mM.crt; the key the postgres user's,
+// pgI-mM) has a certificate of the environment's CA for 127.0.0.1,
+// localhost and, placed on a host of its own (Config.Hosts), the host's
+// address (TLSDir/pgI.crt, pgI-mM.crt; the key the postgres user's,
 // mode 0600, as the server demands), ssl on, and a pg_hba that takes TCP
 // connections over TLS only (hostssl); the unix socket stays trust. The
 // DSNs devenv writes verify the server: sslmode=verify-full with the CA.
@@ -155,19 +152,11 @@ func (e *Env) pgWriteTLS(i int) error {
 // ensureStreamUser creates StreamUser on the server whose unix socket is
 // in sockDir (trust), if it is not there: LOGIN REPLICATION, no password.
 func ensureStreamUser(sockDir string, port int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", sockDir, port))
-	if err != nil {
-		return err
-	}
-	defer c.Close(ctx)
-	_, err = c.Exec(ctx, `DO $$ BEGIN
+	return execLocal(sockDir, port, `DO $$ BEGIN
 		IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '`+StreamUser+`') THEN
 			CREATE ROLE `+StreamUser+` LOGIN REPLICATION;
 		END IF;
 	END $$`)
-	return err
 }
 
 // RotatePGCerts issues every PostgreSQL server of the environment a new

@@ -255,6 +255,12 @@ func killPostmasterTree(pm int, extra ...int) int {
 // setPassword sets the postgres role's password to the password file's,
 // over the unix socket in sockDir (trust).
 func setPassword(sockDir string, port int, pw string) error {
+	return execLocal(sockDir, port, "ALTER ROLE postgres PASSWORD '"+strings.ReplaceAll(pw, "'", "''")+"'")
+}
+
+// execLocal runs sql as the postgres user on the server whose unix socket
+// is in sockDir (trust: no password, no TLS).
+func execLocal(sockDir string, port int, sql string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", sockDir, port))
@@ -262,7 +268,7 @@ func setPassword(sockDir string, port int, pw string) error {
 		return err
 	}
 	defer c.Close(ctx)
-	_, err = c.Exec(ctx, "ALTER ROLE postgres PASSWORD '"+strings.ReplaceAll(pw, "'", "''")+"'")
+	_, err = c.Exec(ctx, sql)
 	return err
 }
 
@@ -300,13 +306,5 @@ func (e *Env) pgAfterStart(i int) error {
 // configuration files again: pg_hba, pg_ident, and the TLS files (the
 // server certificate, key and CA; connections open keep theirs).
 func pgReload(sockDir string, port int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", sockDir, port))
-	if err != nil {
-		return err
-	}
-	defer c.Close(ctx)
-	_, err = c.Exec(ctx, "SELECT pg_reload_conf()")
-	return err
+	return execLocal(sockDir, port, "SELECT pg_reload_conf()")
 }

@@ -42,6 +42,7 @@ func TestHostsCaptureAndCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _, _ = capt.Stop() }) // on a failure too: no tcpdump left behind
 
 	ca, err := pki.NewCA("hosts test", time.Hour)
 	if err != nil {
