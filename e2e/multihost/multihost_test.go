@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/internal/clustertest"
@@ -120,6 +122,9 @@ func TestFaultsAcrossHosts(t *testing.T) {
 		return s
 	}
 	spawnsBefore := spawns()
+	if spawnsBefore == 0 {
+		t.Fatal("no worker spawn counted: the metric is not the supervisors'")
+	}
 
 	// A move of a marked user's bucket with a rollback window, and its
 	// rollback: the copy, the catch-up stream and the reverse stream cross
@@ -159,6 +164,20 @@ func TestFaultsAcrossHosts(t *testing.T) {
 	zks := []*hosts.Host{c.net.Host("zk1"), c.net.Host("zk2"), c.net.Host("zk3")}
 	if err := hosts.Cut(c.net.Host(p2), zks...); err != nil {
 		t.Fatal(err)
+	}
+	// The cut holds: from p2's host ZooKeeper does not answer, and the
+	// leader key that p2's session held expires.
+	for _, z := range zks {
+		if err := c.net.Host(p2).Do(func() error {
+			conn, err := net.DialTimeout("tcp", fmt.Sprintf("%s:%d", z.Addr, zkPortBase), time.Second)
+			if err == nil {
+				conn.Close()
+				return fmt.Errorf("%s reached %s through the cut", p2, z.Name)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
 		if name, _, ok, _ := c.env.Primary(2); !ok || name != p2 {
@@ -213,6 +232,7 @@ func TestFaultsAcrossHosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("rotated every certificate and the CA in %s", time.Since(rotStart).Round(100*time.Millisecond))
+	op = c.httpOn("op", c.adminTLS()) // the operator's new certificate, on new connections
 	newCA, err := os.ReadFile(c.env.TLSFiles("").CA)
 	if err != nil {
 		t.Fatal(err)
@@ -271,8 +291,26 @@ func TestFaultsAcrossHosts(t *testing.T) {
 	for _, s := range rep.Bad() {
 		t.Errorf("a stream between hosts did not start with TLS: %s", s)
 	}
-	if rep.Count(hosts.StartTLS) == 0 || rep.Count(hosts.StartPGSSL) == 0 {
-		t.Errorf("the capture saw no TLS streams: is it on the bridge?")
+	if rep.Unparsed != 0 {
+		t.Errorf("%d captured frames were not IPv4 TCP: no stream holds them", rep.Unparsed)
+	}
+	// Every kind of connection between hosts was seen (a check that read
+	// nothing would pass): name -> server name:port prefixes.
+	seen := map[string]bool{}
+	for _, l := range rep.ByPort(names) {
+		f := strings.Fields(l)
+		from, to := f[1], strings.Split(f[3], ":")[0]
+		seen[kind(from)+"->"+kind(to)+" "+f[4]] = true
+	}
+	for _, want := range []string{
+		"web->zk tls", "op->zk tls", "zk->zk tls", "pg->zk tls", // ZooKeeper clients and the quorum
+		"web->pg pg-sslrequest-tls", "op->pg pg-sslrequest-tls", // the workers', the operator's
+		"pg->pg pg-sslrequest-tls",                // standbys and the moves' streams
+		"op->pg tls", "pg->pg tls", "op->web tls", // Patroni's REST API, the admin endpoints and the sidecar
+	} {
+		if !seen[want] {
+			t.Errorf("no %s stream in the capture (seen: %v)", want, seen)
+		}
 	}
 }
 
@@ -367,6 +405,16 @@ func waitNewPrimary(t *testing.T, c *cluster, i int, old string) {
 	t.Logf("pg%d: new primary taking writes %s after the fault", i, time.Since(start).Round(100*time.Millisecond))
 }
 
+// kind is a host's role: zk, pg, web or op.
+func kind(host string) string {
+	for _, k := range []string{"zk", "pg", "web"} {
+		if strings.HasPrefix(host, k) {
+			return k
+		}
+	}
+	return host
+}
+
 // probeWrite writes a row through node i's DSN (its primary, over TLS).
 func probeWrite(c *cluster, i int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -401,8 +449,12 @@ func clusterSeed(t *testing.T, c *cluster) string {
 	return rec.Seed
 }
 
-// refusals: every server refuses a plain client and a client of another
-// CA, across the bridge from the operator's host.
+// refusals: every server, across the bridge from the operator's host,
+// refuses a plain client; refuses a client whose certificate is of
+// another CA (the client trusting the right one, so that the server's
+// refusal is what is tested); and the client that verifies against
+// another CA refuses the server. The operator's certificate is served
+// (the checks are not vacuous).
 func refusals(t *testing.T, c *cluster) {
 	other, err := pki.NewCA("another CA", time.Hour)
 	if err != nil {
@@ -420,75 +472,130 @@ func refusals(t *testing.T, c *cluster) {
 	if err := leaf.Write(otherFiles.Cert, otherFiles.Key); err != nil {
 		t.Fatal(err)
 	}
-	otherCfg, err := otherFiles.Config()
+	trustsOther, err := otherFiles.Config() // the other CA's client, trusting the other CA
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other CA's certificate, trusting the right CA.
+	foreignCert := pki.Files{CA: c.env.TLSFiles("").CA, Cert: otherFiles.Cert, Key: otherFiles.Key}
+	foreign, err := foreignCert.Config()
 	if err != nil {
 		t.Fatal(err)
 	}
 	good := c.adminTLS()
 	type server struct {
 		name, addr string
-		pg         bool
+		kind       string // zk, pg, https
 	}
 	var servers []server
 	for i := 1; i <= 3; i++ {
-		servers = append(servers, server{fmt.Sprintf("zk%d", i), fmt.Sprintf("%s:%d", c.net.Host(fmt.Sprintf("zk%d", i)).Addr, zkPortBase+i-1), false})
+		servers = append(servers, server{fmt.Sprintf("zk%d", i), fmt.Sprintf("%s:%d", c.net.Host(fmt.Sprintf("zk%d", i)).Addr, zkPortBase+i-1), "zk"})
 	}
 	for i := 1; i <= 2; i++ {
 		for m := 1; m <= 2; m++ {
 			h := c.net.Host(fmt.Sprintf("pg%d-m%d", i, m)).Addr
 			port := pgPortBase + (i - 1) + 100*(m-1)
-			servers = append(servers, server{fmt.Sprintf("pg%d-m%d postgres", i, m), fmt.Sprintf("%s:%d", h, port), true},
-				server{fmt.Sprintf("pg%d-m%d patroni api", i, m), fmt.Sprintf("%s:%d", h, port+1000), false})
+			servers = append(servers, server{fmt.Sprintf("pg%d-m%d postgres", i, m), fmt.Sprintf("%s:%d", h, port), "pg"},
+				server{fmt.Sprintf("pg%d-m%d patroni api", i, m), fmt.Sprintf("%s:%d", h, port+1000), "https"})
 		}
 	}
 	for _, web := range []string{"web1", "web2"} {
-		servers = append(servers, server{web + " supervisor admin", fmt.Sprintf("%s:%d", c.net.Host(web).Addr, adminPort), false})
+		servers = append(servers, server{web + " supervisor admin", fmt.Sprintf("%s:%d", c.net.Host(web).Addr, adminPort), "https"})
 	}
-	servers = append(servers, server{"web1 router sidecar", fmt.Sprintf("%s:%d", c.net.Host("web1").Addr, routerPort), false})
+	servers = append(servers, server{"web1 router sidecar", fmt.Sprintf("%s:%d", c.net.Host("web1").Addr, routerPort), "https"})
 	ctx := context.Background()
+	// served: whether a TLS client with cfg gets an answer from s (a
+	// request for HTTPS, a write and a read for ZooKeeper: with TLS 1.3 a
+	// server refuses the client's certificate after the handshake).
+	served := func(s server, cfg *tls.Config) error {
+		cfg = cfg.Clone()
+		cfg.ServerName = strings.Split(s.addr, ":")[0]
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", s.addr, cfg)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if s.kind == "zk" {
+			_, err = conn.Write([]byte("srvr")) // a four-letter word: its answer
+		} else {
+			_, err = conn.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+		}
+		if err == nil {
+			_, err = conn.Read(make([]byte, 1))
+		}
+		return err
+	}
 	for _, s := range servers {
-		if s.pg {
-			for _, q := range []string{"sslmode=disable", "sslmode=verify-full&sslrootcert=" + otherFiles.CA} {
+		switch s.kind {
+		case "pg":
+			// PostgreSQL's clients authenticate by password over TLS (the
+			// moves' stream role by a certificate of the CA alone:
+			// TestTLSEnsemble refuses another CA's there).
+			for _, q := range []string{"sslmode=disable", // plain
+				"sslmode=verify-full&sslrootcert=" + otherFiles.CA} { // verifying against another CA
 				dsn := fmt.Sprintf("postgres://postgres:%s@%s/postgres?connect_timeout=5&%s", c.env.Password(), s.addr, q)
 				if conn, err := pgx.Connect(ctx, dsn); err == nil {
 					conn.Close(ctx)
 					t.Errorf("%s took a client with %s", s.name, q)
-				} else {
-					t.Logf("%s refused %s: %v", s.name, q, err)
 				}
 			}
+			dsn := fmt.Sprintf("postgres://postgres:%s@%s/postgres?connect_timeout=5&%s", c.env.Password(), s.addr, c.env.PGSSLParams())
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Errorf("%s refused the right client: %v", s.name, err)
+				continue
+			}
+			conn.Close(ctx)
 			continue
-		}
-		// Plain: a TLS server answers garbage or closes; HTTP must fail, and
-		// for ZooKeeper a plain connect request gets no session.
-		plain := &http.Client{Timeout: 5 * time.Second}
-		if res, err := plain.Get("http://" + s.addr + "/"); err == nil && res.StatusCode != http.StatusBadRequest {
-			res.Body.Close()
-			t.Errorf("%s answered a plain HTTP client: %s", s.name, res.Status)
-		}
-		// Another CA's client: the server refuses its certificate, or the
-		// client refuses the server's.
-		cfg := otherCfg.Clone()
-		cfg.ServerName = strings.Split(s.addr, ":")[0]
-		if conn, err := tls.Dial("tcp", s.addr, cfg); err == nil {
-			// TLS 1.3: the server's refusal of the client certificate comes
-			// with the first read.
-			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-			_, werr := conn.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
-			_, rerr := conn.Read(make([]byte, 1))
-			conn.Close()
-			if werr == nil && rerr == nil {
-				t.Errorf("%s served a client of another CA", s.name)
+		case "zk":
+			// A real plain ZooKeeper client gets no session.
+			dial := func(network, addr string, timeout time.Duration) (net.Conn, error) {
+				return net.DialTimeout(network, addr, timeout)
+			}
+			zc, events, err := zk.Connect([]string{s.addr}, 5*time.Second, zk.WithDialer(dial), zk.WithLogger(zkQuiet{}))
+			if err == nil {
+				deadline := time.After(5 * time.Second)
+			wait:
+				for {
+					select {
+					case ev := <-events:
+						if ev.State == zk.StateHasSession {
+							t.Errorf("%s gave a plain client a session", s.name)
+							break wait
+						}
+					case <-deadline:
+						break wait
+					}
+				}
+				zc.Close()
+			}
+		case "https":
+			// Go's TLS servers answer a plain request with a 400 saying so;
+			// Patroni's closes. Anything else answered it.
+			plain := &http.Client{Timeout: 5 * time.Second}
+			if res, err := plain.Get("http://" + s.addr + "/"); err == nil {
+				b := make([]byte, 200)
+				n, _ := res.Body.Read(b)
+				res.Body.Close()
+				if res.StatusCode != http.StatusBadRequest || !strings.Contains(string(b[:n]), "HTTPS server") {
+					t.Errorf("%s answered a plain HTTP client: %s %q", s.name, res.Status, b[:n])
+				}
 			}
 		}
-		// And the right CA's client is served (the check is not vacuous).
-		gcfg := good.Clone()
-		gcfg.ServerName = strings.Split(s.addr, ":")[0]
-		conn, err := tls.Dial("tcp", s.addr, gcfg)
-		if err != nil {
-			t.Errorf("%s refused the operator's certificate: %v", s.name, err)
-			continue
+		if err := served(s, foreign); err == nil {
+			t.Errorf("%s served a client certificate of another CA", s.name)
 		}
-		conn.Close()
+		if err := served(s, trustsOther); err == nil {
+			t.Errorf("%s was trusted by a client of another CA", s.name)
+		}
+		if err := served(s, good); err != nil {
+			t.Errorf("%s refused the operator's certificate: %v", s.name, err)
+		}
 	}
 }
+
+// zkQuiet drops go-zookeeper's log lines (the plain client's failures).
+type zkQuiet struct{}
+
+func (zkQuiet) Printf(string, ...any) {}

@@ -48,6 +48,8 @@ var layer = map[string]int{
 	"internal/failpoint":  0,
 	"internal/sqlstate":   0,
 	"internal/faultproxy": 1,
+	// Test hosts in network namespaces, their partitions and the wire check.
+	"internal/hosts": 0,
 	// Certificates and TLS configurations: below everything that dials.
 	"internal/pki":         0,
 	"internal/devenv":      1,
@@ -93,7 +95,7 @@ const layerTop = 100
 // testSupport are the packages for tests: a library package never imports
 // one (they may import each other).
 var testSupport = map[string]bool{
-	"internal/testenv": true, "internal/devenv": true, "internal/faultproxy": true, "internal/zktest": true,
+	"internal/testenv": true, "internal/devenv": true, "internal/faultproxy": true, "internal/zktest": true, "internal/hosts": true,
 	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true,
 	"internal/benchkit/kvload": true,
 }

@@ -1,7 +1,9 @@
 package devenv
 
 import (
+	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
@@ -53,9 +55,10 @@ func (e *Env) ensureAPIPassword() (string, error) {
 }
 
 // patroniAPI builds the client once per Env: HTTP, or HTTPS as devenv's
-// identity with the API password. A TLS environment whose files are
-// unreadable gets a client that fails every request (health says
-// "not answering", with the path in the log of up).
+// identity with the API password, its CA and certificate read again when
+// they change (a rotation, RotateTLS, needs no new Env). A TLS
+// environment whose files are unreadable gets a client that fails every
+// request (health says "not answering", with the path in the log of up).
 func (e *Env) patroniAPI() *patroniAPI {
 	e.apiOnce.Do(func() {
 		e.api = &patroniAPI{client: &http.Client{Timeout: 1500 * time.Millisecond}, scheme: "http"}
@@ -63,14 +66,23 @@ func (e *Env) patroniAPI() *patroniAPI {
 			return
 		}
 		e.api.scheme = "https"
-		cfg, err := e.TLSFiles("devenv").Config()
+		_, clientFor, err := e.TLSFiles("devenv").Reloading()
 		pw, err2 := e.ensureAPIPassword()
 		if err != nil || err2 != nil {
 			e.logf("Patroni REST API client: %v %v", err, err2)
-			cfg = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: nil, ServerName: "invalid."}
+			clientFor = func(string) *tls.Config {
+				return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool(), ServerName: "invalid."}
+			}
 		}
-		cfg.ServerName = "" // the member's address, from each request's URL
-		e.api.client.Transport = &http.Transport{TLSClientConfig: cfg}
+		// Each member is checked against its own address (the URL's host).
+		e.api.client.Transport = &http.Transport{DialTLSContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			d := tls.Dialer{Config: clientFor(host)}
+			return d.DialContext(ctx, network, addr)
+		}}
 		e.api.user, e.api.pw = PatroniAPIUser, pw
 	})
 	return e.api

@@ -140,6 +140,12 @@ func streamsByCertificate(t *testing.T, e *devenv.Env, group, plain int) {
 		if err := testenv.Exec(ctx, base+" sslcert="+web.Cert+" sslkey="+web.Key, "SELECT 1"); !errors.As(err, &pe) || pe.Code != "28000" {
 			t.Errorf("port %d: the stream user with a web head's certificate: %v, want refused by the map (28000)", port, err)
 		}
+		// Group pgI's Patroni has CN pgI too, with OU patroni: the map
+		// matches the whole subject, and refuses it.
+		pat := e.TLSFiles("patroni-pg" + strconv.Itoa(group))
+		if err := testenv.Exec(ctx, base+" sslcert="+pat.Cert+" sslkey="+pat.Key, "SELECT 1"); !errors.As(err, &pe) || pe.Code != "28000" {
+			t.Errorf("port %d: the stream user with Patroni's certificate: %v, want refused by the map (28000)", port, err)
+		}
 		if err := testenv.Exec(ctx, base+" sslcert="+e.TLSFiles(names[plain]).Cert+" sslkey="+e.TLSFiles(names[plain]).Key, "SELECT 1"); err != nil {
 			t.Errorf("port %d: the stream user with %s's certificate: %v", port, names[plain], err)
 		}

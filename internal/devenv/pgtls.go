@@ -62,19 +62,21 @@ func (e *Env) PGSSLParams() string {
 const StreamUser = "shardvisor_stream"
 
 // pgIdentMap is the pg_ident map of the cert line: a db server's
-// certificate (CN pgI or pgI-mM, the server's own, which its libpq
-// presents as a client) logs in as StreamUser and no other role.
-// PostgreSQL 15 matches the CN alone, so group pgI's Patroni certificate
-// (CN pgI, OU patroni) matches too: it lives on the same db hosts.
+// certificate (CN pgI or pgI-mM, OU postgres: the server's own, which its
+// libpq presents as a client) logs in as StreamUser and no other role.
+// The whole subject is matched (clientname=DN), so group pgI's Patroni
+// certificate (CN pgI, OU patroni) and a web head's do not.
 const pgIdentMap = "dbservers"
 
-// pgIdentLine is the map's one line (pg_ident.conf's format).
-const pgIdentLine = pgIdentMap + ` /^pg[0-9]+(-m[0-9]+)?$ ` + StreamUser
+// pgIdentLine is the map's one line (pg_ident.conf's format); PostgreSQL
+// writes the subject as RFC 2253 does, CN first. Quoted: pg_ident splits
+// a bare token at its commas.
+const pgIdentLine = pgIdentMap + ` "/^CN=pg[0-9]+(-m[0-9]+)?,OU=postgres,O=shardvisor$" ` + StreamUser
 
 // pgHBACertLine lets StreamUser in by certificate only; it comes first
 // (pg_hba takes the first line that matches, and never falls through).
 func pgHBACertLine(cidr string) string {
-	return "hostssl all " + StreamUser + " " + cidr + " cert map=" + pgIdentMap
+	return "hostssl all " + StreamUser + " " + cidr + " cert clientname=DN map=" + pgIdentMap
 }
 
 // pgHBATLS is a plain node's pg_hba with TLS (its hba_file): TCP over TLS

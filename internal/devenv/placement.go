@@ -117,3 +117,12 @@ func (e *Env) runOn(server string, cmd *exec.Cmd) error {
 	}
 	return cmd.Wait()
 }
+
+// memberNames are the names group i's members may have (pgI-m1..).
+func memberNames(i int) []string {
+	out := make([]string, MaxMembers)
+	for m := range out {
+		out[m] = MemberName(i, m+1)
+	}
+	return out
+}

@@ -48,8 +48,12 @@ func (e *Env) ensurePassword() (pw string, changed bool, err error) {
 	// libpq ignores a password file that is not 0600.
 	tmp := e.PGPassFile() + ".tmp"
 	body := fmt.Sprintf("127.0.0.1:*:*:postgres:%s\nlocalhost:*:*:postgres:%s\n", pw, pw)
-	if e.c.Hosts != nil {
-		body += fmt.Sprintf("*:*:*:postgres:%s\n", pw) // every host's address
+	for i := 1; e.c.Hosts != nil && i <= 9; i++ { // the servers' hosts' addresses, no wildcard
+		for _, name := range append([]string{"pg" + itoa(i)}, memberNames(i)...) {
+			if a := e.c.Hosts.Addr(name); a != "" {
+				body += fmt.Sprintf("%s:*:*:postgres:%s\n", a, pw)
+			}
+		}
 	}
 	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
 		return "", false, err
@@ -77,10 +81,16 @@ func (e *Env) pgStaleBinary(i int) bool {
 // pg_isready does: it answers a startup packet with anything but "the
 // database system is starting up / shutting down" (57P03). A refused
 // password counts as accepting.
-func pgReady(addr string, port int, password string) bool {
+// With TLS it asks over TLS (sslmode=require: a probe, nothing to
+// verify), so that not even its startup packet crosses a network in clear.
+func pgReady(addr string, port int, password string, tls bool) bool {
+	mode := "disable"
+	if tls {
+		mode = "require"
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=2", addr, port))
+	cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=%s connect_timeout=2", addr, port, mode))
 	if err != nil {
 		return false
 	}

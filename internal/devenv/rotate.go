@@ -94,13 +94,26 @@ func (e *Env) rotateCA() error {
 	if err != nil {
 		return err
 	}
-	// The key first: LoadCA pairs the bundle's first certificate with it.
+	// The key first: LoadCA pairs the bundle's first certificate with it
+	// (and refuses a pair that does not match: between the two renames, or
+	// if the second fails). The previous key stays as ca.key.prev, and goes
+	// back if the bundle cannot be written.
+	oldKey, err := os.ReadFile(caKey)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(caKey+".prev", oldKey, 0o600, nil); err != nil {
+		return err
+	}
 	if err := os.Rename(filepath.Join(dir, "ca.key"), caKey); err != nil {
 		return err
 	}
 	bundle := append(newCert, pem.EncodeToMemory(oldFirst)...)
 	if err := writeAtomic(caCert, bundle, 0o644, nil); err != nil {
-		return err
+		if rerr := writeAtomic(caKey, oldKey, 0o600, nil); rerr != nil {
+			return fmt.Errorf("tls: writing the CA bundle: %w; and putting the previous key back: %v (it is in %s.prev)", err, rerr, caKey)
+		}
+		return fmt.Errorf("tls: writing the CA bundle (the previous CA stays): %w", err)
 	}
 	e.logf("tls: a new CA in %s; ca.crt holds it and the previous one", e.TLSDir())
 	return nil
@@ -289,10 +302,14 @@ func (e *Env) pgReloadTLS(i int) error {
 func (e *Env) zkRollingRestart() error {
 	var order []int
 	leader := 0
+	// Every server serving first: with one down, restarting another would
+	// take the quorum away.
 	for i := 1; i <= ZKServers; i++ {
-		if e.zkPid(i) == 0 {
-			continue
+		if m := e.ZKMode(i); m != "leader" && m != "follower" {
+			return fmt.Errorf("zk%d is %s: a rolling restart now would lose the quorum; start it first (scripts/devenv up)", i, m)
 		}
+	}
+	for i := 1; i <= ZKServers; i++ {
 		if e.ZKMode(i) == "leader" {
 			leader = i
 			continue
@@ -309,6 +326,16 @@ func (e *Env) zkRollingRestart() error {
 		}
 		if err := e.ZKStart(i); err != nil {
 			return err
+		}
+		// ZKStart returns once a quorum runs; this one must serve too before
+		// the next stops.
+		for deadline := time.Now().Add(e.c.Timeout); ; time.Sleep(100 * time.Millisecond) {
+			if m := e.ZKMode(i); m == "leader" || m == "follower" {
+				break
+			}
+			if time.Now().After(deadline) {
+				return withLogs(fmt.Errorf("zk%d: not serving %s after its restart with the rotated files", i, e.c.Timeout), e.zkLog(i))
+			}
 		}
 		e.logf("zk%d: restarted with the rotated files in %s", i, time.Since(t0).Round(time.Millisecond))
 	}

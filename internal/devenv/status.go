@@ -51,7 +51,7 @@ func (e *Env) Status(w io.Writer) (healthy bool) {
 		case !fileExists(filepath.Join(e.pgData(i), "PG_VERSION")):
 			state = "absent"
 		case p == 0:
-		case !pgReady(e.addr("pg"+itoa(i)), e.PGPort(i), pw):
+		case !pgReady(e.addr("pg"+itoa(i)), e.PGPort(i), pw, e.c.TLS):
 			pid, state = strconv.Itoa(p), "not-accepting"
 		case e.pgStaleBinary(i):
 			pid, state = strconv.Itoa(p), "accepting, binary upgraded on disk: restart with up"

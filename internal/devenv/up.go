@@ -158,7 +158,7 @@ func (e *Env) waitHealthy(deadline time.Time, zk bool, nodes ...int) error {
 		for _, i := range nodes {
 			if e.pgPid(i) == 0 {
 				bads, dead = append(bads, bad{fmt.Sprintf("pg%d", i), "process not running", e.pgLog(i)}), true
-			} else if !pgReady(e.addr("pg"+itoa(i)), e.PGPort(i), pw) {
+			} else if !pgReady(e.addr("pg"+itoa(i)), e.PGPort(i), pw, e.c.TLS) {
 				bads = append(bads, bad{fmt.Sprintf("pg%d", i), "not accepting connections", e.pgLog(i)})
 			}
 		}

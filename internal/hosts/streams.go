@@ -36,7 +36,9 @@ const (
 	// StartEmpty: no byte either way: a port probe (connected, closed), or
 	// a connect refused or unanswered (a server down, a host cut off).
 	StartEmpty Start = "empty"
-	// StartPlain: anything else; the wire check fails on it.
+	// StartPlain: anything else, TLS records that stop being TLS records
+	// (plaintext after a handshake), or data in a SYN; the wire check
+	// fails on it.
 	StartPlain Start = "plain"
 	// StartUnseen: bytes of a stream whose SYN the capture did not see (it
 	// began before the capture): it cannot be classified, and the wire
@@ -59,7 +61,12 @@ type Stream struct {
 // Report is what Analyze found.
 type Report struct {
 	Packets int
-	Streams []Stream
+	// Unparsed counts captured frames that are not Ethernet/IPv4/TCP (the
+	// capture takes TCP only: IPv6, a VLAN tag, IP options cut short).
+	// Their bytes are in the raw secret count, but no stream holds them:
+	// the wire check must find none.
+	Unparsed int
+	Streams  []Stream
 	// Found[name] is how many times secret name occurred: in the raw
 	// capture (any packet) plus in the reassembled streams (a secret split
 	// across two segments).
@@ -77,11 +84,14 @@ func (r *Report) Count(s Start) int {
 	return n
 }
 
-// Bad are the streams that did not start with TLS (empty ones aside).
+// Bad are the streams that did not start with TLS (empty ones aside), or
+// that have a hole.
 func (r *Report) Bad() []Stream {
 	var out []Stream
 	for _, st := range r.Streams {
-		if st.Start == StartPlain || st.Start == StartUnseen {
+		// A hole in a stream (a packet the capture lost) leaves its bytes
+		// unread: it is not proven clean.
+		if st.Start == StartPlain || st.Start == StartUnseen || st.Gaps > 0 {
 			out = append(out, st)
 		}
 	}
@@ -116,15 +126,40 @@ func isTLSRecord(b []byte) bool {
 	return len(b) >= 3 && b[0] == 0x16 && b[1] == 0x03 && b[2] <= 0x04
 }
 
+// tlsFramed reports whether b is a run of TLS records from its start to
+// its end (the last one may be cut short by the capture's end): content
+// types 20-23, version 3.x, a length within the protocol's bound. A
+// stream that switched to plaintext after its handshake breaks it.
+func tlsFramed(b []byte) bool {
+	for len(b) > 0 {
+		if len(b) < 5 {
+			return true // a header cut by the end of the capture
+		}
+		if b[0] < 20 || b[0] > 23 || b[1] != 3 || b[2] > 4 {
+			return false
+		}
+		n := int(binary.BigEndian.Uint16(b[3:5]))
+		if n > 1<<14+2048 {
+			return false
+		}
+		if len(b) < 5+n {
+			return true
+		}
+		b = b[5+n:]
+	}
+	return true
+}
+
 type segment struct {
 	seq  uint32
 	data []byte
 }
 
 type half struct {
-	isn    uint32
-	synned bool
-	segs   []segment
+	isn     uint32
+	synned  bool
+	synData bool // a SYN carried data (TCP Fast Open): never expected here
+	segs    []segment
 }
 
 // bytes reassembles the half in sequence order from its ISN (none without
@@ -205,6 +240,7 @@ func Analyze(file string, secrets map[string][]byte) (*Report, error) {
 		}
 		src, dst, seq, flags, payload, ok := parseTCP(pkt)
 		if !ok {
+			rep.Unparsed++
 			continue
 		}
 		key := [2]netip.AddrPort{src, dst}
@@ -231,6 +267,7 @@ func Analyze(file string, secrets map[string][]byte) (*Report, error) {
 		}
 		if flags&syn != 0 {
 			h.isn, h.synned = seq, true
+			h.synData = h.synData || len(payload) > 0
 			continue
 		}
 		if len(payload) > 0 {
@@ -245,6 +282,9 @@ func Analyze(file string, secrets map[string][]byte) (*Report, error) {
 		st.ClientBytes, st.ServerBytes = len(cb), len(sb)
 		st.Head = slices.Clone(cb[:min(16, len(cb))])
 		st.Start = classify(c.known, cb, sb)
+		if c.c2s.synData || c.s2c.synData {
+			st.Start = StartPlain
+		}
 		for name, s := range secrets {
 			// Counted in the raw packets already unless split: add only
 			// the occurrences the packets did not hold whole.
@@ -271,9 +311,10 @@ func classify(seen bool, cb, sb []byte) Start {
 		return StartEmpty
 	case !seen:
 		return StartUnseen
-	case isTLSRecord(cb):
+	case isTLSRecord(cb) && tlsFramed(cb) && tlsFramed(sb):
 		return StartTLS
-	case bytes.HasPrefix(cb, sslRequest) && len(sb) > 0 && sb[0] == 'S' && isTLSRecord(cb[len(sslRequest):]):
+	case bytes.HasPrefix(cb, sslRequest) && len(sb) > 0 && sb[0] == 'S' && isTLSRecord(cb[len(sslRequest):]) &&
+		tlsFramed(cb[len(sslRequest):]) && tlsFramed(sb[1:]):
 		return StartPGSSL
 	case bytes.Equal(cb, sslRequest) && len(sb) <= 1:
 		return StartPGSSLOnly

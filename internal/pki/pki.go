@@ -218,6 +218,11 @@ func LoadCA(certFile, keyFile string) (*CA, error) {
 	if !ok {
 		return nil, fmt.Errorf("pki: %s: not a signing key", keyFile)
 	}
+	// A rotation half done (a new key beside the old certificate) would
+	// sign leaves that verify against nothing: refuse it.
+	if pub, ok := signer.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !pub.Equal(cert.PublicKey) {
+		return nil, fmt.Errorf("pki: %s is not the key of the first certificate in %s (a CA rotation half done? its previous key is kept beside it as .prev)", keyFile, certFile)
+	}
 	return &CA{Cert: cert, Key: signer}, nil
 }
 

@@ -212,3 +212,30 @@ func TestLoadCARoundTrip(t *testing.T) {
 		t.Fatalf("SubjectDN %q (%v), want %q", dn, err, (Identity{Role: "admin", Host: "alice"}).DN())
 	}
 }
+
+// TestLoadCARefusesAKeyOfAnotherCertificate: a rotation half done (the new
+// key beside the old certificate) must not sign leaves that verify against
+// nothing.
+func TestLoadCARefusesAKeyOfAnotherCertificate(t *testing.T) {
+	dir := t.TempDir()
+	a, err := NewCA("a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewCA("b", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Write(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "a.key")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Write(filepath.Join(dir, "b.crt"), filepath.Join(dir, "ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")); err == nil || !strings.Contains(err.Error(), "is not the key of") {
+		t.Fatalf("LoadCA of a mismatched pair: %v", err)
+	}
+	if _, err := LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "a.key")); err != nil {
+		t.Fatalf("LoadCA of a matching pair: %v", err)
+	}
+}
