@@ -6,7 +6,7 @@ PKGS     ?= ./...
 # The longest packages first: go test starts packages in the order given,
 # so the longest ones (60-80 s each on 2 cores) run beside the rest
 # instead of after it.
-TEST_PKGS ?= ./migrate/ ./supervisor/ ./e2e/ ./clients/python/ ./internal/testenv/ ./cmd/shardctl/ $(PKGS)
+TEST_PKGS ?= ./migrate/ ./supervisor/ ./internal/devenv/ ./e2e/ ./cmd/shardctl/ ./clients/python/ ./cmd/supervisor/ ./internal/testenv/ $(PKGS)
 # -race everywhere: most packages run goroutines. -p 2 matches the 2-core
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
