@@ -237,8 +237,16 @@ func (mv *Mover) followOrphan(ctx context.Context, id string, log *zap.Logger) b
 			wait = time.After(retry.Next())
 		case !held && lost:
 			out, rerr := mv.EndLostWindow(ctx, id)
+			// A step after the record was written (a cleanup) may fail: the
+			// window ended all the same, and is counted once, here (the
+			// record is finished, so no later round sees it).
+			ended := out != nil && out.Finished() && out.Reverse != nil && out.Reverse.Lost != ""
+			if rerr != nil && ended {
+				log.Warn("the move's rollback window ended (its way back is lost), then a step failed", zap.String("move", id), zap.Error(rerr))
+				rerr = nil
+			}
 			switch {
-			case rerr == nil && out != nil && out.Reverse != nil && out.Reverse.Lost != "":
+			case rerr == nil && ended:
 				met.reverseLost()
 				log.Error("the move's way back is lost: its rollback window ended", zap.String("move", id), zap.String("state", out.State),
 					zap.String("why", out.Reverse.Lost), zap.String("target", out.Target))

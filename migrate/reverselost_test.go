@@ -64,6 +64,9 @@ func TestFaultsReverseStreamLostInWindow(t *testing.T) {
 	if out.State != topo.MoveDone || out.Reverse == nil || !strings.Contains(out.Reverse.Lost, "reverse slot "+rec.Reverse.Slot+" is gone from pg2") || out.Reverse.Enabled {
 		t.Fatalf("the move after its target failed over in the window: %s, reverse %+v", out.State, out.Reverse)
 	}
+	// The watcher counts once EndLostWindow has returned, which is after
+	// the record the test just read was written: wait for it.
+	testenv.WaitFor(t, 30*time.Second, func() bool { return metricValue(met.ReverseLost) >= 1 }, "shardvisor_move_reverse_lost_total to count the lost stream")
 	if n := metricValue(met.ReverseLost); n != 1 {
 		t.Fatalf("%s = %v, want 1", "shardvisor_move_reverse_lost_total", n)
 	}
