@@ -23,9 +23,14 @@ build:
 test: lint install-deps
 	scripts/with-devenv $(MAKE) --no-print-directory test-inner
 
+# examples/embed (its own module, no servers) runs beside the main tests,
+# in the idle time of their integration tests, not after them; its output
+# follows theirs, and either one failing fails the target.
 test-inner:
-	$(GO) test $(TESTFLAGS) $(TEST_PKGS)
-	cd examples/embed && $(GO) test -count=1 ./...
+	@log=$$(mktemp); { (cd examples/embed && $(GO) test -count=1 ./... >"$$log" 2>&1); echo $$? >"$$log.rc"; } & \
+	  $(GO) test $(TESTFLAGS) $(TEST_PKGS); rc=$$?; wait; \
+	  echo "cd examples/embed && $(GO) test -count=1 ./..."; cat "$$log"; erc=$$(cat "$$log.rc"); rm -f "$$log" "$$log.rc"; \
+	  [ $$rc -eq 0 ] && [ "$$erc" = 0 ]
 
 ## test-faults: the long fault schedules, which make test leaves out
 test-faults: install-deps
