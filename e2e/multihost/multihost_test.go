@@ -531,7 +531,7 @@ func refusals(t *testing.T, c *cluster) {
 		case "pg":
 			// PostgreSQL's clients authenticate by password over TLS (the
 			// moves' stream role by a certificate of the CA alone:
-			// TestTLSEnsemble refuses another CA's there).
+			// TestFaultsTLSEnsemble refuses another CA's there).
 			for _, q := range []string{"sslmode=disable", // plain
 				"sslmode=verify-full&sslrootcert=" + otherFiles.CA} { // verifying against another CA
 				dsn := fmt.Sprintf("postgres://postgres:%s@%s/postgres?connect_timeout=5&%s", c.env.Password(), s.addr, q)

@@ -63,8 +63,10 @@ func dialAs(t *testing.T, f pki.Files) zk.Dialer {
 // With TLS the ensemble takes no plain client, no client of another CA,
 // and tells identities apart by certificate; a Patroni group runs on it.
 // PostgreSQL (the group pg1 and the plain node pg2) takes TCP over TLS
-// only.
-func TestTLSEnsemble(t *testing.T) {
+// only. In make test-faults (about 40 s on its own ensemble): make test
+// had reached its 5-minute budget.
+func TestFaultsTLSEnsemble(t *testing.T) {
+	testenv.Faults(t)
 	e := throwawayWith(t, devenv.Config{PGNodes: 2, HA: 2, HANodes: []int{1}, TLS: true})
 	if err := e.Up(); err != nil {
 		t.Fatal(err)
