@@ -35,6 +35,7 @@ var (
 	out      = benchkit.NewOut()
 	rejoinTO = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
 	compare  = benchkit.CompareFlag()
+	rounds   = benchkit.RoundsFlag()
 )
 
 // Failover is one kill.
@@ -91,7 +92,7 @@ func main() {
 	out.Stamp = true
 	p, sum := &out.Printer, &Summary{}
 	if *compare {
-		clustertest.CompareMain("failover-bench", out, os.Getenv("KEEP") == "1", tlsFigures(), func(d *devenv.Env) (*Summary, error) {
+		clustertest.CompareMain("failover-bench", out, os.Getenv("KEEP") == "1", *rounds, tlsFigures(), func(d *devenv.Env) (*Summary, error) {
 			sum := &Summary{}
 			return sum, run(p, sum, d)
 		}, func(s *Summary) { report(p, s) })

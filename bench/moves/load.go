@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/benchkit"
 	"github.com/shardvisor/shardvisor/internal/benchkit/kvload"
 )
 
@@ -75,5 +76,59 @@ func (b *bench) clientStalls(moves []MoveRow, writes []kvload.Write) {
 				mr.ClientMS = max(mr.ClientMS, float64(w.DurUS)/1000)
 			}
 		}
+	}
+}
+
+// phaseLatencies sets the writes' latencies: all of those measured (from
+// measureFrom, after the warm-up), and by phase, so that a comparison of
+// two runs whose phases last differently (a slower rebalance holds more
+// of its writes) compares like with like: steady (before the moves), the
+// rebalance, and within it the writes that started in their bucket's
+// moving window (they wait for the flip) and the others. The warm-up's
+// writes, in none of them, are counted apart.
+func (b *bench) phaseLatencies(sum *Summary, writes []kvload.Write, measureFrom, rbFrom, rbTo time.Time) {
+	us := func(t time.Time) int64 { return t.Sub(b.start).Microseconds() }
+	fromUS, rbFromUS, rbToUS := us(measureFrom), us(rbFrom), us(rbTo)
+	type span struct{ lo, hi int64 }
+	inWindow := map[uint32][]span{}
+	b.trk.mu.Lock()
+	for _, w := range b.trk.windows {
+		if int(w.bucket.Depth) != *load.Level {
+			continue // the writes' buckets are at the load's level
+		}
+		inWindow[w.bucket.Prefix] = append(inWindow[w.bucket.Prefix], span{us(w.start), us(w.end)})
+	}
+	b.trk.mu.Unlock()
+	moving := func(w kvload.Write) bool {
+		for _, s := range inWindow[w.Bucket] {
+			if w.AtUS >= s.lo && w.AtUS <= s.hi {
+				return true
+			}
+		}
+		return false
+	}
+	var warm, all, steady, rebalance, inMove, others []float64
+	for _, w := range writes {
+		ms := float64(w.DurUS) / 1000
+		if w.AtUS < fromUS {
+			warm = append(warm, ms)
+			continue
+		}
+		all = append(all, ms)
+		switch {
+		case w.AtUS < rbFromUS:
+			steady = append(steady, ms)
+		case w.AtUS <= rbToUS:
+			rebalance = append(rebalance, ms)
+			if moving(w) {
+				inMove = append(inMove, ms)
+			} else {
+				others = append(others, ms)
+			}
+		}
+	}
+	for k, xs := range map[string][]float64{"write_latency_ms": all, "write_latency_warmup_ms": warm, "write_latency_steady_ms": steady,
+		"write_latency_rebalance_ms": rebalance, "write_latency_moving_ms": inMove, "write_latency_not_moving_ms": others} {
+		sum.Stats[k] = benchkit.Of(xs)
 	}
 }

@@ -143,7 +143,7 @@ func (m *MoveRow) stats() [3][]float64 {
 func (s *Summary) MarshalJSON() ([]byte, error) {
 	type plain Summary
 	st := map[string]benchkit.Stat{}
-	for _, k := range slices.Concat([]string{"rollback_pause_ms", "baseline_copy_rows_per_s", "write_latency_ms"}, probeStats[:], moveStats[0], moveStats[1], moveStats[2]) {
+	for _, k := range slices.Concat([]string{"rollback_pause_ms", "baseline_copy_rows_per_s"}, writeStats[:], probeStats[:], moveStats[0], moveStats[1], moveStats[2]) {
 		st[k] = s.Stats[k]
 	}
 	a, err := json.Marshal((*plain)(s))
@@ -153,6 +153,10 @@ func (s *Summary) MarshalJSON() ([]byte, error) {
 	b, err := json.Marshal(st)
 	return append(append(a[:len(a)-1], ','), b[1:]...), err
 }
+
+// writeStats are the writes' latencies: all of those measured (after the
+// warm-up), the warm-up's, then by phase (phaseLatencies).
+var writeStats = [...]string{"write_latency_ms", "write_latency_warmup_ms", "write_latency_steady_ms", "write_latency_rebalance_ms", "write_latency_moving_ms", "write_latency_not_moving_ms"}
 
 const pauseTarget = 50.0 // ms, p99 (issue 39; issue 7 set 100)
 
@@ -225,7 +229,7 @@ func report(s *Summary) {
 	say("                    ZooKeeper write        %s", ms("zk_write_ms"))
 	say("  write load:       %.0f writes/s before, %.0f writes/s during the moves; %d acknowledged, %d failed (%d gave up after router.Do's retries)",
 		s.WritesPerSecBefore, s.WritesPerSecDuring, s.WritesAcked, s.WritesFailed, s.WritesGaveUp)
-	say("                    write latency %s", ms("write_latency_ms"))
+	say("                    write latency %s (after the %s warm-up; steady %s, rebalance %s)", ms("write_latency_ms"), *warmup, ms("write_latency_steady_ms"), ms("write_latency_rebalance_ms"))
 	if s.LastWriteError != "" {
 		say("                    last write error: %s", s.LastWriteError)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -18,14 +19,33 @@ func CompareFlag() *bool {
 			"and print both and the ratios TLS/plain (env SHARDVISOR_BENCH_COMPARE_TLS=1)")
 }
 
-// TLSGoal is issue 38's bound on a latency's ratio TLS/plain.
+// TLSGoal is issue 38's bound on a latency's ratio TLS/plain (issue 41
+// keeps it for the write p99 through router.Do).
 const TLSGoal = 1.15
 
-// Pair is one figure of both runs of a comparison.
+// TLSPauseGoal is issue 41's bound on the move pause's p99, TLS/plain:
+// with PostgreSQL over TLS too, the pause crosses more encrypted hops.
+const TLSPauseGoal = 1.2
+
+// RoundsFlag declares --rounds: how many times a --compare-tls
+// comparison runs each mode, alternating which goes first (plain-TLS,
+// TLS-plain, ...), so that one run's luck and the order do not decide a
+// ratio: each figure is then the median over the rounds.
+func RoundsFlag() *int {
+	return flag.Int("rounds", EnvInt("SHARDVISOR_BENCH_ROUNDS", 1), "with --compare-tls: run each mode this many times, "+
+		"alternating which goes first; each figure is the median over the rounds (env SHARDVISOR_BENCH_ROUNDS)")
+}
+
+// Pair is one figure of both modes of a comparison: with more than one
+// round, the median of each mode's rounds, and every round's figures.
 type Pair struct {
 	Name  string  `json:"name"`
 	Plain float64 `json:"plain"`
 	TLS   float64 `json:"tls"`
+	// PlainRounds and TLSRounds are the figure in each round, in order
+	// (only with more than one round).
+	PlainRounds []float64 `json:"plain_rounds,omitempty"`
+	TLSRounds   []float64 `json:"tls_rounds,omitempty"`
 	// Ratio is TLS/plain; nil when the plain figure is 0.
 	Ratio *float64 `json:"ratio_tls_over_plain"`
 	// Goal bounds Ratio (0: the figure is for information).
@@ -34,23 +54,33 @@ type Pair struct {
 }
 
 // Check is a condition each run must meet on its own (no acknowledged
-// write lost, say).
+// write lost, say): with more than one round, every run of the mode.
 type Check struct {
 	Name  string `json:"name"`
 	Plain bool   `json:"plain"`
 	TLS   bool   `json:"tls"`
 }
 
-// Comparison is a side-by-side run: both runs' summaries, the figures
-// compared, the checks, and the machine's load after each run.
+// Comparison is a side-by-side run: both modes' summaries (the first
+// round's, and those of any further rounds), the figures compared, the
+// checks, and the machine's load after each run.
 type Comparison[S any] struct {
-	Plain   *S       `json:"plain"`
-	TLS     *S       `json:"tls"`
-	Pairs   []Pair   `json:"ratios"`
-	Checks  []Check  `json:"checks"`
-	Met     bool     `json:"met"`
-	LoadAvg []string `json:"load_avg_after_each_run"`
-	Error   string   `json:"error,omitempty"`
+	Plain *S `json:"plain"`
+	TLS   *S `json:"tls"`
+	// More are the rounds after the first (--rounds).
+	More    []Round[S] `json:"more_rounds,omitempty"`
+	Pairs   []Pair     `json:"ratios"`
+	Checks  []Check    `json:"checks"`
+	Met     bool       `json:"met"`
+	LoadAvg []string   `json:"load_avg_after_each_run"` // "MODE 1m 5m 15m", in the order run
+	Error   string     `json:"error,omitempty"`
+}
+
+// Round is one run of each mode; TLSFirst says which ran first.
+type Round[S any] struct {
+	Plain    *S   `json:"plain"`
+	TLS      *S   `json:"tls"`
+	TLSFirst bool `json:"tls_first"`
 }
 
 // Figure is a number both runs' JSON summaries hold at Path: keys joined
@@ -65,18 +95,28 @@ type Figure struct {
 	Zero       bool
 }
 
-// Compare adds figs, read from both summaries, to the pairs and checks.
+// Compare adds figs, read from both modes' summaries, to the pairs and
+// checks. With more than one round, a pair's figures are the medians over
+// the rounds of the mode, and a check must hold in every round; a figure
+// missing from any summary is left out.
 func (c *Comparison[S]) Compare(figs []Figure) {
-	plain, tls := decode(c.Plain), decode(c.TLS)
+	plains, tlss := []any{decode(c.Plain)}, []any{decode(c.TLS)}
+	for _, r := range c.More {
+		plains, tlss = append(plains, decode(r.Plain)), append(tlss, decode(r.TLS))
+	}
 	for _, f := range figs {
-		p, ok1 := at(plain, f.Path)
-		t, ok2 := at(tls, f.Path)
+		ps, ok1 := allAt(plains, f.Path)
+		ts, ok2 := allAt(tlss, f.Path)
 		switch {
 		case !ok1 || !ok2:
 		case f.Zero:
-			c.Checks = append(c.Checks, Check{f.Name, p == 0, t == 0})
+			c.Checks = append(c.Checks, Check{f.Name, allZero(ps), allZero(ts)})
 		default:
+			p, t := median(ps), median(ts)
 			x := Pair{Name: f.Name, Plain: p, TLS: t, Goal: f.Goal, Met: f.Goal == 0 || p == 0 && t == 0}
+			if len(ps) > 1 {
+				x.PlainRounds, x.TLSRounds = ps, ts
+			}
 			if p != 0 {
 				r := t / p
 				x.Ratio, x.Met = &r, f.Goal == 0 || r <= f.Goal
@@ -84,6 +124,38 @@ func (c *Comparison[S]) Compare(figs []Figure) {
 			c.Pairs = append(c.Pairs, x)
 		}
 	}
+}
+
+// allAt is the figure at path in each of vs; ok is false if one has none.
+func allAt(vs []any, path string) (xs []float64, ok bool) {
+	for _, v := range vs {
+		x, ok := at(v, path)
+		if !ok {
+			return nil, false
+		}
+		xs = append(xs, x)
+	}
+	return xs, true
+}
+
+func allZero(xs []float64) bool {
+	for _, x := range xs {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// median of xs (not empty): the middle value, or the mean of the two
+// middle ones.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
 }
 
 // decode is v as JSON values (nil when v is nil or does not encode).
@@ -137,6 +209,9 @@ func hasString(m map[string]any, k string) bool {
 // done.
 func (c *Comparison[S]) Verdict() {
 	c.Met = c.Plain != nil && c.TLS != nil && c.Error == ""
+	for _, r := range c.More {
+		c.Met = c.Met && r.Plain != nil && r.TLS != nil
+	}
 	for _, p := range c.Pairs {
 		c.Met = c.Met && p.Met
 	}
@@ -147,13 +222,24 @@ func (c *Comparison[S]) Verdict() {
 
 // Report prints the comparison's table.
 func (c *Comparison[S]) Report(p *Printer) {
-	load := strings.Join(append(c.LoadAvg, "-", "-")[:2], "; TLS ")
-	p.Say("\nTLS vs plain: same parameters, one run after the other on this machine (load average 1, 5, 15 min after each: plain %s)", load)
+	if len(c.More) == 0 {
+		p.Say("\nTLS vs plain: same parameters, one run after the other on this machine (load average 1, 5, 15 min after each: %s)", strings.Join(c.LoadAvg, "; "))
+	} else {
+		p.Say("\nTLS vs plain: same parameters, %d rounds on this machine, alternating which mode runs first; each figure the median over the rounds (load average 1, 5, 15 min after each run, in order: %s)",
+			len(c.More)+1, strings.Join(c.LoadAvg, "; "))
+	}
 	p.Say("  %-44s %10s %10s %10s  %s", "figure", "plain", "TLS", "TLS/plain", "goal")
 	for _, x := range c.Pairs {
 		goal := "(information)"
 		if x.Goal > 0 {
 			goal = "<= " + RatioX(x.Goal, 1) + " " + Verdict(x.Met)
+		}
+		if len(x.PlainRounds) > 0 {
+			var rs []string
+			for i := range x.PlainRounds {
+				rs = append(rs, RatioX(x.TLSRounds[i], x.PlainRounds[i]))
+			}
+			goal += "  rounds: " + strings.Join(rs, " ")
 		}
 		p.Say("  %-44s %10.1f %10.1f %10s  %s", x.Name, x.Plain, x.TLS, RatioX(x.TLS, x.Plain), goal)
 	}

@@ -46,3 +46,41 @@ func TestComparisonFigures(t *testing.T) {
 		t.Errorf("equal runs: %+v", ok)
 	}
 }
+
+func TestComparisonRoundsTakeTheMedian(t *testing.T) {
+	c := &Comparison[cmpSum]{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(30, 6, 2, 0), More: []Round[cmpSum]{
+		{Plain: sumOf(12, 4, 2, 0), TLS: sumOf(11, 6, 2, 0), TLSFirst: true},
+		{Plain: sumOf(8, 4, 2, 0), TLS: sumOf(10, 6, 2, 2)},
+	}}
+	c.Compare([]Figure{{Name: "lat", Path: "lat.p99", Goal: TLSGoal}, {Name: "lost", Path: "lost", Zero: true}})
+	if len(c.Pairs) != 1 || len(c.Checks) != 1 {
+		t.Fatalf("pairs %+v checks %+v", c.Pairs, c.Checks)
+	}
+	// One round's outlier (30) does not decide it: medians 10 and 11.
+	p := c.Pairs[0]
+	if p.Plain != 10 || p.TLS != 11 || p.Ratio == nil || *p.Ratio != 1.1 || !p.Met {
+		t.Errorf("lat: %+v, want the medians 10 and 11, 1.1x, met", p)
+	}
+	if len(p.PlainRounds) != 3 || p.TLSRounds[0] != 30 || p.TLSRounds[2] != 10 {
+		t.Errorf("lat's rounds: plain %v TLS %v", p.PlainRounds, p.TLSRounds)
+	}
+	// A check holds only if it holds in every round: the third lost 2.
+	if k := c.Checks[0]; !k.Plain || k.TLS {
+		t.Errorf("lost: %+v, want plain met and TLS not (its third round lost writes)", k)
+	}
+	if c.Verdict(); c.Met {
+		t.Error("met with a check failed in one round")
+	}
+	// An even number of rounds: the mean of the middle two.
+	even := &Comparison[cmpSum]{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(10, 6, 2, 0), More: []Round[cmpSum]{{Plain: sumOf(20, 4, 2, 0), TLS: sumOf(14, 6, 2, 0)}}}
+	even.Compare([]Figure{{Name: "lat", Path: "lat.p99", Goal: TLSGoal}})
+	if p := even.Pairs[0]; p.Plain != 15 || p.TLS != 12 || !p.Met {
+		t.Errorf("two rounds: %+v, want 15 and 12", p)
+	}
+	// A round that did not finish fails the verdict.
+	short := &Comparison[cmpSum]{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(10, 6, 2, 0), More: []Round[cmpSum]{{Plain: sumOf(10, 4, 2, 0)}}}
+	short.Compare([]Figure{{Name: "lat", Path: "lat.p99", Goal: TLSGoal}})
+	if short.Verdict(); short.Met {
+		t.Error("met with a round's TLS run missing")
+	}
+}

@@ -89,22 +89,38 @@ func CompareEnvs() (plain, tls devenv.Config, err error) {
 	return plain, tls, nil
 }
 
-// CompareTLS runs a benchmark twice with the same parameters, each run on
-// its own environment brought up before it and down after it (keep: the
-// TLS one stays up): first in the plain mode, then in the TLS mode.
-// Either summary may be nil when its run failed before it had one.
-func CompareTLS[S any](keep bool, run func(e *devenv.Env) (*S, error)) (plain, tls *S, err error) {
+// CompareTLS runs a benchmark in both modes with the same parameters,
+// rounds times (at least once), each run on an environment of its own
+// brought up before it and down after it (keep: the last one stays up).
+// The rounds alternate which mode goes first: plain then TLS, TLS then
+// plain, ... (with SHARDVISOR_BENCH_TLS_FIRST=1 the other way round), so
+// that an order effect (the first run's writeback still under way in the
+// second, say) falls on both modes. A run that fails ends the comparison;
+// the rounds so far are returned, the failing one with the summary it has
+// (perhaps nil).
+func CompareTLS[S any](keep bool, rounds int, run func(e *devenv.Env) (*S, error)) ([]benchkit.Round[S], error) {
 	pc, tc, err := CompareEnvs()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	if plain, err = inDevenv(pc, false, run); err != nil {
-		return plain, nil, fmt.Errorf("plain mode: %w", err)
+	var out []benchkit.Round[S]
+	tlsFirst := os.Getenv("SHARDVISOR_BENCH_TLS_FIRST") == "1"
+	for i := range max(rounds, 1) {
+		r := benchkit.Round[S]{TLSFirst: tlsFirst != (i%2 == 1)}
+		order := []bool{r.TLSFirst, !r.TLSFirst}
+		for k, tls := range order {
+			cfg, slot, mode := pc, &r.Plain, "plain"
+			if tls {
+				cfg, slot, mode = tc, &r.TLS, "TLS"
+			}
+			last := i == max(rounds, 1)-1 && k == 1
+			if *slot, err = inDevenv(cfg, keep && last, run); err != nil {
+				return append(out, r), fmt.Errorf("%s mode: %w", mode, err)
+			}
+		}
+		out = append(out, r)
 	}
-	if tls, err = inDevenv(tc, keep, run); err != nil {
-		err = fmt.Errorf("TLS mode: %w", err)
-	}
-	return plain, tls, err
+	return out, nil
 }
 
 // inDevenv brings the environment cfg up, runs f on it and brings it down
@@ -135,24 +151,28 @@ func inDevenv[S any](cfg devenv.Config, keep bool, f func(e *devenv.Env) (*S, er
 	return s, err
 }
 
-// CompareMain is a benchmark's main under --compare-tls: CompareTLS, each
+// CompareMain is a benchmark's main under --compare-tls: CompareTLS (rounds
+// of it: --rounds), each
 // run's report as it ends, then figs compared (benchkit.Comparison) and,
 // with --json, the whole on stdout. It exits 1 when a run failed or a
 // check (no acknowledged write lost, say) failed in either run; a ratio
 // over its goal is reported, not an exit status, as other work on the
 // machine shows in it.
-func CompareMain[S any](name string, out *benchkit.Out, keep bool, figs []benchkit.Figure, run func(e *devenv.Env) (*S, error), report func(*S)) {
+func CompareMain[S any](name string, out *benchkit.Out, keep bool, rounds int, figs []benchkit.Figure, run func(e *devenv.Env) (*S, error), report func(*S)) {
 	c := &benchkit.Comparison[S]{}
-	var err error
-	c.Plain, c.TLS, err = CompareTLS(keep, func(e *devenv.Env) (*S, error) {
-		out.Say("\n== %s mode (%s)", map[bool]string{false: "plain", true: "TLS"}[e.Config().TLS], e.Dir())
+	rs, err := CompareTLS(keep, rounds, func(e *devenv.Env) (*S, error) {
+		mode := map[bool]string{false: "plain", true: "TLS"}[e.Config().TLS]
+		out.Say("\n== %s mode (%s)", mode, e.Dir())
 		s, err := run(e)
 		if s != nil {
 			report(s)
 		}
-		c.LoadAvg = append(c.LoadAvg, benchkit.LoadAvg(3))
+		c.LoadAvg = append(c.LoadAvg, mode+" "+benchkit.LoadAvg(3))
 		return s, err
 	})
+	if len(rs) > 0 {
+		c.Plain, c.TLS, c.More = rs[0].Plain, rs[0].TLS, rs[1:]
+	}
 	c.Compare(figs)
 	benchkit.Finish(name, c, err, func(c *benchkit.Comparison[S], e string) { c.Error = e },
 		func(c *benchkit.Comparison[S]) { c.Verdict(); c.Report(&out.Printer) }, *out.JSON)
