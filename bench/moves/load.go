@@ -79,24 +79,31 @@ func (b *bench) clientStalls(moves []MoveRow, writes []kvload.Write) {
 	}
 }
 
-// phaseLatencies sets the writes' latencies: all of those measured (from
-// measureFrom, after the warm-up), and by phase, so that a comparison of
-// two runs whose phases last differently (a slower rebalance holds more
-// of its writes) compares like with like: steady (before the moves), the
-// rebalance, and within it the writes that started in their bucket's
-// moving window (they wait for the flip) and the others. The warm-up's
-// writes, in none of them, are counted apart.
-func (b *bench) phaseLatencies(sum *Summary, writes []kvload.Write, measureFrom, rbFrom, rbTo time.Time) {
+// phaseLatencies sets the writes' latencies by phase, each write in one:
+// the warm-up (until steadyFrom: the pools connect), steady (until
+// steadyTo: no move), the rebalance (adding the node and every move,
+// until rbTo; split into the writes that started in their bucket's
+// moving window, which wait for the flip, and the others), and after
+// (the rollbacks and the COPY baseline). write_latency_ms, the figure a
+// comparison's goal bounds, is the rebalance's and after's: every write
+// from the node's addition on, whatever --warmup and --steady are, as a
+// slower rebalance holds more of them.
+func (b *bench) phaseLatencies(sum *Summary, writes []kvload.Write, steadyFrom, steadyTo, rbTo time.Time) {
 	us := func(t time.Time) int64 { return t.Sub(b.start).Microseconds() }
-	fromUS, rbFromUS, rbToUS := us(measureFrom), us(rbFrom), us(rbTo)
+	fromUS, toUS, rbToUS := us(steadyFrom), us(steadyTo), us(rbTo)
 	type span struct{ lo, hi int64 }
 	inWindow := map[uint32][]span{}
 	b.trk.mu.Lock()
 	for _, w := range b.trk.windows {
-		if int(w.bucket.Depth) != *load.Level {
-			continue // the writes' buckets are at the load's level
+		// The writes' buckets are at the load's level; a window of a bucket
+		// split deeper covers part of one of them, shallower several.
+		if d := int(w.bucket.Depth); d >= *load.Level {
+			inWindow[w.bucket.Prefix>>(d-*load.Level)] = append(inWindow[w.bucket.Prefix>>(d-*load.Level)], span{us(w.start), us(w.end)})
+		} else {
+			for p := w.bucket.Prefix << (*load.Level - d); p < (w.bucket.Prefix+1)<<(*load.Level-d); p++ {
+				inWindow[p] = append(inWindow[p], span{us(w.start), us(w.end)})
+			}
 		}
-		inWindow[w.bucket.Prefix] = append(inWindow[w.bucket.Prefix], span{us(w.start), us(w.end)})
 	}
 	b.trk.mu.Unlock()
 	moving := func(w kvload.Write) bool {
@@ -107,17 +114,16 @@ func (b *bench) phaseLatencies(sum *Summary, writes []kvload.Write, measureFrom,
 		}
 		return false
 	}
-	var warm, all, steady, rebalance, inMove, others []float64
+	var warm, steady, all, rebalance, inMove, others, after []float64
 	for _, w := range writes {
 		ms := float64(w.DurUS) / 1000
-		if w.AtUS < fromUS {
+		switch {
+		case w.AtUS < fromUS:
 			warm = append(warm, ms)
 			continue
-		}
-		all = append(all, ms)
-		switch {
-		case w.AtUS < rbFromUS:
+		case w.AtUS < toUS:
 			steady = append(steady, ms)
+			continue
 		case w.AtUS <= rbToUS:
 			rebalance = append(rebalance, ms)
 			if moving(w) {
@@ -125,10 +131,13 @@ func (b *bench) phaseLatencies(sum *Summary, writes []kvload.Write, measureFrom,
 			} else {
 				others = append(others, ms)
 			}
+		default:
+			after = append(after, ms)
 		}
+		all = append(all, ms)
 	}
 	for k, xs := range map[string][]float64{"write_latency_ms": all, "write_latency_warmup_ms": warm, "write_latency_steady_ms": steady,
-		"write_latency_rebalance_ms": rebalance, "write_latency_moving_ms": inMove, "write_latency_not_moving_ms": others} {
+		"write_latency_rebalance_ms": rebalance, "write_latency_moving_ms": inMove, "write_latency_not_moving_ms": others, "write_latency_after_ms": after} {
 		sum.Stats[k] = benchkit.Of(xs)
 	}
 }

@@ -105,6 +105,10 @@ type Summary struct {
 	Rollbacks []MoveRow `json:"rollbacks,omitempty"`
 
 	WritesPerSecBefore float64 `json:"writes_per_s_before"`
+	// WarmupSecs and SteadySecs: the load's phases before the node is
+	// added (their writes are not in write_latency_ms).
+	WarmupSecs         float64 `json:"warmup_seconds"`
+	SteadySecs         float64 `json:"steady_seconds"`
 	WritesPerSecDuring float64 `json:"writes_per_s_during_moves"`
 	WritesAcked        int64   `json:"writes_acknowledged"`
 	WritesFailed       int64   `json:"writes_failed"`
@@ -154,9 +158,10 @@ func (s *Summary) MarshalJSON() ([]byte, error) {
 	return append(append(a[:len(a)-1], ','), b[1:]...), err
 }
 
-// writeStats are the writes' latencies: all of those measured (after the
-// warm-up), the warm-up's, then by phase (phaseLatencies).
-var writeStats = [...]string{"write_latency_ms", "write_latency_warmup_ms", "write_latency_steady_ms", "write_latency_rebalance_ms", "write_latency_moving_ms", "write_latency_not_moving_ms"}
+// writeStats are the writes' latencies: from the node's addition on, then
+// by phase (phaseLatencies).
+var writeStats = [...]string{"write_latency_ms", "write_latency_warmup_ms", "write_latency_steady_ms", "write_latency_rebalance_ms",
+	"write_latency_moving_ms", "write_latency_not_moving_ms", "write_latency_after_ms"}
 
 const pauseTarget = 50.0 // ms, p99 (issue 39; issue 7 set 100)
 
@@ -229,7 +234,11 @@ func report(s *Summary) {
 	say("                    ZooKeeper write        %s", ms("zk_write_ms"))
 	say("  write load:       %.0f writes/s before, %.0f writes/s during the moves; %d acknowledged, %d failed (%d gave up after router.Do's retries)",
 		s.WritesPerSecBefore, s.WritesPerSecDuring, s.WritesAcked, s.WritesFailed, s.WritesGaveUp)
-	say("                    write latency %s (after the %s warm-up; steady %s, rebalance %s)", ms("write_latency_ms"), *warmup, ms("write_latency_steady_ms"), ms("write_latency_rebalance_ms"))
+	say("                    write latency %s from the node's addition on", ms("write_latency_ms"))
+	say("                      warm-up (%.0f s) %s", s.WarmupSecs, ms("write_latency_warmup_ms"))
+	say("                      steady (%.0f s)  %s", s.SteadySecs, ms("write_latency_steady_ms"))
+	say("                      rebalance     %s (bucket moving: %s)", ms("write_latency_rebalance_ms"), ms("write_latency_moving_ms"))
+	say("                      after         %s", ms("write_latency_after_ms"))
 	if s.LastWriteError != "" {
 		say("                    last write error: %s", s.LastWriteError)
 	}

@@ -30,10 +30,11 @@ const TLSPauseGoal = 1.2
 // RoundsFlag declares --rounds: how many times a --compare-tls
 // comparison runs each mode, alternating which goes first (plain-TLS,
 // TLS-plain, ...), so that one run's luck and the order do not decide a
-// ratio: each figure is then the median over the rounds.
+// ratio: each ratio is then the median of the rounds'. An even number
+// balances the order; 4 or more outvote one odd round.
 func RoundsFlag() *int {
 	return flag.Int("rounds", EnvInt("SHARDVISOR_BENCH_ROUNDS", 1), "with --compare-tls: run each mode this many times, "+
-		"alternating which goes first; each figure is the median over the rounds (env SHARDVISOR_BENCH_ROUNDS)")
+		"alternating which goes first; each ratio is the median of the rounds' (even, 4 or more: the order balanced, one odd round outvoted) (env SHARDVISOR_BENCH_ROUNDS)")
 }
 
 // Pair is one figure of both modes of a comparison: with more than one
@@ -67,8 +68,13 @@ type Check struct {
 type Comparison[S any] struct {
 	Plain *S `json:"plain"`
 	TLS   *S `json:"tls"`
-	// More are the rounds after the first (--rounds).
-	More    []Round[S] `json:"more_rounds,omitempty"`
+	// TLSFirst: the first round ran the TLS mode first.
+	TLSFirst bool `json:"tls_first,omitempty"`
+	// More are the rounds after the first (--rounds) that finished.
+	More []Round[S] `json:"more_rounds,omitempty"`
+	// Failed is the round whose run failed (Error says how), after the
+	// rounds in More, with what summaries it has: in no figure.
+	Failed  *Round[S]  `json:"failed_round,omitempty"`
 	Pairs   []Pair     `json:"ratios"`
 	Checks  []Check    `json:"checks"`
 	Met     bool       `json:"met"`
@@ -96,9 +102,11 @@ type Figure struct {
 }
 
 // Compare adds figs, read from both modes' summaries, to the pairs and
-// checks. With more than one round, a pair's figures are the medians over
-// the rounds of the mode, and a check must hold in every round; a figure
-// missing from any summary is left out.
+// checks. With more than one round, a pair's ratio is the median of the
+// rounds' ratios (each TLS run over the plain run of its round), its
+// figures each mode's median, and a check must hold in every round; a
+// figure missing from any summary is left out. Only rounds that finished
+// are here: a failed one is in Failed.
 func (c *Comparison[S]) Compare(figs []Figure) {
 	plains, tlss := []any{decode(c.Plain)}, []any{decode(c.TLS)}
 	for _, r := range c.More {
@@ -112,13 +120,21 @@ func (c *Comparison[S]) Compare(figs []Figure) {
 		case f.Zero:
 			c.Checks = append(c.Checks, Check{f.Name, allZero(ps), allZero(ts)})
 		default:
-			p, t := median(ps), median(ts)
-			x := Pair{Name: f.Name, Plain: p, TLS: t, Goal: f.Goal, Met: f.Goal == 0 || p == 0 && t == 0}
+			x := Pair{Name: f.Name, Plain: median(ps), TLS: median(ts), Goal: f.Goal, Met: f.Goal == 0 || allZero(ps) && allZero(ts)}
 			if len(ps) > 1 {
 				x.PlainRounds, x.TLSRounds = ps, ts
 			}
-			if p != 0 {
-				r := t / p
+			// Each round's ratio pairs the runs that ran back to back; the
+			// median of those is the figure (a round whose plain figure is
+			// 0 has none).
+			var rs []float64
+			for i := range ps {
+				if ps[i] != 0 {
+					rs = append(rs, ts[i]/ps[i])
+				}
+			}
+			if len(rs) > 0 {
+				r := median(rs)
 				x.Ratio, x.Met = &r, f.Goal == 0 || r <= f.Goal
 			}
 			c.Pairs = append(c.Pairs, x)
@@ -208,7 +224,7 @@ func hasString(m map[string]any, k string) bool {
 // Verdict sets Met: every bounded ratio and every check met, both runs
 // done.
 func (c *Comparison[S]) Verdict() {
-	c.Met = c.Plain != nil && c.TLS != nil && c.Error == ""
+	c.Met = c.Plain != nil && c.TLS != nil && c.Error == "" && c.Failed == nil
 	for _, r := range c.More {
 		c.Met = c.Met && r.Plain != nil && r.TLS != nil
 	}
@@ -225,8 +241,8 @@ func (c *Comparison[S]) Report(p *Printer) {
 	if len(c.More) == 0 {
 		p.Say("\nTLS vs plain: same parameters, one run after the other on this machine (load average 1, 5, 15 min after each: %s)", strings.Join(c.LoadAvg, "; "))
 	} else {
-		p.Say("\nTLS vs plain: same parameters, %d rounds on this machine, alternating which mode runs first; each figure the median over the rounds (load average 1, 5, 15 min after each run, in order: %s)",
-			len(c.More)+1, strings.Join(c.LoadAvg, "; "))
+		p.Say("\nTLS vs plain: same parameters, %d rounds on this machine, alternating which mode runs first; each mode's figure its median over the rounds, "+
+			"the ratio the median of the rounds' ratios (load average 1, 5, 15 min after each run, in order: %s)", len(c.More)+1, strings.Join(c.LoadAvg, "; "))
 	}
 	p.Say("  %-44s %10s %10s %10s  %s", "figure", "plain", "TLS", "TLS/plain", "goal")
 	for _, x := range c.Pairs {

@@ -49,14 +49,15 @@ func TestComparisonFigures(t *testing.T) {
 
 func TestComparisonRoundsTakeTheMedian(t *testing.T) {
 	c := &Comparison[cmpSum]{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(30, 6, 2, 0), More: []Round[cmpSum]{
-		{Plain: sumOf(12, 4, 2, 0), TLS: sumOf(11, 6, 2, 0), TLSFirst: true},
-		{Plain: sumOf(8, 4, 2, 0), TLS: sumOf(10, 6, 2, 2)},
-	}}
+		{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(11, 6, 2, 0), TLSFirst: true},
+		{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(10, 6, 2, 2)},
+	}, Failed: &Round[cmpSum]{Plain: sumOf(1, 4, 2, 0), TLS: sumOf(1000, 6, 2, 9)}}
 	c.Compare([]Figure{{Name: "lat", Path: "lat.p99", Goal: TLSGoal}, {Name: "lost", Path: "lost", Zero: true}})
 	if len(c.Pairs) != 1 || len(c.Checks) != 1 {
 		t.Fatalf("pairs %+v checks %+v", c.Pairs, c.Checks)
 	}
-	// One round's outlier (30) does not decide it: medians 10 and 11.
+	// One round's outlier (3x) does not decide it: the rounds' ratios are
+	// 3, 1.1 and 1, their median 1.1; the failed round is in nothing.
 	p := c.Pairs[0]
 	if p.Plain != 10 || p.TLS != 11 || p.Ratio == nil || *p.Ratio != 1.1 || !p.Met {
 		t.Errorf("lat: %+v, want the medians 10 and 11, 1.1x, met", p)
@@ -71,11 +72,12 @@ func TestComparisonRoundsTakeTheMedian(t *testing.T) {
 	if c.Verdict(); c.Met {
 		t.Error("met with a check failed in one round")
 	}
-	// An even number of rounds: the mean of the middle two.
+	// An even number of rounds: the mean of the middle two; the ratio
+	// pairs each round's runs (1 and 0.7), not the medians (12/15).
 	even := &Comparison[cmpSum]{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(10, 6, 2, 0), More: []Round[cmpSum]{{Plain: sumOf(20, 4, 2, 0), TLS: sumOf(14, 6, 2, 0)}}}
 	even.Compare([]Figure{{Name: "lat", Path: "lat.p99", Goal: TLSGoal}})
-	if p := even.Pairs[0]; p.Plain != 15 || p.TLS != 12 || !p.Met {
-		t.Errorf("two rounds: %+v, want 15 and 12", p)
+	if p := even.Pairs[0]; p.Plain != 15 || p.TLS != 12 || p.Ratio == nil || *p.Ratio != 0.85 || !p.Met {
+		t.Errorf("two rounds: %+v, want 15 and 12, 0.85x", p)
 	}
 	// A round that did not finish fails the verdict.
 	short := &Comparison[cmpSum]{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(10, 6, 2, 0), More: []Round[cmpSum]{{Plain: sumOf(10, 4, 2, 0)}}}

@@ -91,41 +91,41 @@ func CompareEnvs() (plain, tls devenv.Config, err error) {
 
 // CompareTLS runs a benchmark in both modes with the same parameters,
 // rounds times (at least once), each run on an environment of its own
-// brought up before it and down after it (keep: the last one stays up).
-// The rounds alternate which mode goes first: plain then TLS, TLS then
-// plain, ... (with SHARDVISOR_BENCH_TLS_FIRST=1 the other way round), so
-// that an order effect (the first run's writeback still under way in the
-// second, say) falls on both modes. A run that fails ends the comparison;
-// the rounds so far are returned, the failing one with the summary it has
-// (perhaps nil).
-func CompareTLS[S any](keep bool, rounds int, run func(e *devenv.Env) (*S, error)) ([]benchkit.Round[S], error) {
+// brought up before it and down after it (keep: the last one stays up, or
+// the one whose run failed). The rounds alternate which mode goes first:
+// plain then TLS, TLS then plain, ... (with SHARDVISOR_BENCH_TLS_FIRST=1
+// the other way round), so that an order effect (the first run's
+// writeback still under way in the second, say) falls on both modes. A
+// run that fails ends the comparison: the rounds that finished are
+// returned, and the failed one apart, with the summaries it has.
+func CompareTLS[S any](keep bool, rounds int, run func(e *devenv.Env) (*S, error)) (done []benchkit.Round[S], failed *benchkit.Round[S], err error) {
 	pc, tc, err := CompareEnvs()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var out []benchkit.Round[S]
+	rounds = max(rounds, 1)
 	tlsFirst := os.Getenv("SHARDVISOR_BENCH_TLS_FIRST") == "1"
-	for i := range max(rounds, 1) {
+	for i := range rounds {
 		r := benchkit.Round[S]{TLSFirst: tlsFirst != (i%2 == 1)}
-		order := []bool{r.TLSFirst, !r.TLSFirst}
-		for k, tls := range order {
+		for k, tls := range []bool{r.TLSFirst, !r.TLSFirst} {
 			cfg, slot, mode := pc, &r.Plain, "plain"
 			if tls {
 				cfg, slot, mode = tc, &r.TLS, "TLS"
 			}
-			last := i == max(rounds, 1)-1 && k == 1
-			if *slot, err = inDevenv(cfg, keep && last, run); err != nil {
-				return append(out, r), fmt.Errorf("%s mode: %w", mode, err)
+			last := i == rounds-1 && k == 1
+			if *slot, err = inDevenv(cfg, keep, last, run); err != nil {
+				return done, &r, fmt.Errorf("round %d, %s mode: %w", i+1, mode, err)
 			}
 		}
-		out = append(out, r)
+		done = append(done, r)
 	}
-	return out, nil
+	return done, nil, nil
 }
 
 // inDevenv brings the environment cfg up, runs f on it and brings it down
-// again unless keep.
-func inDevenv[S any](cfg devenv.Config, keep bool, f func(e *devenv.Env) (*S, error)) (*S, error) {
+// again, unless keep and it is the last run or a failed one (kept to look
+// at).
+func inDevenv[S any](cfg devenv.Config, keep, last bool, f func(e *devenv.Env) (*S, error)) (*S, error) {
 	cfg.Log = os.Stderr
 	e := devenv.New(cfg)
 	fmt.Fprintf(os.Stderr, "== environment %s (TLS %v): up\n", e.Dir(), cfg.TLS)
@@ -143,10 +143,12 @@ func inDevenv[S any](cfg devenv.Config, keep bool, f func(e *devenv.Env) (*S, er
 	if err == nil {
 		s, err = f(e)
 	}
-	if !keep { // after a failed up too: what it started
+	if !keep || !last && err == nil { // after a failed up too: what it started
 		if derr := e.Down(); derr != nil {
 			fmt.Fprintf(os.Stderr, "== environment %s: down: %v\n", e.Dir(), derr)
 		}
+	} else {
+		fmt.Fprintf(os.Stderr, "== environment %s: kept (scripts/devenv down with SHARDVISOR_DEVENV_DIR=%s stops it)\n", e.Dir(), e.Dir())
 	}
 	return s, err
 }
@@ -160,7 +162,7 @@ func inDevenv[S any](cfg devenv.Config, keep bool, f func(e *devenv.Env) (*S, er
 // machine shows in it.
 func CompareMain[S any](name string, out *benchkit.Out, keep bool, rounds int, figs []benchkit.Figure, run func(e *devenv.Env) (*S, error), report func(*S)) {
 	c := &benchkit.Comparison[S]{}
-	rs, err := CompareTLS(keep, rounds, func(e *devenv.Env) (*S, error) {
+	rs, failed, err := CompareTLS(keep, rounds, func(e *devenv.Env) (*S, error) {
 		mode := map[bool]string{false: "plain", true: "TLS"}[e.Config().TLS]
 		out.Say("\n== %s mode (%s)", mode, e.Dir())
 		s, err := run(e)
@@ -170,8 +172,11 @@ func CompareMain[S any](name string, out *benchkit.Out, keep bool, rounds int, f
 		c.LoadAvg = append(c.LoadAvg, mode+" "+benchkit.LoadAvg(3))
 		return s, err
 	})
-	if len(rs) > 0 {
-		c.Plain, c.TLS, c.More = rs[0].Plain, rs[0].TLS, rs[1:]
+	switch {
+	case len(rs) > 0:
+		c.Plain, c.TLS, c.TLSFirst, c.More, c.Failed = rs[0].Plain, rs[0].TLS, rs[0].TLSFirst, rs[1:], failed
+	case failed != nil: // the first round failed: what it has, as before rounds
+		c.Plain, c.TLS, c.TLSFirst = failed.Plain, failed.TLS, failed.TLSFirst
 	}
 	c.Compare(figs)
 	benchkit.Finish(name, c, err, func(c *benchkit.Comparison[S], e string) { c.Error = e },

@@ -82,9 +82,10 @@ func startPair(b *testing.B) (plain, tls *devenv.Env) {
 // connection to each of two nodes alike but for TLS, a round trip of
 // each kind in turn (SELECT 1; an upsert of one row, committed with
 // synchronous_commit off so that the disk's flush does not hide the
-// wire). It reports each mean and the ratio TLS/plain: the part of
-// bench/moves' write p99 gap that is the wire's own, not the machine's
-// load.
+// wire). It reports each mean and the ratio TLS/plain: what TLS costs one
+// round trip on an idle machine. Under load the same TLS work (every
+// write's records, the moves' streams and new connections) is CPU the
+// other servers wait for, which bench/moves --compare-tls shows.
 //
 //	go test -run '^$' -bench QueryPlainVsTLS -benchtime 20000x ./internal/devenv
 func BenchmarkQueryPlainVsTLS(b *testing.B) {
