@@ -74,12 +74,12 @@ type Comparison[S any] struct {
 	More []Round[S] `json:"more_rounds,omitempty"`
 	// Failed is the round whose run failed (Error says how), after the
 	// rounds in More, with what summaries it has: in no figure.
-	Failed  *Round[S]  `json:"failed_round,omitempty"`
-	Pairs   []Pair     `json:"ratios"`
-	Checks  []Check    `json:"checks"`
-	Met     bool       `json:"met"`
-	LoadAvg []string   `json:"load_avg_after_each_run"` // "MODE 1m 5m 15m", in the order run
-	Error   string     `json:"error,omitempty"`
+	Failed  *Round[S] `json:"failed_round,omitempty"`
+	Pairs   []Pair    `json:"ratios"`
+	Checks  []Check   `json:"checks"`
+	Met     bool      `json:"met"`
+	LoadAvg []string  `json:"load_avg_after_each_run"` // "MODE 1m 5m 15m", in the order run
+	Error   string    `json:"error,omitempty"`
 }
 
 // Round is one run of each mode; TLSFirst says which ran first.
