@@ -257,7 +257,13 @@ func (c *Comparison[S]) Report(p *Printer) {
 			}
 			goal += "  rounds: " + strings.Join(rs, " ")
 		}
-		p.Say("  %-44s %10.1f %10.1f %10s  %s", x.Name, x.Plain, x.TLS, RatioX(x.TLS, x.Plain), goal)
+		ratio := "n/a"
+		if x.Ratio != nil {
+			ratio = RatioX(*x.Ratio, 1) // with rounds, the median of theirs: not TLS/Plain of the medians
+		} else if x.Plain == 0 && x.TLS == 0 {
+			ratio = RatioX(0, 0)
+		}
+		p.Say("  %-44s %10.1f %10.1f %10s  %s", x.Name, x.Plain, x.TLS, ratio, goal)
 	}
 	for _, k := range c.Checks {
 		p.Say("  %-44s %10s %10s", k.Name, Verdict(k.Plain), Verdict(k.TLS))

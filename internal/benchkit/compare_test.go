@@ -1,6 +1,9 @@
 package benchkit
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 type cmpMode struct {
 	Name string  `json:"mode"`
@@ -84,5 +87,18 @@ func TestComparisonRoundsTakeTheMedian(t *testing.T) {
 	short.Compare([]Figure{{Name: "lat", Path: "lat.p99", Goal: TLSGoal}})
 	if short.Verdict(); short.Met {
 		t.Error("met with a round's TLS run missing")
+	}
+}
+
+func TestComparisonReportPrintsTheGoalsRatio(t *testing.T) {
+	// Rounds 1 and 0.7: the ratio is their median, 0.85, where TLS/plain of
+	// the medians (12/15) is 0.80; the table must print the one the goal
+	// was checked on.
+	c := &Comparison[cmpSum]{Plain: sumOf(10, 4, 2, 0), TLS: sumOf(10, 6, 2, 0), More: []Round[cmpSum]{{Plain: sumOf(20, 4, 2, 0), TLS: sumOf(14, 6, 2, 0)}}}
+	c.Compare([]Figure{{Name: "lat", Path: "lat.p99", Goal: TLSGoal}})
+	var b strings.Builder
+	c.Report(&Printer{W: &b})
+	if !strings.Contains(b.String(), "0.85x") || strings.Contains(b.String(), "0.80x") {
+		t.Errorf("report:\n%s\nwant the median of the rounds' ratios, 0.85x, not 0.80x", b.String())
 	}
 }
