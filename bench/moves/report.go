@@ -107,8 +107,10 @@ type Summary struct {
 	WritesPerSecBefore float64 `json:"writes_per_s_before"`
 	// WarmupSecs and SteadySecs: the load's phases before the node is
 	// added (their writes are not in write_latency_ms).
-	WarmupSecs         float64 `json:"warmup_seconds"`
-	SteadySecs         float64 `json:"steady_seconds"`
+	WarmupSecs float64 `json:"warmup_seconds"`
+	SteadySecs float64 `json:"steady_seconds"`
+	// ZKWarmupOps: ZooKeeper requests sent in the warm-up (warmZK).
+	ZKWarmupOps        int64   `json:"zk_warmup_ops"`
 	WritesPerSecDuring float64 `json:"writes_per_s_during_moves"`
 	WritesAcked        int64   `json:"writes_acknowledged"`
 	WritesFailed       int64   `json:"writes_failed"`
@@ -235,7 +237,7 @@ func report(s *Summary) {
 	say("  write load:       %.0f writes/s before, %.0f writes/s during the moves; %d acknowledged, %d failed (%d gave up after router.Do's retries)",
 		s.WritesPerSecBefore, s.WritesPerSecDuring, s.WritesAcked, s.WritesFailed, s.WritesGaveUp)
 	say("                    write latency %s from the node's addition on", ms("write_latency_ms"))
-	say("                      warm-up (%.0f s) %s", s.WarmupSecs, ms("write_latency_warmup_ms"))
+	say("                      warm-up (%.0f s) %s; %d ZooKeeper requests beside it", s.WarmupSecs, ms("write_latency_warmup_ms"), s.ZKWarmupOps)
 	say("                      steady (%.0f s)  %s", s.SteadySecs, ms("write_latency_steady_ms"))
 	say("                      rebalance     %s (bucket moving: %s)", ms("write_latency_rebalance_ms"), ms("write_latency_moving_ms"))
 	say("                      after         %s", ms("write_latency_after_ms"))
