@@ -179,7 +179,7 @@ func run(ctx context.Context) (*Summary, error) {
 	l := kvload.Start(kvload.Options{Router: b.r, Keystream: b.ks, Level: *load.Level, Writers: *load.Writers, Rate: *rate, InsertFrac: *load.InsertFrac,
 		Users: int(maxIdx), Fresh: "n", Seed: 7, Start: b.start})
 	defer l.Stop() // Stop is idempotent: the load also stops before the check
-	if sum.ZKWarmupOps, err = warmZK(ctx, b.sess, b.root+"/warm", *warmup); err != nil {
+	if sum.ZKWarmupOps, err = warmZK(ctx, b.sess, b.st.Paths(), *warmup); err != nil {
 		return nil, err
 	}
 	// The warm-up's writes pay the pools' new connections (TLS's handshake,
