@@ -96,7 +96,7 @@ func (r *run) probe(ctx context.Context, timeout time.Duration) (time.Duration, 
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := waitMarker(wctx, dst, r.markerID(), r.markerSeq, 2*time.Millisecond); err != nil {
+	if err := waitMarker(wctx, dst, r.markerID(), r.markerSeq, 20*time.Millisecond); err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			// A marker that does not arrive: an apply error may have
 			// disabled the subscription, which no wait would mend.

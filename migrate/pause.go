@@ -213,7 +213,7 @@ func (r *run) barrier(ctx context.Context) error {
 		return fmt.Errorf("target: %s: %w", what, err)
 	}
 	ph := r.mark()
-	if err := waitMarker(wctx, dst, r.markerID(), r.markerSeq, time.Millisecond); err != nil {
+	if err := waitMarker(wctx, dst, r.markerID(), r.markerSeq, 5*time.Millisecond); err != nil {
 		return overCap(err, "marker")
 	}
 	r.timed(topo.PhaseApply, ph)

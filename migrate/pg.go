@@ -24,7 +24,38 @@ CREATE TABLE IF NOT EXISTS shardvisor.move_marker (
 	seq     bigint NOT NULL,
 	at      timestamptz NOT NULL DEFAULT clock_timestamp(),
 	PRIMARY KEY (move_id, seq)
-)`
+);
+DO $d$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = 'shardvisor.move_marker'::regclass AND tgname = 'move_marker_notify') THEN
+		-- Two moves preparing on one node at once would otherwise race
+		-- to create the function.
+		PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('shardvisor.move_marker_notify'));
+		CREATE OR REPLACE FUNCTION shardvisor.move_marker_notify() RETURNS trigger
+		LANGUAGE plpgsql SET search_path = pg_catalog AS $f$
+		BEGIN
+			-- Only where replication applies the marker (the apply
+			-- worker runs as replica): the source's own insert wakes
+			-- no one.
+			IF current_setting('session_replication_role') = 'replica' THEN
+				PERFORM pg_notify('` + markerChannel + `', NEW.move_id || ':' || NEW.seq);
+			END IF;
+			RETURN NULL;
+		END $f$;
+		CREATE OR REPLACE TRIGGER move_marker_notify AFTER INSERT ON shardvisor.move_marker
+			FOR EACH ROW EXECUTE FUNCTION shardvisor.move_marker_notify();
+		-- Apply workers fire only ALWAYS (or REPLICA) triggers.
+		ALTER TABLE shardvisor.move_marker ENABLE ALWAYS TRIGGER move_marker_notify;
+	END IF;
+END $d$`
+
+// markerChannel is what the marker table's trigger notifies, with the
+// payload "move:seq", when replication applies a marker: waitMarker
+// listens on it instead of polling, so the barrier inside the pause costs
+// one query after the marker lands rather than a round trip every
+// millisecond meanwhile, each one CPU the apply worker and (over TLS) the
+// encryption compete for.
+const markerChannel = "shardvisor_move_marker"
 
 func ident(name string) string { return pgx.Identifier(strings.Split(name, ".")).Sanitize() }
 
@@ -157,20 +188,41 @@ func markerStmt(moveID string, seq int64) fence.Stmt {
 	return fence.Stmt{SQL: `INSERT INTO shardvisor.move_marker (move_id, seq) VALUES ($1, $2) ON CONFLICT (move_id, seq) DO NOTHING`, Args: []any{moveID, seq}}
 }
 
-// waitMarker polls the target until marker seq has been applied there.
+// waitMarker waits until marker seq has been applied on the target. It
+// listens on markerChannel (the LISTEN and the first check in one round
+// trip) and checks again on each notification; poll bounds the wait for
+// one that never comes (a notification sent between the first check and
+// the LISTEN's commit, a marker table whose trigger an older mover did
+// not create), so a lost notification costs at most poll.
 func waitMarker(ctx context.Context, c *pgx.Conn, moveID string, seq int64, poll time.Duration) error {
+	listen := true
 	for {
 		var ok bool
-		if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM shardvisor.move_marker WHERE move_id = $1 AND seq = $2)", moveID, seq).Scan(&ok); err != nil {
+		b := &pgx.Batch{}
+		if listen {
+			// Idempotent: the connection keeps listening for the rest
+			// of the move; notifications that arrive meanwhile wait
+			// in pgx's queue and cost one check each here.
+			b.Queue("LISTEN " + markerChannel)
+		}
+		b.Queue("SELECT EXISTS (SELECT 1 FROM shardvisor.move_marker WHERE move_id = $1 AND seq = $2)", moveID, seq).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&ok)
+		})
+		if err := c.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
+		listen = false
 		if ok {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		wctx, cancel := context.WithTimeout(ctx, poll)
+		_, err := c.WaitForNotification(wctx)
+		cancel()
+		if ctx.Err() != nil {
 			return ctx.Err()
-		case <-time.After(poll):
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !pgconn.Timeout(err) {
+			return err
 		}
 	}
 }
