@@ -31,7 +31,7 @@ func TestIntegrationMarkerAppliedNotifies(t *testing.T) {
 		t.Cleanup(func() { c.Close(context.Background()) })
 		return c
 	}
-	src, dst, srcListen := connect(0), connect(1), connect(0)
+	src, dst, dstWait, srcListen := connect(0), connect(1), connect(1), connect(0)
 	for _, c := range []*pgx.Conn{src, dst, dst} { // twice: idempotent
 		if err := ensureMarker(ctx, c); err != nil {
 			t.Fatalf("ensureMarker: %v", err)
@@ -69,7 +69,14 @@ func TestIntegrationMarkerAppliedNotifies(t *testing.T) {
 		t.Fatalf("first marker: %v", err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- waitMarker(ctx, dst, "m", 2, time.Hour) }()
+	go func() { done <- waitMarker(ctx, dstWait, "m", 2, time.Hour) }()
+	waited := false
+	defer func() {
+		if !waited { // a Fatal below: the waiter holds dstWait until it returns
+			cancel()
+			<-done
+		}
+	}()
 	// Let the waiter check once and block before the marker is sent;
 	// sending it earlier would be found by that check, proving nothing
 	// (the test would pass either way, never flake).
@@ -77,8 +84,33 @@ func TestIntegrationMarkerAppliedNotifies(t *testing.T) {
 	if _, err := insertMarker(ctx, src, "m", 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; err != nil {
+	err = <-done
+	waited = true
+	if err != nil {
 		t.Fatalf("waiting for marker 2 by notification (its poll is an hour): %v", err)
+	}
+
+	// The sync point ends the listening (before the verification
+	// snapshot's long transaction on the same connection).
+	listening := func() []string {
+		rows, err := dstWait.Query(ctx, "SELECT pg_listening_channels()")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	if ch := listening(); len(ch) != 1 || ch[0] != markerChannel {
+		t.Fatalf("the waiting connection listens on %v, want [%s]", ch, markerChannel)
+	}
+	if err := syncPoint(ctx, dstWait); err != nil {
+		t.Fatal(err)
+	}
+	if ch := listening(); len(ch) != 0 {
+		t.Fatalf("after the sync point the connection still listens on %v", ch)
 	}
 
 	// The source's listener has been idle since both inserts committed:

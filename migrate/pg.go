@@ -27,7 +27,10 @@ CREATE TABLE IF NOT EXISTS shardvisor.move_marker (
 );
 DO $d$
 BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = 'shardvisor.move_marker'::regclass AND tgname = 'move_marker_notify') THEN
+	-- Made, or mended (disabled, or not ALWAYS), once per node: the
+	-- trigger's creation locks the table, which every freeze writes.
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger WHERE tgrelid = 'shardvisor.move_marker'::regclass
+			AND tgname = 'move_marker_notify' AND tgenabled = 'A') THEN
 		-- Two moves preparing on one node at once would otherwise race
 		-- to create the function.
 		PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('shardvisor.move_marker_notify'));
@@ -36,8 +39,12 @@ BEGIN
 		BEGIN
 			-- Only where replication applies the marker (the apply
 			-- worker runs as replica): the source's own insert wakes
-			-- no one.
-			IF current_setting('session_replication_role') = 'replica' THEN
+			-- no one. Never with the server's notification queue
+			-- half full (other applications' listeners behind): a
+			-- full queue fails the NOTIFY's commit, which would be
+			-- the apply worker's, and disable the subscription. The
+			-- waiter's poll finds the marker then.
+			IF current_setting('session_replication_role') = 'replica' AND pg_notification_queue_usage() < 0.5 THEN
 				PERFORM pg_notify('` + markerChannel + `', NEW.move_id || ':' || NEW.seq);
 			END IF;
 			RETURN NULL;
@@ -63,7 +70,11 @@ func literal(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + 
 
 // ensureMarker creates the marker table on a node.
 func ensureMarker(ctx context.Context, c *pgx.Conn) error {
-	_, err := c.Exec(ctx, markerDDL)
+	// Bounded like a fence change: the trigger's first creation waits
+	// for the table's lock, and marker inserts (another move's freeze)
+	// would queue behind that wait. One implicit transaction: SET LOCAL
+	// holds for the rest.
+	_, err := c.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = '%dms';\n", fence.LockTimeout.Milliseconds())+markerDDL)
 	return err
 }
 
@@ -215,14 +226,33 @@ func waitMarker(ctx context.Context, c *pgx.Conn, moveID string, seq int64, poll
 		if ok {
 			return nil
 		}
-		wctx, cancel := context.WithTimeout(ctx, poll)
-		_, err := c.WaitForNotification(wctx)
-		cancel()
+		if err := waitMarkerNotice(ctx, c, moveID, poll); err != nil {
+			return err
+		}
+	}
+}
+
+// waitMarkerNotice waits up to poll for a notification of one of the
+// move's markers. Others (other moves into this database, stale ones)
+// cost no query. A notification is only a hint to look again: anyone who
+// can connect may NOTIFY on the channel, so the table says whether the
+// marker is there.
+func waitMarkerNotice(ctx context.Context, c *pgx.Conn, moveID string, poll time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, poll)
+	defer cancel()
+	for {
+		n, err := c.WaitForNotification(wctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) && !pgconn.Timeout(err) {
+		if err != nil {
+			if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) {
+				return nil // poll
+			}
 			return err
+		}
+		if n != nil && n.Channel == markerChannel && strings.HasPrefix(n.Payload, moveID+":") {
+			return nil
 		}
 	}
 }
@@ -376,11 +406,15 @@ const objectPrefix = "sv_"
 // so everything committed on c's server before is on them too. On a
 // server without synchronous standbys it costs one local commit.
 //
-// One statement in its own implicit transaction: one round trip (it runs
-// inside the write pause; BEGIN, SET LOCAL, the xid and COMMIT apart were
-// four, each a wait for the scheduler on a loaded machine). set_config's
-// local setting holds until that transaction's commit, which reads it.
+// One implicit transaction, in one round trip (it runs inside the write
+// pause; BEGIN, SET LOCAL, the xid and COMMIT apart were four, each a wait
+// for the scheduler on a loaded machine). set_config's local setting holds
+// until that transaction's commit, which reads it.
 func syncPoint(ctx context.Context, c *pgx.Conn) error {
-	_, err := c.Exec(ctx, "SELECT set_config('synchronous_commit', 'on', true), pg_current_xact_id()")
+	// The marker waits are over: stop listening, in the same round trip,
+	// before this connection holds the verification snapshot's long
+	// transaction, in which a listener would keep the server's whole
+	// notification queue from being truncated.
+	_, err := c.Exec(ctx, "UNLISTEN "+markerChannel+"; SELECT set_config('synchronous_commit', 'on', true), pg_current_xact_id()")
 	return err
 }
