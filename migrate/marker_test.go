@@ -90,6 +90,25 @@ func TestIntegrationMarkerAppliedNotifies(t *testing.T) {
 		t.Fatalf("waiting for marker 2 by notification (its poll is an hour): %v", err)
 	}
 
+	// A forged notification (anyone who can connect may NOTIFY) for a
+	// marker that never comes wakes the waiter, which asks the table and
+	// waits on: it does not return before its deadline.
+	forger := connect(1)
+	fctx, fcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	forged := make(chan error, 1)
+	go func() { forged <- waitMarker(fctx, dstWait, "m", 3, time.Hour) }()
+	for range 5 {
+		if _, err := forger.Exec(ctx, "SELECT pg_notify($1, 'm:3')", markerChannel); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	err = <-forged
+	fcancel()
+	if err == nil {
+		t.Fatal("a forged notification ended the wait for a marker that was never applied")
+	}
+
 	// The sync point ends the listening (before the verification
 	// snapshot's long transaction on the same connection).
 	listening := func() []string {
