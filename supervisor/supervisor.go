@@ -470,6 +470,8 @@ func (s *Supervisor) apply(acts []action, now time.Time) {
 			}
 			acts = slices.Insert(acts, i+1, s.mc.prepared(a.g)...)
 		case actStart:
+			// Debug: the moment the machine chose, before the fork's own cost.
+			s.log.Debug("starting worker", zap.Int64("worker", a.w.id), zap.Int64("generation", a.w.gen.id))
 			p, probeAddr, err := s.spawn(a.w)
 			if err != nil {
 				acts = slices.Insert(acts, i+1, s.mc.startFailed(a.w, err, now)...)

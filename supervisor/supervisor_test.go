@@ -354,23 +354,33 @@ func TestCrashBackoffAndWatchdog(t *testing.T) {
 	port := testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")
 	c := cfgFor(t, port, 1, map[string]string{})
-	c.Restart = topo.Backoff{Initial: topo.Duration(100 * time.Millisecond), Max: topo.Duration(800 * time.Millisecond)}
+	// Max is long so that no crash resets the count (a worker ready for
+	// restart.max does): the waits are 100, 200, 400 ms.
+	c.Restart = topo.Backoff{Initial: topo.Duration(100 * time.Millisecond), Max: topo.Duration(5 * time.Second)}
 	writeConfig(t, file, c)
 	h := run(t, Options{ConfigFile: file, ConfigPoll: 100 * time.Millisecond})
 	h.waitFor(20*time.Second, "1 worker", serving(1, 1))
 	// Generation 2 crashes 100ms after becoming ready, forever.
 	c.Env = map[string]string{"TW_CRASH_AFTER": "100ms"}
 	writeConfig(t, file, c)
-	h.waitFor(20*time.Second, "generation 2", func(m topo.PoolMember) bool { return m.Generation == 2 })
-	spawns0 := testCounter(t, h, "shardvisor_supervisor_worker_spawns_total", "")
-	time.Sleep(4 * time.Second) // deliberate: the crash loop runs for 4 s, counted below
-	spawns := testCounter(t, h, "shardvisor_supervisor_worker_spawns_total", "") - spawns0
-	restarts := testCounter(t, h, "shardvisor_supervisor_worker_restarts_total", "")
-	t.Logf("crash loop: %v spawns in 4s, %v restarts", spawns, restarts)
-	// Without backoff a 100ms crash loop would spawn ~20 times in 4s; with
-	// 100ms doubling to 800ms it is at most ~8.
-	if spawns < 2 || spawns > 10 || restarts < 2 {
-		t.Fatalf("crash loop: %v spawns in 4s, %v restarts", spawns, restarts)
+	var gaps []time.Duration
+	testenv.WaitFor(t, 60*time.Second, func() bool {
+		gaps = crashGaps(t, h)
+		return len(gaps) >= 3
+	}, "3 respawns of the crashing generation")
+	if r := testCounter(t, h, "shardvisor_supervisor_worker_restarts_total", ""); r < 3 {
+		t.Fatalf("restarts counter %v after 3 respawns", r)
+	}
+	// The gaps from each crash to the next start, read off the
+	// supervisor's log: a slow machine lengthens a worker's life and
+	// perhaps a gap, never shortens one, so only lower bounds are
+	// asserted. Without backoff every gap would be about 0.
+	t.Logf("crash loop: gaps from crash to respawn %v", gaps)
+	for i, want := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond} {
+		// -20% jitter, and 2 ms for the log's millisecond timestamps.
+		if floor := want*8/10 - 2*time.Millisecond; gaps[i] < floor {
+			t.Fatalf("crash %d: respawned %v after the crash, want >= %v (backoff %v -20%%): %v", i+1, gaps[i], floor, want, gaps)
+		}
 	}
 
 	c.Env = map[string]string{"TW_MODE": "hang"}
@@ -379,6 +389,37 @@ func TestCrashBackoffAndWatchdog(t *testing.T) {
 	testenv.WaitFor(t, 20*time.Second, func() bool {
 		return testCounter(t, h, "shardvisor_supervisor_worker_kills_total", `reason="watchdog"`) >= 1
 	}, "the watchdog to fire on a worker that sends no WATCHDOG=1")
+}
+
+// crashGaps reads the gaps between each "worker crashed" line and the
+// next "starting worker" line of h's log: the supervisor's decision, not
+// the fork, whose cost on a loaded machine would hide a missing backoff.
+func crashGaps(t *testing.T, h *harness) []time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(h.dir, "test.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gaps []time.Duration
+	var crashed time.Time
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, "\t", 4)
+		if len(f) < 3 {
+			continue
+		}
+		at, err := time.Parse("2006-01-02T15:04:05.000Z0700", f[0])
+		if err != nil {
+			continue
+		}
+		switch {
+		case f[2] == "worker crashed":
+			crashed = at
+		case f[2] == "starting worker" && !crashed.IsZero():
+			gaps = append(gaps, at.Sub(crashed))
+			crashed = time.Time{}
+		}
+	}
+	return gaps
 }
 
 // Killing the ZooKeeper leader suspends the session; the workers keep
