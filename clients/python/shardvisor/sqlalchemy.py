@@ -19,7 +19,10 @@ How each chooser decides:
 - query_chooser(query) (1.4's older name) and execute_chooser(context) (1.4
   and 2.0): a query whose WHERE says uid == X (or uid IN (...)) goes to
   those users' nodes; else the current user's; else every owning node (a
-  scatter query, results concatenated).
+  scatter query, results concatenated). After its first scatter query a
+  session holds every object it loads until its transaction ends (see
+  _hold_loaded_objects): without that, rows of a scatter query can go
+  missing.
 
 session_kwargs() names the right ones for the installed version: 1.4 takes
 shard_chooser, id_chooser and execute_chooser (query_chooser still works,
@@ -31,7 +34,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import sqlalchemy
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 from sqlalchemy.sql import operators
 from sqlalchemy.sql.elements import BinaryExpression, BooleanClauseList, Grouping
 
@@ -64,6 +67,31 @@ def engines(router: Router, driver: str = "psycopg2", **engine_kw) -> Dict[str, 
         url = "postgresql+psycopg://" if driver == "psycopg" else "postgresql+psycopg2://"
         out[n.id] = create_engine(url, creator=creator, **engine_kw)
     return out
+
+
+_HOLD = "shardvisor.sqlalchemy.loaded"
+
+
+def _hold_loaded_objects(session) -> None:
+    """Keeps every object the session loads alive until its outermost
+    transaction ends. The legacy Query uniques ORM rows by id(), and a
+    scatter query's results arrive one node at a time: an object of the
+    first node that the caller let go can be collected and its id reused
+    by an object of the next node, which is then dropped as a duplicate.
+    Rows went missing under load (SQLAlchemy 1.4's horizontal_shard)."""
+    if _HOLD in session.info:
+        return
+    session.info[_HOLD] = []
+
+    def loaded(sess, instance):
+        sess.info[_HOLD].append(instance)
+
+    def ended(sess, transaction):
+        if transaction.parent is None:
+            sess.info[_HOLD] = []
+
+    event.listen(session, "loaded_as_persistent", loaded)
+    event.listen(session, "after_transaction_end", ended)
 
 
 class Choosers:
@@ -117,7 +145,10 @@ class Choosers:
     def execute_chooser(self, context) -> List[str]:
         """1.4 and 2.0: (ORMExecuteState) -> the nodes to run it on."""
         params = context.parameters if isinstance(getattr(context, "parameters", None), dict) else {}
-        return self._statement_nodes(context.statement, params)
+        nodes = self._statement_nodes(context.statement, params)
+        if len(nodes) > 1 and getattr(context, "session", None) is not None:
+            _hold_loaded_objects(context.session)
+        return nodes
 
     def _uids_in(self, statement, params: dict) -> List[str]:
         """The user ids the WHERE clause pins: uid == X or uid IN (...), as
