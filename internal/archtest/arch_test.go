@@ -51,10 +51,12 @@ var layer = map[string]int{
 	// Test hosts in network namespaces, their partitions and the wire check.
 	"internal/hosts": 0,
 	// Certificates and TLS configurations: below everything that dials.
-	"internal/pki":         0,
-	"internal/devenv":      1,
-	"internal/testenv":     2,
-	"internal/testkit":     0,
+	"internal/pki":     0,
+	"internal/devenv":  1,
+	"internal/testenv": 2,
+	"internal/testkit": 0,
+	// The supervisor tests' worker process (a command, built by them).
+	"internal/testworker":  layerTop,
 	"internal/clustertest": 6,
 	"internal/archtest":    0,
 	"zksession":            1,
@@ -97,6 +99,7 @@ const layerTop = 100
 var testSupport = map[string]bool{
 	"internal/testenv": true, "internal/devenv": true, "internal/faultproxy": true, "internal/zktest": true, "internal/hosts": true,
 	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true,
+	"internal/testworker":      true,
 	"internal/benchkit/kvload": true,
 }
 
