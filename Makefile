@@ -38,10 +38,10 @@ test-faults: install-deps
 
 # A test with a long fault schedule is named TestFaults... and calls
 # testenv.Faults(t) first, which skips it unless SHARDVISOR_FAULTS=1 (set
-# here). Tests that make ZooKeeper clients reconnect while holding watches
+# here); a long scenario without faults is TestLong... with testenv.Long. Tests that make ZooKeeper clients reconnect while holding watches
 # run here again without -race: go-zookeeper v1.0.4 races on its own
 # lastZxid after such a reconnect, so under -race they skip themselves.
-FAULT_TESTS = Faults
+FAULT_TESTS = Faults|Long
 RECONNECT_TESTS = LeaderKill|Partition|ZooKeeperLoss
 test-faults-inner:
 	SHARDVISOR_FAULTS=1 $(GO) test $(TESTFLAGS) -run '$(FAULT_TESTS)' $(PKGS)

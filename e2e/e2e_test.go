@@ -138,7 +138,8 @@ func (e *env) stdout(name string, args ...string) string {
 	return string(out)
 }
 
-func TestWholeSystem(t *testing.T) {
+func TestLongWholeSystem(t *testing.T) {
+	testenv.Long(t)
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 4)
 	dir := t.TempDir()

@@ -120,7 +120,8 @@ func TestIntegrationNodeCheckNoFalseAlarms(t *testing.T) {
 // to the buckets it lost within the reconciler's bound, with nobody doing
 // anything but `shardctl node reconcile --watch` running; the row it
 // accepted before it went down is reported by `node check` and GC.
-func TestIntegrationReturningNodeRefusesLostBuckets(t *testing.T) {
+func TestFaultsReturningNodeRefusesLostBuckets(t *testing.T) {
+	testenv.Faults(t)
 	testenv.Exclusive(t)
 	z := testenv.StartZK(t)
 	pg := testenv.StartPGNodes(t, 2)

@@ -263,6 +263,19 @@ func Faults(t testing.TB) {
 	skipIfShort(t)
 }
 
+// Long skips t unless SHARDVISOR_FAULTS=1, like Faults, for a long
+// scenario without faults that make test's 5-minute budget on 2 cores
+// cannot hold (the whole system from init to moves under load, ~180
+// CPU-seconds). Such a test is named TestLong... so that `make
+// test-faults` finds it.
+func Long(t testing.TB) {
+	t.Helper()
+	if os.Getenv(FaultsEnv) != "1" {
+		t.Skip("a long scenario: make test-faults runs it (" + FaultsEnv + "=1)")
+	}
+	skipIfShort(t)
+}
+
 // WaitFor polls cond every 20ms until it returns true, and fails the test
 // with msg if that does not happen within timeout.
 func WaitFor(t testing.TB, timeout time.Duration, cond func() bool, msg string) {
