@@ -31,7 +31,8 @@ type TLSZK struct {
 
 const defaultTLSZKPortBase = 9811
 
-// StartTLSZK starts a TLS ensemble for the test (about 5 s). It skips the
+// StartTLSZK starts a TLS ensemble (two of its three servers, a quorum)
+// for the test (about 5 s). It skips the
 // test under -short.
 func StartTLSZK(t testing.TB) *TLSZK {
 	t.Helper()
@@ -68,7 +69,10 @@ func StartTLSZK(t testing.TB) *TLSZK {
 		}
 	})
 	z := &TLSZK{e: e}
-	for i := 1; i <= devenv.ZKServers; i++ {
+	// Two of the three servers: a quorum, with TLS between them, for one
+	// JVM less (each costs several CPU-seconds to start, and three
+	// packages start this ensemble).
+	for i := 1; i <= devenv.ZKServers-1; i++ {
 		if err := e.ZKStart(i); err != nil {
 			t.Fatalf("testenv: starting TLS zk%d: %v\n%s", i, err, log.String())
 		}
