@@ -4,9 +4,10 @@
 GO       ?= go
 PKGS     ?= ./...
 # The longest packages first: go test starts packages in the order given,
-# so the longest ones (60-80 s each on 2 cores) run beside the rest
-# instead of after it.
-TEST_PKGS ?= ./migrate/ ./supervisor/ ./internal/devenv/ ./e2e/ ./cmd/shardctl/ ./clients/python/ ./cmd/supervisor/ ./internal/testenv/ $(PKGS)
+# so the longest ones (60-200 s each on 2 cores) run beside the rest
+# instead of after it, and the 30-second ones before the short ones,
+# which fill the end.
+TEST_PKGS ?= ./migrate/ ./supervisor/ ./cmd/shardctl/ ./internal/devenv/ ./clients/python/ ./cmd/supervisor/ ./gc/ ./internal/archtest/ ./sidecar/ ./internal/testenv/ ./topo/ ./zksession/ $(PKGS)
 # -race everywhere: most packages run goroutines. -p 2 matches the 2-core
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
