@@ -43,55 +43,58 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	code := m.Run()
-	if svBin != "" {
-		os.RemoveAll(filepath.Dir(svBin)) // the binary tree_test.go built
-	}
-	if workerBin != "" {
-		os.RemoveAll(filepath.Dir(workerBin))
-	}
+	svBuilt.remove()
+	workerBuilt.remove()
 	os.Exit(code)
 }
 
+// built is a binary of the module, built once per test process into a
+// temporary directory that TestMain removes.
+type built struct {
+	pkg, name string
+	once      sync.Once
+	path      string
+	err       error
+}
+
 var (
-	workerOnce sync.Once
-	workerBin  string
-	workerErr  error
+	// cmd/supervisor, for tree_test.go's real processes.
+	svBuilt = &built{pkg: "./cmd/supervisor", name: "supervisor"}
+	// The workers: without -race (see internal/testworker's comment).
+	workerBuilt = &built{pkg: "./internal/testworker", name: "testworker"}
 )
 
-// workerExe builds internal/testworker once per test process, without
-// -race (see its package comment), and returns its path.
-func workerExe(t *testing.T) string {
+func (b *built) get(t *testing.T) string {
 	t.Helper()
-	workerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "svtestworker")
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", "shardvisor-test-"+b.name+"-")
 		if err != nil {
-			workerErr = err
+			b.err = err
 			return
 		}
-		bin := filepath.Join(dir, "testworker")
-		cmd := exec.Command("go", "build", "-o", bin, "./internal/testworker")
+		bin := filepath.Join(dir, b.name)
+		cmd := exec.Command("go", "build", "-o", bin, b.pkg)
 		cmd.Dir = ".."
-		if b, err := cmd.CombinedOutput(); err != nil {
-			workerErr = fmt.Errorf("go build ./internal/testworker: %v\n%s", err, b)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
 			return
 		}
-		workerBin = bin
+		b.path = bin
 	})
-	if workerErr != nil {
-		t.Fatal(workerErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return workerBin
+	return b.path
 }
 
-type workerReply struct {
-	PID        int      `json:"pid"`
-	Gen        string   `json:"gen"`
-	Tag        string   `json:"tag"`
-	MapVersion string   `json:"map_version"`
-	MapFile    string   `json:"map_file"`
-	Map        string   `json:"map"`
-	FDNames    []string `json:"fd_names"`
+func (b *built) remove() {
+	if b.path != "" {
+		os.RemoveAll(filepath.Dir(b.path))
+	}
 }
+
+// workerExe is the test worker's path.
+func workerExe(t *testing.T) string { return workerBuilt.get(t) }
 
 func testExe(t *testing.T) string {
 	exe, err := os.Executable()
@@ -253,8 +256,8 @@ func serving(gen int64, n int) func(topo.PoolMember) bool {
 
 var client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 
-func get(addr string) (workerReply, error) {
-	var r workerReply
+func get(addr string) (testkit.WorkerReply, error) {
+	var r testkit.WorkerReply
 	resp, err := client.Get("http://" + addr + "/")
 	if err != nil {
 		return r, err

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,33 +20,8 @@ import (
 // 1 s, gunicorn's own workers and setsid'd daemons included, and a
 // supervisor restarted on the same address binds it at once.
 
-var (
-	svBinOnce sync.Once
-	svBin     string
-	svBinErr  error
-)
-
-// supervisorBinary builds cmd/supervisor once per test binary run.
-func supervisorBinary(t *testing.T) string {
-	t.Helper()
-	svBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "shardvisor-tree-test-")
-		if err != nil {
-			svBinErr = err
-			return
-		}
-		svBin = filepath.Join(dir, "supervisor")
-		cmd := exec.Command("go", "build", "-o", svBin, "./cmd/supervisor")
-		cmd.Dir = ".."
-		if b, err := cmd.CombinedOutput(); err != nil {
-			svBinErr = fmt.Errorf("go build: %v\n%s", err, b)
-		}
-	})
-	if svBinErr != nil {
-		t.Fatal(svBinErr)
-	}
-	return svBin
-}
+// supervisorBinary is cmd/supervisor's path, built once per test process.
+func supervisorBinary(t *testing.T) string { return svBuilt.get(t) }
 
 // realSV is a cmd/supervisor process in local mode.
 type realSV struct {

@@ -5,6 +5,7 @@
 // (malformed.go), the wait for a value on a channel (await.go), a
 // NOTIFY_SOCKET listener (notify.go), the tail of a failed test's log
 // (logtail.go), the loop of a background load (until.go), a connection
-// that counts the bytes it reads (countconn.go) and the report of a
+// that counts the bytes it reads (countconn.go), the supervisor tests' worker's reply
+// (workerreply.go) and the report of a
 // benchmark that compares two ways of doing one thing (ratio.go).
 package testkit

@@ -22,22 +22,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shardvisor/shardvisor/internal/testkit"
 	"github.com/shardvisor/shardvisor/workerproto"
 )
 
 func main() { os.Exit(run()) }
-
-// reply is the worker's answer to every request; the supervisor tests
-// decode it as their workerReply.
-type reply struct {
-	PID        int      `json:"pid"`
-	Gen        string   `json:"gen"`
-	Tag        string   `json:"tag"`
-	MapVersion string   `json:"map_version"`
-	MapFile    string   `json:"map_file"`
-	Map        string   `json:"map"`
-	FDNames    []string `json:"fd_names"`
-}
 
 // run is a systemd-style worker controlled by environment:
 // TW_DELAY (before serving), TW_MODE (exit at boot, noready: stuck before
@@ -149,7 +138,7 @@ func run() int {
 			return
 		}
 		mapMu.Lock()
-		rep := reply{PID: pid, Gen: os.Getenv("SHARDVISOR_GENERATION"), Tag: os.Getenv("TW_TAG"),
+		rep := testkit.WorkerReply{PID: pid, Gen: os.Getenv("SHARDVISOR_GENERATION"), Tag: os.Getenv("TW_TAG"),
 			MapVersion: mapVersion, MapFile: os.Getenv("SHARDVISOR_MAP_FILE"), Map: mapData, FDNames: names}
 		mapMu.Unlock()
 		_ = json.NewEncoder(w).Encode(rep)
