@@ -47,7 +47,7 @@ func fromRecord(r *MapRecord) (*Map, error) {
 		return nil, fmt.Errorf("%d db nodes, more than %d", len(r.Nodes), MaxNodes)
 	}
 	for i, n := range r.Nodes {
-		node := Node{ID: NodeID(n.ID), DSN: n.DSN, Password: n.Password, StreamUser: n.StreamUser, Weight: n.Weight, State: NodeState(n.State)}
+		node := Node{ID: NodeID(n.ID), DSN: n.DSN, PoolDSN: n.PoolDSN, Password: n.Password, StreamUser: n.StreamUser, Weight: n.Weight, State: NodeState(n.State)}
 		if n.Patroni != nil {
 			node.Patroni = Patroni{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}
 		}
@@ -115,7 +115,7 @@ func EncodeJSON(m *Map) ([]byte, error) {
 	}
 	rec := MapRecord{Version: 1, MapVersion: m.Version, Level: m.Level, UpdatedAt: m.UpdatedAt.UTC()}
 	for _, n := range m.nodes {
-		nr := NodeRecord{ID: string(n.ID), DSN: n.DSN, Password: n.Password, StreamUser: n.StreamUser, Weight: n.Weight, State: string(n.State)}
+		nr := NodeRecord{ID: string(n.ID), DSN: n.DSN, PoolDSN: n.PoolDSN, Password: n.Password, StreamUser: n.StreamUser, Weight: n.Weight, State: string(n.State)}
 		if !n.Patroni.IsZero() {
 			nr.Patroni = &PatroniRecord{Namespace: n.Patroni.Namespace, Scope: n.Patroni.Scope}
 		}

@@ -111,18 +111,18 @@ func (m *Map) SetWeight(id NodeID, w int) error {
 	return nil
 }
 
-// SetConnection changes how a node is reached: its DSN, password
-// reference, stream user and Patroni group. It is how a plain node becomes a group
+// SetConnection changes how a node is reached, to c's DSN, pool DSN,
+// password reference, stream user and Patroni group. It is how a plain node becomes a group
 // (its server turned into a Patroni primary with standbys) or a group's
 // member list changes. Ownership does not change: the data is where it
 // was, only the way to its primary is new.
-func (m *Map) SetConnection(id NodeID, dsn, password, streamUser string, p Patroni) error {
+func (m *Map) SetConnection(id NodeID, c Node) error {
 	i, err := m.mustIndex(id)
 	if err != nil {
 		return err
 	}
 	n := m.nodes[i]
-	n.DSN, n.Password, n.StreamUser, n.Patroni = dsn, password, streamUser, p
+	n.DSN, n.PoolDSN, n.Password, n.StreamUser, n.Patroni = c.DSN, c.PoolDSN, c.Password, c.StreamUser, c.Patroni
 	if err := ValidateNode(n); err != nil {
 		return err
 	}

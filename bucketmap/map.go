@@ -66,8 +66,15 @@ func (s NodeState) valid() bool {
 // Node is one db node in the registry.
 type Node struct {
 	ID NodeID
-	// DSN is a postgres:// URL without a password.
+	// DSN is a postgres:// URL without a password: the direct path, for
+	// everything that needs a session or replication (moves, GC, fence
+	// sync, schema changes, sizing, node check, subscriptions).
 	DSN string
+	// PoolDSN, when set, is the application path: the same database
+	// through a pooler in transaction mode (PgBouncer), in the same form
+	// as DSN, logging in with the same password reference. Routers and
+	// the Python package connect there; "" means DSN serves both.
+	PoolDSN string
 	// Password says where the password comes from: "env:NAME",
 	// "file:/path", or "" (none, or from the environment's pgpass).
 	Password string
@@ -86,6 +93,18 @@ type Node struct {
 	// (package patroni).
 	Patroni Patroni
 }
+
+// AppDSN is where applications connect: the pooler if the node has one,
+// else the DSN.
+func (n Node) AppDSN() string {
+	if n.PoolDSN != "" {
+		return n.PoolDSN
+	}
+	return n.DSN
+}
+
+// Pooled reports whether applications reach the node through a pooler.
+func (n Node) Pooled() bool { return n.PoolDSN != "" }
 
 // Patroni names a Patroni group: its records live under
 // Namespace + Scope + "/" on the cluster's ZooKeeper ensemble. The zero
@@ -327,6 +346,11 @@ func ValidateNode(n Node) error {
 	if err := ValidateDSN(n.DSN); err != nil {
 		return fmt.Errorf("node %s: %w", n.ID, err)
 	}
+	if n.PoolDSN != "" {
+		if err := ValidateDSN(n.PoolDSN); err != nil {
+			return fmt.Errorf("node %s: pool %w", n.ID, err)
+		}
+	}
 	if err := ValidatePasswordRef(n.Password); err != nil {
 		return fmt.Errorf("node %s: %w", n.ID, err)
 	}
@@ -338,10 +362,17 @@ func ValidateNode(n Node) error {
 	}
 	if !n.Patroni.IsZero() {
 		// Even a group of one listed host: after a failover a client
-		// without the attribute would keep writing to a standby.
-		if u, err := url.Parse(n.DSN); err == nil {
-			if a := u.Query().Get("target_session_attrs"); a != "read-write" && a != "primary" {
-				return fmt.Errorf("node %s is a Patroni group: its dsn %q must set target_session_attrs=read-write (and list every member)", n.ID, redactDSN(n.DSN))
+		// without the attribute would keep writing to a standby. The
+		// pooler path too: each member's pooler is in front of that
+		// member, so the attribute picks the primary's.
+		for _, d := range []struct{ name, dsn string }{{"dsn", n.DSN}, {"pool dsn", n.PoolDSN}} {
+			if d.dsn == "" {
+				continue
+			}
+			if u, err := url.Parse(d.dsn); err == nil {
+				if a := u.Query().Get("target_session_attrs"); a != "read-write" && a != "primary" {
+					return fmt.Errorf("node %s is a Patroni group: its %s %q must set target_session_attrs=read-write (and list every member)", n.ID, d.name, redactDSN(d.dsn))
+				}
 			}
 		}
 	}

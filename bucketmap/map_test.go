@@ -88,7 +88,56 @@ func TestValidateNodeInputs(t *testing.T) {
 		{func(n *Node) { n.State = "zombie" }, `state "zombie"`},
 		{func(n *Node) { n.StreamUser = "Bad-Name" }, "must be a role name"},
 		{func(n *Node) { n.StreamUser = "shardvisor_stream" }, "must set sslmode=verify-full"},
+		{func(n *Node) { n.PoolDSN = "postgres://app:hunter2@h:6432/db" }, "pool dsn"},
+		{func(n *Node) { n.PoolDSN = "mysql://h/db" }, "pool dsn"},
+		{func(n *Node) {
+			n.DSN = "postgres://app@h1,h2/db?target_session_attrs=read-write"
+			n.PoolDSN = "postgres://app@h1:6432,h2:6432/db"
+			n.Patroni = Patroni{Namespace: DefaultPatroniNamespace, Scope: "g1"}
+		}, "pool dsn"},
 	})
+}
+
+// A pooler goes through the record and back, and SetConnection replaces
+// it; a map without one does not mention it, and its nodes' application
+// path is their DSN.
+func TestPoolDSNRoundTrip(t *testing.T) {
+	ns := nodes(2)
+	plain, err := Encode(mustNew(t, 2, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(plain), "pool_dsn") {
+		t.Fatalf("a map without poolers mentions them: %s", plain)
+	}
+	pool := "postgres://app@10.0.0.2:6432/app"
+	ns[1].PoolDSN = pool
+	data, err := Encode(mustNew(t, 2, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Decode("/m", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, _ := back.Node("n2")
+	if n2.PoolDSN != pool || n2.AppDSN() != pool || !n2.Pooled() {
+		t.Fatalf("decoded %+v", n2)
+	}
+	if n1, _ := back.Node("n1"); n1.Pooled() || n1.AppDSN() != n1.DSN {
+		t.Fatalf("n1 got a pooler: %+v", n1)
+	}
+	n2.PoolDSN = ""
+	if err := back.SetConnection("n2", n2); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := back.Node("n2"); n.Pooled() {
+		t.Fatalf("SetConnection kept the pooler: %+v", n)
+	}
+	n2.PoolDSN = "postgres://app:pw@h/db"
+	if err := back.SetConnection("n2", n2); err == nil || !strings.Contains(err.Error(), "pool dsn") {
+		t.Fatalf("SetConnection took a pool dsn with a password: %v", err)
+	}
 }
 
 // A stream user goes through the record and back; a map without one

@@ -51,8 +51,11 @@ type MapRecord struct {
 // NodeRecord is one db node in the registry. The DSN never carries a
 // password; Password is a reference to where it comes from.
 type NodeRecord struct {
-	ID       string `json:"id"`
-	DSN      string `json:"dsn"`
+	ID  string `json:"id"`
+	DSN string `json:"dsn"`
+	// PoolDSN: the application path through a transaction-mode pooler
+	// (absent: dsn serves applications too).
+	PoolDSN  string `json:"pool_dsn,omitempty"`
 	Password string `json:"password,omitempty"` // "env:NAME" or "file:/path"
 	// StreamUser: the role the moves' subscriptions to this node log in
 	// as, by the subscribing server's client certificate (no password).

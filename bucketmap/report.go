@@ -9,11 +9,13 @@ import (
 
 // NodeSummary is one node's line in a status report.
 type NodeSummary struct {
-	ID       NodeID    `json:"id"`
-	State    NodeState `json:"state"`
-	Weight   int       `json:"weight"`
-	DSN      string    `json:"dsn"`
-	Password string    `json:"password_ref,omitempty"`
+	ID     NodeID    `json:"id"`
+	State  NodeState `json:"state"`
+	Weight int       `json:"weight"`
+	DSN    string    `json:"dsn"`
+	// PoolDSN is the application path through a pooler (Node.PoolDSN).
+	PoolDSN  string `json:"pool_dsn,omitempty"`
+	Password string `json:"password_ref,omitempty"`
 	// StreamUser is the role the moves' streams log in to it as, by
 	// certificate (Node.StreamUser).
 	StreamUser string  `json:"stream_user,omitempty"`
@@ -69,7 +71,7 @@ func (m *Map) Summarize() Summary {
 		}
 	}
 	for _, n := range m.nodes {
-		ns := NodeSummary{ID: n.ID, State: n.State, Weight: n.Weight, DSN: n.DSN, Password: n.Password, StreamUser: n.StreamUser, Buckets: counts[n.ID],
+		ns := NodeSummary{ID: n.ID, State: n.State, Weight: n.Weight, DSN: n.DSN, PoolDSN: n.PoolDSN, Password: n.Password, StreamUser: n.StreamUser, Buckets: counts[n.ID],
 			Share: float64(counts[n.ID]) / float64(m.Buckets())}
 		if !n.Patroni.IsZero() {
 			p := n.Patroni
@@ -104,7 +106,11 @@ func WriteSummary(w io.Writer, s Summary) {
 		if n.FairShare > 0 {
 			fair = fmt.Sprintf("%.1f%%", 100*n.FairShare)
 		}
-		fmt.Fprintf(w, "%-16s %-9s %6d %8d %6.1f%% %7s  %s\n", n.ID, n.State, n.Weight, n.Buckets, 100*n.Share, fair, n.DSN)
+		dsn := n.DSN
+		if n.PoolDSN != "" {
+			dsn += "  (applications: " + n.PoolDSN + ")"
+		}
+		fmt.Fprintf(w, "%-16s %-9s %6d %8d %6.1f%% %7s  %s\n", n.ID, n.State, n.Weight, n.Buckets, 100*n.Share, fair, dsn)
 	}
 	switch {
 	case s.MinDepth != s.MaxDepth:

@@ -55,22 +55,72 @@ func ConnConfig(n bucketmap.Node) (*pgx.ConnConfig, error) {
 	if err := configure(n, cfg); err != nil {
 		return nil, err
 	}
-	if err := reloadTLS(n, &cfg.Config); err != nil {
+	if err := reloadTLS(n, n.DSN, &cfg.Config); err != nil {
 		return nil, err
 	}
 	return cfg, nil
 }
 
-// PoolConfig is the pgxpool configuration for a node.
+// PoolConfig is the pgxpool configuration of a node's direct path (its
+// DSN): sessions and replication, for the mover, GC, schema changes.
 func PoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
-	cfg, err := pgxpool.ParseConfig(n.DSN)
+	return poolConfig(n, n.DSN, "dsn")
+}
+
+// The application path's pool defaults: what a prefork worker needs, one
+// request at a time, plus one for a second statement while the first
+// connection is being discarded. 800 processes × 2 on 4 nodes is what a
+// pooler in front of each node has to take, rather than 800 × NumCPU
+// server backends. A DSN's pool_max_conns or pool_max_conn_idle_time
+// wins; a router's TunePool wins over both.
+const (
+	AppMaxConns        = 2
+	AppMaxConnIdleTime = time.Minute
+)
+
+// AppPoolConfig is the pgxpool configuration of a node's application
+// path: its pooler (PoolDSN) when it has one, else its DSN, with the
+// application defaults above. Through a pooler the default exec mode is
+// cache_describe: PgBouncer in transaction mode (1.18, before
+// max_prepared_statements) hands each transaction whichever server
+// connection is free, so pgx's default of named prepared statements would
+// meet servers that never saw them. cache_describe keeps one round trip
+// per query once a statement's description is cached, using only the
+// unnamed statement. A DSN's own default_query_exec_mode wins.
+func AppPoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
+	dsn, what := n.DSN, "dsn"
+	if n.Pooled() {
+		dsn, what = n.PoolDSN, "pool dsn"
+	}
+	cfg, err := poolConfig(n, dsn, what)
 	if err != nil {
-		return nil, fmt.Errorf("db node %s: dsn: %w", n.ID, err)
+		return nil, err
+	}
+	params, err := dsnParams(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("db node %s: %s: %w", n.ID, what, err)
+	}
+	if _, set := params["pool_max_conns"]; !set {
+		cfg.MaxConns = AppMaxConns
+	}
+	if _, set := params["pool_max_conn_idle_time"]; !set {
+		cfg.MaxConnIdleTime = AppMaxConnIdleTime
+	}
+	if _, set := params["default_query_exec_mode"]; !set && n.Pooled() {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	return cfg, nil
+}
+
+func poolConfig(n bucketmap.Node, dsn, what string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("db node %s: %s: %w", n.ID, what, err)
 	}
 	if err := configure(n, cfg.ConnConfig); err != nil {
 		return nil, err
 	}
-	if err := reloadTLS(n, &cfg.ConnConfig.Config); err != nil {
+	if err := reloadTLS(n, dsn, &cfg.ConnConfig.Config); err != nil {
 		return nil, err
 	}
 	if len(cfg.ConnConfig.Fallbacks) > 0 {

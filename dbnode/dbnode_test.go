@@ -260,3 +260,50 @@ func TestConnStringStreamUserHasNoPassword(t *testing.T) {
 		t.Fatalf("without a stream user: %s %v", cs, err)
 	}
 }
+
+// The application path: a node's pooler when it has one, in an exec mode
+// that uses no named prepared statements (PgBouncer 1.18 in transaction
+// mode), sized for a prefork worker, with the node's password; a DSN's
+// own settings win. Without a pooler, the DSN in pgx's default mode.
+func TestAppPoolConfig(t *testing.T) {
+	t.Setenv("SV_TEST_PW", "s3cret")
+	n := bucketmap.Node{ID: "n1", DSN: "postgres://app@db1:5432/app", PoolDSN: "postgres://app@db1:6432/app", Password: "env:SV_TEST_PW"}
+	cfg, err := AppPoolConfig(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := cfg.ConnConfig
+	if cc.Port != 6432 || cc.Password != "s3cret" {
+		t.Errorf("pooled node: port %d password %q, want the pooler's 6432 with the node's password", cc.Port, cc.Password)
+	}
+	if cc.DefaultQueryExecMode != pgx.QueryExecModeCacheDescribe {
+		t.Errorf("pooled node: exec mode %v, want cache describe", cc.DefaultQueryExecMode)
+	}
+	if cfg.MaxConns != AppMaxConns || cfg.MaxConnIdleTime != AppMaxConnIdleTime {
+		t.Errorf("pooled node: %d conns idle %v, want %d, %v", cfg.MaxConns, cfg.MaxConnIdleTime, AppMaxConns, AppMaxConnIdleTime)
+	}
+
+	n.PoolDSN += "?pool_max_conns=7&default_query_exec_mode=exec&pool_max_conn_idle_time=5s"
+	if cfg, err = AppPoolConfig(n); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MaxConns != 7 || cfg.MaxConnIdleTime != 5*time.Second || cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeExec {
+		t.Errorf("the DSN's settings lost: %d conns idle %v mode %v", cfg.MaxConns, cfg.MaxConnIdleTime, cfg.ConnConfig.DefaultQueryExecMode)
+	}
+
+	n.PoolDSN = ""
+	if cfg, err = AppPoolConfig(n); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ConnConfig.Port != 5432 || cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.MaxConns != AppMaxConns {
+		t.Errorf("node without a pooler: port %d mode %v conns %d", cfg.ConnConfig.Port, cfg.ConnConfig.DefaultQueryExecMode, cfg.MaxConns)
+	}
+	// The direct path is the DSN whatever the pooler, in pgx's defaults.
+	n.PoolDSN = "postgres://app@db1:6432/app"
+	if cfg, err = PoolConfig(n); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ConnConfig.Port != 5432 || cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		t.Errorf("direct path: port %d mode %v", cfg.ConnConfig.Port, cfg.ConnConfig.DefaultQueryExecMode)
+	}
+}

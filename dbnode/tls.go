@@ -19,8 +19,8 @@ import (
 // reloadTLS replaces the TLS configurations pgx made for cc (one per host
 // and TLS attempt) with ones that reload the DSN's certificate files. A
 // DSN without them, or whose key is encrypted (sslpassword), keeps pgx's.
-func reloadTLS(n bucketmap.Node, cc *pgconn.Config) error {
-	params, err := dsnParams(n.DSN)
+func reloadTLS(n bucketmap.Node, dsn string, cc *pgconn.Config) error {
+	params, err := dsnParams(dsn)
 	if err != nil {
 		return fmt.Errorf("db node %s: %w", n.ID, err)
 	}

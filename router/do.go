@@ -27,12 +27,14 @@ var ErrNoPrimary = errors.New("no server accepted a read-write connection (the n
 
 // Retryable reports whether Do retries an error: what the fence held back
 // (SQLSTATE SV001), what never reached the server (pgconn.SafeToRetry),
-// and a connection that could not be made (pgconn.ConnectError: no
-// server answered, or every one that did is a standby): nothing of fn's
-// was sent in either case. An error after a statement was sent is never
-// retried: the statement may have committed.
+// a connection that could not be made (pgconn.ConnectError: no server
+// answered, or every one that did is a standby), and a write a standby
+// refused (25006: through a pooler, the primary's pooler now reaches a
+// demoted server): nothing of fn's was written in any of these cases. An
+// error after a statement was sent is otherwise never retried: the
+// statement may have committed.
 func Retryable(err error) bool {
-	return sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err) || noPrimary(err)
+	return sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err) || noPrimary(err) || sqlstate.IsReadOnly(err)
 }
 
 func noPrimary(err error) bool {
@@ -97,6 +99,13 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 			return perr
 		}
 		err = fn(ctx, pool, rt)
+		if sqlstate.IsReadOnly(err) {
+			// Every connection of the pool may lead to the standby (a
+			// pooler's client connections outlive its server's demotion):
+			// drop them all, so that the next ones are checked again by
+			// the DSN's target_session_attrs=read-write.
+			pool.Reset()
+		}
 		if err != nil && last != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			// ctx ended inside this attempt (pgxpool's acquire or connect
 			// then returns ctx's error): say what the attempts met.

@@ -81,6 +81,11 @@ func TestDoRetriesAGroupWithoutPrimaryAndSaysSo(t *testing.T) {
 	if Retryable(stmt) || Retryable(fmt.Errorf("wrapped: %w", context.Canceled)) {
 		t.Fatal("a statement error counts as retryable")
 	}
+	// A write a standby refused (through a member's pooler after a
+	// failover) wrote nothing: retried; other statement errors are not.
+	if !Retryable(fmt.Errorf("exec: %w", &pgconn.PgError{Code: "25006"})) || Retryable(&pgconn.PgError{Code: "23505"}) {
+		t.Fatal("25006 is not retried, or a unique violation is")
+	}
 	// A server that refuses the connection itself is no failover: never
 	// retried; one that is starting up is.
 	for code, want := range map[string]bool{"28P01": false, "3D000": false, "53300": false, "57P03": true, "08006": true} {

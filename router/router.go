@@ -47,6 +47,10 @@ type Route struct {
 	Level  int
 	Node   bucketmap.NodeID
 	DSN    string // the node's DSN, without password
+	// PoolDSN is the node's application path, its pooler, when it has one
+	// (bucketmap.Node.PoolDSN): applications connect there, DSN is for
+	// session work.
+	PoolDSN string
 	// Group is the node's Patroni scope when it is a group ("" for a
 	// plain server); its DSN then lists the members and reaches the
 	// primary (target_session_attrs=read-write).
@@ -132,7 +136,7 @@ type Router struct {
 
 	mu       sync.Mutex
 	recent   []*snapshot // newest last
-	pools    map[bucketmap.NodeID]*poolEntry
+	pools    map[poolKey]*poolEntry
 	watchers []func(version uint64)
 	member   *topo.RouterRegistration
 	started  time.Time
@@ -149,6 +153,12 @@ type Stats struct {
 	LastError   atomic.Pointer[string]
 }
 
+// poolKey names a pool: a node's application path, or its direct one.
+type poolKey struct {
+	id     bucketmap.NodeID
+	direct bool
+}
+
 type poolEntry struct {
 	pool *pgxpool.Pool
 	node bucketmap.Node
@@ -162,7 +172,7 @@ func newRouter(opts Options, src Source) *Router {
 		opts.Keep = 16
 	}
 	r := &Router{opts: opts, log: opts.Logger.With(zap.String("component", "router")), source: src,
-		ready: make(chan struct{}), pools: map[bucketmap.NodeID]*poolEntry{}, done: make(chan struct{}), started: time.Now()}
+		ready: make(chan struct{}), pools: map[poolKey]*poolEntry{}, done: make(chan struct{}), started: time.Now()}
 	r.zkState.Store(int32(zksession.StateConnected))
 	return r
 }
@@ -486,7 +496,7 @@ func (r *Router) Route(uid string) (Route, error) {
 func (r *Router) route(s *snapshot, uid string) Route {
 	b := uint32(s.ks.Prefix64(uid) >> s.shift) // level 0: a shift by 64 gives 0
 	n := &s.nodes[s.owners[b]]
-	rt := Route{Bucket: b, Level: s.m.Level, Node: n.ID, DSN: n.DSN, Group: n.Patroni.Scope, MapVersion: s.m.Version, State: bucketmap.BucketActive}
+	rt := Route{Bucket: b, Level: s.m.Level, Node: n.ID, DSN: n.DSN, PoolDSN: n.PoolDSN, Group: n.Patroni.Scope, MapVersion: s.m.Version, State: bucketmap.BucketActive}
 	if s.depth != nil { // mixed depths: the directory slot names its bucket's depth
 		d := s.depth[b]
 		rt.Bucket, rt.Level = b>>(uint(s.m.Level)-uint(d)), int(d)
@@ -606,22 +616,46 @@ func (r *Router) Pool(ctx context.Context, uid string) (*pgxpool.Pool, Route, er
 	return p, rt, err
 }
 
-// NodePool returns the pool of one node.
+// NodePool returns the pool of one node's application path: its pooler
+// when the registry names one (bucketmap.Node.PoolDSN), else its DSN,
+// sized for a prefork worker (dbnode.AppPoolConfig: 2 connections, idle
+// ones closed after a minute; TunePool changes that).
 func (r *Router) NodePool(ctx context.Context, id bucketmap.NodeID) (*pgxpool.Pool, error) {
+	return r.nodePool(ctx, poolKey{id: id})
+}
+
+// DirectPool returns a pool on the node's direct path (its DSN), past its
+// pooler: the escape hatch for work that needs a session of its own, which
+// a pooler in transaction mode does not keep from one transaction to the
+// next: SET without LOCAL, session advisory locks, LISTEN, WITH HOLD
+// cursors, temporary tables (docs/data-contract.md). It counts against
+// the node's max_connections directly: keep its use rare and short. On a
+// node without a pooler it is a pool of its own on the same DSN.
+func (r *Router) DirectPool(ctx context.Context, id bucketmap.NodeID) (*pgxpool.Pool, error) {
+	return r.nodePool(ctx, poolKey{id: id, direct: true})
+}
+
+func (r *Router) nodePool(ctx context.Context, k poolKey) (*pgxpool.Pool, error) {
 	m := r.Map()
 	if m == nil {
 		return nil, ErrNotReady
 	}
-	node, ok := m.Node(id)
+	node, ok := m.Node(k.id)
 	if !ok {
-		return nil, fmt.Errorf("db node %s is not in the registry", id)
+		return nil, fmt.Errorf("db node %s is not in the registry", k.id)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e, ok := r.pools[id]; ok && e.node.DSN == node.DSN && e.node.Password == node.Password {
+	if e, ok := r.pools[k]; ok && sameWay(e.node, node) {
 		return e.pool, nil
 	}
-	cfg, err := dbnode.PoolConfig(node)
+	cfg, err := dbnode.AppPoolConfig(node)
+	if k.direct {
+		cfg, err = dbnode.PoolConfig(node)
+		if err == nil {
+			cfg.MaxConns, cfg.MaxConnIdleTime = dbnode.AppMaxConns, dbnode.AppMaxConnIdleTime
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -630,24 +664,29 @@ func (r *Router) NodePool(ctx context.Context, id bucketmap.NodeID) (*pgxpool.Po
 	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("db node %s: %w", id, err)
+		return nil, fmt.Errorf("db node %s: %w", k.id, err)
 	}
-	if old, ok := r.pools[id]; ok {
+	if old, ok := r.pools[k]; ok {
 		go old.pool.Close()
 	}
-	r.pools[id] = &poolEntry{pool: p, node: node}
+	r.pools[k] = &poolEntry{pool: p, node: node}
 	return p, nil
+}
+
+// sameWay reports whether a pool made for node a still reaches node b.
+func sameWay(a, b bucketmap.Node) bool {
+	return a.DSN == b.DSN && a.PoolDSN == b.PoolDSN && a.Password == b.Password
 }
 
 // stalePools removes (and returns, to close) the pools whose node left the
 // registry or changed how it is reached. Caller holds r.mu.
 func (r *Router) stalePools(m *bucketmap.Map) []*pgxpool.Pool {
 	var out []*pgxpool.Pool
-	for id, e := range r.pools {
-		n, ok := m.Node(id)
-		if !ok || n.State == bucketmap.NodeRemoved || n.DSN != e.node.DSN || n.Password != e.node.Password {
+	for k, e := range r.pools {
+		n, ok := m.Node(k.id)
+		if !ok || n.State == bucketmap.NodeRemoved || !sameWay(n, e.node) {
 			out = append(out, e.pool)
-			delete(r.pools, id)
+			delete(r.pools, k)
 		}
 	}
 	return out

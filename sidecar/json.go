@@ -90,6 +90,10 @@ func appendRoute(b []byte, uid string, rt router.Route) []byte {
 	b = appendJSONString(b, string(rt.Node))
 	b = append(b, `,"dsn":`...)
 	b = appendJSONString(b, rt.DSN)
+	if rt.PoolDSN != "" {
+		b = append(b, `,"pool_dsn":`...)
+		b = appendJSONString(b, rt.PoolDSN)
+	}
 	if rt.Group != "" {
 		b = append(b, `,"group":`...)
 		b = appendJSONString(b, rt.Group)

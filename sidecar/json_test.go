@@ -21,6 +21,7 @@ type wireRoute struct {
 	Level      int    `json:"level"`
 	Node       string `json:"node"`
 	DSN        string `json:"dsn"`
+	PoolDSN    string `json:"pool_dsn,omitempty"`
 	Group      string `json:"group,omitempty"`
 	MapVersion uint64 `json:"map_version"`
 	State      string `json:"state"`
@@ -33,7 +34,7 @@ type wireRoute struct {
 }
 
 func wireOf(uid string, rt router.Route) wireRoute {
-	w := wireRoute{UID: uid, Bucket: rt.Bucket, Level: rt.Level, Node: string(rt.Node), DSN: rt.DSN, Group: rt.Group,
+	w := wireRoute{UID: uid, Bucket: rt.Bucket, Level: rt.Level, Node: string(rt.Node), DSN: rt.DSN, PoolDSN: rt.PoolDSN, Group: rt.Group,
 		MapVersion: rt.MapVersion, State: string(rt.State), Target: string(rt.Target), DataLost: rt.DataLost,
 		Suspended: rt.Suspended, Stale: rt.Stale, Moved: rt.Moved}
 	if rt.Moved {
@@ -64,7 +65,7 @@ func TestRouteWireFormatIsEncodingJSONs(t *testing.T) {
 		uid string
 		rt  router.Route
 	}{
-		{"alice", router.Route{Bucket: 4, Level: 4, Node: "pg1", DSN: "postgres://app@127.0.0.1:25432/app", MapVersion: 5, State: bucketmap.BucketActive}},
+		{"alice", router.Route{Bucket: 4, Level: 4, Node: "pg1", DSN: "postgres://app@127.0.0.1:25432/app", PoolDSN: "postgres://app@127.0.0.1:27432/app", MapVersion: 5, State: bucketmap.BucketActive}},
 		{"ünïcødé ✓ 𝄞 \"q\" \\ <&> \x00\x1f\n\r\t", router.Route{Bucket: 1 << 31, Level: 32, Node: "pg2",
 			DSN: "postgres://app@h1:5432,h2:5432/app?target_session_attrs=read-write&connect_timeout=5", Group: "pg-a",
 			MapVersion: 1<<64 - 1, State: bucketmap.BucketMoving, Target: "pg3", DataLost: true, Suspended: true}},

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -387,17 +389,30 @@ func initNodes(c *cli.Context) ([]bucketmap.Node, error) {
 	if len(specs) == 0 {
 		return nil, cliutil.Usagef("init: at least one --node ID=DSN is required")
 	}
+	pools := map[string]string{}
+	for _, spec := range cliutil.SplitNodes(c.StringSlice("pool")) {
+		id, dsn, ok := strings.Cut(spec, "=")
+		if !ok {
+			return nil, cliutil.Usagef("init: --pool %q: want ID=DSN", spec)
+		}
+		pools[id] = dsn
+	}
 	var nodes []bucketmap.Node
 	for _, spec := range specs {
 		id, dsn, ok := strings.Cut(spec, "=")
 		if !ok {
 			return nil, cliutil.Usagef("init: --node %q: want ID=DSN", spec)
 		}
-		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, Password: c.String("password"), StreamUser: c.String("stream-user"), Weight: 1, State: bucketmap.NodeActive}
+		n := bucketmap.Node{ID: bucketmap.NodeID(id), DSN: dsn, PoolDSN: pools[id], Password: c.String("password"), StreamUser: c.String("stream-user"), Weight: 1, State: bucketmap.NodeActive}
+		delete(pools, id)
 		if err := bucketmap.ValidateNode(n); err != nil {
 			return nil, cliutil.Usagef("init: --node: %v", err)
 		}
 		nodes = append(nodes, n)
+	}
+	if len(pools) > 0 {
+		id := slices.Sorted(maps.Keys(pools))[0]
+		return nil, cliutil.Usagef("init: --pool %s=...: there is no --node %s", id, id)
 	}
 	return nodes, nil
 }

@@ -42,6 +42,8 @@ func newApp() *cli.App {
 					&cli.StringSliceFlag{Name: "node", EnvVars: []string{"SHARDVISOR_NODES"}, Usage: "db node `ID=DSN` (postgres:// URL without password); repeat, or list several separated by commas " +
 						"(as in the variable: pg1=postgres://h1/app,pg2=postgres://h2/app); a multi-host DSN's commas stay in it"},
 					&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF` for every node: env:NAME or file:/path"},
+					&cli.StringSliceFlag{Name: "pool", EnvVars: []string{"SHARDVISOR_NODE_POOLS"}, Usage: "a node's application path `ID=DSN`: its pooler in transaction mode (PgBouncer), where routers and workers connect; " +
+						"repeat or separate by commas as --node; a node without one serves applications on its DSN"},
 					&cli.StringFlag{Name: "stream-user", EnvVars: []string{"SHARDVISOR_NODE_STREAM_USER"}, Usage: "`ROLE` the moves' subscriptions to every node log in as by the subscribing db server's client certificate, so no password goes into the subscriber's catalog (pg_hba cert; the DSN must verify the server: sslmode=verify-full)"},
 					&cli.StringFlag{Name: "reader-auth", EnvVars: []string{"SHARDVISOR_READER_AUTH"}, Usage: "reader identity `user:password` allowed to read the cluster"},
 					&cli.StringFlag{Name: "reader-auth-file", EnvVars: []string{"SHARDVISOR_READER_AUTH_FILE"}, Usage: "`file` with the reader identity"},
@@ -106,16 +108,18 @@ func newApp() *cli.App {
 						Flags: append([]cli.Flag{
 							&cli.IntFlag{Name: "weight", Value: 1, Usage: "relative capacity"},
 							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path"},
+							&cli.StringFlag{Name: "pool-dsn", EnvVars: []string{"SHARDVISOR_NODE_POOL_DSN"}, Usage: "the application path `DSN`: the node's pooler in transaction mode (PgBouncer), where routers and workers connect (default: none, applications use the DSN)"},
 							&cli.StringFlag{Name: "stream-user", EnvVars: []string{"SHARDVISOR_NODE_STREAM_USER"}, Usage: "`ROLE` the moves' subscriptions to the node log in as by the subscribing db server's client certificate, so no password goes into the subscriber's catalog (pg_hba cert; the DSN must verify the server: sslmode=verify-full)"},
 						}, patroniCLIFlags()...),
 						Action: runNodeAdd,
 					},
 					{
 						Name:      "set-dsn",
-						Usage:     "change how a db node is reached: its DSN, password reference and Patroni group (a plain node that became a group, say)",
+						Usage:     "change how a db node is reached: its DSN, pooler, password reference and Patroni group (a plain node that became a group, say)",
 						ArgsUsage: "ID DSN",
 						Flags: append([]cli.Flag{
 							&cli.StringFlag{Name: "password", EnvVars: []string{"SHARDVISOR_NODE_PASSWORD"}, Usage: "password `REF`: env:NAME or file:/path (default: keep the node's)"},
+							&cli.StringFlag{Name: "pool-dsn", EnvVars: []string{"SHARDVISOR_NODE_POOL_DSN"}, Usage: "the application path `DSN`: the node's pooler in transaction mode (default: keep the node's; \"\" for none, applications then use the DSN)"},
 							&cli.StringFlag{Name: "stream-user", EnvVars: []string{"SHARDVISOR_NODE_STREAM_USER"}, Usage: "`ROLE` the moves' subscriptions to the node log in as by the subscribing db server's client certificate, so no password goes into the subscriber's catalog (pg_hba cert; the DSN must verify the server: sslmode=verify-full) (default: keep the node's; \"\" for the DSN's user with the password)"},
 							&cli.BoolFlag{Name: "no-patroni", EnvVars: []string{"SHARDVISOR_NODE_NO_PATRONI"}, Usage: "the node is no longer a Patroni group (without it, and without --patroni-scope, the node's group is kept)"},
 						}, patroniCLIFlags()...),

@@ -94,3 +94,27 @@ func parseInit(t *testing.T, args ...string) ([]bucketmap.Node, int, string) {
 	code := cliutil.Exec(context.Background(), app, append([]string{"shardctl", "init", "--random-seed"}, args...))
 	return nodes, code, errb.String()
 }
+
+// init --pool (and SHARDVISOR_NODE_POOLS) gives the named nodes their
+// application path; a pooler for a node that is not listed, or one with
+// a password, is a usage error naming it.
+func TestInitPoolGivesNodesTheirApplicationPath(t *testing.T) {
+	const g1 = "g1=postgres://app@h1:5432,h2:5432/app?target_session_attrs=read-write"
+	const g1pool = "g1=postgres://app@h1:6432,h2:6432/app?target_session_attrs=read-write"
+	const plain = "pg2=postgres://app@h3:5432/app"
+	t.Setenv("SHARDVISOR_NODE_POOLS", g1pool)
+	nodes, code, stderr := parseInit(t, "--node", g1, "--node", plain)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got := "g1=" + nodes[0].PoolDSN; got != g1pool || nodes[1].PoolDSN != "" {
+		t.Errorf("pool dsns %q, %q; want %q and none", nodes[0].PoolDSN, nodes[1].PoolDSN, g1pool)
+	}
+	t.Setenv("SHARDVISOR_NODE_POOLS", "")
+	if _, code, stderr := parseInit(t, "--node", plain, "--pool", "pg9=postgres://app@h9:6432/app"); code != cliutil.ExitUsage || !strings.Contains(stderr, "no --node pg9") {
+		t.Errorf("a pooler of no node: exit %d: %s", code, stderr)
+	}
+	if _, code, stderr := parseInit(t, "--node", plain, "--pool", "pg2=postgres://app:pw@h3:6432/app"); code != cliutil.ExitUsage || !strings.Contains(stderr, "pool dsn") {
+		t.Errorf("a pooler with a password: exit %d: %s", code, stderr)
+	}
+}

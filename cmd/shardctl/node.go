@@ -22,7 +22,7 @@ func runNodeAdd(c *cli.Context) error {
 	if c.NArg() != 2 {
 		return cliutil.Usagef("node add: want ID DSN")
 	}
-	n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), Password: c.String("password"), StreamUser: c.String("stream-user"),
+	n := bucketmap.Node{ID: bucketmap.NodeID(c.Args().Get(0)), DSN: c.Args().Get(1), PoolDSN: c.String("pool-dsn"), Password: c.String("password"), StreamUser: c.String("stream-user"),
 		Weight: c.Int("weight"), State: bucketmap.NodeActive, Patroni: patroniFlags(c)}
 	if err := bucketmap.ValidateNode(n); err != nil {
 		return cliutil.Usagef("node add: %v", err)
@@ -32,7 +32,7 @@ func runNodeAdd(c *cli.Context) error {
 	})
 }
 
-// runNodeSetDSN changes how a node is reached (its DSN, password
+// runNodeSetDSN changes how a node is reached (its DSN, pooler, password
 // reference and Patroni group), for instance when a plain node becomes a
 // Patroni group.
 func runNodeSetDSN(c *cli.Context) error {
@@ -40,7 +40,7 @@ func runNodeSetDSN(c *cli.Context) error {
 		return cliutil.Usagef("node set-dsn: want ID DSN")
 	}
 	id := bucketmap.NodeID(c.Args().Get(0))
-	n := bucketmap.Node{ID: id, DSN: c.Args().Get(1), Password: c.String("password"), StreamUser: c.String("stream-user"), Weight: 1, State: bucketmap.NodeActive, Patroni: patroniFlags(c)}
+	n := bucketmap.Node{ID: id, DSN: c.Args().Get(1), PoolDSN: c.String("pool-dsn"), Password: c.String("password"), StreamUser: c.String("stream-user"), Weight: 1, State: bucketmap.NodeActive, Patroni: patroniFlags(c)}
 	if err := bucketmap.ValidateNode(n); err != nil {
 		return cliutil.Usagef("node set-dsn: %v", err)
 	}
@@ -55,12 +55,15 @@ func runNodeSetDSN(c *cli.Context) error {
 		if ok && !c.IsSet("stream-user") {
 			n.StreamUser = old.StreamUser
 		}
+		if ok && !c.IsSet("pool-dsn") {
+			n.PoolDSN = old.PoolDSN
+		}
 		// The group stays unless the command says otherwise: adding a
 		// member to a group's DSN must not turn it into a plain node.
 		if ok && !c.IsSet("patroni-scope") && !c.Bool("no-patroni") {
 			n.Patroni = old.Patroni
 		}
-		return fmt.Sprintf("node %s is reached at %s%s; routers and workers reconnect there as they apply the map", id, n.DSN, groupNote(n)), m.SetConnection(id, n.DSN, n.Password, n.StreamUser, n.Patroni)
+		return fmt.Sprintf("node %s is reached at %s%s%s; routers and workers reconnect as they apply the map", id, n.DSN, poolNote(n), groupNote(n)), m.SetConnection(id, n)
 	})
 }
 
@@ -71,6 +74,13 @@ func patroniFlags(c *cli.Context) bucketmap.Patroni {
 		return bucketmap.Patroni{}
 	}
 	return bucketmap.Patroni{Namespace: c.String("patroni-namespace"), Scope: c.String("patroni-scope")}
+}
+
+func poolNote(n bucketmap.Node) string {
+	if n.PoolDSN == "" {
+		return " (applications too: no pooler)"
+	}
+	return ", applications through the pooler at " + n.PoolDSN
 }
 
 func groupNote(n bucketmap.Node) string {

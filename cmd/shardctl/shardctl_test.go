@@ -224,7 +224,33 @@ func TestIntegrationClusterLifecycle(t *testing.T) {
 	}
 
 	// A node joins; the plan balances it at the lower bound.
-	mustRun(t, cmd("node", "add", "pg4", dsn("25435"), "--weight", "1", "--password", "env:PGPASSWORD")...)
+	mustRun(t, cmd("node", "add", "pg4", dsn("25435"), "--weight", "1", "--password", "env:PGPASSWORD", "--pool-dsn", dsn("27435"))...)
+	// A pooler stays through set-dsn unless it names one; "" removes it.
+	poolOf := func(id bucketmap.NodeID) string {
+		for _, n := range status().Nodes {
+			if n.ID == id {
+				return n.PoolDSN
+			}
+		}
+		t.Fatalf("no node %s", id)
+		return ""
+	}
+	if got := poolOf("pg4"); got != dsn("27435") {
+		t.Fatalf("pg4's pooler after add: %q", got)
+	}
+	if out := mustRun(t, cmd("node", "set-dsn", "pg4", dsn("25435")+"?connect_timeout=3")...); !strings.Contains(out, "applications through the pooler at "+dsn("27435")) {
+		t.Fatalf("set-dsn without --pool-dsn: %s", out)
+	}
+	if got := poolOf("pg4"); got != dsn("27435") {
+		t.Fatalf("set-dsn without --pool-dsn lost the pooler: %q", got)
+	}
+	if out := mustRun(t, cmd("node", "set-dsn", "pg4", dsn("25435"), "--pool-dsn", "")...); !strings.Contains(out, "no pooler") {
+		t.Fatalf("set-dsn --pool-dsn '': %s", out)
+	}
+	if got := poolOf("pg4"); got != "" {
+		t.Fatalf("set-dsn --pool-dsn '' kept the pooler: %q", got)
+	}
+	v := status().Version
 	var plan bucketmap.Plan
 	if err := json.Unmarshal([]byte(mustRun(t, cmd("plan", "--json")...)), &plan); err != nil {
 		t.Fatal(err)
@@ -237,7 +263,7 @@ func TestIntegrationClusterLifecycle(t *testing.T) {
 			t.Fatalf("move %+v", mv)
 		}
 	}
-	if status().Version != 2 {
+	if status().Version != v {
 		t.Fatal("plan changed the map")
 	}
 

@@ -23,3 +23,12 @@ func Of(err error) string {
 
 // IsFenceRejected reports whether err is a write the fence rejected.
 func IsFenceRejected(err error) bool { return Of(err) == FenceRejected }
+
+// ReadOnlyTransaction is PostgreSQL's read_only_sql_transaction: a write
+// sent to a standby. Through a pooler it is how a failover shows: the
+// client's connection to a member's pooler outlives the member's
+// demotion, and the pooler's next server connection reaches a standby.
+const ReadOnlyTransaction = "25006"
+
+// IsReadOnly reports whether err is a write a standby refused.
+func IsReadOnly(err error) bool { return Of(err) == ReadOnlyTransaction }
