@@ -137,7 +137,10 @@ func runStatus(c *cli.Context) error {
 			// Rebalance: what the rebalancer balances, who set it, and
 			// whether it is paused.
 			Rebalance modeStatus `json:"rebalance"`
-		}{Summary: m.Summarize(), Groups: readGroups(ctx, st.Session(), m), Rebalance: newModeStatus(rec)}
+			// Pools: the poolers of the nodes that have one, as their
+			// admin consoles say now.
+			Pools map[bucketmap.NodeID]*poolView `json:"pools,omitempty"`
+		}{Summary: m.Summarize(), Groups: readGroups(ctx, st.Session(), m), Rebalance: newModeStatus(rec), Pools: readPools(ctx, m)}
 		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())
 			bucketmap.WriteSummary(w, out.Summary)
@@ -147,6 +150,7 @@ func runStatus(c *cli.Context) error {
 					writeGroup(w, n.ID, g)
 				}
 			}
+			writePools(w, out.Pools)
 			if c.Bool("grid") {
 				fmt.Fprintln(w)
 				m.Grid(w, c.Int("rows"))

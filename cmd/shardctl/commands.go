@@ -7,6 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 )
 
@@ -80,7 +81,13 @@ func newApp() *cli.App {
 						Description: "Reports every mismatch: missing tables, a key column that is not bigint NOT NULL, a primary key without it,\n" +
 							"no index leading with it, the fence missing, outdated, disabled or out of step with the map, and every difference\n" +
 							"between its sharded tables and those of each other node that is not down (columns, types with modifiers,\n" +
-							"nullability, defaults, primary key, bucket-key index, replica identity). Exit status 1 if any.",
+							"nullability, defaults, primary key, bucket-key index, replica identity). Exit status 1 if any.\n" +
+							"It also warns (without failing) when the fleet's worst case, every supervisor's workers plus surge each\n" +
+							"holding --pool-size connections, exceeds what the node's application path takes (its pooler's max_client_conn,\n" +
+							"or the server's max_connections).",
+						Flags: []cli.Flag{
+							&cli.IntFlag{Name: "pool-size", Value: dbnode.AppMaxConns, EnvVars: []string{"SHARDVISOR_CHECK_POOL_SIZE"}, Usage: "connections each worker keeps per node, for the connection budget (the Go router's and the Python package's default)"},
+						},
 						Action: runCheck,
 					},
 					{

@@ -160,7 +160,8 @@ func runCheck(c *cli.Context) error {
 		if mism == nil {
 			mism = []fence.Mismatch{}
 		}
-		out := map[string]any{"node": n.ID, "map_version": d.m.Version, "tables": len(d.rec.Tables), "mismatches": mism}
+		bud := checkBudget(ctx, d.st.Session(), d.st.Paths(), n, conn, c.Int("pool-size"))
+		out := map[string]any{"node": n.ID, "map_version": d.m.Version, "tables": len(d.rec.Tables), "mismatches": mism, "connection_budget": bud}
 		// A group's configuration is part of the contract: without
 		// synchronous_mode a failover loses acknowledged writes, without
 		// ignore_slots Patroni drops a move's slot.
@@ -186,6 +187,7 @@ func runCheck(c *cli.Context) error {
 			if g != nil {
 				writeGroup(w, n.ID, g)
 			}
+			writeBudget(w, n.ID, bud)
 		}); perr != nil {
 			return perr
 		}

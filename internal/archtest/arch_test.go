@@ -66,6 +66,8 @@ var layer = map[string]int{
 	"bucketmap":            3,
 	"dbnode":               4,
 	"fence":                5,
+	// A node's pooler (PgBouncer) state, read from its admin console.
+	"pooler": 5,
 	// What each bucket holds on its owner, for the planner by size.
 	"sizing": 5,
 	// What the members have applied, read from their records (topo), for

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/pooler"
+)
+
+// poolView is a pooled node's poolers as status shows them: what they
+// said, or why they did not.
+type poolView struct {
+	pooler.NodeStats
+	Error string `json:"error,omitempty"`
+}
+
+// readPools reads the poolers of every node that has one, at once, each
+// within a few seconds: a pooler that does not answer is reported, not
+// waited for.
+func readPools(ctx context.Context, m *bucketmap.Map) map[bucketmap.NodeID]*poolView {
+	out := map[bucketmap.NodeID]*poolView{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range m.Nodes() {
+		if !n.Pooled() || n.State == bucketmap.NodeRemoved {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			st, err := pooler.ReadNode(rctx, n)
+			v := &poolView{NodeStats: st}
+			if err != nil {
+				v.Error = err.Error()
+			}
+			mu.Lock()
+			out[n.ID] = v
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// writePools prints each pooled node's poolers: clients against servers,
+// the waiting clients, and the limits.
+func writePools(w io.Writer, pools map[bucketmap.NodeID]*poolView) {
+	ids := make([]string, 0, len(pools))
+	for id := range pools {
+		ids = append(ids, string(id))
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		v := pools[bucketmap.NodeID(id)]
+		for _, p := range v.Poolers {
+			fmt.Fprintf(w, "pooler of %s at %s: %d clients (%d waiting", id, p.Addr, p.Clients, p.Waiting)
+			if p.MaxWait > 0 {
+				fmt.Fprintf(w, ", longest %s", p.MaxWait.Round(time.Millisecond))
+			}
+			fmt.Fprintf(w, ", at most %d), %d server connections (at most %d per database), %s mode\n", p.ClientLimit, p.Servers, p.ServerLimit, p.Mode)
+		}
+		addrs := make([]string, 0, len(v.Errors))
+		for a := range v.Errors {
+			addrs = append(addrs, a)
+		}
+		sort.Strings(addrs)
+		for _, a := range addrs {
+			fmt.Fprintf(w, "pooler of %s at %s: UNREACHABLE: %s\n", id, a, clean(v.Errors[a]))
+		}
+		if len(v.Poolers) == 0 && len(v.Errors) == 0 && v.Error != "" {
+			fmt.Fprintf(w, "pooler of %s: UNREADABLE: %s\n", id, clean(v.Error))
+		}
+	}
+}
