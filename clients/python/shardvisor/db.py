@@ -24,6 +24,15 @@ idempotent=True: a loss during COMMIT leaves the outcome unknown
 (OutcomeUnknown), and run() cannot know what fn did. fn must not commit
 or roll back itself; it may run more than once, so what it does outside
 the transaction must be safe to repeat.
+
+Two paths to a node. A node whose map record has a pool_dsn sits behind a
+PgBouncer in transaction mode: Pools connect there by default (the
+application path, Node.app_dsn), with psycopg 3's prepared statements off
+(prepare_threshold=None; PgBouncer before 1.21 cannot carry them). Work
+that needs session state (SET without LOCAL, session advisory locks,
+LISTEN, WITH HOLD cursors, temporary tables across transactions) uses
+Pools(router, direct=True), or direct_pools() for the process's: the same
+run() and connection(), on the node's dsn (the direct path).
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ T = TypeVar("T")
 FENCE_SQLSTATE = "SV001"
 DEFAULT_RETRY_FOR = 10.0  # seconds, as router.DefaultRetryFor: a pause lasts well under a second
 IDLE_PING_AFTER = 1.0  # seconds idle after which a pooled connection is pinged before use
+DEFAULT_MAX_SIZE = 2  # connections per node and process: a prefork worker serves one request at a time
+DEFAULT_MAX_IDLE = 60.0  # seconds idle after which a pooled connection is closed (at the next checkout or return)
 
 
 class Error(Exception):
@@ -101,12 +112,15 @@ class _Driver:
         else:
             raise ValueError(f"driver must be psycopg or psycopg2, not {name!r}")
 
-    def connect(self, dsn: str, password: Optional[str], connect_timeout: float):
+    def connect(self, dsn: str, password: Optional[str], connect_timeout: float, pooled: bool = False):
+        """A connection on dsn. pooled: dsn is a transaction-mode pooler,
+        where psycopg 3 must not prepare statements (psycopg2 never does)."""
         kw = {}
         if password is not None:
             kw["password"] = password
         if "connect_timeout" not in dsn:
             kw["connect_timeout"] = max(1, int(connect_timeout))
+        kw.update(driver_options(self.name, pooled))
         return self.mod.connect(dsn, **kw)
 
     def is_error(self, e: BaseException) -> bool:
@@ -152,6 +166,19 @@ def refused(e: BaseException) -> bool:
     return any(t in str(e) for t in REFUSED_TEXT)
 
 
+def driver_options(driver: str, pooled: bool) -> dict:
+    """Arguments of the driver's connect() (not libpq keywords) for a path:
+    through a transaction-mode pooler, psycopg 3 gets prepare_threshold=None.
+    Past its threshold (5 executions of a query on a connection) it would
+    prepare named statements on the server, which PgBouncer before 1.21
+    does not carry from one transaction's server connection to the next
+    ("prepared statement ... does not exist"). psycopg2 binds parameters
+    on the client and never prepares."""
+    if pooled and driver == "psycopg":
+        return {"prepare_threshold": None}
+    return {}
+
+
 def default_driver() -> str:
     """psycopg (3) when it can be imported, else psycopg2."""
     try:
@@ -165,24 +192,30 @@ def default_driver() -> str:
 
 
 class NodePool:
-    """Connections to one db node: idle ones reused last-in first-out, at
-    most max_size open. A connection idle for over a second, or whose
-    socket is readable, is pinged before it is handed out, so one left
-    broken by a failover or a server restart is replaced before fn sends
-    anything on it."""
+    """Connections to one db node on one path: idle ones reused last-in
+    first-out, at most max_size open. A connection idle for over a second
+    (IDLE_PING_AFTER), or whose socket is readable, is pinged before it is
+    handed out, so one left broken by a failover or a server restart is
+    replaced before fn sends anything on it. One idle for over max_idle
+    seconds is closed at the next checkout or return (None: kept)."""
 
-    def __init__(self, node: Node, driver: _Driver, max_size: int = 10, connect_timeout: float = 5.0,
-                 checkout_timeout: float = 30.0):
+    def __init__(self, node: Node, driver: _Driver, max_size: int = DEFAULT_MAX_SIZE, connect_timeout: float = 5.0,
+                 checkout_timeout: float = 30.0, direct: bool = False, max_idle: Optional[float] = DEFAULT_MAX_IDLE):
         self.node = node
         self.driver = driver
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self.checkout_timeout = checkout_timeout
-        self._idle: List[Tuple[object, float]] = []
+        self.direct = direct
+        self.dsn = node.path_dsn(direct)  # pool_dsn (a pooler) or dsn
+        self.pooled = node.pooled(direct)
+        self.max_idle = max_idle
+        self._idle: List[Tuple[object, float]] = []  # (conn, idle since), oldest first
         self._slots = threading.BoundedSemaphore(max_size)
         self._lock = threading.Lock()
         self.closed = False
         self.connects = 0  # connections made, for tests and metrics
+        self.idle_closed = 0  # connections closed for idling over max_idle
         self._in_use: set = set()  # connections handed out and not returned (for a fork)
 
     def get(self):
@@ -191,13 +224,14 @@ class NodePool:
         if not self._slots.acquire(timeout=self.checkout_timeout):
             raise Error(f"db node {self.node.id}: no connection free after {self.checkout_timeout} s (max_size {self.max_size})")
         try:
+            self._close_idle()
             while True:
                 with self._lock:
                     if self.closed:
                         raise PoolClosed(f"db node {self.node.id}: its pool was closed by a new map")
                     item = self._idle.pop() if self._idle else None
                 if item is None:
-                    conn = self.driver.connect(self.node.dsn, self.node.resolve_password(), self.connect_timeout)
+                    conn = self.driver.connect(self.dsn, self.node.resolve_password(), self.connect_timeout, self.pooled)
                     with self._lock:
                         self.connects += 1
                         self._in_use.add(conn)
@@ -238,6 +272,25 @@ class NodePool:
             self._close(conn)
         finally:
             self._slots.release()
+            self._close_idle()
+
+    def _close_idle(self) -> None:
+        """Closes the connections idle for over max_idle. The idle list is
+        oldest first, the newest is reused first: under a steady load one
+        connection stays warm and the others age out."""
+        if self.max_idle is None:
+            return
+        cutoff = time.monotonic() - self.max_idle
+        with self._lock:
+            n = 0
+            while n < len(self._idle) and self._idle[n][1] < cutoff:
+                n += 1
+            if not n:
+                return
+            old, self._idle = self._idle[:n], self._idle[n:]
+            self.idle_closed += n
+        for conn, _ in old:
+            self._close(conn)
 
     def close(self) -> None:
         """Closes the idle connections; those in use close when returned."""
@@ -272,21 +325,38 @@ _inherited: List[object] = []
 class Pools:
     """One NodePool per db node of the router's map, opened on first use.
 
-    It follows the router: when a map removes a node, or changes its DSN or
-    password reference, that node's pool is closed (connections in use close
-    when returned) and the next use opens a new one. A Patroni group's DSN
-    names every member with target_session_attrs=read-write, so a new
-    connection reaches the current primary; connections to a primary that
-    failed are found broken and replaced.
+    Paths: by default each node is reached on its application path, its
+    pool_dsn when it has one (a PgBouncer in transaction mode; psycopg 3
+    then connects with prepare_threshold=None), else its dsn. direct=True
+    connects on the dsn always: a session of its own, for work that needs
+    session state (SET without LOCAL, session advisory locks, LISTEN, WITH
+    HOLD cursors, temporary tables across transactions). run() and
+    connection() behave the same on either path: the same routing, the
+    same retries.
+
+    Sizes: at most max_size connections per node (default 2, for a
+    prefork worker that serves one request at a time; raise it for a
+    threaded one), idle ones closed after max_idle seconds (default 60).
+
+    It follows the router: when a map removes a node, or changes the DSN of
+    its path or its password reference, that node's pool is closed
+    (connections in use close when returned) and the next use opens a new
+    one. A Patroni group's DSN names every member with
+    target_session_attrs=read-write, so a new connection reaches the
+    current primary; connections to a primary that failed are found broken
+    and replaced.
     """
 
-    def __init__(self, router: Router, driver: Optional[str] = None, max_size: int = 10,
-                 connect_timeout: float = 5.0, retry_for: float = DEFAULT_RETRY_FOR):
+    def __init__(self, router: Router, driver: Optional[str] = None, max_size: int = DEFAULT_MAX_SIZE,
+                 connect_timeout: float = 5.0, retry_for: float = DEFAULT_RETRY_FOR, direct: bool = False,
+                 max_idle: Optional[float] = DEFAULT_MAX_IDLE):
         self.router = router
         self.driver = _Driver(driver or default_driver())
         self.max_size = max_size
         self.connect_timeout = connect_timeout
         self.retry_for = retry_for
+        self.direct = direct
+        self.max_idle = max_idle
         self._pools: Dict[str, NodePool] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -314,7 +384,8 @@ class Pools:
                 raise Error("pools are closed")
             p = self._pools.get(node_id)
             if p is None:
-                p = NodePool(self.router.node(node_id), self.driver, self.max_size, self.connect_timeout)
+                p = NodePool(self.router.node(node_id), self.driver, self.max_size, self.connect_timeout,
+                             direct=self.direct, max_idle=self.max_idle)
                 self._pools[node_id] = p
             return p
 
@@ -327,7 +398,7 @@ class Pools:
         with self._lock:
             for nid, p in list(self._pools.items()):
                 n = new.nodes.get(nid)
-                if n is None or n.state == "removed" or (n.dsn, n.password) != (p.node.dsn, p.node.password):
+                if n is None or n.state == "removed" or (n.path_dsn(self.direct), n.password) != (p.dsn, p.node.password):
                     gone.append(self._pools.pop(nid))
         for p in gone:
             p.close()
@@ -465,11 +536,13 @@ def retrying(uid: str, route: Callable[[str], Route], attempt: Callable[[Route],
 
 
 _default: Optional[Pools] = None
+_direct: Optional[Pools] = None
 _default_lock = threading.Lock()
 
 
 def default_pools() -> Pools:
-    """The process's Pools on Router.from_env(), made on first use."""
+    """The process's Pools on Router.from_env(), made on first use: the
+    application path (a node's pooler when it has one)."""
     global _default
     with _default_lock:
         if _default is None:
@@ -477,19 +550,41 @@ def default_pools() -> Pools:
         return _default
 
 
+def direct_pools() -> Pools:
+    """The process's Pools on the direct path (every node's dsn), on
+    Router.from_env(), made on first use: for work that needs session
+    state, which a transaction-mode pooler does not keep.
+
+        shardvisor.db.direct_pools().run(uid, fn)
+    """
+    global _direct
+    with _default_lock:
+        if _direct is None:
+            _direct = Pools(Router.from_env(), direct=True)
+        return _direct
+
+
 def run(uid: str, fn: Callable[[object], T], idempotent: bool = False, retry_for: Optional[float] = None) -> T:
     """default_pools().run(...): for a worker of the supervisor."""
     return default_pools().run(uid, fn, idempotent=idempotent, retry_for=retry_for)
 
 
-def connection_kwargs(node: Node) -> dict:
-    """libpq keywords for a node (host, port, dbname, user, password and
+def connection_kwargs(node: Node, direct: bool = False, driver: Optional[str] = None) -> dict:
+    """Keywords to connect to a node (host, port, dbname, user, password and
     the URL's parameters), for frameworks that want them apart rather than
     a URL: Django's DATABASES, SQLAlchemy's creator. A multi-host DSN gives
-    comma-separated host and port lists, which libpq reads the same way."""
-    u = urllib.parse.urlsplit(node.dsn)
+    comma-separated host and port lists, which libpq reads the same way.
+
+    The application path by default (the node's pool_dsn when it has one,
+    else its dsn); direct=True: the dsn. driver ("psycopg" or "psycopg2";
+    default: default_driver()) is the driver the keywords go to: on a
+    pooler's path psycopg 3 also gets prepare_threshold=None, an argument
+    of psycopg.connect rather than a libpq keyword (driver_options)."""
+    dsn = node.path_dsn(direct)
+    field = "pool_dsn" if node.pooled(direct) else "dsn"
+    u = urllib.parse.urlsplit(dsn)
     if u.scheme not in ("postgres", "postgresql"):
-        raise MapError(f"db node {node.id}: dsn is not a postgres:// URL")
+        raise MapError(f"db node {node.id}: {field} is not a postgres:// URL")
     netloc = u.netloc
     user = ""
     if "@" in netloc:
@@ -514,4 +609,10 @@ def connection_kwargs(node: Node) -> dict:
     pw = node.resolve_password()
     if pw is not None:
         kw["password"] = pw
+    if driver is None:
+        try:
+            driver = default_driver()
+        except ImportError:
+            driver = ""  # neither installed: libpq keywords only
+    kw.update(driver_options(driver, node.pooled(direct)))
     return kw

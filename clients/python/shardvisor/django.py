@@ -30,6 +30,13 @@ new map. In reload mode the worker keeps running on the new map: the router
 adds an alias for a node it has not seen the first time a user routes to
 it (the connection is opened then, like any Django connection), and a
 node whose DSN changed gets the new settings for its next connection.
+
+Poolers. Each alias connects on its node's application path: the node's
+pool_dsn when it has one (a PgBouncer in transaction mode), with
+prepare_threshold=None under psycopg 3 and server-side cursors off
+(database_settings). Work that needs session state goes on the direct
+path: shardvisor.db.direct_pools(), or an alias of your own built with
+database_settings(node, direct=True).
 """
 
 from __future__ import annotations
@@ -90,11 +97,31 @@ def alias_for(node_id: str) -> str:
     return _prefix() + node_id
 
 
-def database_settings(node: Node, base: Optional[dict] = None) -> dict:
+def backend_driver() -> str:
+    """The driver Django's postgresql backend uses: psycopg (3) from Django
+    4.2 when it is installed, else psycopg2 (Django before 4.2 has no other)."""
+    try:
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+    except ImportError:
+        return "psycopg2"
+    return "psycopg" if is_psycopg3 else "psycopg2"
+
+
+def database_settings(node: Node, base: Optional[dict] = None, direct: bool = False) -> dict:
     """A DATABASES entry for one node. base (say CONN_MAX_AGE, TIME_ZONE)
-    is copied in first."""
-    kw = _db.connection_kwargs(node)
+    is copied in first.
+
+    The node's application path: its pool_dsn when it has one (a PgBouncer
+    in transaction mode), else its dsn; direct=True: its dsn. Through a
+    pooler, OPTIONS get prepare_threshold=None when the backend runs on
+    psycopg 3 (Django 4.2+ defaults to it too; psycopg2 takes no such
+    option), and DISABLE_SERVER_SIDE_CURSORS is True unless base sets it:
+    QuerySet.iterator() in autocommit declares a WITH HOLD cursor, which
+    lives in the server session the pooler hands to others."""
+    kw = _db.connection_kwargs(node, direct=direct, driver=backend_driver())
     entry = dict(base or {})
+    if node.pooled(direct):
+        entry.setdefault("DISABLE_SERVER_SIDE_CURSORS", True)
     entry.update({
         "ENGINE": "django.db.backends.postgresql",
         "NAME": kw.pop("dbname"),
@@ -140,7 +167,7 @@ def _settings_router() -> MapRouter:
         return _router
 
 
-_known: Dict[str, tuple] = {}  # alias -> (dsn, password ref) its settings were built from
+_known: Dict[str, tuple] = {}  # alias -> (application DSN, password ref) its settings were built from
 
 
 def _ensure_alias(node_id: str) -> str:
@@ -151,7 +178,7 @@ def _ensure_alias(node_id: str) -> str:
     node's connection changed."""
     alias = alias_for(node_id)
     node = map_router().node(node_id)
-    if _known.get(alias) == (node.dsn, node.password) and alias in connections.databases:
+    if _known.get(alias) == (node.app_dsn, node.password) and alias in connections.databases:
         return alias
     want = database_settings(node, getattr(settings, "SHARDVISOR_DATABASE_BASE", None))
     dbs = connections.databases
@@ -168,7 +195,8 @@ def _ensure_alias(node_id: str) -> str:
                 connections.prepare_test_settings(alias)
     else:
         have.update({k: want[k] for k in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")})  # for its next connection
-    _known[alias] = (node.dsn, node.password)
+        have["DISABLE_SERVER_SIDE_CURSORS"] = want.get("DISABLE_SERVER_SIDE_CURSORS", False)
+    _known[alias] = (node.app_dsn, node.password)
     return alias
 
 

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import urllib.parse
 import weakref
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -43,7 +44,12 @@ class MapError(ValueError):
 
 
 class Node(NamedTuple):
-    """A db node of the map's registry."""
+    """A db node of the map's registry.
+
+    dsn is the node's direct path: a session of its own on the server, for
+    work that needs session state. pool_dsn, when set, is its application
+    path: a PgBouncer in transaction mode in front of the node (same form,
+    same password reference). app_dsn is the path applications use."""
 
     id: str
     dsn: str  # a postgres:// URL without a password; multi-host for a Patroni group
@@ -51,6 +57,20 @@ class Node(NamedTuple):
     state: str  # active, draining, down, removed
     weight: int
     patroni: Optional[dict]  # {"namespace", "scope"} for a Patroni group
+    pool_dsn: str = ""  # a transaction-mode pooler in front of the node, or "" (none)
+
+    @property
+    def app_dsn(self) -> str:
+        """The application path: pool_dsn when the node has a pooler, else dsn."""
+        return self.pool_dsn or self.dsn
+
+    def path_dsn(self, direct: bool = False) -> str:
+        """dsn with direct=True (the direct path), else app_dsn."""
+        return self.dsn if direct else self.app_dsn
+
+    def pooled(self, direct: bool = False) -> bool:
+        """Whether that path goes through a transaction-mode pooler."""
+        return not direct and bool(self.pool_dsn)
 
     def resolve_password(self) -> Optional[str]:
         """The password the node's reference names; None when it names none.
@@ -74,6 +94,70 @@ class Node(NamedTuple):
                 raise MapError(f"db node {self.id}: password reference {ref}: {e}") from None
             return line.rstrip("\n").rstrip("\r")
         raise MapError(f"db node {self.id}: password reference must be env:NAME or file:/path, not {ref!r}")
+
+
+def redact_dsn(dsn: str) -> str:
+    """dsn with any password in it replaced, for error messages."""
+    try:
+        u = urllib.parse.urlsplit(dsn)
+    except ValueError:
+        return "<unparseable dsn>"
+    netloc, query = u.netloc, u.query
+    if "@" in netloc:
+        user, host = netloc.rsplit("@", 1)
+        if ":" in user:
+            netloc = user.split(":", 1)[0] + ":REDACTED@" + host
+    q = urllib.parse.parse_qsl(u.query, keep_blank_values=True)
+    if any(k == "password" for k, _ in q):
+        query = urllib.parse.urlencode([(k, "REDACTED" if k == "password" else v) for k, v in q])
+    if (netloc, query) == (u.netloc, u.query):
+        return dsn
+    return urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+
+
+def check_pool_dsn(node_id, dsn) -> None:
+    """Checks a node's pool_dsn as bucketmap.ValidateDSN checks a dsn: a
+    postgres:// URL with a host, no password (the node's password
+    reference applies), hosts and ports in the authority, and
+    target_session_attrs=read-write when it lists several hosts. Raises
+    MapError naming the node."""
+    what = f"node {node_id}: pool_dsn"
+    if not isinstance(dsn, str):
+        raise MapError(f"{what} is {type(dsn).__name__}, not a postgres:// URL")
+    try:
+        u = urllib.parse.urlsplit(dsn)
+    except ValueError as e:
+        raise MapError(f"{what} is not a URL: {e}") from None
+    shown = redact_dsn(dsn)
+    if u.scheme not in ("postgres", "postgresql"):
+        raise MapError(f"{what} {shown!r} must be a postgres:// URL")
+    netloc = u.netloc
+    userinfo, _, hostlist = netloc.rpartition("@")
+    if ":" in userinfo:
+        raise MapError(f"{what} {shown!r} contains a password; the node's password reference applies to it")
+    query = urllib.parse.parse_qs(u.query, keep_blank_values=True)
+    if "password" in query:
+        raise MapError(f"{what} {shown!r} has a password parameter; the node's password reference applies to it")
+    for k in ("host", "hostaddr", "port"):
+        if k in query:
+            raise MapError(f"{what} {shown!r} has a {k} parameter; list hosts and ports in the URL's authority: "
+                           "postgres://user@h1:p1,h2:p2/db")
+    if not hostlist:
+        raise MapError(f"{what} {shown!r} has no host")
+    hosts = hostlist.split(",")
+    for hp in hosts:
+        if hp.startswith("["):
+            h, _, rest = hp[1:].partition("]")
+            port = rest[1:] if rest.startswith(":") else ("" if not rest else None)
+        else:
+            h, _, port = hp.partition(":")
+        if not h:
+            raise MapError(f"{what} {shown!r}: an empty host in the host list")
+        if port is None or (port and not (port.isdigit() and 1 <= int(port) <= 65535)):
+            raise MapError(f"{what} {shown!r}: host {hp!r}: the port is not 1..65535")
+    if len(hosts) > 1 and (query.get("target_session_attrs") or [""])[-1] not in ("read-write", "primary"):
+        raise MapError(f"{what} {shown!r} lists {len(hosts)} hosts but not target_session_attrs=read-write: "
+                       "add it so that every client reaches the primary")
 
 
 class Route(NamedTuple):
@@ -128,8 +212,11 @@ class RoutingTable:
             raise MapError(f"map_version {self.map_version!r} is not a positive integer")
         nodes = []
         for n in m["nodes"]:
+            pool_dsn = n.get("pool_dsn") or ""  # absent, null or "": no pooler
+            if pool_dsn:
+                check_pool_dsn(n["id"], pool_dsn)
             nodes.append(Node(n["id"], n.get("dsn", ""), n.get("password", ""), n.get("state", "active"),
-                              n.get("weight", 1), n.get("patroni")))
+                              n.get("weight", 1), n.get("patroni"), pool_dsn))
         if len({n.id for n in nodes}) != len(nodes):
             raise MapError("nodes: a node id appears twice")
         for n in nodes:

@@ -45,28 +45,39 @@ from .routing import Router
 SQLALCHEMY_2 = int(sqlalchemy.__version__.split(".")[0]) >= 2
 
 
-def engines(router: Router, driver: str = "psycopg2", **engine_kw) -> Dict[str, "sqlalchemy.engine.Engine"]:
+def engines(router: Router, driver: str = "psycopg2", direct: bool = False,
+            **engine_kw) -> Dict[str, "sqlalchemy.engine.Engine"]:
     """An Engine per node of the map that is not removed, keyed by node id.
     Connections are made with the node's libpq keywords (a Patroni group's
-    multi-host DSN included, which SQLAlchemy's URL parser cannot read)."""
+    multi-host DSN included, which SQLAlchemy's URL parser cannot read), on
+    its application path: its pool_dsn when it has one (a PgBouncer in
+    transaction mode; psycopg 3 then connects with prepare_threshold=None),
+    else its dsn. direct=True: on its dsn, for session state."""
     out = {}
     for n in router.nodes.values():
         if n.state == "removed":
             continue
 
         def creator(node=n):
-            kw = _db.connection_kwargs(node)
-            if driver == "psycopg":
-                import psycopg
-
-                return psycopg.connect(**kw)
-            import psycopg2
-
-            return psycopg2.connect(**kw)
+            return connect(node, driver, direct)
 
         url = "postgresql+psycopg://" if driver == "psycopg" else "postgresql+psycopg2://"
         out[n.id] = create_engine(url, creator=creator, **engine_kw)
     return out
+
+
+def connect(node, driver: str = "psycopg2", direct: bool = False):
+    """A DB-API connection to one node, as engines()' creator makes it:
+    connection_kwargs(node, direct, driver), so psycopg 3 through a pooler
+    gets prepare_threshold=None."""
+    kw = _db.connection_kwargs(node, direct=direct, driver=driver)
+    if driver == "psycopg":
+        import psycopg
+
+        return psycopg.connect(**kw)
+    import psycopg2
+
+    return psycopg2.connect(**kw)
 
 
 _HOLD = "shardvisor.sqlalchemy.loaded"

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 
 import pytest
@@ -107,6 +108,67 @@ def pg():
     return PG()
 
 
+class Pooler:
+    """A transaction-mode PgBouncer in front of each of the pg fixture's
+    nodes: a postgres:// URL per node index, its password (if any) left
+    out (the nodes' password reference applies) and its database replaced
+    by the test's (the pooler must take any database: `* = host=...
+    port=...`)."""
+
+    def __init__(self, dsns):
+        self.dsns = dsns  # node index -> URL
+
+    def dsn(self, i: int, db: str) -> str:
+        u = urllib.parse.urlsplit(self.dsns[i])
+        netloc = u.netloc
+        user, at, hosts = netloc.rpartition("@")
+        if at and ":" in user:
+            netloc = user.split(":", 1)[0] + "@" + hosts
+        query = urllib.parse.urlencode([(k, v) for k, v in urllib.parse.parse_qsl(u.query) if k != "password"])
+        return urllib.parse.urlunsplit((u.scheme, netloc, "/" + db, query, ""))
+
+    def port(self, i: int) -> int:
+        return urllib.parse.urlsplit(self.dsns[i]).port or 5432
+
+
+@pytest.fixture(scope="session")
+def pooler(pg):
+    """The poolers in front of the pg fixture's nodes 1 (and 2):
+    SHARDVISOR_TEST_POOL_DSN_<N> (the Go test that runs this suite is to
+    pass them), else the devenv's SHARDVISOR_PG<N>_POOL_DSN (`eval
+    "$(scripts/devenv env)"`) when it reaches the same server. Skips when
+    node 1 has none."""
+    import psycopg2
+
+    dsns = {}
+    for i in (0, 1):
+        for var in (f"SHARDVISOR_TEST_POOL_DSN_{i + 1}", f"SHARDVISOR_PG{i + 1}_POOL_DSN"):
+            raw = os.environ.get(var)
+            if not raw:
+                continue
+            p = Pooler({i: raw})
+            try:
+                c = psycopg2.connect(p.dsn(i, "postgres"), password=pg.password, connect_timeout=5)
+                try:
+                    with c.cursor() as cur:
+                        cur.execute("SELECT inet_server_port()")
+                        port = cur.fetchone()[0]
+                finally:
+                    c.close()
+                why = "" if port == pg.ports[i] else f"it reaches PostgreSQL on port {port}, not node {i + 1}'s ({pg.ports[i]})"
+            except psycopg2.Error as e:
+                why = f"no connection through it: {e}"
+            if not why:
+                dsns[i] = raw
+                break
+            if var.startswith("SHARDVISOR_TEST_"):
+                raise AssertionError(f"{var}: {why}")  # named for these tests: a wrong one is an error
+    if 0 not in dsns:
+        pytest.skip("no transaction-mode pooler: set SHARDVISOR_TEST_POOL_DSN_1 to the postgres:// URL of a PgBouncer "
+                    f"with pool_mode = transaction and a wildcard database in front of PostgreSQL node 1 (port {PG_PORTS[0]})")
+    return Pooler(dsns)
+
+
 @pytest.fixture(scope="module")
 def node_dbs(pg):
     """Two fresh databases, one on pg1 and one on pg2: two db nodes."""
@@ -135,8 +197,15 @@ CREATE TRIGGER fence BEFORE INSERT OR UPDATE ON app.notes FOR EACH ROW EXECUTE F
 
 def map_doc(nodes, owners, level, version=1, buckets=None, seed=SEED):
     """A map file document (format 1, map format 1) for tests: nodes is a
-    list of (id, dsn, password ref), owners one node index per bucket."""
+    list of (id, dsn, password ref) or (id, dsn, password ref, pool_dsn),
+    owners one node index per bucket."""
     raw = b"".join(o.to_bytes(2, "big") for o in owners)
+    recs = []
+    for spec in nodes:
+        rec = {"id": spec[0], "dsn": spec[1], "password": spec[2], "weight": 1, "state": "active"}
+        if len(spec) > 3 and spec[3]:
+            rec["pool_dsn"] = spec[3]
+        recs.append(rec)
     return {
         "version": 1,
         "cluster": "pytest",
@@ -146,7 +215,7 @@ def map_doc(nodes, owners, level, version=1, buckets=None, seed=SEED):
             "map_version": version,
             "level": level,
             "updated_at": "2026-11-27T00:00:00Z",
-            "nodes": [{"id": i, "dsn": d, "password": p, "weight": 1, "state": "active"} for i, d, p in nodes],
+            "nodes": recs,
             "owners": base64.b64encode(raw).decode(),
             "buckets": buckets or [],
         },

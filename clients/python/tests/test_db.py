@@ -12,6 +12,7 @@ import pytest
 from conftest import TEST_FENCE, map_doc, wait_for
 from shardvisor import MapError, Router, RoutingTable
 from shardvisor import db as svdb
+from shardvisor.routing import Node
 
 DRIVERS = ["psycopg2", "psycopg"]
 
@@ -222,11 +223,88 @@ def test_pools_follow_the_map(cluster, monkeypatch):
 
 
 def test_connection_kwargs_of_a_group_dsn():
-    from shardvisor.routing import Node
-
     n = Node("pg5", "postgres://app@10.0.0.1:5432,10.0.0.2:5433/app?target_session_attrs=read-write&connect_timeout=2", "", "active", 1, None)
     assert svdb.connection_kwargs(n) == {"host": "10.0.0.1,10.0.0.2", "port": "5432,5433", "dbname": "app", "user": "app",
                                          "target_session_attrs": "read-write", "connect_timeout": "2"}
+
+
+POOLED = Node("pg6", "postgres://app@db6:5432/app?sslmode=require", "", "active", 1, None,
+              "postgres://app@pgb6:6432/app?sslmode=require&application_name=web")
+
+
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_connection_kwargs_take_the_application_path_and_direct_the_dsn(driver):
+    app = svdb.connection_kwargs(POOLED, driver=driver)
+    want = {"host": "pgb6", "port": "6432", "dbname": "app", "user": "app", "sslmode": "require", "application_name": "web"}
+    # psycopg 3 through the pooler: no server-side prepared statements
+    # (prepare_threshold=None, an argument of psycopg.connect); psycopg2
+    # never prepares, and its connect() would refuse the keyword.
+    assert app == ({**want, "prepare_threshold": None} if driver == "psycopg" else want)
+    direct = svdb.connection_kwargs(POOLED, direct=True, driver=driver)
+    assert direct == {"host": "db6", "port": "5432", "dbname": "app", "user": "app", "sslmode": "require"}
+    plain = POOLED._replace(pool_dsn="")  # no pooler: dsn on both paths, and no option
+    assert svdb.connection_kwargs(plain, driver=driver) == svdb.connection_kwargs(plain, direct=True, driver=driver) == direct
+    assert svdb.driver_options(driver, pooled=False) == {}
+
+
+def test_connection_kwargs_name_the_pool_dsn_it_cannot_read():
+    bad = POOLED._replace(pool_dsn="pgb6:6432")  # a record made by hand, not a parsed map
+    with pytest.raises(MapError, match="db node pg6: pool_dsn is not a postgres:// URL"):
+        svdb.connection_kwargs(bad)
+    assert svdb.connection_kwargs(bad, direct=True)["host"] == "db6"
+
+
+class _FakeConn:
+    closed = 0
+
+    def close(self):
+        self.closed = 1
+
+
+class _FakeDriver:
+    """A driver for NodePool without a server: it records connect()'s arguments."""
+
+    name = "psycopg"
+
+    class mod:
+        Error = Exception
+
+    def __init__(self):
+        self.calls = []
+
+    def connect(self, dsn, password, connect_timeout, pooled=False):
+        self.calls.append((dsn, pooled))
+        return _FakeConn()
+
+    def broken(self, conn):
+        return bool(conn.closed)
+
+
+def test_node_pools_default_to_two_connections_and_close_idle_ones(monkeypatch, psycopg2_installed):
+    """Sizes for a prefork worker: 2 connections per node by default; one
+    idle longer than max_idle is closed at the next checkout or return,
+    while the one in steady use stays."""
+    r = Router.from_map(map_doc([("pg1", "postgres://x@127.0.0.1:1/x", "")], [0], level=0))
+    pools = svdb.Pools(r, driver="psycopg2")
+    assert pools.max_size == svdb.DEFAULT_MAX_SIZE == 2 and pools.pool("pg1").max_size == 2
+    assert pools.pool("pg1").max_idle == svdb.DEFAULT_MAX_IDLE == 60.0 and not pools.direct
+    pools.close()
+
+    monkeypatch.setattr(svdb, "_readable", lambda conn: False)
+    drv = _FakeDriver()
+    p = svdb.NodePool(POOLED, drv, max_idle=0.5)
+    a, b = p.get(), p.get()
+    assert drv.calls == [(POOLED.pool_dsn, True)] * 2  # the pooler's path, flagged for the driver
+    p.put(b)
+    time.sleep(0.6)
+    p.put(a)  # closes b, idle for over max_idle
+    assert b.closed and not a.closed and p.idle_closed == 1
+    assert p.get() is a and len(drv.calls) == 2
+    p.put(a)
+    assert [c for c, _ in p._idle] == [a]
+    d = svdb.NodePool(POOLED, drv, direct=True)
+    d.get()
+    assert drv.calls[-1] == (POOLED.dsn, False) and d.max_idle == 60.0
 
 
 def test_a_forked_child_never_uses_or_ends_its_parents_connections(cluster):

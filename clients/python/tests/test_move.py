@@ -32,7 +32,7 @@ def test_run_through_a_real_moves_pause(zk_cluster, bins, driver):
 
         wait_for(up, 15, "the router sidecar")
         router = client.router(follow=True, every=0.01)
-        pools = svdb.Pools(router, driver=driver)
+        pools = svdb.Pools(router, driver=driver, max_size=4)  # a connection per writer thread
         # The bucket to move: one of pg1's; its users write, and others too.
         owned = {}
         for i in range(2000):

@@ -43,6 +43,16 @@ def doc(version=1, owners=(0, 1, 0, 1)):
     (lambda d: d["map"].update(buckets=[{"bucket": 9, "state": "moving", "target": "pg2"}]), "bucket 9 at depth 2 does not exist"),
     (lambda d: d["map"].update(buckets=[{"bucket": 1, "state": "frozen"}]), "state 'frozen' is not one of"),
     (lambda d: d["map"].update(buckets=[{"bucket": 1, "state": "moving", "target": "pg9"}]), "moving to 'pg9', which is not a node"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn="host=pgb2 port=6432"), "node pg2: pool_dsn 'host=pgb2 port=6432' must be a postgres:// URL"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn="mysql://app@pgb2/app"), "node pg2: pool_dsn 'mysql://app@pgb2/app' must be a postgres:// URL"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn="postgres://app:s3cret@pgb2:6432/app"),
+     "node pg2: pool_dsn 'postgres://app:REDACTED@pgb2:6432/app' contains a password"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn="postgres://app@pgb2:6432/app?password=s3cret"),
+     "node pg2: pool_dsn 'postgres://app@pgb2:6432/app?password=REDACTED' has a password parameter"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn="postgres:///app?host=/run/pgb"), "node pg2: pool_dsn 'postgres:///app?host=/run/pgb' has a host parameter"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn="postgres://app@pgb2:0/app"), "node pg2: pool_dsn 'postgres://app@pgb2:0/app': host 'pgb2:0': the port is not"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn="postgres://app@pgb2a,pgb2b/app"), "node pg2: pool_dsn 'postgres://app@pgb2a,pgb2b/app' lists 2 hosts but not target_session_attrs=read-write"),
+    (lambda d: d["map"]["nodes"][1].update(pool_dsn=6432), "node pg2: pool_dsn is int, not a postgres:// URL"),
 ])
 def test_bad_maps_are_refused_with_what_is_wrong(edit, message):
     d = doc()
@@ -51,6 +61,37 @@ def test_bad_maps_are_refused_with_what_is_wrong(edit, message):
         Router.from_map(d, "map file /x.json")
     assert message in str(e.value)
     assert str(e.value).startswith("map file /x.json: ")
+
+
+def test_a_bad_pool_dsn_never_shows_its_password():
+    d = doc()
+    d["map"]["nodes"][0]["pool_dsn"] = "postgres://app:s3cret@pgb1:6432/app?password=other"
+    with pytest.raises(MapError) as e:
+        Router.from_map(d)
+    assert "node pg1: pool_dsn" in str(e.value) and "s3cret" not in str(e.value) and "other" not in str(e.value)
+
+
+def test_pool_dsn_is_the_application_path_when_set():
+    """A node record's pool_dsn (a transaction-mode pooler in front of the
+    node) is its application path; absent, null or empty: dsn, as before."""
+    d = doc()
+    d["map"]["nodes"][0]["pool_dsn"] = "postgres://app@pgb1:6432/app"
+    d["map"]["nodes"][1]["pool_dsn"] = ""
+    r = Router.from_map(d)
+    pg1, pg2 = r.node("pg1"), r.node("pg2")
+    assert pg1.pool_dsn == "postgres://app@pgb1:6432/app" and pg1.dsn == "postgres://app@db1:5432/app"
+    assert pg1.app_dsn == pg1.path_dsn() == "postgres://app@pgb1:6432/app" and pg1.pooled()
+    assert pg1.path_dsn(direct=True) == pg1.dsn and not pg1.pooled(direct=True)
+    assert pg2.pool_dsn == "" and pg2.app_dsn == pg2.dsn and not pg2.pooled()
+    u = next(f"u{i}" for i in range(100) if r.node_for(f"u{i}") == "pg1")
+    assert r.route(u).dsn == pg1.dsn  # a route names the node's dsn, as shardctl route --json does
+    d["map"]["nodes"][0]["pool_dsn"] = None
+    assert Router.from_map(d).node("pg1").app_dsn == "postgres://app@db1:5432/app"
+    # A Patroni group's pooler: one per member, the primary found as for dsn.
+    d["map"]["nodes"][0]["pool_dsn"] = "postgres://app@pgb1a:6432,pgb1b:6432/app?target_session_attrs=read-write"
+    assert Router.from_map(d).node("pg1").pooled()
+    # Nodes built by hand take it as a keyword, and default to none.
+    assert Node("n", "postgres://h/d", "", "active", 1, None).pool_dsn == ""
 
 
 def test_a_data_lost_bucket_is_active_as_in_go():

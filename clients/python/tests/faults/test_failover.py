@@ -23,7 +23,7 @@ PWFILE = os.environ.get("SHARDVISOR_PY_GROUP_PASSWORD_FILE")
 @pytest.mark.skipif(not DSN, reason="run by the Go test TestFaultsPythonPoolsFollowFailover (make test-faults)")
 def test_run_follows_the_groups_new_primary():
     router = Router.from_map(map_doc([("g1", DSN, f"file:{PWFILE}")], [0], level=0))
-    pools = svdb.Pools(router, retry_for=60)
+    pools = svdb.Pools(router, retry_for=60, max_size=3)  # a connection per writer thread
     pools.run("setup", lambda c: c.cursor().execute(
         "CREATE TABLE IF NOT EXISTS pywrites (uid text, id bigint, PRIMARY KEY (uid, id))"))
 
