@@ -53,6 +53,10 @@ from .routing import MapError, Node, Route, Router, RoutingTable
 T = TypeVar("T")
 
 FENCE_SQLSTATE = "SV001"
+# A write a standby refused: through a member's pooler after a failover,
+# the pooler's server connections reach a demoted server while the
+# client's connection to the pooler lives on (router.Do does the same).
+READ_ONLY_SQLSTATE = "25006"
 DEFAULT_RETRY_FOR = 10.0  # seconds, as router.DefaultRetryFor: a pause lasts well under a second
 IDLE_PING_AFTER = 1.0  # seconds idle after which a pooled connection is pinged before use
 DEFAULT_MAX_SIZE = 2  # connections per node and process: a prefork worker serves one request at a time
@@ -292,6 +296,14 @@ class NodePool:
         for conn, _ in old:
             self._close(conn)
 
+    def discard_idle(self) -> None:
+        """Closes every idle connection: after a failover seen through a
+        pooler each of them may lead to the standby."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            self._close(conn)
+
     def close(self) -> None:
         """Closes the idle connections; those in use close when returned."""
         with self._lock:
@@ -361,8 +373,9 @@ class Pools:
         self._lock = threading.Lock()
         self._closed = False
         # Counts of run()'s retries by cause: "fence" (SV001), "connect"
-        # (no connection), "lost" (a lost connection, idempotent work).
-        self.retries: Dict[str, int] = {"fence": 0, "connect": 0, "lost": 0}
+        # (no connection), "standby" (25006: a write a standby refused), "lost"
+        # (a lost connection, idempotent work).
+        self.retries: Dict[str, int] = {"fence": 0, "connect": 0, "standby": 0, "lost": 0}
         router.on_change(self._on_map)
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)
@@ -491,6 +504,13 @@ class Pools:
             if sqlstate(e) == FENCE_SQLSTATE:
                 self._count("fence")
                 return e, False  # rolled back by the fence
+            if sqlstate(e) == READ_ONLY_SQLSTATE:
+                # A standby wrote nothing: drop this connection and the
+                # idle ones, whose next checks find the primary's pooler.
+                self._count("standby")
+                broken = True
+                p.discard_idle()
+                return e, True
             lost = broken or self.driver.broken(conn)
             if lost and idempotent:
                 self._count("lost")

@@ -84,7 +84,33 @@ def test_run_commits_on_the_users_node(cluster):
     cluster.move_to(1)
     cluster.pools.run("u0", cluster.insert("u0", 100))
     assert cluster.count(1) == 1
-    assert cluster.pools.retries == {"fence": 0, "connect": 0, "lost": 0}
+    assert cluster.pools.retries == {"fence": 0, "connect": 0, "standby": 0, "lost": 0}
+
+
+def test_a_write_a_standby_refused_is_retried_on_a_fresh_connection(cluster):
+    """25006, what a failover looks like through a member's pooler: the
+    connection and the node's idle ones are dropped, the write retried."""
+    warm = cluster.pools.pool("pg1")
+    c1, c2 = warm.get(), warm.get()
+    warm.put(c1)
+    warm.put(c2)
+    assert len(warm._idle) == 2
+    calls = []
+    insert = cluster.insert("dave", 1)
+
+    def fn(conn):
+        calls.append(id(conn))
+        if len(calls) == 1:
+            with conn.cursor() as cur:
+                cur.execute("SET TRANSACTION READ ONLY")
+        return insert(conn)
+
+    assert cluster.pools.run("dave", fn) == 1
+    assert len(calls) == 2 and cluster.pools.retries["standby"] == 1
+    assert cluster.count(0) == 1
+    # The refused connection and the other idle one were closed: the
+    # retry ran on a connection made after the refusal.
+    assert c1.closed and c2.closed
 
 
 def test_a_fenced_write_waits_and_follows_the_map_to_the_new_owner(cluster):
