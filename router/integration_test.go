@@ -523,3 +523,60 @@ func TestIntegrationDoDuringAMove(t *testing.T) {
 		t.Fatalf("a plain error: %v after %d attempts", err, len(calls))
 	}
 }
+
+// A write a standby refused (25006: a failover seen through a member's
+// pooler) is retried on connections made after it: the pool is reset,
+// so neither the refused connection nor an idle one is used again.
+func TestIntegrationDoRetriesAStandbysRefusalOnFreshConnections(t *testing.T) {
+	_, _, r, ctx := pgCluster(t)
+	const uid = "standby-user"
+	rt, err := r.Route(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := r.NodePool(ctx, rt.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two connections, both idle in the pool before Do.
+	a, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[uint32]bool{a.Conn().PgConn().PID(): true, b.Conn().PgConn().PID(): true}
+	a.Release()
+	b.Release()
+	var pids []uint32
+	err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ Route) error {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Release()
+		pids = append(pids, c.Conn().PgConn().PID())
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if len(pids) == 1 {
+			if _, err := tx.Exec(ctx, "SET TRANSACTION READ ONLY"); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, "CREATE TEMP TABLE standby_probe (x int)"); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pids) != 2 || !old[pids[0]] || old[pids[1]] {
+		t.Fatalf("attempts on backends %v; the pool's before Do: %v (want the retry on a new one)", pids, old)
+	}
+}
