@@ -2,6 +2,7 @@ package devenv
 
 import (
 	"bytes"
+	"encoding/base64"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,6 +49,10 @@ func TestPorts(t *testing.T) {
 		{"pg4 m2", e.MemberPort(4, 2), 25535},
 		{"pg5 m2 api", e.MemberAPIPort(5, 2), 26536},
 		{"pg4 m2 link to zk3", e.ZKLinkPort(4, 2, 3), 21811 + 3000 + 30 + 3 + 2},
+		{"pg1 pool", e.PoolPort(1), 27432},
+		{"pg3 pool", e.PoolPort(3), 27434},
+		{"pg4 m1 pool", e.MemberPoolPort(4, 1), 27435},
+		{"pg5 m2 pool", e.MemberPoolPort(5, 2), 27536},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: port %d, want %d", c.name, c.got, c.want)
@@ -255,6 +260,64 @@ func TestFromEnvZKFullJIT(t *testing.T) {
 		}
 		if err != nil || got.ZKFullJIT != c.want {
 			t.Errorf("%q: ZKFullJIT %v, err %v; want %v", c.v, got.ZKFullJIT, err, c.want)
+		}
+	}
+}
+
+// The auth file's verifier is PostgreSQL's: the same salt and iterations
+// give what pg_authid held for password 'pencil' (PostgreSQL 15).
+func TestScramVerifier(t *testing.T) {
+	const pg = "SCRAM-SHA-256$4096:xYkwilCzVttQlbSoZbZdkw==$zayP7JOkqYa6a2ja/TjaXkzanCdeYsRYwyKEGIc8K90=:98ULnKL6RU6A86WWq2DkmQolsEw9vFjqn8ostiwK2Ks="
+	salt, _ := base64.StdEncoding.DecodeString("xYkwilCzVttQlbSoZbZdkw==")
+	if got, err := scramVerifier("pencil", salt, 4096); err != nil || got != pg {
+		t.Errorf("scramVerifier = %q, %v; want %q", got, err, pg)
+	}
+	if !scramVerifies(pg, "pencil") || scramVerifies(pg, "pencil2") || scramVerifies("md5abc", "pencil") {
+		t.Error("scramVerifies")
+	}
+	p := filepath.Join(t.TempDir(), "pgbouncer.auth")
+	if changed, err := writePoolAuth(p, "pw1"); err != nil || !changed {
+		t.Fatalf("first write: %v %v", changed, err)
+	}
+	b, _ := os.ReadFile(p)
+	if !strings.HasPrefix(string(b), `"postgres" "SCRAM-SHA-256$4096:`) || strings.Contains(string(b), "pw1") {
+		t.Errorf("auth file %q", b)
+	}
+	if changed, err := writePoolAuth(p, "pw1"); err != nil || changed {
+		t.Errorf("same password: rewritten %v, %v", changed, err)
+	}
+	if changed, err := writePoolAuth(p, "pw2"); err != nil || !changed {
+		t.Errorf("new password: rewritten %v, %v", changed, err)
+	}
+}
+
+// A pooler's configuration: transaction mode on the server's address and
+// the port 2000 above, the server's own socket behind it, TLS only in the
+// TLS mode with the server's certificate.
+func TestPoolerIni(t *testing.T) {
+	e := New(Config{Dir: "/s"})
+	plain := string(e.poolerIni(e.nodePooler(2)))
+	for _, want := range []string{
+		"\n* = host=/s/pg/pg2 port=25433\n", "\nlisten_addr = 127.0.0.1\n", "\nlisten_port = 27433\n",
+		"\npool_mode = transaction\n", "\nauth_type = scram-sha-256\n", "\nauth_file = /s/pg/pg2/pgbouncer.auth\n",
+		"\nstats_users = postgres\n", "\nmax_client_conn = 2000\n", "\ndefault_pool_size = 20\n", "\nmax_db_connections = 40\n",
+		"\nignore_startup_parameters = extra_float_digits\n",
+	} {
+		if !strings.Contains(plain, want) {
+			t.Errorf("pg2's pgbouncer.ini lacks %q:\n%s", want, plain)
+		}
+	}
+	if strings.Contains(plain, "tls") {
+		t.Errorf("plain pgbouncer.ini mentions TLS:\n%s", plain)
+	}
+	e = New(Config{Dir: "/s", TLS: true})
+	tls := string(e.poolerIni(e.memberPooler(4, 2)))
+	for _, want := range []string{
+		"\n* = host=/s/pg/pg4/m2 port=25535\n", "\nlisten_port = 27535\n", "\nclient_tls_sslmode = require\n",
+		"\nclient_tls_cert_file = /s/tls/pg4-m2.crt\n", "\nclient_tls_key_file = /s/tls/pg4-m2.key\n",
+	} {
+		if !strings.Contains(tls, want) {
+			t.Errorf("pg4-m2's pgbouncer.ini (TLS) lacks %q:\n%s", want, tls)
 		}
 	}
 }

@@ -295,6 +295,23 @@ func TestFaultsTLSEnsemble(t *testing.T) {
 
 	t.Run("PostgreSQL over TLS only", func(t *testing.T) { pgOverTLSOnly(t, e) })
 
+	// Each server's PgBouncer: TLS only, with the server's certificate;
+	// the plain node's serves real clients over it, the group's pool DSN
+	// (every member's pooler) reaches the primary.
+	t.Run("PgBouncer over TLS only", func(t *testing.T) {
+		poolerOverTLSOnly(t, e, map[string]int{"pg1-m1": e.MemberPoolPort(1, 1), "pg1-m2": e.MemberPoolPort(1, 2), "pg2": e.PoolPort(2)})
+		poolerServes(t, e, 2)
+		var recovery bool
+		c, err := pgx.Connect(t.Context(), withParam(e.NodePoolDSN(1), "default_query_exec_mode=cache_describe"))
+		if err != nil {
+			t.Fatalf("pg1's pool DSN: %v", err)
+		}
+		defer c.Close(context.Background())
+		if err := c.QueryRow(t.Context(), "SELECT pg_is_in_recovery()").Scan(&recovery); err != nil || recovery {
+			t.Errorf("pg1's pool DSN reached a standby (%v)", err)
+		}
+	})
+
 	t.Run("moves' streams log in by certificate", func(t *testing.T) { streamsByCertificate(t, e, 1, 2) })
 
 	t.Run("server certificates rotate by reload", func(t *testing.T) { certsRotateByReload(t, e, 1, 2) })
