@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,7 +14,8 @@ import (
 // The golden files in testdata are what scripts/devenv (bash) wrote for
 // state dir /tmp/sv-h1-gold and the default ports: zk2's zoo.cfg and
 // log4j.properties, pg2's shardvisor.conf, member 2 of group 4's
-// patroni.yml (password PASSWORD123). A running server whose file differs
+// patroni.yml (password PASSWORD123; since, with the callbacks that have
+// the member's PgBouncer reconnect). A running server whose file differs
 // is restarted or reloaded by up, so the rendering must not drift.
 func TestTemplatesRenderAsTheScriptDid(t *testing.T) {
 	e := New(Config{Dir: "/tmp/sv-h1-gold"})
@@ -300,7 +302,7 @@ func TestPoolerIni(t *testing.T) {
 	for _, want := range []string{
 		"\n* = host=/s/pg/pg2 port=25433\n", "\nlisten_addr = 127.0.0.1\n", "\nlisten_port = 27433\n",
 		"\npool_mode = transaction\n", "\nauth_type = scram-sha-256\n", "\nauth_file = /s/pg/pg2/pgbouncer.auth\n",
-		"\nstats_users = postgres\n", "\nmax_client_conn = 2000\n", "\ndefault_pool_size = 20\n", "\nmax_db_connections = 40\n",
+		"\nadmin_users = postgres\n", "\nmax_client_conn = 2000\n", "\ndefault_pool_size = 20\n", "\nmax_db_connections = 40\n",
 		"\nignore_startup_parameters = extra_float_digits\n",
 	} {
 		if !strings.Contains(plain, want) {
@@ -319,5 +321,31 @@ func TestPoolerIni(t *testing.T) {
 		if !strings.Contains(tls, want) {
 			t.Errorf("pg4-m2's pgbouncer.ini (TLS) lacks %q:\n%s", want, tls)
 		}
+	}
+	// The member's Patroni callback: a shell script that waits for the
+	// server's role and has the pooler reconnect.
+	dir := t.TempDir()
+	e = New(Config{Dir: dir, TLS: true})
+	p := e.memberPooler(4, 2)
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.writeRoleChange(p); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p.roleChange())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"-h " + dir + "/pg/pg4/m2 -p 25535 ", `"host=127.0.0.1 port=27535 user=postgres dbname=pgbouncer sslmode=require" -c RECONNECT`, "head -n 1 " + dir + "/pg/password"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("pgbouncer-role-change lacks %q:\n%s", want, b)
+		}
+	}
+	if out, err := exec.Command("sh", "-n", p.roleChange()).CombinedOutput(); err != nil {
+		t.Errorf("sh -n pgbouncer-role-change: %v\n%s", err, out)
+	}
+	if fi, err := os.Stat(p.roleChange()); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("pgbouncer-role-change: %v %v, want mode 0755", fi, err)
 	}
 }

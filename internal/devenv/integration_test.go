@@ -3,6 +3,7 @@ package devenv_test
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -197,6 +198,12 @@ func TestUpFaultsDown(t *testing.T) {
 	}
 }
 
+// psql runs one query with libpq's psql and returns its unaligned output.
+func psql(dsn, query string) (string, error) {
+	out, err := exec.Command("/usr/lib/postgresql/15/bin/psql", "-X", "-A", "-t", "-q", dsn, "-c", query).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
 // A Patroni group of 2: up, the primary's host killed, the other member
 // takes over, the killed one rejoins; a member cut from ZooKeeper and
 // healed. Long (Patroni's ttl is 10 s): make test-faults runs it.
@@ -210,14 +217,31 @@ func TestFaultsGroup(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("no primary after up: %v", err)
 	}
+	// The standby's PgBouncer caches the server parameters of its first
+	// server connection, a standby's (in_hot_standby on).
+	standby := 2
+	if name == devenv.MemberName(1, 2) {
+		standby = 1
+	}
+	if out, err := psql(e.MemberPoolDSN(1, standby), "SHOW in_hot_standby"); err != nil || out != "on" {
+		t.Fatalf("the standby through its pooler: in_hot_standby %q, %v", out, err)
+	}
 	k, err := e.PGKill(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k.Member != name || devenv.Alive(k.PatroniPid, "") || devenv.Alive(k.PostmasterPid, "") {
-		t.Errorf("killed %+v, primary was %s", k, name)
+	if k.Member != name || devenv.Alive(k.PatroniPid, "") || devenv.Alive(k.PostmasterPid, "") || e.MemberPoolPid(1, 3-standby) != 0 {
+		t.Errorf("killed %+v, primary was %s; its pooler: pid %d", k, name, e.MemberPoolPid(1, 3-standby))
 	}
 	testenv.WaitFor(t, time.Minute, func() bool { n, _, ok, _ := e.Primary(1); return ok && n != name }, "the other member promoted")
+	// libpq (psql, psycopg) with target_session_attrs=read-write through
+	// the group's pool DSN finds the new primary: its Patroni had its
+	// pooler reconnect (pgbouncer-role-change), or the pooler would go on
+	// saying in_hot_standby on.
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		out, err := psql(e.NodePoolDSN(1), "SELECT pg_is_in_recovery()")
+		return err == nil && out == "f"
+	}, "libpq through the pool DSN reaching the new primary")
 	if err := e.PGStart(1); err != nil {
 		t.Fatal(err)
 	}

@@ -139,6 +139,10 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 				return false, fmt.Errorf("pg%d.m%d: %w", i, m, err)
 			}
 		}
+		// Before patroni.yml, which names it.
+		if err := e.writeRoleChange(e.memberPooler(i, m)); err != nil {
+			return false, fmt.Errorf("pg%d.m%d: %w", i, m, err)
+		}
 		changed, err := e.writeMemberConf(i, m, pw)
 		if err != nil {
 			return false, err

@@ -28,7 +28,8 @@ import (
 // front of that member's own PostgreSQL, each on the server's address at
 // the server's port + 2000 (PoolPort, MemberPoolPort), run as the
 // postgres user, its files beside the server's (pgbouncer.ini, .auth,
-// .log, .pid; templates/pgbouncer.ini.tmpl).
+// .log, .pid; templates/pgbouncer.ini.tmpl). A member's Patroni has its
+// pooler reconnect when the member's role changes (writeRoleChange).
 //
 // Authentication: a client logs in with its own role's password (SCRAM),
 // and the pooler logs into PostgreSQL as that same role over the server's
@@ -44,7 +45,8 @@ import (
 // socket anyway: a superuser auth user gives it nothing it lacked. The
 // auth user itself must be in auth_file (1.18 gives an auth user it does
 // not find there an empty password, and its own logins fail), as must
-// whoever logs into the admin console (an auth_query login there hangs):
+// whoever logs into the admin console (an auth_query login there hangs;
+// postgres is its admin: SHOW POOLS, SHOW STATS, RECONNECT):
 // the file holds postgres and a SCRAM verifier of the environment's
 // password, no plaintext (mode 0600, the postgres user's). A role without
 // a password (StreamUser) cannot log in through the pooler.
@@ -80,10 +82,11 @@ func (e *Env) groupPoolers(i int) []pooler {
 	return out
 }
 
-func (p pooler) ini() string      { return filepath.Join(p.dir, "pgbouncer.ini") }
-func (p pooler) authFile() string { return filepath.Join(p.dir, "pgbouncer.auth") }
-func (p pooler) logFile() string  { return filepath.Join(p.dir, "pgbouncer.log") }
-func (p pooler) pidFile() string  { return filepath.Join(p.dir, "pgbouncer.pid") }
+func (p pooler) roleChange() string { return filepath.Join(p.dir, "pgbouncer-role-change") }
+func (p pooler) ini() string        { return filepath.Join(p.dir, "pgbouncer.ini") }
+func (p pooler) authFile() string   { return filepath.Join(p.dir, "pgbouncer.auth") }
+func (p pooler) logFile() string    { return filepath.Join(p.dir, "pgbouncer.log") }
+func (p pooler) pidFile() string    { return filepath.Join(p.dir, "pgbouncer.pid") }
 
 // poolPid is p's pid if it runs (the pid file's process is a pgbouncer of
 // this pgbouncer.ini), else 0.
@@ -111,6 +114,29 @@ func (e *Env) poolerIni(p pooler) []byte {
 		TLS                           bool
 		CA, Cert, Key                 string
 	}{p.server, p.dir, e.addr(p.server), p.authFile(), p.port, p.pgPort, e.c.TLS, tf.CA, tf.Cert, tf.Key})
+}
+
+// writeRoleChange writes a group member's Patroni callback (on_start,
+// on_role_change; templates/pgbouncer-role-change.tmpl): once the server
+// is in its new role, its PgBouncer reconnects. PgBouncer 1.18 sends each
+// client the server parameters it cached from its first server
+// connection, in_hot_standby among them, which libpq's
+// target_session_attrs=read-write reads: without it, a promoted member's
+// pooler refused such clients ("session is read-only") until it was
+// restarted. It runs as the postgres user, and reads the password file.
+func (e *Env) writeRoleChange(p pooler) error {
+	mode := "disable"
+	if e.c.TLS {
+		mode = "require" // verified against ~/.postgresql/root.crt, the CA
+	}
+	b := render("pgbouncer-role-change", struct {
+		Name, PSQL, SockDir, PasswordFile, Addr, SSLMode string
+		PGPort, Port                                     int
+	}{p.server, filepath.Join(pgBin, "psql"), p.dir, e.PasswordFile(), e.addr(p.server), mode, p.pgPort, p.port})
+	if old, err := os.ReadFile(p.roleChange()); err == nil && bytes.Equal(old, b) {
+		return nil
+	}
+	return writeAtomic(p.roleChange(), b, 0o755, nil)
 }
 
 // poolFDs is the open-file limit a PgBouncer gets: max_client_conn

@@ -126,6 +126,13 @@ func (e *Env) NodePoolDSN(i int) string {
 	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s&target_session_attrs=read-write&connect_timeout=2", pw, e.memberPoolHosts(i), e.PGSSLParams())
 }
 
+// MemberPoolDSN is the DSN of member m's PgBouncer in group i alone,
+// whatever the member's role, with the password.
+func (e *Env) MemberPoolDSN(i, m int) string {
+	p := e.memberPooler(i, m)
+	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s", e.Password(), e.hostPort(p.server, p.port), e.PGSSLParams())
+}
+
 func (e *Env) memberHosts(i int) string {
 	n, _, _ := e.recordedMembers(i)
 	hosts := make([]string, n)

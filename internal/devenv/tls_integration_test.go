@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -309,6 +310,24 @@ func TestFaultsTLSEnsemble(t *testing.T) {
 		defer c.Close(context.Background())
 		if err := c.QueryRow(t.Context(), "SELECT pg_is_in_recovery()").Scan(&recovery); err != nil || recovery {
 			t.Errorf("pg1's pool DSN reached a standby (%v)", err)
+		}
+		// Each member's Patroni callback has its pooler reconnect over
+		// TLS, as the postgres user's libpq (HOME: the member's
+		// directory, the CA in ~/.postgresql) logging in as the admin.
+		primary, _, _, _ := e.Primary(1)
+		for m := 1; m <= 2; m++ {
+			role := "replica"
+			if primary == devenv.MemberName(1, m) {
+				role = "master"
+			}
+			cmd := exec.Command(filepath.Join(e.MemberDir(1, m), "pgbouncer-role-change"), "on_role_change", role, "pg1")
+			cmd.Env = append(os.Environ(), "HOME="+e.MemberDir(1, m))
+			if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
+				t.Errorf("pg1-m%d's pgbouncer-role-change %s: %v\n%s", m, role, err, out)
+			}
+			if b, _ := os.ReadFile(filepath.Join(e.MemberDir(1, m), "pgbouncer.log")); !strings.Contains(string(b), "RECONNECT command issued") {
+				t.Errorf("pg1-m%d's pooler was not told to reconnect:\n%s", m, b)
+			}
 		}
 	})
 
