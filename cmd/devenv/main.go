@@ -39,16 +39,20 @@ func newApp() *cli.App {
 			"  pg/pgI/{data/,postgres.log}   a plain node\n" +
 			"  pg/pgI/members                a group: its number of members\n" +
 			"  pg/pgI/mM/{data/,patroni.yml,patroni.log,postgres.log,patroni.pid,pgpass,zkfwdJ.pid}\n" +
+			"  pg/pgI/[mM/]pgbouncer.{ini,auth,log,pid}  the server's PgBouncer\n" +
 			"PostgreSQL authentication: trust over the unix socket in pg/pgI/ (pg/pgI/mM/), scram-sha-256\n" +
 			"over TCP (replication too), user postgres. A group's env DSN lists every member with\n" +
-			"target_session_attrs=read-write, so it reaches the current primary.",
+			"target_session_attrs=read-write, so it reaches the current primary.\n" +
+			"Every db server has a PgBouncer in transaction mode at its port + 2000 (status rows pgI.pool,\n" +
+			"pgI.mM.pool; env's SHARDVISOR_PGI_POOL_DSN): any role with a password logs in with it, and\n" +
+			"the pooler logs into the server as that role over its unix socket.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "dir", Value: devenv.DefaultDir, EnvVars: []string{"SHARDVISOR_DEVENV_DIR"},
 				Usage: "state `directory` (must be traversable by the postgres user)"},
 			&cli.IntFlag{Name: "zk-port-base", Value: devenv.DefaultZKPortBase, EnvVars: []string{"SHARDVISOR_ZK_PORT_BASE"},
 				Usage: "first ZooKeeper client `port`: server i (1..3) listens on BASE+i-1 for clients, BASE+1070+i-1 for quorum, BASE+2070+i-1 for election"},
 			&cli.IntFlag{Name: "pg-port-base", Value: devenv.DefaultPGPortBase, EnvVars: []string{"SHARDVISOR_PG_PORT_BASE"},
-				Usage: "first PostgreSQL `port`: node i listens on BASE+i-1; member m of group i on BASE+(i-1)+100*(m-1), its Patroni REST API on BASE+1000+(i-1)+100*(m-1)"},
+				Usage: "first PostgreSQL `port`: node i listens on BASE+i-1; member m of group i on BASE+(i-1)+100*(m-1), its Patroni REST API on BASE+1000+(i-1)+100*(m-1); each server's PgBouncer 2000 above the server"},
 			&cli.StringFlag{Name: "pg-nodes", EnvVars: []string{"SHARDVISOR_PG_NODES"},
 				Usage: "`number` of PostgreSQL nodes up ensures (default: 3, or more if more node directories exist)"},
 			&cli.StringFlag{Name: "pg-ha", EnvVars: []string{"SHARDVISOR_PG_HA"},
@@ -69,7 +73,7 @@ func newApp() *cli.App {
 			{Name: "down", Usage: "stop everything devenv started (by pid files)", Action: with(func(e *devenv.Env, _ *cli.Context) error { return e.Down() })},
 			{Name: "status", Usage: "one line per server (per member for a group); exit status 1 if anything is down or a group has no leader", Action: status},
 			{Name: "env", Usage: "print export lines with the connect strings (eval \"$(scripts/devenv env)\")", Action: with(func(e *devenv.Env, _ *cli.Context) error { e.Exports(os.Stdout); return nil })},
-			{Name: "logs", Usage: "list the log files, or show the tail of one (zk1, pg2, pg4.m1: a member's Patroni and PostgreSQL logs, pg4: all members')", ArgsUsage: "[NAME]",
+			{Name: "logs", Usage: "list the log files, or show the tail of one (zk1, pg2, pg4.m1: a member's Patroni and PostgreSQL logs, pg4: all members', pg2.pool, pg4.m1.pool: a PgBouncer's)", ArgsUsage: "[NAME]",
 				Action: with(func(e *devenv.Env, c *cli.Context) error { return e.Logs(os.Stdout, c.Args().First()) })},
 			zkCmd("zk-start", "start ZooKeeper server N; waits until it serves when a quorum can exist, else until it listens", (*devenv.Env).ZKStart),
 			zkCmd("zk-stop", "stop ZooKeeper server N (SIGTERM)", (*devenv.Env).ZKStop),
@@ -78,9 +82,9 @@ func newApp() *cli.App {
 			zkCmd("zk-thaw", "SIGCONT ZooKeeper server N after zk-freeze", (*devenv.Env).ZKThaw),
 			{Name: "pg-start", Usage: "start PostgreSQL node N; for a group, every member that is not running (it rejoins as a standby), and wait until all stream", ArgsUsage: "N",
 				Action: with(pgStart)},
-			{Name: "pg-stop", Usage: "stop PostgreSQL node N (all members of a group)", ArgsUsage: "N",
+			{Name: "pg-stop", Usage: "stop PostgreSQL node N (all members of a group) and its PgBouncer", ArgsUsage: "N",
 				Action: with(func(e *devenv.Env, c *cli.Context) error { return nodeDo(c, e.PGStop) })},
-			{Name: "pg-kill", Usage: "SIGKILL node N's postmaster and all its children at once; for a group, those of its current primary and its Patroni too; prints which member died", ArgsUsage: "N",
+			{Name: "pg-kill", Usage: "SIGKILL node N's postmaster and all its children at once; for a group, those of its current primary and its Patroni and PgBouncer too; prints which member died", ArgsUsage: "N",
 				Action: with(pgKill)},
 			{Name: "pg-primary", Usage: "print the current primary member of group N: NAME PORT", ArgsUsage: "N", Action: with(pgPrimary)},
 			memberCmd("zk-cut", "cut member M of group N off from ZooKeeper (its forwarders stop, with every connection through them)", (*devenv.Env).ZKCut),

@@ -60,13 +60,18 @@ func TestCommands(t *testing.T) {
 			"export SHARDVISOR_PG_PASSWORD_FILE='" + dir + "/pg/password'\n" +
 			"export PGPASSFILE='" + dir + "/pg/pgpass'\n" +
 			"export SHARDVISOR_PG1_DSN='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" +
-			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n", ""},
+			"export SHARDVISOR_PG1_POOL_DSN='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" +
+			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" +
+			"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n", ""},
 		{[]string{"--plain", "env", "--pg-nodes", "2"}, 0, "export SHARDVISOR_ZK='127.0.0.1:7811,127.0.0.1:7812,127.0.0.1:7813'\n" +
 			"export SHARDVISOR_PG_PASSWORD_FILE='" + dir + "/pg/password'\n" +
 			"export PGPASSFILE='" + dir + "/pg/pgpass'\n" +
 			"export SHARDVISOR_PG1_DSN='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=disable'\n" +
+			"export SHARDVISOR_PG1_POOL_DSN='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=disable'\n" +
 			"export SHARDVISOR_PG2_DSN='postgres://postgres:pw@127.0.0.1:7433/postgres?sslmode=disable'\n" +
-			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=disable,postgres://postgres:pw@127.0.0.1:7433/postgres?sslmode=disable'\n", ""},
+			"export SHARDVISOR_PG2_POOL_DSN='postgres://postgres:pw@127.0.0.1:9433/postgres?sslmode=disable'\n" +
+			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=disable,postgres://postgres:pw@127.0.0.1:7433/postgres?sslmode=disable'\n" +
+			"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=disable,postgres://postgres:pw@127.0.0.1:9433/postgres?sslmode=disable'\n", ""},
 	} {
 		var errb bytes.Buffer
 		app := newApp()

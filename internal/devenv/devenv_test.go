@@ -2,7 +2,9 @@ package devenv
 
 import (
 	"bytes"
+	"encoding/base64"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -12,7 +14,8 @@ import (
 // The golden files in testdata are what scripts/devenv (bash) wrote for
 // state dir /tmp/sv-h1-gold and the default ports: zk2's zoo.cfg and
 // log4j.properties, pg2's shardvisor.conf, member 2 of group 4's
-// patroni.yml (password PASSWORD123). A running server whose file differs
+// patroni.yml (password PASSWORD123; since, with the callbacks that have
+// the member's PgBouncer reconnect). A running server whose file differs
 // is restarted or reloaded by up, so the rendering must not drift.
 func TestTemplatesRenderAsTheScriptDid(t *testing.T) {
 	e := New(Config{Dir: "/tmp/sv-h1-gold"})
@@ -48,6 +51,10 @@ func TestPorts(t *testing.T) {
 		{"pg4 m2", e.MemberPort(4, 2), 25535},
 		{"pg5 m2 api", e.MemberAPIPort(5, 2), 26536},
 		{"pg4 m2 link to zk3", e.ZKLinkPort(4, 2, 3), 21811 + 3000 + 30 + 3 + 2},
+		{"pg1 pool", e.PoolPort(1), 27432},
+		{"pg3 pool", e.PoolPort(3), 27434},
+		{"pg4 m1 pool", e.MemberPoolPort(4, 1), 27435},
+		{"pg5 m2 pool", e.MemberPoolPort(5, 2), 27536},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: port %d, want %d", c.name, c.got, c.want)
@@ -256,5 +263,89 @@ func TestFromEnvZKFullJIT(t *testing.T) {
 		if err != nil || got.ZKFullJIT != c.want {
 			t.Errorf("%q: ZKFullJIT %v, err %v; want %v", c.v, got.ZKFullJIT, err, c.want)
 		}
+	}
+}
+
+// The auth file's verifier is PostgreSQL's: the same salt and iterations
+// give what pg_authid held for password 'pencil' (PostgreSQL 15).
+func TestScramVerifier(t *testing.T) {
+	const pg = "SCRAM-SHA-256$4096:xYkwilCzVttQlbSoZbZdkw==$zayP7JOkqYa6a2ja/TjaXkzanCdeYsRYwyKEGIc8K90=:98ULnKL6RU6A86WWq2DkmQolsEw9vFjqn8ostiwK2Ks="
+	salt, _ := base64.StdEncoding.DecodeString("xYkwilCzVttQlbSoZbZdkw==")
+	if got, err := scramVerifier("pencil", salt, 4096); err != nil || got != pg {
+		t.Errorf("scramVerifier = %q, %v; want %q", got, err, pg)
+	}
+	if !scramVerifies(pg, "pencil") || scramVerifies(pg, "pencil2") || scramVerifies("md5abc", "pencil") {
+		t.Error("scramVerifies")
+	}
+	p := filepath.Join(t.TempDir(), "pgbouncer.auth")
+	if changed, err := writePoolAuth(p, "pw1"); err != nil || !changed {
+		t.Fatalf("first write: %v %v", changed, err)
+	}
+	b, _ := os.ReadFile(p)
+	if !strings.HasPrefix(string(b), `"postgres" "SCRAM-SHA-256$4096:`) || strings.Contains(string(b), "pw1") {
+		t.Errorf("auth file %q", b)
+	}
+	if changed, err := writePoolAuth(p, "pw1"); err != nil || changed {
+		t.Errorf("same password: rewritten %v, %v", changed, err)
+	}
+	if changed, err := writePoolAuth(p, "pw2"); err != nil || !changed {
+		t.Errorf("new password: rewritten %v, %v", changed, err)
+	}
+}
+
+// A pooler's configuration: transaction mode on the server's address and
+// the port 2000 above, the server's own socket behind it, TLS only in the
+// TLS mode with the server's certificate.
+func TestPoolerIni(t *testing.T) {
+	e := New(Config{Dir: "/s"})
+	plain := string(e.poolerIni(e.nodePooler(2)))
+	for _, want := range []string{
+		"\n* = host=/s/pg/pg2 port=25433\n", "\nlisten_addr = 127.0.0.1\n", "\nlisten_port = 27433\n",
+		"\npool_mode = transaction\n", "\nauth_type = scram-sha-256\n", "\nauth_file = /s/pg/pg2/pgbouncer.auth\n",
+		"\nadmin_users = postgres\n", "\nmax_client_conn = 2000\n", "\ndefault_pool_size = 20\n", "\nmax_db_connections = 40\n",
+		"\nignore_startup_parameters = extra_float_digits\n",
+	} {
+		if !strings.Contains(plain, want) {
+			t.Errorf("pg2's pgbouncer.ini lacks %q:\n%s", want, plain)
+		}
+	}
+	if strings.Contains(plain, "tls") {
+		t.Errorf("plain pgbouncer.ini mentions TLS:\n%s", plain)
+	}
+	e = New(Config{Dir: "/s", TLS: true})
+	tls := string(e.poolerIni(e.memberPooler(4, 2)))
+	for _, want := range []string{
+		"\n* = host=/s/pg/pg4/m2 port=25535\n", "\nlisten_port = 27535\n", "\nclient_tls_sslmode = require\n",
+		"\nclient_tls_cert_file = /s/tls/pg4-m2.crt\n", "\nclient_tls_key_file = /s/tls/pg4-m2.key\n",
+	} {
+		if !strings.Contains(tls, want) {
+			t.Errorf("pg4-m2's pgbouncer.ini (TLS) lacks %q:\n%s", want, tls)
+		}
+	}
+	// The member's Patroni callback: a shell script that waits for the
+	// server's role and has the pooler reconnect.
+	dir := t.TempDir()
+	e = New(Config{Dir: dir, TLS: true})
+	p := e.memberPooler(4, 2)
+	if err := os.MkdirAll(p.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.writeRoleChange(p); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p.roleChange())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"-h " + dir + "/pg/pg4/m2 -p 25535 ", `"host=127.0.0.1 port=27535 user=postgres dbname=pgbouncer sslmode=require" -c RECONNECT`, "head -n 1 " + dir + "/pg/password"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("pgbouncer-role-change lacks %q:\n%s", want, b)
+		}
+	}
+	if out, err := exec.Command("sh", "-n", p.roleChange()).CombinedOutput(); err != nil {
+		t.Errorf("sh -n pgbouncer-role-change: %v\n%s", err, out)
+	}
+	if fi, err := os.Stat(p.roleChange()); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("pgbouncer-role-change: %v %v, want mode 0755", fi, err)
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 )
 
-// ensureInstalled checks that the servers' Debian packages are there (and
-// Patroni's when a group is asked for). Installing them is
+// ensureInstalled checks that the servers' Debian packages are there
+// (ZooKeeper, PostgreSQL, PgBouncer; Patroni's when a group is asked for). Installing them is
 // scripts/install-deps --servers's job, which scripts/devenv runs first.
 func ensureInstalled(patroni bool) error {
 	const hint = "; as root run: scripts/install-deps --servers"
@@ -24,6 +24,9 @@ func ensureInstalled(patroni bool) error {
 		if !fileExists(filepath.Join(pgBin, b)) {
 			return fmt.Errorf("PostgreSQL 15 server is not installed (%s missing)%s", filepath.Join(pgBin, b), hint)
 		}
+	}
+	if !fileExists(pgbouncerBin) {
+		return fmt.Errorf("PgBouncer is not installed (%s missing)%s", pgbouncerBin, hint)
 	}
 	if _, err := postgresCredential(); err != nil {
 		return err

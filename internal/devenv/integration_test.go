@@ -3,7 +3,10 @@ package devenv_test
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,8 +21,8 @@ import (
 // taken by an outgoing connection, ZooKeeper's own, before a server binds
 // it) and below testenv.FreePort's: ZooKeeper on 7811-7813 (quorum
 // 8881-8883, election 9881-9883), PostgreSQL on 7432 (groups: 7432 +
-// 100*(m-1), REST API 8432 + ...). A lock file keeps two test processes
-// (two checkouts) from using them at once.
+// 100*(m-1), REST API 8432 + ..., PgBouncer 9432 + ...). A lock file
+// keeps two test processes (two checkouts) from using them at once.
 func throwaway(t *testing.T, nodes, ha int) *devenv.Env {
 	t.Helper()
 	return throwawayWith(t, devenv.Config{PGNodes: nodes, HA: ha})
@@ -87,8 +90,9 @@ func TestUpFaultsDown(t *testing.T) {
 		t.Fatalf("not healthy after up:\n%s", st)
 	}
 	lines := strings.Split(strings.TrimSpace(st), "\n")
-	if len(lines) != 5 || !strings.HasPrefix(lines[0], "SERVER PORT   PID      STATE") ||
-		!strings.HasPrefix(lines[4], "pg1    7432   ") || !strings.HasSuffix(lines[4], " accepting") {
+	if len(lines) != 6 || !strings.HasPrefix(lines[0], "SERVER PORT   PID      STATE") ||
+		!strings.HasPrefix(lines[4], "pg1    7432   ") || !strings.HasSuffix(lines[4], " accepting") ||
+		!strings.HasPrefix(lines[5], "pg1.pool 9432   "+strconv.Itoa(e.PoolPid(1))+" ") || !strings.HasSuffix(lines[5], " accepting") {
 		t.Errorf("status table:\n%s", st)
 	}
 	var env bytes.Buffer
@@ -97,6 +101,8 @@ func TestUpFaultsDown(t *testing.T) {
 		"export SHARDVISOR_ZK='127.0.0.1:7811,127.0.0.1:7812,127.0.0.1:7813'\n",
 		"export SHARDVISOR_PG1_DSN='postgres://postgres:" + e.Password() + "@127.0.0.1:7432/postgres?sslmode=disable'\n",
 		"export PGPASSFILE='" + e.PGPassFile() + "'\n",
+		"export SHARDVISOR_PG1_POOL_DSN='postgres://postgres:" + e.Password() + "@127.0.0.1:9432/postgres?sslmode=disable'\n",
+		"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:" + e.Password() + "@127.0.0.1:9432/postgres?sslmode=disable'\n",
 	} {
 		if !strings.Contains(env.String(), want) {
 			t.Errorf("env lacks %q:\n%s", want, env.String())
@@ -104,6 +110,16 @@ func TestUpFaultsDown(t *testing.T) {
 	}
 	if err := testenv.Exec(t.Context(), e.NodeDSN(1), "SELECT 1"); err != nil {
 		t.Fatalf("pg1 with the env DSN: %v", err)
+	}
+
+	// The node's PgBouncer: real clients through it; its open-file limit
+	// raised for its 2000 clients.
+	t.Run("PgBouncer", func(t *testing.T) { poolerServes(t, e, 1) })
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(e.PoolPid(1)) + "/limits")
+	if m := regexp.MustCompile(`Max open files +([0-9]+) `).FindSubmatch(b); err != nil || m == nil {
+		t.Errorf("pg1's PgBouncer: no open-file limit (%v):\n%s", err, b)
+	} else if n, _ := strconv.Atoi(string(m[1])); n < 4096 {
+		t.Errorf("pg1's PgBouncer: open-file limit %d, want 4096 or more", n)
 	}
 
 	// pg-kill: the postmaster and its children are dead when it returns.
@@ -122,6 +138,10 @@ func TestUpFaultsDown(t *testing.T) {
 	}
 	if err := testenv.Exec(t.Context(), e.NodeDSN(1), "SELECT 1"); err != nil {
 		t.Fatalf("pg1 after pg-start: %v", err)
+	}
+	// Its PgBouncer lived through the kill and serves again at once.
+	if err := testenv.Exec(t.Context(), e.NodePoolDSN(1), "SELECT 1"); err != nil {
+		t.Fatalf("pg1's PgBouncer after pg-start: %v", err)
 	}
 
 	// The whole ensemble down; each start returns once its server listens.
@@ -162,6 +182,10 @@ func TestUpFaultsDown(t *testing.T) {
 	}
 	testenv.WaitFor(t, time.Minute, func() bool { m := e.ZKMode(2); return m == "leader" || m == "follower" }, "zk2 serving after thaw")
 
+	poolPid := e.PoolPid(1)
+	if poolPid == 0 || len(poolerProcesses(t, e.Dir())) != 1 {
+		t.Errorf("before down: PgBouncer pid %d, processes %q; want one", poolPid, poolerProcesses(t, e.Dir()))
+	}
 	if err := e.Down(); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +193,15 @@ func TestUpFaultsDown(t *testing.T) {
 		st, _ := status(t, e)
 		t.Errorf("down left servers running:\n%s", st)
 	}
+	if ps := poolerProcesses(t, e.Dir()); len(ps) != 0 || devenv.Alive(poolPid, "") {
+		t.Errorf("down left PgBouncer running: %q", ps)
+	}
+}
+
+// psql runs one query with libpq's psql and returns its unaligned output.
+func psql(dsn, query string) (string, error) {
+	out, err := exec.Command("/usr/lib/postgresql/15/bin/psql", "-X", "-A", "-t", "-q", dsn, "-c", query).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
 }
 
 // A Patroni group of 2: up, the primary's host killed, the other member
@@ -184,14 +217,31 @@ func TestFaultsGroup(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("no primary after up: %v", err)
 	}
+	// The standby's PgBouncer caches the server parameters of its first
+	// server connection, a standby's (in_hot_standby on).
+	standby := 2
+	if name == devenv.MemberName(1, 2) {
+		standby = 1
+	}
+	if out, err := psql(e.MemberPoolDSN(1, standby), "SHOW in_hot_standby"); err != nil || out != "on" {
+		t.Fatalf("the standby through its pooler: in_hot_standby %q, %v", out, err)
+	}
 	k, err := e.PGKill(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k.Member != name || devenv.Alive(k.PatroniPid, "") || devenv.Alive(k.PostmasterPid, "") {
-		t.Errorf("killed %+v, primary was %s", k, name)
+	if k.Member != name || devenv.Alive(k.PatroniPid, "") || devenv.Alive(k.PostmasterPid, "") || e.MemberPoolPid(1, 3-standby) != 0 {
+		t.Errorf("killed %+v, primary was %s; its pooler: pid %d", k, name, e.MemberPoolPid(1, 3-standby))
 	}
 	testenv.WaitFor(t, time.Minute, func() bool { n, _, ok, _ := e.Primary(1); return ok && n != name }, "the other member promoted")
+	// libpq (psql, psycopg) with target_session_attrs=read-write through
+	// the group's pool DSN finds the new primary: its Patroni had its
+	// pooler reconnect (pgbouncer-role-change), or the pooler would go on
+	// saying in_hot_standby on.
+	testenv.WaitFor(t, 30*time.Second, func() bool {
+		out, err := psql(e.NodePoolDSN(1), "SELECT pg_is_in_recovery()")
+		return err == nil && out == "f"
+	}, "libpq through the pool DSN reaching the new primary")
 	if err := e.PGStart(1); err != nil {
 		t.Fatal(err)
 	}

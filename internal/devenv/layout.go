@@ -26,9 +26,10 @@ const (
 	// MaxMembers bounds a group: member ports step by 100.
 	MaxMembers = 9
 
-	pgBin      = "/usr/lib/postgresql/15/bin"
-	patroniBin = "/usr/bin/patroni"
-	pgUser     = "postgres"
+	pgBin        = "/usr/lib/postgresql/15/bin"
+	patroniBin   = "/usr/bin/patroni"
+	pgbouncerBin = "/usr/sbin/pgbouncer"
+	pgUser       = "postgres"
 )
 
 // zkJars is ZooKeeper's classpath as Debian's zookeeper package installs it.
@@ -46,8 +47,10 @@ type Config struct {
 	// ZKPortBase: server i (1..3) listens on BASE+i-1 for clients,
 	// BASE+1070+i-1 for quorum, BASE+2070+i-1 for election.
 	ZKPortBase int
-	// PGPortBase: node i listens on BASE+i-1; member m of group i on
-	// BASE+(i-1)+100*(m-1), its Patroni REST API on BASE+1000+(i-1)+100*(m-1).
+	// PGPortBase: node i listens on BASE+i-1, its PgBouncer on
+	// BASE+2000+i-1; member m of group i on BASE+(i-1)+100*(m-1), its
+	// Patroni REST API on BASE+1000+(i-1)+100*(m-1), its PgBouncer on
+	// BASE+2000+(i-1)+100*(m-1).
 	PGPortBase int
 	// PGNodes is how many nodes `up` ensures; 0: 3, or more if more node
 	// directories exist.
@@ -258,8 +261,9 @@ func (e *Env) ZKConnect() string {
 
 // ---------------------------------------------------------------- PostgreSQL
 
-// PGDir is node i's directory: data/ and postgres.log for a plain node,
-// members and mM/ for a group.
+// PGDir is node i's directory: data/, postgres.log and its PgBouncer's
+// files (pgbouncer.ini, .auth, .log, .pid) for a plain node, members and
+// mM/ for a group.
 func (e *Env) PGDir(i int) string { return filepath.Join(e.c.Dir, "pg", "pg"+strconv.Itoa(i)) }
 
 // PGPort is plain node i's port (and member 1's of group i).
@@ -274,8 +278,8 @@ func (e *Env) PasswordFile() string { return filepath.Join(e.c.Dir, "pg", "passw
 func (e *Env) PGPassFile() string { return filepath.Join(e.c.Dir, "pg", "pgpass") }
 
 // MemberDir is member m's directory of group i: data/, patroni.yml,
-// patroni.log, postgres.log, patroni.pid, pgpass, zkfwdJ.pid; also its
-// unix socket directory.
+// patroni.log, postgres.log, patroni.pid, pgpass, zkfwdJ.pid, its
+// PgBouncer's files; also its unix socket directory.
 func (e *Env) MemberDir(i, m int) string {
 	return filepath.Join(e.PGDir(i), "m"+strconv.Itoa(m))
 }
@@ -285,6 +289,17 @@ func (e *Env) MemberPort(i, m int) int { return e.c.PGPortBase + i - 1 + 100*(m-
 
 // MemberAPIPort is member m's Patroni REST API port of group i.
 func (e *Env) MemberAPIPort(i, m int) int { return e.c.PGPortBase + 1000 + i - 1 + 100*(m-1) }
+
+// poolPortOffset: a db server's PgBouncer listens this far above the
+// server (pgbouncer.go).
+const poolPortOffset = 2000
+
+// PoolPort is plain node i's PgBouncer port (and member 1's of group i).
+func (e *Env) PoolPort(i int) int { return e.PGPort(i) + poolPortOffset }
+
+// MemberPoolPort is the port of member m's PgBouncer in group i, in front
+// of that member's own PostgreSQL.
+func (e *Env) MemberPoolPort(i, m int) int { return e.MemberPort(i, m) + poolPortOffset }
 
 // MemberName is member m's Patroni name in group i: "pg4-m1".
 func MemberName(i, m int) string { return fmt.Sprintf("pg%d-m%d", i, m) }

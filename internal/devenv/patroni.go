@@ -139,6 +139,10 @@ func (e *Env) groupPrepare(i int, pw string) (fresh bool, err error) {
 				return false, fmt.Errorf("pg%d.m%d: %w", i, m, err)
 			}
 		}
+		// Before patroni.yml, which names it.
+		if err := e.writeRoleChange(e.memberPooler(i, m)); err != nil {
+			return false, fmt.Errorf("pg%d.m%d: %w", i, m, err)
+		}
 		changed, err := e.writeMemberConf(i, m, pw)
 		if err != nil {
 			return false, err
@@ -174,6 +178,13 @@ func (e *Env) groupLaunchAll(pw string, deadline time.Time, groups ...int) error
 		isFresh, err := e.groupPrepare(i, pw)
 		if err != nil {
 			return err
+		}
+		// Every member's PgBouncer, whatever its member's state: it
+		// logs into its server only when a client comes.
+		for _, p := range e.groupPoolers(i) {
+			if err := e.poolLaunch(p, pw); err != nil {
+				return err
+			}
 		}
 		if isFresh && e.memberPatroniPid(i, 1) == 0 {
 			// The pid as started, not read back by its command line:
@@ -239,15 +250,18 @@ func (e *Env) groupConverge(i int) {
 	e.logf("pg%d: could not set failsafe_mode/ignore_slots through Patroni's REST API", i)
 }
 
-// groupStop SIGTERMs the members' Patroni (each stops its postgres): the
-// standbys first, the primary once their postgres is down. (A sync
-// standby's Patroni waits until the primary releases it, up to
-// 2*loop_wait, and stopping the primary first would let a standby take
-// over.) Then it makes sure postgres is down too.
+// groupStop stops the members' PgBouncers, then SIGTERMs the members'
+// Patroni (each stops its postgres): the standbys first, the primary once
+// their postgres is down. (A sync standby's Patroni waits until the
+// primary releases it, up to 2*loop_wait, and stopping the primary first
+// would let a standby take over.) Then it makes sure postgres is down too.
 func (e *Env) groupStop(i int) {
 	n, ok, err := e.recordedMembers(i)
 	if err != nil || !ok {
 		return
+	}
+	for _, p := range e.groupPoolers(i) {
+		e.poolStop(p)
 	}
 	leader, _, _, _ := e.Primary(i)
 	type stopping struct{ m, pid int }
@@ -327,8 +341,9 @@ func (k Killed) String() string {
 }
 
 // PGKill SIGKILLs node i's postmaster and all its children at once; for a
-// group, its current primary's together with its Patroni (the host dies).
-// It returns once they are dead.
+// group, its current primary's together with its Patroni and its
+// PgBouncer (the host dies). A plain node's PgBouncer lives on, and serves
+// again once the node is started. It returns once they are dead.
 func (e *Env) PGKill(i int) (Killed, error) {
 	unlock, err := e.lock()
 	if err != nil {
@@ -378,6 +393,7 @@ func (e *Env) PGKill(i int) (Killed, error) {
 	}
 	waitGone(k.PatroniPid, k.PostmasterPid)
 	_ = os.Remove(filepath.Join(e.MemberDir(i, m), "patroni.pid"))
+	e.poolKill(e.memberPooler(i, m))
 	return k, nil
 }
 

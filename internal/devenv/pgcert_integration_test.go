@@ -163,15 +163,19 @@ func serverSerial(t *testing.T, c *pgx.Conn) string {
 }
 
 // certsRotateByReload: RotatePGCerts gives every server (plain node
-// plain, group group's members) a new certificate without a restart: an
-// open connection keeps working, a new one sees the new serial, and the
-// moves' streams (client certificates, the same files) still log in.
+// plain, group group's members) and its PgBouncer a new certificate
+// without a restart: an open connection keeps working, a new one sees the
+// new serial, and the moves' streams (client certificates, the same
+// files) still log in.
 func certsRotateByReload(t *testing.T, e *devenv.Env, group, plain int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ports := []int{e.PGPort(plain), e.MemberPort(group, 1), e.MemberPort(group, 2)}
+	ports := []int{e.PGPort(plain), e.MemberPort(group, 1), e.MemberPort(group, 2),
+		e.PoolPort(plain), e.MemberPoolPort(group, 1), e.MemberPoolPort(group, 2)}
+	// No named prepared statements: half the ports are transaction
+	// poolers.
 	dsn := func(port int) string {
-		return "postgres://postgres:" + e.Password() + "@127.0.0.1:" + strconv.Itoa(port) + "/postgres?" + e.PGSSLParams()
+		return "postgres://postgres:" + e.Password() + "@127.0.0.1:" + strconv.Itoa(port) + "/postgres?" + e.PGSSLParams() + "&default_query_exec_mode=cache_describe"
 	}
 	open := map[int]*pgx.Conn{}
 	before := map[int]string{}

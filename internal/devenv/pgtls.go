@@ -163,8 +163,9 @@ func ensureStreamUser(sockDir string, port int) error {
 
 // RotatePGCerts issues every PostgreSQL server of the environment a new
 // certificate of the CA (a new key and serial; written beside and renamed
-// over the old files) and has each server reload: new connections get
-// the new certificate, open ones keep theirs, nothing restarts. The
+// over the old files) and has each server and its PgBouncer reload: new
+// connections get the new certificate, open ones keep theirs, nothing
+// restarts. The
 // servers' client certificates (~/.postgresql links) follow. A group's
 // members reload by pg_reload_conf() over their unix socket, as
 // `patronictl reload` would have their postmaster do (the file paths in
@@ -177,11 +178,12 @@ func (e *Env) RotatePGCerts() error {
 	type server struct {
 		name, sock string
 		port       int
+		pool       pooler // its PgBouncer, which shows the same certificate
 	}
 	var servers []server
 	for i := 1; i <= e.NodeCount(); i++ {
 		if !e.IsGroup(i) {
-			servers = append(servers, server{fmt.Sprintf("pg%d", i), e.PGDir(i), e.PGPort(i)})
+			servers = append(servers, server{fmt.Sprintf("pg%d", i), e.PGDir(i), e.PGPort(i), e.nodePooler(i)})
 			continue
 		}
 		n, err := e.Members(i)
@@ -189,7 +191,7 @@ func (e *Env) RotatePGCerts() error {
 			return err
 		}
 		for m := 1; m <= n; m++ {
-			servers = append(servers, server{MemberName(i, m), e.MemberDir(i, m), e.MemberPort(i, m)})
+			servers = append(servers, server{MemberName(i, m), e.MemberDir(i, m), e.MemberPort(i, m), e.memberPooler(i, m)})
 		}
 	}
 	ca, err := pki.LoadCA(e.TLSFiles("").CA, filepath.Join(e.TLSDir(), "ca.key"))
@@ -220,6 +222,9 @@ func (e *Env) RotatePGCerts() error {
 		}
 		if err := pgReload(s.sock, s.port); err != nil {
 			return fmt.Errorf("rotate-pg-certs: %s: reload: %w", s.name, err)
+		}
+		if err := e.poolReload(s.pool); err != nil {
+			return fmt.Errorf("rotate-pg-certs: %w", err)
 		}
 		e.logf("%s: new certificate (serial %s), reloaded", s.name, leaf.Cert.SerialNumber.Text(16))
 	}

@@ -223,7 +223,9 @@ func (e *Env) pgCtlStop(name, data string, pid int) {
 	}
 }
 
+// pgStop stops plain node i's PgBouncer, then its postmaster.
 func (e *Env) pgStop(i int) {
+	e.poolStop(e.nodePooler(i))
 	pid := e.pgPid(i)
 	if pid == 0 {
 		return

@@ -21,8 +21,9 @@ import (
 // so a reader sees the old file or the new one. The clients (pki.Reloader,
 // libpq, kazoo) read their files at each new connection. Then:
 //
-//   - PostgreSQL, plain node or group member, reloads (SIGHUP): ssl files
-//     are read again for new connections; open ones keep theirs.
+//   - PostgreSQL, plain node or group member, and its PgBouncer reload
+//     (SIGHUP): ssl files are read again for new connections; open ones
+//     keep theirs.
 //   - Patroni gets SIGHUP: 3.0.2 sees its REST certificate's serial
 //     changed and opens its HTTPS listener again with the new files.
 //   - ZooKeeper's quorum reloads by itself (sslQuorumReloadCertFiles), its
@@ -276,7 +277,7 @@ func (e *Env) pgReloadTLS(i int) error {
 			}
 			e.logf("pg%d: reloaded (SIGHUP to %d)", i, pid)
 		}
-		return nil
+		return e.poolReload(e.nodePooler(i))
 	}
 	n, err := e.Members(i)
 	if err != nil {
@@ -291,7 +292,10 @@ func (e *Env) pgReloadTLS(i int) error {
 				return fmt.Errorf("pg%d-m%d: reload of its %s: %w", i, m, what, err)
 			}
 		}
-		e.logf("pg%d-m%d: Patroni and PostgreSQL reloaded (SIGHUP)", i, m)
+		if err := e.poolReload(e.memberPooler(i, m)); err != nil {
+			return err
+		}
+		e.logf("pg%d-m%d: Patroni, PostgreSQL and PgBouncer reloaded (SIGHUP)", i, m)
 	}
 	return nil
 }

@@ -41,9 +41,28 @@ func (e *Env) Status(w io.Writer) (healthy bool) {
 		healthy = false
 	}
 	pw := e.Password()
+	// A pooler's row follows its server's (or its group's): pgI.pool,
+	// pgI.mM.pool; accepting when a login through it works.
+	poolRow := func(p pooler, absent bool) {
+		pid, state := 0, "absent"
+		if !absent {
+			pid, state = e.poolState(p, pw)
+		}
+		if state != "accepting" {
+			healthy = false
+		}
+		pids := "-"
+		if pid != 0 {
+			pids = strconv.Itoa(pid)
+		}
+		row(p.label+".pool", p.port, pids, state)
+	}
 	for i := 1; i <= e.NodeCount(); i++ {
 		if e.IsGroup(i) {
 			healthy = e.groupStatus(w, i) && healthy
+			for _, p := range e.groupPoolers(i) {
+				poolRow(p, false)
+			}
 			continue
 		}
 		pid, state := "-", "stopped"
@@ -62,6 +81,7 @@ func (e *Env) Status(w io.Writer) (healthy bool) {
 			healthy = false
 		}
 		row(fmt.Sprintf("pg%d", i), e.PGPort(i), pid, state)
+		poolRow(e.nodePooler(i), state == "absent")
 	}
 	return healthy
 }
@@ -75,9 +95,10 @@ func (e *Env) Summary(w io.Writer) {
 	}
 	if e.c.TLS {
 		fmt.Fprintf(w, "Postgres:  postgres://postgres@%s/postgres?%s  (TLS only; password in %s)\n", e.hostPort("pg1", e.PGPort(1)), e.PGSSLParams(), e.PasswordFile())
-		return
+	} else {
+		fmt.Fprintf(w, "Postgres:  postgres://postgres@%s/postgres  (password in %s)\n", e.hostPort("pg1", e.PGPort(1)), e.PasswordFile())
 	}
-	fmt.Fprintf(w, "Postgres:  postgres://postgres@%s/postgres  (password in %s)\n", e.hostPort("pg1", e.PGPort(1)), e.PasswordFile())
+	fmt.Fprintf(w, "PgBouncer: each db server's port + %d, transaction mode, any role by its own password (SHARDVISOR_PGn_POOL_DSN)\n", poolPortOffset)
 }
 
 // NodeDSN is node i's connection string with the password (with TLS it
@@ -92,11 +113,40 @@ func (e *Env) NodeDSN(i int) string {
 	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s&target_session_attrs=read-write&connect_timeout=2", pw, e.memberHosts(i), e.PGSSLParams())
 }
 
+// NodePoolDSN is NodeDSN through node i's PgBouncer (a group's lists
+// every member's pooler): the pooler runs in transaction mode, so a
+// client must not keep session state across transactions nor use named
+// prepared statements (pgx: default_query_exec_mode=cache_describe, exec
+// or simple_protocol; psycopg 3: prepare_threshold=None).
+func (e *Env) NodePoolDSN(i int) string {
+	pw := e.Password()
+	if !e.IsGroup(i) {
+		return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s", pw, e.hostPort("pg"+itoa(i), e.PoolPort(i)), e.PGSSLParams())
+	}
+	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s&target_session_attrs=read-write&connect_timeout=2", pw, e.memberPoolHosts(i), e.PGSSLParams())
+}
+
+// MemberPoolDSN is the DSN of member m's PgBouncer in group i alone,
+// whatever the member's role, with the password.
+func (e *Env) MemberPoolDSN(i, m int) string {
+	p := e.memberPooler(i, m)
+	return fmt.Sprintf("postgres://postgres:%s@%s/postgres?%s", e.Password(), e.hostPort(p.server, p.port), e.PGSSLParams())
+}
+
 func (e *Env) memberHosts(i int) string {
 	n, _, _ := e.recordedMembers(i)
 	hosts := make([]string, n)
 	for m := 1; m <= n; m++ {
 		hosts[m-1] = e.hostPort(MemberName(i, m), e.MemberPort(i, m))
+	}
+	return strings.Join(hosts, ",")
+}
+
+// memberPoolHosts are group i's members' poolers, host:port each.
+func (e *Env) memberPoolHosts(i int) string {
+	var hosts []string
+	for _, p := range e.groupPoolers(i) {
+		hosts = append(hosts, e.hostPort(p.server, p.port))
 	}
 	return strings.Join(hosts, ",")
 }
@@ -111,24 +161,27 @@ func (e *Env) Exports(w io.Writer) {
 	}
 	fmt.Fprintf(w, "export SHARDVISOR_PG_PASSWORD_FILE='%s'\n", e.PasswordFile())
 	fmt.Fprintf(w, "export PGPASSFILE='%s'\n", e.PGPassFile())
-	var dsns []string
+	var dsns, pools []string
 	for i := 1; i <= e.NodeCount(); i++ {
-		dsn := e.NodeDSN(i)
+		dsn, pool := e.NodeDSN(i), e.NodePoolDSN(i)
 		fmt.Fprintf(w, "export SHARDVISOR_PG%d_DSN='%s'\n", i, dsn)
+		fmt.Fprintf(w, "export SHARDVISOR_PG%d_POOL_DSN='%s'\n", i, pool)
 		if e.IsGroup(i) {
 			fmt.Fprintf(w, "export SHARDVISOR_PG%d_PATRONI_SCOPE='pg%d'\n", i, i)
 			fmt.Fprintf(w, "export SHARDVISOR_PG%d_PATRONI_NAMESPACE='%s'\n", i, PatroniNamespace)
 			fmt.Fprintf(w, "export SHARDVISOR_PG%d_MEMBERS='%s'\n", i, e.memberHosts(i))
 		}
-		dsns = append(dsns, dsn)
+		dsns, pools = append(dsns, dsn), append(pools, pool)
 	}
 	fmt.Fprintf(w, "export SHARDVISOR_PG_DSNS='%s'\n", strings.Join(dsns, ","))
+	fmt.Fprintf(w, "export SHARDVISOR_PG_POOL_DSNS='%s'\n", strings.Join(pools, ","))
 }
 
 var memberNameRE = regexp.MustCompile(`^pg([1-9][0-9]*)[.-]m([1-9])$`)
 
 // Logs lists the log files (name ""), or writes the tail of one: zk1, pg2,
-// pg4.m1 (a member's Patroni and PostgreSQL logs), pg4 (all members').
+// pg4.m1 (a member's Patroni and PostgreSQL logs), pg4 (all members'),
+// pg2.pool and pg4.m1.pool (a PgBouncer's).
 func (e *Env) Logs(w io.Writer, name string) error {
 	if name == "" {
 		for i := 1; i <= ZKServers; i++ {
@@ -137,6 +190,7 @@ func (e *Env) Logs(w io.Writer, name string) error {
 		for i := 1; i <= e.NodeCount(); i++ {
 			if !e.IsGroup(i) {
 				fmt.Fprintf(w, "pg%d  %s\n", i, e.pgLog(i))
+				fmt.Fprintf(w, "pg%d.pool  %s\n", i, e.nodePooler(i).logFile())
 				continue
 			}
 			n, _, _ := e.recordedMembers(i)
@@ -144,8 +198,24 @@ func (e *Env) Logs(w io.Writer, name string) error {
 				d := e.MemberDir(i, m)
 				fmt.Fprintf(w, "pg%d.m%d  %s %s\n", i, m, filepath.Join(d, "patroni.log"), filepath.Join(d, "postgres.log"))
 			}
+			for _, p := range e.groupPoolers(i) {
+				fmt.Fprintf(w, "%s.pool  %s\n", p.label, p.logFile())
+			}
 		}
 		return nil
+	}
+	if base, ok := strings.CutSuffix(name, ".pool"); ok {
+		if sm := memberNameRE.FindStringSubmatch(base); sm != nil {
+			i, _ := strconv.Atoi(sm[1])
+			m, _ := strconv.Atoi(sm[2])
+			if n, _, _ := e.recordedMembers(i); !e.IsGroup(i) || m > n {
+				return fmt.Errorf("pg%d has no member %d", i, m)
+			}
+			return tailTo(w, e.memberPooler(i, m).logFile(), 50)
+		}
+		if i, ok := nodeNumber(base); ok && i > 0 && !e.IsGroup(i) {
+			return tailTo(w, e.nodePooler(i).logFile(), 50)
+		}
 	}
 	if sm := memberNameRE.FindStringSubmatch(name); sm != nil {
 		i, _ := strconv.Atoi(sm[1])
@@ -174,7 +244,7 @@ func (e *Env) Logs(w io.Writer, name string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("unknown server '%s' (zk1..zk%d, pg1.., pg4.m1 for a group member)", name, ZKServers)
+	return fmt.Errorf("unknown server '%s' (zk1..zk%d, pg1.., pg4.m1 for a group member, pg1.pool and pg4.m1.pool for a PgBouncer)", name, ZKServers)
 }
 
 func (e *Env) memberLogs(w io.Writer, i, m, lines int) {
@@ -216,12 +286,12 @@ func (e *Env) AnythingRunning() bool {
 		}
 	}
 	for i := 1; i <= max(e.NodeCount(), e.existingNodes()); i++ {
-		if e.pgPid(i) != 0 {
+		if e.pgPid(i) != 0 || e.PoolPid(i) != 0 {
 			return true
 		}
 		n, _, _ := e.recordedMembers(i)
 		for m := 1; e.IsGroup(i) && m <= n; m++ {
-			if e.memberPatroniPid(i, m) != 0 || e.memberPGPid(i, m) != 0 {
+			if e.memberPatroniPid(i, m) != 0 || e.memberPGPid(i, m) != 0 || e.MemberPoolPid(i, m) != 0 {
 				return true
 			}
 		}

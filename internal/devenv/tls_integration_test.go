@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -294,6 +295,41 @@ func TestFaultsTLSEnsemble(t *testing.T) {
 	})
 
 	t.Run("PostgreSQL over TLS only", func(t *testing.T) { pgOverTLSOnly(t, e) })
+
+	// Each server's PgBouncer: TLS only, with the server's certificate;
+	// the plain node's serves real clients over it, the group's pool DSN
+	// (every member's pooler) reaches the primary.
+	t.Run("PgBouncer over TLS only", func(t *testing.T) {
+		poolerOverTLSOnly(t, e, map[string]int{"pg1-m1": e.MemberPoolPort(1, 1), "pg1-m2": e.MemberPoolPort(1, 2), "pg2": e.PoolPort(2)})
+		poolerServes(t, e, 2)
+		var recovery bool
+		c, err := pgx.Connect(t.Context(), withParam(e.NodePoolDSN(1), "default_query_exec_mode=cache_describe"))
+		if err != nil {
+			t.Fatalf("pg1's pool DSN: %v", err)
+		}
+		defer c.Close(context.Background())
+		if err := c.QueryRow(t.Context(), "SELECT pg_is_in_recovery()").Scan(&recovery); err != nil || recovery {
+			t.Errorf("pg1's pool DSN reached a standby (%v)", err)
+		}
+		// Each member's Patroni callback has its pooler reconnect over
+		// TLS, as the postgres user's libpq (HOME: the member's
+		// directory, the CA in ~/.postgresql) logging in as the admin.
+		primary, _, _, _ := e.Primary(1)
+		for m := 1; m <= 2; m++ {
+			role := "replica"
+			if primary == devenv.MemberName(1, m) {
+				role = "master"
+			}
+			cmd := exec.Command(filepath.Join(e.MemberDir(1, m), "pgbouncer-role-change"), "on_role_change", role, "pg1")
+			cmd.Env = append(os.Environ(), "HOME="+e.MemberDir(1, m))
+			if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
+				t.Errorf("pg1-m%d's pgbouncer-role-change %s: %v\n%s", m, role, err, out)
+			}
+			if b, _ := os.ReadFile(filepath.Join(e.MemberDir(1, m), "pgbouncer.log")); !strings.Contains(string(b), "RECONNECT command issued") {
+				t.Errorf("pg1-m%d's pooler was not told to reconnect:\n%s", m, b)
+			}
+		}
+	})
 
 	t.Run("moves' streams log in by certificate", func(t *testing.T) { streamsByCertificate(t, e, 1, 2) })
 

@@ -55,7 +55,14 @@ func (e *Env) Up() error {
 	deadline := time.Now().Add(e.c.Timeout)
 	// Every server at once: a node's initdb runs while the JVMs start.
 	err = parallel(ZKServers, func(k int) error { return e.zkLaunch(k + 1) })
-	err = errors.Join(err, parallel(len(nodes), func(k int) error { return e.pgLaunch(nodes[k]) }))
+	// Each plain node's PgBouncer with it: it logs into its server only
+	// when a client comes.
+	err = errors.Join(err, parallel(len(nodes), func(k int) error {
+		if err := e.pgLaunch(nodes[k]); err != nil {
+			return err
+		}
+		return e.poolLaunch(e.nodePooler(nodes[k]), pw)
+	}))
 	if err != nil {
 		return err
 	}
@@ -110,6 +117,16 @@ func (e *Env) Up() error {
 				return err
 			}
 		}
+	}
+	var poolers []pooler
+	for _, i := range nodes {
+		poolers = append(poolers, e.nodePooler(i))
+	}
+	for _, i := range groups {
+		poolers = append(poolers, e.groupPoolers(i)...)
+	}
+	if err := e.waitPoolers(deadline, poolers...); err != nil {
+		return fmt.Errorf("up failed (state dir %s): %w", e.c.Dir, err)
 	}
 	return nil
 }
@@ -187,7 +204,7 @@ func (e *Env) waitHealthy(deadline time.Time, zk bool, nodes ...int) error {
 
 // Down stops everything devenv started (by pid files): the groups first,
 // while ZooKeeper still serves their Patroni, then the ensemble and the
-// plain nodes.
+// plain nodes, each with its PgBouncer.
 func (e *Env) Down() error {
 	if _, err := os.Stat(e.c.Dir); err != nil {
 		e.logf("nothing to stop (%s does not exist)", e.c.Dir)
@@ -229,9 +246,10 @@ func (e *Env) Down() error {
 }
 
 // PGStart starts node i: a plain node, returning once it accepts
-// connections; every member of a group that is not running (one killed
-// rejoins as a standby), returning once all stream from a primary. The
-// wait does not hold the environment.
+// connections, through its PgBouncer too; every member of a group that is
+// not running (one killed rejoins as a standby), returning once all
+// stream from a primary and take logins through their poolers. The wait
+// does not hold the environment.
 func (e *Env) PGStart(i int) error {
 	if err := e.checkKind(i); err != nil {
 		return err
@@ -250,7 +268,9 @@ func (e *Env) PGStart(i int) error {
 	pw, _, err := e.ensurePassword()
 	deadline := time.Now().Add(e.c.Timeout)
 	if err == nil && n == 1 {
-		err = e.pgLaunch(i)
+		if err = e.pgLaunch(i); err == nil {
+			err = e.poolLaunch(e.nodePooler(i), pw)
+		}
 	} else if err == nil {
 		err = e.groupLaunchAll(pw, deadline, i)
 	}
@@ -262,15 +282,16 @@ func (e *Env) PGStart(i int) error {
 		if err := e.waitHealthy(deadline, false, i); err != nil {
 			return fmt.Errorf("pg%d did not become ready: %w", i, err)
 		}
-		return nil
+		return e.waitPoolers(deadline, e.nodePooler(i))
 	}
 	if err := e.groupWait(i, deadline); err != nil {
 		return fmt.Errorf("pg%d: not every member streams from a primary after %s: %w", i, e.c.Timeout, err)
 	}
-	return nil
+	return e.waitPoolers(deadline, e.groupPoolers(i)...)
 }
 
-// PGStop stops node i (every member of a group).
+// PGStop stops node i (every member of a group), and its PgBouncer (the
+// members').
 func (e *Env) PGStop(i int) error {
 	return e.locked(func() error {
 		if e.IsGroup(i) {

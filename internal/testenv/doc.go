@@ -96,4 +96,14 @@
 // (PGNode.PGPassFile, usable as PGPASSFILE). PGNode.DSN has no password in
 // it, so code under test has to get the password the way it would in
 // production; PGNode.DSNWithPassword and PGNode.AdminDSN include it.
+//
+// # PgBouncer
+//
+// Every server the environment manages has a PgBouncer in transaction mode
+// in front of it, 2000 ports above (PGNode.PoolPort): PGNode.PoolDSN and
+// PoolDSNWithPassword reach the test's Database through it (a group's,
+// every member's pooler with target_session_attrs=read-write). Any role
+// with a password logs in with it and works as itself. A client keeps no
+// session state across transactions and uses no named prepared
+// statements there (pgx: default_query_exec_mode=cache_describe).
 package testenv

@@ -153,7 +153,9 @@ var (
 
 // quickHealthy reports whether the managed environment looks healthy:
 // every ZooKeeper server serving with exactly one leader, and the first
-// pgNodes PostgreSQL ports accepting TCP connections.
+// pgNodes PostgreSQL ports and their PgBouncers' accepting TCP
+// connections (an environment an older devenv started has no poolers:
+// up starts them).
 func quickHealthy(pgNodes int) bool {
 	leaders := 0
 	for i := 0; i < zkServers; i++ {
@@ -173,12 +175,21 @@ func quickHealthy(pgNodes int) bool {
 		return false
 	}
 	for i := 0; i < pgNodes; i++ {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(pgPortBase()+i)), time.Second)
-		if err != nil {
+		if !listening(pgPortBase()+i) || !listening(poolPort(pgPortBase()+i)) {
 			return false
 		}
-		c.Close()
 	}
+	return true
+}
+
+// listening reports whether something accepts TCP connections on port of
+// 127.0.0.1.
+func listening(port int) bool {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
 	return true
 }
 

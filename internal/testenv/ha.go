@@ -64,6 +64,17 @@ func memberPGPort(num, m int) int  { return pgPortBase() + num - 1 + 100*(m-1) }
 func memberAPIPort(num, m int) int { return pgPortBase() + 1000 + num - 1 + 100*(m-1) }
 func memberName(num, m int) string { return fmt.Sprintf("pg%d-m%d", num, m) }
 
+// poolersListening reports whether every member's PgBouncer of group num
+// accepts TCP connections.
+func poolersListening(num int) bool {
+	for m := 1; m <= GroupMembers; m++ {
+		if !listening(poolPort(memberPGPort(num, m))) {
+			return false
+		}
+	}
+	return true
+}
+
 var groupUpFailed error // a failed `up` of the groups is not retried in this process
 
 // ensureGroupsUp makes sure ZooKeeper and the MaxGroups groups are healthy,
@@ -79,7 +90,7 @@ func ensureGroupsUp() error {
 			return false
 		}
 		for g := 0; g < MaxGroups; g++ {
-			if s := groupStatus(GroupFirstNode + g); !s.healthy() {
+			if s := groupStatus(GroupFirstNode + g); !s.healthy() || !poolersListening(GroupFirstNode+g) {
 				return false
 			}
 		}
@@ -108,8 +119,9 @@ func ensureGroupsUp() error {
 // SHARDVISOR_PG_HA does), each with a fresh database for the test, created on
 // the group's primary (it replicates to the standbys). The nodes' DSN,
 // DSNWithPassword and AdminDSN list every member with
-// target_session_attrs=read-write, so they reach the current primary; Host
-// and Port are the primary's when StartPGGroups returned. It skips the test
+// target_session_attrs=read-write, so they reach the current primary, and
+// PoolDSN and PoolDSNWithPassword every member's PgBouncer so; Host, Port
+// and PoolPort are the primary's when StartPGGroups returned. It skips the test
 // under -short, and with SHARDVISOR_TEST_PG (external servers have no
 // groups).
 //
@@ -167,6 +179,7 @@ func StartPGGroups(t testing.TB, n int) *PG {
 		if s.primary > 0 {
 			node.Port = memberPGPort(num, s.primary)
 		}
+		node.PoolPort = poolPort(node.Port)
 		node.fillGroupDSNs()
 		pg.Nodes = append(pg.Nodes, node)
 	}
@@ -212,22 +225,27 @@ func StartPGGroups(t testing.TB, n int) *PG {
 }
 
 // fillGroupDSNs sets multi-host DSNs over every member that connect to the
-// one accepting writes.
+// one accepting writes; the pool DSNs over every member's PgBouncer.
 func (n *PGNode) fillGroupDSNs() {
-	hosts := strings.Join(n.Members, ",")
-	mk := func(user *url.Userinfo, db string) string {
-		return "postgres://" + user.String() + "@" + hosts + "/" + url.PathEscape(db) +
+	var pools []string
+	for m := 1; m <= GroupMembers; m++ {
+		pools = append(pools, net.JoinHostPort("127.0.0.1", strconv.Itoa(poolPort(memberPGPort(n.num, m)))))
+	}
+	mk := func(hosts []string, user *url.Userinfo, db string) string {
+		return "postgres://" + user.String() + "@" + strings.Join(hosts, ",") + "/" + url.PathEscape(db) +
 			"?" + managedSSL() + "&target_session_attrs=read-write&connect_timeout=2"
 	}
-	n.DSN = mk(url.User(n.User), n.Database)
-	n.DSNWithPassword = mk(url.UserPassword(n.User, n.Password), n.Database)
-	n.AdminDSN = mk(url.UserPassword(n.User, n.Password), "postgres")
+	n.DSN = mk(n.Members, url.User(n.User), n.Database)
+	n.DSNWithPassword = mk(n.Members, url.UserPassword(n.User, n.Password), n.Database)
+	n.AdminDSN = mk(n.Members, url.UserPassword(n.User, n.Password), "postgres")
+	n.PoolDSN = mk(pools, url.User(n.User), n.Database)
+	n.PoolDSNWithPassword = mk(pools, url.UserPassword(n.User, n.Password), n.Database)
 }
 
-// restoreGroup starts the group's members that are down, if any, and waits
-// until every member streams from a primary.
+// restoreGroup starts the group's members that are down, if any (with
+// their PgBouncers), and waits until every member streams from a primary.
 func (n *PGNode) restoreGroup() error {
-	if groupStatus(n.num).healthy() {
+	if groupStatus(n.num).healthy() && poolersListening(n.num) {
 		return nil
 	}
 	return n.devenvDo("pg-start", func(e *devenv.Env) error { return e.PGStart(n.num) })

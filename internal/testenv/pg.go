@@ -47,6 +47,18 @@ type PGNode struct {
 	// AdminDSN connects to the "postgres" database, with the password.
 	AdminDSN string
 
+	// The node's PgBouncer (transaction mode), for nodes the environment
+	// manages: PoolPort is its port (the server's + 2000), PoolDSN and
+	// PoolDSNWithPassword are DSN and DSNWithPassword through it, to the
+	// same Database with the same TLS parameters. Through it a client
+	// must not keep session state across transactions nor use named
+	// prepared statements (pgx: default_query_exec_mode=cache_describe,
+	// exec or simple_protocol). Any role with a password logs in with it,
+	// as itself. Empty (0) for servers given by SHARDVISOR_TEST_PG.
+	PoolPort            int
+	PoolDSN             string
+	PoolDSNWithPassword string
+
 	// A Patroni group (StartPGGroups) also has these; its DSNs list every
 	// member with target_session_attrs=read-write.
 	Members          []string // "127.0.0.1:PORT" of each member, member 1 first
@@ -134,6 +146,7 @@ func StartPGNodes(t testing.TB, n int) *PG {
 				PasswordFile: pwFile,
 				PGPassFile:   filepath.Join(StateDir(), "pg", "pgpass"),
 				Database:     dbName,
+				PoolPort:     poolPort(pgPortBase() + i),
 				st:           st,
 				managed:      true,
 			}
@@ -166,14 +179,24 @@ func StartPGNodes(t testing.TB, n int) *PG {
 }
 
 func (n *PGNode) fillDSNs() {
-	host := net.JoinHostPort(n.Host, strconv.Itoa(n.Port))
-	mk := func(user *url.Userinfo, db string) string {
-		u := url.URL{Scheme: "postgres", User: user, Host: host, Path: "/" + db, RawQuery: managedSSL()}
+	mk := func(port int, user *url.Userinfo, db string) string {
+		u := url.URL{Scheme: "postgres", User: user, Host: net.JoinHostPort(n.Host, strconv.Itoa(port)), Path: "/" + db, RawQuery: managedSSL()}
 		return u.String()
 	}
-	n.DSN = mk(url.User(n.User), n.Database)
-	n.DSNWithPassword = mk(url.UserPassword(n.User, n.Password), n.Database)
-	n.AdminDSN = mk(url.UserPassword(n.User, n.Password), "postgres")
+	n.DSN = mk(n.Port, url.User(n.User), n.Database)
+	n.DSNWithPassword = mk(n.Port, url.UserPassword(n.User, n.Password), n.Database)
+	n.AdminDSN = mk(n.Port, url.UserPassword(n.User, n.Password), "postgres")
+	if n.PoolPort != 0 {
+		n.PoolDSN = mk(n.PoolPort, url.User(n.User), n.Database)
+		n.PoolDSNWithPassword = mk(n.PoolPort, url.UserPassword(n.User, n.Password), n.Database)
+	}
+}
+
+// poolPort is the port of the managed environment's PgBouncer in front of
+// the server on port (devenv: 2000 above it).
+func poolPort(port int) int {
+	e := devenv.New(devenv.Config{PGPortBase: port})
+	return e.PoolPort(1)
 }
 
 // SSLParams is the TLS query a test's own DSN to the managed environment's

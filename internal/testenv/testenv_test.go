@@ -181,10 +181,35 @@ func TestPG(t *testing.T) {
 	t.Setenv("PGPASSFILE", "/nonexistent")
 	t.Setenv("PGPASSWORD", "")
 	for _, n := range pg.Nodes {
-		// Password authentication is enforced over TCP.
+		// Password authentication is enforced over TCP, by the PgBouncer
+		// too.
 		if c, err := pgx.Connect(ctx, n.DSN); err == nil {
 			c.Close(ctx)
 			t.Fatalf("%s: connected without a password", n.Name)
+		}
+		if c, err := pgx.Connect(ctx, n.PoolDSN); err == nil {
+			c.Close(ctx)
+			t.Fatalf("%s: connected to its PgBouncer without a password", n.Name)
+		}
+		// The pooler reaches the test's own database, as postgres, with
+		// the DSN's TLS parameters.
+		if n.PoolPort != n.Port+2000 || n.PoolDSN != strings.Replace(n.DSN, ":"+strconv.Itoa(n.Port)+"/", ":"+strconv.Itoa(n.PoolPort)+"/", 1) {
+			t.Fatalf("%s: pool port %d, DSN %q (server's %q)", n.Name, n.PoolPort, n.PoolDSN, n.DSN)
+		}
+		cfg, err := pgx.ParseConfig(n.PoolDSNWithPassword)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		c, err := pgx.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatalf("%s: through its PgBouncer: %v", n.Name, err)
+		}
+		var db, user string
+		err = c.QueryRow(ctx, "SELECT current_database(), current_user").Scan(&db, &user)
+		c.Close(ctx)
+		if err != nil || db != n.Database || user != n.User {
+			t.Fatalf("%s through its PgBouncer: database %q, user %q (%v)", n.Name, db, user, err)
 		}
 	}
 	for i, n := range pg.Nodes {
