@@ -86,6 +86,9 @@ func TestPythonPackage(t *testing.T) {
 		"SHARDVISOR_PY_ZK_ROOT="+zk.Root,
 		"SHARDVISOR_PY_PG_PORTS="+strings.Join(ports, ","),
 		"SHARDVISOR_PY_PG_PASSWORD_FILE="+pg.Nodes[0].PasswordFile,
+		// Each node's PgBouncer (transaction mode): tests/test_pooler.py.
+		"SHARDVISOR_TEST_POOL_DSN_1="+pg.Nodes[0].PoolDSN,
+		"SHARDVISOR_TEST_POOL_DSN_2="+pg.Nodes[1].PoolDSN,
 		"PYTHONDONTWRITEBYTECODE=1")
 	// Four pytest processes at once: most of the suite waits on servers
 	// (a supervisor's boot, a move), not on the CPU, and make test's

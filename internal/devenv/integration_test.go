@@ -90,9 +90,9 @@ func TestUpFaultsDown(t *testing.T) {
 		t.Fatalf("not healthy after up:\n%s", st)
 	}
 	lines := strings.Split(strings.TrimSpace(st), "\n")
-	if len(lines) != 6 || !strings.HasPrefix(lines[0], "SERVER PORT   PID      STATE") ||
-		!strings.HasPrefix(lines[4], "pg1    7432   ") || !strings.HasSuffix(lines[4], " accepting") ||
-		!strings.HasPrefix(lines[5], "pg1.pool 9432   "+strconv.Itoa(e.PoolPid(1))+" ") || !strings.HasSuffix(lines[5], " accepting") {
+	if len(lines) != 6 || !strings.HasPrefix(lines[0], "SERVER      PORT   PID      STATE") ||
+		!strings.HasPrefix(lines[4], "pg1         7432   ") || !strings.HasSuffix(lines[4], " accepting") ||
+		!strings.HasPrefix(lines[5], "pg1.pool    9432   "+strconv.Itoa(e.PoolPid(1))+" ") || !strings.HasSuffix(lines[5], " accepting") {
 		t.Errorf("status table:\n%s", st)
 	}
 	var env bytes.Buffer
@@ -130,7 +130,7 @@ func TestUpFaultsDown(t *testing.T) {
 	if devenv.Alive(k.PostmasterPid, "") || !strings.HasPrefix(k.String(), "pg1: killed (postmaster pid ") {
 		t.Errorf("after %q the postmaster is alive: %v", k, devenv.Alive(k.PostmasterPid, ""))
 	}
-	if st, ok := status(t, e); ok || !strings.Contains(st, "pg1    7432   -        stopped") {
+	if st, ok := status(t, e); ok || !strings.Contains(st, "pg1         7432   -        stopped") {
 		t.Errorf("status after pg-kill:\n%s", st)
 	}
 	if err := e.PGStart(1); err != nil {

@@ -261,7 +261,7 @@ func (e *Env) groupStatus(w io.Writer, i int) (healthy bool) {
 		if m.pgPid != 0 {
 			pid = strconv.Itoa(m.pgPid)
 		}
-		fmt.Fprintf(w, "%-6s %-6d %-8s %s\n", m.label, m.pgPort, pid, a.texts[k])
+		fmt.Fprintf(w, "%-11s %-6d %-8s %s\n", m.label, m.pgPort, pid, a.texts[k])
 	}
 	for _, p := range a.problems {
 		own := false

@@ -18,9 +18,9 @@ import (
 func (e *Env) Status(w io.Writer) (healthy bool) {
 	healthy = true
 	row := func(name string, port int, pid, state string) {
-		fmt.Fprintf(w, "%-6s %-6d %-8s %s\n", name, port, pid, state)
+		fmt.Fprintf(w, "%-11s %-6d %-8s %s\n", name, port, pid, state)
 	}
-	fmt.Fprintf(w, "%-6s %-6s %-8s %s\n", "SERVER", "PORT", "PID", "STATE")
+	fmt.Fprintf(w, "%-11s %-6s %-8s %s\n", "SERVER", "PORT", "PID", "STATE")
 	leaders := 0
 	for i := 1; i <= ZKServers; i++ {
 		pid, mode := "-", "stopped"

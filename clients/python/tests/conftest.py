@@ -151,7 +151,9 @@ def pooler(pg):
                 c = psycopg2.connect(p.dsn(i, "postgres"), password=pg.password, connect_timeout=5)
                 try:
                     with c.cursor() as cur:
-                        cur.execute("SELECT inet_server_port()")
+                        # Not inet_server_port(): a pooler may reach its
+                        # server over the unix socket, where it is NULL.
+                        cur.execute("SELECT current_setting('port')::int")
                         port = cur.fetchone()[0]
                 finally:
                     c.close()
@@ -164,7 +166,7 @@ def pooler(pg):
             if var.startswith("SHARDVISOR_TEST_"):
                 raise AssertionError(f"{var}: {why}")  # named for these tests: a wrong one is an error
     if 0 not in dsns:
-        pytest.skip("no transaction-mode pooler: set SHARDVISOR_TEST_POOL_DSN_1 to the postgres:// URL of a PgBouncer "
+        need("no transaction-mode pooler: set SHARDVISOR_TEST_POOL_DSN_1 to the postgres:// URL of a PgBouncer "
                     f"with pool_mode = transaction and a wildcard database in front of PostgreSQL node 1 (port {PG_PORTS[0]})")
     return Pooler(dsns)
 
