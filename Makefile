@@ -12,7 +12,7 @@ TEST_PKGS ?= ./migrate/ ./supervisor/ ./cmd/shardctl/ ./internal/devenv/ ./clien
 # machines; integration tests share one ensemble and isolate by path/db.
 TESTFLAGS ?= -race -count=1 -timeout 18m -p 2
 
-.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -76,6 +76,10 @@ bench-moves:
 bench-tls:
 	bench/moves/run --compare-tls
 	bench/failover/run --compare-tls
+
+## bench-pooler: 800 workers on 4 db nodes through PgBouncer: clients against server connections, errors, rows past the fence
+bench-pooler:
+	bench/pooler/run
 
 ## bench-mapprop: 100 routers follow a level-16 map: bytes and time per change, plain vs gzip record
 bench-mapprop:

@@ -43,6 +43,8 @@ var (
 	steady        = flag.Duration("steady", benchkit.EnvDuration("SHARDVISOR_BENCH_STEADY", 10*time.Second), "write load after the warm-up, before the node is added: write_latency_steady_ms and the 'before' rate, not in write_latency_ms (env SHARDVISOR_BENCH_STEADY)")
 	devf          = benchkit.NewDevFlags(cliutil.LocalZK)
 	compareTLS    = benchkit.CompareFlag()
+	pooler        = flag.Bool("pooler", os.Getenv("SHARDVISOR_BENCH_POOLER") == "1", "the router writes through each node's PgBouncer (transaction mode, the node's pool_dsn; the mover and the loads' setup stay direct) (env SHARDVISOR_BENCH_POOLER=1)")
+	comparePooler = flag.Bool("compare-pooler", os.Getenv("SHARDVISOR_BENCH_COMPARE_POOLER") == "1", "run twice (--rounds times each, alternating which goes first) on the same environment, the router direct then through the poolers, and print both and the ratios pooler/direct against issue 42's goals (env SHARDVISOR_BENCH_COMPARE_POOLER=1)")
 	rounds        = benchkit.RoundsFlag()
 	compareFiles  = flag.String("compare-json", benchkit.EnvOr("SHARDVISOR_BENCH_COMPARE_JSON", ""), "BASE,NEW: print the comparison of two runs' --json summaries (the baseline's first) against issue 39's goals, and exit (1 if a goal is missed); bench/moves/run --baseline REV makes both (env SHARDVISOR_BENCH_COMPARE_JSON)")
 	// The big-bucket mode (big.go).
@@ -85,6 +87,10 @@ func main() {
 	}
 	ctx, stop := benchkit.Context()
 	defer stop()
+	if *comparePooler {
+		comparePoolerMain(ctx)
+		return
+	}
 	if *compareTLS {
 		clustertest.CompareMain("moves-bench", out, *devf.Keep, *rounds, tlsFigures, func(e *devenv.Env) (*Summary, error) {
 			*devf.Dir, *devf.ZK, *devf.PGPortBase, *devf.TLS = e.Dir(), e.ZKConnect(), e.PGPort(1), e.Config().TLS
@@ -129,11 +135,11 @@ func run(ctx context.Context) (*Summary, error) {
 	db := fmt.Sprintf("svbench_%d", b.start.Unix())
 	b.root = fmt.Sprintf("/shardvisor-bench/moves-%d", b.start.Unix())
 	sum := &Summary{Cores: runtime.NumCPU(), Level: *load.Level, Buckets: 1 << *load.Level, RowsPerBucket: *rowsPerBucket,
-		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Database: db, ZKRoot: b.root, Kept: *devf.Keep, Stats: map[string]benchkit.Stat{}}
+		Writers: *load.Writers, Rate: *rate, Concurrency: *concurrency, Pooler: *pooler, Database: db, ZKRoot: b.root, Kept: *devf.Keep, Stats: map[string]benchkit.Stat{}}
 
 	say("creating database %s on %d nodes", db, startNodes+1)
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: startNodes + 1, DB: db, ZK: *devf.ZK, TLS: *devf.TLS, Keep: *devf.Keep, Logf: say})
+		Nodes: startNodes + 1, DB: db, ZK: *devf.ZK, TLS: *devf.TLS, Pooler: *pooler, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return nil, err
 	}

@@ -76,9 +76,11 @@ type Summary struct {
 	Writers       int     `json:"writers"`
 	Rate          int     `json:"rate"`
 	Concurrency   int     `json:"concurrency"`
-	Database      string  `json:"database"`
-	ZKRoot        string  `json:"zk_root"`
-	Kept          bool    `json:"kept"`
+	// Pooler: the router wrote through each node's PgBouncer.
+	Pooler   bool   `json:"pooler"`
+	Database string `json:"database"`
+	ZKRoot   string `json:"zk_root"`
+	Kept     bool   `json:"kept"`
 	// The moves, their outcomes and the pause's goal.
 	RebalanceSecs  float64                  `json:"rebalance_seconds"`
 	Balanced       bool                     `json:"balanced"`
@@ -177,9 +179,10 @@ func report(s *Summary) {
 		return
 	}
 	ms := func(k string) string { return s.Stats[k].MS() }
-	say("\nmove benchmark (issue 7): %d -> %d PostgreSQL nodes, level %d (%d buckets), %d rows/bucket (%s rows loaded in %.0f s), %d writers%s, concurrency %d, %d cores",
+	say("\nmove benchmark (issue 7): %d -> %d PostgreSQL nodes, level %d (%d buckets), %d rows/bucket (%s rows loaded in %.0f s), %d writers%s%s, concurrency %d, %d cores",
 		startNodes, startNodes+1, s.Level, s.Buckets, s.RowsPerBucket, human(float64(s.RowsLoaded)), s.LoadSeconds, s.Writers,
-		map[bool]string{true: fmt.Sprintf(" at %d writes/s", s.Rate), false: " (closed loop)"}[s.Rate > 0], s.Concurrency, s.Cores)
+		map[bool]string{true: fmt.Sprintf(" at %d writes/s", s.Rate), false: " (closed loop)"}[s.Rate > 0],
+		map[bool]string{true: " through each node's PgBouncer", false: ""}[s.Pooler], s.Concurrency, s.Cores)
 	say("  moves:            %d done, %d aborted, verified %d/%d; %s rows moved; rebalance %.1f s (balanced: %v, buckets now %v)",
 		s.MovesDone, s.MovesAborted, s.VerifyOK, len(s.Moves), human(float64(s.RowsMoved)), s.RebalanceSecs, s.Balanced, s.FinalCounts)
 	if s.Restarts > 0 {

@@ -66,8 +66,13 @@ type Check struct {
 // round's, and those of any further rounds), the figures compared, the
 // checks, and the machine's load after each run.
 type Comparison[S any] struct {
-	Plain *S `json:"plain"`
-	TLS   *S `json:"tls"`
+	// Modes name the two modes, the baseline first: "plain" and "TLS"
+	// when empty (the TLS comparisons'), "direct" and "pooler" for the
+	// pooler's (issue 42). Plain holds the baseline's summary, TLS the
+	// other mode's, whatever their names.
+	Modes []string `json:"modes,omitempty"`
+	Plain *S       `json:"plain"`
+	TLS   *S       `json:"tls"`
 	// TLSFirst: the first round ran the TLS mode first.
 	TLSFirst bool `json:"tls_first,omitempty"`
 	// More are the rounds after the first (--rounds) that finished.
@@ -238,13 +243,17 @@ func (c *Comparison[S]) Verdict() {
 
 // Report prints the comparison's table.
 func (c *Comparison[S]) Report(p *Printer) {
-	if len(c.More) == 0 {
-		p.Say("\nTLS vs plain: same parameters, one run after the other on this machine (load average 1, 5, 15 min after each: %s)", strings.Join(c.LoadAvg, "; "))
-	} else {
-		p.Say("\nTLS vs plain: same parameters, %d rounds on this machine, alternating which mode runs first; each mode's figure its median over the rounds, "+
-			"the ratio the median of the rounds' ratios (load average 1, 5, 15 min after each run, in order: %s)", len(c.More)+1, strings.Join(c.LoadAvg, "; "))
+	base, other, issue := "plain", "TLS", "issue 38's"
+	if len(c.Modes) == 2 {
+		base, other, issue = c.Modes[0], c.Modes[1], "the"
 	}
-	p.Say("  %-44s %10s %10s %10s  %s", "figure", "plain", "TLS", "TLS/plain", "goal")
+	if len(c.More) == 0 {
+		p.Say("\n%s vs %s: same parameters, one run after the other on this machine (load average 1, 5, 15 min after each: %s)", other, base, strings.Join(c.LoadAvg, "; "))
+	} else {
+		p.Say("\n%s vs %s: same parameters, %d rounds on this machine, alternating which mode runs first; each mode's figure its median over the rounds, "+
+			"the ratio the median of the rounds' ratios (load average 1, 5, 15 min after each run, in order: %s)", other, base, len(c.More)+1, strings.Join(c.LoadAvg, "; "))
+	}
+	p.Say("  %-44s %10s %10s %10s  %s", "figure", base, other, other+"/"+base, "goal")
 	for _, x := range c.Pairs {
 		goal := "(information)"
 		if x.Goal > 0 {
@@ -271,5 +280,5 @@ func (c *Comparison[S]) Report(p *Printer) {
 	if c.Error != "" {
 		p.Say("  ERROR: %s", c.Error)
 	}
-	p.Say("  issue 38's goals: %s", Verdict(c.Met))
+	p.Say("  %s goals: %s", issue, Verdict(c.Met))
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/internal/devenv"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
@@ -38,6 +39,10 @@ type DevSpec struct {
 	// only, the Dev's session dials it as Admin (tls.go).
 	ZK  string
 	TLS bool
+	// Pooler gives every node its application path through the server's
+	// PgBouncer (devenv.PoolPortOffset above it): the router's pools go
+	// through it, the mover and the loads' setup directly.
+	Pooler bool
 	// Keep leaves the databases and the ZooKeeper trees at Close.
 	Keep bool
 	// Logf reports what Close could not clean up.
@@ -86,6 +91,11 @@ func OpenDev(ctx context.Context, sp DevSpec) (_ *Dev, err error) {
 		d.Admin = append(d.Admin, AdminDSN(addrs[i], password, DevSSL(sp.Dir, sp.TLS)))
 	}
 	d.Nodes = DevNodes(addrs, sp.DB, d.PWFile, DevSSL(sp.Dir, sp.TLS))
+	if sp.Pooler {
+		for i := range d.Nodes {
+			d.Nodes[i].PoolDSN = PoolDSN(d.Nodes[i].DSN)
+		}
+	}
 	for i := range d.Nodes {
 		if err := testenv.Exec(ctx, d.Admin[i], "CREATE DATABASE "+pgx.Identifier{sp.DB}.Sanitize()); err != nil {
 			return nil, fmt.Errorf("%s: %w (is it up? SHARDVISOR_PG_NODES=%d scripts/devenv --plain up)", d.Nodes[i].ID, err, sp.Nodes)
@@ -152,6 +162,27 @@ func DevNodes(addrs []string, db, pwFile, ssl string) []bucketmap.Node {
 		out = append(out, Node(fmt.Sprintf("pg%d", i+1), dsn, pwFile))
 	}
 	return out
+}
+
+// PoolDSN is a devenv node's DSN through its servers' PgBouncers: each
+// host's port moved up by devenv.PoolPortOffset (a group's members each
+// have one).
+func PoolDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return ""
+	}
+	var hosts []string
+	for _, hp := range strings.Split(u.Host, ",") {
+		h, p, err := net.SplitHostPort(hp)
+		if err != nil {
+			return ""
+		}
+		n, _ := strconv.Atoi(p)
+		hosts = append(hosts, net.JoinHostPort(h, strconv.Itoa(n+devenv.PoolPortOffset)))
+	}
+	u.Host = strings.Join(hosts, ",")
+	return u.String()
 }
 
 // OpenSession opens a ZooKeeper session on connect and waits up to 30 s

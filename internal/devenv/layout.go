@@ -290,16 +290,16 @@ func (e *Env) MemberPort(i, m int) int { return e.c.PGPortBase + i - 1 + 100*(m-
 // MemberAPIPort is member m's Patroni REST API port of group i.
 func (e *Env) MemberAPIPort(i, m int) int { return e.c.PGPortBase + 1000 + i - 1 + 100*(m-1) }
 
-// poolPortOffset: a db server's PgBouncer listens this far above the
+// PoolPortOffset: a db server's PgBouncer listens this far above the
 // server (pgbouncer.go).
-const poolPortOffset = 2000
+const PoolPortOffset = 2000
 
 // PoolPort is plain node i's PgBouncer port (and member 1's of group i).
-func (e *Env) PoolPort(i int) int { return e.PGPort(i) + poolPortOffset }
+func (e *Env) PoolPort(i int) int { return e.PGPort(i) + PoolPortOffset }
 
 // MemberPoolPort is the port of member m's PgBouncer in group i, in front
 // of that member's own PostgreSQL.
-func (e *Env) MemberPoolPort(i, m int) int { return e.MemberPort(i, m) + poolPortOffset }
+func (e *Env) MemberPoolPort(i, m int) int { return e.MemberPort(i, m) + PoolPortOffset }
 
 // MemberName is member m's Patroni name in group i: "pg4-m1".
 func MemberName(i, m int) string { return fmt.Sprintf("pg%d-m%d", i, m) }

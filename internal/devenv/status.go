@@ -98,7 +98,7 @@ func (e *Env) Summary(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "Postgres:  postgres://postgres@%s/postgres  (password in %s)\n", e.hostPort("pg1", e.PGPort(1)), e.PasswordFile())
 	}
-	fmt.Fprintf(w, "PgBouncer: each db server's port + %d, transaction mode, any role by its own password (SHARDVISOR_PGn_POOL_DSN)\n", poolPortOffset)
+	fmt.Fprintf(w, "PgBouncer: each db server's port + %d, transaction mode, any role by its own password (SHARDVISOR_PGn_POOL_DSN)\n", PoolPortOffset)
 }
 
 // NodeDSN is node i's connection string with the password (with TLS it
