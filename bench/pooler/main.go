@@ -50,6 +50,7 @@ var (
 	duration = flag.Duration("duration", benchkit.EnvDuration("SHARDVISOR_BENCH_DURATION", 30*time.Second), "how long the load runs once every worker is connected (env SHARDVISOR_BENCH_DURATION)")
 	level    = benchkit.LevelFlag(6, "")
 	users    = flag.Int("users", benchkit.EnvInt("SHARDVISOR_BENCH_USERS", 20000), "users the writes pick from (env SHARDVISOR_BENCH_USERS)")
+	direct   = flag.Bool("direct", os.Getenv("SHARDVISOR_BENCH_DIRECT") == "1", "the workers connect to the servers directly, past the poolers: the baseline, for a fleet small enough for max_connections (env SHARDVISOR_BENCH_DIRECT=1)")
 	devf     = benchkit.NewDevFlags(cliutil.LocalZK)
 )
 
@@ -77,6 +78,7 @@ type NodeFigures struct {
 type Summary struct {
 	Cores         int           `json:"cores"`
 	Workers       int           `json:"workers"`
+	Direct        bool          `json:"direct"`
 	Nodes         []NodeFigures `json:"nodes"`
 	Rate          int           `json:"rate"`
 	Seconds       float64       `json:"seconds"`
@@ -106,12 +108,12 @@ func main() {
 }
 
 func run(ctx context.Context) (*Summary, error) {
-	sum := &Summary{Cores: runtime.NumCPU(), Workers: *workers, Rate: *rate}
+	sum := &Summary{Cores: runtime.NumCPU(), Workers: *workers, Direct: *direct, Rate: *rate}
 	start := time.Now()
 	db := fmt.Sprintf("svbench_pool_%d", start.Unix())
 	root := fmt.Sprintf("/shardvisor-bench/pooler-%d", start.Unix())
 	dev, err := clustertest.OpenDev(ctx, clustertest.DevSpec{Dir: *devf.Dir, Lock: !*devf.NoLock, PGHost: *devf.PGHost, PGPortBase: *devf.PGPortBase,
-		Nodes: *nodes, DB: db, ZK: *devf.ZK, TLS: *devf.TLS, Pooler: true, Keep: *devf.Keep, Logf: say})
+		Nodes: *nodes, DB: db, ZK: *devf.ZK, TLS: *devf.TLS, Pooler: !*direct, Keep: *devf.Keep, Logf: say})
 	if err != nil {
 		return sum, err
 	}
@@ -348,7 +350,7 @@ sampling:
 	sum.Nodes = figs
 	sum.Met = sum.Errors == 0 && sum.RowsPastFence == 0 && sum.Missing == 0 && sum.Writes > 0
 	for _, f := range figs {
-		sum.Met = sum.Met && f.Clients >= *workers && f.Servers <= maxServersPerNode
+		sum.Met = sum.Met && (*direct || f.Clients >= *workers && f.Servers <= maxServersPerNode)
 	}
 	return sum, nil
 }
@@ -364,8 +366,12 @@ func clientBackends(ctx context.Context, admin, db string, n *int) error {
 }
 
 func report(s *Summary) {
-	say("\nconnection benchmark (issue 42): %d workers, each with a router and pools of its own, on %d nodes through PgBouncer (transaction mode); %d writes/s for %.0f s, %d cores",
-		s.Workers, len(s.Nodes), s.Rate, s.Seconds, s.Cores)
+	via := "through PgBouncer (transaction mode)"
+	if s.Direct {
+		via = "DIRECTLY to the servers (the baseline)"
+	}
+	say("\nconnection benchmark (issue 42): %d workers, each with a router and pools of its own, on %d nodes %s; %d writes/s for %.0f s, %d cores",
+		s.Workers, len(s.Nodes), via, s.Rate, s.Seconds, s.Cores)
 	say("  %-6s %12s %12s %10s %12s %14s %10s", "node", "clients", "servers", "waiting", "wait (ms)", "backends (db)", "past fence")
 	nodes := append([]NodeFigures(nil), s.Nodes...)
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Node < nodes[j].Node })
