@@ -98,20 +98,18 @@ func TestValidateNodeInputs(t *testing.T) {
 	})
 }
 
-// A pooler goes through the record and back, and SetConnection replaces
-// it; a map without one does not mention it, and its nodes' application
-// path is their DSN.
-func TestPoolDSNRoundTrip(t *testing.T) {
-	ns := nodes(2)
-	plain, err := Encode(mustNew(t, 2, ns))
+// roundTripField encodes a map of ns and decodes it back, after checking
+// that the same map without ns's optional settings (the plain nodes(n))
+// never mentions field.
+func roundTripField(t *testing.T, ns []Node, field string) *Map {
+	t.Helper()
+	plain, err := Encode(mustNew(t, 2, nodes(len(ns))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(plain), "pool_dsn") {
-		t.Fatalf("a map without poolers mentions them: %s", plain)
+	if strings.Contains(string(plain), field) {
+		t.Fatalf("a map without it mentions %s: %s", field, plain)
 	}
-	pool := "postgres://app@10.0.0.2:6432/app"
-	ns[1].PoolDSN = pool
 	data, err := Encode(mustNew(t, 2, ns))
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +118,17 @@ func TestPoolDSNRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return back
+}
+
+// A pooler goes through the record and back, and SetConnection replaces
+// it; a map without one does not mention it, and its nodes' application
+// path is their DSN.
+func TestPoolDSNRoundTrip(t *testing.T) {
+	ns := nodes(2)
+	pool := "postgres://app@10.0.0.2:6432/app"
+	ns[1].PoolDSN = pool
+	back := roundTripField(t, ns, "pool_dsn")
 	n2, _ := back.Node("n2")
 	if n2.PoolDSN != pool || n2.AppDSN() != pool || !n2.Pooled() {
 		t.Fatalf("decoded %+v", n2)
@@ -144,23 +153,9 @@ func TestPoolDSNRoundTrip(t *testing.T) {
 // does not mention it.
 func TestStreamUserRoundTrip(t *testing.T) {
 	ns := nodes(2)
-	plain, err := Encode(mustNew(t, 2, ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(plain), "stream_user") {
-		t.Fatalf("a map without stream users mentions them: %s", plain)
-	}
 	ns[1].DSN += "?sslmode=verify-full&sslrootcert=/etc/ca.crt"
 	ns[1].StreamUser = "shardvisor_stream"
-	data, err := Encode(mustNew(t, 2, ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	back, err := Decode("/m", data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	back := roundTripField(t, ns, "stream_user")
 	if n, _ := back.Node("n2"); n.StreamUser != "shardvisor_stream" {
 		t.Fatalf("decoded %+v", n)
 	}

@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/shardvisor/shardvisor/internal/devenv"
-	"github.com/shardvisor/shardvisor/internal/pki"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
@@ -239,14 +237,7 @@ func poolerProcesses(t *testing.T, dir string) []string {
 func poolerOverTLSOnly(t *testing.T, e *devenv.Env, ports map[string]int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rogue := filepath.Join(t.TempDir(), "rogue-ca.crt")
-	ca, err := pki.NewCA("rogue", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.Write(rogue, filepath.Join(filepath.Dir(rogue), "rogue-ca.key")); err != nil {
-		t.Fatal(err)
-	}
+	rogue := rogueCA(t)
 	for name, port := range ports {
 		dsn := func(ssl string) string {
 			return "postgres://postgres:" + e.Password() + "@127.0.0.1:" + strconv.Itoa(port) + "/postgres?connect_timeout=5&" + ssl

@@ -423,14 +423,7 @@ func TestFaultsTLSModeSwitch(t *testing.T) {
 func pgOverTLSOnly(t *testing.T, e *devenv.Env) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rogue := filepath.Join(t.TempDir(), "rogue-ca.crt")
-	ca, err := pki.NewCA("rogue", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ca.Write(rogue, filepath.Join(filepath.Dir(rogue), "rogue-ca.key")); err != nil {
-		t.Fatal(err)
-	}
+	rogue := rogueCA(t)
 	servers := map[string]int{"pg1-m1": e.MemberPort(1, 1), "pg1-m2": e.MemberPort(1, 2), "pg2": e.PGPort(2)}
 	for name, port := range servers {
 		dsn := func(ssl string) string {
@@ -503,4 +496,20 @@ func pgOverTLSOnly(t *testing.T, e *devenv.Env) {
 	if overTLS != streams {
 		t.Errorf("pg1's primary: %d of %d replication connections over TLS", overTLS, streams)
 	}
+}
+
+// rogueCA writes the certificate of a CA the environment does not trust
+// and returns its path: a client that verifies against it must refuse
+// the environment's servers.
+func rogueCA(t *testing.T) string {
+	t.Helper()
+	rogue := filepath.Join(t.TempDir(), "rogue-ca.crt")
+	ca, err := pki.NewCA("rogue", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ca.Write(rogue, filepath.Join(filepath.Dir(rogue), "rogue-ca.key")); err != nil {
+		t.Fatal(err)
+	}
+	return rogue
 }
