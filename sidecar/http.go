@@ -53,6 +53,7 @@ type handler struct {
 	memberID    string
 	mux         *http.ServeMux
 	groupCache  *groupCache
+	poolCache   *poolCache
 
 	routeMetrics
 }
@@ -69,8 +70,9 @@ func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 	}
 	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux(), fleetStatus: opt.Fleet, memberID: opt.MemberID}
 	if opt.Session != nil {
-		h.groupCache = &groupCache{s: opt.Session}
+		h.groupCache = newGroupCache(opt.Session)
 	}
+	h.poolCache = newPoolCache()
 	h.registerMetrics(reg)
 	// Every endpoint but /v1/route (whose POST is a batch lookup) only
 	// reads: other methods get 405 with Allow (they used to get 200).

@@ -65,6 +65,15 @@ func (h *handler) registerMetrics(reg *prometheus.Registry) {
 				"Problems with a db node's Patroni group by severity (severe: acknowledged writes or moves at risk now; open records are severe), -1 when its records cannot be read.",
 				[]string{"node", "severity"}, nil)})
 	}
+	label := []string{"node", "pooler"}
+	reg.MustRegister(&poolCollector{h: h,
+		up:          prometheus.NewDesc(ns+"pooler_up", "1 when a db node's pooler (PgBouncer, its pool_dsn) answered on its admin console at the last read, 0 when it did not.", label, nil),
+		clients:     prometheus.NewDesc(ns+"pooler_clients", "Client connections a db node's pooler holds (active and waiting).", label, nil),
+		waiting:     prometheus.NewDesc(ns+"pooler_waiting_clients", "Clients of a db node's pooler waiting for a server connection: above 0 for long, the pool is too small for the load.", label, nil),
+		maxWait:     prometheus.NewDesc(ns+"pooler_max_wait_seconds", "How long the longest-waiting client of a db node's pooler has waited.", label, nil),
+		servers:     prometheus.NewDesc(ns+"pooler_server_connections", "Server connections a db node's pooler holds to PostgreSQL, in any state.", label, nil),
+		serverLimit: prometheus.NewDesc(ns+"pooler_server_limit", "The most server connections a db node's pooler opens to one database (max_db_connections, else default_pool_size).", label, nil),
+		clientLimit: prometheus.NewDesc(ns+"pooler_client_limit", "max_client_conn of a db node's pooler: clients past it are refused.", label, nil)})
 	if h.fleetStatus != nil {
 		reg.MustRegister(&schemaCollector{h: h,
 			changes: prometheus.NewDesc(ns+"schema_changes",
@@ -148,4 +157,38 @@ func (c *schemaCollector) Collect(ch chan<- prometheus.Metric) {
 		d = float64(v.Schema.Drift.Count)
 	}
 	ch <- prometheus.MustNewConstMetric(c.drift, prometheus.GaugeValue, d)
+}
+
+// poolCollector exports each pooled node's poolers from the pool cache
+// (read at most once per poolsMaxAge for every scrape and page together).
+type poolCollector struct {
+	h                                                                *handler
+	up, clients, waiting, maxWait, servers, serverLimit, clientLimit *prometheus.Desc
+}
+
+func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.clients, c.waiting, c.maxWait, c.servers, c.serverLimit, c.clientLimit} {
+		ch <- d
+	}
+}
+
+func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, node, addr string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, node, addr)
+	}
+	for id, v := range c.h.poolCache.get(c.h.r.Map()) {
+		node := string(id)
+		for _, p := range v.Poolers {
+			gauge(c.up, 1, node, p.Addr)
+			gauge(c.clients, float64(p.Clients), node, p.Addr)
+			gauge(c.waiting, float64(p.Waiting), node, p.Addr)
+			gauge(c.maxWait, p.MaxWait.Seconds(), node, p.Addr)
+			gauge(c.servers, float64(p.Servers), node, p.Addr)
+			gauge(c.serverLimit, float64(p.ServerLimit), node, p.Addr)
+			gauge(c.clientLimit, float64(p.ClientLimit), node, p.Addr)
+		}
+		for addr := range v.Errors {
+			gauge(c.up, 0, node, addr)
+		}
+	}
 }

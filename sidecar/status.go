@@ -67,6 +67,9 @@ type StatusView struct {
 	// Groups are the Patroni groups among the nodes, as their records
 	// say now (the sidecar's handler fills it; Status leaves it empty).
 	Groups map[bucketmap.NodeID]*GroupView `json:"groups,omitempty"`
+	// Pools are the poolers of the nodes that have one, as their admin
+	// consoles say (read at most every 10 s; the handler fills it).
+	Pools map[bucketmap.NodeID]*PoolView `json:"pools,omitempty"`
 }
 
 const maxCells = 1024
@@ -135,6 +138,7 @@ func (h *handler) status(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	v.Groups = h.groupCache.get(h.r.Map())
+	v.Pools = h.poolCache.get(h.r.Map())
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v)
 }
