@@ -350,6 +350,12 @@ func ValidateNode(n Node) error {
 		if err := ValidateDSN(n.PoolDSN); err != nil {
 			return fmt.Errorf("node %s: pool %w", n.ID, err)
 		}
+		// The application's traffic goes the pooler's way: it must not
+		// verify the server less than the direct path does.
+		if d, p := sslRank(n.DSN), sslRank(n.PoolDSN); p < d {
+			return fmt.Errorf("node %s: the pool dsn %q verifies its server less than the dsn does (sslmode %s against %s): give it the dsn's sslmode and sslrootcert",
+				n.ID, redactDSN(n.PoolDSN), sslModeOf(n.PoolDSN), sslModeOf(n.DSN))
+		}
 	}
 	if err := ValidatePasswordRef(n.Password); err != nil {
 		return fmt.Errorf("node %s: %w", n.ID, err)
@@ -383,6 +389,22 @@ func ValidateNode(n Node) error {
 		return fmt.Errorf("node %s: state %q is not one of active, draining, down, removed", n.ID, n.State)
 	}
 	return nil
+}
+
+// sslModeOf is a DSN's sslmode, libpq's default ("prefer") when it sets
+// none.
+func sslModeOf(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil {
+		if m := u.Query().Get("sslmode"); m != "" {
+			return m
+		}
+	}
+	return "prefer"
+}
+
+// sslRank orders sslmodes by what they guarantee about the server.
+func sslRank(dsn string) int {
+	return map[string]int{"disable": 0, "allow": 1, "prefer": 2, "require": 3, "verify-ca": 4, "verify-full": 5}[sslModeOf(dsn)]
 }
 
 var roleRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)

@@ -91,6 +91,14 @@ func TestValidateNodeInputs(t *testing.T) {
 		{func(n *Node) { n.PoolDSN = "postgres://app:hunter2@h:6432/db" }, "pool dsn"},
 		{func(n *Node) { n.PoolDSN = "mysql://h/db" }, "pool dsn"},
 		{func(n *Node) {
+			n.DSN = "postgres://app@h:5432/db?sslmode=verify-full&sslrootcert=/ca.crt"
+			n.PoolDSN = "postgres://app@h:6432/db?sslmode=require"
+		}, "verifies its server less than the dsn does (sslmode require against verify-full)"},
+		{func(n *Node) {
+			n.DSN = "postgres://app@h:5432/db?sslmode=require"
+			n.PoolDSN = "postgres://app@h:6432/db"
+		}, "sslmode prefer against require"},
+		{func(n *Node) {
 			n.DSN = "postgres://app@h1,h2/db?target_session_attrs=read-write"
 			n.PoolDSN = "postgres://app@h1:6432,h2:6432/db"
 			n.Patroni = Patroni{Namespace: DefaultPatroniNamespace, Scope: "g1"}

@@ -96,6 +96,33 @@ func AppPoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	params, err := appSizes(n, dsn, what, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if _, set := params["default_query_exec_mode"]; !set && n.Pooled() {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	}
+	return cfg, nil
+}
+
+// SessionPoolConfig is an application's escape hatch past the pooler: the
+// direct path (the DSN) in pgx's default mode, sized as the application
+// path is unless the DSN says otherwise (router.DirectPool).
+func SessionPoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
+	cfg, err := PoolConfig(n)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := appSizes(n, n.DSN, "dsn", cfg); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// appSizes gives cfg the application defaults the DSN does not set, and
+// returns the DSN's settings.
+func appSizes(n bucketmap.Node, dsn, what string, cfg *pgxpool.Config) (map[string]string, error) {
 	params, err := dsnParams(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("db node %s: %s: %w", n.ID, what, err)
@@ -106,10 +133,7 @@ func AppPoolConfig(n bucketmap.Node) (*pgxpool.Config, error) {
 	if _, set := params["pool_max_conn_idle_time"]; !set {
 		cfg.MaxConnIdleTime = AppMaxConnIdleTime
 	}
-	if _, set := params["default_query_exec_mode"]; !set && n.Pooled() {
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
-	}
-	return cfg, nil
+	return params, nil
 }
 
 func poolConfig(n bucketmap.Node, dsn, what string) (*pgxpool.Config, error) {

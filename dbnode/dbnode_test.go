@@ -306,4 +306,13 @@ func TestAppPoolConfig(t *testing.T) {
 	if cfg.ConnConfig.Port != 5432 || cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
 		t.Errorf("direct path: port %d mode %v", cfg.ConnConfig.Port, cfg.ConnConfig.DefaultQueryExecMode)
 	}
+	// The application's escape hatch past the pooler: the DSN, pgx's
+	// default mode, the application's sizes unless the DSN sets its own.
+	n.DSN += "?pool_max_conns=3"
+	if cfg, err = SessionPoolConfig(n); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ConnConfig.Port != 5432 || cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.MaxConns != 3 || cfg.MaxConnIdleTime != AppMaxConnIdleTime {
+		t.Errorf("session pool: port %d mode %v conns %d idle %v", cfg.ConnConfig.Port, cfg.ConnConfig.DefaultQueryExecMode, cfg.MaxConns, cfg.MaxConnIdleTime)
+	}
 }

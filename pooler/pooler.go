@@ -87,36 +87,38 @@ func ReadNode(ctx context.Context, n bucketmap.Node) (NodeStats, error) {
 		return out, err
 	}
 	hosts := append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...)
-	// pgx lists a host twice under sslmode=prefer (TLS, then plain):
-	// read each address once, with its first (TLS) configuration.
-	seen := map[string]bool{}
-	var one []*pgconn.FallbackConfig
+	// pgx lists a host once per TLS attempt (sslmode=prefer: TLS, then
+	// plain; allow: the other way): read each address once, trying its
+	// attempts in their order.
+	var addrs []string
+	tries := map[string][]*pgconn.FallbackConfig{}
 	for _, h := range hosts {
 		a := addr(h.Host, h.Port)
-		if !seen[a] {
-			seen[a] = true
-			one = append(one, h)
+		if tries[a] == nil {
+			addrs = append(addrs, a)
 		}
+		tries[a] = append(tries[a], h)
 	}
-	stats := make([]Stats, len(one))
-	errs := make([]error, len(one))
+	stats := make([]Stats, len(addrs))
+	errs := make([]error, len(addrs))
 	var wg sync.WaitGroup
-	for i, h := range one {
+	for i, a := range addrs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			t := tries[a]
 			c := cfg.Copy()
-			c.Host, c.Port, c.TLSConfig, c.Fallbacks = h.Host, h.Port, h.TLSConfig, nil
+			c.Host, c.Port, c.TLSConfig, c.Fallbacks = t[0].Host, t[0].Port, t[0].TLSConfig, t[1:]
 			stats[i], errs[i] = Read(ctx, c)
 		}()
 	}
 	wg.Wait()
-	for i, h := range one {
+	for i, a := range addrs {
 		if errs[i] != nil {
 			if out.Errors == nil {
 				out.Errors = map[string]string{}
 			}
-			out.Errors[addr(h.Host, h.Port)] = errs[i].Error()
+			out.Errors[a] = errs[i].Error()
 			continue
 		}
 		out.Poolers = append(out.Poolers, stats[i])

@@ -60,6 +60,16 @@ func TestIntegrationReadNode(t *testing.T) {
 		t.Fatalf("accepts %d", Accepts(st))
 	}
 
+	// sslmode=prefer (libpq's default) against a plain pooler: pgx lists
+	// the address twice, TLS then plain; the second attempt is the one.
+	if strings.Contains(pn.PoolDSN, "sslmode=disable") {
+		m := n
+		m.PoolDSN = strings.Replace(pn.PoolDSN, "sslmode=disable", "sslmode=prefer", 1)
+		if st, err := ReadNode(ctx, m); err != nil || len(st.Poolers) != 1 {
+			t.Fatalf("sslmode=prefer: %+v %v", st, err)
+		}
+	}
+
 	// A group's pool DSN lists each member's pooler: one that does not
 	// answer is named, the others are read.
 	dead := testenv.FreePort(t)

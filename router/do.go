@@ -27,14 +27,24 @@ var ErrNoPrimary = errors.New("no server accepted a read-write connection (the n
 
 // Retryable reports whether Do retries an error: what the fence held back
 // (SQLSTATE SV001), what never reached the server (pgconn.SafeToRetry),
-// a connection that could not be made (pgconn.ConnectError: no server
-// answered, or every one that did is a standby), and a write a standby
-// refused (25006: through a pooler, the primary's pooler now reaches a
-// demoted server): nothing of fn's was written in any of these cases. An
-// error after a statement was sent is otherwise never retried: the
-// statement may have committed.
+// and a connection that could not be made (pgconn.ConnectError: no
+// server answered, or every one that did is a standby): the refused
+// transaction wrote nothing in any of these cases. An error after a
+// statement was sent is never retried: the statement may have committed.
+// (Do also retries a write a standby refused on a Patroni group's node:
+// standbyRefused.)
 func Retryable(err error) bool {
-	return sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err) || noPrimary(err) || sqlstate.IsReadOnly(err)
+	return sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err) || noPrimary(err)
+}
+
+// standbyRefused reports whether err is a group's standby refusing a
+// write (25006) where a failover explains it: through a member's pooler
+// the client's connection outlives the member's demotion. The refused
+// transaction wrote nothing. On a plain node the same SQLSTATE is the
+// application's own READ ONLY transaction or default_transaction_read_only,
+// which no retry mends.
+func standbyRefused(err error, rt Route) bool {
+	return rt.Group != "" && sqlstate.IsReadOnly(err)
 }
 
 func noPrimary(err error) bool {
@@ -89,6 +99,7 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 	// in the same millisecond.
 	b := backoff.New(2*time.Millisecond, 100*time.Millisecond)
 	var last error // the previous attempt's retryable error
+	reset := false // the pool was reset after a standby's refusal
 	for attempt := 1; ; attempt++ {
 		rt, err := r.Route(uid)
 		if err != nil {
@@ -99,19 +110,22 @@ func (r *Router) Do(ctx context.Context, uid string, fn func(ctx context.Context
 			return perr
 		}
 		err = fn(ctx, pool, rt)
-		if sqlstate.IsReadOnly(err) {
+		standby := standbyRefused(err, rt)
+		if standby && !reset {
 			// Every connection of the pool may lead to the standby (a
 			// pooler's client connections outlive its server's demotion):
-			// drop them all, so that the next ones are checked again by
-			// the DSN's target_session_attrs=read-write.
+			// drop them all, once, so that the next ones are checked again
+			// by the DSN's target_session_attrs=read-write. Connections in
+			// use close when released.
 			pool.Reset()
+			reset = true
 		}
 		if err != nil && last != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			// ctx ended inside this attempt (pgxpool's acquire or connect
 			// then returns ctx's error): say what the attempts met.
 			return ctxEnded(uid, ctx.Err(), rt, last)
 		}
-		if err == nil || !Retryable(err) {
+		if err == nil || !Retryable(err) && !standby {
 			return err
 		}
 		last = err

@@ -525,58 +525,90 @@ func TestIntegrationDoDuringAMove(t *testing.T) {
 }
 
 // A write a standby refused (25006: a failover seen through a member's
-// pooler) is retried on connections made after it: the pool is reset,
-// so neither the refused connection nor an idle one is used again.
+// pooler) on a Patroni group's node is retried on connections made after
+// it: the pool is reset, so neither the refused connection nor an idle
+// one is used again. On a plain node the same refusal (the application's
+// own READ ONLY transaction) is returned at once.
 func TestIntegrationDoRetriesAStandbysRefusalOnFreshConnections(t *testing.T) {
-	_, _, r, ctx := pgCluster(t)
-	const uid = "standby-user"
-	rt, err := r.Route(uid)
-	if err != nil {
+	z, _ := realEnv(t)
+	pg := testenv.StartPG(t)
+	pw := "file:" + pg.Nodes[0].PasswordFile
+	nodes := []bucketmap.Node{
+		// One server standing for a group (its records are not read here).
+		{ID: "g1", DSN: pg.Nodes[0].DSN + "&target_session_attrs=read-write", Password: pw, Weight: 1, State: bucketmap.NodeActive,
+			Patroni: bucketmap.Patroni{Namespace: bucketmap.DefaultPatroniNamespace, Scope: "g1"}},
+		{ID: "pg2", DSN: pg.Nodes[1].DSN, Password: pw, Weight: 1, State: bucketmap.NodeActive},
+	}
+	st := cluster(t, z, nodes, 2)
+	r := New(z.open(t, 0), st.Paths(), Options{})
+	t.Cleanup(r.Close)
+	ctx := ctxTimeout(t, 30*time.Second)
+	if err := r.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := r.NodePool(ctx, rt.Node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Two connections, both idle in the pool before Do.
-	a, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := map[uint32]bool{a.Conn().PgConn().PID(): true, b.Conn().PgConn().PID(): true}
-	a.Release()
-	b.Release()
-	var pids []uint32
-	err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ Route) error {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			return err
-		}
-		defer c.Release()
-		pids = append(pids, c.Conn().PgConn().PID())
-		tx, err := c.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback(ctx)
-		if len(pids) == 1 {
-			if _, err := tx.Exec(ctx, "SET TRANSACTION READ ONLY"); err != nil {
-				return err
+	uidOn := func(node bucketmap.NodeID) string {
+		for i := range 1000 {
+			uid := fmt.Sprint("standby-user-", i)
+			if rt, err := r.Route(uid); err == nil && rt.Node == node {
+				return uid
 			}
 		}
-		if _, err := tx.Exec(ctx, "CREATE TEMP TABLE standby_probe (x int)"); err != nil {
-			return err
+		t.Fatalf("no user on %s", node)
+		return ""
+	}
+	// The first attempt runs a READ ONLY transaction: the server refuses
+	// its write with 25006, as a demoted member does.
+	attempts := func(uid string) ([]uint32, map[uint32]bool, error) {
+		rt, _ := r.Route(uid)
+		pool, err := r.NodePool(ctx, rt.Node)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return tx.Commit(ctx)
-	})
+		a, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := map[uint32]bool{a.Conn().PgConn().PID(): true, b.Conn().PgConn().PID(): true}
+		a.Release()
+		b.Release()
+		var pids []uint32
+		err = r.Do(ctx, uid, func(ctx context.Context, pool *pgxpool.Pool, _ Route) error {
+			c, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer c.Release()
+			pids = append(pids, c.Conn().PgConn().PID())
+			tx, err := c.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx)
+			if len(pids) == 1 {
+				if _, err := tx.Exec(ctx, "SET TRANSACTION READ ONLY"); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, "CREATE TEMP TABLE standby_probe (x int)"); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		})
+		return pids, old, err
+	}
+	pids, old, err := attempts(uidOn("g1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(pids) != 2 || !old[pids[0]] || old[pids[1]] {
 		t.Fatalf("attempts on backends %v; the pool's before Do: %v (want the retry on a new one)", pids, old)
+	}
+	pids, _, err = attempts(uidOn("pg2"))
+	if len(pids) != 1 || err == nil || !strings.Contains(err.Error(), "25006") {
+		t.Fatalf("a plain node's 25006: %d attempts, %v; want one, and the error", len(pids), err)
 	}
 }

@@ -81,10 +81,12 @@ func TestDoRetriesAGroupWithoutPrimaryAndSaysSo(t *testing.T) {
 	if Retryable(stmt) || Retryable(fmt.Errorf("wrapped: %w", context.Canceled)) {
 		t.Fatal("a statement error counts as retryable")
 	}
-	// A write a standby refused (through a member's pooler after a
-	// failover) wrote nothing: retried; other statement errors are not.
-	if !Retryable(fmt.Errorf("exec: %w", &pgconn.PgError{Code: "25006"})) || Retryable(&pgconn.PgError{Code: "23505"}) {
-		t.Fatal("25006 is not retried, or a unique violation is")
+	// A write a standby refused wrote nothing: retried on a group's node,
+	// where a failover seen through a member's pooler explains it, and
+	// nowhere else; other statement errors are never retried.
+	ro := fmt.Errorf("exec: %w", &pgconn.PgError{Code: "25006"})
+	if Retryable(ro) || !standbyRefused(ro, Route{Group: "g1"}) || standbyRefused(ro, Route{}) || Retryable(&pgconn.PgError{Code: "23505"}) {
+		t.Fatal("25006 is retried on a plain node or not on a group's, or a unique violation is retried")
 	}
 	// A server that refuses the connection itself is no failover: never
 	// retried; one that is starting up is.

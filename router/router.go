@@ -651,10 +651,7 @@ func (r *Router) nodePool(ctx context.Context, k poolKey) (*pgxpool.Pool, error)
 	}
 	cfg, err := dbnode.AppPoolConfig(node)
 	if k.direct {
-		cfg, err = dbnode.PoolConfig(node)
-		if err == nil {
-			cfg.MaxConns, cfg.MaxConnIdleTime = dbnode.AppMaxConns, dbnode.AppMaxConnIdleTime
-		}
+		cfg, err = dbnode.SessionPoolConfig(node)
 	}
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -176,8 +177,20 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, node, addr string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, node, addr)
 	}
-	for id, v := range c.h.poolCache.get(c.h.r.Map()) {
+	m := c.h.r.Map()
+	for id, v := range c.h.poolCache.get(m) {
 		node := string(id)
+		if len(v.Poolers) == 0 && len(v.Errors) == 0 {
+			// Not even tried (its password reference does not resolve
+			// here, say): down at every address its pool DSN names, so
+			// that an alert on pooler_up fires.
+			if n, ok := m.Node(id); ok {
+				for _, addr := range bucketmap.DSNHosts(n.PoolDSN) {
+					gauge(c.up, 0, node, addr)
+				}
+			}
+			continue
+		}
 		for _, p := range v.Poolers {
 			gauge(c.up, 1, node, p.Addr)
 			gauge(c.clients, float64(p.Clients), node, p.Addr)

@@ -42,7 +42,12 @@ import (
 // from there in every pg_dump of an application's schema (schema adopt's
 // baseline, replayed by node prepare, would create it twice). The pooler
 // runs as the OS user that owns the data directory and reaches the trust
-// socket anyway: a superuser auth user gives it nothing it lacked. The
+// socket anyway: a superuser auth user gives it nothing it lacked. But
+// the query runs under the settings of a database other roles may own (a
+// search_path ALTER DATABASE set, with functions and operators of their
+// own in front of pg_catalog's): every name and operator in it is
+// schema-qualified, so nothing but pg_catalog's runs as the superuser
+// (CVE-2018-1058's pattern). The
 // auth user itself must be in auth_file (1.18 gives an auth user it does
 // not find there an empty password, and its own logins fail), as must
 // whoever logs into the admin console (an auth_query login there hangs;

@@ -140,6 +140,71 @@ func poolerServes(t *testing.T, e *devenv.Env, i int) {
 		}
 	})
 
+	// A database's owner points its search_path at functions and
+	// operators of its own: the pooler's auth_query, which runs there as
+	// the superuser before any client is authenticated, must not run
+	// them.
+	t.Run("auth_query ignores a database's search_path", func(t *testing.T) {
+		suffix := strconv.Itoa(os.Getpid())
+		owner, db := "pool_dbowner_"+suffix, "pool_evil_"+suffix
+		admin, err := pgx.Connect(ctx, e.NodeDSN(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer admin.Close(context.Background())
+		for _, q := range []string{"DROP DATABASE IF EXISTS " + db, "DROP ROLE IF EXISTS " + owner,
+			"CREATE ROLE " + owner + " LOGIN NOSUPERUSER PASSWORD 'owner-pw'", "CREATE DATABASE " + db + " OWNER " + owner} {
+			if _, err := admin.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		t.Cleanup(func() {
+			_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+			_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+owner)
+		})
+		u, err := url.Parse(e.NodeDSN(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.User, u.Path = url.UserPassword(owner, "owner-pw"), "/"+db
+		oc, err := pgx.Connect(ctx, u.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer oc.Close(context.Background())
+		for _, q := range []string{
+			`CREATE SCHEMA evil`,
+			`CREATE TABLE evil.ran (who text)`,
+			`GRANT ALL ON SCHEMA evil TO PUBLIC`, `GRANT ALL ON evil.ran TO PUBLIC`,
+			`CREATE FUNCTION evil.now() RETURNS timestamptz LANGUAGE sql AS $$INSERT INTO evil.ran VALUES (current_user) RETURNING pg_catalog.now()$$`,
+			`CREATE FUNCTION evil.eq(name, text) RETURNS boolean LANGUAGE sql AS $$INSERT INTO evil.ran VALUES (current_user) RETURNING true$$`,
+			`CREATE OPERATOR evil.= (LEFTARG = name, RIGHTARG = text, FUNCTION = evil.eq)`,
+			`ALTER DATABASE ` + db + ` SET search_path = evil, pg_catalog`,
+		} {
+			if _, err := oc.Exec(ctx, q); err != nil {
+				t.Fatalf("%s: %v", q, err)
+			}
+		}
+		// Logins through the pooler to that database: a right password
+		// and a wrong one each make the pooler run its auth_query there.
+		pu, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pu.Path = "/" + db
+		if err := testenv.Exec(ctx, withUser(t, pu.String(), owner, "owner-pw"), "SELECT 1"); err != nil {
+			t.Fatalf("the owner through the pooler: %v", err)
+		}
+		_ = testenv.Exec(ctx, withUser(t, pu.String(), owner, "wrong"), "SELECT 1")
+		var ran int
+		if err := oc.QueryRow(ctx, `SELECT count(*) FROM evil.ran`).Scan(&ran); err != nil {
+			t.Fatal(err)
+		}
+		if ran != 0 {
+			t.Fatalf("the database owner's functions ran %d times in the pooler's auth_query", ran)
+		}
+	})
+
 	t.Run("admin console for postgres", func(t *testing.T) {
 		u, err := url.Parse(withParam(dsn, "default_query_exec_mode=simple_protocol"))
 		if err != nil {

@@ -53,9 +53,10 @@ from .routing import MapError, Node, Route, Router, RoutingTable
 T = TypeVar("T")
 
 FENCE_SQLSTATE = "SV001"
-# A write a standby refused: through a member's pooler after a failover,
-# the pooler's server connections reach a demoted server while the
-# client's connection to the pooler lives on (router.Do does the same).
+# A write a group's standby refused: through a member's pooler after a
+# failover, the pooler's server connections reach a demoted server while
+# the client's connection to the pooler lives on (router.Do does the same;
+# on a plain node the code is raised).
 READ_ONLY_SQLSTATE = "25006"
 DEFAULT_RETRY_FOR = 10.0  # seconds, as router.DefaultRetryFor: a pause lasts well under a second
 IDLE_PING_AFTER = 1.0  # seconds idle after which a pooled connection is pinged before use
@@ -504,9 +505,11 @@ class Pools:
             if sqlstate(e) == FENCE_SQLSTATE:
                 self._count("fence")
                 return e, False  # rolled back by the fence
-            if sqlstate(e) == READ_ONLY_SQLSTATE:
-                # A standby wrote nothing: drop this connection and the
-                # idle ones, whose next checks find the primary's pooler.
+            if sqlstate(e) == READ_ONLY_SQLSTATE and p.node.patroni:
+                # A group's standby wrote nothing: drop this connection and
+                # the idle ones, whose next checks find the primary's
+                # pooler. On a plain node 25006 is the application's own
+                # READ ONLY transaction, which no retry mends: raised.
                 self._count("standby")
                 broken = True
                 p.discard_idle()

@@ -199,14 +199,17 @@ CREATE TRIGGER fence BEFORE INSERT OR UPDATE ON app.notes FOR EACH ROW EXECUTE F
 
 def map_doc(nodes, owners, level, version=1, buckets=None, seed=SEED):
     """A map file document (format 1, map format 1) for tests: nodes is a
-    list of (id, dsn, password ref) or (id, dsn, password ref, pool_dsn),
-    owners one node index per bucket."""
+    list of (id, dsn, password ref), optionally with pool_dsn and a
+    Patroni group ({"namespace", "scope"}), owners one node index per
+    bucket."""
     raw = b"".join(o.to_bytes(2, "big") for o in owners)
     recs = []
     for spec in nodes:
         rec = {"id": spec[0], "dsn": spec[1], "password": spec[2], "weight": 1, "state": "active"}
         if len(spec) > 3 and spec[3]:
             rec["pool_dsn"] = spec[3]
+        if len(spec) > 4 and spec[4]:
+            rec["patroni"] = spec[4]
         recs.append(rec)
     return {
         "version": 1,

@@ -87,25 +87,38 @@ def test_run_commits_on_the_users_node(cluster):
     assert cluster.pools.retries == {"fence": 0, "connect": 0, "standby": 0, "lost": 0}
 
 
-def test_a_write_a_standby_refused_is_retried_on_a_fresh_connection(cluster):
-    """25006, what a failover looks like through a member's pooler: the
-    connection and the node's idle ones are dropped, the write retried."""
+def test_a_write_a_groups_standby_refused_is_retried_on_a_fresh_connection(cluster):
+    """25006 on a Patroni group's node, what a failover looks like through a
+    member's pooler: the connection and the node's idle ones are dropped,
+    the write retried. On a plain node it is the application's own READ
+    ONLY transaction: raised at once."""
+    calls = []
+
+    def fn_for(uid):
+        insert = cluster.insert(uid, len(calls) + 1)
+
+        def fn(conn):
+            calls.append(id(conn))
+            if len(calls) == 1:
+                with conn.cursor() as cur:
+                    cur.execute("SET TRANSACTION READ ONLY")
+            return insert(conn)
+        return fn
+
+    with pytest.raises(Exception) as e:
+        cluster.pools.run("erin", fn_for("erin"))
+    assert svdb.sqlstate(e.value) == "25006" and len(calls) == 1 and cluster.pools.retries["standby"] == 0
+
+    group = {"namespace": "/service/", "scope": "g1"}
+    cluster.move_to(0, specs=[(cluster.specs[0][0], cluster.specs[0][1] + "&target_session_attrs=read-write", cluster.specs[0][2], None, group),
+                              cluster.specs[1]])
     warm = cluster.pools.pool("pg1")
     c1, c2 = warm.get(), warm.get()
     warm.put(c1)
     warm.put(c2)
     assert len(warm._idle) == 2
-    calls = []
-    insert = cluster.insert("dave", 1)
-
-    def fn(conn):
-        calls.append(id(conn))
-        if len(calls) == 1:
-            with conn.cursor() as cur:
-                cur.execute("SET TRANSACTION READ ONLY")
-        return insert(conn)
-
-    assert cluster.pools.run("dave", fn) == 1
+    calls.clear()
+    assert cluster.pools.run("dave", fn_for("dave")) == 1
     assert len(calls) == 2 and cluster.pools.retries["standby"] == 1
     assert cluster.count(0) == 1
     # The refused connection and the other idle one were closed: the
