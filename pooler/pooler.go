@@ -234,3 +234,40 @@ func joinErrors(m map[string]string) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// NodeView is a pooled node's poolers as status pages show them: what
+// they said, or why they did not.
+type NodeView struct {
+	NodeStats
+	Error string `json:"error,omitempty"`
+}
+
+// ReadAll reads the poolers of every node of m that has one (removed
+// nodes aside), all at once, each within timeout: a pooler that does not
+// answer is reported in its view, never waited for longer.
+func ReadAll(ctx context.Context, m *bucketmap.Map, timeout time.Duration) map[bucketmap.NodeID]*NodeView {
+	out := map[bucketmap.NodeID]*NodeView{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range m.Nodes() {
+		if !n.Pooled() || n.State == bucketmap.NodeRemoved {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			st, err := ReadNode(rctx, n)
+			v := &NodeView{NodeStats: st}
+			if err != nil {
+				v.Error = err.Error()
+			}
+			mu.Lock()
+			out[n.ID] = v
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
+}

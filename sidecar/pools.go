@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
@@ -12,10 +11,7 @@ import (
 // PoolView is a pooled node's poolers as GET /v1/status and the metrics
 // show them: what each pooler's admin console says now (clients, waiting
 // clients, server connections, limits), or why it did not answer.
-type PoolView struct {
-	pooler.NodeStats
-	Error string `json:"error,omitempty"`
-}
+type PoolView = pooler.NodeView
 
 // poolsMaxAge bounds how old a pool view may be. Each read logs into
 // every pooler's admin console (a SCRAM exchange, which PgBouncer works
@@ -29,29 +25,6 @@ type poolCache = nodeCache[PoolView]
 // with the node's password reference as the router does.
 func newPoolCache() *poolCache {
 	return &poolCache{maxAge: poolsMaxAge, read: func(m *bucketmap.Map) map[bucketmap.NodeID]*PoolView {
-		out := map[bucketmap.NodeID]*PoolView{}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for _, n := range m.Nodes() {
-			if !n.Pooled() || n.State == bucketmap.NodeRemoved {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-				defer cancel()
-				st, err := pooler.ReadNode(ctx, n)
-				v := &PoolView{NodeStats: st}
-				if err != nil {
-					v.Error = err.Error()
-				}
-				mu.Lock()
-				out[n.ID] = v
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		return out
+		return pooler.ReadAll(context.Background(), m, 3*time.Second)
 	}}
 }

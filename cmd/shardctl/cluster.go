@@ -19,6 +19,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/migrate"
+	"github.com/shardvisor/shardvisor/pooler"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -139,7 +140,7 @@ func runStatus(c *cli.Context) error {
 			Rebalance modeStatus `json:"rebalance"`
 			// Pools: the poolers of the nodes that have one, as their
 			// admin consoles say now.
-			Pools map[bucketmap.NodeID]*poolView `json:"pools,omitempty"`
+			Pools map[bucketmap.NodeID]*pooler.NodeView `json:"pools,omitempty"`
 		}{Summary: m.Summarize(), Groups: readGroups(ctx, st.Session(), m), Rebalance: newModeStatus(rec), Pools: readPools(ctx, m)}
 		return cliutil.NewPrinter(c).Emit(out, func(w io.Writer) {
 			fmt.Fprintf(w, "cluster %s (%s)\n", st.Paths().ClusterName(), st.Paths().Cluster())

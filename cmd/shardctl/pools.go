@@ -5,53 +5,22 @@ import (
 	"fmt"
 	"io"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/pooler"
 )
 
-// poolView is a pooled node's poolers as status shows them: what they
-// said, or why they did not.
-type poolView struct {
-	pooler.NodeStats
-	Error string `json:"error,omitempty"`
-}
-
 // readPools reads the poolers of every node that has one, at once, each
 // within a few seconds: a pooler that does not answer is reported, not
 // waited for.
-func readPools(ctx context.Context, m *bucketmap.Map) map[bucketmap.NodeID]*poolView {
-	out := map[bucketmap.NodeID]*poolView{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, n := range m.Nodes() {
-		if !n.Pooled() || n.State == bucketmap.NodeRemoved {
-			continue
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			defer cancel()
-			st, err := pooler.ReadNode(rctx, n)
-			v := &poolView{NodeStats: st}
-			if err != nil {
-				v.Error = err.Error()
-			}
-			mu.Lock()
-			out[n.ID] = v
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return out
+func readPools(ctx context.Context, m *bucketmap.Map) map[bucketmap.NodeID]*pooler.NodeView {
+	return pooler.ReadAll(ctx, m, 5*time.Second)
 }
 
 // writePools prints each pooled node's poolers: clients against servers,
 // the waiting clients, and the limits.
-func writePools(w io.Writer, pools map[bucketmap.NodeID]*poolView) {
+func writePools(w io.Writer, pools map[bucketmap.NodeID]*pooler.NodeView) {
 	ids := make([]string, 0, len(pools))
 	for id := range pools {
 		ids = append(ids, string(id))
