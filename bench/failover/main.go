@@ -32,6 +32,7 @@ var (
 	steady   = flag.Duration("steady", 3*time.Second, "write load before each kill (the 'before' window) and after the 'during' window")
 	modes    = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
 	node     = flag.Int("node", 1, "the scripts/devenv node number of the group")
+	viaPool  = flag.Bool("pooler", os.Getenv("SHARDVISOR_BENCH_POOLER") == "1", "the router writes through the members' PgBouncers (the group's pool_dsn, transaction mode) (env SHARDVISOR_BENCH_POOLER=1)")
 	out      = benchkit.NewOut()
 	rejoinTO = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
 	compare  = benchkit.CompareFlag()
@@ -143,6 +144,10 @@ func run(p *benchkit.Printer, sum *Summary, d *devenv.Env) error {
 	root := fmt.Sprintf("/shardvisor-bench/failover-%d", time.Now().UnixNano())
 	g := bucketmap.Node{ID: "g1", DSN: e.dsn, Password: "file:" + e.pwFile, Weight: 1, State: bucketmap.NodeActive,
 		Patroni: bucketmap.Patroni{Namespace: e.ns, Scope: e.scope}}
+	if *viaPool {
+		g.PoolDSN = clustertest.PoolDSN(e.dsn)
+		p.Say("the router writes through the members' PgBouncers: %s", g.PoolDSN)
+	}
 	c, err := clustertest.Build(ctx, s, clustertest.Spec{Root: root, Name: "fo", Level: 2, Nodes: []bucketmap.Node{g}, NoFence: true,
 		DDL: []string{`DROP TABLE IF EXISTS bench_failover; CREATE TABLE bench_failover (bkey bigint NOT NULL, id bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (bkey, id))`}})
 	defer topo.DeleteRoot(context.Background(), s, topo.MustPaths(root, "fo"))
