@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 
 	"github.com/shardvisor/shardvisor/internal/benchkit"
@@ -29,51 +28,7 @@ var poolerFigures = []benchkit.Figure{{Name: "write p99 through router.Do (ms, n
 	{Name: "acknowledged writes lost: 0", Path: "missing_acknowledged_writes", Zero: true}, {Name: "moves aborted: 0", Path: "moves_aborted", Zero: true}}
 
 func comparePoolerMain(ctx context.Context) {
-	c := &benchkit.Comparison[Summary]{Modes: []string{"direct", "pooler"}}
-	var err error
-	first := os.Getenv("SHARDVISOR_BENCH_POOLER_FIRST") == "1"
-	for i := range max(*rounds, 1) {
-		r := benchkit.Round[Summary]{TLSFirst: first != (i%2 == 1)}
-		for _, viaPooler := range []bool{r.TLSFirst, !r.TLSFirst} {
-			mode := map[bool]string{false: "direct", true: "pooler"}[viaPooler]
-			say("\n== round %d: %s", i+1, mode)
-			*pooler = viaPooler
-			var s *Summary
-			s, err = run(ctx)
-			if s != nil {
-				report(s)
-			}
-			c.LoadAvg = append(c.LoadAvg, mode+" "+benchkit.LoadAvg(3))
-			if viaPooler {
-				r.TLS = s
-			} else {
-				r.Plain = s
-			}
-			if err != nil {
-				err = fmt.Errorf("round %d, %s: %w", i+1, mode, err)
-				break
-			}
-		}
-		if err != nil {
-			if i == 0 {
-				c.Plain, c.TLS, c.TLSFirst = r.Plain, r.TLS, r.TLSFirst
-			} else {
-				c.Failed = &r
-			}
-			break
-		}
-		if i == 0 {
-			c.Plain, c.TLS, c.TLSFirst = r.Plain, r.TLS, r.TLSFirst
-		} else {
-			c.More = append(c.More, r)
-		}
-	}
-	c.Compare(poolerFigures)
-	benchkit.Finish("moves-bench", c, err, func(c *benchkit.Comparison[Summary], e string) { c.Error = e },
-		func(c *benchkit.Comparison[Summary]) { c.Verdict(); c.Report(&out.Printer) }, *out.JSON)
-	for _, k := range c.Checks {
-		if !k.Plain || !k.TLS {
-			os.Exit(1)
-		}
-	}
+	c, err := benchkit.Alternate([2]string{"direct", "pooler"}, *rounds, os.Getenv("SHARDVISOR_BENCH_POOLER_FIRST") == "1", say,
+		func(viaPooler bool) (*Summary, error) { *pooler = viaPooler; return run(ctx) }, report)
+	c.Conclude("moves-bench", poolerFigures, err, &out.Printer, *out.JSON)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"math/rand/v2"
 	"os"
 	"os/signal"
 	"strconv"
@@ -46,8 +47,19 @@ type Pacer struct {
 	next     time.Time
 }
 
-// NewPacer returns a Pacer whose first tick is one interval from now.
-func NewPacer(interval time.Duration) *Pacer { return &Pacer{interval: interval, next: time.Now()} }
+// NewPacer returns a Pacer whose first tick comes at a random point of the
+// next interval. Writers started together with a fixed phase would fire
+// in lockstep, a burst of all of them every interval: no fleet offers
+// load like that, and a burst queues where a real load does not (at a
+// pooler's single thread above all), so the spread is what makes a
+// paced run an offered rate rather than a sequence of bursts.
+func NewPacer(interval time.Duration) *Pacer {
+	p := &Pacer{interval: interval, next: time.Now()}
+	if interval > 0 {
+		p.next = p.next.Add(rand.N(interval) - interval)
+	}
+	return p
+}
 
 // Wait waits for the next tick; false when stop closed first.
 func (p *Pacer) Wait(stop <-chan struct{}) bool {

@@ -178,12 +178,5 @@ func CompareMain[S any](name string, out *benchkit.Out, keep bool, rounds int, f
 	case failed != nil: // the first round failed: what it has, as before rounds
 		c.Plain, c.TLS, c.TLSFirst = failed.Plain, failed.TLS, failed.TLSFirst
 	}
-	c.Compare(figs)
-	benchkit.Finish(name, c, err, func(c *benchkit.Comparison[S], e string) { c.Error = e },
-		func(c *benchkit.Comparison[S]) { c.Verdict(); c.Report(&out.Printer) }, *out.JSON)
-	for _, k := range c.Checks {
-		if !k.Plain || !k.TLS {
-			os.Exit(1)
-		}
-	}
+	c.Conclude(name, figs, err, &out.Printer, *out.JSON)
 }
