@@ -22,6 +22,22 @@ type ledger struct {
 	failed     atomic.Int64
 	duplicates atomic.Int64
 	lat        []sample
+	errs       map[string]int64 // failed attempts by errClass
+}
+
+// errClass names a failed attempt's error for the report: its SQLSTATE
+// and message, or the error's text cut short (the ways a failover shows
+// differ between the direct path and a pooler's).
+func errClass(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return "SQLSTATE " + pe.Code + ": " + pe.Message
+	}
+	s := err.Error()
+	if len(s) > 120 {
+		s = s[:120] + "..."
+	}
+	return s
 }
 
 type sample struct {
@@ -59,6 +75,12 @@ func (led *ledger) write(ctx context.Context, r *router.Router, ks *keystream.Ke
 			return
 		}
 		led.failed.Add(1)
+		led.mu.Lock()
+		if led.errs == nil {
+			led.errs = map[string]int64{}
+		}
+		led.errs[errClass(err)]++
+		led.mu.Unlock()
 		if errors.Is(err, router.ErrNoPrimary) || router.Retryable(err) {
 			// Never sent: nothing committed. Try the same id again (the
 			// app would).

@@ -33,6 +33,7 @@ var (
 	modes    = flag.String("modes", "sync,async", "modes to run, in order: sync (synchronous_mode on) and/or async")
 	node     = flag.Int("node", 1, "the scripts/devenv node number of the group")
 	viaPool  = flag.Bool("pooler", os.Getenv("SHARDVISOR_BENCH_POOLER") == "1", "the router writes through the members' PgBouncers (the group's pool_dsn, transaction mode) (env SHARDVISOR_BENCH_POOLER=1)")
+	cmpPool  = flag.Bool("compare-pooler", os.Getenv("SHARDVISOR_BENCH_COMPARE_POOLER") == "1", "run twice (--rounds times each, alternating which goes first) on the same environment, the router direct then through the members' PgBouncers, and print both and the ratios pooler/direct against issue 42's goals (env SHARDVISOR_BENCH_COMPARE_POOLER=1)")
 	out      = benchkit.NewOut()
 	rejoinTO = flag.Duration("rejoin-timeout", 3*time.Minute, "how long the killed member may take to rejoin")
 	compare  = benchkit.CompareFlag()
@@ -72,6 +73,8 @@ type Tally struct {
 	Lost       int64 `json:"lost_acknowledged_writes"`
 	Duplicates int64 `json:"duplicates"`
 	Failed     int64 `json:"failed_writes"`
+	// FailedBy counts the failed attempts by error (errClass).
+	FailedBy map[string]int64 `json:"failed_by_error,omitempty"`
 }
 
 // P99 is the write latency's p99 (ms) in the windows of every kill:
@@ -100,7 +103,16 @@ func main() {
 		return
 	}
 	cfg, err := devenv.FromEnv()
-	if cfg.Log = nil; err == nil { // its errors carry the servers' log tails
+	if cfg.Log = nil; err == nil && *cmpPool { // its errors carry the servers' log tails
+		c, err := benchkit.Alternate([2]string{"direct", "pooler"}, *rounds, os.Getenv("SHARDVISOR_BENCH_POOLER_FIRST") == "1", p.Say,
+			func(pooled bool) (*Summary, error) {
+				*viaPool = pooled
+				sum := &Summary{}
+				return sum, run(p, sum, devenv.New(cfg))
+			}, func(s *Summary) { report(p, s) })
+		c.Conclude("failover-bench", poolerFigures(), err, p, *out.JSON)
+		return
+	} else if err == nil {
 		err = run(p, sum, devenv.New(cfg))
 	}
 	benchkit.Finish("failover-bench", sum, err, func(s *Summary, e string) { s.Error = e }, func(s *Summary) { report(p, s) }, *out.JSON)
@@ -121,6 +133,30 @@ func tlsFigures() (f []benchkit.Figure) {
 	}
 	return f
 }
+
+// poolerFigures are --compare-pooler's, per mode: issue 42 bounds the
+// write p99 through the pooler at 1.3x direct's (here before each kill,
+// the steady load); the failover's figures are for information, and in
+// sync mode no acknowledged write may be lost on either path.
+func poolerFigures() (f []benchkit.Figure) {
+	for _, m := range strings.Split(*modes, ",") {
+		f = append(f, benchkit.Figure{Name: m + ": acknowledged writes lost", Path: "modes." + m + ".lost_acknowledged_writes", Zero: m == "sync"},
+			benchkit.Figure{Name: m + ": write p99 before a kill (ms)", Path: "modes." + m + ".p99_before_ms", Goal: poolerWriteGoal},
+			benchkit.Figure{Name: m + ": kill -> new leader p50 (ms)", Path: "modes." + m + ".elected_ms.p50"},
+			benchkit.Figure{Name: m + ": kill -> first write p50 (ms)", Path: "modes." + m + ".first_write_ms.p50"},
+			benchkit.Figure{Name: m + ": kill -> first write max (ms)", Path: "modes." + m + ".first_write_ms.max"},
+			benchkit.Figure{Name: m + ": election -> first write p50 (ms)", Path: "modes." + m + ".after_election_ms.p50"},
+			benchkit.Figure{Name: m + ": write p99 during a failover (ms)", Path: "modes." + m + ".p99_during_ms"},
+			benchkit.Figure{Name: m + ": write p99 after (ms)", Path: "modes." + m + ".p99_after_ms"},
+			benchkit.Figure{Name: m + ": failed attempts (retried or given up)", Path: "modes." + m + ".failed_writes"},
+			benchkit.Figure{Name: m + ": kills over ttl + 2 s: 0", Path: "modes." + m + ".kills_over_ttl_plus_2s", Zero: true})
+	}
+	return f
+}
+
+// poolerWriteGoal is issue 42's bound on the write p99 through the pooler
+// against direct at the same offered load.
+const poolerWriteGoal = 1.3
 
 // run runs the modes on the environment d: the bench's session is the
 // admin's, the router's a web head's (in a TLS environment).
@@ -252,7 +288,7 @@ func runMode(ctx context.Context, p *benchkit.Printer, e *env, s *zksession.Sess
 	if err != nil {
 		return err
 	}
-	mode.Tally = Tally{Acked: int64(len(led.acked)), Lost: lost, Duplicates: led.duplicates.Load(), Failed: led.failed.Load()}
+	mode.Tally = Tally{Acked: int64(len(led.acked)), Lost: lost, Duplicates: led.duplicates.Load(), Failed: led.failed.Load(), FailedBy: led.errs}
 	var el, fw, ae []float64
 	for _, f := range mode.Failovers {
 		el, fw, ae = append(el, f.ElectedMS), append(fw, f.FirstWriteMS), append(ae, f.AfterElectMS)
