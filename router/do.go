@@ -28,13 +28,15 @@ var ErrNoPrimary = errors.New("no server accepted a read-write connection (the n
 // Retryable reports whether Do retries an error: what the fence held back
 // (SQLSTATE SV001), what never reached the server (pgconn.SafeToRetry),
 // and a connection that could not be made (pgconn.ConnectError: no
-// server answered, or every one that did is a standby): the refused
+// server answered, or every one that did is a standby), and a node's
+// PgBouncer that found no server for the query (sqlstate.IsPoolerNoServer:
+// its server down or starting, as in a failover): the refused
 // transaction wrote nothing in any of these cases. An error after a
 // statement was sent is never retried: the statement may have committed.
 // (Do also retries a write a standby refused on a Patroni group's node:
 // standbyRefused.)
 func Retryable(err error) bool {
-	return sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err) || noPrimary(err)
+	return sqlstate.IsFenceRejected(err) || pgconn.SafeToRetry(err) || noPrimary(err) || sqlstate.IsPoolerNoServer(err)
 }
 
 // standbyRefused reports whether err is a group's standby refusing a

@@ -88,6 +88,12 @@ func TestDoRetriesAGroupWithoutPrimaryAndSaysSo(t *testing.T) {
 	if Retryable(ro) || !standbyRefused(ro, Route{Group: "g1"}) || standbyRefused(ro, Route{}) || Retryable(&pgconn.PgError{Code: "23505"}) {
 		t.Fatal("25006 is retried on a plain node or not on a group's, or a unique violation is retried")
 	}
+	// PgBouncer found no server for the query (its server down): nothing
+	// was sent, retried; lost after it was sent: not.
+	if !Retryable(fmt.Errorf("exec: %w", &pgconn.PgError{Code: "08P01", Message: "server login has been failing, try again later (server_login_retry)"})) ||
+		Retryable(&pgconn.PgError{Code: "08P01", Message: "server conn crashed?"}) {
+		t.Fatal("PgBouncer's no-server error is not retried, or its crashed-server one is")
+	}
 	// A server that refuses the connection itself is no failover: never
 	// retried; one that is starting up is.
 	for code, want := range map[string]bool{"28P01": false, "3D000": false, "53300": false, "57P03": true, "08006": true} {

@@ -2,6 +2,7 @@ package devenv_test
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shardvisor/shardvisor/internal/devenv"
+	"github.com/shardvisor/shardvisor/internal/sqlstate"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
@@ -122,10 +126,26 @@ func TestUpFaultsDown(t *testing.T) {
 		t.Errorf("pg1's PgBouncer: open-file limit %d, want 4096 or more", n)
 	}
 
+	// A client logged in at the pooler before its server died.
+	held, err := pgx.Connect(t.Context(), e.NodePoolDSN(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close(context.Background())
+
 	// pg-kill: the postmaster and its children are dead when it returns.
 	k, err := e.PGKill(1)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The pooler, alive, cannot give that client a server: after its
+	// query_wait_timeout (5 s; PgBouncer's default, 120 s, would outlast
+	// the minute given here) the query fails with an error the router
+	// retries, as nothing reached a server.
+	qctx, qcancel := context.WithTimeout(t.Context(), time.Minute)
+	defer qcancel()
+	if _, err := held.Exec(qctx, "SELECT 1"); !sqlstate.IsPoolerNoServer(err) {
+		t.Errorf("a query through the pooler of a killed server: %v, want PgBouncer's query_wait_timeout (08P01)", err)
 	}
 	if devenv.Alive(k.PostmasterPid, "") || !strings.HasPrefix(k.String(), "pg1: killed (postmaster pid ") {
 		t.Errorf("after %q the postmaster is alive: %v", k, devenv.Alive(k.PostmasterPid, ""))

@@ -58,6 +58,18 @@ FENCE_SQLSTATE = "SV001"
 # the client's connection to the pooler lives on (router.Do does the same;
 # on a plain node the code is raised).
 READ_ONLY_SQLSTATE = "25006"
+# PgBouncer's errors (SQLSTATE 08P01) for a query it found no server for:
+# its server down or restarting (a failover), or every server busy for
+# query_wait_timeout. The query reached no server: retried on any node, as
+# router.Do does (sqlstate.IsPoolerNoServer). Its other errors ("server
+# conn crashed?") come after the query was sent and are not.
+POOLER_SQLSTATE = "08P01"
+POOLER_NO_SERVER = (
+    "server login has been failing, try again later (server_login_retry)",
+    "query_wait_timeout",
+    "client_login_timeout (server down)",
+    "pgbouncer cannot connect to server",
+)
 DEFAULT_RETRY_FOR = 10.0  # seconds, as router.DefaultRetryFor: a pause lasts well under a second
 IDLE_PING_AFTER = 1.0  # seconds idle after which a pooled connection is pinged before use
 DEFAULT_MAX_SIZE = 2  # connections per node and process: a prefork worker serves one request at a time
@@ -160,6 +172,17 @@ def sqlstate(e: BaseException) -> Optional[str]:
 REFUSED_STATES = ("28000", "28P01", "3D000", "53300", "42501")
 REFUSED_TEXT = ("password authentication failed", "no pg_hba.conf entry", "does not exist",
                 "too many clients", "too many connections", "permission denied", 'role "')
+
+
+def pooler_no_server(e: BaseException) -> bool:
+    """Whether e is PgBouncer refusing a query it found no server for
+    (nothing was sent). psycopg2 may report the FATAL without its code, so
+    the message decides when there is none."""
+    code = sqlstate(e)
+    if code not in (None, POOLER_SQLSTATE):
+        return False
+    text = str(e)
+    return any(m in text for m in POOLER_NO_SERVER)
 
 
 def refused(e: BaseException) -> bool:
@@ -374,9 +397,10 @@ class Pools:
         self._lock = threading.Lock()
         self._closed = False
         # Counts of run()'s retries by cause: "fence" (SV001), "connect"
-        # (no connection), "standby" (25006: a write a standby refused), "lost"
-        # (a lost connection, idempotent work).
-        self.retries: Dict[str, int] = {"fence": 0, "connect": 0, "standby": 0, "lost": 0}
+        # (no connection), "standby" (25006: a write a standby refused), "pooler"
+        # (the node's PgBouncer found no server), "lost" (a lost connection,
+        # idempotent work).
+        self.retries: Dict[str, int] = {"fence": 0, "connect": 0, "standby": 0, "pooler": 0, "lost": 0}
         router.on_change(self._on_map)
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)
@@ -513,6 +537,12 @@ class Pools:
                 self._count("standby")
                 broken = True
                 p.discard_idle()
+                return e, True
+            if pooler_no_server(e):
+                # PgBouncer closed this connection; the query reached no
+                # server.
+                self._count("pooler")
+                broken = True
                 return e, True
             lost = broken or self.driver.broken(conn)
             if lost and idempotent:

@@ -84,7 +84,39 @@ def test_run_commits_on_the_users_node(cluster):
     cluster.move_to(1)
     cluster.pools.run("u0", cluster.insert("u0", 100))
     assert cluster.count(1) == 1
-    assert cluster.pools.retries == {"fence": 0, "connect": 0, "standby": 0, "lost": 0}
+    assert cluster.pools.retries == {"fence": 0, "connect": 0, "standby": 0, "pooler": 0, "lost": 0}
+
+
+def test_a_query_the_pooler_found_no_server_for_is_retried(cluster):
+    """PgBouncer's no-server errors (SQLSTATE 08P01: its server down or
+    restarting, every server busy for query_wait_timeout) reached no server:
+    retried on any node. Its error after a query was sent ("server conn
+    crashed?") may have committed: raised. The server raises the same code
+    and message here, as PgBouncer sends them."""
+    calls = []
+
+    def fn_for(uid, message):
+        insert = cluster.insert(uid, 1)
+
+        def fn(conn):
+            calls.append(id(conn))
+            if len(calls) == 1:
+                with conn.cursor() as cur:
+                    cur.execute("DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '08P01', MESSAGE = %s; END $$"
+                                % svdb_quote(message))
+            return insert(conn)
+        return fn
+
+    assert cluster.pools.run("frank", fn_for("frank", "query_wait_timeout")) == 1
+    assert len(calls) == 2 and cluster.pools.retries["pooler"] == 1
+    calls.clear()
+    with pytest.raises(Exception) as e:
+        cluster.pools.run("grace", fn_for("grace", "server conn crashed?"))
+    assert svdb.sqlstate(e.value) == "08P01" and len(calls) == 1 and cluster.pools.retries["pooler"] == 1
+
+
+def svdb_quote(s):
+    return "'" + s.replace("'", "''") + "'"
 
 
 def test_a_write_a_groups_standby_refused_is_retried_on_a_fresh_connection(cluster):

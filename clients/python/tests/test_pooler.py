@@ -106,7 +106,7 @@ def test_run_through_the_pooler_repeats_one_query_on_one_connection(env):
     assert pools.pool("pg1").pooled and pools.pool("pg1").connects == 1  # one client connection throughout
     assert {port for _, port in seen} == {env.pooler.port(0)}
     assert len({pid for pid, _ in seen}) == RUNS  # every transaction on another server session
-    assert pools.retries == {"fence": 0, "connect": 0, "standby": 0, "lost": 0}
+    assert pools.retries == {"fence": 0, "connect": 0, "standby": 0, "pooler": 0, "lost": 0}
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["pooler", "direct"])
