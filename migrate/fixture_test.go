@@ -68,12 +68,19 @@ func newFixtureOn(t *testing.T, level int, pg *testenv.PG) *fixture {
 // every node by ddl.
 func newFixtureWith(t *testing.T, level int, pg *testenv.PG, tables []topo.TableRecord, ddl string) *fixture {
 	t.Helper()
+	return newFixtureOf(t, level, pg, clustertest.NodesOf(pg, "pg"), tables, ddl)
+}
+
+// newFixtureOf is newFixtureWith with the node records given (nodes[i]
+// on pg.Nodes[i]), a pool DSN among their fields, say.
+func newFixtureOf(t *testing.T, level int, pg *testenv.PG, nodes []bucketmap.Node, tables []topo.TableRecord, ddl string) *fixture {
+	t.Helper()
 	z := testenv.StartZK(t)
 	ctx := context.Background()
 	s := zktest.Session(t, zksession.Config{Connect: z.ConnectString, SessionTimeout: 4 * time.Second})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	f := &fixture{t: t, z: z, pg: pg, s: s, nodes: clustertest.NodesOf(pg, "pg")}
+	f := &fixture{t: t, z: z, pg: pg, s: s, nodes: nodes}
 	c := clustertest.MustBuild(t, s, clustertest.Spec{Root: z.Root, Name: "mv", Seed: seedHex, Level: level, Nodes: f.nodes, Tables: tables, DDL: []string{ddl}})
 	f.st, f.ks = c.Store, c.Keystream
 	f.r = router.New(s, f.st.Paths(), router.Options{MemberID: "test-router", TunePool: func(c *pgxpool.Config) { c.MaxConns = 8 }})

@@ -649,10 +649,11 @@ func (r *Router) nodePool(ctx context.Context, k poolKey) (*pgxpool.Pool, error)
 	if e, ok := r.pools[k]; ok && sameWay(e.node, node) {
 		return e.pool, nil
 	}
-	cfg, err := dbnode.AppPoolConfig(node)
+	configFor := dbnode.AppPoolConfig
 	if k.direct {
-		cfg, err = dbnode.SessionPoolConfig(node)
+		configFor = dbnode.SessionPoolConfig
 	}
+	cfg, err := configFor(node)
 	if err != nil {
 		return nil, err
 	}

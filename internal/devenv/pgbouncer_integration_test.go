@@ -3,6 +3,7 @@ package devenv_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -317,4 +318,44 @@ func poolerOverTLSOnly(t *testing.T, e *devenv.Env, ports map[string]int) {
 			t.Errorf("%s: verify-full with the environment's CA: %v", name, err)
 		}
 	}
+}
+
+// poolerServers is how many server connections node i's PgBouncer holds
+// for database db, in any state (SHOW POOLS through its admin console).
+func poolerServers(t *testing.T, e *devenv.Env, i int, db string) int {
+	t.Helper()
+	u, err := url.Parse(withParam(e.NodePoolDSN(i), "default_query_exec_mode=simple_protocol"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/pgbouncer"
+	c, err := pgx.Connect(t.Context(), u.String())
+	if err != nil {
+		t.Fatalf("the admin console: %v", err)
+	}
+	defer c.Close(context.Background())
+	rows, err := c.Query(t.Context(), "SHOW POOLS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		m, err := pgx.RowToMap(rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m["database"] == db {
+			for _, k := range []string{"sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"} {
+				v, err := strconv.Atoi(fmt.Sprint(m[k])) // int4, int8 or text by the version
+				if err != nil {
+					t.Fatalf("SHOW POOLS: %s = %v", k, m[k])
+				}
+				n += v
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

@@ -20,6 +20,7 @@ func TestIsPoolerNoServer(t *testing.T) {
 		{fmt.Errorf("exec: %w", &pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}), true},
 		{&pgconn.PgError{Code: "08P01", Message: "client_login_timeout (server down)"}, true},
 		{&pgconn.PgError{Code: "08P01", Message: "pgbouncer cannot connect to server"}, true},
+		{&pgconn.PgError{Code: "08P01", Message: "server login has been failing, cached error: connect failed (server_login_retry)"}, true},
 		// Sent, then lost: the outcome is unknown.
 		{&pgconn.PgError{Code: "08P01", Message: "server conn crashed?"}, false},
 		{&pgconn.PgError{Code: "08P01", Message: "server connection closed"}, false},

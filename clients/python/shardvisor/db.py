@@ -60,16 +60,19 @@ FENCE_SQLSTATE = "SV001"
 READ_ONLY_SQLSTATE = "25006"
 # PgBouncer's errors (SQLSTATE 08P01) for a query it found no server for:
 # its server down or restarting (a failover), or every server busy for
-# query_wait_timeout. The query reached no server: retried on any node, as
-# router.Do does (sqlstate.IsPoolerNoServer). Its other errors ("server
-# conn crashed?") come after the query was sent and are not.
+# query_wait_timeout. PgBouncer sends them only to a client waiting for a
+# server, never to one in a transaction: the query reached no server, so
+# it is retried on any node, as router.Do does (sqlstate.IsPoolerNoServer).
+# Its other errors ("server conn crashed?") come after the query was sent
+# and are not. "server login has been failing" ends with a cached error
+# from PgBouncer 1.24 on; "pgbouncer cannot connect to server" is 1.16's.
 POOLER_SQLSTATE = "08P01"
 POOLER_NO_SERVER = (
-    "server login has been failing, try again later (server_login_retry)",
     "query_wait_timeout",
     "client_login_timeout (server down)",
     "pgbouncer cannot connect to server",
 )
+POOLER_LOGIN_FAILING = "server login has been failing"
 DEFAULT_RETRY_FOR = 10.0  # seconds, as router.DefaultRetryFor: a pause lasts well under a second
 IDLE_PING_AFTER = 1.0  # seconds idle after which a pooled connection is pinged before use
 DEFAULT_MAX_SIZE = 2  # connections per node and process: a prefork worker serves one request at a time
@@ -176,13 +179,21 @@ REFUSED_TEXT = ("password authentication failed", "no pg_hba.conf entry", "does 
 
 def pooler_no_server(e: BaseException) -> bool:
     """Whether e is PgBouncer refusing a query it found no server for
-    (nothing was sent). psycopg2 may report the FATAL without its code, so
-    the message decides when there is none."""
+    (nothing was sent). The primary message decides, as in Go; psycopg2
+    may report PgBouncer's FATAL without its code, and then the error's
+    first line ("FATAL:  query_wait_timeout") stands for it."""
     code = sqlstate(e)
     if code not in (None, POOLER_SQLSTATE):
         return False
-    text = str(e)
-    return any(m in text for m in POOLER_NO_SERVER)
+    diag = getattr(e, "diag", None)
+    msg = getattr(diag, "message_primary", None) if diag is not None else None
+    if not msg:
+        if code is not None:
+            return False
+        first = str(e).strip().split("\n", 1)[0]
+        msg = first.split(":", 1)[1].strip() if first.startswith("FATAL:") else first
+    msg = msg.strip()
+    return msg in POOLER_NO_SERVER or (msg.startswith(POOLER_LOGIN_FAILING) and msg.endswith("(server_login_retry)"))
 
 
 def refused(e: BaseException) -> bool:

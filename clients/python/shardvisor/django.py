@@ -298,8 +298,10 @@ def _fence_refused(e: BaseException) -> bool:
 def run(uid, fn: Callable[[], T], idempotent: bool = False, retry_for: float = _db.DEFAULT_RETRY_FOR) -> T:
     """Runs fn() for user uid in one transaction (transaction.atomic) on
     the user's node, with the rules of shardvisor.db's run(): retried while
-    no connection can be made and on the fence's refusal (SQLSTATE SV001,
-    a move's write pause), re-routed each time, up to retry_for seconds.
+    no connection can be made, on the fence's refusal (SQLSTATE SV001, a
+    move's write pause), on PgBouncer's no-server errors and, on a Patroni
+    group's node, on a standby's refusal (25006), re-routed each time, up
+    to retry_for seconds.
     fn's queries all go to the node the attempt started on, whatever the
     map does meanwhile. A connection lost during fn is retried only with
     idempotent=True, one lost during COMMIT raises OutcomeUnknown (or is
@@ -335,6 +337,15 @@ def run(uid, fn: Callable[[], T], idempotent: bool = False, retry_for: float = _
                 except DatabaseError as e:
                     if _fence_refused(e):
                         return e, False
+                    cause = _driver_error(e)
+                    if _db.pooler_no_server(cause) or (_db.sqlstate(cause) == _db.READ_ONLY_SQLSTATE and rt.group):
+                        # PgBouncer found no server for the query, or a
+                        # group's standby refused the write (a failover
+                        # seen through a member's pooler): nothing was
+                        # written. A new connection finds the primary's
+                        # pooler (target_session_attrs).
+                        conn.close()
+                        return e, True
                     lost = conn.connection is None or getattr(conn.connection, "closed", 0) != 0
                     if lost:
                         conn.close()

@@ -169,6 +169,35 @@ def test_run_retries_through_a_fenced_pause(env):
     assert (u, "paused") in rows(env, 1) and (u, "paused") not in rows(env, 0)
 
 
+def test_run_retries_what_the_pooler_found_no_server_for(env):
+    """PgBouncer's no-server errors reached no server: run() retries them
+    as shardvisor.db's does; its error after a query was sent ("server
+    conn crashed?") is raised. The server raises the same code and
+    message here, as PgBouncer sends them."""
+    from notes.models import Note
+
+    env.pg.exec(0, env.db, "CREATE OR REPLACE FUNCTION public.fail_08p01(m text) RETURNS boolean LANGUAGE plpgsql "
+                           "AS $$ BEGIN RAISE EXCEPTION USING ERRCODE = '08P01', MESSAGE = m; END $$")
+    u, v = users_on(env, "pg1", 2, "poolerless")
+    calls = []
+
+    def fn_for(uid, message):
+        def fn():
+            calls.append(uid)
+            if len(calls) == 1:
+                list(Note.objects.raw("SELECT * FROM app.notes WHERE public.fail_08p01(%s)", [message]))
+            return Note.objects.create(bkey=env.router.key(uid), uid=uid, id=5, body="after")
+        return fn
+
+    assert env.svdj.run(u, fn_for(u, "query_wait_timeout")).body == "after"
+    assert calls == [u, u] and (u, "after") in rows(env, 0)
+    calls.clear()
+    with pytest.raises(Exception) as e:
+        env.svdj.run(v, fn_for(v, "server conn crashed?"))
+    assert "server conn crashed?" in str(e.value) and calls == [v]
+    assert all(r[0] != v for r in rows(env, 0))
+
+
 def test_a_row_is_saved_and_deleted_where_it_was_read(env):
     from notes.models import Note
 
