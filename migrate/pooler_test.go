@@ -38,7 +38,7 @@ func TestIntegrationMoveThroughPooler(t *testing.T) {
 			t.Fatalf("%s: the router's pool connects to port %d, want its pooler's %d", n.ID, got, pg.Nodes[i].PoolPort)
 		}
 	}
-	l := f.startLoad(6, 200)
+	l := f.startLoadEvery(6, 200, pacedWrite)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
 	mv := f.mover(Options{})
 	rec, err := mv.Move(ctx, 1, "pg2", false)

@@ -23,7 +23,7 @@ func TestIntegrationSchemaChangeDuringMove(t *testing.T) {
 	f := parallelFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
 	base := f.seedRows("seed", 300)
 	ctx := context.Background()
-	l := f.startLoad(2, 100)
+	l := f.startLoadEvery(2, 100, pacedWrite)
 
 	// 1. The move first: held in catchup until the change is seen waiting.
 	release := make(chan struct{})

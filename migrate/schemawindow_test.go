@@ -51,7 +51,7 @@ func (l *applyLog) index(node, prefix string) int {
 func TestIntegrationSchemaChangeBesideRollbackWindow(t *testing.T) {
 	f := parallelFixture(t, 3, 2) // 8 buckets: pg1 0-3, pg2 4-7
 	base := f.seedRows("seed", 300)
-	l := f.startLoad(4, 100)
+	l := f.startLoadEvery(4, 100, pacedWrite)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the move")
 	ctx := context.Background()
 	mv := f.mover(Options{Window: 10 * time.Minute})

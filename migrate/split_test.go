@@ -28,7 +28,7 @@ func TestIntegrationSplitBucketThenMoveHalf(t *testing.T) {
 	if before == 0 || f.rowsIn("pg1", 3, 0) == 0 || f.rowsIn("pg1", 3, 1) == 0 {
 		t.Fatalf("the seed left bucket 0 or a half empty (%d rows)", before)
 	}
-	l := f.startLoad(4, 150)
+	l := f.startLoadEvery(4, 150, pacedWrite)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the split")
 	res, err := ownership.New(f.st, ownership.Options{}).SplitBucket(ctx, whole)
 	if err != nil {
@@ -134,7 +134,7 @@ func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
 	if m = f.mapNow(); m.Buckets() != 5 {
 		t.Fatalf("after split 0: %d buckets", m.Buckets())
 	}
-	l := f.startLoad(4, 100)
+	l := f.startLoadEvery(4, 100, pacedWrite)
 	testenv.WaitFor(t, 30*time.Second, func() bool { return l.writes.Load() >= 20 }, "writes acknowledged before the rebalance")
 	rb := NewRebalancer(f.mover(Options{}), bucketmap.Policy{})
 	rb.BySize = &bucketmap.SizePolicy{By: "size"}

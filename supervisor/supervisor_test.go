@@ -241,8 +241,7 @@ func TestFaultsTTINTTOU(t *testing.T) {
 func TestRealBinarySignalsAndSIGKILL(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	sv, hello := filepath.Join(dir, "supervisor"), filepath.Join(dir, "hello")
-	goBuild(t, "./cmd/supervisor", sv)
+	sv, hello := supervisorBinary(t), filepath.Join(dir, "hello") // the supervisor as the package's other tests built it
 	goBuild(t, "./examples/hello", hello)
 	port, adminPort := testenv.FreePort(t), testenv.FreePort(t)
 	file := filepath.Join(dir, "pool.json")

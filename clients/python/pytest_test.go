@@ -96,8 +96,8 @@ func TestPythonPackage(t *testing.T) {
 	groups := [][]string{
 		{"test_supervisor.py", "test_sqlalchemy.py"},
 		{"test_move.py", "test_django.py", "test_install.py"},
-		{"test_db.py", "test_pooler.py"},
-		{"test_routing_vectors.py", "test_routing.py", "test_sidecar.py"},
+		{"test_db.py"},
+		{"test_routing_vectors.py", "test_routing.py", "test_sidecar.py", "test_pooler.py"},
 	}
 	files, _ := filepath.Glob("tests/test_*.py")
 	grouped := map[string]bool{}

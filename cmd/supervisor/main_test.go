@@ -14,17 +14,8 @@ import (
 	"github.com/shardvisor/shardvisor/topo"
 )
 
-func build(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "supervisor")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 func TestHelpFlagsAndUsage(t *testing.T) {
-	bin := build(t)
+	bin, _ := binaries(t) // the upgrade tests' build, once per test process
 	out, err := exec.Command(bin, "--help").CombinedOutput()
 	if err != nil {
 		t.Fatalf("--help: %v\n%s", err, out)

@@ -173,6 +173,32 @@ func TestUpFaultsDown(t *testing.T) {
 		t.Fatalf("pg1's PgBouncer after pg-start: %v", err)
 	}
 
+	poolPid := e.PoolPid(1)
+	if poolPid == 0 || len(poolerProcesses(t, e.Dir())) != 1 {
+		t.Errorf("before down: PgBouncer pid %d, processes %q; want one", poolPid, poolerProcesses(t, e.Dir()))
+	}
+	if err := e.Down(); err != nil {
+		t.Fatal(err)
+	}
+	if e.AnythingRunning() {
+		st, _ := status(t, e)
+		t.Errorf("down left servers running:\n%s", st)
+	}
+	if ps := poolerProcesses(t, e.Dir()); len(ps) != 0 || devenv.Alive(poolPid, "") {
+		t.Errorf("down left PgBouncer running: %q", ps)
+	}
+}
+
+// TestFaultsEnsembleDownAndFrozen: the whole ensemble killed, then
+// started a server at a time (each start returns once its server
+// listens; one alone serves nothing), and a server frozen and thawed. Six
+// JVM starts: make test-faults runs it.
+func TestFaultsEnsembleDownAndFrozen(t *testing.T) {
+	testenv.Faults(t)
+	e := throwaway(t, 1, 0)
+	if err := e.Up(); err != nil {
+		t.Fatal(err)
+	}
 	// The whole ensemble down; each start returns once its server listens.
 	var zkPids []int
 	for i := 1; i <= devenv.ZKServers; i++ {
@@ -211,19 +237,8 @@ func TestUpFaultsDown(t *testing.T) {
 	}
 	testenv.WaitFor(t, time.Minute, func() bool { m := e.ZKMode(2); return m == "leader" || m == "follower" }, "zk2 serving after thaw")
 
-	poolPid := e.PoolPid(1)
-	if poolPid == 0 || len(poolerProcesses(t, e.Dir())) != 1 {
-		t.Errorf("before down: PgBouncer pid %d, processes %q; want one", poolPid, poolerProcesses(t, e.Dir()))
-	}
 	if err := e.Down(); err != nil {
 		t.Fatal(err)
-	}
-	if e.AnythingRunning() {
-		st, _ := status(t, e)
-		t.Errorf("down left servers running:\n%s", st)
-	}
-	if ps := poolerProcesses(t, e.Dir()); len(ps) != 0 || devenv.Alive(poolPid, "") {
-		t.Errorf("down left PgBouncer running: %q", ps)
 	}
 }
 

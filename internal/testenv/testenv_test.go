@@ -323,9 +323,10 @@ func TestPGIsolationAndCleanup(t *testing.T) {
 	}
 }
 
-// TestExclusiveKillFollower kills a ZooKeeper follower: the ensemble keeps
+// TestFaultsExclusiveKillFollower kills a ZooKeeper follower: the ensemble keeps
 // serving with two servers, and Start brings the third back.
-func TestExclusiveKillFollower(t *testing.T) {
+func TestFaultsExclusiveKillFollower(t *testing.T) {
+	Faults(t)       // drains every other test process while it runs
 	z := StartZK(t) // shared first, then exclusive: must not deadlock
 	Exclusive(t)
 	Exclusive(t) // no-op
@@ -369,9 +370,10 @@ func TestExclusiveKillFollower(t *testing.T) {
 	}
 }
 
-// TestExclusiveKillLeaderRestoredAtCleanup kills the leader and leaves it to
+// TestFaultsExclusiveKillLeaderRestoredAtCleanup kills the leader and leaves it to
 // Exclusive's cleanup to restart it; the next test finds a whole ensemble.
-func TestExclusiveKillLeaderRestoredAtCleanup(t *testing.T) {
+func TestFaultsExclusiveKillLeaderRestoredAtCleanup(t *testing.T) {
+	Faults(t) // drains every other test process while it runs
 	t.Run("kill", func(t *testing.T) {
 		Exclusive(t)
 		z := StartZK(t) // exclusive first, then StartZK: fine too
@@ -397,7 +399,8 @@ func TestExclusiveKillLeaderRestoredAtCleanup(t *testing.T) {
 	}
 }
 
-func TestExclusivePGStopStart(t *testing.T) {
+func TestFaultsExclusivePGStopStart(t *testing.T) {
+	Faults(t) // drains every other test process while it runs
 	Exclusive(t)
 	pg := StartPG(t)
 	n := pg.Nodes[1]
