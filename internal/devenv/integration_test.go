@@ -81,9 +81,10 @@ func status(t *testing.T, e *devenv.Env) (string, bool) {
 	return b.String(), ok
 }
 
-// Up, status, env; a node killed and started again; the whole ensemble
-// killed and started again one server at a time (the first start returns
-// without a quorum to wait for); down leaves no process.
+// Up, status, env; the node's PgBouncer; a node killed (a client held
+// at its pooler gets a no-server error) and started again; down leaves no
+// process. The whole ensemble's kill and freeze are
+// TestFaultsEnsembleDownAndFrozen's.
 func TestUpFaultsDown(t *testing.T) {
 	e := throwaway(t, 1, 0)
 	if err := e.Up(); err != nil {
