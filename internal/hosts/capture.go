@@ -16,6 +16,7 @@ import (
 // host never crosses the bridge and is not in it.
 type Capture struct {
 	File string
+	net  *Net
 	cmd  *exec.Cmd
 	log  string
 	once sync.Once
@@ -42,7 +43,7 @@ func (n *Net) Capture(file string) (*Capture, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &Capture{File: file, cmd: cmd, log: log}
+	c := &Capture{File: file, net: n, cmd: cmd, log: log}
 	// tcpdump says "listening on br0" once its socket is bound.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		b, _ := os.ReadFile(log)
@@ -57,11 +58,15 @@ func (n *Net) Capture(file string) (*Capture, error) {
 	}
 }
 
-// Stop ends the capture (SIGINT: tcpdump flushes and prints its counts)
-// and returns what tcpdump said, including whether the kernel dropped
-// packets.
+// Stop ends the capture and returns what tcpdump said, including whether
+// the kernel dropped packets. It first waits until tcpdump has written
+// every packet sent before the call (drain.go), then sends SIGINT (tcpdump
+// flushes and prints its counts). A drain that fails is said in the
+// returned text and the error; the capture still stops.
 func (c *Capture) Stop() (string, error) {
+	var drainErr error
 	c.once.Do(func() {
+		drainErr = c.drain(10 * time.Second)
 		_ = c.cmd.Process.Signal(syscall.SIGINT)
 		done := make(chan error, 1)
 		go func() { done <- c.cmd.Wait() }()
@@ -73,5 +78,9 @@ func (c *Capture) Stop() (string, error) {
 		}
 	})
 	b, err := os.ReadFile(c.log)
-	return strings.TrimSpace(string(b)), err
+	out := strings.TrimSpace(string(b))
+	if drainErr != nil {
+		return out + "\n" + drainErr.Error(), drainErr
+	}
+	return out, err
 }

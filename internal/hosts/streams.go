@@ -234,11 +234,14 @@ func Analyze(file string, secrets map[string][]byte) (*Report, error) {
 		if _, err := io.ReadFull(r, pkt); err != nil {
 			break // the last packet, cut by a stop
 		}
+		src, dst, seq, flags, payload, ok := parseTCP(pkt)
+		if ok && src.Addr() == sentinelAddr && dst.Addr() == sentinelAddr {
+			continue // Stop's drain (drain.go), not the hosts'
+		}
 		rep.Packets++
 		for name, s := range secrets {
 			rep.Found[name] += bytes.Count(pkt, s)
 		}
-		src, dst, seq, flags, payload, ok := parseTCP(pkt)
 		if !ok {
 			rep.Unparsed++
 			continue

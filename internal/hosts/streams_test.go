@@ -2,6 +2,7 @@ package hosts
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 )
 
@@ -39,5 +40,18 @@ func TestClassify(t *testing.T) {
 		if got := classify(c.seen, c.cb, c.sb); got != c.want {
 			t.Errorf("%s: %s, want %s", c.name, got, c.want)
 		}
+	}
+}
+
+// The drain's sentinel is a TCP frame parseTCP reads, from and to the
+// sentinel address, with its payload intact (Analyze skips it by that
+// address).
+func TestSentinelFrame(t *testing.T) {
+	src, dst, _, _, payload, ok := parseTCP(sentinelFrame([]byte("hello")))
+	if !ok || src.Addr() != sentinelAddr || dst.Addr() != sentinelAddr || src.Port() != sentinelPort || string(payload) != "hello" {
+		t.Fatalf("parsed %v %v %q ok=%v", src, dst, payload, ok)
+	}
+	if netip.MustParsePrefix(Subnet).Contains(sentinelAddr) {
+		t.Fatal("the sentinel's address is in the hosts' subnet")
 	}
 }
