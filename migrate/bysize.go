@@ -65,6 +65,11 @@ func (rb *Rebalancer) runBySize(ctx context.Context, rep *Report, retry map[buck
 		}
 		rep.MaxOverFair, rep.Stuck = p.MaxOverFair, p.Stuck
 		rep.Measured = meas.Nodes
+		if len(p.Split)+len(p.Moves) > 0 {
+			if err := rb.beforeChanges(ctx); err != nil {
+				return err
+			}
+		}
 		if splits := p.Split; len(splits) > 0 {
 			rb.say("splitting %d bucket(s) before moving: %v", len(splits), splits)
 			if _, err := ownership.New(rb.mv.st, ownership.Options{Logger: rb.log}).Change(ctx, func(m *bucketmap.Map) error {

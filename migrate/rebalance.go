@@ -47,8 +47,26 @@ type Rebalancer struct {
 	// of bucket counts; Sizing tunes the measurements it takes.
 	BySize *bucketmap.SizePolicy
 	Sizing sizing.Options
+	// BeforeChanges, when set, runs once per Run before its first split
+	// or move (a restore point: package backup, through the command); its
+	// error stops the run before anything changed.
+	BeforeChanges func(ctx context.Context) error
 	// watcherRuns: RunForever's orphan watcher owns unfinished moves.
 	watcherRuns bool
+	// changing: BeforeChanges ran in this Run.
+	changing bool
+}
+
+// beforeChanges runs BeforeChanges once per Run.
+func (rb *Rebalancer) beforeChanges(ctx context.Context) error {
+	if rb.changing || rb.BeforeChanges == nil {
+		return nil
+	}
+	if err := rb.BeforeChanges(ctx); err != nil {
+		return err
+	}
+	rb.changing = true
+	return nil
 }
 
 // windowHint says how to end the rollback windows a rebalance waits for.
@@ -290,6 +308,7 @@ func (rb *Rebalancer) Plan(ctx context.Context) (*bucketmap.Plan, error) {
 func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 	rep := &Report{Moves: []*topo.MoveRecord{}}
 	retry := map[bucketmap.Bucket]*backoff.Backoff{} // per bucket, after clean aborts
+	rb.changing = false
 	// Unfinished moves first: a mover that died left them. Under
 	// RunForever the orphan watcher owns them: plan around them instead.
 	moves, err := rb.mv.List(ctx)
@@ -349,6 +368,9 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 			return rep, hint.New(fmt.Errorf("%w: a split to level %d waits for %d moves in their rollback window", ErrWaitingForMoves, p.Level, len(held)), windowHint)
 		}
 		if p.Splits > 0 {
+			if err := rb.beforeChanges(ctx); err != nil {
+				return rep, err
+			}
 			rb.say("splitting %d time(s) to level %d before moving", p.Splits, p.Level)
 			// Through ownership, like every map change outside a move: the
 			// fences follow the split (drift is logged as a warning, for
@@ -374,6 +396,9 @@ func (rb *Rebalancer) Run(ctx context.Context) (*Report, error) {
 				rb.say("where the moves' time went: %s", DescribeSummary(rep.Phases))
 			}
 			return rep, nil
+		}
+		if err := rb.beforeChanges(ctx); err != nil {
+			return rep, err
 		}
 		var inFlight []bucketmap.Move
 		if rb.watcherRuns {

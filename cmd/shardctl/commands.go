@@ -84,10 +84,12 @@ func newApp() *cli.App {
 							"nullability, defaults, primary key, bucket-key index, replica identity). Exit status 1 if any.\n" +
 							"It also warns (without failing) when the fleet's worst case, every supervisor's workers plus surge each\n" +
 							"holding --pool-size connections, exceeds what the node's application path takes (its pooler's max_client_conn,\n" +
-							"or the server's max_connections).",
-						Flags: []cli.Flag{
+							"or the server's max_connections).\n" +
+							"Once the cluster has a backup configuration (shardctl backup configure), a node without a stanza, with archiving\n" +
+							"off or failing, without a backup or with a newest backup older than the max age fails the check too.",
+						Flags: append([]cli.Flag{
 							&cli.IntFlag{Name: "pool-size", Value: dbnode.AppMaxConns, EnvVars: []string{"SHARDVISOR_CHECK_POOL_SIZE"}, Usage: "connections each worker keeps per node, for the connection budget (the Go router's and the Python package's default)"},
-						},
+						}, pgbackrestFlags()...),
 						Action: runCheck,
 					},
 					{
@@ -186,6 +188,7 @@ func newApp() *cli.App {
 							&cli.StringFlag{Name: "windows", Value: "close", Usage: "before a change reverse streams cannot carry (a DROP, a constraint...): `close` the rollback windows of the moves in one (they are done, their way back given up), or `wait` for them to end"},
 							&cli.StringFlag{Name: "canary", Usage: "node `ID` that gets the change first, alone (default: the active node owning the fewest buckets)"},
 							&cli.IntFlag{Name: "parallel", Value: 4, Usage: "nodes changed at once after the canary"},
+							noPointFlag(),
 						}, schemaFlags()...),
 						Action: runSchemaApply,
 					},
@@ -346,6 +349,7 @@ func newApp() *cli.App {
 					&cli.BoolFlag{Name: "resume", EnvVars: []string{"SHARDVISOR_REBALANCE_RESUME"}, Usage: "clear a pause (after a verification mismatch was understood) and run"},
 					&cli.BoolFlag{Name: "pause", EnvVars: []string{"SHARDVISOR_REBALANCE_PAUSE"}, Usage: "pause the rebalancer (a running one stops after its current moves; moves whose mover died are still healed)"},
 					windowFlag(0, "SHARDVISOR_REBALANCE_WINDOW"),
+					noPointFlag(),
 					&cli.BoolFlag{Name: "set-mode", EnvVars: []string{"SHARDVISOR_REBALANCE_SET_MODE"}, Usage: "record --by as what the cluster balances from now on (a running --watch follows it and logs it): without it, a --by other than the recorded mode is refused"},
 				}, append(append(policyFlags(), sizeFlags()...), measureFlags()...)...), moveFlags()...),
 				Action: runRebalance,
@@ -450,6 +454,9 @@ func newApp() *cli.App {
 					},
 				},
 			},
+			backupCommand(),
+			restorePointCommand(),
+			restoreCommand(),
 			{
 				Name:  "zk",
 				Usage: "check the ZooKeeper ensemble",
@@ -522,5 +529,113 @@ func patroniCLIFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "patroni-scope", EnvVars: []string{"SHARDVISOR_NODE_PATRONI_SCOPE"}, Usage: "the node is a Patroni group with this `SCOPE` on the cluster's ZooKeeper ensemble (its DSN lists the members, with target_session_attrs=read-write)"},
 		&cli.StringFlag{Name: "patroni-namespace", Value: bucketmap.DefaultPatroniNamespace, EnvVars: []string{"SHARDVISOR_NODE_PATRONI_NAMESPACE"}, Usage: "Patroni's `NAMESPACE` (its namespace setting)"},
+	}
+}
+
+// noPointFlag lets a change that takes a restore point first go on without
+// one.
+func noPointFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "no-restore-point", EnvVars: []string{"SHARDVISOR_NO_RESTORE_POINT"},
+		Usage: "do not take a restore point first (one is taken when the cluster has backups configured; a failure to take it stops the change)"}
+}
+
+func backupCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "backup",
+		Usage:     "take backups of db nodes with pgBackRest (all nodes not removed, or the ones named); list them; configure each node's stanza",
+		ArgsUsage: "[NODE...]",
+		Description: "Each node's backups live in its pgBackRest stanza (shardctl backup configure), in the repository the pgBackRest\n" +
+			"configuration of this host names: in production the repository host, which reaches the db hosts by pgBackRest's TLS\n" +
+			"server or SSH. A Patroni group's members share the node's stanza; pgBackRest backs up whichever is primary.\n" +
+			"Continuous WAL archiving (archive_command = pgbackrest archive-push) is the servers' own configuration.\n" +
+			"Exit status 1 if any node's backup failed.",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "type", Value: "incr", EnvVars: []string{"SHARDVISOR_BACKUP_TYPE"}, Usage: "backup `TYPE`: full, diff or incr (an incremental backup without a full one before it is taken full)"},
+		}, pgbackrestFlags()...),
+		Action: runBackup,
+		Subcommands: []*cli.Command{
+			{
+				Name:      "list",
+				Usage:     "show each node's backups with their WAL and LSN ranges, its archiving, and what is wrong",
+				ArgsUsage: "[NODE...]",
+				Description: "A problem: no stanza configured for a node (once the cluster has a backup configuration), archive_mode off,\n" +
+					"archiving failing (pg_stat_archiver: the last failure after the last success), no backup, or a newest backup\n" +
+					"older than the configured max age. Exit status 1 if there is any.",
+				Flags:  pgbackrestFlags(),
+				Action: runBackupList,
+			},
+			{
+				Name:      "configure",
+				Usage:     "set a node's pgBackRest stanza (and the cluster's max backup age)",
+				ArgsUsage: "NODE",
+				Flags: append([]cli.Flag{
+					&cli.StringFlag{Name: "stanza", Usage: "the node's pgBackRest `STANZA`"},
+					&cli.StringFlag{Name: "max-age", Usage: "a newest backup older than `DURATION` is a problem (default 26h)"},
+					&cli.BoolFlag{Name: "remove", Usage: "forget the node's stanza"},
+					&cli.BoolFlag{Name: "create", Usage: "also run pgbackrest stanza-create for it (idempotent)"},
+				}, pgbackrestFlags()...),
+				Action: runBackupConfigure,
+			},
+		},
+	}
+}
+
+func restorePointCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "restore-point",
+		Usage: "cluster restore points: a named WAL record on every db node at one map version, recorded with the map",
+		Subcommands: []*cli.Command{
+			{
+				Name:      "create",
+				Usage:     "cut a restore point on every db node and record it with the map version, the map and the moves in flight",
+				ArgsUsage: "NAME",
+				Description: "No write is held: each node's point is written at once, and the cut holds if the map did not change\n" +
+					"meanwhile (read before and after); otherwise it is cut again under a new WAL name, up to 5 times.\n" +
+					"Every node not removed must answer. Afterwards each node switches WAL so that the point is archived now.",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "reason", Value: "manual", Usage: "why the point was taken, for the record"},
+					&cli.BoolFlag{Name: "no-switch-wal", Usage: "do not switch WAL after the point (it is archived within archive_timeout)"},
+				},
+				Action: runPointCreate,
+			},
+			{Name: "list", Usage: "list the restore points, oldest first", Flags: []cli.Flag{&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "with each node's LSN and the moves in flight"}}, Action: runPointList},
+			{Name: "delete", Usage: "forget a restore point (its WAL records stay in the archive)", ArgsUsage: "NAME", Action: runPointDelete},
+			{
+				Name:  "watch",
+				Usage: "take a restore point every --every, named PREFIX-TIME, keeping the newest --keep",
+				Description: "Points never interleave (the backup lock); a point that fails is logged and the next is taken on time.\n" +
+					"Run one per cluster (a unit in deploy/); a second one only adds points.",
+				Flags: []cli.Flag{
+					&cli.DurationFlag{Name: "every", Value: 15 * time.Minute, EnvVars: []string{"SHARDVISOR_POINT_EVERY"}, Usage: "take a point every `DURATION`"},
+					&cli.StringFlag{Name: "prefix", Value: "auto", EnvVars: []string{"SHARDVISOR_POINT_PREFIX"}, Usage: "the points' name `PREFIX`"},
+					&cli.IntFlag{Name: "keep", Value: 96, EnvVars: []string{"SHARDVISOR_POINT_KEEP"}, Usage: "keep the newest `N` scheduled points (0: all)"},
+				},
+				Action: runPointWatch,
+			},
+		},
+	}
+}
+
+func restoreCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "restore",
+		Usage:     "restore one bucket, live, to a restore point or a time: from its backups into its current owner, pausing that bucket's writes only",
+		ArgsUsage: "BUCKET",
+		Description: "The bucket's owner at the point (each part's, if it was split or moved since: the point's map says) is recovered\n" +
+			"from its backups into a scratch server beside the cluster (unix socket only, no archiving, no replication workers).\n" +
+			"The bucket's rows are staged on its current owner, compared by primary key, and applied in one transaction that\n" +
+			"holds the fence's drain locks of the bucket's range: writers to this bucket wait for it, nobody else does.\n" +
+			"--mode replace makes the rows exactly what they were; --mode missing only adds back rows that are gone.\n" +
+			"--to TIME needs a restore point at or before it (its map names the owners) and no move of the bucket in between.\n" +
+			"--dry-run shows the rows that would come back, change and go, and changes nothing.",
+		Flags: append([]cli.Flag{
+			&cli.StringFlag{Name: "to", Usage: "a restore point's `NAME`, a time (RFC 3339), or -DURATION before now (-1m)"},
+			&cli.StringFlag{Name: "mode", Value: "replace", Usage: "`MODE`: replace (the bucket exactly as it was) or missing (add back deleted rows only)"},
+			&cli.StringSliceFlag{Name: "tables", Usage: "only these sharded `TABLES` (schema.table; repeat or separate by commas)"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "show what would come back, change and go; change nothing"},
+			&cli.StringFlag{Name: "scratch-dir", EnvVars: []string{"SHARDVISOR_SCRATCH_DIR"}, Usage: "`DIR` for scratch servers (default: the system's temporary directory); it needs room for each recovered server"},
+			&cli.StringFlag{Name: "pg-bin", Value: "/usr/lib/postgresql/15/bin", EnvVars: []string{"SHARDVISOR_PG_BIN"}, Usage: "`DIR` of PostgreSQL's pg_ctl, for scratch servers"},
+		}, pgbackrestFlags()...),
+		Action: runRestore,
 	}
 }

@@ -328,6 +328,7 @@ func runRebalance(c *cli.Context) error {
 			msg := prog.Message
 			fmt.Fprintf(c.App.ErrWriter, "%s  rebalance: %s\n", time.Now().Format("15:04:05.000"), msg)
 		}
+		rb.BeforeChanges = func(ctx context.Context) error { return pointBefore(ctx, c, st, zap.L(), "rebalance") }
 		switch {
 		case c.Bool("pause"):
 			return rb.Pause(ctx, "paused by an operator")

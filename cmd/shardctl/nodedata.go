@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/backup"
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
@@ -162,6 +163,14 @@ func runCheck(c *cli.Context) error {
 		}
 		bud := checkBudget(ctx, d.st.Session(), d.st.Paths(), n, conn, c.Int("pool-size"))
 		out := map[string]any{"node": n.ID, "map_version": d.m.Version, "tables": len(d.rec.Tables), "mismatches": mism, "connection_budget": bud}
+		// Backups: a problem only once the cluster has a backup
+		// configuration (backups were set up and something broke).
+		var bs *backup.NodeStatus
+		if cfg, _, err := topo.ReadBackupConfig(ctx, d.st.Session(), d.st.Paths()); err == nil {
+			ns := backup.CheckNode(ctx, pgbackrestOf(c), cfg, cfg.Configured(), n, conn, time.Now())
+			bs = &ns
+			out["backup"] = ns
+		}
 		// A group's configuration is part of the contract: without
 		// synchronous_mode a failover loses acknowledged writes, without
 		// ignore_slots Patroni drops a move's slot.
@@ -188,11 +197,17 @@ func runCheck(c *cli.Context) error {
 				writeGroup(w, n.ID, g)
 			}
 			writeBudget(w, n.ID, bud)
+			if bs != nil && (bs.Configured || len(bs.Problems) > 0) {
+				writeBackupStatus(w, *bs, false, nil)
+			}
 		}); perr != nil {
 			return perr
 		}
+		if bs != nil && len(bs.Problems) > 0 {
+			severe += len(bs.Problems)
+		}
 		if severe > 0 {
-			return fmt.Errorf("node %s: %d mismatches, %d Patroni group problems", n.ID, len(mism), severe)
+			return fmt.Errorf("node %s: %d mismatches, %d Patroni group and backup problems", n.ID, len(mism), severe)
 		}
 		if len(mism) > 0 {
 			return fmt.Errorf("node %s: %d mismatches", n.ID, len(mism))

@@ -93,6 +93,9 @@ func runSchemaApply(c *cli.Context) error {
 				return err
 			}
 		}
+		if err := pointBefore(ctx, c, st, log, "schema-"+ch.ID); err != nil {
+			return err
+		}
 		res, aerr := schema.Apply(ctx, st, ch, opt)
 		if res == nil {
 			return aerr

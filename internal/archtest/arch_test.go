@@ -80,6 +80,9 @@ var layer = map[string]int{
 	// Schema changes on every db node, recorded (topo), compared with
 	// the fence's comparison (fence).
 	"schema": 6,
+	// Backups, restore points and bucket restores: the records (topo),
+	// the fence's drain locks (fence), the nodes (dbnode).
+	"backup": 6,
 	// The five components are peers: none imports another.
 	"router":     7,
 	"supervisor": 7,

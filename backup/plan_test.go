@@ -1,0 +1,144 @@
+package backup
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/fence"
+)
+
+func twoNodeMap(t *testing.T, level int) *bucketmap.Map {
+	t.Helper()
+	m, err := bucketmap.New(level, []bucketmap.Node{{ID: "a", DSN: "postgres://h1/app"}, {ID: "b", DSN: "postgres://h2/app"}}, time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// A bucket unchanged since the point is one piece, from its owner then to
+// its owner now; moved since, it comes from the old owner into the new.
+func TestPlanPiecesMoved(t *testing.T) {
+	pm := twoNodeMap(t, 2)
+	cur := pm.Clone()
+	b := bucketmap.Bucket{Prefix: 0, Depth: 2}
+	if err := cur.Assign(b, "b", bucketmap.AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := b.Keys()
+	got, err := planPieces(pm, cur, lo, hi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Piece{{Lo: lo, Hi: hi, From: "a", To: "b"}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pieces %v, want %v", got, want)
+	}
+}
+
+// A bucket split since the point, its halves now on two nodes: two
+// pieces, both from the point's one owner, each into its half's owner.
+func TestPlanPiecesSplitSince(t *testing.T) {
+	pm := twoNodeMap(t, 1)
+	cur := pm.Clone()
+	b := bucketmap.Bucket{Prefix: 0, Depth: 1}
+	if err := cur.SplitBucket(b); err != nil {
+		t.Fatal(err)
+	}
+	h0, h1 := b.Halves()
+	if err := cur.Assign(h1, "b", bucketmap.AssignOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := b.Keys()
+	got, err := planPieces(pm, cur, lo, hi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l0, h0hi := h0.Keys()
+	l1, _ := h1.Keys()
+	want := []Piece{{Lo: l0, Hi: h0hi, From: "a", To: "a"}, {Lo: l1, Hi: hi, From: "a", To: "b"}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pieces %v, want %v", got, want)
+	}
+	// One half only: one piece.
+	got, err = planPieces(pm, cur, l1, hi)
+	if err != nil || len(got) != 1 || got[0] != (Piece{Lo: l1, Hi: hi, From: "a", To: "b"}) {
+		t.Fatalf("half: %v, %v", got, err)
+	}
+}
+
+// A bucket moving now is refused, naming the move.
+func TestPlanPiecesMovingRefused(t *testing.T) {
+	pm := twoNodeMap(t, 2)
+	cur := pm.Clone()
+	b := bucketmap.Bucket{Prefix: 1, Depth: 2}
+	if err := cur.SetMoving(b, "b", "m42"); err != nil {
+		t.Fatal(err)
+	}
+	lo, hi := b.Keys()
+	if _, err := planPieces(pm, cur, lo, hi); err == nil || !strings.Contains(err.Error(), "m42") {
+		t.Fatalf("got %v, want the move named", err)
+	}
+}
+
+func TestCovered(t *testing.T) {
+	spans := []fence.Span{{Lo: 0, Hi: 9, State: fence.Owned}, {Lo: 10, Hi: 19, State: fence.Owned}, {Lo: 20, Hi: 29, State: fence.Frozen}}
+	for _, c := range []struct {
+		lo, hi int64
+		want   bool
+	}{{0, 9, true}, {5, 15, true}, {0, 19, true}, {15, 25, false}, {20, 21, false}, {30, 31, false}} {
+		if got := covered(spans, c.lo, c.hi); got != c.want {
+			t.Errorf("covered(%d..%d) = %v, want %v", c.lo, c.hi, got, c.want)
+		}
+	}
+}
+
+func TestParseInfo(t *testing.T) {
+	out := []byte(`[{"archive":[{"database":{"id":1,"repo-key":1},"id":"15-1","max":"000000010000000000000004","min":"000000010000000000000001"}],"backup":[{"archive":{"start":"000000010000000000000002","stop":"000000010000000000000002"},"backrest":{"format":5,"version":"2.45"},"database":{"id":1,"repo-key":1},"error":false,"info":{"delta":22992575,"repository":{"delta":4522362,"size":4522362},"size":22992575},"label":"20261130-084813F","lsn":{"start":"0/2000028","stop":"0/2000100"},"prior":null,"reference":null,"timestamp":{"start":1796028493,"stop":1796028498},"type":"full"}],"cipher":"none","db":[{"id":1,"repo-key":1,"system-id":7713883627741826905,"version":"15"}],"name":"s1","repo":[{"cipher":"none","key":1,"status":{"code":0,"message":"ok"}}],"status":{"code":0,"lock":{"backup":{"held":false}},"message":"ok"}}]`)
+	si, err := parseInfo("s1", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := si.Newest()
+	if n == nil || n.Label != "20261130-084813F" || n.Type != "full" || n.WALStart != "000000010000000000000002" || n.RepoSize != 4522362 || n.Stop.Unix() != 1796028498 {
+		t.Fatalf("newest %+v", n)
+	}
+	if si.WALMin != "000000010000000000000001" || si.WALMax != "000000010000000000000004" || si.Status != "ok" {
+		t.Fatalf("info %+v", si)
+	}
+	if _, err := parseInfo("other", out); err == nil {
+		t.Fatal("a stanza not in the output must be an error")
+	}
+	if _, err := parseInfo("s1", []byte("not json")); err == nil {
+		t.Fatal("garbage must be an error")
+	}
+}
+
+// A point's WAL name is unique per cut and fits PostgreSQL's 63 bytes.
+func TestWALName(t *testing.T) {
+	at := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	a, b := WALName("before-deploy", at), WALName("before-deploy", at.Add(time.Millisecond))
+	if a == b || !strings.HasPrefix(a, "before-deploy@") {
+		t.Fatalf("%s %s", a, b)
+	}
+	if n := len(WALName(strings.Repeat("x", 48), at.AddDate(200, 0, 0))); n > 63 {
+		t.Fatalf("WAL name of a 48-byte point is %d bytes", n)
+	}
+}
+
+// Recovery never archives and stops at the target, promoting there.
+func TestRestoreArgs(t *testing.T) {
+	got := strings.Join(restoreArgs("/x/data", Target{Name: "p@1"}, []string{"app"}), " ")
+	for _, w := range []string{"--pg1-path=/x/data", "--archive-mode=off", "--type=name", "--target=p@1", "--target-action=promote", "--db-include=app"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("%s lacks %s", got, w)
+		}
+	}
+	got = strings.Join(restoreArgs("/x/data", Target{Time: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.FixedZone("x", 3600))}, nil), " ")
+	if !strings.Contains(got, "--type=time") || !strings.Contains(got, "--target=2026-01-02 02:04:05.000006+00") {
+		t.Errorf("time target: %s", got)
+	}
+}

@@ -1,0 +1,229 @@
+package backup
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// A scratch server: one db node's server recovered from its backups to a
+// point, started beside the cluster to read one bucket's rows from, and
+// removed afterwards. It must never touch the live cluster:
+//
+//   - it listens on a unix socket in its own directory only (no TCP);
+//   - archive_mode is off (pgbackrest restore --archive-mode=off, and on
+//     the command line): its new timeline never reaches the stanza;
+//   - no logical replication worker runs (max_logical_replication_workers
+//     = 0): a subscription of a move in flight at the point would
+//     otherwise connect to the live source and consume its slot.
+
+// DefaultPGBin is where Debian's PostgreSQL 15 keeps pg_ctl.
+const DefaultPGBin = "/usr/lib/postgresql/15/bin"
+
+// Scratch is a running scratch server.
+type Scratch struct {
+	// Dir holds the data directory (Dir/data), the socket and the log.
+	Dir    string
+	Node   string
+	Stanza string
+	// Database is the one database restored and served.
+	Database string
+	prefix   []string
+	pgBin    string
+	pid      int
+	// Recovered is how long pgBackRest's restore and PostgreSQL's
+	// recovery took, together.
+	Recovered time.Duration
+}
+
+const scratchPort = 5432 // alone in its socket directory: any port will do
+
+// RecoverScratch recovers stanza's server to t into a new directory under
+// parent and starts it. On failure nothing is left running; the directory
+// is removed unless keep.
+func (b PGBackRest) RecoverScratch(ctx context.Context, parent, pgBin, node, stanza, database string, t Target) (_ *Scratch, err error) {
+	if pgBin == "" {
+		pgBin = DefaultPGBin
+	}
+	start := time.Now()
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(parent, "scratch-"+node+"-")
+	if err != nil {
+		return nil, err
+	}
+	s := &Scratch{Dir: dir, Node: node, Stanza: stanza, Database: database, prefix: b.prefix(), pgBin: pgBin}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	// The directory and everything in it belong to the user pgBackRest
+	// runs as: the server refuses a data directory of another owner.
+	uid, gid, err := s.owner(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chown(dir, uid, gid); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(filepath.Join(dir, "data"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(filepath.Join(dir, "data"), uid, gid); err != nil {
+		return nil, err
+	}
+	var dbs []string
+	if database != "" && !systemDatabase(database) {
+		dbs = []string{database}
+	}
+	if err := b.Restore(ctx, stanza, filepath.Join(dir, "data"), t, dbs); err != nil {
+		return nil, fmt.Errorf("scratch server for %s: %w", node, err)
+	}
+	// The server's own hba and TLS files are the live host's: local
+	// connections by the scratch's user only.
+	if err := os.WriteFile(filepath.Join(dir, "hba.conf"), []byte("local all all trust\n"), 0o600); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(filepath.Join(dir, "hba.conf"), uid, gid); err != nil {
+		return nil, err
+	}
+	opts := []string{
+		"-c port=" + strconv.Itoa(scratchPort), "-c listen_addresses=''", "-c unix_socket_directories='" + dir + "'",
+		"-c archive_mode=off", "-c max_logical_replication_workers=0", "-c hba_file='" + filepath.Join(dir, "hba.conf") + "'",
+		"-c ssl=off", "-c hot_standby=on", "-c synchronous_standby_names=''", "-c shared_buffers=64MB",
+		"-c primary_conninfo=''", "-c primary_slot_name=''", "-c log_line_prefix='%m [%p] '",
+	}
+	if err := s.runAs(ctx, "", filepath.Join(pgBin, "pg_ctl"), "-D", filepath.Join(dir, "data"), "-l", filepath.Join(dir, "postgres.log"),
+		"-o", strings.Join(opts, " "), "-w", "-t", "600", "-s", "start"); err != nil {
+		return nil, fmt.Errorf("scratch server for %s: start: %w (its log: %s)", node, err, filepath.Join(dir, "postgres.log"))
+	}
+	s.pid = postmasterPid(filepath.Join(dir, "data"))
+	// Recovery ends with the promotion at the target; until then the
+	// server is read-only and may not have reached it.
+	for {
+		c, err := s.Connect(ctx)
+		if err == nil {
+			var inRecovery bool
+			err = c.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery)
+			c.Close(ctx)
+			if err == nil && !inRecovery {
+				break
+			}
+		}
+		if s.pid != 0 && syscall.Kill(s.pid, 0) != nil {
+			return nil, fmt.Errorf("scratch server for %s stopped during recovery (its log: %s): %s", node, filepath.Join(dir, "postgres.log"), tail(filepath.Join(dir, "postgres.log")))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	s.Recovered = time.Since(start)
+	return s, nil
+}
+
+// Connect opens a connection to the scratch server's database.
+func (s *Scratch) Connect(ctx context.Context) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(fmt.Sprintf("host=%s port=%d user=postgres dbname=%s", s.Dir, scratchPort, quoteConnValue(s.databaseOr())))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+func (s *Scratch) databaseOr() string {
+	if s.Database == "" {
+		return "postgres"
+	}
+	return s.Database
+}
+
+// Close stops the scratch server (immediate: nothing in it is kept) and
+// removes its directory.
+func (s *Scratch) Close() {
+	if s.pid != 0 {
+		_ = syscall.Kill(s.pid, syscall.SIGQUIT)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if syscall.Kill(s.pid, 0) != nil {
+				break
+			}
+		}
+		if syscall.Kill(s.pid, 0) == nil {
+			_ = syscall.Kill(s.pid, syscall.SIGKILL)
+		}
+	}
+	_ = os.RemoveAll(s.Dir)
+}
+
+// owner is the uid and gid the prefix runs as (-1, -1: this process's).
+func (s *Scratch) owner(ctx context.Context) (int, int, error) {
+	if len(s.prefix) == 0 {
+		return -1, -1, nil
+	}
+	var ids [2]int
+	for i, flag := range []string{"-u", "-g"} {
+		argv := append(append([]string{}, s.prefix...), "id", flag)
+		out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
+		if err != nil {
+			return 0, 0, fmt.Errorf("scratch: %s: %v", strings.Join(argv, " "), err)
+		}
+		if ids[i], err = strconv.Atoi(strings.TrimSpace(string(out))); err != nil {
+			return 0, 0, fmt.Errorf("scratch: %s printed %q", strings.Join(argv, " "), out)
+		}
+	}
+	return ids[0], ids[1], nil
+}
+
+func (s *Scratch) runAs(ctx context.Context, stdin, name string, args ...string) error {
+	argv := append(append([]string{}, s.prefix...), name)
+	argv = append(argv, args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = "/"
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %v: %s", name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// systemDatabase: pgBackRest restores these always and refuses to be asked.
+func systemDatabase(db string) bool {
+	return db == "postgres" || db == "template0" || db == "template1"
+}
+
+func postmasterPid(data string) int {
+	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, _ := strconv.Atoi(strings.TrimSpace(line))
+	return pid
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	s := strings.TrimSpace(string(b))
+	if len(s) > 800 {
+		s = "..." + s[len(s)-800:]
+	}
+	return s
+}
+
+func quoteConnValue(s string) string {
+	return "'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), "'", `\'`) + "'"
+}

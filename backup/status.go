@@ -1,0 +1,106 @@
+package backup
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/bucketmap"
+	"github.com/shardvisor/shardvisor/topo"
+)
+
+// NodeStatus is one node's backups and archiving, and what is wrong with
+// them.
+type NodeStatus struct {
+	Node   string `json:"node"`
+	Stanza string `json:"stanza,omitempty"`
+	// Newest is the newest good backup; Age its age at the check.
+	Newest     *BackupInfo `json:"newest,omitempty"`
+	AgeSeconds float64     `json:"age_seconds,omitempty"`
+	Backups    int         `json:"backups"`
+	WALMin     string      `json:"wal_min,omitempty"`
+	WALMax     string      `json:"wal_max,omitempty"`
+	// Archiver is the primary's pg_stat_archiver (nil: not read).
+	Archiver *Archiver `json:"archiver,omitempty"`
+	// Problems: each is something to act on. Configured is false when the
+	// cluster has no backup configuration at all (then nothing is a
+	// problem: backups were never set up).
+	Problems   []string `json:"problems"`
+	Configured bool     `json:"configured"`
+}
+
+// Archiver is a server's WAL archiving, from pg_stat_archiver.
+type Archiver struct {
+	Mode            string     `json:"archive_mode"`
+	Archived        int64      `json:"archived_count"`
+	LastArchivedWAL string     `json:"last_archived_wal,omitempty"`
+	LastArchivedAt  *time.Time `json:"last_archived_time,omitempty"`
+	Failed          int64      `json:"failed_count"`
+	LastFailedWAL   string     `json:"last_failed_wal,omitempty"`
+	LastFailedAt    *time.Time `json:"last_failed_time,omitempty"`
+}
+
+// Failing: the last attempt to archive a segment failed (a later success
+// clears it).
+func (a *Archiver) Failing() bool {
+	return a.LastFailedAt != nil && (a.LastArchivedAt == nil || a.LastFailedAt.After(*a.LastArchivedAt))
+}
+
+// ReadArchiver reads a server's archiving state.
+func ReadArchiver(ctx context.Context, c *pgx.Conn) (*Archiver, error) {
+	a := &Archiver{}
+	err := c.QueryRow(ctx, `SELECT current_setting('archive_mode'), archived_count, coalesce(last_archived_wal, ''), last_archived_time,
+		failed_count, coalesce(last_failed_wal, ''), last_failed_time FROM pg_stat_archiver`).
+		Scan(&a.Mode, &a.Archived, &a.LastArchivedWAL, &a.LastArchivedAt, &a.Failed, &a.LastFailedWAL, &a.LastFailedAt)
+	return a, err
+}
+
+// CheckNode reads node n's backups (through pgBackRest) and, if conn is
+// not nil, its primary's archiving, and says what is wrong.
+func CheckNode(ctx context.Context, pg PGBackRest, cfg *topo.BackupConfig, configured bool, n bucketmap.Node, conn *pgx.Conn, now time.Time) NodeStatus {
+	ns := NodeStatus{Node: string(n.ID), Stanza: cfg.Stanzas[string(n.ID)], Configured: configured, Problems: []string{}}
+	if conn != nil {
+		a, err := ReadArchiver(ctx, conn)
+		if err != nil {
+			ns.Problems = append(ns.Problems, fmt.Sprintf("cannot read pg_stat_archiver: %v", err))
+		} else {
+			ns.Archiver = a
+		}
+	}
+	if !configured {
+		return ns
+	}
+	if ns.Stanza == "" {
+		ns.Problems = append(ns.Problems, fmt.Sprintf("no backups configured for this node (shardctl backup configure %s --stanza NAME)", n.ID))
+		return ns
+	}
+	if a := ns.Archiver; a != nil {
+		switch {
+		case a.Mode == "off":
+			ns.Problems = append(ns.Problems, "archive_mode is off: no WAL is archived, so no point-in-time restore past the newest backup")
+		case a.Failing():
+			ns.Problems = append(ns.Problems, fmt.Sprintf("archiving is failing: %d failures, the last for %s at %s, after the last success (see the server's log; archive_command)",
+				a.Failed, a.LastFailedWAL, a.LastFailedAt.UTC().Format(time.RFC3339)))
+		}
+	}
+	info, err := pg.Info(ctx, ns.Stanza)
+	if err != nil {
+		ns.Problems = append(ns.Problems, fmt.Sprintf("cannot read stanza %s: %v", ns.Stanza, err))
+		return ns
+	}
+	ns.Backups, ns.WALMin, ns.WALMax = len(info.Backups), info.WALMin, info.WALMax
+	newest := info.Newest()
+	if newest == nil {
+		ns.Problems = append(ns.Problems, fmt.Sprintf("no backup in stanza %s yet (shardctl backup %s)", ns.Stanza, n.ID))
+		return ns
+	}
+	ns.Newest = newest
+	age := now.Sub(newest.Stop)
+	ns.AgeSeconds = age.Seconds()
+	if limit := cfg.MaxAgeOrDefault(); age > limit {
+		ns.Problems = append(ns.Problems, fmt.Sprintf("the newest backup (%s) is %s old, more than %s (shardctl backup %s)", newest.Label, age.Round(time.Minute), limit, n.ID))
+	}
+	return ns
+}
