@@ -116,7 +116,7 @@ func CreatePoint(ctx context.Context, st *bucketmap.Store, name string, opt Poin
 		if err != nil {
 			return nil, err
 		}
-		moves, err := movesInFlight(ctx, s, p, m)
+		moves, err := movesInFlight(ctx, s, p)
 		if err != nil {
 			return nil, err
 		}
@@ -207,7 +207,7 @@ func pointOn(ctx context.Context, c *pgx.Conn, wal string) (topo.PointNode, erro
 }
 
 // movesInFlight lists the moves not in a final state.
-func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths, m *bucketmap.Map) ([]topo.PointMove, error) {
+func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths) ([]topo.PointMove, error) {
 	ids, err := topo.ListMoves(ctx, s, p)
 	if err != nil {
 		return nil, err
@@ -225,7 +225,12 @@ func movesInFlight(ctx context.Context, s *zksession.Session, p topo.Paths, m *b
 			continue
 		}
 		b := bucketmap.Bucket{Prefix: rec.Bucket, Depth: rec.Level}
-		out = append(out, topo.PointMove{ID: rec.ID, Bucket: b.String(), Source: rec.Source, Target: rec.Target, State: rec.State})
+		pm := topo.PointMove{ID: rec.ID, Bucket: b.String(), Lo: rec.Lo, Hi: rec.Hi, Source: rec.Source, Target: rec.Target, State: rec.State,
+			Publication: rec.Publication, Slot: rec.Slot, Subscription: rec.Subscription}
+		if r := rec.Reverse; r != nil {
+			pm.ReversePublication, pm.ReverseSlot, pm.ReverseSubscription = r.Publication, r.Slot, r.Subscription
+		}
+		out = append(out, pm)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil

@@ -473,3 +473,37 @@ func (m *Map) PruneHistory(done func(Handoff) bool) int {
 	m.compact()
 	return before - len(m.history)
 }
+
+// RestoreOwnership gives m the buckets of from, a map of an earlier
+// version (a restore point's): its level, depths, owners and history,
+// with every bucket active (a move in flight then is not resumed by a
+// restore: its bucket stays with its source). m keeps its node registry
+// (the servers' addresses now) and its version; every node from names
+// must be in it. The caller bumps the version as for any edit.
+func (m *Map) RestoreOwnership(from *Map) error {
+	owners := make([]uint16, len(from.owners))
+	for s, o := range from.owners {
+		id := from.nodes[o].ID
+		i, ok := m.index[id]
+		if !ok {
+			return fmt.Errorf("%w: %s, which owned slot %d at map version %d (add it back first: shardctl node add)", ErrUnknownNode, id, s, from.Version)
+		}
+		owners[s] = uint16(i)
+	}
+	m.Level = from.Level
+	m.owners = owners
+	m.depth = nil
+	if from.depth != nil {
+		m.depth = append([]uint8(nil), from.depth...)
+	}
+	m.nbuckets = from.nbuckets
+	m.meta = map[uint32]BucketMeta{}
+	for s, bm := range from.meta {
+		bm.State, bm.Target, bm.Move, bm.Since = BucketActive, "", "", 0
+		if !bm.plain() {
+			m.meta[s] = bm
+		}
+	}
+	m.history = append([]Handoff(nil), from.history...)
+	return nil
+}

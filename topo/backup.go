@@ -211,13 +211,28 @@ type RestorePoint struct {
 	Attempts int     `json:"attempts"`
 }
 
-// PointMove is a move in flight at a restore point.
+// PointMove is a move in flight at a restore point, with its key range
+// and the replication objects a whole-cluster restore tears down on the
+// recovered servers (their names are in the move record, which may be
+// gone by then).
 type PointMove struct {
 	ID     string `json:"id"`
 	Bucket string `json:"bucket"`
+	Lo     int64  `json:"lo"`
+	Hi     int64  `json:"hi"`
 	Source string `json:"source"`
 	Target string `json:"target"`
 	State  string `json:"state"`
+	// The forward stream: publication and slot on the source,
+	// subscription on the target.
+	Publication  string `json:"publication,omitempty"`
+	Slot         string `json:"slot,omitempty"`
+	Subscription string `json:"subscription,omitempty"`
+	// The reverse stream, past the flip: publication and slot on the
+	// target, subscription on the source.
+	ReversePublication  string `json:"reverse_publication,omitempty"`
+	ReverseSlot         string `json:"reverse_slot,omitempty"`
+	ReverseSubscription string `json:"reverse_subscription,omitempty"`
 }
 
 // PointNode is a restore point on one node.

@@ -16,6 +16,7 @@ import (
 	"github.com/shardvisor/shardvisor/backup"
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/internal/cliutil"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -532,4 +533,76 @@ func writeRestore(w io.Writer, r *backup.RestoreResult) {
 	}
 	fmt.Fprintf(w, "  %d rows staged; recovery %.0f ms, staging %.0f ms, diff %.0f ms, apply %.0f ms, write pause %.1f ms; %.1f s in all\n",
 		r.Staged, r.RecoverMS, r.StageMS, r.DiffMS, r.PreApplyMS, r.PauseMS, r.TotalMS/1000)
+}
+
+// runPointShow prints a restore point and, per node, the command that
+// recovers its server to the point: the whole-cluster runbook's first
+// step (docs/backups.md).
+func runPointShow(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return cliutil.Usagef("restore-point show: give the point's name")
+	}
+	name := c.Args().First()
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		rp, err := topo.ReadRestorePoint(ctx, st.Session(), st.Paths(), name)
+		if err != nil {
+			return fmt.Errorf("restore-point show %s: %w", name, err)
+		}
+		cmds := map[string]string{}
+		for id := range rp.Nodes {
+			cmd, err := backup.RecoveryCommand(rp, id, strings.ReplaceAll(c.String("data-dir"), "{node}", id))
+			if err != nil {
+				cmd = "# " + err.Error()
+			}
+			cmds[id] = cmd
+		}
+		return cliutil.NewPrinter(c).Emit(map[string]any{"point": rp, "recovery_commands": cmds}, func(w io.Writer) {
+			writePoint(w, rp, true)
+			fmt.Fprintln(w, "to recover each node's server to this point (on its new host, as the repository's owner):")
+			ids := make([]string, 0, len(cmds))
+			for id := range cmds {
+				ids = append(ids, id)
+			}
+			sort.Strings(ids)
+			for _, id := range ids {
+				fmt.Fprintf(w, "  %s: %s\n", id, cmds[id])
+			}
+			fmt.Fprintf(w, "then point each node at its new server (shardctl node set-dsn ID DSN) and run: shardctl restore-point apply-map %s\n", rp.Name)
+		})
+	})
+}
+
+func runPointApplyMap(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return cliutil.Usagef("restore-point apply-map: give the point's name")
+	}
+	name := c.Args().First()
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		res, err := backup.ApplyPointMap(ctx, st, name, log)
+		if err != nil {
+			return err
+		}
+		if err := cliutil.NewPrinter(c).Emit(res, func(w io.Writer) {
+			fmt.Fprintf(w, "map version %d now has the buckets of restore point %s (map version %d then)\n", res.MapVersion, res.Point, res.From)
+			for _, td := range res.Moves {
+				fmt.Fprintf(w, "  move %s in flight then (flipped: %v): %s\n", td.ID, td.Flipped, strings.Join(td.Done, "; "))
+				for _, e := range td.Errors {
+					fmt.Fprintf(w, "    ERROR: %s\n", e)
+				}
+			}
+			for _, d := range res.Drift {
+				fmt.Fprintf(w, "  node %s: fence %s: %s\n", d.Node, d.Status, d.Detail)
+			}
+		}); err != nil {
+			return err
+		}
+		bad := len(res.Drift)
+		for _, td := range res.Moves {
+			bad += len(td.Errors)
+		}
+		if bad > 0 {
+			return hint.New(fmt.Errorf("restore-point apply-map: %d problems", bad), "bring the nodes up and run it again (every step is idempotent), then shardctl node check on each node")
+		}
+		return nil
+	})
 }

@@ -601,6 +601,25 @@ func restorePointCommand() *cli.Command {
 			{Name: "list", Usage: "list the restore points, oldest first", Flags: []cli.Flag{&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}, Usage: "with each node's LSN and the moves in flight"}}, Action: runPointList},
 			{Name: "delete", Usage: "forget a restore point (its WAL records stay in the archive)", ArgsUsage: "NAME", Action: runPointDelete},
 			{
+				Name:      "show",
+				Usage:     "show a restore point and, per node, the pgBackRest command that recovers its server to it (the whole-cluster runbook)",
+				ArgsUsage: "NAME",
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "data-dir", Value: "/var/lib/postgresql/15/{node}", EnvVars: []string{"SHARDVISOR_RESTORE_DATA_DIR"}, Usage: "the new servers' data `DIR` in the commands ({node} is the node's id)"},
+				},
+				Action: runPointShow,
+			},
+			{
+				Name:      "apply-map",
+				Usage:     "after every node's server was recovered to the point and its DSN points there: make the map the point's, and clear the moves in flight then",
+				ArgsUsage: "NAME",
+				Description: "The map gets the point's buckets and owners (every bucket active) under today's node registry, at a new\n" +
+					"version, and every fence syncs to it. For each move in flight at the point, its subscriptions, slots and\n" +
+					"publications are dropped on the recovered servers, and an unflipped move's partial copy is deleted from its\n" +
+					"target. Idempotent: run it again after a node that did not answer is back. Then: shardctl node check ID.",
+				Action: runPointApplyMap,
+			},
+			{
 				Name:  "watch",
 				Usage: "take a restore point every --every, named PREFIX-TIME, keeping the newest --keep",
 				Description: "Points never interleave (the backup lock); a point that fails is logged and the next is taken on time.\n" +

@@ -80,15 +80,16 @@ var layer = map[string]int{
 	// Schema changes on every db node, recorded (topo), compared with
 	// the fence's comparison (fence).
 	"schema": 6,
-	// Backups, restore points and bucket restores: the records (topo),
-	// the fence's drain locks (fence), the nodes (dbnode).
-	"backup": 6,
 	// The five components are peers: none imports another.
 	"router":     7,
 	"supervisor": 7,
 	"migrate":    7,
 	"gc":         7,
 	"worker":     7,
+	// Backups, restore points and bucket restores: a component beside the
+	// mover (it changes ownership through ownership, holds the fence's
+	// drain locks, and never imports migrate).
+	"backup": 7,
 	// The router's HTTP API, above the router and the fleet.
 	"sidecar": 8,
 	// Flag and output plumbing shared by the commands only.
