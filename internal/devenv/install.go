@@ -8,8 +8,9 @@ import (
 )
 
 // ensureInstalled checks that the servers' Debian packages are there
-// (ZooKeeper, PostgreSQL, PgBouncer; Patroni's when a group is asked for). Installing them is
-// scripts/install-deps --servers's job, which scripts/devenv runs first.
+// (ZooKeeper, PostgreSQL, PgBouncer, pgBackRest; Patroni's when a group is
+// asked for). Installing them is scripts/install-deps --servers's job,
+// which scripts/devenv runs first.
 func ensureInstalled(patroni bool) error {
 	const hint = "; as root run: scripts/install-deps --servers"
 	for _, j := range zkJars {
@@ -27,6 +28,9 @@ func ensureInstalled(patroni bool) error {
 	}
 	if !fileExists(pgbouncerBin) {
 		return fmt.Errorf("PgBouncer is not installed (%s missing)%s", pgbouncerBin, hint)
+	}
+	if !fileExists(pgbackrestBin) {
+		return fmt.Errorf("pgBackRest is not installed (%s missing: every server's archive_command runs it)%s", pgbackrestBin, hint)
 	}
 	if _, err := postgresCredential(); err != nil {
 		return err
