@@ -40,12 +40,17 @@ func newApp() *cli.App {
 			"  pg/pgI/members                a group: its number of members\n" +
 			"  pg/pgI/mM/{data/,patroni.yml,patroni.log,postgres.log,patroni.pid,pgpass,zkfwdJ.pid}\n" +
 			"  pg/pgI/[mM/]pgbouncer.{ini,auth,log,pid}  the server's PgBouncer\n" +
+			"  backup/pgbackrest.conf  pgBackRest's configuration (a stanza per node, pgI: a group's lists every member)\n" +
+			"  backup/{repo/,log/,lock/,spool/}  its repository, into which every db server archives its WAL\n" +
 			"PostgreSQL authentication: trust over the unix socket in pg/pgI/ (pg/pgI/mM/), scram-sha-256\n" +
 			"over TCP (replication too), user postgres. A group's env DSN lists every member with\n" +
 			"target_session_attrs=read-write, so it reaches the current primary.\n" +
 			"Every db server has a PgBouncer in transaction mode at its port + 2000 (status rows pgI.pool,\n" +
 			"pgI.mM.pool; env's SHARDVISOR_PGI_POOL_DSN): any role with a password logs in with it, and\n" +
-			"the pooler logs into the server as that role over its unix socket.",
+			"the pooler logs into the server as that role over its unix socket.\n" +
+			"Every db server archives its WAL into the pgBackRest repository (archive_timeout 60s); up makes\n" +
+			"each node's stanza. env's SHARDVISOR_PGBACKREST (the command: as root, as the postgres user) and\n" +
+			"SHARDVISOR_PGBACKREST_CONFIG run pgbackrest on it: $SHARDVISOR_PGBACKREST --config=$SHARDVISOR_PGBACKREST_CONFIG --stanza=pg1 backup.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "dir", Value: devenv.DefaultDir, EnvVars: []string{"SHARDVISOR_DEVENV_DIR"},
 				Usage: "state `directory` (must be traversable by the postgres user)"},

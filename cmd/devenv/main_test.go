@@ -37,6 +37,14 @@ func TestCommands(t *testing.T) {
 	if err := os.WriteFile(dir+"/pg/password", []byte("pw\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// pgBackRest on the environment's repository: as root, as the postgres
+	// user.
+	pgbr := "export SHARDVISOR_PGBACKREST_CONFIG='" + dir + "/backup/pgbackrest.conf'\n" +
+		"export SHARDVISOR_PGBACKREST='/usr/bin/pgbackrest'\n"
+	if os.Geteuid() == 0 {
+		pgbr = "export SHARDVISOR_PGBACKREST_CONFIG='" + dir + "/backup/pgbackrest.conf'\n" +
+			"export SHARDVISOR_PGBACKREST='/usr/sbin/runuser -u postgres -- /usr/bin/pgbackrest'\n"
+	}
 	for _, tc := range []struct {
 		args        []string
 		code        int
@@ -62,7 +70,7 @@ func TestCommands(t *testing.T) {
 			"export SHARDVISOR_PG1_DSN='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" +
 			"export SHARDVISOR_PG1_POOL_DSN='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" +
 			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" +
-			"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n", ""},
+			"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=verify-full&sslrootcert=" + dir + "/tls/ca.crt'\n" + pgbr, ""},
 		{[]string{"--plain", "env", "--pg-nodes", "2"}, 0, "export SHARDVISOR_ZK='127.0.0.1:7811,127.0.0.1:7812,127.0.0.1:7813'\n" +
 			"export SHARDVISOR_PG_PASSWORD_FILE='" + dir + "/pg/password'\n" +
 			"export PGPASSFILE='" + dir + "/pg/pgpass'\n" +
@@ -71,7 +79,7 @@ func TestCommands(t *testing.T) {
 			"export SHARDVISOR_PG2_DSN='postgres://postgres:pw@127.0.0.1:7433/postgres?sslmode=disable'\n" +
 			"export SHARDVISOR_PG2_POOL_DSN='postgres://postgres:pw@127.0.0.1:9433/postgres?sslmode=disable'\n" +
 			"export SHARDVISOR_PG_DSNS='postgres://postgres:pw@127.0.0.1:7432/postgres?sslmode=disable,postgres://postgres:pw@127.0.0.1:7433/postgres?sslmode=disable'\n" +
-			"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=disable,postgres://postgres:pw@127.0.0.1:9433/postgres?sslmode=disable'\n", ""},
+			"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:pw@127.0.0.1:9432/postgres?sslmode=disable,postgres://postgres:pw@127.0.0.1:9433/postgres?sslmode=disable'\n" + pgbr, ""},
 	} {
 		var errb bytes.Buffer
 		app := newApp()

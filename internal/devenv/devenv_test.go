@@ -15,8 +15,9 @@ import (
 // state dir /tmp/sv-h1-gold and the default ports: zk2's zoo.cfg and
 // log4j.properties, pg2's shardvisor.conf, member 2 of group 4's
 // patroni.yml (password PASSWORD123; since, with the callbacks that have
-// the member's PgBouncer reconnect). A running server whose file differs
-// is restarted or reloaded by up, so the rendering must not drift.
+// the member's PgBouncer reconnect, and the WAL archiving into pgBackRest's
+// repository). A running server whose file differs is restarted or
+// reloaded by up, so the rendering must not drift.
 func TestTemplatesRenderAsTheScriptDid(t *testing.T) {
 	e := New(Config{Dir: "/tmp/sv-h1-gold"})
 	for name, got := range map[string][]byte{
@@ -347,5 +348,81 @@ func TestPoolerIni(t *testing.T) {
 	}
 	if fi, err := os.Stat(p.roleChange()); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Errorf("pgbouncer-role-change: %v %v, want mode 0755", fi, err)
+	}
+}
+
+// pgBackRest's configuration: the repository in DIR/backup, a stanza per
+// node, a group's listing every member; each server's archive_command
+// pushes from its own data directory. pgBackRest itself reads the file
+// without a warning (an unknown option is one).
+func TestPGBackRestConf(t *testing.T) {
+	e := New(Config{Dir: "/s", PGNodes: 3, HA: 2, HANodes: []int{3}})
+	got := string(e.pgbackrestConf())
+	_, body, _ := strings.Cut(got, "[global]\n")
+	want := `repo1-path=/s/backup/repo
+repo1-retention-full=2
+log-path=/s/backup/log
+lock-path=/s/backup/lock
+spool-path=/s/backup/spool
+start-fast=y
+compress-type=lz4
+log-level-console=warn
+log-level-file=info
+archive-async=n
+process-max=2
+
+[pg1]
+pg1-path=/s/pg/pg1/data
+pg1-port=25432
+pg1-socket-path=/s/pg/pg1
+pg1-user=postgres
+
+[pg2]
+pg1-path=/s/pg/pg2/data
+pg1-port=25433
+pg1-socket-path=/s/pg/pg2
+pg1-user=postgres
+
+[pg3]
+pg1-path=/s/pg/pg3/m1/data
+pg1-port=25434
+pg1-socket-path=/s/pg/pg3/m1
+pg1-user=postgres
+pg2-path=/s/pg/pg3/m2/data
+pg2-port=25534
+pg2-socket-path=/s/pg/pg3/m2
+pg2-user=postgres
+`
+	if body != want {
+		t.Errorf("pgbackrest.conf:\n%s\nwant after [global]:\n%s", got, want)
+	}
+	if e.BackupConfig() != "/s/backup/pgbackrest.conf" || e.Stanza(3) != "pg3" {
+		t.Errorf("BackupConfig %q, Stanza(3) %q", e.BackupConfig(), e.Stanza(3))
+	}
+	for _, c := range []struct{ conf, want string }{
+		{string(e.shardvisorConf(2)), "\narchive_mode = on\narchive_command = '/usr/bin/pgbackrest --config=/s/backup/pgbackrest.conf --stanza=pg2 --pg1-path=/s/pg/pg2/data archive-push %p'\narchive_timeout = 60s\n"},
+		{string(e.patroniYML(3, 2, "pw", "")), "\n    archive_mode: 'on'\n    archive_command: '/usr/bin/pgbackrest --config=/s/backup/pgbackrest.conf --stanza=pg3 --pg1-path=/s/pg/pg3/m2/data archive-push %p'\n    archive_timeout: 60s\n"},
+		{string(e.patroniYML(3, 1, "pw", "")), "\n  post_init: \"/bin/sh -c '/usr/bin/pgbackrest --config=/s/backup/pgbackrest.conf --stanza=pg3 --log-level-console=error stanza-create || true' post_init\"\n"},
+	} {
+		if !strings.Contains(c.conf, c.want) {
+			t.Errorf("lacks %q:\n%s", c.want, c.conf)
+		}
+	}
+	cmd := e.PGBackRestCommand()
+	if os.Geteuid() == 0 && !slices.Equal(cmd, []string{"/usr/sbin/runuser", "-u", "postgres", "--", "/usr/bin/pgbackrest"}) ||
+		os.Geteuid() != 0 && !slices.Equal(cmd, []string{"/usr/bin/pgbackrest"}) {
+		t.Errorf("PGBackRestCommand() = %q", cmd)
+	}
+
+	if _, err := os.Stat(pgbackrestBin); err != nil {
+		t.Skipf("pgBackRest is not installed (%v): scripts/install-deps --servers", err)
+	}
+	conf := filepath.Join(t.TempDir(), "pgbackrest.conf")
+	if err := os.WriteFile(conf, []byte(got), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(pgbackrestBin, "--config="+conf, "--log-level-file=off", "--stanza=pg3", "--output=json", "info").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "WARN") || !strings.Contains(string(out), `"name":"pg3"`) {
+		t.Errorf("pgbackrest info on it: %v\n%s", err, out)
 	}
 }

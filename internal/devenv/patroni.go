@@ -3,6 +3,7 @@ package devenv
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -495,4 +496,76 @@ func (e *Env) zkWaitCreated(waits map[string]int, deadline time.Time) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return nil
+}
+
+// groupRestartUnarchived restarts, through their Patroni, the running
+// members of group i whose PostgreSQL does not archive (started by an
+// older devenv: archive_mode takes a restart, which Patroni does not make
+// on a reload of patroni.yml; it marks the member pending_restart). The
+// standbys go first, the primary last: Patroni restarts it in place,
+// keeping the leader key, so no failover. It waits until each member's
+// Patroni says a restart is pending (it has read the new patroni.yml,
+// which up's SIGHUP asked for), then until the group is healthy again.
+func (e *Env) groupRestartUnarchived(i int, deadline time.Time) error {
+	n, _, err := e.recordedMembers(i)
+	if err != nil {
+		return err
+	}
+	leader, _, _, _ := e.Primary(i)
+	var order []int
+	for m := 1; m <= n; m++ {
+		if MemberName(i, m) != leader {
+			order = append(order, m)
+		}
+	}
+	for m := 1; m <= n; m++ {
+		if MemberName(i, m) == leader {
+			order = append(order, m)
+		}
+	}
+	restarted := false
+	for _, m := range order {
+		name := fmt.Sprintf("pg%d.m%d", i, m)
+		if e.memberPatroniPid(i, m) == 0 || e.memberPGPid(i, m) == 0 {
+			continue
+		}
+		mode, err := queryLocal(e.MemberDir(i, m), e.MemberPort(i, m), "SHOW archive_mode")
+		if err != nil || mode != "off" {
+			continue
+		}
+		api := apiEndpoint{e.addr(MemberName(i, m)), e.MemberAPIPort(i, m), e.patroniAPI()}
+		for {
+			if pending, _ := api.get("/patroni").body["pending_restart"].(bool); pending {
+				break
+			}
+			if time.Now().After(deadline) {
+				return withLogs(fmt.Errorf("%s: runs without WAL archiving, and its Patroni has not marked it pending_restart after reading patroni.yml again", name),
+					filepath.Join(e.MemberDir(i, m), "patroni.log"))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		e.logf("%s: runs without WAL archiving (started by an older devenv); restarting its postgres through Patroni", name)
+		req, err := api.c.request(http.MethodPost, api.addr, api.port, "/restart", strings.NewReader(`{"restart_pending": true}`))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		client := *api.c.client
+		client.Timeout = max(time.Until(deadline), 5*time.Second) // the reply comes once it has restarted
+		resp, err := client.Do(req)
+		if err != nil {
+			return fmt.Errorf("%s: POST /restart: %w", name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return withLogs(fmt.Errorf("%s: POST /restart: %s %s", name, resp.Status, strings.TrimSpace(string(b))),
+				filepath.Join(e.MemberDir(i, m), "patroni.log"), filepath.Join(e.MemberDir(i, m), "postgres.log"))
+		}
+		restarted = true
+	}
+	if !restarted {
+		return nil
+	}
+	return e.groupWait(i, deadline)
 }

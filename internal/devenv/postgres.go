@@ -183,6 +183,12 @@ func (e *Env) pgLaunch(i int) error {
 		e.logf("pg%d: running with HOME %s, not its own; restarting it", i, procHome(pid))
 		e.pgStop(i)
 	}
+	if e.pgPid(i) != 0 && e.pgConfStale(i) {
+		// Started by an older devenv: without WAL archiving, say
+		// (archive_mode takes a restart).
+		e.logf("pg%d: shardvisor.conf is out of date; restarting it with the current one", i)
+		e.pgStop(i)
+	}
 	if e.pgPid(i) != 0 {
 		return nil
 	}
@@ -211,6 +217,13 @@ func (e *Env) pgLaunch(i int) error {
 	}
 	e.logf("pg%d: starting (port %d)", i, e.PGPort(i))
 	return nil
+}
+
+// pgConfStale reports whether plain node i's shardvisor.conf, written
+// when it started, differs from the one rendered now.
+func (e *Env) pgConfStale(i int) bool {
+	b, err := os.ReadFile(filepath.Join(e.pgData(i), "shardvisor.conf"))
+	return err == nil && string(b) != string(e.shardvisorConf(i))
 }
 
 // pgCtlStop stops the postmaster of data (fast shutdown), signalling it
@@ -282,6 +295,21 @@ func execLocal(sockDir string, port int, sql string) error {
 	defer c.Close(ctx)
 	_, err = c.Exec(ctx, sql)
 	return err
+}
+
+// queryLocal runs sql as the postgres user on the server whose unix
+// socket is in sockDir and returns the first column of its first row.
+func queryLocal(sockDir string, port int, sql string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres", sockDir, port))
+	if err != nil {
+		return "", err
+	}
+	defer c.Close(ctx)
+	var v string
+	err = c.QueryRow(ctx, sql).Scan(&v)
+	return v, err
 }
 
 // procHome is process pid's HOME ("" if it cannot be read).

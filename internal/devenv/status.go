@@ -175,6 +175,11 @@ func (e *Env) Exports(w io.Writer) {
 	}
 	fmt.Fprintf(w, "export SHARDVISOR_PG_DSNS='%s'\n", strings.Join(dsns, ","))
 	fmt.Fprintf(w, "export SHARDVISOR_PG_POOL_DSNS='%s'\n", strings.Join(pools, ","))
+	// pgBackRest on the environment's repository: the command to run
+	// (pgbackrest as the postgres user) and its configuration, with a
+	// stanza per node, pgI.
+	fmt.Fprintf(w, "export SHARDVISOR_PGBACKREST_CONFIG='%s'\n", e.BackupConfig())
+	fmt.Fprintf(w, "export SHARDVISOR_PGBACKREST='%s'\n", strings.Join(e.PGBackRestCommand(), " "))
 }
 
 var memberNameRE = regexp.MustCompile(`^pg([1-9][0-9]*)[.-]m([1-9])$`)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"embed"
 	"path/filepath"
+	"strings"
 	"text/template"
 )
 
@@ -56,12 +57,14 @@ func (e *Env) log4jProperties(i int) []byte {
 func (e *Env) shardvisorConf(i int) []byte {
 	tf := e.TLSFiles("pg" + itoa(i))
 	return render("shardvisor.conf", struct {
-		Port               int
-		Dir                string
-		TLS                bool
-		CA, Cert, Key, HBA string
-		Addr               string
-	}{e.PGPort(i), e.PGDir(i), e.c.TLS, tf.CA, tf.Cert, tf.Key, e.pgHBATLSFile(i), e.addr("pg" + itoa(i))})
+		Node, Port                     int
+		Dir                            string
+		TLS                            bool
+		CA, Cert, Key, HBA             string
+		Addr                           string
+		ArchiveCommand, ArchiveTimeout string
+	}{i, e.PGPort(i), e.PGDir(i), e.c.TLS, tf.CA, tf.Cert, tf.Key, e.pgHBATLSFile(i), e.addr("pg" + itoa(i)),
+		e.archiveCommand(i, e.pgData(i)), ArchiveTimeout})
 }
 
 // patroniYML is member m's patroni.yml of group i. Its Patroni reaches
@@ -89,7 +92,9 @@ func (e *Env) patroniYML(i, m int, password, apiPassword string) []byte {
 		PGCert, PGKey, HBACert, Ident                  string
 		Readers                                        []string
 		Addr, CIDR                                     string
+		ArchiveCommand, ArchiveTimeout, StanzaCreate   string
 	}{i, e.MemberPort(i, m), e.MemberAPIPort(i, m), MemberName(i, m), PatroniNamespace, hosts, e.MemberDir(i, m), pgBin, password,
 		e.c.TLS, tf.CA, tf.Cert, tf.Key, patroniIdentity(i).DN(), PatroniAPIUser, apiPassword, pf.Cert, pf.Key, pgHBACertLine(e.clientCIDR()), pgIdentLine, patroniReaders(),
-		e.addr(MemberName(i, m)), e.clientCIDR()})
+		e.addr(MemberName(i, m)), e.clientCIDR(), e.archiveCommand(i, filepath.Join(e.MemberDir(i, m), "data")), ArchiveTimeout,
+		strings.Join(e.stanzaCreateArgs(i, "--log-level-console=error"), " ")})
 }

@@ -51,8 +51,20 @@ func (e *Env) Up() error {
 			return err
 		}
 	}
+	// Before the servers start: their archive_command names it.
+	if err := e.ensureBackup(); err != nil {
+		return fmt.Errorf("pgBackRest's directory %s: %w", e.BackupDir(), err)
+	}
 	e.switchMode(nodes, groups)
 	deadline := time.Now().Add(e.c.Timeout)
+	// Each node's stanza once the node is healthy, beside the rest of up.
+	var stanzas sync.WaitGroup
+	stanzaErrs := make([]error, e.NodeCount()+1)
+	defer stanzas.Wait()
+	stanzaCreate := func(i int) {
+		stanzas.Add(1)
+		go func() { defer stanzas.Done(); stanzaErrs[i] = e.stanzaCreate(i) }()
+	}
 	// Every server at once: a node's initdb runs while the JVMs start.
 	err = parallel(ZKServers, func(k int) error { return e.zkLaunch(k + 1) })
 	// Each plain node's PgBouncer with it: it logs into its server only
@@ -91,6 +103,7 @@ func (e *Env) Up() error {
 		if err := e.pgAfterStart(i); err != nil {
 			return fmt.Errorf("pg%d: %w", i, err)
 		}
+		stanzaCreate(i)
 	}
 	if len(groups) > 0 {
 		if err := e.groupLaunchAll(pw, deadline, groups...); err != nil {
@@ -104,6 +117,10 @@ func (e *Env) Up() error {
 			if err := e.groupStreamUser(i); err != nil {
 				return fmt.Errorf("pg%d: %w", i, err)
 			}
+			if err := e.groupRestartUnarchived(i, deadline); err != nil {
+				return fmt.Errorf("up failed: group pg%d (state dir %s): %w", i, e.c.Dir, err)
+			}
+			stanzaCreate(i)
 		}
 	}
 	if pwChanged {
@@ -127,6 +144,10 @@ func (e *Env) Up() error {
 	}
 	if err := e.waitPoolers(deadline, poolers...); err != nil {
 		return fmt.Errorf("up failed (state dir %s): %w", e.c.Dir, err)
+	}
+	stanzas.Wait()
+	if err := errors.Join(stanzaErrs...); err != nil {
+		return fmt.Errorf("up failed: WAL archiving into %s: %w", e.BackupConfig(), err)
 	}
 	return nil
 }
@@ -266,6 +287,9 @@ func (e *Env) PGStart(i int) error {
 		return err
 	}
 	pw, _, err := e.ensurePassword()
+	if err == nil {
+		err = e.ensureBackup()
+	}
 	deadline := time.Now().Add(e.c.Timeout)
 	if err == nil && n == 1 {
 		if err = e.pgLaunch(i); err == nil {
@@ -282,10 +306,17 @@ func (e *Env) PGStart(i int) error {
 		if err := e.waitHealthy(deadline, false, i); err != nil {
 			return fmt.Errorf("pg%d did not become ready: %w", i, err)
 		}
-		return e.waitPoolers(deadline, e.nodePooler(i))
-	}
-	if err := e.groupWait(i, deadline); err != nil {
+	} else if err := e.groupWait(i, deadline); err != nil {
 		return fmt.Errorf("pg%d: not every member streams from a primary after %s: %w", i, e.c.Timeout, err)
+	}
+	// A node new to the repository (up makes the stanzas of the others).
+	if !e.stanzaExists(i) {
+		if err := e.stanzaCreate(i); err != nil {
+			return err
+		}
+	}
+	if n == 1 {
+		return e.waitPoolers(deadline, e.nodePooler(i))
 	}
 	return e.waitPoolers(deadline, e.groupPoolers(i)...)
 }
