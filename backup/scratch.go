@@ -76,6 +76,9 @@ func (b PGBackRest) RecoverScratch(ctx context.Context, parent, pgBin, node, sta
 	if err := os.Chown(dir, uid, gid); err != nil {
 		return nil, err
 	}
+	if err := s.runAs(ctx, "", "test", "-w", dir); err != nil {
+		return nil, fmt.Errorf("scratch directory %s cannot be written by the user pgBackRest runs as (%s): each of its parents must be searchable by that user (chmod o+x, or choose another --scratch-dir)", dir, strings.Join(s.prefix, " "))
+	}
 	if err := os.Mkdir(filepath.Join(dir, "data"), 0o700); err != nil {
 		return nil, err
 	}
