@@ -36,9 +36,12 @@ type Scratch struct {
 	Stanza string
 	// Database is the one database restored and served.
 	Database string
-	prefix   []string
-	pgBin    string
-	pid      int
+	// Port is the server's port (its socket's name in Dir, and on
+	// 127.0.0.1 when it listens on TCP).
+	Port   int
+	prefix []string
+	pgBin  string
+	pid    int
 	// Recovered is how long pgBackRest's restore and PostgreSQL's
 	// recovery took, together.
 	Recovered time.Duration
@@ -47,9 +50,16 @@ type Scratch struct {
 const scratchPort = 5432 // alone in its socket directory: any port will do
 
 // RecoverScratch recovers stanza's server to t into a new directory under
-// parent and starts it. On failure nothing is left running; the directory
-// is removed unless keep.
-func (b PGBackRest) RecoverScratch(ctx context.Context, parent, pgBin, node, stanza, database string, t Target) (_ *Scratch, err error) {
+// parent and starts it on a unix socket in that directory only. On failure
+// nothing is left running and the directory is removed.
+func (b PGBackRest) RecoverScratch(ctx context.Context, parent, pgBin, node, stanza, database string, t Target) (*Scratch, error) {
+	return b.RecoverServer(ctx, parent, pgBin, node, stanza, database, t, 0)
+}
+
+// RecoverServer is RecoverScratch for a server that also listens on TCP,
+// on 127.0.0.1:tcpPort (0: no TCP), taking passwords (scram-sha-256) from
+// the roles recovered: a new server for a whole-cluster restore's test.
+func (b PGBackRest) RecoverServer(ctx context.Context, parent, pgBin, node, stanza, database string, t Target, tcpPort int) (_ *Scratch, err error) {
 	if pgBin == "" {
 		pgBin = DefaultPGBin
 	}
@@ -94,14 +104,20 @@ func (b PGBackRest) RecoverScratch(ctx context.Context, parent, pgBin, node, sta
 	}
 	// The server's own hba and TLS files are the live host's: local
 	// connections by the scratch's user only.
-	if err := os.WriteFile(filepath.Join(dir, "hba.conf"), []byte("local all all trust\n"), 0o600); err != nil {
+	hba, listen, port := "local all all trust\n", "''", scratchPort
+	if tcpPort > 0 {
+		hba += "host all all 127.0.0.1/32 scram-sha-256\n"
+		listen, port = "'127.0.0.1'", tcpPort
+	}
+	s.Port = port
+	if err := os.WriteFile(filepath.Join(dir, "hba.conf"), []byte(hba), 0o600); err != nil {
 		return nil, err
 	}
 	if err := os.Chown(filepath.Join(dir, "hba.conf"), uid, gid); err != nil {
 		return nil, err
 	}
 	opts := []string{
-		"-c port=" + strconv.Itoa(scratchPort), "-c listen_addresses=''", "-c unix_socket_directories='" + dir + "'",
+		"-c port=" + strconv.Itoa(port), "-c listen_addresses=" + listen, "-c unix_socket_directories='" + dir + "'",
 		"-c archive_mode=off", "-c max_logical_replication_workers=0", "-c hba_file='" + filepath.Join(dir, "hba.conf") + "'",
 		"-c ssl=off", "-c hot_standby=on", "-c synchronous_standby_names=''", "-c shared_buffers=64MB",
 		"-c primary_conninfo=''", "-c primary_slot_name=''", "-c log_line_prefix='%m [%p] '",
@@ -138,7 +154,7 @@ func (b PGBackRest) RecoverScratch(ctx context.Context, parent, pgBin, node, sta
 
 // Connect opens a connection to the scratch server's database.
 func (s *Scratch) Connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(fmt.Sprintf("host=%s port=%d user=postgres dbname=%s", s.Dir, scratchPort, quoteConnValue(s.databaseOr())))
+	cfg, err := pgx.ParseConfig(fmt.Sprintf("host=%s port=%d user=postgres dbname=%s", s.Dir, s.Port, quoteConnValue(s.databaseOr())))
 	if err != nil {
 		return nil, err
 	}
