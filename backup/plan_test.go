@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
 )
@@ -140,5 +142,42 @@ func TestRestoreArgs(t *testing.T) {
 	got = strings.Join(restoreArgs("/x/data", Target{Time: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.FixedZone("x", 3600))}, nil), " ")
 	if !strings.Contains(got, "--type=time") || !strings.Contains(got, "--target=2026-01-02 02:04:05.000006+00") {
 		t.Errorf("time target: %s", got)
+	}
+}
+
+// The metrics follow each check: a node's age, failing archiving and its
+// problems; a failed point counts.
+func TestMetricsStatus(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	past := time.Now().Add(-time.Hour)
+	m.Status([]NodeStatus{
+		{Node: "pg1", Newest: &BackupInfo{Label: "x"}, AgeSeconds: 3600, Archiver: &Archiver{Mode: "on"}},
+		{Node: "pg2", Archiver: &Archiver{Mode: "on", LastFailedAt: &past}, Problems: []string{"archiving is failing", "no backup"}},
+	})
+	m.Point(nil)
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, mt := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, l := range mt.GetLabel() {
+				name += "/" + l.GetValue()
+			}
+			got[name] = mt.GetGauge().GetValue() + mt.GetCounter().GetValue()
+		}
+	}
+	want := map[string]float64{"shardvisor_backup_newest_age_seconds/pg1": 3600, "shardvisor_backup_archive_failing/pg1": 0, "shardvisor_backup_archive_failing/pg2": 1,
+		"shardvisor_backup_problems/pg2": 2, "shardvisor_backup_problems/pg1": 0, "shardvisor_restore_point_failures_total": 1}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	if _, ok := got["shardvisor_backup_newest_age_seconds/pg2"]; ok {
+		t.Error("a node without a backup has an age")
 	}
 }

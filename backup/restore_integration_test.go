@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS app.notes (bkey bigint NOT NULL, uid text NOT NULL, i
 // cluster is a test cluster on the dev environment's servers, which
 // archive into the environment's pgBackRest repository.
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	st    *bucketmap.Store
 	nodes []bucketmap.Node
 	pg    backup.PGBackRest
@@ -43,7 +43,7 @@ type cluster struct {
 
 // scratchDir is a directory for scratch servers that the user pgBackRest
 // runs as can reach (t.TempDir is private to this process's user).
-func scratchDir(t *testing.T) string {
+func scratchDir(t testing.TB) string {
 	d, err := os.MkdirTemp("", "shardvisor-scratch-")
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func scratchDir(t *testing.T) string {
 	return d
 }
 
-func newCluster(t *testing.T, level int) *cluster {
+func newCluster(t testing.TB, level int) *cluster {
 	t.Helper()
 	pg := testenv.StartPGNodes(t, 2)
 	z := testenv.StartZK(t)
@@ -338,7 +338,7 @@ func (cl *cluster) anyNode(fn func(c *pgx.Conn) error) error {
 
 func first(s []string) []string { return s[:min(3, len(s))] }
 
-func testenvStanza(t *testing.T, cl *cluster, id bucketmap.NodeID) string {
+func testenvStanza(t testing.TB, cl *cluster, id bucketmap.NodeID) string {
 	t.Helper()
 	cfg, _, err := topo.ReadBackupConfig(context.Background(), cl.st.Session(), cl.st.Paths())
 	if err != nil || cfg.Stanzas[string(id)] == "" {

@@ -57,6 +57,9 @@ type View struct {
 	Pools        []Pool   `json:"pools"`
 	Moves        Moves    `json:"moves"`
 	Schema       Schema   `json:"schema"`
+	// Backups is the backup watcher's last check of every node's backups
+	// (topo.BackupStatus); nil when none was written (no watcher runs).
+	Backups *topo.BackupStatus `json:"backups"`
 }
 
 // Schema is the schema history as recorded (topo.SchemaChange): how many
@@ -266,6 +269,7 @@ type fleetSnap struct {
 	schema     []*topo.SchemaChange
 	drift      *topo.SchemaDrift
 	schemaErr  error
+	backups    *topo.BackupStatus
 }
 
 // Status is a router's fleet status: it holds the last snapshot of the
@@ -350,6 +354,7 @@ func (c *Status) View(ctx context.Context, self Self, connected bool, known []Kn
 	v.Stale = !connected || err != nil
 	v.Moves = snap.moves
 	v.Schema = schemaView(snap.schema, snap.drift, snap.schemaErr, self.SchemaNodes)
+	v.Backups = snap.backups
 	v.Members = make([]Member, len(snap.members))
 	perPool := map[string]int{}
 	for i, m := range snap.members {
@@ -490,6 +495,13 @@ func (c *Status) read(ctx context.Context) (*fleetSnap, error) {
 		return nil, err
 	}
 	snap.schema, snap.drift, snap.schemaErr = readSchema(ctx, s, p)
+	// A malformed or unreadable status record is not worth the view: it
+	// shows as none.
+	if b, err := topo.ReadBackupStatus(ctx, s, p); err == nil {
+		snap.backups = b
+	} else {
+		c.log.Warn("fleet status: the backup status record", zap.Error(err))
+	}
 	return snap, nil
 }
 

@@ -139,3 +139,25 @@ func TestViewReverseStreamFromTheProbe(t *testing.T) {
 		t.Errorf("lost: %+v", r)
 	}
 }
+
+// The view carries the backup watcher's last check; without one it says
+// none, and a malformed record shows as none rather than failing the view.
+func TestViewBackups(t *testing.T) {
+	ctx, _, s, p := zkCluster(t)
+	if v := NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{}, true, nil); v.Backups != nil || !v.Available {
+		t.Fatalf("no check yet: %+v", v.Backups)
+	}
+	at := time.Now().UTC().Truncate(time.Second)
+	if err := topo.WriteBackupStatus(ctx, s, p, &topo.BackupStatus{At: at, By: "w@repo", Nodes: []topo.BackupNodeStatus{
+		{Node: "pg1", Stanza: "pg1", NewestAt: &at}, {Node: "pg2", Problems: []string{"archiving is failing"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	v := NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{}, true, nil)
+	if b := v.Backups; b == nil || len(b.Nodes) != 2 || b.Nodes[1].Problems[0] != "archiving is failing" || !b.At.Equal(at) {
+		t.Fatalf("backups: %+v", v.Backups)
+	}
+	zktest.Put(t, s, p.BackupStatusPath(), `{"version": 1}`)
+	if v := NewStatus(s, p, StatusOptions{TTL: -1}).View(ctx, Self{}, true, nil); v.Backups != nil || !v.Available {
+		t.Fatalf("a malformed status record: %+v", v.Backups)
+	}
+}

@@ -82,6 +82,12 @@ func (h *handler) registerMetrics(reg *prometheus.Registry) {
 				[]string{"state"}, nil),
 			drift: prometheus.NewDesc(ns+"schema_drift_differences",
 				"Differences the last `shardctl schema diff` found (sharded tables, and changes a node lacks); -1 before any.",
+				nil, nil),
+			backupProblems: prometheus.NewDesc(ns+"backup_node_problems",
+				"Backup problems of a db node at the backup watcher's last check (no stanza, archiving off or failing, no backup, newest too old), from the fleet view.",
+				[]string{"node"}, nil),
+			backupChecked: prometheus.NewDesc(ns+"backup_checked_timestamp_seconds",
+				"When the backup watcher (shardctl restore-point watch) last checked every node's backups (Unix time); absent before any check.",
 				nil, nil)})
 	}
 }
@@ -133,15 +139,20 @@ func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// schemaCollector exports the schema history's states and the last drift
-// check from the fleet view (cached by fleet.Status: a scrape does not
+// schemaCollector exports the schema history's states, the last drift
+// check and the backup watcher's last check from the fleet view (cached by fleet.Status: a scrape does not
 // read ZooKeeper more often than the view's refresh allows).
 type schemaCollector struct {
-	h              *handler
-	changes, drift *prometheus.Desc
+	h                                             *handler
+	changes, drift, backupProblems, backupChecked *prometheus.Desc
 }
 
-func (c *schemaCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.changes; ch <- c.drift }
+func (c *schemaCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.changes
+	ch <- c.drift
+	ch <- c.backupProblems
+	ch <- c.backupChecked
+}
 
 func (c *schemaCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -158,6 +169,12 @@ func (c *schemaCollector) Collect(ch chan<- prometheus.Metric) {
 		d = float64(v.Schema.Drift.Count)
 	}
 	ch <- prometheus.MustNewConstMetric(c.drift, prometheus.GaugeValue, d)
+	if b := v.Backups; b != nil {
+		ch <- prometheus.MustNewConstMetric(c.backupChecked, prometheus.GaugeValue, float64(b.At.Unix()))
+		for _, n := range b.Nodes {
+			ch <- prometheus.MustNewConstMetric(c.backupProblems, prometheus.GaugeValue, float64(len(n.Problems)), n.Node)
+		}
+	}
 }
 
 // poolCollector exports each pooled node's poolers from the pool cache

@@ -442,3 +442,62 @@ func ListBucketRestores(ctx context.Context, s *zksession.Session, p Paths) ([]*
 	slices.SortFunc(out, func(a, b *BucketRestore) int { return a.At.Compare(b.At) })
 	return out, nil
 }
+
+// BackupStatusVersion is the newest backup status record format.
+const BackupStatusVersion = 1
+
+// BackupStatusPath is the record the backup watcher writes after each
+// check: what the status page shows of backups (web heads cannot ask
+// pgBackRest: the repository is not theirs).
+func (p Paths) BackupStatusPath() string { return path.Join(p.Backup(), "status") }
+
+// BackupStatus is the last check of every node's backups.
+type BackupStatus struct {
+	Version int                `json:"version"`
+	At      time.Time          `json:"at"`
+	By      string             `json:"by"`
+	Nodes   []BackupNodeStatus `json:"nodes"`
+}
+
+// BackupNodeStatus is one node's part of BackupStatus.
+type BackupNodeStatus struct {
+	Node     string     `json:"node"`
+	Stanza   string     `json:"stanza,omitempty"`
+	NewestAt *time.Time `json:"newest_at,omitempty"`
+	Problems []string   `json:"problems,omitempty"`
+}
+
+// DecodeBackupStatus decodes a backup status record strictly.
+func DecodeBackupStatus(znode string, data []byte) (*BackupStatus, error) {
+	return decodeAs("backup status", znode, data, BackupStatusVersion, func(r *BackupStatus) error {
+		if r.At.IsZero() {
+			return errors.New("no time")
+		}
+		return nil
+	})
+}
+
+// WriteBackupStatus writes the status record (last writer wins: one
+// watcher per cluster).
+func WriteBackupStatus(ctx context.Context, s *zksession.Session, p Paths, r *BackupStatus) error {
+	r.Version = BackupStatusVersion
+	data, err := EncodeCompact(r)
+	if err != nil {
+		return err
+	}
+	_, err = s.Set(ctx, p.BackupStatusPath(), data, -1)
+	if errors.Is(err, zksession.ErrNoNode) {
+		err = createNode(ctx, s, p, p.BackupStatusPath(), data)
+	}
+	return err
+}
+
+// ReadBackupStatus reads the status record; nil, nil when there is none
+// (no watcher has checked yet).
+func ReadBackupStatus(ctx context.Context, s *zksession.Session, p Paths) (*BackupStatus, error) {
+	r, _, err := readAs(ctx, s, p.BackupStatusPath(), DecodeBackupStatus)
+	if errors.Is(err, zksession.ErrNoNode) {
+		return nil, nil
+	}
+	return r, err
+}

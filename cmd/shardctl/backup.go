@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
@@ -362,39 +363,99 @@ func runPointDelete(c *cli.Context) error {
 }
 
 // runPointWatch takes a restore point every --every, named PREFIX-TIME,
-// and forgets all but the newest --keep of its own.
+// forgets all but the newest --keep of its own, and every --check-every
+// checks every node's backups and archiving: its metrics (--metrics-addr)
+// and the status record the status page shows (topo.BackupStatus).
 func runPointWatch(c *cli.Context) error {
-	every := c.Duration("every")
-	if every < time.Second {
-		return cliutil.Usagef("restore-point watch: --every must be at least 1s, not %s", every)
+	every, checkEvery := c.Duration("every"), c.Duration("check-every")
+	if every < time.Second || checkEvery < time.Second {
+		return cliutil.Usagef("restore-point watch: --every and --check-every must be at least 1s, not %s and %s", every, checkEvery)
 	}
 	prefix := c.String("prefix")
 	if err := topo.ValidPointName(prefix); err != nil || len(prefix) > 28 {
 		return cliutil.Usagef("restore-point watch: --prefix %q must be a valid point name of at most 28 bytes", prefix)
 	}
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
-		p := cliutil.NewPrinter(c)
-		for {
-			name := prefix + "-" + time.Now().UTC().Format("20060102t150405")
-			rp, err := backup.CreatePoint(ctx, st, name, backup.PointOptions{Reason: "schedule", By: operator(), SwitchWAL: true, Logger: log})
+		reg := prometheus.NewRegistry()
+		metrics := backup.NewMetrics(reg)
+		if addr := c.String("metrics-addr"); addr != "" {
+			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
 			if err != nil {
-				if ctx.Err() != nil {
-					return nil
+				return err
+			}
+			defer stop()
+		}
+		p := cliutil.NewPrinter(c)
+		check := func() {
+			m, _, err := st.Load(ctx)
+			if err != nil {
+				log.Warn("restore-point watch: reading the map", zap.Error(err))
+				return
+			}
+			nodes, _ := backupNodes(m, nil)
+			statuses, err := backupStatus(ctx, c, st, nodes)
+			if err != nil {
+				log.Warn("restore-point watch: backup status", zap.Error(err))
+				return
+			}
+			metrics.Status(statuses)
+			rec := &topo.BackupStatus{At: time.Now().UTC(), By: operator()}
+			for _, ns := range statuses {
+				rec.Nodes = append(rec.Nodes, topo.BackupNodeStatus{Node: ns.Node, Stanza: ns.Stanza, NewestAt: newestAt(ns), Problems: ns.Problems})
+				for _, pr := range ns.Problems {
+					log.Warn("backup problem", zap.String("node", ns.Node), zap.String("problem", pr))
 				}
-				log.Warn("restore-point watch: point failed", zap.String("point", name), zap.Error(err))
-			} else {
-				_ = p.Emit(rp, func(w io.Writer) { writePoint(w, rp, false) })
-				if err := prunePoints(ctx, st, prefix+"-", c.Int("keep")); err != nil {
-					log.Warn("restore-point watch: pruning old points", zap.Error(err))
+			}
+			if err := topo.WriteBackupStatus(ctx, st.Session(), st.Paths(), rec); err != nil {
+				log.Warn("restore-point watch: writing the status record", zap.Error(err))
+			}
+		}
+		nextPoint, nextCheck := time.Now(), time.Now()
+		for {
+			if now := time.Now(); !now.Before(nextPoint) {
+				nextPoint = now.Add(every)
+				name := prefix + "-" + now.UTC().Format("20060102t150405")
+				rp, err := backup.CreatePoint(ctx, st, name, backup.PointOptions{Reason: "schedule", By: operator(), SwitchWAL: true, Logger: log})
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					metrics.Point(nil)
+					log.Warn("restore-point watch: point failed", zap.String("point", name), zap.Error(err))
+				} else {
+					metrics.Point(rp)
+					_ = p.Emit(rp, func(w io.Writer) { writePoint(w, rp, false) })
+					if err := prunePoints(ctx, st, prefix+"-", c.Int("keep")); err != nil {
+						log.Warn("restore-point watch: pruning old points", zap.Error(err))
+					}
 				}
+			}
+			if now := time.Now(); !now.Before(nextCheck) {
+				nextCheck = now.Add(checkEvery)
+				check()
 			}
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(every):
+			case <-time.After(time.Until(minTime(nextPoint, nextCheck))):
 			}
 		}
 	})
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func newestAt(ns backup.NodeStatus) *time.Time {
+	if ns.Newest == nil {
+		return nil
+	}
+	t := ns.Newest.Stop
+	return &t
 }
 
 // prunePoints forgets the scheduled points (named prefix...) beyond the

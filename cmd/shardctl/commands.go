@@ -621,14 +621,16 @@ func restorePointCommand() *cli.Command {
 			},
 			{
 				Name:  "watch",
-				Usage: "take a restore point every --every, named PREFIX-TIME, keeping the newest --keep",
+				Usage: "take a restore point every --every, named PREFIX-TIME, keeping the newest --keep; check every node's backups every --check-every",
 				Description: "Points never interleave (the backup lock); a point that fails is logged and the next is taken on time.\n" +
-					"Run one per cluster (a unit in deploy/); a second one only adds points.",
-				Flags: []cli.Flag{
+					"Run one per cluster, on the repository host; a second one only adds points.",
+				Flags: append([]cli.Flag{
 					&cli.DurationFlag{Name: "every", Value: 15 * time.Minute, EnvVars: []string{"SHARDVISOR_POINT_EVERY"}, Usage: "take a point every `DURATION`"},
 					&cli.StringFlag{Name: "prefix", Value: "auto", EnvVars: []string{"SHARDVISOR_POINT_PREFIX"}, Usage: "the points' name `PREFIX`"},
 					&cli.IntFlag{Name: "keep", Value: 96, EnvVars: []string{"SHARDVISOR_POINT_KEEP"}, Usage: "keep the newest `N` scheduled points (0: all)"},
-				},
+					&cli.DurationFlag{Name: "check-every", Value: time.Minute, EnvVars: []string{"SHARDVISOR_BACKUP_CHECK_EVERY"}, Usage: "check every node's backups and archiving every `DURATION`: metrics, the log, and the status record the status page shows"},
+					&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_BACKUP_METRICS_ADDR"}, Usage: "serve Prometheus metrics (shardvisor_backup_*, shardvisor_restore_point_*) on `HOST:PORT`"},
+				}, pgbackrestFlags()...),
 				Action: runPointWatch,
 			},
 		},
