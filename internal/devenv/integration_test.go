@@ -108,6 +108,7 @@ func TestUpFaultsDown(t *testing.T) {
 		"export PGPASSFILE='" + e.PGPassFile() + "'\n",
 		"export SHARDVISOR_PG1_POOL_DSN='postgres://postgres:" + e.Password() + "@127.0.0.1:9432/postgres?sslmode=disable'\n",
 		"export SHARDVISOR_PG_POOL_DSNS='postgres://postgres:" + e.Password() + "@127.0.0.1:9432/postgres?sslmode=disable'\n",
+		"export SHARDVISOR_PGBACKREST_CONFIG='" + e.Dir() + "/backup/pgbackrest.conf'\n",
 	} {
 		if !strings.Contains(env.String(), want) {
 			t.Errorf("env lacks %q:\n%s", want, env.String())
@@ -116,6 +117,9 @@ func TestUpFaultsDown(t *testing.T) {
 	if err := testenv.Exec(t.Context(), e.NodeDSN(1), "SELECT 1"); err != nil {
 		t.Fatalf("pg1 with the env DSN: %v", err)
 	}
+	// Its WAL archiving into the pgBackRest repository (the group's, and
+	// older devenvs' servers restarted: TestFaultsWALArchiving).
+	nodeArchives(t, e, 1, 1)
 
 	// The node's PgBouncer: real clients through it; its open-file limit
 	// raised for its 2000 clients.

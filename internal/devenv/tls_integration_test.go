@@ -76,6 +76,13 @@ func TestFaultsTLSEnsemble(t *testing.T) {
 		t.Fatalf("not healthy after up:\n%s", st)
 	}
 
+	// pgBackRest reaches the servers over their unix sockets (local
+	// trust): TLS asks nothing more of it.
+	t.Run("WAL archiving", func(t *testing.T) {
+		nodeArchives(t, e, 1, 1)
+		nodeArchives(t, e, 2, 1)
+	})
+
 	t.Run("plain client gets no session", func(t *testing.T) {
 		if _, ok := session(t, e, nil, 3*time.Second); ok {
 			t.Fatal("a plain TCP client got a session")
