@@ -285,7 +285,9 @@ func run(c *cli.Context) error {
 		return err
 	}
 	started := false
-	if !e.Status(io.Discard) {
+	// Without pgBackRest's configuration, servers an older devenv started
+	// do not archive their WAL: up restarts them with it.
+	if _, err := os.Stat(e.BackupConfig()); err != nil || !e.Status(io.Discard) {
 		started = !e.AnythingRunning()
 		if err := e.Up(); err != nil {
 			return err

@@ -155,8 +155,12 @@ var (
 // every ZooKeeper server serving with exactly one leader, and the first
 // pgNodes PostgreSQL ports and their PgBouncers' accepting TCP
 // connections (an environment an older devenv started has no poolers:
-// up starts them).
+// up starts them), and pgBackRest's configuration written (nor has it
+// archiving: up restarts its servers with it).
 func quickHealthy(pgNodes int) bool {
+	if _, err := os.Stat(filepath.Join(StateDir(), "backup", "pgbackrest.conf")); err != nil {
+		return false
+	}
 	leaders := 0
 	for i := 0; i < zkServers; i++ {
 		mode, err := zkMode(net.JoinHostPort("127.0.0.1", strconv.Itoa(zkPortBase()+i)))
