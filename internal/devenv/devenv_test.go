@@ -3,6 +3,7 @@ package devenv
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -424,5 +425,44 @@ pg2-user=postgres
 	out, err := exec.Command(pgbackrestBin, "--config="+conf, "--log-level-file=off", "--stanza=pg3", "--output=json", "info").CombinedOutput()
 	if err != nil || strings.Contains(string(out), "WARN") || !strings.Contains(string(out), `"name":"pg3"`) {
 		t.Errorf("pgbackrest info on it: %v\n%s", err, out)
+	}
+}
+
+// up skips stanza-create when the repository's stanza is of the node's
+// database: archive.info's current system id and version are pg_control's.
+func TestStanzaCurrent(t *testing.T) {
+	dir := t.TempDir()
+	e := New(Config{Dir: dir, PGNodes: 2})
+	write := func(path string, b []byte) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	control := make([]byte, 8192)
+	binary.NativeEndian.PutUint64(control, 7713887890007576267)
+	write(filepath.Join(dir, "pg/pg1/data/PG_VERSION"), []byte("15\n"))
+	write(filepath.Join(dir, "pg/pg1/data/global/pg_control"), control)
+	if e.stanzaCurrent(1) {
+		t.Error("current without an archive.info")
+	}
+	info := func(id string) []byte {
+		return []byte("[backrest]\nbackrest-format=5\nbackrest-version=\"2.45\"\n\n[db]\ndb-id=2\ndb-system-id=" + id +
+			"\ndb-version=\"15\"\n\n[db:history]\n1={\"db-id\":7713886731511367212,\"db-version\":\"15\"}\n2={\"db-id\":" + id +
+			",\"db-version\":\"15\"}\n\n[backrest]\nbackrest-checksum=\"9d53261d63eb19c6483f6dcf6be27da8ab6e1a55\"\n")
+	}
+	write(filepath.Join(dir, "backup/repo/archive/pg1/archive.info"), info("7713887890007576267"))
+	if !e.stanzaCurrent(1) {
+		t.Error("not current with the same system id")
+	}
+	write(filepath.Join(dir, "backup/repo/archive/pg1/archive.info"), info("7713886731511367212"))
+	if e.stanzaCurrent(1) {
+		t.Error("current with another system id")
+	}
+	if e.stanzaCurrent(2) {
+		t.Error("pg2, which has no data, current")
 	}
 }

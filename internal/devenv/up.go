@@ -57,11 +57,15 @@ func (e *Env) Up() error {
 	}
 	e.switchMode(nodes, groups)
 	deadline := time.Now().Add(e.c.Timeout)
-	// Each node's stanza once the node is healthy, beside the rest of up.
+	// Each node's stanza once the node is healthy, beside the rest of up,
+	// unless the repository has it for the node's database already.
 	var stanzas sync.WaitGroup
 	stanzaErrs := make([]error, e.NodeCount()+1)
 	defer stanzas.Wait()
 	stanzaCreate := func(i int) {
+		if e.stanzaCurrent(i) {
+			return
+		}
 		stanzas.Add(1)
 		go func() { defer stanzas.Done(); stanzaErrs[i] = e.stanzaCreate(i) }()
 	}
