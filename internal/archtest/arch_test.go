@@ -80,7 +80,7 @@ var layer = map[string]int{
 	// Schema changes on every db node, recorded (topo), compared with
 	// the fence's comparison (fence).
 	"schema": 6,
-	// The five components are peers: none imports another.
+	// The components are peers: none imports another.
 	"router":     7,
 	"supervisor": 7,
 	"migrate":    7,

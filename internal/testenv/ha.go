@@ -197,7 +197,7 @@ func StartPGGroups(t testing.TB, n int) *PG {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, node := range pg.Nodes {
-		if err := node.admin(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()); err != nil {
+		if err := node.admin(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()+" STRATEGY = FILE_COPY"); err != nil {
 			fatalf(t, "creating database %s on %s: %v", dbName, node.Name, err)
 		}
 	}
