@@ -23,7 +23,7 @@ TESTFLAGS ?= -race -count=1 -timeout 18m -p 2 -vet=off
 # the machine's, and make test's 5 minutes are counted on it.
 export GORACE ?= atexit_sleep_ms=0
 
-.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler bench-restore lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -91,6 +91,10 @@ bench-tls:
 ## bench-pooler: 800 workers on 4 db nodes through PgBouncer: clients against server connections, errors, rows past the fence
 bench-pooler:
 	bench/pooler/run
+
+## bench-restore: one bucket of 1M rows restored to a restore point: where the time goes (recovery, copy), its pause against a move's
+bench-restore:
+	scripts/with-devenv go test -count=1 -timeout 30m -run '^$$' -bench RestoreBucket -benchtime 1x ./backup
 
 ## bench-mapprop: 100 routers follow a level-16 map: bytes and time per change, plain vs gzip record
 bench-mapprop:

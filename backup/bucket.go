@@ -522,6 +522,14 @@ func restoreOn(ctx context.Context, n bucketmap.Node, pieces []Piece, tables []t
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	nr := &nodeResult{}
+	// The diff and the apply join the staged rows with the live range by
+	// primary key. A nested loop is never right for that, and the planner
+	// picks one when the live table's statistics say the range is empty
+	// (its rows deleted by the mistake, not yet vacuumed): each probe then
+	// walks the range's dead tuples, and a million-row bucket took hours.
+	if _, err := c.Exec(ctx, `SET enable_nestloop = off`); err != nil {
+		return nil, err
+	}
 	if _, err := c.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS shardvisor_restore`); err != nil {
 		return nil, fmt.Errorf("staging schema: %w", err)
 	}
