@@ -20,6 +20,7 @@ import (
 	"github.com/shardvisor/shardvisor/dbnode"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/hint"
+	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -107,14 +108,16 @@ type RestoreResult struct {
 	Pieces     []Piece       `json:"pieces"`
 	Tables     []TableResult `json:"tables"`
 	// Times: recovery of the scratch servers, the staging copy, the diff,
-	// the apply outside the pause, and the pause (the longest of any
-	// node's), in milliseconds.
-	RecoverMS  float64 `json:"recover_ms"`
-	StageMS    float64 `json:"stage_ms"`
-	DiffMS     float64 `json:"diff_ms"`
-	PreApplyMS float64 `json:"pre_apply_ms"`
-	PauseMS    float64 `json:"pause_ms"`
-	TotalMS    float64 `json:"total_ms"`
+	// and the pause (the longest of any node's apply transaction), in
+	// milliseconds; WaitedMS is the pause with the attempts before it
+	// that gave up waiting for the bucket's writers (they waited then
+	// too).
+	RecoverMS float64 `json:"recover_ms"`
+	StageMS   float64 `json:"stage_ms"`
+	DiffMS    float64 `json:"diff_ms"`
+	PauseMS   float64 `json:"pause_ms"`
+	WaitedMS  float64 `json:"waited_ms"`
+	TotalMS   float64 `json:"total_ms"`
 	// Staged counts the rows copied from the point.
 	Staged int64 `json:"staged_rows"`
 }
@@ -197,6 +200,10 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 	if err != nil {
 		return nil, err
 	}
+	if pb, err := bucketmap.ParseBucket(opt.Bucket); err == nil && pb.Depth == bucketmap.AtLevel && pm.Level != cur.Level {
+		return nil, hint.New(fmt.Errorf("restore: bucket %s: the map's level is %d now and was %d at restore point %s, so a bare number is ambiguous: name the bucket as NUMBER/DEPTH", opt.Bucket, cur.Level, pm.Level, rp.Name),
+			"shardctl buckets lists today's; shardctl route UID names a user's")
+	}
 	b, err := cur.ParseBucket(opt.Bucket)
 	if err != nil {
 		if b2, err2 := pm.ParseBucket(opt.Bucket); err2 == nil {
@@ -211,7 +218,7 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 		return nil, err
 	}
 	if !opt.Time.IsZero() {
-		if err := sameOwnersSince(ctx, s, p, rp, pieces, lo, hi, opt.Time); err != nil {
+		if err := sameOwnersSince(ctx, s, p, cur, rp, lo, hi, opt.Time); err != nil {
 			return nil, err
 		}
 	}
@@ -274,8 +281,20 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 		if err != nil {
 			return fail(err)
 		}
+		// Recovery ends where the archive ends: the WAL up to the target
+		// must be in it. A point's segment usually is (CreatePoint waited
+		// for it); a time just past is in a segment still being written.
+		if live, ok := cur.Node(bucketmap.NodeID(pc.From)); ok && (target.Name == "" || !rp.Nodes[pc.From].Archived) {
+			if err := archiveUpToNow(ctx, live); err != nil {
+				return fail(hint.New(fmt.Errorf("node %s: the WAL up to %s is not archived: %w", pc.From, target, err), "shardctl backup list "+pc.From+" says whether its archiving fails"))
+			}
+		}
 		say("recovering node %s (stanza %s, database %s) to %s into a scratch server", pc.From, stanza, db, target)
-		sc, err := opt.PGBackRest.RecoverScratch(ctx, opt.ScratchDir, opt.PGBin, pc.From, stanza, db, target)
+		nodeTarget := target
+		if nodeTarget.Name != "" {
+			nodeTarget.LSN = rp.Nodes[pc.From].LSN
+		}
+		sc, err := opt.PGBackRest.RecoverScratch(ctx, opt.ScratchDir, opt.PGBin, pc.From, stanza, db, nodeTarget)
 		if err != nil {
 			return fail(err)
 		}
@@ -301,15 +320,45 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 	for _, t := range tables {
 		results[t.Name] = &TableResult{Table: t.Name}
 	}
+	// Every owner stages and diffs before any applies: a failure there
+	// (a table that cannot be matched, a type changed since) changes
+	// nothing anywhere.
+	var work []*ownerWork
+	defer func() {
+		for _, w := range work {
+			w.close(ctx)
+		}
+	}()
 	for _, to := range owners {
 		n, ok := cur.Node(bucketmap.NodeID(to))
 		if !ok {
 			return fail(fmt.Errorf("the map has no node %s", to))
 		}
-		nr, err := restoreOn(ctx, n, byTo[to], tables, scratch, id, opt, say)
+		w, err := prepareOn(ctx, n, byTo[to], tables, scratch, id, opt, say)
+		if w != nil {
+			work = append(work, w)
+		}
 		if err != nil {
 			return fail(fmt.Errorf("node %s: %w", to, err))
 		}
+	}
+	if !opt.DryRun {
+		save(topo.RestoreApply, nil)
+		var applied []string
+		for _, w := range work {
+			if err := w.apply(ctx, opt, say); err != nil {
+				if len(applied) > 0 {
+					err = hint.New(fmt.Errorf("%w (applied on %s already: restore the rest alone, naming the buckets of %s)", err, strings.Join(applied, ", "), w.node.ID),
+						"shardctl buckets lists the buckets of the range now; shardctl restore PREFIX/DEPTH --to ...")
+				}
+				r.Result = map[string]any{"applied_on": applied}
+				return fail(fmt.Errorf("node %s: %w", w.node.ID, err))
+			}
+			applied = append(applied, string(w.node.ID))
+		}
+	}
+	for _, w := range work {
+		nr := w.nr
 		for _, tr := range nr.tables {
 			agg := results[tr.Table]
 			if tr.Skipped != "" {
@@ -326,8 +375,8 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 		res.Staged += nr.staged
 		res.StageMS += nr.stageMS
 		res.DiffMS += nr.diffMS
-		res.PreApplyMS += nr.preApplyMS
 		res.PauseMS = max(res.PauseMS, nr.pauseMS)
+		res.WaitedMS = max(res.WaitedMS, nr.waitedMS)
 	}
 	for _, t := range tables {
 		res.Tables = append(res.Tables, *results[t.Name])
@@ -340,6 +389,17 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 		save(topo.RestoreDone, nil)
 	}
 	return res, nil
+}
+
+// archiveUpToNow makes a node's primary archive everything written so far.
+func archiveUpToNow(ctx context.Context, n bucketmap.Node) error {
+	c, err := dbnode.Connect(ctx, n)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	_, err = ArchiveNow(ctx, c, ArchiveWait)
+	return err
 }
 
 // resolvePoint finds the restore point and the recovery target.
@@ -374,13 +434,19 @@ func resolvePoint(ctx context.Context, s *zksession.Session, p topo.Paths, opt R
 	return best, Target{Time: opt.Time}, nil
 }
 
-// sameOwnersSince refuses a restore to a time when a move touched the
-// range between the point that gives the map and that time: the owner at
-// the time is then not the point's.
-func sameOwnersSince(ctx context.Context, s *zksession.Session, p topo.Paths, rp *topo.RestorePoint, pieces []Piece, lo, hi int64, t time.Time) error {
+// sameOwnersSince refuses a restore to a time when the owner of part of
+// the range changed between the point that gives the map and that time:
+// a move that flipped after the point (its freeze, which stops the
+// source's writes, at or before the time), or any other hand-off the
+// map's history records in that interval (an assign, a node down).
+func sameOwnersSince(ctx context.Context, s *zksession.Session, p topo.Paths, cur *bucketmap.Map, rp *topo.RestorePoint, lo, hi int64, t time.Time) error {
 	ids, err := topo.ListMoves(ctx, s, p)
 	if err != nil {
 		return err
+	}
+	refuse := func(what string) error {
+		return hint.New(fmt.Errorf("restore: %s changed the owner of part of the range after restore point %s and before %s", what, rp.Name, t.UTC().Format(time.RFC3339)),
+			"restore to a restore point taken after it (shardctl restore-point list), or to a time before it")
 	}
 	for _, id := range ids {
 		rec, _, err := topo.ReadMove(ctx, s, p, id)
@@ -390,12 +456,21 @@ func sameOwnersSince(ctx context.Context, s *zksession.Session, p topo.Paths, rp
 		if err != nil {
 			return err
 		}
-		if rec.Hi < lo || rec.Lo > hi || rec.FenceVersion <= rp.MapVersion && rec.State != topo.MoveDone {
+		if rec.Hi < lo || rec.Lo > hi || rec.FlipVersion <= rp.MapVersion {
+			continue // not of the range, or flipped before the point (or never)
+		}
+		if rec.FreezeStartedAt == nil || !rec.FreezeStartedAt.After(t) {
+			return refuse(fmt.Sprintf("move %s (%s -> %s)", rec.ID, rec.Source, rec.Target))
+		}
+	}
+	for _, h := range cur.History() {
+		if h.UntilVersion <= rp.MapVersion || h.At.After(t) {
 			continue
 		}
-		if rec.UpdatedAt.After(rp.At) && (rec.FreezeStartedAt == nil || !rec.FreezeStartedAt.After(t)) {
-			return hint.New(fmt.Errorf("restore: move %s (%s -> %s) changed the owner of part of the range after restore point %s and before %s",
-				rec.ID, rec.Source, rec.Target, rp.Name, t.UTC().Format(time.RFC3339)), "restore to a restore point taken after the move (shardctl restore-point list), or to a time before it")
+		hlo, _, _ := keystream.Range(cur.Level, h.Lo)
+		_, hhi, _ := keystream.Range(cur.Level, h.Hi)
+		if hhi >= lo && hlo <= hi {
+			return refuse(fmt.Sprintf("a hand-off from %s (map version %d)", h.Node, h.UntilVersion))
 		}
 	}
 	return nil
@@ -501,9 +576,9 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // nodeResult is one current owner's part of a restore.
 type nodeResult struct {
-	tables                               []TableResult
-	staged                               int64
-	stageMS, diffMS, preApplyMS, pauseMS float64
+	tables                             []TableResult
+	staged                             int64
+	stageMS, diffMS, pauseMS, waitedMS float64
 }
 
 // stagedTable is a table staged on a node.
@@ -512,95 +587,117 @@ type stagedTable struct {
 	stage string   // the staging table, qualified and quoted
 	cols  []string // the columns restored (the live table's that the point had)
 	pk    []string // the live table's primary key
+	// noSet: identity columns GENERATED ALWAYS outside the key, which an
+	// UPDATE may not set (a changed one is left as it is now).
+	noSet []string
 }
 
-// restoreOn stages, diffs and applies the node's pieces.
-func restoreOn(ctx context.Context, n bucketmap.Node, pieces []Piece, tables []topo.TableRecord, scratch map[string]*Scratch, id string, opt RestoreOptions, say func(string, ...any)) (*nodeResult, error) {
+// ownerWork is one current owner's part of a restore: its connection,
+// pieces, staged tables and figures.
+type ownerWork struct {
+	node   bucketmap.Node
+	c      *pgx.Conn
+	pieces []Piece
+	staged []stagedTable
+	nr     *nodeResult
+}
+
+// close drops the staging tables and closes the connection.
+func (w *ownerWork) close(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	for _, s := range w.staged {
+		_, _ = w.c.Exec(ctx, `DROP TABLE IF EXISTS `+s.stage)
+	}
+	w.c.Close(ctx)
+}
+
+// prepareOn stages the node's pieces and diffs them. A dry run stops
+// after it.
+func prepareOn(ctx context.Context, n bucketmap.Node, pieces []Piece, tables []topo.TableRecord, scratch map[string]*Scratch, id string, opt RestoreOptions, say func(string, ...any)) (*ownerWork, error) {
 	c, err := dbnode.Connect(ctx, n)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close(context.WithoutCancel(ctx))
-	nr := &nodeResult{}
+	w := &ownerWork{node: n, c: c, pieces: pieces, nr: &nodeResult{}}
+	nr := w.nr
 	// The diff and the apply join the staged rows with the live range by
 	// primary key. A nested loop is never right for that, and the planner
 	// picks one when the live table's statistics say the range is empty
 	// (its rows deleted by the mistake, not yet vacuumed): each probe then
 	// walks the range's dead tuples, and a million-row bucket took hours.
 	if _, err := c.Exec(ctx, `SET enable_nestloop = off`); err != nil {
-		return nil, err
+		return w, err
 	}
 	if _, err := c.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS shardvisor_restore`); err != nil {
-		return nil, fmt.Errorf("staging schema: %w", err)
+		return w, fmt.Errorf("staging schema: %w", err)
 	}
-	var staged []stagedTable
-	defer func() {
-		for _, s := range staged {
-			_, _ = c.Exec(context.WithoutCancel(ctx), `DROP TABLE IF EXISTS `+s.stage)
-		}
-	}()
 	staging := time.Now()
 	for i, t := range tables {
 		tr := TableResult{Table: t.Name}
 		stg, skipped, err := stageTable(ctx, c, t, fmt.Sprintf("shardvisor_restore.%s", quoteIdent(fmt.Sprintf("r%s_%d", strings.ReplaceAll(id, "-", "_"), i))), pieces, scratch)
+		if stg != nil {
+			w.staged = append(w.staged, *stg)
+		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: staging: %w", t.Name, err)
+			return w, fmt.Errorf("%s: staging: %w", t.Name, err)
 		}
 		if skipped != "" {
 			tr.Skipped = skipped
-			nr.tables = append(nr.tables, tr)
 			say("%s: %s", t.Name, skipped)
-			continue
 		}
-		staged = append(staged, *stg)
 		nr.tables = append(nr.tables, tr)
 	}
-	for _, s := range staged {
+	for _, s := range w.staged {
 		var rows int64
 		if err := c.QueryRow(ctx, `SELECT count(*) FROM `+s.stage).Scan(&rows); err != nil {
-			return nil, err
+			return w, err
 		}
 		nr.staged += rows
 	}
 	nr.stageMS = ms(time.Since(staging))
 	say("node %s: %d rows staged from the point in %.0f ms", n.ID, nr.staged, nr.stageMS)
 	diffing := time.Now()
-	for _, s := range staged {
+	for _, s := range w.staged {
 		k := slices.IndexFunc(nr.tables, func(tr TableResult) bool { return tr.Table == s.t.Name })
 		if err := diffTable(ctx, c, s, pieces, opt.Samples, &nr.tables[k]); err != nil {
-			return nil, fmt.Errorf("%s: diff: %w", s.t.Name, err)
+			return w, fmt.Errorf("%s: diff: %w", s.t.Name, err)
 		}
 		tr := nr.tables[k]
 		say("node %s: %s: %d back, %d changed, %d gone since the point", n.ID, s.t.Name, tr.Back, tr.Changed, tr.Gone)
 	}
 	nr.diffMS = ms(time.Since(diffing))
-	if opt.DryRun || len(staged) == 0 {
-		return nr, nil
+	return w, nil
+}
+
+// apply applies what differs in one transaction, the bucket's pause,
+// tried 3 times when writers held the range longer than LockTimeout. It
+// applies nothing before the pause: restored rows would be seen and
+// changed by users, and the pause would then undo their changes. So the
+// restore takes effect at the pause's commit, all at once.
+func (w *ownerWork) apply(ctx context.Context, opt RestoreOptions, say func(string, ...any)) error {
+	if len(w.staged) == 0 {
+		return nil
 	}
-	// The apply outside the pause: most of the rows, nobody held back.
-	pre := time.Now()
-	if _, err := applyTx(ctx, c, n.ID, staged, pieces, opt, false); err != nil {
-		say("node %s: the apply before the pause did not commit (%v); the pause applies everything", n.ID, err)
-	}
-	nr.preApplyMS = ms(time.Since(pre))
-	var pause time.Duration
+	start := time.Now()
 	for attempt := 1; ; attempt++ {
-		pause, err = applyTx(ctx, c, n.ID, staged, pieces, opt, true)
+		pause, err := applyTx(ctx, w.c, w.node.ID, w.staged, w.pieces, opt)
 		if err == nil {
-			break
+			w.nr.pauseMS = ms(pause)
+			// Writers also waited behind the attempts that gave up.
+			w.nr.waitedMS = ms(time.Since(start))
+			say("node %s: applied; the bucket's writes paused %.1f ms", w.node.ID, w.nr.pauseMS)
+			return nil
 		}
 		if attempt == 3 || !isLockTimeout(err) {
-			return nil, fmt.Errorf("apply: %w", err)
+			return fmt.Errorf("apply: %w", err)
 		}
-		say("node %s: writers held the bucket longer than %s; trying the pause again", n.ID, opt.LockTimeout)
+		say("node %s: writers held the bucket longer than %s; trying the pause again", w.node.ID, opt.LockTimeout)
 	}
-	nr.pauseMS = ms(pause)
-	say("node %s: applied; the bucket's writes paused %.1f ms", n.ID, nr.pauseMS)
-	return nr, nil
 }
 
 // stageTable creates the staging table and copies every piece's rows of t
 // from its scratch server into it. skipped says why a table is left out.
+// A staging table made is returned even with an error, to be dropped.
 func stageTable(ctx context.Context, c *pgx.Conn, t topo.TableRecord, stage string, pieces []Piece, scratch map[string]*Scratch) (*stagedTable, string, error) {
 	live, err := columnsOf(ctx, c, t.Name)
 	if err != nil {
@@ -616,7 +713,7 @@ func stageTable(ctx context.Context, c *pgx.Conn, t topo.TableRecord, stage stri
 	if len(pk) == 0 {
 		return nil, "", fmt.Errorf("it has no primary key: rows cannot be matched")
 	}
-	var cols []string
+	var cols []column
 	for _, from := range distinctFrom(pieces) {
 		sc, err := scratch[from].Connect(ctx)
 		if err != nil {
@@ -630,39 +727,63 @@ func stageTable(ctx context.Context, c *pgx.Conn, t topo.TableRecord, stage stri
 		if then == nil {
 			return nil, "not at the point (created since): nothing to restore", nil
 		}
-		common := slices.DeleteFunc(slices.Clone(live), func(col string) bool { return !slices.Contains(then, col) })
+		// The live table's columns the point had, of the same type: a
+		// binary copy of another type reads its bytes as this one's
+		// (an int4 read as a float4, a timestamp as a timestamptz).
+		var common []column
+		for _, lc := range live {
+			k := slices.IndexFunc(then, func(tc column) bool { return tc.name == lc.name })
+			if k < 0 {
+				continue
+			}
+			if then[k].typ != lc.typ {
+				return nil, "", hint.New(fmt.Errorf("column %s was %s at the point and is %s now", lc.name, then[k].typ, lc.typ),
+					"restore the other tables (--tables), or this one into a copy by hand from a scratch server")
+			}
+			common = append(common, lc)
+		}
 		if cols == nil || len(common) < len(cols) {
 			cols = common
 		}
 	}
+	names := make([]string, len(cols))
+	for i, col := range cols {
+		names[i] = col.name
+	}
 	for _, k := range pk {
-		if !slices.Contains(cols, k) {
+		if !slices.Contains(names, k) {
 			return nil, "", fmt.Errorf("primary key column %s was not at the point", k)
 		}
 	}
-	colList := quoteList(cols)
+	colList := quoteList(names)
 	if _, err := c.Exec(ctx, fmt.Sprintf(`CREATE UNLOGGED TABLE %s AS SELECT %s FROM %s WITH NO DATA`, stage, colList, qualified(t.Name))); err != nil {
 		return nil, "", err
+	}
+	st := &stagedTable{t: t, stage: stage, cols: names, pk: pk}
+	for _, col := range cols {
+		if col.identityAlways && !slices.Contains(pk, col.name) {
+			st.noSet = append(st.noSet, col.name)
+		}
 	}
 	for _, pc := range pieces {
 		sc, err := scratch[pc.From].Connect(ctx)
 		if err != nil {
-			return nil, "", err
+			return st, "", err
 		}
 		err = copyRange(ctx, sc, c, fmt.Sprintf(`COPY (SELECT %s FROM %s WHERE %s BETWEEN %d AND %d) TO STDOUT (FORMAT binary)`, colList, qualified(t.Name), quoteIdent(t.KeyColumn), pc.Lo, pc.Hi),
 			fmt.Sprintf(`COPY %s (%s) FROM STDIN (FORMAT binary)`, stage, colList))
 		sc.Close(ctx)
 		if err != nil {
-			return nil, "", err
+			return st, "", err
 		}
 	}
 	if _, err := c.Exec(ctx, fmt.Sprintf(`CREATE INDEX ON %s (%s)`, stage, quoteList(pk))); err != nil {
-		return nil, "", err
+		return st, "", err
 	}
 	if _, err := c.Exec(ctx, `ANALYZE `+stage); err != nil {
-		return nil, "", err
+		return st, "", err
 	}
-	return &stagedTable{t: t, stage: stage, cols: cols, pk: pk}, "", nil
+	return st, "", nil
 }
 
 func distinctFrom(pieces []Piece) []string {
@@ -693,12 +814,15 @@ func pkMatch(pk []string) string {
 	return strings.Join(and, " AND ")
 }
 
+// rowOf is the row of cols as text: compared as text, a json column
+// (which has no equality), a citext's case and a numeric's scale differ
+// as they should.
 func rowOf(alias string, cols []string) string {
 	var out []string
 	for _, c := range cols {
 		out = append(out, alias+"."+quoteIdent(c))
 	}
-	return "ROW(" + strings.Join(out, ", ") + ")"
+	return "ROW(" + strings.Join(out, ", ") + ")::text"
 }
 
 type diffSQL struct{ back, changed, gone string }
@@ -724,7 +848,7 @@ func diffTable(ctx context.Context, c *pgx.Conn, st stagedTable, pieces []Piece,
 		if err := c.QueryRow(ctx, `SELECT count(*) `+k.from).Scan(k.n); err != nil {
 			return err
 		}
-		rows, err := c.Query(ctx, fmt.Sprintf(`SELECT %s::text %s ORDER BY 1 LIMIT %d`, rowOf(k.of, st.pk), k.from, samples))
+		rows, err := c.Query(ctx, fmt.Sprintf(`SELECT %s %s ORDER BY 1 LIMIT %d`, rowOf(k.of, st.pk), k.from, samples))
 		if err != nil {
 			return err
 		}
@@ -737,11 +861,12 @@ func diffTable(ctx context.Context, c *pgx.Conn, st stagedTable, pieces []Piece,
 	return nil
 }
 
-// applyTx applies what differs on one node in one transaction; pause: as
-// the bucket's write pause, holding the fence's drain locks of the
-// pieces' granules. It returns how long writers were held back.
-func applyTx(ctx context.Context, c *pgx.Conn, node bucketmap.NodeID, staged []stagedTable, pieces []Piece, opt RestoreOptions, pause bool) (time.Duration, error) {
-	tx, err := c.Begin(ctx)
+// applyTx applies what differs on one node in one transaction, the
+// bucket's write pause: it holds the fence's drain locks of the pieces'
+// granules. It returns how long writers were held back. Read committed:
+// each statement sees what the writers drained before it committed.
+func applyTx(ctx context.Context, c *pgx.Conn, node bucketmap.NodeID, staged []stagedTable, pieces []Piece, opt RestoreOptions) (time.Duration, error) {
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return 0, err
 	}
@@ -757,20 +882,17 @@ func applyTx(ctx context.Context, c *pgx.Conn, node bucketmap.NodeID, staged []s
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM shardvisor.fence_meta FOR SHARE`); err != nil {
 		return 0, fmt.Errorf("the node's fence: %w", err)
 	}
-	var held time.Time
-	if pause {
-		var gs []int32
-		for _, pc := range pieces {
-			for g := fence.Granule(pc.Lo); g <= fence.Granule(pc.Hi); g++ {
-				gs = append(gs, g)
-			}
+	var gs []int32
+	for _, pc := range pieces {
+		for g := fence.Granule(pc.Lo); g <= fence.Granule(pc.Hi); g++ {
+			gs = append(gs, g)
 		}
-		slices.Sort(gs)
-		gs = slices.Compact(gs)
-		held = time.Now()
-		if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, fence.LockClass, gs); err != nil {
-			return 0, err
-		}
+	}
+	slices.Sort(gs)
+	gs = slices.Compact(gs)
+	held := time.Now()
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1, g) FROM unnest($2::int4[]) WITH ORDINALITY AS u(g, i) ORDER BY i`, fence.LockClass, gs); err != nil {
+		return 0, err
 	}
 	f, err := fence.Read(ctx, tx)
 	if err != nil {
@@ -789,13 +911,17 @@ func applyTx(ctx context.Context, c *pgx.Conn, node bucketmap.NodeID, staged []s
 		if opt.Mode == ModeReplace {
 			var set []string
 			for _, col := range st.cols {
+				if slices.Contains(st.pk, col) || slices.Contains(st.noSet, col) {
+					continue // equal by the match, or not settable
+				}
 				set = append(set, fmt.Sprintf("%s = s.%s", quoteIdent(col), quoteIdent(col)))
 			}
-			stmts = append(stmts,
-				fmt.Sprintf(`UPDATE %s l SET %s FROM %s s WHERE %s AND %s AND %s IS DISTINCT FROM %s`, t, strings.Join(set, ", "), st.stage, pkMatch(st.pk), in, rowOf("s", st.cols), rowOf("l", st.cols)),
-				fmt.Sprintf(`DELETE FROM %s l WHERE %s AND NOT EXISTS (SELECT 1 FROM %s s WHERE %s)`, t, in, st.stage, pkMatch(st.pk)))
+			if len(set) > 0 {
+				stmts = append(stmts, fmt.Sprintf(`UPDATE %s l SET %s FROM %s s WHERE %s AND %s AND %s IS DISTINCT FROM %s`, t, strings.Join(set, ", "), st.stage, pkMatch(st.pk), in, rowOf("s", st.cols), rowOf("l", st.cols)))
+			}
+			stmts = append(stmts, fmt.Sprintf(`DELETE FROM %s l WHERE %s AND NOT EXISTS (SELECT 1 FROM %s s WHERE %s)`, t, in, st.stage, pkMatch(st.pk)))
 		}
-		stmts = append(stmts, fmt.Sprintf(`INSERT INTO %s (%s) SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s l WHERE %s AND %s)`,
+		stmts = append(stmts, fmt.Sprintf(`INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s l WHERE %s AND %s)`,
 			t, cols, quoteListOf("s", st.cols), st.stage, t, pkMatch(st.pk), in))
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -806,10 +932,7 @@ func applyTx(ctx context.Context, c *pgx.Conn, node bucketmap.NodeID, staged []s
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
-	if pause {
-		return time.Since(held), nil
-	}
-	return 0, nil
+	return time.Since(held), nil
 }
 
 // covered: lo..hi lies in spans owned.
@@ -831,16 +954,27 @@ func isLockTimeout(err error) bool {
 	return strings.Contains(err.Error(), "SQLSTATE 55P03")
 }
 
+// column is a writable column: its name, its type as format_type gives
+// it, and whether it is an identity column GENERATED ALWAYS.
+type column struct {
+	name, typ      string
+	identityAlways bool
+}
+
 // columnsOf lists a table's columns that can be written (not dropped, not
 // generated), in order; nil if the table does not exist.
-func columnsOf(ctx context.Context, q fence.Querier, table string) ([]string, error) {
-	rows, err := q.Query(ctx, `SELECT a.attname::text FROM pg_attribute a
+func columnsOf(ctx context.Context, q fence.Querier, table string) ([]column, error) {
+	rows, err := q.Query(ctx, `SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attidentity = 'a' FROM pg_attribute a
 		WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 		ORDER BY a.attnum`, table)
 	if err != nil {
 		return nil, err
 	}
-	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	cols, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (column, error) {
+		var c column
+		err := r.Scan(&c.name, &c.typ, &c.identityAlways)
+		return c, err
+	})
 	if err != nil {
 		return nil, err
 	}

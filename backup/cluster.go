@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/dbnode"
+	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/ownership"
 	"github.com/shardvisor/shardvisor/topo"
 )
@@ -23,9 +25,12 @@ import (
 // what the moves in flight then left on the recovered servers.
 
 // RecoveryCommand is the pgBackRest command that recovers node's server to
-// the point into dataDir, for the runbook (run on the new db host, as the
-// repository's owner).
-func RecoveryCommand(rp *topo.RestorePoint, node, dataDir string) (string, error) {
+// the point into dataDir from backup set (ChooseSet), for the runbook (run
+// on the new db host, as the repository's owner). The server it gives
+// starts without logical replication workers: a subscription of a move in
+// flight at the point names the old source and would stream from it (or
+// from whatever answers there) until apply-map has dropped it.
+func RecoveryCommand(rp *topo.RestorePoint, node, dataDir, set string) (string, error) {
 	pn, ok := rp.Nodes[node]
 	if !ok {
 		return "", fmt.Errorf("restore point %s has no node %s", rp.Name, node)
@@ -33,12 +38,18 @@ func RecoveryCommand(rp *topo.RestorePoint, node, dataDir string) (string, error
 	if pn.Stanza == "" {
 		return "", fmt.Errorf("node %s had no pgBackRest stanza at restore point %s: recover it from a base backup taken by other means, to the restore point named %q", node, rp.Name, rp.WALName)
 	}
-	args := restoreArgs(dataDir, Target{Name: rp.WALName}, nil)
+	args := restoreArgs(dataDir, set, Target{Name: rp.WALName, LSN: pn.LSN}, nil)
 	// The new server archives on its new timeline into the same stanza:
-	// its archive_command is its own configuration's.
+	// its archive_command is its own configuration's. (For a drill beside
+	// the live cluster, add --archive-mode=off.)
 	args = slicesDelete(args, "--archive-mode=off")
+	args = append(args, "--recovery-option=max_logical_replication_workers=0")
 	return "pgbackrest --stanza=" + pn.Stanza + " " + strings.Join(args, " ") + " restore", nil
 }
+
+// ErrNotRecovered means a node's server is not one recovered to the point
+// (its fence is past the point's): apply-map would roll a live cluster back.
+var ErrNotRecovered = errors.New("not recovered to the restore point")
 
 func slicesDelete(s []string, v string) []string {
 	out := s[:0]
@@ -100,12 +111,20 @@ func ApplyPointMap(ctx context.Context, st *bucketmap.Store, name string, log *z
 		return nil, err
 	}
 	res := &ApplyResult{Point: name, From: pm.Version}
-	// The moves' objects first: a recovered subscription must not stream
-	// into ranges the fences are about to settle.
 	cur, _, err := st.Load(ctx)
 	if err != nil {
 		return nil, err
 	}
+	// Only on servers recovered to the point: each node's fence must be
+	// at most where it was at the point. A live server's fence has moved
+	// on with the map (or will have, once the map changes), and applying
+	// the point's map to a live cluster would give every bucket moved
+	// since back to an owner whose copy GC has pruned.
+	if err := checkRecovered(ctx, cur, pm, rp); err != nil {
+		return nil, err
+	}
+	// The moves' objects first: a recovered subscription must not stream
+	// into ranges the fences are about to settle.
 	for _, mv := range rp.Moves {
 		res.Moves = append(res.Moves, teardown(ctx, cur, pm, rec.Tables, mv, log))
 	}
@@ -121,6 +140,53 @@ func ApplyPointMap(ctx context.Context, st *bucketmap.Store, name string, log *z
 		res.Nodes = append(res.Nodes, n.ID)
 	}
 	return res, nil
+}
+
+// checkRecovered refuses unless every node's fence is at most at the
+// point's version, or (a run again, after one that did not reach every
+// node) at the current map's version with the map already the point's.
+func checkRecovered(ctx context.Context, cur, pm *bucketmap.Map, rp *topo.RestorePoint) error {
+	again := sameOwners(cur, pm)
+	var bad []string
+	for id, pn := range rp.Nodes {
+		n, ok := cur.Node(bucketmap.NodeID(id))
+		if !ok {
+			return hint.New(fmt.Errorf("restore point %s names node %s, which the map no longer has", rp.Name, id), "shardctl node add "+id+" DSN (its recovered server)")
+		}
+		c, err := dbnode.Connect(ctx, n)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", id, err)
+		}
+		var v int64
+		err = c.QueryRow(ctx, `SELECT map_version FROM shardvisor.fence_meta`).Scan(&v)
+		c.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return fmt.Errorf("node %s: its fence: %w", id, err)
+		}
+		if uint64(v) > pn.FenceVersion && !(again && uint64(v) == cur.Version) {
+			bad = append(bad, fmt.Sprintf("%s (fence at map version %d, %d at the point)", id, v, pn.FenceVersion))
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		return hint.New(fmt.Errorf("%w: %s", ErrNotRecovered, strings.Join(bad, ", ")),
+			"recover each node's server first (shardctl restore-point show "+rp.Name+") and point the node at it (shardctl node set-dsn)")
+	}
+	return nil
+}
+
+// sameOwners: a and b have the same buckets with the same owners, every
+// bucket active.
+func sameOwners(a, b *bucketmap.Map) bool {
+	if a.Level != b.Level || a.Buckets() != b.Buckets() {
+		return false
+	}
+	same := true
+	b.EachBucket(func(bk bucketmap.Bucket, _, _ uint32) bool {
+		same = a.Has(bk) && a.OwnerOf(bk) == b.OwnerOf(bk) && a.MetaOf(bk).State != bucketmap.BucketMoving
+		return same
+	})
+	return same
 }
 
 // teardown clears one move in flight at the point from the recovered

@@ -77,7 +77,7 @@ func TestLongRestoreWholeCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		port := testenv.FreePort(t)
-		sc, err := cl.pg.RecoverServer(ctx, scratchDir(t), "", string(n.ID), testenvStanza(t, cl, n.ID), db, backup.Target{Name: rp.WALName}, port)
+		sc, err := cl.pg.RecoverServer(ctx, scratchDir(t), "", string(n.ID), testenvStanza(t, cl, n.ID), db, backup.Target{Name: rp.WALName, LSN: rp.Nodes[string(n.ID)].LSN}, port)
 		if err != nil {
 			t.Fatal(err)
 		}

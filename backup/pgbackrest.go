@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -236,9 +237,11 @@ func parseInfo(stanza string, out []byte) (*StanzaInfo, error) {
 }
 
 // Target is what a recovery stops at: a named restore point (the WAL
-// name, RestorePoint.WALName) or a time.
+// name, RestorePoint.WALName) or a time. LSN is the point's LSN on the
+// server recovered (RestorePoint.Nodes[id].LSN), for choosing the backup.
 type Target struct {
 	Name string
+	LSN  string
 	Time time.Time
 }
 
@@ -250,12 +253,16 @@ func (t Target) String() string {
 }
 
 // restoreArgs are pgbackrest restore's options for recovering stanza's
-// server into dir, stopping at t and promoting there. Archiving is off
-// in the recovered server (it must never push its new timeline into the
-// stanza's archive); dbs, when given, are the only databases restored
-// (the others come back as empty files PostgreSQL cannot open).
-func restoreArgs(dir string, t Target, dbs []string) []string {
+// server into dir from backup set (its label; "": pgBackRest's choice),
+// stopping at t and promoting there. Archiving is off in the recovered
+// server (it must never push its new timeline into the stanza's archive);
+// dbs, when given, are the only databases restored (the others come back
+// as empty files PostgreSQL cannot open).
+func restoreArgs(dir, set string, t Target, dbs []string) []string {
 	args := []string{"--pg1-path=" + dir, "--target-action=promote", "--archive-mode=off", "--delta=n"}
+	if set != "" {
+		args = append(args, "--set="+set)
+	}
 	if t.Name != "" {
 		args = append(args, "--type=name", "--target="+t.Name)
 	} else {
@@ -267,8 +274,68 @@ func restoreArgs(dir string, t Target, dbs []string) []string {
 	return args
 }
 
-// Restore recovers stanza's server into the empty directory dir, up to t.
+// Restore recovers stanza's server into the empty directory dir, up to t,
+// from the newest backup that ends before t (ChooseSet).
 func (b PGBackRest) Restore(ctx context.Context, stanza, dir string, t Target, dbs []string) error {
-	_, err := b.run(ctx, stanza, "restore", restoreArgs(dir, t, dbs)...)
+	info, err := b.Info(ctx, stanza)
+	if err != nil {
+		return err
+	}
+	set, err := ChooseSet(info, t)
+	if err != nil {
+		return err
+	}
+	_, err = b.run(ctx, stanza, "restore", restoreArgs(dir, set, t, dbs)...)
 	return err
+}
+
+// ErrNoBackupBefore means no backup of the stanza ends before the target:
+// nothing can be recovered to it.
+var ErrNoBackupBefore = errors.New("no backup ends before the target")
+
+// ChooseSet picks the backup a recovery to t starts from: the newest good
+// one that ended before t (its stop LSN at or before the point's LSN, or
+// its stop time before the time). pgBackRest's own choice is its newest
+// backup, which for a point taken before it ends the recovery before the
+// target ("recovery ended before configured recovery target was
+// reached").
+func ChooseSet(info *StanzaInfo, t Target) (string, error) {
+	var pointLSN uint64
+	if t.Name != "" {
+		if t.LSN == "" {
+			return "", nil // no LSN known: pgBackRest's choice
+		}
+		var err error
+		if pointLSN, err = ParseLSN(t.LSN); err != nil {
+			return "", err
+		}
+	}
+	for i := len(info.Backups) - 1; i >= 0; i-- {
+		bk := info.Backups[i]
+		if bk.Error {
+			continue
+		}
+		if t.Name != "" {
+			stop, err := ParseLSN(bk.LSNStop)
+			if err == nil && stop <= pointLSN {
+				return bk.Label, nil
+			}
+			continue
+		}
+		if bk.Stop.Before(t.Time) {
+			return bk.Label, nil
+		}
+	}
+	return "", hint.New(fmt.Errorf("stanza %s: %w (%s)", info.Stanza, ErrNoBackupBefore, t), "shardctl backup list shows the backups; a restore needs one taken before its target")
+}
+
+// ParseLSN reads PostgreSQL's X/Y form of a WAL position.
+func ParseLSN(s string) (uint64, error) {
+	hi, lo, ok := strings.Cut(s, "/")
+	h, err1 := strconv.ParseUint(hi, 16, 32)
+	l, err2 := strconv.ParseUint(lo, 16, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("%q is not an LSN (X/Y)", s)
+	}
+	return h<<32 | l, nil
 }

@@ -1,6 +1,7 @@
 package backup
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -133,13 +134,13 @@ func TestWALName(t *testing.T) {
 
 // Recovery never archives and stops at the target, promoting there.
 func TestRestoreArgs(t *testing.T) {
-	got := strings.Join(restoreArgs("/x/data", Target{Name: "p@1"}, []string{"app"}), " ")
-	for _, w := range []string{"--pg1-path=/x/data", "--archive-mode=off", "--type=name", "--target=p@1", "--target-action=promote", "--db-include=app"} {
+	got := strings.Join(restoreArgs("/x/data", "F1", Target{Name: "p@1"}, []string{"app"}), " ")
+	for _, w := range []string{"--pg1-path=/x/data", "--archive-mode=off", "--type=name", "--target=p@1", "--target-action=promote", "--db-include=app", "--set=F1"} {
 		if !strings.Contains(got, w) {
 			t.Errorf("%s lacks %s", got, w)
 		}
 	}
-	got = strings.Join(restoreArgs("/x/data", Target{Time: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.FixedZone("x", 3600))}, nil), " ")
+	got = strings.Join(restoreArgs("/x/data", "", Target{Time: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.FixedZone("x", 3600))}, nil), " ")
 	if !strings.Contains(got, "--type=time") || !strings.Contains(got, "--target=2026-01-02 02:04:05.000006+00") {
 		t.Errorf("time target: %s", got)
 	}
@@ -179,5 +180,38 @@ func TestMetricsStatus(t *testing.T) {
 	}
 	if _, ok := got["shardvisor_backup_newest_age_seconds/pg2"]; ok {
 		t.Error("a node without a backup has an age")
+	}
+}
+
+// A recovery starts from the newest backup that ended before its target:
+// for a point older than the newest backup, an older one.
+func TestChooseSet(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	info := &StanzaInfo{Stanza: "pg1", Backups: []BackupInfo{
+		{Label: "F1", LSNStop: "0/2000100", Stop: t0},
+		{Label: "I2", LSNStop: "0/5000100", Stop: t0.Add(time.Hour)},
+		{Label: "I3", LSNStop: "1/0", Stop: t0.Add(2 * time.Hour), Error: true},
+	}}
+	for _, c := range []struct {
+		t    Target
+		want string
+	}{
+		{Target{Name: "p", LSN: "0/3044C70"}, "F1"},
+		{Target{Name: "p", LSN: "0/6000000"}, "I2"},
+		{Target{Name: "p", LSN: "2/0"}, "I2"},
+		{Target{Time: t0.Add(30 * time.Minute)}, "F1"},
+		{Target{Time: t0.Add(3 * time.Hour)}, "I2"},
+		{Target{Name: "p"}, ""},
+	} {
+		got, err := ChooseSet(info, c.t)
+		if err != nil || got != c.want {
+			t.Errorf("ChooseSet(%v) = %q, %v; want %q", c.t, got, err, c.want)
+		}
+	}
+	if _, err := ChooseSet(info, Target{Name: "p", LSN: "0/1000000"}); !errors.Is(err, ErrNoBackupBefore) {
+		t.Errorf("a point before every backup: %v", err)
+	}
+	if _, err := ParseLSN("nope"); err == nil {
+		t.Error("ParseLSN took nope")
 	}
 }

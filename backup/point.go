@@ -44,6 +44,23 @@ import (
 // MaxAttempts bounds the cuts one CreatePoint tries.
 const MaxAttempts = 5
 
+// ArchiveWait bounds the wait for a point's WAL segment (or the WAL up to
+// a restore's time) to reach the archive.
+var ArchiveWait = 60 * time.Second
+
+// sameMoves: the same moves, in the same states.
+func sameMoves(a, b []topo.PointMove) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].State != b[i].State {
+			return false
+		}
+	}
+	return true
+}
+
 // ErrPointVoid means the map changed during every cut tried.
 var ErrPointVoid = errors.New("the map changed during every cut")
 
@@ -172,12 +189,37 @@ func CreatePoint(ctx context.Context, st *bucketmap.Store, name string, opt Poin
 			log.Info("restore point: the map changed during the cut; cutting again", zap.String("point", name), zap.Int("attempt", attempt))
 			continue
 		}
+		// A move that began without a map change since (its record, its
+		// target's incoming range, its subscription) would be missing
+		// from the point: void the cut as for a map change.
+		moves2, err := movesInFlight(ctx, s, p)
+		if err != nil {
+			return nil, err
+		}
+		if !sameMoves(moves, moves2) {
+			log.Info("restore point: a move began or ended during the cut; cutting again", zap.String("point", name), zap.Int("attempt", attempt))
+			continue
+		}
 		if opt.SwitchWAL {
+			// The point is recoverable once its segment is archived: wait
+			// for it (bounded), and record whether it was.
+			var wg sync.WaitGroup
 			for _, n := range nodes {
-				if _, err := conns[n.ID].Exec(ctx, `SELECT pg_switch_wal()`); err != nil {
-					log.Warn("restore point: switching WAL", zap.String("node", string(n.ID)), zap.Error(err))
-				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, err := ArchiveNow(ctx, conns[n.ID], ArchiveWait)
+					mu.Lock()
+					defer mu.Unlock()
+					pn := pts[string(n.ID)]
+					pn.Archived = err == nil
+					pts[string(n.ID)] = pn
+					if err != nil {
+						log.Warn("restore point: its WAL is not archived yet", zap.String("node", string(n.ID)), zap.Error(err))
+					}
+				}()
 			}
+			wg.Wait()
 		}
 		rp := &topo.RestorePoint{
 			Version: topo.RestorePointVersion, Name: name, WALName: wal, At: at, By: opt.By, Reason: opt.Reason,

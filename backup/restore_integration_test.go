@@ -287,8 +287,8 @@ func TestLongRestoreBuckets(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("bucket %s: %+v; recovery %.0f ms, stage %.0f ms, diff %.0f ms, apply %.0f ms, pause %.1f ms, total %.0f ms",
-			c.b, res.Tables[0], res.RecoverMS, res.StageMS, res.DiffMS, res.PreApplyMS, res.PauseMS, res.TotalMS)
+		t.Logf("bucket %s: %+v; recovery %.0f ms, stage %.0f ms, diff %.0f ms, pause %.1f ms, total %.0f ms",
+			c.b, res.Tables[0], res.RecoverMS, res.StageMS, res.DiffMS, res.PauseMS, res.TotalMS)
 		if got := cl.rows(c.b); strings.Join(got, "\n") != strings.Join(c.want, "\n") {
 			t.Fatalf("bucket %s restored: %d rows, want %d exactly as at the point;\nfirst got  %v\nfirst want %v", c.b, len(got), len(c.want), first(got), first(c.want))
 		}

@@ -67,6 +67,9 @@ func (b PGBackRest) RecoverServer(ctx context.Context, parent, pgBin, node, stan
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return nil, err
 	}
+	if err := checkParent(parent); err != nil {
+		return nil, err
+	}
 	dir, err := os.MkdirTemp(parent, "scratch-"+node+"-")
 	if err != nil {
 		return nil, err
@@ -169,20 +172,53 @@ func (s *Scratch) databaseOr() string {
 }
 
 // Close stops the scratch server (immediate: nothing in it is kept) and
-// removes its directory.
+// removes its directory. The server's pid is read from its data directory
+// every time: a start that failed half way (pg_ctl timed out, the context
+// ended) may have left a postmaster behind that RecoverScratch never saw.
+// It is stopped with pg_ctl as the server's user (a signal from another
+// user would be refused), then by signal, and waited for, before the
+// directory goes.
 func (s *Scratch) Close() {
-	if s.pid != 0 {
-		_ = syscall.Kill(s.pid, syscall.SIGQUIT)
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			if syscall.Kill(s.pid, 0) != nil {
-				break
-			}
+	data := filepath.Join(s.Dir, "data")
+	pid := postmasterPid(data)
+	if pid == 0 {
+		pid = s.pid
+	}
+	if pid != 0 && syscall.Kill(pid, 0) == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_ = s.runAs(ctx, "", filepath.Join(s.pgBin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "-t", "20", "-s", "stop")
+		cancel()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && syscall.Kill(pid, 0) == nil; time.Sleep(20 * time.Millisecond) {
 		}
-		if syscall.Kill(s.pid, 0) == nil {
-			_ = syscall.Kill(s.pid, syscall.SIGKILL)
+		if syscall.Kill(pid, 0) == nil {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && syscall.Kill(pid, 0) == nil; time.Sleep(20 * time.Millisecond) {
+			}
 		}
 	}
 	_ = os.RemoveAll(s.Dir)
+}
+
+// checkParent refuses a scratch parent directory that someone else could
+// tamper with: another user who owns it, or may write to it, could swap a
+// scratch directory for a symbolic link before it is given to the server's
+// user, or plant a data directory of their own whose rows the restore
+// would copy into the live cluster.
+func checkParent(parent string) error {
+	st, err := os.Lstat(parent)
+	if err != nil {
+		return err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	switch {
+	case !st.IsDir():
+		return fmt.Errorf("scratch directory %s is not a directory (a symbolic link?)", parent)
+	case ok && int(sys.Uid) != os.Getuid():
+		return fmt.Errorf("scratch directory %s belongs to uid %d, not this user (%d): choose another --scratch-dir", parent, sys.Uid, os.Getuid())
+	case st.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("scratch directory %s may be written by others (mode %v): chmod go-w it, or choose another --scratch-dir", parent, st.Mode().Perm())
+	}
+	return nil
 }
 
 // owner is the uid and gid the prefix runs as (-1, -1: this process's).

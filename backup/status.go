@@ -104,3 +104,41 @@ func CheckNode(ctx context.Context, pg PGBackRest, cfg *topo.BackupConfig, confi
 	}
 	return ns
 }
+
+// ArchiveNow switches the server to a new WAL segment and waits, up to
+// wait, until the segment that holds everything written before the switch
+// is in the archive: a recovery to a time just past, or to a point just
+// cut, needs it there (recovery ends where the archive ends). It returns
+// that segment's name.
+func ArchiveNow(ctx context.Context, c *pgx.Conn, wait time.Duration) (string, error) {
+	var seg string
+	// pg_switch_wal returns the end of the segment it closed, plus one:
+	// one byte back is in it. Nothing written since the last switch: no
+	// switch, and the segment before is the one to wait for.
+	if err := c.QueryRow(ctx, `SELECT pg_walfile_name(pg_switch_wal() - 1)`).Scan(&seg); err != nil {
+		return "", err
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		a, err := ReadArchiver(ctx, c)
+		if err != nil {
+			return seg, err
+		}
+		// Segment names sort by timeline, then position.
+		if a.LastArchivedWAL >= seg && len(a.LastArchivedWAL) >= len(seg) {
+			return seg, nil
+		}
+		if time.Now().After(deadline) {
+			why := ""
+			if a.Failing() {
+				why = fmt.Sprintf(": archiving is failing (the last failure for %s)", a.LastFailedWAL)
+			}
+			return seg, fmt.Errorf("WAL segment %s not archived within %s (the last archived: %q)%s", seg, wait, a.LastArchivedWAL, why)
+		}
+		select {
+		case <-ctx.Done():
+			return seg, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

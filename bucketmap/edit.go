@@ -488,6 +488,9 @@ func (m *Map) RestoreOwnership(from *Map) error {
 		if !ok {
 			return fmt.Errorf("%w: %s, which owned slot %d at map version %d (add it back first: shardctl node add)", ErrUnknownNode, id, s, from.Version)
 		}
+		if st := m.nodes[i].State; st == NodeRemoved || st == NodeDown {
+			return fmt.Errorf("node %s is %s now, and owned slot %d at map version %d: make it active first (shardctl node up %s, with its recovered server)", id, st, s, from.Version, id)
+		}
 		owners[s] = uint16(i)
 	}
 	m.Level = from.Level
@@ -504,6 +507,13 @@ func (m *Map) RestoreOwnership(from *Map) error {
 			m.meta[s] = bm
 		}
 	}
-	m.history = append([]Handoff(nil), from.history...)
+	// A handoff naming a node no longer registered has nothing left to
+	// prune: GC could not reach it.
+	m.history = m.history[:0:0]
+	for _, h := range from.history {
+		if _, ok := m.index[h.Node]; ok {
+			m.history = append(m.history, h)
+		}
+	}
 	return nil
 }

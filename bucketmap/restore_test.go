@@ -2,6 +2,7 @@ package bucketmap
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,6 +47,12 @@ func TestRestoreOwnership(t *testing.T) {
 	}
 	if err := now.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	// A node that owned buckets at the point and is down now is refused.
+	down := then.Clone()
+	down.nodes[1].State = NodeDown
+	if err := down.RestoreOwnership(then); err == nil || !strings.Contains(err.Error(), "node up b") {
+		t.Fatalf("restore onto a down owner: %v", err)
 	}
 	// A node the point's map names must still be registered.
 	lone, _ := New(2, nodes[:1], time.Unix(0, 0))

@@ -248,6 +248,10 @@ type PointNode struct {
 	Server   string `json:"server"`
 	// FenceVersion is the map version the node's fence was synced to.
 	FenceVersion uint64 `json:"fence_version"`
+	// Archived: the WAL segment holding the point was in the archive when
+	// the point was recorded (false: a recovery to it may end before it
+	// until archiving catches up).
+	Archived bool `json:"archived"`
 }
 
 // DecodeRestorePoint decodes a restore point strictly.

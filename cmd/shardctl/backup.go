@@ -592,8 +592,8 @@ func writeRestore(w io.Writer, r *backup.RestoreResult) {
 			}
 		}
 	}
-	fmt.Fprintf(w, "  %d rows staged; recovery %.0f ms, staging %.0f ms, diff %.0f ms, apply %.0f ms, write pause %.1f ms; %.1f s in all\n",
-		r.Staged, r.RecoverMS, r.StageMS, r.DiffMS, r.PreApplyMS, r.PauseMS, r.TotalMS/1000)
+	fmt.Fprintf(w, "  %d rows staged; recovery %.0f ms, staging %.0f ms, diff %.0f ms, the bucket's write pause %.1f ms (%.1f ms with retries); %.1f s in all\n",
+		r.Staged, r.RecoverMS, r.StageMS, r.DiffMS, r.PauseMS, r.WaitedMS, r.TotalMS/1000)
 }
 
 // runPointShow prints a restore point and, per node, the command that
@@ -610,8 +610,21 @@ func runPointShow(c *cli.Context) error {
 			return fmt.Errorf("restore-point show %s: %w", name, err)
 		}
 		cmds := map[string]string{}
-		for id := range rp.Nodes {
-			cmd, err := backup.RecoveryCommand(rp, id, strings.ReplaceAll(c.String("data-dir"), "{node}", id))
+		pg := pgbackrestOf(c)
+		for id, pn := range rp.Nodes {
+			// The backup set: the newest that ended before the point.
+			set := ""
+			if pn.Stanza != "" {
+				info, err := pg.Info(ctx, pn.Stanza)
+				if err == nil {
+					set, err = backup.ChooseSet(info, backup.Target{Name: rp.WALName, LSN: pn.LSN})
+				}
+				if err != nil {
+					cmds[id] = "# " + hint.Text(err)
+					continue
+				}
+			}
+			cmd, err := backup.RecoveryCommand(rp, id, strings.ReplaceAll(c.String("data-dir"), "{node}", id), set)
 			if err != nil {
 				cmd = "# " + err.Error()
 			}

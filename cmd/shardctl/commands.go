@@ -604,9 +604,9 @@ func restorePointCommand() *cli.Command {
 				Name:      "show",
 				Usage:     "show a restore point and, per node, the pgBackRest command that recovers its server to it (the whole-cluster runbook)",
 				ArgsUsage: "NAME",
-				Flags: []cli.Flag{
+				Flags: append([]cli.Flag{
 					&cli.StringFlag{Name: "data-dir", Value: "/var/lib/postgresql/15/{node}", EnvVars: []string{"SHARDVISOR_RESTORE_DATA_DIR"}, Usage: "the new servers' data `DIR` in the commands ({node} is the node's id)"},
-				},
+				}, pgbackrestFlags()...),
 				Action: runPointShow,
 			},
 			{
