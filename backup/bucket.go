@@ -882,6 +882,32 @@ func applyTx(ctx context.Context, c *pgx.Conn, node bucketmap.NodeID, staged []s
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM shardvisor.fence_meta FOR SHARE`); err != nil {
 		return 0, fmt.Errorf("the node's fence: %w", err)
 	}
+	// The statements are written before the pause, and sent in one batch
+	// inside it: each round trip in the pause is one the bucket's writers
+	// wait for.
+	var stmts, names []string
+	for _, st := range staged {
+		t := qualified(st.t.Name)
+		in := rangeOf("l", st.t.KeyColumn, pieces)
+		if opt.Mode == ModeReplace {
+			var set []string
+			for _, col := range st.cols {
+				if slices.Contains(st.pk, col) || slices.Contains(st.noSet, col) {
+					continue // equal by the match, or not settable
+				}
+				set = append(set, fmt.Sprintf("%s = s.%s", quoteIdent(col), quoteIdent(col)))
+			}
+			if len(set) > 0 {
+				stmts = append(stmts, fmt.Sprintf(`UPDATE %s l SET %s FROM %s s WHERE %s AND %s AND %s IS DISTINCT FROM %s`, t, strings.Join(set, ", "), st.stage, pkMatch(st.pk), in, rowOf("s", st.cols), rowOf("l", st.cols)))
+				names = append(names, st.t.Name)
+			}
+			stmts = append(stmts, fmt.Sprintf(`DELETE FROM %s l WHERE %s AND NOT EXISTS (SELECT 1 FROM %s s WHERE %s)`, t, in, st.stage, pkMatch(st.pk)))
+			names = append(names, st.t.Name)
+		}
+		stmts = append(stmts, fmt.Sprintf(`INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s l WHERE %s AND %s)`,
+			t, quoteList(st.cols), quoteListOf("s", st.cols), st.stage, t, pkMatch(st.pk), in))
+		names = append(names, st.t.Name)
+	}
 	var gs []int32
 	for _, pc := range pieces {
 		for g := fence.Granule(pc.Lo); g <= fence.Granule(pc.Hi); g++ {
@@ -903,36 +929,23 @@ func applyTx(ctx context.Context, c *pgx.Conn, node bucketmap.NodeID, staged []s
 			return 0, hint.New(fmt.Errorf("node %s no longer owns keys %d..%d (the bucket moved during the restore)", node, pc.Lo, pc.Hi), "run the restore again")
 		}
 	}
-	for _, st := range staged {
-		t := qualified(st.t.Name)
-		in := rangeOf("l", st.t.KeyColumn, pieces)
-		cols := quoteList(st.cols)
-		var stmts []string
-		if opt.Mode == ModeReplace {
-			var set []string
-			for _, col := range st.cols {
-				if slices.Contains(st.pk, col) || slices.Contains(st.noSet, col) {
-					continue // equal by the match, or not settable
-				}
-				set = append(set, fmt.Sprintf("%s = s.%s", quoteIdent(col), quoteIdent(col)))
-			}
-			if len(set) > 0 {
-				stmts = append(stmts, fmt.Sprintf(`UPDATE %s l SET %s FROM %s s WHERE %s AND %s AND %s IS DISTINCT FROM %s`, t, strings.Join(set, ", "), st.stage, pkMatch(st.pk), in, rowOf("s", st.cols), rowOf("l", st.cols)))
-			}
-			stmts = append(stmts, fmt.Sprintf(`DELETE FROM %s l WHERE %s AND NOT EXISTS (SELECT 1 FROM %s s WHERE %s)`, t, in, st.stage, pkMatch(st.pk)))
-		}
-		stmts = append(stmts, fmt.Sprintf(`INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM %s s WHERE NOT EXISTS (SELECT 1 FROM %s l WHERE %s AND %s)`,
-			t, cols, quoteListOf("s", st.cols), st.stage, t, pkMatch(st.pk), in))
-		for _, q := range stmts {
-			if _, err := tx.Exec(ctx, q); err != nil {
-				return 0, fmt.Errorf("%s: %w", st.t.Name, err)
-			}
-		}
+	b := &pgx.Batch{}
+	for _, q := range stmts {
+		b.Queue(q)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return 0, fmt.Errorf("%s: %w", batchTable(err, names), err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
 	return time.Since(held), nil
+}
+
+// batchTable names the tables of a failed batch (pgx does not say which
+// statement of a batch failed).
+func batchTable(_ error, names []string) string {
+	return strings.Join(slices.Compact(slices.Clone(names)), ", ")
 }
 
 // covered: lo..hi lies in spans owned.
