@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -458,8 +459,11 @@ func newestAt(ns backup.NodeStatus) *time.Time {
 	return &t
 }
 
-// prunePoints forgets the scheduled points (named prefix...) beyond the
-// newest keep (0: keep all).
+// prunePoints forgets, beyond the newest keep of each (0: keep all), the
+// scheduled points this watcher names (PREFIX-TIME, nothing else: another
+// watcher's prefix may begin with this one's) and the points taken before
+// changes (before-WHAT-TIME, which a rebalance --watch takes on every run
+// that moves something).
 func prunePoints(ctx context.Context, st *bucketmap.Store, prefix string, keep int) error {
 	if keep <= 0 {
 		return nil
@@ -468,18 +472,57 @@ func prunePoints(ctx context.Context, st *bucketmap.Store, prefix string, keep i
 	if err != nil {
 		return err
 	}
-	var own []*topo.RestorePoint
+	own := regexp.MustCompile("^" + regexp.QuoteMeta(prefix) + `\d{8}t\d{6}$`)
+	var scheduled, before []*topo.RestorePoint
 	for _, rp := range pts {
-		if strings.HasPrefix(rp.Name, prefix) && rp.Reason == "schedule" {
-			own = append(own, rp)
+		switch {
+		case rp.Reason == "schedule" && own.MatchString(rp.Name):
+			scheduled = append(scheduled, rp)
+		case strings.HasPrefix(rp.Reason, "before "):
+			before = append(before, rp)
 		}
 	}
-	for i := 0; i < len(own)-keep; i++ {
-		if err := topo.DeleteRestorePoint(ctx, st.Session(), st.Paths(), own[i].Name); err != nil {
-			return err
+	for _, list := range [][]*topo.RestorePoint{scheduled, before} {
+		for i := 0; i < len(list)-keep; i++ {
+			if err := topo.DeleteRestorePoint(ctx, st.Session(), st.Paths(), list[i].Name); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+func runRestoreList(c *cli.Context) error {
+	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		recs, err := topo.ListBucketRestores(ctx, st.Session(), st.Paths())
+		if err != nil {
+			return err
+		}
+		if recs == nil {
+			recs = []*topo.BucketRestore{}
+		}
+		return cliutil.NewPrinter(c).Emit(map[string]any{"restores": recs}, func(w io.Writer) {
+			if len(recs) == 0 {
+				fmt.Fprintln(w, "no bucket restore recorded")
+			}
+			for _, r := range recs {
+				to := r.Point
+				if !r.Time.IsZero() {
+					to = r.Time.Format(time.RFC3339) + " (map of " + r.Point + ")"
+				}
+				fmt.Fprintf(w, "%s  %s  bucket %s to %s, mode %s: %s by %s", r.ID, r.At.Format(time.RFC3339), r.Bucket, to, r.Mode, r.State, r.By)
+				if r.Error != "" {
+					fmt.Fprintf(w, ": %s", r.Error)
+				}
+				fmt.Fprintln(w)
+				if r.State != topo.RestoreDone && r.State != topo.RestoreDryRun && r.State != topo.RestoreFailed {
+					for _, d := range r.Scratch {
+						fmt.Fprintf(w, "  its scratch directory, if the restore is not running any more: %s (stop its server: pg_ctl -D %s/data stop; then remove it)\n", d, d)
+					}
+				}
+			}
+		})
+	})
 }
 
 // pointBefore takes a restore point before a change (schema, rebalance),

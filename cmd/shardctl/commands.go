@@ -627,7 +627,7 @@ func restorePointCommand() *cli.Command {
 				Flags: append([]cli.Flag{
 					&cli.DurationFlag{Name: "every", Value: 15 * time.Minute, EnvVars: []string{"SHARDVISOR_POINT_EVERY"}, Usage: "take a point every `DURATION`"},
 					&cli.StringFlag{Name: "prefix", Value: "auto", EnvVars: []string{"SHARDVISOR_POINT_PREFIX"}, Usage: "the points' name `PREFIX`"},
-					&cli.IntFlag{Name: "keep", Value: 96, EnvVars: []string{"SHARDVISOR_POINT_KEEP"}, Usage: "keep the newest `N` scheduled points (0: all)"},
+					&cli.IntFlag{Name: "keep", Value: 96, EnvVars: []string{"SHARDVISOR_POINT_KEEP"}, Usage: "keep the newest `N` scheduled points, and the newest N taken before changes (schema, rebalance); 0: all"},
 					&cli.DurationFlag{Name: "check-every", Value: time.Minute, EnvVars: []string{"SHARDVISOR_BACKUP_CHECK_EVERY"}, Usage: "check every node's backups and archiving every `DURATION`: metrics, the log, and the status record the status page shows"},
 					&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_BACKUP_METRICS_ADDR"}, Usage: "serve Prometheus metrics (shardvisor_backup_*, shardvisor_restore_point_*) on `HOST:PORT`"},
 				}, pgbackrestFlags()...),
@@ -658,5 +658,8 @@ func restoreCommand() *cli.Command {
 			&cli.StringFlag{Name: "pg-bin", Value: "/usr/lib/postgresql/15/bin", EnvVars: []string{"SHARDVISOR_PG_BIN"}, Usage: "`DIR` of PostgreSQL's pg_ctl, for scratch servers"},
 		}, pgbackrestFlags()...),
 		Action: runRestore,
+		Subcommands: []*cli.Command{
+			{Name: "list", Usage: "list the bucket restores recorded, oldest first, with the scratch directories of any that did not finish", Action: runRestoreList},
+		},
 	}
 }
