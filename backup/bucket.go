@@ -67,8 +67,11 @@ const (
 // RestoreOptions are a bucket restore's.
 type RestoreOptions struct {
 	// Bucket as operators name it (NUMBER or PREFIX/DEPTH), in the current
-	// map or, if it was split or merged since, in the point's.
+	// map or, if it was split or merged since, in the point's; or User: one
+	// user's rows only (their bucket key, keystream.Key, which every row
+	// of theirs carries), inside their bucket. One of the two.
 	Bucket string
+	User   string
 	// Point names a restore point; or Time: the newest point at or before
 	// it gives the map, and the servers are recovered to Time.
 	Point string
@@ -97,9 +100,11 @@ type RestoreOptions struct {
 type RestoreResult struct {
 	ID     string `json:"id"`
 	Bucket string `json:"bucket"`
-	Lo     int64  `json:"lo"`
-	Hi     int64  `json:"hi"`
-	Point  string `json:"point"`
+	// User: only this user's rows were restored (Lo = Hi, their key).
+	User  string `json:"user,omitempty"`
+	Lo    int64  `json:"lo"`
+	Hi    int64  `json:"hi"`
+	Point string `json:"point"`
 	// Target is what the servers were recovered to.
 	Target     string        `json:"target"`
 	Mode       string        `json:"mode"`
@@ -160,6 +165,9 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 	if opt.Mode != ModeReplace && opt.Mode != ModeMissing {
 		return nil, fmt.Errorf("restore: mode %q is not %q or %q", opt.Mode, ModeReplace, ModeMissing)
 	}
+	if (opt.Bucket == "") == (opt.User == "") {
+		return nil, errors.New("restore: name a bucket or a user (one of them)")
+	}
 	if (opt.Point == "") == opt.Time.IsZero() {
 		return nil, errors.New("restore: name a restore point or a time (one of them)")
 	}
@@ -200,6 +208,24 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 	if err != nil {
 		return nil, err
 	}
+	rec, err := topo.ReadCluster(ctx, s, p)
+	if err != nil {
+		return nil, err
+	}
+	var userKey *int64
+	if opt.User != "" {
+		seed, err := keystream.ParseSeed(rec.Seed)
+		if err != nil {
+			return nil, err
+		}
+		ks, err := keystream.New(seed)
+		if err != nil {
+			return nil, err
+		}
+		k := keystream.Key(ks.Prefix64(opt.User))
+		userKey = &k
+		opt.Bucket = cur.BucketOfPrefix(ks.Prefix64(opt.User)).String()
+	}
 	if pb, err := bucketmap.ParseBucket(opt.Bucket); err == nil && pb.Depth == bucketmap.AtLevel && pm.Level != cur.Level {
 		return nil, hint.New(fmt.Errorf("restore: bucket %s: the map's level is %d now and was %d at restore point %s, so a bare number is ambiguous: name the bucket as NUMBER/DEPTH", opt.Bucket, cur.Level, pm.Level, rp.Name),
 			"shardctl buckets lists today's; shardctl route UID names a user's")
@@ -213,6 +239,9 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 		}
 	}
 	lo, hi := b.Keys()
+	if userKey != nil {
+		lo, hi = *userKey, *userKey
+	}
 	pieces, err := planPieces(pm, cur, lo, hi)
 	if err != nil {
 		return nil, err
@@ -222,17 +251,13 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 			return nil, err
 		}
 	}
-	rec, err := topo.ReadCluster(ctx, s, p)
-	if err != nil {
-		return nil, err
-	}
 	tables, err := chooseTables(rec.Tables, opt.Tables)
 	if err != nil {
 		return nil, err
 	}
 	id := newRestoreID()
-	res := &RestoreResult{ID: id, Bucket: b.String(), Lo: lo, Hi: hi, Point: rp.Name, Target: target.String(), Mode: opt.Mode, DryRun: opt.DryRun, MapVersion: cur.Version, Pieces: pieces}
-	r := &topo.BucketRestore{ID: id, Bucket: b.String(), Lo: lo, Hi: hi, Mode: opt.Mode, Point: rp.Name, Time: opt.Time, DryRun: opt.DryRun, Tables: opt.Tables, State: topo.RestorePlanned, By: opt.By, At: time.Now().UTC()}
+	res := &RestoreResult{ID: id, Bucket: b.String(), User: opt.User, Lo: lo, Hi: hi, Point: rp.Name, Target: target.String(), Mode: opt.Mode, DryRun: opt.DryRun, MapVersion: cur.Version, Pieces: pieces}
+	r := &topo.BucketRestore{ID: id, Bucket: b.String(), User: opt.User, Lo: lo, Hi: hi, Mode: opt.Mode, Point: rp.Name, Time: opt.Time, DryRun: opt.DryRun, Tables: opt.Tables, State: topo.RestorePlanned, By: opt.By, At: time.Now().UTC()}
 	save := func(state string, err error) {
 		r.State = state
 		if err != nil {
@@ -247,7 +272,11 @@ func RestoreBucket(ctx context.Context, st *bucketmap.Store, opt RestoreOptions)
 		save(topo.RestoreFailed, err)
 		return nil, err
 	}
-	say("bucket %s (keys %d..%d) to %s, mode %s: %d part(s)", b, lo, hi, target, opt.Mode, len(pieces))
+	if opt.User != "" {
+		say("user %s's rows (key %d, in bucket %s) to %s, mode %s", opt.User, lo, b, target, opt.Mode)
+	} else {
+		say("bucket %s (keys %d..%d) to %s, mode %s: %d part(s)", b, lo, hi, target, opt.Mode, len(pieces))
+	}
 
 	// Recover each owner at the point into a scratch server.
 	save(topo.RestoreRecover, nil)

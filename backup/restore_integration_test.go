@@ -19,6 +19,7 @@ import (
 	"github.com/shardvisor/shardvisor/internal/clustertest"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/internal/zktest"
+	"github.com/shardvisor/shardvisor/keystream"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -345,4 +346,80 @@ func testenvStanza(t testing.TB, cl *cluster, id bucketmap.NodeID) string {
 		t.Fatalf("no stanza for %s: %v", id, err)
 	}
 	return cfg.Stanzas[string(id)]
+}
+
+// TestLongRestoreUser: one user's rows come back (--user, mode missing),
+// and only theirs: a neighbour in the same bucket whose rows were deleted
+// after the point stays deleted, and one who wrote since keeps it.
+func TestLongRestoreUser(t *testing.T) {
+	testenv.Long(t)
+	cl := newCluster(t, 1)
+	ctx := context.Background()
+	seed, err := keystream.ParseSeed(clustertest.Seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks, err := keystream.New(seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := cl.mapNow()
+	// Three users of one bucket.
+	var users []string
+	want := m.BucketOfPrefix(ks.Prefix64("zoe"))
+	for i := 0; len(users) < 3; i++ {
+		u := fmt.Sprintf("u%d", i)
+		if i == 0 {
+			u = "zoe"
+		}
+		if m.BucketOfPrefix(ks.Prefix64(u)) == want {
+			users = append(users, u)
+		}
+	}
+	zoe, gone, writer := users[0], users[1], users[2]
+	c := cl.owner(want)
+	ukey := func(u string) int64 { return keystream.Key(ks.Prefix64(u)) }
+	for _, u := range users {
+		if _, err := c.Exec(ctx, `INSERT INTO app.notes (bkey, uid, id, body) SELECT $1, $2, g, 'note ' || g FROM generate_series(1, 5) g`, ukey(u), u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cl.pg.Backup(ctx, testenvStanza(t, cl, m.OwnerOf(want)), backup.Incr); err != nil {
+		t.Fatal(err)
+	}
+	rp, err := backup.CreatePoint(ctx, cl.st, "before", backup.PointOptions{SwitchWAL: true, By: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct {
+		sql string
+		uid string
+	}{{`DELETE FROM app.notes WHERE bkey = $1 AND uid = $2`, zoe}, {`DELETE FROM app.notes WHERE bkey = $1 AND uid = $2`, gone},
+		{`INSERT INTO app.notes (bkey, uid, id, body) VALUES ($1, $2, 99, 'since')`, writer}} {
+		if _, err := c.Exec(ctx, q.sql, ukey(q.uid), q.uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := backup.RestoreBucket(ctx, cl.st, backup.RestoreOptions{User: zoe, Point: rp.Name, Mode: backup.ModeMissing, PGBackRest: cl.pg, ScratchDir: scratchDir(t), By: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(u string) (n int) {
+		if err := c.QueryRow(ctx, `SELECT count(*) FROM app.notes WHERE bkey = $1 AND uid = $2`, ukey(u), u).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if res.Lo != ukey(zoe) || res.Hi != ukey(zoe) || res.Tables[0].Back != 5 {
+		t.Fatalf("restore of %s: %+v", zoe, res)
+	}
+	if n := count(zoe); n != 5 {
+		t.Fatalf("%s has %d notes after the restore, want 5", zoe, n)
+	}
+	if n := count(gone); n != 0 {
+		t.Fatalf("%s, deleted since the point and not restored, has %d notes", gone, n)
+	}
+	if n := count(writer); n != 6 {
+		t.Fatalf("%s has %d notes, want the 5 and the one written since", writer, n)
+	}
 }

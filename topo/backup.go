@@ -376,6 +376,7 @@ type BucketRestore struct {
 	Version int       `json:"version"`
 	ID      string    `json:"id"`
 	Bucket  string    `json:"bucket"`
+	User    string    `json:"user,omitempty"` // one user's rows only
 	Lo      int64     `json:"lo"`
 	Hi      int64     `json:"hi"`
 	Mode    string    `json:"mode"`

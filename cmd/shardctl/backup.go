@@ -549,14 +549,14 @@ func pointBefore(ctx context.Context, c *cli.Context, st *bucketmap.Store, log *
 }
 
 func runRestore(c *cli.Context) error {
-	if c.NArg() != 1 {
-		return cliutil.Usagef("restore: give one bucket (NUMBER, or PREFIX/DEPTH)")
+	if (c.NArg() == 1) == c.IsSet("user") || c.NArg() > 1 {
+		return cliutil.Usagef("restore: give one bucket (NUMBER, or PREFIX/DEPTH), or --user UID for one user's rows")
 	}
 	to := c.String("to")
 	if to == "" {
 		return cliutil.Usagef("restore: --to is required: a restore point's name or a time (RFC 3339, or -DURATION: -1m is a minute ago)")
 	}
-	opt := backup.RestoreOptions{Bucket: c.Args().First(), Mode: c.String("mode"), DryRun: c.Bool("dry-run"), PGBackRest: pgbackrestOf(c),
+	opt := backup.RestoreOptions{Bucket: c.Args().First(), User: c.String("user"), Mode: c.String("mode"), DryRun: c.Bool("dry-run"), PGBackRest: pgbackrestOf(c),
 		ScratchDir: c.String("scratch-dir"), PGBin: c.String("pg-bin"), By: operator()}
 	if opt.Mode != backup.ModeReplace && opt.Mode != backup.ModeMissing {
 		return cliutil.Usagef("restore: --mode must be %s or %s, not %q", backup.ModeReplace, backup.ModeMissing, opt.Mode)
@@ -612,7 +612,11 @@ func writeRestore(w io.Writer, r *backup.RestoreResult) {
 	if r.DryRun {
 		verb = "would restore (dry run)"
 	}
-	fmt.Fprintf(w, "bucket %s (keys %d..%d) %s to %s (point %s), mode %s\n", r.Bucket, r.Lo, r.Hi, verb, r.Target, r.Point, r.Mode)
+	what := fmt.Sprintf("bucket %s (keys %d..%d)", r.Bucket, r.Lo, r.Hi)
+	if r.User != "" {
+		what = fmt.Sprintf("user %s's rows (key %d, bucket %s)", r.User, r.Lo, r.Bucket)
+	}
+	fmt.Fprintf(w, "%s %s to %s (point %s), mode %s\n", what, verb, r.Target, r.Point, r.Mode)
 	for _, pc := range r.Pieces {
 		fmt.Fprintf(w, "  keys %d..%d: from %s at the point into %s now\n", pc.Lo, pc.Hi, pc.From, pc.To)
 	}

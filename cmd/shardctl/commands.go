@@ -640,17 +640,19 @@ func restorePointCommand() *cli.Command {
 func restoreCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "restore",
-		Usage:     "restore one bucket, live, to a restore point or a time: from its backups into its current owner, pausing that bucket's writes only",
-		ArgsUsage: "BUCKET",
+		Usage:     "restore one bucket (or one user's rows), live, to a restore point or a time: from its backups into its current owner, pausing that bucket's writes only",
+		ArgsUsage: "[BUCKET]",
 		Description: "The bucket's owner at the point (each part's, if it was split or moved since: the point's map says) is recovered\n" +
 			"from its backups into a scratch server beside the cluster (unix socket only, no archiving, no replication workers).\n" +
 			"The bucket's rows are staged on its current owner, compared by primary key, and applied in one transaction that\n" +
 			"holds the fence's drain locks of the bucket's range: writers to this bucket wait for it, nobody else does.\n" +
 			"--mode replace makes the rows exactly what they were; --mode missing only adds back rows that are gone.\n" +
 			"--to TIME needs a restore point at or before it (its map names the owners) and no move of the bucket in between.\n" +
-			"--dry-run shows the rows that would come back, change and go, and changes nothing.",
+			"--dry-run shows the rows that would come back, change and go, and changes nothing.\n" +
+			"--user UID instead of BUCKET restores that user's rows only (every row of a user carries their bucket key).",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "to", Usage: "a restore point's `NAME`, a time (RFC 3339), or -DURATION before now (-1m)"},
+			&cli.StringFlag{Name: "user", Usage: "restore only this user's rows (`UID`: their bucket key, in their bucket), not the whole bucket; the other users of the bucket keep everything"},
 			&cli.StringFlag{Name: "mode", Value: "replace", Usage: "`MODE`: replace (the bucket exactly as it was) or missing (add back deleted rows only)"},
 			&cli.StringSliceFlag{Name: "tables", Usage: "only these sharded `TABLES` (schema.table; repeat or separate by commas)"},
 			&cli.BoolFlag{Name: "dry-run", Usage: "show what would come back, change and go; change nothing"},
