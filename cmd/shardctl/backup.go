@@ -170,7 +170,7 @@ func runBackup(c *cli.Context) error {
 					fmt.Fprintf(w, "node %s: FAILED: %s\n", t.Node, t.Error)
 					continue
 				}
-				fmt.Fprintf(w, "node %s: %s backup %s (WAL %s..%s, %s)\n", t.Node, t.Backup.Type, t.Backup.Label, t.Backup.WALStart, t.Backup.WALStop, bytesText(t.Backup.RepoSize))
+				fmt.Fprintf(w, "node %s: %s backup %s (WAL %s..%s, %s)\n", t.Node, t.Backup.Type, t.Backup.Label, t.Backup.WALStart, t.Backup.WALStop, byteSize(t.Backup.RepoSize))
 			}
 		}); err != nil {
 			return err
@@ -182,17 +182,6 @@ func runBackup(c *cli.Context) error {
 	})
 }
 
-func bytesText(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}
 
 // backupStatus reads every given node's backups and archiving.
 func backupStatus(ctx context.Context, c *cli.Context, st *bucketmap.Store, nodes []bucketmap.Node) ([]backup.NodeStatus, error) {
@@ -238,7 +227,7 @@ func writeBackupStatus(w io.Writer, ns backup.NodeStatus, list bool, info *backu
 	if list && info != nil {
 		for _, b := range info.Backups {
 			fmt.Fprintf(w, "  %-26s %-4s %s .. %s  WAL %s..%s  LSN %s..%s  %s (repo %s)\n", b.Label, b.Type, b.Start.Format(time.RFC3339), b.Stop.Format("15:04:05"),
-				b.WALStart, b.WALStop, b.LSNStart, b.LSNStop, bytesText(b.Size), bytesText(b.RepoSize))
+				b.WALStart, b.WALStop, b.LSNStart, b.LSNStop, byteSize(b.Size), byteSize(b.RepoSize))
 		}
 	}
 	for _, p := range ns.Problems {
