@@ -182,7 +182,6 @@ func runBackup(c *cli.Context) error {
 	})
 }
 
-
 // backupStatus reads every given node's backups and archiving.
 func backupStatus(ctx context.Context, c *cli.Context, st *bucketmap.Store, nodes []bucketmap.Node) ([]backup.NodeStatus, error) {
 	cfg, _, err := topo.ReadBackupConfig(ctx, st.Session(), st.Paths())
