@@ -28,7 +28,17 @@ type PGBackRest struct {
 	// Config is the pgBackRest configuration file naming every stanza
 	// ("": pgBackRest's default, /etc/pgbackrest/pgbackrest.conf).
 	Config string
+	// LockWait bounds the wait for another pgBackRest process holding the
+	// stanza's lock (a backup from another host's timer, a check): pgBackRest
+	// itself gives up at once (error 50). 0: DefaultLockWait.
+	LockWait time.Duration
 }
+
+// DefaultLockWait is how long a command waits for a stanza's lock.
+const DefaultLockWait = 10 * time.Minute
+
+// errLocked is pgBackRest's "unable to acquire lock" (error 50).
+const errLocked = "ERROR: [050]"
 
 // ErrPGBackRest is a pgBackRest command that failed.
 var ErrPGBackRest = errors.New("pgbackrest failed")
@@ -48,8 +58,32 @@ func (b PGBackRest) prefix() []string {
 }
 
 // run runs pgbackrest COMMAND for stanza with args and returns its
-// standard output. The error holds the tail of what it printed.
+// standard output, waiting (up to LockWait, with backoff) while another
+// pgBackRest process holds the stanza's lock. The error holds the tail of
+// what it printed.
 func (b PGBackRest) run(ctx context.Context, stanza, command string, args ...string) ([]byte, error) {
+	wait := b.LockWait
+	if wait <= 0 {
+		wait = DefaultLockWait
+	}
+	deadline := time.Now().Add(wait)
+	for pause := 200 * time.Millisecond; ; pause = min(2*pause, 5*time.Second) {
+		out, err := b.runOnce(ctx, stanza, command, args...)
+		if err == nil || !strings.Contains(err.Error(), errLocked) || time.Now().After(deadline) {
+			if err != nil && strings.Contains(err.Error(), errLocked) {
+				err = hint.New(fmt.Errorf("%w (waited %s for the stanza's lock)", err, wait), "another pgBackRest process holds stanza "+stanza+": ps -ef | grep pgbackrest on the repository host")
+			}
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pause):
+		}
+	}
+}
+
+func (b PGBackRest) runOnce(ctx context.Context, stanza, command string, args ...string) ([]byte, error) {
 	c := b.command()
 	argv := append([]string{}, c[1:]...)
 	if b.Config != "" {

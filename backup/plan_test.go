@@ -1,8 +1,11 @@
 package backup
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -213,5 +216,30 @@ func TestChooseSet(t *testing.T) {
 	}
 	if _, err := ParseLSN("nope"); err == nil {
 		t.Error("ParseLSN took nope")
+	}
+}
+
+// A stanza locked by another pgBackRest process (error 50) is waited for,
+// not failed at once; a lock held past LockWait fails, saying so.
+func TestRunWaitsForTheStanzaLock(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "pgbackrest")
+	// Locked for the first two calls, then it answers.
+	if err := os.WriteFile(script, []byte(`#!/bin/sh
+n=$(cat "$0.n" 2>/dev/null || echo 0); echo $((n + 1)) > "$0.n"
+if [ "$n" -lt 2 ]; then echo "P00  ERROR: [050]: unable to acquire lock on file 'x.lock'" >&2; exit 50; fi
+echo ok
+`), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := PGBackRest{Command: []string{script}, LockWait: time.Minute}
+	out, err := b.run(context.Background(), "pg1", "check")
+	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+		t.Fatalf("%q %v", out, err)
+	}
+	_ = os.Remove(script + ".n")
+	b.LockWait = time.Millisecond
+	if _, err := b.run(context.Background(), "pg1", "check"); err == nil || !strings.Contains(err.Error(), "waited") {
+		t.Fatalf("a lock held past LockWait: %v", err)
 	}
 }
