@@ -127,7 +127,8 @@ func (b PGBackRest) RecoverServer(ctx context.Context, parent, pgBin, node, stan
 	}
 	if err := s.runAs(ctx, "", filepath.Join(pgBin, "pg_ctl"), "-D", filepath.Join(dir, "data"), "-l", filepath.Join(dir, "postgres.log"),
 		"-o", strings.Join(opts, " "), "-w", "-t", "600", "-s", "start"); err != nil {
-		return nil, fmt.Errorf("scratch server for %s: start: %w (its log: %s)", node, err, filepath.Join(dir, "postgres.log"))
+		// The directory goes with the failure: say what its log said.
+		return nil, fmt.Errorf("scratch server for %s: start: %w; its log: %s", node, err, tail(filepath.Join(dir, "postgres.log")))
 	}
 	s.pid = postmasterPid(filepath.Join(dir, "data"))
 	// Recovery ends with the promotion at the target; until then the
