@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
+	"github.com/shardvisor/shardvisor/hint"
 )
 
 func twoNodeMap(t *testing.T, level int) *bucketmap.Map {
@@ -241,5 +242,22 @@ echo ok
 	b.LockWait = time.Millisecond
 	if _, err := b.run(context.Background(), "pg1", "check"); err == nil || !strings.Contains(err.Error(), "waited") {
 		t.Fatalf("a lock held past LockWait: %v", err)
+	}
+}
+
+// A scratch server that stops on invalid pages says why and what to set;
+// any other failed start keeps its log and no hint.
+func TestStartFailedHint(t *testing.T) {
+	log := "LOG: redo starts\nPANIC:  WAL contains references to invalid pages"
+	err := startFailed("pg1", errors.New("exit status 1"), log)
+	if !strings.Contains(err.Error(), "pg1") || !strings.Contains(err.Error(), "invalid pages") {
+		t.Fatalf("error %q does not name the node and the log", err)
+	}
+	if h := hint.Of(err); !strings.Contains(h, "full_page_writes = on") {
+		t.Fatalf("hint %q does not name full_page_writes", h)
+	}
+	other := startFailed("pg2", errors.New("exit status 1"), "FATAL: could not bind")
+	if h := hint.Of(other); h != "" {
+		t.Fatalf("a start failure of another cause has a hint: %q", h)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardvisor/shardvisor/hint"
 )
 
 // A scratch server: one db node's server recovered from its backups to a
@@ -128,7 +130,7 @@ func (b PGBackRest) RecoverServer(ctx context.Context, parent, pgBin, node, stan
 	if err := s.runAs(ctx, "", filepath.Join(pgBin, "pg_ctl"), "-D", filepath.Join(dir, "data"), "-l", filepath.Join(dir, "postgres.log"),
 		"-o", strings.Join(opts, " "), "-w", "-t", "600", "-s", "start"); err != nil {
 		// The directory goes with the failure: say what its log said.
-		return nil, fmt.Errorf("scratch server for %s: start: %w; its log: %s", node, err, tail(filepath.Join(dir, "postgres.log")))
+		return nil, startFailed(node, err, tail(filepath.Join(dir, "postgres.log")))
 	}
 	s.pid = postmasterPid(filepath.Join(dir, "data"))
 	// Recovery ends with the promotion at the target; until then the
@@ -269,6 +271,16 @@ func postmasterPid(data string) int {
 	line, _, _ := strings.Cut(string(b), "\n")
 	pid, _ := strconv.Atoi(strings.TrimSpace(line))
 	return pid
+}
+
+// startFailed is a scratch server's failed start, with its log's tail and,
+// for the failure that has a known cause, the operator's fix.
+func startFailed(node string, err error, log string) error {
+	err = fmt.Errorf("scratch server for %s: start: %w; its log: %s", node, err, log)
+	if strings.Contains(log, "WAL contains references to invalid pages") {
+		return hint.New(err, "the node's server ran with full_page_writes = off: a restore of one database replays WAL over the other databases' zeroed files and needs full-page images; set full_page_writes = on on every db server (shardctl node check reports it) and restore to a time after a backup taken since")
+	}
+	return err
 }
 
 func tail(path string) string {

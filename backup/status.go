@@ -40,6 +40,10 @@ type Archiver struct {
 	Failed          int64      `json:"failed_count"`
 	LastFailedWAL   string     `json:"last_failed_wal,omitempty"`
 	LastFailedAt    *time.Time `json:"last_failed_time,omitempty"`
+	// FullPageWrites is the server's full_page_writes: a bucket restore
+	// recovers one database and the others as zeroed files, which WAL
+	// without full-page images cannot be replayed over.
+	FullPageWrites string `json:"full_page_writes"`
 }
 
 // Failing: the last attempt to archive a segment failed (a later success
@@ -51,9 +55,9 @@ func (a *Archiver) Failing() bool {
 // ReadArchiver reads a server's archiving state.
 func ReadArchiver(ctx context.Context, c *pgx.Conn) (*Archiver, error) {
 	a := &Archiver{}
-	err := c.QueryRow(ctx, `SELECT current_setting('archive_mode'), archived_count, coalesce(last_archived_wal, ''), last_archived_time,
+	err := c.QueryRow(ctx, `SELECT current_setting('archive_mode'), current_setting('full_page_writes'), archived_count, coalesce(last_archived_wal, ''), last_archived_time,
 		failed_count, coalesce(last_failed_wal, ''), last_failed_time FROM pg_stat_archiver`).
-		Scan(&a.Mode, &a.Archived, &a.LastArchivedWAL, &a.LastArchivedAt, &a.Failed, &a.LastFailedWAL, &a.LastFailedAt)
+		Scan(&a.Mode, &a.FullPageWrites, &a.Archived, &a.LastArchivedWAL, &a.LastArchivedAt, &a.Failed, &a.LastFailedWAL, &a.LastFailedAt)
 	return a, err
 }
 
@@ -83,6 +87,9 @@ func CheckNode(ctx context.Context, pg PGBackRest, cfg *topo.BackupConfig, confi
 		case a.Failing():
 			ns.Problems = append(ns.Problems, fmt.Sprintf("archiving is failing: %d failures, the last for %s at %s, after the last success (see the server's log; archive_command)",
 				a.Failed, a.LastFailedWAL, a.LastFailedAt.UTC().Format(time.RFC3339)))
+		}
+		if a.FullPageWrites == "off" {
+			ns.Problems = append(ns.Problems, "full_page_writes is off: a bucket restore's recovery of one database stops on WAL that touches the others (\"WAL contains references to invalid pages\"); set full_page_writes = on and reload")
 		}
 	}
 	info, err := pg.Info(ctx, ns.Stanza)

@@ -320,6 +320,7 @@ func (c *cluster) startLoad(phase string) []*proc {
 	for _, web := range []string{"web1", "web2"} {
 		loads = append(loads, c.start(web, web, "loadgen", "run", "--url", fmt.Sprintf("http://127.0.0.1:%d", appPort),
 			"--users", "60", "--concurrency", "4", "--rate", "150", "--status-every", "0", "--prefix", web+"-"+phase,
+			"--failures", filepath.Join(c.dir, web+"-"+phase+"-failures.jsonl"),
 			"--ledger", filepath.Join(c.dir, web+"-"+phase+"-ledger.jsonl"), "--summary", filepath.Join(c.dir, web+"-"+phase+"-load.json")))
 	}
 	return loads
@@ -339,6 +340,7 @@ func (c *cluster) stopLoad(loads []*proc, strict bool) {
 			Requests, Failed int64
 			Writes           int64            `json:"acknowledged_writes"`
 			Errors           map[string]int64 `json:"errors"`
+			LastError        string           `json:"last_error"`
 		}
 		b, _ := os.ReadFile(summary)
 		if err := json.Unmarshal(b, &sum); err != nil {
@@ -350,7 +352,10 @@ func (c *cluster) stopLoad(loads []*proc, strict bool) {
 			t.Fatalf("%s: too little load to judge: %s", web, b)
 		}
 		if strict && sum.Failed != 0 {
-			t.Errorf("%s: %d requests failed: %v", filepath.Base(summary), sum.Failed, sum.Errors)
+			// Each failure with when it started and ended: to set against
+			// the servers' logs in the test's directory.
+			failed, _ := os.ReadFile(strings.TrimSuffix(summary, "-load.json") + "-failures.jsonl")
+			t.Errorf("%s: %d requests failed: %v (the last: %s); each:\n%s", filepath.Base(summary), sum.Failed, sum.Errors, sum.LastError, failed)
 		}
 		vout, err := c.cmd("admin", "loadgen", "verify", "--ledger", ledger, "--others").CombinedOutput()
 		if err != nil {
