@@ -43,6 +43,16 @@ var buildOnce struct {
 	err        error
 }
 
+// TestMain removes the binaries built once per test binary: a temporary
+// directory per run would otherwise pile up in /tmp.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildOnce.dir != "" {
+		_ = os.RemoveAll(buildOnce.dir)
+	}
+	os.Exit(code)
+}
+
 // binaries builds cmd/supervisor and examples/hello once per test binary.
 func binaries(t *testing.T) (string, string) {
 	t.Helper()
