@@ -100,8 +100,20 @@ func TestSystemdRealUnit(t *testing.T) {
 	if strings.Contains(j, "with signal SIGKILL") {
 		t.Errorf("systemd SIGKILLed processes of the unit: the stop was not graceful")
 	}
+
+	// The router's unit, whose sandbox is the strict one the watchers
+	// share (a system call filter, no W+X memory, a dynamic user's
+	// kind of hardening): the Go binary runs under it, and serves with
+	// ZooKeeper away (none answers in this network namespace).
+	sd.systemctl("start", "shardvisor-router.service")
+	sd.waitJournal("the router listening", func([]sdNotification) bool {
+		return regexp.MustCompile(`shardvisor-router\[\d+\]: .*router listening`).MatchString(sd.journal())
+	})
+	if st := sd.show("shardvisor-router.service"); st["ActiveState"] != "active" || st["NRestarts"] != "0" {
+		t.Errorf("router: %v", st)
+	}
 	if t.Failed() {
-		t.Logf("journal:\n%s", j)
+		t.Logf("journal:\n%s", sd.journal())
 	}
 }
 
@@ -167,7 +179,7 @@ func startSystemd(t *testing.T, e *upgradeEnv) *systemdNS {
 	}
 	dir := t.TempDir()
 	units, bin, root := filepath.Join(dir, "units"), filepath.Join(dir, "bin"), filepath.Join(dir, "root")
-	for _, d := range []string{units, bin, root, filepath.Join(units, "shardvisor-supervisor@web.service.d")} {
+	for _, d := range []string{units, bin, root, filepath.Join(units, "shardvisor-supervisor@web.service.d"), filepath.Join(units, "shardvisor-router.service.d")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -179,7 +191,12 @@ func startSystemd(t *testing.T, e *upgradeEnv) *systemdNS {
 	}
 	copyFile(t, e.bin, filepath.Join(bin, "supervisor"), 0o755)
 	copyFile(t, e.hello, filepath.Join(bin, "hello"), 0o755)
-	copyFile(t, "../../deploy/systemd/shardvisor-supervisor@.service", filepath.Join(units, "shardvisor-supervisor@.service"), 0o644)
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "router"), "../router").CombinedOutput(); err != nil {
+		t.Fatalf("go build ../router: %v\n%s", err, out)
+	}
+	for _, u := range []string{"shardvisor-supervisor@.service", "shardvisor-router.service"} {
+		copyFile(t, "../../deploy/systemd/"+u, filepath.Join(units, u), 0o644)
+	}
 	write := func(name, s string) {
 		if err := os.WriteFile(filepath.Join(units, name), []byte(s), 0o644); err != nil {
 			t.Fatal(err)
@@ -199,7 +216,8 @@ DefaultDependencies=no
 Environment=SHARDVISOR_SUPERVISOR_CONFIG=/etc/systemd/system/pool.json SHARDVISOR_SUPERVISOR_CONFIG_POLL=100ms
 WatchdogSec=2
 `)
-	// The unit's user.
+	write("shardvisor-router.service.d/test.conf", "[Unit]\nDefaultDependencies=no\n")
+	// The units' user.
 	for _, f := range []string{"passwd", "group"} {
 		b, err := os.ReadFile("/etc/" + f)
 		if err != nil {
