@@ -138,7 +138,8 @@ for d in bin sbin lib lib64; do
 	elif [ -d /$d ]; then mkdir "$R/$d"; mount --bind /$d "$R/$d"; mount -o remount,bind,ro "$R/$d"; fi
 done
 for d in usr etc sys; do mount --bind /$d "$R/$d"; mount -o remount,bind,ro "$R/$d"; done
-mount --bind "$BIN" "$R/usr/local/bin"; mount -o remount,bind,ro "$R/usr/local/bin"
+mkdir -p "$R/opt/shardvisor/bin"
+mount --bind "$BIN" "$R/opt/shardvisor/bin"; mount -o remount,bind,ro "$R/opt/shardvisor/bin"
 mount --bind "$UNITS" "$R/etc/systemd/system"; mount -o remount,bind,ro "$R/etc/systemd/system"
 for f in passwd group; do mount --bind "$UNITS/$f" "$R/etc/$f"; done
 mount --rbind /dev "$R/dev"
@@ -206,7 +207,7 @@ func startSystemd(t *testing.T, e *upgradeEnv) *systemdNS {
 	write("console", "")
 	// The test's pool, and the drop-in an operator's env file would be.
 	// DefaultDependencies=no: the boot targets are masked below.
-	write("pool.json", `{"version": 1, "command": "/usr/local/bin/hello", "workers": 2,
+	write("pool.json", `{"version": 1, "command": "/opt/shardvisor/bin/hello", "workers": 2,
   "listen": [{"name": "http", "addr": "tcp://127.0.0.1:8080"}],
   "graceful_timeout": "10s", "readiness": {"mode": "notify", "timeout": "30s"}, "stability": {"window": "0s"}}`)
 	write("shardvisor-supervisor@web.service.d/test.conf", `[Unit]
