@@ -23,7 +23,7 @@ TESTFLAGS ?= -race -count=1 -timeout 18m -p 2 -vet=off
 # the machine's, and make test's 5 minutes are counted on it.
 export GORACE ?= atexit_sleep_ms=0
 
-.PHONY: all build dist check-rules test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler bench-restore lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build dist check-rules check-deploy test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler bench-restore lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -43,7 +43,7 @@ dist:
 	scripts/dist dist
 
 ## test: all unit and integration tests against real local servers
-test: lint check-rules install-deps
+test: lint check-rules install-deps check-deploy
 	scripts/with-devenv $(MAKE) --no-print-directory test-inner
 
 # internal/archtest (no -race) and examples/embed (its own module, no
@@ -129,6 +129,11 @@ check-rules:
 	@command -v $(PROMTOOL) >/dev/null || scripts/install-deps
 	$(PROMTOOL) check rules deploy/prometheus/shardvisor.rules.yml deploy/prometheus/shardvisor.recording.yml
 	$(PROMTOOL) test rules deploy/prometheus/tests/*.test.yml
+
+## check-deploy: every unit in deploy/systemd passes systemd-analyze verify, with
+## its command line and variables checked against the binaries (scripts/check-deploy)
+check-deploy:
+	scripts/check-deploy
 
 ## demo: the main job on the embedded local default (KEEP=1 leaves it up)
 demo: build

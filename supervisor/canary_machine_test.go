@@ -71,7 +71,8 @@ func TestMachineFirstProbeFailureKillsTheCanaryAndTheConfigIsRefusedAfterThreeAt
 	s.at(1300 * ms)
 	s.expect("READY=1", s.ready(3), "probe w3")
 	s.expect("first probe after READY=1 fails: killed at once, the swap fails",
-		s.send(evProbe{w: s.w(3), why: "status 500", first: true}), "kill w3 probe_first", "publish failed g2")
+		s.send(evProbe{w: s.w(3), why: "status 500", first: true}), "kill w3 probe_first", "publish failed g2",
+		"notify READY=1 STATUS=swap to generation 2 failed; generation 1 serves")
 	if w := s.w(3); w.crashLike {
 		t.Fatalf("a canary of a failed swap is no crash of the serving pool: %+v", w)
 	}
@@ -89,14 +90,15 @@ func TestMachineFirstProbeFailureKillsTheCanaryAndTheConfigIsRefusedAfterThreeAt
 	s.at(2300 * ms)
 	s.expect("attempt 2, a canary again", s.tick(), "prepare g3", "notify RELOADING=1 STATUS=swapping to generation 3", "start w4 g3")
 	s.ready(4)
-	s.expect("fails", s.send(evProbe{w: s.w(4), why: "status 500", first: true}), "kill w4 probe_first", "publish failed g3")
+	s.expect("fails", s.send(evProbe{w: s.w(4), why: "status 500", first: true}), "kill w4 probe_first", "publish failed g3", "notify READY=1 STATUS=swap to generation 3 failed; generation 1 serves")
 	s.exit(4, "signal: killed")
 	s.at(4299 * ms)
 	s.expect("backoff doubled", s.tick())
 	s.at(4300 * ms)
 	s.expect("attempt 3", s.tick(), "prepare g4", "notify RELOADING=1 STATUS=swapping to generation 4", "start w5 g4")
 	s.ready(5)
-	s.expect("third failure: refused", s.send(evProbe{w: s.w(5), why: "status 500", first: true}), "kill w5 probe_first", "publish failed g4")
+	s.expect("third failure: refused", s.send(evProbe{w: s.w(5), why: "status 500", first: true}), "kill w5 probe_first", "publish failed g4",
+		"notify READY=1 STATUS=swap to generation 4 failed; generation 1 serves")
 	s.exit(5, "signal: killed")
 	mem, h, _ := s.mc.snapshot()
 	if !strings.Contains(mem.LastError, "refused after 3 swaps whose canary failed") || mem.Generation != 1 || !h.ready {

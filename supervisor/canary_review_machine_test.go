@@ -89,7 +89,8 @@ func TestMachineReview24RetryDoesNotStopTheServingConfigsRespawns(t *testing.T) 
 	s.exit(1, "signal: killed")
 	s.exit(2, "signal: killed")
 	s.ready(3)
-	s.expect("canary fails", s.send(evProbe{w: s.w(3), why: "status 500", first: true}), "kill w3 probe_first", "publish failed g2")
+	s.expect("canary fails", s.send(evProbe{w: s.w(3), why: "status 500", first: true}), "kill w3 probe_first", "publish failed g2",
+		"notify READY=1 STATUS=swap to generation 2 failed; generation 1 serves")
 	s.exit(3, "signal: killed")
 	// The serving config respawns (crash backoff), and boots slowly.
 	var respawned []int64
@@ -135,7 +136,7 @@ func TestMachineReview24TimerModeWorkerAnsweringAFailureIsKilled(t *testing.T) {
 	s.at(3250 * ms)
 	s.expect("the timer claims it", s.tick(), "probe w2")
 	s.expect("it answers 500: killed, the swap fails", s.send(evProbe{w: s.w(2), why: "status 500", first: true, answered: true}),
-		"kill w2 probe_first", "publish failed g2")
+		"kill w2 probe_first", "publish failed g2", "notify READY=1 STATUS=swap to generation 2 failed; generation 1 serves")
 }
 
 // probeOnce tells an answer from a worker that answers nothing yet (a

@@ -379,6 +379,7 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 	m.lastError = "swap failed: " + reason
 	if m.noteSwapFailure(g, reason, now) {
 		m.publish(topo.SwapFailed, g, m.lastError, 0, now)
+		m.endReload(g, "failed")
 		m.stopStarting(g, "swap_failed", now)
 		return
 	}
@@ -397,6 +398,7 @@ func (m *machine) failGeneration(g *generation, reason string, now time.Time) {
 		m.log.Error("swap failed; nothing serves: no generation has held yet", fields...)
 	}
 	m.publish(topo.SwapFailed, g, reason, 0, now)
+	m.endReload(g, "failed")
 	m.stopStarting(g, "swap_failed", now)
 }
 

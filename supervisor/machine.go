@@ -68,6 +68,7 @@ type machine struct {
 	stopFast      bool
 	stopDone      bool
 	notifiedUp    bool
+	reloading     bool             // RELOADING=1 sent, its READY=1 not yet (endReload)
 	failStatic    *topo.FailStatic // the last fail-static episode
 	peerCheckAt   time.Time        // fail-static: when to ask the peers again
 	loudAt        time.Time        // fail-static: when to log the reminder

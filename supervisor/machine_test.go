@@ -308,7 +308,9 @@ func TestMachineChangeBackToServingAbandonsSwap(t *testing.T) {
 	s.at(1300 * ms)
 	s.send(poolCfg(1, 1)) // the serving config again
 	s.at(1800 * ms)
-	s.expect("back to g1: the starting worker stops", s.tick(), "term w2 superseded")
+	// READY=1 ends the swap's RELOADING=1: the reload is over.
+	s.expect("back to g1: the starting worker stops", s.tick(),
+		"notify READY=1 STATUS=swap to generation 2 abandoned; generation 1 serves", "term w2 superseded")
 	if s.mc.latest != s.mc.good {
 		t.Fatal("latest is not the serving generation")
 	}
@@ -322,7 +324,8 @@ func TestMachineFailedSwapKeepsServingAndRetriesWithBackoff(t *testing.T) {
 	s.at(10*time.Second + 250*ms)
 	s.tick()
 	s.at(10*time.Second + 500*ms)
-	s.expect("new worker dies at boot", s.exit(2, "exit status 3"), "publish failed g2", "clean-maps keep ")
+	// READY=1 ends the RELOADING=1 of the swap: the reload is over.
+	s.expect("new worker dies at boot", s.exit(2, "exit status 3"), "publish failed g2", "notify READY=1 STATUS=swap to generation 2 failed; generation 1 serves", "clean-maps keep ")
 	if s.w(1).state != wReady || !s.mc.latest.failed {
 		t.Fatalf("the serving worker must keep serving: %s", s.workers())
 	}
@@ -333,7 +336,7 @@ func TestMachineFailedSwapKeepsServingAndRetriesWithBackoff(t *testing.T) {
 	s.expect("not before the backoff", s.tick())
 	s.at(11*time.Second + 500*ms)
 	s.expect("retry the same spec", s.tick(), "prepare g3", "notify RELOADING=1 STATUS=swapping to generation 3", "start w3 g3")
-	s.expect("fails again", s.exit(3, "exit status 3"), "publish failed g3", "clean-maps keep ")
+	s.expect("fails again", s.exit(3, "exit status 3"), "publish failed g3", "notify READY=1 STATUS=swap to generation 3 failed; generation 1 serves", "clean-maps keep ")
 	if got := s.mc.retryAt.Sub(s.now); got != 2*time.Second {
 		t.Fatalf("second retry in %s, want doubled to 2s", got)
 	}
@@ -459,7 +462,7 @@ func TestMachineReadinessTimeoutFailsTheSwap(t *testing.T) {
 	s.at(6249 * ms)
 	s.expect("not yet", s.tick())
 	s.at(6250 * ms)
-	s.expect("timeout", s.tick(), "term w2 readiness_timeout", "publish failed g2")
+	s.expect("timeout", s.tick(), "term w2 readiness_timeout", "publish failed g2", "notify READY=1 STATUS=swap to generation 2 failed; generation 1 serves")
 }
 
 func TestMachineMaxLifetimeRecycles(t *testing.T) {

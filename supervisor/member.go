@@ -169,10 +169,13 @@ func (s *Supervisor) identity() string {
 }
 
 // claimWait waits d before the claim looks again, as the loop would: it
-// keeps /livez answering, and ends the wait (true) on a stop request.
-// Other events find no loop yet: signals other than stops are dropped.
+// keeps /livez answering and the service manager's watchdog fed (the wait
+// lasts up to twice the session timeout, longer than a WatchdogSec= may
+// be), and ends the wait (true) on a stop request. Other events find no
+// loop yet: signals other than stops are dropped.
 func (s *Supervisor) claimWait(ctx context.Context, d time.Duration) bool {
 	s.loopAt.Store(time.Now().UnixNano())
+	s.pingWatchdog(time.Now())
 	t := time.NewTimer(d)
 	defer t.Stop()
 	for {
@@ -180,6 +183,7 @@ func (s *Supervisor) claimWait(ctx context.Context, d time.Duration) bool {
 		case <-ctx.Done():
 			return true
 		case <-t.C:
+			s.pingWatchdog(time.Now())
 			return false
 		case ev := <-s.events:
 			switch ev := ev.(type) {

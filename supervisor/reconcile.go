@@ -270,10 +270,12 @@ func (m *machine) maybeNewGeneration(now time.Time) {
 		}
 		if m.good != nil && m.good != m.latest && m.good.spec.key() == want.key() {
 			// Changed back to what is serving: drop the swap in progress.
-			m.supersede(m.latest)
+			abandoned := m.latest
+			m.supersede(abandoned)
 			m.latest = m.good
 			m.changeFirst = time.Time{}
 			m.log.Info("change reverted to the serving generation; swap abandoned", zap.Int64("generation", m.good.id))
+			m.endReload(abandoned, "abandoned")
 			return
 		}
 	case m.latest.failed && !now.Before(m.retryAt):
@@ -302,9 +304,26 @@ func (m *machine) prepared(g *generation) []action {
 	m.log.Info("generation created", zap.Int64("generation", g.id), zap.Int64("config_version", g.spec.cfgVersion), zap.Uint64("map_version", g.spec.mapVersion()),
 		zap.Int("workers", max(1, g.spec.cfg.Workers+m.extra)), zap.Int("surge", *g.spec.cfg.Surge), zap.Bool("canary", g.canary))
 	if m.good != nil {
+		m.reloading = true
 		m.do(actNotify{fmt.Sprintf("RELOADING=1\nSTATUS=swapping to generation %d", g.id)})
 	}
 	return m.take()
+}
+
+// endReload closes the RELOADING=1 of a swap to g that ends without g
+// taking over (how: failed, rolled back, abandoned): systemd's convention is
+// READY=1 once a reload is over, whatever came of it. Without it the unit
+// would stay "reloading" until its TimeoutStartSec. While a newer swap is
+// under way the reload is not over: that one's READY=1 ends it.
+func (m *machine) endReload(g *generation, how string) {
+	if !m.reloading || m.good == nil {
+		return
+	}
+	if l := m.latest; l != nil && l.id > g.id && !l.established && !l.failed {
+		return
+	}
+	m.reloading = false
+	m.do(actNotify{fmt.Sprintf("READY=1\nSTATUS=swap to generation %d %s; generation %d serves", g.id, how, m.good.id)})
 }
 
 func (m *machine) supersede(g *generation) {
@@ -343,7 +362,7 @@ func (m *machine) establish(g *generation, now time.Time) {
 		m.publish(topo.SwapOK, g, "", took.Seconds(), now)
 	}
 	m.rollingBackTo = ""
-	m.notifiedUp = true
+	m.notifiedUp, m.reloading = true, false
 	m.do(actNotify{fmt.Sprintf("READY=1\nSTATUS=serving generation %d", g.id)})
 	// Forget generations with no workers left.
 	var keep []*generation

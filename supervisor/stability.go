@@ -80,6 +80,7 @@ func (m *machine) rejectInWindow(g *generation, w *worker, status string, now ti
 		w.id, w.pid, g.id, g.spec.cfgVersion, now.Sub(w.readyAt).Round(time.Millisecond), win, status)
 	g.failed = true
 	m.noteRollback(g, m.good.spec, "window", reason, now)
+	m.endReload(g, "rolled back")
 	m.log.Warn("new config crashed after READY=1 inside the stability window; rolled back: the previous generation never stopped serving, and this config is not retried until it changes (or HUP)",
 		zap.Int64("generation", g.id), zap.Int64("config_version", g.spec.cfgVersion), zap.Int64("serving_generation", m.good.id),
 		zap.Int64("serving_config_version", m.good.spec.cfgVersion), zap.String("reason", reason))

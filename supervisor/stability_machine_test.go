@@ -83,7 +83,7 @@ func TestMachineCrashInsideTheWindowRollsBackAndIsNotRetried(t *testing.T) {
 	s.at(4 * time.Second)
 	got := s.exit(3, "exit status 1")
 	s.expect("crash inside the window: rolled back, the other new one retired", got,
-		"publish rolled_back g2", "clean-maps keep ", "term w4 replaced")
+		"publish rolled_back g2", "notify READY=1 STATUS=swap to generation 2 rolled back; generation 1 serves", "clean-maps keep ", "term w4 replaced")
 	if s.mc.good.id != 1 || s.mc.latest.id != 1 {
 		t.Fatalf("serving g%d latest g%d, want g1", s.mc.good.id, s.mc.latest.id)
 	}
@@ -285,7 +285,7 @@ func TestMachineInvalidConfigAfterAFailedOneStopsTheRetries(t *testing.T) {
 	s := newSim(t, false)
 	s.serving(1)
 	s.swapAt(time.Second, poolCfg(2, 1))
-	s.expect("boot failure", s.exit(2, "exit status 3"), "publish failed g2", "clean-maps keep ")
+	s.expect("boot failure", s.exit(2, "exit status 3"), "publish failed g2", "notify READY=1 STATUS=swap to generation 2 failed; generation 1 serves", "clean-maps keep ")
 	s.at(2 * time.Second)
 	got := s.send(evConfig{err: errorString("workers: 0 is out of range")})
 	s.expect("invalid config", got, "publish invalid_config g1")

@@ -158,6 +158,10 @@ type Supervisor struct {
 	startedAt time.Time
 	updatedAt time.Time    // when the member record last changed (publish.go)
 	loopAt    atomic.Int64 // unix nanos of the loop's last turn (/livez)
+	// The service manager's watchdog (pingWatchdog): half its interval
+	// (0: none) and when the next ping is due. Owned by the loop.
+	wdEvery   time.Duration
+	wdNext    time.Time
 	pub       *publisher
 	memberReg *topo.PoolMemberRegistration // claimed before anything starts (member.go)
 	takenOver atomic.Pointer[error]        // set when another supervisor claimed our name (member.go)
@@ -346,6 +350,7 @@ func (s *Supervisor) AdminAddr() string {
 // stop.
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.startedAt = time.Now()
+	s.wdEvery = workerproto.WatchdogInterval(false) / 2
 	defer s.releaseUpgrade() // last: the pool lock outlives everything else
 	if err := s.startAdmin(); err != nil {
 		return err
@@ -404,10 +409,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.log.Info("supervisor started", zap.String("member", s.opts.Member), zap.Int("pid", os.Getpid()),
 		zap.String("state_dir", s.opts.StateDir), zap.String("admin", s.AdminAddr()), zap.Stringer("mode", s.mc.mode))
 
-	// The supervisor's own service manager watchdog (WatchdogSec=): ping
-	// from the loop at half the interval, so a wedged loop gets restarted.
-	wdEvery := workerproto.WatchdogInterval(false) / 2
-	var wdNext time.Time
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	ctxDone := ctx.Done()
@@ -423,13 +424,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 			return nil
 		}
-		if wdEvery > 0 && !now.Before(wdNext) {
-			s.sdNotify(workerproto.Watchdog)
-			wdNext = now.Add(wdEvery)
-		}
 		wake := s.mc.nextWake(now)
-		if wdEvery > 0 {
-			wake = min(wake, max(time.Millisecond, wdNext.Sub(now)))
+		if next := s.pingWatchdog(now); !next.IsZero() {
+			wake = min(wake, max(time.Millisecond, next.Sub(now)))
 		}
 		if !timer.Stop() {
 			select {
@@ -699,6 +696,24 @@ func (s *Supervisor) finish() {
 		s.closeSocket(b)
 		delete(s.sockets, addr)
 	}
+}
+
+// pingWatchdog sends WATCHDOG=1 to the supervisor's own service manager
+// (WatchdogSec=) when one is due, at half its interval, and returns when
+// the next one is (zero: no watchdog). Only the loop and the wait before
+// it (claimWait) call it, so a wedged loop stops the pings and gets the
+// supervisor restarted. WATCHDOG_PID, when set, must name this process;
+// the new supervisor of an upgrade gets none and pings once it is the
+// main process (NOTIFY_SOCKET is set only then).
+func (s *Supervisor) pingWatchdog(now time.Time) time.Time {
+	if s.wdEvery <= 0 {
+		return time.Time{}
+	}
+	if !now.Before(s.wdNext) {
+		s.sdNotify(workerproto.Watchdog)
+		s.wdNext = now.Add(s.wdEvery)
+	}
+	return s.wdNext
 }
 
 // sdNotify tells the supervisor's own service manager, if any.
