@@ -43,7 +43,7 @@ dist:
 	scripts/dist dist
 
 ## test: all unit and integration tests against real local servers
-test: lint check-rules install-deps check-deploy
+test: lint install-deps check-rules check-deploy
 	scripts/with-devenv $(MAKE) --no-print-directory test-inner
 
 # internal/archtest (no -race) and examples/embed (its own module, no
