@@ -112,11 +112,11 @@ lint:
 	$(GO) vet $(PKGS)
 	cd examples/embed && $(GO) vet ./...
 
-## demo: the main job on the embedded local default (KEEP=1 leaves it up)
+## demo: the main job on the embedded local default (KEEP=1 leaves it up; PROM=1 runs Prometheus beside it with deploy/prometheus's rules)
 demo: build
 	scripts/demo
 
-## demo-down: stop what `KEEP=1 make demo` left running, and the servers
+## demo-down: stop what `KEEP=1 make demo` left running (Prometheus too, by its pid), and the servers
 demo-down:
 	scripts/demo down
 
