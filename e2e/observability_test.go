@@ -42,6 +42,8 @@ type obs struct {
 	prom   *promtest.Server
 	since  time.Time // when Prometheus started
 	jobs   []promtest.Job
+	// watchers: their metrics addresses, in the order of watchers.
+	watchers []string
 	// summary: a line per result, logged together at the end.
 	summary []string
 }
@@ -78,8 +80,9 @@ func TestFaultsObservability(t *testing.T) {
 	o.envv = []string{"SHARDVISOR_ZK=" + z.ConnectString, "SHARDVISOR_ZK_ROOT=" + z.Root, "SHARDVISOR_CLUSTER=obs"}
 	o.startCluster()
 	o.startPrometheus()
+	o.startWatchers()
 	o.targetsUp()
-	o.addGroupAndRebalance()
+	o.awaitRebalance()
 
 	// The faults, each in a subtest: one that fails leaves the others
 	// (and the queries' report) to run.
@@ -109,11 +112,19 @@ func (o *obs) startCluster() {
 	o.run("shardctl", "init", "--level", "3", "--random-seed", "--password", pw,
 		"--node", "pg1="+pg.Nodes[0].DSN, "--node", "pg2="+pg.Nodes[1].DSN,
 		"--pool", "pg1="+pg.Nodes[0].PoolDSN, "--pool", "pg2="+pg.Nodes[1].PoolDSN)
+	// The app's schema recorded (node prepare replays it on pg5), as the
+	// demo does.
+	o.run("shardctl", "schema", "apply", filepath.Join(repoRoot(), "examples", "notes", "schema", "001-notes.sql"))
 	o.run("shardctl", "table", "add", "app.notes", "--key", "bkey")
-	o.run("notes", "schema")
 	for _, n := range []string{"pg1", "pg2"} {
 		o.run("shardctl", "node", "prepare", n)
 	}
+	// The group, a third node with no buckets yet: rebalance --watch,
+	// once started, moves buckets to it under load.
+	g := o.group
+	o.run("shardctl", "node", "add", "pg5", g.DSN, "--pool-dsn", g.PoolDSN, "--password", "file:"+g.PasswordFile,
+		"--patroni-scope", g.PatroniScope, "--patroni-namespace", g.PatroniNamespace)
+	o.run("shardctl", "node", "prepare", "pg5")
 	routerPort := testenv.FreePort(t)
 	o.router = fmt.Sprintf("http://127.0.0.1:%d", routerPort)
 	o.start("router", "--listen", fmt.Sprintf("127.0.0.1:%d", routerPort), "--id", "router1")
@@ -141,26 +152,35 @@ func (o *obs) startCluster() {
 		app := fmt.Sprintf("http://127.0.0.1:%d", appPort)
 		waitHTTP(t, app+"/healthz", 90*time.Second)
 		o.startAs(fmt.Sprintf("loadgen%d", i), "loadgen", "run", "--url", app, "--users", "100", "--concurrency", "3",
-			"--rate", "40", "--status-every", "0", "--prefix", fmt.Sprintf("web%d-user", i))
+			"--rate", "40", "--status-every", "0", "--prefix", fmt.Sprintf("web%d-user", i),
+			"--ledger", filepath.Join(o.dir, fmt.Sprintf("ledger%d.jsonl", i)), "--summary", filepath.Join(o.dir, fmt.Sprintf("load%d.json", i)))
 	}
 	waitHTTP(t, o.router+"/readyz", 30*time.Second)
-	var watchers []string
-	for _, w := range []struct {
-		name string
-		args []string
-	}{
-		{"rebalance", []string{"rebalance", "--watch"}},
-		{"reconcile", []string{"node", "reconcile", "--watch"}},
-		{"gc", []string{"gc", "--every", "5s", "--grace", "0s"}},
-	} {
-		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
-		o.startAs(w.name, "shardctl", append(w.args, "--metrics-addr", addr)...)
-		watchers = append(watchers, addr)
+	for range watchers {
+		o.watchers = append(o.watchers, fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)))
 	}
 	o.jobs = []promtest.Job{
 		{Name: "shardvisor-supervisor", Targets: sup},
 		{Name: "shardvisor-router", Targets: []string{fmt.Sprintf("127.0.0.1:%d", routerPort)}},
-		{Name: "shardvisor-watchers", Targets: watchers},
+		{Name: "shardvisor-watchers", Targets: o.watchers},
+	}
+}
+
+// watchers are the cluster's watchers, each serving its metrics.
+var watchers = []struct {
+	name string
+	args []string
+}{
+	{"rebalance", []string{"rebalance", "--watch"}},
+	{"reconcile", []string{"node", "reconcile", "--watch"}},
+	{"gc", []string{"gc", "--every", "5s", "--grace", "0s"}},
+}
+
+// startWatchers starts the watchers, after Prometheus: it sees the
+// rebalance they start with.
+func (o *obs) startWatchers() {
+	for i, w := range watchers {
+		o.startAs(w.name, "shardctl", append(w.args, "--metrics-addr", o.watchers[i])...)
 	}
 }
 
@@ -240,16 +260,12 @@ func (o *obs) targetsUp() {
 	t.Logf("targets: %d of %d up", up, want)
 }
 
-// addGroupAndRebalance adds the Patroni group as db node pg5; rebalance
-// --watch moves buckets to it, and GC prunes the old copies: the moves'
-// and GC's metrics get their first samples.
-func (o *obs) addGroupAndRebalance() {
-	t, g := o.t, o.group
-	o.run("shardctl", "node", "add", "pg5", g.DSN, "--pool-dsn", g.PoolDSN, "--password", "file:"+g.PasswordFile,
-		"--patroni-scope", g.PatroniScope, "--patroni-namespace", g.PatroniNamespace)
-	o.run("shardctl", "node", "prepare", "pg5")
-	ok := waitUntil(3*time.Minute, func() bool { return o.balanced() && len(o.movesTo("pg5")) > 0 })
-	if !ok {
+// awaitRebalance waits until rebalance --watch has moved buckets to the
+// group (and so balanced the cluster): the moves' metrics have samples,
+// and GC prunes the old copies.
+func (o *obs) awaitRebalance() {
+	t := o.t
+	if !waitUntil(3*time.Minute, func() bool { return o.balanced() && len(o.movesTo("pg5")) > 0 }) {
 		t.Fatalf("rebalance --watch did not balance the cluster onto pg5 within 3 minutes:\n%s", o.stdout("shardctl", "moves"))
 	}
 	t.Logf("rebalance --watch moved %d buckets to pg5", len(o.movesTo("pg5")))
