@@ -156,21 +156,58 @@ func gone(pid int) bool {
 	return i > 0 && i+2 < len(s) && s[i+2] == 'Z'
 }
 
-// noSyncStandby: the group's dynamic configuration set to
-// synchronous_mode off (PATCH /config on a member's REST API): Patroni
-// clears synchronous_standby_names, so no standby qualifies as
-// synchronous while every member runs. Healed by synchronous_mode on.
+// noSyncStandby: the group's standby keeps running and streaming but no
+// longer qualifies as synchronous: its Patroni's configuration gets the
+// tag nosync (Patroni's own way to say "never pick this one"), read again
+// on SIGHUP, so that the leader clears synchronous_standby_names and its
+// sync record while synchronous_mode stays on. Healed by the configuration
+// as it was, read again. (Stopping the standby would do too, but that is
+// the missing member's fault: this one leaves every member registered.)
 func (o *obs) noSyncStandby(t *testing.T) {
 	o.quiet(t)
 	g := o.group
-	g.SetPatroniConfig(t, `{"synchronous_mode": false}`)
+	standby := 3 - g.PrimaryMember(t) // two members
+	dir := filepath.Join(testenv.StateDir(), "pg", g.Name, "m"+strconv.Itoa(standby))
+	conf := filepath.Join(dir, "patroni.yml")
+	orig, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(orig), "\ntags:") {
+		t.Fatalf("%s has tags already: the fault would change them", conf)
+	}
+	patroni := pidIn(t, filepath.Join(dir, "patroni.pid"))
+	reload := func(b []byte) error {
+		if err := os.WriteFile(conf, b, 0o600); err != nil {
+			return err
+		}
+		return syscall.Kill(patroni, syscall.SIGHUP)
+	}
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			if err := reload(orig); err != nil {
+				t.Errorf("restoring %s: %v", conf, err)
+			}
+		}
+	})
+	tagged := strings.TrimRight(string(orig), "\n") + "\n# TestFaultsObservability: the standby never synchronous\ntags:\n  nosync: true\n"
+	if err := reload([]byte(tagged)); err != nil {
+		t.Fatalf("tagging %s nosync: %v", conf, err)
+	}
 	fault := time.Now()
-	t.Logf("fault: %s synchronous_mode off", g.Name)
+	t.Logf("fault: %s member %d tagged nosync (its Patroni, pid %d, read its configuration again)", g.Name, standby, patroni)
 	toFiring := o.awaitAlert(t, alertNoSyncStand, "firing", fault, 60*time.Second)
-	g.SetPatroniConfig(t, `{"synchronous_mode": true}`)
+	if st, _ := o.alertState(alertMemberGone); st != "inactive" {
+		t.Errorf("%s is %s: the nosync standby should stay registered", alertMemberGone, st)
+	}
+	if err := reload(orig); err != nil {
+		t.Fatalf("restoring %s: %v", conf, err)
+	}
+	restored = true
 	healed := time.Now()
 	toResolved := o.awaitAlert(t, alertNoSyncStand, "inactive", healed, 60*time.Second)
-	t.Logf("%s: fault -> firing %.1f s; heal (synchronous_mode on) -> resolved %.1f s", alertNoSyncStand, toFiring.Seconds(), toResolved.Seconds())
+	t.Logf("%s: fault -> firing %.1f s; heal (the tag removed, read again) -> resolved %.1f s", alertNoSyncStand, toFiring.Seconds(), toResolved.Seconds())
 	o.report(alertNoSyncStand, toFiring, toResolved)
 }
 

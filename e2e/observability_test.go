@@ -125,6 +125,15 @@ func (o *obs) startCluster() {
 	o.run("shardctl", "node", "add", "pg5", g.DSN, "--pool-dsn", g.PoolDSN, "--password", "file:"+g.PasswordFile,
 		"--patroni-scope", g.PatroniScope, "--patroni-namespace", g.PatroniNamespace)
 	o.run("shardctl", "node", "prepare", "pg5")
+	// Backups: every node's stanza in the environment's pgBackRest
+	// repository, and a first backup of each, for the backup watcher
+	// (restore-point watch) to check.
+	pgbr, cfg := testenv.PGBackRest(t)
+	o.envv = append(o.envv, "SHARDVISOR_PGBACKREST="+strings.Join(pgbr, " "), "SHARDVISOR_PGBACKREST_CONFIG="+cfg)
+	for id, n := range map[string]*testenv.PGNode{"pg1": pg.Nodes[0], "pg2": pg.Nodes[1], "pg5": g} {
+		o.run("shardctl", "backup", "configure", id, "--stanza", testenv.Stanza(n))
+	}
+	o.run("shardctl", "backup", "pg1", "pg2", "pg5")
 	routerPort := testenv.FreePort(t)
 	o.router = fmt.Sprintf("http://127.0.0.1:%d", routerPort)
 	o.start("router", "--listen", fmt.Sprintf("127.0.0.1:%d", routerPort), "--id", "router1")
@@ -156,23 +165,30 @@ func (o *obs) startCluster() {
 			"--ledger", filepath.Join(o.dir, fmt.Sprintf("ledger%d.jsonl", i)), "--summary", filepath.Join(o.dir, fmt.Sprintf("load%d.json", i)))
 	}
 	waitHTTP(t, o.router+"/readyz", 30*time.Second)
-	for range watchers {
-		o.watchers = append(o.watchers, fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)))
+	w := promtest.Job{Name: "shardvisor-watchers"}
+	for _, wt := range watchers {
+		addr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+		o.watchers = append(o.watchers, addr)
+		// As deploy/prometheus/prometheus.example.yml labels them.
+		w.Static = append(w.Static, promtest.Static{Targets: []string{addr}, Labels: map[string]string{"watcher": wt.name}})
 	}
 	o.jobs = []promtest.Job{
-		{Name: "shardvisor-supervisor", Targets: sup},
-		{Name: "shardvisor-router", Targets: []string{fmt.Sprintf("127.0.0.1:%d", routerPort)}},
-		{Name: "shardvisor-watchers", Targets: o.watchers},
+		{Name: "shardvisor-supervisor", Static: []promtest.Static{promtest.Targets(sup...)}},
+		{Name: "shardvisor-router", Static: []promtest.Static{promtest.Targets(fmt.Sprintf("127.0.0.1:%d", routerPort))}},
+		w,
 	}
 }
 
-// watchers are the cluster's watchers, each serving its metrics.
+// watchers are the cluster's watchers, each serving its metrics: the
+// three of deploy/prometheus/prometheus.example.yml, and GC in its
+// periodic mode (which the example says can be added).
 var watchers = []struct {
 	name string
 	args []string
 }{
 	{"rebalance", []string{"rebalance", "--watch"}},
 	{"reconcile", []string{"node", "reconcile", "--watch"}},
+	{"restore-point", []string{"restore-point", "watch", "--every", "20s", "--check-every", "5s"}},
 	{"gc", []string{"gc", "--every", "5s", "--grace", "0s"}},
 }
 
@@ -228,7 +244,9 @@ func (o *obs) targetsUp() {
 	t := o.t
 	want := 0
 	for _, j := range o.jobs {
-		want += len(j.Targets)
+		for _, st := range j.Static {
+			want += len(st.Targets)
+		}
 	}
 	var last []promtest.Target
 	ok := waitUntil(90*time.Second, func() bool {
@@ -355,10 +373,20 @@ func (o *obs) awaitAlert(t *testing.T, name, state string, since time.Time, limi
 	}
 	d := time.Since(since)
 	if state == "firing" {
-		t.Logf("%s firing %.1f s after the fault (labels %v, value %s, active since %s)", name, d.Seconds(), inst.Labels, inst.Value,
-			inst.ActiveAt.Sub(since).Round(100*time.Millisecond))
+		t.Logf("%s firing %.1f s after the fault (%s; labels %v, value %s, pending from %.1f s)", name, d.Seconds(), o.forOf(name),
+			inst.Labels, inst.Value, inst.ActiveAt.Sub(since).Seconds())
 	}
 	return d
+}
+
+// forOf says alert name's `for:` as shipped and as loaded.
+func (o *obs) forOf(name string) string {
+	for _, r := range o.prom.Rewrites {
+		if r.Rule == name && r.Key == "for" {
+			return fmt.Sprintf("for: %s shipped, %s loaded", r.From, r.To)
+		}
+	}
+	return "for: as shipped"
 }
 
 // ruleSummary is alert name's rule as the server evaluates it, and what

@@ -15,10 +15,8 @@ type Job struct {
 	// Name is the job label (deploy/prometheus's rules and dashboard use
 	// shardvisor-supervisor, shardvisor-router, shardvisor-watchers).
 	Name string
-	// Targets are host:port addresses.
-	Targets []string
-	// Labels are added to every target's series.
-	Labels map[string]string
+	// Static are the job's targets, in groups that share labels.
+	Static []Static
 	// Scheme is http (default) or https; MetricsPath defaults to /metrics.
 	Scheme      string
 	MetricsPath string
@@ -26,6 +24,16 @@ type Job struct {
 	// certificate to show them.
 	TLS *TLS
 }
+
+// Static is a group of targets (host:port) and the labels added to each
+// one's series (a static_config).
+type Static struct {
+	Targets []string
+	Labels  map[string]string
+}
+
+// Targets is a group of targets without labels.
+func Targets(addrs ...string) Static { return Static{Targets: addrs} }
 
 // TLS is a scrape job's tls_config.
 type TLS struct {
@@ -104,17 +112,23 @@ func (c Config) Render(ruleFiles []string) ([]byte, error) {
 				}
 			}
 		}
-		b.WriteString("    static_configs:\n      - targets:\n")
-		if len(j.Targets) == 0 {
-			return nil, fmt.Errorf("promtest: job %s has no targets", j.Name)
-		}
-		for _, t := range j.Targets {
-			fmt.Fprintf(&b, "          - %s\n", q(t))
-		}
-		if len(j.Labels) > 0 {
+		b.WriteString("    static_configs:\n")
+		n := 0
+		for _, st := range j.Static {
+			if len(st.Targets) == 0 {
+				return nil, fmt.Errorf("promtest: job %s: a group without targets", j.Name)
+			}
+			n += len(st.Targets)
+			b.WriteString("      - targets:\n")
+			for _, t := range st.Targets {
+				fmt.Fprintf(&b, "          - %s\n", q(t))
+			}
+			if len(st.Labels) == 0 {
+				continue
+			}
 			b.WriteString("        labels:\n")
-			keys := make([]string, 0, len(j.Labels))
-			for k := range j.Labels {
+			keys := make([]string, 0, len(st.Labels))
+			for k := range st.Labels {
 				if !model.LabelName(k).IsValidLegacy() {
 					return nil, fmt.Errorf("promtest: job %s: label name %q", j.Name, k)
 				}
@@ -122,8 +136,11 @@ func (c Config) Render(ruleFiles []string) ([]byte, error) {
 			}
 			sort.Strings(keys)
 			for _, k := range keys {
-				fmt.Fprintf(&b, "          %s: %s\n", k, q(j.Labels[k]))
+				fmt.Fprintf(&b, "          %s: %s\n", k, q(st.Labels[k]))
 			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("promtest: job %s has no targets", j.Name)
 		}
 	}
 	return []byte(b.String()), nil

@@ -9,10 +9,11 @@ import (
 func TestRender(t *testing.T) {
 	c := Config{
 		Jobs: []Job{
-			{Name: "shardvisor-router", Targets: []string{"127.0.0.1:8484"}},
-			{Name: "shardvisor-supervisor", Targets: []string{"127.0.0.1:19090", "127.0.0.1:19091"}, Scheme: "https",
-				Labels: map[string]string{"zone": "a", "env": `"demo"`},
-				TLS:    &TLS{CAFile: "/tls/ca.crt", CertFile: "/tls/admin.crt", KeyFile: "/tls/admin.key"}},
+			{Name: "shardvisor-router", Static: []Static{Targets("127.0.0.1:8484")}},
+			{Name: "shardvisor-supervisor", Scheme: "https",
+				Static: []Static{{Targets: []string{"127.0.0.1:19090", "127.0.0.1:19091"}, Labels: map[string]string{"zone": "a", "env": `"demo"`}},
+					{Targets: []string{"127.0.0.1:19092"}, Labels: map[string]string{"zone": "b"}}},
+				TLS: &TLS{CAFile: "/tls/ca.crt", CertFile: "/tls/admin.crt", KeyFile: "/tls/admin.key"}},
 		},
 		EvalInterval: 2 * time.Second,
 	}
@@ -47,6 +48,10 @@ scrape_configs:
         labels:
           env: "\"demo\""
           zone: "a"
+      - targets:
+          - "127.0.0.1:19092"
+        labels:
+          zone: "b"
 `
 	if string(got) != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", got, want)
@@ -55,12 +60,13 @@ scrape_configs:
 
 func TestRenderRefuses(t *testing.T) {
 	for name, c := range map[string]Config{
-		"no name":      {Jobs: []Job{{Targets: []string{"a:1"}}}},
-		"twice":        {Jobs: []Job{{Name: "j", Targets: []string{"a:1"}}, {Name: "j", Targets: []string{"a:2"}}}},
+		"no name":      {Jobs: []Job{{Static: []Static{Targets("a:1")}}}},
+		"twice":        {Jobs: []Job{{Name: "j", Static: []Static{Targets("a:1")}}, {Name: "j", Static: []Static{Targets("a:2")}}}},
 		"no targets":   {Jobs: []Job{{Name: "j"}}},
-		"scheme":       {Jobs: []Job{{Name: "j", Targets: []string{"a:1"}, Scheme: "ftp"}}},
-		"label name":   {Jobs: []Job{{Name: "j", Targets: []string{"a:1"}, Labels: map[string]string{"a-b": "c"}}}},
-		"label digits": {Jobs: []Job{{Name: "j", Targets: []string{"a:1"}, Labels: map[string]string{"1a": "c"}}}},
+		"empty group":  {Jobs: []Job{{Name: "j", Static: []Static{Targets("a:1"), Targets()}}}},
+		"scheme":       {Jobs: []Job{{Name: "j", Static: []Static{Targets("a:1")}, Scheme: "ftp"}}},
+		"label name":   {Jobs: []Job{{Name: "j", Static: []Static{{Targets: []string{"a:1"}, Labels: map[string]string{"a-b": "c"}}}}}},
+		"label digits": {Jobs: []Job{{Name: "j", Static: []Static{{Targets: []string{"a:1"}, Labels: map[string]string{"1a": "c"}}}}}},
 	} {
 		if _, err := c.Render(nil); err == nil || !strings.HasPrefix(err.Error(), "promtest: ") {
 			t.Errorf("%s: err = %v", name, err)

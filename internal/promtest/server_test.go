@@ -43,7 +43,7 @@ func TestIntegrationPrometheus(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := Start(t, Config{
-		Jobs:      []Job{{Name: "promtest", Targets: []string{strings.TrimPrefix(target.URL, "http://")}, Labels: map[string]string{"zone": "a"}}},
+		Jobs:      []Job{{Name: "promtest", Static: []Static{{Targets: []string{strings.TrimPrefix(target.URL, "http://")}, Labels: map[string]string{"zone": "a"}}}}},
 		RuleFiles: []string{rules},
 		MaxFor:    time.Second,
 	})
@@ -107,7 +107,7 @@ func TestIntegrationPrometheusBadRules(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Start(ft, Config{Jobs: []Job{{Name: "j", Targets: []string{"127.0.0.1:1"}}}, RuleFiles: []string{rules}})
+		Start(ft, Config{Jobs: []Job{{Name: "j", Static: []Static{Targets("127.0.0.1:1")}}}, RuleFiles: []string{rules}})
 	}()
 	<-done
 	if !strings.Contains(ft.msg, "prometheus exited at start") || !strings.Contains(ft.msg, "parse error") {
