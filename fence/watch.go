@@ -34,6 +34,8 @@ type WatchOptions struct {
 	// Report, if set, is called (from Watch's goroutine) with every
 	// outcome that differs from the node's previous one, and every repair.
 	Report func(m *bucketmap.Map, r NodeSync)
+	// Metrics, if set, records every outcome (NewWatchMetrics).
+	Metrics *WatchMetrics
 }
 
 // Watch is the continuous fence reconciler: it follows the bucket map and
@@ -117,9 +119,16 @@ func Watch(ctx context.Context, st *bucketmap.Store, ids []bucketmap.NodeID, opt
 				continue
 			}
 			m = next
+			synced := map[bucketmap.NodeID]bool{}
 			for _, id := range targets(m) {
 				state(id).next = time.Time{}
+				synced[id] = true
 			}
+			known := make([]bucketmap.NodeID, 0, len(nodes))
+			for id := range nodes {
+				known = append(known, id)
+			}
+			opt.Metrics.following(m.Version, func(id bucketmap.NodeID) bool { return synced[id] }, known)
 		case o := <-results:
 			s := state(o.r.Node)
 			s.running = false
@@ -129,6 +138,7 @@ func Watch(ctx context.Context, st *bucketmap.Store, ids []bucketmap.NodeID, opt
 				r.Status = SyncAhead
 				r.Detail = fmt.Sprintf("the fence is at map version %d, ahead of the map (version %d); nothing was changed: the map was restored from an older copy, or the fence was edited", r.From, m.Version)
 			}
+			opt.Metrics.synced(r)
 			switch {
 			case m != nil && o.version < m.Version:
 				s.next = time.Time{} // the map changed meanwhile

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardvisor/shardvisor/fleet"
 )
 
 // Metrics are the mover's Prometheus metrics. A nil *Metrics records
@@ -75,8 +77,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.oldestFrozen)
 	reg.MustRegister(m.Stragglers, m.MemberWait, m.FrozenOldest, m.OrphanResumes, m.FlipUnknown, m.ThawsWithoutZooKeeper,
 		m.ReverseLagBytes, m.ReverseState, m.ReverseLost)
+	// Every counter's series exist at 0 from the start, so that an alert
+	// on increase() sees the first event (deploy/prometheus).
+	for _, kind := range []string{fleet.KindRouter, fleet.KindSupervisor} {
+		for _, action := range []string{StragglerProceed, StragglerAbort} {
+			m.Stragglers.WithLabelValues(kind, action)
+		}
+	}
+	for _, result := range orphanResults {
+		m.OrphanResumes.WithLabelValues(result)
+	}
 	return m
 }
+
+// orphanResults are OrphanResumes's results.
+var orphanResults = []string{"finished", "busy", "window", "error"}
 
 // OldestFrozen is the age of the oldest open write pause known (0: none).
 func (m *Metrics) OldestFrozen() time.Duration {

@@ -76,7 +76,10 @@ func TestGroupsFromPatroniRecords(t *testing.T) {
 	_, body = get(t, h, "/metrics")
 	for _, want := range []string{`shardvisor_router_patroni_group_whole{node="pg2"} 1`,
 		`shardvisor_router_patroni_group_problems{node="pg2",severity="severe"} 1`,
-		`shardvisor_router_patroni_group_problems{node="pg2",severity="warning"} 0`} {
+		`shardvisor_router_patroni_group_problems{node="pg2",severity="warning"} 0`,
+		`shardvisor_router_patroni_group_members{node="pg2"} 2`, `shardvisor_router_patroni_group_members_expected{node="pg2"} 2`,
+		`shardvisor_router_patroni_group_members_running{node="pg2"} 2`, `shardvisor_router_patroni_group_leader{node="pg2"} 1`,
+		`shardvisor_router_patroni_group_sync_standbys{node="pg2"} 1`, `shardvisor_router_patroni_group_synchronous_mode{node="pg2"} 1`} {
 		if !strings.Contains(body, want) {
 			t.Fatalf("metrics lack %s:\n%s", want, grepLines(body, "patroni"))
 		}
@@ -90,11 +93,30 @@ func TestGroupsFromPatroniRecords(t *testing.T) {
 	}, "the metrics to show the group without a synchronous standby")
 	set("/service/g2/sync", `{"leader":"g2-a","sync_standby":"g2-b"}`)
 
+	// The standby's Patroni goes (its ephemeral record with its session):
+	// one member of the two the DSN lists, and the sync record's name no
+	// longer counts as a synchronous standby.
+	if err := s.Delete(ctx, "/service/g2/members/g2-b", -1); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, func() bool {
+		_, body = get(t, h, "/metrics")
+		return strings.Contains(body, `shardvisor_router_patroni_group_members{node="pg2"} 1`) &&
+			strings.Contains(body, `shardvisor_router_patroni_group_members_expected{node="pg2"} 2`) &&
+			strings.Contains(body, `shardvisor_router_patroni_group_sync_standbys{node="pg2"} 0`)
+	}, "the metrics to show the group a member short")
+	set("/service/g2/members/g2-b", `{"conn_url":"postgres://127.0.0.1:7002/postgres","role":"replica","state":"running","timeline":1,"xlog_location":90}`)
+
 	// Failover: g2-b leads. The view follows once the cache is older
 	// than groupsMaxAge; the old leader's absence is no problem.
 	if err := s.Delete(ctx, "/service/g2/leader", -1); err != nil {
 		t.Fatal(err)
 	}
+	testenv.WaitFor(t, 5*time.Second, func() bool {
+		_, body = get(t, h, "/metrics")
+		return strings.Contains(body, `shardvisor_router_patroni_group_leader{node="pg2"} 0`) &&
+			strings.Contains(body, `shardvisor_router_patroni_group_members{node="pg2"} 2`)
+	}, "the metrics to show the group without a leader")
 	set("/service/g2/leader", "g2-b")
 	time.Sleep(groupsMaxAge + 50*time.Millisecond)
 	// The first read after the view aged serves it stale and reads again

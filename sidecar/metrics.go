@@ -1,14 +1,10 @@
 package sidecar
 
 import (
-	"context"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/router"
-	"github.com/shardvisor/shardvisor/topo"
 )
 
 // routeMetrics count the routing answers and the refused requests.
@@ -58,14 +54,9 @@ func (h *handler) registerMetrics(reg *prometheus.Registry) {
 			func() float64 { return float64(r.ZKState()) }),
 	)
 	if h.groupCache != nil {
-		reg.MustRegister(&groupCollector{h: h,
-			whole: prometheus.NewDesc(ns+"patroni_group_whole",
-				"1 when a db node's Patroni group has a leader, synchronous_mode on and a synchronous standby now; 0 when a failover now may lose acknowledged writes (alert on it).",
-				[]string{"node"}, nil),
-			problems: prometheus.NewDesc(ns+"patroni_group_problems",
-				"Problems with a db node's Patroni group by severity (severe: acknowledged writes or moves at risk now; open records are severe), -1 when its records cannot be read.",
-				[]string{"node", "severity"}, nil)})
+		reg.MustRegister(newGroupCollector(h))
 	}
+	reg.MustRegister(newGCCollector(h))
 	label := []string{"node", "pooler"}
 	reg.MustRegister(&poolCollector{h: h,
 		up:          prometheus.NewDesc(ns+"pooler_up", "1 when a db node's pooler (PgBouncer, its pool_dsn) answered on its admin console at the last read, 0 when it did not.", label, nil),
@@ -76,19 +67,7 @@ func (h *handler) registerMetrics(reg *prometheus.Registry) {
 		serverLimit: prometheus.NewDesc(ns+"pooler_server_limit", "The most server connections a db node's pooler opens to one database (max_db_connections, else default_pool_size).", label, nil),
 		clientLimit: prometheus.NewDesc(ns+"pooler_client_limit", "max_client_conn of a db node's pooler: clients past it are refused.", label, nil)})
 	if h.fleetStatus != nil {
-		reg.MustRegister(&schemaCollector{h: h,
-			changes: prometheus.NewDesc(ns+"schema_changes",
-				"Recorded schema changes by state (applied, partial, failed, pending), from the fleet view.",
-				[]string{"state"}, nil),
-			drift: prometheus.NewDesc(ns+"schema_drift_differences",
-				"Differences the last `shardctl schema diff` found (sharded tables, and changes a node lacks); -1 before any.",
-				nil, nil),
-			backupProblems: prometheus.NewDesc(ns+"backup_node_problems",
-				"Backup problems of a db node at the backup watcher's last check (no stanza, archiving off or failing, no backup, newest too old), from the fleet view.",
-				[]string{"node"}, nil),
-			backupChecked: prometheus.NewDesc(ns+"backup_checked_timestamp_seconds",
-				"When the backup watcher (shardctl restore-point watch) last checked every node's backups (Unix time); absent before any check.",
-				nil, nil)})
+		reg.MustRegister(newFleetCollector(h))
 	}
 }
 
@@ -108,72 +87,102 @@ func (h *handler) count(rt router.Route) {
 // groupCollector exports each Patroni group's health from the group cache
 // (read at most once per groupsMaxAge for every scrape and page together).
 type groupCollector struct {
-	h               *handler
-	whole, problems *prometheus.Desc
+	h                                                  *handler
+	whole, problems                                    *prometheus.Desc
+	members, expected, running, leader, sync, syncMode *prometheus.Desc
 }
 
-func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.whole; ch <- c.problems }
+func newGroupCollector(h *handler) *groupCollector {
+	const ns = "shardvisor_router_patroni_group_"
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(ns+name, help, append([]string{"node"}, labels...), nil)
+	}
+	return &groupCollector{h: h,
+		whole: d("whole", "1 when a db node's Patroni group has a leader, synchronous_mode on and a synchronous standby now; "+
+			"0 when a failover now may lose acknowledged writes (alert on it)."),
+		problems: d("problems", "Problems with a db node's Patroni group by severity (severe: acknowledged writes or moves at risk now; "+
+			"open records are severe), -1 when its records cannot be read.", "severity"),
+		members: d("members", "Members of a db node's Patroni group registered in ZooKeeper (a member's record lives "+
+			"while its Patroni holds its session); absent when the records cannot be read."),
+		expected: d("members_expected", "Members a db node's Patroni group should have: the hosts its DSN lists "+
+			"(a group's DSN lists every member, docs/failover.md)."),
+		running: d("members_running", "Members of a db node's Patroni group whose PostgreSQL runs (state running or streaming)."),
+		leader:  d("leader", "1 when a member of a db node's Patroni group holds the leader key and has a member record, 0 when none does."),
+		sync:    d("sync_standbys", "Registered members of a db node's Patroni group that its sync record names synchronous standbys now."),
+		syncMode: d("synchronous_mode", "1 when a db node's Patroni group's dynamic configuration has synchronous_mode on, "+
+			"0 when it is off or there is no configuration."),
+	}
+}
+
+func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.whole, c.problems, c.members, c.expected, c.running, c.leader, c.sync, c.syncMode} {
+		ch <- d
+	}
+}
+
+// groupGauges are one group's gauges.
+type groupGauges struct {
+	whole, severe, warnings                  float64
+	members, running, leader, sync, syncMode float64
+	readable                                 bool
+}
+
+// groupGaugesOf works out a group's gauges from its view.
+func groupGaugesOf(v *GroupView) groupGauges {
+	if v.Error != "" {
+		return groupGauges{severe: -1}
+	}
+	g := groupGauges{readable: true}
+	if v.Unsafe() == "" {
+		g.whole = 1
+	}
+	for _, p := range v.Problems {
+		if p.Severe {
+			g.severe++
+		} else {
+			g.warnings++
+		}
+	}
+	if _, ok := v.Primary(); ok {
+		g.leader = 1
+	}
+	if v.Config != nil && v.Config.SynchronousMode {
+		g.syncMode = 1
+	}
+	for _, m := range v.Members {
+		g.members++
+		if m.Error == "" && (m.State == "running" || m.State == "streaming") {
+			g.running++
+		}
+		if m.Sync && !m.Leader && m.Error == "" {
+			g.sync++
+		}
+	}
+	return g
+}
 
 func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
-	for id, v := range c.h.groupCache.get(c.h.r.Map()) {
+	m := c.h.r.Map()
+	for id, v := range c.h.groupCache.get(m) {
 		node := string(id)
-		if v.Error != "" {
-			ch <- prometheus.MustNewConstMetric(c.problems, prometheus.GaugeValue, -1, node, "severe")
-			ch <- prometheus.MustNewConstMetric(c.whole, prometheus.GaugeValue, 0, node)
+		gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{node}, labels...)...)
+		}
+		if n, ok := m.Node(id); ok {
+			gauge(c.expected, float64(len(bucketmap.DSNHosts(n.DSN))))
+		}
+		g := groupGaugesOf(v)
+		gauge(c.whole, g.whole)
+		gauge(c.problems, g.severe, "severe")
+		if !g.readable {
 			continue
 		}
-		whole, severe, warnings := 0.0, 0, 0
-		if v.Unsafe() == "" {
-			whole = 1
-		}
-		for _, p := range v.Problems {
-			if p.Severe {
-				severe++
-			} else {
-				warnings++
-			}
-		}
-		ch <- prometheus.MustNewConstMetric(c.whole, prometheus.GaugeValue, whole, node)
-		ch <- prometheus.MustNewConstMetric(c.problems, prometheus.GaugeValue, float64(severe), node, "severe")
-		ch <- prometheus.MustNewConstMetric(c.problems, prometheus.GaugeValue, float64(warnings), node, "warning")
-	}
-}
-
-// schemaCollector exports the schema history's states, the last drift
-// check and the backup watcher's last check from the fleet view (cached by fleet.Status: a scrape does not
-// read ZooKeeper more often than the view's refresh allows).
-type schemaCollector struct {
-	h                                             *handler
-	changes, drift, backupProblems, backupChecked *prometheus.Desc
-}
-
-func (c *schemaCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.changes
-	ch <- c.drift
-	ch <- c.backupProblems
-	ch <- c.backupChecked
-}
-
-func (c *schemaCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	v := c.h.fleetView(ctx)
-	if !v.Available {
-		return
-	}
-	for _, st := range []string{topo.SchemaApplied, topo.SchemaPartial, topo.SchemaFailed, topo.SchemaPending} {
-		ch <- prometheus.MustNewConstMetric(c.changes, prometheus.GaugeValue, float64(v.Schema.ByState[st]), st)
-	}
-	d := -1.0
-	if v.Schema.Drift != nil {
-		d = float64(v.Schema.Drift.Count)
-	}
-	ch <- prometheus.MustNewConstMetric(c.drift, prometheus.GaugeValue, d)
-	if b := v.Backups; b != nil {
-		ch <- prometheus.MustNewConstMetric(c.backupChecked, prometheus.GaugeValue, float64(b.At.Unix()))
-		for _, n := range b.Nodes {
-			ch <- prometheus.MustNewConstMetric(c.backupProblems, prometheus.GaugeValue, float64(len(n.Problems)), n.Node)
-		}
+		gauge(c.problems, g.warnings, "warning")
+		gauge(c.members, g.members)
+		gauge(c.running, g.running)
+		gauge(c.leader, g.leader)
+		gauge(c.sync, g.sync)
+		gauge(c.syncMode, g.syncMode)
 	}
 }
 

@@ -75,6 +75,14 @@ func TestSchemaApplyWindowsFlag(t *testing.T) {
 	}
 }
 
+// --metrics-addr of node reconcile serves --watch's metrics only: once,
+// it is refused before anything is read.
+func TestReconcileMetricsAddrNeedsWatch(t *testing.T) {
+	if r := runData(t, "node", "reconcile", "--metrics-addr", "127.0.0.1:0"); r.code != 2 || !strings.Contains(r.stderr, "--metrics-addr serves the metrics of --watch only") {
+		t.Fatalf("exit %d, %q", r.code, r.stderr)
+	}
+}
+
 // Every flag of every command can be set from the environment, under the
 // names pinned in testdata/env.txt.
 func TestEveryFlagHasAnEnvironmentVariable(t *testing.T) {

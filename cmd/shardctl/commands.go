@@ -107,6 +107,7 @@ func newApp() *cli.App {
 							&cli.BoolFlag{Name: "watch", EnvVars: []string{"SHARDVISOR_RECONCILE_WATCH"}, Usage: "run until stopped: follow the map and keep every node's fence in step, each node on its own"},
 							&cli.DurationFlag{Name: "retry", EnvVars: []string{"SHARDVISOR_RECONCILE_RETRY"}, Usage: "with --watch: try a node that could not be synced (down, unreachable) again after `DURATION` (default 1s); bounds how long a returning down node accepts writes to buckets it lost"},
 							&cli.DurationFlag{Name: "timeout", EnvVars: []string{"SHARDVISOR_RECONCILE_TIMEOUT"}, Usage: "with --watch: give up one node's sync (connect and flip) after `DURATION` (default 5s)"},
+							&cli.StringFlag{Name: "metrics-addr", EnvVars: []string{"SHARDVISOR_RECONCILE_METRICS_ADDR"}, Usage: "with --watch: serve Prometheus metrics (shardvisor_fence_*) on `HOST:PORT`"},
 						},
 						Action: runReconcile,
 					},

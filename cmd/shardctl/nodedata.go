@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
@@ -260,8 +261,17 @@ func reconcileError(res []fence.NodeSync) error {
 func runReconcileWatch(c *cli.Context, ids []bucketmap.NodeID) error {
 	p := cliutil.NewPrinter(c)
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
+		reg := prometheus.NewRegistry()
+		metrics := fence.NewWatchMetrics(reg)
+		if addr := c.String("metrics-addr"); addr != "" {
+			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
 		return ownership.Watch(ctx, st, ids, fence.WatchOptions{
-			Retry: c.Duration("retry"), Every: c.Duration("every"), Timeout: c.Duration("timeout"), Logger: log,
+			Retry: c.Duration("retry"), Every: c.Duration("every"), Timeout: c.Duration("timeout"), Logger: log, Metrics: metrics,
 			Report: func(m *bucketmap.Map, r fence.NodeSync) {
 				_ = p.Emit(map[string]any{"map_version": m.Version, "node": r}, func(w io.Writer) { writeSync(w, m, r) })
 			},
@@ -279,6 +289,9 @@ func runReconcile(c *cli.Context) error {
 	}
 	if c.Bool("watch") {
 		return runReconcileWatch(c, ids)
+	}
+	if c.String("metrics-addr") != "" {
+		return cliutil.Usagef("node reconcile: --metrics-addr serves the metrics of --watch only")
 	}
 	every := c.Duration("every")
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
