@@ -75,8 +75,10 @@ func Start(t testing.TB, c Config) *Server {
 		"--log.level=info")
 	s.cmd.Stdout, s.cmd.Stderr = log, log
 	// Its own process group: a ^C of the test run reaches the test, whose
-	// cleanup stops the server, and not the server first.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// cleanup stops the server, and not the server first. Should the test
+	// process die without its cleanups (a timeout's panic), the kernel
+	// stops the server (Pdeathsig).
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := s.cmd.Start(); err != nil {
 		log.Close()
 		t.Fatalf("promtest: starting %s: %v", c.Binary, err)
