@@ -23,7 +23,7 @@ TESTFLAGS ?= -race -count=1 -timeout 18m -p 2 -vet=off
 # the machine's, and make test's 5 minutes are counted on it.
 export GORACE ?= atexit_sleep_ms=0
 
-.PHONY: all build test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler bench-restore lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build check-rules test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler bench-restore lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
@@ -32,7 +32,7 @@ build:
 	cd examples/embed && $(GO) build -o ../../bin/ ./...
 
 ## test: all unit and integration tests against real local servers
-test: lint install-deps
+test: lint check-rules install-deps
 	scripts/with-devenv $(MAKE) --no-print-directory test-inner
 
 # internal/archtest (no -race) and examples/embed (its own module, no
@@ -111,6 +111,13 @@ lint:
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	cd examples/embed && $(GO) vet ./...
+
+## check-rules: the Prometheus rules parse and their promtool unit tests pass (deploy/prometheus)
+PROMTOOL ?= promtool
+check-rules:
+	@command -v $(PROMTOOL) >/dev/null || scripts/install-deps
+	$(PROMTOOL) check rules deploy/prometheus/shardvisor.rules.yml deploy/prometheus/shardvisor.recording.yml
+	$(PROMTOOL) test rules deploy/prometheus/tests/*.test.yml
 
 ## demo: the main job on the embedded local default (KEEP=1 leaves it up; PROM=1 runs Prometheus beside it with deploy/prometheus's rules)
 demo: build

@@ -98,6 +98,9 @@ var layer = map[string]int{
 	"internal/cliutil": 9,
 	// The benchmarks' write load on app.kv, through the router.
 	"internal/benchkit/kvload": 8,
+	// No code: the deployable files (Prometheus rules, the dashboard) and
+	// the test that checks them.
+	"deploy": 0,
 }
 
 const layerTop = 100
