@@ -39,9 +39,14 @@ func (o *obs) queries(t *testing.T) {
 		t.Fatal(err)
 	}
 	var recs, dash []*query
+	alerting := 0
 	for _, g := range groups {
 		for _, r := range g.Rules {
 			if r.Type != "recording" {
+				alerting++
+				if r.Health == "err" {
+					t.Errorf("alerting rule %s: its evaluation fails: %s", r.Name, r.LastError)
+				}
 				continue
 			}
 			q := &query{what: "recording rule " + r.Name, expr: r.Name}
@@ -102,7 +107,7 @@ func (o *obs) queries(t *testing.T) {
 	}
 	rOK, rBad := count(recs)
 	dOK, dBad := count(dash)
-	t.Logf("recording rules: %d of %d return data; dashboard queries: %d of %d parse and return data", rOK, len(recs), dOK, len(dash))
+	t.Logf("recording rules: %d of %d return data; dashboard queries: %d of %d parse and return data; %d alerting rules loaded", rOK, len(recs), dOK, len(dash), alerting)
 	o.summary = append(o.summary, fmt.Sprintf("recording rules %d/%d with data, dashboard queries %d/%d with data", rOK, len(recs), dOK, len(dash)))
 	if len(rBad)+len(dBad) > 0 {
 		t.Errorf("without data after a minute:\n%s", strings.Join(append(rBad, dBad...), "\n"))
