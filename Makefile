@@ -23,13 +23,24 @@ TESTFLAGS ?= -race -count=1 -timeout 18m -p 2 -vet=off
 # the machine's, and make test's 5 minutes are counted on it.
 export GORACE ?= atexit_sleep_ms=0
 
-.PHONY: all build check-rules test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler bench-restore lint demo demo-down devenv-up devenv-down clean
+.PHONY: all build dist check-rules test test-inner test-faults test-faults-inner test-short install-deps bench bench-router bench-supervisor bench-moves bench-tls bench-mapprop bench-fleet bench-pooler bench-restore lint demo demo-down devenv-up devenv-down clean
 
 all: build
 
+# Binaries say their version and commit (--version, shardvisor_build_info):
+# this machine's GOFLAGS has -buildvcs=false, so the linker is told.
+VERSION_PKG = github.com/shardvisor/shardvisor/internal/version
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION   ?= $(shell git rev-parse HEAD 2>/dev/null)$(if $(shell git status --porcelain --untracked-files=no 2>/dev/null),-dirty)
+LDFLAGS     = -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION)
+
 build:
-	$(GO) build -o bin/ ./cmd/... ./examples/notes ./examples/notes/loadgen ./examples/hello
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/... ./examples/notes ./examples/notes/loadgen ./examples/hello
 	cd examples/embed && $(GO) build -o ../../bin/ ./...
+
+## dist: the release tarball in dist/: binaries, deploy/, the Python sdist
+dist:
+	scripts/dist dist
 
 ## test: all unit and integration tests against real local servers
 test: lint check-rules install-deps

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shardvisor/shardvisor/fleet"
+	"github.com/shardvisor/shardvisor/internal/version"
 	"github.com/shardvisor/shardvisor/router"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -66,7 +67,7 @@ func Handler(r *router.Router, opt HandlerOptions) http.Handler {
 	reg := opt.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
 	}
 	h := &handler{r: r, maxBatch: opt.MaxBatch, reg: reg, mux: http.NewServeMux(), fleetStatus: opt.Fleet, memberID: opt.MemberID}
 	if opt.Session != nil {

@@ -3,6 +3,8 @@ package supervisor
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/shardvisor/shardvisor/internal/version"
 )
 
 // metrics are per Supervisor (its own registry), so tests can run several.
@@ -67,7 +69,7 @@ var (
 func newMetrics(reg *prometheus.Registry) *metrics {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
 	}
 	const ns, sub = "shardvisor", "supervisor"
 	g := func(name, help string) prometheus.Gauge {

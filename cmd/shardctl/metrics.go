@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/shardvisor/shardvisor/internal/version"
 )
 
 // serveMetrics serves reg's metrics at addr (any path) until stop is
@@ -22,6 +24,7 @@ func serveMetrics(flag, addr string, reg *prometheus.Registry, log *zap.Logger) 
 	if err != nil {
 		return nil, "", fmt.Errorf("--%s %s: %w", flag, addr, err)
 	}
+	_ = reg.Register(version.Collector()) // once per registry: a second is refused, harmlessly
 	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() {

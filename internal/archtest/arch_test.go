@@ -40,13 +40,15 @@ const module = "github.com/shardvisor/shardvisor"
 // strictly lower layer. Commands, examples, benchmarks and e2e sit above
 // all of them (layerTop) and may import any library package.
 var layer = map[string]int{
-	"keystream":           0,
-	"workerproto":         0,
-	"hint":                0,
-	"internal/backoff":    0,
-	"internal/benchkit":   0,
-	"internal/failpoint":  0,
-	"internal/sqlstate":   0,
+	"keystream":          0,
+	"workerproto":        0,
+	"hint":               0,
+	"internal/backoff":   0,
+	"internal/benchkit":  0,
+	"internal/failpoint": 0,
+	"internal/sqlstate":  0,
+	// The binary's build (module version, commit): --version, build_info.
+	"internal/version":    0,
 	"internal/faultproxy": 1,
 	// Test hosts in network namespaces, their partitions and the wire check.
 	"internal/hosts": 0,

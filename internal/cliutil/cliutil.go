@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/shardvisor/shardvisor/hint"
+	"github.com/shardvisor/shardvisor/internal/version"
 	"github.com/shardvisor/shardvisor/topo"
 	"github.com/shardvisor/shardvisor/zksession"
 )
@@ -454,6 +455,13 @@ func argsChecked(name, usage string, action cli.ActionFunc) cli.ActionFunc {
 	}
 }
 
+func init() {
+	// --version without urfave/cli's -v alias: subcommands use -v for
+	// --verbose, and flags may come anywhere (Intersperse).
+	cli.VersionFlag = &cli.BoolFlag{Name: "version", Usage: "print the version (module version and commit) and exit"}
+	cli.VersionPrinter = func(c *cli.Context) { fmt.Fprintf(c.App.Writer, "%s %s\n", c.App.Name, c.App.Version) }
+}
+
 // Run runs app with os.Args and exits with the status Exec returns.
 func Run(app *cli.App) {
 	os.Exit(Exec(context.Background(), app, os.Args))
@@ -482,6 +490,11 @@ func Exec(ctx context.Context, app *cli.App, args []string) int {
 		}
 	})
 	app.OnUsageError, app.Action = usage, start(app.Action)
+	if app.Version == "" {
+		// --version on every command: the module version and the commit
+		// (internal/version), what an operator upgrading a fleet compares.
+		app.Version = version.Get().String()
+	}
 	app.CommandNotFound = func(_ *cli.Context, cmd string) { unknown = cmd }
 	app.ExitErrHandler = func(*cli.Context, error) {} // the status is chosen below
 	if app.ErrWriter == nil {

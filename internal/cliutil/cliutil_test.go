@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/shardvisor/shardvisor/hint"
+	"github.com/shardvisor/shardvisor/internal/version"
 )
 
 func TestIntersperse(t *testing.T) {
@@ -131,5 +133,27 @@ func TestMaxArgs(t *testing.T) {
 		if n != tc.n || unlimited != tc.unlimited {
 			t.Errorf("MaxArgs(%q) = %d, %v; want %d, %v", tc.usage, n, unlimited, tc.n, tc.unlimited)
 		}
+	}
+}
+
+// Every command answers --version with its name, the module version and
+// the commit, exits 0 and runs nothing; -v stays free for subcommands'
+// --verbose.
+func TestExecVersion(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	ran := false
+	app := &cli.App{Name: "x", Writer: &stdout, ErrWriter: &stderr, Action: func(*cli.Context) error { ran = true; return nil },
+		Commands: []*cli.Command{{Name: "list", Flags: []cli.Flag{&cli.BoolFlag{Name: "verbose", Aliases: []string{"v"}}},
+			Action: func(c *cli.Context) error { stdout.WriteString(fmt.Sprint("verbose=", c.Bool("verbose"))); return nil }}}}
+	if code := Exec(context.Background(), app, []string{"x", "--version"}); code != 0 || ran {
+		t.Fatalf("--version: exit %d, action ran %v, stderr %q", code, ran, stderr.String())
+	}
+	want := "x " + version.Get().String() + "\n"
+	if stdout.String() != want || !strings.Contains(want, "(commit ") {
+		t.Fatalf("--version printed %q, want %q", stdout.String(), want)
+	}
+	stdout.Reset()
+	if code := Exec(context.Background(), app, []string{"x", "list", "-v"}); code != 0 || stdout.String() != "verbose=true" {
+		t.Fatalf("list -v: exit %d, printed %q (stderr %q)", code, stdout.String(), stderr.String())
 	}
 }
