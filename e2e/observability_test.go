@@ -379,6 +379,38 @@ func (o *obs) awaitAlert(t *testing.T, name, state string, since time.Time, limi
 	return d
 }
 
+// alertAt watches alert name in the background from now on, polling
+// every 250 ms, and delivers when it first saw it in state (or the zero
+// time if it did not within limit): for a heal the test performs by a
+// call that returns only later (the alert may resolve meanwhile).
+func (o *obs) alertAt(name, state string, limit time.Duration) <-chan time.Time {
+	c := make(chan time.Time, 1)
+	go func() {
+		var at time.Time
+		waitUntil(limit, func() bool {
+			st, _ := o.alertState(name)
+			if st == state {
+				at = time.Now()
+			}
+			return !at.IsZero()
+		})
+		c <- at
+	}()
+	return c
+}
+
+// resolvedAt waits for what alertAt delivers and fails t if the alert
+// did not resolve.
+func (o *obs) resolvedAt(t *testing.T, name string, c <-chan time.Time) time.Time {
+	t.Helper()
+	at := <-c
+	if at.IsZero() {
+		st, _ := o.alertState(name)
+		t.Fatalf("%s: still %s after the heal (rule: %s)", name, st, o.ruleSummary(name))
+	}
+	return at
+}
+
 // forOf says alert name's `for:` as shipped and as loaded.
 func (o *obs) forOf(name string) string {
 	for _, r := range o.prom.Rewrites {
@@ -439,6 +471,11 @@ func (o *obs) logAlerts() {
 	}
 	sort.Strings(lines)
 	o.t.Logf("alerts active at the end: %d\n%s", len(alerts), strings.Join(lines, "\n"))
+	if len(alerts) > 0 {
+		// What the cluster says of itself, to read the alerts by.
+		out, _ := o.cmd("shardctl", "status").CombinedOutput()
+		o.t.Logf("shardctl status:\n%s", out)
+	}
 }
 
 // routeOf asks the router which node and bucket hold uid.
