@@ -135,11 +135,11 @@ check-rules:
 check-deploy:
 	scripts/check-deploy
 
-## demo: the main job on the embedded local default (KEEP=1 leaves it up)
+## demo: the main job on the embedded local default (KEEP=1 leaves it up; PROM=1 runs Prometheus beside it with deploy/prometheus's rules)
 demo: build
 	scripts/demo
 
-## demo-down: stop what `KEEP=1 make demo` left running, and the servers
+## demo-down: stop what `KEEP=1 make demo` left running (Prometheus too, by its pid), and the servers
 demo-down:
 	scripts/demo down
 

@@ -74,8 +74,15 @@ type proc struct {
 // at the end of the test.
 func (e *env) start(name string, args ...string) *proc {
 	e.t.Helper()
-	c := e.cmd(name, args...)
-	f, err := os.Create(filepath.Join(e.dir, name+".log"))
+	return e.startCmd(name, e.cmd(name, args...))
+}
+
+// startCmd starts c in the background, logging to logName.log in the
+// test's directory; it is stopped (SIGTERM, by its pid) at the end of the
+// test.
+func (e *env) startCmd(logName string, c *exec.Cmd) *proc {
+	e.t.Helper()
+	f, err := os.Create(filepath.Join(e.dir, logName+".log"))
 	if err != nil {
 		e.t.Fatal(err)
 	}

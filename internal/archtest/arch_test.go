@@ -57,6 +57,8 @@ var layer = map[string]int{
 	"internal/devenv":  1,
 	"internal/testenv": 2,
 	"internal/testkit": 0,
+	// A Prometheus server in a test (it takes its port from testenv).
+	"internal/promtest": 3,
 	// The supervisor tests' worker process (a command, built by them).
 	"internal/testworker":  layerTop,
 	"internal/clustertest": 6,
@@ -109,7 +111,7 @@ const layerTop = 100
 // one (they may import each other).
 var testSupport = map[string]bool{
 	"internal/testenv": true, "internal/devenv": true, "internal/faultproxy": true, "internal/zktest": true, "internal/hosts": true,
-	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true,
+	"internal/clustertest": true, "zksession/memzk": true, "internal/testkit": true, "internal/promtest": true,
 	"internal/testworker":      true,
 	"internal/benchkit/kvload": true,
 }
