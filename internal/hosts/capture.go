@@ -1,7 +1,9 @@
 package hosts
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +27,13 @@ type Capture struct {
 // Capture starts tcpdump on the bridge, writing TCP packets to file, and
 // returns once it listens.
 func (n *Net) Capture(file string) (*Capture, error) {
+	// A capture starts a new file. One kept from a failed run belongs to
+	// the tcpdump user (tcpdump drops to it), and in a sticky directory
+	// such as /dev/shm fs.protected_regular refuses even root an O_CREAT
+	// open of it ("Permission denied"): remove it first.
+	if err := os.Remove(file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("hosts: removing the previous capture %s: %w", file, err)
+	}
 	log := file + ".log"
 	lf, err := os.Create(log)
 	if err != nil {

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,8 +39,29 @@ func TestHostsCaptureAndCut(t *testing.T) {
 	if err := errors.Join(errA, errB, errC); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	capt, err := n.Capture(filepath.Join(dir, "bridge.pcap"))
+	// The capture goes where a failed run left one of its own, owned by
+	// the tcpdump user, in a sticky world-writable directory like
+	// /dev/shm: a new capture replaces it (fs.protected_regular would
+	// refuse to open it).
+	dir := filepath.Join(t.TempDir(), "shm")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	stale := filepath.Join(dir, "bridge.pcap")
+	if err := os.WriteFile(stale, []byte("a failed run's capture"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := user.Lookup("tcpdump"); err == nil {
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(stale, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	capt, err := n.Capture(stale)
 	if err != nil {
 		t.Fatal(err)
 	}
