@@ -367,13 +367,11 @@ func runPointWatch(c *cli.Context) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		reg := prometheus.NewRegistry()
 		metrics := backup.NewMetrics(reg)
-		if addr := c.String("metrics-addr"); addr != "" {
-			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
-			if err != nil {
-				return err
-			}
-			defer stop()
+		stop, err := serveMetricsFlag(c, reg, log)
+		if err != nil {
+			return err
 		}
+		defer stop()
 		p := cliutil.NewPrinter(c)
 		check := func() {
 			m, _, err := st.Load(ctx)

@@ -42,13 +42,11 @@ func runGC(c *cli.Context) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		reg := prometheus.NewRegistry()
 		metrics := gc.NewMetrics(reg)
-		if addr := c.String("metrics-addr"); addr != "" {
-			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
-			if err != nil {
-				return err
-			}
-			defer stop()
+		stop, err := serveMetricsFlag(c, reg, log)
+		if err != nil {
+			return err
 		}
+		defer stop()
 		for {
 			err := gcRound(ctx, c, st, log, metrics, seen)
 			if every == 0 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
 	"go.uber.org/zap"
 
 	"github.com/shardvisor/shardvisor/internal/version"
@@ -40,4 +41,15 @@ func serveMetrics(flag, addr string, reg *prometheus.Registry, log *zap.Logger) 
 		_ = srv.Shutdown(ctx)
 		<-done
 	}, ln.Addr().String(), nil
+}
+
+// serveMetricsFlag serves reg on --metrics-addr when it is set (a no-op
+// stop otherwise): what every command with that flag does first.
+func serveMetricsFlag(c *cli.Context, reg *prometheus.Registry, log *zap.Logger) (stop func(), err error) {
+	addr := c.String("metrics-addr")
+	if addr == "" {
+		return func() {}, nil
+	}
+	stop, _, err = serveMetrics("metrics-addr", addr, reg, log)
+	return stop, err
 }

@@ -36,13 +36,11 @@ func withMover(c *cli.Context, fn func(ctx context.Context, mv *migrate.Mover, s
 		if opts.Window < 0 {
 			return cliutil.Usagef("--window must not be negative, not %s", opts.Window)
 		}
-		if addr := c.String("metrics-addr"); addr != "" {
-			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
-			if err != nil {
-				return err
-			}
-			defer stop()
+		stopMetrics, err := serveMetricsFlag(c, reg, log)
+		if err != nil {
+			return err
 		}
+		defer stopMetrics()
 		opts.Progress = func(prog migrate.Progress) {
 			rec, msg := prog.Move, prog.Message
 			fmt.Fprintf(c.App.ErrWriter, "%s  move %s (bucket %d/%d %s -> %s): %s\n", time.Now().Format("15:04:05.000"), rec.ID, rec.Bucket, rec.Level, rec.Source, rec.Target, msg)

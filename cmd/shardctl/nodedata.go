@@ -263,13 +263,11 @@ func runReconcileWatch(c *cli.Context, ids []bucketmap.NodeID) error {
 	return withStore(c, func(ctx context.Context, st *bucketmap.Store, log *zap.Logger) error {
 		reg := prometheus.NewRegistry()
 		metrics := fence.NewWatchMetrics(reg)
-		if addr := c.String("metrics-addr"); addr != "" {
-			stop, _, err := serveMetrics("metrics-addr", addr, reg, log)
-			if err != nil {
-				return err
-			}
-			defer stop()
+		stop, err := serveMetricsFlag(c, reg, log)
+		if err != nil {
+			return err
 		}
+		defer stop()
 		return ownership.Watch(ctx, st, ids, fence.WatchOptions{
 			Retry: c.Duration("retry"), Every: c.Duration("every"), Timeout: c.Duration("timeout"), Logger: log, Metrics: metrics,
 			Report: func(m *bucketmap.Map, r fence.NodeSync) {
