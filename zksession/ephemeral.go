@@ -34,6 +34,11 @@ type Ephemeral struct {
 	creating bool
 	// stopGuard ends the guard (nil for a lock's node).
 	stopGuard context.CancelFunc
+	// writing is held by a create and by Delete, one at a time: the guard
+	// and the re-sync may both re-create the node after an expiry, and a
+	// create already sent when Delete ran would bring the node back after
+	// it (a member record left behind by a clean stop).
+	writing chan struct{}
 }
 
 // ErrOwnedElsewhere means an ephemeral node exists but belongs to another
@@ -59,7 +64,7 @@ func (s *Session) createEphemeral(ctx context.Context, p string, data []byte, ac
 	if acl == nil {
 		acl = s.cfg.ACL
 	}
-	e := &Ephemeral{s: s, path: p, acl: acl, data: data, lock: lock, creating: true}
+	e := &Ephemeral{s: s, path: p, acl: acl, data: data, lock: lock, creating: true, writing: make(chan struct{}, 1)}
 	s.mu.Lock()
 	if _, dup := s.ephemerals[p]; dup {
 		s.mu.Unlock()
@@ -156,6 +161,10 @@ func (e *Ephemeral) guard() {
 func (e *Ephemeral) Path() string { return e.path }
 
 func (e *Ephemeral) create(ctx context.Context) error {
+	if err := e.hold(ctx); err != nil {
+		return err
+	}
+	defer e.release()
 	for try := 0; ; try++ {
 		data, gen, deleted := e.latest()
 		if deleted {
@@ -201,6 +210,18 @@ func (e *Ephemeral) create(ctx context.Context) error {
 		return err
 	}
 }
+
+// hold waits for the node's other create or Delete to end (release).
+func (e *Ephemeral) hold(ctx context.Context) error {
+	select {
+	case e.writing <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return &OpError{"write ephemeral", e.path, ctx.Err()}
+	}
+}
+
+func (e *Ephemeral) release() { <-e.writing }
 
 // latest is the data to keep, its generation (bumped by every Set) and
 // whether the node was deleted.
@@ -335,6 +356,11 @@ func (e *Ephemeral) forget() {
 // created it) is left alone, as Set leaves it.
 func (e *Ephemeral) Delete(ctx context.Context) error {
 	e.forget()
+	// A create in flight lands first; any later one sees deleted.
+	if err := e.hold(ctx); err != nil {
+		return err
+	}
+	defer e.release()
 	err := e.ifOwned(ctx, "delete ephemeral", func(st Stat) error { return e.s.Delete(ctx, e.path, st.Version) })
 	if errors.Is(err, ErrNoNode) || errors.Is(err, ErrOwnedElsewhere) {
 		return nil // not there, or not ours: nothing of ours to delete

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-zookeeper/zk"
 )
@@ -100,6 +101,19 @@ func (c *nodeConn) Set(p string, data []byte, version int32) (*zk.Stat, error) {
 	c.version++
 	c.writes = append(c.writes, string(data))
 	return &zk.Stat{Version: c.version, EphemeralOwner: 1}, nil
+}
+
+func (c *nodeConn) Delete(p string, version int32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.exists {
+		return zk.ErrNoNode
+	}
+	if version != AnyVersion && version != c.version {
+		return zk.ErrBadVersion
+	}
+	c.exists = false
+	return nil
 }
 
 // nodeEphemeral is a connected session on a nodeConn and an ephemeral
@@ -209,5 +223,39 @@ func TestEphemeralSetRefusesANodeOwnedByAnotherSession(t *testing.T) {
 	defer c.mu.Unlock()
 	if !c.exists {
 		t.Fatal("another session's node was deleted")
+	}
+}
+
+// A Delete while the node is being re-created (after an expiry, by the
+// re-sync or the guard: both may run) leaves no node behind. The create
+// had checked that the node was wanted and was on its way to the server
+// when Delete found nothing to delete; the node then came back for a
+// process that had let it go (topo's TestPoolMemberRecreatedAfterExpiry
+// failed in CI: a member record still there after Remove).
+func TestEphemeralDeleteDuringRecreateLeavesNoNode(t *testing.T) {
+	c, e := nodeEphemeral(t, "mine")
+	ctx := context.Background()
+	deleted := make(chan error, 1)
+	c.mu.Lock()
+	c.exists = false // the session expired: the node is gone
+	c.hook = func() {
+		go func() { deleted <- e.Delete(ctx) }()
+		// Give the Delete the time to finish if it does not wait for the
+		// create; when it waits, this is only a pause.
+		select {
+		case err := <-deleted:
+			deleted <- err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	c.mu.Unlock()
+	e.ensure()
+	if err := <-deleted; err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.exists {
+		t.Fatalf("the node is there after Delete (writes %q)", c.writes)
 	}
 }
