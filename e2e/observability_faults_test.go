@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/internal/failpoint"
 	"github.com/shardvisor/shardvisor/internal/testenv"
 	"github.com/shardvisor/shardvisor/topo"
@@ -32,8 +34,16 @@ func (o *obs) quiet(t *testing.T) {
 // lives that long, and the bucket stays frozen until rebalance --watch,
 // which follows the move (its frozen-bucket gauge is the alert's metric),
 // takes the move over once the lock is gone and rolls it back: the heal.
+//
+// The bucket goes from the node with the most buckets to the one with
+// the fewest, which leaves the cluster balanced: a move that unbalanced
+// it had rebalance --watch start a move of its own meanwhile, whose newer
+// map version the source's fence then held up against this one's, and
+// this move aborted before its pause instead of being killed in it
+// (failed in CI once).
 func (o *obs) frozenBucket(t *testing.T) {
 	o.quiet(t)
+	from, to := o.fullestAndEmptiest(t)
 	var bucket uint32
 	found := false
 	for i := 0; i < 5000 && !found; i++ {
@@ -41,18 +51,18 @@ func (o *obs) frozenBucket(t *testing.T) {
 		if err != nil {
 			t.Fatalf("route: %v", err)
 		}
-		if node == "pg1" {
+		if node == from {
 			bucket, found = b, true
 		}
 	}
 	if !found {
-		t.Fatal("no user routes to pg1")
+		t.Fatalf("no user routes to %s", from)
 	}
 	before := map[string]bool{}
 	for _, m := range o.moves() {
 		before[m.ID] = true
 	}
-	c := exec.Command(filepath.Join(o.fpBin, "shardctl"), "--zk-session-timeout", "30s", "move", strconv.Itoa(int(bucket)), "--to", "pg2", "--window", "0")
+	c := exec.Command(filepath.Join(o.fpBin, "shardctl"), "--zk-session-timeout", "30s", "move", strconv.Itoa(int(bucket)), "--to", to, "--window", "0")
 	c.Env = append(append(os.Environ(), o.envv...), failpoint.Env+"=move:barrier")
 	out, err := c.CombinedOutput()
 	fault := time.Now()
@@ -68,7 +78,7 @@ func (o *obs) frozenBucket(t *testing.T) {
 	if id == "" {
 		t.Fatalf("no new move of bucket %d after the kill\n%s", bucket, out)
 	}
-	t.Logf("fault: mover of move %s (bucket %d pg1 -> pg2) killed in its write pause", id, bucket)
+	t.Logf("fault: mover of move %s (bucket %d %s -> %s) killed in its write pause", id, bucket, from, to)
 	// It must fire while the bucket is frozen: before the dead mover's
 	// session (30 s) expires and the watcher rolls the move back.
 	toFiring := o.awaitAlert(t, alertFrozen, "firing", fault, 30*time.Second)
@@ -89,6 +99,38 @@ func (o *obs) frozenBucket(t *testing.T) {
 	t.Logf("%s: fault -> firing %.1f s; heal (move %s %s by rebalance --watch, seen %.1f s after the fault) -> resolved %+.1f s (%.1f s after the fault)",
 		alertFrozen, toFiring.Seconds(), id, rec.State, healed.Sub(fault).Seconds(), at.Sub(healed).Seconds(), at.Sub(fault).Seconds())
 	o.report(alertFrozen, toFiring, at.Sub(healed), "move rolled back by rebalance --watch, seen")
+}
+
+// fullestAndEmptiest names the active node with the most buckets and the
+// one with the fewest (by ID among equals): a move between them keeps a
+// cluster balanced within one bucket balanced.
+func (o *obs) fullestAndEmptiest(t *testing.T) (from, to string) {
+	t.Helper()
+	out, err := o.cmd("shardctl", "status", "--json").Output()
+	if err != nil {
+		t.Fatalf("shardctl status --json: %v", err)
+	}
+	var s bucketmap.Summary
+	if err := json.Unmarshal(out, &s); err != nil {
+		t.Fatalf("shardctl status --json: %v\n%s", err, out)
+	}
+	var most, least *bucketmap.NodeSummary
+	for i := range s.Nodes {
+		n := &s.Nodes[i]
+		if n.State != bucketmap.NodeActive {
+			continue
+		}
+		if most == nil || n.Buckets > most.Buckets || (n.Buckets == most.Buckets && n.ID < most.ID) {
+			most = n
+		}
+		if least == nil || n.Buckets < least.Buckets || (n.Buckets == least.Buckets && n.ID < least.ID) {
+			least = n
+		}
+	}
+	if most == nil || most == least {
+		t.Fatalf("no two active nodes to move between: %+v", s.Nodes)
+	}
+	return string(most.ID), string(least.ID)
 }
 
 // memberMissing: the group's synchronous standby stopped by its pid
