@@ -21,7 +21,15 @@ import (
 //     /healthz, in metrics and logs, refuses config changes, and asks the
 //     peers again every PeerRecheck. It resumes normally when its session
 //     is back.
-//   - Otherwise (a peer is connected: this host is cut off; too few
+//   - If every connected peer reconnected only after this host's last
+//     answer from ZooKeeper (each answer says how long its session has been
+//     connected, peers.go), the peers lost ZooKeeper too during this
+//     host's silence: a disruption they shared, typically a leader
+//     election, from which a peer happened to reconnect first (the fleet's
+//     reconnects are jittered). The host waits for its own session, still
+//     serving, until 5/6 of the session timeout after its last answer
+//     (sharedWait), and leaves service only if it is not back by then.
+//   - Otherwise (a peer connected all along: this host is cut off; too few
 //     answers; no peer known) it leaves service as before: workers killed,
 //     sockets closed.
 //   - Once fail-static, a later answer that no longer confirms the outage
@@ -31,7 +39,9 @@ import (
 //     only then does it leave service.
 //
 // The check adds at most PeerTimeout to the time an isolated host takes to
-// leave the load balancer (⅔ of the session timeout + PeerTimeout).
+// leave the load balancer (⅔ of the session timeout + PeerTimeout); after
+// a shared disruption, one whose session is not back leaves at 5/6 of the
+// session timeout after its last answer, still within its session's life.
 const (
 	PeerTimeout = 750 * time.Millisecond
 	PeerRecheck = 2 * time.Second
@@ -43,11 +53,13 @@ const (
 
 // peerVerdict is what the peers said.
 type peerVerdict struct {
-	grace     time.Duration // fail-static: how long a cut-off verdict may wait for our own session
-	known     int           // peers known from the last member list
-	answered  int           // answers that count (authenticated, fresh)
-	connected []string      // peers whose session is connected
-	errs      []string      // peers that did not answer, and why (a few)
+	grace     time.Duration   // fail-static: how long a cut-off verdict may wait for our own session
+	waitOwn   time.Duration   // a disruption shared with the connected peers: how long to wait for our own session (sharedWait)
+	ages      []time.Duration // how long each connected peer has been, where it said so (signed)
+	known     int             // peers known from the last member list
+	answered  int             // answers that count (authenticated, fresh)
+	connected []string        // peers whose session is connected
+	errs      []string        // peers that did not answer, and why (a few)
 }
 
 // outage reports whether the answers say ZooKeeper is down for everyone.
@@ -62,6 +74,7 @@ func (v peerVerdict) fields() []zap.Field {
 
 func (m *machine) beginPeerCheck(reason string, now time.Time) {
 	m.mode = modeChecking
+	m.sharedUntil = time.Time{}
 	m.lastError = "zookeeper session lost: " + reason
 	m.log.Warn("zookeeper session lost; asking the peers whether the whole ensemble is down before leaving service", zap.String("reason", reason))
 	m.do(actCheckPeers{})
@@ -70,6 +83,14 @@ func (m *machine) beginPeerCheck(reason string, now time.Time) {
 func (m *machine) onPeers(v peerVerdict, now time.Time) {
 	switch m.mode {
 	case modeChecking:
+		if !v.outage() && v.waitOwn > 0 && m.sharedUntil.IsZero() {
+			m.m.peerChecks.WithLabelValues("shared").Inc()
+			m.sharedUntil = now.Add(v.waitOwn)
+			m.lastError = "zookeeper session lost: the peers reconnected after this host's last answer; waiting for this host's own session"
+			m.log.Warn("the connected peers reconnected to ZooKeeper only after this host's last answer (a disruption they shared, such as a leader election); serving on while this host's own session comes back",
+				append(v.fields(), zap.Duration("wait", v.waitOwn))...)
+			return
+		}
 		if !v.outage() {
 			m.m.peerChecks.WithLabelValues("cut_off").Inc()
 			m.log.Warn("the peers do not confirm a whole-ensemble outage: this host is cut off", v.fields()...)
@@ -126,6 +147,18 @@ func (v peerVerdict) summary() string {
 	return "only " + strconv.Itoa(v.answered) + " of " + strconv.Itoa(v.known) + " peers answered"
 }
 
+// reconcileShared ends the wait of a shared disruption (onPeers) whose
+// session did not come back in time: the host leaves service.
+func (m *machine) reconcileShared(now time.Time) {
+	if m.sharedUntil.IsZero() || now.Before(m.sharedUntil) {
+		return
+	}
+	m.sharedUntil = time.Time{}
+	m.m.peerChecks.WithLabelValues("cut_off").Inc()
+	m.log.Warn("this host's session did not come back within 5/6 of the session timeout after its last answer, though its peers reconnected: leaving service")
+	m.enterLost("cut off (the peers reconnected; this host did not within 5/6 of the session timeout)")
+}
+
 // reconcileFailStatic asks the peers again and repeats the warning.
 func (m *machine) reconcileFailStatic(now time.Time) {
 	if !now.Before(m.peerCheckAt) {
@@ -144,14 +177,19 @@ func (m *machine) reconcileFailStatic(now time.Time) {
 // watches deliver the current config and map, and any change since is
 // applied as usual.
 func (m *machine) leaveFailStatic(now time.Time) {
-	was := m.mode
+	was, shared := m.mode, !m.sharedUntil.IsZero()
 	m.mode = modeRunning
 	m.cutOffSince = time.Time{}
+	m.sharedUntil = time.Time{}
 	m.lastError = ""
 	if was == modeFailStatic {
 		m.endFailStatic(now)
 		m.log.Info("zookeeper session back; fail-static ends, serving normally", zap.Duration("lasted", now.Sub(m.failStatic.Since).Round(time.Millisecond)))
 		m.do(actNotify{"STATUS=serving"})
+		return
+	}
+	if shared {
+		m.log.Info("zookeeper session back after the disruption shared with the peers; serving normally")
 		return
 	}
 	m.log.Info("zookeeper session back before the peers answered; serving normally")

@@ -73,6 +73,7 @@ type machine struct {
 	peerCheckAt   time.Time        // fail-static: when to ask the peers again
 	loudAt        time.Time        // fail-static: when to log the reminder
 	cutOffSince   time.Time        // fail-static: since when the peers no longer confirm the outage
+	sharedUntil   time.Time        // checking: until when to wait for our own session after a shared disruption
 
 	// Stability (stability.go). held: configs (spec.ident) whose workers
 	// stayed ready through the stability window; a change back to one

@@ -113,7 +113,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		workerMapVersion:   g("worker_map_version", "Lowest bucket map version the ready workers route by (the member record's map_version)."),
 		failStatic:         g("fail_static", "1 while serving on through a whole-ZooKeeper-ensemble outage (the peers agree), with the last config and map; 0 otherwise."),
 		failStaticEpisodes: c("fail_static_episodes_total", "Times this supervisor went fail-static."),
-		peerChecks:         cv("peer_checks_total", "Peer checks after a session loss by verdict: outage (fail-static), cut_off (leave service).", "verdict"),
+		peerChecks:         cv("peer_checks_total", "Peer checks after a session loss by verdict: outage (fail-static), cut_off (leave service), shared (the connected peers reconnected after this host's last answer: wait for its own session).", "verdict"),
 		rollbacks: cv("rollbacks_total", "New configs rolled back because their workers crashed after READY=1, by kind: window "+
 			"(inside the stability window; the previous generation never stopped) or crash_loop (soon after; the previous config was restarted).", "kind"),
 		probeFailures:      c("probe_failures_total", "HTTP probes of workers that failed (a timeout, a refused connection, or a status that is not 2xx)."),
@@ -142,7 +142,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, v := range rollbackKinds {
 		m.rollbacks.WithLabelValues(v)
 	}
-	for _, v := range []string{"outage", "cut_off"} {
+	for _, v := range []string{"outage", "cut_off", "shared"} {
 		m.peerChecks.WithLabelValues(v)
 	}
 	for _, st := range []string{"starting", "ready", "stopping"} {

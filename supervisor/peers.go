@@ -46,10 +46,20 @@ import (
 // Without a secret the same identity checks apply but anyone able to
 // answer on a peer's admin address can forge them (docs/supervisor.md,
 // "Fail-static", says what that can and cannot cause).
+//
+// An answer also says how long the answerer's session has been connected
+// (connected_ms), signed by a second MAC (X-Shardvisor-Peer-Mac-Age) over
+// every field above and that one, so that a supervisor of this version
+// still counts an older peer's answers and an older one still counts this
+// one's. The asker uses connected_ms only when that MAC verifies (or when
+// the fleet has no secret): stripping or forging it can only take away
+// the shared-disruption wait (failstatic.go), never add it.
 
 const (
 	peerPath      = "/peer/zk"
 	peerMACHeader = "X-Shardvisor-Peer-Mac"
+	// peerAgeMACHeader signs the answer with connected_ms.
+	peerAgeMACHeader = "X-Shardvisor-Peer-Mac-Age"
 	// peerProto is the version of the question and answer. Version 1 (no
 	// "v", MAC over the body, not bound to the asker or the answerer) is
 	// refused both ways: a mixed fleet counts fewer answers, so its hosts
@@ -57,6 +67,8 @@ const (
 	peerProto = 2
 	// peerDomain separates this MAC from any other use of the secret.
 	peerDomain = "shardvisor peer/zk answer v2\x00"
+	// peerAgeDomain separates the MAC that covers connected_ms.
+	peerAgeDomain = "shardvisor peer/zk answer v2 connected_ms\x00"
 	// DefaultPeerRefresh is how often the member records are re-read for
 	// the peer list (with jitter: a fleet must not list in step). A peer
 	// that joined since is not asked; one that left answers nothing and
@@ -80,6 +92,9 @@ type peerAnswer struct {
 	ZK          string `json:"zk"`
 	Connected   bool   `json:"connected"`
 	Mode        string `json:"mode"`
+	// ConnectedMS is how long the answerer's session has been connected
+	// without a break, in milliseconds (absent from older supervisors).
+	ConnectedMS *int64 `json:"connected_ms,omitempty"`
 }
 
 func (a *peerAnswer) asker() peerID    { return peerID{a.AskerPool, a.AskerMember} }
@@ -98,8 +113,18 @@ type peerQuestion struct {
 // connected as one byte. Length prefixes make the encoding unambiguous
 // (no field can run into the next).
 func peerMAC(secret []byte, q peerQuestion, zk string, connected bool, mode string) []byte {
+	return peerMACWith(secret, peerDomain, q, zk, connected, mode, nil)
+}
+
+// peerAgeMAC is peerMAC under its own domain tag with connected_ms
+// appended as 8 bytes big-endian.
+func peerAgeMAC(secret []byte, q peerQuestion, zk string, connected bool, mode string, connectedMS int64) []byte {
+	return peerMACWith(secret, peerAgeDomain, q, zk, connected, mode, &connectedMS)
+}
+
+func peerMACWith(secret []byte, domain string, q peerQuestion, zk string, connected bool, mode string, connectedMS *int64) []byte {
 	h := hmac.New(sha256.New, secret)
-	h.Write([]byte(peerDomain))
+	h.Write([]byte(domain))
 	var n [4]byte
 	for _, f := range []string{q.asker.Pool, q.asker.Member, q.peer.Pool, q.peer.Member, q.nonce, zk, mode} {
 		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
@@ -110,6 +135,11 @@ func peerMAC(secret []byte, q peerQuestion, zk string, connected bool, mode stri
 		h.Write([]byte{1})
 	} else {
 		h.Write([]byte{0})
+	}
+	if connectedMS != nil {
+		var b [8]byte
+		binary.BigEndian.PutUint64(b[:], uint64(*connectedMS))
+		h.Write(b[:])
 	}
 	return h.Sum(nil)
 }
@@ -191,9 +221,37 @@ func (s *Supervisor) listPeers(ctx context.Context) ([]peer, error) {
 
 // checkPeers asks every known peer at once, each bounded by PeerTimeout.
 func (s *Supervisor) checkPeers(ctx context.Context) peerVerdict {
+	ss := s.opts.Session
+	// Read before asking: each answer's age is then compared with a
+	// silence no longer than ours was when the peer answered.
+	silent := ss.SinceOK()
 	v := askPeers(ctx, s.peerClient, s.self(), s.AdminAddr(), s.peers.get(), s.opts.PeerSecret)
-	v.grace = s.opts.Session.SessionTimeout() * 2 / 3
+	timeout := ss.SessionTimeout()
+	v.grace = timeout * 2 / 3
+	v.waitOwn = sharedWait(v, silent, ss.SinceOK(), timeout)
 	return v
+}
+
+// sharedWait is how long a host whose peers do not confirm an outage may
+// still wait for its own session: while its session lives, if every
+// connected peer reconnected after this host's last answer from ZooKeeper. Those peers were cut off too during this host's silence:
+// a disruption shared with them, typically a leader election (every
+// client of the ensemble drops) after which a peer happened to reconnect
+// first. This host waits until 5/6 of the session timeout after its last
+// answer, the server keeping its session for at least the whole timeout
+// after its last request; a host cut off alone (a peer connected all
+// along, or a peer whose age is unknown) gets no wait.
+// silent is this host's silence when it asked, sinceOK its silence now.
+func sharedWait(v peerVerdict, silent, sinceOK, timeout time.Duration) time.Duration {
+	if v.outage() || len(v.connected) == 0 || len(v.ages) != len(v.connected) {
+		return 0
+	}
+	for _, age := range v.ages {
+		if age >= silent {
+			return 0
+		}
+	}
+	return max(0, timeout*5/6-sinceOK)
 }
 
 func (s *Supervisor) self() peerID { return peerID{s.opts.Pool, s.opts.Member} }
@@ -241,6 +299,9 @@ func askPeers(ctx context.Context, c peerHTTP, self peerID, selfAdmin string, pe
 			v.answered++
 			if r.a.Connected {
 				v.connected = append(v.connected, r.p.id.String())
+				if r.a.ConnectedMS != nil {
+					v.ages = append(v.ages, time.Duration(*r.a.ConnectedMS)*time.Millisecond)
+				}
 			}
 		}
 	}
@@ -272,13 +333,14 @@ func askPeer(ctx context.Context, c peerHTTP, admin string, self, want peerID, s
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s: HTTP %d: %s", peerPath, resp.StatusCode, strings.TrimSpace(string(body[:min(len(body), 200)])))
 	}
-	return verifyPeerAnswer(body, resp.Header.Get(peerMACHeader), q, secret)
+	return verifyPeerAnswer(body, resp.Header.Get(peerMACHeader), resp.Header.Get(peerAgeMACHeader), q, secret)
 }
 
 // verifyPeerAnswer decodes an answer and checks that it is bound to q: in
 // this protocol version, from q.peer (never from q.asker itself), for
 // q.asker and q.nonce, and, with a secret, signed over exactly that.
-func verifyPeerAnswer(body []byte, mac string, q peerQuestion, secret []byte) (*peerAnswer, error) {
+// connected_ms is kept only if ageMAC signs it too (with a secret).
+func verifyPeerAnswer(body []byte, mac, ageMAC string, q peerQuestion, secret []byte) (*peerAnswer, error) {
 	var a peerAnswer
 	if err := json.Unmarshal(body, &a); err != nil {
 		return nil, fmt.Errorf("answer: %v", err)
@@ -301,6 +363,15 @@ func verifyPeerAnswer(body []byte, mac string, q peerQuestion, secret []byte) (*
 		if err != nil || !hmac.Equal(got, peerMAC(secret, q, a.ZK, a.Connected, a.Mode)) {
 			return nil, fmt.Errorf("answer not signed with the peer secret for this question: not counted")
 		}
+		if a.ConnectedMS != nil {
+			got, err := hex.DecodeString(ageMAC)
+			if err != nil || !hmac.Equal(got, peerAgeMAC(secret, q, a.ZK, a.Connected, a.Mode, *a.ConnectedMS)) {
+				a.ConnectedMS = nil // unsigned: as from an older peer
+			}
+		}
+	}
+	if a.ConnectedMS != nil && (*a.ConnectedMS < 0 || !a.Connected) {
+		a.ConnectedMS = nil
 	}
 	return &a, nil
 }
@@ -337,6 +408,10 @@ func (s *Supervisor) servePeer(w http.ResponseWriter, r *http.Request) {
 	if ss := s.opts.Session; ss != nil {
 		st := ss.State()
 		a.ZK, a.Connected = st.String(), st == zksession.StateConnected
+		if a.Connected {
+			ms := ss.ConnectedFor().Milliseconds()
+			a.ConnectedMS = &ms
+		}
 	}
 	s.snapMu.Lock()
 	a.Mode = s.snap.State
@@ -345,6 +420,9 @@ func (s *Supervisor) servePeer(w http.ResponseWriter, r *http.Request) {
 	if len(s.opts.PeerSecret) > 0 {
 		q := peerQuestion{asker: asker, peer: self, nonce: nonce}
 		w.Header().Set(peerMACHeader, hex.EncodeToString(peerMAC(s.opts.PeerSecret, q, a.ZK, a.Connected, a.Mode)))
+		if a.ConnectedMS != nil {
+			w.Header().Set(peerAgeMACHeader, hex.EncodeToString(peerAgeMAC(s.opts.PeerSecret, q, a.ZK, a.Connected, a.Mode, *a.ConnectedMS)))
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

@@ -52,8 +52,13 @@ func serveFixed(t *testing.T, fn func(r *http.Request) ([]byte, string)) string 
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, mac := fn(r)
+		// "MAC|AGE-MAC" sets both headers.
+		mac, age, _ := strings.Cut(mac, "|")
 		if mac != "" {
 			w.Header().Set(peerMACHeader, mac)
+		}
+		if age != "" {
+			w.Header().Set(peerAgeMACHeader, age)
 		}
 		w.Write(body)
 	}))
@@ -195,7 +200,7 @@ func TestPeerAnswersAreBoundToAskerAnswererAndNonce(t *testing.T) {
 	nonce := "00112233445566778899aabbccddeeff"
 	body, mac := question(t, svB, A, nonce)
 	q := peerQuestion{A, B, nonce}
-	if _, err := verifyPeerAnswer(body, mac, q, secret); err != nil {
+	if _, err := verifyPeerAnswer(body, mac, "", q, secret); err != nil {
 		t.Fatalf("the genuine answer itself: %v", err)
 	}
 	for name, edit := range map[string]func(*peerAnswer){
@@ -203,7 +208,7 @@ func TestPeerAnswersAreBoundToAskerAnswererAndNonce(t *testing.T) {
 		"zk":        func(a *peerAnswer) { a.ZK = "connected" },
 		"mode":      func(a *peerAnswer) { a.Mode = "serving" },
 	} {
-		if _, err := verifyPeerAnswer(reencode(t, body, edit), mac, q, secret); err == nil || !strings.Contains(err.Error(), "not signed") {
+		if _, err := verifyPeerAnswer(reencode(t, body, edit), mac, "", q, secret); err == nil || !strings.Contains(err.Error(), "not signed") {
 			t.Errorf("tampered %s accepted: %v", name, err)
 		}
 	}
@@ -215,10 +220,10 @@ func TestPeerAnswersAreBoundToAskerAnswererAndNonce(t *testing.T) {
 		t.Fatal("ambiguous MAC encoding")
 	}
 	// Without a secret the identity and nonce checks still hold.
-	if _, err := verifyPeerAnswer(body, "", peerQuestion{A, C, nonce}, nil); err == nil {
+	if _, err := verifyPeerAnswer(body, "", "", peerQuestion{A, C, nonce}, nil); err == nil {
 		t.Fatal("unauthenticated: an answer from another peer accepted")
 	}
-	if _, err := verifyPeerAnswer(body, "", q, nil); err != nil {
+	if _, err := verifyPeerAnswer(body, "", "", q, nil); err != nil {
 		t.Fatalf("unauthenticated genuine answer: %v", err)
 	}
 }
@@ -289,7 +294,12 @@ type trio struct {
 
 func startTrio(t *testing.T, secret []byte) *trio {
 	t.Helper()
-	tr := &trio{e: startZK(t), timeout: 2 * time.Second}
+	return startTrioTimeout(t, secret, 2*time.Second)
+}
+
+func startTrioTimeout(t *testing.T, secret []byte, timeout time.Duration) *trio {
+	t.Helper()
+	tr := &trio{e: startZK(t), timeout: timeout}
 	for i := range 3 {
 		pool := fmt.Sprintf("web%d", i+1)
 		port := testenv.FreePort(t)
@@ -420,6 +430,10 @@ func TestZooKeeperLossIsolatedHostLeaves(t *testing.T) {
 	if n := testCounter(t, tr.hs[0], "shardvisor_supervisor_peer_checks_total", "cut_off"); n != 1 {
 		t.Fatalf("peer_checks_total{verdict=cut_off} %v", n)
 	}
+	// Its peers were connected all along: no wait for a shared disruption.
+	if n := testCounter(t, tr.hs[0], "shardvisor_supervisor_peer_checks_total", "shared"); n != 0 {
+		t.Fatalf("peer_checks_total{verdict=shared} %v", n)
+	}
 	tr.proxies[0].SetMode(faultproxy.Pass)
 	tr.hs[0].waitFor(30*time.Second, "the isolated host serving again", serving(0, 2))
 	for _, l := range loads {
@@ -429,5 +443,70 @@ func TestZooKeeperLossIsolatedHostLeaves(t *testing.T) {
 		if n := testCounter(t, tr.hs[i], "shardvisor_supervisor_worker_kills_total", ""); n != 0 {
 			t.Fatalf("supervisor %d killed %v workers", i+1, n)
 		}
+	}
+}
+
+// connected_ms, the answerer's session age that the shared-disruption wait
+// rests on, counts only under its own MAC; anything else about it leaves
+// the answer counted (its connected flag is signed by the older MAC) but
+// without an age: no wait, the behaviour of a fleet before this field.
+func TestPeerAnswerAgeSignedApart(t *testing.T) {
+	secret := []byte("fleet secret, at least 16 bytes")
+	A, B := peerID{"web", "a"}, peerID{"web", "b"}
+	q := peerQuestion{A, B, "00112233445566778899aabbccddeeff"}
+	ms := int64(900)
+	genuine := func(connectedMS *int64, connected bool) []byte {
+		b, _ := json.Marshal(peerAnswer{V: peerProto, AskerPool: A.Pool, AskerMember: A.Member, Pool: B.Pool, Member: B.Member,
+			Nonce: q.nonce, ZK: "connected", Connected: connected, Mode: "serving", ConnectedMS: connectedMS})
+		return b
+	}
+	mac := hex.EncodeToString(peerMAC(secret, q, "connected", true, "serving"))
+	ageMAC := hex.EncodeToString(peerAgeMAC(secret, q, "connected", true, "serving", ms))
+	forged := int64(100)
+	for _, tc := range []struct {
+		name        string
+		body        []byte
+		mac, ageMAC string
+		secret      []byte
+		wantAge     bool
+	}{
+		{"signed", genuine(&ms, true), mac, ageMAC, secret, true},
+		{"age changed on the way", genuine(&forged, true), mac, ageMAC, secret, false},
+		{"age MAC stripped", genuine(&ms, true), mac, "", secret, false},
+		{"age MAC under another secret", genuine(&ms, true), mac, hex.EncodeToString(peerAgeMAC([]byte("a guess"), q, "connected", true, "serving", ms)), secret, false},
+		{"an older peer (no age)", genuine(nil, true), mac, "", secret, false},
+		{"no fleet secret", genuine(&ms, true), "", "", nil, true},
+		{"negative", genuine(new(int64(-1)), true), "", "", nil, false},
+	} {
+		a, err := verifyPeerAnswer(tc.body, tc.mac, tc.ageMAC, q, tc.secret)
+		if err != nil {
+			t.Errorf("%s: answer refused: %v", tc.name, err)
+			continue
+		}
+		if got := a.ConnectedMS != nil; got != tc.wantAge || (got && *a.ConnectedMS != ms) {
+			t.Errorf("%s: age kept %v (%v), want %v", tc.name, got, a.ConnectedMS, tc.wantAge)
+		}
+	}
+	// An age on a "not connected" answer means nothing.
+	b := genuine(&ms, false)
+	notMAC := hex.EncodeToString(peerMAC(secret, q, "connected", false, "serving"))
+	notAge := hex.EncodeToString(peerAgeMAC(secret, q, "connected", false, "serving", ms))
+	if a, err := verifyPeerAnswer(b, notMAC, notAge, q, secret); err != nil || a.ConnectedMS != nil {
+		t.Fatalf("age on a disconnected answer: %v %v", a, err)
+	}
+	// The two MACs never stand for each other (domain separation).
+	if bytes.Equal(peerMAC(secret, q, "connected", true, "serving"), peerAgeMAC(secret, q, "connected", true, "serving", 0)) {
+		t.Fatal("the age MAC equals the plain one")
+	}
+	// The age is signed through the whole path: askPeers keeps it.
+	srv := serveFixed(t, func(r *http.Request) ([]byte, string) {
+		q := peerQuestion{A, B, r.URL.Query().Get("nonce")}
+		body, _ := json.Marshal(peerAnswer{V: peerProto, AskerPool: A.Pool, AskerMember: A.Member, Pool: B.Pool, Member: B.Member,
+			Nonce: q.nonce, ZK: "connected", Connected: true, Mode: "serving", ConnectedMS: &ms})
+		return body, hex.EncodeToString(peerMAC(secret, q, "connected", true, "serving")) + "|" + hex.EncodeToString(peerAgeMAC(secret, q, "connected", true, "serving", ms))
+	})
+	v := askPeers(context.Background(), peerHTTP{&http.Client{}, "http://"}, A, "", []peer{{B, srv}}, secret)
+	if v.answered != 1 || len(v.connected) != 1 || len(v.ages) != 1 || v.ages[0] != 900*time.Millisecond {
+		t.Fatalf("verdict %+v; want one connected peer aged 900ms", v)
 	}
 }

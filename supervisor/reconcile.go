@@ -29,7 +29,10 @@ func (m *machine) reconcile(now time.Time) []action {
 	case modeChecking:
 		// Keep the pool whole (a crashed worker is respawned) while the
 		// peers answer; no new generation: nothing can have changed.
-		m.reconcilePool(now)
+		m.reconcileShared(now)
+		if m.mode == modeChecking {
+			m.reconcilePool(now)
+		}
 		return m.take()
 	case modeFailStatic:
 		m.reconcileFailStatic(now)
@@ -408,6 +411,9 @@ func (m *machine) nextWake(now time.Time) time.Duration {
 		at(m.peerCheckAt)
 		at(m.loudAt)
 	}
+	if m.mode == modeChecking {
+		at(m.sharedUntil)
+	}
 	at(m.liveRetryAt)
 	for _, w := range m.workers {
 		cfg := w.gen.spec.cfg
@@ -522,6 +528,8 @@ func (m *machine) snapshot() (topo.PoolMember, healthState, []action) {
 	case m.mode == modeFailStatic:
 		h.reason = fmt.Sprintf("fail-static: ZooKeeper is unreachable for the whole fleet (%d peers agree since %s); serving config version %d and map version %d; config changes are refused",
 			m.failStatic.Peers, m.failStatic.Since.Format(time.RFC3339), m.good.spec.cfgVersion, m.good.spec.mapVersion())
+	case m.mode == modeChecking && !m.sharedUntil.IsZero():
+		h.reason = "zookeeper session lost: the peers reconnected after this host's last answer (a shared disruption); waiting for this host's own session"
 	case m.mode == modeChecking:
 		h.reason = "zookeeper session lost: asking the peers whether the whole ensemble is down"
 	case !m.mode.serving():

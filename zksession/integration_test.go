@@ -823,3 +823,34 @@ func TestFaultsFrozenServerPartition(t *testing.T) {
 		t.Fatalf("tried frozen %v, abandoned %d, on %s", triedFrozen.Load(), s2.ServersAbandoned(), s2.Server())
 	}
 }
+
+// ConnectedFor and SinceOK, which a supervisor's peers answer and read
+// after a session loss (supervisor/failstatic.go): the age restarts at a
+// reconnect and is 0 while not connected; SinceOK stays under a third of
+// the timeout while connected (heartbeats) and grows while cut off.
+func TestIntegrationPartitionConnectedForRestartsAtReconnect(t *testing.T) {
+	skipUnderRace(t)
+	_, proxy, _, viaProxy := partitionable(t)
+	const timeout = 3 * time.Second
+	s := openT(t, Config{Connect: viaProxy, SessionTimeout: timeout, OpTimeout: 2 * time.Second})
+	time.Sleep(timeout) // deliberate: a connected session's age grows, heartbeats keep SinceOK short
+	if age, ok := s.ConnectedFor(), s.SinceOK(); age < timeout || ok > timeout*2/3 {
+		t.Fatalf("connected: ConnectedFor %s (want ≥ %s), SinceOK %s (want about a heartbeat)", age, timeout, ok)
+	}
+	c := collect(s)
+	proxy.SetMode(faultproxy.Reset)
+	c.waitFor(t, 10*time.Second, func(ch StateChange) bool { return ch.To == StateSuspended }, "to suspended")
+	cut := time.Now()
+	if age := s.ConnectedFor(); age != 0 {
+		t.Fatalf("suspended: ConnectedFor %s, want 0", age)
+	}
+	time.Sleep(500 * time.Millisecond) // deliberate: silence grows
+	if ok := s.SinceOK(); ok < 500*time.Millisecond {
+		t.Fatalf("cut off for 500ms: SinceOK %s", ok)
+	}
+	proxy.SetMode(faultproxy.Pass)
+	c.waitFor(t, 20*time.Second, func(ch StateChange) bool { return ch.To == StateConnected }, "back to connected")
+	if age := s.ConnectedFor(); age <= 0 || age >= time.Since(cut) {
+		t.Fatalf("reconnected: ConnectedFor %s, want less than the %s since the cut", age, time.Since(cut))
+	}
+}

@@ -290,6 +290,26 @@ func (s *Session) State() State {
 	return s.state
 }
 
+// ConnectedFor is how long the session has been connected without a break
+// (0 when it is not connected). A supervisor's peers read it to tell a
+// disruption they shared (an election: everyone reconnected just now)
+// from a host cut off alone (supervisor/failstatic.go).
+func (s *Session) ConnectedFor() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateConnected {
+		return 0
+	}
+	return time.Since(s.stateSince)
+}
+
+// SinceOK is how long ago a server last answered a call of this session
+// (a heartbeat at least every sixth of the session timeout while
+// connected).
+func (s *Session) SinceOK() time.Duration {
+	return time.Since(time.Unix(0, s.lastOK.Load()))
+}
+
 // TimeInState reports the total time spent in each state so far.
 func (s *Session) TimeInState() map[State]time.Duration {
 	s.mu.Lock()
