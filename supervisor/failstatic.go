@@ -55,7 +55,7 @@ const (
 type peerVerdict struct {
 	grace     time.Duration   // fail-static: how long a cut-off verdict may wait for our own session
 	waitOwn   time.Duration   // a disruption shared with the connected peers: how long to wait for our own session (sharedWait)
-	ages      []time.Duration // how long each connected peer has been, where it said so (signed)
+	ages      []time.Duration // how long each connected peer has been connected, where it said so (signed)
 	known     int             // peers known from the last member list
 	answered  int             // answers that count (authenticated, fresh)
 	connected []string        // peers whose session is connected
@@ -83,15 +83,15 @@ func (m *machine) beginPeerCheck(reason string, now time.Time) {
 func (m *machine) onPeers(v peerVerdict, now time.Time) {
 	switch m.mode {
 	case modeChecking:
-		if !v.outage() && v.waitOwn > 0 && m.sharedUntil.IsZero() {
-			m.m.peerChecks.WithLabelValues("shared").Inc()
-			m.sharedUntil = now.Add(v.waitOwn)
-			m.lastError = "zookeeper session lost: the peers reconnected after this host's last answer; waiting for this host's own session"
-			m.log.Warn("the connected peers reconnected to ZooKeeper only after this host's last answer (a disruption they shared, such as a leader election); serving on while this host's own session comes back",
-				append(v.fields(), zap.Duration("wait", v.waitOwn))...)
-			return
-		}
 		if !v.outage() {
+			if v.waitOwn > 0 { // sharedWait: never in an outage
+				m.m.peerChecks.WithLabelValues("shared").Inc()
+				m.sharedUntil = now.Add(v.waitOwn)
+				m.lastError = "zookeeper session lost: the peers reconnected after this host's last answer; waiting for this host's own session"
+				m.log.Warn("the connected peers reconnected to ZooKeeper only after this host's last answer (a disruption they shared, such as a leader election); serving on while this host's own session comes back",
+					append(v.fields(), zap.Duration("wait", v.waitOwn))...)
+				return
+			}
 			m.m.peerChecks.WithLabelValues("cut_off").Inc()
 			m.log.Warn("the peers do not confirm a whole-ensemble outage: this host is cut off", v.fields()...)
 			m.enterLost("cut off (" + v.summary() + ")")

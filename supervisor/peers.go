@@ -233,15 +233,15 @@ func (s *Supervisor) checkPeers(ctx context.Context) peerVerdict {
 }
 
 // sharedWait is how long a host whose peers do not confirm an outage may
-// still wait for its own session: while its session lives, if every
-// connected peer reconnected after this host's last answer from ZooKeeper. Those peers were cut off too during this host's silence:
-// a disruption shared with them, typically a leader election (every
-// client of the ensemble drops) after which a peer happened to reconnect
-// first. This host waits until 5/6 of the session timeout after its last
-// answer, the server keeping its session for at least the whole timeout
-// after its last request; a host cut off alone (a peer connected all
-// along, or a peer whose age is unknown) gets no wait.
-// silent is this host's silence when it asked, sinceOK its silence now.
+// still wait for its own session. Only if every connected peer reconnected
+// after this host's last answer from ZooKeeper: those peers lost it too
+// during this host's silence, a disruption shared with them (typically a
+// leader election, which drops every client) from which a peer happened
+// to reconnect first. The wait ends 5/6 of the session timeout after that
+// answer, the server keeping the session at least the whole timeout after
+// its last request. A host cut off alone (a peer connected all along, or
+// a peer whose age is unknown) gets none. silent is this host's silence
+// when it asked, sinceOK its silence now.
 func sharedWait(v peerVerdict, silent, sinceOK, timeout time.Duration) time.Duration {
 	if v.outage() || len(v.connected) == 0 || len(v.ages) != len(v.connected) {
 		return 0

@@ -63,12 +63,5 @@ func TestZooKeeperLossSharedDisruptionWaitsThenLeaves(t *testing.T) {
 	}
 	tr.proxies[0].SetMode(faultproxy.Pass)
 	tr.hs[0].waitFor(60*time.Second, "web1 serving again", serving(0, 2))
-	for _, l := range loads {
-		l.finish(t)
-	}
-	for i := 1; i < 3; i++ {
-		if n := testCounter(t, tr.hs[i], "shardvisor_supervisor_worker_kills_total", ""); n != 0 {
-			t.Fatalf("supervisor %d killed %v workers", i+1, n)
-		}
-	}
+	tr.othersUnharmed(t, loads)
 }
