@@ -109,7 +109,9 @@ func (s *Supervisor) serveAdmin(ln net.Listener) {
 			tl.open.Add(-1)
 		}
 	}}
+	s.adminServed = make(chan struct{})
 	go func() {
+		defer close(s.adminServed)
 		if err := s.http.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 			s.log.Error("admin server failed", zap.Error(err))
 		}
@@ -140,6 +142,15 @@ func readOnly(h http.Handler) http.Handler {
 // upgrade, which accepts from then on), keep-alives end so each accepted
 // connection closes after its answer, and the listener's count of open
 // connections says when all are answered.
+//
+// The count is read only once Serve has returned. Closing the listener
+// does not stop an accept already in its system call: it can still hand
+// Serve a connection after Close, one not counted yet. Reading the count
+// at once found 0, and http.Server.Close then closed that connection
+// unanswered (CI: a health check saw EOF during an upgrade's hand-over).
+// Once Serve has returned, its last Accept has too, and counted what it
+// took. http.Server.Close runs only if something is still open at the
+// bound.
 func (s *Supervisor) stopAdmin() {
 	if s.http == nil {
 		return
@@ -148,10 +159,16 @@ func (s *Supervisor) stopAdmin() {
 	defer cancel()
 	s.http.SetKeepAlivesEnabled(false)
 	_ = s.adminLn.Close()
+	select {
+	case <-s.adminServed:
+	case <-ctx.Done():
+	}
 	for s.adminLn.open.Load() > 0 && ctx.Err() == nil {
 		time.Sleep(5 * time.Millisecond)
 	}
-	_ = s.http.Close()
+	if s.adminLn.open.Load() > 0 || ctx.Err() != nil {
+		_ = s.http.Close()
+	}
 }
 
 // trackedListener counts the connections it accepted that are not closed

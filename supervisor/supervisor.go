@@ -132,7 +132,10 @@ type Supervisor struct {
 	// adminLn is the admin server's listener; it counts the connections
 	// accepted and not yet closed, which stopAdmin waits for.
 	adminLn *trackedListener
-	admin   string
+	// adminServed is closed when the admin server's Serve has returned:
+	// from then on adminLn has counted every connection it accepted.
+	adminServed chan struct{}
+	admin       string
 
 	// start starts a worker process: startOSProcess, or a fake in tests.
 	start startProcess
