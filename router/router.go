@@ -130,7 +130,6 @@ type Router struct {
 	ownSession bool
 
 	snap    atomic.Pointer[snapshot]
-	zkState atomic.Int32
 	ready   chan struct{}
 	readyMu sync.Once
 
@@ -173,7 +172,6 @@ func newRouter(opts Options, src Source) *Router {
 	}
 	r := &Router{opts: opts, log: opts.Logger.With(zap.String("component", "router")), source: src,
 		ready: make(chan struct{}), pools: map[poolKey]*poolEntry{}, done: make(chan struct{}), started: time.Now()}
-	r.zkState.Store(int32(zksession.StateConnected))
 	return r
 }
 
@@ -183,13 +181,11 @@ func newRouter(opts Options, src Source) *Router {
 func New(s *zksession.Session, p topo.Paths, opts Options) *Router {
 	r := newRouter(opts, SourceZooKeeper)
 	r.session, r.paths, r.zkMode = s, p, true
-	r.zkState.Store(int32(s.State()))
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	sub := s.Subscribe()
 	go func() {
 		for ch := range sub.C {
-			r.zkState.Store(int32(ch.To))
 			r.log.Info("zookeeper state", zap.Stringer("state", ch.To), zap.String("reason", ch.Reason))
 		}
 	}()
@@ -446,7 +442,15 @@ func (r *Router) WaitReady(ctx context.Context) error {
 func (r *Router) Source() Source { return r.source }
 
 // ZKState is the ZooKeeper session state (connected for a file source).
-func (r *Router) ZKState() zksession.State { return zksession.State(r.zkState.Load()) }
+// In ZooKeeper mode it is the session's own, read now: the copy the
+// subscription kept lagged a state change by its delivery, and a route
+// asked in between (right after the first map, CI) was marked stale.
+func (r *Router) ZKState() zksession.State {
+	if r.zkMode {
+		return r.session.State()
+	}
+	return zksession.StateConnected
+}
 
 // Map returns the current map (nil before the first). Do not modify it.
 func (r *Router) Map() *bucketmap.Map {
@@ -506,7 +510,7 @@ func (r *Router) route(s *snapshot, uid string) Route {
 		rt.State, rt.Target, rt.DataLost = bm.State, bm.Target, bm.DataLost
 	}
 	if r.zkMode {
-		if st := zksession.State(r.zkState.Load()); st != zksession.StateConnected {
+		if st := r.ZKState(); st != zksession.StateConnected {
 			rt.Suspended = st == zksession.StateSuspended
 			rt.Stale = !rt.Suspended
 		}
