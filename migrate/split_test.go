@@ -107,7 +107,8 @@ func TestIntegrationSplitBucketThenMoveHalf(t *testing.T) {
 // in live bytes (the node that kept its inserted rows must not look
 // denser than those filled by copies), every row is on exactly one node
 // (its owner), and no acknowledged write is lost.
-func TestIntegrationRebalanceBySizeHotBucket(t *testing.T) {
+func TestLongRebalanceBySizeHotBucket(t *testing.T) {
+	testenv.Long(t)
 	f := parallelFixture(t, 2, 3)
 	ctx := context.Background()
 	m := f.mapNow()

@@ -12,9 +12,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
-// TestSystemdRealUnit runs deploy/systemd/shardvisor-supervisor@.service,
+// TestLongSystemdRealUnit (make test-faults: a whole systemd's boot) runs deploy/systemd/shardvisor-supervisor@.service,
 // unchanged but for a drop-in naming a local pool config, under a real
 // systemd (PID 1 of new PID, mount, cgroup and network namespaces, in a
 // root of its own) and drives start, `systemctl reload`, the USR2 upgrade
@@ -24,7 +26,8 @@ import (
 // drains and exits; nothing is SIGKILLed). It needs root and a host whose
 // cgroups are the hybrid layout (this machine's); elsewhere it skips, and
 // TestSystemdNotifyProtocol checks the same messages on a recording socket.
-func TestSystemdRealUnit(t *testing.T) {
+func TestLongSystemdRealUnit(t *testing.T) {
+	testenv.Long(t)
 	t.Parallel()
 	e := newUpgradeEnv(t)
 	sd := startSystemd(t, e)
