@@ -21,6 +21,11 @@ import (
 // PG is a set of PostgreSQL nodes for one test, each with a fresh database.
 type PG struct {
 	Nodes []*PGNode
+
+	// admins are StartPGNodes' connections to each node's "postgres"
+	// database, kept from the CREATE DATABASE for the drop at the end
+	// (nil: connect then).
+	admins []*pgx.Conn
 }
 
 // PGNode is one PostgreSQL server and the test's database on it.
@@ -158,15 +163,22 @@ func StartPGNodes(t testing.TB, n int) *PG {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	errs := make([]error, len(pg.Nodes))
+	pg.admins = make([]*pgx.Conn, len(pg.Nodes))
 	var wg sync.WaitGroup
 	for i, node := range pg.Nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			c, err := pgx.Connect(ctx, node.AdminDSN)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			pg.admins[i] = c
 			// FILE_COPY: PostgreSQL 15's default (WAL_LOG) writes the
 			// template's every page to WAL, 4.2 MB per database, which
 			// every server archives (pgBackRest); a file copy logs 888 B.
-			errs[i] = node.admin(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()+" STRATEGY = FILE_COPY")
+			_, errs[i] = c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{dbName}.Sanitize()+" STRATEGY = FILE_COPY")
 		}()
 	}
 	wg.Wait()
@@ -304,21 +316,54 @@ func (n *PGNode) Conn(t testing.TB) *pgx.Conn {
 
 // dropDatabases removes the test's databases: first the subscriptions in
 // them on every node (their workers hold replication slots on other nodes),
-// then the replication slots of them, then the databases.
+// then the replication slots of them, then the databases. One admin
+// connection per node does it: pg_subscription is a shared catalog, so the
+// test's own database is opened only when it holds subscriptions (a
+// backend's start and exit is ~35 ms of a 2-core test machine's CPU, and
+// every test pays this).
 func (pg *PG) dropDatabases(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, n := range pg.Nodes {
-		if err := n.dropSubscriptions(ctx); err != nil {
+	admins := make([]*pgx.Conn, len(pg.Nodes))
+	defer func() {
+		for _, c := range admins {
+			if c != nil {
+				c.Close(context.Background())
+			}
+		}
+	}()
+	for i, n := range pg.Nodes {
+		// The connection kept from the start, unless the test restarted
+		// the server or ended the backend under it.
+		var c *pgx.Conn
+		if i < len(pg.admins) && pg.admins[i] != nil {
+			c, pg.admins[i] = pg.admins[i], nil
+			if c.Ping(ctx) != nil {
+				c.Close(context.Background())
+				c = nil
+			}
+		}
+		if c == nil {
+			var err error
+			if c, err = pgx.Connect(ctx, n.AdminDSN); err != nil {
+				t.Errorf("testenv: cleanup on %s: %v", n.Name, err)
+				continue
+			}
+		}
+		admins[i] = c
+		if err := n.dropSubscriptions(ctx, c); err != nil {
 			t.Errorf("testenv: cleanup on %s: %v", n.Name, err)
 		}
 	}
 	var wg sync.WaitGroup
-	for _, n := range pg.Nodes {
+	for i, n := range pg.Nodes {
+		if admins[i] == nil {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := n.dropDatabase(ctx); err != nil {
+			if err := dropDatabaseOn(ctx, admins[i], n.Database); err != nil {
 				t.Errorf("testenv: cleanup on %s: %v", n.Name, err)
 			}
 		}()
@@ -326,23 +371,23 @@ func (pg *PG) dropDatabases(t testing.TB) {
 	wg.Wait()
 }
 
-func (n *PGNode) dropSubscriptions(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, n.DSNWithPassword)
-	if err != nil {
-		if strings.Contains(err.Error(), "does not exist") { // SQLSTATE 3D000
-			return nil
-		}
-		return err
-	}
-	defer conn.Close(context.Background())
-	rows, err := conn.Query(ctx, `SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+// dropSubscriptions drops the subscriptions of the node's test database,
+// found through admin (on the "postgres" database); only if there are any
+// does it connect to the test's database, where they must be dropped.
+func (n *PGNode) dropSubscriptions(ctx context.Context, admin *pgx.Conn) error {
+	rows, err := admin.Query(ctx, `SELECT subname FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = $1)`, n.Database)
 	if err != nil {
 		return err
 	}
 	subs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(subs) == 0 {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, n.DSNWithPassword)
 	if err != nil {
 		return err
 	}
+	defer conn.Close(context.Background())
 	for _, s := range subs {
 		id := pgx.Identifier{s}.Sanitize()
 		for _, q := range []string{
@@ -358,10 +403,6 @@ func (n *PGNode) dropSubscriptions(ctx context.Context) error {
 	return nil
 }
 
-func (n *PGNode) dropDatabase(ctx context.Context) error {
-	return DropDatabase(ctx, n.AdminDSN, n.Database)
-}
-
 // DropDatabase drops db through adminDSN, with its replication slots:
 // slots of the database (created by subscriptions elsewhere) block DROP
 // DATABASE, and active ones must lose their walsender first, which may
@@ -372,8 +413,13 @@ func DropDatabase(ctx context.Context, adminDSN, db string) error {
 		return err
 	}
 	defer conn.Close(context.Background())
+	return dropDatabaseOn(ctx, conn, db)
+}
+
+// dropDatabaseOn is DropDatabase on an open admin connection.
+func dropDatabaseOn(ctx context.Context, conn *pgx.Conn, db string) error {
 	for attempt := 0; ; attempt++ {
-		_, err = conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, db)
+		_, err := conn.Exec(ctx, `SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = $1 AND active_pid IS NOT NULL`, db)
 		if err == nil {
 			_, err = conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1`, db)
 		}
