@@ -232,8 +232,8 @@ func reorderHosts(cc *pgx.ConnConfig, addr string) {
 	cc.Fallbacks = all[1:]
 }
 
-// configure sets the password from the node's reference and a connect
-// timeout when the DSN sets none.
+// configure sets the password from the node's reference, and a connect
+// timeout and an application_name when the DSN (or PGAPPNAME) sets none.
 func configure(n bucketmap.Node, cfg *pgx.ConnConfig) error {
 	pw, err := Password(n)
 	if err != nil {
@@ -245,7 +245,31 @@ func configure(n bucketmap.Node, cfg *pgx.ConnConfig) error {
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 5 * time.Second
 	}
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = ApplicationName
+	}
 	return nil
+}
+
+// ApplicationName is the application_name of the connections this package
+// opens when their DSN names none: "shardvisor/" and the program's name
+// (shardvisor/shardctl, shardvisor/router, shardvisor/myapp for a Go
+// application using the router library), so that an operator tells them
+// apart in pg_stat_activity, pg_stat_replication and the server's log,
+// where they were "[unknown]". PostgreSQL keeps its first 63 bytes.
+var ApplicationName = "shardvisor/" + programName(os.Args)
+
+// programName is the base name of the running program (argv[0]), or
+// "unknown".
+func programName(args []string) string {
+	if len(args) == 0 || args[0] == "" {
+		return "unknown"
+	}
+	name := args[0][strings.LastIndexByte(args[0], '/')+1:]
+	if name == "" {
+		return "unknown"
+	}
+	return name
 }
 
 // Connect opens one connection to a node.

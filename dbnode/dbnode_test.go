@@ -59,9 +59,13 @@ func TestIntegrationConnectWithPasswordFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
-	var db string
-	if err := c.QueryRow(ctx, "select current_database()").Scan(&db); err != nil || db != n.Database {
+	var db, app string
+	if err := c.QueryRow(ctx, "select current_database(), current_setting('application_name')").Scan(&db, &app); err != nil || db != n.Database {
 		t.Fatalf("connected to %q: %v", db, err)
+	}
+	// The server sees which program connected.
+	if app != ApplicationName || !strings.HasPrefix(app, "shardvisor/") {
+		t.Fatalf("application_name %q, want %q", app, ApplicationName)
 	}
 	// A wrong password fails with an error that names the node, not the password.
 	bad := node
@@ -314,5 +318,41 @@ func TestAppPoolConfig(t *testing.T) {
 	}
 	if cfg.ConnConfig.Port != 5432 || cfg.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement || cfg.MaxConns != 3 || cfg.MaxConnIdleTime != AppMaxConnIdleTime {
 		t.Errorf("session pool: port %d mode %v conns %d idle %v", cfg.ConnConfig.Port, cfg.ConnConfig.DefaultQueryExecMode, cfg.MaxConns, cfg.MaxConnIdleTime)
+	}
+}
+
+// A connection says which program made it, unless its DSN or PGAPPNAME
+// names one (libpq's rules: the DSN first, then the environment).
+func TestApplicationName(t *testing.T) {
+	t.Setenv("PGAPPNAME", "")
+	for _, tc := range []struct {
+		dsn, env, want string
+	}{
+		{"postgres://u@h/db", "", ApplicationName},
+		{"postgres://u@h/db?application_name=billing", "", "billing"},
+		{"postgres://u@h/db", "from-env", "from-env"},
+		{"postgres://u@h/db?application_name=billing", "from-env", "billing"},
+	} {
+		t.Setenv("PGAPPNAME", tc.env)
+		n := bucketmap.Node{ID: "pg1", DSN: tc.dsn}
+		cc, err := ConnConfig(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pc, err := PoolConfig(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, pool := cc.RuntimeParams["application_name"], pc.ConnConfig.RuntimeParams["application_name"]; got != tc.want || pool != tc.want {
+			t.Errorf("%s with PGAPPNAME=%q: application_name %q (pool %q), want %q", tc.dsn, tc.env, got, pool, tc.want)
+		}
+	}
+	for args, want := range map[string]string{"/usr/bin/shardctl": "shardctl", "supervisor": "supervisor", "": "unknown", "/x/": "unknown"} {
+		if got := programName([]string{args}); got != want {
+			t.Errorf("programName(%q) = %q, want %q", args, got, want)
+		}
+	}
+	if got := programName(nil); got != "unknown" {
+		t.Errorf("programName(nil) = %q", got)
 	}
 }
