@@ -134,6 +134,10 @@ type Mover struct {
 	// running: moves whose runner lock a run of this process holds.
 	runMu   sync.Mutex
 	running map[string]bool
+
+	// beforeMarkIncoming, when set (by a test), runs in prepare right
+	// before the target's range is marked incoming.
+	beforeMarkIncoming func()
 }
 
 func (mv *Mover) setRunning(id string, on bool) {

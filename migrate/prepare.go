@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/shardvisor/shardvisor/bucketmap"
 	"github.com/shardvisor/shardvisor/fence"
 	"github.com/shardvisor/shardvisor/hint"
 	"github.com/shardvisor/shardvisor/topo"
@@ -140,8 +141,8 @@ func (r *run) prepareOnce(ctx context.Context) error {
 	if err := r.recordServers(ctx, src, dst); err != nil {
 		return err
 	}
-	if _, err := fence.SetIncoming(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version); err != nil {
-		return fmt.Errorf("target fence: %w", err)
+	if err := r.markIncoming(ctx, dst, m); err != nil {
+		return err
 	}
 	if n, err := clearRange(ctx, dst, r.rec.Tables, r.rec.Lo, r.rec.Hi); err != nil {
 		return fmt.Errorf("target: %w", err)
@@ -194,4 +195,43 @@ func (r *run) checkGroups(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// markIncomingAttempts bounds markIncoming's re-reads of the map.
+const markIncomingAttempts = 5
+
+// markIncoming marks the target's range incoming at the map version m,
+// read at the start of prepare. The checks before it take seconds on a
+// busy cluster, and any map change meanwhile (another move, a node
+// added), once the target's fence has applied it, makes that version
+// stale there: the fence refuses to go back (ErrStale). That used to
+// abort the move. The map is read again instead, the move's premises
+// checked again on it (the source still owns the bucket, which is not
+// split), and the range marked at the newer version: a target-only change
+// that the newer map does not contradict either.
+func (r *run) markIncoming(ctx context.Context, dst *pgx.Conn, m *bucketmap.Map) error {
+	if hook := r.mv.beforeMarkIncoming; hook != nil {
+		hook()
+	}
+	for attempt := 1; ; attempt++ {
+		_, err := fence.SetIncoming(ctx, dst, r.rec.Lo, r.rec.Hi, m.Version)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, fence.ErrStale) || attempt == markIncomingAttempts {
+			return fmt.Errorf("target fence: %w", err)
+		}
+		stale := m.Version
+		if m, err = r.nodes(ctx); err != nil {
+			return err
+		}
+		if err := m.Check(recBucket(r.rec)); err != nil {
+			return fmt.Errorf("the map was split before the move started copying: %w", err)
+		}
+		if owner := m.OwnerOf(recBucket(r.rec)); string(owner) != r.rec.Source {
+			return fmt.Errorf("bucket %s is now owned by %s, not %s", recBucket(r.rec), owner, r.rec.Source)
+		}
+		r.mv.log.Info("target fence: the map changed during prepare; marking the range incoming at the newer version",
+			zap.String("move", r.rec.ID), zap.Uint64("stale_version", stale), zap.Uint64("map_version", m.Version))
+	}
 }

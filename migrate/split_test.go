@@ -205,3 +205,43 @@ func TestLongRebalanceBySizeHotBucket(t *testing.T) {
 	}
 	f.checkAcked(acked, l.maybe)
 }
+
+// A map change while a move prepared (here another bucket split), once
+// the target's fence had applied it, made the move's mark of its target
+// range stale (fence.ErrStale), and the move aborted before copying (CI:
+// TestFaultsObservability, "target fence: fence has seen a newer map
+// version"). The move reads the map again and marks the range at the
+// newer version.
+func TestIntegrationMapChangeDuringPrepare(t *testing.T) {
+	f := newFixture(t, 2, 2) // 4 buckets: pg1 0-1, pg2 2-3
+	seeded := f.seedRows("s", 100)
+	ctx := context.Background()
+	mv := f.mover(Options{})
+	defer mv.Close()
+	var split *bucketmap.Map
+	mv.beforeMarkIncoming = func() {
+		mv.beforeMarkIncoming = nil
+		res, err := ownership.New(f.st, ownership.Options{}).SplitBucket(ctx, bucketmap.Bucket{Prefix: 3, Depth: 2})
+		if err != nil {
+			t.Errorf("split of bucket 3: %v", err)
+			return
+		}
+		split = res.Map
+		// The scenario needs the target's fence ahead of the map the
+		// move read.
+		if fc, err := fence.Read(ctx, f.conn("pg2")); err != nil || fc.MapVersion != split.Version {
+			t.Errorf("pg2's fence after the split: %+v %v, want map version %d", fc, err, split.Version)
+		}
+	}
+	rec, err := mv.Move(ctx, 0, "pg2", false)
+	if err != nil || rec.State != topo.MoveDone {
+		t.Fatalf("move: %v (%s, %s)", err, rec.State, rec.Error)
+	}
+	if split == nil {
+		t.Fatal("the map did not change during prepare")
+	}
+	if m := f.mapNow(); m.Version <= split.Version || m.OwnerOf(bucketmap.Bucket{Prefix: 0, Depth: 2}) != "pg2" {
+		t.Fatalf("after the move: map version %d (split at %d), bucket 0 on %s", m.Version, split.Version, m.OwnerOf(bucketmap.Bucket{Prefix: 0, Depth: 2}))
+	}
+	f.checkClean(seeded)
+}
