@@ -97,11 +97,8 @@ func (r *run) prepareOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := m.Check(recBucket(r.rec)); err != nil {
-		return fmt.Errorf("the map was split before the move started copying: %w", err)
-	}
-	if owner := m.OwnerOf(recBucket(r.rec)); string(owner) != r.rec.Source {
-		return fmt.Errorf("bucket %s is now owned by %s, not %s", recBucket(r.rec), owner, r.rec.Source)
+	if err := r.checkPremises(m); err != nil {
+		return err
 	}
 	if err := r.checkGroups(ctx); err != nil {
 		return err
@@ -197,6 +194,18 @@ func (r *run) checkGroups(ctx context.Context) error {
 	return nil
 }
 
+// checkPremises refuses a move that map m no longer allows: its bucket
+// split, or owned by another node than its source.
+func (r *run) checkPremises(m *bucketmap.Map) error {
+	if err := m.Check(recBucket(r.rec)); err != nil {
+		return fmt.Errorf("the map was split before the move started copying: %w", err)
+	}
+	if owner := m.OwnerOf(recBucket(r.rec)); string(owner) != r.rec.Source {
+		return fmt.Errorf("bucket %s is now owned by %s, not %s", recBucket(r.rec), owner, r.rec.Source)
+	}
+	return nil
+}
+
 // markIncomingAttempts bounds markIncoming's re-reads of the map.
 const markIncomingAttempts = 5
 
@@ -225,11 +234,8 @@ func (r *run) markIncoming(ctx context.Context, dst *pgx.Conn, m *bucketmap.Map)
 		if m, err = r.nodes(ctx); err != nil {
 			return err
 		}
-		if err := m.Check(recBucket(r.rec)); err != nil {
-			return fmt.Errorf("the map was split before the move started copying: %w", err)
-		}
-		if owner := m.OwnerOf(recBucket(r.rec)); string(owner) != r.rec.Source {
-			return fmt.Errorf("bucket %s is now owned by %s, not %s", recBucket(r.rec), owner, r.rec.Source)
+		if err := r.checkPremises(m); err != nil {
+			return err
 		}
 		r.mv.log.Info("target fence: the map changed during prepare; marking the range incoming at the newer version",
 			zap.String("move", r.rec.ID), zap.Uint64("stale_version", stale), zap.Uint64("map_version", m.Version))

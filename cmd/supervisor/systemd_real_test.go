@@ -16,8 +16,9 @@ import (
 	"github.com/shardvisor/shardvisor/internal/testenv"
 )
 
-// TestLongSystemdRealUnit (make test-faults: a whole systemd's boot) runs deploy/systemd/shardvisor-supervisor@.service,
-// unchanged but for a drop-in naming a local pool config, under a real
+// TestLongSystemdRealUnit (make test-faults: a whole systemd's boot) runs
+// deploy/systemd/shardvisor-supervisor@.service, unchanged but for a
+// drop-in naming a local pool config, under a real
 // systemd (PID 1 of new PID, mount, cgroup and network namespaces, in a
 // root of its own) and drives start, `systemctl reload`, the USR2 upgrade
 // and `systemctl stop`, checking what systemd itself saw and did: the
